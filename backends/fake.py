@@ -1,0 +1,166 @@
+"""A scripted backend: no weights, byte-level tokens, replies chosen by the prompt.
+
+It still honours the paged-KV contract: it stores every token at its slot and, before sampling, reads
+each request's whole context back through its block table. A scheduler or block-manager bug that would
+corrupt a real model's context raises here instead. Used by engine, server and UI tests.
+
+Reply script: a prompt containing `<<say:TEXT>>` is answered with TEXT (`\\n` escapes allowed);
+otherwise with DEFAULT_REPLY. After the reply comes EOS. `<<slow:MS>>` sleeps MS per step.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+
+from localchat.engine.interface import (
+    BatchInputs,
+    KVCacheSpec,
+    RunnerOutput,
+    SchedulerOutput,
+    TokenLogprobs,
+)
+from localchat.weights.bundle import ModelBundle
+from localchat.weights.config import ModelConfig
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+EOS_ID = 2  # <|im_end|>
+BYTE_OFFSET = len(SPECIAL_TOKENS)
+DEFAULT_REPLY = (
+    "Hello! I am the **fake** model.\n\nHere is some code:\n\n```python\nprint('hello')\n```\n\n"
+    "- one\n- two\n"
+)
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_SAY = re.compile(r"<<say:(.*?)>>", re.S)
+_SLOW = re.compile(r"<<slow:(\d+)>>")
+
+
+class FakeTokenizer:
+    """One token per UTF-8 byte, plus ChatML specials. Decoding never fails (bad bytes -> U+FFFD)."""
+
+    bos_token_id = None
+    bos_token = None
+    eos_token = "<|im_end|>"
+    eos_token_ids = [EOS_ID]
+    add_bos = False
+    vocab_size = BYTE_OFFSET + 256
+    all_special_ids = frozenset(range(BYTE_OFFSET))
+    _special = re.compile("(" + "|".join(re.escape(t) for t in SPECIAL_TOKENS) + ")")
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids: list[int] = []
+        for piece in self._special.split(text):
+            if piece in SPECIAL_TOKENS:
+                ids.append(SPECIAL_TOKENS.index(piece))
+            else:
+                ids.extend(b + BYTE_OFFSET for b in piece.encode("utf-8"))
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        out = bytearray()
+        for i in ids:
+            if i < BYTE_OFFSET:
+                if not skip_special_tokens:
+                    out += SPECIAL_TOKENS[i].encode()
+            else:
+                out.append(i - BYTE_OFFSET)
+        return out.decode("utf-8", errors="replace")
+
+    def id_to_token(self, token_id: int) -> str:
+        return SPECIAL_TOKENS[token_id] if token_id < BYTE_OFFSET else f"<0x{token_id - BYTE_OFFSET:02X}>"
+
+    def token_to_id(self, token: str) -> int | None:
+        return SPECIAL_TOKENS.index(token) if token in SPECIAL_TOKENS else None
+
+
+def fake_model_bundle(name: str = "fake-model", max_model_len: int = 4096) -> ModelBundle:
+    config = ModelConfig(
+        model_type="fake", vocab_size=FakeTokenizer.vocab_size, hidden_size=8, intermediate_size=8,
+        num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1, head_dim=8,
+        max_position_embeddings=max_model_len, eos_token_ids=[EOS_ID],
+    )
+    return ModelBundle(
+        name=name, path=Path("fake"), format="none", config=config, iter_weights=lambda: iter(()),
+        tokenizer=FakeTokenizer(), chat_template=CHATML_TEMPLATE,  # type: ignore[arg-type]
+    )
+
+
+class FakeRunner:
+    def __init__(self, tokenizer: FakeTokenizer | None = None) -> None:
+        self.tokenizer = tokenizer or FakeTokenizer()
+        self.slots = np.zeros(0, dtype=np.int64)  # the "KV cache": the token id stored at each slot
+        self.block_size = 0
+        self.replies: dict[str, list[int]] = {}
+        self.known: dict[str, list[int]] = {}  # prompt + outputs, as the runner was told / sampled
+        self.delay_s: dict[str, float] = {}
+        self.prompt_lens: dict[str, int] = {}
+        self.steps = 0
+
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec:
+        return KVCacheSpec(num_layers=1, num_kv_heads=1, head_dim=8, dtype_bytes=8)
+
+    @property
+    def device_name(self) -> str:
+        return "fake"
+
+    def available_kv_memory(self) -> int | None:
+        return None
+
+    def initialize_kv_cache(self, num_blocks: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.slots = np.full(num_blocks * block_size, -1, dtype=np.int64)
+
+    def execute_model(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> RunnerOutput:
+        self.steps += 1
+        for req_id in scheduler_output.finished_req_ids | scheduler_output.preempted_req_ids:
+            for table in (self.replies, self.known, self.delay_s, self.prompt_lens):
+                table.pop(req_id, None)
+        for new in scheduler_output.scheduled_new_reqs:
+            prompt_text = self.tokenizer.decode(new.prompt_token_ids, skip_special_tokens=False)
+            said = _SAY.search(prompt_text)
+            reply = said.group(1).replace("\\n", "\n") if said else DEFAULT_REPLY
+            self.replies[new.req_id] = self.tokenizer.encode(reply)
+            self.known[new.req_id] = list(new.prompt_token_ids) + list(new.output_token_ids)
+            self.prompt_lens[new.req_id] = len(new.prompt_token_ids)
+            slow = _SLOW.search(prompt_text)
+            self.delay_s[new.req_id] = int(slow.group(1)) / 1000 if slow else 0.0
+        self.slots[batch.slot_mapping] = batch.input_ids
+        time.sleep(max((self.delay_s.get(r, 0.0) for r in batch.req_ids), default=0.0))
+
+        sampled: list[list[int]] = []
+        logprobs: list[list[TokenLogprobs]] = []
+        for row, req_id in enumerate(batch.req_ids):
+            if req_id not in batch.sample_req_ids:
+                continue
+            self._check_context(req_id, batch, row)
+            num_out = len(self.known[req_id]) - self.prompt_lens[req_id]
+            reply = self.replies[req_id]
+            token = reply[num_out] if num_out < len(reply) else EOS_ID
+            self.known[req_id].append(token)
+            sampled.append([token])
+            logprobs.append([TokenLogprobs(token, -0.5, [(token, -0.5), (EOS_ID, -1.5)])])
+        return RunnerOutput(list(batch.sample_req_ids), sampled, logprobs)
+
+    def _check_context(self, req_id: str, batch: BatchInputs, row: int) -> None:
+        seq_len = int(batch.seq_lens[row])
+        positions = np.arange(seq_len)
+        table = batch.block_tables[row]
+        slots = table[positions // self.block_size].astype(np.int64) * self.block_size + positions % self.block_size
+        context = self.slots[slots].tolist()
+        expected = self.known[req_id][:seq_len]
+        if context != expected:
+            raise AssertionError(f"KV cache corrupted for {req_id}: read {context[-8:]}, expected {expected[-8:]}")
+
+    def shutdown(self) -> None:
+        self.replies.clear()
+
+
+def create_runner(model: ModelBundle, options: object) -> FakeRunner:
+    return FakeRunner(model.tokenizer if isinstance(model.tokenizer, FakeTokenizer) else None)

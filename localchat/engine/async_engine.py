@@ -1,0 +1,182 @@
+"""Runs an `LLMEngine` on its own thread. Callers (async HTTP handlers, the UI, the library) submit
+requests through a thread-safe inbox and receive `RequestOutput`s through a per-request sink."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from localchat.engine.engine import LLMEngine
+from localchat.engine.outputs import EngineStats, RequestOutput
+from localchat.engine.request import FinishReason
+from localchat.engine.sampling_params import SamplingParams
+from localchat.errors import ContextLengthExceededError, EngineDeadError, InvalidRequestError, QueueFullError
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[[RequestOutput], None]
+
+
+@dataclass(slots=True)
+class _Add:
+    req_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    sink: Sink
+
+
+@dataclass(slots=True)
+class _Abort:
+    req_id: str
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.max_in_flight = engine.config.max_num_seqs + engine.config.max_queue_len
+        self._inbox: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._sinks: dict[str, Sink] = {}
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._next_id = 0
+        self._accepting = True
+        self._thread: threading.Thread | None = None
+        self._stats = engine.stats()
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def num_in_flight(self) -> int:
+        return self._in_flight
+
+    def stats(self) -> EngineStats:
+        return self._stats  # a snapshot the engine thread replaces after every step
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="localchat-engine", daemon=True)
+        self._thread.start()
+
+    # -- callers' side (any thread) ------------------------------------------------------------------
+
+    def submit(self, prompt_token_ids: list[int], params: SamplingParams, sink: Sink, req_id: str | None = None) -> str:
+        """Queue a request; `sink` is called on the engine thread with each output. Raises at once for
+        a prompt that cannot fit, a full queue, or an engine that is stopping."""
+        if not prompt_token_ids:
+            raise InvalidRequestError("The prompt is empty.", param="prompt")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ContextLengthExceededError(len(prompt_token_ids), self.max_model_len)
+        with self._lock:
+            if not self._accepting or self._thread is None or not self._thread.is_alive():
+                raise EngineDeadError("The engine is not running (shutting down or stopped).")
+            if self._in_flight >= self.max_in_flight:
+                raise QueueFullError(f"The server is busy ({self._in_flight} requests in flight). Retry shortly.")
+            self._in_flight += 1
+            if req_id is None:
+                self._next_id += 1
+                req_id = f"req-{self._next_id}"
+        self._inbox.put(_Add(req_id, list(prompt_token_ids), params, sink))
+        return req_id
+
+    def abort(self, req_id: str) -> None:
+        self._inbox.put(_Abort(req_id))
+
+    async def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams, req_id: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream one request's outputs. Leaving the loop early (client gone) aborts the request."""
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        req_id = self.submit(prompt_token_ids, params, lambda o: loop.call_soon_threadsafe(outputs.put_nowait, o), req_id)
+        finished = False
+        try:
+            while not finished:
+                output = await outputs.get()
+                finished = output.finished
+                yield output
+        finally:
+            if not finished:
+                self.abort(req_id)
+
+    def shutdown(self, drain_timeout_s: float = 30.0) -> None:
+        """Stop taking requests, let in-flight ones finish (up to the timeout), abort the rest, stop."""
+        with self._lock:
+            self._accepting = False
+        deadline = time.monotonic() + drain_timeout_s
+        while self._in_flight and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for req_id in list(self._sinks):
+            self.abort(req_id)
+        self._inbox.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    # -- the engine thread ---------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            block = not self.engine.has_unfinished
+            try:
+                while True:
+                    command = self._inbox.get(block=block)
+                    block = False
+                    if command is None:
+                        self._fail_all("The server shut down.")
+                        return
+                    self._handle(command)
+            except queue.Empty:
+                pass
+            try:
+                outputs = self.engine.step()
+            except Exception:  # a bug must cost the requests in flight, never the engine thread
+                log.exception("engine step failed")
+                self._fail_all("Internal engine error; the request was stopped.")
+                outputs = []
+            for output in outputs:
+                self._deliver(output)
+            self._stats = self.engine.stats()
+
+    def _handle(self, command: _Add | _Abort) -> None:
+        if isinstance(command, _Abort):
+            if (output := self.engine.abort_request(command.req_id)) is not None:
+                self._deliver(output)
+            return
+        try:
+            if command.req_id in self._sinks:
+                raise InvalidRequestError(f"Request id {command.req_id!r} is already in use.")
+            self.engine.add_request(command.prompt_token_ids, command.params, command.req_id)
+            self._sinks[command.req_id] = command.sink
+        except Exception as exc:
+            message = getattr(exc, "message", str(exc))
+            with self._lock:
+                self._in_flight -= 1
+            try:
+                command.sink(RequestOutput(command.req_id, [], "", True, FinishReason.ERROR, error=message))
+            except Exception:
+                log.debug("sink for %s failed", command.req_id, exc_info=True)
+
+    def _deliver(self, output: RequestOutput) -> None:
+        sink = self._sinks.get(output.req_id)
+        if output.finished:
+            self._sinks.pop(output.req_id, None)
+            with self._lock:
+                self._in_flight -= 1
+        if sink is None:
+            return
+        try:
+            sink(output)
+        except Exception:  # e.g. the caller's event loop is closed; the request is over for it anyway
+            log.debug("sink for %s failed", output.req_id, exc_info=True)
+
+    def _fail_all(self, message: str) -> None:
+        for req_id in list(self.engine.scheduler.requests):
+            output = self.engine.abort_request(req_id)
+            if output is not None:
+                output.finish_reason, output.error = FinishReason.ERROR, message
+                self._deliver(output)

@@ -1,0 +1,64 @@
+"""Build the backend-neutral `BatchInputs` for one step, once, as numpy arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from localchat.engine.interface import BatchInputs, SchedulerOutput
+from localchat.engine.request import Request
+
+
+def build_batch(scheduler_output: SchedulerOutput, requests: dict[str, Request], block_size: int) -> BatchInputs:
+    """Rows follow `num_scheduled_tokens` order (running requests first, then newly admitted ones).
+
+    A row samples when this step reaches the end of its known tokens; a middle prefill chunk does not.
+    """
+    req_ids = list(scheduler_output.num_scheduled_tokens)
+    num_reqs = len(req_ids)
+    num_tokens = scheduler_output.total_num_scheduled_tokens
+    input_ids = np.empty(num_tokens, dtype=np.int64)
+    positions = np.empty(num_tokens, dtype=np.int64)
+    query_start_loc = np.zeros(num_reqs + 1, dtype=np.int32)
+    seq_lens = np.empty(num_reqs, dtype=np.int32)
+    logits_indices: list[int] = []
+    sample_req_ids: list[str] = []
+    block_lists: list[list[int]] = []
+
+    offset = 0
+    for row, req_id in enumerate(req_ids):
+        request = requests[req_id]
+        count = scheduler_output.num_scheduled_tokens[req_id]
+        start = request.num_computed_tokens
+        end = start + count
+        input_ids[offset : offset + count] = request.all_token_ids[start:end]
+        positions[offset : offset + count] = np.arange(start, end)
+        offset += count
+        query_start_loc[row + 1] = offset
+        seq_lens[row] = end
+        block_lists.append(request.block_ids)
+        if end == request.num_tokens:
+            logits_indices.append(offset - 1)
+            sample_req_ids.append(req_id)
+
+    max_blocks = max((len(b) for b in block_lists), default=0)
+    block_tables = np.zeros((num_reqs, max(max_blocks, 1)), dtype=np.int32)  # 0 = null block
+    for row, blocks in enumerate(block_lists):
+        block_tables[row, : len(blocks)] = blocks
+    # Slot of each token: its block (through the row's table) times block_size plus the offset within.
+    rows = np.repeat(np.arange(num_reqs), np.diff(query_start_loc))
+    slot_mapping = block_tables[rows, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    query_lens = np.diff(query_start_loc)
+    return BatchInputs(
+        req_ids=req_ids,
+        input_ids=input_ids,
+        positions=positions,
+        slot_mapping=slot_mapping,
+        query_start_loc=query_start_loc,
+        seq_lens=seq_lens,
+        block_tables=block_tables,
+        logits_indices=np.asarray(logits_indices, dtype=np.int64),
+        sample_req_ids=sample_req_ids,
+        max_query_len=int(query_lens.max()) if num_reqs else 0,
+        max_seq_len=int(seq_lens.max()) if num_reqs else 0,
+        block_size=block_size,
+    )

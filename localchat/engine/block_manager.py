@@ -1,0 +1,156 @@
+"""Fixed pool of KV-cache blocks with reference counts and prefix caching.
+
+Full blocks are named by a chained hash (parent hash + the block's token ids). A freed block keeps its
+content and hash in an LRU free list and is only evicted when handed out again, so a later request with
+the same prefix can reuse it. Block 0 is the null block: never allocated, used to pad block tables.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from localchat.engine.request import Request
+
+NULL_BLOCK_ID = 0
+
+
+@dataclass(slots=True)
+class KVBlock:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None
+    parent_hash: int | None = None
+    token_ids: tuple[int, ...] | None = None  # checked on a hit: a hash match alone is not trusted
+
+    def reset(self) -> None:
+        self.ref_count = 0
+        self.block_hash = self.parent_hash = self.token_ids = None
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        assert num_blocks >= 2, "need the null block plus at least one usable block"
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        # Head = next to hand out. Cached (hashed) blocks sit at the tail in LRU order.
+        self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        self.cached_blocks: dict[int, int] = {}  # block hash -> block id
+        self.prefix_queries = 0  # prompt tokens looked up
+        self.prefix_hits = 0  # of which found in the cache
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.num_blocks - 1
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_blocks)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_usable_blocks - self.num_free_blocks
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
+    def get_computed_blocks(self, request: Request) -> list[int]:
+        """Longest run of cached full blocks that prefixes the request, capped at num_tokens - 1 tokens
+        so the last prompt token is always computed (its logits are needed)."""
+        if not self.enable_prefix_caching:
+            return []
+        hits: list[int] = []
+        num_full = (request.num_tokens - 1) // self.block_size
+        parent: int | None = None
+        for index in range(num_full):
+            block_hash, tokens = self._block_key(request, index, parent)
+            block_id = self.cached_blocks.get(block_hash)
+            if block_id is None:
+                break
+            block = self.blocks[block_id]
+            if block.token_ids != tokens or block.parent_hash != parent:
+                break  # hash collision: treat as a miss
+            hits.append(block_id)
+            parent = block_hash
+        self.prefix_queries += request.num_tokens
+        self.prefix_hits += len(hits) * self.block_size
+        return hits
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, computed_blocks: list[int] | None = None, reserve: int = 0
+    ) -> list[int] | None:
+        """Give `request` blocks for its computed tokens plus `num_new_tokens` more. Returns the newly
+        allocated block ids, or None (and changes nothing) when the pool cannot cover it while keeping
+        `reserve` blocks free. `computed_blocks` are prefix hits, only on a request's first allocation."""
+        computed_blocks = computed_blocks or []
+        assert not computed_blocks or not request.block_ids
+        num_needed_total = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size)
+        num_new_blocks = max(0, num_needed_total - len(request.block_ids) - len(computed_blocks))
+        # Hits on free (ref 0) cached blocks take those blocks out of the free pool too.
+        num_revived = sum(1 for b in computed_blocks if self.blocks[b].ref_count == 0)
+        if num_new_blocks + num_revived > self.num_free_blocks - reserve:
+            return None
+        for block_id in computed_blocks:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_blocks[block_id]
+            block.ref_count += 1
+        new_ids = [self._pop_free_block() for _ in range(num_new_blocks)]
+        request.block_ids.extend(computed_blocks)
+        request.block_ids.extend(new_ids)
+        if self.enable_prefix_caching:
+            # NOTE: blocks are registered now, before the step writes them. Safe: the runner writes every
+            # layer's K/V before attending, and nothing reads the cache between schedule and execute.
+            self._cache_full_blocks(request, request.num_computed_tokens + num_new_tokens)
+        return new_ids
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, tail first, so its last blocks are evicted before its first."""
+        for block_id in reversed(request.block_ids):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count >= 0
+            if block.ref_count == 0:
+                self.free_blocks[block_id] = None
+                if block.block_hash is None:
+                    self.free_blocks.move_to_end(block_id, last=False)  # no content worth keeping
+        request.block_ids.clear()
+        request.num_registered_blocks = 0
+
+    def reset_prefix_cache(self) -> None:
+        for block_id in self.free_blocks:
+            self._uncache(self.blocks[block_id])
+
+    def _pop_free_block(self) -> int:
+        block_id, _ = self.free_blocks.popitem(last=False)
+        block = self.blocks[block_id]
+        self._uncache(block)  # lazy eviction
+        block.ref_count = 1
+        return block_id
+
+    def _uncache(self, block: KVBlock) -> None:
+        if block.block_hash is not None and self.cached_blocks.get(block.block_hash) == block.block_id:
+            del self.cached_blocks[block.block_hash]
+        block.reset()
+
+    def _block_key(self, request: Request, index: int, parent: int | None) -> tuple[int, tuple[int, ...]]:
+        start = index * self.block_size
+        tokens = tuple(request.all_token_ids[start : start + self.block_size])
+        return hash((parent, tokens)), tokens
+
+    def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+        num_full = min(num_tokens // self.block_size, len(request.block_ids))
+        for index in range(request.num_registered_blocks, num_full):
+            parent = request.block_hashes[index - 1] if index else None
+            block_hash, tokens = self._block_key(request, index, parent)
+            if index == len(request.block_hashes):
+                request.block_hashes.append(block_hash)
+            request.num_registered_blocks = index + 1
+            block = self.blocks[request.block_ids[index]]
+            if block.block_hash is not None or block_hash in self.cached_blocks:
+                continue  # already cached (a hit) or another block holds the same content
+            block.block_hash, block.parent_hash, block.token_ids = block_hash, parent, tokens
+            self.cached_blocks[block_hash] = block.block_id

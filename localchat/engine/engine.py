@@ -1,0 +1,209 @@
+"""The synchronous engine core: add / abort / step. One thread drives it (see async_engine.py)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import deque
+
+from localchat.engine.batch import build_batch
+from localchat.engine.block_manager import BlockManager
+from localchat.engine.config import EngineConfig
+from localchat.engine.detokenizer import Decoder, IncrementalDetokenizer
+from localchat.engine.interface import ModelRunner
+from localchat.engine.outputs import EngineStats, RequestOutput
+from localchat.engine.request import FinishReason, Request
+from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.scheduler import Scheduler
+from localchat.errors import ContextLengthExceededError, InvalidRequestError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KV_CACHE_MIB = 512
+STATS_WINDOW_S = 10.0
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        tokenizer: Decoder,
+        config: EngineConfig,
+        *,
+        eos_token_ids: list[int],
+        model_max_len: int,
+    ) -> None:
+        config.validate()
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.config = config
+        self.eos_token_ids = frozenset(eos_token_ids)
+        spec = runner.kv_cache_spec
+        per_block = spec.bytes_per_block(config.block_size)
+        if config.kv_cache_mib is not None:
+            budget = config.kv_cache_mib * 2**20
+        else:
+            budget = runner.available_kv_memory() or DEFAULT_KV_CACHE_MIB * 2**20
+        num_blocks = budget // per_block + 1  # +1: the null block
+        if num_blocks < 2:
+            raise InvalidRequestError(
+                f"The KV cache budget ({budget / 2**20:.1f} MiB) holds no block of {per_block / 2**20:.2f} MiB."
+            )
+        runner.initialize_kv_cache(num_blocks, config.block_size)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager)
+        capacity = (num_blocks - 1) * config.block_size
+        wanted = config.max_model_len or model_max_len
+        self.max_model_len = min(wanted, capacity)
+        if self.max_model_len < wanted:
+            log.warning("max_model_len %d capped to %d tokens: all the KV cache (raise --mem)", wanted, capacity)
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._ids = itertools.count()
+        self._recent: deque[tuple[float, int]] = deque()  # (time, tokens generated) per step
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.requests_finished_total = 0
+
+    # -- requests -----------------------------------------------------------------------------------
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, req_id: str | None = None) -> str:
+        if not prompt_token_ids:
+            raise InvalidRequestError("The prompt is empty.", param="prompt")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ContextLengthExceededError(len(prompt_token_ids), self.max_model_len)
+        req_id = req_id or f"req-{next(self._ids)}"
+        if req_id in self.scheduler.requests:
+            raise InvalidRequestError(f"Request id {req_id!r} is already in use.")
+        request = Request(req_id, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids)
+        self._detokenizers[req_id] = IncrementalDetokenizer(
+            self.tokenizer,
+            stop=params.stop,
+            skip_special_tokens=params.skip_special_tokens,
+            include_stop_str_in_output=params.include_stop_str_in_output,
+        )
+        self.scheduler.add_request(request)
+        self.prompt_tokens_total += len(prompt_token_ids)
+        return req_id
+
+    def abort_request(self, req_id: str) -> RequestOutput | None:
+        """Finish a request now; its blocks are free before the next step. None if it already ended."""
+        request = self.scheduler.requests.get(req_id)
+        if request is None:
+            return None
+        return self._finish(request, FinishReason.ABORT, "")
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.scheduler.requests)
+
+    # -- the step -----------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        scheduler_output = self.scheduler.schedule()
+        if scheduler_output.is_empty:
+            return []
+        batch = build_batch(scheduler_output, self.scheduler.requests, self.config.block_size)
+        try:
+            runner_output = self.runner.execute_model(scheduler_output, batch)
+        except Exception as exc:  # a failed step must not take the engine down
+            log.exception("model step failed; failing its %d requests", len(batch.req_ids))
+            return [self._fail(self.scheduler.requests[r], exc) for r in batch.req_ids]
+
+        for req_id, count in scheduler_output.num_scheduled_tokens.items():
+            self.scheduler.requests[req_id].num_computed_tokens += count
+        outputs: list[RequestOutput] = []
+        logprobs = runner_output.logprobs
+        num_generated = 0
+        for i, (req_id, token_ids) in enumerate(
+            zip(runner_output.req_ids, runner_output.sampled_token_ids, strict=True)
+        ):
+            request = self.scheduler.requests[req_id]
+            reason: FinishReason | None = None
+            accepted = 0
+            while reason is None and accepted < len(token_ids):
+                request.append_output_token(token_ids[accepted])
+                accepted += 1
+                reason = request.check_token_stop(self.max_model_len)
+            token_ids = token_ids[:accepted]
+            num_generated += accepted
+            detok = self._detokenizers[req_id]
+            delta = detok.push(token_ids)
+            if detok.stop_hit is not None:
+                request.stop_reason = detok.stop_hit
+                reason = FinishReason.STOP
+            token_logprobs = logprobs[i] if logprobs is not None else []
+            if reason is not None:
+                outputs.append(self._finish(request, reason, delta, token_ids, token_logprobs))
+            else:
+                outputs.append(self._output(request, token_ids, delta, token_logprobs))
+        self._count(num_generated)
+        return outputs
+
+    # -- helpers ------------------------------------------------------------------------------------
+
+    def _output(
+        self, request: Request, token_ids: list[int], delta: str, logprobs: list | None = None
+    ) -> RequestOutput:
+        return RequestOutput(
+            req_id=request.req_id,
+            new_token_ids=token_ids,
+            text_delta=delta,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+            num_output_tokens=request.num_output_tokens,
+            logprobs=logprobs or [],
+        )
+
+    def _finish(
+        self,
+        request: Request,
+        reason: FinishReason,
+        delta: str,
+        token_ids: list[int] | None = None,
+        logprobs: list | None = None,
+    ) -> RequestOutput:
+        detok = self._detokenizers.pop(request.req_id)
+        if reason != FinishReason.STOP or detok.stop_hit is None:
+            delta += detok.flush()
+        self.scheduler.finish_request(request, reason)
+        self.requests_finished_total += 1
+        out = self._output(request, token_ids or [], delta, logprobs)
+        out.finished, out.finish_reason, out.stop_reason = True, reason, request.stop_reason
+        return out
+
+    def _fail(self, request: Request, exc: Exception) -> RequestOutput:
+        out = self._finish(request, FinishReason.ERROR, "")
+        out.error = f"The model failed while generating: {type(exc).__name__}: {exc}"
+        return out
+
+    def _count(self, num_generated: int) -> None:
+        now = time.monotonic()
+        self.generation_tokens_total += num_generated
+        self._recent.append((now, num_generated))
+        while self._recent and now - self._recent[0][0] > STATS_WINDOW_S:
+            self._recent.popleft()
+
+    def stats(self) -> EngineStats:
+        now = time.monotonic()
+        recent = [(t, n) for t, n in self._recent if now - t <= STATS_WINDOW_S]
+        span = (now - recent[0][0]) if len(recent) > 1 else 0.0
+        rate = sum(n for _, n in recent[1:]) / span if span > 0 else 0.0
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_blocks_used=self.block_manager.num_used_blocks,
+            kv_blocks_total=self.block_manager.num_usable_blocks,
+            block_size=self.config.block_size,
+            prefix_hit_rate=self.block_manager.prefix_hit_rate,
+            num_preemptions=self.scheduler.num_preemptions,
+            generation_tokens_per_s=rate,
+            prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
+            requests_finished_total=self.requests_finished_total,
+            max_model_len=self.max_model_len,
+        )

@@ -1,0 +1,130 @@
+"""The engine <-> runner contract: plain data only (lists, numpy), so torch, MLX and fake runners share it.
+
+Per step the engine sends a `SchedulerOutput` (what changed) and a `BatchInputs` (the flat batch, built
+once by `engine/batch.py`); the runner answers with a `RunnerOutput` (sampled tokens per request).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from localchat.engine.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    """A request the runner has not seen (or sees again after preemption). Sent once."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]  # non-empty only when resuming after preemption
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int  # tokens already in the KV cache (prefix-cache hit)
+
+
+@dataclass(slots=True)
+class CachedRequestData:
+    """A request the runner already knows: only the diff since the last step."""
+
+    req_id: str
+    new_block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: list[CachedRequestData]
+    num_scheduled_tokens: dict[str, int]  # req_id -> tokens computed this step
+    total_num_scheduled_tokens: int
+    # Requests the runner must forget (finished, aborted or preempted) before this step runs.
+    finished_req_ids: set[str] = field(default_factory=set)
+    preempted_req_ids: set[str] = field(default_factory=set)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+
+@dataclass(slots=True)
+class BatchInputs:
+    """One step's flattened batch. Rows are requests in `req_ids` order; tokens are packed row by row."""
+
+    req_ids: list[str]
+    input_ids: np.ndarray  # int64 [num_tokens]
+    positions: np.ndarray  # int64 [num_tokens]
+    slot_mapping: np.ndarray  # int64 [num_tokens]: block_id * block_size + offset, where K/V are written
+    query_start_loc: np.ndarray  # int32 [num_reqs + 1]: row i's tokens are [qsl[i], qsl[i+1])
+    seq_lens: np.ndarray  # int32 [num_reqs]: context length after this step (cached + new)
+    block_tables: np.ndarray  # int32 [num_reqs, max_blocks], padded with the null block 0
+    logits_indices: np.ndarray  # int64 [num_sampled]: token index whose logits are sampled
+    sample_req_ids: list[str]  # the requests that sample this step, in logits_indices order
+    max_query_len: int
+    max_seq_len: int
+    block_size: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_ids)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """Logprob of a sampled token (under the model's raw distribution) and the top alternatives."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    req_ids: list[str]  # == BatchInputs.sample_req_ids
+    sampled_token_ids: list[list[int]]  # one list per request (one token per step today)
+    logprobs: list[list[TokenLogprobs]] | None = None  # aligned with sampled_token_ids, when asked
+
+
+@dataclass(frozen=True, slots=True)
+class KVCacheSpec:
+    """What the engine needs to size the KV pool: bytes one block costs across all layers."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+
+    def bytes_per_block(self, block_size: int) -> int:
+        # K and V, every layer.
+        return 2 * self.num_layers * block_size * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+
+class ModelRunner(Protocol):
+    """Implemented by backends/torch, backends/mlx and backends/fake."""
+
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec: ...
+
+    @property
+    def device_name(self) -> str: ...
+
+    def available_kv_memory(self) -> int | None:
+        """Bytes free for the KV cache after weights and a warm-up, or None when unknown."""
+        ...
+
+    def initialize_kv_cache(self, num_blocks: int, block_size: int) -> None: ...
+
+    def execute_model(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> RunnerOutput: ...
+
+    def shutdown(self) -> None: ...

@@ -1,0 +1,39 @@
+"""What the engine reports per request per step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from localchat.engine.interface import TokenLogprobs
+from localchat.engine.request import FinishReason
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    req_id: str
+    new_token_ids: list[int]
+    text_delta: str
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    error: str | None = None  # set with finish_reason ERROR
+
+
+@dataclass(slots=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    block_size: int
+    prefix_hit_rate: float
+    num_preemptions: int
+    generation_tokens_per_s: float  # over the recent window
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    requests_finished_total: int
+    max_model_len: int

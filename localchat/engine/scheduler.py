@@ -1,0 +1,124 @@
+"""Token-budget scheduler: every step hands `max_num_batched_tokens` out across running requests
+(decodes and unfinished prefills, oldest first), then admits waiting ones, chunking prefills to fit.
+Out of blocks, it preempts the newest running request (recompute later); nothing is dropped."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from localchat.engine.block_manager import BlockManager
+from localchat.engine.config import EngineConfig
+from localchat.engine.interface import CachedRequestData, NewRequestData, SchedulerOutput
+from localchat.engine.request import FinishReason, Request, RequestStatus
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._finished_since_last_step: set[str] = set()
+        self.num_preemptions = 0
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add_request(self, request: Request) -> None:
+        self.requests[request.req_id] = request
+        self.waiting.append(request)
+
+    def finish_request(self, request: Request, reason: FinishReason) -> None:
+        if request.is_finished:
+            return
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        self.block_manager.free(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        self._finished_since_last_step.add(request.req_id)
+        del self.requests[request.req_id]
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        chunk = self.config.prefill_chunk_size
+        num_scheduled: dict[str, int] = {}
+        new_reqs: list[NewRequestData] = []
+        cached_reqs: list[CachedRequestData] = []
+        preempted: set[str] = set()
+
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if chunk:
+                num_new = min(num_new, chunk)
+            while (new_blocks := self.block_manager.allocate_slots(request, num_new)) is None:
+                victim = self.running.pop()  # newest; not yet scheduled in this step
+                self._preempt(victim)
+                preempted.add(victim.req_id)
+                if victim is request:
+                    break
+            if new_blocks is None:
+                break
+            num_scheduled[request.req_id] = num_new
+            cached_reqs.append(CachedRequestData(request.req_id, new_blocks, request.num_computed_tokens))
+            budget -= num_new
+            index += 1
+
+        reserve = int(self.block_manager.num_usable_blocks * self.config.watermark_fraction)
+        while self.waiting and not preempted and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            hits = self.block_manager.get_computed_blocks(request)
+            num_computed = len(hits) * self.block_manager.block_size
+            num_new = request.num_tokens - num_computed
+            if chunk:
+                num_new = min(num_new, chunk, budget)
+            elif num_new > budget and num_scheduled:
+                break  # unchunked prefill: wait for a step it can have to itself
+            request.num_computed_tokens = num_computed
+            new_blocks = self.block_manager.allocate_slots(request, num_new, hits, reserve=reserve)
+            if new_blocks is None:
+                request.num_computed_tokens = 0
+                break
+            self.waiting.popleft()
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_computed
+            num_scheduled[request.req_id] = num_new
+            budget -= num_new
+            new_reqs.append(
+                NewRequestData(
+                    req_id=request.req_id,
+                    prompt_token_ids=request.prompt_token_ids,
+                    output_token_ids=list(request.output_token_ids),
+                    sampling_params=request.sampling_params,
+                    block_ids=list(request.block_ids),
+                    num_computed_tokens=num_computed,
+                )
+            )
+
+        finished = self._finished_since_last_step
+        self._finished_since_last_step = set()
+        return SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached_reqs,
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=sum(num_scheduled.values()),
+            finished_req_ids=finished,
+            preempted_req_ids=preempted,
+        )
+
+    def _preempt(self, request: Request) -> None:
+        """Recompute-style preemption: drop its KV (cached blocks stay findable) and queue it first."""
+        self.block_manager.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.WAITING
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)

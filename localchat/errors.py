@@ -1,0 +1,103 @@
+"""Typed, user-facing errors. The server translates them in one place (OpenAI JSON or an HTML partial)."""
+
+from __future__ import annotations
+
+
+class LocalchatError(Exception):
+    """Base for every error a user may see. `status` is the HTTP status the API answers with."""
+
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+
+class InvalidRequestError(LocalchatError):
+    """Bad input: a field out of range, of the wrong type, or inconsistent with another."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_value"
+
+
+class ContextLengthExceededError(InvalidRequestError):
+    code = "context_length_exceeded"
+
+    def __init__(self, prompt_tokens: int, max_model_len: int) -> None:
+        super().__init__(
+            f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
+            f"{prompt_tokens} tokens. Shorten the conversation or start a new chat.",
+            param="messages",
+        )
+        self.prompt_tokens = prompt_tokens
+        self.max_model_len = max_model_len
+
+
+class AuthenticationError(LocalchatError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFoundError(LocalchatError):
+    status = 404
+    type = "not_found_error"
+    code = "not_found"
+
+
+class ModelNotFoundError(NotFoundError):
+    code = "model_not_found"
+
+
+class PayloadTooLargeError(InvalidRequestError):
+    status = 413
+    code = "payload_too_large"
+
+
+class QueueFullError(LocalchatError):
+    """The waiting queue is full; the API answers 503 with Retry-After."""
+
+    status = 503
+    type = "server_busy"
+    code = "queue_full"
+    retry_after_s = 1
+
+
+class ModelLoadError(LocalchatError):
+    """A model file or folder cannot be read, or holds something we cannot run."""
+
+    status = 500
+    type = "model_load_error"
+    code = "model_load_failed"
+
+
+class UnsupportedArchitectureError(ModelLoadError):
+    code = "unsupported_architecture"
+
+    def __init__(self, architecture: str, supported: list[str]) -> None:
+        super().__init__(
+            f"Model architecture {architecture!r} is not supported. Supported: {', '.join(sorted(supported))}."
+        )
+        self.architecture = architecture
+
+
+class BackendUnavailableError(LocalchatError):
+    """The requested backend (torch, mlx) is not installed or has no usable device."""
+
+    status = 500
+    type = "backend_unavailable"
+    code = "backend_unavailable"
+
+
+class EngineDeadError(LocalchatError):
+    """The engine thread stopped; requests cannot be served until restart."""
+
+    status = 500
+    type = "server_error"
+    code = "engine_dead"

@@ -1,0 +1,121 @@
+"""The library API: `LLM(path).generate(...)`, `.chat(...)`, `.stream(...)`, driving the engine in the
+caller's thread (no server, no engine thread)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localchat.engine.config import EngineConfig
+from localchat.engine.engine import LLMEngine
+from localchat.engine.interface import TokenLogprobs
+from localchat.engine.sampling_params import SamplingParams
+
+Messages = list[dict[str, Any]]
+SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+@dataclass(slots=True)
+class Completion:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    cached_tokens: int
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+
+
+class LLM:
+    """Load a model (GGUF file, safetensors folder or models.yaml alias) and generate with it.
+
+    >>> llm = LLM("SmolLM2-135M-Instruct.Q4_1.gguf")
+    >>> llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(temperature=0)).text
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        backend: str = "auto",
+        device: str = "auto",
+        dtype: str = "auto",
+        engine_config: EngineConfig | None = None,
+        seed: int = 0,
+    ) -> None:
+        from backends import RunnerOptions, create_runner
+        from localchat.weights.chat_template import ChatTemplate
+        from localchat.weights.loader import load_model
+
+        self.model = load_model(model)
+        self.runner = create_runner(backend, self.model, RunnerOptions(device=device, dtype=dtype, seed=seed))
+        self.engine = LLMEngine(
+            self.runner,
+            self.model.tokenizer,
+            engine_config or EngineConfig(),
+            eos_token_ids=self.model.config.eos_token_ids or self.model.tokenizer.eos_token_ids,
+            model_max_len=self.model.config.max_position_embeddings,
+        )
+        self.tokenizer = self.model.tokenizer
+        self.template = ChatTemplate(self.model.chat_template)
+
+    def default_params(self, **overrides: Any) -> SamplingParams:
+        defaults = {k: v for k, v in self.model.generation_defaults.items() if k in SAMPLING_DEFAULT_KEYS}
+        return SamplingParams(**{**defaults, **overrides})
+
+    def apply_chat_template(self, messages: Messages, tools: list[dict] | None = None, **kwargs: Any) -> list[int]:
+        text = self.template.render(
+            messages,
+            tools=tools,
+            add_generation_prompt=True,
+            bos_token=self.tokenizer.bos_token or "",
+            eos_token=self.tokenizer.eos_token or "",
+            **kwargs,
+        )
+        # The template already wrote any BOS it wants; encode without adding another.
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def generate(
+        self, prompts: str | Sequence[str] | Sequence[list[int]], params: SamplingParams | None = None
+    ) -> list[Completion]:
+        """Run every prompt to completion, batched together; results in input order."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        ids = [p if isinstance(p, list) else self.tokenizer.encode(p) for p in prompts]
+        return self._run(ids, params or self.default_params())
+
+    def chat(self, messages: Messages, params: SamplingParams | None = None, **template_kwargs: Any) -> Completion:
+        return self._run([self.apply_chat_template(messages, **template_kwargs)], params or self.default_params())[0]
+
+    def stream(self, prompt: str | Messages, params: SamplingParams | None = None) -> Iterator[str]:
+        """Yield text deltas as they are generated. Breaking out of the loop aborts the request."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else self.apply_chat_template(prompt)
+        req_id = self.engine.add_request(ids, params or self.default_params())
+        finished = False
+        try:
+            while not finished:
+                for out in self.engine.step():
+                    if out.req_id == req_id:
+                        finished = out.finished
+                        if out.text_delta:
+                            yield out.text_delta
+        finally:
+            if not finished:
+                self.engine.abort_request(req_id)
+
+    def _run(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
+        req_ids = [self.engine.add_request(ids, params) for ids in prompt_ids]
+        results: dict[str, Completion] = {r: Completion("", [], "", 0, 0) for r in req_ids}
+        while any(not results[r].finish_reason for r in req_ids):
+            for out in self.engine.step():
+                done = results.get(out.req_id)
+                if done is None:
+                    continue
+                done.text += out.text_delta
+                done.token_ids += out.new_token_ids
+                done.logprobs += out.logprobs
+                if out.finished:
+                    done.finish_reason = str(out.finish_reason)
+                    done.prompt_tokens, done.cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
+        return [results[r] for r in req_ids]
