@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -47,7 +48,7 @@ class FakeTokenizer:
     bos_token_id = None
     bos_token = None
     eos_token = "<|im_end|>"
-    eos_token_ids = [EOS_ID]
+    eos_token_ids: ClassVar[list[int]] = [EOS_ID]
     add_bos = False
     vocab_size = BYTE_OFFSET + 256
     all_special_ids = frozenset(range(BYTE_OFFSET))
@@ -81,19 +82,33 @@ class FakeTokenizer:
 
 def fake_model_bundle(name: str = "fake-model", max_model_len: int = 4096) -> ModelBundle:
     config = ModelConfig(
-        model_type="fake", vocab_size=FakeTokenizer.vocab_size, hidden_size=8, intermediate_size=8,
-        num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1, head_dim=8,
-        max_position_embeddings=max_model_len, eos_token_ids=[EOS_ID],
+        model_type="fake",
+        vocab_size=FakeTokenizer.vocab_size,
+        hidden_size=8,
+        intermediate_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=8,
+        max_position_embeddings=max_model_len,
+        eos_token_ids=[EOS_ID],
     )
     return ModelBundle(
-        name=name, path=Path("fake"), format="none", config=config, iter_weights=lambda: iter(()),
-        tokenizer=FakeTokenizer(), chat_template=CHATML_TEMPLATE,  # type: ignore[arg-type]
+        name=name,
+        path=Path("fake"),
+        format="none",
+        config=config,
+        iter_weights=lambda: iter(()),
+        tokenizer=FakeTokenizer(),
+        chat_template=CHATML_TEMPLATE,  # type: ignore[arg-type]
     )
 
 
 class FakeRunner:
-    def __init__(self, tokenizer: FakeTokenizer | None = None) -> None:
+    def __init__(self, tokenizer: FakeTokenizer | None = None, kv_bytes_per_token: int = 128) -> None:
+        # kv_bytes_per_token only shapes how many blocks a MiB budget buys (tests use it to force preemption).
         self.tokenizer = tokenizer or FakeTokenizer()
+        self.kv_bytes_per_token = kv_bytes_per_token
         self.slots = np.zeros(0, dtype=np.int64)  # the "KV cache": the token id stored at each slot
         self.block_size = 0
         self.replies: dict[str, list[int]] = {}
@@ -104,7 +119,9 @@ class FakeRunner:
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
-        return KVCacheSpec(num_layers=1, num_kv_heads=1, head_dim=8, dtype_bytes=8)
+        return KVCacheSpec(
+            num_layers=1, num_kv_heads=1, head_dim=self.kv_bytes_per_token // 16, dtype_bytes=8
+        )
 
     @property
     def device_name(self) -> str:
@@ -152,11 +169,16 @@ class FakeRunner:
         seq_len = int(batch.seq_lens[row])
         positions = np.arange(seq_len)
         table = batch.block_tables[row]
-        slots = table[positions // self.block_size].astype(np.int64) * self.block_size + positions % self.block_size
+        slots = (
+            table[positions // self.block_size].astype(np.int64) * self.block_size
+            + positions % self.block_size
+        )
         context = self.slots[slots].tolist()
         expected = self.known[req_id][:seq_len]
         if context != expected:
-            raise AssertionError(f"KV cache corrupted for {req_id}: read {context[-8:]}, expected {expected[-8:]}")
+            raise AssertionError(
+                f"KV cache corrupted for {req_id}: read {context[-8:]}, expected {expected[-8:]}"
+            )
 
     def shutdown(self) -> None:
         self.replies.clear()

@@ -65,7 +65,9 @@ class AsyncEngine:
 
     # -- callers' side (any thread) ------------------------------------------------------------------
 
-    def submit(self, prompt_token_ids: list[int], params: SamplingParams, sink: Sink, req_id: str | None = None) -> str:
+    def submit(
+        self, prompt_token_ids: list[int], params: SamplingParams, sink: Sink, req_id: str | None = None
+    ) -> str:
         """Queue a request; `sink` is called on the engine thread with each output. Raises at once for
         a prompt that cannot fit, a full queue, or an engine that is stopping."""
         if not prompt_token_ids:
@@ -76,7 +78,9 @@ class AsyncEngine:
             if not self._accepting or self._thread is None or not self._thread.is_alive():
                 raise EngineDeadError("The engine is not running (shutting down or stopped).")
             if self._in_flight >= self.max_in_flight:
-                raise QueueFullError(f"The server is busy ({self._in_flight} requests in flight). Retry shortly.")
+                raise QueueFullError(
+                    f"The server is busy ({self._in_flight} requests in flight). Retry shortly."
+                )
             self._in_flight += 1
             if req_id is None:
                 self._next_id += 1
@@ -93,7 +97,9 @@ class AsyncEngine:
         """Stream one request's outputs. Leaving the loop early (client gone) aborts the request."""
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        req_id = self.submit(prompt_token_ids, params, lambda o: loop.call_soon_threadsafe(outputs.put_nowait, o), req_id)
+        req_id = self.submit(
+            prompt_token_ids, params, lambda o: loop.call_soon_threadsafe(outputs.put_nowait, o), req_id
+        )
         finished = False
         try:
             while not finished:

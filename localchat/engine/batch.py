@@ -8,7 +8,9 @@ from localchat.engine.interface import BatchInputs, SchedulerOutput
 from localchat.engine.request import Request
 
 
-def build_batch(scheduler_output: SchedulerOutput, requests: dict[str, Request], block_size: int) -> BatchInputs:
+def build_batch(
+    scheduler_output: SchedulerOutput, requests: dict[str, Request], block_size: int
+) -> BatchInputs:
     """Rows follow `num_scheduled_tokens` order (running requests first, then newly admitted ones).
 
     A row samples when this step reaches the end of its known tokens; a middle prefill chunk does not.
@@ -46,7 +48,9 @@ def build_batch(scheduler_output: SchedulerOutput, requests: dict[str, Request],
         block_tables[row, : len(blocks)] = blocks
     # Slot of each token: its block (through the row's table) times block_size plus the offset within.
     rows = np.repeat(np.arange(num_reqs), np.diff(query_start_loc))
-    slot_mapping = block_tables[rows, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    slot_mapping = (
+        block_tables[rows, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    )
     query_lens = np.diff(query_start_loc)
     return BatchInputs(
         req_ids=req_ids,

@@ -80,7 +80,11 @@ class BlockManager:
         return hits
 
     def allocate_slots(
-        self, request: Request, num_new_tokens: int, computed_blocks: list[int] | None = None, reserve: int = 0
+        self,
+        request: Request,
+        num_new_tokens: int,
+        computed_blocks: list[int] | None = None,
+        reserve: int = 0,
     ) -> list[int] | None:
         """Give `request` blocks for its computed tokens plus `num_new_tokens` more. Returns the newly
         allocated block ids, or None (and changes nothing) when the pool cannot cover it while keeping

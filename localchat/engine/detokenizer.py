@@ -56,7 +56,9 @@ class IncrementalDetokenizer:
         if self.stop_hit is not None:
             return ""
         tail = self.tokenizer.decode(self.ids[self.prefix_offset :], self.skip_special_tokens)
-        head = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], self.skip_special_tokens)
+        head = self.tokenizer.decode(
+            self.ids[self.prefix_offset : self.read_offset], self.skip_special_tokens
+        )
         if len(self.ids) > self.read_offset and tail.startswith(head):
             self.text += tail[len(head) :]  # trailing partial character, shown as U+FFFD as decode() does
             self.read_offset = len(self.ids)

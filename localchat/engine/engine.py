@@ -57,7 +57,9 @@ class LLMEngine:
         wanted = config.max_model_len or model_max_len
         self.max_model_len = min(wanted, capacity)
         if self.max_model_len < wanted:
-            log.warning("max_model_len %d capped to %d tokens: all the KV cache (raise --mem)", wanted, capacity)
+            log.warning(
+                "max_model_len %d capped to %d tokens: all the KV cache (raise --mem)", wanted, capacity
+            )
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens generated) per step
@@ -67,7 +69,9 @@ class LLMEngine:
 
     # -- requests -----------------------------------------------------------------------------------
 
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, req_id: str | None = None) -> str:
+    def add_request(
+        self, prompt_token_ids: list[int], params: SamplingParams, req_id: str | None = None
+    ) -> str:
         if not prompt_token_ids:
             raise InvalidRequestError("The prompt is empty.", param="prompt")
         if len(prompt_token_ids) >= self.max_model_len:

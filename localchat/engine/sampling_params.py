@@ -61,7 +61,9 @@ class SamplingParams:
         if len(self.stop) > MAX_STOP_STRINGS:
             raise InvalidRequestError(f"'stop' may hold at most {MAX_STOP_STRINGS} strings.", param="stop")
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
-            raise InvalidRequestError("'stop_token_ids' must be non-negative integers.", param="stop_token_ids")
+            raise InvalidRequestError(
+                "'stop_token_ids' must be non-negative integers.", param="stop_token_ids"
+            )
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS)
 
@@ -75,9 +77,7 @@ def _check_int(name: str, value: object, *, low: int | None = None, high: int | 
         raise InvalidRequestError(f"'{name}' must be <= {high}, got {value}.", param=name)
 
 
-def _check_float(
-    name: str, value: object, *, low: float, high: float, low_open: bool = False
-) -> None:
+def _check_float(name: str, value: object, *, low: float, high: float, low_open: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise InvalidRequestError(f"'{name}' must be a number, got {value!r}.", param=name)
     below = value <= low if low_open else value < low

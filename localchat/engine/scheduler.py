@@ -70,7 +70,6 @@ class Scheduler:
             budget -= num_new
             index += 1
 
-        reserve = int(self.block_manager.num_usable_blocks * self.config.watermark_fraction)
         while self.waiting and not preempted and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             hits = self.block_manager.get_computed_blocks(request)
@@ -81,6 +80,9 @@ class Scheduler:
             elif num_new > budget and num_scheduled:
                 break  # unchunked prefill: wait for a step it can have to itself
             request.num_computed_tokens = num_computed
+            # Keep a watermark free for running requests to grow into; a lone request gets everything,
+            # so any prompt under max_model_len (<= the pool) is always admitted eventually.
+            reserve = self._watermark() if self.running else 0
             new_blocks = self.block_manager.allocate_slots(request, num_new, hits, reserve=reserve)
             if new_blocks is None:
                 request.num_computed_tokens = 0
@@ -113,6 +115,9 @@ class Scheduler:
             finished_req_ids=finished,
             preempted_req_ids=preempted,
         )
+
+    def _watermark(self) -> int:
+        return int(self.block_manager.num_usable_blocks * self.config.watermark_fraction)
 
     def _preempt(self, request: Request) -> None:
         """Recompute-style preemption: drop its KV (cached blocks stay findable) and queue it first."""

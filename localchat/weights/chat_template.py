@@ -49,11 +49,9 @@ def _tojson(
     sort_keys: bool = False,
 ) -> str:
     # Jinja's own tojson HTML-escapes `<`, `>`, `&`, `'`; prompts must keep the characters as they are.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 class _DictFactory:
@@ -72,17 +70,17 @@ class _SafeNamespace(Namespace):
     def __init__(self, /, *args: Any, **kwargs: Any) -> None:
         attrs = dict(*args, **kwargs)
         for name in attrs:
-            self._check(name)
-        super().__init__(attrs)
+            _check_namespace_name(name)
+        Namespace.__init__(self, attrs)
 
     def __setitem__(self, name: str, value: Any) -> None:
-        self._check(name)
-        super().__setitem__(name, value)
+        _check_namespace_name(name)
+        Namespace.__setitem__(self, name, value)
 
-    @staticmethod
-    def _check(name: object) -> None:
-        if isinstance(name, str) and name.startswith("_"):
-            raise SecurityError(f"chat templates may not set the namespace attribute {name!r}")
+
+def _check_namespace_name(name: object) -> None:
+    if isinstance(name, str) and name.startswith("_"):
+        raise SecurityError(f"chat templates may not set the namespace attribute {name!r}")
 
 
 class _GenerationTag(Extension):
@@ -103,9 +101,12 @@ _ENV = ImmutableSandboxedEnvironment(
     trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _GenerationTag]
 )
 _ENV.filters["tojson"] = _tojson
-_ENV.globals.update(
-    raise_exception=_raise_exception, strftime_now=_strftime_now, dict=_DictFactory(), namespace=_SafeNamespace
-)
+_ENV.globals |= {
+    "raise_exception": _raise_exception,
+    "strftime_now": lambda fmt: datetime.now().strftime(fmt),
+    "dict": _DictFactory(),
+    "namespace": _SafeNamespace,
+}
 
 
 @lru_cache(maxsize=16)
@@ -125,9 +126,10 @@ def _plain(value: Any) -> Any:
     """A copy made only of JSON-like types, so no object with exotic methods ever reaches the sandbox."""
     if value is None or type(value) in (str, int, float, bool):
         return value
-    for base in (bool, str, int, float):  # subclasses (enums, numpy scalars) lose their extra methods
-        if isinstance(value, base):
-            return base(value)
+    if isinstance(value, str):  # subclasses (str enums) lose their extra methods
+        return str.__str__(value)
+    if isinstance(value, int | float):
+        return float(value) if isinstance(value, float) else int(value)
     if isinstance(value, Mapping):
         return {_plain(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -142,14 +144,11 @@ def _prepare(message: Mapping[str, Any], flatten_content: bool) -> dict[str, Any
     reasoning = next((msg[k] for k in _REASONING_KEYS if k in msg), None)
     if reasoning is not None:
         msg = {"thinking": reasoning, **msg, "reasoning_content": reasoning}
-    content = msg.get("content")
-    if flatten_content and isinstance(content, list) and all(_is_text_part(p) for p in content):
-        msg["content"] = "\n".join(part["text"] for part in content)
+    if flatten_content and isinstance(parts := msg.get("content"), list):
+        texts = [p.get("text") for p in parts if isinstance(p, dict) and p.get("type") == "text"]
+        if len(texts) == len(parts) and all(isinstance(text, str) for text in texts):
+            msg["content"] = "\n".join(texts)
     return msg
-
-
-def _is_text_part(part: Any) -> bool:
-    return isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
 
 
 class ChatTemplate:
@@ -160,11 +159,12 @@ class ChatTemplate:
     `special_tokens_map` (only when set).
     """
 
-    def __init__(self, source: str | None, *, bos_token: str | None = None, eos_token: str | None = None) -> None:
+    def __init__(
+        self, source: str | None, *, bos_token: str | None = None, eos_token: str | None = None
+    ) -> None:
         self.is_fallback = not (source and source.strip())
         self.source = CHATML_FALLBACK if self.is_fallback else str(source)
-        self.bos_token = bos_token
-        self.eos_token = eos_token
+        self.bos_token, self.eos_token = bos_token, eos_token
         self._template, self.variables = _compile(self.source)
 
     @property
@@ -198,7 +198,10 @@ class ChatTemplate:
         templates concatenate `content` as a string and would otherwise print a Python list or fail.
         Parts of any other type keep the list as is, for templates that handle multimodal content.
         """
-        special = {"bos_token": bos_token or self.bos_token, "eos_token": eos_token or self.eos_token}
+        special = {
+            "bos_token": self.bos_token if bos_token is None else bos_token,
+            "eos_token": self.eos_token if eos_token is None else eos_token,
+        }
         context = {k: v for k, v in special.items() if v is not None} | extra  # extra wins, like HF
         chat = [_prepare(message, flatten_content) for message in messages]
         try:
@@ -210,10 +213,14 @@ class ChatTemplate:
                 **_plain(context),
             )
         except _TemplateRefused as exc:
-            raise InvalidRequestError(exc.message or "The chat template rejected the conversation.", param="messages") from None
+            raise InvalidRequestError(
+                str(exc) or "The chat template rejected the conversation.", param="messages"
+            ) from None
         except SecurityError as exc:
-            raise InvalidRequestError(f"The chat template attempted an unsafe operation and was stopped: {exc}") from exc
-        except Exception as exc:  # the template is foreign code: any failure is about this conversation's shape
+            raise InvalidRequestError(
+                f"The chat template attempted an unsafe operation and was stopped: {exc}"
+            ) from exc
+        except Exception as exc:  # the template is foreign code: any failure is this conversation's shape
             raise InvalidRequestError(
                 f"The model's chat template could not render this conversation ({type(exc).__name__}: {exc}). "
                 "Check that each message has the fields and roles this model expects.",
@@ -224,20 +231,20 @@ class ChatTemplate:
     def generation_prompt(self) -> str | None:
         """What `add_generation_prompt=True` appends (e.g. "<|im_start|>assistant\\n"); None if unknown."""
         probe = [{"role": "user", "content": "x"}]
-        try:
-            with_prompt = self.render(probe, add_generation_prompt=True)
-            without = self.render(probe, add_generation_prompt=False)
-        except InvalidRequestError:
+        with_prompt, without = self._probe(probe, True), self._probe(probe, False)
+        if with_prompt is None or without is None or not with_prompt.startswith(without):
             return None
-        return with_prompt[len(without) :] if with_prompt.startswith(without) else None
+        return with_prompt[len(without) :]
 
     @cached_property
     def end_of_turn(self) -> str | None:
         """The text that closes an assistant turn (e.g. "<|im_end|>"), a natural stop string; None if unknown."""
         mark = "\x00turn\x00"
-        probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": mark}]
+        text = self._probe([{"role": "user", "content": "x"}, {"role": "assistant", "content": mark}], False)
+        return (text.rpartition(mark)[2].strip() or None) if text and mark in text else None
+
+    def _probe(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str | None:
         try:
-            text = self.render(probe, add_generation_prompt=False)
+            return self.render(messages, add_generation_prompt=add_generation_prompt)
         except InvalidRequestError:
             return None
-        return text.rpartition(mark)[2].strip() or None if mark in text else None

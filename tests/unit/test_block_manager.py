@@ -1,0 +1,165 @@
+"""Block manager, CPU-exact: block ids, ref counts, free-list order, prefix hits and eviction."""
+
+from __future__ import annotations
+
+from localchat.engine.block_manager import BlockManager
+from localchat.engine.request import Request
+from localchat.engine.sampling_params import SamplingParams
+
+BS = 4
+
+
+def make_request(req_id: str, tokens: list[int]) -> Request:
+    return Request(req_id, tokens, SamplingParams(max_tokens=8))
+
+
+def allocate_prompt(bm: BlockManager, req: Request) -> list[int] | None:
+    hits = bm.get_computed_blocks(req)
+    req.num_computed_tokens = len(hits) * BS
+    return bm.allocate_slots(req, req.num_tokens - req.num_computed_tokens, hits)
+
+
+def free_order(bm: BlockManager) -> list[int]:
+    return list(bm.free_blocks)
+
+
+def test_fresh_pool_hands_out_blocks_in_order_and_never_the_null_block() -> None:
+    bm = BlockManager(num_blocks=6, block_size=BS)
+    assert free_order(bm) == [1, 2, 3, 4, 5]
+    req = make_request("a", list(range(10)))  # 10 tokens -> 3 blocks
+    assert allocate_prompt(bm, req) == [1, 2, 3]
+    assert req.block_ids == [1, 2, 3]
+    assert [bm.blocks[i].ref_count for i in range(6)] == [0, 1, 1, 1, 0, 0]
+    assert free_order(bm) == [4, 5]
+    assert bm.num_used_blocks == 3
+
+
+def test_full_blocks_are_hashed_partial_tail_is_not() -> None:
+    bm = BlockManager(num_blocks=6, block_size=BS)
+    req = make_request("a", list(range(10)))
+    allocate_prompt(bm, req)
+    assert bm.blocks[1].token_ids == (0, 1, 2, 3)
+    assert bm.blocks[2].token_ids == (4, 5, 6, 7)
+    assert bm.blocks[3].block_hash is None
+    assert len(bm.cached_blocks) == 2
+    assert bm.blocks[2].parent_hash == bm.blocks[1].block_hash
+
+
+def test_free_puts_tail_first_and_uncached_blocks_at_the_head() -> None:
+    bm = BlockManager(num_blocks=6, block_size=BS)
+    req = make_request("a", list(range(10)))
+    allocate_prompt(bm, req)
+    bm.free(req)
+    assert req.block_ids == []
+    # Uncached tail block 3 goes to the head (reused first); cached 2 then 1 go to the tail, LRU order.
+    assert free_order(bm) == [3, 4, 5, 2, 1]
+    assert all(bm.blocks[i].ref_count == 0 for i in range(1, 6))
+    assert len(bm.cached_blocks) == 2  # content kept for later hits
+
+
+def test_prefix_hit_reuses_blocks_and_bumps_ref_counts() -> None:
+    bm = BlockManager(num_blocks=8, block_size=BS)
+    a = make_request("a", list(range(10)))
+    allocate_prompt(bm, a)
+    b = make_request("b", [*range(8), 100, 101, 102])
+    hits = bm.get_computed_blocks(b)
+    assert hits == [1, 2]
+    b.num_computed_tokens = 8
+    assert bm.allocate_slots(b, 3, hits) == [4]
+    assert b.block_ids == [1, 2, 4]
+    assert bm.blocks[1].ref_count == 2 and bm.blocks[2].ref_count == 2
+    assert bm.prefix_hits == 8
+
+
+def test_hit_on_freed_cached_blocks_takes_them_out_of_the_free_list() -> None:
+    bm = BlockManager(num_blocks=6, block_size=BS)
+    a = make_request("a", list(range(10)))
+    allocate_prompt(bm, a)
+    bm.free(a)
+    b = make_request("b", list(range(9)))
+    assert allocate_prompt(bm, b) == [3]  # hits 1, 2; new block from the head of the free list
+    assert b.block_ids == [1, 2, 3]
+    assert free_order(bm) == [4, 5]
+    assert bm.blocks[1].ref_count == 1
+
+
+def test_hit_is_capped_so_the_last_prompt_token_is_computed() -> None:
+    bm = BlockManager(num_blocks=6, block_size=BS)
+    a = make_request("a", list(range(8)))  # exactly two full blocks
+    allocate_prompt(bm, a)
+    b = make_request("b", list(range(8)))
+    assert bm.get_computed_blocks(b) == [1]  # not [1, 2]: token 7 must be recomputed for its logits
+
+
+def test_different_prefix_same_block_tokens_is_not_a_hit() -> None:
+    bm = BlockManager(num_blocks=8, block_size=BS)
+    allocate_prompt(bm, make_request("a", [0, 1, 2, 3, 4, 5, 6, 7, 9]))
+    b = make_request("b", [9, 9, 9, 9, 4, 5, 6, 7, 9])  # second block equal, first differs
+    assert bm.get_computed_blocks(b) == []
+
+
+def test_eviction_is_lazy_and_lru() -> None:
+    bm = BlockManager(num_blocks=5, block_size=BS)  # usable blocks 1..4
+    a = make_request("a", [*list(range(8)), 50])
+    allocate_prompt(bm, a)  # blocks 1, 2 cached; 3 partial
+    bm.free(a)
+    assert free_order(bm) == [3, 4, 2, 1]
+    c = make_request("c", [70 + i for i in range(13)])  # 4 blocks: takes 3, 4, then evicts 2, then 1
+    assert allocate_prompt(bm, c) == [3, 4, 2, 1]
+    assert bm.blocks[3].token_ids == (70, 71, 72, 73)
+    assert bm.blocks[2].token_ids == (78, 79, 80, 81)  # evicted and re-cached with c's content
+    assert bm.blocks[1].block_hash is None  # c's partial tail
+    # The old cached content is gone: a's prefix no longer hits.
+    assert bm.get_computed_blocks(make_request("a2", [*list(range(8)), 50])) == []
+
+
+def test_allocate_returns_none_and_changes_nothing_when_out_of_blocks() -> None:
+    bm = BlockManager(num_blocks=4, block_size=BS)  # 3 usable
+    a = make_request("a", list(range(9)))
+    assert allocate_prompt(bm, a) == [1, 2, 3]
+    b = make_request("b", [200, 201])
+    before = (free_order(bm), [blk.ref_count for blk in bm.blocks])
+    assert bm.allocate_slots(b, 2) is None
+    assert (free_order(bm), [blk.ref_count for blk in bm.blocks]) == before
+    assert b.block_ids == []
+
+
+def test_reserve_keeps_blocks_back_for_admission() -> None:
+    bm = BlockManager(num_blocks=4, block_size=BS)
+    a = make_request("a", [1, 2])
+    assert bm.allocate_slots(a, 2, reserve=3) is None
+    assert bm.allocate_slots(a, 2, reserve=2) == [1]
+
+
+def test_decode_growth_allocates_a_block_only_at_a_boundary() -> None:
+    bm = BlockManager(num_blocks=6, block_size=BS)
+    req = make_request("a", [1, 2, 3])
+    allocate_prompt(bm, req)
+    req.num_computed_tokens = 3
+    req.append_output_token(4)
+    assert bm.allocate_slots(req, 1) == []  # position 3 still fits block 1
+    req.num_computed_tokens = 4
+    req.append_output_token(5)
+    assert bm.allocate_slots(req, 1) == [2]
+    assert bm.blocks[1].token_ids == (1, 2, 3, 4)  # block 1 became full and is now cached
+
+
+def test_shared_block_survives_until_last_owner_frees_it() -> None:
+    bm = BlockManager(num_blocks=8, block_size=BS)
+    a = make_request("a", list(range(9)))
+    allocate_prompt(bm, a)
+    b = make_request("b", list(range(9)))
+    allocate_prompt(bm, b)
+    assert b.block_ids[:2] == [1, 2]
+    bm.free(a)
+    assert 1 not in bm.free_blocks and bm.blocks[1].ref_count == 1
+    bm.free(b)
+    assert bm.blocks[1].ref_count == 0 and 1 in bm.free_blocks
+    assert bm.num_used_blocks == 0
+
+
+def test_disabled_prefix_caching_never_hits() -> None:
+    bm = BlockManager(num_blocks=8, block_size=BS, enable_prefix_caching=False)
+    allocate_prompt(bm, make_request("a", list(range(9))))
+    assert bm.get_computed_blocks(make_request("b", list(range(9)))) == []
+    assert bm.cached_blocks == {}
