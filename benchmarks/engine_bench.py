@@ -1,0 +1,100 @@
+"""Engine-only benchmark (no HTTP): single-stream prefill/decode, 16-request aggregate, TTFT, peak RSS.
+
+    python benchmarks/engine_bench.py --model .models/SmolLM2-135M-Instruct.Q4_1.gguf [--backend torch]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.workload import CONCURRENT_PROMPTS, long_chat_messages  # noqa: E402
+from localchat import LLM, SamplingParams  # noqa: E402
+from localchat.engine.config import EngineConfig  # noqa: E402
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def single_stream(llm: LLM, new_tokens: int) -> tuple[int, float, float]:
+    """Returns (prompt tokens, prefill tok/s, decode tok/s) for one request, ignoring EOS."""
+    ids = llm.apply_chat_template(long_chat_messages())
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    engine.add_request(ids, params)
+    start = time.perf_counter()
+    first = None
+    while engine.has_unfinished:
+        outs = engine.step()
+        if first is None and any(o.new_token_ids for o in outs):
+            first = time.perf_counter()
+    end = time.perf_counter()
+    assert first is not None
+    return len(ids), len(ids) / (first - start), (new_tokens - 1) / (end - first)
+
+
+def concurrent(llm: LLM, max_tokens: int) -> tuple[int, float, float, float]:
+    """16 chat requests at once. Returns (output tokens, tok/s, TTFT p50 s, TTFT max s)."""
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    start = time.perf_counter()
+    ids = [engine.add_request(llm.apply_chat_template([{"role": "user", "content": p}]), params)
+           for p in CONCURRENT_PROMPTS]
+    ttft: dict[str, float] = {}
+    tokens = 0
+    while engine.has_unfinished:
+        for out in engine.step():
+            tokens += len(out.new_token_ids)
+            if out.new_token_ids and out.req_id not in ttft:
+                ttft[out.req_id] = time.perf_counter() - start
+    elapsed = time.perf_counter() - start
+    firsts = sorted(ttft[i] for i in ids)
+    return tokens, tokens / elapsed, firsts[len(firsts) // 2], firsts[-1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--decode-tokens", type=int, default=256)
+    parser.add_argument("--max-tokens", type=int, default=128, help="per request in the 16-request run")
+    parser.add_argument("--mem", type=int, default=1024, help="KV cache MiB")
+    args = parser.parse_args()
+
+    t0 = time.perf_counter()
+    llm = LLM(args.model, backend=args.backend, device=args.device, dtype=args.dtype,
+              engine_config=EngineConfig(kv_cache_mib=args.mem))
+    load_s = time.perf_counter() - t0
+    llm.generate("Warm up.", SamplingParams(temperature=0, max_tokens=8))  # first-call allocations
+
+    prompt_len, prefill, decode = single_stream(llm, args.decode_tokens)
+    llm.engine.block_manager.reset_prefix_cache()
+    tokens, agg, ttft_p50, ttft_max = concurrent(llm, args.max_tokens)
+
+    device = llm.runner.device_name
+    rows = [
+        ("model", Path(args.model).name),
+        ("backend / device", f"{args.backend} / {device}"),
+        ("load time", f"{load_s:.1f} s"),
+        (f"prefill ({prompt_len}-token chat prompt)", f"{prefill:.0f} tok/s"),
+        (f"decode, single stream ({args.decode_tokens} tokens)", f"{decode:.1f} tok/s"),
+        (f"16 requests, aggregate ({tokens} tokens)", f"{agg:.1f} tok/s"),
+        ("16 requests, TTFT p50 / max", f"{ttft_p50 * 1000:.0f} / {ttft_max * 1000:.0f} ms"),
+        ("peak RSS", f"{peak_rss_mib():.0f} MiB"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print(f"| {'metric'.ljust(width)} | value |\n|{'-' * (width + 2)}|-------|")
+    for key, value in rows:
+        print(f"| {key.ljust(width)} | {value} |")
+
+
+if __name__ == "__main__":
+    main()
