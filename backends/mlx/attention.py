@@ -1,0 +1,149 @@
+"""Paged attention over a block-table KV cache with MLX (`mx.fast.scaled_dot_product_attention`).
+
+Cache layout, per layer: K and V are flat `[num_blocks * block_size, num_kv_heads, head_dim]` arrays,
+the `[num_blocks, block_size, kv_heads, head_dim]` layout of the contract with its first two dims
+merged (a free reshape). Token slot `s = block_id * block_size + offset` is row `s`.
+
+MLX arrays are immutable, but `cache[slots] = new` rebinds the array object to a scatter whose input
+buffer is donated when nothing else references it: the write then costs the written rows, not a copy
+of the cache (measured: ~47 us for 16 rows whether the cache holds 20k or 200k slots; ~290 us at 200k
+slots once a stray reference forces the copy). So nothing may keep old cache arrays alive.
+
+Each step first writes every new K/V at `slot_mapping`, then attends (a request may read blocks that
+another request of the same batch writes this step). One-query rows (decode) go through one batched
+SDPA with a padding mask; rows with several query tokens (prefill, chunks) are attended one by one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from localchat.engine.interface import BatchInputs
+
+
+@dataclass(slots=True)
+class LayerCache:
+    k: mx.array  # [num_slots, kv_heads, head_dim]
+    v: mx.array
+
+
+@dataclass(slots=True)
+class PrefillRow:
+    start: int  # first token index of the row in the flat batch
+    end: int
+    block_ids: mx.array | None  # int32 [ceil(seq_len / block_size)]; None: context == new tokens
+    seq_len: int
+    mask: mx.array | None  # bool [q_len, seq_len], True = attend; None: plain causal
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Per-step arrays shared by every layer, built once from `BatchInputs`."""
+
+    slot_mapping: mx.array  # int32 [num_tokens]
+    block_size: int
+    decode_token_idx: mx.array | None  # int32 [D]; None when every token is a decode row
+    decode_block_tables: mx.array | None  # int32 [D, max_blocks]
+    decode_mask: mx.array | None  # bool [D, 1, 1, max_blocks * block_size]
+    prefills: list[PrefillRow]
+    # Outputs come out as [decode rows..., prefill rows...]; this gather restores token order.
+    restore_order: mx.array | None
+
+    @classmethod
+    def from_batch(cls, batch: BatchInputs) -> AttentionMetadata:
+        bs = batch.block_size
+        qsl = batch.query_start_loc
+        q_lens = np.diff(qsl)
+        seq_lens = batch.seq_lens
+        decode_rows = np.flatnonzero(q_lens == 1)
+        decode_idx = tables = mask = None
+        order = [qsl[decode_rows]]
+        if decode_rows.size:
+            num_blocks = -(-int(seq_lens[decode_rows].max()) // bs)
+            tables = mx.array(batch.block_tables[decode_rows, :num_blocks].astype(np.int32))
+            allowed = np.arange(num_blocks * bs)[None, :] < seq_lens[decode_rows, None]  # [D, S]
+            mask = mx.array(allowed[:, None, None, :])
+            if decode_rows.size != batch.num_tokens:
+                decode_idx = mx.array(qsl[decode_rows].astype(np.int32))
+        prefills = []
+        for row in np.flatnonzero(q_lens > 1):
+            start, end, seq_len = int(qsl[row]), int(qsl[row + 1]), int(seq_lens[row])
+            order.append(np.arange(start, end))
+            if seq_len == end - start:  # nothing cached: the new tokens are the whole context
+                prefills.append(PrefillRow(start, end, None, seq_len, None))
+                continue
+            num_blocks = -(-seq_len // bs)
+            ids = mx.array(batch.block_tables[row, :num_blocks].astype(np.int32))
+            # Query at position p sees every cached/new key at positions <= p.
+            row_mask = np.arange(seq_len)[None, :] <= batch.positions[start:end, None]
+            prefills.append(PrefillRow(start, end, ids, seq_len, mx.array(row_mask)))
+        flat_order = np.concatenate(order)
+        restore = None
+        if not np.array_equal(flat_order, np.arange(batch.num_tokens)):
+            restore = mx.array(np.argsort(flat_order).astype(np.int32))
+        slots = mx.array(batch.slot_mapping.astype(np.int32))
+        return cls(slots, bs, decode_idx, tables, mask, prefills, restore)
+
+
+def paged_attention(
+    q: mx.array, k: mx.array, v: mx.array, cache: LayerCache, meta: AttentionMetadata, scale: float
+) -> mx.array:
+    """q [T, heads, d], k/v [T, kv_heads, d] (this step) -> [T, heads, d]. Writes k/v into the cache."""
+    cache.k[meta.slot_mapping] = k
+    cache.v[meta.slot_mapping] = v
+    pieces = []
+    if meta.decode_block_tables is not None:
+        pieces.append(_decode(q, cache, meta, scale))
+    pieces.extend(_prefill(q, k, v, cache, row, meta.block_size, scale) for row in meta.prefills)
+    out = pieces[0] if len(pieces) == 1 else mx.concatenate(pieces)
+    return out if meta.restore_order is None else out[meta.restore_order]
+
+
+def _gather(cache_part: mx.array, block_ids: mx.array, block_size: int) -> mx.array:
+    """[num_slots, kv_heads, d] gathered by block ids [..., n] -> [..., n * block_size, kv_heads, d]."""
+    slots, kv_heads, head_dim = cache_part.shape
+    blocks = cache_part.reshape(slots // block_size, block_size, kv_heads, head_dim)[block_ids]
+    return blocks.reshape(*block_ids.shape[:-1], -1, kv_heads, head_dim)
+
+
+def _decode(q: mx.array, cache: LayerCache, meta: AttentionMetadata, scale: float) -> mx.array:
+    """One query per row, all rows at once: gather each row's blocks, mask the padding."""
+    tables = meta.decode_block_tables
+    assert tables is not None
+    if meta.decode_token_idx is not None:
+        q = q[meta.decode_token_idx]
+    rows, heads, head_dim = q.shape
+    keys = _gather(cache.k, tables, meta.block_size).transpose(0, 2, 1, 3)  # [D, kv_heads, S, d]
+    values = _gather(cache.v, tables, meta.block_size).transpose(0, 2, 1, 3)
+    # SDPA handles grouped-query heads itself (head i reads KV head i // group): no K/V repeat.
+    out = mx.fast.scaled_dot_product_attention(
+        q[:, :, None, :], keys, values, scale=scale, mask=meta.decode_mask
+    )  # [D, heads, 1, d]
+    return out.reshape(rows, heads, head_dim)
+
+
+def _prefill(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    cache: LayerCache,
+    row: PrefillRow,
+    block_size: int,
+    scale: float,
+) -> mx.array:
+    if row.block_ids is None:
+        keys, values = k[row.start : row.end], v[row.start : row.end]  # [L, kv_heads, d]
+    else:
+        keys = _gather(cache.k, row.block_ids, block_size)[: row.seq_len]  # [S, kv_heads, d]
+        values = _gather(cache.v, row.block_ids, block_size)[: row.seq_len]
+    out = mx.fast.scaled_dot_product_attention(
+        q[row.start : row.end].transpose(1, 0, 2)[None],  # [1, heads, L, d]
+        keys.transpose(1, 0, 2)[None],  # [1, kv_heads, S, d]
+        values.transpose(1, 0, 2)[None],
+        scale=scale,
+        mask="causal" if row.mask is None else row.mask,
+    )  # [1, heads, L, d]
+    return out[0].transpose(1, 0, 2)

@@ -1,0 +1,271 @@
+"""The PyTorch `ModelRunner`: weights, paged KV cache, forward pass and sampling on one device.
+
+KV cache: one K and one V tensor per layer, `[num_blocks, block_size, num_kv_heads, head_dim]` in the
+compute dtype, zero-filled (unwritten slots are masked out, and zeros keep `0 * value` finite). Slot
+`s = block_id * block_size + offset` is row `s` of the flattened view; block 0 is the engine's null block.
+
+Device `auto`: cuda > mps > cpu. Dtype `auto`:
+
+| device | dtype | why |
+|---|---|---|
+| cuda | bfloat16 if supported, else float16 | tensor cores; bf16 needs no loss scaling |
+| mps  | float16 | fastest type Metal runs everywhere |
+| cpu with native bf16 (AVX512-BF16 / AMX) | bfloat16 | half the bytes of fp32 and decode is memory-bound |
+| other cpu | float32 | bf16 matmuls are emulated there |
+
+Measured on the 2-core Zen 5 dev box (SmolLM2-135M, 30 layers): a decode token reads every weight,
+and fp32 GEMV only reaches ~11 GB/s, while torch's own bf16 GEMV reaches ~28 GB/s. That kernel is
+only used with oneDNN off, and oneDNN wins as soon as a step has 2+ tokens, so single-token steps
+switch oneDNN off for their matmuls (`_matmul_backend`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from backends import RunnerOptions
+from backends.torch.attention import AttentionMetadata
+from backends.torch.sampler import RequestSampling, Sampler
+from backends.torch.weights import load_model
+from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput
+from localchat.errors import BackendUnavailableError
+from localchat.weights.bundle import ModelBundle
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CPU_KV_FRACTION = 0.25  # of MemAvailable: the KV pool is zero-filled, so it is resident at once
+GPU_KV_FRACTION = 0.90  # of free device memory after the warm-up forward
+
+
+def create_runner(model: ModelBundle, options: RunnerOptions) -> TorchRunner:
+    return TorchRunner(model, options)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise BackendUnavailableError(f"Unknown torch device {name!r}; use auto, cpu, cuda, cuda:N or mps.") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise BackendUnavailableError("CUDA was requested but this torch build sees no CUDA device.")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise BackendUnavailableError("MPS was requested but is not available on this machine.")
+    return device
+
+
+def cpu_has_native_bf16() -> bool:
+    """AVX512-BF16 or AMX-BF16 (read from /proc/cpuinfo; other OSes: assume not)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return "avx512_bf16" in flags or "amx_bf16" in flags
+    except OSError:
+        pass
+    return False
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        if name not in DTYPES:
+            raise BackendUnavailableError(f"Unknown dtype {name!r}; use auto, {', '.join(DTYPES)}.")
+        return DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "mps":
+        return torch.float16
+    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+
+
+@dataclass(slots=True)
+class _Step:
+    """One step's inputs as device tensors."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor | None  # None: every token is sampled, in order
+
+
+class TorchRunner:
+    def __init__(self, model: ModelBundle, options: RunnerOptions) -> None:
+        if options.num_threads:
+            torch.set_num_threads(options.num_threads)
+        self.device = pick_device(options.device)
+        self.dtype = pick_dtype(options.dtype, self.device)
+        self.config = model.config
+        with torch.inference_mode():
+            self.model = load_model(model.config, model.iter_weights(), self.device, self.dtype)
+        self.sampler = Sampler(self.device, options.seed)
+        self.requests: dict[str, RequestSampling] = {}
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.block_size = 0
+        # See the module docstring: torch's bf16 GEMV beats oneDNN for one-row matmuls on CPU.
+        self._native_gemv = self.device.type == "cpu" and self.dtype == torch.bfloat16
+
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec:
+        c = self.config
+        return KVCacheSpec(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.dtype.itemsize)
+
+    @property
+    def device_name(self) -> str:
+        name = str(self.device)
+        if self.device.type == "cuda":
+            name += f" {torch.cuda.get_device_name(self.device)}"
+        return f"{name} ({str(self.dtype).removeprefix('torch.')})"
+
+    def available_kv_memory(self) -> int | None:
+        if self.device.type == "cuda":
+            return self._cuda_free_after_warmup()
+        if self.device.type == "mps":
+            free = torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory()
+            return max(0, int(free * 0.5))
+        available = _mem_available()
+        return None if available is None else int(available * CPU_KV_FRACTION)
+
+    def initialize_kv_cache(self, num_blocks: int, block_size: int) -> None:
+        c = self.config
+        shape = (num_blocks, block_size, c.num_key_value_heads, c.head_dim)
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
+            for _ in range(c.num_hidden_layers)
+        ]
+        self.block_size = block_size
+
+    def execute_model(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> RunnerOutput:
+        self._update_states(scheduler_output)
+        if scheduler_output.is_empty or batch.num_tokens == 0:
+            return RunnerOutput(req_ids=[], sampled_token_ids=[])
+        with torch.inference_mode():
+            logits = self._logits(batch)
+            result = self.sampler(logits, [self.requests[r] for r in batch.sample_req_ids])
+        logprobs = None
+        if result.logprobs is not None:
+            logprobs = [[lp] if lp is not None else [] for lp in result.logprobs]
+        return RunnerOutput(
+            req_ids=list(batch.sample_req_ids),
+            sampled_token_ids=[[t] for t in result.token_ids],
+            logprobs=logprobs,
+        )
+
+    def compute_logits(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> torch.Tensor:
+        """Like `execute_model` but returns the float32 logits [num_sampled, vocab] (tests, debugging)."""
+        self._update_states(scheduler_output)
+        with torch.inference_mode():
+            return self._logits(batch).float()
+
+    def shutdown(self) -> None:
+        self.kv_caches = []
+        self.requests.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _update_states(self, out: SchedulerOutput) -> None:
+        # Forget first: a preempted request comes back in the same step as a new one.
+        for req_id in out.finished_req_ids | out.preempted_req_ids:
+            self.requests.pop(req_id, None)
+        vocab = self.config.vocab_size
+        for new in out.scheduled_new_reqs:
+            self.requests[new.req_id] = RequestSampling.create(
+                new.sampling_params, new.prompt_token_ids, new.output_token_ids, vocab, self.device
+            )
+
+    def _logits(self, batch: BatchInputs) -> torch.Tensor:
+        assert self.kv_caches and batch.block_size == self.block_size, "initialize_kv_cache first"
+        step = self._prepare(batch)
+        with self._matmul_backend(batch.num_tokens):
+            hidden = self.model.hidden_states(step.input_ids, step.positions, step.meta, self.kv_caches)
+        if step.logits_indices is not None:
+            hidden = hidden[step.logits_indices]
+        with self._matmul_backend(hidden.shape[0]):
+            return self.model.logits(hidden)
+
+    def _prepare(self, batch: BatchInputs) -> _Step:
+        def to_device(array: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64)).to(self.device)
+
+        indices = batch.logits_indices
+        all_tokens = len(indices) == batch.num_tokens and bool((indices == np.arange(len(indices))).all())
+        return _Step(
+            input_ids=to_device(batch.input_ids),
+            positions=to_device(batch.positions),
+            meta=AttentionMetadata.from_batch(batch, self.device, self.dtype),
+            logits_indices=None if all_tokens else to_device(indices),
+        )
+
+    @contextlib.contextmanager
+    def _matmul_backend(self, rows: int) -> Iterator[None]:
+        if not (self._native_gemv and rows == 1):
+            yield
+            return
+        previous = torch.backends.mkldnn.enabled
+        torch.backends.mkldnn.enabled = False
+        try:
+            yield
+        finally:
+            torch.backends.mkldnn.enabled = previous
+
+    def _cuda_free_after_warmup(self) -> int:
+        # A prefill-sized forward allocates the activations a real step will need before we measure.
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        self._warmup(num_tokens=512)
+        torch.cuda.synchronize(self.device)
+        activations = torch.cuda.max_memory_allocated(self.device) - before
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return max(0, int(free * GPU_KV_FRACTION) - activations)
+
+    def _warmup(self, num_tokens: int) -> None:
+        block_size = 16
+        blocks = -(-num_tokens // block_size)
+        saved = self.kv_caches, self.block_size
+        self.initialize_kv_cache(blocks + 1, block_size)
+        try:
+            positions = np.arange(num_tokens, dtype=np.int64)
+            batch = BatchInputs(
+                req_ids=["warmup"],
+                input_ids=np.zeros(num_tokens, dtype=np.int64),
+                positions=positions,
+                slot_mapping=positions + block_size,
+                query_start_loc=np.array([0, num_tokens], dtype=np.int32),
+                seq_lens=np.array([num_tokens], dtype=np.int32),
+                block_tables=np.arange(1, blocks + 1, dtype=np.int32)[None, :],
+                logits_indices=np.array([num_tokens - 1], dtype=np.int64),
+                sample_req_ids=["warmup"],
+                max_query_len=num_tokens,
+                max_seq_len=num_tokens,
+                block_size=block_size,
+            )
+            with torch.inference_mode():
+                self._logits(batch)
+        finally:
+            self.kv_caches, self.block_size = saved
+
+
+def _mem_available() -> int | None:
+    """Bytes of RAM the OS can hand out without swapping (Linux MemAvailable, else free pages)."""
+    with contextlib.suppress(OSError):
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None

@@ -1,0 +1,112 @@
+"""Build a model on the meta device and fill it weight by weight, fusing q|k|v and gate|up as parts arrive.
+
+Peak memory stays near the model's size: each weight is converted once and assigned in place of its
+meta parameter; fused matrices hold their parts only until the last one arrives.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from backends.torch.models import model_class
+from backends.torch.models.base import DecoderLM
+from backends.torch.quant import to_tensor
+from localchat.errors import ModelLoadError
+from localchat.weights.config import ModelConfig
+from localchat.weights.tensors import WeightTensor
+
+# Hugging Face name inside a layer -> (our parameter, part index, number of parts).
+LAYER_WEIGHTS: dict[str, tuple[str, int, int]] = {
+    "input_layernorm.weight": ("attn_norm", 0, 1),
+    "self_attn.q_proj.weight": ("qkv", 0, 3),
+    "self_attn.k_proj.weight": ("qkv", 1, 3),
+    "self_attn.v_proj.weight": ("qkv", 2, 3),
+    "self_attn.q_proj.bias": ("qkv_bias", 0, 3),
+    "self_attn.k_proj.bias": ("qkv_bias", 1, 3),
+    "self_attn.v_proj.bias": ("qkv_bias", 2, 3),
+    "self_attn.q_norm.weight": ("qk_norm", 0, 2),
+    "self_attn.k_norm.weight": ("qk_norm", 1, 2),
+    "self_attn.o_proj.weight": ("o", 0, 1),
+    "self_attn.o_proj.bias": ("o_bias", 0, 1),
+    "post_attention_layernorm.weight": ("mlp_norm", 0, 1),
+    "mlp.gate_proj.weight": ("gate_up", 0, 2),
+    "mlp.up_proj.weight": ("gate_up", 1, 2),
+    "mlp.down_proj.weight": ("down", 0, 1),
+}
+TOP_WEIGHTS = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
+IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.attn\.masked_bias|\.attn\.bias)$")
+LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
+
+
+def load_model(
+    config: ModelConfig, weights: Iterable[WeightTensor], device: torch.device, dtype: torch.dtype
+) -> DecoderLM:
+    cls = model_class(config.model_type)
+    with torch.device("meta"):
+        model = cls(config, device)
+    pending: dict[tuple[nn.Module, str], dict[int, torch.Tensor]] = {}
+    for weight in weights:
+        target = _target(model, weight.name)
+        if target is None:
+            continue
+        module, pname, part, parts = target
+        tensor = to_tensor(weight, dtype, device)
+        if parts == 1:
+            _assign(module, pname, tensor, weight.name)
+            continue
+        got = pending.setdefault((module, pname), {})
+        got[part] = tensor
+        if len(got) == parts:
+            del pending[(module, pname)]
+            _assign(module, pname, _fuse(pname, [got[i] for i in range(parts)], config), weight.name)
+    if model.lm_head is not None and model.lm_head.is_meta:
+        # Like llama.cpp: a checkpoint without an output matrix reuses the embedding.
+        model.lm_head = None
+    missing = [name for name, p in model.named_parameters() if p.is_meta]
+    if missing or pending:
+        names = missing or [f"{pname} (partial)" for _, pname in pending]
+        raise ModelLoadError(
+            f"The checkpoint lacks weights this {config.model_type} model needs: {', '.join(names[:8])}."
+        )
+    return model.eval()
+
+
+def _target(model: DecoderLM, name: str) -> tuple[nn.Module, str, int, int] | None:
+    if name in TOP_WEIGHTS:
+        pname = TOP_WEIGHTS[name]
+        if pname == "lm_head" and model.lm_head is None:
+            return None  # tied: the embedding serves as the LM head
+        return model, pname, 0, 1
+    match = LAYER_NAME.fullmatch(name)
+    if match and match.group(2) in LAYER_WEIGHTS and int(match.group(1)) < len(model.layers):
+        layer = model.layers[int(match.group(1))]
+        pname, part, parts = LAYER_WEIGHTS[match.group(2)]
+        if getattr(layer, pname) is not None:
+            return layer, pname, part, parts
+    if IGNORED.search(name):
+        return None
+    raise ModelLoadError(
+        f"Unexpected weight {name!r} for a {model.config.model_type} model; the checkpoint may be a "
+        "variant this app does not support."
+    )
+
+
+def _fuse(pname: str, parts: list[torch.Tensor], config: ModelConfig) -> torch.Tensor:
+    if pname == "qk_norm":  # [head_dim] each -> one row per q head, then one per k head
+        q_norm, k_norm = parts
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        return torch.cat((q_norm.expand(heads, -1), k_norm.expand(kv_heads, -1)))
+    return torch.cat(parts)
+
+
+def _assign(module: nn.Module, pname: str, tensor: torch.Tensor, source: str) -> None:
+    current = getattr(module, pname)
+    if tuple(current.shape) != tuple(tensor.shape):
+        raise ModelLoadError(
+            f"Weight {source!r} has shape {tuple(tensor.shape)}, expected {tuple(current.shape)} from the config."
+        )
+    setattr(module, pname, nn.Parameter(tensor, requires_grad=False))

@@ -1,0 +1,124 @@
+"""The `localchat` command (also `python -m localchat`).
+
+    localchat serve [flags]      the OpenAI-compatible API (+ the web UI unless --no-ui)
+    localchat chat [flags]       a terminal chat, on the local model or `--url` any OpenAI server
+    localchat --ui-server        serve and open the web UI in a browser
+    localchat                    for now like --ui-server (the desktop window comes later)
+
+Every flag also reads a LOCALCHAT_* environment variable (see `localchat.config`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from localchat import __version__
+from localchat.config import SETTINGS_SPEC, Settings, SettingsError
+from localchat.errors import LocalchatError
+
+GROUP_TITLES = {
+    "model": "model",
+    "server": "server",
+    "engine": "engine",
+    "sampling": "default sampling (a request's own values win)",
+    "chat": "terminal chat",
+}
+COMMANDS = {
+    "serve": "serve the OpenAI-compatible API (and the web UI unless --no-ui)",
+    "chat": "chat in the terminal with the local model, or with --url any OpenAI-compatible server",
+}
+DESKTOP_LATER = (
+    "localchat: the desktop window comes in a later version; until then this serves the web UI "
+    "and opens it in your browser (same as `localchat --ui-server`)."
+)
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    groups = {key: parser.add_argument_group(title) for key, title in GROUP_TITLES.items()}
+    for spec in SETTINGS_SPEC:
+        kwargs: dict[str, Any] = {"dest": spec.name, "default": argparse.SUPPRESS, "help": f"{spec.help} [{spec.env}]"}
+        if spec.action in ("store_true", "store_false"):
+            kwargs["action"] = spec.action
+        else:
+            kwargs["type"] = spec.parse if spec.action != "append" else str
+            if spec.action == "append":
+                kwargs["action"] = "append"
+            if spec.metavar:
+                kwargs["metavar"] = spec.metavar
+            if spec.choices:
+                kwargs["choices"] = spec.choices
+        groups[spec.group].add_argument(*spec.flags, **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    _add_setting_flags(common)
+    parser = argparse.ArgumentParser(
+        prog="localchat",
+        description="A local LLM chat app: OpenAI-compatible server, web UI and terminal chat.",
+        parents=[common],
+        allow_abbrev=False,
+    )
+    parser.add_argument("--version", action="version", version=f"localchat {__version__}")
+    parser.add_argument("--ui-server", action="store_true", help="serve and open the web UI in a browser")
+    sub = parser.add_subparsers(dest="command", metavar="{serve,chat}")
+    for name, help_text in COMMANDS.items():
+        sub.add_parser(name, parents=[common], help=help_text, description=help_text, allow_abbrev=False)
+    return parser
+
+
+def parse_settings(argv: Sequence[str] | None, environ: dict[str, str] | None = None) -> tuple[str | None, bool, Settings]:
+    """(command, --ui-server, settings) from the command line and the environment."""
+    args = vars(build_parser().parse_args(argv))
+    command, ui_server = args.pop("command", None), args.pop("ui_server", False)
+    return command, ui_server, Settings.load(args, environ)
+
+
+def _progress(message: str) -> None:
+    print(f"localchat: {message}", file=sys.stderr, flush=True)
+
+
+def _serve(settings: Settings, *, open_browser: bool) -> int:
+    from localchat.server.runtime import build_context, serve
+
+    if settings.ui is False and open_browser:
+        raise SettingsError("--ui-server needs the web UI; drop --no-ui.", param="ui")
+    if settings.model is None and settings.file is None and settings.weights is None and settings.backend != "fake":
+        _progress("no model flag: using the default model smollm2-135m (SmolLM2-135M-Instruct)")
+    ctx = build_context(settings, progress=_progress)
+    return serve(settings, ctx, open_browser=open_browser)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        command, ui_server, settings = parse_settings(argv)
+    except SettingsError as exc:
+        print(f"localchat: error: {exc.message}", file=sys.stderr)
+        return 2
+    if settings.home:
+        os.environ["LOCALCHAT_HOME"] = settings.home  # paths.data_dir() reads it
+    logging.basicConfig(level=settings.log.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if command == "serve":
+            return _serve(settings, open_browser=False)
+        if command == "chat":
+            from localchat.terminal_chat import run_chat
+
+            return run_chat(settings)
+        if not ui_server:
+            print(DESKTOP_LATER, file=sys.stderr, flush=True)
+        return _serve(settings, open_browser=settings.open_browser)
+    except LocalchatError as exc:
+        print(f"localchat: error: {exc.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

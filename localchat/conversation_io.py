@@ -1,0 +1,139 @@
+"""Export a conversation as Markdown or JSON, and import one from JSON (ours, or a bare `messages` list)."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timezone
+from typing import Any
+
+from localchat.errors import InvalidRequestError
+from localchat.store import DONE, Conversation, Message, NewMessage, Store, title_from
+
+FORMAT = "localchat.conversation"
+VERSION = 1
+MAX_IMPORT_MESSAGES = 10_000
+_ROLES = ("system", "user", "assistant")
+_SETTINGS = ("system_prompt", "temperature", "top_p", "max_tokens")
+_THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.S)
+
+
+def to_json(conv: Conversation, messages: list[Message]) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "title": conv.title,
+        "model": conv.model,
+        "created_at": _iso(conv.created_at),
+        "settings": {key: getattr(conv, key) for key in _SETTINGS},
+        "messages": [
+            {
+                "role": m.role,
+                "content": m.content,
+                "status": m.status,
+                "created_at": _iso(m.created_at),
+                **({"error": m.error} if m.error else {}),
+                **(
+                    {
+                        "usage": {"prompt_tokens": m.prompt_tokens, "completion_tokens": m.completion_tokens},
+                        "tokens_per_s": m.tokens_per_s,
+                    }
+                    if m.role == "assistant"
+                    else {}
+                ),
+            }
+            for m in messages
+        ],
+    }
+
+
+def to_markdown(conv: Conversation, messages: list[Message]) -> str:
+    lines = [f"# {conv.title}", "", f"*{conv.model or 'unknown model'} · {_iso(conv.created_at)}*", ""]
+    if conv.system_prompt.strip():
+        lines += ["## System", "", conv.system_prompt.strip(), ""]
+    for m in messages:
+        lines += [f"## {m.role.capitalize()}", ""]
+        content = m.content
+        if m.role == "assistant" and (think := _THINK.search(content)):
+            quoted = "\n".join("> " + ln for ln in think.group(1).strip().splitlines())
+            lines += ["> **Thinking**", ">", quoted, ""]
+            content = _THINK.sub("", content, count=1)
+        lines += [content.strip(), ""]
+        if m.error:
+            lines += [f"*Error: {m.error}*", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def import_json(store: Store, raw: bytes | str) -> Conversation:
+    """Create a conversation from exported JSON. Raises InvalidRequestError, saying what is wrong."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequestError(f"The file is not valid JSON ({exc}).") from exc
+    if isinstance(data, list):
+        data = {"messages": data}
+    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+        raise InvalidRequestError(
+            "The JSON must be an exported conversation: an object with a `messages` list."
+        )
+    raw_messages = data["messages"]
+    if len(raw_messages) > MAX_IMPORT_MESSAGES:
+        raise InvalidRequestError(f"The conversation has more than {MAX_IMPORT_MESSAGES:,} messages.")
+    messages: list[NewMessage] = []
+    system_prompt = ""
+    for i, item in enumerate(raw_messages):
+        if (
+            not isinstance(item, dict)
+            or item.get("role") not in _ROLES
+            or not isinstance(item.get("content"), str)
+        ):
+            raise InvalidRequestError(
+                f"Message {i + 1} needs a `role` (system, user or assistant) and a string `content`."
+            )
+        if item["role"] == "system" and not messages and not system_prompt:
+            system_prompt = item["content"]  # a leading system message is the conversation's system prompt
+            continue
+        usage = item.get("usage") if isinstance(item.get("usage"), dict) else {}
+        extra = {
+            "prompt_tokens": _int(usage.get("prompt_tokens")),
+            "completion_tokens": _int(usage.get("completion_tokens")),
+            "error": item["error"] if isinstance(item.get("error"), str) else None,
+        }
+        status = item.get("status") if item.get("status") in ("done", "stopped", "error") else DONE
+        messages.append(NewMessage(item["role"], item["content"], status, extra))
+    settings = data.get("settings") if isinstance(data.get("settings"), dict) else {}
+    clean = _settings(settings)
+    clean.setdefault("system_prompt", system_prompt)
+    first_user = next((m.content for m in messages if m.role == "user"), "")
+    title = (
+        data.get("title")
+        if isinstance(data.get("title"), str) and data["title"].strip()
+        else title_from(first_user)
+    )
+    model = data.get("model") if isinstance(data.get("model"), str) else ""
+    return store.create_conversation(title.strip()[:200], messages, model=model, **clean)
+
+
+def _settings(raw: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(raw.get("system_prompt"), str) and raw["system_prompt"]:
+        out["system_prompt"] = raw["system_prompt"]
+    for key in ("temperature", "top_p"):
+        value = raw.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = float(value)
+    if (
+        isinstance(raw.get("max_tokens"), int)
+        and not isinstance(raw["max_tokens"], bool)
+        and raw["max_tokens"] > 0
+    ):
+        out["max_tokens"] = raw["max_tokens"]
+    return out
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,76 @@
+"""The app factory: `create_app(settings, ctx)` builds the Litestar app serving the OpenAI API (with and
+without the `/v1` prefix), /health, /metrics, and the web UI when it is on and installed."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import anyio.to_thread
+from litestar import Litestar, Router
+from litestar.config.cors import CORSConfig
+from litestar.datastructures import State
+
+from localchat.server.auth import require_api_key
+from localchat.server.errors import handle_exception
+from localchat.server.monitoring import health, metrics
+from localchat.server.openai_chat import chat_completions
+from localchat.server.openai_completions import completions
+from localchat.server.openai_models import get_model, list_models
+
+if TYPE_CHECKING:
+    from localchat.config import Settings
+    from localchat.server.context import ServerContext
+
+log = logging.getLogger(__name__)
+
+API_ROUTES = [chat_completions, completions, list_models, get_model, health, metrics]
+
+
+def _web_router(settings: Settings) -> Router | None:
+    """The UI lives in server/web.py (its own issue); serve it when present and not turned off."""
+    if not settings.ui or importlib.util.find_spec("localchat.server.web") is None:
+        return None
+    web = importlib.import_module("localchat.server.web")
+    return web.create_web_router(settings)
+
+
+def create_app(settings: Settings, ctx: ServerContext) -> Litestar:
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        # The engine thread lives exactly as long as the app serves.
+        ctx.engine.start()
+        log.info("engine started: %s, context %d tokens", ctx.model_id, ctx.engine.max_model_len)
+        try:
+            yield
+        finally:
+            ctx.draining = True
+            await anyio.to_thread.run_sync(ctx.engine.shutdown, settings.shutdown_timeout)
+            log.info("engine stopped")
+
+    handlers: list[Any] = list(API_ROUTES)
+    if (web := _web_router(settings)) is not None:
+        handlers.append(web)
+    cors = None
+    if settings.cors_origins:
+        cors = CORSConfig(
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type", "X-Api-Key"],
+        )
+    return Litestar(
+        route_handlers=handlers,
+        state=State({"ctx": ctx}),
+        guards=[require_api_key],
+        exception_handlers={Exception: handle_exception},
+        cors_config=cors,
+        lifespan=[lifespan],
+        request_max_body_size=settings.max_body_bytes,
+        openapi_config=None,
+        logging_config=None,  # the CLI configures logging (--log)
+        debug=False,
+    )

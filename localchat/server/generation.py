@@ -1,0 +1,179 @@
+"""From request fields to engine requests, and back: sampling parameters (request > CLI/env defaults
+> the model's generation_config), and `Generation`, which runs the n engine requests of one API call
+and reads their outputs as one stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from localchat.engine.outputs import RequestOutput
+from localchat.engine.request import FinishReason
+from localchat.engine.sampling_params import SamplingParams
+from localchat.errors import ContextLengthExceededError, InvalidRequestError
+
+if TYPE_CHECKING:
+    from localchat.engine.async_engine import AsyncEngine
+    from localchat.server.context import ServerContext
+    from localchat.server.schemas import SamplingFields
+
+MAX_N = 16
+_MODEL_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+_REQUEST_KEYS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+                 "repetition_penalty")
+
+
+def normalize_stop(stop: str | list[str] | dict[str, Any] | None) -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, dict):
+        if set(stop) == {"Single"} and isinstance(stop["Single"], str):
+            return [stop["Single"]]
+        if set(stop) == {"Multiple"} and isinstance(stop["Multiple"], list):
+            return list(stop["Multiple"])
+        raise InvalidRequestError(
+            "'stop' must be a string, a list of strings, or {\"Single\": \"...\"}.", param="stop"
+        )
+    return stop
+
+
+def resolve_max_tokens(ctx: ServerContext, requested: int | None, param: str = "max_tokens") -> int:
+    """The request's limit, or --max-gen-tokens; limits above --max-gen-tokens are clamped to it."""
+    cap = ctx.settings.max_gen_tokens
+    if requested is None:
+        return cap
+    if requested < 1:
+        raise InvalidRequestError(f"'{param}' must be >= 1, got {requested}.", param=param)
+    limit = ctx.engine.max_model_len
+    if requested > limit:
+        raise InvalidRequestError(
+            f"'{param}' is {requested}, more than this model's context length of {limit} tokens.", param=param
+        )
+    return min(requested, cap)
+
+
+def check_prompt_length(ctx: ServerContext, num_tokens: int, param: str = "messages") -> None:
+    if num_tokens >= ctx.engine.max_model_len:
+        err = ContextLengthExceededError(num_tokens, ctx.engine.max_model_len)
+        err.param = param
+        raise err
+
+
+def check_n(n: int | None) -> int:
+    n = 1 if n is None else n
+    if not 1 <= n <= MAX_N:
+        raise InvalidRequestError(f"'n' must be between 1 and {MAX_N}, got {n}.", param="n")
+    return n
+
+
+def build_params(
+    ctx: ServerContext, req: SamplingFields, *, max_tokens: int, logprobs: int | None, n: int
+) -> list[SamplingParams]:
+    """One SamplingParams per choice. With a seed s, choice i samples with seed s + i."""
+    values: dict[str, Any] = {
+        k: v for k, v in ctx.model.generation_defaults.items() if k in _MODEL_DEFAULT_KEYS and v is not None
+    }
+    values.update(ctx.settings.sampling_defaults)
+    values.update({k: getattr(req, k) for k in _REQUEST_KEYS if getattr(req, k) is not None})
+    stop_ids = list(req.stop_token_ids or [])
+    values.update(
+        max_tokens=max_tokens,
+        stop=normalize_stop(req.stop),
+        stop_token_ids=stop_ids,
+        logprobs=logprobs,
+        ignore_eos=bool(req.ignore_eos),
+        skip_special_tokens=req.skip_special_tokens is not False,
+        include_stop_str_in_output=bool(req.include_stop_str_in_output),
+    )
+    params = []
+    for i in range(n):
+        seed = None if req.seed is None else req.seed + i
+        params.append(SamplingParams(**values, seed=seed))  # validates: out-of-range values raise 400
+    return params
+
+
+@dataclass(slots=True)
+class ChoiceResult:
+    """Everything one choice produced, gathered from its outputs."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[Any] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0
+    error: str | None = None
+
+    def add(self, out: RequestOutput) -> None:
+        self.text += out.text_delta
+        self.token_ids += out.new_token_ids
+        self.logprobs += out.logprobs
+        self.num_prompt_tokens = out.num_prompt_tokens
+        self.num_cached_tokens = out.num_cached_tokens
+        self.num_output_tokens = out.num_output_tokens
+        if out.finished:
+            self.finish_reason, self.error = out.finish_reason, out.error
+
+
+class Generation:
+    """The engine requests of one API call (n choices, maybe several prompts), read as one stream of
+    (choice index, output) batches. Closing it early aborts what is still running, which frees the
+    requests' KV blocks at the engine's next step."""
+
+    def __init__(self, engine: AsyncEngine, call_id: str, jobs: list[tuple[list[int], SamplingParams]]) -> None:
+        self._engine = engine
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
+        self._open: dict[int, str] = {}
+        try:
+            for i, (prompt_ids, params) in enumerate(jobs):
+                req_id = f"{call_id}-{i}"
+                engine.submit(prompt_ids, params, self._sink(i), req_id)
+                # Safe after submit: outputs reach the queue through this (the loop's) thread.
+                self._open[i] = req_id
+        except BaseException:
+            self.close()
+            raise
+
+    def _sink(self, index: int):  # noqa: ANN202 (a closure the engine thread calls)
+        put = self._queue.put_nowait
+        call = self._loop.call_soon_threadsafe
+        return lambda output: call(put, (index, output))
+
+    @property
+    def finished(self) -> bool:
+        return not self._open
+
+    async def batches(self, keepalive_s: float | None = None) -> AsyncIterator[list[tuple[int, RequestOutput]]]:
+        """Yield every output ready now, together; an empty list when `keepalive_s` passed in silence."""
+        while self._open:
+            try:
+                first = await asyncio.wait_for(self._queue.get(), keepalive_s)
+            except asyncio.TimeoutError:
+                yield []
+                continue
+            batch = [first]
+            while not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            for index, output in batch:
+                if output.finished:
+                    self._open.pop(index, None)
+            yield batch
+
+    async def collect(self, num_choices: int) -> list[ChoiceResult]:
+        results = [ChoiceResult() for _ in range(num_choices)]
+        async for batch in self.batches():
+            for index, output in batch:
+                results[index].add(output)
+        return results
+
+    def close(self) -> None:
+        for req_id in self._open.values():
+            self._engine.abort(req_id)
+        self._open.clear()

@@ -1,0 +1,29 @@
+"""GET /v1/models and /v1/models/{id}: the loaded model, with its context length."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, get
+
+from localchat.server.common import check_model, get_ctx
+from localchat.server.context import ServerContext
+
+
+def _card(ctx: ServerContext) -> dict[str, Any]:
+    return {"id": ctx.model_id, "object": "model", "created": ctx.created, "owned_by": "localchat",
+            "max_model_len": ctx.engine.max_model_len}
+
+
+@get(["/v1/models", "/models"], name="openai:models")
+async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    return {"object": "list", "data": [_card(get_ctx(request))]}
+
+
+@get(["/v1/models/{model_id:path}", "/models/{model_id:path}"], name="openai:model")
+async def get_model(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    ctx = get_ctx(request)
+    # Ids may hold slashes (HF repo ids), hence the `path` parameter, which keeps a leading "/".
+    name = str(request.path_params["model_id"]).lstrip("/")
+    check_model(ctx, name or None)
+    return _card(ctx)

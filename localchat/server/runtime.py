@@ -1,0 +1,131 @@
+"""Assembling and running a server: model -> runner -> engine -> `ServerContext`, then uvicorn with
+graceful shutdown (SIGINT/SIGTERM: stop taking requests, let in-flight ones end, exit 0)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import threading
+import time
+import webbrowser
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+
+from localchat.engine.async_engine import AsyncEngine
+from localchat.engine.engine import LLMEngine
+from localchat.server.context import ServerContext
+
+if TYPE_CHECKING:
+    from localchat.config import Settings
+    from localchat.weights.bundle import ModelBundle
+
+log = logging.getLogger("localchat")
+
+
+def load_bundle(settings: Settings, progress: Callable[[str], None] | None = None) -> tuple[ModelBundle, str, list[str]]:
+    """(model, id shown to clients, other accepted names). The fake backend needs no weights."""
+    if settings.backend == "fake":
+        from backends.fake import fake_model_bundle
+
+        return fake_model_bundle(), "fake-model", []
+    from localchat.catalog import resolve_model
+    from localchat.paths import data_dir
+    from localchat.weights.loader import load_model
+
+    resolved = resolve_model(
+        weights=settings.weights, file=settings.file, model=settings.model, data_dir=data_dir(), progress=progress
+    )
+    bundle = load_model(resolved.path)
+    aliases = [a for a in (*resolved.aliases, bundle.name, str(resolved.path)) if a != resolved.model_id]
+    return bundle, resolved.model_id, aliases
+
+
+def build_context(settings: Settings, progress: Callable[[str], None] | None = None) -> ServerContext:
+    from backends import RunnerOptions, create_runner
+    from localchat.weights.chat_template import ChatTemplate
+
+    started = time.perf_counter()
+    bundle, model_id, aliases = load_bundle(settings, progress)
+    loaded = time.perf_counter()
+    options = RunnerOptions(device=settings.device, dtype=settings.dtype, seed=settings.seed,
+                            num_threads=settings.threads)
+    runner = create_runner(settings.backend, bundle, options)
+    log.info("model %s read in %.1fs, runner ready on %s in %.1fs", model_id, loaded - started,
+             runner.device_name, time.perf_counter() - loaded)
+    tokenizer = bundle.tokenizer
+    engine = LLMEngine(
+        runner,
+        tokenizer,
+        settings.engine_config(),
+        eos_token_ids=bundle.config.eos_token_ids or list(tokenizer.eos_token_ids),
+        model_max_len=bundle.config.max_position_embeddings,
+    )
+    template = ChatTemplate(bundle.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+    return ServerContext(settings, AsyncEngine(engine), bundle, model_id, template, model_aliases=aliases)
+
+
+def security_warning(settings: Settings) -> str | None:
+    if settings.is_loopback or settings.api_key:
+        return None
+    bar = "!" * 78
+    return (
+        f"{bar}\n  WARNING: localchat is listening on {settings.host}, reachable from other machines,\n"
+        "  and NO API KEY is set: anyone who can reach this port can use the model.\n"
+        f"  Set --api-key (or LOCALCHAT_API_KEY), or bind 127.0.0.1.\n{bar}"
+    )
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, except that a handled SIGINT/SIGTERM ends in exit code 0 instead of being re-raised."""
+
+    def __init__(self, config: uvicorn.Config, ctx: ServerContext) -> None:
+        super().__init__(config)
+        self.ctx = ctx
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.ctx.draining = True  # new requests on open connections get 503 while in-flight ones finish
+        super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            yield
+            # NOTE: uvicorn re-raises captured signals after shutdown (exit 130/143); the shutdown was
+            # graceful, so forget them.
+            self._captured_signals.clear()
+
+
+def serve(settings: Settings, ctx: ServerContext, *, open_browser: bool = False) -> int:
+    from localchat.server.app import create_app
+
+    if (warning := security_warning(settings)) is not None:
+        print(warning, file=sys.stderr, flush=True)
+        log.warning("listening on %s without an API key", settings.host)
+    app = create_app(settings, ctx)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log,
+        timeout_graceful_shutdown=int(settings.shutdown_timeout),
+        lifespan="on",
+    )
+    server = _Server(config, ctx)
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else host}:{settings.port}/"
+    threading.Thread(target=_announce, args=(server, url, open_browser), daemon=True).start()
+    server.run()
+    return 0
+
+
+def _announce(server: uvicorn.Server, url: str, open_browser: bool) -> None:
+    while not server.started and not server.should_exit:
+        time.sleep(0.05)
+    if not server.started:
+        return
+    print(f"localchat is serving at {url} (OpenAI API at {url}v1)", file=sys.stderr, flush=True)
+    if open_browser:
+        webbrowser.open(url)

@@ -1,0 +1,126 @@
+"""Request bodies of the OpenAI routes as msgspec structs. Unknown fields are ignored (clients send
+vendor extras); every field that may be sent as `null` is optional. Decoding errors become 400s with
+the offending field as `param`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, TypeVar
+
+import msgspec
+
+from localchat.errors import InvalidRequestError
+
+T = TypeVar("T")
+
+_AT_PATH = re.compile(r" - at `\$\.?(.*)`$")
+_MISSING = re.compile(r"missing required field `([^`]+)`")
+
+
+class ContentPart(msgspec.Struct):
+    type: str
+    text: str | None = None
+
+
+class FunctionCall(msgspec.Struct):
+    name: str
+    arguments: str | dict[str, Any] | None = None
+
+
+class ToolCall(msgspec.Struct):
+    function: FunctionCall
+    id: str | None = None
+    type: str | None = "function"
+
+
+class ChatMessage(msgspec.Struct):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+
+class FunctionDef(msgspec.Struct):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct):
+    type: str
+    function: FunctionDef
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool | None = None
+
+
+class SamplingFields(msgspec.Struct, kw_only=True):
+    """Fields shared by chat and text completions."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    # A string, a list of strings, or candle-vllm's {"Single": "..."} / {"Multiple": [...]}.
+    stop: str | list[str] | dict[str, Any] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    n: int | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+
+
+class ChatCompletionRequest(SamplingFields, kw_only=True):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false} (vLLM's extension)
+
+
+class CompletionRequest(SamplingFields, kw_only=True):
+    prompt: str | list[Any]
+    logprobs: int | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+def decode_request(body: bytes, schema: type[T]) -> T:
+    if not body.strip():
+        raise InvalidRequestError("The request body is empty; send a JSON object.", code="invalid_json")
+    try:
+        return msgspec.json.decode(body, type=schema)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        match = _AT_PATH.search(text)
+        param = match.group(1) if match and match.group(1) else None
+        reason = _AT_PATH.sub("", text)
+        if missing := _MISSING.search(reason):
+            param = f"{param}.{missing.group(1)}" if param else missing.group(1)
+        where = f" in '{param}'" if param else ""
+        raise InvalidRequestError(f"Invalid request{where}: {reason}.", param=param, code="invalid_type") from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequestError(
+            f"We could not parse the JSON body of your request ({exc}). Send valid JSON with Content-Type: "
+            "application/json.",
+            code="invalid_json",
+        ) from None

@@ -1,0 +1,163 @@
+"""The web UI: pages under `/`, htmx partials and the answer stream under `/ui/...`, assets under `/static`.
+
+Everything the server writes into HTML goes through autoescaped Jinja2 templates; model output is
+rendered as markdown in the browser, through DOMPurify (see ui/static/app.js). This module holds the
+pages, the login and the router factory; web_sidebar.py and web_chat.py hold the htmx endpoints.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from litestar import Request, Response, Router, get, post
+from litestar.datastructures import Cookie
+from litestar.di import NamedDependency, Provide
+from litestar.exceptions import HTTPException
+from litestar.params import FromPath, FromQuery
+from litestar.response import Redirect
+from litestar.static_files import create_static_files_router
+
+from localchat.conversations import INTERRUPTED, ChatService
+from localchat.errors import AuthenticationError, LocalchatError
+from localchat.paths import data_dir
+from localchat.server import web_chat, web_sidebar
+from localchat.server.web_common import WebState, current_path
+from localchat.server.web_render import html, macro, render, ui_dir
+from localchat.store import Conversation, Store
+
+log = logging.getLogger(__name__)
+
+API_KEY_COOKIE = "localchat_api_key"
+STORE_FILE = "conversations.sqlite3"
+_STATE_KEY = "localchat_web"
+_init_lock = threading.Lock()
+
+
+def _catalog(home: Path) -> list[tuple[str, str]]:
+    try:
+        from localchat.catalog import load_catalog
+    except ImportError:
+        return []
+    try:
+        return [(alias, entry.description) for alias, entry in load_catalog(home).items()]
+    except LocalchatError as exc:  # a broken user models.yaml must not take the UI down
+        log.warning("models.yaml: %s", exc.message)
+        return []
+
+
+# -- pages --------------------------------------------------------------------------------------------
+
+
+def _page(request: Request, web: WebState, conv: Conversation | None) -> Response[str]:
+    ctx = request.app.state.ctx
+    return html(
+        render(
+            "chat.html",
+            conv=conv,
+            messages=web.store.get_messages(conv.id) if conv else [],
+            conversations=web.store.list_conversations(),
+            model_id=ctx.model_id,
+            catalog=[(a, d) for a, d in web.catalog if a != ctx.model_id],
+            defaults=web.chats.model_defaults(),
+        )
+    )
+
+
+@get("/", name="web:index", sync_to_thread=False)
+def index(request: Request, web: NamedDependency[WebState]) -> Response[str]:
+    return _page(request, web, None)
+
+
+@get("/c/{conv_id:str}", name="web:chat", sync_to_thread=False)
+def chat_page(request: Request, web: NamedDependency[WebState], conv_id: FromPath[str]) -> Response[str]:
+    return _page(request, web, web.store.get_conversation(conv_id))
+
+
+@get("/login", name="web:login", sync_to_thread=False, opt={"public": True})
+def login_page(next: FromQuery[str] = "/") -> Response[str]:
+    return html(render("login.html", error=None, next=_safe_next(next)))
+
+
+@post("/login", name="web:login-submit", opt={"public": True})
+async def login(request: Request) -> Response[Any]:
+    form = await request.form()
+    key, target = str(form.get("api_key", "")), _safe_next(str(form.get("next", "/")))
+    expected = getattr(request.app.state.ctx.settings, "api_key", None)
+    if expected and not hmac.compare_digest(key.encode(), expected.encode()):
+        return html(
+            render("login.html", error="That key is not the one the server was started with.", next=target),
+            status=401,
+        )
+    cookie = Cookie(
+        key=API_KEY_COOKIE, value=key, httponly=True, samesite="strict", path="/", max_age=30 * 86400
+    )
+    return Redirect(target, status_code=303, cookies=[cookie] if expected else [])
+
+
+def _safe_next(target: str) -> str:
+    return target if target.startswith("/") and not target.startswith("//") else "/"
+
+
+# -- errors -------------------------------------------------------------------------------------------
+
+
+def _error_response(request: Request, exc: Exception) -> Response[Any]:
+    htmx = request.headers.get("hx-request") == "true"
+    if isinstance(exc, AuthenticationError):  # no or a wrong key (cookie): sign in, then come back
+        target = "/login?next=" + quote((current_path(request) or "/") if htmx else request.url.path)
+        return html("", headers={"HX-Redirect": target}) if htmx else Redirect(target, status_code=303)
+    if isinstance(exc, LocalchatError):
+        status, message = exc.status, exc.message
+    else:
+        assert isinstance(exc, HTTPException)
+        status, message = exc.status_code, str(exc.detail)
+    if htmx:
+        # Shown in the notice bar above the message box, whatever element made the request.
+        headers = {"HX-Retarget": "#notice", "HX-Reswap": "innerHTML"}
+        return html(macro("notice", message), status=status, headers=headers)
+    return html(render("error.html", status=status, message=message), status=status)
+
+
+ROUTES = [index, chat_page, login_page, login, *web_sidebar.ROUTES, *web_chat.ROUTES]
+
+
+def create_web_router(settings: Any, *, store_path: Path | None = None) -> Router:
+    """The UI's routes. The store opens on the first request (the app's `state.ctx` must exist by then)."""
+    home = Path(settings.home).expanduser() if getattr(settings, "home", None) else None
+    path = store_path or (home or data_dir()) / STORE_FILE
+
+    def web_state(request: Request) -> WebState:
+        state = request.app.state
+        with _init_lock:
+            web = state.get(_STATE_KEY)
+            if web is None:
+                store = Store(path)
+                if count := store.fail_interrupted(INTERRUPTED):
+                    log.info("%d answer(s) left unfinished by a previous run were marked as failed", count)
+                web = WebState(store, ChatService(store, state.ctx), _catalog(home or data_dir()))
+                state[_STATE_KEY] = web
+        return web
+
+    # Public: the assets hold no data, and the login page needs them before the key is known.
+    static = create_static_files_router(
+        "/static", directories=[ui_dir() / "static"], name="web:static", opt={"public": True}
+    )
+    return Router(
+        "/",
+        route_handlers=[*ROUTES, static],
+        dependencies={"web": Provide(web_state, sync_to_thread=False)},
+        exception_handlers={LocalchatError: _error_response, HTTPException: _error_response},
+        include_in_schema=False,
+    )
+
+
+def close_web_state(state: Any) -> None:
+    """For the app's shutdown hook: close the conversation store if the UI opened it."""
+    web = state.get(_STATE_KEY)
+    if web is not None:
+        web.store.close()

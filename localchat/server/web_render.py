@@ -1,0 +1,73 @@
+"""Templates and HTML responses for the web UI: where `ui/` lives, the Jinja2 environment (autoescaped),
+and the security headers every page carries."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from litestar import Response
+from litestar.enums import MediaType
+from markupsafe import Markup
+
+# htmx runs with allowEval off, so no 'unsafe-eval'; nothing inline, so no 'unsafe-inline' either.
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self'; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+def ui_dir() -> Path:
+    """`ui/` at the top of a checkout (editable installs), else `localchat/ui` inside an installed wheel."""
+    checkout = Path(__file__).resolve().parents[2] / "ui"
+    if (checkout / "templates").is_dir():
+        return checkout
+    packaged = Path(str(resources.files("localchat"))) / "ui"
+    if (packaged / "templates").is_dir():
+        return packaged
+    raise FileNotFoundError(f"The web UI files are missing: looked in {checkout} and {packaged}.")
+
+
+def _tokens_per_s(value: float | None) -> str:
+    return "" if value is None else f"{value:.1f}"
+
+
+@cache
+def environment() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(ui_dir() / "templates"),
+        autoescape=True,  # every template, whatever its extension
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["tps"] = _tokens_per_s
+    return env
+
+
+def render(template: str, **context: Any) -> str:
+    return environment().get_template(template).render(**context)
+
+
+def macro(name: str, *args: Any, **kwargs: Any) -> str:
+    """Render one macro of `_partials.html` (a message, a sidebar item...) on its own."""
+    module = environment().get_template("_partials.html").module  # built once, cached by Jinja
+    return str(getattr(module, name)(*args, **kwargs))
+
+
+def html(body: str | Markup, *, status: int = 200, headers: dict[str, str] | None = None) -> Response[str]:
+    return Response(
+        content=str(body),
+        status_code=status,
+        media_type=MediaType.HTML,
+        headers={**SECURITY_HEADERS, **(headers or {})},
+    )

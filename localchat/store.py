@@ -1,0 +1,276 @@
+"""Conversations and messages in SQLite (WAL), in the data dir. Safe to share across threads.
+
+One connection guarded by a lock: writes are tiny and SQLite serializes them anyway, and a single
+connection keeps the WAL checkpointing simple. Every multi-row change is one transaction, so a
+process killed mid-write leaves either the old or the new state, never half of it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localchat.errors import NotFoundError
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS conversations (
+    id TEXT PRIMARY KEY,
+    title TEXT NOT NULL,
+    model TEXT NOT NULL DEFAULT '',
+    system_prompt TEXT NOT NULL DEFAULT '',
+    temperature REAL,
+    top_p REAL,
+    max_tokens INTEGER,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+    content TEXT NOT NULL DEFAULT '',
+    status TEXT NOT NULL DEFAULT 'done',
+    error TEXT,
+    finish_reason TEXT,
+    prompt_tokens INTEGER NOT NULL DEFAULT 0,
+    completion_tokens INTEGER NOT NULL DEFAULT 0,
+    tokens_per_s REAL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages (conversation_id, id);
+CREATE INDEX IF NOT EXISTS conversations_by_update ON conversations (updated_at DESC);
+"""
+# Statuses of an assistant message: still being written, finished, stopped by the user, failed.
+STREAMING, DONE, STOPPED, ERROR = "streaming", "done", "stopped", "error"
+_CONVERSATION_SETTINGS = ("system_prompt", "temperature", "top_p", "max_tokens", "model")
+_MESSAGE_UPDATES = (
+    "content",
+    "status",
+    "error",
+    "finish_reason",
+    "prompt_tokens",
+    "completion_tokens",
+    "tokens_per_s",
+)
+
+
+@dataclass(slots=True)
+class Conversation:
+    id: str
+    title: str
+    model: str = ""
+    system_prompt: str = ""
+    temperature: float | None = None  # None: the model's default
+    top_p: float | None = None
+    max_tokens: int | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+
+@dataclass(slots=True)
+class Message:
+    id: int
+    conversation_id: str
+    role: str
+    content: str
+    status: str = DONE
+    error: str | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    tokens_per_s: float | None = None
+    created_at: float = 0.0
+
+
+@dataclass(slots=True)
+class NewMessage:
+    """A message to insert (import, or a user turn with its answer placeholder)."""
+
+    role: str
+    content: str
+    status: str = DONE
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def title_from(text: str, limit: int = 60) -> str:
+    """A conversation title from its first message: the first non-empty line, shortened on a word."""
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    if len(line) <= limit:
+        return line or "New chat"
+    cut = line[:limit].rsplit(" ", 1)[0] or line[:limit]
+    return cut.rstrip() + "…"
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10.0)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # NORMAL under WAL never corrupts on a crash; at worst the last commits before a power cut are lost.
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        with self._tx() as db:
+            # Not executescript(): it commits on its own, outside this transaction.
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # -- conversations --------------------------------------------------------------------------------
+
+    def create_conversation(
+        self, title: str, messages: Sequence[NewMessage] = (), **settings: Any
+    ) -> Conversation:
+        """Create a conversation (and its first messages) in one transaction."""
+        now = time.time()
+        conv = Conversation(uuid.uuid4().hex, title or "New chat", created_at=now, updated_at=now)
+        for key, value in settings.items():
+            if key not in _CONVERSATION_SETTINGS:
+                raise TypeError(f"unknown conversation setting {key!r}")
+            setattr(conv, key, value)
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO conversations (id, title, model, system_prompt, temperature, top_p, max_tokens,"
+                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    conv.id,
+                    conv.title,
+                    conv.model,
+                    conv.system_prompt,
+                    conv.temperature,
+                    conv.top_p,
+                    conv.max_tokens,
+                    now,
+                    now,
+                ),
+            )
+            self._insert_messages(db, conv.id, messages, now)
+        return conv
+
+    def get_conversation(self, conv_id: str) -> Conversation:
+        rows = self._query("SELECT * FROM conversations WHERE id = ?", (conv_id,))
+        if not rows:
+            raise NotFoundError("This conversation does not exist (it may have been deleted).")
+        return Conversation(**dict(rows[0]))
+
+    def list_conversations(self, query: str = "", limit: int = 200) -> list[Conversation]:
+        """Newest first; `query` matches the title or any message text, case-insensitively."""
+        if not query.strip():
+            rows = self._query("SELECT * FROM conversations ORDER BY updated_at DESC LIMIT ?", (limit,))
+        else:
+            pattern = "%" + query.strip().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            rows = self._query(
+                "SELECT * FROM conversations c WHERE c.title LIKE ?1 ESCAPE '\\' OR EXISTS (SELECT 1 FROM"
+                " messages m WHERE m.conversation_id = c.id AND m.content LIKE ?1 ESCAPE '\\')"
+                " ORDER BY updated_at DESC LIMIT ?2",
+                (pattern, limit),
+            )
+        return [Conversation(**dict(r)) for r in rows]
+
+    def rename_conversation(self, conv_id: str, title: str) -> Conversation:
+        with self._tx() as db:
+            db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conv_id))
+        return self.get_conversation(conv_id)
+
+    def update_settings(self, conv_id: str, **settings: Any) -> Conversation:
+        unknown = set(settings) - set(_CONVERSATION_SETTINGS)
+        if unknown:
+            raise TypeError(f"unknown conversation settings {sorted(unknown)}")
+        if settings:
+            assignments = ", ".join(f"{key} = ?" for key in settings)
+            with self._tx() as db:
+                db.execute(
+                    f"UPDATE conversations SET {assignments} WHERE id = ?", (*settings.values(), conv_id)
+                )
+        return self.get_conversation(conv_id)
+
+    def delete_conversation(self, conv_id: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM conversations WHERE id = ?", (conv_id,))
+
+    # -- messages -------------------------------------------------------------------------------------
+
+    def add_messages(self, conv_id: str, messages: Sequence[NewMessage]) -> list[Message]:
+        """Append messages in one transaction and bump the conversation to the top of the list."""
+        now = time.time()
+        with self._tx() as db:
+            ids = self._insert_messages(db, conv_id, messages, now)
+            db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conv_id))
+        return [self.get_message(i) for i in ids]
+
+    def get_message(self, message_id: int) -> Message:
+        rows = self._query("SELECT * FROM messages WHERE id = ?", (message_id,))
+        if not rows:
+            raise NotFoundError("This message does not exist (it may have been deleted).")
+        return Message(**dict(rows[0]))
+
+    def get_messages(self, conv_id: str) -> list[Message]:
+        rows = self._query("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conv_id,))
+        return [Message(**dict(r)) for r in rows]
+
+    def update_message(self, message_id: int, **fields: Any) -> None:
+        unknown = set(fields) - set(_MESSAGE_UPDATES)
+        if unknown:
+            raise TypeError(f"unknown message fields {sorted(unknown)}")
+        assignments = ", ".join(f"{key} = ?" for key in fields)
+        with self._tx() as db:
+            db.execute(f"UPDATE messages SET {assignments} WHERE id = ?", (*fields.values(), message_id))
+
+    def truncate_after(self, conv_id: str, message_id: int, *, inclusive: bool = False) -> None:
+        """Drop the messages after `message_id` (and it too when `inclusive`): edit and regenerate."""
+        op = ">=" if inclusive else ">"
+        with self._tx() as db:
+            db.execute(f"DELETE FROM messages WHERE conversation_id = ? AND id {op} ?", (conv_id, message_id))
+
+    def fail_interrupted(self, message: str) -> int:
+        """Mark answers left 'streaming' by a previous process (crash, kill) as failed; returns how many."""
+        with self._tx() as db:
+            cursor = db.execute(
+                "UPDATE messages SET status = ?, error = ? WHERE status = ?", (ERROR, message, STREAMING)
+            )
+            return cursor.rowcount
+
+    def _insert_messages(
+        self, db: sqlite3.Connection, conv_id: str, messages: Sequence[NewMessage], now: float
+    ) -> list[int]:
+        ids: list[int] = []
+        for m in messages:
+            extra = {k: v for k, v in m.extra.items() if k in _MESSAGE_UPDATES}
+            columns = ["conversation_id", "role", "content", "status", "created_at", *extra]
+            cursor = db.execute(
+                f"INSERT INTO messages ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                (conv_id, m.role, m.content, m.status, now, *extra.values()),
+            )
+            assert cursor.lastrowid is not None
+            ids.append(cursor.lastrowid)
+        return ids

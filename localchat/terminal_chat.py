@@ -1,0 +1,194 @@
+"""`localchat chat`: a terminal chat that streams replies and renders markdown (with rich), talking to
+the local engine in-process or, with `--url`, to any OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+import httpx
+
+from localchat.errors import LocalchatError
+
+if TYPE_CHECKING:
+    from localchat.config import Settings
+    from localchat.server.context import ServerContext
+
+Messages = list[dict[str, Any]]
+HELP = "Commands: /reset starts over, /exit quits (or Ctrl-D). Ctrl-C stops a reply."
+
+
+class ChatError(LocalchatError):
+    status = 502
+    type = "chat_error"
+    code = "chat_failed"
+
+
+class Backend(Protocol):
+    def stream(self, messages: Messages) -> Iterator[str]: ...
+
+    def close(self) -> None: ...
+
+
+class RemoteBackend:
+    """Streams from `<url>/chat/completions`; `url` is a base URL like the openai SDK's (".../v1")."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.url = settings.url.rstrip("/") + "/chat/completions"  # type: ignore[union-attr]
+        headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+        self.client = httpx.Client(headers=headers, timeout=httpx.Timeout(10.0, read=600.0))
+        self.body: dict[str, Any] = {"model": settings.model or "", **settings.sampling_defaults}
+
+    def stream(self, messages: Messages) -> Iterator[str]:
+        body = {**self.body, "messages": messages, "stream": True}
+        try:
+            with self.client.stream("POST", self.url, json=body) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise ChatError(f"{self.url} answered {response.status_code}: {_error_text(response.text)}")
+                for line in response.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        return
+                    yield from _delta_texts(json.loads(data))
+        except httpx.HTTPError as exc:
+            raise ChatError(f"Cannot reach {self.url}: {exc}") from exc
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _error_text(body: str) -> str:
+    try:
+        return json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return body[:300]
+
+
+def _delta_texts(chunk: dict[str, Any]) -> Iterator[str]:
+    if "error" in chunk:
+        raise ChatError(chunk["error"].get("message", "the server reported an error"))
+    for choice in chunk.get("choices") or []:
+        if content := (choice.get("delta") or {}).get("content"):
+            yield content
+
+
+class LocalBackend:
+    """The engine in this process: same templates and sampling defaults as the server."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        self.ctx = ctx
+        ctx.engine.start()
+
+    def stream(self, messages: Messages) -> Iterator[str]:
+        from localchat.server.generation import build_params
+        from localchat.server.reasoning import ReasoningSplitter, starts_in_reasoning
+        from localchat.server.schemas import ChatCompletionRequest, ChatMessage
+
+        ctx = self.ctx
+        prompt_text = ctx.render_chat(messages)
+        ids = ctx.model.tokenizer.encode(prompt_text, add_special_tokens=False)
+        req = ChatCompletionRequest(messages=[ChatMessage(role="user")])
+        (params,) = build_params(ctx, req, max_tokens=ctx.settings.max_gen_tokens, logprobs=None, n=1)
+        outputs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        req_id = ctx.engine.submit(ids, params, outputs.put)
+        splitter = ReasoningSplitter(starts_in_reasoning(prompt_text))
+        finished = False
+        try:
+            while not finished:
+                out = outputs.get()
+                finished = out.finished
+                if out.error:
+                    raise ChatError(out.error)
+                _, content = splitter.push(out.text_delta)
+                if finished:
+                    content += splitter.flush()[1]
+                if content:
+                    yield content
+        finally:
+            if not finished:
+                ctx.engine.abort(req_id)
+
+    def close(self) -> None:
+        self.ctx.engine.shutdown(drain_timeout_s=0)
+
+
+def make_backend(settings: Settings) -> Backend:
+    if settings.url:
+        return RemoteBackend(settings)
+    from localchat.server.runtime import build_context
+
+    return LocalBackend(build_context(settings, progress=lambda m: print(m, file=sys.stderr, flush=True)))
+
+
+def run_chat(settings: Settings) -> int:
+    backend = make_backend(settings)
+    history: Messages = [{"role": "system", "content": settings.system}] if settings.system else []
+    try:
+        if settings.message is not None:
+            for piece in backend.stream([*history, {"role": "user", "content": settings.message}]):
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+            return 0
+        _repl(backend, history, rich_output=not settings.plain and sys.stdout.isatty())
+        return 0
+    finally:
+        backend.close()
+
+
+def _repl(backend: Backend, history: Messages, *, rich_output: bool) -> None:
+    console = None
+    if rich_output:
+        from rich.console import Console
+
+        console = Console()
+    print(HELP, file=sys.stderr)
+    start = list(history)
+    while True:
+        try:
+            text = console.input("[bold cyan]>>> [/]") if console else input(">>> ")
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return
+        command = text.strip()
+        if command in ("/exit", "/quit"):
+            return
+        if command == "/reset":
+            history[:] = start
+            continue
+        if not command:
+            continue
+        history.append({"role": "user", "content": text})
+        reply = _show_reply(backend.stream(history), console)
+        history.append({"role": "assistant", "content": reply})
+
+
+def _show_reply(pieces: Iterator[str], console: Any) -> str:
+    reply = ""
+    try:
+        if console is None:
+            for piece in pieces:
+                reply += piece
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+            return reply
+        from rich.live import Live
+        from rich.markdown import Markdown
+
+        with Live(Markdown(""), console=console, refresh_per_second=12, vertical_overflow="visible") as live:
+            for piece in pieces:
+                reply += piece
+                live.update(Markdown(reply))
+    except KeyboardInterrupt:
+        pieces.close()  # type: ignore[attr-defined]  # closing the generator aborts the request
+        print("\n[stopped]", file=sys.stderr)
+    except ChatError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+    return reply

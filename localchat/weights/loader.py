@@ -1,0 +1,113 @@
+"""One entry point: a Hugging Face folder or a .gguf file in, a ModelBundle out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from localchat.errors import ModelLoadError
+from localchat.weights.bundle import ModelBundle
+from localchat.weights.config import ModelConfig
+from localchat.weights.tokenizer import Tokenizer
+
+# Tokens chat templates close a turn with; generation must stop there even when the file's EOS differs.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|end_of_turn|>", "<|eom_id|>")
+
+
+def load_model(path: str | Path, name: str | None = None) -> ModelBundle:
+    """Read config, tokenizer and chat template now; weights stay on disk until `iter_weights()`."""
+    source = Path(path).expanduser()
+    if source.is_dir():
+        if not (source / "config.json").is_file():
+            raise ModelLoadError(
+                f"{source} is a folder without config.json. Expected a Hugging Face model folder "
+                "(config.json, *.safetensors, tokenizer.json) or a .gguf file."
+            )
+        bundle = _load_folder(source, name or source.name)
+    elif source.suffix.lower() == ".gguf":
+        bundle = _load_gguf(source, name or source.stem)
+    elif not source.exists():
+        raise ModelLoadError(
+            f"{source} does not exist. Expected a Hugging Face model folder or a .gguf file."
+        )
+    else:
+        raise ModelLoadError(
+            f"{source} is neither a model folder nor a .gguf file. Expected a Hugging Face model folder "
+            "(config.json, *.safetensors, tokenizer.json) or a .gguf file."
+        )
+    _stop_at_end_of_turn(bundle.config, bundle.tokenizer, bundle.chat_template)
+    return bundle
+
+
+def _load_folder(folder: Path, name: str) -> ModelBundle:
+    from localchat.weights.safetensors import (
+        config_from_folder,
+        generation_defaults,
+        iter_safetensors_weights,
+        safetensors_files,
+    )
+
+    config = config_from_folder(folder)
+    files = safetensors_files(folder)  # parses every header now, so a broken file fails the load
+    defaults = generation_defaults(folder, config)
+    tokenizer = Tokenizer.from_hf_folder(folder)
+    return ModelBundle(
+        name=name,
+        path=folder,
+        format="safetensors",
+        config=config,
+        iter_weights=lambda: iter_safetensors_weights(files),
+        tokenizer=tokenizer,
+        chat_template=folder_chat_template(folder),
+        generation_defaults=defaults,
+    )
+
+
+def _load_gguf(file: Path, name: str) -> ModelBundle:
+    from localchat.weights.gguf import (
+        check_gguf_tensors,
+        config_from_gguf,
+        gguf_chat_template,
+        iter_gguf_weights,
+        open_gguf,
+    )
+
+    reader = open_gguf(file)
+    config = config_from_gguf(reader)
+    check_gguf_tensors(reader)
+    tokenizer = Tokenizer.from_gguf(reader)
+    return ModelBundle(
+        name=name,
+        path=file,
+        format="gguf",
+        config=config,
+        iter_weights=lambda: iter_gguf_weights(reader, config),
+        tokenizer=tokenizer,
+        chat_template=gguf_chat_template(reader),
+    )
+
+
+def folder_chat_template(folder: Path) -> str | None:
+    """tokenizer_config.json's chat_template (a string, or named templates: "default"), else chat_template.jinja."""
+    config_path = folder / "tokenizer_config.json"
+    if config_path.is_file():
+        try:
+            template = json.loads(config_path.read_text(encoding="utf-8")).get("chat_template")
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"Cannot read {config_path}: {exc}") from exc
+        if isinstance(template, list):
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default") or next(iter(named.values()), None)
+        if isinstance(template, str) and template:
+            return template
+    jinja = folder / "chat_template.jinja"
+    return jinja.read_text(encoding="utf-8") if jinja.is_file() else None
+
+
+def _stop_at_end_of_turn(config: ModelConfig, tokenizer: Tokenizer, template: str | None) -> None:
+    """Treat the template's end-of-turn token as EOS too, and keep config and tokenizer in agreement."""
+    for token in END_OF_TURN_TOKENS:
+        if template and token in template:
+            tokenizer.add_eos_token(token)
+    config.eos_token_ids = list(dict.fromkeys([*config.eos_token_ids, *tokenizer.eos_token_ids]))
+    tokenizer.eos_token_ids = list(config.eos_token_ids)

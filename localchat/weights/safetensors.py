@@ -1,0 +1,119 @@
+"""Hugging Face model folders: config.json, generation_config.json and memory-mapped *.safetensors.
+
+A safetensors file is an 8-byte little-endian header length, a JSON header
+({name: {"dtype", "shape", "data_offsets": [begin, end]}}), then the raw tensor bytes. We map each file
+once and hand out numpy views into it, so nothing is copied until a backend converts a tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from localchat.errors import ModelLoadError, UnsupportedArchitectureError
+from localchat.weights.config import SUPPORTED_MODEL_TYPES, ModelConfig
+from localchat.weights.tensors import WeightTensor
+
+# safetensors dtype -> (numpy dtype of the raw view, WeightTensor dtype). bf16 travels as uint16 bits.
+_DTYPES = {"F32": (np.float32, "F32"), "F16": (np.float16, "F16"), "BF16": (np.uint16, "BF16")}
+_GENERATION_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+@dataclass(slots=True)
+class SafetensorsFile:
+    path: Path
+    header: dict[str, Any]  # tensor name -> {"dtype", "shape", "data_offsets"}
+    data_start: int  # byte offset of the tensor data (8 + header length)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"Cannot read {path}: {exc}") from exc
+
+
+def config_from_folder(folder: Path) -> ModelConfig:
+    raw = _read_json(folder / "config.json")
+    model_type = str(raw.get("model_type", ""))
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedArchitectureError(model_type or "(no model_type)", list(SUPPORTED_MODEL_TYPES))
+    try:
+        return ModelConfig.from_hf_dict(raw)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelLoadError(f"{folder / 'config.json'} is missing or has a bad value for {exc}.") from exc
+
+
+def generation_defaults(folder: Path, config: ModelConfig) -> dict[str, Any]:
+    """Sampling defaults from generation_config.json; its eos_token_id(s) are added to `config`."""
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return {}
+    raw = _read_json(path)
+    eos = raw.get("eos_token_id")
+    eos_ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+    config.eos_token_ids = list(dict.fromkeys([*config.eos_token_ids, *(int(e) for e in eos_ids)]))
+    return {key: raw[key] for key in _GENERATION_KEYS if raw.get(key) is not None}
+
+
+def safetensors_files(folder: Path) -> list[SafetensorsFile]:
+    """The folder's weight files (sharded through model.safetensors.index.json, or single), headers parsed."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = _read_json(index).get("weight_map") or {}
+        names = list(dict.fromkeys(weight_map.values()))
+    elif (folder / "model.safetensors").is_file():
+        names = ["model.safetensors"]
+    else:
+        names = sorted(p.name for p in folder.glob("model*.safetensors"))
+    if not names:
+        raise ModelLoadError(
+            f"{folder} has no model.safetensors (or model.safetensors.index.json). Only safetensors "
+            "weights are supported; convert .bin/.pt checkpoints with transformers' save_pretrained."
+        )
+    missing = [n for n in names if not (folder / n).is_file()]
+    if missing:
+        raise ModelLoadError(
+            f"{folder} lacks weight shard(s) {', '.join(missing)}; the download is incomplete."
+        )
+    return [_read_header(folder / n) for n in names]
+
+
+def _read_header(path: Path) -> SafetensorsFile:
+    try:
+        with path.open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > path.stat().st_size:
+                raise ValueError("header length is past the end of the file")
+            header = json.loads(f.read(length))
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
+    except (OSError, ValueError, struct.error) as exc:
+        raise ModelLoadError(f"{path} is not a valid safetensors file ({exc}).") from exc
+    header.pop("__metadata__", None)
+    for name, info in header.items():
+        dtype = info.get("dtype") if isinstance(info, dict) else None
+        if dtype not in _DTYPES:
+            raise ModelLoadError(
+                f"{path.name}: tensor {name} has dtype {dtype}; only F32, F16 and BF16 "
+                "safetensors are supported (for quantized models use a GGUF file)."
+            )
+    return SafetensorsFile(path=path, header=header, data_start=8 + length)
+
+
+def iter_safetensors_weights(files: list[SafetensorsFile]) -> Iterator[WeightTensor]:
+    """Every tensor once, as a read-only view into the memory-mapped file."""
+    for file in files:
+        mapped = np.memmap(file.path, dtype=np.uint8, mode="r")
+        for name, info in file.header.items():
+            np_dtype, dtype = _DTYPES[info["dtype"]]
+            begin, end = info["data_offsets"]
+            shape = tuple(int(d) for d in info["shape"])
+            raw = mapped[file.data_start + begin : file.data_start + end]
+            yield WeightTensor(name=name, shape=shape, dtype=dtype, data=raw.view(np_dtype).reshape(shape))

@@ -1,0 +1,85 @@
+"""Plain (not error-optimizing) encoders for GGUF's Q4_K, Q5_K and Q6_K blocks, for test files.
+
+The gguf package can decode these super-block formats but not write them; these encoders write the
+same byte layouts gguf.quants.dequantize reads, with simple min/max scale choices. 256 values per block.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+QK_K = 256
+
+
+def _fp16_bytes(values: np.ndarray) -> np.ndarray:
+    return values.astype(np.float16).reshape(-1, 1).view(np.uint8)  # [blocks, 2]
+
+
+def _affine_scales(x: np.ndarray, levels: int) -> tuple[np.ndarray, ...]:
+    """Per 32-value sub-block y = d*sc*q - dmin*m with 6-bit sc, m. x: [blocks, 8, 32]."""
+    lo = np.minimum(x.min(axis=-1), 0.0)  # the offset can only pull values down
+    scale = (x.max(axis=-1) - lo) / levels  # [blocks, 8]
+    d = scale.max(axis=-1) / 63
+    dmin = (-lo).max(axis=-1) / 63
+    d16, dmin16 = d.astype(np.float16).astype(np.float32), dmin.astype(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.nan_to_num(np.round(scale / d16[:, None])).clip(0, 63).astype(np.uint8)
+        m = np.nan_to_num(np.round(-lo / dmin16[:, None])).clip(0, 63).astype(np.uint8)
+        step = (d16[:, None] * sc)[..., None]
+        q = np.nan_to_num(np.round((x + (dmin16[:, None] * m)[..., None]) / step)).clip(0, levels)
+    return d, dmin, sc, m, q.astype(np.uint8)
+
+
+def _pack_scales(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Eight 6-bit scales and mins into 12 bytes: low 6 bits of the first four in bytes 0-7, the rest split."""
+    out = np.zeros((sc.shape[0], 12), dtype=np.uint8)
+    out[:, 0:4] = sc[:, :4] | ((sc[:, 4:] >> 4) << 6)
+    out[:, 4:8] = m[:, :4] | ((m[:, 4:] >> 4) << 6)
+    out[:, 8:12] = (sc[:, 4:] & 0x0F) | ((m[:, 4:] & 0x0F) << 4)
+    return out
+
+
+def _nibbles(q: np.ndarray) -> np.ndarray:
+    """Sub-blocks 2g and 2g+1 share 32 bytes: low and high nibble. q: [blocks, 8, 32] -> [blocks, 128]."""
+    pairs = q.reshape(q.shape[0], 4, 2, 32) & 0x0F
+    return (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(q.shape[0], 128)
+
+
+def quantize_q4_k(x: np.ndarray) -> np.ndarray:
+    blocks = x.reshape(-1, 8, 32).astype(np.float32)
+    d, dmin, sc, m, q = _affine_scales(blocks, 15)
+    packed = [_fp16_bytes(d), _fp16_bytes(dmin), _pack_scales(sc, m), _nibbles(q)]
+    return np.concatenate(packed, axis=1).reshape(*x.shape[:-1], -1)
+
+
+def quantize_q5_k(x: np.ndarray) -> np.ndarray:
+    blocks = x.reshape(-1, 8, 32).astype(np.float32)
+    d, dmin, sc, m, q = _affine_scales(blocks, 31)
+    high = ((q >> 4) & 1).astype(np.uint8)  # [blocks, 8, 32]: bit k of byte l is sub-block k's value l
+    qh = np.bitwise_or.reduce(high << np.arange(8, dtype=np.uint8)[None, :, None], axis=1)
+    packed = [_fp16_bytes(d), _fp16_bytes(dmin), _pack_scales(sc, m), qh, _nibbles(q)]
+    return np.concatenate(packed, axis=1).reshape(*x.shape[:-1], -1)
+
+
+def quantize_q6_k(x: np.ndarray) -> np.ndarray:
+    blocks = x.reshape(-1, 16, 16).astype(np.float32)
+    n = blocks.shape[0]
+    scale = np.abs(blocks).max(axis=-1) / 31  # [blocks, 16]
+    d = scale.max(axis=-1) / 127
+    d16 = d.astype(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.nan_to_num(np.round(scale / d16[:, None])).clip(0, 127).astype(np.int8)
+        step = (d16[:, None] * sc)[..., None]
+        q = (np.nan_to_num(np.round(blocks / step)).clip(-32, 31) + 32).astype(np.uint8)
+    q = q.reshape(n, 8, 32)  # chunk c of 32 values: half c%2, nibble (c//2)%2, group c//4
+    ql = np.zeros((n, 2, 64), dtype=np.uint8)
+    qh = np.zeros((n, 2, 32), dtype=np.uint8)
+    for c in range(8):
+        group, nibble, half = c // 4, (c // 2) % 2, c % 2
+        ql[:, group, half * 32 : half * 32 + 32] |= (q[:, c] & 0x0F) << (4 * nibble)
+        qh[:, group] |= ((q[:, c] >> 4) & 0x03) << (2 * (c % 4))
+    packed = [ql.reshape(n, 128), qh.reshape(n, 64), sc.view(np.uint8), _fp16_bytes(d)]
+    return np.concatenate(packed, axis=1).reshape(*x.shape[:-1], -1)
+
+
+K_QUANTIZERS = {"Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k, "Q6_K": quantize_q6_k}

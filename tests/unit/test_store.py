@@ -1,0 +1,166 @@
+"""The conversation store: CRUD, search, concurrency, restarts and crashes."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from localchat.errors import NotFoundError
+from localchat.store import DONE, ERROR, STREAMING, NewMessage, Store, title_from
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(tmp_path / "c.sqlite3")
+    yield s
+    s.close()
+
+
+def test_wal_mode_and_schema(store: Store) -> None:
+    db = sqlite3.connect(store.path)
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 1
+
+
+def test_create_add_and_read_back_in_order(store: Store) -> None:
+    conv = store.create_conversation(
+        "Hello", [NewMessage("user", "hi")], system_prompt="be brief", temperature=0.3
+    )
+    store.add_messages(
+        conv.id, [NewMessage("assistant", "hey", DONE, {"completion_tokens": 3}), NewMessage("user", "again")]
+    )
+    got = store.get_conversation(conv.id)
+    assert (got.title, got.system_prompt, got.temperature, got.top_p) == ("Hello", "be brief", 0.3, None)
+    messages = store.get_messages(conv.id)
+    assert [(m.role, m.content) for m in messages] == [
+        ("user", "hi"),
+        ("assistant", "hey"),
+        ("user", "again"),
+    ]
+    assert messages[1].completion_tokens == 3
+
+
+def test_list_is_newest_first_and_search_matches_titles_and_text(store: Store) -> None:
+    a = store.create_conversation("Pasta recipe", [NewMessage("user", "how to cook pasta")])
+    b = store.create_conversation("Travel", [NewMessage("user", "trains in 100% Japan")])
+    assert [c.id for c in store.list_conversations()] == [b.id, a.id]
+    store.add_messages(a.id, [NewMessage("assistant", "boil water")])  # bumps `a` to the top
+    assert [c.id for c in store.list_conversations()] == [a.id, b.id]
+    assert [c.id for c in store.list_conversations("PASTA")] == [a.id]
+    assert [c.id for c in store.list_conversations("boil")] == [a.id]
+    assert [c.id for c in store.list_conversations("100%")] == [b.id]  # % is literal, not a wildcard
+    assert store.list_conversations("0%J") == []
+
+
+def test_rename_settings_truncate_delete(store: Store) -> None:
+    conv = store.create_conversation(
+        "t", [NewMessage("user", "1"), NewMessage("assistant", "2"), NewMessage("user", "3")]
+    )
+    assert store.rename_conversation(conv.id, "New name").title == "New name"
+    assert store.update_settings(conv.id, top_p=0.5, max_tokens=10).max_tokens == 10
+    first = store.get_messages(conv.id)[0]
+    store.truncate_after(conv.id, first.id)
+    assert [m.content for m in store.get_messages(conv.id)] == ["1"]
+    store.delete_conversation(conv.id)
+    with pytest.raises(NotFoundError):
+        store.get_conversation(conv.id)
+    assert store.get_messages(conv.id) == []  # cascaded
+
+
+def test_fail_interrupted_marks_only_streaming_answers(store: Store) -> None:
+    conv = store.create_conversation(
+        "t", [NewMessage("user", "q"), NewMessage("assistant", "half", STREAMING)]
+    )
+    assert store.fail_interrupted("stopped early") == 1
+    answer = store.get_messages(conv.id)[1]
+    assert (answer.status, answer.error, answer.content) == (ERROR, "stopped early", "half")
+
+
+def test_title_from_first_line_shortened_on_a_word() -> None:
+    assert title_from("\n  Hello there \nsecond") == "Hello there"
+    assert title_from("") == "New chat"
+    long = "word " * 30
+    title = title_from(long)
+    assert title.endswith("…") and len(title) <= 61 and not title[:-1].endswith(" ")
+
+
+def test_concurrent_writes_from_threads(store: Store) -> None:
+    errors: list[BaseException] = []
+
+    def writer(n: int) -> None:
+        try:
+            for i in range(25):
+                conv = store.create_conversation(f"t{n}-{i}", [NewMessage("user", f"{n}-{i}-0")])
+                store.add_messages(conv.id, [NewMessage("assistant", f"{n}-{i}-1")])
+                store.update_message(store.get_messages(conv.id)[1].id, content=f"{n}-{i}-1!")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    conversations = store.list_conversations(limit=1000)
+    assert len(conversations) == 8 * 25
+    for conv in conversations:
+        n, i = conv.title[1:].split("-")
+        assert [m.content for m in store.get_messages(conv.id)] == [f"{n}-{i}-0", f"{n}-{i}-1!"]
+
+
+def test_restart_keeps_everything(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite3"
+    first = Store(path)
+    conv = first.create_conversation("kept", [NewMessage("user", "hello")], temperature=0.1)
+    first.close()
+    second = Store(path)
+    assert second.get_conversation(conv.id).temperature == 0.1
+    assert [m.content for m in second.get_messages(conv.id)] == ["hello"]
+    second.close()
+
+
+_WRITER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from localchat.store import NewMessage, Store
+    store = Store(Path(sys.argv[1]))
+    i = 0
+    while True:
+        store.create_conversation(f"c{i}", [NewMessage("user", "x" * 2000)] * 3 + [NewMessage("assistant", "y" * 5000)])
+        i += 1
+        if i == 20:
+            print("ready", flush=True)
+    """
+)
+
+
+def test_sigkill_during_writes_leaves_a_consistent_database(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite3"
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], cwd=REPO, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        time.sleep(0.3)  # let it get well into more transactions
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    assert proc.returncode == -signal.SIGKILL
+    store = Store(path)
+    assert store._query("PRAGMA integrity_check")[0][0] == "ok"
+    conversations = store.list_conversations(limit=100_000)
+    assert len(conversations) >= 20
+    for conv in conversations:  # each conversation was one transaction: all four messages or none
+        assert [m.role for m in store.get_messages(conv.id)] == ["user", "user", "user", "assistant"]
+    store.close()

@@ -1,0 +1,266 @@
+// localchat web UI behaviour: markdown rendering (marked -> DOMPurify -> highlight.js), the composer,
+// the live answer, copy buttons, theme and sidebar. No inline script anywhere: the page's CSP forbids it.
+(function () {
+  "use strict";
+
+  const $ = (selector, root = document) => root.querySelector(selector);
+  const $$ = (selector, root = document) => Array.from(root.querySelectorAll(selector));
+  const NARROW = window.matchMedia("(max-width: 800px)");
+  const DARK = window.matchMedia("(prefers-color-scheme: dark)");
+
+  // ---- markdown ---------------------------------------------------------------------------------
+
+  function escapeHtml(text) {
+    return String(text).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+  }
+
+  // Raw HTML in a model's markdown is shown as text (as chat apps do), not interpreted;
+  // DOMPurify still cleans whatever marked produces (e.g. javascript: links).
+  marked.use({ gfm: true, breaks: false, renderer: { html: (token) => escapeHtml(token.text || token.raw || "") } });
+  const PURIFY = { USE_PROFILES: { html: true }, FORBID_TAGS: ["style", "form", "input", "button", "textarea", "select"], FORBID_ATTR: ["style"] };
+  DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+    if (node.tagName === "A" && node.getAttribute("href")) {
+      node.setAttribute("target", "_blank");
+      node.setAttribute("rel", "noopener noreferrer nofollow");
+    }
+  });
+  hljs.configure({ ignoreUnescapedHTML: true });
+
+  function renderMarkdown(el, text) {
+    el.innerHTML = DOMPurify.sanitize(marked.parse(text, { async: false }), PURIFY);
+    for (const code of $$("pre > code", el)) {
+      const lang = (code.className.match(/language-([\w+#-]+)/) || [])[1];
+      if (!lang || hljs.getLanguage(lang)) hljs.highlightElement(code);
+      const pre = code.parentElement;
+      const bar = document.createElement("div");
+      bar.className = "code-bar";
+      const label = document.createElement("span");
+      label.textContent = lang || "code";
+      const copy = document.createElement("button");
+      copy.type = "button";
+      copy.className = "act code-copy";
+      copy.dataset.action = "copy-code";
+      copy.textContent = "Copy";
+      copy.setAttribute("aria-label", "Copy code");
+      bar.append(label, copy);
+      pre.before(bar);
+    }
+  }
+
+  // A reply may open with <think>…</think> (reasoning models); that part goes in the "Thinking" block.
+  function splitThinking(text) {
+    const open = text.match(/^\s*<think>/);
+    if (!open) return { think: null, answer: text, thinking: false };
+    const rest = text.slice(open[0].length);
+    const close = rest.indexOf("</think>");
+    if (close < 0) return { think: rest, answer: "", thinking: true };
+    return { think: rest.slice(0, close), answer: rest.slice(close + "</think>".length), thinking: false };
+  }
+
+  const rendered = new WeakMap();
+  function renderMessage(msg) {
+    const raw = $(":scope > .raw", msg);
+    if (!raw || !msg.classList.contains("assistant")) return;
+    const text = raw.textContent;
+    if (rendered.get(msg) === text) return;
+    rendered.set(msg, text);
+    const parts = splitThinking(text);
+    const details = $(".thinking", msg);
+    if (details && parts.think !== null) {
+      details.hidden = false;
+      $("summary", details).textContent = parts.thinking ? "Thinking…" : "Thinking";
+      if (!details.dataset.userToggled) details.open = parts.thinking;
+      renderMarkdown($(".think-body", details), parts.think.trim());
+    }
+    renderMarkdown($(".answer", msg), parts.answer);
+    msg.dataset.rendered = "";  // lets tests (and styles) tell a rendered answer from raw markup
+  }
+
+  // Deltas arrive faster than frames: render each message at most once per frame.
+  const pending = new Set();
+  let frame = 0;
+  function scheduleRender(msg) {
+    if (!msg) return;
+    pending.add(msg);
+    if (!frame) frame = requestAnimationFrame(flushRender);
+  }
+  function flushRender() {
+    frame = 0;
+    const stick = nearBottom();
+    for (const msg of pending) renderMessage(msg);
+    pending.clear();
+    syncState();
+    if (stick) scrollToBottom();
+  }
+
+  // ---- scrolling and state ----------------------------------------------------------------------
+
+  function scroller() { return $("#messages"); }
+  function nearBottom() {
+    const el = scroller();
+    return !el || el.scrollHeight - el.scrollTop - el.clientHeight < 120;
+  }
+  function scrollToBottom() {
+    const el = scroller();
+    if (el) el.scrollTop = el.scrollHeight;
+  }
+
+  function syncState() {
+    const busy = !!$('#messages .msg[data-status="streaming"]');
+    document.body.classList.toggle("busy", busy);
+    const empty = $("#empty-state");
+    if (empty) empty.hidden = !!$("#messages .msg");
+  }
+
+  // ---- copy -------------------------------------------------------------------------------------
+
+  async function copyText(text, button) {
+    try {
+      await navigator.clipboard.writeText(text);
+    } catch (e) {
+      const area = document.createElement("textarea");
+      area.value = text;
+      document.body.append(area);
+      area.select();
+      document.execCommand("copy");
+      area.remove();
+    }
+    const old = button.textContent;
+    button.textContent = "Copied";
+    button.classList.add("done");
+    setTimeout(() => { button.textContent = old; button.classList.remove("done"); }, 1500);
+  }
+
+  // ---- theme and sidebar ------------------------------------------------------------------------
+
+  function effectiveTheme() {
+    return document.documentElement.dataset.theme || (DARK.matches ? "dark" : "light");
+  }
+  function labelThemeButton() {
+    const button = $("#theme-toggle");
+    if (!button) return;
+    const next = effectiveTheme() === "dark" ? "light" : "dark";
+    button.setAttribute("aria-label", "Switch to the " + next + " theme");
+    button.title = "Switch to the " + next + " theme";
+  }
+  function toggleTheme() {
+    const next = effectiveTheme() === "dark" ? "light" : "dark";
+    document.documentElement.dataset.theme = next;
+    try { localStorage.setItem("localchat-theme", next); } catch (e) { /* not kept: fine */ }
+    labelThemeButton();
+  }
+
+  function sidebarOpen() {
+    return NARROW.matches ? document.body.classList.contains("sidebar-open") : !document.body.classList.contains("sidebar-collapsed");
+  }
+  function toggleSidebar(force) {
+    const open = force === undefined ? !sidebarOpen() : force;
+    if (NARROW.matches) document.body.classList.toggle("sidebar-open", open);
+    else document.body.classList.toggle("sidebar-collapsed", !open);
+    syncSidebar();
+    if (open && NARROW.matches) $("#new-chat")?.focus();
+  }
+  function syncSidebar() {
+    const open = sidebarOpen();
+    $("#sidebar-toggle")?.setAttribute("aria-expanded", String(open));
+    const sidebar = $("#sidebar");
+    if (sidebar) sidebar.inert = !open;
+  }
+
+  // ---- events -----------------------------------------------------------------------------------
+
+  const actions = {
+    "toggle-theme": toggleTheme,
+    "toggle-sidebar": () => toggleSidebar(),
+    "open-settings": () => { $("#settings")?.showModal(); },
+    "close-settings": () => { $("#settings")?.close(); },
+    "dismiss-notice": () => { $("#notice").replaceChildren(); },
+    "copy-message": (button) => {
+      const msg = button.closest(".msg");
+      copyText($(".raw", msg).textContent.trim(), button);
+    },
+    "copy-code": (button) => copyText(button.closest(".code-bar").nextElementSibling.textContent, button),
+  };
+
+  document.addEventListener("click", (event) => {
+    const target = event.target.closest("[data-action]");
+    if (target && actions[target.dataset.action]) {
+      event.preventDefault();
+      actions[target.dataset.action](target);
+    }
+    const summary = event.target.closest(".thinking > summary");
+    if (summary) summary.parentElement.dataset.userToggled = "1";
+    // A menu closes once used, or on a click anywhere else.
+    for (const menu of $$("details.menu[open]")) {
+      if (!menu.contains(event.target) || event.target.closest(".menu-items a")) menu.open = false;
+    }
+  });
+
+  document.addEventListener("keydown", (event) => {
+    const el = event.target;
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing && el.matches?.("textarea[data-enter-submit]")) {
+      event.preventDefault();
+      const form = el.form;
+      const busy = document.body.classList.contains("busy");
+      if (!el.value.trim() || (busy && form.id === "composer")) return;
+      form.requestSubmit();
+      return;
+    }
+    if (event.key === "Escape") {
+      if (el.matches?.("[data-escape-cancel]")) {
+        event.preventDefault();
+        $("[data-cancel]", el.closest("form"))?.click();
+      } else if (document.body.classList.contains("busy") && el.id === "composer-input") {
+        $("#stop-btn")?.click();
+      } else if (NARROW.matches && document.body.classList.contains("sidebar-open")) {
+        toggleSidebar(false);
+        $("#sidebar-toggle")?.focus();
+      }
+      return;
+    }
+    if (event.key.toLowerCase() === "o" && event.shiftKey && (event.ctrlKey || event.metaKey)) {
+      event.preventDefault();
+      window.location.href = "/";
+    }
+  });
+
+  document.addEventListener("input", (event) => {
+    if (event.target.id === "composer-input") autosize(event.target);
+  });
+  function autosize(area) {
+    area.style.height = "auto";
+    area.style.height = Math.min(area.scrollHeight, 240) + "px";
+  }
+
+  document.body.addEventListener("htmx:sseMessage", (event) => scheduleRender(event.target.closest(".msg")));
+  document.body.addEventListener("htmx:afterRequest", (event) => {
+    const elt = event.detail.elt;
+    if (elt.id === "composer" && event.detail.successful) {
+      const input = $("#composer-input");
+      input.value = "";
+      autosize(input);
+      $("#notice").replaceChildren();
+      scrollToBottom();
+    }
+  });
+  document.body.addEventListener("htmx:afterSettle", syncState);
+  document.body.addEventListener("htmx:sendError", () => {
+    $("#notice").textContent = "The server cannot be reached. Is localchat still running?";
+  });
+  DARK.addEventListener("change", labelThemeButton);
+  NARROW.addEventListener("change", syncSidebar);
+
+  htmx.onLoad((root) => {
+    if (root.nodeType !== Node.ELEMENT_NODE) return;
+    const messages = root.matches(".msg.assistant") ? [root] : $$(".msg.assistant", root);
+    messages.forEach(scheduleRender);
+    const edit = root.matches("textarea[data-enter-submit]") ? root : $("textarea[data-escape-cancel]", root);
+    if (edit) edit.setSelectionRange(edit.value.length, edit.value.length);
+    syncState();
+  });
+
+  labelThemeButton();
+  syncSidebar();
+  syncState();
+  scrollToBottom();
+})();
