@@ -14,21 +14,16 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
-PROMPTS = [
-    "Explain how to best learn Rust.",
-    "Please talk about deep learning in 100 words.",
-    "Do you know the capital city of China? Talk the details of you known.",
-    "Who is the best female actor in the world? Explain why.",
-    "How to dealing with depression?",
-    "How to make money in short time?",
-    "What is the future trend of large language model?",
-    "The famous tech companies in the world.",
-]
+if __package__ in (None, ""):  # run as a script: make `benchmarks.workload` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.workload import PROMPTS
 
 
 @dataclass(slots=True)
@@ -38,7 +33,9 @@ class Result:
     tokens: int
 
 
-async def one(client: httpx.AsyncClient, url: str, model: str, prompt: str, args: argparse.Namespace) -> Result:
+async def one(
+    client: httpx.AsyncClient, url: str, model: str, prompt: str, args: argparse.Namespace
+) -> Result:
     body = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
@@ -80,8 +77,11 @@ def pct(values: list[float], q: float) -> float:
 async def run(args: argparse.Namespace) -> None:
     base = args.url.rstrip("/")
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    async with httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30.0, read=600.0),
-                                 limits=httpx.Limits(max_connections=args.concurrency + 4)) as client:
+    async with httpx.AsyncClient(
+        headers=headers,
+        timeout=httpx.Timeout(30.0, read=600.0),
+        limits=httpx.Limits(max_connections=args.concurrency + 4),
+    ) as client:
         model = args.model
         if model is None:
             model = (await client.get(base + "/models")).json()["data"][0]["id"]
@@ -95,23 +95,31 @@ async def run(args: argparse.Namespace) -> None:
             results = await asyncio.gather(*(one(client, url, model, p, args) for p in prompts))
             wall = time.perf_counter() - start
             rows.append((wall, results))
-    print(f"server {base}  model {model}  {args.concurrency} concurrent streams  max_tokens {args.max_tokens}  "
-          f"temperature {args.temperature}")
-    header = f"{'run':>3} | {'tok/s':>7} | {'TTFT p50':>8} | {'TTFT p95':>8} | {'lat p50':>7} | {'lat max':>7} | " \
-             f"{'tokens':>6} | {'tok/req':>7}"
+    print(
+        f"server {base}  model {model}  {args.concurrency} concurrent streams  max_tokens {args.max_tokens}  "
+        f"temperature {args.temperature}"
+    )
+    header = (
+        f"{'run':>3} | {'tok/s':>7} | {'TTFT p50':>8} | {'TTFT p95':>8} | {'lat p50':>7} | {'lat max':>7} | "
+        f"{'tokens':>6} | {'tok/req':>7}"
+    )
     print(header)
     print("-" * len(header))
     for i, (wall, results) in enumerate(rows, 1):
         tokens = sum(r.tokens for r in results)
         ttft = [r.ttft_s for r in results]
         latency = [r.latency_s for r in results]
-        print(f"{i:>3} | {tokens / wall:>7.1f} | {pct(ttft, 0.5):>7.2f}s | {pct(ttft, 0.95):>7.2f}s | "
-              f"{pct(latency, 0.5):>6.2f}s | {max(latency):>6.2f}s | {tokens:>6} | "
-              f"{statistics.mean(r.tokens for r in results):>7.1f}")
+        print(
+            f"{i:>3} | {tokens / wall:>7.1f} | {pct(ttft, 0.5):>7.2f}s | {pct(ttft, 0.95):>7.2f}s | "
+            f"{pct(latency, 0.5):>6.2f}s | {max(latency):>6.2f}s | {tokens:>6} | "
+            f"{statistics.mean(r.tokens for r in results):>7.1f}"
+        )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--url", default="http://127.0.0.1:8000/v1", help="OpenAI-compatible base URL")
     parser.add_argument("--model", default=None, help="model id (default: the first of GET /models)")
     parser.add_argument("--api-key", default=None)

@@ -46,7 +46,9 @@ class CatalogEntry:
             description=str(d.get("description", "")),
             repo_id=str(d["repo_id"]),
             file=d.get("file"),
-            format=str(d.get("format", "gguf" if str(d.get("file", "")).endswith(".gguf") else "safetensors")),
+            format=str(
+                d.get("format", "gguf" if str(d.get("file", "")).endswith(".gguf") else "safetensors")
+            ),
             sha256=d.get("sha256"),
             size=d.get("size"),
             context_length=d.get("context_length"),
@@ -99,7 +101,9 @@ def resolve_model(
     if weights is not None:
         path = Path(weights).expanduser()
         if not (path / "config.json").is_file():
-            raise ModelNotFoundError(f"--w/--weights {weights!r}: not a folder with a config.json.", param="weights")
+            raise ModelNotFoundError(
+                f"--w/--weights {weights!r}: not a folder with a config.json.", param="weights"
+            )
         return ResolvedModel(path, path.name)
     catalog = load_catalog(data_dir)
     name = model or DEFAULT_ALIAS
@@ -169,7 +173,8 @@ def _resolve_hf_cache(repo_id: str, filename: str | None = None) -> ResolvedMode
     if ggufs:
         names = ", ".join(g.name for g in ggufs)
         raise ModelNotFoundError(
-            f"{repo_id!r} holds several GGUF files ({names}); pick one with --f {snapshot}/<file>.", param="model"
+            f"{repo_id!r} holds several GGUF files ({names}); pick one with --f {snapshot}/<file>.",
+            param="model",
         )
     raise not_here
 

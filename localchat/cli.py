@@ -41,7 +41,11 @@ DESKTOP_LATER = (
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     groups = {key: parser.add_argument_group(title) for key, title in GROUP_TITLES.items()}
     for spec in SETTINGS_SPEC:
-        kwargs: dict[str, Any] = {"dest": spec.name, "default": argparse.SUPPRESS, "help": f"{spec.help} [{spec.env}]"}
+        kwargs: dict[str, Any] = {
+            "dest": spec.name,
+            "default": argparse.SUPPRESS,
+            "help": f"{spec.help} [{spec.env}]",
+        }
         if spec.action in ("store_true", "store_false"):
             kwargs["action"] = spec.action
         else:
@@ -72,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_settings(argv: Sequence[str] | None, environ: dict[str, str] | None = None) -> tuple[str | None, bool, Settings]:
+def parse_settings(
+    argv: Sequence[str] | None, environ: dict[str, str] | None = None
+) -> tuple[str | None, bool, Settings]:
     """(command, --ui-server, settings) from the command line and the environment."""
     args = vars(build_parser().parse_args(argv))
     command, ui_server = args.pop("command", None), args.pop("ui_server", False)
@@ -88,7 +94,12 @@ def _serve(settings: Settings, *, open_browser: bool) -> int:
 
     if settings.ui is False and open_browser:
         raise SettingsError("--ui-server needs the web UI; drop --no-ui.", param="ui")
-    if settings.model is None and settings.file is None and settings.weights is None and settings.backend != "fake":
+    if (
+        settings.model is None
+        and settings.file is None
+        and settings.weights is None
+        and settings.backend != "fake"
+    ):
         _progress("no model flag: using the default model smollm2-135m (SmolLM2-135M-Instruct)")
     ctx = build_context(settings, progress=_progress)
     return serve(settings, ctx, open_browser=open_browser)

@@ -39,8 +39,7 @@ def _list(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def _opt(
-    default: Any,
+def _meta(
     flags: tuple[str, ...],
     help: str,
     *,
@@ -49,81 +48,200 @@ def _opt(
     metavar: str | None = None,
     choices: tuple[str, ...] | None = None,
     action: str | None = None,
-) -> Any:
-    meta = {"flags": flags, "help": help, "parse": parse, "group": group, "metavar": metavar,
-            "choices": choices, "action": action}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
-    return field(default=default, metadata=meta)
+) -> dict[str, Any]:
+    return {
+        "flags": flags,
+        "help": help,
+        "parse": parse,
+        "group": group,
+        "metavar": metavar,
+        "choices": choices,
+        "action": action,
+    }
+
+
+def _opt(default: Any, flags: tuple[str, ...], help: str, **kwargs: Any) -> Any:
+    return field(default=default, metadata=_meta(flags, help, **kwargs))
 
 
 @dataclass(slots=True)
 class Settings:
     # -- model ---------------------------------------------------------------------------------------
-    weights: str | None = _opt(None, ("--w", "--weights"), "a safetensors model folder", group="model", metavar="DIR")
+    weights: str | None = _opt(
+        None, ("--w", "--weights"), "a safetensors model folder", group="model", metavar="DIR"
+    )
     file: str | None = _opt(None, ("--f", "--file"), "a GGUF model file", group="model", metavar="FILE")
     model: str | None = _opt(
-        None, ("--m", "--model"),
+        None,
+        ("--m", "--model"),
         "a models.yaml alias, a Hugging Face repo id (found in the local HF cache) or a local path; "
         "with `chat --url`, the remote model name",
-        group="model", metavar="NAME",
+        group="model",
+        metavar="NAME",
     )
     backend: str = _opt("auto", ("--backend",), "inference backend", group="model", choices=BACKEND_CHOICES)
     device: str = _opt("auto", ("--device",), "torch device: auto, cpu, cuda, cuda:N, mps", group="model")
     dtype: str = _opt("auto", ("--dtype",), "compute dtype: auto, float32, bfloat16, float16", group="model")
-    threads: int | None = _opt(None, ("--threads",), "CPU compute threads (default: the backend's choice)",
-                               parse=int, group="model", metavar="N")
-    seed: int = _opt(0, ("--seed",), "seed of the generator that unseeded requests draw from", parse=int,
-                     group="model", metavar="N")
+    threads: int | None = _opt(
+        None,
+        ("--threads",),
+        "CPU compute threads (default: the backend's choice)",
+        parse=int,
+        group="model",
+        metavar="N",
+    )
+    seed: int = _opt(
+        0,
+        ("--seed",),
+        "seed of the generator that unseeded requests draw from",
+        parse=int,
+        group="model",
+        metavar="N",
+    )
     # -- server --------------------------------------------------------------------------------------
     host: str = _opt("127.0.0.1", ("--host",), "address to bind; anything but loopback needs --api-key")
     port: int = _opt(8000, ("--p", "--port"), "port to listen on", parse=int, metavar="PORT")
-    api_key: str | None = _opt(None, ("--api-key",), "require this key (Bearer, X-Api-Key or cookie) on every route but /health", metavar="KEY")
-    cors_origins: list[str] = _opt([], ("--cors-origin",), "allow this browser origin (repeatable; env: comma-separated)",
-                                   parse=_list, metavar="ORIGIN", action="append")
+    api_key: str | None = _opt(
+        None,
+        ("--api-key",),
+        "require this key (Bearer, X-Api-Key or cookie) on every route but /health",
+        metavar="KEY",
+    )
+    cors_origins: list[str] = field(
+        default_factory=list,
+        metadata=_meta(
+            ("--cors-origin",),
+            "allow this browser origin (repeatable; env: comma-separated)",
+            parse=_list,
+            metavar="ORIGIN",
+            action="append",
+        ),
+    )
     log: str = _opt("info", ("--log",), "log level", choices=LOG_LEVELS)
-    ui: bool = _opt(True, ("--no-ui",), "serve only the API, without the web UI", parse=_bool, action="store_false")
-    open_browser: bool = _opt(True, ("--no-browser",), "with --ui-server: do not open a browser", parse=_bool,
-                              action="store_false")
-    max_body_mib: float = _opt(4.0, ("--max-body-mib",), "largest request body accepted (413 beyond)", parse=float,
-                               metavar="MIB")
-    shutdown_timeout: float = _opt(30.0, ("--shutdown-timeout",), "seconds in-flight requests get to finish on SIGINT/SIGTERM",
-                                   parse=float, metavar="S")
+    ui: bool = _opt(
+        True, ("--no-ui",), "serve only the API, without the web UI", parse=_bool, action="store_false"
+    )
+    open_browser: bool = _opt(
+        True, ("--no-browser",), "with --ui-server: do not open a browser", parse=_bool, action="store_false"
+    )
+    max_body_mib: float = _opt(
+        4.0, ("--max-body-mib",), "largest request body accepted (413 beyond)", parse=float, metavar="MIB"
+    )
+    shutdown_timeout: float = _opt(
+        30.0,
+        ("--shutdown-timeout",),
+        "seconds in-flight requests get to finish on SIGINT/SIGTERM",
+        parse=float,
+        metavar="S",
+    )
     home: str | None = _opt(None, ("--home",), "data directory (models, conversations, logs)", metavar="DIR")
     # -- engine --------------------------------------------------------------------------------------
-    mem: int | None = _opt(None, ("--mem",), "KV cache size in MiB (default: measured free memory)", parse=int,
-                           group="engine", metavar="MIB")
-    max_num_seqs: int = _opt(32, ("--max-num-seqs",), "requests decoded together", parse=int, group="engine", metavar="N")
-    max_model_len: int | None = _opt(None, ("--max-model-len",), "context length (default: the model's, capped by --mem)",
-                                     parse=int, group="engine", metavar="N")
-    prefill_chunk_size: int = _opt(512, ("--prefill-chunk-size",), "longest prefill piece per step; 0 disables chunking",
-                                   parse=int, group="engine", metavar="N")
-    max_gen_tokens: int = _opt(4096, ("--max-gen-tokens",), "most tokens one request may generate; the default max_tokens",
-                               parse=int, group="engine", metavar="N")
-    max_queue_len: int = _opt(256, ("--max-queue-len",), "requests waiting beyond --max-num-seqs before 503",
-                              parse=int, group="engine", metavar="N")
-    block_size: int = _opt(16, ("--block-size",), "tokens per KV cache block", parse=int, group="engine", metavar="N")
-    prefix_cache: bool = _opt(True, ("--no-prefix-cache",), "disable prefix caching", parse=_bool, group="engine",
-                              action="store_false")
+    mem: int | None = _opt(
+        None,
+        ("--mem",),
+        "KV cache size in MiB (default: measured free memory)",
+        parse=int,
+        group="engine",
+        metavar="MIB",
+    )
+    max_num_seqs: int = _opt(
+        32, ("--max-num-seqs",), "requests decoded together", parse=int, group="engine", metavar="N"
+    )
+    max_model_len: int | None = _opt(
+        None,
+        ("--max-model-len",),
+        "context length (default: the model's, capped by --mem)",
+        parse=int,
+        group="engine",
+        metavar="N",
+    )
+    prefill_chunk_size: int = _opt(
+        512,
+        ("--prefill-chunk-size",),
+        "longest prefill piece per step; 0 disables chunking",
+        parse=int,
+        group="engine",
+        metavar="N",
+    )
+    max_gen_tokens: int = _opt(
+        4096,
+        ("--max-gen-tokens",),
+        "most tokens one request may generate; the default max_tokens",
+        parse=int,
+        group="engine",
+        metavar="N",
+    )
+    max_queue_len: int = _opt(
+        256,
+        ("--max-queue-len",),
+        "requests waiting beyond --max-num-seqs before 503",
+        parse=int,
+        group="engine",
+        metavar="N",
+    )
+    block_size: int = _opt(
+        16, ("--block-size",), "tokens per KV cache block", parse=int, group="engine", metavar="N"
+    )
+    prefix_cache: bool = _opt(
+        True,
+        ("--no-prefix-cache",),
+        "disable prefix caching",
+        parse=_bool,
+        group="engine",
+        action="store_false",
+    )
     # -- default sampling (a request's own fields win) -----------------------------------------------
-    temperature: float | None = _opt(None, ("--temperature",), "default temperature", parse=float, group="sampling", metavar="T")
-    top_k: int | None = _opt(None, ("--top-k",), "default top-k (0 disables)", parse=int, group="sampling", metavar="K")
-    top_p: float | None = _opt(None, ("--top-p",), "default top-p", parse=float, group="sampling", metavar="P")
-    min_p: float | None = _opt(None, ("--min-p",), "default min-p", parse=float, group="sampling", metavar="P")
-    frequency_penalty: float | None = _opt(None, ("--frequency-penalty",), "default frequency penalty", parse=float,
-                                           group="sampling", metavar="X")
-    presence_penalty: float | None = _opt(None, ("--presence-penalty",), "default presence penalty", parse=float,
-                                          group="sampling", metavar="X")
-    repetition_penalty: float | None = _opt(None, ("--repetition-penalty",), "default repetition penalty", parse=float,
-                                            group="sampling", metavar="X")
+    temperature: float | None = _opt(
+        None, ("--temperature",), "default temperature", parse=float, group="sampling", metavar="T"
+    )
+    top_k: int | None = _opt(
+        None, ("--top-k",), "default top-k (0 disables)", parse=int, group="sampling", metavar="K"
+    )
+    top_p: float | None = _opt(
+        None, ("--top-p",), "default top-p", parse=float, group="sampling", metavar="P"
+    )
+    min_p: float | None = _opt(
+        None, ("--min-p",), "default min-p", parse=float, group="sampling", metavar="P"
+    )
+    frequency_penalty: float | None = _opt(
+        None,
+        ("--frequency-penalty",),
+        "default frequency penalty",
+        parse=float,
+        group="sampling",
+        metavar="X",
+    )
+    presence_penalty: float | None = _opt(
+        None, ("--presence-penalty",), "default presence penalty", parse=float, group="sampling", metavar="X"
+    )
+    repetition_penalty: float | None = _opt(
+        None,
+        ("--repetition-penalty",),
+        "default repetition penalty",
+        parse=float,
+        group="sampling",
+        metavar="X",
+    )
     # -- terminal chat -------------------------------------------------------------------------------
-    url: str | None = _opt(None, ("--url",), "chat: talk to this OpenAI-compatible base URL instead of a local model",
-                           group="chat", metavar="URL")
+    url: str | None = _opt(
+        None,
+        ("--url",),
+        "chat: talk to this OpenAI-compatible base URL instead of a local model",
+        group="chat",
+        metavar="URL",
+    )
     system: str | None = _opt(None, ("--system",), "chat: system prompt", group="chat", metavar="TEXT")
-    message: str | None = _opt(None, ("--message",), "chat: send one message, print the reply and exit", group="chat",
-                               metavar="TEXT")
-    plain: bool = _opt(False, ("--plain",), "chat: print plain text, no markdown rendering", parse=_bool, group="chat",
-                       action="store_true")
+    message: str | None = _opt(
+        None, ("--message",), "chat: send one message, print the reply and exit", group="chat", metavar="TEXT"
+    )
+    plain: bool = _opt(
+        False,
+        ("--plain",),
+        "chat: print plain text, no markdown rendering",
+        parse=_bool,
+        group="chat",
+        action="store_true",
+    )
 
     # -- derived -------------------------------------------------------------------------------------
 
@@ -137,7 +255,15 @@ class Settings:
 
     @property
     def sampling_defaults(self) -> dict[str, float | int]:
-        names = ("temperature", "top_k", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
+        names = (
+            "temperature",
+            "top_k",
+            "top_p",
+            "min_p",
+            "frequency_penalty",
+            "presence_penalty",
+            "repetition_penalty",
+        )
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
     def engine_config(self) -> EngineConfig:
@@ -154,13 +280,19 @@ class Settings:
     def validate(self) -> Settings:
         for name, allowed in (("backend", BACKEND_CHOICES), ("log", LOG_LEVELS)):
             if getattr(self, name) not in allowed:
-                raise SettingsError(f"--{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}.", param=name)
+                raise SettingsError(
+                    f"--{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}.", param=name
+                )
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"--port must be in [0, 65535], got {self.port}.", param="port")
         if self.max_body_mib <= 0:
             raise SettingsError("--max-body-mib must be > 0.", param="max_body_mib")
         if self.max_gen_tokens < 1:
             raise SettingsError("--max-gen-tokens must be >= 1.", param="max_gen_tokens")
+        if self.threads is not None and self.threads < 1:
+            raise SettingsError("--threads must be >= 1.", param="threads")
+        if self.shutdown_timeout < 0:
+            raise SettingsError("--shutdown-timeout must be >= 0.", param="shutdown_timeout")
         if self.max_queue_len < 0:
             raise SettingsError("--max-queue-len must be >= 0.", param="max_queue_len")
         if sum(x is not None for x in (self.weights, self.file, self.model)) > 1 and not self.url:
@@ -184,7 +316,9 @@ class Settings:
                 try:
                     values[spec.name] = spec.parse(environ[spec.env])
                 except ValueError as exc:
-                    raise SettingsError(f"{spec.env}={environ[spec.env]!r} is not valid: {exc}", param=spec.name) from None
+                    raise SettingsError(
+                        f"{spec.env}={environ[spec.env]!r} is not valid: {exc}", param=spec.name
+                    ) from None
         return cls(**values).validate()
 
 
@@ -207,8 +341,20 @@ def _specs() -> tuple[SettingSpec, ...]:
     for f in fields(Settings):
         meta = f.metadata
         default = f.default_factory() if f.default_factory is not MISSING else f.default  # type: ignore[misc]
-        out.append(SettingSpec(f.name, meta["flags"], "LOCALCHAT_" + f.name.upper(), meta["help"], default,
-                               meta["group"], meta["parse"], meta["metavar"], meta["choices"], meta["action"]))
+        out.append(
+            SettingSpec(
+                f.name,
+                meta["flags"],
+                "LOCALCHAT_" + f.name.upper(),
+                meta["help"],
+                default,
+                meta["group"],
+                meta["parse"],
+                meta["metavar"],
+                meta["choices"],
+                meta["action"],
+            )
+        )
     return tuple(out)
 
 

@@ -48,7 +48,9 @@ class RemoteBackend:
             with self.client.stream("POST", self.url, json=body) as response:
                 if response.status_code != 200:
                     response.read()
-                    raise ChatError(f"{self.url} answered {response.status_code}: {_error_text(response.text)}")
+                    raise ChatError(
+                        f"{self.url} answered {response.status_code}: {_error_text(response.text)}"
+                    )
                 for line in response.iter_lines():
                     if not line.startswith("data:"):
                         continue

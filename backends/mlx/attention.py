@@ -36,7 +36,6 @@ class PrefillRow:
     end: int
     block_ids: mx.array | None  # int32 [ceil(seq_len / block_size)]; None: context == new tokens
     seq_len: int
-    mask: mx.array | None  # bool [q_len, seq_len], True = attend; None: plain causal
 
 
 @dataclass(slots=True)
@@ -72,14 +71,10 @@ class AttentionMetadata:
         for row in np.flatnonzero(q_lens > 1):
             start, end, seq_len = int(qsl[row]), int(qsl[row + 1]), int(seq_lens[row])
             order.append(np.arange(start, end))
-            if seq_len == end - start:  # nothing cached: the new tokens are the whole context
-                prefills.append(PrefillRow(start, end, None, seq_len, None))
-                continue
-            num_blocks = -(-seq_len // bs)
-            ids = mx.array(batch.block_tables[row, :num_blocks].astype(np.int32))
-            # Query at position p sees every cached/new key at positions <= p.
-            row_mask = np.arange(seq_len)[None, :] <= batch.positions[start:end, None]
-            prefills.append(PrefillRow(start, end, ids, seq_len, mx.array(row_mask)))
+            ids = None
+            if seq_len != end - start:  # a cached prefix: attend over the row's blocks
+                ids = mx.array(batch.block_tables[row, : -(-seq_len // bs)].astype(np.int32))
+            prefills.append(PrefillRow(start, end, ids, seq_len))
         flat_order = np.concatenate(order)
         restore = None
         if not np.array_equal(flat_order, np.arange(batch.num_tokens)):
@@ -139,11 +134,13 @@ def _prefill(
     else:
         keys = _gather(cache.k, row.block_ids, block_size)[: row.seq_len]  # [S, kv_heads, d]
         values = _gather(cache.v, row.block_ids, block_size)[: row.seq_len]
+    # NOTE: MLX's "causal" mask aligns the last query with the last key (query i sees keys <= i + S - L),
+    # which is exactly "position p sees positions <= p" for new tokens that end the row's context.
     out = mx.fast.scaled_dot_product_attention(
         q[row.start : row.end].transpose(1, 0, 2)[None],  # [1, heads, L, d]
         keys.transpose(1, 0, 2)[None],  # [1, kv_heads, S, d]
         values.transpose(1, 0, 2)[None],
         scale=scale,
-        mask="causal" if row.mask is None else row.mask,
+        mask="causal",
     )  # [1, heads, L, d]
     return out[0].transpose(1, 0, 2)

@@ -51,12 +51,26 @@ class QuantizedWeight:
         return (self.packed.shape[0], self.packed.shape[1] * 32 // self.bits)
 
 
-Weight = mx.array | QuantizedWeight
+@dataclass(slots=True)
+class DenseWeight:
+    """A dense matrix `[out, in]`, stored transposed: `[in, out]`, contiguous.
+
+    MLX's CPU GEMM runs `x @ wt` about twice as fast as `x @ w.T` on a transposed view (measured on the
+    dev box: 188 vs 367 ms for [480, 576] @ [576, 1536]); on Metal both layouts run alike.
+    """
+
+    wt: mx.array  # [in, out]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.wt.shape[1], self.wt.shape[0])
 
 
-def gguf_blocks_to_affine(
-    dtype: str, data: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+Weight = DenseWeight | QuantizedWeight  # a linear layer's matrix
+Embedding = mx.array | QuantizedWeight  # [vocab, hidden], looked up by rows (and the tied LM head)
+
+
+def gguf_blocks_to_affine(dtype: str, data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """GGUF blocks uint8 [rows, bytes_per_row] -> (packed uint32, scales f32, biases f32, bits)."""
     assert sys.byteorder == "little", "the uint32 views below assume little-endian packing"
     block_bytes, bits = _BLOCKS[dtype]
@@ -79,17 +93,26 @@ def gguf_blocks_to_affine(
     return np.ascontiguousarray(packed).view(np.uint32).reshape(rows, -1), d, bias, bits
 
 
-def to_weight(weight: WeightTensor, dtype: mx.Dtype, *, keep_quantized: bool = True) -> Weight:
-    """A fresh MLX array (or quantized triple) for `weight`, never aliasing the memory-mapped file."""
-    if weight.dtype in NATIVE_TYPES and keep_quantized and len(weight.shape) == 2:
-        packed, scales, biases, bits = gguf_blocks_to_affine(weight.dtype, weight.data)
-        return QuantizedWeight(
-            mx.array(packed), mx.array(scales).astype(dtype), mx.array(biases).astype(dtype), bits
-        )
-    return to_dense(weight, dtype)
+def to_weight(weight: WeightTensor, dtype: mx.Dtype) -> Weight:
+    """A linear layer's matrix, never aliasing the memory-mapped file: quantized where MLX can."""
+    if weight.dtype in NATIVE_TYPES:
+        return _to_quantized(weight, dtype)
+    return DenseWeight(mx.contiguous(to_dense(weight, dtype).T))
+
+
+def to_embedding(weight: WeightTensor, dtype: mx.Dtype) -> Embedding:
+    return _to_quantized(weight, dtype) if weight.dtype in NATIVE_TYPES else to_dense(weight, dtype)
+
+
+def _to_quantized(weight: WeightTensor, dtype: mx.Dtype) -> QuantizedWeight:
+    packed, scales, biases, bits = gguf_blocks_to_affine(weight.dtype, weight.data)
+    return QuantizedWeight(
+        mx.array(packed), mx.array(scales).astype(dtype), mx.array(biases).astype(dtype), bits
+    )
 
 
 def to_dense(weight: WeightTensor, dtype: mx.Dtype) -> mx.array:
+    """Values in `weight.shape` and `dtype`; other quantized types are dequantized here."""
     if weight.is_quantized:
         return mx.array(weight.dequantize()).astype(dtype)
     if weight.dtype == "BF16":
@@ -99,8 +122,8 @@ def to_dense(weight: WeightTensor, dtype: mx.Dtype) -> mx.array:
     return array.reshape(weight.shape).astype(dtype)
 
 
-def linear(x: mx.array, weight: Weight, bias: mx.array | None = None) -> mx.array:
-    """x [..., in] @ weight[out, in].T (+ bias) -> [..., out]."""
+def linear(x: mx.array, weight: Weight | Embedding, bias: mx.array | None = None) -> mx.array:
+    """x [..., in] times the matrix [out, in] (+ bias) -> [..., out]."""
     if isinstance(weight, QuantizedWeight):
         y = mx.quantized_matmul(
             x,
@@ -111,12 +134,14 @@ def linear(x: mx.array, weight: Weight, bias: mx.array | None = None) -> mx.arra
             group_size=weight.group_size,
             bits=weight.bits,
         )
+    elif isinstance(weight, DenseWeight):
+        y = x @ weight.wt
     else:
-        y = x @ weight.T
+        y = x @ weight.T  # a dense embedding serving as the tied LM head
     return y if bias is None else y + bias
 
 
-def take_rows(weight: Weight, ids: mx.array) -> mx.array:
+def take_rows(weight: Embedding, ids: mx.array) -> mx.array:
     """Rows `ids` of the matrix as dense values [len(ids), in]: the embedding lookup."""
     if isinstance(weight, QuantizedWeight):
         return mx.dequantize(
@@ -131,23 +156,17 @@ def take_rows(weight: Weight, ids: mx.array) -> mx.array:
 
 def concat_rows(parts: list[Weight]) -> Weight | None:
     """Stack matrices along the output dim (q|k|v, gate|up), or None when their formats differ."""
-    if all(isinstance(p, QuantizedWeight) for p in parts):
-        quantized: list[QuantizedWeight] = parts  # type: ignore[assignment]
-        if len({(p.bits, p.group_size) for p in quantized}) != 1:
-            return None
-        return QuantizedWeight(
-            mx.concatenate([p.packed for p in quantized]),
-            mx.concatenate([p.scales for p in quantized]),
-            mx.concatenate([p.biases for p in quantized]),
-            quantized[0].bits,
-            quantized[0].group_size,
-        )
-    if any(isinstance(p, QuantizedWeight) for p in parts):
+    if all(isinstance(p, DenseWeight) for p in parts):
+        return DenseWeight(mx.concatenate([p.wt for p in parts], axis=1))  # type: ignore[union-attr]
+    if not all(isinstance(p, QuantizedWeight) for p in parts):
         return None
-    return mx.concatenate(parts)  # type: ignore[arg-type]
-
-
-def weight_nbytes(weight: Weight) -> int:
-    if isinstance(weight, QuantizedWeight):
-        return weight.packed.nbytes + weight.scales.nbytes + weight.biases.nbytes
-    return weight.nbytes
+    quantized: list[QuantizedWeight] = parts  # type: ignore[assignment]
+    if len({(p.bits, p.group_size) for p in quantized}) != 1:
+        return None
+    return QuantizedWeight(
+        mx.concatenate([p.packed for p in quantized]),
+        mx.concatenate([p.scales for p in quantized]),
+        mx.concatenate([p.biases for p in quantized]),
+        quantized[0].bits,
+        quantized[0].group_size,
+    )

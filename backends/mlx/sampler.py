@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+import numpy as np
 
 from localchat.engine.interface import TokenLogprobs
 from localchat.engine.sampling_params import SamplingParams
@@ -101,7 +102,8 @@ class Sampler:
             floor = mx.array(min_p, dtype=mx.float32)[:, None] * probs.max(axis=-1, keepdims=True)
             probs = mx.where(probs < floor, 0.0, probs)
         uniform = self._uniform(rows, states, probs.shape[1])  # [R, vocab]
-        noise = -mx.log(uniform)  # Exp(1)
+        # Exp(1) draws; a zero would turn a masked token's 0 / 0 into NaN, which argmax picks.
+        noise = mx.maximum(-mx.log(uniform), np.finfo(np.float32).tiny)
         drawn = mx.argmax(probs / noise, axis=-1).astype(tokens.dtype)
         tokens[index] = drawn
         return tokens
@@ -163,7 +165,9 @@ def _top_p(logits: mx.array, ps: list[float]) -> mx.array:
     ordered = mx.take_along_axis(logits, order, axis=-1)
     probs = mx.softmax(ordered, axis=-1)
     mass_before = mx.cumsum(probs, axis=-1) - probs
-    drop = mass_before >= mx.array(ps, dtype=mx.float32)[:, None]
+    # NOTE: rows with p == 1 drop nothing, even where float cumsum reaches 1.0 before the tail.
+    p = mx.array(ps, dtype=mx.float32)[:, None]
+    drop = (mass_before >= p) & (p < 1.0)
     drop[:, 0] = False
     dropped = mx.put_along_axis(mx.zeros(drop.shape, dtype=mx.bool_), order, drop, axis=-1)
     return mx.where(dropped, -mx.inf, logits)
@@ -174,7 +178,9 @@ def _logprobs(raw: mx.array, tokens: list[int], params: list[SamplingParams]) ->
     rows = [i for i, p in enumerate(params) if p.logprobs is not None]
     sub = raw[mx.array(rows, dtype=mx.int32)]
     logprobs = sub - mx.logsumexp(sub, axis=-1, keepdims=True)  # [L, vocab]
-    chosen = mx.take_along_axis(logprobs, mx.array([tokens[i] for i in rows], dtype=mx.int32)[:, None], axis=1)
+    chosen = mx.take_along_axis(
+        logprobs, mx.array([tokens[i] for i in rows], dtype=mx.int32)[:, None], axis=1
+    )
     k = max(params[i].logprobs or 0 for i in rows)
     ids: list[list[int]] = [[] for _ in rows]
     vals: list[list[float]] = [[] for _ in rows]

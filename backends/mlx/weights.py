@@ -15,7 +15,16 @@ import mlx.core as mx
 
 from backends.mlx.models import model_class
 from backends.mlx.models.base import DecoderLM
-from backends.mlx.quant import Weight, concat_rows, to_dense, to_weight
+from backends.mlx.quant import (
+    DenseWeight,
+    Embedding,
+    QuantizedWeight,
+    Weight,
+    concat_rows,
+    to_dense,
+    to_embedding,
+    to_weight,
+)
 from localchat.errors import ModelLoadError
 from localchat.weights.config import ModelConfig
 from localchat.weights.tensors import WeightTensor
@@ -41,12 +50,14 @@ LAYER_WEIGHTS: dict[str, tuple[str, int, int]] = {
 TOP_WEIGHTS = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
 IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.attn\.masked_bias|\.attn\.bias)$")
 LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
+LAYER_REQUIRED = ("attn_norm", "qkv", "o", "mlp_norm", "gate_up", "down")
+LAYER_OPTIONAL = ("qkv_bias", "o_bias", "q_norm", "k_norm")  # present per `LayerOptions`
 
 
 def load_model(config: ModelConfig, weights: Iterable[WeightTensor], dtype: mx.Dtype) -> DecoderLM:
     model = model_class(config.model_type)(config)
     shapes = _expected_shapes(config)
-    pending: dict[tuple[int, str], dict[int, Weight]] = {}
+    pending: dict[tuple[int, str], dict[int, Weight | Embedding]] = {}
     for weight in weights:
         target = _target(model, weight.name)
         if target is None:
@@ -57,7 +68,7 @@ def load_model(config: ModelConfig, weights: Iterable[WeightTensor], dtype: mx.D
             raise ModelLoadError(
                 f"Weight {weight.name!r} has shape {tuple(weight.shape)}, expected {shapes[key]} from the config."
             )
-        value = to_weight(weight, dtype) if len(weight.shape) == 2 else to_dense(weight, dtype)
+        value = _convert(attr, weight, dtype)
         _evaluate(value)
         if parts == 1:
             setattr(owner, attr, value)
@@ -66,10 +77,7 @@ def load_model(config: ModelConfig, weights: Iterable[WeightTensor], dtype: mx.D
         got[part] = value
         if len(got) == parts:
             del pending[(id(owner), attr)]
-            ordered = [got[i] for i in range(parts)]
-            fused = concat_rows(ordered)
-            # Parts in different formats (e.g. a Q4_0 q with a Q8_0 v) stay separate matmuls.
-            setattr(owner, attr, fused if fused is not None else ordered)
+            setattr(owner, attr, _fuse([got[i] for i in range(parts)]))
             _evaluate(getattr(owner, attr))
     # NOTE: an untied checkpoint without lm_head keeps lm_head None and reuses the embedding, as
     # llama.cpp does; `DecoderLM.logits` falls back to it.
@@ -140,16 +148,32 @@ def _expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
 def _missing(model: DecoderLM) -> list[str]:
     names = [n for n in ("embed", "norm") if getattr(model, n) is None]
     for i, layer in enumerate(model.layers):
-        for attr in ("attn_norm", "qkv", "o", "mlp_norm", "gate_up", "down", *LAYER_OPTIONAL):
-            if (attr not in LAYER_OPTIONAL or _wanted(layer, attr)) and getattr(layer, attr) is None:
+        for attr in (*LAYER_REQUIRED, *LAYER_OPTIONAL):
+            if _wanted(layer, attr) and getattr(layer, attr) is None:
                 names.append(f"model.layers.{i}.{attr}")
     return names
 
 
-LAYER_OPTIONAL = ("qkv_bias", "o_bias", "q_norm", "k_norm")
+def _convert(attr: str, weight: WeightTensor, dtype: mx.Dtype) -> Weight | Embedding:
+    if attr == "embed":
+        return to_embedding(weight, dtype)
+    return to_weight(weight, dtype) if len(weight.shape) == 2 else to_dense(weight, dtype)
 
 
-def _evaluate(value: Weight | list[Weight]) -> None:
-    parts = value if isinstance(value, list) else [value]
-    arrays = [a for p in parts for a in ((p,) if isinstance(p, mx.array) else (p.packed, p.scales, p.biases))]
+def _fuse(parts: list[Weight | Embedding]) -> Weight | mx.array | list[Weight]:
+    if all(isinstance(p, mx.array) for p in parts):  # biases
+        return mx.concatenate(parts)  # type: ignore[arg-type]
+    matrices: list[Weight] = parts  # type: ignore[assignment]
+    # Parts in different formats (e.g. a Q4_0 q with a Q8_0 v) stay separate matmuls.
+    fused = concat_rows(matrices)
+    return fused if fused is not None else matrices
+
+
+def _evaluate(value: Weight | Embedding | list[Weight]) -> None:
+    arrays: list[mx.array] = []
+    for part in value if isinstance(value, list) else [value]:
+        if isinstance(part, QuantizedWeight):
+            arrays += [part.packed, part.scales, part.biases]
+        else:
+            arrays.append(part.wt if isinstance(part, DenseWeight) else part)
     mx.eval(*arrays)

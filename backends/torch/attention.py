@@ -36,7 +36,9 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # int64 [num_tokens]
     decode_token_idx: torch.Tensor | None  # int64 [D]; None when every token is a decode row
     decode_block_tables: torch.Tensor | None  # int64 [D, max_blocks]
-    decode_mask: torch.Tensor | None  # [D, 1, 1, max_blocks * block_size] additive (0 / -inf)
+    decode_mask: torch.Tensor | None  # [D, 1, 1, max_blocks * block_size] additive (0 / -inf); None if D == 1
+    decode_len: int  # D == 1: the row's context length (no padding to mask, just a slice)
+    decode_span: int | None  # D == 1 with consecutive block ids: first slot of a gather-free slice
     prefills: list[PrefillRow]
 
     @classmethod
@@ -47,17 +49,23 @@ class AttentionMetadata:
         seq_lens = batch.seq_lens
         slot_mapping = torch.from_numpy(np.ascontiguousarray(batch.slot_mapping, dtype=np.int64)).to(device)
         decode_rows = np.flatnonzero(q_lens == 1)
-        decode_idx = bt = mask = None
+        decode_idx = bt = mask = span = None
+        decode_len = 0
         if decode_rows.size:
             num_blocks = -(-int(seq_lens[decode_rows].max()) // bs)
             tables = np.ascontiguousarray(batch.block_tables[decode_rows, :num_blocks], dtype=np.int64)
             bt = torch.from_numpy(tables).to(device)
-            span = torch.arange(num_blocks * bs, device=device)
-            lens = torch.from_numpy(seq_lens[decode_rows].astype(np.int64)).to(device)
-            allowed = span[None, :] < lens[:, None]  # [D, S]
-            mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-            mask.masked_fill_(~allowed, float("-inf"))
-            mask = mask[:, None, None, :]
+            if decode_rows.size == 1:
+                # Single stream: slice to the exact length (no mask); read in place if blocks are consecutive.
+                decode_len = int(seq_lens[decode_rows[0]])
+                if (np.diff(tables[0]) == 1).all():
+                    span = int(tables[0, 0]) * bs
+            else:
+                positions = torch.arange(num_blocks * bs, device=device)
+                lens = torch.from_numpy(seq_lens[decode_rows].astype(np.int64)).to(device)
+                allowed = positions[None, :] < lens[:, None]  # [D, S]
+                mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+                mask = mask.masked_fill_(~allowed, float("-inf"))[:, None, None, :]
             if decode_rows.size != batch.num_tokens:
                 decode_idx = torch.from_numpy(qsl[decode_rows].astype(np.int64)).to(device)
         prefills = []
@@ -72,7 +80,7 @@ class AttentionMetadata:
             q_pos = torch.from_numpy(batch.positions[start:end].astype(np.int64)).to(device)
             row_mask = torch.arange(seq_len, device=device)[None, :] <= q_pos[:, None]
             prefills.append(PrefillRow(start, end, ids, seq_len, row_mask))
-        return cls(slot_mapping, decode_idx, bt, mask, prefills)
+        return cls(slot_mapping, decode_idx, bt, mask, decode_len, span, prefills)
 
 
 def write_kv(
@@ -104,16 +112,27 @@ def paged_attention(
     return out
 
 
-def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+def _decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+) -> torch.Tensor:
     """One query per row, all rows at once: gather each row's blocks, mask the padding."""
     rows, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     tables = meta.decode_block_tables
-    assert tables is not None and meta.decode_mask is not None
-    # index_select copies whole blocks (much faster than advanced indexing): [D, kv_heads, S, d]
-    flat = tables.flatten()
-    keys = k_cache.index_select(0, flat).view(rows, -1, kv_heads, head_dim).transpose(1, 2)
-    values = v_cache.index_select(0, flat).view(rows, -1, kv_heads, head_dim).transpose(1, 2)
+    assert tables is not None
+    if meta.decode_span is not None:
+        start, end = meta.decode_span, meta.decode_span + meta.decode_len
+        keys = k_cache.view(-1, kv_heads, head_dim)[start:end]  # [S, kv_heads, d], no copy
+        values = v_cache.view(-1, kv_heads, head_dim)[start:end]
+    else:
+        # index_select copies whole blocks (much faster than advanced indexing): [D, S, kv_heads, d]
+        flat = tables.flatten()
+        keys = k_cache.index_select(0, flat).view(rows, -1, kv_heads, head_dim)
+        values = v_cache.index_select(0, flat).view(rows, -1, kv_heads, head_dim)
+        if meta.decode_mask is None:  # one row: drop the block padding instead of masking it
+            keys, values = keys[:, : meta.decode_len], values[:, : meta.decode_len]
+    keys = keys.view(rows, -1, kv_heads, head_dim).transpose(1, 2)  # [D, kv_heads, S, d]
+    values = values.view(rows, -1, kv_heads, head_dim).transpose(1, 2)
     # Group query heads by the KV head they share: [D, kv_heads, group, d]; no K/V repeat needed.
     grouped = q.view(rows, kv_heads, heads // kv_heads, head_dim)
     out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=meta.decode_mask)
@@ -138,11 +157,12 @@ def _prefill(
     if group > 1:
         keys = keys.repeat_interleave(group, dim=1)  # [S, heads, d]: head i reads KV head i // group
         values = values.repeat_interleave(group, dim=1)
+    # 4-D inputs: with 3-D ones SDPA on CPU falls back to its unfused math kernel (2-3x slower).
     out = F.scaled_dot_product_attention(
-        q[row.start : row.end].transpose(0, 1),
-        keys.transpose(0, 1),
-        values.transpose(0, 1),
+        q[None, row.start : row.end].transpose(1, 2),
+        keys[None].transpose(1, 2),
+        values[None].transpose(1, 2),
         attn_mask=row.mask,
         is_causal=row.mask is None,
-    )  # [heads, L, d]
-    return out.transpose(0, 1)
+    )  # [1, heads, L, d]
+    return out[0].transpose(0, 1)

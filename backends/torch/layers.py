@@ -53,7 +53,8 @@ def rope_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
     if kind == "yarn":
         return _yarn(inv_freq, dim, base, factor, original, scaling)
     raise ModelLoadError(
-        f"RoPE scaling type {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}.", code="unsupported_rope"
+        f"RoPE scaling type {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}.",
+        code="unsupported_rope",
     )
 
 

@@ -1,7 +1,8 @@
 """The PyTorch `ModelRunner`: weights, paged KV cache, forward pass and sampling on one device.
 
 KV cache: one K and one V tensor per layer, `[num_blocks, block_size, num_kv_heads, head_dim]` in the
-compute dtype, zero-filled (unwritten slots are masked out, and zeros keep `0 * value` finite). Slot
+compute dtype, zero-filled (unwritten slots are masked out, and zeros keep `0 * value` finite; on CPU
+the zero pages are committed lazily, as blocks are first written). Slot
 `s = block_id * block_size + offset` is row `s` of the flattened view; block 0 is the engine's null block.
 
 Device `auto`: cuda > mps > cpu. Dtype `auto`:
@@ -13,16 +14,21 @@ Device `auto`: cuda > mps > cpu. Dtype `auto`:
 | cpu with native bf16 (AVX512-BF16 / AMX) | bfloat16 | half the bytes of fp32 and decode is memory-bound |
 | other cpu | float32 | bf16 matmuls are emulated there |
 
-Measured on the 2-core Zen 5 dev box (SmolLM2-135M, 30 layers): a decode token reads every weight,
-and fp32 GEMV only reaches ~11 GB/s, while torch's own bf16 GEMV reaches ~28 GB/s. That kernel is
-only used with oneDNN off, and oneDNN wins as soon as a step has 2+ tokens, so single-token steps
-switch oneDNN off for their matmuls (`_matmul_backend`).
+Why bf16 on such CPUs, measured on the 2-core Zen 5 dev box (SmolLM2-135M, one thread, same load):
+fp32 prefill 211 / decode 10.8 / 16-stream 80 tok/s; bf16 364 / 23.0 / 137 tok/s. Decode reads every
+weight once per token and is bandwidth-bound. bf16's greedy choice matched fp32's on 383 of 392
+teacher-forced tokens (the 8 benchmark chat prompts).
+For one-row matmuls, torch's own bf16 GEMV streams weights at ~28 GB/s where oneDNN gets ~12; it is
+only reachable with oneDNN off, and oneDNN wins from two rows up, so single-row matmuls switch oneDNN
+off (`_matmul_backend`). torch.compile is not used: compiling the 30-layer decode graph took minutes
+on this box and a per-layer compile gave no measurable gain over this eager path.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
+import math
+import mmap
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -31,62 +37,18 @@ import torch
 
 from backends import RunnerOptions
 from backends.torch.attention import AttentionMetadata
+from backends.torch.device import mem_available, pick_device, pick_dtype
 from backends.torch.sampler import RequestSampling, Sampler
 from backends.torch.weights import load_model
 from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput
-from localchat.errors import BackendUnavailableError
 from localchat.weights.bundle import ModelBundle
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-CPU_KV_FRACTION = 0.25  # of MemAvailable: the KV pool is zero-filled, so it is resident at once
+CPU_KV_FRACTION = 0.25  # of MemAvailable; pages become resident only as the pool fills
 GPU_KV_FRACTION = 0.90  # of free device memory after the warm-up forward
 
 
 def create_runner(model: ModelBundle, options: RunnerOptions) -> TorchRunner:
     return TorchRunner(model, options)
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise BackendUnavailableError(f"Unknown torch device {name!r}; use auto, cpu, cuda, cuda:N or mps.") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise BackendUnavailableError("CUDA was requested but this torch build sees no CUDA device.")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise BackendUnavailableError("MPS was requested but is not available on this machine.")
-    return device
-
-
-def cpu_has_native_bf16() -> bool:
-    """AVX512-BF16 or AMX-BF16 (read from /proc/cpuinfo; other OSes: assume not)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return "avx512_bf16" in flags or "amx_bf16" in flags
-    except OSError:
-        pass
-    return False
-
-
-def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name != "auto":
-        if name not in DTYPES:
-            raise BackendUnavailableError(f"Unknown dtype {name!r}; use auto, {', '.join(DTYPES)}.")
-        return DTYPES[name]
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if device.type == "mps":
-        return torch.float16
-    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
 
 @dataclass(slots=True)
@@ -133,20 +95,23 @@ class TorchRunner:
         if self.device.type == "mps":
             free = torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory()
             return max(0, int(free * 0.5))
-        available = _mem_available()
+        available = mem_available()
         return None if available is None else int(available * CPU_KV_FRACTION)
 
     def initialize_kv_cache(self, num_blocks: int, block_size: int) -> None:
         c = self.config
         shape = (num_blocks, block_size, c.num_key_value_heads, c.head_dim)
-        self.kv_caches = [
-            (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-            )
-            for _ in range(c.num_hidden_layers)
-        ]
+        self.kv_caches = [(self._zeros(shape), self._zeros(shape)) for _ in range(c.num_hidden_layers)]
         self.block_size = block_size
+
+    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        if self.device.type != "cpu":
+            return torch.zeros(shape, dtype=self.dtype, device=self.device)
+        # An anonymous mapping is zero pages that become resident only when written, so a large pool
+        # costs RAM as it fills; torch.zeros would commit all of it up front. (Not numpy: it asks for
+        # huge pages, and each block touched then commits 2 MiB.)
+        buffer = mmap.mmap(-1, math.prod(shape) * self.dtype.itemsize)
+        return torch.frombuffer(buffer, dtype=self.dtype).view(shape)
 
     def execute_model(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> RunnerOutput:
         self._update_states(scheduler_output)
@@ -229,6 +194,7 @@ class TorchRunner:
         self._warmup(num_tokens=512)
         torch.cuda.synchronize(self.device)
         activations = torch.cuda.max_memory_allocated(self.device) - before
+        torch.cuda.empty_cache()  # cached blocks would otherwise count as used
         free, _ = torch.cuda.mem_get_info(self.device)
         return max(0, int(free * GPU_KV_FRACTION) - activations)
 
@@ -257,15 +223,3 @@ class TorchRunner:
                 self._logits(batch)
         finally:
             self.kv_caches, self.block_size = saved
-
-
-def _mem_available() -> int | None:
-    """Bytes of RAM the OS can hand out without swapping (Linux MemAvailable, else free pages)."""
-    with contextlib.suppress(OSError):
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    with contextlib.suppress(ValueError, OSError, AttributeError):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return None

@@ -27,7 +27,12 @@ class RequestSampling:
 
     @classmethod
     def create(
-        cls, params: SamplingParams, prompt: list[int], output: list[int], vocab_size: int, device: torch.device
+        cls,
+        params: SamplingParams,
+        prompt: list[int],
+        output: list[int],
+        vocab_size: int,
+        device: torch.device,
     ) -> RequestSampling:
         state = cls(params)
         if params.seed is not None:
@@ -68,10 +73,8 @@ class Sampler:
         if penalized:
             logits = _apply_penalties(logits.clone(), penalized, states)
         sampled = [i for i, p in enumerate(params) if not p.greedy]
-        if not sampled:  # fast path: all greedy
-            tokens = logits.argmax(dim=-1)
-        else:
-            tokens = self._sample(logits, sampled, states)
+        # All-greedy batches (the common case) stop at one argmax.
+        tokens = self._sample(logits, sampled, states) if sampled else logits.argmax(dim=-1)
         token_list = tokens.tolist()
         for i in penalized:
             states[i].record(token_list[i])
@@ -99,7 +102,8 @@ class Sampler:
         for j, i in enumerate(rows):
             if states[i].generator is not None:
                 noise[j].exponential_(generator=states[i].generator)
-        tokens[index] = (probs / noise).argmax(dim=-1)
+        # A zero draw would turn a masked token's 0 / 0 into NaN, which argmax picks.
+        tokens[index] = (probs / noise.clamp_(min=torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
         return tokens
 
 
@@ -144,7 +148,9 @@ def _top_p(logits: torch.Tensor, ps: list[float]) -> torch.Tensor:
     return logits.masked_fill(torch.zeros_like(drop).scatter_(1, order, drop), float("-inf"))
 
 
-def _logprobs(raw: torch.Tensor, tokens: list[int], params: list[SamplingParams]) -> list[TokenLogprobs | None]:
+def _logprobs(
+    raw: torch.Tensor, tokens: list[int], params: list[SamplingParams]
+) -> list[TokenLogprobs | None]:
     """Sampled token's logprob under the raw model distribution, plus the top-k alternatives."""
     rows = [i for i, p in enumerate(params) if p.logprobs is not None]
     index = torch.tensor(rows, device=raw.device)

@@ -38,7 +38,7 @@ LAYER_WEIGHTS: dict[str, tuple[str, int, int]] = {
     "mlp.down_proj.weight": ("down", 0, 1),
 }
 TOP_WEIGHTS = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
-IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.attn\.masked_bias|\.attn\.bias)$")
+IGNORED = re.compile(r"rotary_emb\.inv_freq$")  # buffers some old checkpoints saved
 LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
 

@@ -34,7 +34,8 @@ def require_api_key(connection: ASGIConnection[Any, Any, Any, Any], handler: Bas
     key = supplied_key(connection)
     if key is None:
         raise AuthenticationError(
-            "Missing API key. Send it as 'Authorization: Bearer <key>' or 'X-Api-Key: <key>'.", code="missing_api_key"
+            "Missing API key. Send it as 'Authorization: Bearer <key>' or 'X-Api-Key: <key>'.",
+            code="missing_api_key",
         )
     if not key_matches(key, expected):
         raise AuthenticationError("Incorrect API key provided.")

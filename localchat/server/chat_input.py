@@ -40,8 +40,11 @@ def _message(i: int, m: ChatMessage) -> dict[str, Any]:
         out["reasoning_content"] = m.reasoning_content if m.reasoning_content is not None else m.reasoning
     if m.tool_calls:
         out["tool_calls"] = [
-            {"id": c.id, "type": c.type or "function",
-             "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+            {
+                "id": c.id,
+                "type": c.type or "function",
+                "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)},
+            }
             for c in m.tool_calls
         ]
     return out
@@ -79,10 +82,13 @@ def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
     choice = req.tool_choice
     if isinstance(choice, str) and choice not in _TOOL_CHOICES:
         raise InvalidRequestError(
-            f"'tool_choice' must be one of {', '.join(_TOOL_CHOICES)} or a function object.", param="tool_choice"
+            f"'tool_choice' must be one of {', '.join(_TOOL_CHOICES)} or a function object.",
+            param="tool_choice",
         )
     if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
+        name = (
+            (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
+        )
         if choice.get("type") != "function" or name not in names:
             raise InvalidRequestError(
                 "'tool_choice' must name one of the request's tools: "
@@ -94,9 +100,18 @@ def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
     if not req.tools or choice == "none":
         return None
     return [
-        {"type": "function", "function": {k: v for k, v in (("name", t.function.name),
-                                                            ("description", t.function.description),
-                                                            ("parameters", t.function.parameters)) if v is not None}}
+        {
+            "type": "function",
+            "function": {
+                k: v
+                for k, v in (
+                    ("name", t.function.name),
+                    ("description", t.function.description),
+                    ("parameters", t.function.parameters),
+                )
+                if v is not None
+            },
+        }
         for t in req.tools
     ]
 
@@ -104,7 +119,9 @@ def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
 def _check_tool(i: int, tool: Tool) -> str:
     where = f"tools[{i}]"
     if tool.type != "function":
-        raise InvalidRequestError(f"{where}.type must be \"function\", got {tool.type!r}.", param=f"{where}.type")
+        raise InvalidRequestError(
+            f'{where}.type must be "function", got {tool.type!r}.', param=f"{where}.type"
+        )
     name = tool.function.name
     if not _FUNCTION_NAME.match(name):
         raise InvalidRequestError(
@@ -114,7 +131,7 @@ def _check_tool(i: int, tool: Tool) -> str:
     params = tool.function.parameters
     if params is not None and params.get("type", "object") != "object":
         raise InvalidRequestError(
-            f"{where}.function.parameters must be a JSON Schema of type \"object\".",
+            f'{where}.function.parameters must be a JSON Schema of type "object".',
             param=f"{where}.function.parameters",
         )
     if params is not None and not isinstance(params.get("properties", {}), dict):

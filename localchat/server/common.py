@@ -48,7 +48,9 @@ def finish_reason(reason: FinishReason | None, error: str | None) -> str:
     if reason == FinishReason.LENGTH:
         return "length"
     if reason == FinishReason.ABORT:
-        raise GenerationFailedError(error or "The request was stopped before it finished (server shutting down).")
+        raise GenerationFailedError(
+            error or "The request was stopped before it finished (server shutting down)."
+        )
     raise GenerationFailedError(error or "The request failed.")
 
 

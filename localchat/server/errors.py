@@ -48,13 +48,19 @@ def error_for(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
         return exc.status, error_body(exc.message, exc.type, exc.param, exc.code), headers
     if isinstance(exc, HTTPException):
         status = exc.status_code
-        type_, code = _HTTP_TYPES.get(status, ("server_error" if status >= 500 else "invalid_request_error", None))
+        type_, code = _HTTP_TYPES.get(
+            status, ("server_error" if status >= 500 else "invalid_request_error", None)
+        )
         message = exc.detail
         if isinstance(exc, ValidationException) and exc.extra:
             message = f"{exc.detail}: {exc.extra}"
         return status, error_body(message, type_, None, code), dict(exc.headers or {})
     log.exception("unhandled error", exc_info=exc)
-    return 500, error_body(f"Internal server error ({type(exc).__name__}).", "server_error", None, "internal_error"), {}
+    return (
+        500,
+        error_body(f"Internal server error ({type(exc).__name__}).", "server_error", None, "internal_error"),
+        {},
+    )
 
 
 def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
@@ -65,7 +71,9 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
         body["error"]["message"] = f"Method {request.method} is not allowed on {request.url.path}."
     elif isinstance(exc, HTTPException) and status == 413:
         limit = request.app.state.ctx.settings.max_body_mib
-        body["error"]["message"] = f"The request body is larger than the {limit:g} MiB limit (--max-body-mib)."
+        body["error"]["message"] = (
+            f"The request body is larger than the {limit:g} MiB limit (--max-body-mib)."
+        )
     return Response(body, status_code=status, headers=headers, media_type="application/json")
 
 

@@ -6,7 +6,7 @@ and reads their outputs as one stream.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +22,15 @@ if TYPE_CHECKING:
 
 MAX_N = 16
 _MODEL_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-_REQUEST_KEYS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
-                 "repetition_penalty")
+_REQUEST_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+)
 
 
 def normalize_stop(stop: str | list[str] | dict[str, Any] | None) -> list[str]:
@@ -37,7 +44,7 @@ def normalize_stop(stop: str | list[str] | dict[str, Any] | None) -> list[str]:
         if set(stop) == {"Multiple"} and isinstance(stop["Multiple"], list):
             return list(stop["Multiple"])
         raise InvalidRequestError(
-            "'stop' must be a string, a list of strings, or {\"Single\": \"...\"}.", param="stop"
+            '\'stop\' must be a string, a list of strings, or {"Single": "..."}.', param="stop"
         )
     return stop
 
@@ -126,7 +133,9 @@ class Generation:
     (choice index, output) batches. Closing it early aborts what is still running, which frees the
     requests' KV blocks at the engine's next step."""
 
-    def __init__(self, engine: AsyncEngine, call_id: str, jobs: list[tuple[list[int], SamplingParams]]) -> None:
+    def __init__(
+        self, engine: AsyncEngine, call_id: str, jobs: list[tuple[list[int], SamplingParams]]
+    ) -> None:
         self._engine = engine
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
@@ -141,7 +150,7 @@ class Generation:
             self.close()
             raise
 
-    def _sink(self, index: int):  # noqa: ANN202 (a closure the engine thread calls)
+    def _sink(self, index: int) -> Callable[[RequestOutput], None]:
         put = self._queue.put_nowait
         call = self._loop.call_soon_threadsafe
         return lambda output: call(put, (index, output))
@@ -150,7 +159,9 @@ class Generation:
     def finished(self) -> bool:
         return not self._open
 
-    async def batches(self, keepalive_s: float | None = None) -> AsyncIterator[list[tuple[int, RequestOutput]]]:
+    async def batches(
+        self, keepalive_s: float | None = None
+    ) -> AsyncIterator[list[tuple[int, RequestOutput]]]:
         """Yield every output ready now, together; an empty list when `keepalive_s` passed in silence."""
         while self._open:
             try:

@@ -14,7 +14,11 @@ _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 def _byte_level_decoder() -> dict[str, int]:
     """GPT-2 byte-level BPE writes each byte as one printable character; this maps them back."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     mapping = {chr(b): b for b in printable}
     extra = 0
     for b in range(256):

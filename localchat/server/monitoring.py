@@ -12,22 +12,58 @@ _METRICS = (
     # (name, kind, help, value from (stats, ctx))
     ("localchat_requests_running", "gauge", "Requests being decoded.", lambda s, c: s.num_running),
     ("localchat_requests_waiting", "gauge", "Requests waiting for a slot.", lambda s, c: s.num_waiting),
-    ("localchat_requests_in_flight", "gauge", "Requests accepted and not finished.", lambda s, c: c.engine.num_in_flight),
+    (
+        "localchat_requests_in_flight",
+        "gauge",
+        "Requests accepted and not finished.",
+        lambda s, c: c.engine.num_in_flight,
+    ),
     ("localchat_kv_blocks_used", "gauge", "KV cache blocks held by requests.", lambda s, c: s.kv_blocks_used),
     ("localchat_kv_blocks_total", "gauge", "KV cache blocks in the pool.", lambda s, c: s.kv_blocks_total),
     ("localchat_kv_block_size", "gauge", "Tokens per KV cache block.", lambda s, c: s.block_size),
-    ("localchat_kv_cache_usage_ratio", "gauge", "Fraction of KV blocks in use.",
-     lambda s, c: s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0),
-    ("localchat_prefix_cache_hit_rate", "gauge", "Fraction of prompt tokens found in the prefix cache.",
-     lambda s, c: s.prefix_hit_rate),
-    ("localchat_generation_tokens_per_second", "gauge", "Generated tokens per second, recent window.",
-     lambda s, c: s.generation_tokens_per_s),
+    (
+        "localchat_kv_cache_usage_ratio",
+        "gauge",
+        "Fraction of KV blocks in use.",
+        lambda s, c: s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0,
+    ),
+    (
+        "localchat_prefix_cache_hit_rate",
+        "gauge",
+        "Fraction of prompt tokens found in the prefix cache.",
+        lambda s, c: s.prefix_hit_rate,
+    ),
+    (
+        "localchat_generation_tokens_per_second",
+        "gauge",
+        "Generated tokens per second, recent window.",
+        lambda s, c: s.generation_tokens_per_s,
+    ),
     ("localchat_max_model_len", "gauge", "Context length in tokens.", lambda s, c: s.max_model_len),
-    ("localchat_prompt_tokens_total", "counter", "Prompt tokens received.", lambda s, c: s.prompt_tokens_total),
-    ("localchat_generation_tokens_total", "counter", "Tokens generated.", lambda s, c: s.generation_tokens_total),
-    ("localchat_requests_finished_total", "counter", "Requests finished.", lambda s, c: s.requests_finished_total),
-    ("localchat_preemptions_total", "counter", "Requests preempted for lack of KV blocks.",
-     lambda s, c: s.num_preemptions),
+    (
+        "localchat_prompt_tokens_total",
+        "counter",
+        "Prompt tokens received.",
+        lambda s, c: s.prompt_tokens_total,
+    ),
+    (
+        "localchat_generation_tokens_total",
+        "counter",
+        "Tokens generated.",
+        lambda s, c: s.generation_tokens_total,
+    ),
+    (
+        "localchat_requests_finished_total",
+        "counter",
+        "Requests finished.",
+        lambda s, c: s.requests_finished_total,
+    ),
+    (
+        "localchat_preemptions_total",
+        "counter",
+        "Requests preempted for lack of KV blocks.",
+        lambda s, c: s.num_preemptions,
+    ),
 )
 
 
@@ -48,5 +84,9 @@ async def metrics(request: Request[Any, Any, Any]) -> str:
     stats = ctx.engine.stats()
     lines = []
     for name, kind, help_text, value in _METRICS:
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {float(value(stats, ctx)):g}"]
+        lines += [
+            f"# HELP {name} {help_text}",
+            f"# TYPE {name} {kind}",
+            f"{name} {float(value(stats, ctx)):g}",
+        ]
     return "\n".join(lines) + "\n"

@@ -55,8 +55,13 @@ class ChatCall:
     include_usage: bool
 
     def header(self, obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.ctx.model_id,
-                "system_fingerprint": None}
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.ctx.model_id,
+            "system_fingerprint": None,
+        }
 
 
 @post(["/v1/chat/completions", "/chat/completions"], name="openai:chat", status_code=200)
@@ -95,8 +100,11 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if reasoning:
             message["reasoning_content"] = message["reasoning"] = reasoning
-        lp = {"content": chat_logprobs(ctx.token_texts, r.logprobs, logprobs_k), "refusal": None} \
-            if logprobs_k is not None else None
+        lp = (
+            {"content": chat_logprobs(ctx.token_texts, r.logprobs, logprobs_k), "refusal": None}
+            if logprobs_k is not None
+            else None
+        )
         choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": reason})
     body = call.header("chat.completion") | {"choices": choices, "usage": usage_of(results, n)}
     return Response(body, media_type="application/json")
@@ -133,8 +141,10 @@ async def _stream(call: ChatCall, gen: Generation) -> AsyncIterator[bytes]:
                     delta["content"] = content
                 logprobs = None
                 if call.logprobs_k is not None and out.logprobs:
-                    logprobs = {"content": chat_logprobs(call.ctx.token_texts, out.logprobs, call.logprobs_k),
-                                "refusal": None}
+                    logprobs = {
+                        "content": chat_logprobs(call.ctx.token_texts, out.logprobs, call.logprobs_k),
+                        "refusal": None,
+                    }
                     delta.setdefault("content", "")
                 if delta:
                     parts.append(chunk(index, delta, None, logprobs))

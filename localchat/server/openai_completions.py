@@ -53,7 +53,11 @@ def _prompts(ctx: ServerContext, prompt: str | list[Any]) -> list[tuple[str, lis
     for item in items:
         if isinstance(item, str):
             out.append((item, tok.encode(item)))
-        elif isinstance(item, list) and item and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
+        elif (
+            isinstance(item, list)
+            and item
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in item)
+        ):
             if any(t < 0 or (vocab is not None and t >= vocab) for t in item):
                 raise InvalidRequestError("'prompt' holds token ids outside the vocabulary.", param="prompt")
             out.append((tok.decode(item, skip_special_tokens=False), list(item)))
@@ -72,10 +76,13 @@ def _check_unsupported(req: CompletionRequest, n: int) -> int | None:
         raise InvalidRequestError("'best_of' other than n is not supported.", param="best_of")
     if req.logprobs is not None and not 0 <= req.logprobs <= MAX_COMPLETION_LOGPROBS:
         raise InvalidRequestError(
-            f"'logprobs' must be between 0 and {MAX_COMPLETION_LOGPROBS}, got {req.logprobs}.", param="logprobs"
+            f"'logprobs' must be between 0 and {MAX_COMPLETION_LOGPROBS}, got {req.logprobs}.",
+            param="logprobs",
         )
     if req.echo and req.logprobs is not None:
-        raise InvalidRequestError("'echo' together with 'logprobs' (prompt logprobs) is not supported.", param="echo")
+        raise InvalidRequestError(
+            "'echo' together with 'logprobs' (prompt logprobs) is not supported.", param="echo"
+        )
     return req.logprobs
 
 
@@ -94,8 +101,13 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream
     params = build_params(ctx, req, max_tokens=max_tokens, logprobs=logprobs_k, n=len(prompts) * n)
     jobs = [(ids, params[p * n + i]) for p, (_, ids) in enumerate(prompts) for i in range(n)]
     call_id, created = new_call("cmpl")
-    head = {"id": call_id, "object": "text_completion", "created": created, "model": ctx.model_id,
-            "system_fingerprint": None}
+    head = {
+        "id": call_id,
+        "object": "text_completion",
+        "created": created,
+        "model": ctx.model_id,
+        "system_fingerprint": None,
+    }
     echoes = [text if req.echo else "" for text, _ in prompts for _ in range(n)]
     gen = Generation(ctx.engine, call_id, jobs)
     if req.stream:
@@ -108,15 +120,23 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream
     choices = []
     for i, r in enumerate(results):
         reason = finish_reason(r.finish_reason, r.error)
-        lp = completion_logprobs(ctx.token_texts, r.logprobs, logprobs_k, len(echoes[i])) \
-            if logprobs_k is not None else None
+        lp = (
+            completion_logprobs(ctx.token_texts, r.logprobs, logprobs_k, len(echoes[i]))
+            if logprobs_k is not None
+            else None
+        )
         choices.append({"index": i, "text": echoes[i] + r.text, "logprobs": lp, "finish_reason": reason})
     return Response(head | {"choices": choices, "usage": usage_of(results, n)}, media_type="application/json")
 
 
 async def _stream(
-    ctx: ServerContext, gen: Generation, head: dict[str, Any], echoes: list[str], logprobs_k: int | None,
-    n: int, include_usage: bool,
+    ctx: ServerContext,
+    gen: Generation,
+    head: dict[str, Any],
+    echoes: list[str],
+    logprobs_k: int | None,
+    n: int,
+    include_usage: bool,
 ) -> AsyncIterator[bytes]:
     tail = {"usage": None} if include_usage else {}
     offsets = [len(e) for e in echoes]
@@ -124,8 +144,11 @@ async def _stream(
     completion = [0] * len(echoes)
 
     def chunk(index: int, text: str, reason: str | None, logprobs: Any = None) -> bytes:
-        return event(head | {"choices": [{"index": index, "text": text, "logprobs": logprobs,
-                                          "finish_reason": reason}]} | tail)
+        return event(
+            head
+            | {"choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}]}
+            | tail
+        )
 
     try:
         if any(echoes):
@@ -150,8 +173,11 @@ async def _stream(
                     prompt_tokens[index // n] = (out.num_prompt_tokens, out.num_cached_tokens)
             yield b"".join(parts)
         if include_usage:
-            total = usage(sum(p for p, _ in prompt_tokens.values()), sum(completion),
-                          sum(c for _, c in prompt_tokens.values()))
+            total = usage(
+                sum(p for p, _ in prompt_tokens.values()),
+                sum(completion),
+                sum(c for _, c in prompt_tokens.values()),
+            )
             yield event(head | {"choices": [], "usage": total})
     finally:
         gen.close()

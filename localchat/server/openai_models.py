@@ -11,8 +11,13 @@ from localchat.server.context import ServerContext
 
 
 def _card(ctx: ServerContext) -> dict[str, Any]:
-    return {"id": ctx.model_id, "object": "model", "created": ctx.created, "owned_by": "localchat",
-            "max_model_len": ctx.engine.max_model_len}
+    return {
+        "id": ctx.model_id,
+        "object": "model",
+        "created": ctx.created,
+        "owned_by": "localchat",
+        "max_model_len": ctx.engine.max_model_len,
+    }
 
 
 @get(["/v1/models", "/models"], name="openai:models")

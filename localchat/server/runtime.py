@@ -25,7 +25,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("localchat")
 
 
-def load_bundle(settings: Settings, progress: Callable[[str], None] | None = None) -> tuple[ModelBundle, str, list[str]]:
+def load_bundle(
+    settings: Settings, progress: Callable[[str], None] | None = None
+) -> tuple[ModelBundle, str, list[str]]:
     """(model, id shown to clients, other accepted names). The fake backend needs no weights."""
     if settings.backend == "fake":
         from backends.fake import fake_model_bundle
@@ -36,7 +38,11 @@ def load_bundle(settings: Settings, progress: Callable[[str], None] | None = Non
     from localchat.weights.loader import load_model
 
     resolved = resolve_model(
-        weights=settings.weights, file=settings.file, model=settings.model, data_dir=data_dir(), progress=progress
+        weights=settings.weights,
+        file=settings.file,
+        model=settings.model,
+        data_dir=data_dir(),
+        progress=progress,
     )
     bundle = load_model(resolved.path)
     aliases = [a for a in (*resolved.aliases, bundle.name, str(resolved.path)) if a != resolved.model_id]
@@ -50,11 +56,17 @@ def build_context(settings: Settings, progress: Callable[[str], None] | None = N
     started = time.perf_counter()
     bundle, model_id, aliases = load_bundle(settings, progress)
     loaded = time.perf_counter()
-    options = RunnerOptions(device=settings.device, dtype=settings.dtype, seed=settings.seed,
-                            num_threads=settings.threads)
+    options = RunnerOptions(
+        device=settings.device, dtype=settings.dtype, seed=settings.seed, num_threads=settings.threads
+    )
     runner = create_runner(settings.backend, bundle, options)
-    log.info("model %s read in %.1fs, runner ready on %s in %.1fs", model_id, loaded - started,
-             runner.device_name, time.perf_counter() - loaded)
+    log.info(
+        "model %s read in %.1fs, runner ready on %s in %.1fs",
+        model_id,
+        loaded - started,
+        runner.device_name,
+        time.perf_counter() - loaded,
+    )
     tokenizer = bundle.tokenizer
     engine = LLMEngine(
         runner,
@@ -63,7 +75,9 @@ def build_context(settings: Settings, progress: Callable[[str], None] | None = N
         eos_token_ids=bundle.config.eos_token_ids or list(tokenizer.eos_token_ids),
         model_max_len=bundle.config.max_position_embeddings,
     )
-    template = ChatTemplate(bundle.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+    template = ChatTemplate(
+        bundle.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token
+    )
     return ServerContext(settings, AsyncEngine(engine), bundle, model_id, template, model_aliases=aliases)
 
 

@@ -117,7 +117,9 @@ def decode_request(body: bytes, schema: type[T]) -> T:
         if missing := _MISSING.search(reason):
             param = f"{param}.{missing.group(1)}" if param else missing.group(1)
         where = f" in '{param}'" if param else ""
-        raise InvalidRequestError(f"Invalid request{where}: {reason}.", param=param, code="invalid_type") from None
+        raise InvalidRequestError(
+            f"Invalid request{where}: {reason}.", param=param, code="invalid_type"
+        ) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequestError(
             f"We could not parse the JSON body of your request ({exc}). Send valid JSON with Content-Type: "

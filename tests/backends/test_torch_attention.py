@@ -23,11 +23,15 @@ def dense_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: in
     return torch.einsum("hls,shd->lhd", scores.softmax(-1), v)
 
 
-def run_case(rows: list[tuple[int, int]], heads: int, kv_heads: int, seed: int = 0) -> None:
+def run_case(
+    rows: list[tuple[int, int]], heads: int, kv_heads: int, seed: int = 0, shuffle: bool = True
+) -> AttentionMetadata:
     """rows: (num_cached, num_new) per request. Cached K/V are written first, as an earlier step would."""
     gen = torch.Generator().manual_seed(seed)
     num_blocks = 1 + sum(-(-(c + n) // BLOCK) for c, n in rows)
-    ids = np.random.default_rng(seed).permutation(np.arange(1, num_blocks))  # shuffled block ids
+    ids = np.arange(1, num_blocks)
+    if shuffle:
+        ids = np.random.default_rng(seed).permutation(ids)
     k_cache = torch.zeros(num_blocks, BLOCK, kv_heads, HEAD_DIM)
     v_cache = torch.zeros_like(k_cache)
     tables, full_k, full_v, new_q = [], [], [], []
@@ -52,6 +56,7 @@ def run_case(rows: list[tuple[int, int]], heads: int, kv_heads: int, seed: int =
         [dense_reference(q, k, v, c) for q, k, v, (c, _) in zip(new_q, full_k, full_v, rows, strict=True)]
     )
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    return meta
 
 
 def _slot(table: list[int], pos: int) -> int:
@@ -94,9 +99,20 @@ def test_paged_matches_dense(rows: list[tuple[int, int]], heads: int, kv_heads: 
     run_case(rows, heads, kv_heads)
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("cached", [0, 3, 8, 13])
+def test_single_stream_decode(cached: int, shuffle: bool) -> None:
+    """One decode row: sliced to its length; read in place when its blocks are consecutive."""
+    meta = run_case([(cached, 1)], 4, 2, seed=cached, shuffle=shuffle)
+    assert meta.decode_mask is None and meta.decode_len == cached + 1
+    assert (meta.decode_span is not None) == (not shuffle or cached < BLOCK)
+
+
 def test_decode_only_batch_is_one_batched_call() -> None:
     rows = [(5, 1), (17, 1), (0, 1)]
-    meta = AttentionMetadata.from_batch(_batch(rows, [[1, 2], [3, 4, 5, 6, 7], [8]]), torch.device("cpu"), torch.float32)
+    meta = AttentionMetadata.from_batch(
+        _batch(rows, [[1, 2], [3, 4, 5, 6, 7], [8]]), torch.device("cpu"), torch.float32
+    )
     assert not meta.prefills and meta.decode_token_idx is None
     assert meta.decode_block_tables is not None and meta.decode_block_tables.shape == (3, 5)
     assert meta.decode_mask is not None and meta.decode_mask.shape == (3, 1, 1, 20)

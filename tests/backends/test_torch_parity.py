@@ -76,11 +76,11 @@ def test_batch_of_different_lengths(pair: tuple[torch.nn.Module, TorchRunner]) -
 def test_prefill_over_cached_prefix(pair: tuple[torch.nn.Module, TorchRunner]) -> None:
     hf, runner = pair
     driver = PagedDriver(runner, block_size=4)
-    first = PROMPT + [11, 12, 13, 14, 15]  # 16 tokens: four full blocks
+    first = [*PROMPT, 11, 12, 13, 14, 15]  # 16 tokens: four full blocks
     driver.add("a", first)
     driver.step()
     # b reuses a's first 12 tokens from the cache (3 blocks) and computes only its own suffix.
-    second = first[:12] + [200, 201, 202]
+    second = [*first[:12], 200, 201, 202]
     driver.add("b", second, share_prefix_with="a", num_cached=12)
     _, logits = driver.step_logits({"b": 3}, every_token=True)
     assert_close(logits, hf_logits(hf, second)[12:])
@@ -168,7 +168,7 @@ def test_gguf_matches_transformers_on_dequantized_weights(tmp_path: Path, qtype:
     weights = list(bundle.iter_weights())
     assert any(w.dtype == qtype for w in weights)
     # The reference: transformers on exactly the weights we run (dequantized, q/k un-permuted).
-    state = {w.name: torch.from_numpy(w.dequantize()) for w in weights}
+    state = {w.name: torch.tensor(w.dequantize()) for w in weights}
     missing, unexpected = hf.load_state_dict(state, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}
     runner = fp32_runner(bundle)
@@ -200,7 +200,7 @@ def test_unknown_architecture_lists_supported() -> None:
     hf = tiny_hf_model("llama")
     bundle = bundle_from_hf(hf)
     bundle.config = ModelConfig.from_hf_dict({**hf.config.to_dict(), "model_type": "gpt_neox"})
-    with pytest.raises(UnsupportedArchitectureError, match="gpt_neox.*llama, mistral, qwen2, qwen3"):
+    with pytest.raises(UnsupportedArchitectureError, match=r"gpt_neox.*llama, mistral, qwen2, qwen3"):
         fp32_runner(bundle)
 
 

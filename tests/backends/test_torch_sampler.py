@@ -11,7 +11,9 @@ CPU = torch.device("cpu")
 VOCAB = 32
 
 
-def state(prompt: list[int] | None = None, output: list[int] | None = None, **params: object) -> RequestSampling:
+def state(
+    prompt: list[int] | None = None, output: list[int] | None = None, **params: object
+) -> RequestSampling:
     return RequestSampling.create(SamplingParams(**params), prompt or [], output or [], VOCAB, CPU)  # type: ignore[arg-type]
 
 
@@ -76,7 +78,9 @@ def test_temperature_sharpens() -> None:
 
 def test_penalties_match_hand_computation() -> None:
     logits = torch.tensor([[2.0, -1.0, 0.5, 3.0] + [0.0] * (VOCAB - 4)])
-    st = state(prompt=[0, 1], output=[2, 2, 3], repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    st = state(
+        prompt=[0, 1], output=[2, 2, 3], repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25
+    )
     out = _apply_penalties(logits.clone(), [0], [st])[0]
     # token 0 (prompt, positive): 2/2; token 1 (prompt, negative): -1*2;
     # token 2 (output x2): 0.5/2 - 2*0.5 - 0.25; token 3 (output x1): 3/2 - 0.5 - 0.25; others untouched.

@@ -1,4 +1,4 @@
-"""Live `localchat serve` subprocesses: on the fake backend (always) and on the real SmolLM2 GGUF with
+"""Live `localchat serve` subprocesses (one per backend, shared by the e2e modules): on the fake backend (always) and on the real SmolLM2 GGUF with
 the torch backend (skipped, with the reason, until that backend can run here)."""
 
 from __future__ import annotations
@@ -19,24 +19,24 @@ def _skip_unless_real(backend: str) -> None:
         pytest.skip(f"real-model server not available yet: {why}")
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="package", params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     _skip_unless_real(request.param)
     return request.param
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def model_path(backend: str, request: pytest.FixtureRequest) -> Path | None:
     return request.getfixturevalue("smollm2_gguf") if backend == "real" else None
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def server(backend: str, model_path: Path | None) -> Iterator[LiveServer]:
     with live_server(server_args(backend, model_path)) as srv:
         yield srv
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def prompt_tokens(backend: str, model_path: Path | None) -> Callable[[list[dict[str, Any]]], int]:
     """Counts a conversation's prompt tokens the way the server must (template + tokenizer, in-process)."""
     from localchat.weights.chat_template import ChatTemplate

@@ -31,8 +31,11 @@ def test_bad_request(http, keyed_server, bad: Bad):
 
 
 def test_still_serving_after_all_that(http, keyed_server):
-    r = http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"},
-                  json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0})
+    r = http.post(
+        "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0},
+    )
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length")
     assert keyed_server.proc.poll() is None
     with keyed_server.client() as c:

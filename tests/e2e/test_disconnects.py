@@ -17,14 +17,22 @@ def _long_request(backend: str) -> dict:
         content = "<<slow:20>><<say:" + "a fairly long answer " * 40 + ">>"
         return {"messages": [{"role": "user", "content": content}]}
     # ignore_eos keeps the real model going until max_tokens, long after the client has left.
-    return {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 2000, "ignore_eos": True}
+    return {
+        "messages": [{"role": "user", "content": "Write a long story."}],
+        "max_tokens": 2000,
+        "ignore_eos": True,
+    }
 
 
 def _wait_for_idle(server, timeout: float = 30) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:
         m = server.metrics()
-        if (m["localchat_kv_blocks_used"], m["localchat_requests_running"], m["localchat_requests_in_flight"]) == (0, 0, 0):
+        if (
+            m["localchat_kv_blocks_used"],
+            m["localchat_requests_running"],
+            m["localchat_requests_in_flight"],
+        ) == (0, 0, 0):
             return m
         assert time.monotonic() < deadline, f"blocks still held after the clients left: {m}"
         time.sleep(0.1)
@@ -51,7 +59,9 @@ def test_twenty_streaming_clients_disconnect(server, backend):
     assert metrics["localchat_generation_tokens_total"] > 0
     assert server.healthy()
     with server.client() as c:
-        r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3})
+        r = c.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+        )
         assert r.status_code == 200
 
 

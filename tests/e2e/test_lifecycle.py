@@ -27,7 +27,10 @@ def test_signal_lets_in_flight_requests_finish_then_exits_0(sig):
         body = {"messages": [{"role": "user", "content": f"<<slow:60>><<say:{SLOW_REPLY}>>"}], "stream": True}
 
         def stream() -> None:
-            with httpx.Client(timeout=60) as c, c.stream("POST", server.api_url + "/chat/completions", json=body) as r:
+            with (
+                httpx.Client(timeout=60) as c,
+                c.stream("POST", server.api_url + "/chat/completions", json=body) as r,
+            ):
                 result["raw"] = r.read()
 
         reader = threading.Thread(target=stream)
@@ -57,19 +60,56 @@ def test_exposed_without_key_warns_loudly():
 
 
 def test_terminal_chat_one_shot_local_and_remote():
-    local = subprocess.run([sys.executable, "-m", "localchat", "chat", "--backend", "fake", "--mem", "1", "--log",
-                            "warning", "--message", "<<say:local **reply**>>"],
-                           cwd=REPO, capture_output=True, text=True, timeout=120)
+    local = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "localchat",
+            "chat",
+            "--backend",
+            "fake",
+            "--mem",
+            "1",
+            "--log",
+            "warning",
+            "--message",
+            "<<say:local **reply**>>",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert local.returncode == 0, local.stderr
     assert local.stdout == "local **reply**\n"
     with live_server(["--backend", "fake"], api_key="sekret") as server:
-        remote = subprocess.run([sys.executable, "-m", "localchat", "chat", "--url", server.api_url, "--api-key",
-                                 "sekret", "--message", "<<say:from afar>>"],
-                                cwd=REPO, capture_output=True, text=True, timeout=120)
+        remote = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "localchat",
+                "chat",
+                "--url",
+                server.api_url,
+                "--api-key",
+                "sekret",
+                "--message",
+                "<<say:from afar>>",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert remote.returncode == 0, remote.stderr
         assert remote.stdout == "from afar\n"
-        denied = subprocess.run([sys.executable, "-m", "localchat", "chat", "--url", server.api_url, "--message", "x"],
-                                cwd=REPO, capture_output=True, text=True, timeout=120)
+        denied = subprocess.run(
+            [sys.executable, "-m", "localchat", "chat", "--url", server.api_url, "--message", "x"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert denied.returncode == 1 and "401" in denied.stderr
 
 
@@ -77,8 +117,14 @@ def test_terminal_chat_repl_keeps_history():
     # Piped stdin (not a TTY): plain text, one reply per line read. The fake model obeys the *first*
     # <<say:>> in its prompt, so a second turn answered "first" proves the history was sent; /reset drops it.
     script = "<<say:first>>\n<<say:second>>\n/reset\n<<say:third>>\n/exit\n"
-    run = subprocess.run([sys.executable, "-m", "localchat", "chat", "--backend", "fake", "--mem", "1", "--log",
-                          "warning"], input=script, cwd=REPO, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "localchat", "chat", "--backend", "fake", "--mem", "1", "--log", "warning"],
+        input=script,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     replies = [re.sub(r"^(>>> )+", "", line) for line in run.stdout.splitlines() if line.strip(" >")]
     assert replies == ["first", "first", "third"]

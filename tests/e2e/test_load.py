@@ -13,8 +13,16 @@ from tests.helpers.live_server import live_server, server_args
 
 pytestmark = pytest.mark.slow
 
-QUESTIONS = ["What is a cat?", "Name a fruit.", "Why is the sky blue?", "What is 2+2?",
-             "Say hello in French.", "What is rain?", "Who wrote Hamlet?", "What is a river?"]
+QUESTIONS = [
+    "What is a cat?",
+    "Name a fruit.",
+    "Why is the sky blue?",
+    "What is 2+2?",
+    "Say hello in French.",
+    "What is rain?",
+    "Who wrote Hamlet?",
+    "What is a river?",
+]
 CONCURRENT = 64
 FITS = 4  # requests the KV budget should hold at once
 
@@ -56,7 +64,7 @@ def _requests(backend: str, capacity_tokens: int, prompt_tokens) -> list[dict]:
 
 def test_64_concurrent_streams_with_a_small_kv_budget(backend, model_path, prompt_tokens):
     # The fake model's KV blocks are tiny (1 MiB holds 8192 tokens): its requests are long instead.
-    mem, max_len = ("1", "4096") if backend == "fake" else ("12", "1024")
+    mem, max_len = ("1", "4096") if backend == "fake" else ("16", "1024")
     with live_server([*server_args(backend, model_path), "--mem", mem, "--max-model-len", max_len]) as server:
         m = server.metrics()
         capacity = int(m["localchat_kv_blocks_total"] * m["localchat_kv_block_size"])
@@ -67,14 +75,18 @@ def test_64_concurrent_streams_with_a_small_kv_budget(backend, model_path, promp
         async def run() -> tuple[list, list]:
             async with httpx.AsyncClient(base_url=server.base_url, timeout=600) as client:
                 alone = [await _stream(client, b) for b in bodies]
-                together = await asyncio.gather(*(_stream(client, bodies[i % len(bodies)]) for i in range(CONCURRENT)))
+                together = await asyncio.gather(
+                    *(_stream(client, bodies[i % len(bodies)]) for i in range(CONCURRENT))
+                )
                 return alone, list(together)
 
         alone, together = asyncio.run(run())
         assert all(text for text, _ in alone)
         differ = [i for i, result in enumerate(together) if result != alone[i % len(bodies)]]
-        assert not differ, f"{len(differ)} of {CONCURRENT} greedy outputs differ under load, e.g. " \
+        assert not differ, (
+            f"{len(differ)} of {CONCURRENT} greedy outputs differ under load, e.g. "
             f"{together[differ[0]]!r} != {alone[differ[0] % len(bodies)]!r}"
+        )
         after = server.metrics()
         assert after["localchat_kv_blocks_used"] == 0 and after["localchat_requests_in_flight"] == 0
         assert after["localchat_requests_finished_total"] >= CONCURRENT + len(bodies)

@@ -53,8 +53,9 @@ def test_chat_exact_usage(greedy, prompt_tokens):
 
 
 def test_streaming_equals_non_streaming(client, model_id, greedy):
-    stream = client.chat.completions.create(model=model_id, messages=QUESTION, stream=True,
-                                            stream_options={"include_usage": True}, **GREEDY)
+    stream = client.chat.completions.create(
+        model=model_id, messages=QUESTION, stream=True, stream_options={"include_usage": True}, **GREEDY
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -65,13 +66,18 @@ def test_streaming_equals_non_streaming(client, model_id, greedy):
 
 def test_async_client_concurrent(server, model_id, greedy):
     async def run() -> list[str]:
-        async with openai.AsyncOpenAI(base_url=server.api_url, api_key="x", max_retries=0, timeout=120) as aclient:
+        async with openai.AsyncOpenAI(
+            base_url=server.api_url, api_key="x", max_retries=0, timeout=120
+        ) as aclient:
+
             async def one() -> str:
                 r = await aclient.chat.completions.create(model=model_id, messages=QUESTION, **GREEDY)
                 return r.choices[0].message.content
 
             async def streamed() -> str:
-                s = await aclient.chat.completions.create(model=model_id, messages=QUESTION, stream=True, **GREEDY)
+                s = await aclient.chat.completions.create(
+                    model=model_id, messages=QUESTION, stream=True, **GREEDY
+                )
                 return "".join([c.choices[0].delta.content or "" async for c in s if c.choices])
 
             return await asyncio.gather(one(), one(), streamed(), streamed())
@@ -80,12 +86,16 @@ def test_async_client_concurrent(server, model_id, greedy):
 
 
 def test_completions(client, model_id):
-    r = client.completions.create(model=model_id, prompt="The sky is", max_tokens=6, temperature=0, logprobs=2)
+    r = client.completions.create(
+        model=model_id, prompt="The sky is", max_tokens=6, temperature=0, logprobs=2
+    )
     assert r.object == "text_completion" and r.id.startswith("cmpl-")
     choice = r.choices[0]
     assert choice.finish_reason in ("length", "stop")
     assert len(choice.logprobs.tokens) == r.usage.completion_tokens <= 6
-    streamed = client.completions.create(model=model_id, prompt="The sky is", max_tokens=6, temperature=0, stream=True)
+    streamed = client.completions.create(
+        model=model_id, prompt="The sky is", max_tokens=6, temperature=0, stream=True
+    )
     assert "".join(c.choices[0].text for c in streamed if c.choices) == choice.text
 
 
@@ -97,11 +107,16 @@ def test_seeded_sampling_is_reproducible_and_n2_uses_seed_plus_index(client, mod
     pair = client.chat.completions.create(seed=1234, n=2, **args)
     assert [c.index for c in pair.choices] == [0, 1]
     assert pair.choices[0].message.content == a
-    assert pair.choices[1].message.content == client.chat.completions.create(seed=1235, **args).choices[0].message.content
+    assert (
+        pair.choices[1].message.content
+        == client.chat.completions.create(seed=1235, **args).choices[0].message.content
+    )
 
 
 def test_logprobs_and_top_logprobs(client, model_id):
-    r = client.chat.completions.create(model=model_id, messages=QUESTION, logprobs=True, top_logprobs=3, **GREEDY)
+    r = client.chat.completions.create(
+        model=model_id, messages=QUESTION, logprobs=True, top_logprobs=3, **GREEDY
+    )
     for entry in r.choices[0].logprobs.content:
         assert 1 <= len(entry.top_logprobs) <= 3
         tops = [t.logprob for t in entry.top_logprobs]
@@ -118,23 +133,37 @@ def test_stop_string(client, model_id, greedy):
     r = client.chat.completions.create(model=model_id, messages=QUESTION, stop=[stop], **GREEDY)
     assert r.choices[0].message.content == text[: text.index(stop)]
     assert r.choices[0].finish_reason == "stop"
-    single = httpx.post(f"{client.base_url}chat/completions", json={
-        "model": model_id, "messages": QUESTION, "stop": {"Single": stop}, **GREEDY}, timeout=120).json()
+    single = httpx.post(
+        f"{client.base_url}chat/completions",
+        json={"model": model_id, "messages": QUESTION, "stop": {"Single": stop}, **GREEDY},
+        timeout=120,
+    ).json()
     assert single["choices"][0]["message"]["content"] == text[: text.index(stop)]
 
 
 def test_cached_tokens_on_a_repeated_prompt(client, model_id):
     messages = [{"role": "system", "content": "You answer briefly. " * 20}, *QUESTION]
     client.chat.completions.create(model=model_id, messages=messages, temperature=0, max_tokens=2)
-    again = client.chat.completions.create(model=model_id, messages=messages, temperature=0, max_tokens=2).usage
+    again = client.chat.completions.create(
+        model=model_id, messages=messages, temperature=0, max_tokens=2
+    ).usage
     assert again.prompt_tokens_details.cached_tokens == (again.prompt_tokens - 1) // 16 * 16
 
 
 @pytest.mark.parametrize(("n", "include_usage"), [(1, False), (1, True), (2, True)])
 def test_raw_sse_invariants(server, model_id, n, include_usage, greedy):
-    body = {"model": model_id, "messages": QUESTION, "stream": True, "n": n,
-            "stream_options": {"include_usage": include_usage}, **GREEDY}
-    with httpx.Client(timeout=120) as raw, raw.stream("POST", server.api_url + "/chat/completions", json=body) as r:
+    body = {
+        "model": model_id,
+        "messages": QUESTION,
+        "stream": True,
+        "n": n,
+        "stream_options": {"include_usage": include_usage},
+        **GREEDY,
+    }
+    with (
+        httpx.Client(timeout=120) as raw,
+        raw.stream("POST", server.api_url + "/chat/completions", json=body) as r,
+    ):
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         data = r.read()
     result = check_chat_stream(parse_sse(data), n=n, include_usage=include_usage)
@@ -146,11 +175,25 @@ def test_raw_sse_invariants(server, model_id, n, include_usage, greedy):
 def test_dify_ping_and_stream_lines(server, model_id):
     """Dify's provider: a non-streaming ping when the model is added; every stream line JSON or a comment."""
     with httpx.Client(timeout=120) as raw:
-        ping = raw.post(server.api_url + "/chat/completions", json={
-            "model": model_id, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 5, "stream": False})
+        ping = raw.post(
+            server.api_url + "/chat/completions",
+            json={
+                "model": model_id,
+                "messages": [{"role": "user", "content": "ping"}],
+                "max_tokens": 5,
+                "stream": False,
+            },
+        )
         assert ping.status_code == 200 and ping.json()["object"] == "chat.completion"
-        body = {"model": model_id, "messages": QUESTION, "stream": True, "max_tokens": 12,
-                "stream_options": {"include_usage": True}, "temperature": 0.2, "user": "dify-user"}
+        body = {
+            "model": model_id,
+            "messages": QUESTION,
+            "stream": True,
+            "max_tokens": 12,
+            "stream_options": {"include_usage": True},
+            "temperature": 0.2,
+            "user": "dify-user",
+        }
         with raw.stream("POST", server.api_url + "/chat/completions", json=body) as r:
             lines = [line for line in r.iter_lines() if line.strip()]
     assert lines[-1] == "data: [DONE]"

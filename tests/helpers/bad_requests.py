@@ -26,7 +26,9 @@ class Bad:
 
 
 def chat(**fields: Any) -> dict[str, Any]:
-    return {"model": None, "messages": MSG, **fields} if "messages" not in fields else {"model": None, **fields}
+    return (
+        {"model": None, "messages": MSG, **fields} if "messages" not in fields else {"model": None, **fields}
+    )
 
 
 BAD_REQUESTS = [
@@ -39,8 +41,17 @@ BAD_REQUESTS = [
     Bad("message-not-an-object", chat(messages=["hi"])),
     Bad("unknown-role", chat(messages=[{"role": "wizard", "content": "hi"}]), param="messages[0].role"),
     Bad("content-wrong-type", chat(messages=[{"role": "user", "content": 42}])),
-    Bad("content-image-part", chat(messages=[{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}])),
+    Bad(
+        "content-image-part",
+        chat(
+            messages=[
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}],
+                }
+            ]
+        ),
+    ),
     Bad("user-without-content", chat(messages=[{"role": "user"}]), param="messages[0].content"),
     Bad("max-tokens-wrong-type", chat(max_tokens="ten"), param="max_tokens"),
     Bad("max-tokens-negative", chat(max_tokens=-5), param="max_tokens"),
@@ -64,26 +75,52 @@ BAD_REQUESTS = [
     Bad("top-logprobs-without-logprobs", chat(top_logprobs=2), param="top_logprobs"),
     Bad("seed-wrong-type", chat(seed="abc"), param="seed"),
     Bad("stream-wrong-type", chat(stream="yes"), param="stream"),
-    Bad("tool-bad-name", chat(tools=[{"type": "function", "function": {"name": "bad name!"}}]),
-        param="tools[0].function.name"),
-    Bad("tool-params-not-object", chat(tools=[{"type": "function", "function": {
-        "name": "f", "parameters": {"type": "array"}}}]), param="tools[0].function.parameters"),
+    Bad(
+        "tool-bad-name",
+        chat(tools=[{"type": "function", "function": {"name": "bad name!"}}]),
+        param="tools[0].function.name",
+    ),
+    Bad(
+        "tool-params-not-object",
+        chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]),
+        param="tools[0].function.parameters",
+    ),
     Bad("tool-missing-function", chat(tools=[{"type": "function"}])),
-    Bad("tool-choice-unknown", chat(tools=[{"type": "function", "function": {"name": "f"}}],
-                                    tool_choice="sometimes"), param="tool_choice"),
+    Bad(
+        "tool-choice-unknown",
+        chat(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="sometimes"),
+        param="tool_choice",
+    ),
     Bad("response-format-unknown", chat(response_format={"type": "xml"}), param="response_format"),
-    Bad("unknown-model", {"model": "gpt-4o", "messages": MSG}, status=404, param="model", code="model_not_found"),
-    Bad("prompt-over-context", chat(messages=[{"role": "user", "content": "word " * 20000}]),
-        code="context_length_exceeded"),
-    Bad("body-10-mb", raw=b'{"messages": [{"role": "user", "content": "' + b"x" * 10_000_000 + b'"}]}',
-        status=413),
+    Bad(
+        "unknown-model",
+        {"model": "gpt-4o", "messages": MSG},
+        status=404,
+        param="model",
+        code="model_not_found",
+    ),
+    Bad(
+        "prompt-over-context",
+        chat(messages=[{"role": "user", "content": "word " * 20000}]),
+        code="context_length_exceeded",
+    ),
+    Bad(
+        "body-10-mb",
+        raw=b'{"messages": [{"role": "user", "content": "' + b"x" * 10_000_000 + b'"}]}',
+        status=413,
+    ),
     Bad("missing-api-key", chat(), status=401, headers={}),
     Bad("wrong-api-key", chat(), status=401, headers={"Authorization": "Bearer sk-wrong"}),
     Bad("wrong-x-api-key", chat(), status=401, headers={"X-Api-Key": "nope"}),
     Bad("completions-missing-prompt", {"max_tokens": 3}, path="/v1/completions", param="prompt"),
     Bad("completions-empty-prompt-list", {"prompt": []}, path="/v1/completions", param="prompt"),
     Bad("completions-mixed-token-list", {"prompt": [[1, "a"]]}, path="/v1/completions", param="prompt"),
-    Bad("completions-logprobs-too-many", {"prompt": "x", "logprobs": 99}, path="/v1/completions", param="logprobs"),
+    Bad(
+        "completions-logprobs-too-many",
+        {"prompt": "x", "logprobs": 99},
+        path="/v1/completions",
+        param="logprobs",
+    ),
     Bad("completions-suffix", {"prompt": "x", "suffix": "y"}, path="/v1/completions", param="suffix"),
     Bad("unknown-route", {"input": "x"}, status=404, path="/v1/embeddingz"),
     Bad("wrong-method", None, status=405, method="GET"),

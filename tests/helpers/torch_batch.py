@@ -33,12 +33,20 @@ class _Req:
 
 
 class PagedDriver:
-    def __init__(self, runner: TorchRunner, num_blocks: int = 96, block_size: int = 4, seed: int = 0) -> None:
+    def __init__(
+        self,
+        runner: TorchRunner,
+        num_blocks: int = 96,
+        block_size: int = 4,
+        seed: int = 0,
+        shuffle: bool = True,
+    ) -> None:
         self.runner = runner
         self.block_size = block_size
         runner.initialize_kv_cache(num_blocks, block_size)
-        self.free = list(range(1, num_blocks))  # block 0 is the null block
-        random.Random(seed).shuffle(self.free)  # non-contiguous, out-of-order block ids
+        self.free = list(range(num_blocks - 1, 0, -1))  # popped from the end: 1, 2, ...; 0 is the null block
+        if shuffle:
+            random.Random(seed).shuffle(self.free)  # non-contiguous, out-of-order block ids
         self.reqs: dict[str, _Req] = {}
         self._finished: set[str] = set()
         self._preempted: set[str] = set()
@@ -103,7 +111,7 @@ class PagedDriver:
         for req_id, n in schedule.items():
             req = self.reqs[req_id]
             start, end = req.num_computed, req.num_computed + n
-            assert 0 < n and end <= len(req.tokens)
+            assert n > 0 and end <= len(req.tokens)
             while len(req.block_ids) * bs < end:
                 req.block_ids.append(self.free.pop())
                 req.new_blocks.append(req.block_ids[-1])

@@ -22,34 +22,106 @@ def test_every_setting_has_a_flag_and_an_env_var():
 
 
 def test_candle_vllm_short_and_long_flags():
-    for short, long_, name, value in [("--w", "--weights", "weights", "/m"), ("--f", "--file", "file", "a.gguf"),
-                                      ("--m", "--model", "model", "smollm2-135m"), ("--p", "--port", "port", "9001")]:
+    for short, long_, name, value in [
+        ("--w", "--weights", "weights", "/m"),
+        ("--f", "--file", "file", "a.gguf"),
+        ("--m", "--model", "model", "smollm2-135m"),
+        ("--p", "--port", "port", "9001"),
+    ]:
         for flag in (short, long_):
             _, _, settings = cli.parse_settings(["serve", flag, value], environ={})
             assert str(getattr(settings, name)) == value
 
 
 def test_all_engine_and_sampling_flags_parse():
-    argv = ["serve", "--host", "0.0.0.0", "--api-key", "k", "--cors-origin", "http://a", "--cors-origin", "http://b",
-            "--log", "debug", "--dtype", "bfloat16", "--mem", "64", "--max-num-seqs", "4", "--max-model-len", "2048",
-            "--prefill-chunk-size", "0", "--max-gen-tokens", "100", "--temperature", "0.5", "--top-k", "40",
-            "--top-p", "0.9", "--min-p", "0.05", "--frequency-penalty", "0.1", "--presence-penalty", "0.2",
-            "--backend", "fake", "--device", "cpu", "--no-ui", "--threads", "1"]
+    argv = [
+        "serve",
+        "--host",
+        "0.0.0.0",
+        "--api-key",
+        "k",
+        "--cors-origin",
+        "http://a",
+        "--cors-origin",
+        "http://b",
+        "--log",
+        "debug",
+        "--dtype",
+        "bfloat16",
+        "--mem",
+        "64",
+        "--max-num-seqs",
+        "4",
+        "--max-model-len",
+        "2048",
+        "--prefill-chunk-size",
+        "0",
+        "--max-gen-tokens",
+        "100",
+        "--temperature",
+        "0.5",
+        "--top-k",
+        "40",
+        "--top-p",
+        "0.9",
+        "--min-p",
+        "0.05",
+        "--frequency-penalty",
+        "0.1",
+        "--presence-penalty",
+        "0.2",
+        "--backend",
+        "fake",
+        "--device",
+        "cpu",
+        "--no-ui",
+        "--threads",
+        "1",
+    ]
     _, _, s = cli.parse_settings(argv, environ={})
-    assert (s.host, s.api_key, s.cors_origins, s.log, s.dtype) == ("0.0.0.0", "k", ["http://a", "http://b"], "debug", "bfloat16")
+    assert (s.host, s.api_key, s.cors_origins, s.log, s.dtype) == (
+        "0.0.0.0",
+        "k",
+        ["http://a", "http://b"],
+        "debug",
+        "bfloat16",
+    )
     config = s.engine_config()
-    assert (config.kv_cache_mib, config.max_num_seqs, config.max_model_len, config.prefill_chunk_size) == (64, 4, 2048, 0)
-    assert s.sampling_defaults == {"temperature": 0.5, "top_k": 40, "top_p": 0.9, "min_p": 0.05,
-                                   "frequency_penalty": 0.1, "presence_penalty": 0.2}
+    assert (config.kv_cache_mib, config.max_num_seqs, config.max_model_len, config.prefill_chunk_size) == (
+        64,
+        4,
+        2048,
+        0,
+    )
+    assert s.sampling_defaults == {
+        "temperature": 0.5,
+        "top_k": 40,
+        "top_p": 0.9,
+        "min_p": 0.05,
+        "frequency_penalty": 0.1,
+        "presence_penalty": 0.2,
+    }
     assert (s.max_gen_tokens, s.backend, s.device, s.ui, s.threads) == (100, "fake", "cpu", False, 1)
 
 
 def test_env_vars_and_precedence():
-    env = {"LOCALCHAT_PORT": "9100", "LOCALCHAT_CORS_ORIGINS": "http://a, http://b", "LOCALCHAT_UI": "0",
-           "LOCALCHAT_TEMPERATURE": "0.3", "LOCALCHAT_MEM": "32", "LOCALCHAT_PREFIX_CACHE": "false"}
+    env = {
+        "LOCALCHAT_PORT": "9100",
+        "LOCALCHAT_CORS_ORIGINS": "http://a, http://b",
+        "LOCALCHAT_UI": "0",
+        "LOCALCHAT_TEMPERATURE": "0.3",
+        "LOCALCHAT_MEM": "32",
+        "LOCALCHAT_PREFIX_CACHE": "false",
+    }
     _, _, s = cli.parse_settings(["serve"], environ=env)
     assert (s.port, s.cors_origins, s.ui, s.temperature, s.mem, s.prefix_cache) == (
-        9100, ["http://a", "http://b"], False, 0.3, 32, False)
+        9100,
+        ["http://a", "http://b"],
+        False,
+        0.3,
+        32,
+        False,
+    )
     _, _, s = cli.parse_settings(["serve", "--p", "9200"], environ=env)
     assert s.port == 9200  # the command line wins
 
@@ -61,9 +133,16 @@ def test_flags_before_or_after_the_command():
     assert (command, ui_server, s.open_browser) == (None, True, False)
 
 
-@pytest.mark.parametrize(("env", "flag"), [({"LOCALCHAT_PORT": "eighty"}, None), ({"LOCALCHAT_UI": "maybe"}, None),
-                                           ({"LOCALCHAT_BACKEND": "cuda"}, None), ({}, ["--p", "70000"]),
-                                           ({}, ["--f", "a.gguf", "--m", "smollm2-135m"])])
+@pytest.mark.parametrize(
+    ("env", "flag"),
+    [
+        ({"LOCALCHAT_PORT": "eighty"}, None),
+        ({"LOCALCHAT_UI": "maybe"}, None),
+        ({"LOCALCHAT_BACKEND": "cuda"}, None),
+        ({}, ["--p", "70000"]),
+        ({}, ["--f", "a.gguf", "--m", "smollm2-135m"]),
+    ],
+)
 def test_invalid_settings_are_clear_errors(env, flag):
     with pytest.raises(SettingsError) as info:
         cli.parse_settings(["serve", *(flag or [])], environ=env)
@@ -95,10 +174,13 @@ def test_ui_server_with_no_ui_is_refused(capsys):
 
 
 def test_python_dash_m_and_help():
-    out = subprocess.run([sys.executable, "-m", "localchat", "--version"], cwd=REPO, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "localchat", "--version"], cwd=REPO, capture_output=True, text=True
+    )
     assert out.returncode == 0 and out.stdout.strip() == f"localchat {__version__}"
-    help_text = subprocess.run([sys.executable, "-m", "localchat", "serve", "--help"], cwd=REPO,
-                               capture_output=True, text=True).stdout
+    help_text = subprocess.run(
+        [sys.executable, "-m", "localchat", "serve", "--help"], cwd=REPO, capture_output=True, text=True
+    ).stdout
     for spec in SETTINGS_SPEC:
         assert spec.flags[-1] in help_text and spec.env in help_text
 

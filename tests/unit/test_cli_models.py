@@ -55,7 +55,7 @@ def test_file_weights_and_local_paths(tmp_path):
     assert catalog.resolve_model(model=str(folder), data_dir=tmp_path).path == folder
     with pytest.raises(ModelNotFoundError, match="no such GGUF"):
         catalog.resolve_model(file=str(tmp_path / "missing.gguf"))
-    with pytest.raises(ModelNotFoundError, match="config.json"):
+    with pytest.raises(ModelNotFoundError, match=r"config\.json"):
         catalog.resolve_model(weights=str(tmp_path))
 
 

@@ -73,9 +73,14 @@ def test_unknown_route_without_v1_is_openai_json_too():
 def test_cors_only_for_allowlisted_origins():
     allowed = "http://app.example"
     with fake_client(cors_origins=[allowed], api_key=API_KEY) as (client, _):
-        ok = client.options("/v1/chat/completions", headers={
-            "Origin": allowed, "Access-Control-Request-Method": "POST",
-            "Access-Control-Request-Headers": "authorization,content-type"})
+        ok = client.options(
+            "/v1/chat/completions",
+            headers={
+                "Origin": allowed,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization,content-type",
+            },
+        )
         assert ok.status_code in (200, 204)
         assert ok.headers.get("access-control-allow-origin") == allowed
         r = client.get("/v1/models", headers={"Origin": allowed, **AUTH})
@@ -97,7 +102,9 @@ def test_body_limit_is_a_setting():
 def test_queue_full_is_503_with_retry_after():
     with fake_client(max_num_seqs=1, max_queue_len=0) as (client, ctx):
         slow = threading.Thread(
-            target=client.post, args=("/v1/chat/completions",), kwargs={"json": {"messages": say("abcdef", 100)}}
+            target=client.post,
+            args=("/v1/chat/completions",),
+            kwargs={"json": {"messages": say("abcdef", 100)}},
         )
         slow.start()
         deadline = time.monotonic() + 10

@@ -34,7 +34,11 @@ def test_any_cut_into_deltas_gives_the_same_split(text, inside, reasoning, conte
         outs = [splitter.push(p) for p in pieces] + [splitter.flush()]
         assert ("".join(r for r, _ in outs), "".join(c for _, c in outs)) == (reasoning, content), pieces
         # Nothing of a tag ever leaks into content.
-        assert all("<think>" not in c and "</think" not in c for _, c in outs if text.count("<think>") == text.count("</think>"))
+        assert all(
+            "<think>" not in c and "</think" not in c
+            for _, c in outs
+            if text.count("<think>") == text.count("</think>")
+        )
 
 
 def test_one_character_at_a_time_holds_back_only_tag_prefixes():

@@ -28,15 +28,22 @@ def test_chat_completion_shape_and_exact_usage(client):
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
     assert body["model"] == "fake-model" and isinstance(body["created"], int)
     (choice,) = body["choices"]
-    assert choice == {"index": 0, "message": {"role": "assistant", "content": "Hi there"}, "logprobs": None,
-                      "finish_reason": "stop"}
+    assert choice == {
+        "index": 0,
+        "message": {"role": "assistant", "content": "Hi there"},
+        "logprobs": None,
+        "finish_reason": "stop",
+    }
     prompt = client.ctx.encode_chat([{"role": "user", "content": "<<say:Hi there>>"}])
     usage = body["usage"]
     # The fake tokenizer is one token per byte; the EOS that ended the reply counts as generated.
     assert usage["prompt_tokens"] == len(prompt)
     assert usage["completion_tokens"] == len("Hi there") + 1
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
-    assert usage["prompt_tokens_details"] == {"cached_tokens": 0} or usage["prompt_tokens_details"]["cached_tokens"] >= 0
+    assert (
+        usage["prompt_tokens_details"] == {"cached_tokens": 0}
+        or usage["prompt_tokens_details"]["cached_tokens"] >= 0
+    )
 
 
 def test_cached_tokens_count_prefix_cache_hits(client):
@@ -49,13 +56,21 @@ def test_cached_tokens_count_prefix_cache_hits(client):
 
 
 def test_routes_answer_without_v1_prefix(client):
-    assert client.post("/chat/completions", json={"messages": say("ok")}).json()["choices"][0]["message"]["content"] == "ok"
+    assert (
+        client.post("/chat/completions", json={"messages": say("ok")}).json()["choices"][0]["message"][
+            "content"
+        ]
+        == "ok"
+    )
     assert client.post("/completions", json={"prompt": "<<say:ok>>"}).json()["choices"][0]["text"] == "ok"
     assert client.get("/models").json()["data"][0]["id"] == "fake-model"
 
 
 def test_default_reply_and_missing_model_field(client):
-    assert chat(client, messages=[{"role": "user", "content": "hello"}])["choices"][0]["message"]["content"] == DEFAULT_REPLY
+    assert (
+        chat(client, messages=[{"role": "user", "content": "hello"}])["choices"][0]["message"]["content"]
+        == DEFAULT_REPLY
+    )
 
 
 def test_max_tokens_and_max_completion_tokens_give_length(client):
@@ -102,7 +117,11 @@ def test_sampling_defaults_from_settings_and_request_wins(monkeypatch):
     with fake_client(temperature=0.25, top_k=5) as (c, ctx):
         seen = []
         submit = ctx.engine.submit
-        monkeypatch.setattr(ctx.engine, "submit", lambda ids, p, sink, rid=None: (seen.append(p), submit(ids, p, sink, rid))[1])
+        monkeypatch.setattr(
+            ctx.engine,
+            "submit",
+            lambda ids, p, sink, rid=None: (seen.append(p), submit(ids, p, sink, rid))[1],
+        )
         c.post("/v1/chat/completions", json={"messages": say("x")})
         c.post("/v1/chat/completions", json={"messages": say("x"), "temperature": 0.9, "max_tokens": 7})
     assert (seen[0].temperature, seen[0].top_k, seen[0].max_tokens) == (0.25, 5, ctx.settings.max_gen_tokens)
@@ -118,7 +137,10 @@ def test_chat_logprobs_openai_format(client):
     assert [t["logprob"] for t in first["top_logprobs"]] == [-0.5, -1.5]
     # "é" is two byte-tokens: each carries its raw byte, which together decode to the character.
     assert content[1]["bytes"] + content[2]["bytes"] == list("é".encode())
-    assert chat(client, messages=say("a"), logprobs=True)["choices"][0]["logprobs"]["content"][0]["top_logprobs"] == []
+    assert (
+        chat(client, messages=say("a"), logprobs=True)["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+        == []
+    )
 
 
 def test_completions_text_logprobs_echo_and_multiple_prompts(client):
@@ -155,10 +177,17 @@ def test_tools_are_rendered_into_the_template(client, monkeypatch):
     prompts: list[str] = []
     submit = client.ctx.engine.submit
     tok = client.ctx.model.tokenizer
-    monkeypatch.setattr(client.ctx.engine, "submit",
-                        lambda ids, p, sink, rid=None: (prompts.append(tok.decode(ids)), submit(ids, p, sink, rid))[1])
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
-                                                                                    "properties": {}}}}]
+    monkeypatch.setattr(
+        client.ctx.engine,
+        "submit",
+        lambda ids, p, sink, rid=None: (prompts.append(tok.decode(ids)), submit(ids, p, sink, rid))[1],
+    )
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}},
+        }
+    ]
     chat(client, messages=say("ok"), tools=tools)
     chat(client, messages=say("ok"), tools=tools, tool_choice="none")
     assert prompts[0].startswith("TOOLS:get_weather;")
@@ -169,12 +198,20 @@ def test_assistant_tool_calls_and_content_parts_accepted(client):
     messages = [
         {"role": "developer", "content": [{"type": "text", "text": "be brief"}]},
         {"role": "user", "content": "weather?"},
-        {"role": "assistant", "content": None,
-         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{\"a\": 1}"}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "w", "arguments": '{"a": 1}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
         {"role": "user", "content": "<<say:ok>>"},
     ]
-    assert chat(client, messages=messages, user="u1", vendor_extra={"x": 1})["choices"][0]["message"]["content"] == "ok"
+    assert (
+        chat(client, messages=messages, user="u1", vendor_extra={"x": 1})["choices"][0]["message"]["content"]
+        == "ok"
+    )
 
 
 def test_models_and_model_by_id(client):
@@ -193,11 +230,35 @@ def test_health_and_metrics(client):
     text = client.get("/metrics").text
     assert text.endswith("\n")
     values = {k: float(v) for k, v in (ln.split() for ln in text.splitlines() if not ln.startswith("#"))}
-    for name in ("localchat_requests_running", "localchat_requests_waiting", "localchat_kv_blocks_used",
-                 "localchat_kv_blocks_total", "localchat_prefix_cache_hit_rate",
-                 "localchat_generation_tokens_per_second", "localchat_generation_tokens_total",
-                 "localchat_requests_finished_total"):
+    for name in (
+        "localchat_requests_running",
+        "localchat_requests_waiting",
+        "localchat_kv_blocks_used",
+        "localchat_kv_blocks_total",
+        "localchat_prefix_cache_hit_rate",
+        "localchat_generation_tokens_per_second",
+        "localchat_generation_tokens_total",
+        "localchat_requests_finished_total",
+    ):
         assert name in values
     assert values["localchat_kv_blocks_used"] == 0 and values["localchat_kv_blocks_total"] > 0
     assert values["localchat_generation_tokens_total"] >= len("count me") + 1
     assert "# TYPE localchat_generation_tokens_total counter" in text
+
+
+def test_web_ui_is_mounted_unless_no_ui():
+    import importlib.util
+
+    from localchat.server.app import create_app
+    from localchat.server.runtime import build_context
+    from tests.helpers.fake_app import fake_settings
+
+    def paths(ui: bool) -> set[str]:
+        settings = fake_settings(ui=ui)
+        return {route.path for route in create_app(settings, build_context(settings)).routes}
+
+    api_only = paths(False)
+    assert {"/v1/chat/completions", "/chat/completions", "/health", "/metrics"} <= api_only
+    if importlib.util.find_spec("localchat.server.web") is None:
+        pytest.skip("the web UI module is not there yet")
+    assert paths(True) > api_only

@@ -28,8 +28,9 @@ def stream(client: Any, path: str = "/v1/chat/completions", **body: Any) -> tupl
 @pytest.mark.parametrize("include_usage", [False, True])
 @pytest.mark.parametrize("n", [1, 2])
 def test_chat_stream_invariants(client, n, include_usage):
-    raw, _ = stream(client, messages=say("Hello, world"), n=n,
-                    stream_options={"include_usage": include_usage})
+    raw, _ = stream(
+        client, messages=say("Hello, world"), n=n, stream_options={"include_usage": include_usage}
+    )
     result = check_chat_stream(parse_sse(raw), n=n, include_usage=include_usage)
     assert result["texts"] == ["Hello, world"] * n
     assert result["reasons"] == dict.fromkeys(range(n), "stop")
@@ -51,7 +52,9 @@ def test_stream_equals_non_stream_with_reasoning_split_across_deltas(client):
     raw, _ = stream(client, messages=say(text))
     events = parse_sse(raw)
     check_chat_stream(events)
-    reasoning = "".join(c["choices"][0]["delta"].get("reasoning_content", "") for c in events[:-1] if c["choices"])
+    reasoning = "".join(
+        c["choices"][0]["delta"].get("reasoning_content", "") for c in events[:-1] if c["choices"]
+    )
     mirrored = "".join(c["choices"][0]["delta"].get("reasoning", "") for c in events[:-1] if c["choices"])
     content = "".join(c["choices"][0]["delta"].get("content") or "" for c in events[:-1] if c["choices"])
     # The fake model emits one byte per delta, so both tags arrived cut into pieces.
@@ -63,17 +66,28 @@ def test_stream_equals_non_stream_with_reasoning_split_across_deltas(client):
 
 def test_stream_logprobs_match_non_stream(client):
     raw, _ = stream(client, messages=say("abc"), logprobs=True, top_logprobs=1)
-    streamed = [e for c in parse_sse(raw)[:-1] for ch in c["choices"] if ch["logprobs"]
-                for e in ch["logprobs"]["content"]]
-    whole = client.post("/v1/chat/completions", json={"messages": say("abc"), "logprobs": True,
-                                                      "top_logprobs": 1}).json()
+    streamed = [
+        e
+        for c in parse_sse(raw)[:-1]
+        for ch in c["choices"]
+        if ch["logprobs"]
+        for e in ch["logprobs"]["content"]
+    ]
+    whole = client.post(
+        "/v1/chat/completions", json={"messages": say("abc"), "logprobs": True, "top_logprobs": 1}
+    ).json()
     assert streamed == whole["choices"][0]["logprobs"]["content"]
     assert [e["token"] for e in streamed[:3]] == ["a", "b", "c"]
 
 
 def test_completions_stream(client):
-    raw, _ = stream(client, "/v1/completions", prompt=["<<say:ab>>", "<<say:xyz>>"], max_tokens=10,
-                    stream_options={"include_usage": True})
+    raw, _ = stream(
+        client,
+        "/v1/completions",
+        prompt=["<<say:ab>>", "<<say:xyz>>"],
+        max_tokens=10,
+        stream_options={"include_usage": True},
+    )
     events = parse_sse(raw)
     assert events[-1] == "[DONE]"
     texts, reasons = ["", ""], {}

@@ -6,7 +6,7 @@ import mlx.core as mx
 
 from backends.mlx.attention import AttentionMetadata, LayerCache
 from backends.mlx.layers import DecoderLayer, LayerOptions, Rotary
-from backends.mlx.quant import Weight, linear, take_rows
+from backends.mlx.quant import Embedding, Weight, linear, take_rows
 from localchat.weights.config import ModelConfig
 
 
@@ -19,7 +19,7 @@ class DecoderLM:
     def __init__(self, config: ModelConfig) -> None:
         self.config = config
         options = self.layer_options(config)
-        self.embed: Weight | None = None  # [vocab, hidden]
+        self.embed: Embedding | None = None  # [vocab, hidden]
         self.layers = [
             DecoderLayer(
                 config.num_attention_heads,

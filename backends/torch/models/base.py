@@ -21,7 +21,9 @@ class DecoderLM(nn.Module):
         self.embed = empty_param(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, options) for _ in range(config.num_hidden_layers))
         self.norm = empty_param(config.hidden_size)
-        self.lm_head = None if config.tie_word_embeddings else empty_param(config.vocab_size, config.hidden_size)
+        self.lm_head = (
+            None if config.tie_word_embeddings else empty_param(config.vocab_size, config.hidden_size)
+        )
         self.rotary = Rotary(config, device)
 
     @staticmethod

@@ -1,0 +1,180 @@
+"""The MLX `ModelRunner`: weights, paged KV cache, forward pass and sampling with MLX arrays.
+
+The same contract and structure as backends/torch/runner.py; only the array library differs.
+
+KV cache: one K and one V array per layer, flat `[num_blocks * block_size, num_kv_heads, head_dim]`
+(the contract's `[num_blocks, block_size, ...]` with two dims merged), zero-filled, in the compute
+dtype. Writes go through `cache[slot_mapping] = k`, which MLX turns into an in-place scatter (see
+backends/mlx/attention.py). Block 0 is the engine's null block.
+
+Device `auto`: Metal (`gpu`) when MLX sees one, else `cpu`. `--device cpu|gpu` forces one. Dtype
+`auto`, for activations, dense weights, KV cache and the scales/biases of quantized weights alike:
+
+| device | dtype | why |
+|---|---|---|
+| cpu | float32 | MLX's CPU quantized matmul is only fast in float32: measured on the 2-core dev box, one token through a 1536x576 4-bit matrix took ~2 ms in float32, ~11 ms in bfloat16, ~62 ms in float16 |
+| gpu (Metal), checkpoint in bfloat16 | bfloat16 | the checkpoint's own precision |
+| gpu (Metal), anything else (GGUF, fp16, fp32) | float16 | Metal's fast type; GGUF scales are float16, so Q4_0/Q4_1/Q8_0 stay exact |
+
+GGUF Q4_0/Q4_1/Q8_0 weights stay quantized (`mx.quantized_matmul`, group 32); other GGUF types are
+dequantized to the compute dtype (backends/mlx/quant.py). `--threads` has no MLX equivalent and is
+ignored. On CPU, MLX arrays can be created on one thread and used on the engine thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import mlx.core as mx
+import numpy as np
+
+from backends import RunnerOptions
+from backends.mlx.attention import AttentionMetadata, LayerCache
+from backends.mlx.sampler import RequestSampling, Sampler
+from backends.mlx.weights import load_model
+from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput
+from localchat.errors import BackendUnavailableError
+from localchat.weights.bundle import ModelBundle
+
+DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
+CPU_KV_FRACTION = 0.25  # of MemAvailable: the KV pool is zero-filled, so it is resident at once
+GPU_KV_FRACTION = 0.50  # of Metal's recommended working set left after the weights
+
+
+def create_runner(model: ModelBundle, options: RunnerOptions) -> MLXRunner:
+    return MLXRunner(model, options)
+
+
+def pick_device(name: str) -> mx.Device:
+    if name == "auto":
+        return mx.gpu if mx.metal.is_available() else mx.cpu
+    if name == "cpu":
+        return mx.cpu
+    if name in ("gpu", "mps", "metal"):
+        if not mx.metal.is_available():
+            raise BackendUnavailableError(
+                "The MLX backend found no Metal GPU on this machine; use --device cpu (slow) or --backend torch."
+            )
+        return mx.gpu
+    raise BackendUnavailableError(f"Unknown MLX device {name!r}; use auto, cpu or gpu.")
+
+
+def pick_dtype(name: str, device: mx.Device, checkpoint_dtype: str | None) -> mx.Dtype:
+    if name != "auto":
+        if name not in DTYPES:
+            raise BackendUnavailableError(f"Unknown dtype {name!r}; use auto, {', '.join(DTYPES)}.")
+        return DTYPES[name]
+    if device == mx.cpu:
+        return mx.float32
+    return mx.bfloat16 if checkpoint_dtype == "bfloat16" else mx.float16
+
+
+class MLXRunner:
+    def __init__(self, model: ModelBundle, options: RunnerOptions) -> None:
+        self.device = pick_device(options.device)
+        mx.set_default_device(self.device)
+        self.dtype = pick_dtype(options.dtype, self.device, model.config.torch_dtype)
+        self.config = model.config
+        self.model = load_model(model.config, model.iter_weights(), self.dtype)
+        self.sampler = Sampler(options.seed)
+        self.requests: dict[str, RequestSampling] = {}
+        self.kv_caches: list[LayerCache] = []
+        self.block_size = 0
+
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec:
+        c = self.config
+        return KVCacheSpec(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.dtype.size)
+
+    @property
+    def device_name(self) -> str:
+        kind = "metal" if self.device == mx.gpu else "cpu"
+        return f"mlx {kind} ({str(self.dtype).removeprefix('mlx.core.')})"
+
+    def available_kv_memory(self) -> int | None:
+        if self.device == mx.gpu:
+            info = mx.device_info()
+            budget = int(info.get("max_recommended_working_set_size", 0)) - mx.get_active_memory()
+            return max(0, int(budget * GPU_KV_FRACTION))
+        available = _mem_available()
+        return None if available is None else int(available * CPU_KV_FRACTION)
+
+    def initialize_kv_cache(self, num_blocks: int, block_size: int) -> None:
+        c = self.config
+        shape = (num_blocks * block_size, c.num_key_value_heads, c.head_dim)
+        self.kv_caches = []  # drop the old pool first: its memory is reused
+        caches = [
+            LayerCache(mx.zeros(shape, dtype=self.dtype), mx.zeros(shape, dtype=self.dtype))
+            for _ in range(c.num_hidden_layers)
+        ]
+        mx.eval([a for cache in caches for a in (cache.k, cache.v)])
+        self.kv_caches = caches
+        self.block_size = block_size
+
+    def execute_model(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> RunnerOutput:
+        self._update_states(scheduler_output)
+        if scheduler_output.is_empty or batch.num_tokens == 0:
+            return RunnerOutput(req_ids=[], sampled_token_ids=[])
+        logits = self._logits(batch)
+        if logits is None:  # only middle prefill chunks: the KV writes are the whole step
+            return RunnerOutput(req_ids=[], sampled_token_ids=[])
+        result = self.sampler(logits, [self.requests[r] for r in batch.sample_req_ids])
+        logprobs = None
+        if result.logprobs is not None:
+            logprobs = [[lp] if lp is not None else [] for lp in result.logprobs]
+        return RunnerOutput(
+            req_ids=list(batch.sample_req_ids),
+            sampled_token_ids=[[t] for t in result.token_ids],
+            logprobs=logprobs,
+        )
+
+    def compute_logits(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> mx.array:
+        """Like `execute_model` but returns the float32 logits [num_sampled, vocab] (tests, debugging)."""
+        self._update_states(scheduler_output)
+        logits = self._logits(batch)
+        return mx.zeros((0, self.config.vocab_size)) if logits is None else logits.astype(mx.float32)
+
+    def shutdown(self) -> None:
+        self.kv_caches = []
+        self.requests.clear()
+        mx.clear_cache()
+
+    def _update_states(self, out: SchedulerOutput) -> None:
+        # Forget first: a preempted request comes back in the same step as a new one.
+        for req_id in out.finished_req_ids | out.preempted_req_ids:
+            self.requests.pop(req_id, None)
+        vocab = self.config.vocab_size
+        for new in out.scheduled_new_reqs:
+            self.requests[new.req_id] = RequestSampling.create(
+                new.sampling_params, new.prompt_token_ids, new.output_token_ids, vocab
+            )
+
+    def _logits(self, batch: BatchInputs) -> mx.array | None:
+        """Run the step (writing its K/V) and return logits [num_sampled, vocab], evaluated; None if none."""
+        assert self.kv_caches and batch.block_size == self.block_size, "initialize_kv_cache first"
+        meta = AttentionMetadata.from_batch(batch)
+        input_ids = mx.array(batch.input_ids.astype(np.int32))
+        positions = mx.array(batch.positions.astype(np.int32))
+        hidden = self.model.hidden_states(input_ids, positions, meta, self.kv_caches)
+        cache_arrays = [a for cache in self.kv_caches for a in (cache.k, cache.v)]
+        indices = batch.logits_indices
+        if len(indices) == 0:
+            mx.eval(cache_arrays)
+            return None
+        if not (len(indices) == batch.num_tokens and np.array_equal(indices, np.arange(len(indices)))):
+            hidden = hidden[mx.array(indices.astype(np.int32))]
+        logits = self.model.logits(hidden)
+        mx.eval(logits, cache_arrays)
+        return logits
+
+
+def _mem_available() -> int | None:
+    """Bytes of RAM the OS can hand out without swapping (Linux MemAvailable, else free pages)."""
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None

@@ -1,0 +1,68 @@
+"""Device and dtype selection for the torch backend (the table is in runner.py's docstring)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+from localchat.errors import BackendUnavailableError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise BackendUnavailableError(
+            f"Unknown torch device {name!r}; use auto, cpu, cuda, cuda:N or mps."
+        ) from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise BackendUnavailableError("CUDA was requested but this torch build sees no CUDA device.")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise BackendUnavailableError("MPS was requested but is not available on this machine.")
+    return device
+
+
+def cpu_has_native_bf16() -> bool:
+    """AVX512-BF16 or AMX-BF16 (read from /proc/cpuinfo; other OSes: assume not)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return "avx512_bf16" in flags or "amx_bf16" in flags
+    except OSError:
+        pass
+    return False
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        if name not in DTYPES:
+            raise BackendUnavailableError(f"Unknown dtype {name!r}; use auto, {', '.join(DTYPES)}.")
+        return DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "mps":
+        return torch.float16
+    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+
+
+def mem_available() -> int | None:
+    """Bytes of RAM the OS can hand out without swapping (Linux MemAvailable, else free pages)."""
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None

@@ -1,0 +1,311 @@
+"""The MLX runner against transformers on tiny random models, fp32 on MLX's CPU device, through every
+shape of step the engine produces (the torch parity suite, run on MLX).
+
+Tolerance: logits within 1e-4 absolute (the torch suite's bound). Both sides compute in float32 with
+different kernels and summation orders; measured differences are ~5e-6 on logits of magnitude ~10,
+so 1e-4 leaves 20x headroom while a wrong weight, RoPE offset or mask moves logits by >1e-2.
+Greedy tokens must be identical.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mlx.core")
+torch = pytest.importorskip("torch")
+
+from backends import RunnerOptions  # noqa: E402
+from backends.mlx.quant import QuantizedWeight  # noqa: E402
+from backends.mlx.runner import MLXRunner  # noqa: E402
+from localchat.engine.sampling_params import SamplingParams  # noqa: E402
+from localchat.errors import UnsupportedArchitectureError  # noqa: E402
+from localchat.weights.config import ModelConfig  # noqa: E402
+from localchat.weights.loader import load_model  # noqa: E402
+from tests.helpers.torch_batch import PagedDriver  # noqa: E402
+from tests.helpers.torch_models import VARIANTS, bundle_from_hf, tiny_hf_model  # noqa: E402
+
+pytestmark = pytest.mark.mlx
+
+ATOL = 1e-4
+PROMPT = [5, 17, 99, 3, 250, 42, 7, 7, 81, 130, 64]
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def mlx_runner(bundle, dtype: str = "float32") -> MLXRunner:  # type: ignore[no-untyped-def]
+    return MLXRunner(bundle, RunnerOptions(device="cpu", dtype=dtype, seed=0))
+
+
+class Driver(PagedDriver):
+    """The torch tests' driver, with MLX logits handed back as numpy."""
+
+    def step_logits(  # type: ignore[override]
+        self, schedule: dict[str, int] | None = None, *, every_token: bool = False
+    ) -> tuple[list[str], np.ndarray]:
+        ids, logits = super().step_logits(schedule, every_token=every_token)
+        return ids, np.array(logits)
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def pair(request: pytest.FixtureRequest) -> tuple[torch.nn.Module, MLXRunner]:
+    model_type, overrides = VARIANTS[request.param]
+    hf = tiny_hf_model(model_type, **overrides)
+    return hf, mlx_runner(bundle_from_hf(hf))
+
+
+def hf_logits(hf: torch.nn.Module, tokens: list[int]) -> np.ndarray:
+    """[len(tokens), vocab]: the reference logits at every position."""
+    with torch.no_grad():
+        return hf(torch.tensor([tokens])).logits[0].float().numpy()
+
+
+def hf_generate(hf: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, attention_mask=None)
+    return out[0, len(prompt) :].tolist()
+
+
+def assert_close(ours: np.ndarray, ref: np.ndarray) -> None:
+    assert ours.shape == ref.shape
+    assert np.abs(ours - ref).max() < ATOL
+
+
+def test_prompt_and_greedy_decode_logits(pair: tuple[torch.nn.Module, MLXRunner]) -> None:
+    hf, runner = pair
+    driver = Driver(runner)  # type: ignore[arg-type]
+    driver.add("a", PROMPT)
+    _, logits = driver.step_logits(every_token=True)
+    assert_close(logits, hf_logits(hf, PROMPT))
+    for _ in range(8):
+        driver.feed("a", int(logits[-1].argmax()))
+        _, logits = driver.step_logits()
+        assert_close(logits[0], hf_logits(hf, driver.tokens("a"))[-1])
+
+
+def test_batch_of_different_lengths(pair: tuple[torch.nn.Module, MLXRunner]) -> None:
+    hf, runner = pair
+    driver = Driver(runner)  # type: ignore[arg-type]
+    prompts = {"a": PROMPT[:3], "b": PROMPT * 3, "c": PROMPT[::-1]}
+    for req_id, prompt in prompts.items():
+        driver.add(req_id, prompt)
+    for _ in range(3):  # one prefill step for all, then decode steps for all
+        ids, logits = driver.step_logits()
+        for row, req_id in enumerate(ids):
+            assert_close(logits[row], hf_logits(hf, driver.tokens(req_id))[-1])
+            driver.feed(req_id, int(logits[row].argmax()))
+
+
+def test_prefill_over_cached_prefix(pair: tuple[torch.nn.Module, MLXRunner]) -> None:
+    hf, runner = pair
+    driver = Driver(runner, block_size=4)  # type: ignore[arg-type]
+    first = [*PROMPT, 11, 12, 13, 14, 15]  # 16 tokens: four full blocks
+    driver.add("a", first)
+    driver.step()
+    # b reuses a's first 12 tokens from the cache (3 blocks) and computes only its own suffix.
+    second = [*first[:12], 200, 201, 202]
+    driver.add("b", second, share_prefix_with="a", num_cached=12)
+    _, logits = driver.step_logits({"b": 3}, every_token=True)
+    assert_close(logits, hf_logits(hf, second)[12:])
+
+
+def test_chunked_prefill(pair: tuple[torch.nn.Module, MLXRunner]) -> None:
+    hf, runner = pair
+    driver = Driver(runner, block_size=4)  # type: ignore[arg-type]
+    prompt = PROMPT * 2  # 22 tokens in chunks of 7, 6 (a middle chunk, not block aligned), 9
+    driver.add("a", prompt)
+    ref = hf_logits(hf, prompt)
+    done = 0
+    for chunk in (7, 6, 9):
+        _, logits = driver.step_logits({"a": chunk}, every_token=True)
+        assert_close(logits, ref[done : done + chunk])
+        done += chunk
+
+
+def test_mixed_prefill_and_decode(pair: tuple[torch.nn.Module, MLXRunner]) -> None:
+    hf, runner = pair
+    driver = Driver(runner, block_size=4)  # type: ignore[arg-type]
+    driver.add("dec", PROMPT)
+    driver.add("chunked", PROMPT * 2)
+    driver.step({"dec": len(PROMPT), "chunked": 5})
+    driver.add("new", PROMPT[2:9])
+    # A middle prefill chunk first, then a decode row, then a fresh prefill: outputs come back in order.
+    ids, logits = driver.step_logits({"chunked": 8, "dec": 1, "new": 7}, every_token=True)
+    ref = {
+        "dec": hf_logits(hf, driver.tokens("dec"))[-1:],
+        "chunked": hf_logits(hf, PROMPT * 2)[5:13],
+        "new": hf_logits(hf, PROMPT[2:9]),
+    }
+    for req_id, expected in ref.items():
+        rows = [i for i, r in enumerate(ids) if r == req_id]
+        assert_close(logits[rows], expected)
+
+
+def test_greedy_generation_matches_generate(pair: tuple[torch.nn.Module, MLXRunner]) -> None:
+    """Three requests arriving at different steps, decoded together, preempted and resumed."""
+    hf, runner = pair
+    prompts = {"a": PROMPT, "b": PROMPT[4:], "c": [9, 8, 7, 6, 5, 4, 3, 2]}
+    n = 12
+    expected = {r: hf_generate(hf, p, n) for r, p in prompts.items()}
+    driver = Driver(runner)  # type: ignore[arg-type]
+    driver.add("a", prompts["a"], GREEDY)
+    driver.step()
+    driver.add("b", prompts["b"], GREEDY)
+    for step in range(n + 3):
+        if step == 2:
+            driver.add("c", prompts["c"], GREEDY)
+        if step == 5:
+            driver.preempt("b")  # comes back with its output tokens as part of the recomputed prefix
+        todo = {r: len(q.tokens) - q.num_computed for r, q in driver.reqs.items()}
+        todo = {r: k for r, k in todo.items() if len(driver.tokens(r)) - len(prompts[r]) < n}
+        if not todo:
+            break
+        driver.step(todo)
+    for req_id, prompt in prompts.items():
+        got = driver.tokens(req_id)[len(prompt) :]
+        assert got[: len(expected[req_id])] == expected[req_id]
+
+
+def test_logits_rows_follow_logits_indices(pair: tuple[torch.nn.Module, MLXRunner]) -> None:
+    """A middle chunk samples nothing; only finished rows get logits, in `sample_req_ids` order."""
+    hf, runner = pair
+    driver = Driver(runner)  # type: ignore[arg-type]
+    driver.add("long", PROMPT * 2)
+    driver.add("short", PROMPT[:5])
+    ids, logits = driver.step_logits({"long": 10, "short": 5})
+    assert ids == ["short"] and logits.shape[0] == 1
+    assert_close(logits[0], hf_logits(hf, PROMPT[:5])[-1])
+    # A step with only a middle chunk still writes its K/V: the next chunk attends over it.
+    ids, logits = driver.step_logits({"long": 6})
+    assert ids == [] and logits.shape[0] == 0
+    _, logits = driver.step_logits({"long": 6}, every_token=True)
+    assert_close(logits, hf_logits(hf, PROMPT * 2)[16:22])
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+def test_gguf_stays_quantized_and_matches_dequantized_reference(tmp_path: Path, qtype: str) -> None:
+    from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE, write_tiny_gguf
+
+    # Row length 64 is a multiple of the 32-wide blocks, so every linear is really quantized.
+    hf = tiny_hf_model("llama", vocab_size=TINY_VOCAB_SIZE)
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", hf, qtype=qtype, tokenizer_kind="gpt2")
+    bundle = load_model(path)
+    weights = list(bundle.iter_weights())
+    # The reference: transformers on exactly the weights we run (dequantized, q/k un-permuted).
+    state = {w.name: torch.from_numpy(np.array(w.dequantize())) for w in weights}
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    runner = mlx_runner(bundle)
+    layer = runner.model.layers[0]
+    bits = 8 if qtype == "Q8_0" else 4
+    for weight in (layer.qkv, layer.o, layer.gate_up, layer.down, runner.model.embed):
+        assert isinstance(weight, QuantizedWeight) and weight.bits == bits
+    prompt = PROMPT * 2
+    driver = Driver(runner)  # type: ignore[arg-type]
+    driver.add("a", prompt, GREEDY)
+    _, logits = driver.step_logits(every_token=True)
+    assert_close(logits, hf_logits(hf, prompt))
+    driver.feed("a", int(logits[-1].argmax()))
+    for _ in range(7):
+        driver.step()
+    assert driver.tokens("a")[len(prompt) :] == hf_generate(hf, prompt, 8)[:8]
+
+
+def test_other_gguf_types_are_dequantized(tmp_path: Path) -> None:
+    from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE, write_tiny_gguf
+
+    # K-quants need 256-wide rows; the 64-wide linears fall back to F32 in the file, so use hidden 256.
+    hf = tiny_hf_model("llama", vocab_size=TINY_VOCAB_SIZE, hidden_size=256, intermediate_size=256)
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", hf, qtype="Q6_K", tokenizer_kind="gpt2")
+    bundle = load_model(path)
+    weights = list(bundle.iter_weights())
+    assert any(w.dtype == "Q6_K" for w in weights)
+    hf.load_state_dict({w.name: torch.from_numpy(np.array(w.dequantize())) for w in weights}, strict=False)
+    runner = mlx_runner(bundle)
+    assert not isinstance(runner.model.layers[0].qkv, QuantizedWeight)
+    driver = Driver(runner)  # type: ignore[arg-type]
+    driver.add("a", PROMPT)
+    _, logits = driver.step_logits(every_token=True)
+    assert_close(logits, hf_logits(hf, PROMPT))
+
+
+def test_half_precision_on_cpu_tracks_fp32_reference() -> None:
+    """bfloat16 compute (the Metal-style path, forced on CPU): close, not exact."""
+    hf = tiny_hf_model("llama")
+    runner = mlx_runner(bundle_from_hf(hf), dtype="bfloat16")
+    assert runner.kv_cache_spec.dtype_bytes == 2
+    driver = Driver(runner)  # type: ignore[arg-type]
+    driver.add("a", PROMPT)
+    for _ in range(4):
+        _, logits = driver.step_logits()
+        ref = hf_logits(hf, driver.tokens("a"))[-1]
+        cosine = float(logits[0] @ ref / np.linalg.norm(logits[0]) / np.linalg.norm(ref))
+        assert cosine > 0.999
+        driver.feed("a", int(ref.argmax()))
+
+
+def test_unknown_architecture_lists_supported() -> None:
+    hf = tiny_hf_model("llama")
+    bundle = bundle_from_hf(hf)
+    bundle.config = ModelConfig.from_hf_dict({**hf.config.to_dict(), "model_type": "gpt_neox"})
+    with pytest.raises(UnsupportedArchitectureError, match=r"gpt_neox.*llama, mistral, qwen2, qwen3"):
+        mlx_runner(bundle)
+
+
+def test_registry_builds_the_mlx_runner() -> None:
+    from backends import create_runner
+
+    runner = create_runner("mlx", bundle_from_hf(tiny_hf_model("qwen2")), RunnerOptions(device="cpu"))
+    assert isinstance(runner, MLXRunner)
+    assert runner.device_name == "mlx cpu (float32)"
+    assert runner.kv_cache_spec.dtype_bytes == 4
+
+
+def test_parts_in_different_formats_stay_separate_matmuls() -> None:
+    """q in Q4_0, k in Q8_0, v dense: q|k|v cannot share one matrix, yet the layer computes the same."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from localchat.weights.tensors import WeightTensor
+
+    hf = tiny_hf_model("llama")
+    formats = {"q_proj": "Q4_0", "k_proj": "Q8_0", "gate_proj": "Q4_1", "up_proj": "Q4_1"}
+    tensors = []
+    for name, tensor in hf.state_dict().items():
+        qtype = next((q for part, q in formats.items() if f".{part}." in name), None)
+        values = tensor.numpy()
+        if qtype is None:
+            tensors.append(WeightTensor(name, tuple(values.shape), "F32", values))
+        else:
+            blocks = quantize(values, GGMLQuantizationType[qtype])
+            tensors.append(WeightTensor(name, tuple(values.shape), qtype, blocks))
+    hf.load_state_dict({w.name: torch.from_numpy(np.array(w.dequantize())) for w in tensors})
+    bundle = bundle_from_hf(hf)
+    bundle.iter_weights = lambda: iter(tensors)
+    runner = mlx_runner(bundle)
+    layer = runner.model.layers[0]
+    assert isinstance(layer.qkv, list) and len(layer.qkv) == 3  # three formats: three matmuls
+    assert isinstance(layer.gate_up, QuantizedWeight) and layer.gate_up.bits == 4  # one format: fused
+    driver = Driver(runner)  # type: ignore[arg-type]
+    driver.add("a", PROMPT)
+    _, logits = driver.step_logits(every_token=True)
+    assert_close(logits, hf_logits(hf, PROMPT))
+
+
+def test_missing_or_misshapen_weights_are_named() -> None:
+    from localchat.errors import ModelLoadError
+
+    bundle = bundle_from_hf(tiny_hf_model("qwen2"))
+    weights = list(bundle.iter_weights())
+    bundle.iter_weights = lambda: (w for w in weights if w.name != "model.layers.1.self_attn.k_proj.bias")
+    with pytest.raises(ModelLoadError, match=r"qkv_bias \(partial\)"):
+        mlx_runner(bundle)
+    bundle.iter_weights = lambda: (w for w in weights if w.name != "model.layers.1.mlp.down_proj.weight")
+    with pytest.raises(ModelLoadError, match=r"model\.layers\.1\.down"):
+        mlx_runner(bundle)
+    bad = [w for w in weights if w.name != "model.norm.weight"]
+    bad.append(type(weights[0])("model.norm.weight", (3,), "F32", np.ones(3, dtype=np.float32)))
+    bundle.iter_weights = lambda: iter(bad)
+    with pytest.raises(ModelLoadError, match=r"model\.norm\.weight.*\(3,\)"):
+        mlx_runner(bundle)

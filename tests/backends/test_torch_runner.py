@@ -1,0 +1,130 @@
+"""TorchRunner's contract with the engine: state per request, outputs, sizing; and the real model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from backends import RunnerOptions, create_runner
+from backends.torch.runner import TorchRunner
+from localchat.engine.interface import KVCacheSpec, SchedulerOutput
+from localchat.engine.sampling_params import SamplingParams
+from tests.helpers.torch_batch import PagedDriver
+from tests.helpers.torch_models import bundle_from_hf, fp32_runner, tiny_hf_model
+
+PROMPT = [5, 17, 99, 3, 250, 42, 7, 7, 81, 130, 64]
+
+
+@pytest.fixture(scope="module")
+def runner() -> TorchRunner:
+    return fp32_runner(bundle_from_hf(tiny_hf_model("llama")))
+
+
+def test_registry_builds_the_torch_runner() -> None:
+    bundle = bundle_from_hf(tiny_hf_model("qwen3", head_dim=32))
+    runner = create_runner("torch", bundle, RunnerOptions(device="cpu", dtype="float32"))
+    assert isinstance(runner, TorchRunner)
+    assert runner.device_name == "cpu (float32)"
+    assert runner.kv_cache_spec == KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=32, dtype_bytes=4)
+
+
+def test_kv_cache_shapes_and_memory(runner: TorchRunner) -> None:
+    runner.initialize_kv_cache(num_blocks=10, block_size=8)
+    assert len(runner.kv_caches) == 2
+    for k, v in runner.kv_caches:
+        assert k.shape == v.shape == (10, 8, 2, 16) and k.dtype == torch.float32
+    free = runner.available_kv_memory()
+    assert free is not None and free > 0
+
+
+def test_states_follow_new_finished_and_preempted(runner: TorchRunner) -> None:
+    driver = PagedDriver(runner)
+    driver.add("a", PROMPT, SamplingParams(temperature=0.0, presence_penalty=1.0))
+    driver.add("b", PROMPT[:4], SamplingParams(temperature=0.7, seed=3))
+    driver.step()
+    assert set(runner.requests) == {"a", "b"}
+    assert runner.requests["b"].generator is not None and runner.requests["a"].seen is not None
+    driver.finish("b")
+    driver.preempt("a")
+    driver.step()  # a comes back as new, with its output so far
+    assert set(runner.requests) == {"a"}
+    counts = runner.requests["a"].output_counts
+    assert counts is not None and int(counts.sum()) == 2  # the resumed output token + this step's
+
+
+def test_empty_step_returns_nothing(runner: TorchRunner) -> None:
+    out = SchedulerOutput([], [], {}, 0, finished_req_ids={"gone"})
+    driver = PagedDriver(runner)
+    driver.add("a", PROMPT)
+    _, batch = driver.build()
+    result = runner.execute_model(out, batch)
+    assert result.req_ids == [] and result.sampled_token_ids == []
+
+
+def test_outputs_align_with_sample_req_ids_and_carry_logprobs(runner: TorchRunner) -> None:
+    driver = PagedDriver(runner)
+    driver.add("long", PROMPT * 2, SamplingParams(temperature=0.0, logprobs=3))
+    driver.add("short", PROMPT[:5], SamplingParams(temperature=0.0))
+    out = driver.step({"long": 10, "short": 5})  # "long" is mid-prefill: no token for it
+    assert out.req_ids == ["short"] and len(out.sampled_token_ids) == 1
+    assert out.logprobs is None
+    out = driver.step()
+    assert out.req_ids == ["long", "short"]
+    assert out.logprobs is not None and out.logprobs[1] == []
+    (lp,) = out.logprobs[0]
+    assert lp.token_id == out.sampled_token_ids[0][0] and len(lp.top) == 3
+    assert lp.top[0][0] == lp.token_id  # greedy: the sampled token is the most likely one
+
+
+def test_seeded_requests_repeat_across_runs(runner: TorchRunner) -> None:
+    def generate(companions: int) -> list[int]:
+        driver = PagedDriver(runner)
+        driver.add("seeded", PROMPT, SamplingParams(temperature=1.0, seed=42))
+        for i in range(companions):
+            driver.add(f"other{i}", PROMPT[i:], SamplingParams(temperature=1.0))
+        for _ in range(6):
+            driver.step()
+        for i in range(companions):
+            driver.finish(f"other{i}")
+        return driver.tokens("seeded")[len(PROMPT) :]
+
+    assert generate(0) == generate(3)
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_matches_transformers(smollm2_gguf: Path) -> None:
+    """The real Q4_1 file: our fp32 run is token-identical to transformers on the same dequantized
+    weights; the CPU default (bf16) run starts with the same tokens."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from localchat.weights.loader import load_model
+
+    bundle = load_model(smollm2_gguf)
+    c = bundle.config
+    prompt = bundle.tokenizer.encode(
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    hf = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=c.vocab_size,
+            hidden_size=c.hidden_size,
+            intermediate_size=c.intermediate_size,
+            num_hidden_layers=c.num_hidden_layers,
+            num_attention_heads=c.num_attention_heads,
+            num_key_value_heads=c.num_key_value_heads,
+            rms_norm_eps=c.rms_norm_eps,
+            rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
+            tie_word_embeddings=c.tie_word_embeddings,
+        )
+    ).eval()
+    hf.load_state_dict({w.name: torch.tensor(w.dequantize()) for w in bundle.iter_weights()}, strict=False)
+    with torch.no_grad():
+        expected = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt) :]
+    for dtype, n in (("float32", len(expected)), ("auto", 4)):
+        driver = PagedDriver(TorchRunner(bundle, RunnerOptions(dtype=dtype)), num_blocks=64, block_size=16)
+        driver.add("a", prompt)
+        for _ in range(n):
+            driver.step()
+        assert driver.tokens("a")[len(prompt) :] == expected[:n].tolist(), dtype

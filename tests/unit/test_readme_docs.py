@@ -1,0 +1,58 @@
+"""The README documents every CLI command, flag, setting/env var and API route (fails when one is missing)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from localchat.cli import COMMANDS
+from localchat.config import SETTINGS_SPEC
+from localchat.server.app import API_ROUTES
+from tests.helpers.live_server import REPO
+
+README = (REPO / "README.md").read_text()
+
+
+def test_the_two_commands_stay_at_the_top():
+    first_block = README.split("```bash\n", 1)[1].split("```", 1)[0]
+    assert first_block.splitlines() == [
+        "pip install . && localchat                         # install and run the app (downloads the default model)",
+        'pip install -e ".[test]" && python -m pytest       # install the test dependencies and run the tests',
+    ]
+
+
+@pytest.mark.parametrize("flag", sorted({f for s in SETTINGS_SPEC for f in s.flags}))
+def test_every_flag_is_documented(flag):
+    assert f"`{flag}`" in README
+
+
+@pytest.mark.parametrize("spec", SETTINGS_SPEC, ids=lambda s: s.name)
+def test_every_setting_and_env_var_is_documented(spec):
+    row = next((line for line in README.splitlines() if line.startswith(f"| `{spec.name}` |")), None)
+    assert row is not None, f"no settings-table row for {spec.name}"
+    assert f"`{spec.env}`" in row
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, "--ui-server"])
+def test_every_command_is_documented(command):
+    assert f"`localchat {command}`" in README
+
+
+def _documented_routes() -> set[tuple[str, str]]:
+    rows = re.findall(r"^\| (GET|POST) \| `([^`]+)` \|", README, flags=re.M)
+    return {(method, re.sub(r"\{[^}]*\}", "{}", path)) for method, path in rows}
+
+
+@pytest.mark.parametrize("handler", API_ROUTES, ids=lambda h: h.name)
+def test_every_route_is_documented(handler):
+    documented = _documented_routes()
+    for method in handler.http_methods:
+        for path in handler.paths:
+            normalized = re.sub(r"\{[^}]*\}", "{}", path)
+            if not normalized.startswith("/v1") and ("/v1" + normalized in {p for m, p in documented}):
+                assert "without the `/v1` prefix" in README
+                continue
+            assert (method, normalized) in documented, (
+                f"{method} {path} is missing from the README's route table"
+            )
