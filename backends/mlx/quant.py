@@ -45,6 +45,8 @@ class QuantizedWeight:
     biases: mx.array  # [out, in / group_size]
     bits: int
     group_size: int = GROUP_SIZE
+    # Steps with at least this many rows dequantize the matrix for a dense GEMM (0: never); see `linear`.
+    dense_from_rows: int = 0
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -93,22 +95,23 @@ def gguf_blocks_to_affine(dtype: str, data: np.ndarray) -> tuple[np.ndarray, np.
     return np.ascontiguousarray(packed).view(np.uint32).reshape(rows, -1), d, bias, bits
 
 
-def to_weight(weight: WeightTensor, dtype: mx.Dtype) -> Weight:
+def to_weight(weight: WeightTensor, dtype: mx.Dtype, dense_from_rows: int = 0) -> Weight:
     """A linear layer's matrix, never aliasing the memory-mapped file: quantized where MLX can."""
     if weight.dtype in NATIVE_TYPES:
-        return _to_quantized(weight, dtype)
+        return _to_quantized(weight, dtype, dense_from_rows)
     return DenseWeight(mx.contiguous(to_dense(weight, dtype).T))
 
 
-def to_embedding(weight: WeightTensor, dtype: mx.Dtype) -> Embedding:
-    return _to_quantized(weight, dtype) if weight.dtype in NATIVE_TYPES else to_dense(weight, dtype)
+def to_embedding(weight: WeightTensor, dtype: mx.Dtype, dense_from_rows: int = 0) -> Embedding:
+    if weight.dtype in NATIVE_TYPES:
+        return _to_quantized(weight, dtype, dense_from_rows)
+    return to_dense(weight, dtype)
 
 
-def _to_quantized(weight: WeightTensor, dtype: mx.Dtype) -> QuantizedWeight:
+def _to_quantized(weight: WeightTensor, dtype: mx.Dtype, dense_from_rows: int) -> QuantizedWeight:
     packed, scales, biases, bits = gguf_blocks_to_affine(weight.dtype, weight.data)
-    return QuantizedWeight(
-        mx.array(packed), mx.array(scales).astype(dtype), mx.array(biases).astype(dtype), bits
-    )
+    scales_mx, biases_mx = mx.array(scales).astype(dtype), mx.array(biases).astype(dtype)
+    return QuantizedWeight(mx.array(packed), scales_mx, biases_mx, bits, dense_from_rows=dense_from_rows)
 
 
 def to_dense(weight: WeightTensor, dtype: mx.Dtype) -> mx.array:
@@ -124,7 +127,14 @@ def to_dense(weight: WeightTensor, dtype: mx.Dtype) -> mx.array:
 
 def linear(x: mx.array, weight: Weight | Embedding, bias: mx.array | None = None) -> mx.array:
     """x [..., in] times the matrix [out, in] (+ bias) -> [..., out]."""
-    if isinstance(weight, QuantizedWeight):
+    if isinstance(weight, QuantizedWeight) and 0 < weight.dense_from_rows <= x.size // x.shape[-1]:
+        # MLX's CPU quantized matmul costs the same per row at any batch size; for many rows a
+        # transient dense copy is faster (backends/mlx/runner.py has the numbers).
+        dense = mx.dequantize(
+            weight.packed, weight.scales, weight.biases, group_size=weight.group_size, bits=weight.bits
+        )
+        y = x @ mx.contiguous(dense.T)
+    elif isinstance(weight, QuantizedWeight):
         y = mx.quantized_matmul(
             x,
             weight.packed,
@@ -169,4 +179,5 @@ def concat_rows(parts: list[Weight]) -> Weight | None:
         mx.concatenate([p.biases for p in quantized]),
         quantized[0].bits,
         quantized[0].group_size,
+        quantized[0].dense_from_rows,
     )

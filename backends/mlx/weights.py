@@ -54,7 +54,10 @@ LAYER_REQUIRED = ("attn_norm", "qkv", "o", "mlp_norm", "gate_up", "down")
 LAYER_OPTIONAL = ("qkv_bias", "o_bias", "q_norm", "k_norm")  # present per `LayerOptions`
 
 
-def load_model(config: ModelConfig, weights: Iterable[WeightTensor], dtype: mx.Dtype) -> DecoderLM:
+def load_model(
+    config: ModelConfig, weights: Iterable[WeightTensor], dtype: mx.Dtype, dense_from_rows: int = 0
+) -> DecoderLM:
+    """`dense_from_rows`: quantized matrices run as transient dense GEMMs for steps of that many rows."""
     model = model_class(config.model_type)(config)
     shapes = _expected_shapes(config)
     pending: dict[tuple[int, str], dict[int, Weight | Embedding]] = {}
@@ -68,7 +71,7 @@ def load_model(config: ModelConfig, weights: Iterable[WeightTensor], dtype: mx.D
             raise ModelLoadError(
                 f"Weight {weight.name!r} has shape {tuple(weight.shape)}, expected {shapes[key]} from the config."
             )
-        value = _convert(attr, weight, dtype)
+        value = _convert(attr, weight, dtype, dense_from_rows)
         _evaluate(value)
         if parts == 1:
             setattr(owner, attr, value)
@@ -154,10 +157,10 @@ def _missing(model: DecoderLM) -> list[str]:
     return names
 
 
-def _convert(attr: str, weight: WeightTensor, dtype: mx.Dtype) -> Weight | Embedding:
+def _convert(attr: str, weight: WeightTensor, dtype: mx.Dtype, dense_from_rows: int) -> Weight | Embedding:
     if attr == "embed":
-        return to_embedding(weight, dtype)
-    return to_weight(weight, dtype) if len(weight.shape) == 2 else to_dense(weight, dtype)
+        return to_embedding(weight, dtype, dense_from_rows)
+    return to_weight(weight, dtype, dense_from_rows) if len(weight.shape) == 2 else to_dense(weight, dtype)
 
 
 def _fuse(parts: list[Weight | Embedding]) -> Weight | mx.array | list[Weight]:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from backends.torch.attention import AttentionMetadata, paged_attention
+from backends.torch.quant import linear
 from localchat.errors import ModelLoadError
 from localchat.weights.config import ModelConfig
 
@@ -148,13 +149,13 @@ class DecoderLayer(nn.Module):
         tokens, hidden = x.shape
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         normed = F.rms_norm(x, (hidden,), self.attn_norm, self.eps)
-        qkv = F.linear(normed, self.qkv, self.qkv_bias).view(tokens, h + 2 * kvh, d)
+        qkv = linear(normed, self.qkv, self.qkv_bias).view(tokens, h + 2 * kvh, d)
         qk = qkv[:, : h + kvh]
         if self.qk_norm is not None:
             qk = F.rms_norm(qk, (d,), None, self.eps) * self.qk_norm
         qk = apply_rope(qk, cos, sin)  # [T, h + kvh, d]
         attn = paged_attention(qk[:, :h], qk[:, h:], qkv[:, h + kvh :], k_cache, v_cache, meta)
-        x = x + F.linear(attn.reshape(tokens, h * d), self.o, self.o_bias)
-        gate_up = F.linear(F.rms_norm(x, (hidden,), self.mlp_norm, self.eps), self.gate_up)
+        x = x + linear(attn.reshape(tokens, h * d), self.o, self.o_bias)
+        gate_up = linear(F.rms_norm(x, (hidden,), self.mlp_norm, self.eps), self.gate_up)
         inter = gate_up.shape[-1] // 2
-        return x + F.linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], self.down)
+        return x + linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], self.down)

@@ -1,7 +1,9 @@
-"""Turning a loader's `WeightTensor` into a torch tensor: the one place that knows about quantization.
+"""The one place that knows about quantization: weight conversion at load, and the matmul every
+projection calls.
 
-Today GGUF quantized blocks are dequantized to the compute dtype at load. Keeping them quantized
-(e.g. int8/int4 weight-only matmuls) plugs in here: return a packed tensor plus a matmul for it.
+Today GGUF quantized blocks are dequantized to the compute dtype at load and `linear` is `F.linear`.
+Keeping them quantized (int4/int8 weight-only matmuls) plugs in here: `to_tensor` returns a packed
+weight and `linear` dispatches on its type; models and layers stay unchanged.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import warnings
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from localchat.weights.tensors import WeightTensor
 
@@ -29,3 +32,8 @@ def to_tensor(weight: WeightTensor, dtype: torch.dtype, device: torch.device) ->
     if weight.dtype == "BF16":
         tensor = tensor.view(torch.bfloat16)
     return tensor.reshape(weight.shape).to(device=device, dtype=dtype, copy=True)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, in] @ weight [out, in].T (+ bias) -> [T, out]."""
+    return F.linear(x, weight, bias)

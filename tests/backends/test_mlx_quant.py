@@ -90,6 +90,10 @@ def test_quantized_weight_matmul_and_lookup(qtype: str) -> None:
     x = np.random.default_rng(3).standard_normal((5, COLS)).astype(np.float32) * 1e-2
     got = np.array(linear(mx.array(x), weight))
     np.testing.assert_allclose(got, x @ dense.T, rtol=1e-4, atol=1e-4 * np.abs(dense).max())
+    # Wide steps on CPU take the transient dense path: the same product.
+    wide = to_weight(WeightTensor("w", (ROWS, COLS), qtype, blocks), mx.float32, dense_from_rows=4)
+    assert isinstance(wide, QuantizedWeight) and wide.dense_from_rows == 4
+    np.testing.assert_allclose(np.array(linear(mx.array(x), wide)), got, rtol=1e-4, atol=1e-6)
     ids = mx.array([3, 0, 47, 3])
     np.testing.assert_array_equal(np.array(take_rows(weight, ids)), dense[[3, 0, 47, 3]])
 

@@ -44,6 +44,21 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "mistral": ("mistral", {}),
     "qwen2": ("qwen2", {"rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0}}),
     "qwen3": ("qwen3", {"head_dim": 32, "tie_word_embeddings": True}),
+    "llama-linear-rope": (
+        "llama",
+        {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}},
+    ),
+    "qwen2-yarn-rope": (
+        "qwen2",
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 128,
+            }
+        },
+    ),
 }
 
 
