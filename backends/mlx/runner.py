@@ -29,14 +29,20 @@ GEMM instead. Measured on the quiet dev box, float32, one 1536x576 Q4 matrix:
 | 16 | 12.9 ms | 8.0 ms |
 | 480 | 394 ms | 145 ms |
 
-`--threads` has no MLX equivalent and is ignored. On CPU, arrays made on one thread work on the engine
-thread; Metal (one default stream per thread) still needs checking on Apple hardware.
+`--threads` has no MLX equivalent and is ignored.
+
+Threads: the runner is built on the main thread but stepped on the engine thread. Since mlx 0.31.2
+streams are thread-local (a Metal stream made on one thread fails on another: "There is no
+Stream(gpu, 0) in current thread"), so every step runs under a stream of the calling thread, and
+everything built at load time is evaluated there, leaving no pending work bound to the main thread.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
+from collections.abc import Iterator
 
 import mlx.core as mx
 import numpy as np
@@ -95,6 +101,7 @@ class MLXRunner:
         self.requests: dict[str, RequestSampling] = {}
         self.kv_caches: list[LayerCache] = []
         self.block_size = 0
+        self._streams = threading.local()
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
@@ -127,13 +134,14 @@ class MLXRunner:
         self.block_size = block_size
 
     def execute_model(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> RunnerOutput:
-        self._update_states(scheduler_output)
-        if scheduler_output.is_empty or batch.num_tokens == 0:
-            return RunnerOutput(req_ids=[], sampled_token_ids=[])
-        logits = self._logits(batch)
-        if logits is None:  # only middle prefill chunks: the KV writes are the whole step
-            return RunnerOutput(req_ids=[], sampled_token_ids=[])
-        result = self.sampler(logits, [self.requests[r] for r in batch.sample_req_ids])
+        with self._thread_stream():
+            self._update_states(scheduler_output)
+            if scheduler_output.is_empty or batch.num_tokens == 0:
+                return RunnerOutput(req_ids=[], sampled_token_ids=[])
+            logits = self._logits(batch)
+            if logits is None:  # only middle prefill chunks: the KV writes are the whole step
+                return RunnerOutput(req_ids=[], sampled_token_ids=[])
+            result = self.sampler(logits, [self.requests[r] for r in batch.sample_req_ids])
         logprobs = None
         if result.logprobs is not None:
             logprobs = [[lp] if lp is not None else [] for lp in result.logprobs]
@@ -145,14 +153,25 @@ class MLXRunner:
 
     def compute_logits(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> mx.array:
         """Like `execute_model` but returns the float32 logits [num_sampled, vocab] (tests, debugging)."""
-        self._update_states(scheduler_output)
-        logits = self._logits(batch)
-        return mx.zeros((0, self.config.vocab_size)) if logits is None else logits.astype(mx.float32)
+        with self._thread_stream():
+            self._update_states(scheduler_output)
+            logits = self._logits(batch)
+            out = mx.zeros((0, self.config.vocab_size)) if logits is None else logits.astype(mx.float32)
+            mx.eval(out)
+            return out
 
     def shutdown(self) -> None:
         self.kv_caches = []
         self.requests.clear()
         mx.clear_cache()
+
+    @contextlib.contextmanager
+    def _thread_stream(self) -> Iterator[None]:
+        stream = getattr(self._streams, "stream", None)
+        if stream is None:
+            stream = self._streams.stream = mx.new_stream(self.device)
+        with mx.stream(stream):
+            yield
 
     def _update_states(self, out: SchedulerOutput) -> None:
         # Forget first: a preempted request comes back in the same step as a new one.

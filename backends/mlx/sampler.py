@@ -38,6 +38,7 @@ class RequestSampling:
             if not params.greedy:
                 for _ in output:  # one draw per token already sampled before a preemption
                     state.next_key()
+                mx.eval(state.key)
         if params.needs_penalties:
             seen = mx.zeros(vocab_size, dtype=mx.bool_)
             seen[mx.array(prompt + output, dtype=mx.int32)] = True
@@ -67,6 +68,7 @@ class SampleResult:
 class Sampler:
     def __init__(self, seed: int) -> None:
         self.key = mx.random.key(seed & _SEED_MASK)  # shared by unseeded requests
+        mx.eval(self.key)  # made on the loading thread, used on the engine thread: nothing left pending
 
     def __call__(self, logits: mx.array, states: list[RequestSampling]) -> SampleResult:
         """logits [N, vocab] (rows aligned with `states`) -> one token per row."""

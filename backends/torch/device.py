@@ -1,4 +1,4 @@
-"""Device and dtype selection for the torch backend (the table is in runner.py's docstring)."""
+"""Where and how the torch backend runs: device, dtype (table in runner.py), CPU threads, free RAM."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import torch
 from localchat.errors import BackendUnavailableError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# torch's own default (physical cores, or OMP_NUM_THREADS), read before any runner changes it.
+_TORCH_DEFAULT_THREADS = torch.get_num_threads()
 
 
 def pick_device(name: str) -> torch.device:
@@ -55,6 +57,21 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     if device.type == "mps":
         return torch.float16
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+
+
+def cpu_threads(requested: int | None) -> int:
+    """Intra-op threads: as requested, else what OMP_NUM_THREADS says, else all cores but one.
+
+    NOTE: leaving a core free looks wasteful but is not: every matmul ends in a barrier, and when any
+    other busy process (the HTTP server, the UI, another app) holds one of the cores, each barrier
+    waits out a scheduler slice. On the 2-core dev box, with one busy neighbour, decode fell from
+    ~20-40 tok/s with one thread to under 1 tok/s with two.
+    """
+    if requested:
+        return requested
+    if os.environ.get("OMP_NUM_THREADS"):
+        return _TORCH_DEFAULT_THREADS
+    return max(1, _TORCH_DEFAULT_THREADS - 1)
 
 
 def mem_available() -> int | None:

@@ -15,12 +15,13 @@ Device `auto`: cuda > mps > cpu. Dtype `auto`:
 | other cpu | float32 | bf16 matmuls are emulated there |
 
 Why bf16 on such CPUs, measured on the 2-core Zen 5 dev box (SmolLM2-135M, one thread, same load):
-fp32 prefill 211 / decode 10.8 / 16-stream 80 tok/s; bf16 364 / 23.0 / 137 tok/s. Decode reads every
+fp32 prefill 294 / decode 16.0 / 16-stream 113 tok/s; bf16 592 / 38.6 / 221 tok/s. Decode reads every
 weight once per token and is bandwidth-bound. bf16's greedy choice matched fp32's on 383 of 392
 teacher-forced tokens (the 8 benchmark chat prompts).
 For one-row matmuls, torch's own bf16 GEMV streams weights at ~28 GB/s where oneDNN gets ~12; it is
 only reachable with oneDNN off, and oneDNN wins from two rows up, so single-row matmuls switch oneDNN
-off (`_matmul_backend`). torch.compile is not used: compiling the 30-layer decode graph took minutes
+off (`_matmul_backend`). CPU threads default to all cores but one (see `device.cpu_threads`).
+torch.compile is not used: compiling the 30-layer decode graph took minutes
 on this box and a per-layer compile gave no measurable gain over this eager path.
 """
 
@@ -37,7 +38,7 @@ import torch
 
 from backends import RunnerOptions
 from backends.torch.attention import AttentionMetadata
-from backends.torch.device import mem_available, pick_device, pick_dtype
+from backends.torch.device import cpu_threads, mem_available, pick_device, pick_dtype
 from backends.torch.sampler import RequestSampling, Sampler
 from backends.torch.weights import load_model
 from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput
@@ -63,9 +64,9 @@ class _Step:
 
 class TorchRunner:
     def __init__(self, model: ModelBundle, options: RunnerOptions) -> None:
-        if options.num_threads:
-            torch.set_num_threads(options.num_threads)
         self.device = pick_device(options.device)
+        if self.device.type == "cpu" or options.num_threads:
+            torch.set_num_threads(cpu_threads(options.num_threads))
         self.dtype = pick_dtype(options.dtype, self.device)
         self.config = model.config
         with torch.inference_mode():

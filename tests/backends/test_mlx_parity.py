@@ -309,3 +309,28 @@ def test_missing_or_misshapen_weights_are_named() -> None:
     bundle.iter_weights = lambda: iter(bad)
     with pytest.raises(ModelLoadError, match=r"model\.norm\.weight.*\(3,\)"):
         mlx_runner(bundle)
+
+
+def test_steps_run_on_the_engine_thread() -> None:
+    """Built on this thread, stepped on another (as AsyncEngine does): on Metal, streams are per thread."""
+    import threading
+
+    hf = tiny_hf_model("llama")
+    runner = mlx_runner(bundle_from_hf(hf))
+    result: dict[str, object] = {}
+
+    def work() -> None:
+        try:
+            driver = Driver(runner)  # type: ignore[arg-type]
+            driver.add("a", PROMPT, SamplingParams(temperature=0.7, seed=5))
+            for _ in range(3):
+                driver.step()
+            result["tokens"] = driver.tokens("a")[len(PROMPT) :]
+        except Exception as exc:  # surfaced below
+            result["error"] = exc
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert "error" not in result, result.get("error")
+    assert len(result["tokens"]) == 3  # type: ignore[arg-type]

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from backends import RunnerOptions, create_runner
+from backends.torch import device
 from backends.torch.runner import TorchRunner
 from localchat.engine.interface import KVCacheSpec, SchedulerOutput
 from localchat.engine.sampling_params import SamplingParams
+from localchat.errors import ModelLoadError
+from localchat.weights.tensors import WeightTensor
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import bundle_from_hf, fp32_runner, tiny_hf_model
 
@@ -91,6 +95,29 @@ def test_seeded_requests_repeat_across_runs(runner: TorchRunner) -> None:
         return driver.tokens("seeded")[len(PROMPT) :]
 
     assert generate(0) == generate(3)
+
+
+def test_missing_or_unknown_weights_fail_the_load() -> None:
+    bundle = bundle_from_hf(tiny_hf_model("llama"))
+    weights = list(bundle.iter_weights())
+    bundle.iter_weights = lambda: iter([w for w in weights if "layers.1.mlp.up_proj" not in w.name])
+    with pytest.raises(ModelLoadError, match="lacks weights"):
+        fp32_runner(bundle)
+    extra = WeightTensor("model.layers.0.mlp.extra.weight", (2,), "F32", np.zeros(2, dtype=np.float32))
+    bundle.iter_weights = lambda: iter([*weights, extra])
+    with pytest.raises(ModelLoadError, match="Unexpected weight"):
+        fp32_runner(bundle)
+
+
+def test_cpu_threads_leave_a_core_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(device, "_TORCH_DEFAULT_THREADS", 8)
+    assert device.cpu_threads(None) == 7 and device.cpu_threads(3) == 3
+    monkeypatch.setattr(device, "_TORCH_DEFAULT_THREADS", 1)
+    assert device.cpu_threads(None) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    monkeypatch.setattr(device, "_TORCH_DEFAULT_THREADS", 4)
+    assert device.cpu_threads(None) == 4  # the user's explicit choice stands
 
 
 @pytest.mark.slow
