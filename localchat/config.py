@@ -80,7 +80,7 @@ class Settings:
         metavar="NAME",
     )
     backend: str = _opt("auto", ("--backend",), "inference backend", group="model", choices=BACKEND_CHOICES)
-    device: str = _opt("auto", ("--device",), "torch device: auto, cpu, cuda, cuda:N, mps", group="model")
+    device: str = _opt("auto", ("--device",), "device: auto, cpu, cuda, cuda:N, mps (torch); auto, cpu, gpu (mlx)", group="model")
     dtype: str = _opt("auto", ("--dtype",), "compute dtype: auto, float32, bfloat16, float16", group="model")
     threads: int | None = _opt(
         None,

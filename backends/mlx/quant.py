@@ -16,8 +16,10 @@ low nibble first. GGUF's 4-bit blocks instead put value j in the low nibble of b
 in its high nibble, hence the nibble shuffle below.
 
 Exactness: d, m are float16 and q has at most 8 bits, so `d * q`, `-8 d`, `-128 d` are exact in float32
-and `scale * q + bias` rounds exactly where GGUF's own formula does (tests/backends/test_mlx_quant.py).
-With float16 scales (Metal) the same holds unless `128 * d` overflows float16 (|d| > 511).
+and `scale * q + bias` rounds exactly where GGUF's own formula does: `mx.dequantize` equals gguf's
+dequantizer value for value in float32, the one bit-level difference being +0.0 where Q4_0 gives -0.0
+(q = 8, d < 0) (tests/backends/test_mlx_quant.py). With float16 scales (Metal) the same holds unless
+`128 * d` overflows float16 (|d| > 511).
 """
 
 from __future__ import annotations

@@ -57,6 +57,7 @@ from localchat.weights.bundle import ModelBundle
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 CPU_KV_FRACTION = 0.25  # of MemAvailable: the KV pool is zero-filled, so it is resident at once
+CPU_KV_CAP_BYTES = 1 << 30
 GPU_KV_FRACTION = 0.50  # of Metal's recommended working set left after the weights
 CPU_DENSE_FROM_ROWS = 8  # see the module docstring; Metal's quantized kernels batch well: never there
 
@@ -119,7 +120,8 @@ class MLXRunner:
             budget = int(info.get("max_recommended_working_set_size", 0)) - mx.get_active_memory()
             return max(0, int(budget * GPU_KV_FRACTION))
         available = _mem_available()
-        return None if available is None else int(available * CPU_KV_FRACTION)
+        # MLX commits its zero-filled pool up front (torch's CPU pool is lazy), so cap it on CPU.
+        return None if available is None else min(int(available * CPU_KV_FRACTION), CPU_KV_CAP_BYTES)
 
     def initialize_kv_cache(self, num_blocks: int, block_size: int) -> None:
         c = self.config

@@ -53,6 +53,10 @@ class AsyncEngine:
         return self.engine.max_model_len
 
     @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
     def num_in_flight(self) -> int:
         return self._in_flight
 
@@ -75,7 +79,7 @@ class AsyncEngine:
         if len(prompt_token_ids) >= self.max_model_len:
             raise ContextLengthExceededError(len(prompt_token_ids), self.max_model_len)
         with self._lock:
-            if not self._accepting or self._thread is None or not self._thread.is_alive():
+            if not self._accepting or not self.is_running:
                 raise EngineDeadError("The engine is not running (shutting down or stopped).")
             if self._in_flight >= self.max_in_flight:
                 raise QueueFullError(

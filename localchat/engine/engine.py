@@ -45,6 +45,9 @@ class LLMEngine:
             budget = config.kv_cache_mib * 2**20
         else:
             budget = runner.available_kv_memory() or DEFAULT_KV_CACHE_MIB * 2**20
+            # More than every sequence at full length can never be used: don't reserve it.
+            useful_tokens = config.max_num_seqs * (config.max_model_len or model_max_len)
+            budget = min(budget, -(-useful_tokens // config.block_size) * per_block)
         num_blocks = budget // per_block + 1  # +1: the null block
         if num_blocks < 2:
             raise InvalidRequestError(

@@ -70,10 +70,9 @@ _METRICS = (
 @get("/health", name="health", opt={"public": True})
 async def health(request: Request[Any, Any, Any]) -> Response[Any]:
     ctx = get_ctx(request)
-    engine_thread = ctx.engine._thread
     if ctx.draining:
         return Response({"status": "shutting_down"}, status_code=503)
-    if engine_thread is None or not engine_thread.is_alive():
+    if not ctx.engine.is_running:
         return Response({"status": "error", "detail": "the engine is not running"}, status_code=503)
     return Response({"status": "ok", "model": ctx.model_id})
 

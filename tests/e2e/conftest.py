@@ -11,12 +11,32 @@ import pytest
 
 from tests.helpers.live_server import LiveServer, live_server, real_backend_missing, server_args
 
-BACKENDS = ["fake", pytest.param("real", marks=pytest.mark.slow)]
+BACKENDS = [
+    "fake",
+    pytest.param("real", marks=pytest.mark.slow),
+    pytest.param("real-mlx", marks=[pytest.mark.slow, pytest.mark.mlx]),
+]
+REAL = ("real", "real-mlx")
+# MLX on a CPU is ~10x slower than torch: it runs the SDK/streaming conformance module only.
+MLX_MODULES = {"test_openai_sdk"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    keep, drop = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        (drop if params.get("backend") == "real-mlx" and module not in MLX_MODULES else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def _skip_unless_real(backend: str) -> None:
-    if backend == "real" and (why := real_backend_missing()):
+    if backend in REAL and (why := real_backend_missing()):
         pytest.skip(f"real-model server not available yet: {why}")
+    if backend == "real-mlx":
+        pytest.importorskip("mlx.core", reason="the mlx backend needs `pip install localchat[mlx]`")
 
 
 @pytest.fixture(scope="package", params=BACKENDS)
@@ -27,7 +47,7 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="package")
 def model_path(backend: str, request: pytest.FixtureRequest) -> Path | None:
-    return request.getfixturevalue("smollm2_gguf") if backend == "real" else None
+    return request.getfixturevalue("smollm2_gguf") if backend in REAL else None
 
 
 @pytest.fixture(scope="package")

@@ -92,6 +92,8 @@ def server_args(backend: str, model: Path | None) -> list[str]:
     if backend == "fake":
         return ["--backend", "fake"]
     assert model is not None
+    if backend == "real-mlx":
+        return ["--f", str(model), "--backend", "mlx"]  # float32 on CPU (see backends/mlx/runner.py)
     # fp32: tests compare greedy outputs across batch shapes; bf16 rounding differs with the batch and
     # flips near-tied tokens (the runners promise batch invariance in fp32, tests/backends).
     return ["--f", str(model), "--backend", "torch", "--dtype", "float32"]
