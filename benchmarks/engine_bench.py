@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 import time
@@ -67,7 +68,11 @@ def main() -> None:
     parser.add_argument("--decode-tokens", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=128, help="per request in the 16-request run")
     parser.add_argument("--mem", type=int, default=1024, help="KV cache MiB")
+    parser.add_argument("--threads", type=int, help="CPU compute threads (default: the backend's choice)")
     args = parser.parse_args()
+    if args.threads:
+        # Read by the backends when they size their thread pools (before any of them is imported).
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
 
     t0 = time.perf_counter()
     llm = LLM(args.model, backend=args.backend, device=args.device, dtype=args.dtype,
@@ -83,6 +88,7 @@ def main() -> None:
     rows = [
         ("model", Path(args.model).name),
         ("backend / device", f"{args.backend} / {device}"),
+        ("threads", str(args.threads or "backend default")),
         ("load time", f"{load_s:.1f} s"),
         (f"prefill ({prompt_len}-token chat prompt)", f"{prefill:.0f} tok/s"),
         (f"decode, single stream ({args.decode_tokens} tokens)", f"{decode:.1f} tok/s"),

@@ -124,6 +124,12 @@ def _decode(
         start, end = meta.decode_span, meta.decode_span + meta.decode_len
         keys = k_cache.view(-1, kv_heads, head_dim)[start:end]  # [S, kv_heads, d], no copy
         values = v_cache.view(-1, kv_heads, head_dim)[start:end]
+        import os
+        mode = os.environ.get("ATT_COPY", "none")
+        if mode == "clone":
+            keys, values = keys.clone(), values.clone()
+        elif mode == "f32":
+            keys, values, q = keys.float(), values.float(), q.float()
     else:
         # index_select copies whole blocks (much faster than advanced indexing): [D, S, kv_heads, d]
         flat = tables.flatten()
@@ -136,7 +142,7 @@ def _decode(
     # Group query heads by the KV head they share: [D, kv_heads, group, d]; no K/V repeat needed.
     grouped = q.view(rows, kv_heads, heads // kv_heads, head_dim)
     out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=meta.decode_mask)
-    return out.reshape(rows, heads, head_dim)
+    return out.reshape(rows, heads, head_dim).to(k_cache.dtype)
 
 
 def _prefill(

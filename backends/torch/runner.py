@@ -39,10 +39,12 @@ import torch
 from backends import RunnerOptions
 from backends.torch.attention import AttentionMetadata
 from backends.torch.device import cpu_threads, mem_available, pick_device, pick_dtype
+from backends.torch.quant import pick_policy
 from backends.torch.sampler import RequestSampling, Sampler
 from backends.torch.weights import load_model
 from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput
 from localchat.weights.bundle import ModelBundle
+from localchat.weights.config import ModelConfig
 
 CPU_KV_FRACTION = 0.25  # of MemAvailable; pages become resident only as the pool fills
 GPU_KV_FRACTION = 0.90  # of free device memory after the warm-up forward
@@ -69,8 +71,9 @@ class TorchRunner:
             torch.set_num_threads(cpu_threads(options.num_threads))
         self.dtype = pick_dtype(options.dtype, self.device)
         self.config = model.config
+        self.quant = pick_policy(self.device, self.dtype, _linear_bytes(model.config, self.dtype), mem_available())
         with torch.inference_mode():
-            self.model = load_model(model.config, model.iter_weights(), self.device, self.dtype)
+            self.model = load_model(model.config, model.iter_weights(), self.device, self.dtype, self.quant)
         self.sampler = Sampler(self.device, options.seed)
         self.requests: dict[str, RequestSampling] = {}
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -88,7 +91,10 @@ class TorchRunner:
         name = str(self.device)
         if self.device.type == "cuda":
             name += f" {torch.cuda.get_device_name(self.device)}"
-        return f"{name} ({str(self.dtype).removeprefix('torch.')})"
+        details = str(self.dtype).removeprefix("torch.")
+        if self.quant.int4:
+            details += ", int4 linears" + (" + dense copies" if self.quant.dense_copy else "")
+        return f"{name} ({details})"
 
     def available_kv_memory(self) -> int | None:
         if self.device.type == "cuda":
@@ -224,3 +230,11 @@ class TorchRunner:
                 self._logits(batch)
         finally:
             self.kv_caches, self.block_size = saved
+
+
+def _linear_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
+    """The decoder layers' matrices in `dtype`: what dense copies of int4 weights would cost."""
+    c = config
+    attention = c.hidden_size * c.head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)
+    per_layer = attention + 3 * c.hidden_size * c.intermediate_size
+    return c.num_hidden_layers * per_layer * dtype.itemsize

@@ -14,7 +14,7 @@ from torch import nn
 
 from backends.torch.models import model_class
 from backends.torch.models.base import DecoderLM
-from backends.torch.quant import to_tensor
+from backends.torch.quant import Loaded, QuantPolicy, Weight, convert, finalize, fuse
 from localchat.errors import ModelLoadError
 from localchat.weights.config import ModelConfig
 from localchat.weights.tensors import WeightTensor
@@ -38,31 +38,40 @@ LAYER_WEIGHTS: dict[str, tuple[str, int, int]] = {
     "mlp.down_proj.weight": ("down", 0, 1),
 }
 TOP_WEIGHTS = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
+# Matrices that only ever go through `linear` and so may stay packed (the embedding is indexed by row).
+LINEARS = frozenset({"qkv", "o", "gate_up", "down", "lm_head"})
 IGNORED = re.compile(r"rotary_emb\.inv_freq$")  # buffers some old checkpoints saved
 LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
 
 def load_model(
-    config: ModelConfig, weights: Iterable[WeightTensor], device: torch.device, dtype: torch.dtype
+    config: ModelConfig,
+    weights: Iterable[WeightTensor],
+    device: torch.device,
+    dtype: torch.dtype,
+    policy: QuantPolicy | None = None,
 ) -> DecoderLM:
+    policy = policy or QuantPolicy()
     cls = model_class(config.model_type)
     with torch.device("meta"):
         model = cls(config, device)
-    pending: dict[tuple[nn.Module, str], dict[int, torch.Tensor]] = {}
+    pending: dict[tuple[nn.Module, str], dict[int, Loaded]] = {}
     for weight in weights:
         target = _target(model, weight.name)
         if target is None:
             continue
         module, pname, part, parts = target
-        tensor = to_tensor(weight, dtype, device)
+        rule = policy if pname in LINEARS else QuantPolicy()
+        loaded = convert(weight, dtype, device, rule)
         if parts == 1:
-            _assign(module, pname, tensor, weight.name)
+            _assign(module, pname, finalize(loaded, dtype, device, policy), weight.name)
             continue
         got = pending.setdefault((module, pname), {})
-        got[part] = tensor
+        got[part] = loaded
         if len(got) == parts:
             del pending[(module, pname)]
-            _assign(module, pname, _fuse(pname, [got[i] for i in range(parts)], config), weight.name)
+            fused = _fuse(pname, [got[i] for i in range(parts)], config)
+            _assign(module, pname, finalize(fused, dtype, device, policy), weight.name)
     if model.lm_head is not None and model.lm_head.is_meta:
         # Like llama.cpp: a checkpoint without an output matrix reuses the embedding.
         model.lm_head = None
@@ -95,18 +104,24 @@ def _target(model: DecoderLM, name: str) -> tuple[nn.Module, str, int, int] | No
     )
 
 
-def _fuse(pname: str, parts: list[torch.Tensor], config: ModelConfig) -> torch.Tensor:
+def _fuse(pname: str, parts: list[Loaded], config: ModelConfig) -> Loaded:
     if pname == "qk_norm":  # [head_dim] each -> one row per q head, then one per k head
         q_norm, k_norm = parts
+        assert isinstance(q_norm, torch.Tensor) and isinstance(k_norm, torch.Tensor)
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
         return torch.cat((q_norm.expand(heads, -1), k_norm.expand(kv_heads, -1)))
-    return torch.cat(parts)
+    return fuse(parts)
 
 
-def _assign(module: nn.Module, pname: str, tensor: torch.Tensor, source: str) -> None:
+def _assign(module: nn.Module, pname: str, weight: Weight, source: str) -> None:
     current = getattr(module, pname)
-    if tuple(current.shape) != tuple(tensor.shape):
+    if tuple(current.shape) != tuple(weight.shape):
         raise ModelLoadError(
-            f"Weight {source!r} has shape {tuple(tensor.shape)}, expected {tuple(current.shape)} from the config."
+            f"Weight {source!r} has shape {tuple(weight.shape)}, expected {tuple(current.shape)} from the config."
         )
-    setattr(module, pname, nn.Parameter(tensor, requires_grad=False))
+    if isinstance(weight, torch.Tensor):
+        setattr(module, pname, nn.Parameter(weight, requires_grad=False))
+        return
+    # A packed matrix is no tensor: it replaces the meta parameter as a plain attribute.
+    delattr(module, pname)
+    object.__setattr__(module, pname, weight)
