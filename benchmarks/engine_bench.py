@@ -1,6 +1,6 @@
 """Engine-only benchmark (no HTTP): single-stream prefill/decode, 16-request aggregate, TTFT, peak RSS.
 
-    python benchmarks/engine_bench.py --model .models/SmolLM2-135M-Instruct.Q4_1.gguf [--backend torch]
+python benchmarks/engine_bench.py --model .models/SmolLM2-135M-Instruct.Q4_1.gguf [--backend torch]
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.workload import CONCURRENT_PROMPTS, long_chat_messages  # noqa: E402
-from localchat import LLM, SamplingParams  # noqa: E402
-from localchat.engine.config import EngineConfig  # noqa: E402
+from benchmarks.workload import CONCURRENT_PROMPTS, long_chat_messages
+from localchat import LLM, SamplingParams
+from localchat.engine.config import EngineConfig
 
 
 def peak_rss_mib() -> float:
@@ -45,8 +45,10 @@ def concurrent(llm: LLM, max_tokens: int) -> tuple[int, float, float, float]:
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     start = time.perf_counter()
-    ids = [engine.add_request(llm.apply_chat_template([{"role": "user", "content": p}]), params)
-           for p in CONCURRENT_PROMPTS]
+    ids = [
+        engine.add_request(llm.apply_chat_template([{"role": "user", "content": p}]), params)
+        for p in CONCURRENT_PROMPTS
+    ]
     ttft: dict[str, float] = {}
     tokens = 0
     while engine.has_unfinished:
@@ -60,7 +62,9 @@ def concurrent(llm: LLM, max_tokens: int) -> tuple[int, float, float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", required=True)
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--device", default="auto")
@@ -75,8 +79,13 @@ def main() -> None:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
 
     t0 = time.perf_counter()
-    llm = LLM(args.model, backend=args.backend, device=args.device, dtype=args.dtype,
-              engine_config=EngineConfig(kv_cache_mib=args.mem))
+    llm = LLM(
+        args.model,
+        backend=args.backend,
+        device=args.device,
+        dtype=args.dtype,
+        engine_config=EngineConfig(kv_cache_mib=args.mem),
+    )
     load_s = time.perf_counter() - t0
     llm.generate("Warm up.", SamplingParams(temperature=0, max_tokens=8))  # first-call allocations
 

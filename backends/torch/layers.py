@@ -107,8 +107,19 @@ class Rotary:
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [T, heads, d] -> rotated copy (non-interleaved halves, as Hugging Face checkpoints expect)."""
-    half = x.shape[-1] // 2
-    return torch.addcmul(x * cos, torch.cat((x[..., half:], x[..., :half]), dim=-1), sin)
+    # roll by half swaps the halves: cat(x2, x1) in one op
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim of x [..., n] (times `weight` [n] if given).
+
+    NOTE: computed as LayerNorm over [x, -x], which has mean 0 and the same mean square as x: on CPU
+    that is one fused kernel where F.rms_norm runs ~6 ops (13 vs 7 us per decode row, dev box).
+    """
+    n = x.shape[-1]
+    normed = F.layer_norm(torch.cat((x, -x), dim=-1), (2 * n,), None, None, eps)[..., :n]
+    return normed if weight is None else normed * weight
 
 
 def empty_param(*shape: int) -> nn.Parameter:
@@ -146,16 +157,16 @@ class DecoderLayer(nn.Module):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
     ) -> torch.Tensor:
-        tokens, hidden = x.shape
+        tokens = x.shape[0]
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
-        normed = F.rms_norm(x, (hidden,), self.attn_norm, self.eps)
+        normed = rms_norm(x, self.attn_norm, self.eps)
         qkv = linear(normed, self.qkv, self.qkv_bias).view(tokens, h + 2 * kvh, d)
         qk = qkv[:, : h + kvh]
         if self.qk_norm is not None:
-            qk = F.rms_norm(qk, (d,), None, self.eps) * self.qk_norm
+            qk = rms_norm(qk, None, self.eps) * self.qk_norm
         qk = apply_rope(qk, cos, sin)  # [T, h + kvh, d]
         attn = paged_attention(qk[:, :h], qk[:, h:], qkv[:, h + kvh :], k_cache, v_cache, meta)
         x = x + linear(attn.reshape(tokens, h * d), self.o, self.o_bias)
-        gate_up = linear(F.rms_norm(x, (hidden,), self.mlp_norm, self.eps), self.gate_up)
+        gate_up = linear(rms_norm(x, self.mlp_norm, self.eps), self.gate_up)
         inter = gate_up.shape[-1] // 2
         return x + linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], self.down)

@@ -11,16 +11,17 @@ tests/backends/test_torch_quant.py):
 | Q4_0: d f16, 16 bytes of nibbles | d * (q - 8) | q | d | 0 |
 | Q4_1: d f16, m f16, 16 bytes of nibbles | d * q + m | q | d | m + 8 d |
 
-The kernel wants scale/zero in the activation dtype, so d (f16, 11-bit mantissa) and m + 8d round to
-bfloat16 (8 bits): a relative error <= 2^-9 per group, the same bound as rounding each dequantized
-weight to bf16 (the dense path), but shared by the group's 32 weights instead of independent.
-(float32/float16 activations would keep them exact, but the kernel has no fast path for those: 30-50x
-slower on the dev box.)
+The kernel wants scale/zero in the activation dtype, so d (f16, 11 significant bits) and m + 8d round
+to bfloat16 (8 bits): each moves by at most 2^-8 of itself, shared by the group's 32 weights (the dense
+bf16 path rounds each weight by the same bound, independently). The kernel then sums in float32 and
+rounds its output once (tests/backends/test_torch_quant.py). float32/float16 activations would keep the
+scales exact, but the kernel has no fast path for them (30-50x slower on the dev box).
 
-One-row steps read 4.6 bits per weight instead of 16, measured 2.1x faster than the bf16 GEMV over the
-30 layers of SmolLM2-135M. The kernel is compute-bound, though: from about 6 rows a dense oneDNN GEMM
-wins (2.4x at prefill sizes), so when memory allows (`QuantPolicy.dense_copy`) each int4 matrix also
-keeps its dequantized bf16 copy for steps with `DENSE_FROM_ROWS` rows or more.
+One-row steps read ~5 bits per weight instead of 16: the 30 layers of SmolLM2-135M take 6.5 instead of
+14 ms per token on one thread (3.7 vs 8 on two). The kernel is compute-bound, though: at 16 rows (one
+thread) to 32 (two) it only ties a dense oneDNN GEMM, and a 507-token prefill runs 1.9x slower. So
+when memory allows (`QuantPolicy.dense_copy`) each int4 matrix also keeps its dequantized bf16 copy for
+steps of `DENSE_FROM_ROWS` rows or more.
 
 Every other quantized type, Q8_0 included, is dequantized to the compute dtype: torch has no int8
 kernel with per-32 group scales, and its per-channel `_weight_int8pack_mm` was no faster than the bf16
@@ -46,9 +47,8 @@ QUANT_ENV = "LOCALCHAT_TORCH_QUANT"
 QUANT_MODES = ("auto", "int4", "dequant")
 INT4_TYPES = ("Q4_0", "Q4_1")
 GROUP_SIZE = 32
-# Rows from which a dense GEMM beats the int4 kernel (dev box, 1-2 threads: even at 4 rows, int4 ahead
-# below; see the module docstring).
-DENSE_FROM_ROWS = 6
+# Rows from which the dense copy is used: the int4 kernel ties a dense GEMM at 16-32 rows (1-2 threads).
+DENSE_FROM_ROWS = 24
 DENSE_COPY_RAM_FRACTION = 0.4  # of MemAvailable: dense copies only when all of them fit well within it
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
 
@@ -135,7 +135,9 @@ def fuse(parts: list[Loaded]) -> Loaded:
         )
     dense = [p for p in parts if isinstance(p, torch.Tensor)]
     like = dense[0]
-    return torch.cat([p if isinstance(p, torch.Tensor) else _dense(p, like.dtype, like.device) for p in parts])
+    return torch.cat(
+        [p if isinstance(p, torch.Tensor) else _dense(p, like.dtype, like.device) for p in parts]
+    )
 
 
 def finalize(loaded: Loaded, dtype: torch.dtype, device: torch.device, policy: QuantPolicy) -> Weight:

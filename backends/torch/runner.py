@@ -71,7 +71,9 @@ class TorchRunner:
             torch.set_num_threads(cpu_threads(options.num_threads))
         self.dtype = pick_dtype(options.dtype, self.device)
         self.config = model.config
-        self.quant = pick_policy(self.device, self.dtype, _linear_bytes(model.config, self.dtype), mem_available())
+        self.quant = pick_policy(
+            self.device, self.dtype, _linear_bytes(model.config, self.dtype), mem_available()
+        )
         with torch.inference_mode():
             self.model = load_model(model.config, model.iter_weights(), self.device, self.dtype, self.quant)
         self.sampler = Sampler(self.device, options.seed)

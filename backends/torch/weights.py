@@ -72,7 +72,7 @@ def load_model(
             del pending[(module, pname)]
             fused = _fuse(pname, [got[i] for i in range(parts)], config)
             _assign(module, pname, finalize(fused, dtype, device, policy), weight.name)
-    if model.lm_head is not None and model.lm_head.is_meta:
+    if isinstance(model.lm_head, nn.Parameter) and model.lm_head.is_meta:
         # Like llama.cpp: a checkpoint without an output matrix reuses the embedding.
         model.lm_head = None
     missing = [name for name, p in model.named_parameters() if p.is_meta]

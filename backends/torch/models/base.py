@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from backends.torch.attention import AttentionMetadata
-from backends.torch.layers import DecoderLayer, LayerOptions, Rotary, empty_param
+from backends.torch.layers import DecoderLayer, LayerOptions, Rotary, empty_param, rms_norm
 from backends.torch.quant import linear
 from localchat.weights.config import ModelConfig
 
@@ -58,5 +58,5 @@ class DecoderLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] (pre-norm) -> logits [N, vocab] in the compute dtype."""
-        x = F.rms_norm(hidden, (hidden.shape[-1],), self.norm, self.config.rms_norm_eps)
+        x = rms_norm(hidden, self.norm, self.config.rms_norm_eps)
         return linear(x, self.embed if self.lm_head is None else self.lm_head)
