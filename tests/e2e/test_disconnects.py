@@ -9,6 +9,8 @@ import time
 import httpx
 import pytest
 
+from tests.helpers.run_async import run_async
+
 pytestmark = pytest.mark.slow
 
 
@@ -54,7 +56,7 @@ def test_twenty_streaming_clients_disconnect(server, backend):
         async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as client:
             return await asyncio.gather(*(leave_after_a_few_chunks(client) for _ in range(20)))
 
-    assert asyncio.run(run()) == [3] * 20
+    assert run_async(run()) == [3] * 20
     metrics = _wait_for_idle(server)
     assert metrics["localchat_generation_tokens_total"] > 0
     assert server.healthy()

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.helpers.live_server import live_server, server_args
+from tests.helpers.run_async import run_async
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +81,7 @@ def test_64_concurrent_streams_with_a_small_kv_budget(backend, model_path, promp
                 )
                 return alone, list(together)
 
-        alone, together = asyncio.run(run())
+        alone, together = run_async(run())
         assert all(text for text, _ in alone)
         differ = [i for i, result in enumerate(together) if result != alone[i % len(bodies)]]
         assert not differ, (

@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from tests.helpers.live_server import check_chat_stream, parse_sse
+from tests.helpers.run_async import run_async
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +83,7 @@ def test_async_client_concurrent(server, model_id, greedy):
 
             return await asyncio.gather(one(), one(), streamed(), streamed())
 
-    assert asyncio.run(run()) == [greedy.choices[0].message.content] * 4
+    assert run_async(run()) == [greedy.choices[0].message.content] * 4
 
 
 def test_completions(client, model_id):

@@ -13,6 +13,7 @@ from localchat.engine.request import FinishReason
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import ContextLengthExceededError, EngineDeadError, QueueFullError
 from tests.helpers.fake_engine import chat_prompt, fake_engine
+from tests.helpers.run_async import run_async
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def test_concurrent_async_streams_each_get_their_own_reply(engine: AsyncEngine) 
     async def main() -> list[str]:
         return await asyncio.gather(*(one(i) for i in range(10)))
 
-    assert asyncio.run(main()) == [f"answer {i}" for i in range(10)]
+    assert run_async(main()) == [f"answer {i}" for i in range(10)]
     assert engine.engine.block_manager.num_used_blocks == 0
 
 
@@ -44,7 +45,7 @@ def test_leaving_the_stream_early_aborts_and_frees_blocks(engine: AsyncEngine) -
             if out.num_output_tokens >= 5:
                 break
 
-    asyncio.run(main())
+    run_async(main())
     for _ in range(200):
         if engine.num_in_flight == 0:
             break
