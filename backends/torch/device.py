@@ -60,18 +60,21 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def cpu_threads(requested: int | None) -> int:
-    """Intra-op threads: as requested, else what OMP_NUM_THREADS says, else all cores but one.
-
-    NOTE: leaving a core free looks wasteful but is not: every matmul ends in a barrier, and when any
-    other busy process (the HTTP server, the UI, another app) holds one of the cores, each barrier
-    waits out a scheduler slice. On the 2-core dev box, with one busy neighbour, decode fell from
-    ~20-40 tok/s with one thread to under 1 tok/s with two.
-    """
+    """Intra-op threads to start with: as requested, else what OMP_NUM_THREADS says, else all cores
+    but one (the safe count: see backends/torch/threads.py, which may then switch to all cores)."""
     if requested:
         return requested
     if os.environ.get("OMP_NUM_THREADS"):
         return _TORCH_DEFAULT_THREADS
     return max(1, _TORCH_DEFAULT_THREADS - 1)
+
+
+def adaptive_thread_choices(requested: int | None) -> tuple[int, int] | None:
+    """(all cores but one, all cores) when the count is ours to choose per step, else None (the user
+    set it, by option or OMP_NUM_THREADS, or there is a single core)."""
+    if requested or os.environ.get("OMP_NUM_THREADS") or _TORCH_DEFAULT_THREADS < 2:
+        return None
+    return (_TORCH_DEFAULT_THREADS - 1, _TORCH_DEFAULT_THREADS)
 
 
 def mem_available() -> int | None:

@@ -20,7 +20,8 @@ weight once per token and is bandwidth-bound. bf16's greedy choice matched fp32'
 teacher-forced tokens (the 8 benchmark chat prompts).
 For one-row matmuls, torch's own bf16 GEMV streams weights at ~28 GB/s where oneDNN gets ~12; it is
 only reachable with oneDNN off, and oneDNN wins from two rows up, so single-row matmuls switch oneDNN
-off (`_matmul_backend`). CPU threads default to all cores but one (see `device.cpu_threads`).
+off (`_matmul_backend`). CPU threads: all cores or all but one, picked per kind of step by measuring
+(threads.py), unless the user sets a count.
 torch.compile is not used: compiling the 30-layer decode graph took minutes
 on this box and a per-layer compile gave no measurable gain over this eager path.
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import math
 import mmap
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -38,9 +40,10 @@ import torch
 
 from backends import RunnerOptions
 from backends.torch.attention import AttentionMetadata
-from backends.torch.device import cpu_threads, mem_available, pick_device, pick_dtype
+from backends.torch.device import adaptive_thread_choices, cpu_threads, mem_available, pick_device, pick_dtype
 from backends.torch.quant import pick_policy
 from backends.torch.sampler import RequestSampling, Sampler
+from backends.torch.threads import ThreadGovernor
 from backends.torch.weights import load_model
 from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput
 from localchat.weights.bundle import ModelBundle
@@ -69,6 +72,8 @@ class TorchRunner:
         self.device = pick_device(options.device)
         if self.device.type == "cpu" or options.num_threads:
             torch.set_num_threads(cpu_threads(options.num_threads))
+        choices = adaptive_thread_choices(options.num_threads) if self.device.type == "cpu" else None
+        self.threads = ThreadGovernor(choices) if choices else None
         self.dtype = pick_dtype(options.dtype, self.device)
         self.config = model.config
         self.quant = pick_policy(
@@ -126,9 +131,15 @@ class TorchRunner:
         self._update_states(scheduler_output)
         if scheduler_output.is_empty or batch.num_tokens == 0:
             return RunnerOutput(req_ids=[], sampled_token_ids=[])
+        threads = self.threads.threads_for(batch.num_tokens) if self.threads else 0
+        if threads:
+            torch.set_num_threads(threads)
+        start = time.perf_counter()
         with torch.inference_mode():
             logits = self._logits(batch)
             result = self.sampler(logits, [self.requests[r] for r in batch.sample_req_ids])
+        if self.threads:
+            self.threads.record(batch.num_tokens, threads, time.perf_counter() - start)
         logprobs = None
         if result.logprobs is not None:
             logprobs = [[lp] if lp is not None else [] for lp in result.logprobs]
