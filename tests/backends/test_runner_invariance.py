@@ -60,10 +60,14 @@ def generate(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> li
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     ids = [engine.add_request(p, params) for p in prompts]
     out: dict[str, list[int]] = {i: [] for i in ids}
+    text: dict[str, str] = dict.fromkeys(ids, "")
     while engine.has_unfinished:
         for o in engine.step():
             assert o.error is None, o.error
             out[o.req_id].extend(o.new_token_ids)
+            text[o.req_id] += o.text_delta
+    for i in ids:  # the streaming detokenizer's invariant, on every generation here
+        assert text[i] == engine.tokenizer.decode(out[i]), i
     return [out[i] for i in ids]
 
 
