@@ -3,15 +3,13 @@ without the `/v1` prefix), /health, /metrics, and the web UI when it is on and i
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
-from litestar import Litestar, Router
+from litestar import Litestar
 from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 
@@ -21,6 +19,7 @@ from localchat.server.monitoring import health, metrics
 from localchat.server.openai_chat import chat_completions
 from localchat.server.openai_completions import completions
 from localchat.server.openai_models import get_model, list_models
+from localchat.server.web import close_web_state, create_web_router
 
 if TYPE_CHECKING:
     from localchat.config import Settings
@@ -29,14 +28,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 API_ROUTES = [chat_completions, completions, list_models, get_model, health, metrics]
-
-
-def _web_router(settings: Settings) -> Router | None:
-    """The UI lives in server/web.py (its own issue); serve it when present and not turned off."""
-    if not settings.ui or importlib.util.find_spec("localchat.server.web") is None:
-        return None
-    web = importlib.import_module("localchat.server.web")
-    return web.create_web_router(settings)
 
 
 def create_app(settings: Settings, ctx: ServerContext) -> Litestar:
@@ -50,11 +41,12 @@ def create_app(settings: Settings, ctx: ServerContext) -> Litestar:
         finally:
             ctx.draining = True
             await anyio.to_thread.run_sync(ctx.engine.shutdown, settings.shutdown_timeout)
+            close_web_state(app.state)
             log.info("engine stopped")
 
     handlers: list[Any] = list(API_ROUTES)
-    if (web := _web_router(settings)) is not None:
-        handlers.append(web)
+    if settings.ui:
+        handlers.append(create_web_router(settings))
     cors = None
     if settings.cors_origins:
         cors = CORSConfig(
