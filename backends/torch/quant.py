@@ -23,17 +23,24 @@ thread) to 32 (two) it only ties a dense oneDNN GEMM, and a 507-token prefill ru
 when memory allows (`QuantPolicy.dense_copy`) each int4 matrix also keeps its dequantized bf16 copy for
 steps of `DENSE_FROM_ROWS` rows or more.
 
-Every other quantized type, Q8_0 included, is dequantized to the compute dtype: torch has no int8
-kernel with per-32 group scales, and its per-channel `_weight_int8pack_mm` was no faster than the bf16
-GEMV (see the runner docstring). `LOCALCHAT_TORCH_QUANT` picks the mode: `auto` (int4 where it applies,
-with dense copies if they fit in RAM), `int4` (never a dense copy: least memory) or `dequant` (all
-dense, the reference path).
+A Q8_0 LM head (here the tied embedding) has no int8 kernel with per-32 scales to go to (torch's
+`_weight_int8pack_mm` takes one scale per row, and was no faster than the bf16 GEMV anyway), but it
+splits exactly into two int4 matrices: with u = q + 128 = 16 hi + lo, d q = [16d (hi - 8) + 8d] +
+[d (lo - 8)], so the int4 kernel runs it from 9 bits per weight instead of 16 (`SplitQ8Weight`; one-row
+steps: 3.8 vs 4.6 ms on one thread, 1.7 vs 2.2 on two). Its d rounds to bf16 like the Q4 scales; the
+two halves' outputs round to bf16 before they are added (3 roundings of the logits instead of 1).
+Steps of more rows use the dense table the embedding keeps anyway (a Q4_0/Q4_1 LM head or tied
+embedding is packed like the layers, with that table as its dense copy). Every other quantized type is
+dequantized to the compute dtype. `LOCALCHAT_TORCH_QUANT` picks the mode: `auto` (int4 where it
+applies, with dense copies if they fit in RAM), `int4` (never a dense copy: least memory) or `dequant`
+(all dense, the reference path).
 """
 
 from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +58,9 @@ GROUP_SIZE = 32
 DENSE_FROM_ROWS = 24
 DENSE_COPY_RAM_FRACTION = 0.4  # of MemAvailable: dense copies only when all of them fit well within it
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
+# Rows packed per converter call: slices made of whole row tiles of the layout (64 rows today) pack to
+# the same bytes as one call (test_torch_quant.py checks).
+PACK_ROWS = 4096
 
 
 @dataclass(slots=True, frozen=True)
@@ -111,8 +121,21 @@ class Int4Parts:
         return (self.codes.shape[0], self.codes.shape[1])
 
 
+@dataclass(slots=True)
+class SplitQ8Weight:
+    """A Q8_0 matrix `[out, in]` as the sum of two int4 matrices (module docstring), for one-row steps."""
+
+    high: Int4Weight  # 16d (hi - 8) + 8d
+    low: Int4Weight  # d (lo - 8)
+    dense: torch.Tensor  # [out, in] compute dtype (the embedding table when tied)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.high.shape
+
+
 Loaded = torch.Tensor | Int4Parts  # what `convert` returns
-Weight = torch.Tensor | Int4Weight  # what `linear` takes
+Weight = torch.Tensor | Int4Weight | SplitQ8Weight  # what `linear` takes
 
 
 def convert(weight: WeightTensor, dtype: torch.dtype, device: torch.device, policy: QuantPolicy) -> Loaded:
@@ -143,16 +166,20 @@ def fuse(parts: list[Loaded]) -> Loaded:
 def finalize(loaded: Loaded, dtype: torch.dtype, device: torch.device, policy: QuantPolicy) -> Weight:
     if isinstance(loaded, torch.Tensor):
         return loaded
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(loaded.codes.to(torch.int32), 1)
-    scale_zeros = torch.stack((loaded.scale.t(), loaded.zero.t()), dim=-1).to(dtype).contiguous()
+    rows, cols = loaded.shape
+    packed = _pack(rows, cols, lambda start, end: loaded.codes[start:end])
     dense = _dense(loaded, dtype, device) if policy.dense_copy else None
-    return Int4Weight(packed.to(device), scale_zeros.to(device), dense)
+    return Int4Weight(packed.to(device), _scale_zeros(loaded.scale, loaded.zero, dtype).to(device), dense)
 
 
 def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, in] @ weight [out, in].T (+ bias) -> [T, out]."""
     if isinstance(weight, torch.Tensor):
         return F.linear(x, weight, bias)
+    if isinstance(weight, SplitQ8Weight):
+        if x.shape[0] > 1:  # measured faster only for one row: the kernel is compute-bound
+            return F.linear(x, weight.dense, bias)
+        return linear(x, weight.high, bias) + linear(x, weight.low)
     if weight.dense is not None and x.shape[0] >= DENSE_FROM_ROWS:
         return F.linear(x, weight.dense, bias)
     out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, weight.packed, GROUP_SIZE, weight.scale_zeros)
@@ -161,6 +188,14 @@ def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) ->
 
 def to_tensor(weight: WeightTensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A fresh tensor (never aliasing the memory-mapped file) of `weight.shape` in `dtype` on `device`."""
+    if weight.is_quantized and weight.shape[0] > PACK_ROWS:
+        # Row slices: dequantizing a 49152-row embedding at once takes ~300 MB of float32 temporaries.
+        out = torch.empty(weight.shape, dtype=dtype, device=device)
+        for start in range(0, weight.shape[0], PACK_ROWS):
+            rows = weight.data[start : start + PACK_ROWS]
+            part = WeightTensor(weight.name, (rows.shape[0], *weight.shape[1:]), weight.dtype, rows)
+            out[start : start + rows.shape[0]] = to_tensor(part, dtype, device)
+        return out
     if weight.is_quantized:
         array = weight.dequantize()
     elif weight.dtype == "BF16":
@@ -174,6 +209,55 @@ def to_tensor(weight: WeightTensor, dtype: torch.dtype, device: torch.device) ->
     if weight.dtype == "BF16":
         tensor = tensor.view(torch.bfloat16)
     return tensor.reshape(weight.shape).to(device=device, dtype=dtype, copy=True)
+
+
+def pack_head(
+    weight: WeightTensor, dense: torch.Tensor, dtype: torch.dtype
+) -> Int4Weight | SplitQ8Weight | None:
+    """The packed form of an LM head whose `dense` table is kept anyway (None: no kernel for it)."""
+    if weight.dtype == "Q8_0":
+        return split_q8(weight, dense, dtype)
+    if weight.dtype not in INT4_TYPES or weight.shape[0] % 16 or dense.device.type != "cpu":
+        return None
+    rule = QuantPolicy(int4=True)
+    head = finalize(_int4_parts(weight), dtype, dense.device, rule)
+    assert isinstance(head, Int4Weight)
+    head.dense = dense  # shared with the embedding: no second copy
+    return head
+
+
+def split_q8(weight: WeightTensor, dense: torch.Tensor, dtype: torch.dtype) -> SplitQ8Weight | None:
+    """A Q8_0 matrix as two int4 ones (None where the kernel cannot take it); `dense`: its bf16 form."""
+    out, cols = weight.shape
+    if weight.dtype != "Q8_0" or out % 16 or dense.device.type != "cpu":
+        return None
+    raw = weight.data.reshape(out, cols // GROUP_SIZE, 34)  # [out, groups, 34], still the mapped file
+    d = torch.from_numpy(raw[..., 0:2].copy().view(np.float16)[..., 0]).float()  # [out, groups]
+
+    def biased(start: int, end: int) -> torch.Tensor:  # q + 128 as uint8 (two's complement) [rows, in]
+        return torch.from_numpy(raw[start:end, :, 2:] ^ 0x80).reshape(end - start, cols)
+
+    high = Int4Weight(
+        _pack(out, cols, lambda a, b: biased(a, b) >> 4), _scale_zeros(16 * d, 8 * d, dtype), None
+    )
+    low = Int4Weight(_pack(out, cols, lambda a, b: biased(a, b) & 0x0F), _scale_zeros(d, 0 * d, dtype), None)
+    return SplitQ8Weight(high, low, dense)
+
+
+def _scale_zeros(scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[out, groups] each -> [groups, out, 2] in `dtype`, the kernel's qScaleAndZeros."""
+    return torch.stack((scale.t(), zero.t()), dim=-1).to(dtype).contiguous()
+
+
+def _pack(rows: int, cols: int, codes: Callable[[int, int], torch.Tensor]) -> torch.Tensor:
+    """uint8 [rows, cols / 2] in the kernel's layout from `codes(start, end)` (uint8 [end - start, cols],
+    values 0..15), a slice of rows at a time: the converter wants int32, 4 bytes per weight."""
+    packed = torch.empty(rows, cols // 2, dtype=torch.uint8)
+    for start in range(0, rows, PACK_ROWS):
+        end = min(start + PACK_ROWS, rows)
+        part = codes(start, end).to(torch.int32)
+        packed[start:end] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(part, 1)
+    return packed
 
 
 def _dense(parts: Int4Parts, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -20,8 +20,10 @@ weight once per token and is bandwidth-bound. bf16's greedy choice matched fp32'
 teacher-forced tokens (the 8 benchmark chat prompts).
 For one-row matmuls, torch's own bf16 GEMV streams weights at ~28 GB/s where oneDNN gets ~12; it is
 only reachable with oneDNN off, and oneDNN wins from two rows up, so single-row matmuls switch oneDNN
-off (`_matmul_backend`). CPU threads: all cores or all but one, picked per kind of step by measuring
-(threads.py), unless the user sets a count.
+off (`_matmul_backend`). With bf16 on CPU, GGUF Q4_0/Q4_1 linears and a Q8_0 LM head stay 4-bit for
+decode-sized steps (quant.py, `LOCALCHAT_TORCH_QUANT`); float32 keeps every weight dense and exact.
+CPU threads: all cores or all but one, picked per kind of step by measuring (threads.py), unless the
+user sets a count.
 torch.compile is not used: compiling the 30-layer decode graph took minutes
 on this box and a per-layer compile gave no measurable gain over this eager path.
 """

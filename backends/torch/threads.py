@@ -7,15 +7,20 @@ tok/s (every matmul ends in a barrier that waits out the other core's scheduler 
 40-46; behind the HTTP server (which needs CPU to stream), one thread gives 42 tok/s and two 32; a
 16-request batch and prefill gain from two. So each kind of step (bucketed by its token count) keeps
 the count that won, and now and then re-tries the other for a few steps: rarely while the winner keeps
-winning (the interval doubles), soon after it changes. A trial ends at its first step that is clearly
-slower, and trials may take at most `PROBE_BUDGET` of all step time: under the collapse above one
-trial step costs as much as 30 ordinary ones.
+winning (the interval doubles), soon after it changes. Trying all cores is risky (under the collapse
+one step took 1.2 s instead of 25 ms), so it is only tried while other processes leave the machine
+idle (Linux: /proc/stat), within `PROBE_BUDGET` of all step time, and a trial ends at its first
+clearly slower step. On all cores, a step that suddenly takes far longer brings the safe count back.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import statistics
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 PROBE_STEPS = 3  # steps timed per trial of the other count (their median decides)
@@ -24,6 +29,39 @@ MAX_INTERVAL = 1024
 MARGIN = 0.9  # the other count must be >= 10% faster to take over
 GIVE_UP = 1.5  # a trial step this much slower than the current count's median ends the trial
 PROBE_BUDGET = 0.03  # of all step seconds, spent on trial steps at most
+IDLE_CORES = 0.25  # other processes busier than this (in cores) rule out trying all cores
+LOAD_WINDOW_S = 0.5  # shortest span over which the other processes' load is measured
+
+
+class OtherLoad:
+    """Cores kept busy by other processes over the last `LOAD_WINDOW_S`+ (Linux); inf until the first
+    window is over; None where the OS does not tell."""
+
+    def __init__(self) -> None:
+        self._last = _cpu_sample()
+        self._value = math.inf
+
+    def __call__(self) -> float | None:
+        now = _cpu_sample()
+        if now is None or self._last is None:
+            return None
+        (t0, busy0, ours0), (t1, busy1, ours1) = self._last, now
+        if t1 - t0 >= LOAD_WINDOW_S:
+            self._value = max(0.0, (busy1 - busy0 - (ours1 - ours0)) / (t1 - t0))
+            self._last = now
+        return self._value
+
+
+def _cpu_sample() -> tuple[float, float, float] | None:
+    """(monotonic s, CPU seconds all processes were busy, CPU seconds of this process)."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    busy = sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
+    times = os.times()
+    return time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), times.user + times.system
 
 
 @dataclass(slots=True)
@@ -38,9 +76,13 @@ class _Kind:
 
 
 class ThreadGovernor:
-    def __init__(self, choices: tuple[int, int]) -> None:
-        """`choices`: (the safe count, the other); every kind of step starts on the safe one."""
+    def __init__(
+        self, choices: tuple[int, int], other_load: Callable[[], float | None] | None = None
+    ) -> None:
+        """`choices`: (the safe count, all cores).
+        `other_load`: cores used by other processes lately, None if unknowable (default: `OtherLoad`)."""
         self.choices = choices
+        self._other_load = other_load or OtherLoad()
         self._kinds: dict[int, _Kind] = {}
         self._seconds = 0.0  # all recorded steps
         self._probe_seconds = 0.0  # trial steps
@@ -59,24 +101,34 @@ class ThreadGovernor:
             return
         recent = kind.times.setdefault(threads, deque(maxlen=PROBE_STEPS))
         # On all cores, a neighbour turning busy makes every step many times slower: try the safe
-        # count at once rather than at the next scheduled trial.
-        alarm = threads != self.choices[0] and len(recent) == PROBE_STEPS
+        # count at once, judged against this step rather than the faster ones before it.
+        alarm = threads != self.choices[0] and bool(recent)
         alarm = alarm and seconds > GIVE_UP * statistics.median(recent)
+        if alarm:
+            recent.clear()
         recent.append(seconds)
         kind.countdown -= 1
-        if alarm or (kind.countdown <= 0 and len(recent) == PROBE_STEPS and self._may_try(kind)):
+        due = kind.countdown <= 0 and len(recent) == PROBE_STEPS
+        if alarm or (due and self._may_try(kind)):
             kind.probing = PROBE_STEPS
             kind.times.pop(self._other(kind.current), None)  # judge the other on fresh steps only
 
     def _may_try(self, kind: _Kind) -> bool:
-        # Trying the safe count costs little; trying all cores may cost a lot, so it has a budget.
-        risky = kind.current == self.choices[0]
-        return not risky or self._probe_seconds <= PROBE_BUDGET * self._seconds
+        if kind.current != self.choices[0]:
+            return True  # trying the safe count costs little
+        if self._probe_seconds > PROBE_BUDGET * self._seconds:
+            return False
+        load = self._other_load()
+        if load is not None and load >= IDLE_CORES:
+            kind.countdown = MIN_INTERVAL  # others are busy (or not measured yet): ask again later
+            return False
+        return True  # idle, or no way to tell (not Linux): then the budget alone bounds the cost
 
     def _trial_step(self, kind: _Kind, threads: int, seconds: float) -> None:
         kind.probing -= 1
-        if seconds > GIVE_UP * statistics.median(kind.times[kind.current]):
-            kind.probing = 0  # clearly slower: no need for more steps
+        risky = threads != self.choices[0]
+        if risky and seconds > GIVE_UP * statistics.median(kind.times[kind.current]):
+            kind.probing = 0  # clearly slower on all cores: no need to pay for more steps
             self._keep(kind)
             return
         kind.times.setdefault(threads, deque(maxlen=PROBE_STEPS)).append(seconds)
@@ -100,7 +152,11 @@ class ThreadGovernor:
         key = min(num_tokens.bit_length(), 10)  # 1, 2-3, 4-7, ... 512+ tokens
         kind = self._kinds.get(key)
         if kind is None:
-            kind = self._kinds[key] = _Kind(self.choices[0])
+            # A first step of its kind (rare ones, like long prefills, may never see a trial) runs
+            # on all cores if the machine is otherwise idle.
+            load = self._other_load()
+            idle = load is not None and load < IDLE_CORES
+            kind = self._kinds[key] = _Kind(self.choices[1] if idle else self.choices[0])
         return kind
 
     def _other(self, threads: int) -> int:

@@ -14,7 +14,7 @@ from torch import nn
 
 from backends.torch.models import model_class
 from backends.torch.models.base import DecoderLM
-from backends.torch.quant import Loaded, QuantPolicy, Weight, convert, finalize, fuse
+from backends.torch.quant import Loaded, QuantPolicy, Weight, convert, finalize, fuse, pack_head
 from localchat.errors import ModelLoadError
 from localchat.weights.config import ModelConfig
 from localchat.weights.tensors import WeightTensor
@@ -56,11 +56,14 @@ def load_model(
     with torch.device("meta"):
         model = cls(config, device)
     pending: dict[tuple[nn.Module, str], dict[int, Loaded]] = {}
+    heads: dict[str, WeightTensor] = {}  # the embedding and LM head as stored (for `_pack_lm_head`)
     for weight in weights:
         target = _target(model, weight.name)
         if target is None:
             continue
         module, pname, part, parts = target
+        if pname in ("embed", "lm_head"):
+            heads[pname] = weight
         rule = policy if pname in LINEARS else QuantPolicy()
         loaded = convert(weight, dtype, device, rule)
         if parts == 1:
@@ -75,6 +78,8 @@ def load_model(
     if isinstance(model.lm_head, nn.Parameter) and model.lm_head.is_meta:
         # Like llama.cpp: a checkpoint without an output matrix reuses the embedding.
         model.lm_head = None
+    if policy.int4:
+        _pack_lm_head(model, heads, dtype)
     missing = [name for name, p in model.named_parameters() if p.is_meta]
     if missing or pending:
         names = missing or [f"{pname} (partial)" for _, pname in pending]
@@ -82,6 +87,21 @@ def load_model(
             f"The checkpoint lacks weights this {config.model_type} model needs: {', '.join(names[:8])}."
         )
     return model.eval()
+
+
+def _pack_lm_head(model: DecoderLM, heads: dict[str, WeightTensor], dtype: torch.dtype) -> None:
+    """A dense LM head (or tied embedding) stored as Q8_0 / Q4_0 / Q4_1 also gets a packed form for
+    few-row steps (quant.py); the dense table stays for the rest (and for embedding lookups)."""
+    tied = model.lm_head is None
+    source, dense = heads.get("embed" if tied else "lm_head"), model.embed if tied else model.lm_head
+    if source is None or not isinstance(dense, torch.Tensor):
+        return
+    split = pack_head(source, dense, dtype)
+    if split is None:
+        return
+    if not tied:
+        delattr(model, "lm_head")
+    object.__setattr__(model, "lm_head", split)
 
 
 def _target(model: DecoderLM, name: str) -> tuple[nn.Module, str, int, int] | None:

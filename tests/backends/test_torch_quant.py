@@ -102,6 +102,38 @@ def test_int4_linear_matches_the_blocks(qtype: str, rows: int) -> None:
     assert (np.abs(y - y_exact) <= BF16_ROUNDOFF * np.abs(y_exact) + scale_err).all()
 
 
+def test_q8_0_split_into_two_int4_matrices() -> None:
+    """One row: the sum of two int4 products whose weights add up to bf16(d) * q; each product and
+    their sum round to bf16 (3 roundings). More rows: the dense table, bit for bit."""
+    rng = np.random.default_rng(3)
+    rows, cols = 64, 128
+    d = (rng.uniform(0.001, 0.02, (rows, cols // 32)) * rng.choice([-1, 1], (rows, cols // 32))).astype(
+        np.float16
+    )
+    q = rng.integers(-128, 128, (rows, cols // 32, 32), dtype=np.int8)  # every value, -128 included
+    data = np.concatenate((d.view(np.uint8).reshape(rows, -1, 2), q.view(np.uint8)), axis=-1).reshape(
+        rows, -1
+    )
+    weight = WeightTensor("lm_head.weight", (rows, cols), "Q8_0", data)
+    dense = quant.to_tensor(weight, torch.bfloat16, CPU)
+    split = quant.split_q8(weight, dense, torch.bfloat16)
+    assert split is not None and split.shape == (rows, cols)
+
+    x = torch.randn(1, cols, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    xd = x.double().numpy()
+    scale = torch.from_numpy(d.astype(np.float64)).to(torch.bfloat16).double().numpy()  # [rows, groups]
+    w = (scale[..., None] * q).reshape(rows, cols)
+    u = q.astype(np.int64) + 128
+    w_high = (scale[..., None] * (16 * (u >> 4) - 120)).reshape(rows, cols)  # 16d (hi - 8) + 8d
+    y_high, y = xd @ w_high.T, xd @ w.T
+    bound = BF16_ROUNDOFF * (np.abs(y_high) + np.abs(y - y_high) + np.abs(y)) * 1.01
+    assert (np.abs(linear(x, split).double().numpy() - y) <= bound).all()
+    assert np.abs(w - weight.dequantize()).max() > 0  # d really is rounded to bf16
+
+    x2 = torch.randn(2, cols).to(torch.bfloat16)
+    assert torch.equal(linear(x2, split), F.linear(x2, dense))
+
+
 def test_many_row_steps_use_the_dense_copy_bit_for_bit() -> None:
     weight = random_blocks("Q4_1", 64, 128)
     packed = int4_weight(weight, QuantPolicy(int4=True, dense_copy=True))
@@ -127,6 +159,16 @@ def test_fused_parts_pack_like_one_matrix_and_mixed_parts_fall_back_to_dense() -
     assert torch.equal(mixed[:64], quant.to_tensor(q, torch.bfloat16, CPU)) and bool((mixed[64:] == 1).all())
 
 
+def test_packing_and_dequantizing_in_slices_match_one_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    codes = torch.randint(0, 16, (336, 64), dtype=torch.uint8)  # 2 slices of 128 rows + 80 (a partial tile)
+    whole = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+    weight = random_blocks("Q4_1", 336, 64)
+    monkeypatch.setattr(quant, "PACK_ROWS", 128)
+    assert torch.equal(quant._pack(336, 64, lambda start, end: codes[start:end]), whole)
+    dense = quant.to_tensor(weight, torch.float32, CPU)
+    assert torch.equal(dense, torch.from_numpy(weight.dequantize()))
+
+
 def test_policy_follows_env_device_and_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(quant.QUANT_ENV, raising=False)
     assert quant.pick_policy(CPU, torch.bfloat16, 100, 1000) == QuantPolicy(int4=True, dense_copy=True)
@@ -142,23 +184,31 @@ def test_policy_follows_env_device_and_dtype(monkeypatch: pytest.MonkeyPatch) ->
         quant.pick_policy(CPU, torch.bfloat16, 100, 1000)
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+@pytest.mark.parametrize(
+    ("qtype", "tied"), [("Q4_0", False), ("Q4_1", False), ("Q4_1", True), ("Q8_0", True)]
+)
 def test_tiny_gguf_runs_packed_and_tracks_the_dequantized_run(
-    tmp_path: Path, qtype: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, qtype: str, tied: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """bf16 runners on the same GGUF: int4 linears (embedding kept dense) vs everything dequantized."""
+    """bf16 runners on the same GGUF: packed linears and LM head (the embedding table stays dense, and
+    serves a tied head's many-row steps) vs everything dequantized."""
     from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE, write_tiny_gguf
 
-    hf = tiny_hf_model("llama", vocab_size=TINY_VOCAB_SIZE)
+    hf = tiny_hf_model("llama", vocab_size=TINY_VOCAB_SIZE, tie_word_embeddings=tied)
     bundle = load_model(write_tiny_gguf(tmp_path / "tiny.gguf", hf, qtype=qtype, tokenizer_kind="gpt2"))
     runners = {}
     for mode in ("auto", "dequant"):
         monkeypatch.setenv(quant.QUANT_ENV, mode)
         runners[mode] = TorchRunner(bundle, RunnerOptions(device="cpu", dtype="bfloat16"))
-    layer = runners["auto"].model.layers[0]
-    assert all(isinstance(w, Int4Weight) for w in (layer.qkv, layer.o, layer.gate_up, layer.down))
-    assert isinstance(runners["auto"].model.embed, torch.Tensor)
-    assert isinstance(runners["dequant"].model.layers[0].qkv, torch.Tensor)
+    model = runners["auto"].model
+    layer = model.layers[0]
+    linears = (layer.qkv, layer.o, layer.gate_up, layer.down)
+    assert all(isinstance(w, Int4Weight if qtype != "Q8_0" else torch.Tensor) for w in linears)
+    assert isinstance(model.lm_head, quant.SplitQ8Weight if qtype == "Q8_0" else Int4Weight)
+    assert isinstance(model.embed, torch.Tensor) and (model.lm_head.dense is model.embed) == tied
+    reference = runners["dequant"].model
+    assert isinstance(reference.layers[0].qkv, torch.Tensor)
+    assert reference.lm_head is None if tied else isinstance(reference.lm_head, torch.Tensor)
     prompt = [5, 17, 99, 3, 250, 42, 7, 7, 81, 130, 64]
     drivers = {mode: PagedDriver(r) for mode, r in runners.items()}
     for driver in drivers.values():

@@ -1,8 +1,6 @@
-"""TorchRunner's contract with the engine: state per request, outputs, sizing; and the real model."""
+"""TorchRunner's contract with the engine: state per request, outputs, sizing (the real model: test_torch_real_model.py)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -118,40 +116,3 @@ def test_cpu_threads_leave_a_core_free(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "4")
     monkeypatch.setattr(device, "_TORCH_DEFAULT_THREADS", 4)
     assert device.cpu_threads(None) == 4  # the user's explicit choice stands
-
-
-@pytest.mark.slow
-def test_smollm2_gguf_matches_transformers(smollm2_gguf: Path) -> None:
-    """The real Q4_1 file: our fp32 run is token-identical to transformers on the same dequantized
-    weights; the CPU default (bf16) run starts with the same tokens."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from localchat.weights.loader import load_model
-
-    bundle = load_model(smollm2_gguf)
-    c = bundle.config
-    prompt = bundle.tokenizer.encode(
-        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
-    )
-    hf = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=c.vocab_size,
-            hidden_size=c.hidden_size,
-            intermediate_size=c.intermediate_size,
-            num_hidden_layers=c.num_hidden_layers,
-            num_attention_heads=c.num_attention_heads,
-            num_key_value_heads=c.num_key_value_heads,
-            rms_norm_eps=c.rms_norm_eps,
-            rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
-            tie_word_embeddings=c.tie_word_embeddings,
-        )
-    ).eval()
-    hf.load_state_dict({w.name: torch.tensor(w.dequantize()) for w in bundle.iter_weights()}, strict=False)
-    with torch.no_grad():
-        expected = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt) :]
-    for dtype, n in (("float32", len(expected)), ("auto", 4)):
-        driver = PagedDriver(TorchRunner(bundle, RunnerOptions(dtype=dtype)), num_blocks=64, block_size=16)
-        driver.add("a", prompt)
-        for _ in range(n):
-            driver.step()
-        assert driver.tokens("a")[len(prompt) :] == expected[:n].tolist(), dtype
