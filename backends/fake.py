@@ -99,8 +99,8 @@ def fake_model_bundle(name: str = "fake-model", max_model_len: int = 4096) -> Mo
         format="none",
         config=config,
         iter_weights=lambda: iter(()),
-        tokenizer=FakeTokenizer(),
-        chat_template=CHATML_TEMPLATE,  # type: ignore[arg-type]
+        tokenizer=FakeTokenizer(),  # type: ignore[arg-type]  # duck-typed like weights.tokenizer.Tokenizer
+        chat_template=CHATML_TEMPLATE,
     )
 
 

@@ -80,7 +80,12 @@ class Settings:
         metavar="NAME",
     )
     backend: str = _opt("auto", ("--backend",), "inference backend", group="model", choices=BACKEND_CHOICES)
-    device: str = _opt("auto", ("--device",), "device: auto, cpu, cuda, cuda:N, mps (torch); auto, cpu, gpu (mlx)", group="model")
+    device: str = _opt(
+        "auto",
+        ("--device",),
+        "device: auto, cpu, cuda, cuda:N, mps (torch); auto, cpu, gpu (mlx)",
+        group="model",
+    )
     dtype: str = _opt("auto", ("--dtype",), "compute dtype: auto, float32, bfloat16, float16", group="model")
     threads: int | None = _opt(
         None,
@@ -340,7 +345,7 @@ def _specs() -> tuple[SettingSpec, ...]:
     out = []
     for f in fields(Settings):
         meta = f.metadata
-        default = f.default_factory() if f.default_factory is not MISSING else f.default  # type: ignore[misc]
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
         out.append(
             SettingSpec(
                 f.name,

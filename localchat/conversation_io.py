@@ -93,20 +93,20 @@ def import_json(store: Store, raw: bytes | str) -> Conversation:
         if item["role"] == "system" and not messages and not system_prompt:
             system_prompt = item["content"]  # a leading system message is the conversation's system prompt
             continue
-        usage = item.get("usage") if isinstance(item.get("usage"), dict) else {}
+        usage: dict[str, Any] = item["usage"] if isinstance(item.get("usage"), dict) else {}
         extra = {
             "prompt_tokens": _int(usage.get("prompt_tokens")),
             "completion_tokens": _int(usage.get("completion_tokens")),
             "error": item["error"] if isinstance(item.get("error"), str) else None,
         }
-        status = item.get("status") if item.get("status") in ("done", "stopped", "error") else DONE
+        status = str(item["status"]) if item.get("status") in ("done", "stopped", "error") else DONE
         messages.append(NewMessage(item["role"], item["content"], status, extra))
-    settings = data.get("settings") if isinstance(data.get("settings"), dict) else {}
+    settings: dict[str, Any] = data["settings"] if isinstance(data.get("settings"), dict) else {}
     clean = _settings(settings)
     clean.setdefault("system_prompt", system_prompt)
     first_user = next((m.content for m in messages if m.role == "user"), "")
-    title = (
-        data.get("title")
+    title: str = (
+        data["title"]
         if isinstance(data.get("title"), str) and data["title"].strip()
         else title_from(first_user)
     )

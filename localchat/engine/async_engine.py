@@ -19,7 +19,7 @@ from localchat.errors import ContextLengthExceededError, EngineDeadError, Invali
 
 log = logging.getLogger(__name__)
 
-Sink = Callable[[RequestOutput], None]
+Sink = Callable[[RequestOutput], object]  # return value ignored (call_soon_threadsafe returns a handle)
 
 
 @dataclass(slots=True)

@@ -6,10 +6,11 @@ and reads their outputs as one stream.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from localchat.engine.async_engine import Sink
 from localchat.engine.outputs import RequestOutput
 from localchat.engine.request import FinishReason
 from localchat.engine.sampling_params import SamplingParams
@@ -150,7 +151,7 @@ class Generation:
             self.close()
             raise
 
-    def _sink(self, index: int) -> Callable[[RequestOutput], None]:
+    def _sink(self, index: int) -> Sink:
         put = self._queue.put_nowait
         call = self._loop.call_soon_threadsafe
         return lambda output: call(put, (index, output))

@@ -78,6 +78,7 @@ def export(web: NamedDependency[WebState], conv_id: FromPath[str], fmt: FromPath
     conv = web.store.get_conversation(conv_id)
     messages = web.store.get_messages(conv_id)
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", conv.title).strip("-")[:60] or "conversation"
+    content: str | dict[str, Any]
     if fmt == "md":
         content, media_type = to_markdown(conv, messages), "text/markdown; charset=utf-8"
     elif fmt == "json":

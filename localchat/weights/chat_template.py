@@ -145,8 +145,12 @@ def _prepare(message: Mapping[str, Any], flatten_content: bool) -> dict[str, Any
     if reasoning is not None:
         msg = {"thinking": reasoning, **msg, "reasoning_content": reasoning}
     if flatten_content and isinstance(parts := msg.get("content"), list):
-        texts = [p.get("text") for p in parts if isinstance(p, dict) and p.get("type") == "text"]
-        if len(texts) == len(parts) and all(isinstance(text, str) for text in texts):
+        texts = [
+            p["text"]
+            for p in parts
+            if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        ]
+        if len(texts) == len(parts):
             msg["content"] = "\n".join(texts)
     return msg
 

@@ -171,7 +171,7 @@ def _byte_level_bpe(vocab: GGUFVocab) -> BackendTokenizer:
         if kind not in (CONTROL, USER_DEFINED) and not set(token) <= alphabet:
             token = "".join(spelling[b] for b in token.encode("utf-8"))
         ids[token] = index
-    merges = [tuple(m.split(" ", 1)) for m in vocab.merges or []]
+    merges = _split_merges(vocab.merges or [])
     pre = _PRE_TOKENIZERS.get(vocab.pre or "default")
     if pre is None:
         log.warning("Unknown GGUF pre-tokenizer %r; splitting text like GPT-2.", vocab.pre)
@@ -191,10 +191,15 @@ def _byte_level_bpe(vocab: GGUFVocab) -> BackendTokenizer:
     return backend
 
 
+def _split_merges(merges: list[str]) -> list[tuple[str, str]]:
+    pairs = [m.split(" ", 1) for m in merges]
+    return [(a, b) for a, b in pairs]
+
+
 def _sentencepiece_bpe(vocab: GGUFVocab) -> BackendTokenizer:
     ids = {token: index for index, token in enumerate(vocab.tokens)}
     if vocab.merges:
-        merges = [tuple(m.split(" ", 1)) for m in vocab.merges]
+        merges = _split_merges(vocab.merges)
     elif vocab.scores is not None:
         merges = _merges_from_scores(vocab.tokens, vocab.scores, vocab.token_types)
     else:

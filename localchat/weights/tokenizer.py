@@ -73,7 +73,7 @@ class Tokenizer:
             text = " " + text
         ids = self.backend.encode(text, add_special_tokens=False).ids
         if add_special_tokens:
-            if self.add_bos:
+            if self.add_bos and self.bos_token_id is not None:
                 ids.insert(0, self.bos_token_id)
             if self.add_eos:
                 ids.append(self.eos_token_ids[0])
