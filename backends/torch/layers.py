@@ -154,8 +154,7 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         meta: AttentionMetadata,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        kv_cache: torch.Tensor,
     ) -> torch.Tensor:
         tokens = x.shape[0]
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
@@ -165,7 +164,7 @@ class DecoderLayer(nn.Module):
         if self.qk_norm is not None:
             qk = rms_norm(qk, None, self.eps) * self.qk_norm
         qk = apply_rope(qk, cos, sin)  # [T, h + kvh, d]
-        attn = paged_attention(qk[:, :h], qk[:, h:], qkv[:, h + kvh :], k_cache, v_cache, meta)
+        attn = paged_attention(qk[:, :h], qk[:, h:], qkv[:, h + kvh :], kv_cache, meta)
         x = x + linear(attn.reshape(tokens, h * d), self.o, self.o_bias)
         gate_up = linear(rms_norm(x, self.mlp_norm, self.eps), self.gate_up)
         inter = gate_up.shape[-1] // 2

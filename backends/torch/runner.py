@@ -1,9 +1,9 @@
 """The PyTorch `ModelRunner`: weights, paged KV cache, forward pass and sampling on one device.
 
-KV cache: one K and one V tensor per layer, `[num_blocks, block_size, num_kv_heads, head_dim]` in the
-compute dtype, zero-filled (unwritten slots are masked out, and zeros keep `0 * value` finite; on CPU
-the zero pages are committed lazily, as blocks are first written). Slot
-`s = block_id * block_size + offset` is row `s` of the flattened view; block 0 is the engine's null block.
+KV cache: one tensor per layer, `[2 (K, V), num_kv_heads, num_blocks * block_size, head_dim]` in the
+compute dtype (layout: attention.py), zero-filled (unwritten slots are masked out, and zeros keep
+`0 * value` finite; on CPU the zero pages are committed lazily, as blocks are first written). Slot
+`s = block_id * block_size + offset` is column `s`; block 0 is the engine's null block.
 
 Device `auto`: cuda > mps > cpu. Dtype `auto`:
 
@@ -85,7 +85,7 @@ class TorchRunner:
             self.model = load_model(model.config, model.iter_weights(), self.device, self.dtype, self.quant)
         self.sampler = Sampler(self.device, options.seed)
         self.requests: dict[str, RequestSampling] = {}
-        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.kv_caches: list[torch.Tensor] = []
         self.block_size = 0
         # See the module docstring: torch's bf16 GEMV beats oneDNN for one-row matmuls on CPU.
         self._native_gemv = self.device.type == "cpu" and self.dtype == torch.bfloat16
@@ -116,8 +116,8 @@ class TorchRunner:
 
     def initialize_kv_cache(self, num_blocks: int, block_size: int) -> None:
         c = self.config
-        shape = (num_blocks, block_size, c.num_key_value_heads, c.head_dim)
-        self.kv_caches = [(self._zeros(shape), self._zeros(shape)) for _ in range(c.num_hidden_layers)]
+        shape = (2, c.num_key_value_heads, num_blocks * block_size, c.head_dim)
+        self.kv_caches = [self._zeros(shape) for _ in range(c.num_hidden_layers)]
         self.block_size = block_size
 
     def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
@@ -192,7 +192,7 @@ class TorchRunner:
         return _Step(
             input_ids=to_device(batch.input_ids),
             positions=to_device(batch.positions),
-            meta=AttentionMetadata.from_batch(batch, self.device, self.dtype),
+            meta=AttentionMetadata.from_batch(batch, self.device, self.config.num_key_value_heads),
             logits_indices=None if all_tokens else to_device(indices),
         )
 

@@ -32,8 +32,7 @@ def run_case(
     ids = np.arange(1, num_blocks)
     if shuffle:
         ids = np.random.default_rng(seed).permutation(ids)
-    k_cache = torch.zeros(num_blocks, BLOCK, kv_heads, HEAD_DIM)
-    v_cache = torch.zeros_like(k_cache)
+    cache = torch.zeros(2, kv_heads, num_blocks * BLOCK, HEAD_DIM)
     tables, full_k, full_v, new_q = [], [], [], []
     used = 0
     for cached, new in rows:
@@ -46,12 +45,12 @@ def run_case(
         new_q.append(torch.randn(new, heads, HEAD_DIM, generator=gen))
         if cached:
             slots = torch.tensor([_slot(tables[-1], p) for p in range(cached)])
-            write_kv(full_k[-1][:cached], full_v[-1][:cached], k_cache, v_cache, slots)
+            write_kv(full_k[-1][:cached], full_v[-1][:cached], cache, slots)
     batch = _batch(rows, tables)
-    meta = AttentionMetadata.from_batch(batch, torch.device("cpu"), torch.float32)
+    meta = AttentionMetadata.from_batch(batch, torch.device("cpu"), kv_heads)
     k_new = torch.cat([k[c:] for k, (c, _) in zip(full_k, rows, strict=True)])
     v_new = torch.cat([v[c:] for v, (c, _) in zip(full_v, rows, strict=True)])
-    out = paged_attention(torch.cat(new_q), k_new, v_new, k_cache, v_cache, meta)
+    out = paged_attention(torch.cat(new_q), k_new, v_new, cache, meta)
     expected = torch.cat(
         [dense_reference(q, k, v, c) for q, k, v, (c, _) in zip(new_q, full_k, full_v, rows, strict=True)]
     )
@@ -104,32 +103,34 @@ def test_paged_matches_dense(rows: list[tuple[int, int]], heads: int, kv_heads: 
 def test_single_stream_decode(cached: int, shuffle: bool) -> None:
     """One decode row: sliced to its length; read in place when its blocks are consecutive."""
     meta = run_case([(cached, 1)], 4, 2, seed=cached, shuffle=shuffle)
-    assert meta.decode_mask is None and meta.decode_len == cached + 1
+    assert meta.decode_bias is None and meta.decode_len == cached + 1
     assert (meta.decode_span is not None) == (not shuffle or cached < BLOCK)
 
 
 def test_decode_only_batch_is_one_batched_call() -> None:
     rows = [(5, 1), (17, 1), (0, 1)]
     meta = AttentionMetadata.from_batch(
-        _batch(rows, [[1, 2], [3, 4, 5, 6, 7], [8]]), torch.device("cpu"), torch.float32
+        _batch(rows, [[1, 2], [3, 4, 5, 6, 7], [8]]), torch.device("cpu"), kv_heads=2
     )
     assert not meta.prefills and meta.decode_token_idx is None
-    assert meta.decode_block_tables is not None and meta.decode_block_tables.shape == (3, 5)
-    assert meta.decode_mask is not None and meta.decode_mask.shape == (3, 1, 1, 20)
+    assert meta.decode_block_tables is not None and meta.decode_block_tables.shape == (15,)
+    # one additive bias row per (kv head, row), masking each row's padding
+    assert meta.decode_bias is not None and meta.decode_bias.shape == (6, 1, 20)
+    allowed = (meta.decode_bias[:, 0] == 0).sum(-1).tolist()
+    assert allowed == [6, 18, 1] * 2
 
 
 def test_reads_blocks_written_by_another_row_in_the_same_step() -> None:
     """Row b's cached prefix lives in blocks row a writes this step: writes must land before reads."""
     gen = torch.Generator().manual_seed(1)
     heads, kv_heads = 4, 2
-    k_cache = torch.zeros(8, BLOCK, kv_heads, HEAD_DIM)
-    v_cache = torch.zeros_like(k_cache)
+    cache = torch.zeros(2, kv_heads, 8 * BLOCK, HEAD_DIM)
     k = torch.randn(12, kv_heads, HEAD_DIM, generator=gen)
     v = torch.randn(12, kv_heads, HEAD_DIM, generator=gen)
     q = torch.randn(12, heads, HEAD_DIM, generator=gen)
     # a computes positions 0..7 into blocks [5, 2]; b has them "cached" there and computes 8..11 in block 6.
     batch = _batch([(0, 8), (8, 4)], [[5, 2], [5, 2, 6]])
-    meta = AttentionMetadata.from_batch(batch, torch.device("cpu"), torch.float32)
-    out = paged_attention(q, k, v, k_cache, v_cache, meta)
+    meta = AttentionMetadata.from_batch(batch, torch.device("cpu"), kv_heads)
+    out = paged_attention(q, k, v, cache, meta)
     torch.testing.assert_close(out[:8], dense_reference(q[:8], k[:8], v[:8], 0), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out[8:], dense_reference(q[8:], k, v, 8), atol=1e-5, rtol=1e-5)

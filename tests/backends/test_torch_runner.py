@@ -35,8 +35,8 @@ def test_registry_builds_the_torch_runner() -> None:
 def test_kv_cache_shapes_and_memory(runner: TorchRunner) -> None:
     runner.initialize_kv_cache(num_blocks=10, block_size=8)
     assert len(runner.kv_caches) == 2
-    for k, v in runner.kv_caches:
-        assert k.shape == v.shape == (10, 8, 2, 16) and k.dtype == torch.float32
+    for cache in runner.kv_caches:  # [K|V, kv_heads, slots, head_dim]
+        assert cache.shape == (2, 2, 80, 16) and cache.dtype == torch.float32
     free = runner.available_kv_memory()
     assert free is not None and free > 0
 

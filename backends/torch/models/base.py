@@ -36,7 +36,7 @@ class DecoderLM(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: AttentionMetadata,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: list[torch.Tensor],
         logits_indices: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """input_ids/positions [T] -> logits [N, vocab] for the tokens at `logits_indices` (all if None)."""
@@ -48,12 +48,12 @@ class DecoderLM(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: AttentionMetadata,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: list[torch.Tensor],
     ) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed)  # [T, hidden]
         cos, sin = self.rotary(positions, x.dtype)
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            x = layer.forward(x, cos, sin, meta, k_cache, v_cache)  # .forward: skip hook dispatch
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x = layer.forward(x, cos, sin, meta, kv_cache)  # .forward: skip hook dispatch
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
