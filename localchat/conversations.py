@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from localchat.engine.async_engine import LoopSink
 from localchat.engine.outputs import RequestOutput
 from localchat.engine.request import FinishReason
 from localchat.engine.sampling_params import SamplingParams
@@ -208,7 +209,7 @@ class ChatService:
             self.ctx.engine.submit(
                 prompt_ids,
                 params,
-                lambda out: loop.call_soon_threadsafe(self._on_output, gen, out),
+                LoopSink(loop, self._on_output, (gen,)),
                 gen.req_id,
             )
         except LocalchatError as exc:

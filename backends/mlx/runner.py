@@ -40,7 +40,6 @@ everything built at load time is evaluated there, leaving no pending work bound 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Iterator
 
@@ -48,6 +47,7 @@ import mlx.core as mx
 import numpy as np
 
 from backends import RunnerOptions
+from backends.memory import mem_available
 from backends.mlx.attention import AttentionMetadata, LayerCache
 from backends.mlx.sampler import RequestSampling, Sampler
 from backends.mlx.weights import load_model
@@ -119,7 +119,7 @@ class MLXRunner:
             info = mx.device_info()
             budget = int(info.get("max_recommended_working_set_size", 0)) - mx.get_active_memory()
             return max(0, int(budget * GPU_KV_FRACTION))
-        available = _mem_available()
+        available = mem_available()
         # MLX commits its zero-filled pool up front (torch's CPU pool is lazy), so cap it on CPU.
         return None if available is None else min(int(available * CPU_KV_FRACTION), CPU_KV_CAP_BYTES)
 
@@ -202,14 +202,3 @@ class MLXRunner:
         logits = self.model.logits(hidden)
         mx.eval(logits, cache_arrays)
         return logits
-
-
-def _mem_available() -> int | None:
-    """Bytes of RAM the OS can hand out without swapping (Linux MemAvailable, else free pages)."""
-    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    with contextlib.suppress(ValueError, OSError, AttributeError):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import torch
@@ -75,14 +74,3 @@ def adaptive_thread_choices(requested: int | None) -> tuple[int, int] | None:
     if requested or os.environ.get("OMP_NUM_THREADS") or _TORCH_DEFAULT_THREADS < 2:
         return None
     return (_TORCH_DEFAULT_THREADS - 1, _TORCH_DEFAULT_THREADS)
-
-
-def mem_available() -> int | None:
-    """Bytes of RAM the OS can hand out without swapping (Linux MemAvailable, else free pages)."""
-    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    with contextlib.suppress(ValueError, OSError, AttributeError):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return None

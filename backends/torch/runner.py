@@ -41,8 +41,9 @@ import numpy as np
 import torch
 
 from backends import RunnerOptions
+from backends.memory import mem_available
 from backends.torch.attention import AttentionMetadata
-from backends.torch.device import adaptive_thread_choices, cpu_threads, mem_available, pick_device, pick_dtype
+from backends.torch.device import adaptive_thread_choices, cpu_threads, pick_device, pick_dtype
 from backends.torch.quant import pick_policy
 from backends.torch.sampler import RequestSampling, Sampler
 from backends.torch.threads import ThreadGovernor

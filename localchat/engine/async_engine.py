@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from localchat.engine.engine import LLMEngine
 from localchat.engine.outputs import EngineStats, RequestOutput
@@ -19,7 +20,22 @@ from localchat.errors import ContextLengthExceededError, EngineDeadError, Invali
 
 log = logging.getLogger(__name__)
 
-Sink = Callable[[RequestOutput], object]  # return value ignored (call_soon_threadsafe returns a handle)
+
+@dataclass(frozen=True, slots=True)
+class LoopSink:
+    """Runs `callback(*args, output)` on an asyncio loop. The engine thread hands all of one step's
+    outputs for a loop over in a single `call_soon_threadsafe`: one wake-up of the HTTP thread per step
+    instead of one per request, which keeps it off the GIL while the model runs."""
+
+    loop: asyncio.AbstractEventLoop
+    callback: Callable[..., object]
+    args: tuple[Any, ...] = ()
+
+    def __call__(self, output: RequestOutput) -> None:
+        self.loop.call_soon_threadsafe(_run_batch, [(self, output)])
+
+
+Sink = LoopSink | Callable[[RequestOutput], object]  # a plain callable runs on the engine thread
 
 
 @dataclass(slots=True)
@@ -101,9 +117,7 @@ class AsyncEngine:
         """Stream one request's outputs. Leaving the loop early (client gone) aborts the request."""
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        req_id = self.submit(
-            prompt_token_ids, params, lambda o: loop.call_soon_threadsafe(outputs.put_nowait, o), req_id
-        )
+        req_id = self.submit(prompt_token_ids, params, LoopSink(loop, outputs.put_nowait), req_id)
         finished = False
         try:
             while not finished:
@@ -148,8 +162,7 @@ class AsyncEngine:
                 log.exception("engine step failed")
                 self._fail_all("Internal engine error; the request was stopped.")
                 outputs = []
-            for output in outputs:
-                self._deliver(output)
+            self._deliver_step(outputs)
             self._stats = self.engine.stats()
 
     def _handle(self, command: _Add | _Abort) -> None:
@@ -171,12 +184,30 @@ class AsyncEngine:
             except Exception:
                 log.debug("sink for %s failed", command.req_id, exc_info=True)
 
-    def _deliver(self, output: RequestOutput) -> None:
-        sink = self._sinks.get(output.req_id)
+    def _deliver_step(self, outputs: list[RequestOutput]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[LoopSink, RequestOutput]]] = {}
+        for output in outputs:
+            sink = self._sinks.get(output.req_id)
+            if isinstance(sink, LoopSink):
+                self._retire(output)
+                by_loop.setdefault(sink.loop, []).append((sink, output))
+            else:
+                self._deliver(output)
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_run_batch, batch)
+            except RuntimeError:  # that loop is closed: its requests are over for their callers anyway
+                log.debug("event loop closed; %d outputs dropped", len(batch))
+
+    def _retire(self, output: RequestOutput) -> None:
         if output.finished:
             self._sinks.pop(output.req_id, None)
             with self._lock:
                 self._in_flight -= 1
+
+    def _deliver(self, output: RequestOutput) -> None:
+        sink = self._sinks.get(output.req_id)
+        self._retire(output)
         if sink is None:
             return
         try:
@@ -190,3 +221,11 @@ class AsyncEngine:
             if output is not None:
                 output.finish_reason, output.error = FinishReason.ERROR, message
                 self._deliver(output)
+
+
+def _run_batch(batch: list[tuple[LoopSink, RequestOutput]]) -> None:
+    for sink, output in batch:
+        try:
+            sink.callback(*sink.args, output)
+        except Exception:
+            log.exception("output callback failed for %s", output.req_id)

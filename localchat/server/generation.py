@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from localchat.engine.async_engine import Sink
+from localchat.engine.async_engine import LoopSink, Sink
 from localchat.engine.outputs import RequestOutput
 from localchat.engine.request import FinishReason
 from localchat.engine.sampling_params import SamplingParams
@@ -152,9 +152,10 @@ class Generation:
             raise
 
     def _sink(self, index: int) -> Sink:
-        put = self._queue.put_nowait
-        call = self._loop.call_soon_threadsafe
-        return lambda output: call(put, (index, output))
+        return LoopSink(self._loop, self._put, (index,))
+
+    def _put(self, index: int, output: RequestOutput) -> None:
+        self._queue.put_nowait((index, output))
 
     @property
     def finished(self) -> bool:
