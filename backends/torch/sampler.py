@@ -1,7 +1,8 @@
 """Batched on-device sampling: penalties -> greedy / temperature -> top-k -> top-p -> min-p -> draw.
 
 Draws use the exponential race `argmax(probs / q)`, `q ~ Exp(1)`, which samples exactly from `probs`.
-A seeded request draws its `q` from its own generator, so its tokens do not depend on the batch.
+A seeded request draws its `q` from its own generator, reseeded for every token from (seed, token index):
+its tokens depend neither on the batch nor on whether it was preempted and resumed.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from localchat.engine.interface import TokenLogprobs
 from localchat.engine.sampling_params import SamplingParams
 
 _SEED_MASK = 2**64 - 1
+_SEED_STRIDE = 1_000_003  # spreads (seed, token index) pairs over the seed space
 
 
 @dataclass(slots=True)
@@ -22,6 +24,7 @@ class RequestSampling:
 
     params: SamplingParams
     generator: torch.Generator | None = None  # only when params.seed is set
+    num_output: int = 0  # tokens generated so far (after a preemption: including those before it)
     seen: torch.Tensor | None = None  # bool [vocab]: in prompt or output (repetition penalty)
     output_counts: torch.Tensor | None = None  # float [vocab]: occurrences in the output
 
@@ -34,10 +37,9 @@ class RequestSampling:
         vocab_size: int,
         device: torch.device,
     ) -> RequestSampling:
-        state = cls(params)
+        state = cls(params, num_output=len(output))
         if params.seed is not None:
             state.generator = torch.Generator(device=device)
-            state.generator.manual_seed(params.seed & _SEED_MASK)
         if params.needs_penalties:
             state.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
             state.seen[torch.tensor(prompt + output, dtype=torch.long, device=device)] = True
@@ -45,7 +47,14 @@ class RequestSampling:
             state.output_counts = torch.bincount(out, minlength=vocab_size).float()
         return state
 
+    def next_generator(self) -> torch.Generator:
+        """This token's generator: a pure function of (seed, token index), so a resumed request draws
+        exactly what it would have drawn without the preemption."""
+        assert self.generator is not None and self.params.seed is not None
+        return self.generator.manual_seed((self.params.seed * _SEED_STRIDE + self.num_output) & _SEED_MASK)
+
     def record(self, token: int) -> None:
+        self.num_output += 1
         if self.seen is not None and self.output_counts is not None:
             self.seen[token] = True
             self.output_counts[token] += 1
@@ -76,8 +85,8 @@ class Sampler:
         # All-greedy batches (the common case) stop at one argmax.
         tokens = self._sample(logits, sampled, states) if sampled else logits.argmax(dim=-1)
         token_list = tokens.tolist()
-        for i in penalized:
-            states[i].record(token_list[i])
+        for state, token in zip(states, token_list, strict=True):
+            state.record(token)
         if not any(want_logprobs):
             return SampleResult(token_list)
         return SampleResult(token_list, _logprobs(raw, token_list, params))
@@ -101,7 +110,7 @@ class Sampler:
             noise[unseeded] = shared.exponential_(generator=self.generator)
         for j, i in enumerate(rows):
             if states[i].generator is not None:
-                noise[j].exponential_(generator=states[i].generator)
+                noise[j].exponential_(generator=states[i].next_generator())
         # A zero draw would turn a masked token's 0 / 0 into NaN, which argmax picks.
         tokens[index] = (probs / noise.clamp_(min=torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
         return tokens
@@ -143,7 +152,9 @@ def _top_p(logits: torch.Tensor, ps: list[float]) -> torch.Tensor:
     ordered, order = logits.sort(dim=-1, descending=True)
     probs = ordered.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
-    drop = mass_before >= torch.tensor(ps, device=logits.device)[:, None]
+    # p = 1 keeps everything: the float cumsum may reach 1.0 before the tail, so never compare against it.
+    limits = torch.tensor([p if p < 1.0 else float("inf") for p in ps], device=logits.device)
+    drop = mass_before >= limits[:, None]
     drop[:, 0] = False
     return logits.masked_fill(torch.zeros_like(drop).scatter_(1, order, drop), float("-inf"))
 

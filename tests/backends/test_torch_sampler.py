@@ -117,6 +117,25 @@ def test_seeded_rows_do_not_depend_on_the_batch() -> None:
     assert len(set(alone)) > 1  # it really samples
 
 
+def test_a_seeded_request_resumed_after_preemption_draws_what_it_would_have() -> None:
+    logits = random_logits(1, seed=9)
+    sampler = Sampler(CPU, 0)
+    straight = state(temperature=1.0, seed=77)
+    tokens = [sampler(logits, [straight]).token_ids[0] for _ in range(8)]
+    # Preempted after 3 tokens: the runner rebuilds its state from the prompt and those outputs.
+    resumed = state(output=tokens[:3], temperature=1.0, seed=77)
+    assert [sampler(logits, [resumed]).token_ids[0] for _ in range(5)] == tokens[3:]
+    assert len(set(tokens)) > 1
+
+
+def test_top_p_one_keeps_the_tail_when_batched_with_a_nucleus_row() -> None:
+    peaked = torch.full((VOCAB,), -10.0)
+    peaked[0] = 30.0  # the float cumsum reaches 1.0 right after token 0
+    masked = _top_p(torch.stack([peaked, peaked]), [1.0, 0.5])
+    assert torch.isfinite(masked[0]).all()  # p = 1: nothing dropped
+    assert torch.isfinite(masked[1]).sum() == 1
+
+
 def test_unseeded_rows_follow_the_runner_seed() -> None:
     logits = random_logits(8, seed=7)
 
