@@ -144,14 +144,7 @@ class MLXRunner:
             if logits is None:  # only middle prefill chunks: the KV writes are the whole step
                 return RunnerOutput(req_ids=[], sampled_token_ids=[])
             result = self.sampler(logits, [self.requests[r] for r in batch.sample_req_ids])
-        logprobs = None
-        if result.logprobs is not None:
-            logprobs = [[lp] if lp is not None else [] for lp in result.logprobs]
-        return RunnerOutput(
-            req_ids=list(batch.sample_req_ids),
-            sampled_token_ids=[[t] for t in result.token_ids],
-            logprobs=logprobs,
-        )
+        return RunnerOutput.one_token_each(batch.sample_req_ids, result.token_ids, result.logprobs)
 
     def compute_logits(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> mx.array:
         """Like `execute_model` but returns the float32 logits [num_sampled, vocab] (tests, debugging)."""

@@ -95,6 +95,17 @@ class RunnerOutput:
     sampled_token_ids: list[list[int]]  # one list per request (one token per step today)
     logprobs: list[list[TokenLogprobs]] | None = None  # aligned with sampled_token_ids, when asked
 
+    @classmethod
+    def one_token_each(
+        cls, req_ids: list[str], token_ids: list[int], logprobs: list[TokenLogprobs | None] | None = None
+    ) -> RunnerOutput:
+        """The usual step: one sampled token per request (logprobs None for rows that did not ask)."""
+        return cls(
+            req_ids=list(req_ids),
+            sampled_token_ids=[[t] for t in token_ids],
+            logprobs=None if logprobs is None else [[lp] if lp is not None else [] for lp in logprobs],
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class KVCacheSpec:
