@@ -103,7 +103,7 @@ def test_paged_matches_dense(rows: list[tuple[int, int]], heads: int, kv_heads: 
 def test_single_stream_decode(cached: int, shuffle: bool) -> None:
     """One decode row: sliced to its length; read in place when its blocks are consecutive."""
     meta = run_case([(cached, 1)], 4, 2, seed=cached, shuffle=shuffle)
-    assert meta.decode_mask is None and meta.decode_len == cached + 1
+    assert meta.decode_bias is None and meta.decode_len == cached + 1
     assert (meta.decode_span is not None) == (not shuffle or cached < BLOCK)
 
 
@@ -114,9 +114,10 @@ def test_decode_only_batch_is_one_batched_call() -> None:
     )
     assert not meta.prefills and meta.decode_token_idx is None
     assert meta.decode_block_tables is not None and meta.decode_block_tables.shape == (15,)
-    # one mask row per row, hiding its block padding
-    assert meta.decode_mask is not None and meta.decode_mask.shape == (3, 1, 1, 20)
-    assert meta.decode_mask.sum(-1).flatten().tolist() == [6, 18, 1]
+    # one additive bias row per (kv head, row), masking each row's padding
+    assert meta.decode_bias is not None and meta.decode_bias.shape == (6, 1, 20)
+    allowed = (meta.decode_bias[:, 0] == 0).sum(-1).tolist()
+    assert allowed == [6, 18, 1] * 2
 
 
 def test_reads_blocks_written_by_another_row_in_the_same_step() -> None:
