@@ -3,12 +3,14 @@ the assertions check what must hold at each width, e.g. the sidebar collapsing).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.ui.actions import send_new_chat, wait_answer
 from tests.ui.conftest import NARROW, SCREENSHOTS, WIDE, new_page
+from tests.ui.web_app import LiveApp, live_app
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
 expect = sync_api.expect
@@ -21,15 +23,22 @@ THINKING = (
 )
 
 
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveApp]:
+    """Its own server and data dir, so the sidebar shows only the conversations made here."""
+    with live_app(tmp_path_factory.mktemp("screenshots-home")) as app:
+        yield app
+
+
 def _shot(page: Any, name: str) -> None:
     path = SCREENSHOTS / f"{name}.png"
     page.screenshot(path=str(path))
     assert path.stat().st_size > 5_000, f"{path} looks empty"
 
 
-def test_screenshots_of_the_main_states(browser: Any, live: Any, page_errors: Any) -> None:
+def test_screenshots_of_the_main_states(browser: Any, fresh: LiveApp, page_errors: Any) -> None:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    wide = new_page(browser, live, page_errors, WIDE)
+    wide = new_page(browser, fresh, page_errors, WIDE)
     wide.goto("/")
     _shot(wide, "empty-wide")
     chat = send_new_chat(wide, "Show me what you can do")  # the fake's default reply: markdown, code, a list
@@ -62,7 +71,7 @@ def test_screenshots_of_the_main_states(browser: Any, live: Any, page_errors: An
     _shot(wide, "error-context-too-long-wide")
     wide.context.close()
 
-    narrow = new_page(browser, live, page_errors, NARROW)
+    narrow = new_page(browser, fresh, page_errors, NARROW)
     narrow.goto("/")
     box = narrow.locator("#sidebar").bounding_box()
     assert box is None or box["x"] + box["width"] <= 0, "a narrow window starts with the sidebar collapsed"
