@@ -11,6 +11,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from localchat.engine.config import EngineConfig
+from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import LocalchatError
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -306,6 +307,12 @@ class Settings:
             self.engine_config().validate()
         except LocalchatError as exc:
             raise SettingsError(exc.message, param=exc.param) from None
+        try:  # a bad default would otherwise fail every request that leaves the field out
+            defaults: dict[str, Any] = dict(self.sampling_defaults)
+            SamplingParams(**defaults)
+        except LocalchatError as exc:
+            flag = f"--{(exc.param or 'sampling').replace('_', '-')}"
+            raise SettingsError(f"{flag}: {exc.message}", param=exc.param) from None
         return self
 
     @classmethod

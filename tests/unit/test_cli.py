@@ -149,6 +149,26 @@ def test_invalid_settings_are_clear_errors(env, flag):
     assert info.value.message
 
 
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--temperature", "-3"], "--temperature"),
+        (["--top-p", "0"], "--top-p"),
+        (["--top-k", "-5"], "--top-k"),
+        (["--min-p", "1.5"], "--min-p"),
+        (["--repetition-penalty", "0"], "--repetition-penalty"),
+    ],
+)
+def test_invalid_default_sampling_is_refused_at_startup(args, flag):
+    """Not at the first request that leaves the field out, with an error naming a field it never sent."""
+    with pytest.raises(SettingsError) as info:
+        cli.parse_settings(["serve", *args], environ={})
+    assert info.value.message.startswith(f"{flag}: ")
+    with pytest.raises(SettingsError):
+        cli.parse_settings(["serve"], environ={f"LOCALCHAT_{flag[2:].upper().replace('-', '_')}": args[1]})
+    assert cli.parse_settings(["serve", "--temperature", "0.2", "--top-p", "0.9"], environ={})[2].top_p == 0.9
+
+
 def test_main_exit_codes_and_messages(capsys, monkeypatch):
     monkeypatch.setenv("LOCALCHAT_HOME", str(REPO / "test-output" / "home"))
     assert cli.main(["serve", "--f", "/definitely/not/here.gguf"]) == 1
