@@ -14,6 +14,8 @@ NOTE: for one query token, SDPA's CPU kernel costs ~130 us per layer for what tw
 in ~60 (SmolLM2-135M, 600+ tokens of context, dev box): its setup per call dominates at this size.
 One SDPA call for all decode rows (KV heads as heads, each one's query heads as query positions, a
 bool padding mask) was tried too: equal CPU time per 16-row step, and slightly worse bf16 numerics.
+So was a float32 cache (no upcast copy): no faster single-stream or 16-row, 35% slower single-stream
+once a prefix hit makes the blocks non-consecutive (the gather moves twice the bytes), 2x the memory.
 """
 
 from __future__ import annotations
