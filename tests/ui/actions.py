@@ -18,6 +18,14 @@ def send_new_chat(page: Any, text: str) -> str:
     return page.url.rsplit("/", 1)[1]
 
 
+def send_new_chat_keeping_settings(page: Any, text: str) -> str:
+    """Like `send_new_chat`, but from the page as it is (settings made on "/" go to the new chat)."""
+    page.fill("#composer-input", text)
+    page.press("#composer-input", "Enter")
+    page.wait_for_url(CHAT_URL)
+    return page.url.rsplit("/", 1)[1]
+
+
 def wait_answer(page: Any, status: str = "done", index: int = -1, timeout_ms: int = 20_000) -> Any:
     """The `index`-th answer, once its status is `status` and its markdown is rendered."""
     answer = page.locator("#messages .msg.assistant").nth(index)

@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 
 from localchat.store import title_from
-from tests.ui.actions import CHAT_URL, send_new_chat, unlabelled_controls, wait_answer, watch_lengths
+from tests.ui.actions import (
+    CHAT_URL,
+    send_new_chat,
+    send_new_chat_keeping_settings,
+    unlabelled_controls,
+    wait_answer,
+    watch_lengths,
+)
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
 expect = sync_api.expect
@@ -262,10 +269,3 @@ def test_settings_errors_and_export_import(page: Any, live: Any, tmp_path: Path)
     error = page.locator("#messages .msg.assistant .msg-error")
     expect(error).to_contain_text("maximum context length is 4096 tokens")
     expect(error.get_by_role("link", name="Start a new chat")).to_have_attribute("href", "/")
-
-
-def send_new_chat_keeping_settings(page: Any, text: str) -> str:
-    page.fill("#composer-input", text)
-    page.press("#composer-input", "Enter")
-    page.wait_for_url(CHAT_URL)
-    return page.url.rsplit("/", 1)[1]

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.ui.actions import send_new_chat, wait_answer
+from tests.ui.actions import send_new_chat, send_new_chat_keeping_settings, wait_answer
 from tests.ui.conftest import NARROW, SCREENSHOTS, WIDE, new_page
 from tests.ui.web_app import LiveApp, live_app
 
@@ -16,10 +16,20 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwr
 expect = sync_api.expect
 pytestmark = pytest.mark.browser
 
+# The fake backend answers with the script it finds in the prompt; putting it in the system prompt
+# keeps the user's message in the shots natural.
 THINKING = (
     "<<slow:40>><<say:<think>The user wants an example. A short Python function with a docstring will do, "
     "then one line on how to call it.</think>Here is a function:\\n\\n```python\\ndef greet(name: str) -> str:\\n"
     '    """Say hello."""\\n    return f"Hello, {name}!"\\n```\\n\\nCall it as `greet("Ada")`.>>'
+)
+LONG_PASTE = (
+    "Summarise this meeting transcript.\n\n"
+    + (
+        "Alice: we should ship on Friday. Bob: the tests are not green yet, and the installer still needs "
+        "signing. Carol: I can take the installer. "
+    )
+    * 40
 )
 
 
@@ -49,16 +59,23 @@ def test_screenshots_of_the_main_states(browser: Any, fresh: LiveApp, page_error
     expect(wide.locator("#sidebar")).to_be_visible()
     _shot(wide, "chat-wide")
 
-    streaming = send_new_chat(wide, THINKING)
+    wide.click("#settings-open")
+    wide.fill("#set-system", "You are a concise, friendly assistant.")
+    wide.fill("#set-temperature", "0.7")
+    expect(wide.locator("#settings")).to_be_visible()
+    _shot(wide, "settings-wide")
+    wide.keyboard.press("Escape")
+
+    wide.goto("/")
+    wide.click("#settings-open")
+    wide.fill("#set-system", THINKING)
+    wide.click("#settings-form button[type=submit]")
+    expect(wide.locator("#settings")).to_be_hidden()
+    streaming = send_new_chat_keeping_settings(wide, "Can you show me a small Python function?")
     expect(wide.locator(".thinking .think-body")).to_contain_text("short Python")
     _shot(wide, "thinking-streaming-wide")
     wait_answer(wide)
     _shot(wide, "thinking-done-wide")
-
-    wide.click("#settings-open")
-    expect(wide.locator("#settings")).to_be_visible()
-    _shot(wide, "settings-wide")
-    wide.keyboard.press("Escape")
 
     wide.goto(f"/c/{chat}")
     wait_answer(wide)
@@ -66,7 +83,7 @@ def test_screenshots_of_the_main_states(browser: Any, fresh: LiveApp, page_error
     _shot(wide, "chat-dark-wide")
     wide.click("#theme-toggle")
 
-    send_new_chat(wide, "z" * 5000)
+    send_new_chat(wide, LONG_PASTE)
     expect(wide.locator(".msg-error")).to_be_visible()
     _shot(wide, "error-context-too-long-wide")
     wide.context.close()
