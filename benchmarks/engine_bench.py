@@ -23,6 +23,15 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def current_rss_mib() -> float | None:
+    """Resident now (Linux /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return None
+
+
 def single_stream(llm: LLM, new_tokens: int) -> tuple[int, float, float]:
     """Returns (prompt tokens, prefill tok/s, decode tok/s) for one request, ignoring EOS."""
     ids = llm.apply_chat_template(long_chat_messages())
@@ -89,6 +98,7 @@ def main() -> None:
     load_s = time.perf_counter() - t0
     llm.generate("Warm up.", SamplingParams(temperature=0, max_tokens=8))  # first-call allocations
 
+    loaded_rss = current_rss_mib()
     prompt_len, prefill, decode = single_stream(llm, args.decode_tokens)
     llm.engine.block_manager.reset_prefix_cache()
     tokens, agg, ttft_p50, ttft_max = concurrent(llm, args.max_tokens)
@@ -103,6 +113,7 @@ def main() -> None:
         (f"decode, single stream ({args.decode_tokens} tokens)", f"{decode:.1f} tok/s"),
         (f"16 requests, aggregate ({tokens} tokens)", f"{agg:.1f} tok/s"),
         ("16 requests, TTFT p50 / max", f"{ttft_p50 * 1000:.0f} / {ttft_max * 1000:.0f} ms"),
+        ("RSS after load and warm-up", "n/a" if loaded_rss is None else f"{loaded_rss:.0f} MiB"),
         ("peak RSS", f"{peak_rss_mib():.0f} MiB"),
     ]
     width = max(len(k) for k, _ in rows)

@@ -44,12 +44,12 @@ class LLM:
         engine_config: EngineConfig | None = None,
         seed: int = 0,
     ) -> None:
-        from backends import RunnerOptions, create_runner
+        from backends import RunnerOptions, load_runner
         from localchat.weights.chat_template import ChatTemplate
         from localchat.weights.loader import load_model
 
         self.model = load_model(model)
-        self.runner = create_runner(backend, self.model, RunnerOptions(device=device, dtype=dtype, seed=seed))
+        self.runner = load_runner(backend, self.model, RunnerOptions(device=device, dtype=dtype, seed=seed))
         self.engine = LLMEngine(
             self.runner,
             self.model.tokenizer,

@@ -50,7 +50,7 @@ def load_bundle(
 
 
 def build_context(settings: Settings, progress: Callable[[str], None] | None = None) -> ServerContext:
-    from backends import RunnerOptions, create_runner
+    from backends import RunnerOptions, load_runner
     from localchat.weights.chat_template import ChatTemplate
 
     started = time.perf_counter()
@@ -59,7 +59,7 @@ def build_context(settings: Settings, progress: Callable[[str], None] | None = N
     options = RunnerOptions(
         device=settings.device, dtype=settings.dtype, seed=settings.seed, num_threads=settings.threads
     )
-    runner = create_runner(settings.backend, bundle, options)
+    runner = load_runner(settings.backend, bundle, options)
     log.info(
         "model %s read in %.1fs, runner ready on %s in %.1fs",
         model_id,
