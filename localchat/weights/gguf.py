@@ -6,13 +6,15 @@ one row of blocks per output feature, so a backend may keep them quantized or ca
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, ReaderTensor
 
 from localchat.errors import ModelLoadError, UnsupportedArchitectureError
 from localchat.weights.config import SUPPORTED_MODEL_TYPES, ModelConfig
@@ -206,6 +208,21 @@ def iter_gguf_weights(reader: GGUFReader, config: ModelConfig) -> Iterator[Weigh
             heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
             data = _unpermute_rows(data, heads)
         yield WeightTensor(name=name, shape=shape, dtype=dtype, data=data)
+        _forget_pages(reader, tensor)
+
+
+def _forget_pages(reader: GGUFReader, tensor: ReaderTensor) -> None:
+    """Once the consumer moved on, take the tensor's file pages out of this process's resident set
+    (the page cache keeps them; a later read faults them back in from the file, so views stay valid).
+    Without this a load holds the whole file resident on top of the converted weights (+98 MiB peak for
+    SmolLM2)."""
+    mapped = getattr(getattr(reader, "_mapped", None), "_mmap", None)
+    if mapped is None or not hasattr(mapped, "madvise"):
+        return
+    start = tensor.data_offset // mmap.PAGESIZE * mmap.PAGESIZE
+    end = min(tensor.data_offset + tensor.n_bytes, len(mapped))
+    with contextlib.suppress(OSError, ValueError):
+        mapped.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
 def check_gguf_tensors(reader: GGUFReader) -> None:

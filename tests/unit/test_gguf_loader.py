@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -283,3 +284,33 @@ def test_smollm2_all_weights_equal_transformers_gguf_load(smollm2: ModelBundle, 
     state = model.state_dict()
     for w in smollm2.iter_weights():
         np.testing.assert_array_equal(w.dequantize(), state[w.name].float().numpy(), err_msg=w.name)
+
+
+_MAPPING = re.compile(r"[0-9a-f]+-[0-9a-f]+ ")  # an smaps header line: address range, perms, ..., path
+
+
+def _resident_mib(path: Path) -> float:
+    """This process's resident pages of `path`'s mappings (Linux smaps)."""
+    total_kib, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if _MAPPING.match(line):
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total_kib += int(line.split()[1])
+    return total_kib / 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc/self/smaps")
+def test_read_weights_leave_the_resident_set(smollm2_gguf: Path, tmp_path: Path) -> None:
+    """A load holds one tensor's file pages at a time, not the whole file on top of the converted
+    weights; views handed out earlier still read the right bytes (the pages fault back in)."""
+    path = tmp_path / "model.gguf"  # a private copy: other tests in this process map the shared file
+    path.write_bytes(smollm2_gguf.read_bytes())
+    bundle = load_model(path)
+    kept, sums = [], []
+    for w in bundle.iter_weights():
+        sums.append(int(np.asarray(w.data).view(np.uint8).sum(dtype=np.uint64)))  # touches every page
+        kept.append(w)
+    assert path.stat().st_size > 90 * 2**20
+    assert _resident_mib(path) < 16, "the file's weight pages are still resident after the load"
+    assert [int(np.asarray(w.data).view(np.uint8).sum(dtype=np.uint64)) for w in kept] == sums
