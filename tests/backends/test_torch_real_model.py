@@ -13,25 +13,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from backends import RunnerOptions
 from backends.torch import quant
 from backends.torch.runner import TorchRunner
-from localchat.engine.config import EngineConfig
-from localchat.engine.engine import LLMEngine
-from localchat.engine.sampling_params import SamplingParams
 from localchat.weights.bundle import ModelBundle
-from localchat.weights.chat_template import ChatTemplate
 from localchat.weights.loader import load_model
-from tests.helpers.torch_batch import PagedDriver
+from tests.helpers.real_model import NEW_TOKENS, PROMPTS, chat_prompts, greedy, top2
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain recursion to a child."]
-NEW_TOKENS = 48
 NEAR_TIE = 0.25  # fp32 logit gap below which bf16 rounding may legitimately pick the other token
 
 
@@ -42,47 +35,12 @@ def bundle(smollm2_gguf: Path) -> ModelBundle:
 
 @pytest.fixture(scope="module")
 def prompts(bundle: ModelBundle) -> list[list[int]]:
-    tokenizer = bundle.tokenizer
-    template = ChatTemplate(
-        bundle.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token
-    )
-    return [
-        tokenizer.encode(template.render([{"role": "user", "content": p}]), add_special_tokens=False)
-        for p in PROMPTS
-    ]
+    return chat_prompts(bundle)
 
 
 def runner(bundle: ModelBundle, dtype: str, quant_mode: str, monkeypatch: pytest.MonkeyPatch) -> TorchRunner:
     monkeypatch.setenv(quant.QUANT_ENV, quant_mode)
     return TorchRunner(bundle, RunnerOptions(device="cpu", dtype=dtype))
-
-
-def greedy(runner: TorchRunner, bundle: ModelBundle, prompts: list[list[int]]) -> list[list[int]]:
-    """All prompts at once through the engine (batched decode steps), EOS ignored."""
-    engine = LLMEngine(
-        runner,
-        bundle.tokenizer,
-        EngineConfig(kv_cache_mib=64),
-        eos_token_ids=bundle.config.eos_token_ids,
-        model_max_len=bundle.config.max_position_embeddings,
-    )
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    ids = [engine.add_request(p, params) for p in prompts]
-    out: dict[str, list[int]] = {i: [] for i in ids}
-    while engine.has_unfinished:
-        for o in engine.step():
-            out[o.req_id].extend(o.new_token_ids)
-    return [out[i] for i in ids]
-
-
-def top2(runner: TorchRunner, tokens: list[int]) -> tuple[int, int, float]:
-    """(top-1 id, top-2 id, their logit gap) for the token after `tokens`."""
-    driver = PagedDriver(runner, num_blocks=64, block_size=16)
-    driver.add("m", tokens)
-    _, logits = driver.step_logits()
-    row = logits[0].numpy()
-    first, second = np.argsort(-row)[:2]
-    return int(first), int(second), float(row[first] - row[second])
 
 
 def hf_greedy(bundle: ModelBundle, prompt: list[int]) -> list[int]:
