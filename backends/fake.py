@@ -81,7 +81,9 @@ class FakeTokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         """What the token spells (the grammar engine's view of the vocabulary)."""
-        return SPECIAL_TOKENS[token_id].encode() if token_id < BYTE_OFFSET else bytes([token_id - BYTE_OFFSET])
+        return (
+            SPECIAL_TOKENS[token_id].encode() if token_id < BYTE_OFFSET else bytes([token_id - BYTE_OFFSET])
+        )
 
     def token_to_id(self, token: str) -> int | None:
         return SPECIAL_TOKENS.index(token) if token in SPECIAL_TOKENS else None

@@ -136,7 +136,9 @@ def _bias_arrays(logit_bias: dict[int, float], vocab_size: int) -> tuple[np.ndar
     return ids, values
 
 
-def _constrain(logits: torch.Tensor, states: list[RequestSampling], bitmask: np.ndarray | None) -> torch.Tensor:
+def _constrain(
+    logits: torch.Tensor, states: list[RequestSampling], bitmask: np.ndarray | None
+) -> torch.Tensor:
     """Add each row's logit_bias, then set tokens the grammar forbids to -inf (same order as MLX)."""
     biased = [i for i, s in enumerate(states) if s.bias_ids is not None]
     if not biased and bitmask is None:

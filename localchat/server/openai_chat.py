@@ -9,9 +9,9 @@ from typing import Any
 from litestar import Request, Response, post
 from litestar.response import Stream
 
+from localchat.engine.constraint import Constraint
 from localchat.server.chat_input import (
     chat_logprobs_k,
-    check_response_format,
     template_messages,
     template_tools,
 )
@@ -37,6 +37,7 @@ from localchat.server.logprobs import chat_logprobs
 from localchat.server.reasoning import ReasoningSplitter, split_reasoning, starts_in_reasoning
 from localchat.server.schemas import ChatCompletionRequest, decode_request
 from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, event, guarded
+from localchat.server.structured_input import response_constraint, tool_choice_constraint
 
 # Keywords render() owns; chat_template_kwargs may not override them.
 _RESERVED_TEMPLATE_KWARGS = frozenset(
@@ -72,7 +73,6 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
     check_model(ctx, req.model)
     n = check_n(req.n)
     logprobs_k = chat_logprobs_k(req)
-    check_response_format(req.response_format)
     messages = template_messages(req)
     tools = template_tools(req)
     extra = {k: v for k, v in (req.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
@@ -83,7 +83,8 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
         max_tokens = resolve_max_tokens(ctx, req.max_completion_tokens, "max_completion_tokens")
     else:
         max_tokens = resolve_max_tokens(ctx, req.max_tokens)
-    params = build_params(ctx, req, max_tokens=max_tokens, logprobs=logprobs_k, n=n)
+    constraint = await _constraint(ctx, req, tools)
+    params = build_params(ctx, req, max_tokens=max_tokens, logprobs=logprobs_k, n=n, constraint=constraint)
     call_id, created = new_call("chatcmpl")
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     call = ChatCall(ctx, call_id, created, n, logprobs_k, starts_in_reasoning(prompt_text), include_usage)
@@ -108,6 +109,16 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
         choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": reason})
     body = call.header("chat.completion") | {"choices": choices, "usage": usage_of(results, n)}
     return Response(body, media_type="application/json")
+
+
+async def _constraint(
+    ctx: ServerContext, req: ChatCompletionRequest, tools: list[dict[str, Any]] | None
+) -> Constraint | None:
+    """tool_choice "required" / named forces a call; otherwise response_format may shape the reply."""
+    if tools and (req.tool_choice == "required" or isinstance(req.tool_choice, dict)):
+        parallel = req.parallel_tool_calls is not False and req.tool_choice == "required"
+        return await tool_choice_constraint(ctx, tools, req.tool_choice, parallel=parallel)
+    return await response_constraint(ctx, req.response_format)
 
 
 async def _stream(call: ChatCall, gen: Generation) -> AsyncIterator[bytes]:

@@ -15,7 +15,7 @@ from localchat.errors import InvalidRequestError
 
 # Compact JSON with the spaces models are trained to write. Flexible whitespace lets a small model at
 # temperature 1 pad forever instead of closing the object.
-JSON_OPTIONS: llguidance.JsonCompileOptions = {
+JSON_OPTIONS: dict[str, Any] = {
     "whitespace_flexible": False,
     "item_separator": ", ",
     "key_separator": ": ",
@@ -67,7 +67,7 @@ class CompiledGrammar:
 
 def json_schema_grammar(schema: dict[str, Any] | bool) -> str:
     """An llguidance grammar (its JSON form) for documents that validate against `schema`."""
-    return llguidance.LLMatcher.grammar_from_json_schema(_as_schema(schema), overrides=JSON_OPTIONS)
+    return llguidance.LLMatcher.grammar_from_json_schema(_as_schema(schema), overrides=JSON_OPTIONS)  # type: ignore[arg-type]
 
 
 def json_schema_constraint(

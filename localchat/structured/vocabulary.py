@@ -44,5 +44,5 @@ class _ByteTokens(llguidance.TokenizerWrapper):
         self._tokenizer = tokenizer
         self._accepts_bytes = False
 
-    def __call__(self, text: str) -> list[int]:  # type: ignore[override]
+    def __call__(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
