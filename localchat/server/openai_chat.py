@@ -116,7 +116,9 @@ async def _constraint(
 ) -> Constraint | None:
     """tool_choice "required" / named forces a call; otherwise response_format may shape the reply."""
     if tools and (req.tool_choice == "required" or isinstance(req.tool_choice, dict)):
-        parallel = req.parallel_tool_calls is not False and req.tool_choice == "required"
+        # NOTE: one call unless parallel calls are asked for explicitly: given the choice, small models
+        # repeat the same call until max_tokens.
+        parallel = req.parallel_tool_calls is True and req.tool_choice == "required"
         return await tool_choice_constraint(ctx, tools, req.tool_choice, parallel=parallel)
     return await response_constraint(ctx, req.response_format)
 

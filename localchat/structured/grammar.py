@@ -82,8 +82,26 @@ def json_schema_constraint(
 
 
 def json_object_constraint(tokenizer: llguidance.LLTokenizer) -> CompiledGrammar:
-    """Any JSON object (response_format json_object)."""
-    return json_schema_constraint(tokenizer, {"type": "object"})
+    """A JSON object (response_format json_object), bounded so that it always ends (see JSON_OBJECT_LARK)."""
+    grammar = llguidance.LLMatcher.grammar_from_lark(JSON_OBJECT_LARK)
+    return CompiledGrammar(tokenizer, grammar, "json_object", "response_format")
+
+
+# NOTE: not {"type": "object"}: unbounded keys and strings let a small model at temperature 1 write a key
+# that never closes until max_tokens (seen with SmolLM2-135M). Here keys are names of up to 32 characters,
+# strings up to 128, objects and arrays hold up to 8 items and nest 3 deep. A reply can still reach
+# max_tokens first (finish_reason "length"), as with OpenAI.
+JSON_OBJECT_LARK = r"""
+start: object2
+object2: "{" (KEY ": " value1 (", " KEY ": " value1)~0..7)? "}"
+value1: leaf | "[" (value0 (", " value0)~0..7)? "]" | object1
+object1: "{" (KEY ": " value0 (", " KEY ": " value0)~0..7)? "}"
+value0: leaf | "[" (leaf (", " leaf)~0..7)? "]" | "{" (KEY ": " leaf (", " KEY ": " leaf)~0..7)? "}"
+leaf: STRING | NUMBER | "true" | "false" | "null"
+KEY: /"[A-Za-z_][A-Za-z0-9_ -]{0,31}"/
+STRING: /"([^"\\\x00-\x1f]|\\["\\\/bfnrt]){0,128}"/
+NUMBER: /-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,15})?([eE][+-]?[0-9]{1,3})?/
+"""
 
 
 def _as_schema(schema: dict[str, Any] | bool) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from localchat.errors import InvalidRequestError
 from localchat.structured.grammar import JSON_OPTIONS, CompiledGrammar
 
 ANY_ARGUMENTS: dict[str, Any] = {"type": "object"}
+MAX_PARALLEL_CALLS = 8
 
 
 def tool_call_constraint(
@@ -32,7 +33,7 @@ def tool_call_constraint(
     """`tools` in OpenAI's shape (`{"type": "function", "function": {name, parameters}}`).
 
     `tool_choice` "required" allows any of the tools, `{"type": "function", "function": {"name": N}}`
-    only N. With `parallel`, one or more calls: whole wrapped calls joined by a newline (Hermes), or with
+    only N. With `parallel`, one to MAX_PARALLEL_CALLS calls: whole wrapped calls joined by a newline (Hermes), or with
     `calls_inside_wrapper` the calls joined by ", " inside one wrapper (Mistral's `[TOOL_CALLS] [a, b]`).
     """
     call = {"anyOf": [_call_schema(f, arguments_key) for f in _chosen_functions(tools, tool_choice)]}
@@ -41,9 +42,9 @@ def tool_call_constraint(
     if not parallel:
         rules = f"start: {prefix} body {suffix}"
     elif calls_inside_wrapper:
-        rules = f'start: {prefix} body (", " body)* {suffix}'
+        rules = f'start: {prefix} body (", " body)~0..{MAX_PARALLEL_CALLS - 1} {suffix}'
     else:
-        rules = f'start: call ("\\n" call)*\ncall: {prefix} body {suffix}'
+        rules = f'start: call ("\\n" call)~0..{MAX_PARALLEL_CALLS - 1}\ncall: {prefix} body {suffix}'
     grammar = llguidance.LLMatcher.grammar_from_lark(f"{rules}\n{body}\n")
     return CompiledGrammar(tokenizer, grammar, "The tools' parameter schemas", "tools")
 
