@@ -12,6 +12,7 @@ import llguidance.numpy as llnumpy
 import numpy as np
 
 from localchat.errors import InvalidRequestError
+from localchat.structured.vocabulary import GrammarVocabulary
 
 # Compact JSON with the spaces models are trained to write. Flexible whitespace lets a small model at
 # temperature 1 pad forever instead of closing the object.
@@ -25,13 +26,15 @@ JSON_OPTIONS: dict[str, Any] = {
 class GrammarMatcher:
     """One request's llguidance matcher."""
 
-    __slots__ = ("_matcher",)
+    __slots__ = ("_matcher", "_words")
 
-    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, words: int) -> None:
         self._matcher = matcher
+        self._words = words  # the tokenizer's; the model's logits may be wider
 
     def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
-        llnumpy.fill_next_token_bitmask(self._matcher, bitmask, row)
+        llnumpy.fill_next_token_bitmask(self._matcher, bitmask[:, : self._words], row)
+        bitmask[row, self._words :] = 0  # ids past the tokenizer's vocabulary are never allowed
 
     def accept_token(self, token_id: int) -> bool:
         return self._matcher.consume_token(token_id)
@@ -48,21 +51,23 @@ class GrammarMatcher:
 class CompiledGrammar:
     """A grammar compiled once for one tokenizer; every request gets a copy of the fresh matcher."""
 
-    def __init__(self, tokenizer: llguidance.LLTokenizer, grammar: str, what: str, param: str) -> None:
+    def __init__(self, vocabulary: GrammarVocabulary, grammar: str, what: str, param: str) -> None:
+        tokenizer = vocabulary.tokenizer
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
         if is_error:
             raise InvalidRequestError(f"{what} cannot be enforced: {messages[0]}", param=param)
         self._fresh = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if self._fresh.is_error():
             raise InvalidRequestError(f"{what} cannot be enforced: {self._fresh.get_error()}", param=param)
-        self._words = -(-tokenizer.vocab_size // 32)
+        self._tokenizer_words = -(-tokenizer.vocab_size // 32)
+        self._words = max(self._tokenizer_words, -(-vocabulary.model_vocab_size // 32))
 
     @property
     def mask_words(self) -> int:
         return self._words
 
     def new_matcher(self) -> GrammarMatcher:
-        return GrammarMatcher(self._fresh.deep_copy())
+        return GrammarMatcher(self._fresh.deep_copy(), self._tokenizer_words)
 
 
 def json_schema_grammar(schema: dict[str, Any] | bool) -> str:
@@ -71,20 +76,20 @@ def json_schema_grammar(schema: dict[str, Any] | bool) -> str:
 
 
 def json_schema_constraint(
-    tokenizer: llguidance.LLTokenizer, schema: dict[str, Any] | bool, param: str = "response_format"
+    vocabulary: GrammarVocabulary, schema: dict[str, Any] | bool, param: str = "response_format"
 ) -> CompiledGrammar:
     """400 (InvalidRequestError) naming the feature when the schema uses one the engine cannot enforce."""
     try:
         grammar = json_schema_grammar(schema)
     except ValueError as exc:
         raise InvalidRequestError(f"The JSON schema is not valid: {exc}", param=param) from None
-    return CompiledGrammar(tokenizer, grammar, "The JSON schema", param)
+    return CompiledGrammar(vocabulary, grammar, "The JSON schema", param)
 
 
-def json_object_constraint(tokenizer: llguidance.LLTokenizer) -> CompiledGrammar:
+def json_object_constraint(vocabulary: GrammarVocabulary) -> CompiledGrammar:
     """A JSON object (response_format json_object), bounded so that it always ends (see JSON_OBJECT_LARK)."""
     grammar = llguidance.LLMatcher.grammar_from_lark(JSON_OBJECT_LARK)
-    return CompiledGrammar(tokenizer, grammar, "json_object", "response_format")
+    return CompiledGrammar(vocabulary, grammar, "json_object", "response_format")
 
 
 # NOTE: not {"type": "object"}: unbounded keys and strings let a small model at temperature 1 write a key

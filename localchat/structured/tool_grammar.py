@@ -14,13 +14,14 @@ import llguidance
 
 from localchat.errors import InvalidRequestError
 from localchat.structured.grammar import JSON_OPTIONS, CompiledGrammar
+from localchat.structured.vocabulary import GrammarVocabulary
 
 ANY_ARGUMENTS: dict[str, Any] = {"type": "object"}
 MAX_PARALLEL_CALLS = 8
 
 
 def tool_call_constraint(
-    tokenizer: llguidance.LLTokenizer,
+    vocabulary: GrammarVocabulary,
     tools: list[dict[str, Any]],
     tool_choice: str | dict[str, Any],
     forced_prefix: str,
@@ -46,7 +47,7 @@ def tool_call_constraint(
     else:
         rules = f'start: call ("\\n" call)~0..{MAX_PARALLEL_CALLS - 1}\ncall: {prefix} body {suffix}'
     grammar = llguidance.LLMatcher.grammar_from_lark(f"{rules}\n{body}\n")
-    return CompiledGrammar(tokenizer, grammar, "The tools' parameter schemas", "tools")
+    return CompiledGrammar(vocabulary, grammar, "The tools' parameter schemas", "tools")
 
 
 def _chosen_functions(tools: list[dict[str, Any]], tool_choice: str | dict[str, Any]) -> list[dict[str, Any]]:

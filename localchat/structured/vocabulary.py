@@ -4,23 +4,31 @@ from __future__ import annotations
 
 import threading
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import llguidance
 
-_cache: weakref.WeakKeyDictionary[Any, llguidance.LLTokenizer] = weakref.WeakKeyDictionary()
+
+@dataclass(frozen=True, slots=True)
+class GrammarVocabulary:
+    tokenizer: llguidance.LLTokenizer
+    model_vocab_size: int  # the logits' width: at least the tokenizer's vocabulary
+
+
+_cache: weakref.WeakKeyDictionary[Any, GrammarVocabulary] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
-def grammar_tokenizer(tokenizer: Any, model_vocab_size: int) -> llguidance.LLTokenizer:
-    """An `LLTokenizer` for our Tokenizer (a `tokenizers` backend) or the fake byte tokenizer.
+def grammar_tokenizer(tokenizer: Any, model_vocab_size: int) -> GrammarVocabulary:
+    """The grammar engine's view of our Tokenizer (a `tokenizers` backend) or the fake byte tokenizer.
 
     `model_vocab_size` is the logits' width, which may exceed the tokenizer's (padded embeddings): the
     extra ids are never allowed. The model's end-of-turn tokens end every grammar.
     """
     with _lock:
         cached = _cache.get(tokenizer)
-        if cached is not None and cached.vocab_size == model_vocab_size:
+        if cached is not None and cached.model_vocab_size == model_vocab_size:
             return cached
         eos = list(tokenizer.eos_token_ids)
         backend = getattr(tokenizer, "backend", None)
@@ -28,8 +36,9 @@ def grammar_tokenizer(tokenizer: Any, model_vocab_size: int) -> llguidance.LLTok
             built = llguidance.LLTokenizer(backend.to_str(), n_vocab=model_vocab_size, eos_token=eos)
         else:
             built = llguidance.LLTokenizer(_ByteTokens(tokenizer), n_vocab=model_vocab_size, eos_token=eos)
-        _cache[tokenizer] = built
-        return built
+        vocabulary = GrammarVocabulary(built, max(model_vocab_size, built.vocab_size))
+        _cache[tokenizer] = vocabulary
+        return vocabulary
 
 
 class _ByteTokens(llguidance.TokenizerWrapper):
