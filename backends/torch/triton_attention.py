@@ -25,20 +25,15 @@ captured in a CUDA graph (cuda_graphs.py). Tested on CPU tensors under Triton's 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from backends.torch.attention import write_kv
-from localchat.engine.interface import BatchInputs
+from backends.torch.gpu_attention_meta import BLOCK_M, BLOCK_N, TritonAttentionMetadata, pow2
 
-BLOCK_N = 64  # keys per inner-loop step
-BLOCK_M = 32  # queries per prefill tile
 MIN_DOT = 16  # tl.dot needs every dimension >= 16: small query groups are padded up to it
-MAX_SPLITS = 16
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton reads it when decorating kernels
 
 
@@ -237,72 +232,6 @@ def _prefill_kernel(
     )
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def pick_num_splits(num_rows: int, kv_heads: int, max_seq_len: int, num_sms: int) -> int:
-    """Enough (row, KV head, split) programs to fill the GPU twice over, never a split under BLOCK_N keys."""
-    programs = max(1, num_rows * kv_heads)
-    want = _pow2(max(1, -(-2 * num_sms // programs)))
-    most = _pow2(max(1, -(-max_seq_len // BLOCK_N)))
-    return max(1, min(want, most, MAX_SPLITS))
-
-
-@dataclass(slots=True)
-class TritonAttentionMetadata:
-    """Per-step device tensors for the Triton kernels, built once per step (or kept by a CUDA graph)."""
-
-    slot_mapping: torch.Tensor  # int64 [T]
-    block_tables: torch.Tensor  # int32 [R, max_blocks]
-    seq_lens: torch.Tensor  # int32 [R]
-    positions: torch.Tensor  # int32 [T]
-    query_start_loc: torch.Tensor  # int32 [R + 1]
-    block_size: int
-    dec_tokens: torch.Tensor | None  # int32 [D]: token index of each decode row
-    dec_rows: torch.Tensor | None  # int32 [D]: its batch row (block table / seq_lens index)
-    tile_rows: torch.Tensor | None  # int32 [tiles]: prefill tiles' batch rows
-    tile_starts: torch.Tensor | None  # int32 [tiles]: their first token index
-    num_splits: int
-    tokens_per_split: int
-
-    @classmethod
-    def from_batch(
-        cls, batch: BatchInputs, device: torch.device, kv_heads: int, num_sms: int = 132
-    ) -> TritonAttentionMetadata:
-        qsl = batch.query_start_loc.astype(np.int64)
-        q_lens = np.diff(qsl)
-        decode = np.flatnonzero(q_lens == 1)
-        tile_rows: list[int] = []
-        tile_starts: list[int] = []
-        for row in np.flatnonzero(q_lens > 1):
-            for start in range(int(qsl[row]), int(qsl[row + 1]), BLOCK_M):
-                tile_rows.append(int(row))
-                tile_starts.append(start)
-        max_seq = int(batch.seq_lens[decode].max()) if decode.size else 1
-        splits = pick_num_splits(len(decode), kv_heads, max_seq, num_sms)
-        per_split = -(-max_seq // splits)
-
-        def dev(values: np.ndarray | list[int], dtype: torch.dtype = torch.int32) -> torch.Tensor:
-            array = np.ascontiguousarray(values, dtype=np.int64 if dtype == torch.int64 else np.int32)
-            return torch.from_numpy(array).to(device, non_blocking=True)
-
-        return cls(
-            slot_mapping=dev(batch.slot_mapping, torch.int64),
-            block_tables=dev(batch.block_tables),
-            seq_lens=dev(batch.seq_lens),
-            positions=dev(batch.positions),
-            query_start_loc=dev(qsl),
-            block_size=batch.block_size,
-            dec_tokens=dev(qsl[decode]) if decode.size else None,
-            dec_rows=dev(decode) if decode.size else None,
-            tile_rows=dev(tile_rows) if tile_rows else None,
-            tile_starts=dev(tile_starts) if tile_starts else None,
-            num_splits=splits,
-            tokens_per_split=-(-per_split // BLOCK_N) * BLOCK_N,
-        )
-
-
 def triton_paged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, meta: TritonAttentionMetadata
 ) -> torch.Tensor:
@@ -313,7 +242,7 @@ def triton_paged_attention(
     heads, head_dim = q.shape[1], q.shape[2]
     kv_heads = cache.shape[1]
     group = heads // kv_heads
-    d_pad = max(MIN_DOT, _pow2(head_dim))
+    d_pad = max(MIN_DOT, pow2(head_dim))
     scale = 1.0 / head_dim**0.5
     # fp32 is the exact path (no TF32 rounding in the dots). NOTE: the interpreter's tl.dot misreads
     # bf16 operands, so under it every dot runs on upcast values; bf16 MMAs are checked on a GPU.
@@ -329,7 +258,7 @@ def triton_paged_attention(
         _decode_kernel[(rows, kv_heads, splits)](
             q, cache, meta.block_tables, meta.seq_lens, meta.dec_tokens, meta.dec_rows, out, part, m, lse,
             scale, meta.tokens_per_split, *strides, heads,
-            HEAD_DIM=head_dim, D_PAD=d_pad, GROUP=group, G_PAD=max(MIN_DOT, _pow2(group)),
+            HEAD_DIM=head_dim, D_PAD=d_pad, GROUP=group, G_PAD=max(MIN_DOT, pow2(group)),
             BLOCK_SIZE=meta.block_size, BLOCK_N=BLOCK_N, NUM_SPLITS=splits, F32_DOTS=f32_dots,
         )  # fmt: skip
         if splits > 1:

@@ -18,12 +18,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from backends.torch.attention import AttentionMetadata, paged_attention  # noqa: E402
-from backends.torch.triton_attention import (  # noqa: E402
-    BLOCK_N,
-    TritonAttentionMetadata,
-    pick_num_splits,
-    triton_paged_attention,
-)
+from backends.torch.gpu_attention_meta import BLOCK_N, TritonAttentionMetadata, pick_num_splits  # noqa: E402
+from backends.torch.triton_attention import triton_paged_attention  # noqa: E402
 from localchat.engine.interface import BatchInputs  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
