@@ -83,7 +83,7 @@ class TorchRunner:
         self.dtype = pick_dtype(options.dtype, self.device)
         self.config = model.config
         self.quant = pick_policy(
-            self.device, self.dtype, _linear_bytes(model.config, self.dtype), mem_available()
+            self.device, self.dtype, _linear_bytes(model.config, self.dtype), mem_available(), options.isq
         )
         with torch.inference_mode():
             self.model = load_model(model.config, model.iter_weights(), self.device, self.dtype, self.quant)
