@@ -24,7 +24,7 @@ from backends.torch.cuda_graphs import (  # noqa: E402
 )
 from localchat.engine.config import EngineConfig  # noqa: E402
 from localchat.engine.engine import LLMEngine  # noqa: E402
-from tests.backends.test_triton_attention import make_batch  # noqa: E402
+from tests.helpers.paged_batches import make_batch  # noqa: E402
 
 
 def test_buckets_double_up_to_max_num_seqs() -> None:

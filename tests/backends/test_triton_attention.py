@@ -11,7 +11,6 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton decorates the kernels
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -20,46 +19,11 @@ pytest.importorskip("triton")
 from backends.torch.attention import AttentionMetadata, paged_attention  # noqa: E402
 from backends.torch.gpu_attention_meta import BLOCK_N, TritonAttentionMetadata, pick_num_splits  # noqa: E402
 from backends.torch.triton_attention import triton_paged_attention  # noqa: E402
-from localchat.engine.interface import BatchInputs  # noqa: E402
+from tests.helpers.paged_batches import make_batch  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="needs Triton's interpreter (set before import)"
 )
-
-
-def make_batch(rows: list[tuple[int, int]], block_size: int, num_blocks: int, seed: int = 0) -> BatchInputs:
-    """rows: (context length after the step, new tokens this step). Blocks are a random permutation
-    of the pool (so tables have holes and are never consecutive); tables are padded with block 0."""
-    rng = np.random.default_rng(seed)
-    pool = rng.permutation(np.arange(1, num_blocks))
-    width = max(-(-seq // block_size) for seq, _ in rows)
-    tables = np.zeros((len(rows), width), dtype=np.int32)
-    positions, slots, qsl = [], [], [0]
-    used = 0
-    for i, (seq, new) in enumerate(rows):
-        blocks = pool[used : used + -(-seq // block_size)]
-        used += len(blocks)
-        tables[i, : len(blocks)] = blocks
-        pos = np.arange(seq - new, seq)
-        positions.append(pos)
-        slots.append(blocks[pos // block_size] * block_size + pos % block_size)
-        qsl.append(qsl[-1] + new)
-    positions_a = np.concatenate(positions).astype(np.int64)
-    last = np.array(qsl[1:], dtype=np.int64) - 1
-    return BatchInputs(
-        req_ids=[f"r{i}" for i in range(len(rows))],
-        input_ids=np.zeros(len(positions_a), dtype=np.int64),
-        positions=positions_a,
-        slot_mapping=np.concatenate(slots).astype(np.int64),
-        query_start_loc=np.array(qsl, dtype=np.int32),
-        seq_lens=np.array([seq for seq, _ in rows], dtype=np.int32),
-        block_tables=tables,
-        logits_indices=last,
-        sample_req_ids=[f"r{i}" for i in range(len(rows))],
-        max_query_len=max(new for _, new in rows),
-        max_seq_len=max(seq for seq, _ in rows),
-        block_size=block_size,
-    )
 
 
 def run_both(
