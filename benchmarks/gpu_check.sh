@@ -31,6 +31,8 @@ LOCALCHAT_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider 
   "tests/backends/test_runner_invariance.py::test_batch_invariance_and_preemption_tiny[torch]"
 tests_rc=$?
 
+echo "== paged decode attention: Triton vs the gather path vs flash-attn (if installed) =="
+timeout 60 python3 benchmarks/attention_bench.py
 echo "== benchmark: bf16 (with transformers) =="
 timeout 200 python3 benchmarks/gpu_bench.py --shape llama3-8b --quant bf16 --peer
 echo "== benchmark: 4-bit (Q4_0 blocks) =="

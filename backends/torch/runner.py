@@ -52,6 +52,7 @@ from backends.torch.sampler import RequestSampling, Sampler
 from backends.torch.threads import ThreadGovernor
 from backends.torch.weights import load_model
 from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput
+from localchat.errors import ModelLoadError
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
 
@@ -85,7 +86,7 @@ class TorchRunner:
         self.quant = pick_policy(
             self.device, self.dtype, _linear_bytes(model.config, self.dtype), mem_available(), options.isq
         )
-        with torch.inference_mode():
+        with torch.inference_mode(), _device_memory_errors(self.device, model.name):
             self.model = load_model(model.config, model.iter_weights(), self.device, self.dtype, self.quant)
         self.attention = attention_kernel(
             self.device
@@ -253,7 +254,14 @@ class TorchRunner:
         activations = torch.cuda.max_memory_allocated(self.device) - before
         torch.cuda.empty_cache()  # cached blocks would otherwise count as used
         free, _ = torch.cuda.mem_get_info(self.device)
-        return max(0, int(free * GPU_KV_FRACTION) - activations)
+        budget = int(free * GPU_KV_FRACTION) - activations
+        if budget <= 0:
+            raise ModelLoadError(
+                f"The model fits on {self.device} but leaves no memory for the KV cache "
+                f"({free / 2**30:.1f} GiB free after loading). Use a smaller or 4-bit model (--isq q4), "
+                "or set --mem to a small KV cache size in MiB."
+            )
+        return budget
 
     def _warmup(self, num_tokens: int) -> None:
         block_size = 16
@@ -280,6 +288,19 @@ class TorchRunner:
                 self._logits(batch)
         finally:
             self.kv_caches, self.block_size = saved
+
+
+@contextlib.contextmanager
+def _device_memory_errors(device: torch.device, name: str) -> Iterator[None]:
+    """A model too large for the GPU is a message, not a CUDA traceback."""
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError as exc:
+        _, total = torch.cuda.mem_get_info(device)
+        raise ModelLoadError(
+            f"{name} does not fit in {device}'s {total / 2**30:.1f} GiB of memory. Use a smaller or 4-bit "
+            "model (a Q4 GGUF file, or --isq q4 for safetensors), or --device cpu."
+        ) from exc
 
 
 def _linear_bytes(config: ModelConfig, dtype: torch.dtype) -> int:

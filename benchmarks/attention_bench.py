@@ -1,0 +1,81 @@
+"""Paged decode attention on a GPU: the Triton kernels against the gather path (attention.py, what the
+CPU uses) and, when importable, flash-attn's paged `flash_attn_with_kvcache`. Llama-3-8B heads (32 query
+/ 8 KV, head_dim 128), bf16, block size 16, random block tables. Prints microseconds per layer call.
+
+python benchmarks/attention_bench.py [--rows 1 16 64] [--context 512 4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def timed(fn: Callable[[], object], repeat: int = 50) -> float:
+    import torch
+
+    for _ in range(5):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeat):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / repeat  # microseconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--context", type=int, nargs="+", default=[512, 4096])
+    args = parser.parse_args()
+
+    import torch
+
+    from backends.torch.attention import AttentionMetadata, paged_attention
+    from backends.torch.gpu_attention_meta import TritonAttentionMetadata
+    from backends.torch.triton_attention import triton_paged_attention
+    from tests.helpers.paged_batches import make_batch
+
+    try:
+        from flash_attn import flash_attn_with_kvcache  # type: ignore[import-not-found]
+    except ImportError:
+        flash_attn_with_kvcache = None
+    heads, kv_heads, head_dim, block = 32, 8, 128, 16
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print("| rows | context | triton µs | gather path µs | flash-attn µs |")
+    print("|---|---|---|---|---|")
+    for rows in args.rows:
+        for context in args.context:
+            blocks = rows * -(-context // block) + 2
+            batch = make_batch([(context, 1)] * rows, block, blocks)
+            dev = torch.device("cuda")
+            q = torch.randn(rows, heads, head_dim, device=dev, dtype=torch.bfloat16)
+            k = torch.randn(rows, kv_heads, head_dim, device=dev, dtype=torch.bfloat16)
+            v = torch.randn_like(k)
+            cache = torch.randn(2, kv_heads, blocks * block, head_dim, device=dev, dtype=torch.bfloat16)
+            tmeta = TritonAttentionMetadata.from_batch(batch, dev, kv_heads, sms)
+            gmeta = AttentionMetadata.from_batch(batch, dev, kv_heads)
+            t_triton = timed(lambda: triton_paged_attention(q, k, v, cache, tmeta))  # noqa: B023
+            t_gather = timed(lambda: paged_attention(q, k, v, cache, gmeta))  # noqa: B023
+            t_flash = "—"
+            if flash_attn_with_kvcache is not None:
+                # flash-attn wants [blocks, block_size, kv_heads, d] per K and V: a copy in its layout.
+                kc = cache[0].view(kv_heads, blocks, block, head_dim).permute(1, 2, 0, 3).contiguous()
+                vc = cache[1].view(kv_heads, blocks, block, head_dim).permute(1, 2, 0, 3).contiguous()
+                table = torch.from_numpy(batch.block_tables).to(dev)
+                lens = torch.from_numpy(batch.seq_lens).to(dev)
+                try:  # flash-attn 2 wants pages of 256 tokens: it may refuse block size 16
+                    t_flash = f"{timed(lambda: flash_attn_with_kvcache(q[:, None], kc, vc, cache_seqlens=lens, block_table=table)):.0f}"  # noqa: B023, E501
+                except Exception as exc:
+                    t_flash = f"n/a ({type(exc).__name__})"
+            print(f"| {rows} | {context} | {t_triton:.0f} | {t_gather:.0f} | {t_flash} |")
+
+
+if __name__ == "__main__":
+    main()
