@@ -30,7 +30,9 @@ def timed(fn: Callable[[], object], repeat: int = 50) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--context", type=int, nargs="+", default=[512, 4096])
     args = parser.parse_args()
@@ -71,7 +73,7 @@ def main() -> None:
                 table = torch.from_numpy(batch.block_tables).to(dev)
                 lens = torch.from_numpy(batch.seq_lens).to(dev)
                 try:  # flash-attn 2 wants pages of 256 tokens: it may refuse block size 16
-                    t_flash = f"{timed(lambda: flash_attn_with_kvcache(q[:, None], kc, vc, cache_seqlens=lens, block_table=table)):.0f}"  # noqa: B023, E501
+                    t_flash = f"{timed(lambda: flash_attn_with_kvcache(q[:, None], kc, vc, cache_seqlens=lens, block_table=table)):.0f}"  # noqa: B023
                 except Exception as exc:
                     t_flash = f"n/a ({type(exc).__name__})"
             print(f"| {rows} | {context} | {t_triton:.0f} | {t_gather:.0f} | {t_flash} |")
