@@ -117,9 +117,21 @@ class Settings:
         default_factory=list,
         metadata=_meta(
             ("--cors-origin",),
-            "allow this browser origin (repeatable; env: comma-separated)",
+            "allow web pages from this origin (scheme://host:port) to call the server (repeatable; "
+            "env: comma-separated); other origins get 403",
             parse=_list,
             metavar="ORIGIN",
+            action="append",
+        ),
+    )
+    allowed_hosts: list[str] = field(
+        default_factory=list,
+        metadata=_meta(
+            ("--allowed-host",),
+            "also answer to this Host name (repeatable; env: comma-separated; * for any); on loopback "
+            "only localhost, 127.0.0.1 and [::1] are answered (DNS-rebinding guard)",
+            parse=_list,
+            metavar="HOST",
             action="append",
         ),
     )
