@@ -17,6 +17,8 @@ from localchat.errors import LocalchatError
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 BACKEND_CHOICES = ("auto", "torch", "mlx", "fake")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# A context shorter than this cannot hold a chat template, a question and a reply: refused at startup.
+MIN_CONTEXT_TOKENS = 256
 
 
 class SettingsError(LocalchatError):
@@ -311,6 +313,12 @@ class Settings:
             raise SettingsError("--threads must be >= 1.", param="threads")
         if self.shutdown_timeout < 0:
             raise SettingsError("--shutdown-timeout must be >= 0.", param="shutdown_timeout")
+        if self.max_model_len is not None and self.max_model_len < MIN_CONTEXT_TOKENS:
+            raise SettingsError(
+                f"--max-model-len {self.max_model_len} is too short for a chat; the smallest that works is "
+                f"--max-model-len {MIN_CONTEXT_TOKENS} (or leave it out to use the model's own).",
+                param="max_model_len",
+            )
         if self.max_queue_len < 0:
             raise SettingsError("--max-queue-len must be >= 0.", param="max_queue_len")
         if sum(x is not None for x in (self.weights, self.file, self.model)) > 1 and not self.url:
