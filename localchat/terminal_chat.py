@@ -216,7 +216,10 @@ def _keys_not_echoed() -> Iterator[None]:
     except ImportError:  # Windows: its console does not echo Ctrl-C
         yield
         return
-    fd = sys.stdin.fileno() if sys.stdin.isatty() else -1
+    try:
+        fd = sys.stdin.fileno() if sys.stdin.isatty() else -1
+    except (OSError, ValueError):  # stdin closed or replaced
+        fd = -1
     if fd < 0:
         yield
         return

@@ -210,3 +210,19 @@ def test_loud_warning_when_exposed_without_a_key():
     assert "NO API KEY" in security_warning(Settings(host="0.0.0.0"))
     assert security_warning(Settings(host="0.0.0.0", api_key="k")) is None
     assert security_warning(Settings()) is None and Settings().host == "127.0.0.1"
+
+
+def test_allowed_hosts_from_flags_and_environment():
+    _, _, settings = cli.parse_settings(
+        ["serve", "--allowed-host", "a.lan", "--allowed-host", "b.lan"], environ={}
+    )
+    assert settings.allowed_hosts == ["a.lan", "b.lan"]
+    _, _, settings = cli.parse_settings(["serve"], environ={"LOCALCHAT_ALLOWED_HOSTS": "a.lan, b.lan"})
+    assert settings.allowed_hosts == ["a.lan", "b.lan"]
+
+
+def test_a_context_below_256_tokens_is_refused():
+    with pytest.raises(SettingsError, match="smallest that works is --max-model-len 256") as info:
+        Settings.load({"max_model_len": 255}, environ={})
+    assert info.value.param == "max_model_len"
+    assert Settings.load({"max_model_len": 256}, environ={}).max_model_len == 256
