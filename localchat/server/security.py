@@ -6,8 +6,8 @@ A page on any site can make the browser send "simple" requests (form or text/pla
 - a request whose `Origin` is neither the server's own nor allowlisted (`--cors-origin`) gets 403;
 - a POST to a JSON API route must say `Content-Type: application/json` (415 otherwise), which no
   page can send cross-origin without a preflight;
-- when bound to loopback, the `Host` must be a loopback name or an `--allowed-host` (421 otherwise),
-  the check Jupyter does and Ollama does with OLLAMA_ORIGINS/OLLAMA_HOST.
+- when bound to loopback, the `Host` must be a loopback name or an `--allowed-host` (421 otherwise):
+  the host check Jupyter and Ollama do too.
 """
 
 from __future__ import annotations
@@ -28,11 +28,16 @@ Scope = dict[str, Any]
 
 
 def host_name(host: str) -> str:
-    """`localhost:8000` -> `localhost`, `[::1]:8000` -> `[::1]`, lower-cased."""
+    """`localhost:8000` -> `localhost`, `[::1]:8000` -> `[::1]`, lower-cased. Anything after the name
+    but a `:port` keeps the whole value, so it matches no allowed name."""
     host = host.strip().lower()
-    if host.startswith("["):
-        return host[: host.find("]") + 1] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    if host.startswith("[") and "]" in host:
+        end = host.index("]") + 1
+        name, rest = host[:end], host[end:]
+    else:
+        name, colon, port = host.partition(":")
+        rest = colon + port
+    return name if not rest or (rest[0] == ":" and rest[1:].isdigit()) else host
 
 
 def media_type(content_type: str) -> str:
@@ -57,7 +62,7 @@ class SecurityGate:
         self.app = app
         self.cors_origins = {o.rstrip("/").lower() for o in cors_origins}
         self.json_paths = frozenset(json_paths)
-        extra = {h.strip().lower() for h in allowed_hosts if h.strip()}
+        extra = {host_name(h) for h in allowed_hosts if h.strip()}
         self.check_host = check_host and ANY_HOST not in extra
         self.allowed_hosts = LOOPBACK_HOST_NAMES | extra
 

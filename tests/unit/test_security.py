@@ -25,7 +25,8 @@ def test_host_name_drops_the_port(header, name):
 
 
 def test_loopback_server_answers_only_loopback_names_and_allowed_hosts():
-    with fake_client(allowed_hosts=["mybox.lan"]) as (client, _):
+    with fake_client(allowed_hosts=["mybox.lan", "Other.lan:8000"]) as (client, _):
+        assert client.get("/health", headers={"Host": "other.lan:9000"}).status_code == 200
         assert client.get("/health", headers={"Host": "mybox.lan:8000"}).status_code == 200
         assert client.get("/health", headers={"Host": "localhost"}).status_code == 200
         r = client.get("/health", headers={"Host": "rebind.evil.example"})
