@@ -53,12 +53,12 @@ def test_own_and_allowlisted_origins_pass_others_get_403():
         assert own.status_code == 200
         listed = client.post("/v1/chat/completions", json=CHAT, headers={"Origin": "http://app.example"})
         assert listed.status_code == 200
-        finished = ctx.engine.stats().requests_finished_total
+        received = ctx.engine.engine.prompt_tokens_total  # counted as a request enters the engine
         for origin in ("http://evil.example", "null", "http://testserver.local:9999"):
             r = client.post("/v1/chat/completions", json=CHAT, headers={"Origin": origin})
             assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error", origin
             assert f"--cors-origin {origin}" in r.json()["error"]["message"]
-        assert ctx.engine.stats().requests_finished_total == finished
+        assert ctx.engine.engine.prompt_tokens_total == received
 
 
 def test_json_routes_need_a_json_content_type():
