@@ -10,7 +10,7 @@ import pytest
 from localchat import __version__, cli
 from localchat.config import SETTINGS_SPEC, Settings, SettingsError
 from localchat.server.runtime import security_warning
-from tests.helpers.live_server import REPO
+from tests.helpers.live_server import REPO, free_port
 
 
 def test_every_setting_has_a_flag_and_an_env_var():
@@ -171,7 +171,8 @@ def test_invalid_default_sampling_is_refused_at_startup(args, flag):
 
 def test_main_exit_codes_and_messages(capsys, monkeypatch):
     monkeypatch.setenv("LOCALCHAT_HOME", str(REPO / "test-output" / "home"))
-    assert cli.main(["serve", "--f", "/definitely/not/here.gguf"]) == 1
+    # a free port: the port is checked before the model (8000 may be taken on a shared machine)
+    assert cli.main(["serve", "--p", str(free_port()), "--f", "/definitely/not/here.gguf"]) == 1
     assert "no such GGUF file" in capsys.readouterr().err
     assert cli.main(["serve", "--f", "a.gguf", "--w", "b"]) == 2
     assert "only one of" in capsys.readouterr().err
