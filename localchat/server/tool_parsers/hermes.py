@@ -1,0 +1,12 @@
+"""Hermes / Qwen 2.5+ / Qwen 3: `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, one block per call."""
+
+from __future__ import annotations
+
+from localchat.server.tool_parsers.base import ToolParser
+
+
+class HermesParser(ToolParser):
+    name = "hermes"
+    markers = (("<tool_call>", "</tool_call>"),)
+    forced_prefix = "<tool_call>\n"
+    forced_suffix = "\n</tool_call>"
