@@ -74,7 +74,12 @@ CASES = [
         "",
         [("get_weather", '{"city": "Lima"}')],
     ),
-    ("json", 'Here: {"name": "get_time", "arguments": {}}', 'Here: {"name": "get_time", "arguments": {}}', []),
+    (
+        "json",
+        'Here: {"name": "get_time", "arguments": {}}',
+        'Here: {"name": "get_time", "arguments": {}}',
+        [],
+    ),
 ]
 
 

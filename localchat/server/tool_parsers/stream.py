@@ -55,7 +55,9 @@ class ToolCallStream:
     """One choice's output. `names`: the request's tool names (a bare JSON object naming another
     function is text); `max_calls`: 1 when `parallel_tool_calls` is false (later calls are dropped)."""
 
-    def __init__(self, parser: ToolParser, names: set[str] | None = None, max_calls: int | None = None) -> None:
+    def __init__(
+        self, parser: ToolParser, names: set[str] | None = None, max_calls: int | None = None
+    ) -> None:
         self.parser = parser
         self.names = names or set()
         self.max_calls = max_calls
@@ -185,7 +187,11 @@ class ToolCallStream:
             obj = json.loads(self._buf[:end])
         except ValueError:
             raise _NotACall from None
-        key = next((k for k in ("arguments", "parameters") if k in obj), None) if isinstance(obj, dict) else None
+        key = (
+            next((k for k in ("arguments", "parameters") if k in obj), None)
+            if isinstance(obj, dict)
+            else None
+        )
         if key is None or not isinstance(obj.get("name"), str):
             raise _NotACall
         self._check_name(obj["name"], region)
@@ -305,6 +311,8 @@ def collect(events: list[Event], into: ParsedOutput | None = None) -> ParsedOutp
     return result
 
 
-def parse(parser: ToolParser, text: str, names: set[str] | None = None, max_calls: int | None = None) -> ParsedOutput:
+def parse(
+    parser: ToolParser, text: str, names: set[str] | None = None, max_calls: int | None = None
+) -> ParsedOutput:
     stream = ToolCallStream(parser, names, max_calls)
     return collect(stream.push(text) + stream.flush())
