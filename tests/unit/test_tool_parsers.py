@@ -3,6 +3,7 @@ markup split across pieces, malformed JSON, text around calls, parallel calls, p
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -111,7 +112,7 @@ def test_streaming_any_cut_equals_whole(fmt, text, content, calls, seed):
     assert (out.content, _calls(out)) == (content, calls)
     # Contract rule 5: a call's first delta has id and name, later ones only arguments; no interleaving.
     deltas = [e for e in events if isinstance(e, CallDelta)]
-    for previous, delta in zip(deltas, deltas[1:], strict=False):
+    for previous, delta in itertools.pairwise(deltas):
         assert delta.index in (previous.index, previous.index + 1)
     for index in range(len(calls)):
         first, *rest = [d for d in deltas if d.index == index]
