@@ -50,7 +50,8 @@ def load_bundle(
 
 
 def build_context(settings: Settings, progress: Callable[[str], None] | None = None) -> ServerContext:
-    from backends import RunnerOptions, load_runner
+    from backends import RunnerOptions, load_runner, resolve_backend
+    from localchat.server.tool_parsers import pick_parser
     from localchat.weights.chat_template import ChatTemplate
 
     started = time.perf_counter()
@@ -78,7 +79,16 @@ def build_context(settings: Settings, progress: Callable[[str], None] | None = N
     template = ChatTemplate(
         bundle.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token
     )
-    return ServerContext(settings, AsyncEngine(engine), bundle, model_id, template, model_aliases=aliases)
+    return ServerContext(
+        settings,
+        AsyncEngine(engine),
+        bundle,
+        model_id,
+        template,
+        model_aliases=aliases,
+        backend_name=resolve_backend(settings.backend),
+        tool_parser=pick_parser(settings.tool_call_parser, template.source),
+    )
 
 
 def security_warning(settings: Settings) -> str | None:

@@ -41,6 +41,7 @@ __all__ = [
     "PARSERS",
     "PARSER_CHOICES",
     "CallDelta",
+    "JsonParser",
     "ParsedCall",
     "ParsedOutput",
     "ToolCallStream",
