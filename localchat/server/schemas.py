@@ -18,7 +18,16 @@ _AT_PATH = re.compile(r" - at `\$\.?(.*)`$")
 _MISSING = re.compile(r"missing required field `([^`]+)`")
 # JSON Schema and OpenAI's spec count 4.0 as an integer; clients that compute counts send such floats.
 _INTEGER_FIELDS = frozenset(
-    {"max_tokens", "max_completion_tokens", "max_output_tokens", "n", "seed", "top_logprobs", "top_k", "best_of"}
+    {
+        "max_tokens",
+        "max_completion_tokens",
+        "max_output_tokens",
+        "n",
+        "seed",
+        "top_logprobs",
+        "top_k",
+        "best_of",
+    }
 )
 
 
@@ -104,7 +113,8 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
-    prompt: str | list[Any] | None = None  # null: generate from the start of a document, as OpenAI does
+    # Required, but may be null: generate from the start of a document, as OpenAI does.
+    prompt: str | list[Any] | msgspec.UnsetType | None = msgspec.UNSET
     logprobs: int | None = None
     echo: bool | None = None
     suffix: str | None = None
