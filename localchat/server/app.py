@@ -19,6 +19,7 @@ from localchat.server.monitoring import health, metrics
 from localchat.server.openai_chat import chat_completions
 from localchat.server.openai_completions import completions
 from localchat.server.openai_models import get_model, list_models
+from localchat.server.openai_responses import responses
 from localchat.server.web import close_web_state, create_web_router
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-API_ROUTES = [chat_completions, completions, list_models, get_model, health, metrics]
+API_ROUTES = [chat_completions, completions, responses, list_models, get_model, health, metrics]
 
 
 def create_app(settings: Settings, ctx: ServerContext) -> Litestar:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from localchat import __version__
 from localchat.server.logprobs import TokenTexts
+from localchat.server.responses_store import ResponseStore
 from localchat.server.tool_parsers import JsonParser, ToolParser
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ class ServerContext:
     model_aliases: list[str] = field(default_factory=list)  # other names accepted as `model`
     backend_name: str = "unknown"  # the resolved backend (torch, mlx, fake)
     tool_parser: ToolParser = field(default_factory=JsonParser)  # the model's tool-call format
+    responses: ResponseStore = field(default_factory=ResponseStore)  # for previous_response_id
     mcp: Any = None  # the connected MCP servers (localchat.mcp.McpHub), when --mcp-config is set
     created: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False  # set on SIGINT/SIGTERM: new requests get 503, in-flight ones finish
