@@ -37,10 +37,14 @@ def create_app(settings: Settings, ctx: ServerContext) -> Litestar:
         # The engine thread lives exactly as long as the app serves.
         ctx.engine.start()
         log.info("engine started: %s, context %d tokens", ctx.model_id, ctx.engine.max_model_len)
+        if ctx.mcp is not None:
+            await ctx.mcp.start()  # servers that fail are reported, the app serves anyway
         try:
             yield
         finally:
             ctx.draining = True
+            if ctx.mcp is not None:
+                await ctx.mcp.close()
             await anyio.to_thread.run_sync(ctx.engine.shutdown, settings.shutdown_timeout)
             close_web_state(app.state)
             log.info("engine stopped")

@@ -61,7 +61,10 @@ def plan_tools(ctx: ServerContext, req: ChatCompletionRequest) -> ToolPlan:
 
 
 def _mcp_tools(ctx: ServerContext, req: ChatCompletionRequest) -> list[dict[str, Any]]:
-    # MCP tools join requests that bring no tools of their own; `tools: []` opts out.
-    if ctx.mcp is None or req.tools is not None or req.tool_choice == "none":
+    # MCP tools join requests that bring no tools of their own; `tools: []` opts out. The server
+    # runs them turn by turn for one answer, so not with n > 1 or logprobs.
+    if ctx.mcp is None or req.tools is not None or req.tool_choice is not None:
+        return []
+    if (req.n or 1) > 1 or req.logprobs:
         return []
     return list(ctx.mcp.openai_tools())

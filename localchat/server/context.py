@@ -18,6 +18,7 @@ from localchat.server.tool_parsers import JsonParser, ToolParser
 if TYPE_CHECKING:
     from localchat.config import Settings
     from localchat.engine.async_engine import AsyncEngine
+    from localchat.mcp import McpHub
     from localchat.weights.bundle import ModelBundle
     from localchat.weights.chat_template import ChatTemplate
 
@@ -33,7 +34,7 @@ class ServerContext:
     backend_name: str = "unknown"  # the resolved backend (torch, mlx, fake)
     tool_parser: ToolParser = field(default_factory=JsonParser)  # the model's tool-call format
     responses: ResponseStore = field(default_factory=ResponseStore)  # for previous_response_id
-    mcp: Any = None  # the connected MCP servers (localchat.mcp.McpHub), when --mcp-config is set
+    mcp: McpHub | None = None  # the servers of --mcp-config
     created: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False  # set on SIGINT/SIGTERM: new requests get 503, in-flight ones finish
     _token_texts: TokenTexts | None = None

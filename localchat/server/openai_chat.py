@@ -9,6 +9,7 @@ from typing import Any
 from litestar import Request, Response, post
 from litestar.response import Stream
 
+from localchat.server import mcp_chat
 from localchat.server.chat_input import chat_logprobs_k, check_response_format, template_messages
 from localchat.server.chat_output import ChoiceDeltas, message_of
 from localchat.server.chat_tools import ToolPlan, plan_tools
@@ -31,6 +32,7 @@ from localchat.server.generation import (
     resolve_max_tokens,
 )
 from localchat.server.logprobs import chat_logprobs
+from localchat.server.mcp_chat import McpConversation
 from localchat.server.reasoning import starts_in_reasoning
 from localchat.server.schemas import ChatCompletionRequest, decode_request
 from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, event, guarded
@@ -89,6 +91,11 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     in_reasoning = starts_in_reasoning(prompt_text)
     call = ChatCall(ctx, call_id, created, n, logprobs_k, in_reasoning, include_usage, tools)
+    if tools.mcp_names:  # the server runs the model's calls and goes on (turns re-render the prompt)
+        conv = McpConversation(call, messages, extra, params[0])
+        if req.stream:
+            return Stream(guarded(mcp_chat.stream(conv)), media_type="text/event-stream", headers=SSE_HEADERS)
+        return await mcp_chat.respond(request, conv)
     gen = Generation(ctx.engine, call_id, [(prompt_ids, p) for p in params])
     if req.stream:
         return Stream(guarded(_stream(call, gen)), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -54,6 +54,11 @@ def build_context(settings: Settings, progress: Callable[[str], None] | None = N
     from localchat.server.tool_parsers import pick_parser
     from localchat.weights.chat_template import ChatTemplate
 
+    mcp = None
+    if settings.mcp_config:  # read before the model loads: a bad file fails fast
+        from localchat.mcp import McpHub, load_mcp_config
+
+        mcp = McpHub(load_mcp_config(settings.mcp_config))
     started = time.perf_counter()
     bundle, model_id, aliases = load_bundle(settings, progress)
     loaded = time.perf_counter()
@@ -88,6 +93,7 @@ def build_context(settings: Settings, progress: Callable[[str], None] | None = N
         model_aliases=aliases,
         backend_name=resolve_backend(settings.backend),
         tool_parser=pick_parser(settings.tool_call_parser, template.source),
+        mcp=mcp,
     )
 
 
