@@ -1,4 +1,4 @@
-"""MCP through `--mcp-config`: a stdio MCP server written here with the official SDK, started by the
+"""MCP through `--mcp-config`: a stdio MCP server written for the tests with the official SDK (tests/helpers/mcp_calc_server.py), started by the
 app at startup; on the fake backend, the scripted reply is the model's call. The server runs the
 call, feeds the result back (the tool's answer scripts the model's next reply) and streams the run."""
 
@@ -13,41 +13,21 @@ import pytest
 from localchat.mcp import McpConfigError, load_mcp_config
 from localchat.server.mcp_chat import MAX_TURNS
 from tests.helpers.fake_app import fake_client, say
-from tests.helpers.live_server import check_chat_stream, parse_sse
+from tests.helpers.live_server import REPO, check_chat_stream, parse_sse
+
+CALC_SERVER = REPO / "tests" / "helpers" / "mcp_calc_server.py"  # a stdio MCP server on the mcp SDK
 
 pytestmark = pytest.mark.slow  # starts MCP server subprocesses
 
-SERVER = '''
-from mcp.server.mcpserver import MCPServer
-
-app = MCPServer("calc")
-
-
-@app.tool()
-def add(a: int, b: int) -> str:
-    """Add two integers."""
-    return f"<<say:The sum is {a + b}.>>"
-
-
-@app.tool()
-def explode() -> str:
-    """Always fails."""
-    raise RuntimeError("kaboom")
-
-
-if __name__ == "__main__":
-    app.run()
-'''
 ADD = r'{"name": "add", "arguments": {"a": 2, "b": 3}}'
 
 
 @pytest.fixture(scope="module")
 def mcp_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("mcp")
-    (folder / "calc_server.py").write_text(SERVER)
     config = {
         "mcpServers": {
-            "calc": {"command": sys.executable, "args": [str(folder / "calc_server.py")]},
+            "calc": {"command": sys.executable, "args": [str(CALC_SERVER)]},
             "broken": {"command": str(folder / "no-such-program")},
         }
     }
@@ -66,7 +46,7 @@ def client(mcp_config: Path):
 def test_servers_connect_at_startup_and_failures_are_reported(client):
     servers = {s["name"]: s for s in client.ctx.mcp.servers()}
     assert servers["calc"]["status"] == "connected" and servers["calc"]["transport"] == "stdio"
-    assert [t["name"] for t in servers["calc"]["tools"]] == ["add", "explode"]
+    assert [t["name"] for t in servers["calc"]["tools"]] == ["add", "explode", "markup"]
     assert servers["broken"]["status"] == "failed" and servers["broken"]["error"]
 
 
