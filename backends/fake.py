@@ -8,6 +8,8 @@ Reply script: a prompt containing `<<say:TEXT>>` is answered with TEXT (`\\n` es
 otherwise with DEFAULT_REPLY. After the reply comes EOS. `<<slow:MS>>` sleeps MS per step.
 The first script in the prompt wins, except that one inside a tool result (a ChatML `tool` turn)
 scripts the reply to that result, so tests can play a tool-calling conversation.
+With a grammar mask, a scripted token the mask forbids is replaced by the lowest allowed one (and every
+row's mask can be recorded, for tests).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from localchat.engine.constraint import unpack_bitmask
 from localchat.engine.interface import (
     BatchInputs,
     KVCacheSpec,
@@ -85,6 +88,12 @@ class FakeTokenizer:
     def id_to_token(self, token_id: int) -> str:
         return SPECIAL_TOKENS[token_id] if token_id < BYTE_OFFSET else f"<0x{token_id - BYTE_OFFSET:02X}>"
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """What the token spells (the grammar engine's view of the vocabulary)."""
+        return (
+            SPECIAL_TOKENS[token_id].encode() if token_id < BYTE_OFFSET else bytes([token_id - BYTE_OFFSET])
+        )
+
     def token_to_id(self, token: str) -> int | None:
         return SPECIAL_TOKENS.index(token) if token in SPECIAL_TOKENS else None
 
@@ -125,6 +134,8 @@ class FakeRunner:
         self.delay_s: dict[str, float] = {}
         self.prompt_lens: dict[str, int] = {}
         self.steps = 0
+        self.record_masks = False  # tests: keep every bitmask row given, per request, in `masks`
+        self.masks: dict[str, list[bytes]] = {}
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
@@ -169,10 +180,18 @@ class FakeRunner:
             num_out = len(self.known[req_id]) - self.prompt_lens[req_id]
             reply = self.replies[req_id]
             token = reply[num_out] if num_out < len(reply) else EOS_ID
+            if batch.token_bitmask is not None:
+                token = self._masked(req_id, batch.token_bitmask[batch.sample_req_ids.index(req_id)], token)
             self.known[req_id].append(token)
             sampled.append([token])
             logprobs.append([TokenLogprobs(token, -0.5, [(token, -0.5), (EOS_ID, -1.5)])])
         return RunnerOutput(list(batch.sample_req_ids), sampled, logprobs)
+
+    def _masked(self, req_id: str, words: np.ndarray, token: int) -> int:
+        if self.record_masks:
+            self.masks.setdefault(req_id, []).append(words.tobytes())
+        allowed = unpack_bitmask(words[None, :], self.tokenizer.vocab_size)[0]
+        return token if allowed[token] else int(np.flatnonzero(allowed)[0])
 
     def _check_context(self, req_id: str, batch: BatchInputs, row: int) -> None:
         seq_len = int(batch.seq_lens[row])

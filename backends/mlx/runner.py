@@ -143,7 +143,8 @@ class MLXRunner:
             logits = self._logits(batch)
             if logits is None:  # only middle prefill chunks: the KV writes are the whole step
                 return RunnerOutput(req_ids=[], sampled_token_ids=[])
-            result = self.sampler(logits, [self.requests[r] for r in batch.sample_req_ids])
+            states = [self.requests[r] for r in batch.sample_req_ids]
+            result = self.sampler(logits, states, batch.token_bitmask)
         return RunnerOutput.one_token_each(batch.sample_req_ids, result.token_ids, result.logprobs)
 
     def compute_logits(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> mx.array:

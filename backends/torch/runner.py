@@ -140,7 +140,8 @@ class TorchRunner:
         start = time.perf_counter()
         with torch.inference_mode():
             logits = self._logits(batch)
-            result = self.sampler(logits, [self.requests[r] for r in batch.sample_req_ids])
+            states = [self.requests[r] for r in batch.sample_req_ids]
+            result = self.sampler(logits, states, batch.token_bitmask)
         if self.threads:
             self.threads.record(batch.num_tokens, threads, time.perf_counter() - start)
         return RunnerOutput.one_token_each(batch.sample_req_ids, result.token_ids, result.logprobs)

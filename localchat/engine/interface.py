@@ -66,6 +66,9 @@ class BatchInputs:
     max_query_len: int
     max_seq_len: int
     block_size: int
+    # int32 [num_sampled, words], aligned with sample_req_ids: the tokens each row may sample (layout:
+    # engine/constraint.py); unconstrained rows are all ones. None when no sampled row has a grammar.
+    token_bitmask: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -12,7 +12,6 @@ from localchat.server.schemas import ChatCompletionRequest, ChatMessage, Tool
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-_RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 _TOOL_CHOICES = ("none", "auto", "required")
 
 
@@ -143,17 +142,6 @@ def _check_tool(i: int, tool: Tool) -> str:
             f"{where}.function.parameters.properties must be an object.", param=f"{where}.function.parameters"
         )
     return name
-
-
-def check_response_format(fmt: dict[str, Any] | None) -> None:
-    if fmt is None:
-        return
-    if fmt.get("type") not in _RESPONSE_FORMATS:
-        raise InvalidRequestError(
-            f"'response_format.type' must be one of {', '.join(_RESPONSE_FORMATS)}.", param="response_format"
-        )
-    if fmt["type"] == "json_schema" and not isinstance(fmt.get("json_schema"), dict):
-        raise InvalidRequestError("'response_format.json_schema' must be an object.", param="response_format")
 
 
 def chat_logprobs_k(req: ChatCompletionRequest) -> int | None:

@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING, Any
 from localchat.errors import InvalidRequestError
 from localchat.server.chat_input import template_tools
 from localchat.server.schemas import ChatCompletionRequest, Tool
+from localchat.server.structured_input import response_constraint, tool_choice_constraint
 from localchat.server.tool_parsers import ToolCallStream, ToolParser
 
 if TYPE_CHECKING:
+    from localchat.engine.constraint import Constraint
     from localchat.server.context import ServerContext
 
 
@@ -68,3 +70,23 @@ def _mcp_tools(ctx: ServerContext, req: ChatCompletionRequest) -> list[dict[str,
     if (req.n or 1) > 1 or req.logprobs:
         return []
     return list(ctx.mcp.openai_tools())
+
+
+async def request_constraint(
+    ctx: ServerContext,
+    plan: ToolPlan,
+    response_format: dict[str, Any] | None,
+    parallel_tool_calls: bool | None,
+    format_param: str = "response_format",
+) -> Constraint | None:
+    """What the output must follow: a forced call (`tool_choice` "required" or named), wrapped in the
+    model's own tool-call markup; else `response_format`'s grammar; else nothing."""
+    forced = plan.choice == "required" or isinstance(plan.choice, dict)
+    if plan.parser is not None and plan.template_tools and forced and not plan.mcp_names:
+        # NOTE: one call unless parallel calls are asked for explicitly: given the choice, small models
+        # repeat the same call until max_tokens.
+        parallel = parallel_tool_calls is True and plan.choice == "required"
+        parser = plan.parser
+        wrapper = (parser.forced_prefix, parser.forced_suffix, parser.arguments_key)
+        return await tool_choice_constraint(ctx, plan.template_tools, plan.choice, wrapper, parallel=parallel)
+    return await response_constraint(ctx, response_format, format_param)

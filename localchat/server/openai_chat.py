@@ -10,9 +10,9 @@ from litestar import Request, Response, post
 from litestar.response import Stream
 
 from localchat.server import mcp_chat
-from localchat.server.chat_input import chat_logprobs_k, check_response_format, template_messages
+from localchat.server.chat_input import chat_logprobs_k, template_messages
 from localchat.server.chat_output import ChoiceDeltas, message_of
-from localchat.server.chat_tools import ToolPlan, plan_tools
+from localchat.server.chat_tools import ToolPlan, plan_tools, request_constraint
 from localchat.server.common import (
     check_accepting,
     check_model,
@@ -75,7 +75,6 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
     check_model(ctx, req.model)
     n = check_n(req.n)
     logprobs_k = chat_logprobs_k(req)
-    check_response_format(req.response_format)
     tools = plan_tools(ctx, req)
     messages = template_messages(req, ctx.tool_parser.template_call_id)
     extra = {k: v for k, v in (req.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
@@ -86,7 +85,8 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
         max_tokens = resolve_max_tokens(ctx, req.max_completion_tokens, "max_completion_tokens")
     else:
         max_tokens = resolve_max_tokens(ctx, req.max_tokens)
-    params = build_params(ctx, req, max_tokens=max_tokens, logprobs=logprobs_k, n=n)
+    constraint = await request_constraint(ctx, tools, req.response_format, req.parallel_tool_calls)
+    params = build_params(ctx, req, max_tokens=max_tokens, logprobs=logprobs_k, n=n, constraint=constraint)
     call_id, created = new_call("chatcmpl")
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     in_reasoning = starts_in_reasoning(prompt_text)

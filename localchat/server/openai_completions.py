@@ -31,6 +31,7 @@ from localchat.server.generation import (
 from localchat.server.logprobs import completion_logprobs
 from localchat.server.schemas import CompletionRequest, decode_request
 from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, event, guarded
+from localchat.server.structured_input import response_constraint
 
 MAX_PROMPTS = 16
 MAX_COMPLETION_LOGPROBS = 20
@@ -105,7 +106,10 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream
     for _, ids in prompts:
         check_prompt_length(ctx, len(ids), "prompt")
     max_tokens = resolve_max_tokens(ctx, req.max_tokens if req.max_tokens is not None else 16)
-    params = build_params(ctx, req, max_tokens=max_tokens, logprobs=logprobs_k, n=len(prompts) * n)
+    constraint = await response_constraint(ctx, req.response_format)
+    params = build_params(
+        ctx, req, max_tokens=max_tokens, logprobs=logprobs_k, n=len(prompts) * n, constraint=constraint
+    )
     jobs = [(ids, params[p * n + i]) for p, (_, ids) in enumerate(prompts) for i in range(n)]
     call_id, created = new_call("cmpl")
     head = {

@@ -14,9 +14,8 @@ from litestar.response import Stream
 
 from localchat.engine.outputs import RequestOutput
 from localchat.errors import InvalidRequestError
-from localchat.server.chat_input import check_response_format
 from localchat.server.chat_output import ChoiceDeltas
-from localchat.server.chat_tools import plan_tools
+from localchat.server.chat_tools import plan_tools, request_constraint
 from localchat.server.common import (
     check_accepting,
     check_model,
@@ -44,8 +43,10 @@ async def responses(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     if req.n not in (None, 1):
         raise InvalidRequestError("The Responses API generates one answer; 'n' must be 1.", param="n")
     chat_req = as_chat_request(req)
-    check_response_format(chat_req.response_format)
     tools = plan_tools(ctx, chat_req)
+    constraint = await request_constraint(
+        ctx, tools, chat_req.response_format, req.parallel_tool_calls, "text.format"
+    )
     call_id = ctx.tool_parser.template_call_id
     history = ctx.responses.conversation(req.previous_response_id) if req.previous_response_id else []
     conversation = history + input_messages(req, call_id)
@@ -54,7 +55,7 @@ async def responses(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     prompt_ids = ctx.model.tokenizer.encode(prompt_text, add_special_tokens=False)
     check_prompt_length(ctx, len(prompt_ids), "input")
     max_tokens = resolve_max_tokens(ctx, req.max_output_tokens, "max_output_tokens")
-    (params,) = build_params(ctx, req, max_tokens=max_tokens, logprobs=None, n=1)
+    (params,) = build_params(ctx, req, max_tokens=max_tokens, logprobs=None, n=1, constraint=constraint)
     _, created = new_call("resp")
     response_id = f"resp_{uuid.uuid4().hex}"  # OpenAI's ids use "_"; clients may check the prefix
     writer = ResponseWriter(

@@ -95,6 +95,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
+    logit_bias: dict[str, Any] | None = None  # token id (as a string key) -> bias in [-100, 100]
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
@@ -119,6 +120,7 @@ class CompletionRequest(SamplingFields, kw_only=True):
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
+    response_format: dict[str, Any] | None = None
 
 
 def decode_request(body: bytes, schema: type[T]) -> T:
