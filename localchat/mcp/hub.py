@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ from localchat.mcp.config import McpServerSpec
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 30.0
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # what OpenAI (and the chat route) accept
 CALL_TIMEOUT_S = 120.0
 
 
@@ -66,6 +68,13 @@ class McpHub:
                 server.task.cancel()
         for server in self._servers:
             for tool in server.tools if server.status == "connected" else ():
+                if not _TOOL_NAME.match(tool.name):
+                    log.warning(
+                        "MCP tool %r of server %r: not a valid function name, skipped",
+                        tool.name,
+                        server.spec.name,
+                    )
+                    continue
                 if tool.name in self._owner:
                     log.warning(
                         "MCP tool %r of server %r is hidden by server %r's tool of the same name",
@@ -123,8 +132,10 @@ class McpHub:
                     if v is not None
                 },
             }
-            for tool in (t for s in self._servers if s.status == "connected" for t in s.tools)
-            if self._owner.get(tool.name) is not None
+            for server in self._servers
+            if server.status == "connected"
+            for tool in server.tools
+            if self._owner.get(tool.name) is server  # names are unique: the first server keeps one
         ]
 
     def server_of(self, tool_name: str) -> str | None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from localchat.errors import InvalidRequestError
 from localchat.server.chat_input import template_tools
 from localchat.server.schemas import ChatCompletionRequest, Tool
@@ -50,22 +52,22 @@ def map_legacy_functions(req: ChatCompletionRequest) -> None:
 def plan_tools(ctx: ServerContext, req: ChatCompletionRequest) -> ToolPlan:
     map_legacy_functions(req)
     mcp_tools = _mcp_tools(ctx, req)
+    if mcp_tools:  # validated like the request's own (tool_choice may name one of them)
+        req.tools = msgspec.convert(mcp_tools, list[Tool])
     tools = template_tools(req)
     choice = req.tool_choice if req.tool_choice is not None else "auto"
-    if tools is None and mcp_tools:
-        tools = mcp_tools
     if tools is None:
         return ToolPlan(None, None, "none" if choice == "none" else choice)
     names = {t["function"]["name"] for t in tools}
     max_calls = 1 if req.parallel_tool_calls is False else None
-    mcp_names = {t["function"]["name"] for t in mcp_tools} if tools is mcp_tools else set()
+    mcp_names = names if mcp_tools else set()
     return ToolPlan(tools, ctx.tool_parser, choice, names, max_calls, mcp_names)
 
 
 def _mcp_tools(ctx: ServerContext, req: ChatCompletionRequest) -> list[dict[str, Any]]:
     # MCP tools join requests that bring no tools of their own; `tools: []` opts out. The server
     # runs them turn by turn for one answer, so not with n > 1 or logprobs.
-    if ctx.mcp is None or req.tools is not None or req.tool_choice is not None:
+    if ctx.mcp is None or req.tools is not None or req.tool_choice == "none":
         return []
     if (req.n or 1) > 1 or req.logprobs:
         return []
@@ -82,7 +84,7 @@ async def request_constraint(
     """What the output must follow: a forced call (`tool_choice` "required" or named), wrapped in the
     model's own tool-call markup; else `response_format`'s grammar; else nothing."""
     forced = plan.choice == "required" or isinstance(plan.choice, dict)
-    if plan.parser is not None and plan.template_tools and forced and not plan.mcp_names:
+    if plan.parser is not None and plan.template_tools and forced:
         # NOTE: one call unless parallel calls are asked for explicitly: given the choice, small models
         # repeat the same call until max_tokens.
         parallel = parallel_tool_calls is True and plan.choice == "required"

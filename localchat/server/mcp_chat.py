@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from litestar import Request, Response
@@ -23,6 +23,7 @@ from localchat.server.reasoning import starts_in_reasoning
 from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, event
 
 if TYPE_CHECKING:
+    from localchat.engine.constraint import Constraint
     from localchat.engine.sampling_params import SamplingParams
     from localchat.server.openai_chat import ChatCall
 
@@ -35,6 +36,7 @@ class McpConversation:
     messages: list[dict[str, Any]]
     template_kwargs: dict[str, Any]
     params: SamplingParams
+    later_constraint: Constraint | None = None  # response_format's grammar, for the turns after the first
     runs: list[dict[str, Any]] = field(default_factory=list)
     totals: list[int] = field(default_factory=lambda: [0, 0, 0])  # prompt, completion, cached tokens
 
@@ -45,7 +47,9 @@ class McpConversation:
         text = ctx.render_chat(self.messages, tools, **self.template_kwargs)
         ids = ctx.model.tokenizer.encode(text, add_special_tokens=False)
         check_prompt_length(ctx, len(ids))
-        gen = Generation(ctx.engine, f"{self.call.id}-turn{index}", [(ids, self.params)])
+        # A forced call (tool_choice) binds the first turn only; later turns answer the results.
+        params = self.params if index == 0 else replace(self.params, constraint=self.later_constraint)
+        gen = Generation(ctx.engine, f"{self.call.id}-turn{index}", [(ids, params)])
         stream = None if final else self.call.tools.new_stream()
         return gen, ChoiceDeltas(starts_in_reasoning(text), stream), final
 

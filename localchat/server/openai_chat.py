@@ -36,6 +36,7 @@ from localchat.server.mcp_chat import McpConversation
 from localchat.server.reasoning import starts_in_reasoning
 from localchat.server.schemas import ChatCompletionRequest, decode_request
 from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, event, guarded
+from localchat.server.structured_input import response_constraint
 
 # Keywords render() owns; chat_template_kwargs may not override them.
 _RESERVED_TEMPLATE_KWARGS = frozenset(
@@ -92,7 +93,8 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
     in_reasoning = starts_in_reasoning(prompt_text)
     call = ChatCall(ctx, call_id, created, n, logprobs_k, in_reasoning, include_usage, tools)
     if tools.mcp_names:  # the server runs the model's calls and goes on (turns re-render the prompt)
-        conv = McpConversation(call, messages, extra, params[0])
+        later = await response_constraint(ctx, req.response_format)
+        conv = McpConversation(call, messages, extra, params[0], later)
         if req.stream:
             return Stream(guarded(mcp_chat.stream(conv)), media_type="text/event-stream", headers=SSE_HEADERS)
         return await mcp_chat.respond(request, conv)

@@ -157,3 +157,26 @@ def test_langchain_bind_tools(server, model, fake_only):
             "type": "tool_call",
         }
     ]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_forced_call_is_a_parsed_call(client, model, backend, choice):
+    """tool_choice required / named: constrained decoding writes the call in the model's own markup and
+    the parser reads it back, every time (on the real model; the fake one only follows the mask)."""
+    if backend == "fake":
+        pytest.skip("the fake model's scripted text does not show what a forced call looks like")
+    for seed in range(3):
+        reply = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "What's the weather like in Paris today?"}],
+            tools=[WEATHER],
+            tool_choice=choice,
+            temperature=1.0,
+            seed=seed,
+            max_tokens=64,
+        )
+        choice_ = reply.choices[0]
+        assert choice_.finish_reason == "tool_calls", choice_
+        (call,) = choice_.message.tool_calls
+        assert call.function.name == "get_weather"
+        assert isinstance(json.loads(call.function.arguments)["city"], str)
