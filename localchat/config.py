@@ -19,6 +19,7 @@ BACKEND_CHOICES = ("auto", "torch", "mlx", "fake")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # Mirrors localchat.server.tool_parsers.PARSER_CHOICES (checked by a test; the server is not imported here).
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3", "mistral", "json")
+ISQ_CHOICES = ("q4",)
 
 
 class SettingsError(LocalchatError):
@@ -97,6 +98,21 @@ class Settings:
         parse=int,
         group="model",
         metavar="N",
+    )
+    cuda_graphs: bool = _opt(
+        True,
+        ("--no-cuda-graphs",),
+        "torch on CUDA: run decode steps eagerly instead of replaying captured CUDA graphs",
+        parse=_bool,
+        group="model",
+        action="store_false",
+    )
+    isq: str | None = _opt(
+        None,
+        ("--isq",),
+        "torch: quantize unquantized (safetensors) linears to 4 bits at load (CUDA, or CPU with bf16)",
+        group="model",
+        choices=ISQ_CHOICES,
     )
     seed: int = _opt(
         0,
@@ -307,6 +323,10 @@ class Settings:
                 raise SettingsError(
                     f"--{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}.", param=name
                 )
+        if self.isq is not None and self.isq not in ISQ_CHOICES:
+            raise SettingsError(
+                f"--isq must be one of {', '.join(ISQ_CHOICES)}, got {self.isq!r}.", param="isq"
+            )
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"--port must be in [0, 65535], got {self.port}.", param="port")
         if self.max_body_mib <= 0:

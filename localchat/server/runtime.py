@@ -63,7 +63,12 @@ def build_context(settings: Settings, progress: Callable[[str], None] | None = N
     bundle, model_id, aliases = load_bundle(settings, progress)
     loaded = time.perf_counter()
     options = RunnerOptions(
-        device=settings.device, dtype=settings.dtype, seed=settings.seed, num_threads=settings.threads
+        device=settings.device,
+        dtype=settings.dtype,
+        seed=settings.seed,
+        num_threads=settings.threads,
+        cuda_graphs=settings.cuda_graphs,
+        isq=settings.isq,
     )
     runner = load_runner(settings.backend, bundle, options)
     log.info(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from localchat.server.tool_parsers import PARSERS, ToolCallStream, parse, pick_parser
+from localchat.server.tool_parsers import PARSER_CHOICES, PARSERS, ToolCallStream, parse, pick_parser
 from localchat.server.tool_parsers.stream import CallDelta, collect
 
 TEMPLATES = Path(__file__).parents[1] / "data" / "chat_templates"
@@ -180,3 +180,9 @@ def test_mistral_ids_become_nine_alphanumerics_for_its_template():
     short = parser.template_call_id("call_abc")
     assert len(short) == 9 and short.isalnum() and parser.template_call_id("call_abc") == short
     assert parser.template_call_id("a1b2c3d4e") == "a1b2c3d4e"
+
+
+def test_the_setting_offers_every_parser():
+    from localchat.config import TOOL_CALL_PARSERS
+
+    assert TOOL_CALL_PARSERS == PARSER_CHOICES
