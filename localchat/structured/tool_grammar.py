@@ -61,12 +61,14 @@ def _chosen_functions(tools: list[dict[str, Any]], tool_choice: str | dict[str, 
 
 
 def _call_schema(function: dict[str, Any], arguments_key: str) -> dict[str, Any]:
+    arguments = dict(function.get("parameters") or ANY_ARGUMENTS)
+    if "properties" in arguments and "additionalProperties" not in arguments:
+        # NOTE: closed, as OpenAI's strict mode does: a function takes the arguments it declares, and a
+        # small model otherwise invents extra ones until max_tokens.
+        arguments["additionalProperties"] = False
     return {
         "type": "object",
-        "properties": {
-            "name": {"const": function["name"]},
-            arguments_key: function.get("parameters") or ANY_ARGUMENTS,
-        },
+        "properties": {"name": {"const": function["name"]}, arguments_key: arguments},
         "required": ["name", arguments_key],
         "additionalProperties": False,
     }
