@@ -68,6 +68,7 @@ class Generation:
     listeners: list[asyncio.Queue[tuple[str, str]]] = field(default_factory=list)
     turn_start: int = 0  # where the current model turn's text begins (after MCP tool runs)
     turns: int = 0
+    stop_requested: bool = False  # Stop pressed, maybe while MCP tools ran between two model turns
 
 
 def strip_thinking(text: str) -> str:
@@ -163,6 +164,7 @@ class ChatService:
         gen = self._active.get(conv_id)
         if gen is None:
             return False
+        gen.stop_requested = True
         self.ctx.engine.abort(gen.req_id)
         return True
 
@@ -270,6 +272,9 @@ class ChatService:
         gen.turn_start, gen.turns = len(gen.text), gen.turns + 1
         for queue in gen.listeners:
             queue.put_nowait(("snapshot", gen.text))
+        if gen.stop_requested:
+            self._end_early(gen, status=STOPPED, error=None, finish_reason="abort")
+            return
         try:
             self.store.update_message(gen.message_id, content=gen.text)
             conv = self.store.get_conversation(gen.conversation_id)
@@ -286,10 +291,15 @@ class ChatService:
                 prompt_ids, self.sampling_params(conv), LoopSink(loop, self._on_output, (gen,)), gen.req_id
             )
         except LocalchatError as exc:
-            self.store.update_message(gen.message_id, status=ERROR, error=exc.message, finish_reason="error")
-            self._forget(gen.conversation_id, gen.message_id)
-            for queue in gen.listeners:
-                queue.put_nowait(("done", ""))
+            self._end_early(gen, status=ERROR, error=exc.message, finish_reason="error")
+
+    def _end_early(self, gen: Generation, *, status: str, error: str | None, finish_reason: str) -> None:
+        self.store.update_message(
+            gen.message_id, content=gen.text, status=status, error=error, finish_reason=finish_reason
+        )
+        self._forget(gen.conversation_id, gen.message_id)
+        for queue in gen.listeners:
+            queue.put_nowait(("done", ""))
 
     def _forget(self, conv_id: str, message_id: int) -> None:
         self._active.pop(conv_id, None)

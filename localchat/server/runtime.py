@@ -97,9 +97,26 @@ def build_context(settings: Settings, progress: Callable[[str], None] | None = N
         template,
         model_aliases=aliases,
         backend_name=resolve_backend(settings.backend),
-        tool_parser=pick_parser(settings.tool_call_parser, template.source),
+        tool_parser=pick_parser(settings.tool_call_parser, template.source, _catalog_tool_format(settings)),
         mcp=mcp,
     )
+
+
+def _catalog_tool_format(settings: Settings) -> str | None:
+    """The `tool_call` field of the models.yaml entry the model was named by, if any."""
+    if not settings.model or settings.backend == "fake":
+        return None
+    from localchat.catalog import load_catalog
+    from localchat.errors import LocalchatError
+    from localchat.paths import data_dir
+
+    try:
+        entry = load_catalog(data_dir()).get(settings.model)
+    except LocalchatError:
+        return None
+    # NOTE: getattr: the field arrives with the catalog's own change; without it, the template decides.
+    hint = getattr(entry, "tool_call", None)
+    return hint if isinstance(hint, str) else None
 
 
 def security_warning(settings: Settings) -> str | None:
