@@ -38,6 +38,12 @@ CASES = [
         [("get_time", "{}")],
     ),
     ("hermes", "Use a <tool_call> tag? No.", "Use a <tool_call> tag? No.", []),
+    (  # tags that are special tokens, dropped by the detokenizer
+        "hermes",
+        '\n{"name": "get_time", "arguments": {}}\n',
+        "",
+        [("get_time", "{}")],
+    ),
     ("hermes", "a <tool_call>{not json}</tool_call> b", "a <tool_call>{not json}</tool_call> b", []),
     ("hermes", "Ends with a partial <tool_ca", "Ends with a partial <tool_ca", []),
     (
@@ -69,6 +75,12 @@ CASES = [
         [("get_weather", '{"city": "Oslo"}'), ("get_time", '{"tz": "CET"}')],
     ),
     ("mistral", "[TOOL_CALLS] [oops]", "[TOOL_CALLS] [oops]", []),
+    (  # the special token dropped by the detokenizer
+        "mistral",
+        ' [{"name": "get_time", "arguments": {"tz": "UTC"}}]',
+        "",
+        [("get_time", '{"tz": "UTC"}')],
+    ),
     (
         "json",
         '[{"name": "get_weather", "arguments": "{\\"city\\": \\"Lima\\"}"}]',

@@ -1,5 +1,6 @@
-"""Mistral (v0.3 and later): `[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]`. Its templates
-insist on 9-character alphanumeric call ids when the calls come back in the next turn."""
+"""Mistral (v0.3 and later): `[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]`. `[TOOL_CALLS]` is
+a special token, so detokenized text usually lacks it: a bare call list at the start counts too. Its
+templates insist on 9-character alphanumeric call ids when the calls come back in the next turn."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from localchat.server.tool_parsers.base import ToolParser
 class MistralParser(ToolParser):
     name = "mistral"
     markers = (("[TOOL_CALLS]", ""),)
+    json_at_start = True
     forced_prefix = "[TOOL_CALLS] ["
     forced_suffix = "]"
 
