@@ -1,9 +1,12 @@
 """A stdio MCP server for tests, written with the official `mcp` SDK. Its results script the fake
 model's next reply (`<<say:…>>`), so a test can play a whole tool-calling conversation.
 
-Run as `python tests/helpers/mcp_calc_server.py` (the app starts it from an mcp.json)."""
+Run as `python tests/helpers/mcp_calc_server.py` (stdio: the app starts it from an mcp.json), or with
+`--http PORT` to serve streamable HTTP on 127.0.0.1:PORT/mcp."""
 
 from __future__ import annotations
+
+import sys
 
 from mcp.server.mcpserver import MCPServer
 
@@ -29,4 +32,7 @@ def markup() -> str:
 
 
 if __name__ == "__main__":
-    app.run()
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":
+        app.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        app.run()

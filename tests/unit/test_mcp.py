@@ -5,7 +5,11 @@ call, feeds the result back (the tool's answer scripts the model's next reply) a
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -119,3 +123,37 @@ def test_http_servers_are_read(tmp_path: Path):
     path.write_text('{"mcpServers": {"web": {"url": "http://127.0.0.1:9/mcp", "headers": {"X": "y"}}}}')
     (spec,) = load_mcp_config(path)
     assert spec.transport == "http" and spec.headers == {"X": "y"}
+
+
+@pytest.fixture(scope="module")
+def http_mcp_url() -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, str(CALC_SERVER), "--http", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert proc.poll() is None and time.monotonic() < deadline, "the HTTP MCP server did not start"
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_streamable_http_server(http_mcp_url: str, tmp_path: Path):
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"web": {"url": http_mcp_url, "headers": {"X-Test": "1"}}}}))
+    with fake_client(mcp_config=str(config)) as (c, ctx):
+        (server,) = ctx.mcp.servers()
+        assert server["status"] == "connected" and server["transport"] == "http", server
+        message = c.post("/v1/chat/completions", json={"messages": say(ADD)}).json()["choices"][0]["message"]
+    assert message["content"] == "The sum is 5." and message["mcp_tool_runs"][0]["server"] == "web"
