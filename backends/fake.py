@@ -6,6 +6,8 @@ corrupt a real model's context raises here instead. Used by engine, server and U
 
 Reply script: a prompt containing `<<say:TEXT>>` is answered with TEXT (`\\n` escapes allowed);
 otherwise with DEFAULT_REPLY. After the reply comes EOS. `<<slow:MS>>` sleeps MS per step.
+The first script in the prompt wins, except that one inside a tool result (a ChatML `tool` turn)
+scripts the reply to that result, so tests can play a tool-calling conversation.
 With a grammar mask, a scripted token the mask forbids is replaced by the lowest allowed one (and every
 row's mask can be recorded, for tests).
 """
@@ -43,6 +45,13 @@ CHATML_TEMPLATE = (
 )
 _SAY = re.compile(r"<<say:(.*?)>>", re.S)
 _SLOW = re.compile(r"<<slow:(\d+)>>")
+
+
+def _script(prompt_text: str) -> re.Match[str] | None:
+    tool_turn = prompt_text.rfind("<|im_start|>tool")
+    if tool_turn >= 0 and (last := _SAY.search(prompt_text, tool_turn)) is not None:
+        return last
+    return _SAY.search(prompt_text)
 
 
 class FakeTokenizer:
@@ -154,7 +163,7 @@ class FakeRunner:
             self.embedding_reqs.discard(req_id)
         for new in scheduler_output.scheduled_new_reqs:
             prompt_text = self.tokenizer.decode(new.prompt_token_ids, skip_special_tokens=False)
-            said = _SAY.search(prompt_text)
+            said = _script(prompt_text)
             reply = said.group(1).replace("\\n", "\n") if said else DEFAULT_REPLY
             self.replies[new.req_id] = self.tokenizer.encode(reply)
             self.known[new.req_id] = list(new.prompt_token_ids) + list(new.output_token_ids)

@@ -7,6 +7,7 @@ from typing import Any
 
 from litestar import Request, Response, post
 from litestar.response import Stream
+from msgspec import UnsetType
 
 from localchat.errors import InvalidRequestError
 from localchat.server.common import (
@@ -36,9 +37,15 @@ MAX_PROMPTS = 16
 MAX_COMPLETION_LOGPROBS = 20
 
 
-def _prompts(ctx: ServerContext, prompt: str | list[Any]) -> list[tuple[str, list[int]]]:
-    """(text, token ids) per prompt. Accepts a string, a list of strings, token ids, or lists of ids."""
+def _prompts(ctx: ServerContext, prompt: str | list[Any] | UnsetType | None) -> list[tuple[str, list[int]]]:
+    """(text, token ids) per prompt. Accepts a string, a list of strings, token ids, or lists of ids;
+    null is the start of a document (the BOS token, else the end-of-text token, as OpenAI's default)."""
     tok = ctx.model.tokenizer
+    if isinstance(prompt, UnsetType):
+        raise InvalidRequestError("Invalid request: missing required field 'prompt'.", param="prompt")
+    if prompt is None:
+        start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_ids[0]
+        prompt = [start]
     if isinstance(prompt, str):
         items: list[Any] = [prompt]
     elif prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
@@ -110,7 +117,7 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream
         "object": "text_completion",
         "created": created,
         "model": ctx.model_id,
-        "system_fingerprint": None,
+        "system_fingerprint": ctx.system_fingerprint,
     }
     echoes = [text if req.echo else "" for text, _ in prompts for _ in range(n)]
     gen = Generation(ctx.engine, call_id, jobs)

@@ -58,7 +58,7 @@ def test_grammar_overrides_the_script_and_stops_the_request(vocabulary) -> None:
 def test_json_object_and_forced_tool_call_outputs_parse(vocabulary) -> None:  # type: ignore[no-untyped-def]
     [(text, _)] = run(
         fake_engine(),
-        [chat_prompt("<<say:{\"a\": [1, true]} and then prose>>")],
+        [chat_prompt('<<say:{"a": [1, true]} and then prose>>')],
         SamplingParams(temperature=0, max_tokens=400, constraint=json_object_constraint(vocabulary)),
     )
     assert json.loads(text) == {"a": [1, True]}
