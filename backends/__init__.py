@@ -55,7 +55,7 @@ def create_runner(name: str, model: ModelBundle, options: RunnerOptions | None =
     try:
         module = importlib.import_module(f"backends.{name}.runner" if name != "fake" else "backends.fake")
     except ImportError as exc:
-        hint = {"torch": 'pip install "torch>=2.4"', "mlx": 'pip install "localchat[mlx]"'}.get(name, "")
+        hint = {"torch": 'pip install "torch>=2.4"', "mlx": 'pip install "localchat-app[mlx]"'}.get(name, "")
         raise BackendUnavailableError(
             f"The {name} backend cannot be imported ({exc}). {hint}".strip()
         ) from exc

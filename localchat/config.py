@@ -20,6 +20,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 # Mirrors localchat.server.tool_parsers.PARSER_CHOICES (checked by a test; the server is not imported here).
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3", "mistral", "json")
 ISQ_CHOICES = ("q4",)
+# A context shorter than this cannot hold a chat template, a question and a reply: refused at startup.
+MIN_CONTEXT_TOKENS = 256
 
 
 class SettingsError(LocalchatError):
@@ -135,9 +137,21 @@ class Settings:
         default_factory=list,
         metadata=_meta(
             ("--cors-origin",),
-            "allow this browser origin (repeatable; env: comma-separated)",
+            "allow web pages from this origin (scheme://host:port) to call the server (repeatable; "
+            "env: comma-separated); other origins get 403",
             parse=_list,
             metavar="ORIGIN",
+            action="append",
+        ),
+    )
+    allowed_hosts: list[str] = field(
+        default_factory=list,
+        metadata=_meta(
+            ("--allowed-host",),
+            "also answer to this Host name (repeatable; env: comma-separated; * for any); on loopback "
+            "only localhost, 127.0.0.1 and [::1] are answered (DNS-rebinding guard)",
+            parse=_list,
+            metavar="HOST",
             action="append",
         ),
     )
@@ -337,6 +351,12 @@ class Settings:
             raise SettingsError("--threads must be >= 1.", param="threads")
         if self.shutdown_timeout < 0:
             raise SettingsError("--shutdown-timeout must be >= 0.", param="shutdown_timeout")
+        if self.max_model_len is not None and self.max_model_len < MIN_CONTEXT_TOKENS:
+            raise SettingsError(
+                f"--max-model-len {self.max_model_len} is too short for a chat; the smallest that works is "
+                f"--max-model-len {MIN_CONTEXT_TOKENS} (or leave it out to use the model's own).",
+                param="max_model_len",
+            )
         if self.max_queue_len < 0:
             raise SettingsError("--max-queue-len must be >= 0.", param="max_queue_len")
         if sum(x is not None for x in (self.weights, self.file, self.model)) > 1 and not self.url:
