@@ -134,6 +134,7 @@ class FakeRunner:
         self.delay_s: dict[str, float] = {}
         self.prompt_lens: dict[str, int] = {}
         self.steps = 0
+        self.embedding_reqs: set[str] = set()
         self.record_masks = False  # tests: keep every bitmask row given, per request, in `masks`
         self.masks: dict[str, list[bytes]] = {}
 
@@ -159,6 +160,7 @@ class FakeRunner:
         for req_id in scheduler_output.finished_req_ids | scheduler_output.preempted_req_ids:
             for table in (self.replies, self.known, self.delay_s, self.prompt_lens):
                 table.pop(req_id, None)
+            self.embedding_reqs.discard(req_id)
         for new in scheduler_output.scheduled_new_reqs:
             prompt_text = self.tokenizer.decode(new.prompt_token_ids, skip_special_tokens=False)
             said = _script(prompt_text)
@@ -166,6 +168,8 @@ class FakeRunner:
             self.replies[new.req_id] = self.tokenizer.encode(reply)
             self.known[new.req_id] = list(new.prompt_token_ids) + list(new.output_token_ids)
             self.prompt_lens[new.req_id] = len(new.prompt_token_ids)
+            if new.sampling_params.embedding:
+                self.embedding_reqs.add(new.req_id)
             slow = _SLOW.search(prompt_text)
             self.delay_s[new.req_id] = int(slow.group(1)) / 1000 if slow else 0.0
         self.slots[batch.slot_mapping] = batch.input_ids
@@ -173,10 +177,16 @@ class FakeRunner:
 
         sampled: list[list[int]] = []
         logprobs: list[list[TokenLogprobs]] = []
+        embeddings: dict[str, list[float]] = {}
         for row, req_id in enumerate(batch.req_ids):
             if req_id not in batch.sample_req_ids:
                 continue
             self._check_context(req_id, batch, row)
+            if req_id in self.embedding_reqs:
+                embeddings[req_id] = fake_embedding(self.known[req_id])
+                sampled.append([])
+                logprobs.append([])
+                continue
             num_out = len(self.known[req_id]) - self.prompt_lens[req_id]
             reply = self.replies[req_id]
             token = reply[num_out] if num_out < len(reply) else EOS_ID
@@ -185,7 +195,7 @@ class FakeRunner:
             self.known[req_id].append(token)
             sampled.append([token])
             logprobs.append([TokenLogprobs(token, -0.5, [(token, -0.5), (EOS_ID, -1.5)])])
-        return RunnerOutput(list(batch.sample_req_ids), sampled, logprobs)
+        return RunnerOutput(list(batch.sample_req_ids), sampled, logprobs, embeddings or None)
 
     def _masked(self, req_id: str, words: np.ndarray, token: int) -> int:
         if self.record_masks:
@@ -210,6 +220,16 @@ class FakeRunner:
 
     def shutdown(self) -> None:
         self.replies.clear()
+
+
+def fake_embedding(token_ids: list[int], dim: int = 8) -> list[float]:
+    """Mean of per-token vectors (token t: sin/cos features of t), L2-normalised: the real pooling's shape."""
+    ids = np.asarray(token_ids, dtype=np.float64)[:, None]
+    vectors = np.concatenate(
+        [np.sin(ids * np.arange(1, dim // 2 + 1)), np.cos(ids * np.arange(1, dim // 2 + 1))], 1
+    )
+    mean = vectors.mean(axis=0)
+    return (mean / np.linalg.norm(mean)).tolist()
 
 
 def create_runner(model: ModelBundle, options: object) -> FakeRunner:

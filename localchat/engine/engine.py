@@ -134,11 +134,16 @@ class LLMEngine:
             self.scheduler.requests[req_id].num_computed_tokens += count
         outputs: list[RequestOutput] = []
         logprobs = runner_output.logprobs
+        embeddings = runner_output.embeddings or {}
         num_generated = 0
         for i, (req_id, token_ids) in enumerate(
             zip(runner_output.req_ids, runner_output.sampled_token_ids, strict=True)
         ):
             request = self.scheduler.requests[req_id]
+            if req_id in embeddings:
+                request.embedding = embeddings[req_id]
+                outputs.append(self._finish(request, FinishReason.STOP, ""))
+                continue
             reason: FinishReason | None = None
             accepted = 0
             grammar_error: str | None = None
@@ -201,6 +206,7 @@ class LLMEngine:
             num_cached_tokens=max(request.num_cached_tokens, 0),
             num_output_tokens=request.num_output_tokens,
             logprobs=logprobs or [],
+            embedding=request.embedding,
         )
 
     def _finish(

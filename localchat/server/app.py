@@ -18,6 +18,7 @@ from localchat.server.errors import handle_exception
 from localchat.server.monitoring import health, metrics
 from localchat.server.openai_chat import chat_completions
 from localchat.server.openai_completions import completions
+from localchat.server.openai_embeddings import embeddings
 from localchat.server.openai_models import get_model, list_models
 from localchat.server.openai_responses import responses
 from localchat.server.security import guard_app, json_post_paths
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-API_ROUTES = [chat_completions, completions, responses, list_models, get_model, health, metrics]
+API_ROUTES = [chat_completions, completions, responses, embeddings, list_models, get_model, health, metrics]
 
 
 def create_app(settings: Settings, ctx: ServerContext) -> Litestar:

@@ -128,6 +128,7 @@ class ChoiceResult:
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
     error: str | None = None
+    embedding: list[float] | None = None
 
     def add(self, out: RequestOutput) -> None:
         self.text += out.text_delta
@@ -137,7 +138,7 @@ class ChoiceResult:
         self.num_cached_tokens = out.num_cached_tokens
         self.num_output_tokens = out.num_output_tokens
         if out.finished:
-            self.finish_reason, self.error = out.finish_reason, out.error
+            self.finish_reason, self.error, self.embedding = out.finish_reason, out.error, out.embedding
 
 
 class Generation:
