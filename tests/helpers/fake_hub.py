@@ -40,6 +40,7 @@ class Fault:
 
     drop_after: int | None = None  # close the connection after this many body bytes of a response
     times: int = 1  # how many responses `drop_after` hits
+    stall_s: float = 0.0  # with drop_after: go silent this long before dropping (a stalled connection)
     corrupt_at: int | None = None  # flip the byte at this file offset (every response)
     throttle_bps: int | None = None  # send at most this many bytes a second
     status: int | None = None  # answer this status instead (e.g. 503), `times` times
@@ -285,6 +286,7 @@ def _handler(hub: FakeHub, origin: str) -> type[BaseHTTPRequestHandler]:
                 pos = stop
                 if drop_at is not None and pos >= drop_at:
                     self.wfile.flush()
+                    time.sleep(fault.stall_s)
                     self.close_connection = True
                     self.connection.shutdown(2)  # the client sees a short body
                     return

@@ -10,7 +10,7 @@ import threading
 import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -98,7 +98,7 @@ class _Index(BaseHTTPRequestHandler):
 
     wheel: bytes = b""
     json_api = True
-    log: list[tuple[str, str | None]] = []
+    log: ClassVar[list[tuple[str, str | None]]] = []
 
     def log_message(self, *args: Any) -> None:
         pass
