@@ -32,9 +32,10 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
             parser.add_argument("--force", action="store_true", help="also files another tool downloaded")
 
 
-def run(command: str, args: dict[str, object], out: TextIO = sys.stdout) -> int:
+def run(command: str, args: dict[str, object], out: TextIO | None = None) -> int:
     from localchat.hub import list_local, pull, remove, verify
 
+    out = out or sys.stdout
     if command == "pull":
         name = str(args["name"])
         try:

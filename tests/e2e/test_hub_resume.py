@@ -1,0 +1,66 @@
+"""`localchat pull` as a user runs it: killed with SIGKILL halfway, run again, it continues from the
+bytes on disk (the fake hub sees a Range request starting there) and ends with a verified file.
+The same subprocesses check the CLI's plain (non-TTY) progress lines, `list`, `verify` and `rm`."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from localchat.hub import cache
+from tests.helpers.fake_hub import Fault, FakeHub
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PAYLOAD = os.urandom(3_000_000)
+REPO = "org/Resume-GGUF"
+
+
+def localchat(*args: str, env: dict[str, str], **kw) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "localchat", *args], cwd=REPO_ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_pull_resumes_after_sigkill_and_the_cli_lists_verifies_and_removes(fake_hub: FakeHub) -> None:
+    fake_hub.add_repo(REPO, {"resume-Q4_K_M.gguf": PAYLOAD})
+    fake_hub.faults["resume-Q4_K_M.gguf"] = Fault(throttle_bps=1_000_000)
+    env = {**os.environ}
+    hub_cache = Path(env["HF_HUB_CACHE"])
+    partial = cache.partial_path(hub_cache, REPO, hashlib.sha256(PAYLOAD).hexdigest())
+
+    first = localchat("pull", REPO, env=env)
+    deadline = time.monotonic() + 60
+    while not (partial.exists() and partial.stat().st_size > 600_000):
+        assert first.poll() is None, first.communicate()
+        assert time.monotonic() < deadline, "the download never started"
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    kept = partial.stat().st_size
+    assert 600_000 < kept < len(PAYLOAD)
+
+    fake_hub.faults.clear()
+    fake_hub.log.clear()
+    second = localchat("pull", REPO, env=env)
+    out, err = second.communicate(timeout=120)
+    assert second.returncode == 0, err
+    ranges = [r.range_start for r in fake_hub.requests("cdn", "/lfs/")]
+    assert ranges == [kept]  # continued from the bytes on disk, not from 0
+    path = Path(out.strip())
+    assert path.read_bytes() == PAYLOAD and not partial.exists()
+    assert "resuming" in err and "done: " in err  # plain progress lines, one per phase
+
+    listed = localchat("list", env=env).communicate(timeout=60)[0]
+    assert f"{REPO}:Q4_K_M" in listed and "complete" in listed and "3.0 MB" in listed
+    verify = localchat("verify", f"{REPO}:Q4_K_M", env=env)
+    assert "checksums match" in verify.communicate(timeout=60)[0] and verify.returncode == 0
+    rm = localchat("rm", f"{REPO}:Q4_K_M", env=env)
+    assert "3.0 MB freed" in rm.communicate(timeout=60)[0] and rm.returncode == 0
+    assert not path.exists()
