@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from localchat.hub import cache
-from tests.helpers.fake_hub import Fault, FakeHub
+from tests.helpers.fake_hub import FakeHub, Fault
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PAYLOAD = os.urandom(3_000_000)

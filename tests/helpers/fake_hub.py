@@ -313,3 +313,18 @@ def _handler(hub: FakeHub, origin: str) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(data)
 
     return Handler
+
+
+if (
+    __name__ == "__main__"
+):  # python -m tests.helpers.fake_hub [--throttle BPS] ORG/REPO FILE...: serve until killed
+    import sys
+
+    args = sys.argv[1:]
+    throttle = int(args[1]) if args[0] == "--throttle" else None
+    args = args[2:] if throttle else args
+    served = FakeHub().start()
+    served.add_repo(args[0], {Path(f).name: Path(f) for f in args[1:]})
+    served.faults.update({Path(f).name: Fault(throttle_bps=throttle) for f in args[1:] if throttle})
+    print(served.url, flush=True)
+    threading.Event().wait()
