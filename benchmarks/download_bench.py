@@ -43,18 +43,21 @@ def time_curl(url: str, out: Path) -> float:
     return time.perf_counter() - started
 
 
-def first_token_s(name: str) -> float:
-    """pull (already on disk) -> load -> one generated token, in this process."""
+def first_token_s(name: str) -> tuple[float, float, float]:
+    """pull (already on disk) -> load -> one generated token, in this process: the three durations."""
     from localchat import LLM, SamplingParams
 
     started = time.perf_counter()
-    llm = LLM(hub.pull(name).path)
+    path = hub.pull(name).path
+    pulled = time.perf_counter()
+    llm = LLM(path)
+    loaded = time.perf_counter()
     ids = llm.apply_chat_template([{"role": "user", "content": "Hi"}])
     llm.engine.add_request(ids, SamplingParams(temperature=0, max_tokens=1))
     while llm.engine.has_unfinished:
         if any(out.new_token_ids for out in llm.engine.step()):
             break
-    return time.perf_counter() - started
+    return pulled - started, loaded - pulled, time.perf_counter() - loaded
 
 
 def main() -> None:
@@ -103,7 +106,9 @@ def main() -> None:
             f"| ratio pull / curl (medians) | | {statistics.median(curls) / statistics.median(pulls):.2f} |"
         )
         if not args.no_first_token:
-            print(f"\npull start -> first token, model already on disk: {first_token_s(name):.2f} s")
+            pull_s, load_s, token_s = first_token_s(name)
+            print(f"\npull start -> first token, model already on disk: {pull_s + load_s + token_s:.2f} s "
+                  f"(pull {pull_s * 1000:.0f} ms, load {load_s:.2f} s, first token {token_s:.2f} s)")  # fmt: skip
     finally:
         fake.kill()
         shutil.rmtree(work, ignore_errors=True)
