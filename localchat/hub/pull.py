@@ -13,10 +13,11 @@ from localchat.errors import (
     DownloadError,
     LocalchatError,
     NotEnoughDiskSpaceError,
+    OfflineError,
 )
 from localchat.hub import cache, env, ledger
 from localchat.hub.download import Digest, download
-from localchat.hub.files import Selection, pick
+from localchat.hub.files import DEFAULT_QUANT, Selection, pick
 from localchat.hub.local import find_local, model_from_snapshot
 from localchat.hub.progress import ProgressTracker
 from localchat.hub.records import LocalModel, PullProgress
@@ -33,8 +34,10 @@ def pull(
 ) -> LocalModel:
     """The local model `name` names, downloading what is missing. Progress goes to `progress`.
 
-    A model already complete on disk is returned without any network request. Cancelling (`cancel`
-    set) raises DownloadCancelledError and keeps the partial file, so the next pull resumes.
+    A model already complete on disk is returned without any network request (for a bare `ORG/REPO`,
+    when the local quant is the default one; another local quant is used when the hub is unreachable).
+    Cancelling (`cancel` set) raises DownloadCancelledError and keeps the partial file, so the next
+    pull resumes.
     """
     from localchat.paths import data_dir as default_data_dir
 
@@ -43,14 +46,17 @@ def pull(
     try:
         tracker.set_phase("resolving")
         found = find_local(name, data_dir=data_dir)
-        if found is not None and found.complete:
-            tracker.total_bytes = tracker.done_bytes = found.size_bytes
-            tracker.set_phase(
-                "done", file=found.path.name, message=f"{found.name} is already at {found.path}"
-            )
-            return found
         spec = parse(name, data_dir)
-        model = pull_from_sources(spec, tracker, cancel, data_dir)
+        if found is not None and _is_what_was_asked(spec, found):
+            return _already_here(found, tracker, f"{found.name} is already at {found.path}")
+        try:
+            model = pull_from_sources(spec, tracker, cancel, data_dir)
+        except OfflineError:
+            if found is None:
+                raise
+            return _already_here(
+                found, tracker, f"the hub is unreachable; using {found.name} at {found.path}"
+            )
         tracker.set_phase("done", message=f"{model.name} is at {model.path}")
         return model
     except DownloadCancelledError as exc:
@@ -59,6 +65,18 @@ def pull(
     except LocalchatError as exc:
         tracker.set_phase("error", message=exc.message)
         raise
+
+
+def _is_what_was_asked(spec: ModelSpec, found: LocalModel) -> bool:
+    """A bare ORG/REPO means the default quant: another quant on disk does not answer it (online)."""
+    explicit = spec.quant or spec.file or spec.entry is not None
+    return bool(explicit) or found.format == "safetensors" or found.quant == DEFAULT_QUANT
+
+
+def _already_here(found: LocalModel, tracker: ProgressTracker, message: str) -> LocalModel:
+    tracker.total_bytes = tracker.done_bytes = found.size_bytes
+    tracker.set_phase("done", file=found.path.name, message=message)
+    return found
 
 
 def pull_from_sources(
@@ -107,7 +125,11 @@ def pull_from_hub(
     for remote in wanted:
         blob = cache.blob_path(hub_cache, spec.repo_id, remote.etag)
         if not blob.exists():  # a blob another pull or tool already stored is reused, never stored twice
-            _download_one(spec, repo, remote, hub_cache, tracker, cancel, auth)
+            try:
+                _download_one(spec, repo, remote, hub_cache, tracker, cancel, auth)
+            except ChecksumMismatchError:
+                _forget_if_nothing_on_disk(data_dir, name, hub_cache, spec.repo_id, wanted)
+                raise
         else:
             tracker.add(remote.size, transferred=False)
         cache.link_snapshot(hub_cache, spec.repo_id, repo.commit, remote.path, remote.etag)
@@ -144,6 +166,21 @@ def _download_one(
         partial = cache.partial_path(hub_cache, spec.repo_id, remote.etag)
         download(url, partial, blob, size=remote.size, digest=digest, tracker=tracker, cancel=cancel,
                  auth=auth, repo_id=spec.repo_id)  # fmt: skip
+
+
+def _forget_if_nothing_on_disk(
+    data_dir: Path, name: str, hub_cache: Path, repo_id: str, wanted: list[RemoteFile]
+) -> None:
+    """A failed checksum keeps nothing: not the bytes, and not a "partial download" entry for `list`."""
+    paths = [p(hub_cache, repo_id, f.etag) for f in wanted for p in (cache.blob_path, cache.partial_path)]
+    if any(path.exists() for path in paths):
+        return
+
+    def forget(models: dict[str, ledger.LedgerModel]) -> None:
+        if name in models and not models[name].complete:
+            del models[name]
+
+    ledger.update(data_dir, forget)
 
 
 def _check_free_space(hub_cache: Path, repo_id: str, wanted: list[RemoteFile]) -> None:

@@ -107,7 +107,7 @@ def test_a_corrupted_byte_is_an_error_and_nothing_is_kept(repo: FakeHub) -> None
     blobs = cache.repo_dir(cache_dir(), REPO) / "blobs"
     assert list(blobs.iterdir()) == []  # neither the file nor a partial
     assert hub.find_local(REPO) is None
-    assert [m.name for m in hub.list_local() if m.complete] == []
+    assert hub.list_local() == []  # not even a "partial download" entry
 
 
 def test_a_catalog_pin_that_disagrees_with_the_file_is_refused(repo: FakeHub) -> None:
@@ -192,6 +192,28 @@ def test_cancel_keeps_the_partial_and_the_next_pull_resumes(repo: FakeHub) -> No
     assert model.path.read_bytes() == Q4
     assert repo.requests("cdn")[0].range_start == partial[0].partial_bytes
     assert "resuming" in [e.phase for e in events]
+
+
+def test_a_partial_download_can_be_removed(repo: FakeHub) -> None:
+    repo.faults["model-Q4_K_M.gguf"] = Fault(throttle_bps=2_000_000)
+    cancel = threading.Event()
+    with pytest.raises(DownloadCancelledError):
+        hub.pull(REPO, progress=lambda e: e.done_bytes > 100_000 and cancel.set(), cancel=cancel)
+    kept = hub.list_local()[0].partial_bytes
+    assert hub.remove(f"{REPO}:Q4_K_M") == kept > 0
+    assert hub.list_local() == [] and not list((cache.repo_dir(cache_dir(), REPO) / "blobs").iterdir())
+
+
+def test_a_bare_repo_name_means_the_default_quant_unless_the_hub_is_unreachable(
+    repo: FakeHub, monkeypatch
+) -> None:
+    q8 = hub.pull(f"{REPO}:Q8_0")
+    assert hub.pull(REPO).quant == "Q4_K_M"  # online: Q8_0 on disk does not answer "the default"
+    hub.remove(f"{REPO}:Q4_K_M")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the hub is unreachable now
+    events: list[hub.PullProgress] = []
+    assert hub.pull(REPO, progress=events.append).path == q8.path
+    assert "unreachable" in (events[-1].message or "")
 
 
 def test_split_gguf_fetches_every_part(fake_hub: FakeHub) -> None:
