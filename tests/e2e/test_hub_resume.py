@@ -9,8 +9,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -102,3 +107,61 @@ def test_the_default_model_falls_back_to_the_hub_and_its_pinned_sha256(
     assert model.path.resolve().name == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
     assert [m.name for m in hub.list_local()] == ["smollm2-135m"]
     assert load_model(model.path).config.model_type == "llama"
+
+
+class _ForwardProxy(BaseHTTPRequestHandler):
+    """A plain-HTTP forward proxy (absolute-URI requests), logging what passes through it."""
+
+    seen: ClassVar[list[str]] = []
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.seen.append(self.path)
+        request = urllib.request.Request(self.path, headers={k: v for k, v in self.headers.items()
+                                                             if k.lower() not in ("host", "proxy-connection")})  # fmt: skip
+        opener = urllib.request.build_opener(_NoRedirect, urllib.request.ProxyHandler({}))
+        try:
+            upstream = opener.open(request, timeout=30)
+        except urllib.error.HTTPError as err:  # 3xx/4xx: relay as is
+            upstream = err
+        body = upstream.read()
+        self.send_response(upstream.status)
+        for key, value in upstream.headers.items():
+            if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+@pytest.mark.slow
+def test_pull_goes_through_a_proxy(fake_hub: FakeHub) -> None:
+    fake_hub.add_repo(REPO, {"resume-Q4_K_M.gguf": PAYLOAD[:400_000]})
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), type("Proxy", (_ForwardProxy,), {"seen": []}))
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        address = f"http://127.0.0.1:{proxy.server_address[1]}"
+        env = {
+            **os.environ,
+            "HTTP_PROXY": address,
+            "HTTPS_PROXY": address,
+            "ALL_PROXY": address,
+            "NO_PROXY": "",
+        }
+        env.pop("no_proxy", None)
+        run = localchat("pull", REPO, env=env)
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err
+        assert Path(out.strip()).read_bytes() == PAYLOAD[:400_000]
+        seen = proxy.RequestHandlerClass.seen  # type: ignore[attr-defined]
+        assert any("/api/models/" in url for url in seen) and any("/lfs/" in url for url in seen)
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
