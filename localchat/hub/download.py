@@ -53,8 +53,12 @@ def download(
     cancel: threading.Event | None = None,
     auth: dict[str, str] | None = None,
     repo_id: str = "",
+    client: Any = None,
 ) -> None:
-    """Fetch `url` into `final` via `partial`; `auth` headers go to the hub's origin only."""
+    """Fetch `url` into `final` via `partial`; `auth` headers go to the hub's origin only.
+
+    `client` is an httpx2 client; default: huggingface_hub's session (proxies, HF settings).
+    """
     partial.parent.mkdir(parents=True, exist_ok=True)
     offset = partial.stat().st_size if partial.exists() else 0
     if offset > size:  # not ours, or the file changed upstream
@@ -74,7 +78,7 @@ def download(
             while sink.offset < size:
                 before, last_error = sink.offset, None
                 try:
-                    _fetch_from(url, sink, size, digest, tracker, cancel, auth)
+                    _fetch_from(url, sink, size, digest, tracker, cancel, auth, client)
                 except (DownloadError, DownloadCancelledError):
                     raise
                 except Exception as exc:  # hub errors are translated, network trouble retried
@@ -127,12 +131,13 @@ def _fetch_from(
     tracker: ProgressTracker,
     cancel: threading.Event | None,
     auth: dict[str, str] | None,
+    client: Any,
 ) -> None:
     """One GET from `sink.offset`, appending to the sink. Raises on network trouble (the caller retries)."""
     import httpx2
     from huggingface_hub.utils import get_session, hf_raise_for_status
 
-    session = get_session()
+    session = client or get_session()
     timeout = httpx2.Timeout(env.read_timeout_s(), connect=env.read_timeout_s())
     hub_origin = _origin(url)
     for _ in range(MAX_REDIRECTS):
