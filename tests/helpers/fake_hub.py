@@ -13,7 +13,8 @@ injection and a request log.
 Hub origin: GET /api/models/{repo}[/revision/{rev}] (siblings with size, blobId, lfs.sha256), GET
 /api/models/{repo}/tree/{rev}, HEAD/GET /{repo}/resolve/{rev}/{path}: LFS files answer 302 to the file
 host with X-Repo-Commit, X-Linked-Etag, X-Linked-Size; small files answer 200 with a git-sha1 ETag.
-Errors carry X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo) like the hub.
+Errors carry X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo) like the hub; a
+token other than TOKEN gets 401 "Invalid credentials in Authorization header".
 """
 
 from __future__ import annotations
@@ -167,7 +168,10 @@ def _handler(hub: FakeHub, origin: str) -> type[BaseHTTPRequestHandler]:
             hub.log.append(Request(origin, self.command, path, int(m.group(1)) if m else None,
                                    "authorization" in {k.lower() for k in self.headers}))  # fmt: skip
             try:
-                if origin == "cdn":
+                auth = self.headers.get("Authorization")
+                if origin == "hub" and auth is not None and auth != f"Bearer {TOKEN}":
+                    self._error(401, "", message="Invalid credentials in Authorization header")
+                elif origin == "cdn":
                     self._serve_lfs(path, body)
                 elif api := _API.match(path):
                     self._model_info(api.group(1), api.group(2))
@@ -302,10 +306,13 @@ def _handler(hub: FakeHub, origin: str) -> type[BaseHTTPRequestHandler]:
             if self.command == "GET":
                 self.wfile.write(data)
 
-        def _error(self, status: int, code: str) -> None:
-            data = json.dumps({"error": code}).encode()
+        def _error(self, status: int, code: str, message: str = "") -> None:
+            data = json.dumps({"error": message or code}).encode()
             self.send_response(status)
-            self.send_header("X-Error-Code", code)
+            if code:
+                self.send_header("X-Error-Code", code)
+            if message:
+                self.send_header("X-Error-Message", message)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()

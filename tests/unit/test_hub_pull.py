@@ -14,6 +14,7 @@ from localchat import hub
 from localchat.errors import (
     ChecksumMismatchError,
     DownloadCancelledError,
+    DownloadError,
     GatedRepoError,
     ModelNotOwnedError,
     NotEnoughDiskSpaceError,
@@ -165,6 +166,9 @@ def test_unknown_repo_unknown_quant_and_no_network_are_clear(repo: FakeHub, monk
         hub.pull("org/Nope-GGUF")
     with pytest.raises(UnknownQuantError, match=r"Q4_K_M \(0.00 GB\), Q8_0 \(0.00 GB\)"):
         hub.pull(f"{REPO}:Q2_K")
+    monkeypatch.setenv("HF_TOKEN", "hf_wrong")
+    with pytest.raises(DownloadError, match=r"refused the access token \(401\)\. Check HF_TOKEN"):
+        hub.pull(REPO)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
     with pytest.raises(OfflineError, match=r"Cannot reach http://127\.0\.0\.1:9"):
         hub.pull("org/Other-GGUF")
