@@ -155,12 +155,12 @@ def _pull(name: str, data_dir: Path | None, progress: Callable[[str], None] | No
     """The local copy of `name`, pulled (resumable, verified) when missing; text progress per phase."""
     from localchat.hub import pull
 
-    last_phase = ""
+    last_message = ""
 
-    def report(event: PullProgress) -> None:
-        nonlocal last_phase
-        if progress is not None and event.phase != last_phase and event.message:
-            last_phase = event.phase
+    def report(event: PullProgress) -> None:  # each new message once, not every byte count
+        nonlocal last_message
+        if progress is not None and event.message and event.message != last_message:
+            last_message = event.message
             progress(event.message)
 
     return pull(name, progress=report, data_dir=data_dir)

