@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from pathlib import Path
 from typing import TextIO
 
 from localchat.hub import LocalModel, PullProgress
@@ -66,7 +68,7 @@ def format_table(models: list[LocalModel]) -> str:
     rows = [("NAME", "REPO", "QUANT", "SIZE", "WHERE", "LOADED", "STATUS")]
     for m in models:
         status = "complete" if m.complete else f"partial {_percent(m.partial_bytes, m.size_bytes)}"
-        rows.append((m.name, m.repo_id or "—", m.quant or "—", human_bytes(m.size_bytes), f"{m.source}: {m.path}",
+        rows.append((m.name, m.repo_id or "—", m.quant or "—", human_bytes(m.size_bytes), f"{m.source}: {_short(m.path)}",
                      NO_LOADED_INFO, status))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join(
@@ -119,6 +121,11 @@ def human_bytes(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n = n / 1000  # type: ignore[assignment]
     return f"{n} B"
+
+
+def _short(path: Path) -> str:
+    home = str(Path.home())
+    return "~" + str(path)[len(home) :] if str(path).startswith(home + os.sep) else str(path)
 
 
 def _percent(done: int, total: int) -> str:
