@@ -137,6 +137,7 @@ def pull_from_hub(
                 raise
         else:
             tracker.add(remote.size, transferred=False)
+    for remote in wanted:  # linked only when all are here: a half-pulled model never looks complete
         cache.link_snapshot(hub_cache, spec.repo_id, repo.commit, remote.path, remote.etag)
     cache.write_ref(hub_cache, spec.repo_id, spec.revision, repo.commit)
     _record(data_dir, name, spec, repo, selection, hub_cache, complete=True)

@@ -302,3 +302,24 @@ def test_a_pulled_tiny_gguf_loads(fake_hub: FakeHub, tmp_path: Path) -> None:
     fake_hub.add_repo("org/Tiny-GGUF", {"tiny-Q8_0.gguf": made})
     bundle = load_model(hub.pull("org/Tiny-GGUF").path)
     assert bundle.config.model_type == "qwen2" and bundle.config.hidden_size == 256
+
+
+def test_a_half_pulled_sharded_model_never_looks_complete(fake_hub: FakeHub) -> None:
+    shards = {f"model-0000{i}-of-00002.safetensors": os.urandom(40_000) for i in (1, 2)}
+    fake_hub.add_repo("org/Sharded", {"config.json": b"{}", "tokenizer.json": b"{}", **shards})
+    fake_hub.faults["model-00002-of-00002.safetensors"] = Fault(corrupt_at=5)
+    with pytest.raises(ChecksumMismatchError):
+        hub.pull("org/Sharded")
+    assert hub.find_local("org/Sharded") is None
+    [partial] = hub.list_local()
+    assert (partial.name, partial.complete) == ("org/Sharded", False) and partial.partial_bytes >= 40_000
+    fake_hub.faults.clear()
+    fake_hub.log.clear()
+    model = hub.pull("org/Sharded")
+    assert sorted(p.name for p in model.path.iterdir()) == sorted(["config.json", "tokenizer.json", *shards])
+    assert [r.path for r in fake_hub.requests("cdn")] == [
+        f"/lfs/{hashlib.sha256(shards[sorted(shards)[1]]).hexdigest()}"
+    ]
+    # Another tool's snapshot with a shard missing is not a usable model either.
+    (model.path / "model-00002-of-00002.safetensors").unlink()
+    assert hub.find_local("org/Sharded") is None
