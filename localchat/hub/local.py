@@ -103,6 +103,8 @@ def _snapshot_models(hub_cache: Path, repo_id: str, commit: str, owned: set[str]
         name = canonical_name(repo_id, selection.format, selection.quant, selection.main_path)
         model = model_from_snapshot(name, repo_id, commit, selection, chosen, source=source)
         model.complete = _complete(selection, files)
+        if not model.complete:  # e.g. another tool's split download that stopped halfway
+            model.partial_bytes = model.size_bytes
         models.append(model)
     return models
 
