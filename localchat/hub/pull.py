@@ -214,6 +214,12 @@ def _record(
     )  # fmt: skip
 
     def change(models: dict[str, ledger.LedgerModel]) -> None:
+        old = models.get(name)
+        if old is not None and not old.complete:  # the repo moved on: its old partials can never finish
+            current = {f.etag for f in entry.files}
+            for f in old.files:
+                if f.etag not in current:
+                    cache.partial_path(Path(old.cache), old.repo_id, f.etag).unlink(missing_ok=True)
         models[name] = entry
 
     ledger.update(data_dir, change)

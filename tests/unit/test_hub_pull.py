@@ -323,3 +323,16 @@ def test_a_half_pulled_sharded_model_never_looks_complete(fake_hub: FakeHub) -> 
     # Another tool's snapshot with a shard missing is not a usable model either.
     (model.path / "model-00002-of-00002.safetensors").unlink()
     assert hub.find_local("org/Sharded") is None
+
+
+def test_a_partial_of_a_file_the_repo_replaced_is_cleaned_up(repo: FakeHub) -> None:
+    repo.faults["model-Q4_K_M.gguf"] = Fault(throttle_bps=2_000_000)
+    cancel = threading.Event()
+    with pytest.raises(DownloadCancelledError):
+        hub.pull(REPO, progress=lambda e: e.done_bytes > 100_000 and cancel.set(), cancel=cancel)
+    old_partial = cache.partial_path(cache_dir(), REPO, hashlib.sha256(Q4).hexdigest())
+    assert old_partial.exists()
+    new_q4 = os.urandom(300_000)
+    repo.add_repo(REPO, {"model-Q4_K_M.gguf": new_q4})  # a new commit replaced the file
+    assert hub.pull(REPO).path.read_bytes() == new_q4
+    assert not old_partial.exists()
