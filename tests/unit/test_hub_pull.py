@@ -46,7 +46,7 @@ def data_dir() -> Path:
 
 
 def test_pull_writes_the_hf_cache_layout_that_huggingface_hub_reads(repo: FakeHub, monkeypatch) -> None:
-    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub import scan_cache_dir, try_to_load_from_cache
 
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     events: list[hub.PullProgress] = []
@@ -62,6 +62,8 @@ def test_pull_writes_the_hf_cache_layout_that_huggingface_hub_reads(repo: FakeHu
     assert not list((cache.repo_dir(cache_dir(), REPO) / "blobs").glob("*.incomplete"))
     found = try_to_load_from_cache(REPO, "model-Q4_K_M.gguf", cache_dir=cache_dir())
     assert found == str(model.path)
+    scan = scan_cache_dir(cache_dir())  # what `hf cache` shows
+    assert scan.warnings == [] and [(r.repo_id, r.size_on_disk) for r in scan.repos] == [(REPO, len(Q4))]
     # Phases in order, byte counts that end at the total.
     phases = [e.phase for e in events]
     assert phases[0] == "resolving" and phases[-1] == "done" and "downloading" in phases
