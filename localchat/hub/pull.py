@@ -116,33 +116,33 @@ def pull_from_hub(
 ) -> LocalModel:
     hub_cache = env.hub_cache_dir()
     repo = fetch_repo(spec.repo_id, spec.revision)
-    selection = pick(spec.repo_id, repo.sizes(), quant=spec.quant, file=spec.file)
+    selection = pick(repo.repo_id, repo.sizes(), quant=spec.quant, file=spec.file)
     name = (
         spec.entry.alias
         if spec.entry
-        else canonical_name(spec.repo_id, selection.format, selection.quant, selection.main_path)
+        else canonical_name(repo.repo_id, selection.format, selection.quant, selection.main_path)
     )
     wanted = [repo.files[p] for p in selection.paths]
     tracker.total_bytes = selection.size
-    _check_free_space(hub_cache, spec.repo_id, wanted)
+    _check_free_space(hub_cache, repo.repo_id, wanted)
     _record(data_dir, name, spec, repo, selection, hub_cache, complete=False)
     auth = auth_headers()
     for remote in wanted:
-        blob = cache.blob_path(hub_cache, spec.repo_id, remote.etag)
+        blob = cache.blob_path(hub_cache, repo.repo_id, remote.etag)
         if not blob.exists():  # a blob another pull or tool already stored is reused, never stored twice
             try:
                 _download_one(spec, repo, remote, hub_cache, tracker, cancel, auth)
             except ChecksumMismatchError:
-                _forget_if_nothing_on_disk(data_dir, name, hub_cache, spec.repo_id, wanted)
+                _forget_if_nothing_on_disk(data_dir, name, hub_cache, repo.repo_id, wanted)
                 raise
         else:
             tracker.add(remote.size, transferred=False)
     for remote in wanted:  # linked only when all are here: a half-pulled model never looks complete
-        cache.link_snapshot(hub_cache, spec.repo_id, repo.commit, remote.path, remote.etag)
-    cache.write_ref(hub_cache, spec.repo_id, spec.revision, repo.commit)
+        cache.link_snapshot(hub_cache, repo.repo_id, repo.commit, remote.path, remote.etag)
+    cache.write_ref(hub_cache, repo.repo_id, spec.revision, repo.commit)
     _record(data_dir, name, spec, repo, selection, hub_cache, complete=True)
-    files = {p: cache.snapshot_dir(hub_cache, spec.repo_id, repo.commit) / p for p in selection.paths}
-    model = model_from_snapshot(name, spec.repo_id, repo.commit, selection, files, source="localchat")
+    files = {p: cache.snapshot_dir(hub_cache, repo.repo_id, repo.commit) / p for p in selection.paths}
+    model = model_from_snapshot(name, repo.repo_id, repo.commit, selection, files, source="localchat")
     return model
 
 
@@ -157,21 +157,21 @@ def _download_one(
 ) -> None:
     from filelock import FileLock
 
-    lock = cache.lock_path(hub_cache, spec.repo_id, remote.etag)
+    lock = cache.lock_path(hub_cache, repo.repo_id, remote.etag)
     lock.parent.mkdir(parents=True, exist_ok=True)
     pinned = spec.sha256.get(remote.path)
     sha256 = pinned or remote.sha256
     digest = Digest("sha256", sha256) if sha256 else Digest("git-sha1", remote.etag)
-    url = f"{env.endpoint()}/{spec.repo_id}/resolve/{repo.commit}/{quote(remote.path)}"
+    url = f"{env.endpoint()}/{repo.repo_id}/resolve/{repo.commit}/{quote(remote.path)}"
     tracker.set_phase("downloading", file=remote.path)
     with FileLock(str(lock)):  # the same lock huggingface_hub takes: one writer per blob
-        blob = cache.blob_path(hub_cache, spec.repo_id, remote.etag)
+        blob = cache.blob_path(hub_cache, repo.repo_id, remote.etag)
         if blob.exists():
             tracker.add(remote.size, transferred=False)
             return
-        partial = cache.partial_path(hub_cache, spec.repo_id, remote.etag)
+        partial = cache.partial_path(hub_cache, repo.repo_id, remote.etag)
         download(url, partial, blob, size=remote.size, digest=digest, tracker=tracker, cancel=cancel,
-                 auth=auth, repo_id=spec.repo_id)  # fmt: skip
+                 auth=auth, repo_id=repo.repo_id)  # fmt: skip
 
 
 def _forget_if_nothing_on_disk(
@@ -208,7 +208,7 @@ def _record(
     *, complete: bool,
 ) -> None:  # fmt: skip
     entry = ledger.LedgerModel(
-        name, spec.repo_id, spec.revision, repo.commit, selection.quant, selection.format, str(hub_cache),
+        name, repo.repo_id, spec.revision, repo.commit, selection.quant, selection.format, str(hub_cache),
         [ledger.LedgerFile(p, repo.files[p].etag, repo.files[p].size, repo.files[p].sha256) for p in selection.paths],
         complete,
     )  # fmt: skip

@@ -185,7 +185,8 @@ def _handler(hub: FakeHub, origin: str) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
 
         def _repo(self, repo_id: str, revision: str | None) -> FakeRepo | None:
-            repo = hub.repos.get(repo_id)
+            # Repo ids are case-insensitive on the hub; the API answers with the canonical spelling.
+            repo = next((r for key, r in hub.repos.items() if key.lower() == repo_id.lower()), None)
             if repo is None:
                 self._error(404, "RepoNotFound")
                 return None
@@ -203,7 +204,7 @@ def _handler(hub: FakeHub, origin: str) -> type[BaseHTTPRequestHandler]:
                 if f.lfs:
                     entry["lfs"] = {"sha256": f.sha256, "size": f.size, "pointerSize": 134}
                 siblings.append(entry)
-            self._json({"id": repo_id, "sha": repo.commit, "siblings": siblings,
+            self._json({"id": repo.repo_id, "sha": repo.commit, "siblings": siblings,
                         "gated": "manual" if repo.gated else False, "private": False})  # fmt: skip
 
         def _tree(self, repo_id: str, revision: str) -> None:

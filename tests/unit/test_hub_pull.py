@@ -79,6 +79,13 @@ def test_pull_writes_the_hf_cache_layout_that_huggingface_hub_reads(repo: FakeHu
     assert hub.pull(REPO).path == model.path and repo.log == []
 
 
+def test_repo_ids_are_stored_under_the_hubs_own_spelling(repo: FakeHub) -> None:
+    model = hub.pull("ORG/model-gguf:q8_0")
+    assert model.name == f"{REPO}:Q8_0" and model.repo_id == REPO
+    assert model.path.is_relative_to(cache.repo_dir(cache_dir(), REPO))
+    assert hub.find_local(f"{REPO}:Q8_0") == model
+
+
 def test_a_dropped_connection_resumes_with_a_range_request(repo: FakeHub) -> None:
     repo.faults["model-Q4_K_M.gguf"] = Fault(drop_after=300_000)
     model = hub.pull(f"{REPO}:q4_k_m")
