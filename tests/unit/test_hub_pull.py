@@ -244,7 +244,7 @@ def test_split_gguf_fetches_every_part_side_by_side(fake_hub: FakeHub) -> None:
 def test_one_bad_part_fails_the_split_pull_and_stops_the_others(fake_hub: FakeHub) -> None:
     parts = {f"big-Q4_K_M-0000{i}-of-00003.gguf": os.urandom(300_000) for i in (1, 2, 3)}
     fake_hub.add_repo("org/Big-GGUF", parts)
-    fake_hub.faults.update({name: Fault(throttle_bps=600_000) for name in parts})
+    fake_hub.faults.update({name: Fault(throttle_bps=300_000) for name in parts})
     fake_hub.faults["big-Q4_K_M-00002-of-00003.gguf"] = Fault(corrupt_at=10, throttle_bps=3_000_000)
     with pytest.raises(ChecksumMismatchError, match=r"big-Q4_K_M-00002-of-00003\.gguf"):
         hub.pull("org/Big-GGUF")
