@@ -41,7 +41,7 @@ class McpServerSpec:
 def load_mcp_config(path: str | Path) -> list[McpServerSpec]:
     where = f"--mcp-config {path}"
     if importlib.util.find_spec("mcp") is None:
-        raise McpConfigError(f'{where}: the MCP SDK is not installed; pip install "localchat[mcp]".')
+        raise McpConfigError(f'{where}: the MCP SDK is not installed; pip install "localchat-app[mcp]".')
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
