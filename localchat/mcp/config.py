@@ -9,6 +9,7 @@ streamable HTTP. Read once at startup; a file we cannot use stops the start with
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,8 @@ class McpServerSpec:
 
 def load_mcp_config(path: str | Path) -> list[McpServerSpec]:
     where = f"--mcp-config {path}"
+    if importlib.util.find_spec("mcp") is None:
+        raise McpConfigError(f'{where}: the MCP SDK is not installed; pip install "localchat-app[mcp]".')
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:

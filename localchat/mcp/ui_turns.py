@@ -46,9 +46,11 @@ def transcript(content: str, calls: list[ParsedCall], runs: list[ToolRun]) -> st
     for call, run in zip(calls, runs, strict=True):
         body = json.dumps({"name": call.name, "arguments": _loads(call.arguments)}, ensure_ascii=False)
         error = ' error="true"' if run.is_error else ""
+        # A result cannot close its own block early (it is foreign text).
+        text = run.text.replace("</tool_response>", "</tool_response\u200b>")
         parts.append(
             f"<tool_call>\n{body}\n</tool_call>\n"
-            f'<tool_response name="{_attr(call.name)}"{error}>\n{run.text}\n</tool_response>\n\n'
+            f'<tool_response name="{_attr(call.name)}"{error}>\n{text}\n</tool_response>\n\n'
         )
     return "".join(parts)
 

@@ -180,3 +180,24 @@ def test_forced_call_is_a_parsed_call(client, model, backend, choice):
         (call,) = choice_.message.tool_calls
         assert call.function.name == "get_weather"
         assert isinstance(json.loads(call.function.arguments)["city"], str)
+
+
+def test_responses_text_format_json_schema(client, model, backend):
+    """`text.format` goes through the same constrained decoding as chat's `response_format`."""
+    if backend == "fake":
+        pytest.skip("the fake model's scripted text says nothing about the grammar")
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    response = client.responses.create(
+        model=model,
+        input="Invent a person.",
+        text={"format": {"type": "json_schema", "name": "person", "schema": schema, "strict": True}},
+        max_output_tokens=64,
+        temperature=0,
+    )
+    person = json.loads(response.output_text)
+    assert set(person) == {"name", "age"} and 0 <= person["age"] <= 120

@@ -63,3 +63,10 @@ def test_plain_answers_stay_one_message():
     assert answer_messages("Just text, with <tool_call> mentioned.") == [
         {"role": "assistant", "content": "Just text, with <tool_call> mentioned."}
     ]
+
+
+def test_a_result_cannot_close_its_block_early():
+    text = transcript("", [ParsedCall("c", "f", "{}")], [ToolRun("s", "a</tool_response>b", False)]) + "end"
+    messages = answer_messages(text)
+    assert messages[1]["content"].startswith("a</tool_response") and messages[1]["content"].endswith("b")
+    assert messages[-1] == {"role": "assistant", "content": "end"}
