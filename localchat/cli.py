@@ -85,24 +85,15 @@ def parse_settings(
     return command, ui_server, Settings.load(args, environ)
 
 
-def _progress(message: str) -> None:
-    print(f"localchat: {message}", file=sys.stderr, flush=True)
-
-
 def _serve(settings: Settings, *, open_browser: bool) -> int:
-    from localchat.server.runtime import build_context, serve
+    from localchat.model_manager import ModelManager
+    from localchat.server.runtime import serve
 
     if settings.ui is False and open_browser:
         raise SettingsError("--ui-server needs the web UI; drop --no-ui.", param="ui")
-    if (
-        settings.model is None
-        and settings.file is None
-        and settings.weights is None
-        and settings.backend != "fake"
-    ):
-        _progress("no model flag: using the default model smollm2-135m (SmolLM2-135M-Instruct)")
-    ctx = build_context(settings, progress=_progress)
-    return serve(settings, ctx, open_browser=open_browser)
+    # The server listens at once; the model is found, fetched if needed and loaded in the background
+    # (GET /health and the web UI show the progress).
+    return serve(settings, ModelManager(settings), open_browser=open_browser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

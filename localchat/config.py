@@ -141,6 +141,13 @@ class Settings:
         metavar="S",
     )
     home: str | None = _opt(None, ("--home",), "data directory (models, conversations, logs)", metavar="DIR")
+    max_loaded_models: int = _opt(
+        1,
+        ("--max-loaded-models",),
+        "models kept loaded at once; loading one more unloads the least recently used idle one",
+        parse=int,
+        metavar="N",
+    )
     # -- engine --------------------------------------------------------------------------------------
     mem: int | None = _opt(
         None,
@@ -299,6 +306,8 @@ class Settings:
             raise SettingsError("--threads must be >= 1.", param="threads")
         if self.shutdown_timeout < 0:
             raise SettingsError("--shutdown-timeout must be >= 0.", param="shutdown_timeout")
+        if self.max_loaded_models < 1:
+            raise SettingsError("--max-loaded-models must be >= 1.", param="max_loaded_models")
         if self.max_queue_len < 0:
             raise SettingsError("--max-queue-len must be >= 0.", param="max_queue_len")
         if sum(x is not None for x in (self.weights, self.file, self.model)) > 1 and not self.url:

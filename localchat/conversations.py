@@ -37,6 +37,8 @@ from localchat.store import (
 )
 
 if TYPE_CHECKING:
+    from localchat.engine.async_engine import AsyncEngine
+    from localchat.model_manager import ModelManager
     from localchat.server.context import ServerContext
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,7 @@ class Generation:
     conversation_id: str
     message_id: int
     req_id: str
+    engine: AsyncEngine  # of the model writing the answer (stop aborts there)
     text: str = ""
     started_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
@@ -75,18 +78,22 @@ def strip_thinking(text: str) -> str:
 class ChatService:
     """Starts, stops and follows the answers of the UI's conversations. Runs on the server's event loop."""
 
-    def __init__(self, store: Store, ctx: ServerContext) -> None:
+    def __init__(self, store: Store, models: ModelManager) -> None:
         self.store = store
-        self.ctx = ctx
+        self.models = models
         self._active: dict[str, Generation] = {}  # by conversation id
         self._by_message: dict[int, Generation] = {}
         self._next = 0
 
     # -- defaults -------------------------------------------------------------------------------------
 
-    def model_defaults(self) -> dict[str, Any]:
-        """What a conversation uses when its own setting is empty: the server's flag, else the model's."""
-        settings, gen = self.ctx.settings, self.ctx.model.generation_defaults
+    def model_defaults(self, ctx: ServerContext | None = None) -> dict[str, Any]:
+        """What a conversation uses when its own setting is empty: the server's flag, else the model's
+        (`ctx`, else the current model; generic values while no model is loaded)."""
+        ctx = ctx or self.models.lookup(None)
+        settings = self.models.settings
+        gen = ctx.model.generation_defaults if ctx is not None else {}
+        max_model_len = ctx.engine.max_model_len if ctx is not None else DEFAULT_MAX_TOKENS
         temperature = getattr(settings, "temperature", None)
         top_p = getattr(settings, "top_p", None)
         max_tokens = getattr(settings, "max_gen_tokens", None) or DEFAULT_MAX_TOKENS
@@ -95,14 +102,14 @@ class ChatService:
                 temperature if temperature is not None else gen.get("temperature", DEFAULT_TEMPERATURE)
             ),
             "top_p": float(top_p if top_p is not None else gen.get("top_p", 1.0)),
-            "max_tokens": int(min(max_tokens, self.ctx.engine.max_model_len)),
+            "max_tokens": int(min(max_tokens, max_model_len)),
         }
 
-    def sampling_params(self, conv: Conversation) -> SamplingParams:
-        defaults = self.model_defaults()
+    def sampling_params(self, conv: Conversation, ctx: ServerContext) -> SamplingParams:
+        defaults = self.model_defaults(ctx)
         extra = {
             k: v
-            for k, v in self.ctx.model.generation_defaults.items()
+            for k, v in ctx.model.generation_defaults.items()
             if k in ("top_k", "min_p", "repetition_penalty")
         }
         return SamplingParams(
@@ -115,44 +122,53 @@ class ChatService:
     # -- actions --------------------------------------------------------------------------------------
 
     def send(
-        self, conv_id: str | None, text: str, settings: dict[str, Any] | None = None
+        self,
+        conv_id: str | None,
+        text: str,
+        settings: dict[str, Any] | None = None,
+        model: str | None = None,
     ) -> tuple[Conversation, list[Message]]:
-        """Add a user message and start its answer; a new conversation when `conv_id` is None."""
+        """Add a user message and start its answer; a new conversation when `conv_id` is None. `model`
+        (the header's picker) switches the conversation to that model; it must be loaded (else 503)."""
         text = _check_text(text)
-        if conv_id is None:
-            conv = self.store.create_conversation(
-                title_from(text), model=self.ctx.model_id, **(settings or {})
-            )
-        else:
+        if conv_id is not None:
             self._check_idle(conv_id)
-            conv = self.store.update_settings(conv_id, **(settings or {}))
+            model = model or self.store.get_conversation(conv_id).model
+        ctx = self.models.ready_context(model or None)
+        settings = {**(settings or {}), "model": ctx.model_id}
+        if conv_id is None:
+            conv = self.store.create_conversation(title_from(text), **settings)
+        else:
+            conv = self.store.update_settings(conv_id, **settings)
         user, answer = self.store.add_messages(
             conv.id, [NewMessage("user", text), NewMessage("assistant", "", STREAMING)]
         )
-        return conv, [user, self._start(conv, answer)]
+        return conv, [user, self._start(conv, answer, ctx)]
 
     def regenerate(self, conv_id: str) -> Message:
         """Replace the last answer with a new one."""
         self._check_idle(conv_id)
+        ctx = self.models.ready_context(self.store.get_conversation(conv_id).model or None)
         messages = self.store.get_messages(conv_id)
         if not messages:
             raise InvalidRequestError("There is nothing to regenerate in an empty conversation.")
         if messages[-1].role == "assistant":
             self.store.truncate_after(conv_id, messages[-1].id, inclusive=True)
         (answer,) = self.store.add_messages(conv_id, [NewMessage("assistant", "", STREAMING)])
-        return self._start(self.store.get_conversation(conv_id), answer)
+        return self._start(self.store.get_conversation(conv_id), answer, ctx)
 
     def edit(self, conv_id: str, message_id: int, text: str) -> list[Message]:
         """Change an earlier user message, drop what followed it, and answer it again."""
         text = _check_text(text)
         self._check_idle(conv_id)
+        ctx = self.models.ready_context(self.store.get_conversation(conv_id).model or None)
         message = self.store.get_message(message_id)
         if message.conversation_id != conv_id or message.role != "user":
             raise InvalidRequestError("Only your own messages in this conversation can be edited.")
         self.store.truncate_after(conv_id, message_id)
         self.store.update_message(message_id, content=text)
         (answer,) = self.store.add_messages(conv_id, [NewMessage("assistant", "", STREAMING)])
-        self._start(self.store.get_conversation(conv_id), answer)
+        self._start(self.store.get_conversation(conv_id), answer, ctx)
         return self.store.get_messages(conv_id)
 
     def stop(self, conv_id: str) -> bool:
@@ -160,7 +176,7 @@ class ChatService:
         gen = self._active.get(conv_id)
         if gen is None:
             return False
-        self.ctx.engine.abort(gen.req_id)
+        gen.engine.abort(gen.req_id)
         return True
 
     def is_generating(self, conv_id: str) -> bool:
@@ -192,21 +208,22 @@ class ChatService:
         if conv_id in self._active:
             raise InvalidRequestError("An answer is still being written. Wait for it, or press Stop first.")
 
-    def _start(self, conv: Conversation, answer: Message) -> Message:
+    def _start(self, conv: Conversation, answer: Message, ctx: ServerContext) -> Message:
         history = [m for m in self.store.get_messages(conv.id) if m.id < answer.id]
+        self.store.update_message(answer.id, model=ctx.model_id)
         try:
-            prompt_ids = self.ctx.encode_chat(_chat_messages(conv, history))
-            params = self.sampling_params(conv)
+            prompt_ids = ctx.encode_chat(_chat_messages(conv, history))
+            params = self.sampling_params(conv, ctx)
             self._next += 1
-            gen = Generation(conv.id, answer.id, f"ui-{answer.id}-{self._next}")
+            gen = Generation(conv.id, answer.id, f"ui-{answer.id}-{self._next}", ctx.engine)
             # A template that opens the reasoning block itself (e.g. DeepSeek-R1) leaves the model inside it.
-            tail = self.ctx.model.tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False)
+            tail = ctx.model.tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False)
             if tail.rstrip().endswith("<think>"):
                 gen.text = "<think>"
             loop = asyncio.get_running_loop()
             self._active[conv.id] = gen
             self._by_message[answer.id] = gen
-            self.ctx.engine.submit(
+            ctx.engine.submit(
                 prompt_ids,
                 params,
                 LoopSink(loop, self._on_output, (gen,)),

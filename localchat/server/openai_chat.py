@@ -16,11 +16,9 @@ from localchat.server.chat_input import (
     template_tools,
 )
 from localchat.server.common import (
-    check_accepting,
-    check_model,
     collect_or_abort,
     finish_reason,
-    get_ctx,
+    model_context,
     new_call,
     usage,
     usage_of,
@@ -66,10 +64,8 @@ class ChatCall:
 
 @post(["/v1/chat/completions", "/chat/completions"], name="openai:chat", status_code=200)
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
-    ctx = get_ctx(request)
-    check_accepting(ctx)
     req = decode_request(await request.body(), ChatCompletionRequest)
-    check_model(ctx, req.model)
+    ctx = await model_context(request, req.model)
     n = check_n(req.n)
     logprobs_k = chat_logprobs_k(req)
     check_response_format(req.response_format)
