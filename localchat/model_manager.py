@@ -173,10 +173,11 @@ class ModelManager:
 
     def health(self) -> tuple[int, dict[str, Any]]:
         """The /health answer (status code, body); the desktop window and the UI poll it."""
-        if self.draining:
-            return 503, {"status": "shutting_down"}
         with self._lock:
             loaded = list(self._loaded.values())
+        if self.draining or any(ctx.draining for ctx in loaded):
+            return 503, {"status": "shutting_down"}
+        with self._lock:
             task = (
                 self._startup
                 if self._startup in self._tasks.values()

@@ -123,7 +123,7 @@ async def get_started(request: Request) -> Response[str]:
 # -- the Models page -------------------------------------------------------------------------------------
 
 
-@get("/models", name="web:models")
+@get("/ui/models", name="web:models")
 async def models_page(request: Request) -> Response[str]:
     models = _models(request)
     available = _available()

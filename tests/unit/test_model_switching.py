@@ -21,7 +21,8 @@ from tests.helpers.fake_app import say
 from tests.helpers.tiny_gguf import random_state_dict, tiny_config, write_tiny_gguf
 from tests.ui.web_app import LiveApp, live_app
 
-TINY, OTHER = "org/tiny-GGUF", "org/other-GGUF"
+TINY, OTHER, BIG = "org/tiny-GGUF", "org/other-GGUF", "org/big-GGUF"
+BIG_SIZE = 6 << 20  # the hub's download reads 1 MiB chunks: a cancel lands between two of them
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +36,7 @@ def tiny_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
 def hub(fake_hub: Any, tiny_bytes: bytes) -> Any:
     fake_hub.add_repo(TINY, {"tiny-Q4_0.gguf": tiny_bytes})
     fake_hub.add_repo(OTHER, {"other-Q4_0.gguf": tiny_bytes + b"\0" * 32})  # another file, same model
+    fake_hub.add_repo(BIG, {"big-Q4_0.gguf": tiny_bytes + b"\0" * (BIG_SIZE - len(tiny_bytes))})
     return fake_hub
 
 
@@ -143,17 +145,19 @@ def test_unloading_lets_in_flight_requests_finish(live: LiveApp) -> None:
 def test_cancel_keeps_the_partial_a_watcher_sees_it_and_the_next_pull_resumes(live: LiveApp, hub: Any) -> None:
     from tests.helpers.fake_hub import Fault
 
-    hub.faults["tiny-Q4_0.gguf"] = Fault(throttle_bps=200_000)
-    name = f"{TINY}:Q4_0"
+    hub.faults["big-Q4_0.gguf"] = Fault(throttle_bps=2 << 20)
+    name = f"{BIG}:Q4_0"
     with api(live) as client, api(live) as watcher:
         first: list[dict[str, Any]] = []
         puller = threading.Thread(target=lambda: first.extend(pull(client, name)))
         puller.start()
+        while not any(p["name"] == name for p in watcher.get("/api/models").json()["pulls"]):
+            threading.Event().wait(0.02)  # the second client joins once the first one started it
         with watcher.stream("GET", "/api/models/pull", params={"name": name}) as response:
             seen = []
             for event in sse(response):
                 seen.append(event)
-                if event["phase"] == "downloading" and event["done_bytes"] > 100_000:
+                if event["phase"] == "downloading" and event["done_bytes"] >= 1 << 20:
                     assert watcher.post("/api/models/pull/cancel", json={"name": name}).json()["cancelled"]
         puller.join(30)
         assert seen[-1]["phase"] == "cancelled" and first[-1]["phase"] == "cancelled"
@@ -161,7 +165,7 @@ def test_cancel_keeps_the_partial_a_watcher_sees_it_and_the_next_pull_resumes(li
         assert partial and next(iter(partial.values()))["partial_bytes"] > 0
         hub.faults.clear()
         assert pull(client, name)[-1]["phase"] == "done"
-        starts = [r.range_start for r in hub.requests("cdn", "tiny-Q4_0.gguf") if r.method == "GET"]
+        starts = [r.range_start for r in hub.requests("cdn") if r.method == "GET"]
         assert starts[-1] and starts[-1] > 0, starts  # the second pull asked only for the rest
 
 
