@@ -58,7 +58,9 @@ def sse(response: httpx.Response) -> Iterator[dict[str, Any]]:
 
 def pull(client: httpx.Client, name: str) -> list[dict[str, Any]]:
     with client.stream("POST", "/api/models/pull", json={"name": name}) as response:
-        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        assert response.status_code == 200 and response.headers["content-type"].startswith(
+            "text/event-stream"
+        )
         return list(sse(response))
 
 
@@ -142,7 +144,9 @@ def test_unloading_lets_in_flight_requests_finish(live: LiveApp) -> None:
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "no_model"
 
 
-def test_cancel_keeps_the_partial_a_watcher_sees_it_and_the_next_pull_resumes(live: LiveApp, hub: Any) -> None:
+def test_cancel_keeps_the_partial_a_watcher_sees_it_and_the_next_pull_resumes(
+    live: LiveApp, hub: Any
+) -> None:
     from tests.helpers.fake_hub import Fault
 
     hub.faults["big-Q4_0.gguf"] = Fault(throttle_bps=2 << 20)
