@@ -40,14 +40,18 @@ def local_models(models: ModelManager) -> list[dict[str, Any]]:
     return out
 
 
+def download_size(entry: Any) -> int | None:
+    if entry.size:
+        return int(entry.size)
+    return int(entry.size_gb * 1e9) if entry.size_gb else None
+
+
 def ram_needed(entry: Any) -> int | None:
-    """The catalog's RAM estimate when it has one, else file size + a KV floor + the runtime."""
-    for key in ("ram_bytes", "ram"):
-        value = getattr(entry, key, None)
-        if isinstance(value, int | float) and value > 0:
-            return int(value)
-    size = getattr(entry, "size", None)
-    return int(size) + MIN_KV_BUDGET + RUNTIME_OVERHEAD if isinstance(size, int | float) else None
+    """The catalog's RAM estimate (`ram_gb`) when it has one, else size + a KV floor + the runtime."""
+    if entry.ram_gb:
+        return int(entry.ram_gb * GIB)
+    size = download_size(entry)
+    return size + MIN_KV_BUDGET + RUNTIME_OVERHEAD if size is not None else None
 
 
 def catalog_models(models: ModelManager, available: int | None, query: str = "") -> list[dict[str, Any]]:
@@ -66,6 +70,7 @@ def catalog_models(models: ModelManager, available: int | None, query: str = "")
         if not all(w in haystack.lower() for w in words):
             continue
         need = ram_needed(entry)
+        info["download_bytes"] = download_size(entry)
         info["ram_needed_bytes"] = need
         info["fits_ram"] = None if need is None or available is None else need <= available
         info["local"] = alias in local_names

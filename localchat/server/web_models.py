@@ -146,7 +146,7 @@ async def models_page(request: Request) -> Response[str]:
 def _catalog_rows(catalog: list[dict[str, Any]], available: int | None) -> list[dict[str, Any]]:
     for info in catalog:
         info["key"] = key_of(str(info["alias"]))
-        info["size_text"] = human_bytes(info.get("size")) if info.get("size") else "?"
+        info["size_text"] = human_bytes(info["download_bytes"]) if info.get("download_bytes") else "?"
         info["ram_text"] = ram_hint(info, available)
     return catalog
 
