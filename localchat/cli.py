@@ -93,9 +93,14 @@ def _serve(settings: Settings, *, open_browser: bool) -> int:
 
     if settings.ui is False and open_browser:
         raise SettingsError("--ui-server needs the web UI; drop --no-ui.", param="ui")
-    # The server listens at once; the model is found, fetched if needed and loaded in the background
-    # (GET /health and the web UI show the progress).
-    return serve(settings, ModelManager(settings), open_browser=open_browser)
+    if settings.file or settings.weights:  # a mistyped path fails now, not as a /health error later
+        from localchat.catalog import resolve_model
+
+        resolve_model(file=settings.file, weights=settings.weights)
+    # The server listens at once; the model is found, fetched if needed (the progress bar here, and in
+    # GET /health and the web UI) and loaded in the background.
+    models = ModelManager(settings, startup_progress=cli_models.ProgressPrinter(sys.stderr))
+    return serve(settings, models, open_browser=open_browser)
 
 
 def _pull_model_flag(settings: Settings) -> None:
@@ -124,12 +129,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if command in cli_models.COMMANDS:
             return cli_models.run(command, vars(build_parser().parse_args(argv)))
-        _pull_model_flag(settings)
         if command == "serve":
             return _serve(settings, open_browser=False)
         if command == "chat":
             from localchat.terminal_chat import run_chat
 
+            _pull_model_flag(settings)
             return run_chat(settings)
         if not ui_server:
             print(DESKTOP_LATER, file=sys.stderr, flush=True)

@@ -70,6 +70,7 @@ class ModelManager:
         data_dir: Path | None = None,
         build: Builder | None = None,
         available_memory: Callable[[], int | None] | None = None,
+        startup_progress: Callable[[Any], None] | None = None,
     ) -> None:
         from backends.memory import mem_available
 
@@ -79,6 +80,7 @@ class ModelManager:
         self.data_dir = data_dir  # None: the hub's default (LOCALCHAT_HOME / the platform's data dir)
         self._build = build
         self._available = available_memory or mem_available
+        self._startup_progress = startup_progress  # e.g. the CLI's progress bar for `serve --m NAME`
         self._loaded: OrderedDict[str, ServerContext] = OrderedDict()  # least recently used first
         self._estimates: dict[str, MemoryEstimate] = {}
         self._tasks: dict[str, LoadTask] = {}
@@ -279,7 +281,8 @@ class ModelManager:
 
     def _pull(self, task: LoadTask) -> ResolvedModel:
         task.phase = "downloading"
-        task.pull = job = self.pulls.start(task.name)
+        echo = self._startup_progress if task is self._startup else None
+        task.pull = job = self.pulls.start(task.name, echo)
         job.done.wait()
         if job.result is None:
             reason = job.error or "the download was cancelled"

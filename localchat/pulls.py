@@ -32,6 +32,7 @@ class PullJob:
     progress: dict[str, Any] = field(default_factory=dict)
     result: Any = None  # the hub's LocalModel once done
     error: str | None = None
+    echo: Callable[[Any], None] | None = None  # also gets each raw PullProgress (the terminal's bar)
     started_at: float = field(default_factory=time.time)
     _watchers: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[dict[str, Any]]]] = field(
         default_factory=list
@@ -92,13 +93,13 @@ class Pulls:
         self._jobs: dict[str, PullJob] = {}
         self._lock = threading.Lock()
 
-    def start(self, name: str) -> PullJob:
+    def start(self, name: str, echo: Callable[[Any], None] | None = None) -> PullJob:
         """Start pulling `name`, or return the pull of it already running."""
         with self._lock:
             job = self._jobs.get(name)
             if job is not None and not job.finished:
                 return job
-            job = PullJob(name)
+            job = PullJob(name, echo=echo)
             job.progress = _progress(name, "resolving", "Looking the model up…")
             self._jobs[name] = job
         threading.Thread(target=self._run, args=(job,), name=f"pull-{name}", daemon=True).start()
@@ -128,6 +129,8 @@ class Pulls:
 
         def progress(p: Any) -> None:
             job.update(p.to_dict())
+            if job.echo is not None:
+                job.echo(p)
 
         try:
             job.result = hub.pull(
