@@ -21,6 +21,7 @@ from typing import Any
 from localchat import __version__, cli_models
 from localchat.config import SETTINGS_SPEC, Settings, SettingsError
 from localchat.errors import LocalchatError
+from localchat.paths import is_in_data_dir, unusable_data_dir
 
 GROUP_TITLES = {
     "model": "model",
@@ -89,10 +90,12 @@ def parse_settings(
 
 def _serve(settings: Settings, *, open_browser: bool) -> int:
     from localchat.model_manager import ModelManager
+    from localchat.server.preflight import check_port
     from localchat.server.runtime import serve
 
     if settings.ui is False and open_browser:
         raise SettingsError("--ui-server needs the web UI; drop --no-ui.", param="ui")
+    check_port(settings.host, settings.port)  # a taken port fails now, not after the browser opened
     if settings.file or settings.weights:  # a mistyped path fails now, not as a /health error later
         from localchat.catalog import resolve_model
 
@@ -141,6 +144,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(settings, open_browser=settings.open_browser)
     except LocalchatError as exc:
         print(f"localchat: error: {exc.message}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a file the user can fix (disk full, permissions): a message, not a traceback
+        logging.getLogger("localchat").debug("startup failed", exc_info=exc)
+        message = unusable_data_dir(exc).message if is_in_data_dir(exc.filename) else str(exc)
+        print(f"localchat: error: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

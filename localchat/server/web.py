@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 
 from localchat.conversations import INTERRUPTED, ChatService
-from localchat.errors import AuthenticationError, LocalchatError
+from localchat.errors import AuthenticationError, DataDirError, LocalchatError
 from localchat.model_manager import ModelManager
 from localchat.paths import data_dir
 from localchat.server import web_chat, web_models, web_sidebar
@@ -133,7 +134,7 @@ ROUTES = [index, chat_page, login_page, login, *web_sidebar.ROUTES, *web_chat.RO
 
 
 def create_web_router(settings: Any, *, store_path: Path | None = None) -> Router:
-    """The UI's routes. The store opens on the first request (the app's `state.ctx` must exist by then)."""
+    """The UI's routes. The store opens on the first request (the app's `state.models` must exist by then)."""
     home = Path(settings.home).expanduser() if getattr(settings, "home", None) else None
     path = store_path or (home or data_dir()) / STORE_FILE
 
@@ -142,7 +143,7 @@ def create_web_router(settings: Any, *, store_path: Path | None = None) -> Route
         with _init_lock:
             web = state.get(_STATE_KEY)
             if web is None:
-                store = Store(path)
+                store = _open_store(path)
                 if count := store.fail_interrupted(INTERRUPTED):
                     log.info("%d answer(s) left unfinished by a previous run were marked as failed", count)
                 web = WebState(store, ChatService(store, state.models))
@@ -160,6 +161,16 @@ def create_web_router(settings: Any, *, store_path: Path | None = None) -> Route
         exception_handlers={LocalchatError: _error_response, HTTPException: _error_response},
         include_in_schema=False,
     )
+
+
+def _open_store(path: Path) -> Store:
+    try:
+        return Store(path)
+    except (OSError, sqlite3.Error) as exc:  # shown as the UI's error page, not a raw 500
+        raise DataDirError(
+            f"The conversations cannot be opened: {path} ({exc}). Their directory must be writable: "
+            "start localchat with --home DIR (or LOCALCHAT_HOME) pointing to a writable directory."
+        ) from None
 
 
 def close_web_state(state: Any) -> None:

@@ -116,8 +116,9 @@ def live_server(
     """`wait_for_model=False` yields as soon as the server listens (the model may still be loading)."""
     port = free_port()
     log_file = tempfile.NamedTemporaryFile(prefix="localchat-serve-", suffix=".log", delete=False)  # noqa: SIM115
-    cmd = [sys.executable, "-m", "localchat", "serve", "--p", str(port), "--log", "warning"]
-    cmd += [*([] if ui else ["--no-ui"]), *args]
+    cmd = [sys.executable, "-m", "localchat", "serve", "--p", str(port), "--log", "warning", *args]
+    if not ui:
+        cmd.append("--no-ui")
     if api_key:
         cmd += ["--api-key", api_key]
     full_env = {**os.environ, "LOCALCHAT_HOME": tempfile.mkdtemp(prefix="localchat-home-"), **(env or {})}
