@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -75,9 +76,10 @@ class CatalogEntry:
         )
 
 
+@lru_cache(maxsize=16)  # a pull reads the catalog several times; entries are frozen, so sharing is safe
 def _parse(text: str, origin: str) -> dict[str, CatalogEntry]:
     try:
-        data = yaml.safe_load(text) or {}
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
     except yaml.YAMLError as exc:
         raise ModelLoadError(f"{origin} is not valid YAML: {exc}") from exc
     models = data.get("models") if isinstance(data, dict) else None
@@ -89,7 +91,7 @@ def _parse(text: str, origin: str) -> dict[str, CatalogEntry]:
 def load_catalog(data_dir: Path | None = None) -> dict[str, CatalogEntry]:
     """The packaged catalog, extended by `<data dir>/models.yaml` when that file exists."""
     packaged = resources.files("localchat").joinpath("models.yaml").read_text(encoding="utf-8")
-    catalog = _parse(packaged, "the packaged models.yaml")
+    catalog = dict(_parse(packaged, "the packaged models.yaml"))
     if data_dir is not None and (user := data_dir / USER_CATALOG).is_file():
         catalog.update(_parse(user.read_text(encoding="utf-8"), str(user)))
     return catalog
@@ -153,12 +155,12 @@ def _pull(name: str, data_dir: Path | None, progress: Callable[[str], None] | No
     """The local copy of `name`, pulled (resumable, verified) when missing; text progress per phase."""
     from localchat.hub import pull
 
-    last_phase = ""
+    last_message = ""
 
-    def report(event: PullProgress) -> None:
-        nonlocal last_phase
-        if progress is not None and event.phase != last_phase and event.message:
-            last_phase = event.phase
+    def report(event: PullProgress) -> None:  # each new message once, not every byte count
+        nonlocal last_message
+        if progress is not None and event.message and event.message != last_message:
+            last_message = event.message
             progress(event.message)
 
     return pull(name, progress=report, data_dir=data_dir)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from pathlib import Path
 from typing import TextIO
 
 from localchat.hub import LocalModel, PullProgress
@@ -32,9 +34,10 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
             parser.add_argument("--force", action="store_true", help="also files another tool downloaded")
 
 
-def run(command: str, args: dict[str, object], out: TextIO = sys.stdout) -> int:
+def run(command: str, args: dict[str, object], out: TextIO | None = None) -> int:
     from localchat.hub import list_local, pull, remove, verify
 
+    out = out or sys.stdout
     if command == "pull":
         name = str(args["name"])
         try:
@@ -65,7 +68,7 @@ def format_table(models: list[LocalModel]) -> str:
     rows = [("NAME", "REPO", "QUANT", "SIZE", "WHERE", "LOADED", "STATUS")]
     for m in models:
         status = "complete" if m.complete else f"partial {_percent(m.partial_bytes, m.size_bytes)}"
-        rows.append((m.name, m.repo_id or "—", m.quant or "—", human_bytes(m.size_bytes), f"{m.source}: {m.path}",
+        rows.append((m.name, m.repo_id or "—", m.quant or "—", human_bytes(m.size_bytes), f"{m.source}: {_short(m.path)}",
                      NO_LOADED_INFO, status))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join(
@@ -118,6 +121,11 @@ def human_bytes(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n = n / 1000  # type: ignore[assignment]
     return f"{n} B"
+
+
+def _short(path: Path) -> str:
+    home = str(Path.home())
+    return "~" + str(path)[len(home) :] if str(path).startswith(home + os.sep) else str(path)
 
 
 def _percent(done: int, total: int) -> str:

@@ -78,8 +78,8 @@ class Settings:
     model: str | None = _opt(
         None,
         ("--m", "--model"),
-        "a models.yaml alias, a Hugging Face repo id (found in the local HF cache) or a local path; "
-        "with `chat --url`, the remote model name",
+        "a models.yaml alias, a Hugging Face repo ORG/REPO[:QUANT] (pulled first if missing) or a local "
+        "path; with `chat --url`, the remote model name",
         group="model",
         metavar="NAME",
     )

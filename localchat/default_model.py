@@ -22,12 +22,12 @@ def ensure_default_model(
     from localchat.hub.spec import spec_for_entry
 
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    last_phase = "resolving"
+    last_message = ""
 
-    def report(event: PullProgress) -> None:
-        nonlocal last_phase
-        if event.phase != last_phase and event.message:
-            last_phase = event.phase
+    def report(event: PullProgress) -> None:  # each new message once, not every byte count
+        nonlocal last_message
+        if event.message and event.message != last_message:
+            last_message = event.message
             say(f"{event.name}: {event.message}")
 
     entry = load_catalog()[DEFAULT_ALIAS]
@@ -36,5 +36,16 @@ def ensure_default_model(
     return model.path
 
 
+def main(argv: list[str]) -> int:
+    from localchat.errors import LocalchatError
+
+    try:
+        print(ensure_default_model(Path(argv[0]) if argv else None))
+    except LocalchatError as exc:
+        print(f"localchat: error: {exc.message}", file=sys.stderr)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":  # python -m localchat.default_model [DIR]
-    print(ensure_default_model(Path(sys.argv[1]) if len(sys.argv) > 1 else None))
+    sys.exit(main(sys.argv[1:]))

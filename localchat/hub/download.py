@@ -14,17 +14,17 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from localchat.errors import ChecksumMismatchError, DownloadCancelledError, DownloadError
 from localchat.hub import env
 from localchat.hub.progress import ProgressTracker
+from localchat.hub.sink import Sink
 
 CHUNK = 1 << 20
 MAX_STALLS = 6  # consecutive failed attempts (no new byte) before giving up; any progress resets it
 MAX_REDIRECTS = 5
-FSYNC_EVERY = 64 << 20  # bounds what a power cut can lose; the final hash catches the rest
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +53,12 @@ def download(
     cancel: threading.Event | None = None,
     auth: dict[str, str] | None = None,
     repo_id: str = "",
+    client: Any = None,
 ) -> None:
-    """Fetch `url` into `final` via `partial`; `auth` headers go to the hub's origin only."""
+    """Fetch `url` into `final` via `partial`; `auth` headers go to the hub's origin only.
+
+    `client` is an httpx2 client; default: huggingface_hub's session (proxies, HF settings).
+    """
     partial.parent.mkdir(parents=True, exist_ok=True)
     offset = partial.stat().st_size if partial.exists() else 0
     if offset > size:  # not ours, or the file changed upstream
@@ -67,40 +71,37 @@ def download(
         tracker.set_phase("resuming", message=f"re-hashing the {offset} bytes of {label} already on disk")
         _hash_prefix(partial, offset, hasher, tracker)
     tracker.set_phase("downloading", message=f"resuming at byte {offset}" if offset else None)
-    state = _State(offset, hasher)
     stalls = 0
     with open(partial, "ab") as out:
-        while state.offset < size:
-            before, last_error = state.offset, None
-            try:
-                _fetch_from(url, out, state, size, digest, tracker, cancel, auth)
-            except (DownloadError, DownloadCancelledError):
-                raise
-            except Exception as exc:  # hub errors are translated, network trouble retried
-                _raise_if_final(exc, repo_id)
-                last_error = exc
-            stalls = 0 if state.offset > before else stalls + 1
-            if stalls >= MAX_STALLS:
-                raise DownloadError(
-                    f"Downloading {label} keeps failing ({type(last_error).__name__}: {last_error}); "
-                    f"{state.offset} of {size} bytes are kept, run the same pull again to resume."
-                )
-            if state.offset < size and stalls:
-                time.sleep(min(0.25 * 2**stalls, 8.0))
-        out.flush()
-        os.fsync(out.fileno())
+        sink = Sink(out, hasher, offset)
+        try:
+            while sink.offset < size:
+                before, last_error = sink.offset, None
+                try:
+                    _fetch_from(url, sink, size, digest, tracker, cancel, auth, client)
+                except (DownloadError, DownloadCancelledError):
+                    raise
+                except Exception as exc:  # hub errors are translated, network trouble retried
+                    _raise_if_final(exc, repo_id)
+                    last_error = exc
+                finally:
+                    sink.drain()
+                stalls = 0 if sink.offset > before else stalls + 1
+                if stalls >= MAX_STALLS:
+                    raise DownloadError(
+                        f"Downloading {label} keeps failing ({type(last_error).__name__}: {last_error}); "
+                        f"{sink.offset} of {size} bytes are kept, run the same pull again to resume."
+                    )
+                if sink.offset < size and stalls:
+                    time.sleep(min(0.25 * 2**stalls, 8.0))
+        finally:
+            sink.close()
     tracker.set_phase("verifying", message=f"checking the {digest.kind} of {label}")
-    actual = state.hasher.hexdigest()
+    actual = sink.hasher.hexdigest()
     if digest.hex and actual != digest.hex:
         partial.unlink(missing_ok=True)
         raise ChecksumMismatchError(label, digest.hex, actual)
     os.replace(partial, final)
-
-
-@dataclass(slots=True)
-class _State:
-    offset: int  # bytes on disk, all of them hashed
-    hasher: Any
 
 
 def _raise_if_final(exc: Exception, repo_id: str) -> None:
@@ -124,78 +125,60 @@ def _hash_prefix(partial: Path, length: int, hasher: Any, tracker: ProgressTrack
 
 def _fetch_from(
     url: str,
-    out: BinaryIO,
-    state: _State,
+    sink: Sink,
     size: int,
     digest: Digest,
     tracker: ProgressTracker,
     cancel: threading.Event | None,
     auth: dict[str, str] | None,
+    client: Any,
 ) -> None:
-    """One GET from `state.offset`, appending to `out`. Raises on network trouble (the caller retries)."""
+    """One GET from `sink.offset`, appending to the sink. Raises on network trouble (the caller retries)."""
     import httpx2
     from huggingface_hub.utils import get_session, hf_raise_for_status
 
-    session = get_session()
+    session = client or get_session()
     timeout = httpx2.Timeout(env.read_timeout_s(), connect=env.read_timeout_s())
     hub_origin = _origin(url)
     for _ in range(MAX_REDIRECTS):
         headers = dict(auth or {}) if _origin(url) == hub_origin else {}  # never leak the token
         headers["Accept-Encoding"] = "identity"
-        if state.offset:
-            headers["Range"] = f"bytes={state.offset}-"
+        if sink.offset:
+            headers["Range"] = f"bytes={sink.offset}-"
         with session.stream("GET", url, headers=headers, follow_redirects=False, timeout=timeout) as response:
             if response.has_redirect_location:
                 url = urljoin(url, response.headers["Location"])
                 continue
             if response.status_code >= 500 or response.status_code in (408, 429):
                 return  # transient: the caller backs off and retries
-            if response.status_code == 416 or (state.offset and response.status_code == 200):
-                _restart(out, state, size, digest, tracker)  # Range refused or ignored: from byte 0
+            if response.status_code == 416 or (sink.offset and response.status_code == 200):
+                tracker.add(-sink.offset, transferred=False)  # Range refused or ignored: from byte 0
+                sink.restart(digest.hasher(size))
                 if response.status_code == 416:
                     return
             if response.status_code >= 400:
                 response.read()
                 hf_raise_for_status(response)
-            _stream_body(response, out, state, size, tracker, cancel)
+            _stream_body(response, sink, size, tracker, cancel)
             return
     raise DownloadError(f"Too many redirects while downloading {url}.")
 
 
-def _restart(out: BinaryIO, state: _State, size: int, digest: Digest, tracker: ProgressTracker) -> None:
-    out.seek(0)
-    out.truncate(0)
-    tracker.add(-state.offset, transferred=False)
-    state.offset, state.hasher = 0, digest.hasher(size)
-
-
 def _stream_body(
-    response: Any,
-    out: BinaryIO,
-    state: _State,
-    size: int,
-    tracker: ProgressTracker,
-    cancel: threading.Event | None,
+    response: Any, sink: Sink, size: int, tracker: ProgressTracker, cancel: threading.Event | None
 ) -> None:
-    since_sync = 0
-    for chunk in response.iter_raw(CHUNK):
+    received = sink.offset
+    for chunk in response.iter_raw():  # as the network delivers: a drop loses no received byte
         if cancel is not None and cancel.is_set():
-            out.flush()
+            sink.drain()
             raise DownloadCancelledError(
-                f"Download cancelled; {state.offset} bytes are kept and the next pull resumes from there."
+                f"Download cancelled; {sink.offset} bytes are kept and the next pull resumes from there."
             )
-        if state.offset + len(chunk) > size:
+        received += len(chunk)
+        if received > size:
             raise DownloadError(f"The server sent more than the {size} bytes the hub announced.")
-        out.write(chunk)
-        state.hasher.update(chunk)
-        state.offset += len(chunk)
-        since_sync += len(chunk)
+        sink.put(chunk)
         tracker.add(len(chunk))
-        if since_sync >= FSYNC_EVERY:
-            out.flush()
-            os.fsync(out.fileno())
-            since_sync = 0
-    out.flush()
 
 
 def _origin(url: str) -> str:

@@ -3,6 +3,7 @@ half-downloaded. Nothing here touches the network."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from localchat.catalog import CatalogEntry, load_catalog
@@ -11,6 +12,8 @@ from localchat.hub import cache, env, ledger
 from localchat.hub.files import Selection, gguf_groups, pick, quant_of, repo_format, split_total
 from localchat.hub.records import LocalModel
 from localchat.hub.spec import ModelSpec, canonical_name, parse
+
+_SHARD = re.compile(r"-\d{5}-of-(\d{5})\.safetensors$")
 
 
 def find_local(name: str, *, data_dir: Path | None = None) -> LocalModel | None:
@@ -100,6 +103,8 @@ def _snapshot_models(hub_cache: Path, repo_id: str, commit: str, owned: set[str]
         name = canonical_name(repo_id, selection.format, selection.quant, selection.main_path)
         model = model_from_snapshot(name, repo_id, commit, selection, chosen, source=source)
         model.complete = _complete(selection, files)
+        if not model.complete:  # e.g. another tool's split download that stopped halfway
+            model.partial_bytes = model.size_bytes
         models.append(model)
     return models
 
@@ -147,7 +152,10 @@ def _complete(selection: Selection, files: dict[str, Path]) -> bool:
         return False
     if selection.format == "gguf":
         return len(selection.paths) == split_total(selection.paths[0])
-    return "config.json" in selection.paths and any(p.endswith(".safetensors") for p in selection.paths)
+    shards = [p for p in selection.paths if p.endswith(".safetensors")]
+    totals = {int(m.group(1)) for p in shards if (m := _SHARD.search(p))}
+    # Sharded weights (model-00001-of-00004.safetensors): every shard must be there.
+    return "config.json" in selection.paths and bool(shards) and all(len(shards) >= t for t in totals)
 
 
 def _blob_etag(snapshot_file: Path) -> str:

@@ -8,7 +8,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 if TYPE_CHECKING:
@@ -38,11 +38,9 @@ class Location:
             return [
                 WheelLink(p.name, p.as_uri(), None, p.stat().st_size) for p in sorted(folder.glob("*.whl"))
             ]
-        from huggingface_hub.utils import get_session
-
         url = f"{self.url.rstrip('/')}/{project}/" if self.is_index else self.url
         try:
-            response = get_session().get(
+            response = index_client().get(
                 url, headers={"Accept": JSON_ACCEPT}, follow_redirects=True, timeout=30
             )
         except Exception as exc:  # network trouble: the caller tries the next location
@@ -52,6 +50,27 @@ class Location:
         if response.status_code >= 400:
             raise OSError(f"HTTP {response.status_code}")
         return parse_simple_page(response.text, response.headers.get("content-type", ""), str(response.url))
+
+
+_clients: dict[str, Any] = {}
+
+
+def index_client(environ: dict[str, str] | None = None) -> Any:
+    """The HTTP client for the package index: huggingface_hub's session (proxies, system CAs), or one
+    that trusts pip's `cert` bundle when pip is configured with one (e.g. a company proxy's CA)."""
+    from huggingface_hub.utils import get_session
+
+    env = os.environ if environ is None else environ
+    cert = env.get("PIP_CERT") or _pip_config(env).get("cert")
+    if not cert or not os.path.isfile(cert):
+        return get_session()
+    if cert not in _clients:
+        import ssl
+
+        import httpx2
+
+        _clients[cert] = httpx2.Client(verify=ssl.create_default_context(cafile=cert), follow_redirects=True)
+    return _clients[cert]
 
 
 def index_locations(environ: dict[str, str] | None = None) -> list[Location]:

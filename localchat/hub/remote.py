@@ -75,7 +75,11 @@ def fetch_repo(repo_id: str, revision: str | None) -> RemoteRepo:
         if etag and size is not None:
             path = str(sibling["rfilename"])
             files[path] = RemoteFile(path, int(size), str(etag), sha256)
-    return RemoteRepo(repo_id, str(data["sha"]), files, bool(data.get("gated")))
+    # The hub's own spelling of the id (case, renames), so the cache folder is the one others use.
+    canonical = str(data.get("id") or repo_id)
+    return RemoteRepo(
+        canonical if "/" in canonical else repo_id, str(data["sha"]), files, bool(data.get("gated"))
+    )
 
 
 def hub_json(url: str, repo_id: str, params: dict[str, str] | None = None) -> Any:

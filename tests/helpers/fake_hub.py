@@ -13,7 +13,8 @@ injection and a request log.
 Hub origin: GET /api/models/{repo}[/revision/{rev}] (siblings with size, blobId, lfs.sha256), GET
 /api/models/{repo}/tree/{rev}, HEAD/GET /{repo}/resolve/{rev}/{path}: LFS files answer 302 to the file
 host with X-Repo-Commit, X-Linked-Etag, X-Linked-Size; small files answer 200 with a git-sha1 ETag.
-Errors carry X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo) like the hub.
+Errors carry X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo) like the hub; a
+token other than TOKEN gets 401 "Invalid credentials in Authorization header".
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Fault:
 
     drop_after: int | None = None  # close the connection after this many body bytes of a response
     times: int = 1  # how many responses `drop_after` hits
+    stall_s: float = 0.0  # with drop_after: go silent this long before dropping (a stalled connection)
     corrupt_at: int | None = None  # flip the byte at this file offset (every response)
     throttle_bps: int | None = None  # send at most this many bytes a second
     status: int | None = None  # answer this status instead (e.g. 503), `times` times
@@ -166,7 +168,10 @@ def _handler(hub: FakeHub, origin: str) -> type[BaseHTTPRequestHandler]:
             hub.log.append(Request(origin, self.command, path, int(m.group(1)) if m else None,
                                    "authorization" in {k.lower() for k in self.headers}))  # fmt: skip
             try:
-                if origin == "cdn":
+                auth = self.headers.get("Authorization")
+                if origin == "hub" and auth is not None and auth != f"Bearer {TOKEN}":
+                    self._error(401, "", message="Invalid credentials in Authorization header")
+                elif origin == "cdn":
                     self._serve_lfs(path, body)
                 elif api := _API.match(path):
                     self._model_info(api.group(1), api.group(2))
@@ -180,7 +185,8 @@ def _handler(hub: FakeHub, origin: str) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
 
         def _repo(self, repo_id: str, revision: str | None) -> FakeRepo | None:
-            repo = hub.repos.get(repo_id)
+            # Repo ids are case-insensitive on the hub; the API answers with the canonical spelling.
+            repo = next((r for key, r in hub.repos.items() if key.lower() == repo_id.lower()), None)
             if repo is None:
                 self._error(404, "RepoNotFound")
                 return None
@@ -198,7 +204,7 @@ def _handler(hub: FakeHub, origin: str) -> type[BaseHTTPRequestHandler]:
                 if f.lfs:
                     entry["lfs"] = {"sha256": f.sha256, "size": f.size, "pointerSize": 134}
                 siblings.append(entry)
-            self._json({"id": repo_id, "sha": repo.commit, "siblings": siblings,
+            self._json({"id": repo.repo_id, "sha": repo.commit, "siblings": siblings,
                         "gated": "manual" if repo.gated else False, "private": False})  # fmt: skip
 
         def _tree(self, repo_id: str, revision: str) -> None:
@@ -285,6 +291,7 @@ def _handler(hub: FakeHub, origin: str) -> type[BaseHTTPRequestHandler]:
                 pos = stop
                 if drop_at is not None and pos >= drop_at:
                     self.wfile.flush()
+                    time.sleep(fault.stall_s)
                     self.close_connection = True
                     self.connection.shutdown(2)  # the client sees a short body
                     return
@@ -300,10 +307,13 @@ def _handler(hub: FakeHub, origin: str) -> type[BaseHTTPRequestHandler]:
             if self.command == "GET":
                 self.wfile.write(data)
 
-        def _error(self, status: int, code: str) -> None:
-            data = json.dumps({"error": code}).encode()
+        def _error(self, status: int, code: str, message: str = "") -> None:
+            data = json.dumps({"error": message or code}).encode()
             self.send_response(status)
-            self.send_header("X-Error-Code", code)
+            if code:
+                self.send_header("X-Error-Code", code)
+            if message:
+                self.send_header("X-Error-Message", message)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -311,3 +321,18 @@ def _handler(hub: FakeHub, origin: str) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(data)
 
     return Handler
+
+
+if (
+    __name__ == "__main__"
+):  # python -m tests.helpers.fake_hub [--throttle BPS] ORG/REPO FILE...: serve until killed
+    import sys
+
+    args = sys.argv[1:]
+    throttle = int(args[1]) if args[0] == "--throttle" else None
+    args = args[2:] if throttle else args
+    served = FakeHub().start()
+    served.add_repo(args[0], {Path(f).name: Path(f) for f in args[1:]})
+    served.faults.update({Path(f).name: Fault(throttle_bps=throttle) for f in args[1:] if throttle})
+    print(served.url, flush=True)
+    threading.Event().wait()

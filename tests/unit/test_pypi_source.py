@@ -10,7 +10,7 @@ import threading
 import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -98,7 +98,7 @@ class _Index(BaseHTTPRequestHandler):
 
     wheel: bytes = b""
     json_api = True
-    log: list[tuple[str, str | None]] = []
+    log: ClassVar[list[tuple[str, str | None]]] = []
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -167,3 +167,18 @@ def test_pip_config_files_and_variables(tmp_path: Path, monkeypatch: pytest.Monk
                     ("file:///b", True)]  # fmt: skip
     monkeypatch.setenv("PIP_INDEX_URL", "https://other.example/simple")  # the variable wins
     assert index_locations()[1].url == "https://other.example/simple"
+
+
+def test_pip_cert_bundle_is_trusted_for_the_index(
+    monkeypatch: pytest.MonkeyPatch, no_pip_config: None
+) -> None:
+    import certifi
+    from huggingface_hub.utils import get_session
+
+    from localchat.hub.pip_config import index_client
+
+    monkeypatch.delenv("PIP_CERT", raising=False)
+    assert index_client() is get_session()  # no pip cert: huggingface_hub's session (system CAs, proxies)
+    monkeypatch.setenv("PIP_CERT", certifi.where())
+    client = index_client()
+    assert client is not get_session() and index_client() is client
