@@ -100,6 +100,10 @@ def _serve(settings: Settings, *, open_browser: bool) -> int:
         from localchat.catalog import resolve_model
 
         resolve_model(file=settings.file, weights=settings.weights)
+    elif settings.backend != "fake":  # models are looked up (and fetched) in the data dir: it must work
+        from localchat.paths import data_dir
+
+        data_dir()
     # The server listens at once; the model is found, fetched if needed (the progress bar here, and in
     # GET /health and the web UI) and loaded in the background.
     models = ModelManager(settings, startup_progress=cli_models.ProgressPrinter(sys.stderr))

@@ -81,6 +81,7 @@ class ModelManager:
         self._build = build
         self._available = available_memory or mem_available
         self._startup_progress = startup_progress  # e.g. the CLI's progress bar for `serve --m NAME`
+        self.on_startup_error: Callable[[LocalchatError], None] | None = None  # the CLI exits with it
         self._loaded: OrderedDict[str, ServerContext] = OrderedDict()  # least recently used first
         self._estimates: dict[str, MemoryEstimate] = {}
         self._tasks: dict[str, LoadTask] = {}
@@ -245,7 +246,12 @@ class ModelManager:
         return True
 
     def _start_startup(self) -> None:
-        choice = startup_choice(self.settings, self.data_dir)
+        try:
+            choice = startup_choice(self.settings, self.data_dir)
+        except (LocalchatError, OSError) as exc:  # e.g. an unreadable HF cache: say so, keep serving
+            self._last_error = getattr(exc, "message", None) or str(exc)
+            log.error("choosing the start-up model failed: %s", self._last_error)
+            return
         if choice.name is None:
             log.info("no model on disk: the web UI offers %s", DEFAULT_ALIAS)
             return
@@ -278,6 +284,8 @@ class ModelManager:
             with self._lock:
                 self._tasks.pop(task.name, None)
             task.done.set()
+        if task.error is not None and task is self._startup and self.on_startup_error is not None:
+            self.on_startup_error(task.error)
 
     def _pull(self, task: LoadTask) -> ResolvedModel:
         task.phase = "downloading"

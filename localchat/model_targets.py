@@ -47,8 +47,8 @@ def list_local(data_dir: Path | None) -> list[Any]:
 
     try:
         return list(hub.list_local(data_dir=data_dir))
-    except LocalchatError as exc:  # a broken cache must not take the server down
-        log.warning("listing local models failed: %s", exc.message)
+    except (LocalchatError, OSError) as exc:  # a broken cache or data dir must not take the API down
+        log.warning("listing local models failed: %s", getattr(exc, "message", None) or exc)
         return []
 
 

@@ -16,6 +16,7 @@ import uvicorn
 
 from localchat.engine.async_engine import AsyncEngine
 from localchat.engine.engine import LLMEngine
+from localchat.errors import LocalchatError
 from localchat.server import preflight
 from localchat.server.context import ServerContext
 
@@ -115,6 +116,13 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, models: ModelManager) -> None:
         super().__init__(config)
         self.models = models
+        self.exit_code = 0
+
+    def fail(self, exc: LocalchatError) -> None:
+        """The start-up model could not be loaded: say why and stop (from the loading thread)."""
+        print(f"localchat: error: {exc.message}", file=sys.stderr, flush=True)
+        self.exit_code = 1
+        self.should_exit = True
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         self.models.draining = True  # new requests on open connections get 503 while in-flight ones finish
@@ -131,7 +139,15 @@ class _Server(uvicorn.Server):
             self._captured_signals.clear()
 
 
-def serve(settings: Settings, models: ModelManager, *, open_browser: bool = False) -> int:
+def serve(
+    settings: Settings,
+    models: ModelManager,
+    *,
+    open_browser: bool = False,
+    exit_on_startup_error: bool = True,
+) -> int:
+    """Run the server until SIGINT/SIGTERM (exit code 0), or until the start-up model fails to load
+    (exit code 1, the reason on stderr) unless `exit_on_startup_error` is off (then /health says it)."""
     from localchat.server.app import create_app
 
     if (warning := security_warning(settings)) is not None:
@@ -147,11 +163,13 @@ def serve(settings: Settings, models: ModelManager, *, open_browser: bool = Fals
         lifespan="on",
     )
     server = _Server(config, models)
+    if exit_on_startup_error:
+        models.on_startup_error = server.fail
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else host}:{settings.port}/"
     threading.Thread(target=_announce, args=(server, url, open_browser), daemon=True).start()
     server.run()
-    return 0
+    return server.exit_code
 
 
 def _announce(server: uvicorn.Server, url: str, open_browser: bool) -> None:
