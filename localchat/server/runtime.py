@@ -141,14 +141,19 @@ class _Server(uvicorn.Server):
 
 def serve(
     settings: Settings,
-    models: ModelManager,
+    models: ModelManager | ServerContext,
     *,
     open_browser: bool = False,
     exit_on_startup_error: bool = True,
 ) -> int:
     """Run the server until SIGINT/SIGTERM (exit code 0), or until the start-up model fails to load
-    (exit code 1, the reason on stderr) unless `exit_on_startup_error` is off (then /health says it)."""
+    (exit code 1, the reason on stderr) unless `exit_on_startup_error` is off (then /health says it).
+    `models`: the manager, or one already built context (it becomes the manager's only model)."""
+    from localchat.model_manager import ModelManager
     from localchat.server.app import create_app
+
+    if not isinstance(models, ModelManager):
+        models = ModelManager.preloaded(settings, models)
 
     if (warning := security_warning(settings)) is not None:
         print(warning, file=sys.stderr, flush=True)
