@@ -209,7 +209,7 @@ class ChecksumMismatchError(DownloadError):
 class DownloadCancelledError(DownloadError):
     """Stopped on request; the partial file stays so the next pull resumes."""
 
-    status = 499
+    status = 409
     code = "download_cancelled"
 
 

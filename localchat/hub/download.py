@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urljoin, urlsplit
 
 from localchat.errors import ChecksumMismatchError, DownloadCancelledError, DownloadError
@@ -25,6 +24,12 @@ from localchat.hub.sink import Sink
 CHUNK = 1 << 20
 MAX_STALLS = 6  # consecutive failed attempts (no new byte) before giving up; any progress resets it
 MAX_REDIRECTS = 5
+
+
+class CancelFlag(Protocol):
+    """A threading.Event, or anything else that says when to stop."""
+
+    def is_set(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +55,11 @@ def download(
     size: int,
     digest: Digest | None,
     tracker: ProgressTracker,
-    cancel: threading.Event | None = None,
+    cancel: CancelFlag | None = None,
     auth: dict[str, str] | None = None,
     repo_id: str = "",
     client: Any = None,
+    label: str | None = None,
 ) -> None:
     """Fetch `url` into `final` via `partial`; `auth` headers go to the hub's origin only.
 
@@ -64,7 +70,7 @@ def download(
     if offset > size:  # not ours, or the file changed upstream
         partial.unlink()
         offset = 0
-    label = tracker.file or final.name
+    label = label or tracker.file or final.name
     digest = digest or Digest("sha256", "")  # unknown: hashed for the record, not checked
     hasher = digest.hasher(size)
     if offset:
@@ -129,7 +135,7 @@ def _fetch_from(
     size: int,
     digest: Digest,
     tracker: ProgressTracker,
-    cancel: threading.Event | None,
+    cancel: CancelFlag | None,
     auth: dict[str, str] | None,
     client: Any,
 ) -> None:
@@ -165,7 +171,7 @@ def _fetch_from(
 
 
 def _stream_body(
-    response: Any, sink: Sink, size: int, tracker: ProgressTracker, cancel: threading.Event | None
+    response: Any, sink: Sink, size: int, tracker: ProgressTracker, cancel: CancelFlag | None
 ) -> None:
     received = sink.offset
     for chunk in response.iter_raw():  # as the network delivers: a drop loses no received byte

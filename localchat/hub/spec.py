@@ -25,10 +25,6 @@ class ModelSpec:
     sha256: dict[str, str] = field(default_factory=dict)  # repo path -> pinned sha256 (catalog)
     entry: CatalogEntry | None = None  # set for catalog aliases
 
-    @property
-    def is_alias(self) -> bool:
-        return self.entry is not None
-
 
 def is_repo_name(name: str) -> bool:
     """`ORG/REPO` or `ORG/REPO:X` (and not a path that exists on disk)."""

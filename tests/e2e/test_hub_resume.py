@@ -165,3 +165,22 @@ def test_pull_goes_through_a_proxy(fake_hub: FakeHub) -> None:
     finally:
         proxy.shutdown()
         proxy.server_close()
+
+
+@pytest.mark.slow
+def test_chat_with_a_hub_model_pulls_it_then_answers(fake_hub: FakeHub, tmp_path: Path) -> None:
+    """`localchat chat --m ORG/REPO:QUANT`: the progress, then a real load and generation (tiny GGUF)."""
+    from tests.helpers.tiny_gguf import random_state_dict, tiny_config, write_tiny_gguf
+
+    cfg = tiny_config("qwen2")
+    made = write_tiny_gguf(tmp_path / "tiny-Q8_0.gguf", random_state_dict(cfg), cfg, qtype="Q8_0")
+    fake_hub.add_repo("org/Tiny-GGUF", {"tiny-Q8_0.gguf": made, "tiny-F32.gguf": b"f" * 20_000})
+    args = ["chat", "--m", "org/Tiny-GGUF:Q8_0", "--backend", "torch", "--dtype", "float32", "--mem", "8",
+            "--max-gen-tokens", "3", "--log", "warning", "--message", "Hello"]  # fmt: skip
+    run = localchat(*args, env={**os.environ})
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == 0, err
+    assert "done: org/Tiny-GGUF:Q8_0 is at" in err and "error" not in err  # pulled, loaded, answered
+    assert [r.path for r in fake_hub.requests("cdn")] == [
+        f"/lfs/{hashlib.sha256(made.read_bytes()).hexdigest()}"
+    ]

