@@ -57,8 +57,10 @@ class LoadTask:
         return {"phase": "loading", "name": self.name, "message": f"Loading {self.name} into memory…"}
 
     def describe(self) -> str:
-        if self.phase == "downloading" and self.pull is not None and self.pull.percent is not None:
-            return f"Model {self.name!r} is downloading ({self.pull.percent}%). Retry in a moment."
+        if self.phase == "downloading":
+            percent = self.pull.percent if self.pull is not None else None
+            done = f" ({percent}%)" if percent is not None else ""
+            return f"Model {self.name!r} is downloading{done}. Retry in a moment."
         return f"Model {self.name!r} is loading. Retry in a moment."
 
 

@@ -200,3 +200,41 @@ def test_delete_a_local_model(live: LiveApp) -> None:
         assert deleted["deleted"] is True and deleted["freed_bytes"] > 0
         assert name not in local_names(client)
         assert name not in client.get("/health").json().get("loaded", [])
+
+
+@pytest.mark.slow
+def test_health_shows_the_start_up_download_then_the_load(
+    hub: Any, tiny_bytes: bytes, tmp_path: Path
+) -> None:
+    """`serve --m ORG/REPO:QUANT` with nothing on disk: /health says downloading (with the pull's
+    progress), and ok once the real weights (torch) are loaded; the API answers 503 meanwhile."""
+    from litestar.testing import TestClient
+
+    from localchat.server.app import create_app
+    from tests.helpers.fake_app import fake_settings
+    from tests.helpers.fake_hub import Fault
+    from tests.helpers.live_server import real_backend_missing
+
+    if why := real_backend_missing():
+        pytest.skip(why)
+    hub.faults["tiny-Q4_0.gguf"] = Fault(throttle_bps=len(tiny_bytes) // 2)  # ~2 s of download
+    settings = fake_settings(backend="torch", dtype="float32", model=f"{TINY}:Q4_0", mem=16)
+    with TestClient(create_app(settings, ModelManager(settings)), timeout=60) as client:
+        seen: list[dict[str, Any]] = []
+        refused = None
+        while (health := client.get("/health")).status_code != 200:
+            seen.append(health.json())
+            assert seen[-1]["status"] in ("downloading", "loading"), seen[-1]
+            if refused is None and seen[-1]["status"] == "downloading":
+                refused = client.post("/v1/chat/completions", json={"messages": say("hi")})
+            threading.Event().wait(0.05)
+        downloading = [s for s in seen if s["status"] == "downloading"]
+        assert downloading and downloading[0]["model"] == f"{TINY}:Q4_0"
+        assert {s["progress"]["phase"] for s in downloading} <= {
+            "resolving",
+            "downloading",
+            "verifying",
+            "done",
+        }
+        assert refused is not None and refused.status_code == 503 and "downloading" in refused.text
+        assert health.json() == {"status": "ok", "model": f"{TINY}:Q4_0", "loaded": [f"{TINY}:Q4_0"]}
