@@ -238,3 +238,17 @@ def test_health_shows_the_start_up_download_then_the_load(
         }
         assert refused is not None and refused.status_code == 503 and "downloading" in refused.text
         assert health.json() == {"status": "ok", "model": f"{TINY}:Q4_0", "loaded": [f"{TINY}:Q4_0"]}
+
+
+def test_management_api_errors_are_typed(live: LiveApp) -> None:
+    with api(live) as client:
+        events = pull(client, "org/no-such-repo-GGUF:Q4_0")
+        assert events[-1]["phase"] == "error" and "org/no-such-repo-GGUF" in events[-1]["message"]
+        missing = client.post("/api/models/load", json={"name": "org/no-such-repo-GGUF:Q4_0"})
+        assert missing.status_code == 404 and "localchat pull" in missing.json()["error"]["message"]
+        empty = client.post("/api/models/pull", json={"name": " "})
+        assert empty.status_code == 400 and empty.json()["error"]["param"] == "name"
+        watch = client.get("/api/models/pull", params={"name": "never-started"})
+        assert watch.status_code == 404
+        form = client.post("/api/models/load", data={"name": "x"})  # not JSON: the API refuses it
+        assert form.status_code == 415
