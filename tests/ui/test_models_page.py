@@ -94,7 +94,7 @@ def test_download_cancel_resume_load_and_chat(browser: Any, models_app: LiveApp,
     page.click("#send-btn")
     answer = page.locator(".msg.assistant[data-status=done]").last
     answer.wait_for(timeout=20_000)
-    assert "hello from the tiny model" in answer.inner_text()
+    answer.locator(".answer", has_text="hello from the tiny model").wait_for()  # markdown renders in JS
     assert answer.locator(".stat-model").inner_text() == "tiny-test"
     assert not errors.errors, errors.errors
 
