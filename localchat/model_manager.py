@@ -34,6 +34,7 @@ from localchat.pulls import Pulls
 
 if TYPE_CHECKING:
     from localchat.config import Settings
+    from localchat.mcp import McpHub
     from localchat.server.context import ServerContext
 
 log = logging.getLogger(__name__)
@@ -73,8 +74,10 @@ class ModelManager:
         build: Builder | None = None,
         available_memory: Callable[[], int | None] | None = None,
         startup_progress: Callable[[Any], None] | None = None,
+        mcp: McpHub | bool | None = True,
     ) -> None:
         from backends.memory import mem_available
+        from localchat.server.runtime import mcp_hub
 
         self.settings = settings
         if data_dir is None and settings.home:
@@ -93,11 +96,13 @@ class ModelManager:
         self._load_lock = threading.Lock()  # one load at a time: the peak is one model's load
         self.draining = False
         self.pulls = Pulls(data_dir)
+        # One MCP hub for the server (--mcp-config), shared by every model; True: made from the settings.
+        self.mcp: McpHub | None = mcp_hub(settings) if mcp is True else (mcp or None)
 
     @classmethod
     def preloaded(cls, settings: Settings, ctx: ServerContext, **kwargs: Any) -> ModelManager:
         """A manager that already holds `ctx` (built by the caller); `start()` starts its engine."""
-        manager = cls(settings, **kwargs)
+        manager = cls(settings, mcp=ctx.mcp or False, **kwargs)
         manager._loaded[ctx.model_id] = ctx
         return manager
 
@@ -316,7 +321,7 @@ class ModelManager:
                     self._drop(ctx)
                 ctx.engine.shutdown(self.settings.shutdown_timeout)
                 log.info("model %s unloaded to make room for %s", ctx.model_id, name)
-            ctx = build(self.settings, target=target)
+            ctx = build(self.settings, target=target, mcp=self.mcp)
             if self.draining:
                 raise ModelLoadError("The server is shutting down.")
             ctx.engine.start()

@@ -21,7 +21,9 @@ from localchat.server.model_routes import MODEL_ROUTES
 from localchat.server.monitoring import health, metrics
 from localchat.server.openai_chat import chat_completions
 from localchat.server.openai_completions import completions
+from localchat.server.openai_embeddings import embeddings
 from localchat.server.openai_models import get_model, list_models
+from localchat.server.openai_responses import responses
 from localchat.server.security import guard_app, json_post_paths
 from localchat.server.web import close_web_state, create_web_router
 
@@ -31,7 +33,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-API_ROUTES = [chat_completions, completions, list_models, get_model, health, metrics, *MODEL_ROUTES]
+API_ROUTES = [
+    chat_completions,
+    completions,
+    responses,
+    embeddings,
+    list_models,
+    get_model,
+    health,
+    metrics,
+    *MODEL_ROUTES,
+]
 
 
 def create_app(settings: Settings, models: ModelManager | ServerContext) -> Litestar:
@@ -41,9 +53,13 @@ def create_app(settings: Settings, models: ModelManager | ServerContext) -> Lite
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         # Engine threads live exactly as long as the app serves; models load in the background.
         manager.start()
+        if manager.mcp is not None:
+            await manager.mcp.start()  # servers that fail are reported, the app serves anyway
         try:
             yield
         finally:
+            if manager.mcp is not None:
+                await manager.mcp.close()
             await anyio.to_thread.run_sync(manager.shutdown, settings.shutdown_timeout)
             close_web_state(app.state)
             log.info("engines stopped")

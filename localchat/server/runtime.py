@@ -23,6 +23,7 @@ from localchat.server.context import ServerContext
 if TYPE_CHECKING:
     from localchat.catalog import ResolvedModel
     from localchat.config import Settings
+    from localchat.mcp import McpHub
     from localchat.model_manager import ModelManager
     from localchat.weights.bundle import ModelBundle
 
@@ -60,11 +61,16 @@ def build_context(
     settings: Settings,
     progress: Callable[[str], None] | None = None,
     target: ResolvedModel | None = None,
+    mcp: McpHub | None = None,
 ) -> ServerContext:
-    """Load a model (`target`, else the one the flags name) and build its engine (not started yet)."""
-    from backends import RunnerOptions, load_runner
+    """Load a model (`target`, else the one the flags name) and build its engine (not started yet).
+    `mcp`: the server's MCP hub, shared by all its models (else one is made from --mcp-config)."""
+    from backends import RunnerOptions, load_runner, resolve_backend
+    from localchat.server.tool_parsers import pick_parser
     from localchat.weights.chat_template import ChatTemplate
 
+    if mcp is None and settings.mcp_config:  # read before the model loads: a bad file fails fast
+        mcp = mcp_hub(settings)
     started = time.perf_counter()
     bundle, model_id, aliases = load_bundle(settings, progress, target)
     loaded = time.perf_counter()
@@ -96,7 +102,43 @@ def build_context(
     template = ChatTemplate(
         bundle.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token
     )
-    return ServerContext(settings, AsyncEngine(engine), bundle, model_id, template, model_aliases=aliases)
+    return ServerContext(
+        settings,
+        AsyncEngine(engine),
+        bundle,
+        model_id,
+        template,
+        model_aliases=aliases,
+        backend_name=resolve_backend(settings.backend),
+        tool_parser=pick_parser(settings.tool_call_parser, template.source, _catalog_tool_format(settings)),
+        mcp=mcp,
+    )
+
+
+def _catalog_tool_format(settings: Settings) -> str | None:
+    """The `tool_call` field of the models.yaml entry the model was named by, if any."""
+    if not settings.model or settings.backend == "fake":
+        return None
+    from localchat.catalog import load_catalog
+    from localchat.errors import LocalchatError
+    from localchat.paths import data_dir
+
+    try:
+        entry = load_catalog(data_dir()).get(settings.model)
+    except LocalchatError:
+        return None
+    # NOTE: getattr: the field arrives with the catalog's own change; without it, the template decides.
+    hint = getattr(entry, "tool_call", None)
+    return hint if isinstance(hint, str) else None
+
+
+def mcp_hub(settings: Settings) -> McpHub | None:
+    """The MCP hub --mcp-config describes (not started), or None."""
+    if not settings.mcp_config:
+        return None
+    from localchat.mcp import McpHub, load_mcp_config
+
+    return McpHub(load_mcp_config(settings.mcp_config))
 
 
 def security_warning(settings: Settings) -> str | None:

@@ -61,6 +61,7 @@ def _page(request: Request, web: WebState, conv: Conversation | None, pick: str 
             # Drawn without a loaded model: the status partial reloads the page once one is ready.
             status=model_status(models, pick or None, reload=current is None),
             defaults=web.chats.model_defaults(),
+            mcp_servers=models.mcp.servers() if models.mcp is not None else [],
         )
     )
 

@@ -22,11 +22,11 @@ from tests.helpers.fake_app import fake_settings, say
 def gated_build(gate: threading.Event, error: Exception | None = None) -> Any:
     """The real build (fake backend), held until `gate` opens: a model that takes a while to load."""
 
-    def build(settings: Any, target: Any = None) -> Any:
+    def build(settings: Any, **kwargs: Any) -> Any:
         assert gate.wait(20), "the test never opened the gate"
         if error is not None:
             raise error
-        return build_context(settings, target=target)
+        return build_context(settings, **kwargs)
 
     return build
 
