@@ -12,6 +12,7 @@ dx * sum_lanes(lscale * int_dot(codes, xq)) + sum_halves(minc * dx * sx): intege
 
 #define LC_SUB 32 /* codes per decoded sub-block */
 
+#if LC_ISA == LC_ISA_PORTABLE
 static inline void LC_FN(dec_q4_0)(const uint8_t *b, uint8_t *c, float *ls, float *mc) {
     float d = lc_f16(lc_u16(b));
     const uint8_t *qs = b + 2;
@@ -19,7 +20,9 @@ static inline void LC_FN(dec_q4_0)(const uint8_t *b, uint8_t *c, float *ls, floa
     for (int l = 0; l < 8; l++) ls[l] = d;
     mc[0] = mc[1] = -8.0f * d;
 }
+#endif
 
+#if LC_ISA == LC_ISA_PORTABLE
 static inline void LC_FN(dec_q4_1)(const uint8_t *b, uint8_t *c, float *ls, float *mc) {
     float d = lc_f16(lc_u16(b)), m = lc_f16(lc_u16(b + 2));
     const uint8_t *qs = b + 4;
@@ -27,6 +30,7 @@ static inline void LC_FN(dec_q4_1)(const uint8_t *b, uint8_t *c, float *ls, floa
     for (int l = 0; l < 8; l++) ls[l] = d;
     mc[0] = mc[1] = m;
 }
+#endif
 
 static inline void LC_FN(dec_q5_0)(const uint8_t *b, uint8_t *c, float *ls, float *mc) {
     float d = lc_f16(lc_u16(b));
@@ -52,12 +56,14 @@ static inline void LC_FN(dec_q5_1)(const uint8_t *b, uint8_t *c, float *ls, floa
     mc[0] = mc[1] = m;
 }
 
+#if LC_ISA == LC_ISA_PORTABLE
 static inline void LC_FN(dec_q8_0)(const uint8_t *b, uint8_t *c, float *ls, float *mc) {
     float d = lc_f16(lc_u16(b));
     for (int j = 0; j < 32; j++) c[j] = b[2 + j] ^ 0x80; /* two's complement q + 128 */
     for (int l = 0; l < 8; l++) ls[l] = d;
     mc[0] = mc[1] = -128.0f * d;
 }
+#endif
 
 #ifndef LC_SCALE_MIN_K4
 #define LC_SCALE_MIN_K4
@@ -72,6 +78,7 @@ static inline void lc_scale_min_k4(int j, const uint8_t *s, int *sc, int *m) {
 #endif
 
 /* Super-blocks of 256: decode sub-block `i` (0..7) of block `b`. */
+#if LC_ISA == LC_ISA_PORTABLE
 static inline void LC_FN(dec_q4_k)(const uint8_t *b, int i, uint8_t *c, float *ls, float *mc) {
     float d = lc_f16(lc_u16(b)), dmin = lc_f16(lc_u16(b + 2));
     int sc, m;
@@ -82,7 +89,9 @@ static inline void LC_FN(dec_q4_k)(const uint8_t *b, int i, uint8_t *c, float *l
     for (int l = 0; l < 8; l++) ls[l] = d * (float)sc;
     mc[0] = mc[1] = -dmin * (float)m;
 }
+#endif
 
+#if LC_ISA == LC_ISA_PORTABLE
 static inline void LC_FN(dec_q5_k)(const uint8_t *b, int i, uint8_t *c, float *ls, float *mc) {
     float d = lc_f16(lc_u16(b)), dmin = lc_f16(lc_u16(b + 2));
     int sc, m;
@@ -93,7 +102,9 @@ static inline void LC_FN(dec_q5_k)(const uint8_t *b, int i, uint8_t *c, float *l
     for (int l = 0; l < 8; l++) ls[l] = d * (float)sc;
     mc[0] = mc[1] = -dmin * (float)m;
 }
+#endif
 
+#if LC_ISA == LC_ISA_PORTABLE
 static inline void LC_FN(dec_q6_k)(const uint8_t *b, int i, uint8_t *c, float *ls, float *mc) {
     int n = i / 4, k = i % 4;
     const uint8_t *ql = b + 64 * n + (k & 1) * 32, *qh = b + 128 + 32 * n;
@@ -106,6 +117,11 @@ static inline void LC_FN(dec_q6_k)(const uint8_t *b, int i, uint8_t *c, float *l
     for (int l = 0; l < 4; l++) { ls[l] = s0; ls[l + 4] = s1; }
     mc[0] = -32.0f * s0; mc[1] = -32.0f * s1;
 }
+#endif
+
+#if LC_ISA != LC_ISA_PORTABLE
+#include "lc_decode_x86.h"
+#endif
 
 /* Decode one row of `k` weights (row bytes `w`) into codes[k], lscale[k / 4], minc[k / 16]. */
 static void LC_FN(decode_row)(int type, const uint8_t *w, int64_t k, uint8_t *c, float *ls, float *mc) {

@@ -30,43 +30,207 @@ static inline __m256i LC_FN(dot8)(__m256i c, __m256i x, int wide) {
 #endif
 }
 
-/* res[i] = sum_blocks dx[i][b] * sum_lanes(lscale * dot8(codes, xq[i])) for MR activation rows. */
-static inline __attribute__((always_inline)) void LC_FN(micro)(
-    const int mr, const int wide, const uint8_t *c, const float *ls, const int8_t *xq, const float *xd,
-    int64_t k, float *res) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    int64_t subs = k / 32;
-    for (int64_t b = 0; b < subs; b++) {
-        __m256i cv = _mm256_loadu_si256((const __m256i *)(c + 32 * b));
-        __m256 lv = _mm256_loadu_ps(ls + 8 * b);
+/* Sub-block `s` of a row of `type` (a literal after inlining), in registers. */
+static inline __attribute__((always_inline)) LC_FN(dv) LC_FN(dec_sub)(const int type, const uint8_t *w, int64_t s) {
+    LC_FN(dv) r;
+    switch (type) {
+    case LC_Q4_0: return LC_FN(decv_q4_0)(w + 18 * s);
+    case LC_Q4_1: return LC_FN(decv_q4_1)(w + 20 * s);
+    case LC_Q8_0: return LC_FN(decv_q8_0)(w + 34 * s);
+    case LC_Q4_K: return LC_FN(decv_q4_k)(w + 144 * (s / 8), (int)(s % 8));
+    case LC_Q5_K: return LC_FN(decv_q5_k)(w + 176 * (s / 8), (int)(s % 8));
+    case LC_Q6_K: return LC_FN(decv_q6_k)(w + 210 * (s / 8), (int)(s % 8));
+    default: {
+        uint8_t c[32];
+        float ls[8];
+        if (type == LC_Q5_0) LC_FN(dec_q5_0)(w + 22 * s, c, ls, r.mc);
+        else LC_FN(dec_q5_1)(w + 24 * s, c, ls, r.mc);
+        r.c = _mm256_loadu_si256((const __m256i *)c);
+        r.ls = _mm256_loadu_ps(ls);
+        return r;
+    }
+    }
+}
+
+#if LC_ISA == LC_ISA_AVX512VNNI
+static inline float LC_FN(hsum512)(__m512 v) {
+    return LC_FN(hsum)(_mm256_add_ps(_mm512_castps512_ps256(v),
+                                     _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+}
+static inline __m512i LC_FN(join_i)(__m256i a, __m256i b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+}
+static inline __m512 LC_FN(join_f)(__m256 a, __m256 b) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(a)), _mm256_castps_pd(b), 1));
+}
+#endif
+
+/* Few activation rows (decode steps): each weight sub-block is decoded into registers and used at
+   once by every row; AVX-512 takes two sub-blocks per instruction. xd holds one scale per lane. */
+static inline __attribute__((always_inline)) void LC_FN(fused)(
+    const int type, const int mr, const uint8_t *w, int64_t k, const int8_t *xq, const float *xd,
+    const float *xs, float *res) {
+    const int wide = type == LC_Q8_0;
+    float corr[4] = {0, 0, 0, 0};
+    /* offsets times activation sums, 4 halves at a time: a scalar sum would chain its latency */
+    __m128 cv4[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+    int64_t subs = k / 32, s = 0;
+#if LC_ISA == LC_ISA_AVX512VNNI
+    __m512 acc[4];
+    for (int i = 0; i < 4; i++) acc[i] = _mm512_setzero_ps();
+    for (; s + 2 <= subs; s += 2) {
+        LC_FN(dv) a = LC_FN(dec_sub)(type, w, s), b = LC_FN(dec_sub)(type, w, s + 1);
+        __m512i cv = LC_FN(join_i)(a.c, b.c);
+        __m512 lv = LC_FN(join_f)(a.ls, b.ls);
         for (int i = 0; i < mr; i++) {
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + i * k + 32 * b));
-            __m256 f = _mm256_mul_ps(lv, _mm256_set1_ps(xd[i * subs + b]));
-            acc[i] = _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(LC_FN(dot8)(cv, xv, wide)), acc[i]);
+            __m512i xv = _mm512_loadu_si512((const void *)(xq + i * k + 32 * s));
+            __m512 f = _mm512_mul_ps(lv, _mm512_loadu_ps(xd + i * (k / 4) + 8 * s));
+            __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cv, xv);
+            acc[i] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(p), acc[i]);
+            __m128 mv = _mm_setr_ps(a.mc[0], a.mc[1], b.mc[0], b.mc[1]);
+            cv4[i] = _mm_fmadd_ps(mv, _mm_loadu_ps(xs + i * (k / 16) + 2 * s), cv4[i]);
         }
     }
-    for (int i = 0; i < mr; i++) res[i] = LC_FN(hsum)(acc[i]);
+    for (int i = 0; i < mr; i++) res[i] = LC_FN(hsum512)(acc[i]);
+#else
+    __m256 acc[4][2];
+    for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (; s + 2 <= subs; s += 2) {
+        LC_FN(dv) a = LC_FN(dec_sub)(type, w, s), b = LC_FN(dec_sub)(type, w, s + 1);
+        for (int i = 0; i < mr; i++) {
+            const int8_t *x = xq + i * k + 32 * s;
+            const float *dx = xd + i * (k / 4) + 8 * s;
+            __m256i pa = LC_FN(dot8)(a.c, _mm256_loadu_si256((const __m256i *)x), wide);
+            __m256i pb = LC_FN(dot8)(b.c, _mm256_loadu_si256((const __m256i *)(x + 32)), wide);
+            acc[i][0] = _mm256_fmadd_ps(_mm256_mul_ps(a.ls, _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(pa), acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(_mm256_mul_ps(b.ls, _mm256_loadu_ps(dx + 8)), _mm256_cvtepi32_ps(pb), acc[i][1]);
+            __m128 mv = _mm_setr_ps(a.mc[0], a.mc[1], b.mc[0], b.mc[1]);
+            cv4[i] = _mm_fmadd_ps(mv, _mm_loadu_ps(xs + i * (k / 16) + 2 * s), cv4[i]);
+        }
+    }
+    for (int i = 0; i < mr; i++) res[i] = LC_FN(hsum)(_mm256_add_ps(acc[i][0], acc[i][1]));
+#endif
+    for (; s < subs; s++) { /* an odd last sub-block */
+        LC_FN(dv) a = LC_FN(dec_sub)(type, w, s);
+        for (int i = 0; i < mr; i++) {
+            __m256i p = LC_FN(dot8)(a.c, _mm256_loadu_si256((const __m256i *)(xq + i * k + 32 * s)), wide);
+            __m256 f = _mm256_mul_ps(a.ls, _mm256_loadu_ps(xd + i * (k / 4) + 8 * s));
+            res[i] += LC_FN(hsum)(_mm256_mul_ps(f, _mm256_cvtepi32_ps(p)));
+            corr[i] += a.mc[0] * xs[i * (k / 16) + 2 * s] + a.mc[1] * xs[i * (k / 16) + 2 * s + 1];
+        }
+    }
+    for (int i = 0; i < mr; i++) {
+        __m128 v = cv4[i];
+        v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+        res[i] += corr[i] + _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+    }
+}
+
+#define LC_FUSED_TYPE(T)                                                                                \
+    switch (mr) {                                                                                       \
+    case 1: LC_FN(fused)(T, 1, row, k, xq, xd, xs, res); break;                                         \
+    case 2: LC_FN(fused)(T, 2, row, k, xq, xd, xs, res); break;                                         \
+    case 3: LC_FN(fused)(T, 3, row, k, xq, xd, xs, res); break;                                         \
+    default: LC_FN(fused)(T, 4, row, k, xq, xd, xs, res); break;                                        \
+    }
+
+static void LC_FN(fused_rows)(int type, const uint8_t *w, int64_t n0, int64_t n1, int64_t k,
+                              int64_t row_bytes, const int8_t *xq, const float *xd, const float *xs,
+                              int64_t t0, int mr, void *out, int out_bf16, int64_t ldo) {
+    xq += t0 * k;
+    xd += t0 * (k / 4);
+    xs += t0 * (k / 16);
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = w + n * row_bytes;
+        float res[4];
+        switch (type) {
+        case LC_Q4_0: LC_FUSED_TYPE(LC_Q4_0) break;
+        case LC_Q4_1: LC_FUSED_TYPE(LC_Q4_1) break;
+        case LC_Q5_0: LC_FUSED_TYPE(LC_Q5_0) break;
+        case LC_Q5_1: LC_FUSED_TYPE(LC_Q5_1) break;
+        case LC_Q8_0: LC_FUSED_TYPE(LC_Q8_0) break;
+        case LC_Q4_K: LC_FUSED_TYPE(LC_Q4_K) break;
+        case LC_Q5_K: LC_FUSED_TYPE(LC_Q5_K) break;
+        default: LC_FUSED_TYPE(LC_Q6_K) break;
+        }
+        for (int i = 0; i < mr; i++) lc_store(out, out_bf16, (t0 + i) * ldo + n, res[i]);
+    }
+}
+
+/* Many activation rows: a 4 x 2 tile (activation rows x decoded weight rows) of dot products. */
+static inline __attribute__((always_inline)) void LC_FN(micro)(
+    const int mr, const int nr, const int wide, const uint8_t *c, const float *ls, int64_t k,
+    const int8_t *xq, const float *xd, float res[4][2]) {
+    int64_t subs = k / 32, s = 0;
+#if LC_ISA == LC_ISA_AVX512VNNI
+    (void)wide;
+    __m512 acc[4][2];
+    for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (; s + 2 <= subs; s += 2) {
+        __m512i cv[2];
+        __m512 lv[2];
+        for (int j = 0; j < nr; j++) {
+            cv[j] = _mm512_loadu_si512((const void *)(c + j * k + 32 * s));
+            lv[j] = _mm512_loadu_ps(ls + j * (k / 4) + 8 * s);
+        }
+        for (int i = 0; i < mr; i++) {
+            __m512i xv = _mm512_loadu_si512((const void *)(xq + i * k + 32 * s));
+            __m512 dx = _mm512_loadu_ps(xd + i * (k / 4) + 8 * s);
+            for (int j = 0; j < nr; j++) {
+                __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cv[j], xv);
+                acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(lv[j], dx), _mm512_cvtepi32_ps(p), acc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) res[i][j] = LC_FN(hsum512)(acc[i][j]);
+#else
+    __m256 acc[4][2];
+    for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (; s < subs; s++) {
+        __m256i cv[2];
+        __m256 lv[2];
+        for (int j = 0; j < nr; j++) {
+            cv[j] = _mm256_loadu_si256((const __m256i *)(c + j * k + 32 * s));
+            lv[j] = _mm256_loadu_ps(ls + j * (k / 4) + 8 * s);
+        }
+        for (int i = 0; i < mr; i++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + i * k + 32 * s));
+            __m256 dx = _mm256_loadu_ps(xd + i * (k / 4) + 8 * s);
+            for (int j = 0; j < nr; j++)
+                acc[i][j] = _mm256_fmadd_ps(_mm256_mul_ps(lv[j], dx),
+                                            _mm256_cvtepi32_ps(LC_FN(dot8)(cv[j], xv, wide)), acc[i][j]);
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) res[i][j] = LC_FN(hsum)(acc[i][j]);
+#endif
+    for (; s < subs; s++) /* AVX-512: an odd last sub-block */
+        for (int i = 0; i < mr; i++)
+            for (int j = 0; j < nr; j++) {
+                __m256i cv = _mm256_loadu_si256((const __m256i *)(c + j * k + 32 * s));
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + i * k + 32 * s));
+                __m256 f = _mm256_mul_ps(_mm256_loadu_ps(ls + j * (k / 4) + 8 * s), _mm256_loadu_ps(xd + i * (k / 4) + 8 * s));
+                res[i][j] += LC_FN(hsum)(_mm256_mul_ps(f, _mm256_cvtepi32_ps(LC_FN(dot8)(cv, xv, wide))));
+            }
 }
 #else
 static inline void LC_FN(micro)(
-    const int mr, const int wide, const uint8_t *c, const float *ls, const int8_t *xq, const float *xd,
-    int64_t k, float *res) {
+    const int mr, const int nr, const int wide, const uint8_t *c, const float *ls, int64_t k,
+    const int8_t *xq, const float *xd, float res[4][2]) {
     (void)wide;
-    int64_t subs = k / 32;
-    for (int i = 0; i < mr; i++) {
-        float acc = 0.0f;
-        const int8_t *x = xq + i * k;
-        for (int64_t b = 0; b < subs; b++) {
-            float part = 0.0f;
-            for (int l = 0; l < 8; l++) {
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) {
+            float acc = 0.0f;
+            const int8_t *x = xq + i * k;
+            const uint8_t *cj = c + j * k;
+            for (int64_t l = 0; l < k / 4; l++) {
                 int32_t s = 0;
-                for (int j = 0; j < 4; j++) s += (int32_t)c[32 * b + 4 * l + j] * (int32_t)x[32 * b + 4 * l + j];
-                part += ls[8 * b + l] * (float)s;
+                for (int m = 0; m < 4; m++) s += (int32_t)cj[4 * l + m] * (int32_t)x[4 * l + m];
+                acc += ls[j * (k / 4) + l] * xd[i * (k / 4) + l] * (float)s;
             }
-            acc += xd[i * subs + b] * part;
+            res[i][j] = acc;
         }
-        res[i] = acc;
-    }
 }
 #endif
 
@@ -109,7 +273,7 @@ static void LC_FN(quantize)(const void *x, int x_bf16, int64_t t, int64_t k, int
                 q[j] = (int8_t)s;
                 if (j < 16) lo += q[j]; else hi += q[j];
             }
-            xd[r * subs + b] = d;
+            for (int l = 0; l < 8; l++) xd[r * (k / 4) + 8 * b + l] = d;
             xs[r * 2 * subs + 2 * b] = d * (float)lo;
             xs[r * 2 * subs + 2 * b + 1] = d * (float)hi;
         }
@@ -122,33 +286,27 @@ static void LC_FN(rows)(int type, const uint8_t *w, int64_t n0, int64_t n1, int6
                         const int8_t *xq, const float *xd, const float *xs, int64_t t, void *out,
                         int out_bf16, int64_t ldo, uint8_t *c, float *ls, float *mc) {
     int wide = type == LC_Q8_0;
-    int64_t subs = k / 32;
     for (int64_t n = n0; n < n1; n++)
         LC_FN(decode_row)(type, w + n * row_bytes, k, c + (n - n0) * k, ls + (n - n0) * (k / 4),
                           mc + (n - n0) * (k / 16));
     for (int64_t t0 = 0; t0 < t; t0 += LC_TILE_MR) {
         int mr = (int)(t - t0 < LC_TILE_MR ? t - t0 : LC_TILE_MR);
         const int8_t *xt = xq + t0 * k;
-        const float *dt = xd + t0 * subs;
-        for (int64_t n = n0; n < n1; n++) {
+        const float *dt = xd + t0 * (k / 4);
+        for (int64_t n = n0; n < n1; n += 2) {
+            int nr = n + 1 < n1 ? 2 : 1;
             const uint8_t *cn = c + (n - n0) * k;
-            const float *ln = ls + (n - n0) * (k / 4), *mn = mc + (n - n0) * (k / 16);
-            float res[LC_TILE_MR];
-            /* literal row counts so the micro kernel's loops unroll */
-            switch (mr * 2 + wide) {
-            case 2: LC_FN(micro)(1, 0, cn, ln, xt, dt, k, res); break;
-            case 3: LC_FN(micro)(1, 1, cn, ln, xt, dt, k, res); break;
-            case 4: LC_FN(micro)(2, 0, cn, ln, xt, dt, k, res); break;
-            case 5: LC_FN(micro)(2, 1, cn, ln, xt, dt, k, res); break;
-            case 6: LC_FN(micro)(3, 0, cn, ln, xt, dt, k, res); break;
-            case 7: LC_FN(micro)(3, 1, cn, ln, xt, dt, k, res); break;
-            case 8: LC_FN(micro)(4, 0, cn, ln, xt, dt, k, res); break;
-            default: LC_FN(micro)(4, 1, cn, ln, xt, dt, k, res); break;
-            }
-            for (int i = 0; i < mr; i++) {
-                float v = res[i] + LC_FN(dotf)(mn, xs + (t0 + i) * (k / 16), k / 16);
-                lc_store(out, out_bf16, (t0 + i) * ldo + n, v);
-            }
+            const float *ln = ls + (n - n0) * (k / 4);
+            float res[4][2];
+            if (mr == 4 && nr == 2 && !wide) LC_FN(micro)(4, 2, 0, cn, ln, k, xt, dt, res);
+            else if (mr == 4 && nr == 2) LC_FN(micro)(4, 2, 1, cn, ln, k, xt, dt, res);
+            else LC_FN(micro)(mr, nr, wide, cn, ln, k, xt, dt, res);
+            for (int i = 0; i < mr; i++)
+                for (int j = 0; j < nr; j++) {
+                    const float *mn = mc + (n + j - n0) * (k / 16);
+                    float v = res[i][j] + LC_FN(dotf)(mn, xs + (t0 + i) * (k / 16), k / 16);
+                    lc_store(out, out_bf16, (t0 + i) * ldo + n + j, v);
+                }
         }
     }
 }
@@ -172,6 +330,12 @@ static void LC_FN(matmul)(int type, const uint8_t *w, int64_t n, int64_t k, int6
 #endif
         for (int64_t i = 0; i < tiles; i++) {
             int64_t n0 = i * tile, n1 = n0 + tile < n ? n0 + tile : n;
+#if LC_ISA != LC_ISA_PORTABLE
+            if (t <= LC_TILE_MR) {
+                LC_FN(fused_rows)(type, w, n0, n1, k, row_bytes, xq, xd, xs, 0, (int)t, out, out_bf16, ldo);
+                continue;
+            }
+#endif
             LC_FN(rows)(type, w, n0, n1, k, row_bytes, xq, xd, xs, t, out, out_bf16, ldo, c, ls, mc);
         }
     }

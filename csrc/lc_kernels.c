@@ -144,7 +144,7 @@ LC_EXPORT int lc_openmp(void) {
 }
 
 /* x [t, k] (row stride ldx elements; float32, or bfloat16 if x_bf16) -> xq int8 [t, k], xd float
-   [t, k / 32] (scale per 32), xs float [t, k / 16] (scale * sum of codes per 16). */
+   [t, k / 4] (the scale of each 32, repeated per 4-value lane), xs float [t, k / 16] (scale * sum of codes per 16). */
 LC_EXPORT int lc_quantize(int isa, const void *x, int x_bf16, int64_t t, int64_t k, int64_t ldx, int8_t *xq,
                           float *xd, float *xs, int nth) {
     if (k % 32 || t < 0 || !lc_isa_supported(isa)) return -1;

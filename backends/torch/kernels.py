@@ -61,6 +61,7 @@ class BlockMatrix:
 
     segments: list[Segment]
     cols: int
+    ops: Kernels  # the kernels that run it
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -85,7 +86,7 @@ class Kernels:
         x = x.contiguous()
         rows, cols = x.shape
         xq = torch.empty(rows, cols, dtype=torch.int8)
-        xd = torch.empty(rows, cols // 32, dtype=torch.float32)
+        xd = torch.empty(rows, cols // 4, dtype=torch.float32)  # scale per 4-value lane
         xs = torch.empty(rows, cols // 16, dtype=torch.float32)
         threads = torch.get_num_threads()
         bf16 = int(x.dtype == torch.bfloat16)

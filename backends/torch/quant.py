@@ -1,6 +1,15 @@
 """The one place that knows about quantization: weight conversion at load, and the matmul every
 projection calls.
 
+With localchat's compiled CPU kernels (kernels.py, csrc/; the default on CPU with bfloat16) every GGUF
+matrix of a type they read (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) stays in the file's blocks
+(`BlockMatrix`): linears, the LM head, and the token embedding, whose rows are dequantized on lookup.
+One form serves every step size, so there are no dense copies; memory is the file's size. Activations
+are rounded to 8 bits per 32 values for the integer dot products (bound in test_kernels_matmul.py).
+Other GGUF types (Q2_K, Q3_K, IQ*) are dequantized to the compute dtype.
+
+Without the kernels (not built, or `LOCALCHAT_KERNELS=off`) the pure-torch path below applies.
+
 GGUF Q4_0 / Q4_1 linears keep their 4-bit codes on CPU with bfloat16 compute: each 32-value block
 becomes one group of torch's int4 weight-only kernel (`_weight_int4pack_mm_for_cpu`), which computes
 `w = (q - 8) * scale + zero` per group (checked against a dequantized reference in
@@ -47,6 +56,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from backends.torch import kernels as cpu_kernels
+from backends.torch.kernels import BlockMatrix, Segment
 from localchat.errors import BackendUnavailableError
 from localchat.weights.tensors import WeightTensor
 
@@ -65,6 +76,7 @@ PACK_ROWS = 4096
 
 @dataclass(slots=True, frozen=True)
 class QuantPolicy:
+    kernels: cpu_kernels.Kernels | None = None  # GGUF blocks kept and run by our CPU kernels
     int4: bool = False  # Q4_0 / Q4_1 linears through the int4 kernel
     dense_copy: bool = False  # ...also keeping a bf16 copy for many-row steps
 
@@ -88,6 +100,9 @@ def pick_policy(
     usable = device.type == "cpu" and dtype == torch.bfloat16 and int4_kernel_available()
     if mode == "dequant" or not usable:
         return QuantPolicy()
+    ops = cpu_kernels.load() if mode == "auto" and device.type == "cpu" else None
+    if ops is not None:
+        return QuantPolicy(kernels=ops)
     if mode == "int4":
         return QuantPolicy(int4=True)
     fits = available is None or dense_bytes <= available * DENSE_COPY_RAM_FRACTION
@@ -134,13 +149,18 @@ class SplitQ8Weight:
         return self.high.shape
 
 
-Loaded = torch.Tensor | Int4Parts  # what `convert` returns
-Weight = torch.Tensor | Int4Weight | SplitQ8Weight  # what `linear` takes
+Loaded = torch.Tensor | Int4Parts | BlockMatrix  # what `convert` returns
+Weight = torch.Tensor | Int4Weight | SplitQ8Weight | BlockMatrix  # what `linear` takes
 
 
 def convert(weight: WeightTensor, dtype: torch.dtype, device: torch.device, policy: QuantPolicy) -> Loaded:
-    """A weight in its runtime form: `Int4Parts` where the int4 kernel applies, else a dense tensor."""
+    """A weight in its runtime form: GGUF blocks for our kernels, `Int4Parts` where torch's int4 kernel
+    applies, else a dense tensor."""
     rows = weight.shape[0] if len(weight.shape) == 2 else 0
+    if policy.kernels is not None and rows and cpu_kernels.supports(weight.dtype, weight.shape[1]):
+        # a private copy of the file's blocks: the loader drops the file's pages once consumed
+        blocks = torch.from_numpy(np.array(weight.data, dtype=np.uint8).reshape(rows, -1))
+        return BlockMatrix([Segment(weight.dtype, blocks)], weight.shape[1], policy.kernels)
     if policy.int4 and weight.dtype in INT4_TYPES and rows % 16 == 0 and rows > 0:
         return _int4_parts(weight)
     return to_tensor(weight, dtype, device)
@@ -148,6 +168,9 @@ def convert(weight: WeightTensor, dtype: torch.dtype, device: torch.device, poli
 
 def fuse(parts: list[Loaded]) -> Loaded:
     """Stack matrices along `out` (q|k|v, gate|up); dense as soon as one part is dense."""
+    if all(isinstance(p, BlockMatrix) for p in parts):
+        blocks = [p for p in parts if isinstance(p, BlockMatrix)]
+        return _merge_segments(blocks)
     if all(isinstance(p, Int4Parts) for p in parts):
         int4 = [p for p in parts if isinstance(p, Int4Parts)]
         return Int4Parts(
@@ -158,13 +181,22 @@ def fuse(parts: list[Loaded]) -> Loaded:
         )
     dense = [p for p in parts if isinstance(p, torch.Tensor)]
     like = dense[0]
-    return torch.cat(
-        [p if isinstance(p, torch.Tensor) else _dense(p, like.dtype, like.device) for p in parts]
-    )
+    return torch.cat([p if isinstance(p, torch.Tensor) else _dense(p, like.dtype, like.device) for p in parts])
+
+
+def _merge_segments(parts: list[BlockMatrix]) -> BlockMatrix:
+    """One matrix of all parts' rows; neighbouring segments of one type join (one kernel call)."""
+    merged: list[Segment] = []
+    for seg in (s for p in parts for s in p.segments):
+        if merged and merged[-1].qtype == seg.qtype:
+            merged[-1] = Segment(seg.qtype, torch.cat((merged[-1].data, seg.data)))
+        else:
+            merged.append(seg)
+    return BlockMatrix(merged, parts[0].cols, parts[0].ops)
 
 
 def finalize(loaded: Loaded, dtype: torch.dtype, device: torch.device, policy: QuantPolicy) -> Weight:
-    if isinstance(loaded, torch.Tensor):
+    if isinstance(loaded, torch.Tensor | BlockMatrix):
         return loaded
     rows, cols = loaded.shape
     packed = _pack(rows, cols, lambda start, end: loaded.codes[start:end])
@@ -176,6 +208,9 @@ def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) ->
     """x [T, in] @ weight [out, in].T (+ bias) -> [T, out]."""
     if isinstance(weight, torch.Tensor):
         return F.linear(x, weight, bias)
+    if isinstance(weight, BlockMatrix):
+        out = weight.ops.matmul(x, weight)
+        return out if bias is None else out + bias
     if isinstance(weight, SplitQ8Weight):
         if x.shape[0] > 1:  # measured faster only for one row: the kernel is compute-bound
             return F.linear(x, weight.dense, bias)
@@ -184,6 +219,20 @@ def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) ->
         return F.linear(x, weight.dense, bias)
     out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, weight.packed, GROUP_SIZE, weight.scale_zeros)
     return out if bias is None else out + bias
+
+
+def embed_rows(ids: torch.Tensor, table: torch.Tensor | BlockMatrix, dtype: torch.dtype) -> torch.Tensor:
+    """The embedding rows of token `ids` [T] -> [T, hidden], from a dense or a block table."""
+    if isinstance(table, torch.Tensor):
+        return F.embedding(ids, table)
+    out = torch.empty(ids.numel(), table.cols, dtype=dtype)
+    first = 0
+    for seg in table.segments:  # an embedding is one segment; the loop keeps the general form correct
+        mine = (ids >= first) & (ids < first + seg.rows)
+        if bool(mine.any()):
+            out[mine] = table.ops.dequantize_rows(seg, table.cols, ids[mine] - first, dtype)
+        first += seg.rows
+    return out
 
 
 def to_tensor(weight: WeightTensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -260,7 +309,10 @@ def _pack(rows: int, cols: int, codes: Callable[[int, int], torch.Tensor]) -> to
     return packed
 
 
-def _dense(parts: Int4Parts, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _dense(parts: Int4Parts | BlockMatrix, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    if isinstance(parts, BlockMatrix):
+        rows = [parts.ops.dequantize_rows(s, parts.cols, torch.arange(s.rows), dtype) for s in parts.segments]
+        return torch.cat(rows).to(device)
     return torch.cat([to_tensor(s, dtype, device) for s in parts.sources])
 
 

@@ -64,7 +64,9 @@ def load_model(
         module, pname, part, parts = target
         if pname in ("embed", "lm_head"):
             heads[pname] = weight
-        rule = policy if pname in LINEARS else QuantPolicy()
+        # With our kernels the embedding stays in blocks too (rows are dequantized on lookup).
+        keep = pname in LINEARS or (pname == "embed" and policy.kernels is not None)
+        rule = policy if keep else QuantPolicy()
         loaded = convert(weight, dtype, device, rule)
         if parts == 1:
             _assign(module, pname, finalize(loaded, dtype, device, policy), weight.name)
