@@ -78,7 +78,10 @@ static inline __attribute__((always_inline)) void LC_FN(fused)(
 #if LC_ISA == LC_ISA_AVX512VNNI
     __m512 acc[4];
     for (int i = 0; i < 4; i++) acc[i] = _mm512_setzero_ps();
+    const int64_t sub_bytes8 = lc_block_bytes(type) * 8 / lc_block_subs(type); /* bytes per 8 subs */
     for (; s + 2 <= subs; s += 2) {
+        /* the weights stream from memory once: ask for them ~1 KiB ahead */
+        _mm_prefetch((const char *)(w + s * sub_bytes8 / 8 + 1024), _MM_HINT_T0);
         LC_FN(dv) a = LC_FN(dec_sub)(type, w, s), b = LC_FN(dec_sub)(type, w, s + 1);
         __m512i cv = LC_FN(join_i)(a.c, b.c);
         __m512 lv = LC_FN(join_f)(a.ls, b.ls);
@@ -234,15 +237,20 @@ static inline void LC_FN(micro)(
 }
 #endif
 
-/* sum(a[n] * b[n]) in 8 partial sums (vectorizable without reassociation flags). */
+/* sum(a[i] * b[i]): the offsets times the activation sums, once per output (n = k / 16). */
 static inline float LC_FN(dotf)(const float *a, const float *b, int64_t n) {
-    float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) p[l] += a[i + l] * b[i + l];
     float s = 0.0f;
+#if LC_ISA == LC_ISA_AVX512VNNI
+    __m512 acc = _mm512_setzero_ps();
+    for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+    s = LC_FN(hsum512)(acc);
+#elif LC_ISA == LC_ISA_AVX2
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    s = LC_FN(hsum)(acc);
+#endif
     for (; i < n; i++) s += a[i] * b[i];
-    for (int l = 0; l < 8; l++) s += p[l];
     return s;
 }
 

@@ -36,6 +36,21 @@ enum { LC_Q4_0 = 2, LC_Q4_1 = 3, LC_Q5_0 = 6, LC_Q5_1 = 7, LC_Q8_0 = 8, LC_Q4_K 
 #define LC_ISA_AVX2 1
 #define LC_ISA_AVX512VNNI 2
 
+/* bytes per block and 32-value sub-blocks per block of a type */
+static inline int64_t lc_block_bytes(int type) {
+    switch (type) {
+    case LC_Q4_0: return 18;
+    case LC_Q4_1: return 20;
+    case LC_Q5_0: return 22;
+    case LC_Q5_1: return 24;
+    case LC_Q8_0: return 34;
+    case LC_Q4_K: return 144;
+    case LC_Q5_K: return 176;
+    default: return 210;
+    }
+}
+static inline int64_t lc_block_subs(int type) { return type >= LC_Q4_K ? 8 : 1; }
+
 static inline uint16_t lc_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
 static inline float lc_f16(uint16_t h) {
