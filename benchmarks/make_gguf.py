@@ -110,7 +110,7 @@ def main() -> None:
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     rng = np.random.default_rng(0)
-    for name, qtype, rows, cols in tensors:
+    for _name, qtype, rows, cols in tensors:
         if qtype == "F32":
             writer.write_tensor_data(np.ones(cols, dtype=np.float32))
         else:

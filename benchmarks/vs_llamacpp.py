@@ -37,7 +37,21 @@ def run(cmd: list[str], env: dict[str, str] | None = None) -> tuple[str, float]:
 
 
 def llama_cpp(bin_dir: Path, model: str, threads: int) -> dict[str, float]:
-    out, rss = run([str(bin_dir / "llama-bench"), "-m", model, "-p", "512", "-n", "128", "-t", str(threads), "-o", "json"])
+    out, rss = run(
+        [
+            str(bin_dir / "llama-bench"),
+            "-m",
+            model,
+            "-p",
+            "512",
+            "-n",
+            "128",
+            "-t",
+            str(threads),
+            "-o",
+            "json",
+        ]
+    )
     rows = json.loads(out)
     prefill = next(r["avg_ts"] for r in rows if r["n_prompt"] > 0 and r["n_gen"] == 0)
     decode = next(r["avg_ts"] for r in rows if r["n_gen"] > 0 and r["n_prompt"] == 0)
@@ -50,10 +64,21 @@ def llama_cpp(bin_dir: Path, model: str, threads: int) -> dict[str, float]:
 
 
 def localchat(model: str, threads: int, kv_mib: int) -> dict[str, float]:
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "engine_bench.py"), "--model", model, "--mem", str(kv_mib)]
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "engine_bench.py"),
+        "--model",
+        model,
+        "--mem",
+        str(kv_mib),
+    ]
     out, rss = run([*cmd, "--threads", str(threads), "--decode-tokens", "128"])
     values = {}
-    for key, label in (("prefill", "prefill"), ("decode", "decode, single"), ("16 sequences", "16 requests, agg")):
+    for key, label in (
+        ("prefill", "prefill"),
+        ("decode", "decode, single"),
+        ("16 sequences", "16 requests, agg"),
+    ):
         line = next(ln for ln in out.splitlines() if ln.startswith(f"| {label}"))
         values[key] = float(re.findall(r"([0-9.]+) tok/s", line)[0])
     values["peak RSS MiB"] = rss
@@ -61,9 +86,13 @@ def localchat(model: str, threads: int, kv_mib: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", required=True)
-    parser.add_argument("--llama-bin", type=Path, required=True, help="folder with llama-bench, llama-batched-bench")
+    parser.add_argument(
+        "--llama-bin", type=Path, required=True, help="folder with llama-bench, llama-batched-bench"
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--kv-mib", type=int, default=512)
@@ -75,7 +104,9 @@ def main() -> None:
         ours.append(localchat(args.model, args.threads, args.kv_mib))
         print(f"round {i + 1}: llama.cpp {theirs[-1]}\n         localchat {ours[-1]}", file=sys.stderr)
     size = Path(args.model).stat().st_size / 2**20
-    print(f"{Path(args.model).name} ({size:.0f} MiB), {args.threads} threads, {args.rounds} rounds (medians)\n")
+    print(
+        f"{Path(args.model).name} ({size:.0f} MiB), {args.threads} threads, {args.rounds} rounds (medians)\n"
+    )
     print("| metric | llama.cpp | localchat | localchat / llama.cpp |\n|---|---|---|---|")
     for key in ("prefill", "decode", "16 sequences", "peak RSS MiB"):
         a, b = statistics.median(r[key] for r in theirs), statistics.median(r[key] for r in ours)

@@ -62,6 +62,7 @@ class BlockMatrix:
     segments: list[Segment]
     cols: int
     ops: Kernels  # the kernels that run it
+    dense: torch.Tensor | None = None  # [out, in] compute dtype, for many-row steps when RAM allows
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -92,7 +93,16 @@ class Kernels:
         bf16 = int(x.dtype == torch.bfloat16)
         lib = self.lib
         rc = lib.lc_quantize(
-            self.isa, x.data_ptr(), bf16, rows, cols, cols, xq.data_ptr(), xd.data_ptr(), xs.data_ptr(), threads
+            self.isa,
+            x.data_ptr(),
+            bf16,
+            rows,
+            cols,
+            cols,
+            xq.data_ptr(),
+            xd.data_ptr(),
+            xs.data_ptr(),
+            threads,
         )
         out_features = weight.shape[0]
         out = torch.empty(rows, out_features, dtype=x.dtype)
@@ -106,13 +116,17 @@ class Kernels:
             )  # fmt: skip
             first += seg.rows
         if rc:
-            raise BackendUnavailableError(f"The CPU kernels rejected a {weight.shape} matmul (internal error).")
+            raise BackendUnavailableError(
+                f"The CPU kernels rejected a {weight.shape} matmul (internal error)."
+            )
         return out
 
     def dequantize_rows(self, seg: Segment, cols: int, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows `ids` of a block matrix as dense values (embedding lookups from a quantized table)."""
         ids = ids.to(torch.int64).contiguous()
-        out = torch.empty(ids.numel(), cols, dtype=torch.bfloat16 if dtype == torch.bfloat16 else torch.float32)
+        out = torch.empty(
+            ids.numel(), cols, dtype=torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+        )
         rc = self.lib.lc_dequant_rows(
             BLOCKS[seg.qtype][0], seg.data.data_ptr(), cols, seg.data.shape[1], ids.data_ptr(), ids.numel(),
             out.data_ptr(), int(out.dtype == torch.bfloat16),

@@ -100,12 +100,12 @@ def pick_policy(
     usable = device.type == "cpu" and dtype == torch.bfloat16 and int4_kernel_available()
     if mode == "dequant" or not usable:
         return QuantPolicy()
-    ops = cpu_kernels.load() if mode == "auto" and device.type == "cpu" else None
+    fits = available is None or dense_bytes <= available * DENSE_COPY_RAM_FRACTION
+    ops = cpu_kernels.load() if device.type == "cpu" else None
     if ops is not None:
-        return QuantPolicy(kernels=ops)
+        return QuantPolicy(kernels=ops, dense_copy=fits and mode == "auto")
     if mode == "int4":
         return QuantPolicy(int4=True)
-    fits = available is None or dense_bytes <= available * DENSE_COPY_RAM_FRACTION
     return QuantPolicy(int4=True, dense_copy=fits)
 
 
@@ -181,7 +181,9 @@ def fuse(parts: list[Loaded]) -> Loaded:
         )
     dense = [p for p in parts if isinstance(p, torch.Tensor)]
     like = dense[0]
-    return torch.cat([p if isinstance(p, torch.Tensor) else _dense(p, like.dtype, like.device) for p in parts])
+    return torch.cat(
+        [p if isinstance(p, torch.Tensor) else _dense(p, like.dtype, like.device) for p in parts]
+    )
 
 
 def _merge_segments(parts: list[BlockMatrix]) -> BlockMatrix:
@@ -196,7 +198,11 @@ def _merge_segments(parts: list[BlockMatrix]) -> BlockMatrix:
 
 
 def finalize(loaded: Loaded, dtype: torch.dtype, device: torch.device, policy: QuantPolicy) -> Weight:
-    if isinstance(loaded, torch.Tensor | BlockMatrix):
+    if isinstance(loaded, BlockMatrix):
+        if policy.dense_copy:
+            loaded.dense = _dense(loaded, dtype, device)
+        return loaded
+    if isinstance(loaded, torch.Tensor):
         return loaded
     rows, cols = loaded.shape
     packed = _pack(rows, cols, lambda start, end: loaded.codes[start:end])
@@ -209,6 +215,8 @@ def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) ->
     if isinstance(weight, torch.Tensor):
         return F.linear(x, weight, bias)
     if isinstance(weight, BlockMatrix):
+        if weight.dense is not None and x.shape[0] >= DENSE_FROM_ROWS:
+            return F.linear(x, weight.dense, bias)
         out = weight.ops.matmul(x, weight)
         return out if bias is None else out + bias
     if isinstance(weight, SplitQ8Weight):

@@ -97,7 +97,9 @@ def check(qtype: str, isa: str, rows: int, out_features: int, cols: int, dtype: 
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", SIMPLE)
-@pytest.mark.parametrize(("rows", "out_features", "cols"), [(1, 37, 96), (3, 16, 64), (4, 9, 320), (9, 37, 96)])
+@pytest.mark.parametrize(
+    ("rows", "out_features", "cols"), [(1, 37, 96), (3, 16, 64), (4, 9, 320), (9, 37, 96)]
+)
 def test_32_value_formats(qtype: str, isa: str, rows: int, out_features: int, cols: int) -> None:
     check(qtype, isa, rows, out_features, cols, torch.float32)
 
@@ -138,7 +140,9 @@ def test_mixed_segments_fill_their_own_output_columns() -> None:
     assert ops is not None
     parts = [("Q4_K", 8), ("Q6_K", 5), ("Q4_K", 3)]
     raws = [weights(q, n, 256, seed=i) for i, (q, n) in enumerate(parts)]
-    matrix = kernels.BlockMatrix([kernels.Segment(q, torch.from_numpy(r)) for (q, _), r in zip(parts, raws, strict=True)], 256, ops)
+    matrix = kernels.BlockMatrix(
+        [kernels.Segment(q, torch.from_numpy(r)) for (q, _), r in zip(parts, raws, strict=True)], 256, ops
+    )
     x = torch.from_numpy(activations(5, 256, seed=1))
     got = ops.matmul(x, matrix)
     single = [ops.matmul(x, kernels.BlockMatrix([s], 256, ops)) for s in matrix.segments]

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 import torch.nn.functional as F
 
 from backends import RunnerOptions
@@ -23,7 +22,9 @@ pytestmark = pytest.mark.skipif(not kernels.runnable_isas(), reason="kernels not
 NEAR_TIE = 0.25  # as test_torch_real_model.py: fp32 top-2 gap below which rounding may pick the other
 
 
-def runner(bundle: ModelBundle, dtype: str, monkeypatch: pytest.MonkeyPatch, mode: str, isa: str) -> TorchRunner:
+def runner(
+    bundle: ModelBundle, dtype: str, monkeypatch: pytest.MonkeyPatch, mode: str, isa: str
+) -> TorchRunner:
     monkeypatch.setenv(quant.QUANT_ENV, mode)
     monkeypatch.setenv(kernels.KERNELS_ENV, isa)
     return TorchRunner(bundle, RunnerOptions(device="cpu", dtype=dtype))

@@ -41,6 +41,8 @@ INT4 = QuantPolicy(int4=True)
 @pytest.fixture(autouse=True)
 def _pure_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOCALCHAT_KERNELS", "off")
+
+
 BF16_ROUNDOFF = 2.0**-8  # bfloat16 keeps 8 significant bits: rounding moves a value by <= 2^-8 of it
 
 
