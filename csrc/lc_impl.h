@@ -76,6 +76,10 @@ static inline __attribute__((always_inline)) void LC_FN(fused)(
     __m128 cv4[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
     int64_t subs = k / 32, s = 0;
 #if LC_ISA == LC_ISA_AVX512VNNI
+    /* Types whose offset is -2^n * scale (Q4_0, Q5_0, Q8_0, Q6_K) fold it into the integer dot product:
+       the scalar-free loop is what one-row steps are bound by. */
+    const int shift = type == LC_Q4_0 ? 3 : type == LC_Q5_0 ? 4 : type == LC_Q6_K ? 5 : type == LC_Q8_0 ? 7 : -1;
+    const int32_t *nls = (const int32_t *)(xs + k / 16);
     __m512 acc[4];
     for (int i = 0; i < 4; i++) acc[i] = _mm512_setzero_ps();
     const int64_t sub_bytes8 = lc_block_bytes(type) * 8 / lc_block_subs(type); /* bytes per 8 subs */
@@ -88,10 +92,15 @@ static inline __attribute__((always_inline)) void LC_FN(fused)(
         for (int i = 0; i < mr; i++) {
             __m512i xv = _mm512_loadu_si512((const void *)(xq + i * k + 32 * s));
             __m512 f = _mm512_mul_ps(lv, _mm512_loadu_ps(xd + i * (k / 4) + 8 * s));
-            __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cv, xv);
+            __m512i init = _mm512_setzero_si512();
+            if (shift >= 0) /* offset 2^shift: start each lane at -2^shift * (its activation sum) */
+                init = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(nls + i * LC_XS(k) + 8 * s)), shift);
+            __m512i p = _mm512_dpbusd_epi32(init, cv, xv);
             acc[i] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(p), acc[i]);
-            __m128 mv = _mm_setr_ps(a.mc[0], a.mc[1], b.mc[0], b.mc[1]);
-            cv4[i] = _mm_fmadd_ps(mv, _mm_loadu_ps(xs + i * (k / 16) + 2 * s), cv4[i]);
+            if (shift < 0) {
+                __m128 mv = _mm_setr_ps(a.mc[0], a.mc[1], b.mc[0], b.mc[1]);
+                cv4[i] = _mm_fmadd_ps(mv, _mm_loadu_ps(xs + i * LC_XS(k) + 2 * s), cv4[i]);
+            }
         }
     }
     for (int i = 0; i < mr; i++) res[i] = LC_FN(hsum512)(acc[i]);
@@ -108,7 +117,7 @@ static inline __attribute__((always_inline)) void LC_FN(fused)(
             acc[i][0] = _mm256_fmadd_ps(_mm256_mul_ps(a.ls, _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(pa), acc[i][0]);
             acc[i][1] = _mm256_fmadd_ps(_mm256_mul_ps(b.ls, _mm256_loadu_ps(dx + 8)), _mm256_cvtepi32_ps(pb), acc[i][1]);
             __m128 mv = _mm_setr_ps(a.mc[0], a.mc[1], b.mc[0], b.mc[1]);
-            cv4[i] = _mm_fmadd_ps(mv, _mm_loadu_ps(xs + i * (k / 16) + 2 * s), cv4[i]);
+            cv4[i] = _mm_fmadd_ps(mv, _mm_loadu_ps(xs + i * LC_XS(k) + 2 * s), cv4[i]);
         }
     }
     for (int i = 0; i < mr; i++) res[i] = LC_FN(hsum)(_mm256_add_ps(acc[i][0], acc[i][1]));
@@ -119,7 +128,7 @@ static inline __attribute__((always_inline)) void LC_FN(fused)(
             __m256i p = LC_FN(dot8)(a.c, _mm256_loadu_si256((const __m256i *)(xq + i * k + 32 * s)), wide);
             __m256 f = _mm256_mul_ps(a.ls, _mm256_loadu_ps(xd + i * (k / 4) + 8 * s));
             res[i] += LC_FN(hsum)(_mm256_mul_ps(f, _mm256_cvtepi32_ps(p)));
-            corr[i] += a.mc[0] * xs[i * (k / 16) + 2 * s] + a.mc[1] * xs[i * (k / 16) + 2 * s + 1];
+            corr[i] += a.mc[0] * xs[i * LC_XS(k) + 2 * s] + a.mc[1] * xs[i * LC_XS(k) + 2 * s + 1];
         }
     }
     for (int i = 0; i < mr; i++) {
@@ -142,7 +151,7 @@ static void LC_FN(fused_rows)(int type, const uint8_t *w, int64_t n0, int64_t n1
                               int64_t t0, int mr, void *out, int out_bf16, int64_t ldo) {
     xq += t0 * k;
     xd += t0 * (k / 4);
-    xs += t0 * (k / 16);
+    xs += t0 * LC_XS(k);
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *row = w + n * row_bytes;
         float res[4];
@@ -282,8 +291,10 @@ static void LC_FN(quantize)(const void *x, int x_bf16, int64_t t, int64_t k, int
                 if (j < 16) lo += q[j]; else hi += q[j];
             }
             for (int l = 0; l < 8; l++) xd[r * (k / 4) + 8 * b + l] = d;
-            xs[r * 2 * subs + 2 * b] = d * (float)lo;
-            xs[r * 2 * subs + 2 * b + 1] = d * (float)hi;
+            xs[r * LC_XS(k) + 2 * b] = d * (float)lo;
+            xs[r * LC_XS(k) + 2 * b + 1] = d * (float)hi;
+            int32_t *nl = (int32_t *)(xs + r * LC_XS(k) + k / 16) + 8 * b; /* minus each lane's sum */
+            for (int l = 0; l < 8; l++) nl[l] = -(q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
         }
     }
 }
@@ -312,7 +323,7 @@ static void LC_FN(rows)(int type, const uint8_t *w, int64_t n0, int64_t n1, int6
             for (int i = 0; i < mr; i++)
                 for (int j = 0; j < nr; j++) {
                     const float *mn = mc + (n + j - n0) * (k / 16);
-                    float v = res[i][j] + LC_FN(dotf)(mn, xs + (t0 + i) * (k / 16), k / 16);
+                    float v = res[i][j] + LC_FN(dotf)(mn, xs + (t0 + i) * LC_XS(k), k / 16);
                     lc_store(out, out_bf16, (t0 + i) * ldo + n + j, v);
                 }
         }

@@ -97,6 +97,10 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
     *mc = *ls + weights / 4;
 }
 
+/* Floats per activation row in xs: an offset sum per 16 values, then (as int32) minus each 4-value
+   lane's sum of codes. */
+#define LC_XS(k) ((k) / 16 + (k) / 4)
+
 #define LC_FN(name) name##_portable
 #define LC_ISA LC_ISA_PORTABLE
 #include "lc_impl.h"
@@ -159,7 +163,7 @@ LC_EXPORT int lc_openmp(void) {
 }
 
 /* x [t, k] (row stride ldx elements; float32, or bfloat16 if x_bf16) -> xq int8 [t, k], xd float
-   [t, k / 4] (the scale of each 32, repeated per 4-value lane), xs float [t, k / 16] (scale * sum of codes per 16). */
+   [t, k / 4] (the scale of each 32, repeated per 4-value lane), xs float [t, LC_XS(k)] (scale * sum of codes per 16, then int32 minus each 4-value lane's sum). */
 LC_EXPORT int lc_quantize(int isa, const void *x, int x_bf16, int64_t t, int64_t k, int64_t ldx, int8_t *xq,
                           float *xd, float *xs, int nth) {
     if (k % 32 || t < 0 || !lc_isa_supported(isa)) return -1;

@@ -88,7 +88,7 @@ class Kernels:
         rows, cols = x.shape
         xq = torch.empty(rows, cols, dtype=torch.int8)
         xd = torch.empty(rows, cols // 4, dtype=torch.float32)  # scale per 4-value lane
-        xs = torch.empty(rows, cols // 16, dtype=torch.float32)
+        xs = torch.empty(rows, cols // 16 + cols // 4, dtype=torch.float32)  # + int32 lane sums
         threads = torch.get_num_threads()
         bf16 = int(x.dtype == torch.bfloat16)
         lib = self.lib
