@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 import torch.nn.functional as F
 
 from backends import RunnerOptions
@@ -84,3 +85,18 @@ def test_smollm2_greedy_tracks_the_fp32_reference(
         detail = f"first difference at token {at}: kernels {a[at]}, fp32 {b[at]}; fp32 top-2 gap {gap:.3f}"
         assert {a[at], b[at]} == {first, second} and gap < NEAR_TIE, detail
     assert identical >= 1
+
+
+def test_policy_picks_the_kernels_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    monkeypatch.delenv(quant.QUANT_ENV, raising=False)
+    monkeypatch.setenv(kernels.KERNELS_ENV, "auto")
+    policy = quant.pick_policy(cpu, torch.bfloat16, 100, 1000)
+    assert policy.kernels is not None and policy.dense_copy and not policy.int4
+    assert not quant.pick_policy(cpu, torch.bfloat16, 900, 1000).dense_copy  # no room for copies
+    assert quant.pick_policy(cpu, torch.float32, 100, 1000) == quant.QuantPolicy()  # the exact path
+    monkeypatch.setenv(quant.QUANT_ENV, "int4")  # least memory: blocks only
+    policy = quant.pick_policy(cpu, torch.bfloat16, 100, 1000)
+    assert policy.kernels is not None and not policy.dense_copy
+    monkeypatch.setenv(kernels.KERNELS_ENV, "off")
+    assert quant.pick_policy(cpu, torch.bfloat16, 100, 1000) == quant.QuantPolicy(int4=True)
