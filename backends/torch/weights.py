@@ -68,8 +68,8 @@ def load_model(
         # With our kernels the embedding stays in blocks too (rows are dequantized on lookup).
         keep = pname in LINEARS or (pname == "embed" and policy.kernels is not None)
         rule = policy if keep else QuantPolicy()
-        if pname == "embed":  # lookups read the blocks; a dense copy would double the largest matrix
-            rule = replace(rule, dense_copy=False)
+        if pname == "embed":  # lookups read GGUF blocks or a dense table, never int4 (nor a dense copy)
+            rule = replace(rule, dense_copy=False, int4=False, isq=False)
         loaded = convert(weight, dtype, device, rule)
         if parts == 1:
             _assign(module, pname, finalize(loaded, dtype, device, rule), weight.name)
