@@ -42,4 +42,5 @@ setup(
         )
     ],
     cmdclass={"build_ext": KernelBuild},
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},  # one wheel per platform for every CPython 3.10+
 )
