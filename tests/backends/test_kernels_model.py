@@ -20,7 +20,11 @@ from tests.helpers.torch_models import tiny_hf_model
 
 pytestmark = pytest.mark.skipif(not kernels.runnable_isas(), reason="kernels not built (no C compiler)")
 
-NEAR_TIE = 0.25  # as test_torch_real_model.py: fp32 top-2 gap below which rounding may pick the other
+# fp32 top-2 gap below which the kernels' rounding may pick the other token: teacher-forcing fp32's greedy
+# tokens through both runs (3 prompts x 48 steps, dev box), the bf16 + 8-bit-activation run moved the
+# top-2 gap by 0.10 (median), 0.39 (p99), 0.68 (max); 8-bit activations alone move each dot product by
+# up to sum |w| * d / 2 (test_kernels_matmul.py).
+NEAR_TIE = 0.7
 
 
 def runner(
@@ -66,9 +70,9 @@ def test_tiny_gguf_runs_on_blocks_and_tracks_the_dequantized_run(
 def test_smollm2_greedy_tracks_the_fp32_reference(
     smollm2_gguf: Path, isa: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Token-identical to the dequantized fp32 run until a near-tie: 8-bit activations move logits by
-    a few hundredths, so only a token whose fp32 top-2 gap is below NEAR_TIE may flip (on the dev box:
-    prompt 1 flips at its first token, gap 0.08; prompt 2 at token 17, gap 0.07; prompt 3 identical)."""
+    """Token-identical to the dequantized fp32 run until a near-tie: only a token whose fp32 top-2 gap is
+    below NEAR_TIE may flip (on the dev box: prompt 1 flips at its first token, gap 0.08; prompt 2 at
+    token 17 (gap 0.07) or 24 (gap 0.26) depending on the build; prompt 3 identical)."""
     bundle = load_model(smollm2_gguf)
     prompts = chat_prompts(bundle)
     ours = runner(bundle, "bfloat16", monkeypatch, "auto", isa)
