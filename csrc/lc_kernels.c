@@ -195,6 +195,38 @@ LC_EXPORT int lc_matmul(int isa, int type, const uint8_t *w, int64_t n, int64_t 
     return 0;
 }
 
+/* Per-thread activation buffers of lc_linear (the caller's thread), grown on demand. */
+static LC_THREAD void *lc_act;
+static LC_THREAD size_t lc_act_size;
+
+/* lc_quantize, then lc_matmul for each of `nseg` row segments (types[i], weights ptrs[i] of rows[i]
+   rows, row_bytes[i] apart) writing consecutive output columns: one call per linear layer. */
+LC_EXPORT int lc_linear(int isa, const void *x, int x_bf16, int64_t t, int64_t k, int nseg, const int *types,
+                        const uint64_t *ptrs, const int64_t *rows, const int64_t *row_bytes, void *out,
+                        int out_bf16, int64_t ldo, int nth) {
+    if (k % 32 || t < 0 || nth < 1 || !lc_isa_supported(isa)) return -1;
+    size_t need = (size_t)t * (size_t)k + (size_t)t * (size_t)(k / 4 + LC_XS(k)) * 4 + 128;
+    if (need > lc_act_size) {
+        free(lc_act);
+        lc_act = malloc(need);
+        lc_act_size = lc_act ? need : 0;
+        if (!lc_act) return -1;
+    }
+    float *xd = (float *)lc_act, *xs = xd + t * (k / 4);
+    int8_t *xq = (int8_t *)(xs + t * LC_XS(k));
+    if (lc_quantize(isa, x, x_bf16, t, k, k, xq, xd, xs, nth)) return -1;
+    int64_t first = 0;
+    size_t item = out_bf16 ? 2 : 4;
+    for (int i = 0; i < nseg; i++) {
+        char *dst = (char *)out + first * item;
+        if (lc_matmul(isa, types[i], (const uint8_t *)(uintptr_t)ptrs[i], rows[i], k, row_bytes[i], xq, xd, xs, t,
+                      dst, out_bf16, ldo, nth))
+            return -1;
+        first += rows[i];
+    }
+    return 0;
+}
+
 /* out [r, k] = the weight rows ids[0..r) dequantized (embedding lookups from the quantized table). */
 LC_EXPORT int lc_dequant_rows(int type, const uint8_t *w, int64_t k, int64_t row_bytes, const int64_t *ids,
                               int64_t r, void *out, int out_bf16) {

@@ -63,6 +63,19 @@ class BlockMatrix:
     cols: int
     ops: Kernels  # the kernels that run it
     dense: torch.Tensor | None = None  # [out, in] compute dtype, for many-row steps when RAM allows
+    call_args: tuple[object, ...] | None = None  # the segments as ctypes arrays, built on first use
+
+    def segment_args(self) -> tuple[object, ...]:
+        if self.call_args is None:
+            n = len(self.segments)
+            self.call_args = (
+                n,
+                (ctypes.c_int * n)(*(BLOCKS[s.qtype][0] for s in self.segments)),
+                (ctypes.c_uint64 * n)(*(s.data.data_ptr() for s in self.segments)),
+                (ctypes.c_int64 * n)(*(s.rows for s in self.segments)),
+                (ctypes.c_int64 * n)(*(s.data.shape[1] for s in self.segments)),
+            )
+        return self.call_args
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -81,40 +94,19 @@ class Kernels:
         self.name = ISAS[isa]
 
     def matmul(self, x: torch.Tensor, weight: BlockMatrix) -> torch.Tensor:
-        """x [T, in] (bfloat16 or float32) @ weight.T -> [T, out] in x's dtype."""
+        """x [T, in] (bfloat16 or float32) @ weight.T -> [T, out] in x's dtype: one library call that
+        quantizes x (into per-thread buffers) and runs every segment (Python overhead counts at 1 row)."""
         if x.dtype not in (torch.bfloat16, torch.float32):
             return self.matmul(x.float(), weight).to(x.dtype)
         x = x.contiguous()
         rows, cols = x.shape
-        xq = torch.empty(rows, cols, dtype=torch.int8)
-        xd = torch.empty(rows, cols // 4, dtype=torch.float32)  # scale per 4-value lane
-        xs = torch.empty(rows, cols // 16 + cols // 4, dtype=torch.float32)  # + int32 lane sums
-        threads = torch.get_num_threads()
-        bf16 = int(x.dtype == torch.bfloat16)
-        lib = self.lib
-        rc = lib.lc_quantize(
-            self.isa,
-            x.data_ptr(),
-            bf16,
-            rows,
-            cols,
-            cols,
-            xq.data_ptr(),
-            xd.data_ptr(),
-            xs.data_ptr(),
-            threads,
-        )
         out_features = weight.shape[0]
         out = torch.empty(rows, out_features, dtype=x.dtype)
-        first, item = 0, out.element_size()
-        for seg in weight.segments:
-            type_id = BLOCKS[seg.qtype][0]
-            rc |= lib.lc_matmul(
-                self.isa, type_id, seg.data.data_ptr(), seg.rows, cols, seg.data.shape[1],
-                xq.data_ptr(), xd.data_ptr(), xs.data_ptr(), rows,
-                out.data_ptr() + first * item, bf16, out_features, threads,
-            )  # fmt: skip
-            first += seg.rows
+        bf16 = int(x.dtype == torch.bfloat16)
+        rc = self.lib.lc_linear(
+            self.isa, x.data_ptr(), bf16, rows, cols, *weight.segment_args(),
+            out.data_ptr(), bf16, out_features, torch.get_num_threads(),
+        )  # fmt: skip
         if rc:
             raise BackendUnavailableError(
                 f"The CPU kernels rejected a {weight.shape} matmul (internal error)."
@@ -156,6 +148,8 @@ def _library() -> ctypes.CDLL | None:
     lib.lc_quantize.restype = _I
     lib.lc_matmul.argtypes = [_I, _I, _P, _L, _L, _L, _P, _P, _P, _L, _P, _I, _L, _I]
     lib.lc_matmul.restype = _I
+    lib.lc_linear.argtypes = [_I, _P, _I, _L, _L, _I, _P, _P, _P, _P, _P, _I, _L, _I]
+    lib.lc_linear.restype = _I
     lib.lc_dequant_rows.argtypes = [_I, _P, _L, _L, _P, _L, _P, _I]
     lib.lc_dequant_rows.restype = _I
     return lib

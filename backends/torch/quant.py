@@ -272,6 +272,8 @@ def embed_rows(ids: torch.Tensor, table: torch.Tensor | BlockMatrix, dtype: torc
     """The embedding rows of token `ids` [T] -> [T, hidden], from a dense or a block table."""
     if isinstance(table, torch.Tensor):
         return F.embedding(ids, table)
+    if len(table.segments) == 1:
+        return table.ops.dequantize_rows(table.segments[0], table.cols, ids, dtype)
     out = torch.empty(ids.numel(), table.cols, dtype=dtype)
     first = 0
     for seg in table.segments:  # an embedding is one segment; the loop keeps the general form correct
