@@ -161,9 +161,14 @@ def runnable_isas() -> list[str]:
     return [] if lib is None else [name for i, name in enumerate(ISAS) if lib.lc_isa_supported(i)]
 
 
+def isa_choice() -> str:
+    """`LOCALCHAT_KERNELS` as given: auto, off, or one ISA by name."""
+    return os.environ.get(KERNELS_ENV, "auto").strip().lower() or "auto"
+
+
 def load(isa: str | None = None) -> Kernels | None:
     """The kernels for `isa` (default: from `LOCALCHAT_KERNELS`), None when off or not built."""
-    choice = (isa or os.environ.get(KERNELS_ENV, "auto")).strip().lower() or "auto"
+    choice = (isa or isa_choice()).strip().lower() or "auto"
     if choice == "off":
         return None
     if choice != "auto" and choice not in ISAS:
