@@ -12,6 +12,7 @@ from localchat.engine.block_manager import BlockManager
 from localchat.engine.config import EngineConfig
 from localchat.engine.detokenizer import Decoder, IncrementalDetokenizer
 from localchat.engine.interface import ModelRunner
+from localchat.engine.latency import ITL_BUCKETS_S, TTFT_BUCKETS_S, Histogram
 from localchat.engine.outputs import EngineStats, RequestOutput
 from localchat.engine.request import FinishReason, Request
 from localchat.engine.sampling_params import SamplingParams
@@ -33,12 +34,14 @@ class LLMEngine:
         *,
         eos_token_ids: list[int],
         model_max_len: int,
+        sliding_window: int | None = None,
     ) -> None:
         config.validate()
         self.runner = runner
         self.tokenizer = tokenizer
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
+        wanted = _context_len(config.max_model_len or model_max_len, sliding_window)
         spec = runner.kv_cache_spec
         per_block = spec.bytes_per_block(config.block_size)
         if config.kv_cache_mib is not None:
@@ -46,7 +49,7 @@ class LLMEngine:
         else:
             budget = runner.available_kv_memory() or DEFAULT_KV_CACHE_MIB * 2**20
             # More than every sequence at full length can never be used: don't reserve it.
-            useful_tokens = config.max_num_seqs * (config.max_model_len or model_max_len)
+            useful_tokens = config.max_num_seqs * wanted
             budget = min(budget, -(-useful_tokens // config.block_size) * per_block)
         num_blocks = budget // per_block + 1  # +1: the null block
         if num_blocks < 2:
@@ -57,7 +60,6 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         capacity = (num_blocks - 1) * config.block_size
-        wanted = config.max_model_len or model_max_len
         self.max_model_len = min(wanted, capacity)
         if self.max_model_len < wanted:
             log.warning(
@@ -69,12 +71,19 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.requests_finished_total = 0
+        self.time_to_first_token = Histogram(TTFT_BUCKETS_S)
+        self.inter_token_latency = Histogram(ITL_BUCKETS_S)
 
     # -- requests -----------------------------------------------------------------------------------
 
     def add_request(
-        self, prompt_token_ids: list[int], params: SamplingParams, req_id: str | None = None
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        req_id: str | None = None,
+        arrival_time: float | None = None,
     ) -> str:
+        """Queue a request. `arrival_time` (time.monotonic()) is when the caller submitted it, for TTFT."""
         if not prompt_token_ids:
             raise InvalidRequestError("The prompt is empty.", param="prompt")
         if len(prompt_token_ids) >= self.max_model_len:
@@ -83,6 +92,8 @@ class LLMEngine:
         if req_id in self.scheduler.requests:
             raise InvalidRequestError(f"Request id {req_id!r} is already in use.")
         request = Request(req_id, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids)
+        if arrival_time is not None:
+            request.arrival_time = arrival_time
         self._detokenizers[req_id] = IncrementalDetokenizer(
             self.tokenizer,
             stop=params.stop,
@@ -104,10 +115,6 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished
 
-    @property
-    def num_unfinished(self) -> int:
-        return len(self.scheduler.requests)
-
     # -- the step -----------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
@@ -125,6 +132,7 @@ class LLMEngine:
             self.scheduler.requests[req_id].num_computed_tokens += count
         outputs: list[RequestOutput] = []
         logprobs = runner_output.logprobs
+        now = time.monotonic()
         num_generated = 0
         for i, (req_id, token_ids) in enumerate(
             zip(runner_output.req_ids, runner_output.sampled_token_ids, strict=True)
@@ -138,6 +146,7 @@ class LLMEngine:
                 reason = request.check_token_stop(self.max_model_len)
             token_ids = token_ids[:accepted]
             num_generated += accepted
+            self._record_latency(request, accepted, now)
             detok = self._detokenizers[req_id]
             delta = detok.push(token_ids)
             if detok.stop_hit is not None:
@@ -188,6 +197,17 @@ class LLMEngine:
         out.error = f"The model failed while generating: {type(exc).__name__}: {exc}"
         return out
 
+    def _record_latency(self, request: Request, num_tokens: int, now: float) -> None:
+        if num_tokens == 0:
+            return
+        if request.last_token_time is None:
+            self.time_to_first_token.observe(now - request.arrival_time)
+            num_tokens -= 1
+        if num_tokens:  # tokens that came out together share the gap since the previous one
+            gap = now - (request.last_token_time or now)
+            self.inter_token_latency.observe(gap / num_tokens, num_tokens)
+        request.last_token_time = now
+
     def _count(self, num_generated: int) -> None:
         now = time.monotonic()
         self.generation_tokens_total += num_generated
@@ -213,4 +233,20 @@ class LLMEngine:
             generation_tokens_total=self.generation_tokens_total,
             requests_finished_total=self.requests_finished_total,
             max_model_len=self.max_model_len,
+            time_to_first_token=self.time_to_first_token.snapshot(),
+            inter_token_latency=self.inter_token_latency.snapshot(),
         )
+
+
+def _context_len(wanted: int, sliding_window: int | None) -> int:
+    """The longest sequence served. Attention here is full-context, so past a sliding window the
+    model would see tokens it was trained never to see: stop there until windowed attention exists."""
+    if sliding_window and wanted > sliding_window:
+        log.warning(
+            "max_model_len %d capped to the model's sliding window of %d tokens"
+            " (sliding-window attention is not implemented)",
+            wanted,
+            sliding_window,
+        )
+        return sliding_window
+    return wanted

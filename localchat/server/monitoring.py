@@ -6,6 +6,7 @@ from typing import Any
 
 from litestar import Request, Response, get
 
+from localchat.engine.latency import HistogramSnapshot
 from localchat.server.common import get_ctx
 
 _METRICS = (
@@ -66,6 +67,31 @@ _METRICS = (
     ),
 )
 
+_HISTOGRAMS = (
+    (
+        "localchat_time_to_first_token_seconds",
+        "From a request's arrival to its first generated token.",
+        lambda s: s.time_to_first_token,
+    ),
+    (
+        "localchat_inter_token_latency_seconds",
+        "Time between consecutive generated tokens of a request.",
+        lambda s: s.inter_token_latency,
+    ),
+)
+
+
+def _histogram_lines(name: str, help_text: str, hist: HistogramSnapshot) -> list[str]:
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+    for bound, count in zip(hist.bounds, hist.cumulative, strict=True):
+        lines.append(f'{name}_bucket{{le="{bound:g}"}} {count}')
+    lines += [
+        f'{name}_bucket{{le="+Inf"}} {hist.count}',
+        f"{name}_sum {hist.total:.6g}",
+        f"{name}_count {hist.count}",
+    ]
+    return lines
+
 
 @get("/health", name="health", opt={"public": True})
 async def health(request: Request[Any, Any, Any]) -> Response[Any]:
@@ -88,4 +114,6 @@ async def metrics(request: Request[Any, Any, Any]) -> str:
             f"# TYPE {name} {kind}",
             f"{name} {float(value(stats, ctx)):g}",
         ]
+    for name, help_text, hist in _HISTOGRAMS:
+        lines += _histogram_lines(name, help_text, hist(stats))
     return "\n".join(lines) + "\n"
