@@ -101,3 +101,11 @@ class EngineDeadError(LocalchatError):
     status = 500
     type = "server_error"
     code = "engine_dead"
+
+
+class DatabaseSchemaError(LocalchatError):
+    """The conversations database cannot be brought to this version's schema (newer, or the upgrade failed)."""
+
+    status = 500
+    type = "server_error"
+    code = "database_schema"
