@@ -24,6 +24,7 @@ from localchat.engine.outputs import RequestOutput
 from localchat.engine.request import FinishReason
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import InvalidRequestError, LocalchatError
+from localchat.server.generation import resolve_max_tokens, resolve_sampling
 from localchat.store import (
     DONE,
     ERROR,
@@ -42,8 +43,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SAVE_INTERVAL_S = 0.5
-DEFAULT_TEMPERATURE = 0.7
-DEFAULT_MAX_TOKENS = 2048
 MAX_MESSAGE_CHARS = 200_000
 _THINK_BLOCK = re.compile(r"<think>.*?(</think>|$)", re.S)
 _STATUS = {
@@ -85,32 +84,17 @@ class ChatService:
     # -- defaults -------------------------------------------------------------------------------------
 
     def model_defaults(self) -> dict[str, Any]:
-        """What a conversation uses when its own setting is empty: the server's flag, else the model's."""
-        settings, gen = self.ctx.settings, self.ctx.model.generation_defaults
-        temperature = getattr(settings, "temperature", None)
-        top_p = getattr(settings, "top_p", None)
-        max_tokens = getattr(settings, "max_gen_tokens", None) or DEFAULT_MAX_TOKENS
-        return {
-            "temperature": float(
-                temperature if temperature is not None else gen.get("temperature", DEFAULT_TEMPERATURE)
-            ),
-            "top_p": float(top_p if top_p is not None else gen.get("top_p", 1.0)),
-            "max_tokens": int(min(max_tokens, self.ctx.engine.max_model_len)),
-        }
+        """What a conversation uses when its own setting is empty (shown in the settings form)."""
+        params = SamplingParams(**resolve_sampling(self.ctx, {}))
+        cap = min(self.ctx.settings.max_gen_tokens, self.ctx.engine.max_model_len)
+        return {"temperature": params.temperature, "top_p": params.top_p, "max_tokens": cap}
 
     def sampling_params(self, conv: Conversation) -> SamplingParams:
-        defaults = self.model_defaults()
-        extra = {
-            k: v
-            for k, v in self.ctx.model.generation_defaults.items()
-            if k in ("top_k", "min_p", "repetition_penalty")
-        }
-        return SamplingParams(
-            temperature=conv.temperature if conv.temperature is not None else defaults["temperature"],
-            top_p=conv.top_p if conv.top_p is not None else defaults["top_p"],
-            max_tokens=conv.max_tokens or defaults["max_tokens"],
-            **extra,
-        )
+        """The same resolution as the API's (server/generation.py), with the conversation's settings
+        in the place of a request's fields."""
+        requested = {"temperature": conv.temperature, "top_p": conv.top_p}
+        max_tokens = resolve_max_tokens(self.ctx, conv.max_tokens)
+        return SamplingParams(**resolve_sampling(self.ctx, requested), max_tokens=max_tokens)
 
     # -- actions --------------------------------------------------------------------------------------
 

@@ -278,3 +278,41 @@ def test_login_sets_the_cookie_the_auth_guard_accepts(tmp_path: Path) -> None:
             and "samesite=strict" in cookie.lower()
         )
         assert client.get("/").status_code == 200  # the client now sends the cookie
+
+
+def test_the_ui_samples_with_the_same_defaults_as_the_api(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One resolution for both: request/conversation > server flags > generation_config > 1.0."""
+    flags = {
+        "top_k": 7,
+        "min_p": 0.05,
+        "frequency_penalty": 0.3,
+        "presence_penalty": 0.2,
+        "repetition_penalty": 1.1,
+    }
+    app, ctx = fake_app(tmp_path, max_gen_tokens=300, **flags)
+    ctx.model.generation_defaults = {"temperature": 0.6, "top_p": 0.9, "top_k": 50}
+    submitted: list[Any] = []
+    submit = ctx.engine.submit
+    monkeypatch.setattr(
+        ctx.engine, "submit", lambda ids, params, *a: submitted.append(params) or submit(ids, params, *a)
+    )
+    with TestClient(app) as client:
+        _wait_done(client, _new_chat(client, "<<say:ui>>"))
+        api = client.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "<<say:api>>"}]}
+        )
+        assert api.status_code == 200, api.text
+        _wait_done(client, _new_chat(client, "<<say:ui>>", temperature="0.25", max_tokens="9"))
+        body = {
+            "messages": [{"role": "user", "content": "<<say:api>>"}],
+            "temperature": 0.25,
+            "max_tokens": 9,
+        }
+        assert client.post("/v1/chat/completions", json=body).status_code == 200
+    ui, api_params, ui_set, api_set = submitted
+    assert ui == api_params
+    assert (ui.temperature, ui.top_p, ui.top_k, ui.min_p, ui.max_tokens) == (0.6, 0.9, 7, 0.05, 300)
+    assert (ui.frequency_penalty, ui.presence_penalty, ui.repetition_penalty) == (0.3, 0.2, 1.1)
+    assert ui_set == api_set and (ui_set.temperature, ui_set.max_tokens) == (0.25, 9)
