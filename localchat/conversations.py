@@ -12,12 +12,15 @@ keeps its place, everything after it is deleted, and a new answer is generated.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from localchat.engine.async_engine import LoopSink
 from localchat.engine.outputs import RequestOutput
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
     from localchat.server.context import ServerContext
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SAVE_INTERVAL_S = 0.5
 MAX_MESSAGE_CHARS = 200_000
@@ -72,14 +76,27 @@ def strip_thinking(text: str) -> str:
 
 
 class ChatService:
-    """Starts, stops and follows the answers of the UI's conversations. Runs on the server's event loop."""
+    """Starts, stops and follows the answers of the UI's conversations. Runs on the server's event loop;
+    every store call runs on one store thread instead, so a slow disk never stalls other streams, and
+    writes land in the order they were made."""
 
     def __init__(self, store: Store, ctx: ServerContext) -> None:
         self.store = store
         self.ctx = ctx
         self._active: dict[str, Generation] = {}  # by conversation id
         self._by_message: dict[int, Generation] = {}
+        self._claimed: set[str] = set()  # conversations whose next answer is being set up
         self._next = 0
+        self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="localchat-store")
+
+    def close(self) -> None:
+        """Finish the queued writes (the final state of answers), then stop the store thread."""
+        self._store_thread.shutdown(wait=True)
+
+    async def in_store_thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(
+            self._store_thread, functools.partial(fn, *args, **kwargs)
+        )
 
     # -- defaults -------------------------------------------------------------------------------------
 
@@ -98,46 +115,28 @@ class ChatService:
 
     # -- actions --------------------------------------------------------------------------------------
 
-    def send(
+    async def send(
         self, conv_id: str | None, text: str, settings: dict[str, Any] | None = None
     ) -> tuple[Conversation, list[Message]]:
         """Add a user message and start its answer; a new conversation when `conv_id` is None."""
         text = _check_text(text)
-        if conv_id is None:
-            conv = self.store.create_conversation(
-                title_from(text), model=self.ctx.model_id, **(settings or {})
-            )
-        else:
-            self._check_idle(conv_id)
-            conv = self.store.update_settings(conv_id, **(settings or {}))
-        user, answer = self.store.add_messages(
-            conv.id, [NewMessage("user", text), NewMessage("assistant", "", STREAMING)]
-        )
-        return conv, [user, self._start(conv, answer)]
+        with self._claim(conv_id):
+            conv, user, answer = await self.in_store_thread(self._add_turn, conv_id, text, settings or {})
+            return conv, [user, await self._start(conv, answer)]
 
-    def regenerate(self, conv_id: str) -> Message:
+    async def regenerate(self, conv_id: str) -> Message:
         """Replace the last answer with a new one."""
-        self._check_idle(conv_id)
-        messages = self.store.get_messages(conv_id)
-        if not messages:
-            raise InvalidRequestError("There is nothing to regenerate in an empty conversation.")
-        if messages[-1].role == "assistant":
-            self.store.truncate_after(conv_id, messages[-1].id, inclusive=True)
-        (answer,) = self.store.add_messages(conv_id, [NewMessage("assistant", "", STREAMING)])
-        return self._start(self.store.get_conversation(conv_id), answer)
+        with self._claim(conv_id):
+            conv, answer = await self.in_store_thread(self._replace_answer, conv_id)
+            return await self._start(conv, answer)
 
-    def edit(self, conv_id: str, message_id: int, text: str) -> list[Message]:
+    async def edit(self, conv_id: str, message_id: int, text: str) -> list[Message]:
         """Change an earlier user message, drop what followed it, and answer it again."""
         text = _check_text(text)
-        self._check_idle(conv_id)
-        message = self.store.get_message(message_id)
-        if message.conversation_id != conv_id or message.role != "user":
-            raise InvalidRequestError("Only your own messages in this conversation can be edited.")
-        self.store.truncate_after(conv_id, message_id)
-        self.store.update_message(message_id, content=text)
-        (answer,) = self.store.add_messages(conv_id, [NewMessage("assistant", "", STREAMING)])
-        self._start(self.store.get_conversation(conv_id), answer)
-        return self.store.get_messages(conv_id)
+        with self._claim(conv_id):
+            conv, answer = await self.in_store_thread(self._edit_turn, conv_id, message_id, text)
+            await self._start(conv, answer)
+        return await self.in_store_thread(self.store.get_messages, conv_id)
 
     def stop(self, conv_id: str) -> bool:
         """Abort the conversation's answer; the engine frees its KV blocks before its next step."""
@@ -148,7 +147,7 @@ class ChatService:
         return True
 
     def is_generating(self, conv_id: str) -> bool:
-        return conv_id in self._active
+        return conv_id in self._active or conv_id in self._claimed
 
     async def events(self, message_id: int) -> AsyncIterator[tuple[str, str]]:
         """("snapshot", text so far), then ("delta", text)..., then ("done", ""). Just ("done", "") when
@@ -169,15 +168,59 @@ class ChatService:
         finally:
             gen.listeners.remove(queue)
 
+    # -- store work (on the store thread) -------------------------------------------------------------
+
+    def _add_turn(
+        self, conv_id: str | None, text: str, settings: dict[str, Any]
+    ) -> tuple[Conversation, Message, Message]:
+        if conv_id is None:
+            conv = self.store.create_conversation(title_from(text), model=self.ctx.model_id, **settings)
+        else:
+            self.store.get_conversation(conv_id)  # NotFoundError for a deleted conversation
+            conv = self.store.update_settings(conv_id, **settings)
+        user, answer = self.store.add_messages(
+            conv.id, [NewMessage("user", text), NewMessage("assistant", "", STREAMING)]
+        )
+        return conv, user, answer
+
+    def _replace_answer(self, conv_id: str) -> tuple[Conversation, Message]:
+        conv = self.store.get_conversation(conv_id)
+        messages = self.store.get_messages(conv_id)
+        if not messages:
+            raise InvalidRequestError("There is nothing to regenerate in an empty conversation.")
+        if messages[-1].role == "assistant":
+            self.store.truncate_after(conv_id, messages[-1].id, inclusive=True)
+        (answer,) = self.store.add_messages(conv_id, [NewMessage("assistant", "", STREAMING)])
+        return conv, answer
+
+    def _edit_turn(self, conv_id: str, message_id: int, text: str) -> tuple[Conversation, Message]:
+        conv = self.store.get_conversation(conv_id)
+        message = self.store.get_message(message_id)
+        if message.conversation_id != conv_id or message.role != "user":
+            raise InvalidRequestError("Only your own messages in this conversation can be edited.")
+        self.store.truncate_after(conv_id, message_id)
+        self.store.update_message(message_id, content=text)
+        (answer,) = self.store.add_messages(conv_id, [NewMessage("assistant", "", STREAMING)])
+        return conv, answer
+
     # -- generation -----------------------------------------------------------------------------------
 
-    def _check_idle(self, conv_id: str) -> None:
-        self.store.get_conversation(conv_id)  # NotFoundError for a deleted conversation
-        if conv_id in self._active:
+    @contextmanager
+    def _claim(self, conv_id: str | None) -> Iterator[None]:
+        """One answer per conversation: held from the check until the answer is active (or failed)."""
+        if conv_id is not None and (conv_id in self._active or conv_id in self._claimed):
             raise InvalidRequestError("An answer is still being written. Wait for it, or press Stop first.")
+        if conv_id is not None:
+            self._claimed.add(conv_id)
+        try:
+            yield
+        finally:
+            self._claimed.discard(conv_id or "")
 
-    def _start(self, conv: Conversation, answer: Message) -> Message:
-        history = [m for m in self.store.get_messages(conv.id) if m.id < answer.id]
+    async def _start(self, conv: Conversation, answer: Message) -> Message:
+        history = [
+            m for m in await self.in_store_thread(self.store.get_messages, conv.id) if m.id < answer.id
+        ]
         try:
             prompt_ids = self.ctx.encode_chat(_chat_messages(conv, history))
             params = self.sampling_params(conv)
@@ -198,8 +241,10 @@ class ChatService:
             )
         except LocalchatError as exc:
             self._forget(conv.id, answer.id)
-            self.store.update_message(answer.id, status=ERROR, error=exc.message, finish_reason="error")
-        return self.store.get_message(answer.id)
+            await self.in_store_thread(
+                self.store.update_message, answer.id, status=ERROR, error=exc.message, finish_reason="error"
+            )
+        return await self.in_store_thread(self.store.get_message, answer.id)
 
     def _on_output(self, gen: Generation, out: RequestOutput) -> None:
         now = time.monotonic()
@@ -213,34 +258,59 @@ class ChatService:
             self._finish(gen, out, now)
         elif now - gen.saved_at >= SAVE_INTERVAL_S:
             gen.saved_at = now
-            self.store.update_message(
-                gen.message_id, content=gen.text, completion_tokens=out.num_output_tokens
+            self._write(
+                self.store.update_message,
+                gen.message_id,
+                content=gen.text,
+                completion_tokens=out.num_output_tokens,
             )
 
     def _finish(self, gen: Generation, out: RequestOutput, now: float) -> None:
         reason = out.finish_reason or FinishReason.STOP
         decode_s = now - gen.first_token_at if gen.first_token_at is not None else 0.0
         rate = (out.num_output_tokens - 1) / decode_s if decode_s > 0 and out.num_output_tokens > 1 else None
-        try:
-            self.store.update_message(
-                gen.message_id,
-                content=gen.text,
-                status=_STATUS[reason],
-                error=out.error,
-                finish_reason=str(reason),
-                prompt_tokens=out.num_prompt_tokens,
-                completion_tokens=out.num_output_tokens,
-                tokens_per_s=rate,
-            )
-        except Exception:  # the store must not keep a finished generation marked active
-            log.exception("saving answer %d failed", gen.message_id)
+        saved = self._write(
+            self.store.update_message,
+            gen.message_id,
+            content=gen.text,
+            status=_STATUS[reason],
+            error=out.error,
+            finish_reason=str(reason),
+            prompt_tokens=out.num_prompt_tokens,
+            completion_tokens=out.num_output_tokens,
+            tokens_per_s=rate,
+        )
+        # The answer stays active until its final state is on disk: a tab that reloads it on "done", or a
+        # regenerate right after, must read the finished message.
+        loop = asyncio.get_running_loop()
+        saved.add_done_callback(lambda _: _call_soon(loop, self._finished, gen))
+
+    def _finished(self, gen: Generation) -> None:
         self._forget(gen.conversation_id, gen.message_id)
         for queue in gen.listeners:
             queue.put_nowait(("done", ""))
 
+    def _write(self, fn: Callable[..., object], *args: Any, **kwargs: Any) -> Future[object]:
+        """Queue a store write on the store thread; a failure is logged (the answer must still end)."""
+        future = self._store_thread.submit(fn, *args, **kwargs)
+        future.add_done_callback(_log_failure)
+        return future
+
     def _forget(self, conv_id: str, message_id: int) -> None:
         self._active.pop(conv_id, None)
         self._by_message.pop(message_id, None)
+
+
+def _log_failure(future: Future[object]) -> None:
+    if not future.cancelled() and (exc := future.exception()) is not None:
+        log.error("saving an answer failed: %s", exc, exc_info=exc)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: Any) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop closed (shutdown): nobody is listening any more
+        log.debug("event loop closed before an answer's end was announced")
 
 
 def _check_text(text: str) -> str:

@@ -68,12 +68,12 @@ def _page(request: Request, web: WebState, conv: Conversation | None) -> Respons
     )
 
 
-@get("/", name="web:index", sync_to_thread=False)
+@get("/", name="web:index", sync_to_thread=True)
 def index(request: Request, web: NamedDependency[WebState]) -> Response[str]:
     return _page(request, web, None)
 
 
-@get("/c/{conv_id:str}", name="web:chat", sync_to_thread=False)
+@get("/c/{conv_id:str}", name="web:chat", sync_to_thread=True)
 def chat_page(request: Request, web: NamedDependency[WebState], conv_id: FromPath[str]) -> Response[str]:
     return _page(request, web, web.store.get_conversation(conv_id))
 
@@ -160,4 +160,5 @@ def close_web_state(state: Any) -> None:
     """For the app's shutdown hook: close the conversation store if the UI opened it."""
     web = state.get(_STATE_KEY)
     if web is not None:
+        web.chats.close()  # the answers' final writes first
         web.store.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -316,3 +317,34 @@ def test_the_ui_samples_with_the_same_defaults_as_the_api(
     assert (ui.temperature, ui.top_p, ui.top_k, ui.min_p, ui.max_tokens) == (0.6, 0.9, 7, 0.05, 300)
     assert (ui.frequency_penalty, ui.presence_penalty, ui.repetition_penalty) == (0.3, 0.2, 1.1)
     assert ui_set == api_set and (ui_set.temperature, ui_set.max_tokens) == (0.25, 9)
+
+
+def test_a_slow_disk_write_does_not_stall_other_streams(tmp_path: Path) -> None:
+    """Store writes run on the store thread: while one answer's final save hangs on the disk, an API
+    stream on the same server is served at full speed, and the answer is only 'done' once saved."""
+    delay_s = 2.0
+    app, _ = fake_app(tmp_path)
+    with TestClient(app) as client:
+        store = _store(client)
+        writing = threading.Event()
+        original = store.update_message
+
+        def slow_update(message_id: int, **fields: Any) -> None:
+            if fields.get("status") == DONE:  # the answer's final save
+                writing.set()
+                time.sleep(delay_s)
+            original(message_id, **fields)
+
+        store.update_message = slow_update
+        conv_id = _new_chat(client, "<<say:saved slowly>>")
+        assert writing.wait(10), "the final save never started"
+        started = time.monotonic()
+        body = {"messages": [{"role": "user", "content": "<<say:still streaming>>"}], "stream": True}
+        r = client.post("/v1/chat/completions", json=body)
+        elapsed = time.monotonic() - started
+        assert r.status_code == 200 and "data: [DONE]" in r.text
+        assert "".join(re.findall(r'"content":"([^"]*)"', r.text)) == "still streaming"
+        assert elapsed < delay_s / 2, f"the API stream waited {elapsed:.2f}s for the store"
+        assert _chats(client).is_generating(conv_id)  # not done before its final state is on disk
+        answer = _wait_done(client, conv_id)[1]
+        assert (answer.content, answer.status) == ("saved slowly", DONE)
