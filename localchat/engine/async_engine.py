@@ -223,6 +223,7 @@ class AsyncEngine:
             output = self.engine.abort_request(req_id)
             if output is not None:
                 output.finish_reason, output.error = FinishReason.ERROR, message
+                self.engine.requests_failed_total += 1
                 self._deliver(output)
 
 

@@ -71,6 +71,7 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.requests_finished_total = 0
+        self.requests_failed_total = 0  # of which ended with finish_reason "error"
         self.time_to_first_token = Histogram(TTFT_BUCKETS_S)
         self.inter_token_latency = Histogram(ITL_BUCKETS_S)
 
@@ -195,6 +196,7 @@ class LLMEngine:
     def _fail(self, request: Request, exc: Exception) -> RequestOutput:
         out = self._finish(request, FinishReason.ERROR, "")
         out.error = f"The model failed while generating: {type(exc).__name__}: {exc}"
+        self.requests_failed_total += 1
         return out
 
     def _record_latency(self, request: Request, num_tokens: int, now: float) -> None:
@@ -232,6 +234,7 @@ class LLMEngine:
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
             requests_finished_total=self.requests_finished_total,
+            requests_failed_total=self.requests_failed_total,
             max_model_len=self.max_model_len,
             time_to_first_token=self.time_to_first_token.snapshot(),
             inter_token_latency=self.inter_token_latency.snapshot(),

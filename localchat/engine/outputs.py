@@ -37,6 +37,7 @@ class EngineStats:
     prompt_tokens_total: int
     generation_tokens_total: int
     requests_finished_total: int
+    requests_failed_total: int
     max_model_len: int
     time_to_first_token: HistogramSnapshot
     inter_token_latency: HistogramSnapshot

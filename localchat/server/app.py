@@ -13,12 +13,14 @@ from litestar import Litestar
 from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 
+from localchat import __version__
 from localchat.server.auth import require_api_key
 from localchat.server.errors import handle_exception
 from localchat.server.monitoring import health, metrics
 from localchat.server.openai_chat import chat_completions
 from localchat.server.openai_completions import completions
 from localchat.server.openai_models import get_model, list_models
+from localchat.server.openapi import openapi_config
 from localchat.server.web import close_web_state, create_web_router
 
 if TYPE_CHECKING:
@@ -62,7 +64,7 @@ def create_app(settings: Settings, ctx: ServerContext) -> Litestar:
         cors_config=cors,
         lifespan=[lifespan],
         request_max_body_size=settings.max_body_bytes,
-        openapi_config=None,
+        openapi_config=openapi_config(__version__),
         logging_config=None,  # the CLI configures logging (--log)
         debug=False,
     )

@@ -8,6 +8,7 @@ from litestar import Request, Response, get
 
 from localchat.engine.latency import HistogramSnapshot
 from localchat.server.common import get_ctx
+from localchat.server.openapi import api_operation
 
 _METRICS = (
     # (name, kind, help, value from (stats, ctx))
@@ -60,6 +61,12 @@ _METRICS = (
         lambda s, c: s.requests_finished_total,
     ),
     (
+        "localchat_requests_failed_total",
+        "counter",
+        "Requests ended by an error (a failed model step).",
+        lambda s, c: s.requests_failed_total,
+    ),
+    (
         "localchat_preemptions_total",
         "counter",
         "Requests preempted for lack of KV blocks.",
@@ -103,7 +110,7 @@ async def health(request: Request[Any, Any, Any]) -> Response[Any]:
     return Response({"status": "ok", "model": ctx.model_id})
 
 
-@get("/metrics", name="metrics", media_type="text/plain; version=0.0.4")
+@get("/metrics", name="metrics", media_type="text/plain; version=0.0.4", operation_class=api_operation())
 async def metrics(request: Request[Any, Any, Any]) -> str:
     ctx = get_ctx(request)
     stats = ctx.engine.stats()

@@ -34,6 +34,7 @@ from localchat.server.generation import (
     resolve_max_tokens,
 )
 from localchat.server.logprobs import chat_logprobs
+from localchat.server.openapi import api_operation
 from localchat.server.reasoning import ReasoningSplitter, split_reasoning, starts_in_reasoning
 from localchat.server.schemas import ChatCompletionRequest, decode_request
 from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, event, guarded
@@ -64,7 +65,12 @@ class ChatCall:
         }
 
 
-@post(["/v1/chat/completions", "/chat/completions"], name="openai:chat", status_code=200)
+@post(
+    ["/v1/chat/completions", "/chat/completions"],
+    name="openai:chat",
+    status_code=200,
+    operation_class=api_operation(ChatCompletionRequest),
+)
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     ctx = get_ctx(request)
     check_accepting(ctx)

@@ -119,6 +119,7 @@ def test_runner_failure_fails_the_step_requests_but_not_the_engine() -> None:
     engine.step()
     (out,) = engine.step()
     assert out.finished and out.finish_reason == FinishReason.ERROR and "device lost" in (out.error or "")
+    assert engine.stats().requests_failed_total == 1
     assert engine.block_manager.num_used_blocks == 0
     texts = run_all(engine, [chat_prompt("<<say:still alive>>")], SamplingParams(max_tokens=50))
     assert list(texts.values()) == ["still alive"]
