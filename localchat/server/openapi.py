@@ -100,7 +100,7 @@ def openapi_config(version: str) -> OpenAPIConfig:
         title="localchat",
         version=version,
         description="OpenAI-compatible API of a local LLM server. Unknown request fields are ignored.",
-        path="/",
-        render_plugins=[JsonRenderPlugin(path=OPENAPI_PATH)],
+        path=OPENAPI_PATH,  # the document itself, not a folder of renderers (no HTML viewer: no CDN scripts)
+        render_plugins=[JsonRenderPlugin(path="/")],
         use_handler_docstrings=True,
     )
