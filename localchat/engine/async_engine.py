@@ -163,8 +163,9 @@ class AsyncEngine:
                 log.exception("engine step failed")
                 self._fail_all("Internal engine error; the request was stopped.")
                 outputs = []
-            self._deliver_step(outputs)
+            # Stats first: a caller woken by its last output must already see the blocks it freed.
             self._stats = self.engine.stats()
+            self._deliver_step(outputs)
 
     def _handle(self, command: _Add | _Abort) -> None:
         if isinstance(command, _Abort):
