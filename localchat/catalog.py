@@ -139,7 +139,7 @@ def _resolve_alias(
         raise ModelNotFoundError(
             f"Model {entry.alias!r} ({entry.repo_id}) is not on this machine, and localchat cannot download "
             f"models yet (that comes in a later version). Download it yourself, e.g. "
-            f"`huggingface-cli download {entry.repo_id}{' ' + entry.file if entry.file else ''}`, "
+            f"`hf download {entry.repo_id}{' ' + entry.file if entry.file else ''}`, "
             "then run again, or pass a local file with --f.",
             param="model",
         ) from None
@@ -152,7 +152,7 @@ def _resolve_hf_cache(repo_id: str, filename: str | None = None) -> ResolvedMode
 
     not_here = ModelNotFoundError(
         f"{repo_id!r} is not in the local Hugging Face cache ({_hf_cache_dir()}). localchat does not download "
-        f"models yet (a later version will): fetch it with `huggingface-cli download {repo_id}`, "
+        f"models yet (a later version will): fetch it with `hf download {repo_id}` (from huggingface_hub), "
         "or pass a local GGUF file with --f or a safetensors folder with --w.",
         param="model",
     )

@@ -20,6 +20,7 @@ from typing import Any
 from localchat import __version__
 from localchat.config import SETTINGS_SPEC, Settings, SettingsError
 from localchat.errors import LocalchatError
+from localchat.paths import is_in_data_dir, unusable_data_dir
 
 GROUP_TITLES = {
     "model": "model",
@@ -90,10 +91,12 @@ def _progress(message: str) -> None:
 
 
 def _serve(settings: Settings, *, open_browser: bool) -> int:
+    from localchat.server.preflight import check_port
     from localchat.server.runtime import build_context, serve
 
     if settings.ui is False and open_browser:
         raise SettingsError("--ui-server needs the web UI; drop --no-ui.", param="ui")
+    check_port(settings.host, settings.port)  # before the model load, which can take minutes
     if (
         settings.model is None
         and settings.file is None
@@ -126,6 +129,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(settings, open_browser=settings.open_browser)
     except LocalchatError as exc:
         print(f"localchat: error: {exc.message}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a file the user can fix (disk full, permissions): a message, not a traceback
+        logging.getLogger("localchat").debug("startup failed", exc_info=exc)
+        message = unusable_data_dir(exc).message if is_in_data_dir(exc.filename) else str(exc)
+        print(f"localchat: error: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -95,6 +95,14 @@ class BackendUnavailableError(LocalchatError):
     code = "backend_unavailable"
 
 
+class DataDirError(LocalchatError):
+    """The data directory (models, conversations) cannot be created or written."""
+
+    status = 500
+    type = "server_error"
+    code = "data_dir_unusable"
+
+
 class EngineDeadError(LocalchatError):
     """The engine thread stopped; requests cannot be served until restart."""
 
