@@ -147,10 +147,24 @@ async def client_loop(base: str, seed: int, until: float, tally: Tally, hang_up_
             await one_request(client, rng, tally, hang_up_p)
 
 
-async def run_clients(args: argparse.Namespace, base: str, seconds: float, tally: Tally, seed: int) -> None:
+async def sample_rss(server: psutil.Process, until: float, samples: list[int]) -> None:
+    while time.monotonic() < until:
+        samples.append(server.memory_info().rss)
+        await asyncio.sleep(5)
+
+
+async def run_clients(
+    args: argparse.Namespace,
+    base: str,
+    seconds: float,
+    tally: Tally,
+    seed: int,
+    rss: tuple[psutil.Process, list[int]],
+) -> None:
     until = time.monotonic() + seconds
     await asyncio.gather(
-        *(client_loop(base, seed + i, until, tally, args.hang_up) for i in range(args.clients))
+        sample_rss(*rss, until),
+        *(client_loop(base, seed + i, until, tally, args.hang_up) for i in range(args.clients)),
     )
 
 
@@ -188,11 +202,12 @@ def main() -> int:
         server = psutil.Process(proc.pid)
         http = httpx.Client(base_url=base, timeout=60)
         warm, soak = Tally(), Tally()
-        asyncio.run(run_clients(args, base, args.warmup, warm, args.seed))
+        samples: list[int] = []
+        asyncio.run(run_clients(args, base, args.warmup, warm, args.seed, (server, [])))
         settle(http)
         rss_warm = server.memory_info().rss
         started = time.monotonic()
-        asyncio.run(run_clients(args, base, args.duration, soak, args.seed + 1000))
+        asyncio.run(run_clients(args, base, args.duration, soak, args.seed + 1000, (server, samples)))
         elapsed = time.monotonic() - started
         final = settle(http)
         rss_end = server.memory_info().rss
