@@ -292,7 +292,11 @@ class ChatService:
 
     def _write(self, fn: Callable[..., object], *args: Any, **kwargs: Any) -> Future[object]:
         """Queue a store write on the store thread; a failure is logged (the answer must still end)."""
-        future = self._store_thread.submit(fn, *args, **kwargs)
+        try:
+            future = self._store_thread.submit(fn, *args, **kwargs)
+        except RuntimeError as exc:  # the store thread is already shut down (server stopping)
+            future = Future()
+            future.set_exception(exc)
         future.add_done_callback(_log_failure)
         return future
 
