@@ -163,7 +163,7 @@ async def run_clients(
 ) -> None:
     until = time.monotonic() + seconds
     await asyncio.gather(
-        sample_rss(*rss, until),
+        sample_rss(rss[0], until, rss[1]),
         *(client_loop(base, seed + i, until, tally, args.hang_up) for i in range(args.clients)),
     )
 
