@@ -2,6 +2,7 @@
 
     localchat serve [flags]      the OpenAI-compatible API (+ the web UI unless --no-ui)
     localchat chat [flags]       a terminal chat, on the local model or `--url` any OpenAI server
+    localchat pull NAME          download a model (see `localchat pull --help`); also list, rm, verify
     localchat --ui-server        serve and open the web UI in a browser
     localchat                    for now like --ui-server (the desktop window comes later)
 
@@ -17,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from localchat import __version__
+from localchat import __version__, cli_models
 from localchat.config import SETTINGS_SPEC, Settings, SettingsError
 from localchat.errors import LocalchatError
 from localchat.paths import is_in_data_dir, unusable_data_dir
@@ -71,9 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"localchat {__version__}")
     parser.add_argument("--ui-server", action="store_true", help="serve and open the web UI in a browser")
-    sub = parser.add_subparsers(dest="command", metavar="{serve,chat}")
+    sub = parser.add_subparsers(dest="command", metavar="{serve,chat,pull,list,rm,verify}")
     for name, help_text in COMMANDS.items():
         sub.add_parser(name, parents=[common], help=help_text, description=help_text, allow_abbrev=False)
+    cli_models.add_parsers(sub, common)
     return parser
 
 
@@ -108,6 +110,20 @@ def _serve(settings: Settings, *, open_browser: bool) -> int:
     return serve(settings, ctx, open_browser=open_browser)
 
 
+def _pull_model_flag(settings: Settings) -> None:
+    """`--m ORG/REPO[:QUANT]` or an alias that is not on disk yet: pull it first, with the progress bar."""
+    if settings.model is None or settings.backend == "fake" or settings.url:
+        return
+    from localchat.catalog import load_catalog
+    from localchat.hub import find_local, pull
+    from localchat.hub.spec import is_repo_name
+    from localchat.paths import data_dir
+
+    name = settings.model
+    if (name in load_catalog(data_dir()) or is_repo_name(name)) and find_local(name) is None:
+        pull(name, progress=cli_models.ProgressPrinter(sys.stderr))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         command, ui_server, settings = parse_settings(argv)
@@ -118,6 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["LOCALCHAT_HOME"] = settings.home  # paths.data_dir() reads it
     logging.basicConfig(level=settings.log.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
+        if command in cli_models.COMMANDS:
+            return cli_models.run(command, vars(build_parser().parse_args(argv)))
+        _pull_model_flag(settings)
         if command == "serve":
             return _serve(settings, open_browser=False)
         if command == "chat":

@@ -7,9 +7,12 @@ import logging
 import time
 from collections import deque
 
+import numpy as np
+
 from localchat.engine.batch import build_batch
 from localchat.engine.block_manager import BlockManager
 from localchat.engine.config import EngineConfig
+from localchat.engine.constraint import TokenMatcher, fill_batch_bitmask
 from localchat.engine.detokenizer import Decoder, IncrementalDetokenizer
 from localchat.engine.interface import ModelRunner
 from localchat.engine.latency import ITL_BUCKETS_S, TTFT_BUCKETS_S, Histogram
@@ -98,6 +101,8 @@ class LLMEngine:
         request = Request(req_id, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids)
         if arrival_time is not None:
             request.arrival_time = arrival_time
+        if params.constraint is not None:
+            request.matcher = params.constraint.new_matcher()
         self._detokenizers[req_id] = IncrementalDetokenizer(
             self.tokenizer,
             stop=params.stop,
@@ -126,6 +131,7 @@ class LLMEngine:
         if scheduler_output.is_empty:
             return []
         batch = build_batch(scheduler_output, self.scheduler.requests, self.config.block_size)
+        batch.token_bitmask = self._grammar_bitmask(batch.sample_req_ids)
         try:
             runner_output = self.runner.execute_model(scheduler_output, batch)
         except Exception as exc:  # a failed step must not take the engine down
@@ -137,17 +143,26 @@ class LLMEngine:
         outputs: list[RequestOutput] = []
         logprobs = runner_output.logprobs
         now = time.monotonic()
+        embeddings = runner_output.embeddings or {}
         num_generated = 0
         for i, (req_id, token_ids) in enumerate(
             zip(runner_output.req_ids, runner_output.sampled_token_ids, strict=True)
         ):
             request = self.scheduler.requests[req_id]
+            if req_id in embeddings:
+                request.embedding = embeddings[req_id]
+                outputs.append(self._finish(request, FinishReason.STOP, ""))
+                continue
             reason: FinishReason | None = None
             accepted = 0
-            while reason is None and accepted < len(token_ids):
+            grammar_error: str | None = None
+            while reason is None and grammar_error is None and accepted < len(token_ids):
                 request.append_output_token(token_ids[accepted])
                 accepted += 1
                 reason = request.check_token_stop(self.max_model_len)
+                grammar_error = self._advance_matcher(request, token_ids[accepted - 1])
+                if reason is None and request.matcher is not None and request.matcher.is_finished:
+                    reason = FinishReason.STOP  # the grammar is complete: nothing may follow
             token_ids = token_ids[:accepted]
             num_generated += accepted
             self._record_latency(request, accepted, now)
@@ -157,7 +172,12 @@ class LLMEngine:
                 request.stop_reason = detok.stop_hit
                 reason = FinishReason.STOP
             token_logprobs = logprobs[i] if logprobs is not None else []
-            if reason is not None:
+            if grammar_error is not None:
+                out = self._finish(request, FinishReason.ERROR, delta, token_ids, token_logprobs)
+                out.error = grammar_error
+                self.requests_failed_total += 1
+                outputs.append(out)
+            elif reason is not None:
                 outputs.append(self._finish(request, reason, delta, token_ids, token_logprobs))
             else:
                 outputs.append(self._output(request, token_ids, delta, token_logprobs))
@@ -165,6 +185,26 @@ class LLMEngine:
         return outputs
 
     # -- helpers ------------------------------------------------------------------------------------
+
+    def _grammar_bitmask(self, sample_req_ids: list[str]) -> np.ndarray | None:
+        """The step's allowed-token mask, or None when no sampling row has a grammar (no work then)."""
+        rows: list[tuple[TokenMatcher, int]] = []
+        words = 0
+        for row, req_id in enumerate(sample_req_ids):
+            request = self.scheduler.requests[req_id]
+            constraint = request.sampling_params.constraint
+            if request.matcher is not None and constraint is not None:
+                rows.append((request.matcher, row))
+                words = max(words, constraint.mask_words)
+        return fill_batch_bitmask(rows, len(sample_req_ids), words) if rows else None
+
+    @staticmethod
+    def _advance_matcher(request: Request, token_id: int) -> str | None:
+        """Move the request's grammar past its new token; an error message if the grammar refused it."""
+        matcher = request.matcher
+        if matcher is None or matcher.accept_token(token_id):
+            return None
+        return f"The output left its grammar at token {token_id}: {matcher.error or 'rejected'}"
 
     def _output(
         self, request: Request, token_ids: list[int], delta: str, logprobs: list | None = None
@@ -177,6 +217,7 @@ class LLMEngine:
             num_cached_tokens=max(request.num_cached_tokens, 0),
             num_output_tokens=request.num_output_tokens,
             logprobs=logprobs or [],
+            embedding=request.embedding,
         )
 
     def _finish(
