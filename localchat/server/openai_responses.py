@@ -25,6 +25,7 @@ from localchat.server.common import (
     new_call,
 )
 from localchat.server.generation import Generation, build_params, check_prompt_length, resolve_max_tokens
+from localchat.server.openapi import api_operation
 from localchat.server.reasoning import starts_in_reasoning
 from localchat.server.responses_input import ResponsesRequest, as_chat_request, input_messages
 from localchat.server.responses_output import ResponseWriter
@@ -34,7 +35,12 @@ from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, guarded
 _encode = msgspec.json.Encoder().encode
 
 
-@post(["/v1/responses", "/responses"], name="openai:responses", status_code=200)
+@post(
+    ["/v1/responses", "/responses"],
+    name="openai:responses",
+    status_code=200,
+    operation_class=api_operation(ResponsesRequest),
+)
 async def responses(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     ctx = get_ctx(request)
     check_accepting(ctx)

@@ -92,7 +92,12 @@ def test_the_post_routes_document_their_json_bodies(live: LiveApp) -> None:
     assert body["required"] == ["messages"] and "temperature" in body["properties"]
     messages = body["properties"]["messages"]
     assert messages["type"] == "array" and messages["items"]["required"] == ["role"]
-    completion = doc["paths"]["/v1/completions"]["post"]["requestBody"]["content"]["application/json"]
-    assert completion["schema"]["required"] == ["prompt"]
+    for path, field in (
+        ("/v1/completions", "prompt"),
+        ("/v1/responses", "input"),
+        ("/v1/embeddings", "input"),
+    ):
+        schema = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert field in schema["properties"], path
     error = doc["paths"]["/v1/models/{model_id}"]["get"]["responses"]["default"]["content"]
     assert error["application/json"]["schema"]["required"] == ["error"]
