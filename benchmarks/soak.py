@@ -236,6 +236,10 @@ def main() -> int:
         f"| server RSS after warm-up / at the end | {rss_warm / 2**20:.0f} / {rss_end / 2**20:.0f} MiB "
         f"({growth:+.1%}) |"
     )
+    quarters = [samples[len(samples) * q // 4] for q in (1, 2, 3)] if samples else []
+    print(
+        f"| server RSS at 1/4, 1/2, 3/4 of the run | {' / '.join(f'{r / 2**20:.0f}' for r in quarters)} MiB |"
+    )
     print(
         f"| KV blocks used at the end / total | {final['localchat_kv_blocks_used']:.0f} / "
         f"{final['localchat_kv_blocks_total']:.0f} |"
