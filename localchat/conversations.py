@@ -42,6 +42,7 @@ from localchat.store import (
 )
 
 if TYPE_CHECKING:
+    from localchat.model_manager import ModelManager
     from localchat.server.context import ServerContext
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ class Generation:
     conversation_id: str
     message_id: int
     req_id: str
+    ctx: ServerContext  # the model writing the answer (stop aborts there; tool calls continue there)
     text: str = ""
     started_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
@@ -84,9 +86,9 @@ class ChatService:
     every store call runs on one store thread instead, so a slow disk never stalls other streams, and
     writes land in the order they were made."""
 
-    def __init__(self, store: Store, ctx: ServerContext) -> None:
+    def __init__(self, store: Store, models: ModelManager) -> None:
         self.store = store
-        self.ctx = ctx
+        self.models = models
         self._active: dict[str, Generation] = {}  # by conversation id
         self._by_message: dict[int, Generation] = {}
         self._claimed: set[str] = set()  # conversations whose next answer is being set up
@@ -104,42 +106,66 @@ class ChatService:
 
     # -- defaults -------------------------------------------------------------------------------------
 
-    def model_defaults(self) -> dict[str, Any]:
-        """What a conversation uses when its own setting is empty (shown in the settings form)."""
-        params = SamplingParams(**resolve_sampling(self.ctx, {}))
-        cap = min(self.ctx.settings.max_gen_tokens, self.ctx.engine.max_model_len)
+    def model_defaults(self, ctx: ServerContext | None = None) -> dict[str, Any]:
+        """What a conversation uses when its own setting is empty (shown in the settings form): the API's
+        resolution for `ctx` (else the current model; the flags' values while no model is loaded)."""
+        ctx = ctx or self.models.lookup(None)
+        settings = self.models.settings
+        if ctx is None:
+            flags: dict[str, Any] = dict(settings.sampling_defaults)
+            params = SamplingParams(**flags)
+            return {
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "max_tokens": settings.max_gen_tokens,
+            }
+        params = SamplingParams(**resolve_sampling(ctx, {}))
+        cap = min(settings.max_gen_tokens, ctx.engine.max_model_len)
         return {"temperature": params.temperature, "top_p": params.top_p, "max_tokens": cap}
 
-    def sampling_params(self, conv: Conversation) -> SamplingParams:
+    def sampling_params(self, conv: Conversation, ctx: ServerContext) -> SamplingParams:
         """The same resolution as the API's (server/generation.py), with the conversation's settings
         in the place of a request's fields."""
         requested = {"temperature": conv.temperature, "top_p": conv.top_p}
-        max_tokens = resolve_max_tokens(self.ctx, conv.max_tokens)
-        return SamplingParams(**resolve_sampling(self.ctx, requested), max_tokens=max_tokens)
+        max_tokens = resolve_max_tokens(ctx, conv.max_tokens)
+        return SamplingParams(**resolve_sampling(ctx, requested), max_tokens=max_tokens)
 
     # -- actions --------------------------------------------------------------------------------------
 
     async def send(
-        self, conv_id: str | None, text: str, settings: dict[str, Any] | None = None
+        self,
+        conv_id: str | None,
+        text: str,
+        settings: dict[str, Any] | None = None,
+        model: str | None = None,
     ) -> tuple[Conversation, list[Message]]:
-        """Add a user message and start its answer; a new conversation when `conv_id` is None."""
+        """Add a user message and start its answer; a new conversation when `conv_id` is None. `model`
+        (the header's picker) switches the conversation to that model; it must be loaded (else 503)."""
         text = _check_text(text)
         with self._claim(conv_id):
-            conv, user, answer = await self.in_store_thread(self._add_turn, conv_id, text, settings or {})
-            return conv, [user, await self._start(conv, answer)]
+            if conv_id is not None:
+                model = model or (await self.in_store_thread(self.store.get_conversation, conv_id)).model
+            ctx = self.models.ready_context(model or None)
+            values = {**(settings or {}), "model": ctx.model_id}
+            conv, user, answer = await self.in_store_thread(self._add_turn, conv_id, text, values)
+            return conv, [user, await self._start(conv, answer, ctx)]
 
     async def regenerate(self, conv_id: str) -> Message:
         """Replace the last answer with a new one."""
         with self._claim(conv_id):
+            stored = await self.in_store_thread(self.store.get_conversation, conv_id)
+            ctx = self.models.ready_context(stored.model or None)
             conv, answer = await self.in_store_thread(self._replace_answer, conv_id)
-            return await self._start(conv, answer)
+            return await self._start(conv, answer, ctx)
 
     async def edit(self, conv_id: str, message_id: int, text: str) -> list[Message]:
         """Change an earlier user message, drop what followed it, and answer it again."""
         text = _check_text(text)
         with self._claim(conv_id):
+            stored = await self.in_store_thread(self.store.get_conversation, conv_id)
+            ctx = self.models.ready_context(stored.model or None)
             conv, answer = await self.in_store_thread(self._edit_turn, conv_id, message_id, text)
-            await self._start(conv, answer)
+            await self._start(conv, answer, ctx)
         return await self.in_store_thread(self.store.get_messages, conv_id)
 
     def stop(self, conv_id: str) -> bool:
@@ -148,7 +174,7 @@ class ChatService:
         if gen is None:
             return False
         gen.stop_requested = True
-        self.ctx.engine.abort(gen.req_id)
+        gen.ctx.engine.abort(gen.req_id)
         return True
 
     def is_generating(self, conv_id: str) -> bool:
@@ -179,7 +205,7 @@ class ChatService:
         self, conv_id: str | None, text: str, settings: dict[str, Any]
     ) -> tuple[Conversation, Message, Message]:
         if conv_id is None:
-            conv = self.store.create_conversation(title_from(text), model=self.ctx.model_id, **settings)
+            conv = self.store.create_conversation(title_from(text), **settings)
         else:
             self.store.get_conversation(conv_id)  # NotFoundError for a deleted conversation
             conv = self.store.update_settings(conv_id, **settings)
@@ -187,6 +213,10 @@ class ChatService:
             conv.id, [NewMessage("user", text), NewMessage("assistant", "", STREAMING)]
         )
         return conv, user, answer
+
+    def _begin_answer(self, conv_id: str, answer_id: int, model_id: str) -> list[Message]:
+        self.store.update_message(answer_id, model=model_id)
+        return self.store.get_messages(conv_id)
 
     def _replace_answer(self, conv_id: str) -> tuple[Conversation, Message]:
         conv = self.store.get_conversation(conv_id)
@@ -222,24 +252,23 @@ class ChatService:
         finally:
             self._claimed.discard(conv_id or "")
 
-    async def _start(self, conv: Conversation, answer: Message) -> Message:
-        history = [
-            m for m in await self.in_store_thread(self.store.get_messages, conv.id) if m.id < answer.id
-        ]
+    async def _start(self, conv: Conversation, answer: Message, ctx: ServerContext) -> Message:
+        stored = await self.in_store_thread(self._begin_answer, conv.id, answer.id, ctx.model_id)
+        history = [m for m in stored if m.id < answer.id]
         try:
-            messages = _chat_messages(conv, history, self.ctx.tool_parser.template_call_id)
-            prompt_ids = self.ctx.encode_chat(messages, tools=ui_turns.mcp_tools(self.ctx))
-            params = self.sampling_params(conv)
+            messages = _chat_messages(conv, history, ctx.tool_parser.template_call_id)
+            prompt_ids = ctx.encode_chat(messages, tools=ui_turns.mcp_tools(ctx))
+            params = self.sampling_params(conv, ctx)
             self._next += 1
-            gen = Generation(conv.id, answer.id, f"ui-{answer.id}-{self._next}")
+            gen = Generation(conv.id, answer.id, f"ui-{answer.id}-{self._next}", ctx)
             # A template that opens the reasoning block itself (e.g. DeepSeek-R1) leaves the model inside it.
-            tail = self.ctx.model.tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False)
+            tail = ctx.model.tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False)
             if tail.rstrip().endswith("<think>"):
                 gen.text = "<think>"
             loop = asyncio.get_running_loop()
             self._active[conv.id] = gen
             self._by_message[answer.id] = gen
-            self.ctx.engine.submit(
+            ctx.engine.submit(
                 prompt_ids,
                 params,
                 LoopSink(loop, self._on_output, (gen,)),
@@ -273,7 +302,7 @@ class ChatService:
 
     def _finish(self, gen: Generation, out: RequestOutput, now: float) -> None:
         if out.finish_reason == FinishReason.STOP and gen.turns < ui_turns.MAX_TURNS - 1:
-            content, calls = ui_turns.find_calls(self.ctx, gen.text[gen.turn_start :])
+            content, calls = ui_turns.find_calls(gen.ctx, gen.text[gen.turn_start :])
             if calls:  # the server runs the MCP calls, then the model goes on with their results
                 asyncio.get_running_loop().create_task(self._run_tools(gen, content, calls))
                 return
@@ -312,8 +341,9 @@ class ChatService:
         return future
 
     async def _run_tools(self, gen: Generation, content: str, calls: list[Any]) -> None:
-        assert self.ctx.mcp is not None
-        runs = [await self.ctx.mcp.call(c.name, c.arguments) for c in calls]
+        ctx = gen.ctx
+        assert ctx.mcp is not None
+        runs = [await ctx.mcp.call(c.name, c.arguments) for c in calls]
         gen.text = gen.text[: gen.turn_start] + ui_turns.transcript(content, calls, runs)
         gen.turn_start, gen.turns = len(gen.text), gen.turns + 1
         for queue in gen.listeners:
@@ -326,16 +356,19 @@ class ChatService:
                 self._save_turn, gen.conversation_id, gen.message_id, gen.text
             )
             history = [m for m in stored if m.id < gen.message_id]
-            call_id = self.ctx.tool_parser.template_call_id
+            call_id = ctx.tool_parser.template_call_id
             messages = _chat_messages(conv, history, call_id) + ui_turns.answer_messages(gen.text, call_id)
             # The last turn is rendered without tools, so the model answers in words.
-            tools = ui_turns.mcp_tools(self.ctx) if gen.turns < ui_turns.MAX_TURNS - 1 else None
-            prompt_ids = self.ctx.encode_chat(messages, tools=tools)
+            tools = ui_turns.mcp_tools(ctx) if gen.turns < ui_turns.MAX_TURNS - 1 else None
+            prompt_ids = ctx.encode_chat(messages, tools=tools)
             self._next += 1
             gen.req_id = f"ui-{gen.message_id}-{self._next}"
             loop = asyncio.get_running_loop()
-            self.ctx.engine.submit(
-                prompt_ids, self.sampling_params(conv), LoopSink(loop, self._on_output, (gen,)), gen.req_id
+            ctx.engine.submit(
+                prompt_ids,
+                self.sampling_params(conv, ctx),
+                LoopSink(loop, self._on_output, (gen,)),
+                gen.req_id,
             )
         except LocalchatError as exc:
             await self._end_early(gen, status=ERROR, error=exc.message, finish_reason="error")

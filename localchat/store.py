@@ -31,6 +31,7 @@ _MESSAGE_UPDATES = (
     "prompt_tokens",
     "completion_tokens",
     "tokens_per_s",
+    "model",
 )
 
 
@@ -60,6 +61,7 @@ class Message:
     completion_tokens: int = 0
     tokens_per_s: float | None = None
     created_at: float = 0.0
+    model: str | None = None  # the model that wrote an answer (the picker switches models mid-chat)
 
 
 @dataclass(slots=True)

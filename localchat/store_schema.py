@@ -1,15 +1,19 @@
 """The conversation store's schema, as ordered migrations keyed by `PRAGMA user_version`.
 
 MIGRATIONS[i] upgrades a database from version i to i + 1. To change the schema, append one entry
-(e.g. `"ALTER TABLE messages ADD COLUMN model TEXT NOT NULL DEFAULT ''"`) and add the field to the
-matching dataclass in store.py; never edit an entry that has shipped: users' databases already ran it.
+(e.g. `"ALTER TABLE messages ADD COLUMN rating INTEGER"`, or a function for a change SQL cannot say
+alone) and add the field to the matching dataclass in store.py; never edit an entry that has shipped:
+users' databases already ran it.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 
 from localchat.errors import DatabaseSchemaError
+
+Migration = str | Callable[[sqlite3.Connection], None]  # SQL statements (";"-separated), or a function
 
 _INITIAL = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -40,8 +44,17 @@ CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages (conversation_id
 CREATE INDEX IF NOT EXISTS conversations_by_update ON conversations (updated_at DESC);
 """
 
-MIGRATIONS: list[str] = [
+
+def _add_message_model(db: sqlite3.Connection) -> None:
+    """messages.model: which model wrote each answer. Some version-1 databases already have it (it was
+    added without a version bump for a while), hence the check."""
+    if "model" not in {row[1] for row in db.execute("PRAGMA table_info(messages)")}:
+        db.execute("ALTER TABLE messages ADD COLUMN model TEXT")
+
+
+MIGRATIONS: list[Migration] = [
     _INITIAL,  # 0 -> 1 (IF NOT EXISTS: databases from before versioning already hold it)
+    _add_message_model,  # 1 -> 2
 ]
 
 
@@ -60,11 +73,14 @@ def migrate(db: sqlite3.Connection, path: object) -> int:
             " another folder."
         )
     for version in range(found, schema_version()):
+        migration = MIGRATIONS[version]
         try:
-            # Not executescript(): it commits on its own, outside the caller's transaction.
-            for statement in MIGRATIONS[version].split(";"):
-                if statement.strip():
-                    db.execute(statement)
+            if callable(migration):
+                migration(db)
+            else:  # not executescript(): it commits on its own, outside the caller's transaction
+                for statement in migration.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
         except sqlite3.Error as exc:
             raise DatabaseSchemaError(
                 f"Updating the conversations database {path} to schema {version + 1} failed ({exc});"
