@@ -12,12 +12,15 @@ keeps its place, everything after it is deleted, and a new answer is generated.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from localchat.engine.async_engine import LoopSink
 from localchat.engine.outputs import RequestOutput
@@ -25,6 +28,7 @@ from localchat.engine.request import FinishReason
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import InvalidRequestError, LocalchatError
 from localchat.mcp import ui_turns
+from localchat.server.generation import resolve_max_tokens, resolve_sampling
 from localchat.store import (
     DONE,
     ERROR,
@@ -42,10 +46,9 @@ if TYPE_CHECKING:
     from localchat.server.context import ServerContext
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SAVE_INTERVAL_S = 0.5
-DEFAULT_TEMPERATURE = 0.7
-DEFAULT_MAX_TOKENS = 2048
 MAX_MESSAGE_CHARS = 200_000
 _THINK_BLOCK = re.compile(r"<think>.*?(</think>|$)", re.S)
 _STATUS = {
@@ -79,52 +82,57 @@ def strip_thinking(text: str) -> str:
 
 
 class ChatService:
-    """Starts, stops and follows the answers of the UI's conversations. Runs on the server's event loop."""
+    """Starts, stops and follows the answers of the UI's conversations. Runs on the server's event loop;
+    every store call runs on one store thread instead, so a slow disk never stalls other streams, and
+    writes land in the order they were made."""
 
     def __init__(self, store: Store, models: ModelManager) -> None:
         self.store = store
         self.models = models
         self._active: dict[str, Generation] = {}  # by conversation id
         self._by_message: dict[int, Generation] = {}
+        self._claimed: set[str] = set()  # conversations whose next answer is being set up
         self._next = 0
+        self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="localchat-store")
+
+    def close(self) -> None:
+        """Finish the queued writes (the final state of answers), then stop the store thread."""
+        self._store_thread.shutdown(wait=True)
+
+    async def in_store_thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(
+            self._store_thread, functools.partial(fn, *args, **kwargs)
+        )
 
     # -- defaults -------------------------------------------------------------------------------------
 
     def model_defaults(self, ctx: ServerContext | None = None) -> dict[str, Any]:
-        """What a conversation uses when its own setting is empty: the server's flag, else the model's
-        (`ctx`, else the current model; generic values while no model is loaded)."""
+        """What a conversation uses when its own setting is empty (shown in the settings form): the API's
+        resolution for `ctx` (else the current model; the flags' values while no model is loaded)."""
         ctx = ctx or self.models.lookup(None)
         settings = self.models.settings
-        gen = ctx.model.generation_defaults if ctx is not None else {}
-        max_model_len = ctx.engine.max_model_len if ctx is not None else DEFAULT_MAX_TOKENS
-        temperature = getattr(settings, "temperature", None)
-        top_p = getattr(settings, "top_p", None)
-        max_tokens = getattr(settings, "max_gen_tokens", None) or DEFAULT_MAX_TOKENS
-        return {
-            "temperature": float(
-                temperature if temperature is not None else gen.get("temperature", DEFAULT_TEMPERATURE)
-            ),
-            "top_p": float(top_p if top_p is not None else gen.get("top_p", 1.0)),
-            "max_tokens": int(min(max_tokens, max_model_len)),
-        }
+        if ctx is None:
+            flags: dict[str, Any] = dict(settings.sampling_defaults)
+            params = SamplingParams(**flags)
+            return {
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "max_tokens": settings.max_gen_tokens,
+            }
+        params = SamplingParams(**resolve_sampling(ctx, {}))
+        cap = min(settings.max_gen_tokens, ctx.engine.max_model_len)
+        return {"temperature": params.temperature, "top_p": params.top_p, "max_tokens": cap}
 
     def sampling_params(self, conv: Conversation, ctx: ServerContext) -> SamplingParams:
-        defaults = self.model_defaults(ctx)
-        extra = {
-            k: v
-            for k, v in ctx.model.generation_defaults.items()
-            if k in ("top_k", "min_p", "repetition_penalty")
-        }
-        return SamplingParams(
-            temperature=conv.temperature if conv.temperature is not None else defaults["temperature"],
-            top_p=conv.top_p if conv.top_p is not None else defaults["top_p"],
-            max_tokens=conv.max_tokens or defaults["max_tokens"],
-            **extra,
-        )
+        """The same resolution as the API's (server/generation.py), with the conversation's settings
+        in the place of a request's fields."""
+        requested = {"temperature": conv.temperature, "top_p": conv.top_p}
+        max_tokens = resolve_max_tokens(ctx, conv.max_tokens)
+        return SamplingParams(**resolve_sampling(ctx, requested), max_tokens=max_tokens)
 
     # -- actions --------------------------------------------------------------------------------------
 
-    def send(
+    async def send(
         self,
         conv_id: str | None,
         text: str,
@@ -134,45 +142,31 @@ class ChatService:
         """Add a user message and start its answer; a new conversation when `conv_id` is None. `model`
         (the header's picker) switches the conversation to that model; it must be loaded (else 503)."""
         text = _check_text(text)
-        if conv_id is not None:
-            self._check_idle(conv_id)
-            model = model or self.store.get_conversation(conv_id).model
-        ctx = self.models.ready_context(model or None)
-        settings = {**(settings or {}), "model": ctx.model_id}
-        if conv_id is None:
-            conv = self.store.create_conversation(title_from(text), **settings)
-        else:
-            conv = self.store.update_settings(conv_id, **settings)
-        user, answer = self.store.add_messages(
-            conv.id, [NewMessage("user", text), NewMessage("assistant", "", STREAMING)]
-        )
-        return conv, [user, self._start(conv, answer, ctx)]
+        with self._claim(conv_id):
+            if conv_id is not None:
+                model = model or (await self.in_store_thread(self.store.get_conversation, conv_id)).model
+            ctx = self.models.ready_context(model or None)
+            values = {**(settings or {}), "model": ctx.model_id}
+            conv, user, answer = await self.in_store_thread(self._add_turn, conv_id, text, values)
+            return conv, [user, await self._start(conv, answer, ctx)]
 
-    def regenerate(self, conv_id: str) -> Message:
+    async def regenerate(self, conv_id: str) -> Message:
         """Replace the last answer with a new one."""
-        self._check_idle(conv_id)
-        ctx = self.models.ready_context(self.store.get_conversation(conv_id).model or None)
-        messages = self.store.get_messages(conv_id)
-        if not messages:
-            raise InvalidRequestError("There is nothing to regenerate in an empty conversation.")
-        if messages[-1].role == "assistant":
-            self.store.truncate_after(conv_id, messages[-1].id, inclusive=True)
-        (answer,) = self.store.add_messages(conv_id, [NewMessage("assistant", "", STREAMING)])
-        return self._start(self.store.get_conversation(conv_id), answer, ctx)
+        with self._claim(conv_id):
+            stored = await self.in_store_thread(self.store.get_conversation, conv_id)
+            ctx = self.models.ready_context(stored.model or None)
+            conv, answer = await self.in_store_thread(self._replace_answer, conv_id)
+            return await self._start(conv, answer, ctx)
 
-    def edit(self, conv_id: str, message_id: int, text: str) -> list[Message]:
+    async def edit(self, conv_id: str, message_id: int, text: str) -> list[Message]:
         """Change an earlier user message, drop what followed it, and answer it again."""
         text = _check_text(text)
-        self._check_idle(conv_id)
-        ctx = self.models.ready_context(self.store.get_conversation(conv_id).model or None)
-        message = self.store.get_message(message_id)
-        if message.conversation_id != conv_id or message.role != "user":
-            raise InvalidRequestError("Only your own messages in this conversation can be edited.")
-        self.store.truncate_after(conv_id, message_id)
-        self.store.update_message(message_id, content=text)
-        (answer,) = self.store.add_messages(conv_id, [NewMessage("assistant", "", STREAMING)])
-        self._start(self.store.get_conversation(conv_id), answer, ctx)
-        return self.store.get_messages(conv_id)
+        with self._claim(conv_id):
+            stored = await self.in_store_thread(self.store.get_conversation, conv_id)
+            ctx = self.models.ready_context(stored.model or None)
+            conv, answer = await self.in_store_thread(self._edit_turn, conv_id, message_id, text)
+            await self._start(conv, answer, ctx)
+        return await self.in_store_thread(self.store.get_messages, conv_id)
 
     def stop(self, conv_id: str) -> bool:
         """Abort the conversation's answer; the engine frees its KV blocks before its next step."""
@@ -184,7 +178,7 @@ class ChatService:
         return True
 
     def is_generating(self, conv_id: str) -> bool:
-        return conv_id in self._active
+        return conv_id in self._active or conv_id in self._claimed
 
     async def events(self, message_id: int) -> AsyncIterator[tuple[str, str]]:
         """("snapshot", text so far), then ("delta", text)..., then ("done", ""). Just ("done", "") when
@@ -205,16 +199,62 @@ class ChatService:
         finally:
             gen.listeners.remove(queue)
 
+    # -- store work (on the store thread) -------------------------------------------------------------
+
+    def _add_turn(
+        self, conv_id: str | None, text: str, settings: dict[str, Any]
+    ) -> tuple[Conversation, Message, Message]:
+        if conv_id is None:
+            conv = self.store.create_conversation(title_from(text), **settings)
+        else:
+            self.store.get_conversation(conv_id)  # NotFoundError for a deleted conversation
+            conv = self.store.update_settings(conv_id, **settings)
+        user, answer = self.store.add_messages(
+            conv.id, [NewMessage("user", text), NewMessage("assistant", "", STREAMING)]
+        )
+        return conv, user, answer
+
+    def _begin_answer(self, conv_id: str, answer_id: int, model_id: str) -> list[Message]:
+        self.store.update_message(answer_id, model=model_id)
+        return self.store.get_messages(conv_id)
+
+    def _replace_answer(self, conv_id: str) -> tuple[Conversation, Message]:
+        conv = self.store.get_conversation(conv_id)
+        messages = self.store.get_messages(conv_id)
+        if not messages:
+            raise InvalidRequestError("There is nothing to regenerate in an empty conversation.")
+        if messages[-1].role == "assistant":
+            self.store.truncate_after(conv_id, messages[-1].id, inclusive=True)
+        (answer,) = self.store.add_messages(conv_id, [NewMessage("assistant", "", STREAMING)])
+        return conv, answer
+
+    def _edit_turn(self, conv_id: str, message_id: int, text: str) -> tuple[Conversation, Message]:
+        conv = self.store.get_conversation(conv_id)
+        message = self.store.get_message(message_id)
+        if message.conversation_id != conv_id or message.role != "user":
+            raise InvalidRequestError("Only your own messages in this conversation can be edited.")
+        self.store.truncate_after(conv_id, message_id)
+        self.store.update_message(message_id, content=text)
+        (answer,) = self.store.add_messages(conv_id, [NewMessage("assistant", "", STREAMING)])
+        return conv, answer
+
     # -- generation -----------------------------------------------------------------------------------
 
-    def _check_idle(self, conv_id: str) -> None:
-        self.store.get_conversation(conv_id)  # NotFoundError for a deleted conversation
-        if conv_id in self._active:
+    @contextmanager
+    def _claim(self, conv_id: str | None) -> Iterator[None]:
+        """One answer per conversation: held from the check until the answer is active (or failed)."""
+        if conv_id is not None and (conv_id in self._active or conv_id in self._claimed):
             raise InvalidRequestError("An answer is still being written. Wait for it, or press Stop first.")
+        if conv_id is not None:
+            self._claimed.add(conv_id)
+        try:
+            yield
+        finally:
+            self._claimed.discard(conv_id or "")
 
-    def _start(self, conv: Conversation, answer: Message, ctx: ServerContext) -> Message:
-        history = [m for m in self.store.get_messages(conv.id) if m.id < answer.id]
-        self.store.update_message(answer.id, model=ctx.model_id)
+    async def _start(self, conv: Conversation, answer: Message, ctx: ServerContext) -> Message:
+        stored = await self.in_store_thread(self._begin_answer, conv.id, answer.id, ctx.model_id)
+        history = [m for m in stored if m.id < answer.id]
         try:
             messages = _chat_messages(conv, history, ctx.tool_parser.template_call_id)
             prompt_ids = ctx.encode_chat(messages, tools=ui_turns.mcp_tools(ctx))
@@ -236,8 +276,10 @@ class ChatService:
             )
         except LocalchatError as exc:
             self._forget(conv.id, answer.id)
-            self.store.update_message(answer.id, status=ERROR, error=exc.message, finish_reason="error")
-        return self.store.get_message(answer.id)
+            await self.in_store_thread(
+                self.store.update_message, answer.id, status=ERROR, error=exc.message, finish_reason="error"
+            )
+        return await self.in_store_thread(self.store.get_message, answer.id)
 
     def _on_output(self, gen: Generation, out: RequestOutput) -> None:
         now = time.monotonic()
@@ -251,8 +293,11 @@ class ChatService:
             self._finish(gen, out, now)
         elif now - gen.saved_at >= SAVE_INTERVAL_S:
             gen.saved_at = now
-            self.store.update_message(
-                gen.message_id, content=gen.text, completion_tokens=out.num_output_tokens
+            self._write(
+                self.store.update_message,
+                gen.message_id,
+                content=gen.text,
+                completion_tokens=out.num_output_tokens,
             )
 
     def _finish(self, gen: Generation, out: RequestOutput, now: float) -> None:
@@ -264,22 +309,36 @@ class ChatService:
         reason = out.finish_reason or FinishReason.STOP
         decode_s = now - gen.first_token_at if gen.first_token_at is not None else 0.0
         rate = (out.num_output_tokens - 1) / decode_s if decode_s > 0 and out.num_output_tokens > 1 else None
-        try:
-            self.store.update_message(
-                gen.message_id,
-                content=gen.text,
-                status=_STATUS[reason],
-                error=out.error,
-                finish_reason=str(reason),
-                prompt_tokens=out.num_prompt_tokens,
-                completion_tokens=out.num_output_tokens,
-                tokens_per_s=rate,
-            )
-        except Exception:  # the store must not keep a finished generation marked active
-            log.exception("saving answer %d failed", gen.message_id)
+        saved = self._write(
+            self.store.update_message,
+            gen.message_id,
+            content=gen.text,
+            status=_STATUS[reason],
+            error=out.error,
+            finish_reason=str(reason),
+            prompt_tokens=out.num_prompt_tokens,
+            completion_tokens=out.num_output_tokens,
+            tokens_per_s=rate,
+        )
+        # The answer stays active until its final state is on disk: a tab that reloads it on "done", or a
+        # regenerate right after, must read the finished message.
+        loop = asyncio.get_running_loop()
+        saved.add_done_callback(lambda _: _call_soon(loop, self._finished, gen))
+
+    def _finished(self, gen: Generation) -> None:
         self._forget(gen.conversation_id, gen.message_id)
         for queue in gen.listeners:
             queue.put_nowait(("done", ""))
+
+    def _write(self, fn: Callable[..., object], *args: Any, **kwargs: Any) -> Future[object]:
+        """Queue a store write on the store thread; a failure is logged (the answer must still end)."""
+        try:
+            future = self._store_thread.submit(fn, *args, **kwargs)
+        except RuntimeError as exc:  # the store thread is already shut down (server stopping)
+            future = Future()
+            future.set_exception(exc)
+        future.add_done_callback(_log_failure)
+        return future
 
     async def _run_tools(self, gen: Generation, content: str, calls: list[Any]) -> None:
         ctx = gen.ctx
@@ -290,12 +349,13 @@ class ChatService:
         for queue in gen.listeners:
             queue.put_nowait(("snapshot", gen.text))
         if gen.stop_requested:
-            self._end_early(gen, status=STOPPED, error=None, finish_reason="abort")
+            await self._end_early(gen, status=STOPPED, error=None, finish_reason="abort")
             return
         try:
-            self.store.update_message(gen.message_id, content=gen.text)
-            conv = self.store.get_conversation(gen.conversation_id)
-            history = [m for m in self.store.get_messages(conv.id) if m.id < gen.message_id]
+            conv, stored = await self.in_store_thread(
+                self._save_turn, gen.conversation_id, gen.message_id, gen.text
+            )
+            history = [m for m in stored if m.id < gen.message_id]
             call_id = ctx.tool_parser.template_call_id
             messages = _chat_messages(conv, history, call_id) + ui_turns.answer_messages(gen.text, call_id)
             # The last turn is rendered without tools, so the model answers in words.
@@ -311,11 +371,25 @@ class ChatService:
                 gen.req_id,
             )
         except LocalchatError as exc:
-            self._end_early(gen, status=ERROR, error=exc.message, finish_reason="error")
+            await self._end_early(gen, status=ERROR, error=exc.message, finish_reason="error")
 
-    def _end_early(self, gen: Generation, *, status: str, error: str | None, finish_reason: str) -> None:
-        self.store.update_message(
-            gen.message_id, content=gen.text, status=status, error=error, finish_reason=finish_reason
+    def _save_turn(self, conv_id: str, message_id: int, text: str) -> tuple[Conversation, list[Message]]:
+        """(On the store thread.) Save the answer so far; the conversation and its messages for the next turn."""
+        self.store.update_message(message_id, content=text)
+        return self.store.get_conversation(conv_id), self.store.get_messages(conv_id)
+
+    async def _end_early(
+        self, gen: Generation, *, status: str, error: str | None, finish_reason: str
+    ) -> None:
+        await asyncio.wrap_future(
+            self._write(
+                self.store.update_message,
+                gen.message_id,
+                content=gen.text,
+                status=status,
+                error=error,
+                finish_reason=finish_reason,
+            )
         )
         self._forget(gen.conversation_id, gen.message_id)
         for queue in gen.listeners:
@@ -324,6 +398,18 @@ class ChatService:
     def _forget(self, conv_id: str, message_id: int) -> None:
         self._active.pop(conv_id, None)
         self._by_message.pop(message_id, None)
+
+
+def _log_failure(future: Future[object]) -> None:
+    if not future.cancelled() and (exc := future.exception()) is not None:
+        log.error("saving an answer failed: %s", exc, exc_info=exc)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: Any) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop closed (shutdown): nobody is listening any more
+        log.debug("event loop closed before an answer's end was announced")
 
 
 def _check_text(text: str) -> str:

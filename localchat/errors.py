@@ -218,3 +218,11 @@ class ModelNotOwnedError(InvalidRequestError):
 
     status = 409
     code = "not_downloaded_by_localchat"
+
+
+class DatabaseSchemaError(LocalchatError):
+    """The conversations database cannot be brought to this version's schema (newer, or the upgrade failed)."""
+
+    status = 500
+    type = "server_error"
+    code = "database_schema"

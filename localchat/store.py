@@ -13,42 +13,13 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from localchat.errors import NotFoundError
+from localchat.store_schema import migrate
 
-SCHEMA_VERSION = 1
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS conversations (
-    id TEXT PRIMARY KEY,
-    title TEXT NOT NULL,
-    model TEXT NOT NULL DEFAULT '',
-    system_prompt TEXT NOT NULL DEFAULT '',
-    temperature REAL,
-    top_p REAL,
-    max_tokens INTEGER,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-    role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
-    content TEXT NOT NULL DEFAULT '',
-    status TEXT NOT NULL DEFAULT 'done',
-    error TEXT,
-    finish_reason TEXT,
-    prompt_tokens INTEGER NOT NULL DEFAULT 0,
-    completion_tokens INTEGER NOT NULL DEFAULT 0,
-    tokens_per_s REAL,
-    created_at REAL NOT NULL,
-    model TEXT
-);
-CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages (conversation_id, id);
-CREATE INDEX IF NOT EXISTS conversations_by_update ON conversations (updated_at DESC);
-"""
 # Statuses of an assistant message: still being written, finished, stopped by the user, failed.
 STREAMING, DONE, STOPPED, ERROR = "streaming", "done", "stopped", "error"
 _CONVERSATION_SETTINGS = ("system_prompt", "temperature", "top_p", "max_tokens", "model")
@@ -103,6 +74,14 @@ class NewMessage:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+_Row = TypeVar("_Row", "Conversation", "Message")
+
+
+def _from_row(cls: type[_Row], row: sqlite3.Row) -> _Row:
+    # Only the columns the dataclass knows: a migration may add a column before the code reads it.
+    return cls(**{f.name: row[f.name] for f in fields(cls)})
+
+
 def title_from(text: str, limit: int = 60) -> str:
     """A conversation title from its first message: the first non-empty line, shortened on a word."""
     line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
@@ -123,13 +102,12 @@ class Store:
         # NORMAL under WAL never corrupts on a crash; at worst the last commits before a power cut are lost.
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
-        with self._tx() as db:
-            # Not executescript(): it commits on its own, outside this transaction.
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    db.execute(statement)
-            _add_missing_columns(db)
-            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        try:
+            with self._tx() as db:
+                migrate(db, path)
+        except BaseException:
+            self._db.close()
+            raise
 
     def close(self) -> None:
         with self._lock:
@@ -185,7 +163,7 @@ class Store:
         rows = self._query("SELECT * FROM conversations WHERE id = ?", (conv_id,))
         if not rows:
             raise NotFoundError("This conversation does not exist (it may have been deleted).")
-        return Conversation(**dict(rows[0]))
+        return _from_row(Conversation, rows[0])
 
     def list_conversations(self, query: str = "", limit: int = 200) -> list[Conversation]:
         """Newest first; `query` matches the title or any message text, case-insensitively."""
@@ -199,7 +177,7 @@ class Store:
                 " ORDER BY updated_at DESC LIMIT ?2",
                 (pattern, limit),
             )
-        return [Conversation(**dict(r)) for r in rows]
+        return [_from_row(Conversation, r) for r in rows]
 
     def rename_conversation(self, conv_id: str, title: str) -> Conversation:
         with self._tx() as db:
@@ -236,11 +214,11 @@ class Store:
         rows = self._query("SELECT * FROM messages WHERE id = ?", (message_id,))
         if not rows:
             raise NotFoundError("This message does not exist (it may have been deleted).")
-        return Message(**dict(rows[0]))
+        return _from_row(Message, rows[0])
 
     def get_messages(self, conv_id: str) -> list[Message]:
         rows = self._query("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conv_id,))
-        return [Message(**dict(r)) for r in rows]
+        return [_from_row(Message, r) for r in rows]
 
     def update_message(self, message_id: int, **fields: Any) -> None:
         unknown = set(fields) - set(_MESSAGE_UPDATES)
@@ -278,11 +256,3 @@ class Store:
             assert cursor.lastrowid is not None
             ids.append(cursor.lastrowid)
         return ids
-
-
-def _add_missing_columns(db: sqlite3.Connection) -> None:
-    """Columns added after a database was created (CREATE TABLE IF NOT EXISTS leaves old tables as
-    they were): messages.model records which model wrote each answer."""
-    columns = {row[1] for row in db.execute("PRAGMA table_info(messages)")}
-    if "model" not in columns:
-        db.execute("ALTER TABLE messages ADD COLUMN model TEXT")

@@ -44,6 +44,7 @@ class _Add:
     prompt_token_ids: list[int]
     params: SamplingParams
     sink: Sink
+    arrival_time: float  # time.monotonic() at submit: the queue wait counts in time to first token
 
 
 @dataclass(slots=True)
@@ -105,7 +106,7 @@ class AsyncEngine:
             if req_id is None:
                 self._next_id += 1
                 req_id = f"req-{self._next_id}"
-        self._inbox.put(_Add(req_id, list(prompt_token_ids), params, sink))
+        self._inbox.put(_Add(req_id, list(prompt_token_ids), params, sink, time.monotonic()))
         return req_id
 
     def abort(self, req_id: str) -> None:
@@ -162,8 +163,9 @@ class AsyncEngine:
                 log.exception("engine step failed")
                 self._fail_all("Internal engine error; the request was stopped.")
                 outputs = []
-            self._deliver_step(outputs)
+            # Stats first: a caller woken by its last output must already see the blocks it freed.
             self._stats = self.engine.stats()
+            self._deliver_step(outputs)
 
     def _handle(self, command: _Add | _Abort) -> None:
         if isinstance(command, _Abort):
@@ -173,7 +175,9 @@ class AsyncEngine:
         try:
             if command.req_id in self._sinks:
                 raise InvalidRequestError(f"Request id {command.req_id!r} is already in use.")
-            self.engine.add_request(command.prompt_token_ids, command.params, command.req_id)
+            self.engine.add_request(
+                command.prompt_token_ids, command.params, command.req_id, command.arrival_time
+            )
             self._sinks[command.req_id] = command.sink
         except Exception as exc:
             message = getattr(exc, "message", str(exc))
@@ -220,6 +224,7 @@ class AsyncEngine:
             output = self.engine.abort_request(req_id)
             if output is not None:
                 output.finish_reason, output.error = FinishReason.ERROR, message
+                self.engine.requests_failed_total += 1
                 self._deliver(output)
 
 

@@ -38,8 +38,8 @@ class BlockManager:
         # Head = next to hand out. Cached (hashed) blocks sit at the tail in LRU order.
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
         self.cached_blocks: dict[int, int] = {}  # block hash -> block id
-        self.prefix_queries = 0  # prompt tokens looked up
-        self.prefix_hits = 0  # of which found in the cache
+        self.prefix_queries = 0  # tokens of admitted requests that were looked up
+        self.prefix_hits = 0  # of which came from the cache
 
     @property
     def num_usable_blocks(self) -> int:
@@ -75,8 +75,6 @@ class BlockManager:
                 break  # hash collision: treat as a miss
             hits.append(block_id)
             parent = block_hash
-        self.prefix_queries += request.num_tokens
-        self.prefix_hits += len(hits) * self.block_size
         return hits
 
     def allocate_slots(
@@ -91,6 +89,7 @@ class BlockManager:
         `reserve` blocks free. `computed_blocks` are prefix hits, only on a request's first allocation."""
         computed_blocks = computed_blocks or []
         assert not computed_blocks or not request.block_ids
+        is_admission = not request.block_ids
         num_needed_total = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size)
         num_new_blocks = max(0, num_needed_total - len(request.block_ids) - len(computed_blocks))
         # Hits on free (ref 0) cached blocks take those blocks out of the free pool too.
@@ -105,6 +104,10 @@ class BlockManager:
         new_ids = [self._pop_free_block() for _ in range(num_new_blocks)]
         request.block_ids.extend(computed_blocks)
         request.block_ids.extend(new_ids)
+        if self.enable_prefix_caching and is_admission:
+            # Counted here, not at lookup: an admission that then finds no room is retried next step.
+            self.prefix_queries += request.num_tokens
+            self.prefix_hits += len(computed_blocks) * self.block_size
         if self.enable_prefix_caching:
             # NOTE: blocks are registered now, before the step writes them. Safe: the runner writes every
             # layer's K/V before attending, and nothing reads the cache between schedule and execute.

@@ -37,10 +37,6 @@ class IncrementalDetokenizer:
         self.emitted = 0  # characters of `text` handed out
         self.stop_hit: str | None = None
 
-    @property
-    def output_text(self) -> str:
-        return self.text[: self.emitted] if self.stop_hit is not None else self.text
-
     def push(self, token_ids: list[int]) -> str:
         """Add new tokens; return the text that is now safe to show."""
         if self.stop_hit is not None:

@@ -15,6 +15,7 @@ from localchat.engine.config import EngineConfig
 from localchat.engine.constraint import TokenMatcher, fill_batch_bitmask
 from localchat.engine.detokenizer import Decoder, IncrementalDetokenizer
 from localchat.engine.interface import ModelRunner
+from localchat.engine.latency import ITL_BUCKETS_S, TTFT_BUCKETS_S, Histogram
 from localchat.engine.outputs import EngineStats, RequestOutput
 from localchat.engine.request import FinishReason, Request
 from localchat.engine.sampling_params import SamplingParams
@@ -36,12 +37,14 @@ class LLMEngine:
         *,
         eos_token_ids: list[int],
         model_max_len: int,
+        sliding_window: int | None = None,
     ) -> None:
         config.validate()
         self.runner = runner
         self.tokenizer = tokenizer
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
+        wanted = _context_len(config.max_model_len or model_max_len, sliding_window)
         spec = runner.kv_cache_spec
         per_block = spec.bytes_per_block(config.block_size)
         if config.kv_cache_mib is not None:
@@ -49,7 +52,7 @@ class LLMEngine:
         else:
             budget = runner.available_kv_memory() or DEFAULT_KV_CACHE_MIB * 2**20
             # More than every sequence at full length can never be used: don't reserve it.
-            useful_tokens = config.max_num_seqs * (config.max_model_len or model_max_len)
+            useful_tokens = config.max_num_seqs * wanted
             budget = min(budget, -(-useful_tokens // config.block_size) * per_block)
         num_blocks = budget // per_block + 1  # +1: the null block
         if num_blocks < 2:
@@ -60,7 +63,6 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         capacity = (num_blocks - 1) * config.block_size
-        wanted = config.max_model_len or model_max_len
         self.max_model_len = min(wanted, capacity)
         if self.max_model_len < wanted:
             log.warning(
@@ -75,12 +77,20 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.requests_finished_total = 0
+        self.requests_failed_total = 0  # of which ended with finish_reason "error"
+        self.time_to_first_token = Histogram(TTFT_BUCKETS_S)
+        self.inter_token_latency = Histogram(ITL_BUCKETS_S)
 
     # -- requests -----------------------------------------------------------------------------------
 
     def add_request(
-        self, prompt_token_ids: list[int], params: SamplingParams, req_id: str | None = None
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        req_id: str | None = None,
+        arrival_time: float | None = None,
     ) -> str:
+        """Queue a request. `arrival_time` (time.monotonic()) is when the caller submitted it, for TTFT."""
         if not prompt_token_ids:
             raise InvalidRequestError("The prompt is empty.", param="prompt")
         if len(prompt_token_ids) >= self.max_model_len:
@@ -89,6 +99,8 @@ class LLMEngine:
         if req_id in self.scheduler.requests:
             raise InvalidRequestError(f"Request id {req_id!r} is already in use.")
         request = Request(req_id, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids)
+        if arrival_time is not None:
+            request.arrival_time = arrival_time
         if params.constraint is not None:
             request.matcher = params.constraint.new_matcher()
         self._detokenizers[req_id] = IncrementalDetokenizer(
@@ -112,10 +124,6 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished
 
-    @property
-    def num_unfinished(self) -> int:
-        return len(self.scheduler.requests)
-
     # -- the step -----------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
@@ -134,6 +142,7 @@ class LLMEngine:
             self.scheduler.requests[req_id].num_computed_tokens += count
         outputs: list[RequestOutput] = []
         logprobs = runner_output.logprobs
+        now = time.monotonic()
         embeddings = runner_output.embeddings or {}
         num_generated = 0
         for i, (req_id, token_ids) in enumerate(
@@ -156,6 +165,7 @@ class LLMEngine:
                     reason = FinishReason.STOP  # the grammar is complete: nothing may follow
             token_ids = token_ids[:accepted]
             num_generated += accepted
+            self._record_latency(request, accepted, now)
             detok = self._detokenizers[req_id]
             delta = detok.push(token_ids)
             if detok.stop_hit is not None:
@@ -165,6 +175,7 @@ class LLMEngine:
             if grammar_error is not None:
                 out = self._finish(request, FinishReason.ERROR, delta, token_ids, token_logprobs)
                 out.error = grammar_error
+                self.requests_failed_total += 1
                 outputs.append(out)
             elif reason is not None:
                 outputs.append(self._finish(request, reason, delta, token_ids, token_logprobs))
@@ -229,7 +240,19 @@ class LLMEngine:
     def _fail(self, request: Request, exc: Exception) -> RequestOutput:
         out = self._finish(request, FinishReason.ERROR, "")
         out.error = f"The model failed while generating: {type(exc).__name__}: {exc}"
+        self.requests_failed_total += 1
         return out
+
+    def _record_latency(self, request: Request, num_tokens: int, now: float) -> None:
+        if num_tokens == 0:
+            return
+        if request.last_token_time is None:
+            self.time_to_first_token.observe(now - request.arrival_time)
+            num_tokens -= 1
+        if num_tokens:  # tokens that came out together share the gap since the previous one
+            gap = now - (request.last_token_time or now)
+            self.inter_token_latency.observe(gap / num_tokens, num_tokens)
+        request.last_token_time = now
 
     def _count(self, num_generated: int) -> None:
         now = time.monotonic()
@@ -255,5 +278,22 @@ class LLMEngine:
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
             requests_finished_total=self.requests_finished_total,
+            requests_failed_total=self.requests_failed_total,
             max_model_len=self.max_model_len,
+            time_to_first_token=self.time_to_first_token.snapshot(),
+            inter_token_latency=self.inter_token_latency.snapshot(),
         )
+
+
+def _context_len(wanted: int, sliding_window: int | None) -> int:
+    """The longest sequence served. Attention here is full-context, so past a sliding window the
+    model would see tokens it was trained never to see: stop there until windowed attention exists."""
+    if sliding_window and wanted > sliding_window:
+        log.warning(
+            "max_model_len %d capped to the model's sliding window of %d tokens"
+            " (sliding-window attention is not implemented)",
+            wanted,
+            sliding_window,
+        )
+        return sliding_window
+    return wanted

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from localchat.engine.interface import TokenLogprobs
+from localchat.engine.latency import HistogramSnapshot
 from localchat.engine.request import FinishReason
 
 
@@ -37,4 +38,7 @@ class EngineStats:
     prompt_tokens_total: int
     generation_tokens_total: int
     requests_finished_total: int
+    requests_failed_total: int
     max_model_len: int
+    time_to_first_token: HistogramSnapshot
+    inter_token_latency: HistogramSnapshot

@@ -32,7 +32,7 @@ class Request:
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     eos_token_ids: frozenset[int] = frozenset()
-    arrival_time: float = field(default_factory=time.monotonic)
+    arrival_time: float = field(default_factory=time.monotonic)  # when the caller submitted it
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
@@ -44,7 +44,7 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # the stop string or token id that ended it
     num_preemptions: int = 0
-    first_token_time: float | None = None
+    last_token_time: float | None = None  # when its latest output token came out (None: none yet)
     # Advanced by every accepted output token; it stays here across preemption (outputs are kept too).
     matcher: TokenMatcher | None = None
     embedding: list[float] | None = None  # the pooled vector of an embedding request, once computed
@@ -69,8 +69,6 @@ class Request:
         return self.status == RequestStatus.FINISHED
 
     def append_output_token(self, token_id: int) -> None:
-        if self.first_token_time is None:
-            self.first_token_time = time.monotonic()
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
 

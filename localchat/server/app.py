@@ -14,6 +14,7 @@ from litestar import Litestar
 from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 
+from localchat import __version__
 from localchat.model_manager import ModelManager
 from localchat.server.auth import require_api_key
 from localchat.server.errors import handle_exception
@@ -24,6 +25,7 @@ from localchat.server.openai_completions import completions
 from localchat.server.openai_embeddings import embeddings
 from localchat.server.openai_models import get_model, list_models
 from localchat.server.openai_responses import responses
+from localchat.server.openapi import openapi_config
 from localchat.server.security import guard_app, json_post_paths
 from localchat.server.web import close_web_state, create_web_router
 
@@ -82,7 +84,7 @@ def create_app(settings: Settings, models: ModelManager | ServerContext) -> Lite
         cors_config=cors,
         lifespan=[lifespan],
         request_max_body_size=settings.max_body_bytes,
-        openapi_config=None,
+        openapi_config=openapi_config(__version__),
         logging_config=None,  # the CLI configures logging (--log)
         debug=False,
     )

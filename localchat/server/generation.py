@@ -6,7 +6,7 @@ and reads their outputs as one stream.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +81,18 @@ def check_n(n: int | None) -> int:
     return n
 
 
+def resolve_sampling(ctx: ServerContext, requested: Mapping[str, Any]) -> dict[str, Any]:
+    """The sampling fields of one request, for the API and the web UI alike: the request's own value >
+    the server's flag (--temperature, --top-k, ...) > the model's generation_config > SamplingParams'
+    own default (temperature 1.0, no top-k/min-p, no penalties). None in `requested` means "not set"."""
+    values: dict[str, Any] = {
+        k: v for k, v in ctx.model.generation_defaults.items() if k in _MODEL_DEFAULT_KEYS and v is not None
+    }
+    values.update(ctx.settings.sampling_defaults)
+    values.update({k: v for k, v in requested.items() if k in _REQUEST_KEYS and v is not None})
+    return values
+
+
 def build_params(
     ctx: ServerContext,
     req: SamplingFields,
@@ -92,11 +104,7 @@ def build_params(
 ) -> list[SamplingParams]:
     """One SamplingParams per choice. With a seed s, choice i samples with seed s + i. The choices share
     `constraint` (a compiled grammar); the engine gives each its own matcher."""
-    values: dict[str, Any] = {
-        k: v for k, v in ctx.model.generation_defaults.items() if k in _MODEL_DEFAULT_KEYS and v is not None
-    }
-    values.update(ctx.settings.sampling_defaults)
-    values.update({k: getattr(req, k) for k in _REQUEST_KEYS if getattr(req, k) is not None})
+    values = resolve_sampling(ctx, {k: getattr(req, k) for k in _REQUEST_KEYS})
     stop_ids = list(req.stop_token_ids or [])
     values.update(
         max_tokens=max_tokens,

@@ -6,7 +6,9 @@ from typing import Any
 
 from litestar import Request, Response, get
 
+from localchat.engine.latency import HistogramSnapshot
 from localchat.server.common import get_models
+from localchat.server.openapi import api_operation
 
 _METRICS = (
     # (name, kind, help, value from (stats, ctx))
@@ -59,12 +61,43 @@ _METRICS = (
         lambda s, c: s.requests_finished_total,
     ),
     (
+        "localchat_requests_failed_total",
+        "counter",
+        "Requests ended by an error (a failed model step).",
+        lambda s, c: s.requests_failed_total,
+    ),
+    (
         "localchat_preemptions_total",
         "counter",
         "Requests preempted for lack of KV blocks.",
         lambda s, c: s.num_preemptions,
     ),
 )
+
+_HISTOGRAMS = (
+    (
+        "localchat_time_to_first_token_seconds",
+        "From a request's arrival to its first generated token.",
+        lambda s: s.time_to_first_token,
+    ),
+    (
+        "localchat_inter_token_latency_seconds",
+        "Time between consecutive generated tokens of a request.",
+        lambda s: s.inter_token_latency,
+    ),
+)
+
+
+def _histogram_lines(name: str, help_text: str, hist: HistogramSnapshot) -> list[str]:
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+    for bound, count in zip(hist.bounds, hist.cumulative, strict=True):
+        lines.append(f'{name}_bucket{{le="{bound:g}"}} {count}')
+    lines += [
+        f'{name}_bucket{{le="+Inf"}} {hist.count}',
+        f"{name}_sum {hist.total:.6g}",
+        f"{name}_count {hist.count}",
+    ]
+    return lines
 
 
 @get("/health", name="health", opt={"public": True})
@@ -76,7 +109,7 @@ async def health(request: Request[Any, Any, Any]) -> Response[Any]:
     return Response(body, status_code=status, headers=headers)
 
 
-@get("/metrics", name="metrics", media_type="text/plain; version=0.0.4")
+@get("/metrics", name="metrics", media_type="text/plain; version=0.0.4", operation_class=api_operation())
 async def metrics(request: Request[Any, Any, Any]) -> str:
     models = get_models(request)
     loaded = "# HELP localchat_models_loaded Models loaded.\n# TYPE localchat_models_loaded gauge\n"
@@ -92,4 +125,6 @@ async def metrics(request: Request[Any, Any, Any]) -> str:
             f"# TYPE {name} {kind}",
             f"{name} {float(value(stats, ctx)):g}",
         ]
+    for name, help_text, hist in _HISTOGRAMS:
+        lines += _histogram_lines(name, help_text, hist(stats))
     return loaded + "\n".join(lines) + "\n"

@@ -31,6 +31,7 @@ from localchat.server.generation import (
 )
 from localchat.server.logprobs import chat_logprobs
 from localchat.server.mcp_chat import McpConversation
+from localchat.server.openapi import api_operation
 from localchat.server.reasoning import starts_in_reasoning
 from localchat.server.schemas import ChatCompletionRequest, decode_request
 from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, event, guarded
@@ -66,7 +67,12 @@ class ChatCall:
         }
 
 
-@post(["/v1/chat/completions", "/chat/completions"], name="openai:chat", status_code=200)
+@post(
+    ["/v1/chat/completions", "/chat/completions"],
+    name="openai:chat",
+    status_code=200,
+    operation_class=api_operation(ChatCompletionRequest),
+)
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     req = decode_request(await request.body(), ChatCompletionRequest)
     ctx = await model_context(request, req.model)

@@ -27,6 +27,7 @@ from localchat.server.generation import (
     resolve_max_tokens,
 )
 from localchat.server.logprobs import completion_logprobs
+from localchat.server.openapi import api_operation
 from localchat.server.schemas import CompletionRequest, decode_request
 from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, event, guarded
 from localchat.server.structured_input import response_constraint
@@ -92,7 +93,12 @@ def _check_unsupported(req: CompletionRequest, n: int) -> int | None:
     return req.logprobs
 
 
-@post(["/v1/completions", "/completions"], name="openai:completions", status_code=200)
+@post(
+    ["/v1/completions", "/completions"],
+    name="openai:completions",
+    status_code=200,
+    operation_class=api_operation(CompletionRequest),
+)
 async def completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     req = decode_request(await request.body(), CompletionRequest)
     ctx = await model_context(request, req.model)

@@ -17,6 +17,7 @@ from localchat.errors import InvalidRequestError
 from localchat.server.common import collect_or_abort, model_context, new_call
 from localchat.server.context import ServerContext
 from localchat.server.generation import Generation, check_prompt_length
+from localchat.server.openapi import api_operation
 from localchat.server.schemas import decode_request
 
 MAX_INPUTS = 256
@@ -73,7 +74,12 @@ def _encode(vector: list[float], encoding: str) -> list[float] | str:
     return vector
 
 
-@post(["/v1/embeddings", "/embeddings"], name="openai:embeddings", status_code=200)
+@post(
+    ["/v1/embeddings", "/embeddings"],
+    name="openai:embeddings",
+    status_code=200,
+    operation_class=api_operation(EmbeddingRequest),
+)
 async def embeddings(request: Request[Any, Any, Any]) -> Response[Any]:
     req = decode_request(await request.body(), EmbeddingRequest)
     ctx = await model_context(request, req.model)

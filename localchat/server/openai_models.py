@@ -9,6 +9,7 @@ from litestar import Request, get
 
 from localchat.errors import ModelNotFoundError
 from localchat.server.common import get_models
+from localchat.server.openapi import api_operation
 
 if TYPE_CHECKING:
     from localchat.model_manager import ModelManager
@@ -35,13 +36,17 @@ def _cards(models: ModelManager) -> list[dict[str, Any]]:
     return cards
 
 
-@get(["/v1/models", "/models"], name="openai:models")
+@get(["/v1/models", "/models"], name="openai:models", operation_class=api_operation())
 async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
     # Listing the local store reads the disk (the HF cache): off the event loop.
     return {"object": "list", "data": await anyio.to_thread.run_sync(_cards, get_models(request))}
 
 
-@get(["/v1/models/{model_id:path}", "/models/{model_id:path}"], name="openai:model")
+@get(
+    ["/v1/models/{model_id:path}", "/models/{model_id:path}"],
+    name="openai:model",
+    operation_class=api_operation(path_params={"model_id": "A model id or alias (may hold slashes)."}),
+)
 async def get_model(request: Request[Any, Any, Any]) -> dict[str, Any]:
     models = get_models(request)
     # Ids may hold slashes (HF repo ids), hence the `path` parameter, which keeps a leading "/".

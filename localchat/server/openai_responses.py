@@ -23,6 +23,7 @@ from localchat.server.common import (
     new_call,
 )
 from localchat.server.generation import Generation, build_params, check_prompt_length, resolve_max_tokens
+from localchat.server.openapi import api_operation
 from localchat.server.reasoning import starts_in_reasoning
 from localchat.server.responses_input import ResponsesRequest, as_chat_request, input_messages
 from localchat.server.responses_output import ResponseWriter
@@ -32,7 +33,12 @@ from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, guarded
 _encode = msgspec.json.Encoder().encode
 
 
-@post(["/v1/responses", "/responses"], name="openai:responses", status_code=200)
+@post(
+    ["/v1/responses", "/responses"],
+    name="openai:responses",
+    status_code=200,
+    operation_class=api_operation(ResponsesRequest),
+)
 async def responses(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     req = decode_request(await request.body(), ResponsesRequest)
     ctx = await model_context(request, req.model)

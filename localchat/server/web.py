@@ -178,4 +178,5 @@ def close_web_state(state: Any) -> None:
     """For the app's shutdown hook: close the conversation store if the UI opened it."""
     web = state.get(_STATE_KEY)
     if web is not None:
+        web.chats.close()  # the answers' final writes first
         web.store.close()

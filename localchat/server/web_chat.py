@@ -20,7 +20,7 @@ from localchat.server.web_render import html, macro
 async def new_chat(request: Request, web: NamedDependency[WebState]) -> Response[str]:
     form = await request.form()
     model = str(form.get("model", "")) or None  # the header's picker
-    conv, _ = web.chats.send(None, str(form.get("content", "")), parse_settings(form, web.chats), model)
+    conv, _ = await web.chats.send(None, str(form.get("content", "")), parse_settings(form, web.chats), model)
     # A full load of the new chat's page: its URL, title, sidebar entry and the answer's stream at once.
     return html("", headers={"HX-Redirect": f"/c/{conv.id}"})
 
@@ -29,7 +29,7 @@ async def new_chat(request: Request, web: NamedDependency[WebState]) -> Response
 async def send(request: Request, web: NamedDependency[WebState], conv_id: FromPath[str]) -> Response[str]:
     form = await request.form()
     model = str(form.get("model", "")) or None  # the header's picker
-    conv, messages = web.chats.send(
+    conv, messages = await web.chats.send(
         conv_id, str(form.get("content", "")), parse_settings(form, web.chats), model
     )
     return html("".join(macro("message", m, conv) for m in messages))
@@ -42,20 +42,22 @@ def stop(web: NamedDependency[WebState], conv_id: FromPath[str]) -> None:
     web.chats.stop(conv_id)
 
 
-@post("/ui/c/{conv_id:str}/regenerate", name="web:regenerate", guards=[require_htmx], sync_to_thread=False)
-def regenerate(web: NamedDependency[WebState], conv_id: FromPath[str]) -> Response[str]:
-    message = web.chats.regenerate(conv_id)
-    return html(macro("message", message, web.store.get_conversation(conv_id)))
+@post("/ui/c/{conv_id:str}/regenerate", name="web:regenerate", guards=[require_htmx])
+async def regenerate(web: NamedDependency[WebState], conv_id: FromPath[str]) -> Response[str]:
+    message = await web.chats.regenerate(conv_id)
+    return html(
+        macro("message", message, await web.chats.in_store_thread(web.store.get_conversation, conv_id))
+    )
 
 
-@get("/ui/c/{conv_id:str}/m/{message_id:int}", name="web:message", sync_to_thread=False)
+@get("/ui/c/{conv_id:str}/m/{message_id:int}", name="web:message", sync_to_thread=True)
 def message_view(
     web: NamedDependency[WebState], conv_id: FromPath[str], message_id: FromPath[int]
 ) -> Response[str]:
     return html(macro("message", web.store.get_message(message_id), web.store.get_conversation(conv_id)))
 
 
-@get("/ui/c/{conv_id:str}/m/{message_id:int}/edit", name="web:edit-form", sync_to_thread=False)
+@get("/ui/c/{conv_id:str}/m/{message_id:int}/edit", name="web:edit-form", sync_to_thread=True)
 def edit_form(
     web: NamedDependency[WebState], conv_id: FromPath[str], message_id: FromPath[int]
 ) -> Response[str]:
@@ -67,8 +69,8 @@ async def edit(
     request: Request, web: NamedDependency[WebState], conv_id: FromPath[str], message_id: FromPath[int]
 ) -> Response[str]:
     text = str((await request.form()).get("content", ""))
-    messages = web.chats.edit(conv_id, message_id, text)
-    conv = web.store.get_conversation(conv_id)
+    messages = await web.chats.edit(conv_id, message_id, text)
+    conv = await web.chats.in_store_thread(web.store.get_conversation, conv_id)
     return html("".join(macro("message", m, conv) for m in messages))
 
 
@@ -77,20 +79,22 @@ async def save_settings(
     request: Request, web: NamedDependency[WebState], conv_id: FromPath[str]
 ) -> Response[str]:
     settings = parse_settings(await request.form(), web.chats) or {}
-    web.store.update_settings(conv_id, **settings)
+    await web.chats.in_store_thread(web.store.update_settings, conv_id, **settings)
     return html("Saved. The next answer uses these settings.")
 
 
 @get("/ui/m/{message_id:int}/stream", name="web:stream")
 async def stream(web: NamedDependency[WebState], message_id: FromPath[int]) -> ServerSentEvent:
-    message = web.store.get_message(message_id)
-    conv = web.store.get_conversation(message.conversation_id)
+    message = await web.chats.in_store_thread(web.store.get_message, message_id)
+    conv = await web.chats.in_store_thread(web.store.get_conversation, message.conversation_id)
 
     async def events() -> AsyncIterator[ServerSentEventMessage]:
         async for kind, text in web.chats.events(message_id):
             if kind == "done":
                 try:
-                    final = macro("message", web.store.get_message(message_id), conv)
+                    final = macro(
+                        "message", await web.chats.in_store_thread(web.store.get_message, message_id), conv
+                    )
                 except NotFoundError:  # deleted while it was being written
                     final = ""
                 yield ServerSentEventMessage(event="done", data=final)

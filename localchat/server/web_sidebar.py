@@ -16,7 +16,7 @@ from localchat.server.web_common import WebState, conv_id_from, require_htmx
 from localchat.server.web_render import html, macro
 
 
-@get("/ui/conversations", name="web:conversations", sync_to_thread=False)
+@get("/ui/conversations", name="web:conversations", sync_to_thread=True)
 def conversation_list(
     request: Request, web: NamedDependency[WebState], q: FromQuery[str] = ""
 ) -> Response[str]:
@@ -24,7 +24,7 @@ def conversation_list(
     return html(macro("conversation_list", items, current=conv_id_from(request), query=q))
 
 
-@get("/ui/c/{conv_id:str}/item", name="web:item", sync_to_thread=False)
+@get("/ui/c/{conv_id:str}/item", name="web:item", sync_to_thread=True)
 def conversation_item(
     request: Request, web: NamedDependency[WebState], conv_id: FromPath[str]
 ) -> Response[str]:
@@ -33,7 +33,7 @@ def conversation_item(
     )
 
 
-@get("/ui/c/{conv_id:str}/rename", name="web:rename-form", sync_to_thread=False)
+@get("/ui/c/{conv_id:str}/rename", name="web:rename-form", sync_to_thread=True)
 def rename_form(web: NamedDependency[WebState], conv_id: FromPath[str]) -> Response[str]:
     return html(macro("rename_form", web.store.get_conversation(conv_id)))
 
@@ -43,7 +43,7 @@ async def rename(request: Request, web: NamedDependency[WebState], conv_id: From
     title = str((await request.form()).get("title", "")).strip()[:200]
     if not title:
         raise InvalidRequestError("A conversation needs a name.", param="title")
-    conv = web.store.rename_conversation(conv_id, title)
+    conv = await web.chats.in_store_thread(web.store.rename_conversation, conv_id, title)
     current = conv_id_from(request)
     body = macro("conversation_item", conv, current=current)
     if current == conv.id:
@@ -51,9 +51,7 @@ async def rename(request: Request, web: NamedDependency[WebState], conv_id: From
     return html(body)
 
 
-@delete(
-    "/ui/c/{conv_id:str}", name="web:delete", guards=[require_htmx], status_code=200, sync_to_thread=False
-)
+@delete("/ui/c/{conv_id:str}", name="web:delete", guards=[require_htmx], status_code=200, sync_to_thread=True)
 def delete_conversation(
     request: Request, web: NamedDependency[WebState], conv_id: FromPath[str]
 ) -> Response[str]:
@@ -69,11 +67,11 @@ async def import_conversation(request: Request, web: NamedDependency[WebState]) 
     upload = (await request.form()).get("file")
     if not isinstance(upload, UploadFile):
         raise InvalidRequestError("Choose a JSON file exported from localchat to import.", param="file")
-    conv = import_json(web.store, await upload.read())
+    conv = await web.chats.in_store_thread(import_json, web.store, await upload.read())
     return html("", headers={"HX-Redirect": f"/c/{conv.id}"})
 
 
-@get("/ui/c/{conv_id:str}/export/{fmt:str}", name="web:export", sync_to_thread=False)
+@get("/ui/c/{conv_id:str}/export/{fmt:str}", name="web:export", sync_to_thread=True)
 def export(web: NamedDependency[WebState], conv_id: FromPath[str], fmt: FromPath[str]) -> Response[Any]:
     conv = web.store.get_conversation(conv_id)
     messages = web.store.get_messages(conv_id)

@@ -18,6 +18,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, ReaderTenso
 
 from localchat.errors import ModelLoadError, UnsupportedArchitectureError
 from localchat.weights.config import SUPPORTED_MODEL_TYPES, ModelConfig
+from localchat.weights.gguf_check import check_gguf_layout
 from localchat.weights.gguf_rope import llama3_scaling_from_factors
 from localchat.weights.tensors import WeightTensor
 
@@ -78,15 +79,25 @@ def open_gguf(path: Path) -> GGUFReader:
     if not path.is_file():
         raise ModelLoadError(f"Model file {path} does not exist.")
     try:
+        check_gguf_layout(path)  # sizes and counts first: the reader trusts them
         return _Reader(path)
-    except (ValueError, OSError, IndexError, KeyError) as exc:
-        raise ModelLoadError(f"{path} is not a readable GGUF file ({exc}). Pass a .gguf model file.") from exc
+    except (ValueError, OSError, IndexError, KeyError, OverflowError) as exc:
+        raise ModelLoadError(
+            f"{path} is not a readable GGUF file ({exc}). If it is a .gguf model, download it again."
+        ) from exc
 
 
 def gguf_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
     """A metadata value as plain Python (str, int, float, bool or list), or `default`."""
     field = reader.fields.get(key)
-    return default if field is None else field.contents()
+    if field is None:
+        return default
+    try:
+        return field.contents()
+    except (UnicodeDecodeError, ValueError, IndexError) as exc:
+        raise ModelLoadError(
+            f"GGUF metadata {key!r} cannot be read ({exc}): the file is damaged. Download it again."
+        ) from exc
 
 
 def _f32(value: Any) -> float:
@@ -196,19 +207,33 @@ def iter_gguf_weights(reader: GGUFReader, config: ModelConfig) -> Iterator[Weigh
                 f"GGUF tensor {tensor.name} has type {qtype.name}, which is not a weight type."
             )
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # GGUF lists dims innermost first
-        if qtype in _DENSE:
-            dtype = _DENSE[qtype]
-            data = tensor.data.view(np.uint16) if qtype == GGMLQuantizationType.BF16 else tensor.data
-            data = data.reshape(shape)
-        else:
-            dtype = qtype.name
-            block, nbytes = GGML_QUANT_SIZES[qtype]
-            data = tensor.data.reshape(-1, shape[-1] // block * nbytes)  # [rows, bytes_per_row]
-        if permuted and (".q_proj." in name or ".k_proj." in name):
-            heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
-            data = _unpermute_rows(data, heads)
+        try:
+            dtype, data = _tensor_data(tensor, shape, config, name, permuted)
+        except (ValueError, ZeroDivisionError) as exc:  # shapes that contradict the sizes or the config
+            raise ModelLoadError(
+                f"GGUF tensor {tensor.name} has shape {list(shape)}, which its data or the model's "
+                f"config contradicts ({exc}): the file is damaged. Download it again."
+            ) from exc
         yield WeightTensor(name=name, shape=shape, dtype=dtype, data=data)
         _forget_pages(reader, tensor)
+
+
+def _tensor_data(
+    tensor: ReaderTensor, shape: tuple[int, ...], config: ModelConfig, name: str, permuted: bool
+) -> tuple[str, np.ndarray]:
+    qtype = tensor.tensor_type
+    if qtype in _DENSE:
+        dtype = _DENSE[qtype]
+        data = tensor.data.view(np.uint16) if qtype == GGMLQuantizationType.BF16 else tensor.data
+        data = data.reshape(shape)
+    else:
+        dtype = qtype.name
+        block, nbytes = GGML_QUANT_SIZES[qtype]
+        data = tensor.data.reshape(-1, shape[-1] // block * nbytes)  # [rows, bytes_per_row]
+    if permuted and (".q_proj." in name or ".k_proj." in name):
+        heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
+        data = _unpermute_rows(data, heads)
+    return dtype, data
 
 
 def _forget_pages(reader: GGUFReader, tensor: ReaderTensor) -> None:

@@ -75,7 +75,15 @@ def _load_gguf(file: Path, name: str) -> ModelBundle:
     reader = open_gguf(file)
     config = config_from_gguf(reader)
     check_gguf_tensors(reader)
-    tokenizer = Tokenizer.from_gguf(reader)
+    try:
+        tokenizer = Tokenizer.from_gguf(reader)
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # the tokenizers library rejects an inconsistent vocabulary in its own words
+        raise ModelLoadError(
+            f"The tokenizer stored in {file} cannot be built ({exc}). The file may be damaged: "
+            "download it again."
+        ) from exc
     return ModelBundle(
         name=name,
         path=file,

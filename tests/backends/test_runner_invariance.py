@@ -20,6 +20,7 @@ from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine
 from localchat.engine.sampling_params import SamplingParams
 from localchat.weights.bundle import ModelBundle
+from tests.helpers.fake_engine import drain
 from tests.helpers.torch_models import TEST_DEVICE
 
 pytest.importorskip("torch")  # the tiny models come from transformers
@@ -63,11 +64,9 @@ def generate(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> li
     ids = [engine.add_request(p, params) for p in prompts]
     out: dict[str, list[int]] = {i: [] for i in ids}
     text: dict[str, str] = dict.fromkeys(ids, "")
-    while engine.has_unfinished:
-        for o in engine.step():
-            assert o.error is None, o.error
-            out[o.req_id].extend(o.new_token_ids)
-            text[o.req_id] += o.text_delta
+    for o in drain(engine):  # raises on an error finish
+        out[o.req_id].extend(o.new_token_ids)
+        text[o.req_id] += o.text_delta
     for i in ids:  # the streaming detokenizer's invariant, on every generation here
         assert text[i] == engine.tokenizer.decode(out[i]), i
     return [out[i] for i in ids]

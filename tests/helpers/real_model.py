@@ -12,6 +12,7 @@ from localchat.engine.engine import LLMEngine
 from localchat.engine.sampling_params import SamplingParams
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.chat_template import ChatTemplate
+from tests.helpers.fake_engine import drain
 from tests.helpers.torch_batch import PagedDriver
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain recursion to a child."]
@@ -42,9 +43,8 @@ def greedy(runner: Any, bundle: ModelBundle, prompts: list[list[int]]) -> list[l
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     ids = [engine.add_request(p, params) for p in prompts]
     out: dict[str, list[int]] = {i: [] for i in ids}
-    while engine.has_unfinished:
-        for o in engine.step():
-            out[o.req_id].extend(o.new_token_ids)
+    for o in drain(engine):  # raises on an error finish
+        out[o.req_id].extend(o.new_token_ids)
     return [out[i] for i in ids]
 
 

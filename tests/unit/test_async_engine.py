@@ -12,7 +12,7 @@ from localchat.engine.outputs import RequestOutput
 from localchat.engine.request import FinishReason
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import ContextLengthExceededError, EngineDeadError, QueueFullError
-from tests.helpers.fake_engine import chat_prompt, fake_engine
+from tests.helpers.fake_engine import chat_prompt, fake_engine, no_error
 from tests.helpers.run_async import run_async
 
 
@@ -28,7 +28,7 @@ def test_concurrent_async_streams_each_get_their_own_reply(engine: AsyncEngine) 
     async def one(i: int) -> str:
         text = ""
         async for out in engine.generate(chat_prompt(f"<<say:answer {i}>>"), SamplingParams(max_tokens=50)):
-            text += out.text_delta
+            text += no_error(out).text_delta
         return text
 
     async def main() -> list[str]:
@@ -42,7 +42,7 @@ def test_leaving_the_stream_early_aborts_and_frees_blocks(engine: AsyncEngine) -
     async def main() -> None:
         params = SamplingParams(max_tokens=500)
         async for out in engine.generate(chat_prompt("<<slow:5>><<say:" + "w" * 400 + ">>"), params):
-            if out.num_output_tokens >= 5:
+            if no_error(out).num_output_tokens >= 5:
                 break
 
     run_async(main())

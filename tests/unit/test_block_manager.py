@@ -163,3 +163,20 @@ def test_disabled_prefix_caching_never_hits() -> None:
     allocate_prompt(bm, make_request("a", list(range(9))))
     assert bm.get_computed_blocks(make_request("b", list(range(9)))) == []
     assert bm.cached_blocks == {}
+
+
+def test_prefix_hit_rate_counts_only_admissions_that_got_their_blocks() -> None:
+    bm = BlockManager(num_blocks=6, block_size=BS)
+    a = make_request("a", list(range(10)))  # blocks 1-3; 1 and 2 are full and cached
+    allocate_prompt(bm, a)
+    filler = make_request("f", list(range(100, 108)))  # blocks 4-5: the pool is now empty
+    allocate_prompt(bm, filler)
+    b = make_request("b", [*range(8), *range(200, 206)])  # 2 hits, needs 2 more blocks: none free
+    for _ in range(5):  # the scheduler retries a waiting request every step
+        assert allocate_prompt(bm, b) is None
+        b.num_computed_tokens = 0
+    assert (bm.prefix_queries, bm.prefix_hits) == (18, 0)  # only a's and f's admissions so far
+    bm.free(filler)
+    assert allocate_prompt(bm, b) is not None
+    assert (bm.prefix_queries, bm.prefix_hits) == (32, 8)
+    assert bm.prefix_hit_rate == 8 / 32

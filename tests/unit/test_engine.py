@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from backends.fake import FakeRunner
 from localchat.engine.engine import LLMEngine
 from localchat.engine.request import FinishReason
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import ContextLengthExceededError
-from tests.helpers.fake_engine import chat_prompt, fake_engine
+from tests.helpers.fake_engine import chat_prompt, drain, fake_engine
 
 KV_BYTES_PER_TOKEN = 128  # the fake runner's default
 
@@ -17,11 +18,10 @@ def run_all(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams)
     ids = [engine.add_request(p, params) for p in prompts]
     texts = dict.fromkeys(ids, "")
     reasons: dict[str, FinishReason | None] = {}
-    while engine.has_unfinished:
-        for out in engine.step():
-            texts[out.req_id] += out.text_delta
-            if out.finished:
-                reasons[out.req_id] = out.finish_reason
+    for out in drain(engine):  # raises on an error finish (e.g. the fake runner saw a corrupted KV cache)
+        texts[out.req_id] += out.text_delta
+        if out.finished:
+            reasons[out.req_id] = out.finish_reason
     assert set(reasons) == set(ids), "every request must finish"
     return {i: texts[i] for i in ids}
 
@@ -36,9 +36,7 @@ def test_single_request_streams_its_reply_and_stops_at_eos() -> None:
 def test_max_tokens_finishes_with_length() -> None:
     engine = fake_engine()
     engine.add_request(chat_prompt("<<say:abcdefgh>>"), SamplingParams(max_tokens=3))
-    outs = []
-    while engine.has_unfinished:
-        outs += engine.step()
+    outs = list(drain(engine))
     assert outs[-1].finish_reason == FinishReason.LENGTH and outs[-1].num_output_tokens == 3
     assert "".join(o.text_delta for o in outs) == "abc"
 
@@ -62,9 +60,7 @@ def test_prefix_cache_hits_are_reported_as_cached_tokens() -> None:
     prompt = chat_prompt("<<say:ok>> a long shared system prompt " * 3)
     run_all(engine, [prompt], SamplingParams(max_tokens=5))
     engine.add_request(prompt, SamplingParams(max_tokens=5))
-    outs = []
-    while engine.has_unfinished:
-        outs += engine.step()
+    outs = list(drain(engine))
     assert outs[-1].num_cached_tokens == (len(prompt) - 1) // 4 * 4
     assert engine.block_manager.prefix_hit_rate > 0
 
@@ -73,11 +69,8 @@ def test_stop_string_spanning_tokens_is_cut_and_never_emitted() -> None:
     engine = fake_engine()
     params = SamplingParams(max_tokens=100, stop=["STOP", "é!"])
     engine.add_request(chat_prompt("<<say:one two ST three STOP four>>"), params)
-    deltas, outs = [], []
-    while engine.has_unfinished:
-        for out in engine.step():
-            deltas.append(out.text_delta)
-            outs.append(out)
+    outs = list(drain(engine))
+    deltas = [out.text_delta for out in outs]
     assert "".join(deltas) == "one two ST three "
     assert not any("S" in d and "T" in d and "STOP" in d for d in deltas)
     assert outs[-1].finish_reason == FinishReason.STOP and outs[-1].stop_reason == "STOP"
@@ -105,9 +98,7 @@ def test_prompt_longer_than_the_context_is_a_typed_error() -> None:
 def test_generation_stops_at_the_context_length() -> None:
     engine = fake_engine(max_model_len=160)
     engine.add_request(chat_prompt("<<say:" + "z" * 100 + ">>"), SamplingParams(max_tokens=1000))
-    outs = []
-    while engine.has_unfinished:
-        outs += engine.step()
+    outs = list(drain(engine))
     assert outs[-1].finish_reason == FinishReason.LENGTH
     assert outs[-1].num_prompt_tokens + outs[-1].num_output_tokens == 160
 
@@ -128,6 +119,7 @@ def test_runner_failure_fails_the_step_requests_but_not_the_engine() -> None:
     engine.step()
     (out,) = engine.step()
     assert out.finished and out.finish_reason == FinishReason.ERROR and "device lost" in (out.error or "")
+    assert engine.stats().requests_failed_total == 1
     assert engine.block_manager.num_used_blocks == 0
     texts = run_all(engine, [chat_prompt("<<say:still alive>>")], SamplingParams(max_tokens=50))
     assert list(texts.values()) == ["still alive"]
@@ -136,3 +128,45 @@ def test_runner_failure_fails_the_step_requests_but_not_the_engine() -> None:
 def test_kv_pool_size_comes_from_the_mib_budget() -> None:
     engine = fake_engine(kv_cache_mib=2, block_size=16)
     assert engine.block_manager.num_usable_blocks == 2 * 2**20 // (KV_BYTES_PER_TOKEN * 16)
+
+
+def test_kv_corruption_fails_the_test_helpers_loudly() -> None:
+    """The fake runner's context check raises inside execute_model; the engine survives it by finishing
+    the request with "error". Every helper that drives an engine must turn that into a test failure."""
+    engine = fake_engine(block_size=4)
+    engine.add_request(chat_prompt("<<say:" + "k" * 40 + ">>"), SamplingParams(max_tokens=60))
+    for _ in range(3):
+        engine.step()
+    (request,) = engine.scheduler.requests.values()
+    runner = engine.runner
+    assert isinstance(runner, FakeRunner)
+    runner.slots[request.block_ids[1] * 4] = (
+        999  # a scheduler/block-manager bug, as a real model would see it
+    )
+    with pytest.raises(AssertionError, match=r"finished with an error: .*KV cache corrupted"):
+        run_all(engine, [], SamplingParams(max_tokens=60))
+    assert engine.block_manager.num_used_blocks == 0  # and the engine itself carried on
+
+
+def test_a_sliding_window_caps_the_context_length(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="localchat.engine.engine"):
+        engine = fake_engine(sliding_window=256)
+    assert engine.max_model_len == 256
+    assert "capped to the model's sliding window of 256" in caplog.text
+    with pytest.raises(ContextLengthExceededError):
+        engine.add_request(list(range(3, 300)), SamplingParams())
+    assert fake_engine(sliding_window=256, max_model_len=1000).max_model_len == 256  # the flag too
+    assert fake_engine(sliding_window=8192).max_model_len == 4096  # a window past the context: no cap
+
+
+def test_latency_histograms_count_first_tokens_and_gaps() -> None:
+    engine = fake_engine()
+    engine.add_request(chat_prompt("<<slow:20>><<say:abcde>>"), SamplingParams(max_tokens=50))
+    outs = list(drain(engine))
+    stats = engine.stats()
+    ttft, itl = stats.time_to_first_token, stats.inter_token_latency
+    assert outs[-1].num_output_tokens == 6  # five letters and EOS
+    assert ttft.count == 1 and ttft.total >= 0.02  # the first step (the prefill) slept 20 ms
+    assert itl.count == 5 and itl.total >= 5 * 0.02
+    assert itl.bounds[:3] == (0.005, 0.01, 0.02) and itl.cumulative[:2] == (0, 0)  # every gap >= 20 ms
+    assert list(itl.cumulative) == sorted(itl.cumulative) and itl.cumulative[-1] <= itl.count

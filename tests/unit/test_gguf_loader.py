@@ -202,7 +202,7 @@ def test_missing_and_non_model_paths(tmp_path: Path) -> None:
         load_model(tmp_path / "nope.gguf")
     fake = tmp_path / "fake.gguf"
     fake.write_bytes(b"this is not gguf" * 10)
-    with pytest.raises(ModelLoadError, match="not a readable GGUF"):
+    with pytest.raises(ModelLoadError, match="not a GGUF file"):
         load_model(fake)
     text = tmp_path / "notes.txt"
     text.write_text("hello")

@@ -264,3 +264,29 @@ def test_web_ui_is_mounted_unless_no_ui():
     if importlib.util.find_spec("localchat.server.web") is None:
         pytest.skip("the web UI module is not there yet")
     assert paths(True) > api_only
+
+
+def test_metrics_has_latency_histograms_in_prometheus_form(client):
+    before = client.get("/metrics").text
+    body = chat(client, messages=say("four"))
+    text = client.get("/metrics").text
+
+    def series(page: str, name: str) -> dict[str, float]:
+        return {
+            ln.split()[0][len(name) :]: float(ln.split()[1])
+            for ln in page.splitlines()
+            if ln.startswith(name + "_")
+        }
+
+    for name in ("localchat_time_to_first_token_seconds", "localchat_inter_token_latency_seconds"):
+        assert f"# TYPE {name} histogram" in text
+        old, new = series(before, name), series(text, name)
+        buckets = [v for k, v in new.items() if k.startswith("_bucket")]
+        assert buckets == sorted(buckets) and '_bucket{le="+Inf"}' in new  # cumulative, ending at +Inf
+        assert new['_bucket{le="+Inf"}'] == new["_count"] and new["_sum"] >= old["_sum"]
+    ttft = series(text, "localchat_time_to_first_token_seconds")["_count"]
+    itl = series(text, "localchat_inter_token_latency_seconds")["_count"]
+    old_ttft = series(before, "localchat_time_to_first_token_seconds")["_count"]
+    old_itl = series(before, "localchat_inter_token_latency_seconds")["_count"]
+    assert ttft - old_ttft == 1
+    assert itl - old_itl == body["usage"]["completion_tokens"] - 1

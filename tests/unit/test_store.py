@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from localchat.errors import NotFoundError
+from localchat import store_schema
+from localchat.errors import DatabaseSchemaError, NotFoundError
 from localchat.store import DONE, ERROR, STREAMING, NewMessage, Store, title_from
+from localchat.store_schema import schema_version
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,7 +32,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
 def test_wal_mode_and_schema(store: Store) -> None:
     db = sqlite3.connect(store.path)
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert db.execute("PRAGMA user_version").fetchone()[0] == schema_version()
 
 
 def test_create_add_and_read_back_in_order(store: Store) -> None:
@@ -164,3 +166,102 @@ def test_sigkill_during_writes_leaves_a_consistent_database(tmp_path: Path) -> N
     for conv in conversations:  # each conversation was one transaction: all four messages or none
         assert [m.role for m in store.get_messages(conv.id)] == ["user", "user", "user", "assistant"]
     store.close()
+
+
+def _user_version(path: Path) -> int:
+    db = sqlite3.connect(path)
+    try:
+        return int(db.execute("PRAGMA user_version").fetchone()[0])
+    finally:
+        db.close()
+
+
+def test_a_database_of_the_current_schema_is_migrated_and_keeps_its_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "c.sqlite3"
+    old = Store(path)
+    conv = old.create_conversation("kept", [NewMessage("user", "hello"), NewMessage("assistant", "hi!")])
+    old.close()
+    current = schema_version()
+    assert _user_version(path) == current
+    # The next schema change, as a developer would add it: one appended migration.
+    next_migration = (
+        "ALTER TABLE messages ADD COLUMN rating INTEGER NOT NULL DEFAULT 0;"
+        " CREATE INDEX messages_by_rating ON messages (rating)"
+    )
+    monkeypatch.setattr(store_schema, "MIGRATIONS", [*store_schema.MIGRATIONS, next_migration])
+    new = Store(path)
+    try:
+        assert _user_version(path) == current + 1
+        assert [(m.role, m.content) for m in new.get_messages(conv.id)] == [
+            ("user", "hello"),
+            ("assistant", "hi!"),
+        ]
+        new.add_messages(conv.id, [NewMessage("user", "after the upgrade")])
+        rows = new._query("SELECT content, rating FROM messages ORDER BY id")
+        assert [tuple(r) for r in rows] == [("hello", 0), ("hi!", 0), ("after the upgrade", 0)]
+    finally:
+        new.close()
+    Store(path).close()  # opening again runs nothing twice
+    assert _user_version(path) == current + 1
+
+
+def test_a_failed_migration_leaves_the_database_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "c.sqlite3"
+    old = Store(path)
+    conv = old.create_conversation("kept", [NewMessage("user", "hello")])
+    old.close()
+    broken = "ALTER TABLE messages ADD COLUMN half TEXT; ALTER TABLE nowhere ADD COLUMN x TEXT"
+    monkeypatch.setattr(store_schema, "MIGRATIONS", [*store_schema.MIGRATIONS, broken])
+    with pytest.raises(DatabaseSchemaError, match=rf"schema {schema_version()} failed.*left as it was"):
+        Store(path)
+    monkeypatch.undo()
+    assert _user_version(path) == schema_version()
+    again = Store(path)
+    try:
+        assert [m.content for m in again.get_messages(conv.id)] == ["hello"]
+        columns = [r[1] for r in again._query("PRAGMA table_info(messages)")]
+        assert "half" not in columns
+    finally:
+        again.close()
+
+
+def test_a_database_from_a_newer_localchat_is_refused_with_a_message(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite3"
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version=7")
+    db.close()
+    with pytest.raises(DatabaseSchemaError, match="newer localchat") as err:
+        Store(path)
+    assert str(path) in err.value.message
+
+
+@pytest.mark.parametrize("had_model_column", [False, True])
+def test_version_1_databases_get_messages_model_once(tmp_path: Path, had_model_column: bool) -> None:
+    """Migration 1 -> 2 adds messages.model; some version-1 databases got it early, without a bump."""
+    path = tmp_path / "c.sqlite3"
+    db = sqlite3.connect(path)
+    initial = store_schema.MIGRATIONS[0]
+    assert isinstance(initial, str)
+    for statement in initial.split(";"):
+        if statement.strip():
+            db.execute(statement)
+    if had_model_column:
+        db.execute("ALTER TABLE messages ADD COLUMN model TEXT")
+    db.execute("INSERT INTO conversations VALUES ('c1', 'old', '', '', NULL, NULL, NULL, 0, 0)")
+    db.execute(
+        "INSERT INTO messages (conversation_id, role, content, created_at) VALUES ('c1', 'user', 'hi', 0)"
+    )
+    db.execute("PRAGMA user_version=1")
+    db.commit()
+    db.close()
+    store = Store(path)
+    try:
+        assert _user_version(path) == schema_version() >= 2
+        (message,) = store.get_messages("c1")
+        assert (message.content, message.model) == ("hi", None)
+    finally:
+        store.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -278,3 +279,72 @@ def test_login_sets_the_cookie_the_auth_guard_accepts(tmp_path: Path) -> None:
             and "samesite=strict" in cookie.lower()
         )
         assert client.get("/").status_code == 200  # the client now sends the cookie
+
+
+def test_the_ui_samples_with_the_same_defaults_as_the_api(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One resolution for both: request/conversation > server flags > generation_config > 1.0."""
+    flags = {
+        "top_k": 7,
+        "min_p": 0.05,
+        "frequency_penalty": 0.3,
+        "presence_penalty": 0.2,
+        "repetition_penalty": 1.1,
+    }
+    app, ctx = fake_app(tmp_path, max_gen_tokens=300, **flags)
+    ctx.model.generation_defaults = {"temperature": 0.6, "top_p": 0.9, "top_k": 50}
+    submitted: list[Any] = []
+    submit = ctx.engine.submit
+    monkeypatch.setattr(
+        ctx.engine, "submit", lambda ids, params, *a: submitted.append(params) or submit(ids, params, *a)
+    )
+    with TestClient(app) as client:
+        _wait_done(client, _new_chat(client, "<<say:ui>>"))
+        api = client.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "<<say:api>>"}]}
+        )
+        assert api.status_code == 200, api.text
+        _wait_done(client, _new_chat(client, "<<say:ui>>", temperature="0.25", max_tokens="9"))
+        body = {
+            "messages": [{"role": "user", "content": "<<say:api>>"}],
+            "temperature": 0.25,
+            "max_tokens": 9,
+        }
+        assert client.post("/v1/chat/completions", json=body).status_code == 200
+    ui, api_params, ui_set, api_set = submitted
+    assert ui == api_params
+    assert (ui.temperature, ui.top_p, ui.top_k, ui.min_p, ui.max_tokens) == (0.6, 0.9, 7, 0.05, 300)
+    assert (ui.frequency_penalty, ui.presence_penalty, ui.repetition_penalty) == (0.3, 0.2, 1.1)
+    assert ui_set == api_set and (ui_set.temperature, ui_set.max_tokens) == (0.25, 9)
+
+
+def test_a_slow_disk_write_does_not_stall_other_streams(tmp_path: Path) -> None:
+    """Store writes run on the store thread: while one answer's final save hangs on the disk, an API
+    stream on the same server is served at full speed, and the answer is only 'done' once saved."""
+    delay_s = 2.0
+    app, _ = fake_app(tmp_path)
+    with TestClient(app) as client:
+        store = _store(client)
+        writing = threading.Event()
+        original = store.update_message
+
+        def slow_update(message_id: int, **fields: Any) -> None:
+            if fields.get("status") == DONE:  # the answer's final save
+                writing.set()
+                time.sleep(delay_s)
+            original(message_id, **fields)
+
+        store.update_message = slow_update
+        conv_id = _new_chat(client, "<<say:saved slowly>>")
+        assert writing.wait(10), "the final save never started"
+        started = time.monotonic()
+        body = {"messages": [{"role": "user", "content": "<<say:still streaming>>"}], "stream": True}
+        r = client.post("/v1/chat/completions", json=body)
+        elapsed = time.monotonic() - started
+        assert r.status_code == 200 and "data: [DONE]" in r.text
+        assert "".join(re.findall(r'"content":"([^"]*)"', r.text)) == "still streaming"
+        assert elapsed < delay_s / 2, f"the API stream waited {elapsed:.2f}s for the store"
+        assert _chats(client).is_generating(conv_id)  # not done before its final state is on disk
+        answer = _wait_done(client, conv_id)[1]
+        assert (answer.content, answer.status) == ("saved slowly", DONE)

@@ -1,0 +1,90 @@
+"""The conversation store's schema, as ordered migrations keyed by `PRAGMA user_version`.
+
+MIGRATIONS[i] upgrades a database from version i to i + 1. To change the schema, append one entry
+(e.g. `"ALTER TABLE messages ADD COLUMN rating INTEGER"`, or a function for a change SQL cannot say
+alone) and add the field to the matching dataclass in store.py; never edit an entry that has shipped:
+users' databases already ran it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+from localchat.errors import DatabaseSchemaError
+
+Migration = str | Callable[[sqlite3.Connection], None]  # SQL statements (";"-separated), or a function
+
+_INITIAL = """
+CREATE TABLE IF NOT EXISTS conversations (
+    id TEXT PRIMARY KEY,
+    title TEXT NOT NULL,
+    model TEXT NOT NULL DEFAULT '',
+    system_prompt TEXT NOT NULL DEFAULT '',
+    temperature REAL,
+    top_p REAL,
+    max_tokens INTEGER,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+    content TEXT NOT NULL DEFAULT '',
+    status TEXT NOT NULL DEFAULT 'done',
+    error TEXT,
+    finish_reason TEXT,
+    prompt_tokens INTEGER NOT NULL DEFAULT 0,
+    completion_tokens INTEGER NOT NULL DEFAULT 0,
+    tokens_per_s REAL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages (conversation_id, id);
+CREATE INDEX IF NOT EXISTS conversations_by_update ON conversations (updated_at DESC);
+"""
+
+
+def _add_message_model(db: sqlite3.Connection) -> None:
+    """messages.model: which model wrote each answer. Some version-1 databases already have it (it was
+    added without a version bump for a while), hence the check."""
+    if "model" not in {row[1] for row in db.execute("PRAGMA table_info(messages)")}:
+        db.execute("ALTER TABLE messages ADD COLUMN model TEXT")
+
+
+MIGRATIONS: list[Migration] = [
+    _INITIAL,  # 0 -> 1 (IF NOT EXISTS: databases from before versioning already hold it)
+    _add_message_model,  # 1 -> 2
+]
+
+
+def schema_version() -> int:
+    return len(MIGRATIONS)
+
+
+def migrate(db: sqlite3.Connection, path: object) -> int:
+    """Bring the database up to the current schema; returns the version it was at. Call inside a
+    transaction: a migration that fails leaves the database as it was."""
+    found = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if found > schema_version():
+        raise DatabaseSchemaError(
+            f"The conversations database {path} was written by a newer localchat (schema {found}, this"
+            f" version knows up to {schema_version()}). Upgrade localchat, or set LOCALCHAT_HOME to"
+            " another folder."
+        )
+    for version in range(found, schema_version()):
+        migration = MIGRATIONS[version]
+        try:
+            if callable(migration):
+                migration(db)
+            else:  # not executescript(): it commits on its own, outside the caller's transaction
+                for statement in migration.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+        except sqlite3.Error as exc:
+            raise DatabaseSchemaError(
+                f"Updating the conversations database {path} to schema {version + 1} failed ({exc});"
+                " it was left as it was. Check that the disk is not full, then start localchat again."
+            ) from exc
+        db.execute(f"PRAGMA user_version={version + 1}")
+    return found
