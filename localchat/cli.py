@@ -3,7 +3,8 @@
     localchat serve [flags]      the OpenAI-compatible API (+ the web UI unless --no-ui)
     localchat chat [flags]       a terminal chat, on the local model or `--url` any OpenAI server
     localchat --ui-server        serve and open the web UI in a browser
-    localchat                    for now like --ui-server (the desktop window comes later)
+    localchat                    the desktop app: a native window around the same server
+    localchat --selftest         open the window, chat once through it, close; exit 0 or say what failed
 
 Every flag also reads a LOCALCHAT_* environment variable (see `localchat.config`).
 """
@@ -11,7 +12,6 @@ Every flag also reads a LOCALCHAT_* environment variable (see `localchat.config`
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -20,6 +20,7 @@ from typing import Any
 from localchat import __version__
 from localchat.config import SETTINGS_SPEC, Settings, SettingsError
 from localchat.errors import LocalchatError
+from localchat.logs import setup_logging
 
 GROUP_TITLES = {
     "model": "model",
@@ -32,10 +33,6 @@ COMMANDS = {
     "serve": "serve the OpenAI-compatible API (and the web UI unless --no-ui)",
     "chat": "chat in the terminal with the local model, or with --url any OpenAI-compatible server",
 }
-DESKTOP_LATER = (
-    "localchat: the desktop window comes in a later version; until then this serves the web UI "
-    "and opens it in your browser (same as `localchat --ui-server`)."
-)
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
@@ -70,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"localchat {__version__}")
     parser.add_argument("--ui-server", action="store_true", help="serve and open the web UI in a browser")
+    parser.add_argument(
+        "--selftest",
+        action="store_true",
+        help="open the desktop window, send one chat message through it, check the answer, close",
+    )
     sub = parser.add_subparsers(dest="command", metavar="{serve,chat}")
     for name, help_text in COMMANDS.items():
         sub.add_parser(name, parents=[common], help=help_text, description=help_text, allow_abbrev=False)
@@ -80,9 +82,19 @@ def parse_settings(
     argv: Sequence[str] | None, environ: dict[str, str] | None = None
 ) -> tuple[str | None, bool, Settings]:
     """(command, --ui-server, settings) from the command line and the environment."""
+    command, mode, settings = parse_mode(argv, environ)
+    return command, mode == "ui-server", settings
+
+
+def parse_mode(
+    argv: Sequence[str] | None, environ: dict[str, str] | None = None
+) -> tuple[str | None, str, Settings]:
+    """(command, mode, settings); mode is "ui-server", "selftest" or "desktop" (the bare command)."""
     args = vars(build_parser().parse_args(argv))
     command, ui_server = args.pop("command", None), args.pop("ui_server", False)
-    return command, ui_server, Settings.load(args, environ)
+    selftest = args.pop("selftest", False)
+    mode = "ui-server" if ui_server else "selftest" if selftest else "desktop"
+    return command, mode, Settings.load(args, environ)
 
 
 def _progress(message: str) -> None:
@@ -107,13 +119,13 @@ def _serve(settings: Settings, *, open_browser: bool) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        command, ui_server, settings = parse_settings(argv)
+        command, mode, settings = parse_mode(argv)
     except SettingsError as exc:
         print(f"localchat: error: {exc.message}", file=sys.stderr)
         return 2
     if settings.home:
         os.environ["LOCALCHAT_HOME"] = settings.home  # paths.data_dir() reads it
-    logging.basicConfig(level=settings.log.upper(), format="%(levelname)s %(name)s: %(message)s")
+    setup_logging(settings.log)
     try:
         if command == "serve":
             return _serve(settings, open_browser=False)
@@ -121,9 +133,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             from localchat.terminal_chat import run_chat
 
             return run_chat(settings)
-        if not ui_server:
-            print(DESKTOP_LATER, file=sys.stderr, flush=True)
-        return _serve(settings, open_browser=settings.open_browser)
+        if mode == "ui-server":
+            return _serve(settings, open_browser=settings.open_browser)
+        from localchat.desktop import run_desktop
+
+        return run_desktop(
+            settings, selftest=mode == "selftest", fallback=lambda s: _serve(s, open_browser=s.open_browser)
+        )
     except LocalchatError as exc:
         print(f"localchat: error: {exc.message}", file=sys.stderr)
         return 1

@@ -1,0 +1,255 @@
+"""The desktop app (`localchat` with no subcommand): a native window (pywebview: Qt WebEngine through
+PySide6 on Linux, WebKit on macOS, WebView2 on Windows) around the same server, which runs in this
+process on a background thread, on an OS-picked loopback port, locked with a per-launch API key.
+
+The window opens at once on a loading page that polls /health, then signs in with a one-time token
+and shows the chat UI. Closing the window stops answers in flight, shuts the server down and exits 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import secrets
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from ctypes.util import find_library
+from typing import TYPE_CHECKING, Any
+
+from localchat.desktop_gate import LOADING_PAGE, ASGIApp, DesktopGate, DesktopHooks, Progress
+from localchat.desktop_instance import InstanceLock, focus_running
+from localchat.desktop_server import BackgroundServer, bind_socket
+from localchat.desktop_state import MIN_HEIGHT, MIN_WIDTH, DesktopState
+from localchat.paths import data_dir
+
+if TYPE_CHECKING:
+    from localchat.config import Settings
+    from localchat.server.context import ServerContext
+
+log = logging.getLogger(__name__)
+
+DIST = "localchat"
+INSTALL_HINT = f"pip install '{DIST}[desktop]'"
+QUIT_WHILE_STREAMING = "An answer is still being written. Quit localchat anyway?"
+
+
+def gui_problem() -> str | None:
+    """Why no window can open here, naming what to install; None when one can."""
+    if sys.platform.startswith("linux"):
+        platform = os.environ.get("QT_QPA_PLATFORM", "")
+        has_display = bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+        if not has_display and platform not in ("offscreen", "minimal", "vnc", "eglfs", "linuxfb"):
+            return "there is no display (neither DISPLAY nor WAYLAND_DISPLAY is set)"
+        if (
+            platform in ("", "xcb")
+            and not os.environ.get("WAYLAND_DISPLAY")
+            and not find_library("xcb-cursor")
+        ):
+            # Qt aborts the whole process without it, so check before Qt starts.
+            return (
+                "Qt needs the system library libxcb-cursor0 (Debian/Ubuntu: sudo apt install libxcb-cursor0)"
+            )
+    try:
+        import webview  # noqa: F401
+    except ImportError as exc:
+        return f"pywebview is not installed ({exc}); install it with: {INSTALL_HINT}"
+    if sys.platform.startswith("linux"):
+        try:
+            from PySide6 import QtWebEngineWidgets  # noqa: F401
+        except ImportError as exc:
+            return f"Qt WebEngine for Python (PySide6) is missing ({exc}); install it with: {INSTALL_HINT}"
+    return None
+
+
+def _prepare_qt() -> None:
+    os.environ.setdefault("QT_API", "pyside6")  # qtpy would pick PyQt (GPL) first if both are installed
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        # Chromium refuses to run its sandbox as root; a normal user keeps the sandbox.
+        flags = os.environ.get("QTWEBENGINE_CHROMIUM_FLAGS", "")
+        if "--no-sandbox" not in flags:
+            os.environ["QTWEBENGINE_CHROMIUM_FLAGS"] = f"{flags} --no-sandbox".strip()
+
+
+def run_desktop(
+    settings: Settings, *, selftest: bool, fallback: Callable[[Settings], int], message: str = "Hi!"
+) -> int:
+    """The bare `localchat` command (and `--selftest`). `fallback` serves the UI to a browser."""
+    problem = gui_problem()
+    if problem is not None:
+        if selftest:
+            print(f"localchat --selftest failed: cannot open a window: {problem}", file=sys.stderr)
+            return 1
+        print(
+            f"localchat: cannot open the desktop window: {problem}.\n"
+            "localchat: opening the web UI in your browser instead.",
+            file=sys.stderr,
+            flush=True,
+        )
+        log.warning("no desktop window: %s; falling back to the browser", problem)
+        return fallback(settings)
+    home = data_dir()
+    lock = InstanceLock(home)
+    if not lock.acquire():
+        if not selftest and focus_running(home):
+            print("localchat is already running: its window was brought to the front.", file=sys.stderr)
+            return 0
+        print(
+            "localchat: error: another localchat app is running with this data directory "
+            f"({home}){'' if selftest else ' but did not answer'}. Close it, or pass another --home.",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        return DesktopApp(settings, lock, selftest=selftest, message=message).run()
+    finally:
+        lock.release()
+
+
+class DesktopApp:
+    def __init__(self, settings: Settings, lock: InstanceLock, *, selftest: bool, message: str) -> None:
+        self.lock, self.home = lock, lock.home
+        self.state = DesktopState.load(self.home)
+        self.selftest = selftest
+        self.message = message
+        self.started = time.monotonic()
+        self.window: Any = None
+        self.ctx: ServerContext | None = None
+        self.failures: list[str] = []
+        # "Serve the API" off: nobody but this window knows the key or the port.
+        serve_api = self.state.serve_api and not selftest
+        self.settings = dataclasses.replace(
+            settings,
+            api_key=settings.api_key if serve_api else secrets.token_urlsafe(32),
+            host=settings.host if serve_api else "127.0.0.1",
+            port=settings.port if serve_api else 0,
+            shutdown_timeout=0.0,  # closing the window stops answers rather than waiting for them
+        )
+
+    def _build(self, progress: Progress) -> ASGIApp:
+        from localchat.server.app import create_app
+        from localchat.server.runtime import build_context
+
+        settings = self.settings
+        progress.model = settings.model or settings.file or settings.weights
+        if progress.model is None and settings.backend != "fake":
+            progress.say("Loading the default model smollm2-135m (SmolLM2-135M-Instruct)…")
+        else:
+            progress.say(f"Loading {progress.model or 'the model'}…")
+        self.ctx = build_context(settings, progress=progress.say)
+        progress.model = self.ctx.model_id
+        return create_app(settings, self.ctx)
+
+    def run(self) -> int:
+        from localchat.desktop_selftest import SelfTest
+
+        _prepare_qt()
+        import webview
+
+        self.selftest_run = SelfTest(self) if self.selftest else None
+        hooks = DesktopHooks(
+            focus=self._focus,
+            set_serve_api=self._set_serve_api,
+            report=self.selftest_run.report if self.selftest_run else None,
+            serve_api=self.state.serve_api,
+        )
+        signin, instance_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+        self.gate = DesktopGate(
+            self._build,
+            api_key=self.settings.api_key,
+            signin_token=signin,
+            instance_token=instance_token,
+            hooks=hooks,
+        )
+        server = BackgroundServer(
+            self.gate, bind_socket(self.settings.host, self.settings.port), self.settings.log
+        )
+        server.start()
+        self.port = server.port
+        self.lock.publish(server.port, instance_token)
+        log.info("desktop server on 127.0.0.1:%d (serve the API: %s)", server.port, self.state.serve_api)
+        # The fragment never reaches the server or its logs; the token inside is good for one sign-in.
+        url = f"http://127.0.0.1:{server.port}{LOADING_PAGE}#{signin}"
+        state = self.state
+        self.window = webview.create_window(
+            "localchat",
+            url,
+            width=state.width,
+            height=state.height,
+            x=state.x,
+            y=state.y,
+            min_size=(MIN_WIDTH, MIN_HEIGHT),
+            text_select=True,  # False injects an inline style that the UI's CSP refuses
+        )
+        self.window.events.shown += self._shown
+        self.window.events.resized += self._resized
+        self.window.events.moved += self._moved
+        signal.signal(signal.SIGTERM, lambda *_: self.window.destroy())
+        threading.Thread(target=self._watch_streaming, name="localchat-close-guard", daemon=True).start()
+        try:
+            webview.start(
+                self.selftest_run.run if self.selftest_run else None,
+                gui="qt" if sys.platform.startswith("linux") else None,
+                private_mode=False,  # keeps the UI's localStorage (theme) between launches
+                storage_path=str(self.home / "webview"),
+                localization={"global.quitConfirmation": QUIT_WHILE_STREAMING},
+            )
+        finally:
+            stopped = self._shutdown(server)
+        if self.selftest_run is not None:
+            return self.selftest_run.finish(stopped)
+        return 0 if stopped else 1
+
+    # -- window events (any thread) -------------------------------------------------------------------
+
+    def _shown(self) -> None:
+        self.shown_after = time.monotonic() - self.started
+        log.info("window shown %.2fs after launch", self.shown_after)
+
+    def _resized(self, width: int, height: int) -> None:
+        self.state.width, self.state.height = max(int(width), MIN_WIDTH), max(int(height), MIN_HEIGHT)
+
+    def _moved(self, x: int, y: int) -> None:
+        self.state.x, self.state.y = int(x), int(y)
+
+    def _focus(self) -> None:
+        window = self.window
+        if window is None:
+            return
+        window.restore()
+        window.show()
+        window.on_top = True  # raise above other apps, then behave like a normal window again
+        window.on_top = False
+
+    def _set_serve_api(self, on: bool) -> None:
+        # Saved now, applied at the next launch: the running server's port and key cannot change.
+        saved = DesktopState.load(self.home)
+        saved.serve_api = self.state.serve_api = on
+        saved.save(self.home)
+        log.info("serve the API set to %s (from the next launch)", on)
+
+    def _watch_streaming(self) -> None:
+        """Ask before closing only while an answer streams (pywebview reads the flag at close time)."""
+        while self.window is not None:
+            ctx = self.ctx
+            self.window.confirm_close = bool(ctx and ctx.engine.num_in_flight and not self.selftest)
+            time.sleep(0.2)
+
+    def _shutdown(self, server: BackgroundServer) -> bool:
+        ctx, started = self.ctx, time.monotonic()
+        if ctx is not None:
+            ctx.draining = True
+            ctx.engine.shutdown(0)  # aborts answers in flight so their streams end now
+        stopped = server.stop()
+        self.window = None
+        try:
+            self.state.save(self.home)
+        except OSError as exc:
+            log.warning("could not save the window size and position: %s", exc)
+        log.info(
+            "server stopped %.2fs after the window closed (clean: %s)", time.monotonic() - started, stopped
+        )
+        return stopped
