@@ -25,6 +25,7 @@ from localchat.desktop_instance import InstanceLock, focus_running
 from localchat.desktop_server import BackgroundServer, bind_socket
 from localchat.desktop_state import MIN_HEIGHT, MIN_WIDTH, DesktopState
 from localchat.paths import data_dir
+from localchat.server.web_about import DESKTOP_STATE_KEY
 
 if TYPE_CHECKING:
     from localchat.config import Settings
@@ -141,7 +142,9 @@ class DesktopApp:
             progress.say(f"Loading {progress.model or 'the model'}…")
         self.ctx = build_context(settings, progress=progress.say)
         progress.model = self.ctx.model_id
-        return create_app(settings, self.ctx)
+        app = create_app(settings, self.ctx)
+        app.state[DESKTOP_STATE_KEY] = self.hooks  # the About dialog shows the "serve the API" switch
+        return app
 
     def run(self) -> int:
         from localchat.desktop_selftest import SelfTest
@@ -150,7 +153,7 @@ class DesktopApp:
         import webview
 
         self.selftest_run = SelfTest(self) if self.selftest else None
-        hooks = DesktopHooks(
+        self.hooks = hooks = DesktopHooks(
             focus=self._focus,
             set_serve_api=self._set_serve_api,
             report=self.selftest_run.report if self.selftest_run else None,

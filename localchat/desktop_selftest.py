@@ -39,6 +39,14 @@ ANSWER_JS = (
 )
 
 
+ABOUT_JS = (
+    "(function(){document.getElementById('about-open').click();setTimeout(function(){"
+    "var d=document.getElementById('about');var b=document.getElementById('about-body');"
+    + _REPORT % "{kind:'about',open:!!(d&&d.open),text:b?b.textContent:''}"
+    + "},300);})();"
+)
+
+
 class SelfTest:
     def __init__(self, app: DesktopApp) -> None:
         self.app = app
@@ -94,6 +102,10 @@ class SelfTest:
                 raise AssertionError("the answer finished but nothing was rendered")
             self.answer = str(result["text"]).strip()
             self.timings["answer"] = time.monotonic() - sent
+            about = self._ask(ABOUT_JS, lambda r: r.get("kind") == "about" and "Log file" in r.get("text", ""),
+                              30, "no About dialog with the log file")  # fmt: skip
+            if not about.get("open"):
+                raise AssertionError("the About dialog did not open")
         except AssertionError as exc:
             app.failures.append(str(exc))
         except Exception as exc:

@@ -25,7 +25,7 @@ from litestar.static_files import create_static_files_router
 from localchat.conversations import INTERRUPTED, ChatService
 from localchat.errors import AuthenticationError, LocalchatError
 from localchat.paths import data_dir
-from localchat.server import web_chat, web_sidebar
+from localchat.server import web_about, web_chat, web_sidebar
 from localchat.server.web_common import WebState, current_path
 from localchat.server.web_render import html, macro, render, ui_dir
 from localchat.store import Conversation, Store
@@ -123,7 +123,7 @@ def _error_response(request: Request, exc: Exception) -> Response[Any]:
     return html(render("error.html", status=status, message=message), status=status)
 
 
-ROUTES = [index, chat_page, login_page, login, *web_sidebar.ROUTES, *web_chat.ROUTES]
+ROUTES = [index, chat_page, login_page, login, *web_sidebar.ROUTES, *web_chat.ROUTES, *web_about.ROUTES]
 
 
 def create_web_router(settings: Any, *, store_path: Path | None = None) -> Router:
