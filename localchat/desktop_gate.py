@@ -153,12 +153,13 @@ class DesktopGate:
         built: asyncio.Future[ASGIApp] = loop.create_future()
 
         def build() -> None:
+            app, error = None, None
             try:
                 app = self._build(self.progress)
             except BaseException as exc:
-                loop.call_soon_threadsafe(_settle, built, None, exc)
-            else:
-                loop.call_soon_threadsafe(_settle, built, app, None)
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop is gone: the window closed mid-load
+                loop.call_soon_threadsafe(_settle, built, app, error)
 
         threading.Thread(target=build, name="localchat-load", daemon=True).start()
         async with AsyncExitStack() as stack:

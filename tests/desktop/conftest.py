@@ -53,7 +53,9 @@ def xvfb_display() -> Iterator[str]:
     proc.wait(10)
 
 
-def localchat(args: list[str], env: dict[str, str], timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
+def localchat(
+    args: list[str], env: dict[str, str], timeout_s: float = 180
+) -> subprocess.CompletedProcess[str]:
     """Run `python -m localchat ARGS` to the end; the watchdog kills a hung window."""
     return subprocess.run(
         [sys.executable, "-m", "localchat", *args],

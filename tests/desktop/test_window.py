@@ -27,7 +27,9 @@ from tests.desktop.conftest import (
 
 pytestmark = [pytest.mark.desktop, pytest.mark.timeout(300)]
 
-PASSED = re.compile(r"selftest passed: window after ([\d.]+)s, chat UI usable after ([\d.]+)s.* on port (\d+)")
+PASSED = re.compile(
+    r"selftest passed: window after ([\d.]+)s, chat UI usable after ([\d.]+)s.* on port (\d+)"
+)
 
 
 def _selftest(home: Path, display: str, *extra: str) -> re.Match[str]:
