@@ -35,7 +35,9 @@ def deb() -> Path:
     _run(["nice", "-n", "10", str(REPO / "installers" / "build.sh"), "linux"], 900, cwd=REPO)
     built = sorted((REPO / "build" / "installers").glob("localchat_*.deb"))
     assert built, "build.sh made no .deb"
-    print(f"\ninstaller built in {time.monotonic() - started:.0f}s, .deb {built[-1].stat().st_size / 2**20:.0f} MiB")
+    print(
+        f"\ninstaller built in {time.monotonic() - started:.0f}s, .deb {built[-1].stat().st_size / 2**20:.0f} MiB"
+    )
     return built[-1]
 
 
@@ -68,6 +70,10 @@ def test_the_deb_installs_passes_its_selftest_and_purges_cleanly(
     finally:
         _run(["apt-get", "purge", "-y", "-qq", "localchat"], 300, env=env)
     assert subprocess.run(["dpkg", "-s", "localchat"], capture_output=True).returncode != 0
-    left = [f for f in files if f.startswith(("/opt/localchat", "/usr/share/doc/localchat")) and Path(f).exists()]
-    left += [p for p in ("/usr/bin/localchat", "/usr/share/applications/localchat.desktop") if Path(p).exists()]
+    left = [
+        f for f in files if f.startswith(("/opt/localchat", "/usr/share/doc/localchat")) and Path(f).exists()
+    ]
+    left += [
+        p for p in ("/usr/bin/localchat", "/usr/share/applications/localchat.desktop") if Path(p).exists()
+    ]
     assert not left, f"purge left files behind: {left[:10]}"
