@@ -13,6 +13,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import sys
 import threading
 import time
@@ -20,15 +21,16 @@ from collections.abc import Callable
 from ctypes.util import find_library
 from typing import TYPE_CHECKING, Any
 
-from localchat.desktop_gate import LOADING_PAGE, ASGIApp, DesktopGate, DesktopHooks, Progress
+# Only light imports up here: the window should not wait for the web stack (see _start_server).
 from localchat.desktop_instance import InstanceLock, focus_running
-from localchat.desktop_server import BackgroundServer, bind_socket
+from localchat.desktop_server import LOADING_PAGE, BackgroundServer, bind_socket
 from localchat.desktop_state import MIN_HEIGHT, MIN_WIDTH, DesktopState
 from localchat.paths import data_dir
-from localchat.server.web_about import DESKTOP_STATE_KEY
 
 if TYPE_CHECKING:
     from localchat.config import Settings
+    from localchat.desktop_gate import ASGIApp, Progress
+    from localchat.desktop_selftest import SelfTest
     from localchat.server.context import ServerContext
 
 log = logging.getLogger(__name__)
@@ -116,10 +118,13 @@ class DesktopApp:
         self.state = DesktopState.load(self.home)
         self.selftest = selftest
         self.message = message
-        self.started = time.monotonic()
+        self.started = time.monotonic() - _process_age_s()  # timings count from the launch itself
         self.window: Any = None
         self.ctx: ServerContext | None = None
         self.failures: list[str] = []
+        self.server: BackgroundServer | None = None
+        self.selftest_run: SelfTest | None = None
+        self.server_started = threading.Event()
         # "Serve the API" off: nobody but this window knows the key or the port.
         serve_api = self.state.serve_api and not selftest
         self.settings = dataclasses.replace(
@@ -133,6 +138,7 @@ class DesktopApp:
     def _build(self, progress: Progress) -> ASGIApp:
         from localchat.server.app import create_app
         from localchat.server.runtime import build_context
+        from localchat.server.web_about import DESKTOP_STATE_KEY
 
         settings = self.settings
         progress.model = settings.model or settings.file or settings.weights
@@ -147,35 +153,17 @@ class DesktopApp:
         return app
 
     def run(self) -> int:
-        from localchat.desktop_selftest import SelfTest
-
+        """The window first (it owns the main thread), the server on a thread; both until the window closes."""
         _prepare_qt()
         import webview
 
-        self.selftest_run = SelfTest(self) if self.selftest else None
-        self.hooks = hooks = DesktopHooks(
-            focus=self._focus,
-            set_serve_api=self._set_serve_api,
-            report=self.selftest_run.report if self.selftest_run else None,
-            serve_api=self.state.serve_api,
-        )
+        sock = bind_socket(self.settings.host, self.settings.port)  # listening: the window may connect now
+        self.port = sock.getsockname()[1]
         signin, instance_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
-        self.gate = DesktopGate(
-            self._build,
-            api_key=self.settings.api_key,
-            signin_token=signin,
-            instance_token=instance_token,
-            hooks=hooks,
-        )
-        server = BackgroundServer(
-            self.gate, bind_socket(self.settings.host, self.settings.port), self.settings.log
-        )
-        server.start()
-        self.port = server.port
-        self.lock.publish(server.port, instance_token)
-        log.info("desktop server on 127.0.0.1:%d (serve the API: %s)", server.port, self.state.serve_api)
+        self.lock.publish(self.port, instance_token)
+        log.info("desktop server on 127.0.0.1:%d (serve the API: %s)", self.port, self.state.serve_api)
         # The fragment never reaches the server or its logs; the token inside is good for one sign-in.
-        url = f"http://127.0.0.1:{server.port}{LOADING_PAGE}#{signin}"
+        url = f"http://127.0.0.1:{self.port}{LOADING_PAGE}#{signin}"
         state = self.state
         self.window = webview.create_window(
             "localchat",
@@ -191,20 +179,67 @@ class DesktopApp:
         self.window.events.resized += self._resized
         self.window.events.moved += self._moved
         signal.signal(signal.SIGTERM, lambda *_: self.window.destroy())
+        starter = threading.Thread(
+            target=self._start_server,
+            args=(sock, signin, instance_token),
+            name="localchat-start",
+            daemon=True,
+        )
+        starter.start()
         threading.Thread(target=self._watch_streaming, name="localchat-close-guard", daemon=True).start()
         try:
             webview.start(
-                self.selftest_run.run if self.selftest_run else None,
+                self._drive_selftest if self.selftest else None,
                 gui="qt" if sys.platform.startswith("linux") else None,
                 private_mode=False,  # keeps the UI's localStorage (theme) between launches
                 storage_path=str(self.home / "webview"),
                 localization={"global.quitConfirmation": QUIT_WHILE_STREAMING},
             )
         finally:
-            stopped = self._shutdown(server)
+            starter.join()
+            stopped = self._shutdown(sock)
         if self.selftest_run is not None:
             return self.selftest_run.finish(stopped)
-        return 0 if stopped else 1
+        for failure in self.failures:
+            print(f"localchat: error: {failure}", file=sys.stderr)
+        return 0 if stopped and not self.failures else 1
+
+    def _start_server(self, sock: socket.socket, signin: str, instance_token: str) -> None:
+        """On a thread, while Qt starts: the web stack's imports take a second or two."""
+        from localchat.desktop_gate import DesktopGate, DesktopHooks
+        from localchat.desktop_selftest import SelfTest
+
+        try:
+            self.selftest_run = SelfTest(self) if self.selftest else None
+            self.hooks = DesktopHooks(
+                focus=self._focus,
+                set_serve_api=self._set_serve_api,
+                report=self.selftest_run.report if self.selftest_run else None,
+                serve_api=self.state.serve_api,
+            )
+            self.gate = DesktopGate(
+                self._build,
+                api_key=self.settings.api_key,
+                signin_token=signin,
+                instance_token=instance_token,
+                hooks=self.hooks,
+            )
+            self.server = BackgroundServer(self.gate, sock, self.settings.log)
+            self.server.start()
+        except Exception as exc:
+            log.exception("the built-in server did not start")
+            self.failures.append(f"the built-in server did not start: {exc}")
+            if self.window is not None:
+                self.window.destroy()
+        finally:
+            self.server_started.set()
+
+    def _drive_selftest(self) -> None:
+        self.server_started.wait(60)
+        if self.selftest_run is not None and not self.failures:
+            self.selftest_run.run()
+        elif self.window is not None:
+            self.window.destroy()
 
     # -- window events (any thread) -------------------------------------------------------------------
 
@@ -241,12 +276,13 @@ class DesktopApp:
             self.window.confirm_close = bool(ctx and ctx.engine.num_in_flight and not self.selftest)
             time.sleep(0.2)
 
-    def _shutdown(self, server: BackgroundServer) -> bool:
+    def _shutdown(self, sock: socket.socket) -> bool:
         ctx, started = self.ctx, time.monotonic()
         if ctx is not None:
             ctx.draining = True
             ctx.engine.shutdown(0)  # aborts answers in flight so their streams end now
-        stopped = server.stop()
+        stopped = self.server.stop() if self.server is not None else not self.failures
+        sock.close()
         self.window = None
         try:
             self.state.save(self.home)
@@ -256,3 +292,16 @@ class DesktopApp:
             "server stopped %.2fs after the window closed (clean: %s)", time.monotonic() - started, stopped
         )
         return stopped
+
+
+def _process_age_s() -> float:
+    """Seconds since this process started (Linux: from /proc, so the interpreter's start-up counts too);
+    elsewhere 0, i.e. timings start when the desktop app does."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0

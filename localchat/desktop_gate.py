@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from localchat.desktop_instance import FOCUS_PATH, TOKEN_HEADER
+from localchat.desktop_server import LOADING_PAGE
 from localchat.server.auth import COOKIE_NAME
 from localchat.server.web_render import SECURITY_HEADERS, ui_dir
 
@@ -35,7 +36,6 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[..., Awaitable[None]]  # Litestar's own scope types are narrower than these
 
-LOADING_PAGE = "/static/loading.html"
 _MAX_FORM_BYTES = 64 * 1024
 
 

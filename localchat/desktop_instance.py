@@ -12,8 +12,6 @@ import time
 from pathlib import Path
 from typing import IO
 
-import httpx
-
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "desktop.lock"
@@ -72,6 +70,8 @@ class InstanceLock:
 def focus_running(home: Path, wait_s: float = 15.0) -> bool:
     """Ask the running app to bring its window to the front. It may be starting (lock held, port not
     published yet), so keep knocking for a while."""
+    import httpx
+
     deadline = time.monotonic() + wait_s
     while True:
         try:

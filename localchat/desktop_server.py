@@ -1,5 +1,6 @@
 """The desktop app's server: uvicorn on a background thread (the window owns the main thread), on a
-socket bound before anything else so the port is known, and free, from the first moment."""
+socket bound and listening before anything else, so the window can open its URL at once: connections
+wait in the socket's backlog until uvicorn starts answering."""
 
 from __future__ import annotations
 
@@ -7,14 +8,16 @@ import logging
 import socket
 import threading
 import time
+from typing import TYPE_CHECKING
 
-import uvicorn
-
-from localchat.desktop_gate import DesktopGate
 from localchat.errors import LocalchatError
+
+if TYPE_CHECKING:
+    from localchat.desktop_gate import DesktopGate
 
 log = logging.getLogger(__name__)
 
+LOADING_PAGE = "/static/loading.html"  # where the window starts (ui/static/loading.html)
 # An answer still streaming at quit gets this long to notice its abort before connections are cut.
 GRACE_S = 2
 
@@ -42,6 +45,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 class BackgroundServer:
     def __init__(self, gate: DesktopGate, sock: socket.socket, log_level: str) -> None:
+        import uvicorn  # here, not at the top: the window must not wait for it
+
         self.gate = gate
         self.sock = sock
         self.port: int = sock.getsockname()[1]
