@@ -15,7 +15,9 @@ pytestmark = [pytest.mark.desktop, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_selftest_on_the_real_model_shows_the_loading_page_first(tmp_path: Path, smollm2_gguf: Path) -> None:
-    done = localchat(["--selftest", "--f", str(smollm2_gguf)], desktop_env(tmp_path, "offscreen"), timeout_s=500)
+    done = localchat(
+        ["--selftest", "--f", str(smollm2_gguf)], desktop_env(tmp_path, "offscreen"), timeout_s=500
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert "selftest passed" in done.stdout
     log = (tmp_path / "logs" / "localchat.log").read_text()
