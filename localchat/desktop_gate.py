@@ -198,6 +198,9 @@ class DesktopGate:
                                                   "type": "authentication_error", "code": "invalid_api_key"}})  # fmt: skip
                 return
             body = await _read_body(receive)
+            if body is None:
+                await _respond(send, 413, b"request body too large")
+                return
             if path == "/desktop/settings":
                 serve_api = parse_qs(body.decode("utf-8", "replace")).get("serve_api", [""])[-1] == "on"
                 self.hooks.set_serve_api(serve_api)
@@ -208,7 +211,12 @@ class DesktopGate:
                     send, 200, _escape(note).encode(), [(b"content-type", b"text/plain; charset=utf-8")]
                 )
             elif self.hooks.report is not None:
-                self.hooks.report(json.loads(body or b"{}"))
+                try:
+                    report = json.loads(body or b"{}")
+                except ValueError:
+                    await _respond(send, 400, b"the report must be JSON")
+                    return
+                self.hooks.report(report)
                 await _respond(send, 204, b"")
             else:
                 await _respond(send, 404, b"")
@@ -271,7 +279,8 @@ def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-async def _read_body(receive: Receive) -> bytes:
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole body, or None past _MAX_FORM_BYTES (these routes take a checkbox or a small report)."""
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -279,7 +288,7 @@ async def _read_body(receive: Receive) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > _MAX_FORM_BYTES:
-            raise ValueError("request body too large")
+            return None
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)

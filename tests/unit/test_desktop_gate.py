@@ -117,6 +117,8 @@ def test_once_loaded_the_window_signs_in_once_and_the_key_guards_everything(harn
         assert saved.status_code == 200 and harness.serve_api == [True]
         assert window.post("/desktop/report", json={"kind": "probe"}).status_code == 204
         assert harness.reports == [{"kind": "probe"}]
+        assert window.post("/desktop/report", content=b"not json").status_code == 400
+        assert window.post("/desktop/settings", content=b"x" * 100_000).status_code == 413
     # The token worked once; a replay (or a stranger) gets no cookie.
     replay = httpx.get(f"{harness.base}/desktop/signin?token={SIGNIN}", follow_redirects=False)
     assert replay.status_code == 403 and "set-cookie" not in replay.headers
