@@ -145,3 +145,22 @@ def test_missing_pywebview_names_the_package_to_install(tmp_path: Path) -> None:
     )
     assert "pywebview is not installed" in done.stdout
     assert "pip install 'localchat[desktop]'" in done.stdout
+
+
+def test_serve_the_api_uses_the_configured_port_and_key(tmp_path: Path) -> None:
+    (tmp_path / "desktop.json").write_text(json.dumps({"serve_api": True}))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = desktop_env(tmp_path, "offscreen", LOCALCHAT_PORT=str(port), LOCALCHAT_API_KEY="k-configured")
+    proc = start_localchat(["--backend", "fake"], env)
+    try:
+        info = wait_for_instance(tmp_path, proc)
+        assert info["port"] == port
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{base}/v1/models").status_code == 401
+        models = httpx.get(f"{base}/v1/models", headers={"Authorization": "Bearer k-configured"})
+        assert models.status_code == 200 and models.json()["data"][0]["id"] == "fake-model"
+    finally:
+        out = stop(proc)
+    assert proc.returncode == 0, out[-3000:]
