@@ -201,15 +201,17 @@ class DesktopApp:
         if self.selftest_run is not None:
             return self.selftest_run.finish(stopped)
         for failure in self.failures:
-            print(f"localchat: error: {failure}", file=sys.stderr)
-        return 0 if stopped and not self.failures else 1
+            print(
+                f"localchat{' --selftest failed' if self.selftest else ''}: error: {failure}", file=sys.stderr
+            )
+        return 0 if stopped and not self.failures and not self.selftest else 1
 
     def _start_server(self, sock: socket.socket, signin: str, instance_token: str) -> None:
         """On a thread, while Qt starts: the web stack's imports take a second or two."""
-        from localchat.desktop_gate import DesktopGate, DesktopHooks
-        from localchat.desktop_selftest import SelfTest
-
         try:
+            from localchat.desktop_gate import DesktopGate, DesktopHooks
+            from localchat.desktop_selftest import SelfTest
+
             self.selftest_run = SelfTest(self) if self.selftest else None
             self.hooks = DesktopHooks(
                 focus=self._focus,
@@ -281,7 +283,7 @@ class DesktopApp:
         if ctx is not None:
             ctx.draining = True
             ctx.engine.shutdown(0)  # aborts answers in flight so their streams end now
-        stopped = self.server.stop() if self.server is not None else not self.failures
+        stopped = self.server.stop() if self.server is not None else False
         sock.close()
         self.window = None
         try:
