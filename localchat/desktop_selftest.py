@@ -92,9 +92,16 @@ class SelfTest:
             sent = time.monotonic()
             result = self._ask(
                 ANSWER_JS,
-                lambda r: r.get("status") in ("done", "error", "stopped") and r.get("count"),
+                # "done" comes a moment before app.js renders the markdown: wait for the text too.
+                lambda r: (
+                    r.get("count")
+                    and (
+                        r.get("status") in ("error", "stopped")
+                        or (r.get("status") == "done" and r.get("text"))
+                    )
+                ),
                 ANSWER_TIMEOUT_S,
-                "no finished answer",
+                "no finished, rendered answer",
             )
             if result.get("error") or result.get("status") != "done":
                 raise AssertionError(f"the answer failed: {result.get('error') or result.get('status')}")
