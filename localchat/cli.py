@@ -2,6 +2,7 @@
 
     localchat serve [flags]      the OpenAI-compatible API (+ the web UI unless --no-ui)
     localchat chat [flags]       a terminal chat, on the local model or `--url` any OpenAI server
+    localchat pull NAME          download a model (see `localchat pull --help`); also list, rm, verify
     localchat --ui-server        serve and open the web UI in a browser
     localchat                    the desktop app: a native window around the same server
     localchat --selftest         open the window, chat once through it, close; exit 0 or say what failed
@@ -12,15 +13,17 @@ Every flag also reads a LOCALCHAT_* environment variable (see `localchat.config`
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from localchat import __version__
+from localchat import __version__, cli_models
 from localchat.config import SETTINGS_SPEC, Settings, SettingsError
 from localchat.errors import LocalchatError
 from localchat.logs import setup_logging
+from localchat.paths import is_in_data_dir, unusable_data_dir
 
 GROUP_TITLES = {
     "model": "model",
@@ -72,9 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="open the desktop window, send one chat message through it, check the answer, close",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{serve,chat}")
+    sub = parser.add_subparsers(dest="command", metavar="{serve,chat,pull,list,rm,verify}")
     for name, help_text in COMMANDS.items():
         sub.add_parser(name, parents=[common], help=help_text, description=help_text, allow_abbrev=False)
+    cli_models.add_parsers(sub, common)
     return parser
 
 
@@ -102,10 +106,12 @@ def _progress(message: str) -> None:
 
 
 def _serve(settings: Settings, *, open_browser: bool) -> int:
+    from localchat.server.preflight import check_port
     from localchat.server.runtime import build_context, serve
 
     if settings.ui is False and open_browser:
         raise SettingsError("--ui-server needs the web UI; drop --no-ui.", param="ui")
+    check_port(settings.host, settings.port)  # before the model load, which can take minutes
     if (
         settings.model is None
         and settings.file is None
@@ -115,6 +121,20 @@ def _serve(settings: Settings, *, open_browser: bool) -> int:
         _progress("no model flag: using the default model smollm2-135m (SmolLM2-135M-Instruct)")
     ctx = build_context(settings, progress=_progress)
     return serve(settings, ctx, open_browser=open_browser)
+
+
+def _pull_model_flag(settings: Settings) -> None:
+    """`--m ORG/REPO[:QUANT]` or an alias that is not on disk yet: pull it first, with the progress bar."""
+    if settings.model is None or settings.backend == "fake" or settings.url:
+        return
+    from localchat.catalog import load_catalog
+    from localchat.hub import find_local, pull
+    from localchat.hub.spec import is_repo_name
+    from localchat.paths import data_dir
+
+    name = settings.model
+    if (name in load_catalog(data_dir()) or is_repo_name(name)) and find_local(name) is None:
+        pull(name, progress=cli_models.ProgressPrinter(sys.stderr))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -127,6 +147,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["LOCALCHAT_HOME"] = settings.home  # paths.data_dir() reads it
     setup_logging(settings.log)
     try:
+        if command in cli_models.COMMANDS:
+            return cli_models.run(command, vars(build_parser().parse_args(argv)))
+        if command is not None or mode == "ui-server":
+            _pull_model_flag(settings)  # the desktop app pulls behind its loading page instead
         if command == "serve":
             return _serve(settings, open_browser=False)
         if command == "chat":
@@ -142,6 +166,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except LocalchatError as exc:
         print(f"localchat: error: {exc.message}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a file the user can fix (disk full, permissions): a message, not a traceback
+        logging.getLogger("localchat").debug("startup failed", exc_info=exc)
+        message = unusable_data_dir(exc).message if is_in_data_dir(exc.filename) else str(exc)
+        print(f"localchat: error: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -17,6 +17,9 @@ from localchat.errors import LocalchatError
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 BACKEND_CHOICES = ("auto", "torch", "mlx", "fake")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+ISQ_CHOICES = ("q4",)
+# A context shorter than this cannot hold a chat template, a question and a reply: refused at startup.
+MIN_CONTEXT_TOKENS = 256
 
 
 class SettingsError(LocalchatError):
@@ -75,8 +78,8 @@ class Settings:
     model: str | None = _opt(
         None,
         ("--m", "--model"),
-        "a models.yaml alias, a Hugging Face repo id (found in the local HF cache) or a local path; "
-        "with `chat --url`, the remote model name",
+        "a models.yaml alias, a Hugging Face repo ORG/REPO[:QUANT] (pulled first if missing) or a local "
+        "path; with `chat --url`, the remote model name",
         group="model",
         metavar="NAME",
     )
@@ -95,6 +98,21 @@ class Settings:
         parse=int,
         group="model",
         metavar="N",
+    )
+    cuda_graphs: bool = _opt(
+        True,
+        ("--no-cuda-graphs",),
+        "torch on CUDA: run decode steps eagerly instead of replaying captured CUDA graphs",
+        parse=_bool,
+        group="model",
+        action="store_false",
+    )
+    isq: str | None = _opt(
+        None,
+        ("--isq",),
+        "torch: quantize unquantized (safetensors) linears to 4 bits at load (CUDA, or CPU with bf16)",
+        group="model",
+        choices=ISQ_CHOICES,
     )
     seed: int = _opt(
         0,
@@ -117,9 +135,21 @@ class Settings:
         default_factory=list,
         metadata=_meta(
             ("--cors-origin",),
-            "allow this browser origin (repeatable; env: comma-separated)",
+            "allow web pages from this origin (scheme://host:port) to call the server (repeatable; "
+            "env: comma-separated); other origins get 403",
             parse=_list,
             metavar="ORIGIN",
+            action="append",
+        ),
+    )
+    allowed_hosts: list[str] = field(
+        default_factory=list,
+        metadata=_meta(
+            ("--allowed-host",),
+            "also answer to this Host name (repeatable; env: comma-separated; * for any); on loopback "
+            "only localhost, 127.0.0.1 and [::1] are answered (DNS-rebinding guard)",
+            parse=_list,
+            metavar="HOST",
             action="append",
         ),
     )
@@ -289,6 +319,10 @@ class Settings:
                 raise SettingsError(
                     f"--{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}.", param=name
                 )
+        if self.isq is not None and self.isq not in ISQ_CHOICES:
+            raise SettingsError(
+                f"--isq must be one of {', '.join(ISQ_CHOICES)}, got {self.isq!r}.", param="isq"
+            )
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"--port must be in [0, 65535], got {self.port}.", param="port")
         if self.max_body_mib <= 0:
@@ -299,6 +333,12 @@ class Settings:
             raise SettingsError("--threads must be >= 1.", param="threads")
         if self.shutdown_timeout < 0:
             raise SettingsError("--shutdown-timeout must be >= 0.", param="shutdown_timeout")
+        if self.max_model_len is not None and self.max_model_len < MIN_CONTEXT_TOKENS:
+            raise SettingsError(
+                f"--max-model-len {self.max_model_len} is too short for a chat; the smallest that works is "
+                f"--max-model-len {MIN_CONTEXT_TOKENS} (or leave it out to use the model's own).",
+                param="max_model_len",
+            )
         if self.max_queue_len < 0:
             raise SettingsError("--max-queue-len must be >= 0.", param="max_queue_len")
         if sum(x is not None for x in (self.weights, self.file, self.model)) > 1 and not self.url:

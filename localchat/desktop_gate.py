@@ -43,16 +43,33 @@ _MAX_FORM_BYTES = 64 * 1024
 class Progress:
     """What /health says until the real app answers it: the model's name and the last message."""
 
-    status: str = "loading"  # loading | error (the real app's /health adds downloading, no_model)
+    status: str = "loading"  # loading | downloading | error (the real app's /health adds no_model)
     model: str | None = None
     message: str = "Starting localchat…"
     detail: str | None = None
+    phase: str = "load"
+    done_bytes: int | None = None
+    total_bytes: int | None = None
+    speed_bps: float | None = None
+    eta_s: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def say(self, message: str) -> None:  # the model fetch/load progress callback (any thread)
         with self._lock:
-            self.message = message
+            self.status, self.phase, self.message = "loading", "load", message
+            self.done_bytes = self.total_bytes = self.speed_bps = self.eta_s = None
         log.info("%s", message)
+
+    def pull(self, event: Any) -> None:
+        """A model download's progress (a `localchat.hub` PullProgress): bytes, speed, ETA."""
+        with self._lock:
+            self.status = "downloading" if event.phase not in ("done", "error", "cancelled") else "loading"
+            self.phase, self.message = (
+                event.phase,
+                event.message or f"{event.phase} {event.file or event.name}",
+            )
+            self.done_bytes, self.total_bytes = event.done_bytes, event.total_bytes
+            self.speed_bps, self.eta_s = event.speed_bps, event.eta_s
 
     def fail(self, detail: str) -> None:
         with self._lock:
@@ -62,12 +79,15 @@ class Progress:
         with self._lock:
             if self.status == "error":
                 return {"status": "error", "detail": self.detail}
-            progress = {"phase": "load", "done_bytes": None, "total_bytes": None, "speed_bps": None}
-            return {
-                "status": self.status,
-                "model": self.model,
-                "progress": {**progress, "eta_s": None, "message": self.message},
+            progress = {
+                "phase": self.phase,
+                "done_bytes": self.done_bytes,
+                "total_bytes": self.total_bytes,
+                "speed_bps": self.speed_bps,
+                "eta_s": self.eta_s,
+                "message": self.message,
             }
+            return {"status": self.status, "model": self.model, "progress": progress}
 
 
 @dataclass(slots=True)

@@ -95,9 +95,100 @@ class BackendUnavailableError(LocalchatError):
     code = "backend_unavailable"
 
 
+class DataDirError(LocalchatError):
+    """The data directory (models, conversations) cannot be created or written."""
+
+    status = 500
+    type = "server_error"
+    code = "data_dir_unusable"
+
+
 class EngineDeadError(LocalchatError):
     """The engine thread stopped; requests cannot be served until restart."""
 
     status = 500
     type = "server_error"
     code = "engine_dead"
+
+
+class DownloadError(LocalchatError):
+    """A model download failed (network, hub answer, file system); the partial file is kept for resume."""
+
+    status = 502
+    type = "download_error"
+    code = "download_failed"
+
+
+class OfflineError(DownloadError):
+    """The model is not on disk and the hub cannot be reached (no network, or HF_HUB_OFFLINE=1)."""
+
+    status = 503
+    code = "offline"
+
+
+class GatedRepoError(DownloadError):
+    status = 403
+    code = "gated_repo"
+
+    def __init__(self, repo_id: str, endpoint: str) -> None:
+        super().__init__(
+            f"{repo_id} is a gated model: accept its licence on the model page ({endpoint}/{repo_id}) while "
+            "logged in, then set HF_TOKEN to an access token of that account (or run `hf auth login`) and "
+            "pull again.",
+            param="model",
+        )
+        self.repo_id = repo_id
+
+
+class RepoNotFoundError(ModelNotFoundError):
+    """The hub has no such repo (or it is private and the token cannot see it)."""
+
+
+class UnknownQuantError(ModelNotFoundError):
+    code = "unknown_quant"
+
+    def __init__(self, repo_id: str, asked: str, available: list[tuple[str, int]]) -> None:
+        listing = ", ".join(f"{quant} ({size / 1e9:.2f} GB)" for quant, size in available) or "none"
+        super().__init__(
+            f"{repo_id} has no GGUF file for {asked!r}. Available quants: {listing}. "
+            f"Pull one with `localchat pull {repo_id}:QUANT`.",
+            param="model",
+        )
+        self.available = available
+
+
+class NotEnoughDiskSpaceError(DownloadError):
+    status = 507
+    code = "not_enough_disk_space"
+
+    def __init__(self, directory: str, needed: int, free: int) -> None:
+        super().__init__(
+            f"Not enough disk space in {directory}: the download needs {needed / 1e9:.2f} GB, "
+            f"{free / 1e9:.2f} GB are free. Free some space, or keep models elsewhere by setting HF_HOME "
+            "(the Hugging Face cache) to a folder on a bigger disk; localchat's own data moves with --home.",
+        )
+        self.directory, self.needed, self.free = directory, needed, free
+
+
+class ChecksumMismatchError(DownloadError):
+    code = "checksum_mismatch"
+
+    def __init__(self, file: str, expected: str, actual: str) -> None:
+        super().__init__(
+            f"{file} arrived corrupted: its sha256 is {actual}, expected {expected}. Nothing was kept; "
+            "pull again (if it fails again, the source itself may be broken)."
+        )
+
+
+class DownloadCancelledError(DownloadError):
+    """Stopped on request; the partial file stays so the next pull resumes."""
+
+    status = 409
+    code = "download_cancelled"
+
+
+class ModelNotOwnedError(InvalidRequestError):
+    """`rm` of files another tool downloaded into the shared cache: refused unless forced."""
+
+    status = 409
+    code = "not_downloaded_by_localchat"

@@ -3,6 +3,7 @@ the local engine in-process or, with `--url`, to any OpenAI-compatible server.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import sys
@@ -11,14 +12,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
+from localchat.chat_commands import HINT, ChatSession, Messages, message_text, parse_command, run_command
 from localchat.errors import LocalchatError
 
 if TYPE_CHECKING:
     from localchat.config import Settings
     from localchat.server.context import ServerContext
-
-Messages = list[dict[str, Any]]
-HELP = "Commands: /reset starts over, /exit quits (or Ctrl-D). Ctrl-C stops a reply."
 
 
 class ChatError(LocalchatError):
@@ -130,67 +129,105 @@ def make_backend(settings: Settings) -> Backend:
 
 def run_chat(settings: Settings) -> int:
     backend = make_backend(settings)
-    history: Messages = [{"role": "system", "content": settings.system}] if settings.system else []
+    session = ChatSession(system=settings.system)
     try:
         if settings.message is not None:
-            for piece in backend.stream([*history, {"role": "user", "content": settings.message}]):
+            session.turns.append({"role": "user", "content": settings.message})
+            for piece in backend.stream(session.messages()):
                 sys.stdout.write(piece)
                 sys.stdout.flush()
             sys.stdout.write("\n")
             return 0
-        _repl(backend, history, rich_output=not settings.plain and sys.stdout.isatty())
+        _repl(backend, session, rich_output=not settings.plain and sys.stdout.isatty())
         return 0
     finally:
         backend.close()
 
 
-def _repl(backend: Backend, history: Messages, *, rich_output: bool) -> None:
+def _repl(backend: Backend, session: ChatSession, *, rich_output: bool) -> None:
     console = None
     if rich_output:
         from rich.console import Console
 
         console = Console()
-    print(HELP, file=sys.stderr)
-    start = list(history)
+
+    def ask(prompt: str) -> str:
+        return console.input(prompt, markup=False) if console else input(prompt)
+
+    print(HINT, file=sys.stderr)
     while True:
         try:
-            text = console.input("[bold cyan]>>> [/]") if console else input(">>> ")
+            line = console.input("[bold cyan]>>> [/]") if console else input(">>> ")
         except (EOFError, KeyboardInterrupt):
             print(file=sys.stderr)
             return
-        command = text.strip()
-        if command in ("/exit", "/quit"):
-            return
-        if command == "/reset":
-            history[:] = start
+        if (command := parse_command(line)) is not None:
+            if not run_command(*command, session, ask):
+                return
             continue
-        if not command:
+        text = message_text(line)
+        if not text.strip():
             continue
-        history.append({"role": "user", "content": text})
-        reply = _show_reply(backend.stream(history), console)
-        history.append({"role": "assistant", "content": reply})
+        session.turns.append({"role": "user", "content": text})
+        reply = _show_reply(backend.stream(session.messages()), console)
+        if reply is None:  # failed: the question goes unanswered, so it leaves the history too
+            session.turns.pop()
+        else:
+            session.turns.append({"role": "assistant", "content": reply})
 
 
-def _show_reply(pieces: Iterator[str], console: Any) -> str:
+def _show_reply(pieces: Iterator[str], console: Any) -> str | None:
+    """Stream a reply to the screen; returns its text (cut short by Ctrl-C), None when it failed."""
     reply = ""
     try:
-        if console is None:
-            for piece in pieces:
-                reply += piece
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-            sys.stdout.write("\n")
-            return reply
-        from rich.live import Live
-        from rich.markdown import Markdown
+        with _keys_not_echoed():
+            if console is None:
+                for piece in pieces:
+                    reply += piece
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
+                sys.stdout.write("\n")
+                return reply
+            from rich.live import Live
+            from rich.markdown import Markdown
 
-        with Live(Markdown(""), console=console, refresh_per_second=12, vertical_overflow="visible") as live:
-            for piece in pieces:
-                reply += piece
-                live.update(Markdown(reply))
+            with Live(
+                Markdown(""), console=console, refresh_per_second=12, vertical_overflow="visible"
+            ) as live:
+                for piece in pieces:
+                    reply += piece
+                    live.update(Markdown(reply))
     except KeyboardInterrupt:
         pieces.close()  # type: ignore[attr-defined]  # closing the generator aborts the request
         print("\n[stopped]", file=sys.stderr)
     except ChatError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
+        return None
     return reply
+
+
+@contextlib.contextmanager
+def _keys_not_echoed() -> Iterator[None]:
+    """While a reply streams, typed keys are not echoed. NOTE: the terminal echoes Ctrl-C as `^C`; after
+    a full-width line that moves the cursor down a line, rich's live view redraws one line too low and
+    the reply's first line shows twice (so do Enter presses)."""
+    try:
+        import termios
+    except ImportError:  # Windows: its console does not echo Ctrl-C
+        yield
+        return
+    try:
+        fd = sys.stdin.fileno() if sys.stdin.isatty() else -1
+    except (OSError, ValueError):  # stdin closed or replaced
+        fd = -1
+    if fd < 0:
+        yield
+        return
+    saved = termios.tcgetattr(fd)
+    quiet = list(saved)
+    quiet[3] &= ~(termios.ECHO | termios.ECHOCTL)  # [3]: the local modes
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, saved)

@@ -19,3 +19,21 @@ def smollm2_gguf() -> Path:
     if override:
         return Path(override)
     return ensure_default_model(REPO / ".models")
+
+
+@pytest.fixture
+def fake_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A running fake Hugging Face hub; HF_ENDPOINT points at it, and the HF cache and localchat's
+    data dir are fresh folders under tmp_path (`hub_home.cache`, `hub_home.data`)."""
+    from tests.helpers.fake_hub import FakeHub
+
+    hub = FakeHub().start()
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "2")
+    for name in ("HF_TOKEN", "HF_HUB_OFFLINE", "HF_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "no-token"))  # never pick up a real login
+    yield hub
+    hub.stop()

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from backends.torch.gpu_attention_meta import TritonAttentionMetadata
 from localchat.engine.interface import BatchInputs
 
 
@@ -107,9 +108,17 @@ def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor, block_size: int)
 
 
 def paged_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: torch.Tensor,
+    meta: AttentionMetadata | TritonAttentionMetadata,
 ) -> torch.Tensor:
     """q [T, heads, d], k/v [T, kv_heads, d] (this step) -> [T, heads, d]. Writes k/v into the cache."""
+    if isinstance(meta, TritonAttentionMetadata):  # CUDA: kernels that read the block table in place
+        from backends.torch.triton_attention import triton_paged_attention
+
+        return triton_paged_attention(q, k, v, cache, meta)
     write_kv(k, v, cache, meta.slot_mapping)
     if not meta.prefills:
         return _decode(q, cache, meta)

@@ -47,6 +47,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from backends.torch.quant_cuda import (
+    Int4CudaWeight,
+    cuda_int4_available,
+    cuda_int4_linear,
+    dequantize_q4,
+    inner_k_tiles,
+    pack_cuda,
+    quantize_q4,
+)
 from localchat.errors import BackendUnavailableError
 from localchat.weights.tensors import WeightTensor
 
@@ -67,6 +76,8 @@ PACK_ROWS = 4096
 class QuantPolicy:
     int4: bool = False  # Q4_0 / Q4_1 linears through the int4 kernel
     dense_copy: bool = False  # ...also keeping a bf16 copy for many-row steps
+    cuda: bool = False  # ...in the CUDA kernel's layout (quant_cuda.py) instead of the CPU one
+    isq: bool = False  # unquantized linears are quantized to 4 bits at load (`--isq q4`)
 
 
 def int4_kernel_available() -> bool:
@@ -76,22 +87,37 @@ def int4_kernel_available() -> bool:
 
 
 def pick_policy(
-    device: torch.device, dtype: torch.dtype, dense_bytes: int, available: int | None
+    device: torch.device,
+    dtype: torch.dtype,
+    dense_bytes: int,
+    available: int | None,
+    isq: str | None = None,
 ) -> QuantPolicy:
     """The env's mode, narrowed to what this device/dtype runs fast; `dense_bytes` estimates the dense
-    copies (the model's linears in `dtype`), `available` the free RAM (None: unknown)."""
+    copies (the model's linears in `dtype`), `available` the free RAM (None: unknown); `isq`: "q4" to
+    quantize unquantized linears at load."""
     mode = os.environ.get(QUANT_ENV, "auto").strip().lower() or "auto"
     if mode not in QUANT_MODES:
         raise BackendUnavailableError(
             f"{QUANT_ENV}={mode!r} is not a quantization mode; use one of {', '.join(QUANT_MODES)}."
         )
-    usable = device.type == "cpu" and dtype == torch.bfloat16 and int4_kernel_available()
+    on_cuda = dtype == torch.bfloat16 and cuda_int4_available(device)
+    usable = on_cuda or (device.type == "cpu" and dtype == torch.bfloat16 and int4_kernel_available())
+    if isq is not None and (not usable or mode == "dequant"):
+        raise BackendUnavailableError(
+            f"--isq {isq} needs bfloat16 compute with an int4 kernel: a CUDA GPU of compute capability "
+            "8.0+, or a CPU with native bf16 (AVX512-BF16/AMX); this run uses "
+            f"{dtype} on {device}{' with ' + QUANT_ENV + '=dequant' if mode == 'dequant' else ''}."
+        )
     if mode == "dequant" or not usable:
         return QuantPolicy()
+    wants_isq = isq is not None
+    if on_cuda:  # device memory is the scarce resource: never a dense copy
+        return QuantPolicy(int4=True, cuda=True, isq=wants_isq)
     if mode == "int4":
-        return QuantPolicy(int4=True)
+        return QuantPolicy(int4=True, isq=wants_isq)
     fits = available is None or dense_bytes <= available * DENSE_COPY_RAM_FRACTION
-    return QuantPolicy(int4=True, dense_copy=fits)
+    return QuantPolicy(int4=True, dense_copy=fits, isq=wants_isq)
 
 
 @dataclass(slots=True)
@@ -135,14 +161,22 @@ class SplitQ8Weight:
 
 
 Loaded = torch.Tensor | Int4Parts  # what `convert` returns
-Weight = torch.Tensor | Int4Weight | SplitQ8Weight  # what `linear` takes
+Weight = torch.Tensor | Int4Weight | SplitQ8Weight | Int4CudaWeight  # what `linear` takes
 
 
 def convert(weight: WeightTensor, dtype: torch.dtype, device: torch.device, policy: QuantPolicy) -> Loaded:
     """A weight in its runtime form: `Int4Parts` where the int4 kernel applies, else a dense tensor."""
     rows = weight.shape[0] if len(weight.shape) == 2 else 0
-    if policy.int4 and weight.dtype in INT4_TYPES and rows % 16 == 0 and rows > 0:
+    cols = weight.shape[1] if rows else 0
+    packable = rows % 16 == 0 and rows > 0 and (not policy.cuda or inner_k_tiles(cols) is not None)
+    if policy.int4 and weight.dtype in INT4_TYPES and packable:
         return _int4_parts(weight)
+    # NOTE: --isq leaves the LM head dense: a 4-bit output layer costs the most quality (llama.cpp keeps
+    # it at 6-8 bits too).
+    isq = policy.isq and not weight.is_quantized and not weight.name.endswith("lm_head.weight")
+    if isq and packable and cols % GROUP_SIZE == 0:
+        codes, scale, zero = quantize_q4(to_tensor(weight, torch.float32, torch.device("cpu")))
+        return Int4Parts(codes, scale, zero, [])  # no sources: its dense copy comes from the codes
     return to_tensor(weight, dtype, device)
 
 
@@ -166,6 +200,8 @@ def fuse(parts: list[Loaded]) -> Loaded:
 def finalize(loaded: Loaded, dtype: torch.dtype, device: torch.device, policy: QuantPolicy) -> Weight:
     if isinstance(loaded, torch.Tensor):
         return loaded
+    if policy.cuda:
+        return pack_cuda(loaded.codes, loaded.scale, loaded.zero, device)
     rows, cols = loaded.shape
     packed = _pack(rows, cols, lambda start, end: loaded.codes[start:end])
     dense = _dense(loaded, dtype, device) if policy.dense_copy else None
@@ -176,6 +212,9 @@ def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) ->
     """x [T, in] @ weight [out, in].T (+ bias) -> [T, out]."""
     if isinstance(weight, torch.Tensor):
         return F.linear(x, weight, bias)
+    if isinstance(weight, Int4CudaWeight):
+        out = cuda_int4_linear(x, weight)
+        return out if bias is None else out + bias
     if isinstance(weight, SplitQ8Weight):
         if x.shape[0] > 1:  # measured faster only for one row: the kernel is compute-bound
             return F.linear(x, weight.dense, bias)
@@ -261,6 +300,8 @@ def _pack(rows: int, cols: int, codes: Callable[[int, int], torch.Tensor]) -> to
 
 
 def _dense(parts: Int4Parts, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    if not parts.sources:  # quantized at load (--isq): the copy holds what the int4 kernel computes
+        return dequantize_q4(parts.codes, parts.scale, parts.zero).to(device=device, dtype=dtype)
     return torch.cat([to_tensor(s, dtype, device) for s in parts.sources])
 
 

@@ -43,12 +43,16 @@ import torch
 from backends import RunnerOptions
 from backends.memory import mem_available
 from backends.torch.attention import AttentionMetadata
+from backends.torch.cuda_graphs import DecodeGraphs
 from backends.torch.device import adaptive_thread_choices, cpu_threads, pick_device, pick_dtype
+from backends.torch.gpu_attention_meta import TritonAttentionMetadata
+from backends.torch.kernel_choice import attention_kernel, graph_mode
 from backends.torch.quant import pick_policy
 from backends.torch.sampler import RequestSampling, Sampler
 from backends.torch.threads import ThreadGovernor
 from backends.torch.weights import load_model
 from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput
+from localchat.errors import ModelLoadError
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
 
@@ -80,10 +84,15 @@ class TorchRunner:
         self.dtype = pick_dtype(options.dtype, self.device)
         self.config = model.config
         self.quant = pick_policy(
-            self.device, self.dtype, _linear_bytes(model.config, self.dtype), mem_available()
+            self.device, self.dtype, _linear_bytes(model.config, self.dtype), mem_available(), options.isq
         )
-        with torch.inference_mode():
+        with torch.inference_mode(), _device_memory_errors(self.device, model.name):
             self.model = load_model(model.config, model.iter_weights(), self.device, self.dtype, self.quant)
+        self.attention = attention_kernel(
+            self.device
+        )  # "triton" on CUDA (see kernel_choice.py), else "torch"
+        self.graph_mode = graph_mode(self.device, self.attention, options.cuda_graphs)
+        self.graphs: DecodeGraphs | None = None
         self.sampler = Sampler(self.device, options.seed)
         self.requests: dict[str, RequestSampling] = {}
         self.kv_caches: list[torch.Tensor] = []
@@ -120,6 +129,25 @@ class TorchRunner:
         shape = (2, c.num_key_value_heads, num_blocks * block_size, c.head_dim)
         self.kv_caches = [self._zeros(shape) for _ in range(c.num_hidden_layers)]
         self.block_size = block_size
+
+    def prepare_decode_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
+        """Engine hook, after the KV cache exists: capture decode graphs per batch-size bucket."""
+        if self.graph_mode is None:
+            return
+        with torch.inference_mode():
+            self.graphs = DecodeGraphs(
+                self._decode_logits,
+                max_num_seqs=max_num_seqs,
+                max_seq_len=max_model_len,
+                block_size=self.block_size,
+                kv_heads=self.config.num_key_value_heads,
+                device=self.device,
+                capture=self.graph_mode == "capture",
+            )
+
+    def _decode_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: object) -> torch.Tensor:
+        hidden = self.model.hidden_states(input_ids, positions, meta, self.kv_caches)  # type: ignore[arg-type]
+        return self.model.logits(hidden)
 
     def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
         if self.device.type != "cpu":
@@ -169,6 +197,8 @@ class TorchRunner:
 
     def _logits(self, batch: BatchInputs) -> torch.Tensor:
         assert self.kv_caches and batch.block_size == self.block_size, "initialize_kv_cache first"
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.run(batch)
         step = self._prepare(batch)
         with self._matmul_backend(batch.num_tokens):
             hidden = self.model.hidden_states(step.input_ids, step.positions, step.meta, self.kv_caches)
@@ -186,9 +216,21 @@ class TorchRunner:
         return _Step(
             input_ids=to_device(batch.input_ids),
             positions=to_device(batch.positions),
-            meta=AttentionMetadata.from_batch(batch, self.device, self.config.num_key_value_heads),
+            meta=self._metadata(batch),
             logits_indices=None if all_tokens else to_device(indices),
         )
+
+    def _metadata(self, batch: BatchInputs) -> AttentionMetadata | TritonAttentionMetadata:
+        kv_heads = self.config.num_key_value_heads
+        if self.attention == "triton":
+            return TritonAttentionMetadata.from_batch(batch, self.device, kv_heads, self._num_sms)
+        return AttentionMetadata.from_batch(batch, self.device, kv_heads)
+
+    @property
+    def _num_sms(self) -> int:
+        if self.device.type != "cuda":
+            return 132  # the interpreter twin: any count works
+        return torch.cuda.get_device_properties(self.device).multi_processor_count
 
     @contextlib.contextmanager
     def _matmul_backend(self, rows: int) -> Iterator[None]:
@@ -212,7 +254,14 @@ class TorchRunner:
         activations = torch.cuda.max_memory_allocated(self.device) - before
         torch.cuda.empty_cache()  # cached blocks would otherwise count as used
         free, _ = torch.cuda.mem_get_info(self.device)
-        return max(0, int(free * GPU_KV_FRACTION) - activations)
+        budget = int(free * GPU_KV_FRACTION) - activations
+        if budget <= 0:
+            raise ModelLoadError(
+                f"The model fits on {self.device} but leaves no memory for the KV cache "
+                f"({free / 2**30:.1f} GiB free after loading). Use a smaller or 4-bit model (--isq q4), "
+                "or set --mem to a small KV cache size in MiB."
+            )
+        return budget
 
     def _warmup(self, num_tokens: int) -> None:
         block_size = 16
@@ -239,6 +288,19 @@ class TorchRunner:
                 self._logits(batch)
         finally:
             self.kv_caches, self.block_size = saved
+
+
+@contextlib.contextmanager
+def _device_memory_errors(device: torch.device, name: str) -> Iterator[None]:
+    """A model too large for the GPU is a message, not a CUDA traceback."""
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError as exc:
+        _, total = torch.cuda.mem_get_info(device)
+        raise ModelLoadError(
+            f"{name} does not fit in {device}'s {total / 2**30:.1f} GiB of memory. Use a smaller or 4-bit "
+            "model (a Q4 GGUF file, or --isq q4 for safetensors), or --device cpu."
+        ) from exc
 
 
 def _linear_bytes(config: ModelConfig, dtype: torch.dtype) -> int:

@@ -63,6 +63,9 @@ class LLMEngine:
             log.warning(
                 "max_model_len %d capped to %d tokens: all the KV cache (raise --mem)", wanted, capacity
             )
+        # Optional runner hook: static-shape work (CUDA graphs) once the batch and context bounds are known.
+        if (prepare := getattr(runner, "prepare_decode_graphs", None)) is not None:
+            prepare(config.max_num_seqs, self.max_model_len)
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens generated) per step

@@ -19,6 +19,7 @@ from localchat.server.monitoring import health, metrics
 from localchat.server.openai_chat import chat_completions
 from localchat.server.openai_completions import completions
 from localchat.server.openai_models import get_model, list_models
+from localchat.server.security import guard_app, json_post_paths
 from localchat.server.web import close_web_state, create_web_router
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def create_app(settings: Settings, ctx: ServerContext) -> Litestar:
             allow_methods=["GET", "POST", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type", "X-Api-Key"],
         )
-    return Litestar(
+    app = Litestar(
         route_handlers=handlers,
         state=State({"ctx": ctx}),
         guards=[require_api_key],
@@ -66,3 +67,5 @@ def create_app(settings: Settings, ctx: ServerContext) -> Litestar:
         logging_config=None,  # the CLI configures logging (--log)
         debug=False,
     )
+    guard_app(app, settings, json_post_paths(API_ROUTES))
+    return app

@@ -8,7 +8,6 @@ import logging
 import sys
 import threading
 import time
-import webbrowser
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +15,7 @@ import uvicorn
 
 from localchat.engine.async_engine import AsyncEngine
 from localchat.engine.engine import LLMEngine
+from localchat.server import preflight
 from localchat.server.context import ServerContext
 
 if TYPE_CHECKING:
@@ -57,9 +57,15 @@ def build_context(settings: Settings, progress: Callable[[str], None] | None = N
     bundle, model_id, aliases = load_bundle(settings, progress)
     loaded = time.perf_counter()
     options = RunnerOptions(
-        device=settings.device, dtype=settings.dtype, seed=settings.seed, num_threads=settings.threads
+        device=settings.device,
+        dtype=settings.dtype,
+        seed=settings.seed,
+        num_threads=settings.threads,
+        cuda_graphs=settings.cuda_graphs,
+        isq=settings.isq,
     )
     runner = load_runner(settings.backend, bundle, options)
+    preflight.check_kv_budget(settings, runner.kv_cache_spec, bundle.config.max_position_embeddings)
     log.info(
         "model %s read in %.1fs, runner ready on %s in %.1fs",
         model_id,
@@ -142,4 +148,4 @@ def _announce(server: uvicorn.Server, url: str, open_browser: bool) -> None:
         return
     print(f"localchat is serving at {url} (OpenAI API at {url}v1)", file=sys.stderr, flush=True)
     if open_browser:
-        webbrowser.open(url)
+        preflight.open_browser(url)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 
 from localchat.conversations import INTERRUPTED, ChatService
-from localchat.errors import AuthenticationError, LocalchatError
+from localchat.errors import AuthenticationError, DataDirError, LocalchatError
 from localchat.paths import data_dir
 from localchat.server import web_about, web_chat, web_sidebar
 from localchat.server.web_common import WebState, current_path
@@ -136,7 +137,7 @@ def create_web_router(settings: Any, *, store_path: Path | None = None) -> Route
         with _init_lock:
             web = state.get(_STATE_KEY)
             if web is None:
-                store = Store(path)
+                store = _open_store(path)
                 if count := store.fail_interrupted(INTERRUPTED):
                     log.info("%d answer(s) left unfinished by a previous run were marked as failed", count)
                 web = WebState(store, ChatService(store, state.ctx), _catalog(home or data_dir()))
@@ -154,6 +155,16 @@ def create_web_router(settings: Any, *, store_path: Path | None = None) -> Route
         exception_handlers={LocalchatError: _error_response, HTTPException: _error_response},
         include_in_schema=False,
     )
+
+
+def _open_store(path: Path) -> Store:
+    try:
+        return Store(path)
+    except (OSError, sqlite3.Error) as exc:  # shown as the UI's error page, not a raw 500
+        raise DataDirError(
+            f"The conversations cannot be opened: {path} ({exc}). Their directory must be writable: "
+            "start localchat with --home DIR (or LOCALCHAT_HOME) pointing to a writable directory."
+        ) from None
 
 
 def close_web_state(state: Any) -> None:

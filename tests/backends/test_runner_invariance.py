@@ -20,6 +20,7 @@ from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine
 from localchat.engine.sampling_params import SamplingParams
 from localchat.weights.bundle import ModelBundle
+from tests.helpers.torch_models import TEST_DEVICE
 
 pytest.importorskip("torch")  # the tiny models come from transformers
 
@@ -42,7 +43,8 @@ def make_engine(request: pytest.FixtureRequest) -> EngineFactory:
     name = request.param
 
     def build(bundle: ModelBundle, kv_cache_mib: int) -> LLMEngine:
-        runner = create_runner(name, bundle, RunnerOptions(device="cpu", dtype="float32", seed=0))
+        device = TEST_DEVICE if name == "torch" else "cpu"
+        runner = create_runner(name, bundle, RunnerOptions(device=device, dtype="float32", seed=0))
         tokenizer = bundle.tokenizer if bundle.tokenizer is not None else FakeTokenizer()
         config = EngineConfig(kv_cache_mib=kv_cache_mib, max_num_batched_tokens=256, prefill_chunk_size=64)
         return LLMEngine(

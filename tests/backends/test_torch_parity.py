@@ -44,6 +44,7 @@ def hf_generate(hf: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
 
 
 def assert_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
+    ours = ours.cpu()  # the runner may be on CUDA (LOCALCHAT_TEST_DEVICE), the reference is on the CPU
     assert ours.shape == ref.shape
     assert (ours - ref).abs().max().item() < ATOL
 

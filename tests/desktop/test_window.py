@@ -144,7 +144,7 @@ def test_missing_pywebview_names_the_package_to_install(tmp_path: Path) -> None:
         [sys.executable, "-c", code], env=desktop_env(tmp_path, "offscreen"), capture_output=True, text=True
     )
     assert "pywebview is not installed" in done.stdout
-    assert "pip install 'localchat[desktop]'" in done.stdout
+    assert "pip install 'localchat-app[desktop]'" in done.stdout
 
 
 def test_serve_the_api_uses_the_configured_port_and_key(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ def _skip_unless_real(backend: str) -> None:
     if backend in REAL and (why := real_backend_missing()):
         pytest.skip(f"real-model server not available yet: {why}")
     if backend == "real-mlx":
-        pytest.importorskip("mlx.core", reason="the mlx backend needs `pip install localchat[mlx]`")
+        pytest.importorskip("mlx.core", reason="the mlx backend needs `pip install localchat-app[mlx]`")
 
 
 @pytest.fixture(scope="package", params=BACKENDS)

@@ -115,8 +115,9 @@ def test_terminal_chat_one_shot_local_and_remote():
 
 def test_terminal_chat_repl_keeps_history():
     # Piped stdin (not a TTY): plain text, one reply per line read. The fake model obeys the *first*
-    # <<say:>> in its prompt, so a second turn answered "first" proves the history was sent; /reset drops it.
-    script = "<<say:first>>\n<<say:second>>\n/reset\n<<say:third>>\n/exit\n"
+    # <<say:>> in its prompt, so a second turn answered "first" proves the history was sent; /reset drops it
+    # (once confirmed).
+    script = "<<say:first>>\n<<say:second>>\n/reset\ny\n<<say:third>>\n/exit\n"
     run = subprocess.run(
         [sys.executable, "-m", "localchat", "chat", "--backend", "fake", "--mem", "1", "--log", "warning"],
         input=script,
@@ -126,5 +127,6 @@ def test_terminal_chat_repl_keeps_history():
         timeout=120,
     )
     assert run.returncode == 0, run.stderr
-    replies = [re.sub(r"^(>>> )+", "", line) for line in run.stdout.splitlines() if line.strip(" >")]
+    stdout = re.sub(r"Forget the \d+ messages of this conversation\? \[y/N\] ", "", run.stdout)
+    replies = [re.sub(r"^(>>> )+", "", line) for line in stdout.splitlines() if line.strip(" >")]
     assert replies == ["first", "first", "third"]

@@ -13,9 +13,14 @@ from localchat.server.app import create_app
 from localchat.server.context import ServerContext
 from localchat.server.runtime import build_context
 
+# Litestar's TestClient addresses the app as http://testserver.local; the server's DNS-rebinding guard
+# answers only loopback names unless told otherwise.
+TEST_CLIENT_HOST = "testserver.local"
+
 
 def fake_settings(**overrides: Any) -> Settings:
-    return Settings.load({"backend": "fake", "mem": 2, "ui": False, **overrides}, environ={})
+    base = {"backend": "fake", "mem": 2, "ui": False, "allowed_hosts": [TEST_CLIENT_HOST]}
+    return Settings.load({**base, **overrides}, environ={})
 
 
 @contextlib.contextmanager

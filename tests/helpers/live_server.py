@@ -101,11 +101,18 @@ def server_args(backend: str, model: Path | None) -> list[str]:
 
 @contextlib.contextmanager
 def live_server(
-    args: list[str], *, api_key: str | None = None, env: dict[str, str] | None = None, startup_s: float = 180
+    args: list[str],
+    *,
+    api_key: str | None = None,
+    env: dict[str, str] | None = None,
+    startup_s: float = 180,
+    ui: bool = False,
 ) -> Iterator[LiveServer]:
     port = free_port()
     log_file = tempfile.NamedTemporaryFile(prefix="localchat-serve-", suffix=".log", delete=False)  # noqa: SIM115
-    cmd = [sys.executable, "-m", "localchat", "serve", "--p", str(port), "--log", "warning", "--no-ui", *args]
+    cmd = [sys.executable, "-m", "localchat", "serve", "--p", str(port), "--log", "warning", *args]
+    if not ui:
+        cmd.append("--no-ui")
     if api_key:
         cmd += ["--api-key", api_key]
     full_env = {**os.environ, "LOCALCHAT_HOME": tempfile.mkdtemp(prefix="localchat-home-"), **(env or {})}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -102,5 +103,9 @@ def bundle_from_hf(model: torch.nn.Module, name: str = "tiny") -> ModelBundle:
     return ModelBundle(name, Path(name), "safetensors", config, iter_weights, tokenizer=None)  # type: ignore[arg-type]
 
 
+# benchmarks/gpu_check.sh runs the parity suite on CUDA with LOCALCHAT_TEST_DEVICE=cuda.
+TEST_DEVICE = os.environ.get("LOCALCHAT_TEST_DEVICE", "cpu")
+
+
 def fp32_runner(bundle: ModelBundle, seed: int = 0) -> TorchRunner:
-    return TorchRunner(bundle, RunnerOptions(device="cpu", dtype="float32", seed=seed))
+    return TorchRunner(bundle, RunnerOptions(device=TEST_DEVICE, dtype="float32", seed=seed))

@@ -22,7 +22,14 @@ from localchat.server.runtime import build_context
 
 
 def fake_app(home: Path, **settings: Any) -> tuple[Litestar, ServerContext]:
-    options: dict[str, Any] = {"backend": "fake", "home": str(home), "mem": 16, "log": "warning", **settings}
+    options: dict[str, Any] = {
+        "backend": "fake",
+        "home": str(home),
+        "mem": 16,
+        "log": "warning",
+        "allowed_hosts": ["testserver.local"],  # Litestar's TestClient's Host (the DNS-rebinding guard)
+        **settings,
+    }
     config = Settings(**options)
     ctx = build_context(config)
     return create_app(config, ctx), ctx

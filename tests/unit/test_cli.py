@@ -10,7 +10,7 @@ import pytest
 from localchat import __version__, cli
 from localchat.config import SETTINGS_SPEC, Settings, SettingsError
 from localchat.server.runtime import security_warning
-from tests.helpers.live_server import REPO
+from tests.helpers.live_server import REPO, free_port
 
 
 def test_every_setting_has_a_flag_and_an_env_var():
@@ -171,7 +171,8 @@ def test_invalid_default_sampling_is_refused_at_startup(args, flag):
 
 def test_main_exit_codes_and_messages(capsys, monkeypatch):
     monkeypatch.setenv("LOCALCHAT_HOME", str(REPO / "test-output" / "home"))
-    assert cli.main(["serve", "--f", "/definitely/not/here.gguf"]) == 1
+    # a free port: the port is checked before the model (8000 may be taken on a shared machine)
+    assert cli.main(["serve", "--p", str(free_port()), "--f", "/definitely/not/here.gguf"]) == 1
     assert "no such GGUF file" in capsys.readouterr().err
     assert cli.main(["serve", "--f", "a.gguf", "--w", "b"]) == 2
     assert "only one of" in capsys.readouterr().err
@@ -216,3 +217,19 @@ def test_loud_warning_when_exposed_without_a_key():
     assert "NO API KEY" in security_warning(Settings(host="0.0.0.0"))
     assert security_warning(Settings(host="0.0.0.0", api_key="k")) is None
     assert security_warning(Settings()) is None and Settings().host == "127.0.0.1"
+
+
+def test_allowed_hosts_from_flags_and_environment():
+    _, _, settings = cli.parse_settings(
+        ["serve", "--allowed-host", "a.lan", "--allowed-host", "b.lan"], environ={}
+    )
+    assert settings.allowed_hosts == ["a.lan", "b.lan"]
+    _, _, settings = cli.parse_settings(["serve"], environ={"LOCALCHAT_ALLOWED_HOSTS": "a.lan, b.lan"})
+    assert settings.allowed_hosts == ["a.lan", "b.lan"]
+
+
+def test_a_context_below_256_tokens_is_refused():
+    with pytest.raises(SettingsError, match="smallest that works is --max-model-len 256") as info:
+        Settings.load({"max_model_len": 255}, environ={})
+    assert info.value.param == "max_model_len"
+    assert Settings.load({"max_model_len": 256}, environ={}).max_model_len == 256

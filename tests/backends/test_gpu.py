@@ -1,0 +1,94 @@
+"""On a CUDA GPU (skipped elsewhere; benchmarks/gpu_check.sh runs them with the parity suite on CUDA):
+the Triton kernels against the CPU path, CUDA graphs on and off token-identical on the real model, the
+4-bit CUDA weights against their dequantized values, and KV sizing after the warm-up forward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from backends import RunnerOptions, create_runner
+from backends.torch.attention import AttentionMetadata, paged_attention
+from backends.torch.gpu_attention_meta import TritonAttentionMetadata
+from localchat.engine.config import EngineConfig
+from localchat.engine.engine import LLMEngine
+from tests.helpers.paged_batches import make_batch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+CUDA = torch.device("cuda")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_kernels_match_the_cpu_path(dtype: torch.dtype) -> None:
+    from backends.torch.triton_attention import triton_paged_attention
+
+    rows = [(700, 1), (37, 1), (300, 120), (9, 9), (2000, 1)]  # long decode rows exercise split-K
+    batch = make_batch(rows, block_size=16, num_blocks=220)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(batch.num_tokens, 32, 128, generator=gen)
+    k = torch.randn(batch.num_tokens, 8, 128, generator=gen)
+    v = torch.randn(batch.num_tokens, 8, 128, generator=gen)
+    cache = torch.randn(2, 8, 220 * 16, 128, generator=gen)
+    expected = paged_attention(q, k, v, cache.clone(), AttentionMetadata.from_batch(batch, q.device, 8))
+    meta = TritonAttentionMetadata.from_batch(batch, CUDA, 8, num_sms=132)
+    gpu = [t.to(CUDA, dtype) for t in (q, k, v, cache)]
+    got = triton_paged_attention(*gpu, meta).float().cpu()
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+
+
+def _engine(gguf: Path, graphs: bool) -> LLMEngine:
+    from localchat.weights.loader import load_model
+
+    bundle = load_model(gguf)
+    runner = create_runner("torch", bundle, RunnerOptions(device="cuda", cuda_graphs=graphs))
+    return LLMEngine(
+        runner,
+        bundle.tokenizer,
+        EngineConfig(kv_cache_mib=512, max_num_seqs=16),
+        eos_token_ids=bundle.config.eos_token_ids,
+        model_max_len=bundle.config.max_position_embeddings,
+    )
+
+
+def test_cuda_graphs_on_and_off_give_identical_greedy_tokens(smollm2_gguf: Path) -> None:
+    from benchmarks.workload import CONCURRENT_PROMPTS
+    from tests.backends.test_runner_invariance import generate
+
+    eager = _engine(smollm2_gguf, graphs=False)
+    prompts = [eager.tokenizer.encode(p) for p in CONCURRENT_PROMPTS]  # type: ignore[attr-defined]
+    expected = generate(eager, prompts, max_tokens=32)
+    graphed = _engine(smollm2_gguf, graphs=True)
+    assert generate(graphed, prompts, max_tokens=32) == expected
+    assert graphed.runner.graphs is not None and graphed.runner.graphs.steps_run > 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+def test_int4_cuda_linear_matches_dequantized_blocks(qtype: str) -> None:
+    from backends.torch.quant import Int4CudaWeight, QuantPolicy, convert, finalize, linear
+    from tests.backends.test_torch_quant import random_blocks
+
+    weight = random_blocks(qtype, rows=256, cols=512)
+    policy = QuantPolicy(int4=True, cuda=True)
+    packed = finalize(convert(weight, torch.bfloat16, CUDA, policy), torch.bfloat16, CUDA, policy)
+    assert isinstance(packed, Int4CudaWeight)
+    dense = torch.from_numpy(weight.dequantize()).reshape(256, 512).to(CUDA)
+    x = torch.randn(5, 512, device=CUDA).bfloat16()
+    expected = x.float() @ dense.t()
+    got = linear(x, packed).float()
+    # bf16 scales (2^-8 of each group's magnitude) and a bf16 output rounding
+    torch.testing.assert_close(got, expected, atol=0.05 * float(expected.abs().max()), rtol=0.02)
+
+
+def test_kv_sizing_after_warmup_fits_the_device(smollm2_gguf: Path) -> None:
+    from localchat.weights.loader import load_model
+
+    runner = create_runner("torch", load_model(smollm2_gguf), RunnerOptions(device="cuda"))
+    free, total = torch.cuda.mem_get_info()
+    budget = runner.available_kv_memory()
+    assert budget is not None and 0 < budget < free <= total
