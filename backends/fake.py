@@ -6,6 +6,10 @@ corrupt a real model's context raises here instead. Used by engine, server and U
 
 Reply script: a prompt containing `<<say:TEXT>>` is answered with TEXT (`\\n` escapes allowed);
 otherwise with DEFAULT_REPLY. After the reply comes EOS. `<<slow:MS>>` sleeps MS per step.
+The first script in the prompt wins, except that one inside a tool result (a ChatML `tool` turn)
+scripts the reply to that result, so tests can play a tool-calling conversation.
+With a grammar mask, a scripted token the mask forbids is replaced by the lowest allowed one (and every
+row's mask can be recorded, for tests).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from localchat.engine.constraint import unpack_bitmask
 from localchat.engine.interface import (
     BatchInputs,
     KVCacheSpec,
@@ -40,6 +45,13 @@ CHATML_TEMPLATE = (
 )
 _SAY = re.compile(r"<<say:(.*?)>>", re.S)
 _SLOW = re.compile(r"<<slow:(\d+)>>")
+
+
+def _script(prompt_text: str) -> re.Match[str] | None:
+    tool_turn = prompt_text.rfind("<|im_start|>tool")
+    if tool_turn >= 0 and (last := _SAY.search(prompt_text, tool_turn)) is not None:
+        return last
+    return _SAY.search(prompt_text)
 
 
 class FakeTokenizer:
@@ -75,6 +87,12 @@ class FakeTokenizer:
 
     def id_to_token(self, token_id: int) -> str:
         return SPECIAL_TOKENS[token_id] if token_id < BYTE_OFFSET else f"<0x{token_id - BYTE_OFFSET:02X}>"
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """What the token spells (the grammar engine's view of the vocabulary)."""
+        return (
+            SPECIAL_TOKENS[token_id].encode() if token_id < BYTE_OFFSET else bytes([token_id - BYTE_OFFSET])
+        )
 
     def token_to_id(self, token: str) -> int | None:
         return SPECIAL_TOKENS.index(token) if token in SPECIAL_TOKENS else None
@@ -116,6 +134,9 @@ class FakeRunner:
         self.delay_s: dict[str, float] = {}
         self.prompt_lens: dict[str, int] = {}
         self.steps = 0
+        self.embedding_reqs: set[str] = set()
+        self.record_masks = False  # tests: keep every bitmask row given, per request, in `masks`
+        self.masks: dict[str, list[bytes]] = {}
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
@@ -139,13 +160,16 @@ class FakeRunner:
         for req_id in scheduler_output.finished_req_ids | scheduler_output.preempted_req_ids:
             for table in (self.replies, self.known, self.delay_s, self.prompt_lens):
                 table.pop(req_id, None)
+            self.embedding_reqs.discard(req_id)
         for new in scheduler_output.scheduled_new_reqs:
             prompt_text = self.tokenizer.decode(new.prompt_token_ids, skip_special_tokens=False)
-            said = _SAY.search(prompt_text)
+            said = _script(prompt_text)
             reply = said.group(1).replace("\\n", "\n") if said else DEFAULT_REPLY
             self.replies[new.req_id] = self.tokenizer.encode(reply)
             self.known[new.req_id] = list(new.prompt_token_ids) + list(new.output_token_ids)
             self.prompt_lens[new.req_id] = len(new.prompt_token_ids)
+            if new.sampling_params.embedding:
+                self.embedding_reqs.add(new.req_id)
             slow = _SLOW.search(prompt_text)
             self.delay_s[new.req_id] = int(slow.group(1)) / 1000 if slow else 0.0
         self.slots[batch.slot_mapping] = batch.input_ids
@@ -153,17 +177,31 @@ class FakeRunner:
 
         sampled: list[list[int]] = []
         logprobs: list[list[TokenLogprobs]] = []
+        embeddings: dict[str, list[float]] = {}
         for row, req_id in enumerate(batch.req_ids):
             if req_id not in batch.sample_req_ids:
                 continue
             self._check_context(req_id, batch, row)
+            if req_id in self.embedding_reqs:
+                embeddings[req_id] = fake_embedding(self.known[req_id])
+                sampled.append([])
+                logprobs.append([])
+                continue
             num_out = len(self.known[req_id]) - self.prompt_lens[req_id]
             reply = self.replies[req_id]
             token = reply[num_out] if num_out < len(reply) else EOS_ID
+            if batch.token_bitmask is not None:
+                token = self._masked(req_id, batch.token_bitmask[batch.sample_req_ids.index(req_id)], token)
             self.known[req_id].append(token)
             sampled.append([token])
             logprobs.append([TokenLogprobs(token, -0.5, [(token, -0.5), (EOS_ID, -1.5)])])
-        return RunnerOutput(list(batch.sample_req_ids), sampled, logprobs)
+        return RunnerOutput(list(batch.sample_req_ids), sampled, logprobs, embeddings or None)
+
+    def _masked(self, req_id: str, words: np.ndarray, token: int) -> int:
+        if self.record_masks:
+            self.masks.setdefault(req_id, []).append(words.tobytes())
+        allowed = unpack_bitmask(words[None, :], self.tokenizer.vocab_size)[0]
+        return token if allowed[token] else int(np.flatnonzero(allowed)[0])
 
     def _check_context(self, req_id: str, batch: BatchInputs, row: int) -> None:
         seq_len = int(batch.seq_lens[row])
@@ -182,6 +220,16 @@ class FakeRunner:
 
     def shutdown(self) -> None:
         self.replies.clear()
+
+
+def fake_embedding(token_ids: list[int], dim: int = 8) -> list[float]:
+    """Mean of per-token vectors (token t: sin/cos features of t), L2-normalised: the real pooling's shape."""
+    ids = np.asarray(token_ids, dtype=np.float64)[:, None]
+    vectors = np.concatenate(
+        [np.sin(ids * np.arange(1, dim // 2 + 1)), np.cos(ids * np.arange(1, dim // 2 + 1))], 1
+    )
+    mean = vectors.mean(axis=0)
+    return (mean / np.linalg.norm(mean)).tolist()
 
 
 def create_runner(model: ModelBundle, options: object) -> FakeRunner:

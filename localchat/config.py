@@ -17,6 +17,8 @@ from localchat.errors import LocalchatError
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 BACKEND_CHOICES = ("auto", "torch", "mlx", "fake")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# Mirrors localchat.server.tool_parsers.PARSER_CHOICES (checked by a test; the server is not imported here).
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3", "mistral", "json")
 ISQ_CHOICES = ("q4",)
 # A context shorter than this cannot hold a chat template, a question and a reply: refused at startup.
 MIN_CONTEXT_TOKENS = 256
@@ -171,6 +173,18 @@ class Settings:
         metavar="S",
     )
     home: str | None = _opt(None, ("--home",), "data directory (models, conversations, logs)", metavar="DIR")
+    tool_call_parser: str = _opt(
+        "auto",
+        ("--tool-call-parser",),
+        "how the model writes tool calls (auto: from the catalog entry or the chat template)",
+        choices=TOOL_CALL_PARSERS,
+    )
+    mcp_config: str | None = _opt(
+        None,
+        ("--mcp-config",),
+        "an mcp.json (Claude-desktop format) whose servers' tools every chat request may call",
+        metavar="FILE",
+    )
     # -- engine --------------------------------------------------------------------------------------
     mem: int | None = _opt(
         None,
@@ -314,7 +328,11 @@ class Settings:
         )
 
     def validate(self) -> Settings:
-        for name, allowed in (("backend", BACKEND_CHOICES), ("log", LOG_LEVELS)):
+        for name, allowed in (
+            ("backend", BACKEND_CHOICES),
+            ("log", LOG_LEVELS),
+            ("tool_call_parser", TOOL_CALL_PARSERS),
+        ):
             if getattr(self, name) not in allowed:
                 raise SettingsError(
                     f"--{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}.", param=name

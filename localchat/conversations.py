@@ -15,7 +15,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,7 @@ from localchat.engine.outputs import RequestOutput
 from localchat.engine.request import FinishReason
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import InvalidRequestError, LocalchatError
+from localchat.mcp import ui_turns
 from localchat.store import (
     DONE,
     ERROR,
@@ -65,6 +66,9 @@ class Generation:
     first_token_at: float | None = None
     saved_at: float = field(default_factory=time.monotonic)
     listeners: list[asyncio.Queue[tuple[str, str]]] = field(default_factory=list)
+    turn_start: int = 0  # where the current model turn's text begins (after MCP tool runs)
+    turns: int = 0
+    stop_requested: bool = False  # Stop pressed, maybe while MCP tools ran between two model turns
 
 
 def strip_thinking(text: str) -> str:
@@ -160,6 +164,7 @@ class ChatService:
         gen = self._active.get(conv_id)
         if gen is None:
             return False
+        gen.stop_requested = True
         self.ctx.engine.abort(gen.req_id)
         return True
 
@@ -195,7 +200,8 @@ class ChatService:
     def _start(self, conv: Conversation, answer: Message) -> Message:
         history = [m for m in self.store.get_messages(conv.id) if m.id < answer.id]
         try:
-            prompt_ids = self.ctx.encode_chat(_chat_messages(conv, history))
+            messages = _chat_messages(conv, history, self.ctx.tool_parser.template_call_id)
+            prompt_ids = self.ctx.encode_chat(messages, tools=ui_turns.mcp_tools(self.ctx))
             params = self.sampling_params(conv)
             self._next += 1
             gen = Generation(conv.id, answer.id, f"ui-{answer.id}-{self._next}")
@@ -234,6 +240,11 @@ class ChatService:
             )
 
     def _finish(self, gen: Generation, out: RequestOutput, now: float) -> None:
+        if out.finish_reason == FinishReason.STOP and gen.turns < ui_turns.MAX_TURNS - 1:
+            content, calls = ui_turns.find_calls(self.ctx, gen.text[gen.turn_start :])
+            if calls:  # the server runs the MCP calls, then the model goes on with their results
+                asyncio.get_running_loop().create_task(self._run_tools(gen, content, calls))
+                return
         reason = out.finish_reason or FinishReason.STOP
         decode_s = now - gen.first_token_at if gen.first_token_at is not None else 0.0
         rate = (out.num_output_tokens - 1) / decode_s if decode_s > 0 and out.num_output_tokens > 1 else None
@@ -254,6 +265,42 @@ class ChatService:
         for queue in gen.listeners:
             queue.put_nowait(("done", ""))
 
+    async def _run_tools(self, gen: Generation, content: str, calls: list[Any]) -> None:
+        assert self.ctx.mcp is not None
+        runs = [await self.ctx.mcp.call(c.name, c.arguments) for c in calls]
+        gen.text = gen.text[: gen.turn_start] + ui_turns.transcript(content, calls, runs)
+        gen.turn_start, gen.turns = len(gen.text), gen.turns + 1
+        for queue in gen.listeners:
+            queue.put_nowait(("snapshot", gen.text))
+        if gen.stop_requested:
+            self._end_early(gen, status=STOPPED, error=None, finish_reason="abort")
+            return
+        try:
+            self.store.update_message(gen.message_id, content=gen.text)
+            conv = self.store.get_conversation(gen.conversation_id)
+            history = [m for m in self.store.get_messages(conv.id) if m.id < gen.message_id]
+            call_id = self.ctx.tool_parser.template_call_id
+            messages = _chat_messages(conv, history, call_id) + ui_turns.answer_messages(gen.text, call_id)
+            # The last turn is rendered without tools, so the model answers in words.
+            tools = ui_turns.mcp_tools(self.ctx) if gen.turns < ui_turns.MAX_TURNS - 1 else None
+            prompt_ids = self.ctx.encode_chat(messages, tools=tools)
+            self._next += 1
+            gen.req_id = f"ui-{gen.message_id}-{self._next}"
+            loop = asyncio.get_running_loop()
+            self.ctx.engine.submit(
+                prompt_ids, self.sampling_params(conv), LoopSink(loop, self._on_output, (gen,)), gen.req_id
+            )
+        except LocalchatError as exc:
+            self._end_early(gen, status=ERROR, error=exc.message, finish_reason="error")
+
+    def _end_early(self, gen: Generation, *, status: str, error: str | None, finish_reason: str) -> None:
+        self.store.update_message(
+            gen.message_id, content=gen.text, status=status, error=error, finish_reason=finish_reason
+        )
+        self._forget(gen.conversation_id, gen.message_id)
+        for queue in gen.listeners:
+            queue.put_nowait(("done", ""))
+
     def _forget(self, conv_id: str, message_id: int) -> None:
         self._active.pop(conv_id, None)
         self._by_message.pop(message_id, None)
@@ -269,7 +316,9 @@ def _check_text(text: str) -> str:
     return text
 
 
-def _chat_messages(conv: Conversation, history: list[Message]) -> list[dict[str, Any]]:
+def _chat_messages(
+    conv: Conversation, history: list[Message], call_id: Callable[[str], str] = str
+) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     if conv.system_prompt.strip():
         messages.append({"role": "system", "content": conv.system_prompt})
@@ -278,7 +327,7 @@ def _chat_messages(conv: Conversation, history: list[Message]) -> list[dict[str,
             content = strip_thinking(m.content)
             if m.status == ERROR or not content:
                 continue  # a failed or empty answer is not part of what the model said
-            messages.append({"role": "assistant", "content": content})
+            messages += ui_turns.answer_messages(content, call_id)
         else:
             messages.append({"role": m.role, "content": m.content})
     return messages

@@ -49,7 +49,8 @@ import numpy as np
 from backends import RunnerOptions
 from backends.memory import mem_available
 from backends.mlx.attention import AttentionMetadata, LayerCache
-from backends.mlx.sampler import RequestSampling, Sampler
+from backends.mlx.pooling import Pooler
+from backends.mlx.sampler import RequestSampling, Sampler, SampleResult
 from backends.mlx.weights import load_model
 from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput
 from localchat.errors import BackendUnavailableError
@@ -104,6 +105,7 @@ class MLXRunner:
         dense_from_rows = CPU_DENSE_FROM_ROWS if self.device == mx.cpu else 0
         self.model = load_model(model.config, model.iter_weights(), self.dtype, dense_from_rows)
         self.sampler = Sampler(options.seed)
+        self.pooler = Pooler(lambda h: mx.fast.rms_norm(h, self.model.norm, self.config.rms_norm_eps))
         self.requests: dict[str, RequestSampling] = {}
         self.kv_caches: list[LayerCache] = []
         self.block_size = 0
@@ -148,8 +150,18 @@ class MLXRunner:
             logits = self._logits(batch)
             if logits is None:  # only middle prefill chunks: the KV writes are the whole step
                 return RunnerOutput(req_ids=[], sampled_token_ids=[])
-            result = self.sampler(logits, [self.requests[r] for r in batch.sample_req_ids])
-        return RunnerOutput.one_token_each(batch.sample_req_ids, result.token_ids, result.logprobs)
+            embeddings = self.pooler.finish(batch.sample_req_ids)
+            # Embedding rows got logits too (one LM-head row each) but do not sample.
+            rows = [i for i, r in enumerate(batch.sample_req_ids) if r not in embeddings]
+            sample_ids = [batch.sample_req_ids[i] for i in rows]
+            bitmask = batch.token_bitmask
+            if embeddings:
+                logits = logits[mx.array(rows, dtype=mx.int32)]
+                bitmask = None if bitmask is None else bitmask[rows]
+            states = [self.requests[r] for r in sample_ids]
+            result = self.sampler(logits, states, bitmask) if states else SampleResult([])
+        output = RunnerOutput.one_token_each(sample_ids, result.token_ids, result.logprobs)
+        return output.with_embeddings(batch.sample_req_ids, embeddings)
 
     def compute_logits(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> mx.array:
         """Like `execute_model` but returns the float32 logits [num_sampled, vocab] (tests, debugging)."""
@@ -177,11 +189,14 @@ class MLXRunner:
         # Forget first: a preempted request comes back in the same step as a new one.
         for req_id in out.finished_req_ids | out.preempted_req_ids:
             self.requests.pop(req_id, None)
+            self.pooler.forget(req_id)
         vocab = self.config.vocab_size
         for new in out.scheduled_new_reqs:
             self.requests[new.req_id] = RequestSampling.create(
                 new.sampling_params, new.prompt_token_ids, new.output_token_ids, vocab
             )
+            if new.sampling_params.embedding:
+                self.pooler.start(new.req_id)
 
     def _logits(self, batch: BatchInputs) -> mx.array | None:
         """Run the step (writing its K/V) and return logits [num_sampled, vocab], evaluated; None if none."""
@@ -190,6 +205,8 @@ class MLXRunner:
         input_ids = mx.array(batch.input_ids.astype(np.int32))
         positions = mx.array(batch.positions.astype(np.int32))
         hidden = self.model.hidden_states(input_ids, positions, meta, self.kv_caches)
+        if pooled := self.pooler.rows(batch):
+            self.pooler.add(batch, hidden, pooled)
         cache_arrays = [a for cache in self.kv_caches for a in (cache.k, cache.v)]
         indices = batch.logits_indices
         if len(indices) == 0:

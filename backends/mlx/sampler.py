@@ -1,4 +1,5 @@
-"""Batched sampling with MLX: penalties -> greedy / temperature -> top-k -> top-p -> min-p -> draw.
+"""Batched sampling with MLX: grammar mask + logit_bias -> penalties -> greedy / temperature -> top-k
+-> top-p -> min-p -> draw. Logprobs are reported from the raw logits, before any of these.
 
 The same semantics as backends/torch/sampler.py, step for step. Draws use the exponential race
 `argmax(probs / q)`, `q ~ Exp(1)`, which samples exactly from `probs`. A seeded request draws its `q`
@@ -27,6 +28,7 @@ class RequestSampling:
     key: mx.array | None = None  # only when params.seed is set; split once per draw
     seen: mx.array | None = None  # bool [vocab]: in prompt or output (repetition penalty)
     output_counts: mx.array | None = None  # float32 [vocab]: occurrences in the output
+    bias: mx.array | None = None  # float32 [vocab]: logit_bias as a dense row (-inf where banned)
 
     @classmethod
     def create(
@@ -46,6 +48,8 @@ class RequestSampling:
             if output:
                 counts = counts.at[mx.array(output, dtype=mx.int32)].add(1.0)
             state.seen, state.output_counts = seen, counts
+        if params.logit_bias:
+            state.bias = mx.array(_bias_row(params.logit_bias, vocab_size))
         return state
 
     def next_key(self) -> mx.array:
@@ -70,11 +74,15 @@ class Sampler:
         self.key = mx.random.key(seed & _SEED_MASK)  # shared by unseeded requests
         mx.eval(self.key)  # made on the loading thread, used on the engine thread: nothing left pending
 
-    def __call__(self, logits: mx.array, states: list[RequestSampling]) -> SampleResult:
-        """logits [N, vocab] (rows aligned with `states`) -> one token per row."""
+    def __call__(
+        self, logits: mx.array, states: list[RequestSampling], bitmask: np.ndarray | None = None
+    ) -> SampleResult:
+        """logits [N, vocab] (rows aligned with `states`) -> one token per row. `bitmask` int32
+        [N, words]: the grammar's allowed tokens per row (layout: localchat/engine/constraint.py)."""
         logits = logits.astype(mx.float32)
         params = [s.params for s in states]
         raw = logits
+        logits = _constrain(logits, states, bitmask)
         penalized = [i for i, p in enumerate(params) if p.needs_penalties]
         if penalized:
             logits = _apply_penalties(logits, penalized, states)
@@ -128,6 +136,31 @@ class Sampler:
             else:
                 out.append(mx.random.uniform(shape=(vocab,), key=state.next_key()))
         return mx.stack(out)
+
+
+def _bias_row(logit_bias: dict[int, float], vocab_size: int) -> np.ndarray:
+    """Dense float32 [vocab] bias; -100 (the floor) bans: -inf."""
+    row = np.zeros(vocab_size, dtype=np.float32)
+    for token_id, bias in logit_bias.items():
+        if token_id < vocab_size:
+            row[token_id] += bias if bias > -100.0 else -np.inf
+    return row
+
+
+def _constrain(logits: mx.array, states: list[RequestSampling], bitmask: np.ndarray | None) -> mx.array:
+    """Add each row's logit_bias, then set tokens the grammar forbids to -inf (same order as torch)."""
+    if any(s.bias is not None for s in states):
+        zeros = mx.zeros((logits.shape[1],), dtype=mx.float32)
+        logits = logits + mx.stack([s.bias if s.bias is not None else zeros for s in states])
+    if bitmask is not None:
+        words = mx.array(np.ascontiguousarray(bitmask, dtype=np.int32))
+        shifts = mx.arange(32, dtype=mx.int32)
+        bits = ((words[:, :, None] >> shifts) & 1).reshape(words.shape[0], -1)  # [N, words * 32]
+        vocab = logits.shape[1]
+        if bits.shape[1] < vocab:  # tokens past the mask are banned
+            bits = mx.concatenate([bits, mx.zeros((bits.shape[0], vocab - bits.shape[1]), bits.dtype)], 1)
+        logits = mx.where(bits[:, :vocab] == 1, logits, -mx.inf)
+    return logits
 
 
 def _apply_penalties(logits: mx.array, rows: list[int], states: list[RequestSampling]) -> mx.array:

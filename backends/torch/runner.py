@@ -47,8 +47,10 @@ from backends.torch.cuda_graphs import DecodeGraphs
 from backends.torch.device import adaptive_thread_choices, cpu_threads, pick_device, pick_dtype
 from backends.torch.gpu_attention_meta import TritonAttentionMetadata
 from backends.torch.kernel_choice import attention_kernel, graph_mode
+from backends.torch.layers import rms_norm
+from backends.torch.pooling import Pooler
 from backends.torch.quant import pick_policy
-from backends.torch.sampler import RequestSampling, Sampler
+from backends.torch.sampler import RequestSampling, Sampler, SampleResult
 from backends.torch.threads import ThreadGovernor
 from backends.torch.weights import load_model
 from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput
@@ -94,6 +96,7 @@ class TorchRunner:
         self.graph_mode = graph_mode(self.device, self.attention, options.cuda_graphs)
         self.graphs: DecodeGraphs | None = None
         self.sampler = Sampler(self.device, options.seed)
+        self.pooler = Pooler(lambda h: rms_norm(h, self.model.norm, self.config.rms_norm_eps))
         self.requests: dict[str, RequestSampling] = {}
         self.kv_caches: list[torch.Tensor] = []
         self.block_size = 0
@@ -168,10 +171,20 @@ class TorchRunner:
         start = time.perf_counter()
         with torch.inference_mode():
             logits = self._logits(batch)
-            result = self.sampler(logits, [self.requests[r] for r in batch.sample_req_ids])
+            embeddings = self.pooler.finish(batch.sample_req_ids)
+            # Embedding rows got logits too (one LM-head row each) but do not sample.
+            rows = [i for i, r in enumerate(batch.sample_req_ids) if r not in embeddings]
+            sample_ids = [batch.sample_req_ids[i] for i in rows]
+            bitmask = batch.token_bitmask
+            if embeddings:
+                logits = logits[rows]
+                bitmask = None if bitmask is None else bitmask[rows]
+            states = [self.requests[r] for r in sample_ids]
+            result = self.sampler(logits, states, bitmask) if states else SampleResult([])
         if self.threads:
             self.threads.record(batch.num_tokens, threads, time.perf_counter() - start)
-        return RunnerOutput.one_token_each(batch.sample_req_ids, result.token_ids, result.logprobs)
+        output = RunnerOutput.one_token_each(sample_ids, result.token_ids, result.logprobs)
+        return output.with_embeddings(batch.sample_req_ids, embeddings)
 
     def compute_logits(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> torch.Tensor:
         """Like `execute_model` but returns the float32 logits [num_sampled, vocab] (tests, debugging)."""
@@ -189,19 +202,25 @@ class TorchRunner:
         # Forget first: a preempted request comes back in the same step as a new one.
         for req_id in out.finished_req_ids | out.preempted_req_ids:
             self.requests.pop(req_id, None)
+            self.pooler.forget(req_id)
         vocab = self.config.vocab_size
         for new in out.scheduled_new_reqs:
             self.requests[new.req_id] = RequestSampling.create(
                 new.sampling_params, new.prompt_token_ids, new.output_token_ids, vocab, self.device
             )
+            if new.sampling_params.embedding:
+                self.pooler.start(new.req_id)
 
     def _logits(self, batch: BatchInputs) -> torch.Tensor:
         assert self.kv_caches and batch.block_size == self.block_size, "initialize_kv_cache first"
-        if self.graphs is not None and self.graphs.can_run(batch):
+        pooled = self.pooler.rows(batch)  # embedding rows need the hidden states: never a graph then
+        if self.graphs is not None and not pooled and self.graphs.can_run(batch):
             return self.graphs.run(batch)
         step = self._prepare(batch)
         with self._matmul_backend(batch.num_tokens):
             hidden = self.model.hidden_states(step.input_ids, step.positions, step.meta, self.kv_caches)
+        if pooled:
+            self.pooler.add(batch, hidden, pooled)
         if step.logits_indices is not None:
             hidden = hidden[step.logits_indices]
         with self._matmul_backend(hidden.shape[0]):

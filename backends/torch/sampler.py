@@ -1,4 +1,5 @@
-"""Batched on-device sampling: penalties -> greedy / temperature -> top-k -> top-p -> min-p -> draw.
+"""Batched on-device sampling: grammar mask + logit_bias -> penalties -> greedy / temperature -> top-k
+-> top-p -> min-p -> draw. Logprobs are reported from the raw logits, before any of these.
 
 Draws use the exponential race `argmax(probs / q)`, `q ~ Exp(1)`, which samples exactly from `probs`.
 A seeded request draws its `q` from its own generator, reseeded for every token from (seed, token index):
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from localchat.engine.interface import TokenLogprobs
@@ -27,6 +29,8 @@ class RequestSampling:
     num_output: int = 0  # tokens generated so far (after a preemption: including those before it)
     seen: torch.Tensor | None = None  # bool [vocab]: in prompt or output (repetition penalty)
     output_counts: torch.Tensor | None = None  # float [vocab]: occurrences in the output
+    bias_ids: torch.Tensor | None = None  # long [B]: logit_bias token ids
+    bias_values: torch.Tensor | None = None  # float [B]: their biases (-inf where banned)
 
     @classmethod
     def create(
@@ -45,6 +49,10 @@ class RequestSampling:
             state.seen[torch.tensor(prompt + output, dtype=torch.long, device=device)] = True
             out = torch.tensor(output, dtype=torch.long, device=device)
             state.output_counts = torch.bincount(out, minlength=vocab_size).float()
+        if params.logit_bias:
+            ids, values = _bias_arrays(params.logit_bias, vocab_size)
+            state.bias_ids = torch.from_numpy(ids).to(device)
+            state.bias_values = torch.from_numpy(values).to(device)
         return state
 
     def next_generator(self) -> torch.Generator:
@@ -72,12 +80,16 @@ class Sampler:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed & _SEED_MASK)
 
-    def __call__(self, logits: torch.Tensor, states: list[RequestSampling]) -> SampleResult:
-        """logits [N, vocab] (rows aligned with `states`) -> one token per row."""
+    def __call__(
+        self, logits: torch.Tensor, states: list[RequestSampling], bitmask: np.ndarray | None = None
+    ) -> SampleResult:
+        """logits [N, vocab] (rows aligned with `states`) -> one token per row. `bitmask` int32
+        [N, words]: the grammar's allowed tokens per row (layout: localchat/engine/constraint.py)."""
         logits = logits.float()
         params = [s.params for s in states]
         want_logprobs = [p.logprobs is not None for p in params]
         raw = logits
+        logits = _constrain(logits, states, bitmask)
         penalized = [i for i, p in enumerate(params) if p.needs_penalties]
         if penalized:
             logits = _apply_penalties(logits.clone(), penalized, states)
@@ -114,6 +126,36 @@ class Sampler:
         # A zero draw would turn a masked token's 0 / 0 into NaN, which argmax picks.
         tokens[index] = (probs / noise.clamp_(min=torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
         return tokens
+
+
+def _bias_arrays(logit_bias: dict[int, float], vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids int64, biases float32) of the in-vocabulary entries; -100 (the floor) bans: -inf."""
+    items = [(t, b) for t, b in logit_bias.items() if t < vocab_size]
+    ids = np.array([t for t, _ in items], dtype=np.int64)
+    values = np.array([b if b > -100.0 else -np.inf for _, b in items], dtype=np.float32)
+    return ids, values
+
+
+def _constrain(
+    logits: torch.Tensor, states: list[RequestSampling], bitmask: np.ndarray | None
+) -> torch.Tensor:
+    """Add each row's logit_bias, then set tokens the grammar forbids to -inf (same order as MLX)."""
+    biased = [i for i, s in enumerate(states) if s.bias_ids is not None]
+    if not biased and bitmask is None:
+        return logits
+    logits = logits.clone()
+    for i in biased:
+        logits[i].index_add_(0, states[i].bias_ids, states[i].bias_values)  # type: ignore[arg-type]
+    if bitmask is not None:
+        words = torch.from_numpy(np.ascontiguousarray(bitmask, dtype=np.int32)).to(logits.device)
+        shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+        bits = ((words[:, :, None] >> shifts) & 1).reshape(words.shape[0], -1)  # [N, words * 32]
+        vocab = logits.shape[1]
+        allowed = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+        width = min(vocab, bits.shape[1])
+        allowed[:, :width] = bits[:, :width].bool()
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    return logits
 
 
 def _apply_penalties(logits: torch.Tensor, rows: list[int], states: list[RequestSampling]) -> torch.Tensor:

@@ -7,9 +7,12 @@ import logging
 import time
 from collections import deque
 
+import numpy as np
+
 from localchat.engine.batch import build_batch
 from localchat.engine.block_manager import BlockManager
 from localchat.engine.config import EngineConfig
+from localchat.engine.constraint import TokenMatcher, fill_batch_bitmask
 from localchat.engine.detokenizer import Decoder, IncrementalDetokenizer
 from localchat.engine.interface import ModelRunner
 from localchat.engine.outputs import EngineStats, RequestOutput
@@ -86,6 +89,8 @@ class LLMEngine:
         if req_id in self.scheduler.requests:
             raise InvalidRequestError(f"Request id {req_id!r} is already in use.")
         request = Request(req_id, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids)
+        if params.constraint is not None:
+            request.matcher = params.constraint.new_matcher()
         self._detokenizers[req_id] = IncrementalDetokenizer(
             self.tokenizer,
             stop=params.stop,
@@ -118,6 +123,7 @@ class LLMEngine:
         if scheduler_output.is_empty:
             return []
         batch = build_batch(scheduler_output, self.scheduler.requests, self.config.block_size)
+        batch.token_bitmask = self._grammar_bitmask(batch.sample_req_ids)
         try:
             runner_output = self.runner.execute_model(scheduler_output, batch)
         except Exception as exc:  # a failed step must not take the engine down
@@ -128,17 +134,26 @@ class LLMEngine:
             self.scheduler.requests[req_id].num_computed_tokens += count
         outputs: list[RequestOutput] = []
         logprobs = runner_output.logprobs
+        embeddings = runner_output.embeddings or {}
         num_generated = 0
         for i, (req_id, token_ids) in enumerate(
             zip(runner_output.req_ids, runner_output.sampled_token_ids, strict=True)
         ):
             request = self.scheduler.requests[req_id]
+            if req_id in embeddings:
+                request.embedding = embeddings[req_id]
+                outputs.append(self._finish(request, FinishReason.STOP, ""))
+                continue
             reason: FinishReason | None = None
             accepted = 0
-            while reason is None and accepted < len(token_ids):
+            grammar_error: str | None = None
+            while reason is None and grammar_error is None and accepted < len(token_ids):
                 request.append_output_token(token_ids[accepted])
                 accepted += 1
                 reason = request.check_token_stop(self.max_model_len)
+                grammar_error = self._advance_matcher(request, token_ids[accepted - 1])
+                if reason is None and request.matcher is not None and request.matcher.is_finished:
+                    reason = FinishReason.STOP  # the grammar is complete: nothing may follow
             token_ids = token_ids[:accepted]
             num_generated += accepted
             detok = self._detokenizers[req_id]
@@ -147,7 +162,11 @@ class LLMEngine:
                 request.stop_reason = detok.stop_hit
                 reason = FinishReason.STOP
             token_logprobs = logprobs[i] if logprobs is not None else []
-            if reason is not None:
+            if grammar_error is not None:
+                out = self._finish(request, FinishReason.ERROR, delta, token_ids, token_logprobs)
+                out.error = grammar_error
+                outputs.append(out)
+            elif reason is not None:
                 outputs.append(self._finish(request, reason, delta, token_ids, token_logprobs))
             else:
                 outputs.append(self._output(request, token_ids, delta, token_logprobs))
@@ -155,6 +174,26 @@ class LLMEngine:
         return outputs
 
     # -- helpers ------------------------------------------------------------------------------------
+
+    def _grammar_bitmask(self, sample_req_ids: list[str]) -> np.ndarray | None:
+        """The step's allowed-token mask, or None when no sampling row has a grammar (no work then)."""
+        rows: list[tuple[TokenMatcher, int]] = []
+        words = 0
+        for row, req_id in enumerate(sample_req_ids):
+            request = self.scheduler.requests[req_id]
+            constraint = request.sampling_params.constraint
+            if request.matcher is not None and constraint is not None:
+                rows.append((request.matcher, row))
+                words = max(words, constraint.mask_words)
+        return fill_batch_bitmask(rows, len(sample_req_ids), words) if rows else None
+
+    @staticmethod
+    def _advance_matcher(request: Request, token_id: int) -> str | None:
+        """Move the request's grammar past its new token; an error message if the grammar refused it."""
+        matcher = request.matcher
+        if matcher is None or matcher.accept_token(token_id):
+            return None
+        return f"The output left its grammar at token {token_id}: {matcher.error or 'rejected'}"
 
     def _output(
         self, request: Request, token_ids: list[int], delta: str, logprobs: list | None = None
@@ -167,6 +206,7 @@ class LLMEngine:
             num_cached_tokens=max(request.num_cached_tokens, 0),
             num_output_tokens=request.num_output_tokens,
             logprobs=logprobs or [],
+            embedding=request.embedding,
         )
 
     def _finish(

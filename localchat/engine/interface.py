@@ -66,6 +66,9 @@ class BatchInputs:
     max_query_len: int
     max_seq_len: int
     block_size: int
+    # int32 [num_sampled, words], aligned with sample_req_ids: the tokens each row may sample (layout:
+    # engine/constraint.py); unconstrained rows are all ones. None when no sampled row has a grammar.
+    token_bitmask: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -94,6 +97,9 @@ class RunnerOutput:
     req_ids: list[str]  # == BatchInputs.sample_req_ids
     sampled_token_ids: list[list[int]]  # one list per request (one token per step today)
     logprobs: list[list[TokenLogprobs]] | None = None  # aligned with sampled_token_ids, when asked
+    # Embedding requests (SamplingParams.embedding) whose prompt ended this step: their mean-pooled,
+    # L2-normalised final hidden state (after the final norm). Their sampled_token_ids entry is empty.
+    embeddings: dict[str, list[float]] | None = None
 
     @classmethod
     def one_token_each(
@@ -105,6 +111,17 @@ class RunnerOutput:
             sampled_token_ids=[[t] for t in token_ids],
             logprobs=None if logprobs is None else [[lp] if lp is not None else [] for lp in logprobs],
         )
+
+    def with_embeddings(self, req_ids: list[str], embeddings: dict[str, list[float]]) -> RunnerOutput:
+        """Re-align to all of `req_ids` (the sampled rows plus the finished embedding rows)."""
+        if not embeddings:
+            return self
+        tokens = dict(zip(self.req_ids, self.sampled_token_ids, strict=True))
+        out = RunnerOutput(list(req_ids), [tokens.get(r, []) for r in req_ids], None, embeddings)
+        if self.logprobs is not None:
+            lps = dict(zip(self.req_ids, self.logprobs, strict=True))
+            out.logprobs = [lps.get(r, []) for r in req_ids]
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ class RequestOutput:
     num_output_tokens: int = 0
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     error: str | None = None  # set with finish_reason ERROR
+    embedding: list[float] | None = None  # an embedding request's pooled vector (when finished)
 
 
 @dataclass(slots=True)

@@ -6,6 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from localchat.engine.constraint import TokenMatcher
 from localchat.engine.sampling_params import SamplingParams
 
 
@@ -44,6 +45,9 @@ class Request:
     stop_reason: str | int | None = None  # the stop string or token id that ended it
     num_preemptions: int = 0
     first_token_time: float | None = None
+    # Advanced by every accepted output token; it stays here across preemption (outputs are kept too).
+    matcher: TokenMatcher | None = None
+    embedding: list[float] | None = None  # the pooled vector of an embedding request, once computed
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from localchat.errors import InvalidRequestError
 
+if TYPE_CHECKING:
+    from localchat.engine.constraint import Constraint
+
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range; -100 bans the token
 
 
 @dataclass(slots=True)
@@ -30,6 +35,9 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k >= 0: sampled token's logprob plus top-k alternatives
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit; -100 bans it
+    constraint: Constraint | None = None  # a compiled grammar the output must follow
+    embedding: bool = False  # prefill only; answer the pooled final hidden state instead of sampling
 
     def __post_init__(self) -> None:
         self.validate()
@@ -66,6 +74,10 @@ class SamplingParams:
             )
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS)
+        if self.logit_bias is not None:
+            for token_id, bias in self.logit_bias.items():
+                _check_int("logit_bias", token_id, low=0)
+                _check_float("logit_bias", bias, low=-MAX_LOGIT_BIAS, high=MAX_LOGIT_BIAS)
 
 
 def _check_int(name: str, value: object, *, low: int | None = None, high: int | None = None) -> None:

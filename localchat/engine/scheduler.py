@@ -72,7 +72,10 @@ class Scheduler:
 
         while self.waiting and not preempted and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            hits = self.block_manager.get_computed_blocks(request)
+            # Embedding requests pool every prompt token's hidden state: no cached prefix can stand in.
+            hits = (
+                [] if request.sampling_params.embedding else self.block_manager.get_computed_blocks(request)
+            )
             num_computed = len(hits) * self.block_manager.block_size
             num_new = request.num_tokens - num_computed
             if chunk:

@@ -18,7 +18,9 @@ from localchat.server.errors import handle_exception
 from localchat.server.monitoring import health, metrics
 from localchat.server.openai_chat import chat_completions
 from localchat.server.openai_completions import completions
+from localchat.server.openai_embeddings import embeddings
 from localchat.server.openai_models import get_model, list_models
+from localchat.server.openai_responses import responses
 from localchat.server.security import guard_app, json_post_paths
 from localchat.server.web import close_web_state, create_web_router
 
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-API_ROUTES = [chat_completions, completions, list_models, get_model, health, metrics]
+API_ROUTES = [chat_completions, completions, responses, embeddings, list_models, get_model, health, metrics]
 
 
 def create_app(settings: Settings, ctx: ServerContext) -> Litestar:
@@ -37,10 +39,14 @@ def create_app(settings: Settings, ctx: ServerContext) -> Litestar:
         # The engine thread lives exactly as long as the app serves.
         ctx.engine.start()
         log.info("engine started: %s, context %d tokens", ctx.model_id, ctx.engine.max_model_len)
+        if ctx.mcp is not None:
+            await ctx.mcp.start()  # servers that fail are reported, the app serves anyway
         try:
             yield
         finally:
             ctx.draining = True
+            if ctx.mcp is not None:
+                await ctx.mcp.close()
             await anyio.to_thread.run_sync(ctx.engine.shutdown, settings.shutdown_timeout)
             close_web_state(app.state)
             log.info("engine stopped")

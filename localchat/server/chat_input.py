@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from localchat.errors import InvalidRequestError
@@ -11,17 +12,19 @@ from localchat.server.schemas import ChatCompletionRequest, ChatMessage, Tool
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-_RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 _TOOL_CHOICES = ("none", "auto", "required")
 
 
-def template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+def template_messages(
+    req: ChatCompletionRequest, call_id: Callable[[str], str] = str
+) -> list[dict[str, Any]]:
+    """`call_id` rewrites tool-call ids the way the model's template wants them (Mistral: 9 characters)."""
     if not req.messages:
         raise InvalidRequestError("'messages' must hold at least one message.", param="messages")
-    return [_message(i, m) for i, m in enumerate(req.messages)]
+    return [_message(i, m, call_id) for i, m in enumerate(req.messages)]
 
 
-def _message(i: int, m: ChatMessage) -> dict[str, Any]:
+def _message(i: int, m: ChatMessage, call_id: Callable[[str], str] = str) -> dict[str, Any]:
     where = f"messages[{i}]"
     if m.role not in ROLES:
         raise InvalidRequestError(
@@ -35,13 +38,13 @@ def _message(i: int, m: ChatMessage) -> dict[str, Any]:
     if m.name is not None:
         out["name"] = m.name
     if m.tool_call_id is not None:
-        out["tool_call_id"] = m.tool_call_id
+        out["tool_call_id"] = call_id(m.tool_call_id)
     if m.reasoning_content is not None or m.reasoning is not None:
         out["reasoning_content"] = m.reasoning_content if m.reasoning_content is not None else m.reasoning
     if m.tool_calls:
         out["tool_calls"] = [
             {
-                "id": c.id,
+                "id": None if c.id is None else call_id(c.id),
                 "type": c.type or "function",
                 "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)},
             }
@@ -139,17 +142,6 @@ def _check_tool(i: int, tool: Tool) -> str:
             f"{where}.function.parameters.properties must be an object.", param=f"{where}.function.parameters"
         )
     return name
-
-
-def check_response_format(fmt: dict[str, Any] | None) -> None:
-    if fmt is None:
-        return
-    if fmt.get("type") not in _RESPONSE_FORMATS:
-        raise InvalidRequestError(
-            f"'response_format.type' must be one of {', '.join(_RESPONSE_FORMATS)}.", param="response_format"
-        )
-    if fmt["type"] == "json_schema" and not isinstance(fmt.get("json_schema"), dict):
-        raise InvalidRequestError("'response_format.json_schema' must be an object.", param="response_format")
 
 
 def chat_logprobs_k(req: ChatCompletionRequest) -> int | None:

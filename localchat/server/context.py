@@ -10,11 +10,15 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from localchat import __version__
 from localchat.server.logprobs import TokenTexts
+from localchat.server.responses_store import ResponseStore
+from localchat.server.tool_parsers import JsonParser, ToolParser
 
 if TYPE_CHECKING:
     from localchat.config import Settings
     from localchat.engine.async_engine import AsyncEngine
+    from localchat.mcp import McpHub
     from localchat.weights.bundle import ModelBundle
     from localchat.weights.chat_template import ChatTemplate
 
@@ -27,9 +31,17 @@ class ServerContext:
     model_id: str  # the id clients pass as `model` and see in /v1/models
     template: ChatTemplate
     model_aliases: list[str] = field(default_factory=list)  # other names accepted as `model`
+    backend_name: str = "unknown"  # the resolved backend (torch, mlx, fake)
+    tool_parser: ToolParser = field(default_factory=JsonParser)  # the model's tool-call format
+    responses: ResponseStore = field(default_factory=ResponseStore)  # for previous_response_id
+    mcp: McpHub | None = None  # the servers of --mcp-config
     created: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False  # set on SIGINT/SIGTERM: new requests get 503, in-flight ones finish
     _token_texts: TokenTexts | None = None
+
+    @property
+    def system_fingerprint(self) -> str:
+        return f"localchat-{__version__}-{self.backend_name}"
 
     @property
     def token_texts(self) -> TokenTexts:

@@ -15,9 +15,11 @@ from localchat.engine.outputs import RequestOutput
 from localchat.engine.request import FinishReason
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import ContextLengthExceededError, InvalidRequestError
+from localchat.server.structured_input import parse_logit_bias
 
 if TYPE_CHECKING:
     from localchat.engine.async_engine import AsyncEngine
+    from localchat.engine.constraint import Constraint
     from localchat.server.context import ServerContext
     from localchat.server.schemas import SamplingFields
 
@@ -80,9 +82,16 @@ def check_n(n: int | None) -> int:
 
 
 def build_params(
-    ctx: ServerContext, req: SamplingFields, *, max_tokens: int, logprobs: int | None, n: int
+    ctx: ServerContext,
+    req: SamplingFields,
+    *,
+    max_tokens: int,
+    logprobs: int | None,
+    n: int,
+    constraint: Constraint | None = None,
 ) -> list[SamplingParams]:
-    """One SamplingParams per choice. With a seed s, choice i samples with seed s + i."""
+    """One SamplingParams per choice. With a seed s, choice i samples with seed s + i. The choices share
+    `constraint` (a compiled grammar); the engine gives each its own matcher."""
     values: dict[str, Any] = {
         k: v for k, v in ctx.model.generation_defaults.items() if k in _MODEL_DEFAULT_KEYS and v is not None
     }
@@ -97,6 +106,8 @@ def build_params(
         ignore_eos=bool(req.ignore_eos),
         skip_special_tokens=req.skip_special_tokens is not False,
         include_stop_str_in_output=bool(req.include_stop_str_in_output),
+        logit_bias=parse_logit_bias(ctx, req.logit_bias),
+        constraint=constraint,
     )
     params = []
     for i in range(n):
@@ -117,6 +128,7 @@ class ChoiceResult:
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
     error: str | None = None
+    embedding: list[float] | None = None
 
     def add(self, out: RequestOutput) -> None:
         self.text += out.text_delta
@@ -126,7 +138,7 @@ class ChoiceResult:
         self.num_cached_tokens = out.num_cached_tokens
         self.num_output_tokens = out.num_output_tokens
         if out.finished:
-            self.finish_reason, self.error = out.finish_reason, out.error
+            self.finish_reason, self.error, self.embedding = out.finish_reason, out.error, out.embedding
 
 
 class Generation:

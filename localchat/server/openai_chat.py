@@ -9,12 +9,10 @@ from typing import Any
 from litestar import Request, Response, post
 from litestar.response import Stream
 
-from localchat.server.chat_input import (
-    chat_logprobs_k,
-    check_response_format,
-    template_messages,
-    template_tools,
-)
+from localchat.server import mcp_chat
+from localchat.server.chat_input import chat_logprobs_k, template_messages
+from localchat.server.chat_output import ChoiceDeltas, message_of
+from localchat.server.chat_tools import ToolPlan, plan_tools, request_constraint
 from localchat.server.common import (
     check_accepting,
     check_model,
@@ -34,9 +32,11 @@ from localchat.server.generation import (
     resolve_max_tokens,
 )
 from localchat.server.logprobs import chat_logprobs
-from localchat.server.reasoning import ReasoningSplitter, split_reasoning, starts_in_reasoning
+from localchat.server.mcp_chat import McpConversation
+from localchat.server.reasoning import starts_in_reasoning
 from localchat.server.schemas import ChatCompletionRequest, decode_request
 from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, event, guarded
+from localchat.server.structured_input import response_constraint
 
 # Keywords render() owns; chat_template_kwargs may not override them.
 _RESERVED_TEMPLATE_KWARGS = frozenset(
@@ -53,6 +53,10 @@ class ChatCall:
     logprobs_k: int | None
     in_reasoning: bool  # the prompt opened a <think> block the answer continues
     include_usage: bool
+    tools: ToolPlan
+
+    def choice_deltas(self) -> ChoiceDeltas:
+        return ChoiceDeltas(self.in_reasoning, self.tools.new_stream())
 
     def header(self, obj: str) -> dict[str, Any]:
         return {
@@ -60,7 +64,7 @@ class ChatCall:
             "object": obj,
             "created": self.created,
             "model": self.ctx.model_id,
-            "system_fingerprint": None,
+            "system_fingerprint": self.ctx.system_fingerprint,
         }
 
 
@@ -72,21 +76,28 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
     check_model(ctx, req.model)
     n = check_n(req.n)
     logprobs_k = chat_logprobs_k(req)
-    check_response_format(req.response_format)
-    messages = template_messages(req)
-    tools = template_tools(req)
+    tools = plan_tools(ctx, req)
+    messages = template_messages(req, ctx.tool_parser.template_call_id)
     extra = {k: v for k, v in (req.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
-    prompt_text = ctx.render_chat(messages, tools, **extra)
+    prompt_text = ctx.render_chat(messages, tools.template_tools, **extra)
     prompt_ids = ctx.model.tokenizer.encode(prompt_text, add_special_tokens=False)
     check_prompt_length(ctx, len(prompt_ids))
     if req.max_completion_tokens is not None:
         max_tokens = resolve_max_tokens(ctx, req.max_completion_tokens, "max_completion_tokens")
     else:
         max_tokens = resolve_max_tokens(ctx, req.max_tokens)
-    params = build_params(ctx, req, max_tokens=max_tokens, logprobs=logprobs_k, n=n)
+    constraint = await request_constraint(ctx, tools, req.response_format, req.parallel_tool_calls)
+    params = build_params(ctx, req, max_tokens=max_tokens, logprobs=logprobs_k, n=n, constraint=constraint)
     call_id, created = new_call("chatcmpl")
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    call = ChatCall(ctx, call_id, created, n, logprobs_k, starts_in_reasoning(prompt_text), include_usage)
+    in_reasoning = starts_in_reasoning(prompt_text)
+    call = ChatCall(ctx, call_id, created, n, logprobs_k, in_reasoning, include_usage, tools)
+    if tools.mcp_names:  # the server runs the model's calls and goes on (turns re-render the prompt)
+        later = await response_constraint(ctx, req.response_format)
+        conv = McpConversation(call, messages, extra, params[0], later)
+        if req.stream:
+            return Stream(guarded(mcp_chat.stream(conv)), media_type="text/event-stream", headers=SSE_HEADERS)
+        return await mcp_chat.respond(request, conv)
     gen = Generation(ctx.engine, call_id, [(prompt_ids, p) for p in params])
     if req.stream:
         return Stream(guarded(_stream(call, gen)), media_type="text/event-stream", headers=SSE_HEADERS)
@@ -96,10 +107,10 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
     choices = []
     for i, r in enumerate(results):
         reason = finish_reason(r.finish_reason, r.error)
-        reasoning, content = split_reasoning(r.text, call.in_reasoning)
-        message: dict[str, Any] = {"role": "assistant", "content": content}
-        if reasoning:
-            message["reasoning_content"] = message["reasoning"] = reasoning
+        output = call.choice_deltas()
+        message = message_of(output.push(r.text) + output.flush())
+        if output.num_calls and reason == "stop":
+            reason = "tool_calls"
         lp = (
             {"content": chat_logprobs(ctx.token_texts, r.logprobs, logprobs_k), "refusal": None}
             if logprobs_k is not None
@@ -113,7 +124,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
 async def _stream(call: ChatCall, gen: Generation) -> AsyncIterator[bytes]:
     head = call.header("chat.completion.chunk")
     tail = {"usage": None} if call.include_usage else {}
-    splitters = [ReasoningSplitter(call.in_reasoning) for _ in range(call.n)]
+    outputs = [call.choice_deltas() for _ in range(call.n)]
     prompt_tokens = cached_tokens = 0
     completion = [0] * call.n
 
@@ -130,24 +141,20 @@ async def _stream(call: ChatCall, gen: Generation) -> AsyncIterator[bytes]:
             parts = []
             for index, out in batch:
                 reason = finish_reason(out.finish_reason, out.error) if out.finished else None
-                reasoning, content = splitters[index].push(out.text_delta)
+                deltas = outputs[index].push(out.text_delta)
                 if out.finished:
-                    r_tail, c_tail = splitters[index].flush()
-                    reasoning, content = reasoning + r_tail, content + c_tail
-                delta: dict[str, Any] = {}
-                if reasoning:
-                    delta["reasoning_content"] = delta["reasoning"] = reasoning
-                if content:
-                    delta["content"] = content
+                    deltas += outputs[index].flush()
+                    if reason == "stop" and outputs[index].num_calls:
+                        reason = "tool_calls"
                 logprobs = None
                 if call.logprobs_k is not None and out.logprobs:
                     logprobs = {
                         "content": chat_logprobs(call.ctx.token_texts, out.logprobs, call.logprobs_k),
                         "refusal": None,
                     }
-                    delta.setdefault("content", "")
-                if delta:
-                    parts.append(chunk(index, delta, None, logprobs))
+                    deltas = deltas or [{"content": ""}]
+                for j, delta in enumerate(deltas):
+                    parts.append(chunk(index, delta, None, logprobs if j == 0 else None))
                 if reason is not None:
                     parts.append(chunk(index, {}, reason))
                 completion[index] = out.num_output_tokens

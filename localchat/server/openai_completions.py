@@ -7,6 +7,7 @@ from typing import Any
 
 from litestar import Request, Response, post
 from litestar.response import Stream
+from msgspec import UnsetType
 
 from localchat.errors import InvalidRequestError
 from localchat.server.common import (
@@ -30,14 +31,21 @@ from localchat.server.generation import (
 from localchat.server.logprobs import completion_logprobs
 from localchat.server.schemas import CompletionRequest, decode_request
 from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, event, guarded
+from localchat.server.structured_input import response_constraint
 
 MAX_PROMPTS = 16
 MAX_COMPLETION_LOGPROBS = 20
 
 
-def _prompts(ctx: ServerContext, prompt: str | list[Any]) -> list[tuple[str, list[int]]]:
-    """(text, token ids) per prompt. Accepts a string, a list of strings, token ids, or lists of ids."""
+def _prompts(ctx: ServerContext, prompt: str | list[Any] | UnsetType | None) -> list[tuple[str, list[int]]]:
+    """(text, token ids) per prompt. Accepts a string, a list of strings, token ids, or lists of ids;
+    null is the start of a document (the BOS token, else the end-of-text token, as OpenAI's default)."""
     tok = ctx.model.tokenizer
+    if isinstance(prompt, UnsetType):
+        raise InvalidRequestError("Invalid request: missing required field 'prompt'.", param="prompt")
+    if prompt is None:
+        start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_ids[0]
+        prompt = [start]
     if isinstance(prompt, str):
         items: list[Any] = [prompt]
     elif prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
@@ -98,7 +106,10 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream
     for _, ids in prompts:
         check_prompt_length(ctx, len(ids), "prompt")
     max_tokens = resolve_max_tokens(ctx, req.max_tokens if req.max_tokens is not None else 16)
-    params = build_params(ctx, req, max_tokens=max_tokens, logprobs=logprobs_k, n=len(prompts) * n)
+    constraint = await response_constraint(ctx, req.response_format)
+    params = build_params(
+        ctx, req, max_tokens=max_tokens, logprobs=logprobs_k, n=len(prompts) * n, constraint=constraint
+    )
     jobs = [(ids, params[p * n + i]) for p, (_, ids) in enumerate(prompts) for i in range(n)]
     call_id, created = new_call("cmpl")
     head = {
@@ -106,7 +117,7 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream
         "object": "text_completion",
         "created": created,
         "model": ctx.model_id,
-        "system_fingerprint": None,
+        "system_fingerprint": ctx.system_fingerprint,
     }
     echoes = [text if req.echo else "" for text, _ in prompts for _ in range(n)]
     gen = Generation(ctx.engine, call_id, jobs)

@@ -50,9 +50,15 @@ def load_bundle(
 
 
 def build_context(settings: Settings, progress: Callable[[str], None] | None = None) -> ServerContext:
-    from backends import RunnerOptions, load_runner
+    from backends import RunnerOptions, load_runner, resolve_backend
+    from localchat.server.tool_parsers import pick_parser
     from localchat.weights.chat_template import ChatTemplate
 
+    mcp = None
+    if settings.mcp_config:  # read before the model loads: a bad file fails fast
+        from localchat.mcp import McpHub, load_mcp_config
+
+        mcp = McpHub(load_mcp_config(settings.mcp_config))
     started = time.perf_counter()
     bundle, model_id, aliases = load_bundle(settings, progress)
     loaded = time.perf_counter()
@@ -84,7 +90,34 @@ def build_context(settings: Settings, progress: Callable[[str], None] | None = N
     template = ChatTemplate(
         bundle.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token
     )
-    return ServerContext(settings, AsyncEngine(engine), bundle, model_id, template, model_aliases=aliases)
+    return ServerContext(
+        settings,
+        AsyncEngine(engine),
+        bundle,
+        model_id,
+        template,
+        model_aliases=aliases,
+        backend_name=resolve_backend(settings.backend),
+        tool_parser=pick_parser(settings.tool_call_parser, template.source, _catalog_tool_format(settings)),
+        mcp=mcp,
+    )
+
+
+def _catalog_tool_format(settings: Settings) -> str | None:
+    """The `tool_call` field of the models.yaml entry the model was named by, if any."""
+    if not settings.model or settings.backend == "fake":
+        return None
+    from localchat.catalog import load_catalog
+    from localchat.errors import LocalchatError
+    from localchat.paths import data_dir
+
+    try:
+        entry = load_catalog(data_dir()).get(settings.model)
+    except LocalchatError:
+        return None
+    # NOTE: getattr: the field arrives with the catalog's own change; without it, the template decides.
+    hint = getattr(entry, "tool_call", None)
+    return hint if isinstance(hint, str) else None
 
 
 def security_warning(settings: Settings) -> str | None:

@@ -16,6 +16,19 @@ T = TypeVar("T")
 
 _AT_PATH = re.compile(r" - at `\$\.?(.*)`$")
 _MISSING = re.compile(r"missing required field `([^`]+)`")
+# JSON Schema and OpenAI's spec count 4.0 as an integer; clients that compute counts send such floats.
+_INTEGER_FIELDS = frozenset(
+    {
+        "max_tokens",
+        "max_completion_tokens",
+        "max_output_tokens",
+        "n",
+        "seed",
+        "top_logprobs",
+        "top_k",
+        "best_of",
+    }
+)
 
 
 class ContentPart(msgspec.Struct):
@@ -82,6 +95,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
+    logit_bias: dict[str, Any] | None = None  # token id (as a string key) -> bias in [-100, 100]
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
@@ -92,23 +106,31 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    # Legacy function calling (before `tools`): mapped onto tools / tool_choice.
+    functions: list[FunctionDef] | None = None
+    function_call: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false} (vLLM's extension)
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
-    prompt: str | list[Any]
+    # Required, but may be null: generate from the start of a document, as OpenAI does.
+    prompt: str | list[Any] | msgspec.UnsetType | None = msgspec.UNSET
     logprobs: int | None = None
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
+    response_format: dict[str, Any] | None = None
 
 
 def decode_request(body: bytes, schema: type[T]) -> T:
     if not body.strip():
         raise InvalidRequestError("The request body is empty; send a JSON object.", code="invalid_json")
     try:
-        return msgspec.json.decode(body, type=schema)
+        raw = msgspec.json.decode(body)
+        if isinstance(raw, dict):
+            _integral_floats(raw)
+        return msgspec.convert(raw, type=schema)
     except msgspec.ValidationError as exc:
         text = str(exc)
         match = _AT_PATH.search(text)
@@ -126,3 +148,11 @@ def decode_request(body: bytes, schema: type[T]) -> T:
             "application/json.",
             code="invalid_json",
         ) from None
+
+
+def _integral_floats(raw: dict[str, Any]) -> None:
+    """4.0 -> 4 in integer fields; 4.5 stays a float and fails validation with the field named."""
+    for key in _INTEGER_FIELDS & raw.keys():
+        value = raw[key]
+        if isinstance(value, float) and value.is_integer():
+            raw[key] = int(value)

@@ -65,6 +65,7 @@ def _page(request: Request, web: WebState, conv: Conversation | None) -> Respons
             model_id=ctx.model_id,
             catalog=[(a, d) for a, d in web.catalog if a != ctx.model_id],
             defaults=web.chats.model_defaults(),
+            mcp_servers=ctx.mcp.servers() if ctx.mcp is not None else [],
         )
     )
 

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from backends.fake import DEFAULT_REPLY
+from localchat import __version__
 from tests.helpers.fake_app import fake_client, say
 
 
@@ -30,10 +31,11 @@ def test_chat_completion_shape_and_exact_usage(client):
     (choice,) = body["choices"]
     assert choice == {
         "index": 0,
-        "message": {"role": "assistant", "content": "Hi there"},
+        "message": {"role": "assistant", "content": "Hi there", "refusal": None},
         "logprobs": None,
         "finish_reason": "stop",
     }
+    assert body["system_fingerprint"] == f"localchat-{__version__}-fake"
     prompt = client.ctx.encode_chat([{"role": "user", "content": "<<say:Hi there>>"}])
     usage = body["usage"]
     # The fake tokenizer is one token per byte; the EOS that ended the reply counts as generated.

@@ -57,6 +57,48 @@
     return { think: rest.slice(0, close), answer: rest.slice(close + "</think>".length), thinking: false };
   }
 
+  // Tool calls and their results (the server's MCP runs, or a model's own <tool_call> markup) are
+  // collapsed blocks between the answer's markdown; their text goes in as textContent, never as HTML.
+  const TOOL_BLOCK = /<tool_call>\s*([\s\S]*?)\s*(?:<\/tool_call>|$)|<tool_response name="([^"]*)"( error="true")?>\n?([\s\S]*?)\n?(?:<\/tool_response>|$)/g;
+  function toolBlock(kind, title, body) {
+    const details = document.createElement("details");
+    details.className = "tool-block " + kind;
+    const summary = document.createElement("summary");
+    summary.textContent = title;
+    const pre = document.createElement("pre");
+    pre.textContent = body;
+    details.append(summary, pre);
+    return details;
+  }
+  function callBlock(json) {
+    try {
+      const call = JSON.parse(json);
+      const args = call.arguments ?? call.parameters ?? {};
+      return toolBlock("tool-call", "Tool call: " + call.name, JSON.stringify(args, null, 2));
+    } catch (e) {
+      return toolBlock("tool-call", "Tool call", json);
+    }
+  }
+  function renderAnswer(el, text) {
+    const blocks = Array.from(text.matchAll(TOOL_BLOCK));
+    if (!blocks.length) return renderMarkdown(el, text);
+    el.replaceChildren();
+    const markdown = (part) => {
+      if (!part.trim()) return;
+      const div = document.createElement("div");
+      renderMarkdown(div, part);
+      el.append(div);
+    };
+    let at = 0;
+    for (const m of blocks) {
+      markdown(text.slice(at, m.index));
+      if (m[0].startsWith("<tool_call>")) el.append(callBlock(m[1]));
+      else el.append(toolBlock(m[3] ? "tool-result failed" : "tool-result", (m[3] ? "Tool error: " : "Tool result: ") + m[2], m[4]));
+      at = m.index + m[0].length;
+    }
+    markdown(text.slice(at));
+  }
+
   const rendered = new WeakMap();
   function renderMessage(msg) {
     const raw = $(":scope > .raw", msg);
@@ -72,7 +114,7 @@
       if (!details.dataset.userToggled) details.open = parts.thinking;
       renderMarkdown($(".think-body", details), parts.think.trim());
     }
-    renderMarkdown($(".answer", msg), parts.answer);
+    renderAnswer($(".answer", msg), parts.answer);
     msg.dataset.rendered = "";  // lets tests (and styles) tell a rendered answer from raw markup
   }
 
