@@ -101,26 +101,26 @@ def parse_mode(
     return command, mode, Settings.load(args, environ)
 
 
-def _progress(message: str) -> None:
-    print(f"localchat: {message}", file=sys.stderr, flush=True)
-
-
 def _serve(settings: Settings, *, open_browser: bool) -> int:
+    from localchat.model_manager import ModelManager
     from localchat.server.preflight import check_port
-    from localchat.server.runtime import build_context, serve
+    from localchat.server.runtime import serve
 
     if settings.ui is False and open_browser:
         raise SettingsError("--ui-server needs the web UI; drop --no-ui.", param="ui")
-    check_port(settings.host, settings.port)  # before the model load, which can take minutes
-    if (
-        settings.model is None
-        and settings.file is None
-        and settings.weights is None
-        and settings.backend != "fake"
-    ):
-        _progress("no model flag: using the default model smollm2-135m (SmolLM2-135M-Instruct)")
-    ctx = build_context(settings, progress=_progress)
-    return serve(settings, ctx, open_browser=open_browser)
+    check_port(settings.host, settings.port)  # a taken port fails now, not after the browser opened
+    if settings.file or settings.weights:  # a mistyped path fails now, not as a /health error later
+        from localchat.catalog import resolve_model
+
+        resolve_model(file=settings.file, weights=settings.weights)
+    elif settings.backend != "fake":  # models are looked up (and fetched) in the data dir: it must work
+        from localchat.paths import data_dir
+
+        data_dir()
+    # The server listens at once; the model is found, fetched if needed (the progress bar here, and in
+    # GET /health and the web UI) and loaded in the background.
+    models = ModelManager(settings, startup_progress=cli_models.ProgressPrinter(sys.stderr))
+    return serve(settings, models, open_browser=open_browser)
 
 
 def _pull_model_flag(settings: Settings) -> None:
@@ -149,13 +149,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if command in cli_models.COMMANDS:
             return cli_models.run(command, vars(build_parser().parse_args(argv)))
-        if command is not None or mode == "ui-server":
-            _pull_model_flag(settings)  # the desktop app pulls behind its loading page instead
         if command == "serve":
             return _serve(settings, open_browser=False)
         if command == "chat":
             from localchat.terminal_chat import run_chat
 
+            _pull_model_flag(settings)
             return run_chat(settings)
         if mode == "ui-server":
             return _serve(settings, open_browser=settings.open_browser)

@@ -173,6 +173,13 @@ class Settings:
         metavar="S",
     )
     home: str | None = _opt(None, ("--home",), "data directory (models, conversations, logs)", metavar="DIR")
+    max_loaded_models: int = _opt(
+        1,
+        ("--max-loaded-models",),
+        "models kept loaded at once; loading one more unloads the least recently used idle one",
+        parse=int,
+        metavar="N",
+    )
     tool_call_parser: str = _opt(
         "auto",
         ("--tool-call-parser",),
@@ -351,6 +358,8 @@ class Settings:
             raise SettingsError("--threads must be >= 1.", param="threads")
         if self.shutdown_timeout < 0:
             raise SettingsError("--shutdown-timeout must be >= 0.", param="shutdown_timeout")
+        if self.max_loaded_models < 1:
+            raise SettingsError("--max-loaded-models must be >= 1.", param="max_loaded_models")
         if self.max_model_len is not None and self.max_model_len < MIN_CONTEXT_TOKENS:
             raise SettingsError(
                 f"--max-model-len {self.max_model_len} is too short for a chat; the smallest that works is "

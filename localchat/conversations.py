@@ -38,6 +38,7 @@ from localchat.store import (
 )
 
 if TYPE_CHECKING:
+    from localchat.model_manager import ModelManager
     from localchat.server.context import ServerContext
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class Generation:
     conversation_id: str
     message_id: int
     req_id: str
+    ctx: ServerContext  # the model writing the answer (stop aborts there; tool calls continue there)
     text: str = ""
     started_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
@@ -79,18 +81,22 @@ def strip_thinking(text: str) -> str:
 class ChatService:
     """Starts, stops and follows the answers of the UI's conversations. Runs on the server's event loop."""
 
-    def __init__(self, store: Store, ctx: ServerContext) -> None:
+    def __init__(self, store: Store, models: ModelManager) -> None:
         self.store = store
-        self.ctx = ctx
+        self.models = models
         self._active: dict[str, Generation] = {}  # by conversation id
         self._by_message: dict[int, Generation] = {}
         self._next = 0
 
     # -- defaults -------------------------------------------------------------------------------------
 
-    def model_defaults(self) -> dict[str, Any]:
-        """What a conversation uses when its own setting is empty: the server's flag, else the model's."""
-        settings, gen = self.ctx.settings, self.ctx.model.generation_defaults
+    def model_defaults(self, ctx: ServerContext | None = None) -> dict[str, Any]:
+        """What a conversation uses when its own setting is empty: the server's flag, else the model's
+        (`ctx`, else the current model; generic values while no model is loaded)."""
+        ctx = ctx or self.models.lookup(None)
+        settings = self.models.settings
+        gen = ctx.model.generation_defaults if ctx is not None else {}
+        max_model_len = ctx.engine.max_model_len if ctx is not None else DEFAULT_MAX_TOKENS
         temperature = getattr(settings, "temperature", None)
         top_p = getattr(settings, "top_p", None)
         max_tokens = getattr(settings, "max_gen_tokens", None) or DEFAULT_MAX_TOKENS
@@ -99,14 +105,14 @@ class ChatService:
                 temperature if temperature is not None else gen.get("temperature", DEFAULT_TEMPERATURE)
             ),
             "top_p": float(top_p if top_p is not None else gen.get("top_p", 1.0)),
-            "max_tokens": int(min(max_tokens, self.ctx.engine.max_model_len)),
+            "max_tokens": int(min(max_tokens, max_model_len)),
         }
 
-    def sampling_params(self, conv: Conversation) -> SamplingParams:
-        defaults = self.model_defaults()
+    def sampling_params(self, conv: Conversation, ctx: ServerContext) -> SamplingParams:
+        defaults = self.model_defaults(ctx)
         extra = {
             k: v
-            for k, v in self.ctx.model.generation_defaults.items()
+            for k, v in ctx.model.generation_defaults.items()
             if k in ("top_k", "min_p", "repetition_penalty")
         }
         return SamplingParams(
@@ -119,44 +125,53 @@ class ChatService:
     # -- actions --------------------------------------------------------------------------------------
 
     def send(
-        self, conv_id: str | None, text: str, settings: dict[str, Any] | None = None
+        self,
+        conv_id: str | None,
+        text: str,
+        settings: dict[str, Any] | None = None,
+        model: str | None = None,
     ) -> tuple[Conversation, list[Message]]:
-        """Add a user message and start its answer; a new conversation when `conv_id` is None."""
+        """Add a user message and start its answer; a new conversation when `conv_id` is None. `model`
+        (the header's picker) switches the conversation to that model; it must be loaded (else 503)."""
         text = _check_text(text)
-        if conv_id is None:
-            conv = self.store.create_conversation(
-                title_from(text), model=self.ctx.model_id, **(settings or {})
-            )
-        else:
+        if conv_id is not None:
             self._check_idle(conv_id)
-            conv = self.store.update_settings(conv_id, **(settings or {}))
+            model = model or self.store.get_conversation(conv_id).model
+        ctx = self.models.ready_context(model or None)
+        settings = {**(settings or {}), "model": ctx.model_id}
+        if conv_id is None:
+            conv = self.store.create_conversation(title_from(text), **settings)
+        else:
+            conv = self.store.update_settings(conv_id, **settings)
         user, answer = self.store.add_messages(
             conv.id, [NewMessage("user", text), NewMessage("assistant", "", STREAMING)]
         )
-        return conv, [user, self._start(conv, answer)]
+        return conv, [user, self._start(conv, answer, ctx)]
 
     def regenerate(self, conv_id: str) -> Message:
         """Replace the last answer with a new one."""
         self._check_idle(conv_id)
+        ctx = self.models.ready_context(self.store.get_conversation(conv_id).model or None)
         messages = self.store.get_messages(conv_id)
         if not messages:
             raise InvalidRequestError("There is nothing to regenerate in an empty conversation.")
         if messages[-1].role == "assistant":
             self.store.truncate_after(conv_id, messages[-1].id, inclusive=True)
         (answer,) = self.store.add_messages(conv_id, [NewMessage("assistant", "", STREAMING)])
-        return self._start(self.store.get_conversation(conv_id), answer)
+        return self._start(self.store.get_conversation(conv_id), answer, ctx)
 
     def edit(self, conv_id: str, message_id: int, text: str) -> list[Message]:
         """Change an earlier user message, drop what followed it, and answer it again."""
         text = _check_text(text)
         self._check_idle(conv_id)
+        ctx = self.models.ready_context(self.store.get_conversation(conv_id).model or None)
         message = self.store.get_message(message_id)
         if message.conversation_id != conv_id or message.role != "user":
             raise InvalidRequestError("Only your own messages in this conversation can be edited.")
         self.store.truncate_after(conv_id, message_id)
         self.store.update_message(message_id, content=text)
         (answer,) = self.store.add_messages(conv_id, [NewMessage("assistant", "", STREAMING)])
-        self._start(self.store.get_conversation(conv_id), answer)
+        self._start(self.store.get_conversation(conv_id), answer, ctx)
         return self.store.get_messages(conv_id)
 
     def stop(self, conv_id: str) -> bool:
@@ -165,7 +180,7 @@ class ChatService:
         if gen is None:
             return False
         gen.stop_requested = True
-        self.ctx.engine.abort(gen.req_id)
+        gen.ctx.engine.abort(gen.req_id)
         return True
 
     def is_generating(self, conv_id: str) -> bool:
@@ -197,22 +212,23 @@ class ChatService:
         if conv_id in self._active:
             raise InvalidRequestError("An answer is still being written. Wait for it, or press Stop first.")
 
-    def _start(self, conv: Conversation, answer: Message) -> Message:
+    def _start(self, conv: Conversation, answer: Message, ctx: ServerContext) -> Message:
         history = [m for m in self.store.get_messages(conv.id) if m.id < answer.id]
+        self.store.update_message(answer.id, model=ctx.model_id)
         try:
-            messages = _chat_messages(conv, history, self.ctx.tool_parser.template_call_id)
-            prompt_ids = self.ctx.encode_chat(messages, tools=ui_turns.mcp_tools(self.ctx))
-            params = self.sampling_params(conv)
+            messages = _chat_messages(conv, history, ctx.tool_parser.template_call_id)
+            prompt_ids = ctx.encode_chat(messages, tools=ui_turns.mcp_tools(ctx))
+            params = self.sampling_params(conv, ctx)
             self._next += 1
-            gen = Generation(conv.id, answer.id, f"ui-{answer.id}-{self._next}")
+            gen = Generation(conv.id, answer.id, f"ui-{answer.id}-{self._next}", ctx)
             # A template that opens the reasoning block itself (e.g. DeepSeek-R1) leaves the model inside it.
-            tail = self.ctx.model.tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False)
+            tail = ctx.model.tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False)
             if tail.rstrip().endswith("<think>"):
                 gen.text = "<think>"
             loop = asyncio.get_running_loop()
             self._active[conv.id] = gen
             self._by_message[answer.id] = gen
-            self.ctx.engine.submit(
+            ctx.engine.submit(
                 prompt_ids,
                 params,
                 LoopSink(loop, self._on_output, (gen,)),
@@ -241,7 +257,7 @@ class ChatService:
 
     def _finish(self, gen: Generation, out: RequestOutput, now: float) -> None:
         if out.finish_reason == FinishReason.STOP and gen.turns < ui_turns.MAX_TURNS - 1:
-            content, calls = ui_turns.find_calls(self.ctx, gen.text[gen.turn_start :])
+            content, calls = ui_turns.find_calls(gen.ctx, gen.text[gen.turn_start :])
             if calls:  # the server runs the MCP calls, then the model goes on with their results
                 asyncio.get_running_loop().create_task(self._run_tools(gen, content, calls))
                 return
@@ -266,8 +282,9 @@ class ChatService:
             queue.put_nowait(("done", ""))
 
     async def _run_tools(self, gen: Generation, content: str, calls: list[Any]) -> None:
-        assert self.ctx.mcp is not None
-        runs = [await self.ctx.mcp.call(c.name, c.arguments) for c in calls]
+        ctx = gen.ctx
+        assert ctx.mcp is not None
+        runs = [await ctx.mcp.call(c.name, c.arguments) for c in calls]
         gen.text = gen.text[: gen.turn_start] + ui_turns.transcript(content, calls, runs)
         gen.turn_start, gen.turns = len(gen.text), gen.turns + 1
         for queue in gen.listeners:
@@ -279,16 +296,19 @@ class ChatService:
             self.store.update_message(gen.message_id, content=gen.text)
             conv = self.store.get_conversation(gen.conversation_id)
             history = [m for m in self.store.get_messages(conv.id) if m.id < gen.message_id]
-            call_id = self.ctx.tool_parser.template_call_id
+            call_id = ctx.tool_parser.template_call_id
             messages = _chat_messages(conv, history, call_id) + ui_turns.answer_messages(gen.text, call_id)
             # The last turn is rendered without tools, so the model answers in words.
-            tools = ui_turns.mcp_tools(self.ctx) if gen.turns < ui_turns.MAX_TURNS - 1 else None
-            prompt_ids = self.ctx.encode_chat(messages, tools=tools)
+            tools = ui_turns.mcp_tools(ctx) if gen.turns < ui_turns.MAX_TURNS - 1 else None
+            prompt_ids = ctx.encode_chat(messages, tools=tools)
             self._next += 1
             gen.req_id = f"ui-{gen.message_id}-{self._next}"
             loop = asyncio.get_running_loop()
-            self.ctx.engine.submit(
-                prompt_ids, self.sampling_params(conv), LoopSink(loop, self._on_output, (gen,)), gen.req_id
+            ctx.engine.submit(
+                prompt_ids,
+                self.sampling_params(conv, ctx),
+                LoopSink(loop, self._on_output, (gen,)),
+                gen.req_id,
             )
         except LocalchatError as exc:
             self._end_early(gen, status=ERROR, error=exc.message, finish_reason="error")

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from localchat.config import Settings
     from localchat.desktop_gate import ASGIApp, Progress
     from localchat.desktop_selftest import SelfTest
-    from localchat.server.context import ServerContext
+    from localchat.model_manager import ModelManager
 
 log = logging.getLogger(__name__)
 
@@ -120,12 +120,11 @@ class DesktopApp:
         self.message = message
         self.started = time.monotonic() - _process_age_s()  # timings count from the launch itself
         self.window: Any = None
-        self.ctx: ServerContext | None = None
+        self.models: ModelManager | None = None
         self.failures: list[str] = []
         self.server: BackgroundServer | None = None
         self.selftest_run: SelfTest | None = None
         self.server_started = threading.Event()
-        self.closing = threading.Event()  # the window closed: stop a download in progress
         # "Serve the API" off: nobody but this window knows the key or the port.
         serve_api = self.state.serve_api and not selftest
         self.settings = dataclasses.replace(
@@ -137,36 +136,17 @@ class DesktopApp:
         )
 
     def _build(self, progress: Progress) -> ASGIApp:
+        """The real app around a model manager: it answers at once, and finds, fetches and loads the
+        model in the background, reporting that on its own /health, which the loading page polls."""
+        from localchat.model_manager import ModelManager
         from localchat.server.app import create_app
-        from localchat.server.runtime import build_context
         from localchat.server.web_about import DESKTOP_STATE_KEY
 
-        settings = self.settings
-        progress.model = settings.model or settings.file or settings.weights
-        if progress.model is None and settings.backend != "fake":
-            progress.say("Loading the default model smollm2-135m (SmolLM2-135M-Instruct)…")
-        else:
-            progress.say(f"Loading {progress.model or 'the model'}…")
-        self._pull_if_missing(progress)
-        self.ctx = build_context(settings, progress=progress.say)
-        progress.model = self.ctx.model_id
-        app = create_app(settings, self.ctx)
+        progress.say("Starting the server…")
+        self.models = ModelManager(self.settings)
+        app = create_app(self.settings, self.models)
         app.state[DESKTOP_STATE_KEY] = self.hooks  # the About dialog shows the "serve the API" switch
         return app
-
-    def _pull_if_missing(self, progress: Progress) -> None:
-        """`--m ORG/REPO[:QUANT]` or an alias not on disk yet: download it here, its progress on the
-        loading page (the other commands do this before they start, on the terminal)."""
-        name = self.settings.model
-        if name is None or self.settings.backend == "fake":
-            return
-        from localchat.catalog import load_catalog
-        from localchat.hub import find_local, pull
-        from localchat.hub.spec import is_repo_name
-
-        if (name in load_catalog(data_dir()) or is_repo_name(name)) and find_local(name) is None:
-            pull(name, progress=progress.pull, cancel=self.closing)  # closing keeps the partial file
-            progress.say(f"Loading {name}…")
 
     def run(self) -> int:
         """The window first (it owns the main thread), the server on a thread; both until the window closes."""
@@ -290,16 +270,15 @@ class DesktopApp:
     def _watch_streaming(self) -> None:
         """Ask before closing only while an answer streams (pywebview reads the flag at close time)."""
         while self.window is not None:
-            ctx = self.ctx
-            self.window.confirm_close = bool(ctx and ctx.engine.num_in_flight and not self.selftest)
+            models = self.models
+            streaming = models is not None and any(ctx.engine.num_in_flight for ctx in models.loaded)
+            self.window.confirm_close = streaming and not self.selftest
             time.sleep(0.2)
 
     def _shutdown(self, sock: socket.socket) -> bool:
-        self.closing.set()
-        ctx, started = self.ctx, time.monotonic()
-        if ctx is not None:
-            ctx.draining = True
-            ctx.engine.shutdown(0)  # aborts answers in flight so their streams end now
+        models, started = self.models, time.monotonic()
+        if models is not None:
+            models.shutdown(0)  # aborts answers in flight so their streams end now; cancels downloads
         stopped = self.server.stop() if self.server is not None else False
         sock.close()
         self.window = None

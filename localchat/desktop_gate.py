@@ -60,17 +60,6 @@ class Progress:
             self.done_bytes = self.total_bytes = self.speed_bps = self.eta_s = None
         log.info("%s", message)
 
-    def pull(self, event: Any) -> None:
-        """A model download's progress (a `localchat.hub` PullProgress): bytes, speed, ETA."""
-        with self._lock:
-            self.status = "downloading" if event.phase not in ("done", "error", "cancelled") else "loading"
-            self.phase, self.message = (
-                event.phase,
-                event.message or f"{event.phase} {event.file or event.name}",
-            )
-            self.done_bytes, self.total_bytes = event.done_bytes, event.total_bytes
-            self.speed_bps, self.eta_s = event.speed_bps, event.eta_s
-
     def fail(self, detail: str) -> None:
         with self._lock:
             self.status, self.detail = "error", detail
@@ -195,7 +184,7 @@ class DesktopGate:
                 return
             self._app = app
             self.ready.set()
-            log.info("the chat UI is ready")
+            log.info("the server is ready")
             await self._stop.wait()
         # Leaving the stack ran the real app's shutdown: engine stopped, conversation store closed.
 

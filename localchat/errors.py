@@ -111,6 +111,32 @@ class EngineDeadError(LocalchatError):
     code = "engine_dead"
 
 
+class ModelNotReadyError(LocalchatError):
+    """The model a request needs is being downloaded or loaded; the API answers 503 with Retry-After."""
+
+    status = 503
+    type = "server_busy"
+    code = "model_loading"
+    retry_after_s = 2
+
+
+class NoModelError(LocalchatError):
+    """No model is on disk and none is being fetched (first start): the UI offers the default model."""
+
+    status = 503
+    type = "server_busy"
+    code = "no_model"
+    retry_after_s = 10
+
+
+class InsufficientMemoryError(LocalchatError):
+    """Loading the model would need more RAM than the machine has free: refused before the OS kills us."""
+
+    status = 507
+    type = "server_error"
+    code = "insufficient_memory"
+
+
 class DownloadError(LocalchatError):
     """A model download failed (network, hub answer, file system); the partial file is kept for resume."""
 

@@ -43,7 +43,8 @@ CREATE TABLE IF NOT EXISTS messages (
     prompt_tokens INTEGER NOT NULL DEFAULT 0,
     completion_tokens INTEGER NOT NULL DEFAULT 0,
     tokens_per_s REAL,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    model TEXT
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages (conversation_id, id);
 CREATE INDEX IF NOT EXISTS conversations_by_update ON conversations (updated_at DESC);
@@ -59,6 +60,7 @@ _MESSAGE_UPDATES = (
     "prompt_tokens",
     "completion_tokens",
     "tokens_per_s",
+    "model",
 )
 
 
@@ -88,6 +90,7 @@ class Message:
     completion_tokens: int = 0
     tokens_per_s: float | None = None
     created_at: float = 0.0
+    model: str | None = None  # the model that wrote an answer (the picker switches models mid-chat)
 
 
 @dataclass(slots=True)
@@ -125,6 +128,7 @@ class Store:
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     db.execute(statement)
+            _add_missing_columns(db)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
@@ -274,3 +278,11 @@ class Store:
             assert cursor.lastrowid is not None
             ids.append(cursor.lastrowid)
         return ids
+
+
+def _add_missing_columns(db: sqlite3.Connection) -> None:
+    """Columns added after a database was created (CREATE TABLE IF NOT EXISTS leaves old tables as
+    they were): messages.model records which model wrote each answer."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(messages)")}
+    if "model" not in columns:
+        db.execute("ALTER TABLE messages ADD COLUMN model TEXT")

@@ -1,5 +1,6 @@
-"""The app factory: `create_app(settings, ctx)` builds the Litestar app serving the OpenAI API (with and
-without the `/v1` prefix), /health, /metrics, and the web UI when it is on and installed."""
+"""The app factory: `create_app(settings, models)` builds the Litestar app serving the OpenAI API (with
+and without the `/v1` prefix), the model management API, /health, /metrics, and the web UI when it is
+on and installed. `models` is the `ModelManager`, or one already built `ServerContext` (tests, library)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from litestar import Litestar
 from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 
+from localchat.model_manager import ModelManager
 from localchat.server.auth import require_api_key
 from localchat.server.errors import handle_exception
+from localchat.server.model_routes import MODEL_ROUTES
 from localchat.server.monitoring import health, metrics
 from localchat.server.openai_chat import chat_completions
 from localchat.server.openai_completions import completions
@@ -30,26 +33,36 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-API_ROUTES = [chat_completions, completions, responses, embeddings, list_models, get_model, health, metrics]
+API_ROUTES = [
+    chat_completions,
+    completions,
+    responses,
+    embeddings,
+    list_models,
+    get_model,
+    health,
+    metrics,
+    *MODEL_ROUTES,
+]
 
 
-def create_app(settings: Settings, ctx: ServerContext) -> Litestar:
+def create_app(settings: Settings, models: ModelManager | ServerContext) -> Litestar:
+    manager = models if isinstance(models, ModelManager) else ModelManager.preloaded(settings, models)
+
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        # The engine thread lives exactly as long as the app serves.
-        ctx.engine.start()
-        log.info("engine started: %s, context %d tokens", ctx.model_id, ctx.engine.max_model_len)
-        if ctx.mcp is not None:
-            await ctx.mcp.start()  # servers that fail are reported, the app serves anyway
+        # Engine threads live exactly as long as the app serves; models load in the background.
+        manager.start()
+        if manager.mcp is not None:
+            await manager.mcp.start()  # servers that fail are reported, the app serves anyway
         try:
             yield
         finally:
-            ctx.draining = True
-            if ctx.mcp is not None:
-                await ctx.mcp.close()
-            await anyio.to_thread.run_sync(ctx.engine.shutdown, settings.shutdown_timeout)
+            if manager.mcp is not None:
+                await manager.mcp.close()
+            await anyio.to_thread.run_sync(manager.shutdown, settings.shutdown_timeout)
             close_web_state(app.state)
-            log.info("engine stopped")
+            log.info("engines stopped")
 
     handlers: list[Any] = list(API_ROUTES)
     if settings.ui:
@@ -58,12 +71,12 @@ def create_app(settings: Settings, ctx: ServerContext) -> Litestar:
     if settings.cors_origins:
         cors = CORSConfig(
             allow_origins=list(settings.cors_origins),
-            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type", "X-Api-Key"],
         )
     app = Litestar(
         route_handlers=handlers,
-        state=State({"ctx": ctx}),
+        state=State({"models": manager, "settings": settings}),
         guards=[require_api_key],
         exception_handlers={Exception: handle_exception},
         cors_config=cors,

@@ -28,7 +28,7 @@ def key_matches(supplied: str, expected: str) -> bool:
 
 def require_api_key(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
     """A Litestar guard. Handlers opt out with `opt={"public": True}`; CORS preflights pass."""
-    expected = connection.app.state.ctx.settings.api_key
+    expected = connection.app.state.settings.api_key
     if not expected or handler.opt.get("public") or connection.scope.get("method") == "OPTIONS":
         return
     key = supplied_key(connection)

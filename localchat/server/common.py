@@ -9,32 +9,36 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from localchat.engine.request import FinishReason
-from localchat.errors import ModelNotFoundError
 from localchat.server.errors import GenerationFailedError, ShuttingDownError
 
 if TYPE_CHECKING:
     from litestar import Request
 
+    from localchat.model_manager import ModelManager
     from localchat.server.context import ServerContext
     from localchat.server.generation import ChoiceResult, Generation
 
 
+def get_models(request: Request[Any, Any, Any]) -> ModelManager:
+    return request.app.state.models
+
+
 def get_ctx(request: Request[Any, Any, Any]) -> ServerContext:
-    return request.app.state.ctx
+    """The current model's context (the most recently used loaded model); 503 while none is ready."""
+    return get_models(request).current()
+
+
+async def model_context(request: Request[Any, Any, Any], name: str | None) -> ServerContext:
+    """The context for a request's `model`: loaded if needed (the request waits), 404 if unknown,
+    503 with progress while the start-up model is getting ready or the server is shutting down."""
+    ctx = await get_models(request).context_for(name)
+    check_accepting(ctx)
+    return ctx
 
 
 def check_accepting(ctx: ServerContext) -> None:
     if ctx.draining:
         raise ShuttingDownError("The server is shutting down and takes no new requests.")
-
-
-def check_model(ctx: ServerContext, name: str | None) -> None:
-    if not ctx.knows_model(name):
-        raise ModelNotFoundError(
-            f"The model {name!r} does not exist on this server. Available: {ctx.model_id!r} "
-            "(see GET /v1/models).",
-            param="model",
-        )
 
 
 def new_call(prefix: str) -> tuple[str, int]:

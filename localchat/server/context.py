@@ -1,7 +1,7 @@
 """What every route handler needs, created once per app: the engine, the model and its template.
 
-Handlers reach it as `request.app.state.ctx` (see app.py). Chat prompts are built here so the API
-and the web UI tokenize conversations the same way.
+Handlers get it from the model manager (`server/common.py: model_context`), one per loaded model.
+Chat prompts are built here so the API and the web UI tokenize conversations the same way.
 """
 
 from __future__ import annotations

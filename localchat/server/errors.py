@@ -9,7 +9,7 @@ from typing import Any
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
-from localchat.errors import LocalchatError, QueueFullError
+from localchat.errors import LocalchatError
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,9 @@ def error_for(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
     """(status, body, headers) for any exception; also used for errors sent inside an SSE stream."""
     if isinstance(exc, LocalchatError):
         headers = {}
-        if isinstance(exc, QueueFullError | ShuttingDownError):
-            headers["Retry-After"] = str(exc.retry_after_s)
+        retry_after = getattr(exc, "retry_after_s", None)  # queue full, shutting down, model loading
+        if retry_after is not None:
+            headers["Retry-After"] = str(retry_after)
         return exc.status, error_body(exc.message, exc.type, exc.param, exc.code), headers
     if isinstance(exc, HTTPException):
         status = exc.status_code
@@ -70,7 +71,7 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
     elif isinstance(exc, HTTPException) and status == 405:
         body["error"]["message"] = f"Method {request.method} is not allowed on {request.url.path}."
     elif isinstance(exc, HTTPException) and status == 413:
-        limit = request.app.state.ctx.settings.max_body_mib
+        limit = request.app.state.settings.max_body_mib
         body["error"]["message"] = (
             f"The request body is larger than the {limit:g} MiB limit (--max-body-mib)."
         )

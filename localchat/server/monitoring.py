@@ -6,7 +6,7 @@ from typing import Any
 
 from litestar import Request, Response, get
 
-from localchat.server.common import get_ctx
+from localchat.server.common import get_models
 
 _METRICS = (
     # (name, kind, help, value from (stats, ctx))
@@ -69,17 +69,21 @@ _METRICS = (
 
 @get("/health", name="health", opt={"public": True})
 async def health(request: Request[Any, Any, Any]) -> Response[Any]:
-    ctx = get_ctx(request)
-    if ctx.draining:
-        return Response({"status": "shutting_down"}, status_code=503)
-    if not ctx.engine.is_running:
-        return Response({"status": "error", "detail": "the engine is not running"}, status_code=503)
-    return Response({"status": "ok", "model": ctx.model_id})
+    """200 `ok` when a model is ready; 503 `loading`/`downloading` (with progress), `no_model`, `error`
+    or `shutting_down` otherwise. The desktop window polls it while the server gets ready."""
+    status, body = get_models(request).health()
+    headers = {"Retry-After": "1"} if status == 503 and body["status"] in ("loading", "downloading") else {}
+    return Response(body, status_code=status, headers=headers)
 
 
 @get("/metrics", name="metrics", media_type="text/plain; version=0.0.4")
 async def metrics(request: Request[Any, Any, Any]) -> str:
-    ctx = get_ctx(request)
+    models = get_models(request)
+    loaded = "# HELP localchat_models_loaded Models loaded.\n# TYPE localchat_models_loaded gauge\n"
+    loaded += f"localchat_models_loaded {len(models.loaded)}\n"
+    if not models.loaded:
+        return loaded  # nothing to measure until a model is ready
+    ctx = models.current()
     stats = ctx.engine.stats()
     lines = []
     for name, kind, help_text, value in _METRICS:
@@ -88,4 +92,4 @@ async def metrics(request: Request[Any, Any, Any]) -> str:
             f"# TYPE {name} {kind}",
             f"{name} {float(value(stats, ctx)):g}",
         ]
-    return "\n".join(lines) + "\n"
+    return loaded + "\n".join(lines) + "\n"

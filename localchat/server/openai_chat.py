@@ -14,11 +14,9 @@ from localchat.server.chat_input import chat_logprobs_k, template_messages
 from localchat.server.chat_output import ChoiceDeltas, message_of
 from localchat.server.chat_tools import ToolPlan, plan_tools, request_constraint
 from localchat.server.common import (
-    check_accepting,
-    check_model,
     collect_or_abort,
     finish_reason,
-    get_ctx,
+    model_context,
     new_call,
     usage,
     usage_of,
@@ -70,10 +68,8 @@ class ChatCall:
 
 @post(["/v1/chat/completions", "/chat/completions"], name="openai:chat", status_code=200)
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
-    ctx = get_ctx(request)
-    check_accepting(ctx)
     req = decode_request(await request.body(), ChatCompletionRequest)
-    check_model(ctx, req.model)
+    ctx = await model_context(request, req.model)
     n = check_n(req.n)
     logprobs_k = chat_logprobs_k(req)
     tools = plan_tools(ctx, req)

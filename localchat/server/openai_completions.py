@@ -11,11 +11,9 @@ from msgspec import UnsetType
 
 from localchat.errors import InvalidRequestError
 from localchat.server.common import (
-    check_accepting,
-    check_model,
     collect_or_abort,
     finish_reason,
-    get_ctx,
+    model_context,
     new_call,
     usage,
     usage_of,
@@ -96,10 +94,8 @@ def _check_unsupported(req: CompletionRequest, n: int) -> int | None:
 
 @post(["/v1/completions", "/completions"], name="openai:completions", status_code=200)
 async def completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
-    ctx = get_ctx(request)
-    check_accepting(ctx)
     req = decode_request(await request.body(), CompletionRequest)
-    check_model(ctx, req.model)
+    ctx = await model_context(request, req.model)
     n = check_n(req.n)
     logprobs_k = _check_unsupported(req, n)
     prompts = _prompts(ctx, req.prompt)

@@ -14,7 +14,7 @@ from litestar import Request, Response, post
 from localchat.engine.request import FinishReason
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import InvalidRequestError
-from localchat.server.common import check_accepting, check_model, collect_or_abort, get_ctx, new_call
+from localchat.server.common import collect_or_abort, model_context, new_call
 from localchat.server.context import ServerContext
 from localchat.server.generation import Generation, check_prompt_length
 from localchat.server.schemas import decode_request
@@ -75,10 +75,8 @@ def _encode(vector: list[float], encoding: str) -> list[float] | str:
 
 @post(["/v1/embeddings", "/embeddings"], name="openai:embeddings", status_code=200)
 async def embeddings(request: Request[Any, Any, Any]) -> Response[Any]:
-    ctx = get_ctx(request)
-    check_accepting(ctx)
     req = decode_request(await request.body(), EmbeddingRequest)
-    check_model(ctx, req.model)
+    ctx = await model_context(request, req.model)
     encoding = req.encoding_format or "float"
     if encoding not in _ENCODINGS:
         raise InvalidRequestError("'encoding_format' must be float or base64.", param="encoding_format")

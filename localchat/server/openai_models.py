@@ -1,34 +1,56 @@
-"""GET /v1/models and /v1/models/{id}: the loaded model, with its context length."""
+"""GET /v1/models and /v1/models/{id}: the local models, the loaded ones marked (with context length)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import anyio.to_thread
 from litestar import Request, get
 
-from localchat.server.common import check_model, get_ctx
-from localchat.server.context import ServerContext
+from localchat.errors import ModelNotFoundError
+from localchat.server.common import get_models
+
+if TYPE_CHECKING:
+    from localchat.model_manager import ModelManager
 
 
-def _card(ctx: ServerContext) -> dict[str, Any]:
-    return {
-        "id": ctx.model_id,
-        "object": "model",
-        "created": ctx.created,
-        "owned_by": "localchat",
-        "max_model_len": ctx.engine.max_model_len,
-    }
+def _cards(models: ModelManager) -> list[dict[str, Any]]:
+    cards = [
+        {
+            "id": ctx.model_id,
+            "object": "model",
+            "created": ctx.created,
+            "owned_by": "localchat",
+            "loaded": True,
+            "max_model_len": ctx.engine.max_model_len,
+        }
+        for ctx in reversed(models.loaded)  # the current model first
+    ]
+    seen = {card["id"] for card in cards}
+    for local in models.local_models():
+        if getattr(local, "complete", True) and str(local.name) not in seen:
+            seen.add(str(local.name))
+            cards.append({"id": str(local.name), "object": "model", "created": 0, "owned_by": "localchat"})
+            cards[-1]["loaded"] = False
+    return cards
 
 
 @get(["/v1/models", "/models"], name="openai:models")
 async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    return {"object": "list", "data": [_card(get_ctx(request))]}
+    # Listing the local store reads the disk (the HF cache): off the event loop.
+    return {"object": "list", "data": await anyio.to_thread.run_sync(_cards, get_models(request))}
 
 
 @get(["/v1/models/{model_id:path}", "/models/{model_id:path}"], name="openai:model")
 async def get_model(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    ctx = get_ctx(request)
+    models = get_models(request)
     # Ids may hold slashes (HF repo ids), hence the `path` parameter, which keeps a leading "/".
     name = str(request.path_params["model_id"]).lstrip("/")
-    check_model(ctx, name or None)
-    return _card(ctx)
+    if (ctx := models.lookup(name or None)) is not None:
+        name = ctx.model_id
+    for card in await anyio.to_thread.run_sync(_cards, models):
+        if card["id"] == name:
+            return card
+    raise ModelNotFoundError(
+        f"The model {name!r} does not exist on this server (see GET /v1/models).", param="model"
+    )

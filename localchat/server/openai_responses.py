@@ -17,11 +17,9 @@ from localchat.errors import InvalidRequestError
 from localchat.server.chat_output import ChoiceDeltas
 from localchat.server.chat_tools import plan_tools, request_constraint
 from localchat.server.common import (
-    check_accepting,
-    check_model,
     collect_or_abort,
     finish_reason,
-    get_ctx,
+    model_context,
     new_call,
 )
 from localchat.server.generation import Generation, build_params, check_prompt_length, resolve_max_tokens
@@ -36,10 +34,8 @@ _encode = msgspec.json.Encoder().encode
 
 @post(["/v1/responses", "/responses"], name="openai:responses", status_code=200)
 async def responses(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
-    ctx = get_ctx(request)
-    check_accepting(ctx)
     req = decode_request(await request.body(), ResponsesRequest)
-    check_model(ctx, req.model)
+    ctx = await model_context(request, req.model)
     if req.n not in (None, 1):
         raise InvalidRequestError("The Responses API generates one answer; 'n' must be 1.", param="n")
     chat_req = as_chat_request(req)

@@ -1,5 +1,6 @@
-"""Assembling and running a server: model -> runner -> engine -> `ServerContext`, then uvicorn with
-graceful shutdown (SIGINT/SIGTERM: stop taking requests, let in-flight ones end, exit 0)."""
+"""Assembling and running a server: model -> runner -> engine -> `ServerContext` (the model manager
+calls `build_context` for each model it loads), then uvicorn with graceful shutdown (SIGINT/SIGTERM:
+stop taking requests, let in-flight ones end, exit 0). The server listens before any model is ready."""
 
 from __future__ import annotations
 
@@ -15,29 +16,36 @@ import uvicorn
 
 from localchat.engine.async_engine import AsyncEngine
 from localchat.engine.engine import LLMEngine
+from localchat.errors import LocalchatError
 from localchat.server import preflight
 from localchat.server.context import ServerContext
 
 if TYPE_CHECKING:
+    from localchat.catalog import ResolvedModel
     from localchat.config import Settings
+    from localchat.mcp import McpHub
+    from localchat.model_manager import ModelManager
     from localchat.weights.bundle import ModelBundle
 
 log = logging.getLogger("localchat")
 
 
 def load_bundle(
-    settings: Settings, progress: Callable[[str], None] | None = None
+    settings: Settings,
+    progress: Callable[[str], None] | None = None,
+    target: ResolvedModel | None = None,
 ) -> tuple[ModelBundle, str, list[str]]:
-    """(model, id shown to clients, other accepted names). The fake backend needs no weights."""
+    """(model, id shown to clients, other accepted names): `target`, else what the model flags name.
+    The fake backend needs no weights (a target then only gives the fake model its name)."""
     if settings.backend == "fake":
         from backends.fake import fake_model_bundle
 
-        return fake_model_bundle(), "fake-model", []
+        return fake_model_bundle(), target.model_id if target else "fake-model", []
     from localchat.catalog import resolve_model
     from localchat.paths import data_dir
     from localchat.weights.loader import load_model
 
-    resolved = resolve_model(
+    resolved = target or resolve_model(
         weights=settings.weights,
         file=settings.file,
         model=settings.model,
@@ -49,18 +57,22 @@ def load_bundle(
     return bundle, resolved.model_id, aliases
 
 
-def build_context(settings: Settings, progress: Callable[[str], None] | None = None) -> ServerContext:
+def build_context(
+    settings: Settings,
+    progress: Callable[[str], None] | None = None,
+    target: ResolvedModel | None = None,
+    mcp: McpHub | None = None,
+) -> ServerContext:
+    """Load a model (`target`, else the one the flags name) and build its engine (not started yet).
+    `mcp`: the server's MCP hub, shared by all its models (else one is made from --mcp-config)."""
     from backends import RunnerOptions, load_runner, resolve_backend
     from localchat.server.tool_parsers import pick_parser
     from localchat.weights.chat_template import ChatTemplate
 
-    mcp = None
-    if settings.mcp_config:  # read before the model loads: a bad file fails fast
-        from localchat.mcp import McpHub, load_mcp_config
-
-        mcp = McpHub(load_mcp_config(settings.mcp_config))
+    if mcp is None and settings.mcp_config:  # read before the model loads: a bad file fails fast
+        mcp = mcp_hub(settings)
     started = time.perf_counter()
-    bundle, model_id, aliases = load_bundle(settings, progress)
+    bundle, model_id, aliases = load_bundle(settings, progress, target)
     loaded = time.perf_counter()
     options = RunnerOptions(
         device=settings.device,
@@ -120,6 +132,15 @@ def _catalog_tool_format(settings: Settings) -> str | None:
     return hint if isinstance(hint, str) else None
 
 
+def mcp_hub(settings: Settings) -> McpHub | None:
+    """The MCP hub --mcp-config describes (not started), or None."""
+    if not settings.mcp_config:
+        return None
+    from localchat.mcp import McpHub, load_mcp_config
+
+    return McpHub(load_mcp_config(settings.mcp_config))
+
+
 def security_warning(settings: Settings) -> str | None:
     if settings.is_loopback or settings.api_key:
         return None
@@ -134,12 +155,21 @@ def security_warning(settings: Settings) -> str | None:
 class _Server(uvicorn.Server):
     """uvicorn, except that a handled SIGINT/SIGTERM ends in exit code 0 instead of being re-raised."""
 
-    def __init__(self, config: uvicorn.Config, ctx: ServerContext) -> None:
+    def __init__(self, config: uvicorn.Config, models: ModelManager) -> None:
         super().__init__(config)
-        self.ctx = ctx
+        self.models = models
+        self.exit_code = 0
+
+    def fail(self, exc: LocalchatError) -> None:
+        """The start-up model could not be loaded: say why and stop (from the loading thread)."""
+        print(f"localchat: error: {exc.message}", file=sys.stderr, flush=True)
+        self.exit_code = 1
+        self.should_exit = True
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        self.ctx.draining = True  # new requests on open connections get 503 while in-flight ones finish
+        self.models.draining = True  # new requests on open connections get 503 while in-flight ones finish
+        for ctx in self.models.loaded:
+            ctx.draining = True
         super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
@@ -151,13 +181,26 @@ class _Server(uvicorn.Server):
             self._captured_signals.clear()
 
 
-def serve(settings: Settings, ctx: ServerContext, *, open_browser: bool = False) -> int:
+def serve(
+    settings: Settings,
+    models: ModelManager | ServerContext,
+    *,
+    open_browser: bool = False,
+    exit_on_startup_error: bool = True,
+) -> int:
+    """Run the server until SIGINT/SIGTERM (exit code 0), or until the start-up model fails to load
+    (exit code 1, the reason on stderr) unless `exit_on_startup_error` is off (then /health says it).
+    `models`: the manager, or one already built context (it becomes the manager's only model)."""
+    from localchat.model_manager import ModelManager
     from localchat.server.app import create_app
+
+    if not isinstance(models, ModelManager):
+        models = ModelManager.preloaded(settings, models)
 
     if (warning := security_warning(settings)) is not None:
         print(warning, file=sys.stderr, flush=True)
         log.warning("listening on %s without an API key", settings.host)
-    app = create_app(settings, ctx)
+    app = create_app(settings, models)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -166,12 +209,14 @@ def serve(settings: Settings, ctx: ServerContext, *, open_browser: bool = False)
         timeout_graceful_shutdown=int(settings.shutdown_timeout),
         lifespan="on",
     )
-    server = _Server(config, ctx)
+    server = _Server(config, models)
+    if exit_on_startup_error:
+        models.on_startup_error = server.fail
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else host}:{settings.port}/"
     threading.Thread(target=_announce, args=(server, url, open_browser), daemon=True).start()
     server.run()
-    return 0
+    return server.exit_code
 
 
 def _announce(server: uvicorn.Server, url: str, open_browser: bool) -> None:

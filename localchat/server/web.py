@@ -25,9 +25,11 @@ from litestar.static_files import create_static_files_router
 
 from localchat.conversations import INTERRUPTED, ChatService
 from localchat.errors import AuthenticationError, DataDirError, LocalchatError
+from localchat.model_manager import ModelManager
 from localchat.paths import data_dir
-from localchat.server import web_about, web_chat, web_sidebar
+from localchat.server import web_about, web_chat, web_models, web_sidebar
 from localchat.server.web_common import WebState, current_path
+from localchat.server.web_models import model_status
 from localchat.server.web_render import html, macro, render, ui_dir
 from localchat.store import Conversation, Store
 
@@ -39,43 +41,47 @@ _STATE_KEY = "localchat_web"
 _init_lock = threading.Lock()
 
 
-def _catalog(home: Path) -> list[tuple[str, str]]:
-    try:
-        from localchat.catalog import load_catalog
-    except ImportError:
-        return []
-    try:
-        return [(alias, entry.description) for alias, entry in load_catalog(home).items()]
-    except LocalchatError as exc:  # a broken user models.yaml must not take the UI down
-        log.warning("models.yaml: %s", exc.message)
-        return []
-
-
 # -- pages --------------------------------------------------------------------------------------------
 
 
-def _page(request: Request, web: WebState, conv: Conversation | None) -> Response[str]:
-    ctx = request.app.state.ctx
+def _page(request: Request, web: WebState, conv: Conversation | None, pick: str = "") -> Response[str]:
+    models = request.app.state.models
+    current = models.lookup(None)
+    model_id = (
+        pick or (conv.model if conv and conv.model else None) or (current.model_id if current else None)
+    )
     return html(
         render(
             "chat.html",
             conv=conv,
             messages=web.store.get_messages(conv.id) if conv else [],
             conversations=web.store.list_conversations(),
-            model_id=ctx.model_id,
-            catalog=[(a, d) for a, d in web.catalog if a != ctx.model_id],
+            model_id=model_id,
+            model_choices=model_choices(models, model_id),
+            # Drawn without a loaded model: the status partial reloads the page once one is ready.
+            status=model_status(models, pick or None, reload=current is None),
             defaults=web.chats.model_defaults(),
-            mcp_servers=ctx.mcp.servers() if ctx.mcp is not None else [],
+            mcp_servers=models.mcp.servers() if models.mcp is not None else [],
         )
     )
 
 
-@get("/", name="web:index", sync_to_thread=False)
-def index(request: Request, web: NamedDependency[WebState]) -> Response[str]:
-    return _page(request, web, None)
+def model_choices(models: ModelManager, selected: str | None) -> list[tuple[str, bool]]:
+    """(name, loaded) for the header's picker: the loaded models, then the other local ones."""
+    loaded = [ctx.model_id for ctx in reversed(models.loaded)]
+    local = [str(m.name) for m in models.local_models() if getattr(m, "complete", True)]
+    names = list(dict.fromkeys([*loaded, *local, *([selected] if selected else [])]))
+    return [(name, name in loaded) for name in names]
 
 
-@get("/c/{conv_id:str}", name="web:chat", sync_to_thread=False)
+@get("/", name="web:index", sync_to_thread=True)
+def index(request: Request, web: NamedDependency[WebState], model: FromQuery[str] = "") -> Response[str]:
+    if model:  # "Use in chat" on the Models page: load it while the page opens
+        request.app.state.models.load(model)
+    return _page(request, web, None, model)
+
+
+@get("/c/{conv_id:str}", name="web:chat", sync_to_thread=True)
 def chat_page(request: Request, web: NamedDependency[WebState], conv_id: FromPath[str]) -> Response[str]:
     return _page(request, web, web.store.get_conversation(conv_id))
 
@@ -89,7 +95,7 @@ def login_page(next: FromQuery[str] = "/") -> Response[str]:
 async def login(request: Request) -> Response[Any]:
     form = await request.form()
     key, target = str(form.get("api_key", "")), _safe_next(str(form.get("next", "/")))
-    expected = getattr(request.app.state.ctx.settings, "api_key", None)
+    expected = getattr(request.app.state.settings, "api_key", None)
     if expected and not hmac.compare_digest(key.encode(), expected.encode()):
         return html(
             render("login.html", error="That key is not the one the server was started with.", next=target),
@@ -125,11 +131,20 @@ def _error_response(request: Request, exc: Exception) -> Response[Any]:
     return html(render("error.html", status=status, message=message), status=status)
 
 
-ROUTES = [index, chat_page, login_page, login, *web_sidebar.ROUTES, *web_chat.ROUTES, *web_about.ROUTES]
+ROUTES = [
+    index,
+    chat_page,
+    login_page,
+    login,
+    *web_sidebar.ROUTES,
+    *web_chat.ROUTES,
+    *web_models.ROUTES,
+    *web_about.ROUTES,
+]
 
 
 def create_web_router(settings: Any, *, store_path: Path | None = None) -> Router:
-    """The UI's routes. The store opens on the first request (the app's `state.ctx` must exist by then)."""
+    """The UI's routes. The store opens on the first request (the app's `state.models` must exist by then)."""
     home = Path(settings.home).expanduser() if getattr(settings, "home", None) else None
     path = store_path or (home or data_dir()) / STORE_FILE
 
@@ -141,7 +156,7 @@ def create_web_router(settings: Any, *, store_path: Path | None = None) -> Route
                 store = _open_store(path)
                 if count := store.fail_interrupted(INTERRUPTED):
                     log.info("%d answer(s) left unfinished by a previous run were marked as failed", count)
-                web = WebState(store, ChatService(store, state.ctx), _catalog(home or data_dir()))
+                web = WebState(store, ChatService(store, state.models))
                 state[_STATE_KEY] = web
         return web
 

@@ -19,7 +19,8 @@ from localchat.server.web_render import html, macro
 @post("/ui/chats", name="web:new-chat", guards=[require_htmx])
 async def new_chat(request: Request, web: NamedDependency[WebState]) -> Response[str]:
     form = await request.form()
-    conv, _ = web.chats.send(None, str(form.get("content", "")), parse_settings(form, web.chats))
+    model = str(form.get("model", "")) or None  # the header's picker
+    conv, _ = web.chats.send(None, str(form.get("content", "")), parse_settings(form, web.chats), model)
     # A full load of the new chat's page: its URL, title, sidebar entry and the answer's stream at once.
     return html("", headers={"HX-Redirect": f"/c/{conv.id}"})
 
@@ -27,7 +28,10 @@ async def new_chat(request: Request, web: NamedDependency[WebState]) -> Response
 @post("/ui/c/{conv_id:str}/messages", name="web:send", guards=[require_htmx])
 async def send(request: Request, web: NamedDependency[WebState], conv_id: FromPath[str]) -> Response[str]:
     form = await request.form()
-    conv, messages = web.chats.send(conv_id, str(form.get("content", "")), parse_settings(form, web.chats))
+    model = str(form.get("model", "")) or None  # the header's picker
+    conv, messages = web.chats.send(
+        conv_id, str(form.get("content", "")), parse_settings(form, web.chats), model
+    )
     return html("".join(macro("message", m, conv) for m in messages))
 
 

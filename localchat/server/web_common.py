@@ -1,4 +1,4 @@
-"""What the web UI's route modules share: their state (store, chat service, catalog) and request helpers."""
+"""What the web UI's route modules share: their state (store, chat service) and request helpers."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from localchat.store import Store
 class WebState:
     store: Store
     chats: ChatService
-    catalog: list[tuple[str, str]]  # (alias, description) of the models.yaml entries
 
 
 def require_htmx(connection: ASGIConnection, _: BaseRouteHandler) -> None:

@@ -13,6 +13,8 @@ from litestar import Response
 from litestar.enums import MediaType
 from markupsafe import Markup
 
+from localchat.model_info import human_bytes
+
 # htmx runs with allowEval off, so no 'unsafe-eval'; nothing inline, so no 'unsafe-inline' either.
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self'; "
@@ -51,6 +53,7 @@ def environment() -> Environment:
         lstrip_blocks=True,
     )
     env.filters["tps"] = _tokens_per_s
+    env.filters["filesize"] = human_bytes
     return env
 
 
@@ -61,6 +64,12 @@ def render(template: str, **context: Any) -> str:
 def macro(name: str, *args: Any, **kwargs: Any) -> str:
     """Render one macro of `_partials.html` (a message, a sidebar item...) on its own."""
     module = environment().get_template("_partials.html").module  # built once, cached by Jinja
+    return str(getattr(module, name)(*args, **kwargs))
+
+
+def models_macro(name: str, *args: Any, **kwargs: Any) -> str:
+    """One macro of `_models.html` (the Models page's pieces and the model status partial)."""
+    module = environment().get_template("_models.html").module
     return str(getattr(module, name)(*args, **kwargs))
 
 

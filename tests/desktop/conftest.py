@@ -3,6 +3,7 @@ a watchdog if it hangs. Displays: Qt's offscreen platform, or a real X server (X
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,7 +81,7 @@ def start_localchat(args: list[str], env: dict[str, str]) -> subprocess.Popen[st
 
 
 def wait_for_instance(home: Path, proc: subprocess.Popen[str], timeout_s: float = 90) -> dict[str, int | str]:
-    """The running app's published port and instance secret, once its chat UI is ready."""
+    """The running app's published port and instance secret, once its model is ready (/health 200)."""
     deadline = time.monotonic() + timeout_s
     info_file = home / "desktop-instance.json"
     while time.monotonic() < deadline:
@@ -87,9 +89,9 @@ def wait_for_instance(home: Path, proc: subprocess.Popen[str], timeout_s: float 
             pytest.fail(f"the app exited with {proc.returncode}: {proc.stdout.read() if proc.stdout else ''}")
         if info_file.exists():
             info = json.loads(info_file.read_text())
-            log = (home / "logs" / "localchat.log").read_text()
-            if "the chat UI is ready" in log:
-                return info
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{info['port']}/health", timeout=2).status_code == 200:
+                    return info
         time.sleep(0.1)
     stop(proc)
     pytest.fail("the app did not get ready in time")

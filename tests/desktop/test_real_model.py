@@ -21,12 +21,12 @@ def test_selftest_on_the_real_model_shows_the_loading_page_first(tmp_path: Path,
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert "selftest passed" in done.stdout
     log = (tmp_path / "logs" / "localchat.log").read_text()
-    ready_at = log.index("the chat UI is ready")
-    before = log[:ready_at]
-    # The loading page was on screen: it fetched its script and polled /health, which said "loading".
+    signin_at = log.index('"GET /desktop/signin?token=')
+    before = log[:signin_at]
+    # The loading page was on screen: it fetched its script and polled /health, which said "not yet".
     assert '"GET /static/loading.js HTTP/1.1" 200' in before
     assert re.search(r'"GET /health HTTP/1.1" 503', before)
-    assert '"GET /desktop/signin?token=' in log[ready_at:]
+    assert '"GET / HTTP/1.1" 200' in log[signin_at:]
 
 
 def test_closing_the_window_during_the_model_load_exits_cleanly(tmp_path: Path, smollm2_gguf: Path) -> None:
@@ -35,7 +35,7 @@ def test_closing_the_window_during_the_model_load_exits_cleanly(tmp_path: Path, 
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (log.exists() and "window shown" in log.read_text()):
         time.sleep(0.2)
-    assert "the chat UI is ready" not in log.read_text(), "the model loaded too fast for this test"
+    assert "model SmolLM2" not in log.read_text(), "the model loaded too fast for this test"
     started = time.monotonic()
     out = stop(proc)
     assert proc.returncode == 0, out[-3000:]

@@ -4,6 +4,7 @@ freed), the per-launch key, single instance, SIGTERM, persisted window state, an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -126,6 +127,11 @@ def test_no_display_falls_back_to_the_browser_and_says_why(tmp_path: Path) -> No
         while not opened.exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.1)
         assert opened.exists(), "the browser was not opened"
+        while time.monotonic() < deadline:  # stop it once it serves (not mid-start-up)
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.1)
     finally:
         out = stop(proc)
     assert "cannot open the desktop window: there is no display" in out

@@ -72,10 +72,14 @@ class LiveServer:
         }
 
     def healthy(self) -> bool:
+        return self.health_status() == 200
+
+    def health_status(self) -> int | None:
+        """/health's status code (503 while the model gets ready), None while nothing listens."""
         try:
-            return httpx.get(self.base_url + "/health", timeout=5).status_code == 200
+            return httpx.get(self.base_url + "/health", timeout=5).status_code
         except httpx.HTTPError:
-            return False
+            return None
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
         if self.proc.poll() is None:
@@ -107,7 +111,9 @@ def live_server(
     env: dict[str, str] | None = None,
     startup_s: float = 180,
     ui: bool = False,
+    wait_for_model: bool = True,
 ) -> Iterator[LiveServer]:
+    """`wait_for_model=False` yields as soon as the server listens (the model may still be loading)."""
     port = free_port()
     log_file = tempfile.NamedTemporaryFile(prefix="localchat-serve-", suffix=".log", delete=False)  # noqa: SIM115
     cmd = [sys.executable, "-m", "localchat", "serve", "--p", str(port), "--log", "warning", *args]
@@ -120,7 +126,7 @@ def live_server(
     server = LiveServer(proc, port, Path(log_file.name), api_key)
     try:
         deadline = time.monotonic() + startup_s
-        while not server.healthy():
+        while not (server.healthy() if wait_for_model else server.health_status() is not None):
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"localchat serve did not start (exit {proc.poll()}):\n{server.log()[-3000:]}")
             time.sleep(0.1)

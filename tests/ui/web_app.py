@@ -49,7 +49,7 @@ def _free_port() -> int:
 @dataclass
 class LiveApp:
     app: Litestar
-    ctx: ServerContext
+    ctx: ServerContext | None  # None: started without a model (the manager gets one at run time)
     url: str
 
     @property
@@ -58,8 +58,16 @@ class LiveApp:
 
 
 @contextlib.contextmanager
-def live_app(home: Path, **settings: Any) -> Iterator[LiveApp]:
-    app, ctx = fake_app(home, **settings)
+def live_app(home: Path, *, preload: bool = True, **settings: Any) -> Iterator[LiveApp]:
+    """`preload=False`: the app starts its model the way `localchat serve` does, in the background
+    (with no model on disk: none, and the UI offers the default)."""
+    if preload:
+        app, ctx = fake_app(home, **settings)
+    else:
+        from localchat.model_manager import ModelManager
+
+        config = Settings(**{"home": str(home), "mem": 16, "log": "warning", **settings})
+        app, ctx = create_app(config, ModelManager(config)), None
     port = _free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")

@@ -139,19 +139,3 @@ def test_a_failed_load_is_reported_on_health_for_the_loading_page(harness: Harne
     harness.release.set()
     body = _health_when(harness.base, lambda b: b["status"] == "error").json()
     assert body == {"status": "error", "detail": "The file is not a GGUF model. Pass another with --f."}
-
-
-def test_download_progress_reaches_health_in_the_model_managers_shape() -> None:
-    from localchat.hub.records import PullProgress
-
-    progress = Progress(model="org/repo:Q4_K_M")
-    progress.pull(PullProgress("downloading", "org/repo:Q4_K_M", "m.gguf", 50, 200, 25.0, 6.0, None))
-    assert progress.health() == {
-        "status": "downloading",
-        "model": "org/repo:Q4_K_M",
-        "progress": {"phase": "downloading", "done_bytes": 50, "total_bytes": 200, "speed_bps": 25.0,
-                     "eta_s": 6.0, "message": "downloading m.gguf"},
-    }  # fmt: skip
-    progress.say("Loading org/repo:Q4_K_M…")
-    assert progress.health()["status"] == "loading"
-    assert progress.health()["progress"]["done_bytes"] is None

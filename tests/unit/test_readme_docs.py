@@ -40,7 +40,7 @@ def test_every_command_is_documented(command):
 
 
 def _documented_routes() -> set[tuple[str, str]]:
-    rows = re.findall(r"^\| (GET|POST) \| `([^`]+)` \|", README, flags=re.M)
+    rows = re.findall(r"^\| (GET|POST|DELETE) \| `([^`]+)` \|", README, flags=re.M)
     return {(method, re.sub(r"\{[^}]*\}", "{}", path)) for method, path in rows}
 
 

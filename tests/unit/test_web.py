@@ -61,9 +61,9 @@ def test_pages_carry_csp_and_escape_everything(client: TestClient) -> None:
     assert "<script>alert" not in r.text
     assert "&lt;script&gt;alert(&#34;t&#34;)&lt;/script&gt; &amp; &#34;quotes&#34;" in r.text
     assert re.search(r"<script(?![^>]*\bsrc=)[^>]*>", r.text) is None, "no inline script on the page"
-    # The model picker: the loaded model, then the models.yaml entries (switching comes later).
+    # The model picker: the loaded model, then the other local ones; the Models page is one click away.
     assert '<option value="fake-model" selected>fake-model · loaded</option>' in r.text
-    assert '<option value="smollm2-135m" disabled>' in r.text
+    assert 'href="/ui/models"' in r.text
 
 
 def test_state_changes_need_the_htmx_header(client: TestClient) -> None:
@@ -118,7 +118,7 @@ def test_stream_of_a_finished_answer_is_just_done(client: TestClient) -> None:
 
 def test_stop_aborts_and_frees_the_kv_blocks(client: TestClient) -> None:
     conv_id = _new_chat(client, "<<slow:20>><<say:" + "long answer " * 40 + ">>")
-    engine = client.app.state.ctx.engine
+    engine = client.app.state.models.current().engine
     deadline = time.monotonic() + 5
     while engine.stats().kv_blocks_used == 0:
         assert time.monotonic() < deadline

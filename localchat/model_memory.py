@@ -1,0 +1,84 @@
+"""How much RAM a model needs before it is loaded, and the check that refuses a load that would not fit
+(a typed error the user can act on, instead of the OS killing the server half-way through a load)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from localchat.errors import InsufficientMemoryError
+
+MIB = 2**20
+GIB = 2**30
+RUNTIME_OVERHEAD = 400 * MIB  # torch + tokenizer + engine bookkeeping, measured ~350 MiB on SmolLM2-135M
+MIN_KV_BUDGET = 256 * MIB  # without --mem the engine sizes its KV cache from what is left: count a floor
+# GGUF quant types the torch backend keeps packed (4-bit codes); other types are expanded to bf16, so
+# their weights take 16 / bits-per-weight times the file size once loaded.
+_PACKED = ("q4_0", "q4_1")
+_BITS = {
+    "q2_k": 2.6,
+    "q3_k": 3.4,
+    "q4_k": 4.8,
+    "q5_0": 5.5,
+    "q5_1": 6.0,
+    "q5_k": 5.5,
+    "q6_k": 6.6,
+    "q8_0": 8.5,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    weights: int
+    kv_cache: int
+    overhead: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.overhead
+
+
+def path_size(path: Path) -> int:
+    """A GGUF file's size, or the sum of a model folder's files (symlinks into the HF cache followed)."""
+    if path.is_file():
+        return path.stat().st_size
+    total = 0
+    with contextlib.suppress(OSError):
+        for child in path.iterdir():
+            if child.is_file():
+                total += child.stat().st_size
+    return total
+
+
+def estimate(path: Path, kv_cache_mib: int | None) -> MemoryEstimate:
+    size = path_size(path)
+    weights = size
+    if path.suffix == ".gguf":
+        quant = _quant_of(path.name)
+        if quant is not None and quant not in _PACKED:
+            weights = int(size * 16 / _BITS.get(quant, 16.0))
+    kv = kv_cache_mib * MIB if kv_cache_mib is not None else MIN_KV_BUDGET
+    return MemoryEstimate(weights, kv, RUNTIME_OVERHEAD)
+
+
+def _quant_of(filename: str) -> str | None:
+    match = re.search(r"(q\d_k|q\d_\d|f16|bf16|f32)", filename.lower())
+    return match.group(1) if match else None
+
+
+def check_fits(name: str, need: MemoryEstimate, available: int | None, freeable: int = 0) -> None:
+    """Raise when `need` exceeds the free RAM plus what unloading other models would give back."""
+    if available is None:
+        return  # unknown platform: let the load try
+    room = available + freeable
+    if need.total <= room:
+        return
+    raise InsufficientMemoryError(
+        f"Model {name!r} needs about {need.total / GIB:.1f} GiB of RAM (weights {need.weights / GIB:.1f}, "
+        f"KV cache {need.kv_cache / GIB:.1f}, runtime {need.overhead / GIB:.1f}) but only "
+        f"{room / GIB:.1f} GiB is free. Close other programs, unload a model, lower --mem, or pick a "
+        "smaller model or quant.",
+        param="model",
+    )
