@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from localchat.engine.constraint import constrained_rows, unpack_bitmask
 from localchat.engine.interface import TokenLogprobs
 from localchat.engine.sampling_params import SamplingParams
 
@@ -152,14 +153,12 @@ def _constrain(logits: mx.array, states: list[RequestSampling], bitmask: np.ndar
     if any(s.bias is not None for s in states):
         zeros = mx.zeros((logits.shape[1],), dtype=mx.float32)
         logits = logits + mx.stack([s.bias if s.bias is not None else zeros for s in states])
-    if bitmask is not None:
-        words = mx.array(np.ascontiguousarray(bitmask, dtype=np.int32))
-        shifts = mx.arange(32, dtype=mx.int32)
-        bits = ((words[:, :, None] >> shifts) & 1).reshape(words.shape[0], -1)  # [N, words * 32]
-        vocab = logits.shape[1]
-        if bits.shape[1] < vocab:  # tokens past the mask are banned
-            bits = mx.concatenate([bits, mx.zeros((bits.shape[0], vocab - bits.shape[1]), bits.dtype)], 1)
-        logits = mx.where(bits[:, :vocab] == 1, logits, -mx.inf)
+    rows = constrained_rows(bitmask)
+    if len(rows):
+        assert bitmask is not None
+        allowed = np.ones(logits.shape, dtype=bool)  # unconstrained rows keep everything
+        allowed[rows] = unpack_bitmask(bitmask[rows], logits.shape[1])
+        logits = mx.where(mx.array(allowed), logits, -mx.inf)
     return logits
 
 

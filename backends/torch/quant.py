@@ -1,6 +1,15 @@
 """The one place that knows about quantization: weight conversion at load, and the matmul every
 projection calls.
 
+With localchat's compiled CPU kernels (kernels.py, csrc/; the default on CPU with bfloat16) every GGUF
+matrix of a type they read (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) stays in the file's blocks
+(`BlockMatrix`): linears, the LM head, and the token embedding, whose rows are dequantized on lookup.
+One form serves every step size, so there are no dense copies; memory is the file's size. Activations
+are rounded to 8 bits per 32 values for the integer dot products (bound in test_kernels_matmul.py).
+Other GGUF types (Q2_K, Q3_K, IQ*) are dequantized to the compute dtype.
+
+Without the kernels (not built, or `LOCALCHAT_KERNELS=off`) the pure-torch path below applies.
+
 GGUF Q4_0 / Q4_1 linears keep their 4-bit codes on CPU with bfloat16 compute: each 32-value block
 becomes one group of torch's int4 weight-only kernel (`_weight_int4pack_mm_for_cpu`), which computes
 `w = (q - 8) * scale + zero` per group (checked against a dequantized reference in
@@ -47,6 +56,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from backends.torch import kernels as cpu_kernels
+from backends.torch.kernels import BlockMatrix, Segment
 from backends.torch.quant_cuda import (
     Int4CudaWeight,
     cuda_int4_available,
@@ -74,6 +85,7 @@ PACK_ROWS = 4096
 
 @dataclass(slots=True, frozen=True)
 class QuantPolicy:
+    kernels: cpu_kernels.Kernels | None = None  # GGUF blocks kept and run by our CPU kernels
     int4: bool = False  # Q4_0 / Q4_1 linears through the int4 kernel
     dense_copy: bool = False  # ...also keeping a bf16 copy for many-row steps
     cuda: bool = False  # ...in the CUDA kernel's layout (quant_cuda.py) instead of the CPU one
@@ -114,9 +126,12 @@ def pick_policy(
     wants_isq = isq is not None
     if on_cuda:  # device memory is the scarce resource: never a dense copy
         return QuantPolicy(int4=True, cuda=True, isq=wants_isq)
+    fits = available is None or dense_bytes <= available * DENSE_COPY_RAM_FRACTION
+    ops = cpu_kernels.load() if device.type == "cpu" else None
+    if ops is not None:  # GGUF blocks on our kernels; --isq weights still go to torch's int4 kernel
+        return QuantPolicy(kernels=ops, int4=wants_isq, dense_copy=fits and mode == "auto", isq=wants_isq)
     if mode == "int4":
         return QuantPolicy(int4=True, isq=wants_isq)
-    fits = available is None or dense_bytes <= available * DENSE_COPY_RAM_FRACTION
     return QuantPolicy(int4=True, dense_copy=fits, isq=wants_isq)
 
 
@@ -160,13 +175,18 @@ class SplitQ8Weight:
         return self.high.shape
 
 
-Loaded = torch.Tensor | Int4Parts  # what `convert` returns
-Weight = torch.Tensor | Int4Weight | SplitQ8Weight | Int4CudaWeight  # what `linear` takes
+Loaded = torch.Tensor | Int4Parts | BlockMatrix  # what `convert` returns
+Weight = torch.Tensor | Int4Weight | SplitQ8Weight | Int4CudaWeight | BlockMatrix  # what `linear` takes
 
 
 def convert(weight: WeightTensor, dtype: torch.dtype, device: torch.device, policy: QuantPolicy) -> Loaded:
-    """A weight in its runtime form: `Int4Parts` where the int4 kernel applies, else a dense tensor."""
+    """A weight in its runtime form: GGUF blocks for our kernels, `Int4Parts` where torch's int4 kernel
+    applies, else a dense tensor."""
     rows = weight.shape[0] if len(weight.shape) == 2 else 0
+    if policy.kernels is not None and rows and cpu_kernels.supports(weight.dtype, weight.shape[1]):
+        # a private copy of the file's blocks: the loader drops the file's pages once consumed
+        blocks = torch.from_numpy(np.array(weight.data, dtype=np.uint8).reshape(rows, -1))
+        return BlockMatrix([Segment(weight.dtype, blocks)], weight.shape[1], policy.kernels)
     cols = weight.shape[1] if rows else 0
     packable = rows % 16 == 0 and rows > 0 and (not policy.cuda or inner_k_tiles(cols) is not None)
     if policy.int4 and weight.dtype in INT4_TYPES and packable:
@@ -182,6 +202,9 @@ def convert(weight: WeightTensor, dtype: torch.dtype, device: torch.device, poli
 
 def fuse(parts: list[Loaded]) -> Loaded:
     """Stack matrices along `out` (q|k|v, gate|up); dense as soon as one part is dense."""
+    if all(isinstance(p, BlockMatrix) for p in parts):
+        blocks = [p for p in parts if isinstance(p, BlockMatrix)]
+        return _merge_segments(blocks)
     if all(isinstance(p, Int4Parts) for p in parts):
         int4 = [p for p in parts if isinstance(p, Int4Parts)]
         return Int4Parts(
@@ -197,7 +220,22 @@ def fuse(parts: list[Loaded]) -> Loaded:
     )
 
 
+def _merge_segments(parts: list[BlockMatrix]) -> BlockMatrix:
+    """One matrix of all parts' rows; neighbouring segments of one type join (one kernel call)."""
+    merged: list[Segment] = []
+    for seg in (s for p in parts for s in p.segments):
+        if merged and merged[-1].qtype == seg.qtype:
+            merged[-1] = Segment(seg.qtype, torch.cat((merged[-1].data, seg.data)))
+        else:
+            merged.append(seg)
+    return BlockMatrix(merged, parts[0].cols, parts[0].ops)
+
+
 def finalize(loaded: Loaded, dtype: torch.dtype, device: torch.device, policy: QuantPolicy) -> Weight:
+    if isinstance(loaded, BlockMatrix):
+        if policy.dense_copy:
+            loaded.dense = _dense(loaded, dtype, device)
+        return loaded
     if isinstance(loaded, torch.Tensor):
         return loaded
     if policy.cuda:
@@ -212,6 +250,11 @@ def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) ->
     """x [T, in] @ weight [out, in].T (+ bias) -> [T, out]."""
     if isinstance(weight, torch.Tensor):
         return F.linear(x, weight, bias)
+    if isinstance(weight, BlockMatrix):
+        if weight.dense is not None and x.shape[0] >= DENSE_FROM_ROWS:
+            return F.linear(x, weight.dense, bias)
+        out = weight.ops.matmul(x, weight)
+        return out if bias is None else out + bias
     if isinstance(weight, Int4CudaWeight):
         out = cuda_int4_linear(x, weight)
         return out if bias is None else out + bias
@@ -223,6 +266,22 @@ def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) ->
         return F.linear(x, weight.dense, bias)
     out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, weight.packed, GROUP_SIZE, weight.scale_zeros)
     return out if bias is None else out + bias
+
+
+def embed_rows(ids: torch.Tensor, table: torch.Tensor | BlockMatrix, dtype: torch.dtype) -> torch.Tensor:
+    """The embedding rows of token `ids` [T] -> [T, hidden], from a dense or a block table."""
+    if isinstance(table, torch.Tensor):
+        return F.embedding(ids, table)
+    if len(table.segments) == 1:
+        return table.ops.dequantize_rows(table.segments[0], table.cols, ids, dtype)
+    out = torch.empty(ids.numel(), table.cols, dtype=dtype)
+    first = 0
+    for seg in table.segments:  # an embedding is one segment; the loop keeps the general form correct
+        mine = (ids >= first) & (ids < first + seg.rows)
+        if bool(mine.any()):
+            out[mine] = table.ops.dequantize_rows(seg, table.cols, ids[mine] - first, dtype)
+        first += seg.rows
+    return out
 
 
 def to_tensor(weight: WeightTensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -299,7 +358,10 @@ def _pack(rows: int, cols: int, codes: Callable[[int, int], torch.Tensor]) -> to
     return packed
 
 
-def _dense(parts: Int4Parts, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _dense(parts: Int4Parts | BlockMatrix, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    if isinstance(parts, BlockMatrix):
+        rows = [parts.ops.dequantize_rows(s, parts.cols, torch.arange(s.rows), dtype) for s in parts.segments]
+        return torch.cat(rows).to(device)
     if not parts.sources:  # quantized at load (--isq): the copy holds what the int4 kernel computes
         return dequantize_q4(parts.codes, parts.scale, parts.zero).to(device=device, dtype=dtype)
     return torch.cat([to_tensor(s, dtype, device) for s in parts.sources])

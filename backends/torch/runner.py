@@ -114,6 +114,8 @@ class TorchRunner:
         if self.device.type == "cuda":
             name += f" {torch.cuda.get_device_name(self.device)}"
         details = str(self.dtype).removeprefix("torch.")
+        if self.quant.kernels is not None:
+            details += f", GGUF blocks on localchat's {self.quant.kernels.name} kernels"
         if self.quant.int4:
             details += ", int4 linears" + (" + dense copies" if self.quant.dense_copy else "")
         return f"{name} ({details})"

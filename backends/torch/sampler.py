@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from localchat.engine.constraint import constrained_rows, unpack_bitmask
 from localchat.engine.interface import TokenLogprobs
 from localchat.engine.sampling_params import SamplingParams
 
@@ -141,20 +142,22 @@ def _constrain(
 ) -> torch.Tensor:
     """Add each row's logit_bias, then set tokens the grammar forbids to -inf (same order as MLX)."""
     biased = [i for i, s in enumerate(states) if s.bias_ids is not None]
-    if not biased and bitmask is None:
+    rows = constrained_rows(bitmask)
+    if not biased and not len(rows):
         return logits
-    logits = logits.clone()
-    for i in biased:
-        logits[i].index_add_(0, states[i].bias_ids, states[i].bias_values)  # type: ignore[arg-type]
-    if bitmask is not None:
-        words = torch.from_numpy(np.ascontiguousarray(bitmask, dtype=np.int32)).to(logits.device)
-        shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
-        bits = ((words[:, :, None] >> shifts) & 1).reshape(words.shape[0], -1)  # [N, words * 32]
-        vocab = logits.shape[1]
-        allowed = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
-        width = min(vocab, bits.shape[1])
-        allowed[:, :width] = bits[:, :width].bool()
-        logits = logits.masked_fill(~allowed, float("-inf"))
+    if biased:
+        logits = logits.clone()
+        for i in biased:
+            logits[i].index_add_(0, states[i].bias_ids, states[i].bias_values)  # type: ignore[arg-type]
+    if len(rows):
+        assert bitmask is not None
+        # Unpacked by numpy (the reference both samplers share), sent as bool [R, vocab].
+        allowed = torch.from_numpy(unpack_bitmask(bitmask[rows], logits.shape[1])).to(logits.device)
+        if len(rows) == logits.shape[0]:
+            return logits.masked_fill(~allowed, float("-inf"))
+        index = torch.from_numpy(rows).to(logits.device)
+        logits = logits if biased else logits.clone()
+        logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
     return logits
 
 

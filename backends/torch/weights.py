@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -64,10 +65,14 @@ def load_model(
         module, pname, part, parts = target
         if pname in ("embed", "lm_head"):
             heads[pname] = weight
-        rule = policy if pname in LINEARS else QuantPolicy()
+        # With our kernels the embedding stays in blocks too (rows are dequantized on lookup).
+        keep = pname in LINEARS or (pname == "embed" and policy.kernels is not None)
+        rule = policy if keep else QuantPolicy()
+        if pname == "embed":  # lookups read GGUF blocks or a dense table, never int4 (nor a dense copy)
+            rule = replace(rule, dense_copy=False, int4=False, isq=False)
         loaded = convert(weight, dtype, device, rule)
         if parts == 1:
-            _assign(module, pname, finalize(loaded, dtype, device, policy), weight.name)
+            _assign(module, pname, finalize(loaded, dtype, device, rule), weight.name)
             continue
         got = pending.setdefault((module, pname), {})
         got[part] = loaded

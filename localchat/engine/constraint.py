@@ -48,12 +48,20 @@ def new_bitmask(rows: int, words: int) -> np.ndarray:
     return np.full((rows, words), -1, dtype=np.int32)
 
 
+def constrained_rows(bitmask: np.ndarray | None) -> np.ndarray:
+    """int64 indices of the rows that forbid something (unconstrained rows are all ones)."""
+    if bitmask is None:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero((bitmask != -1).any(axis=1))
+
+
 def unpack_bitmask(bitmask: np.ndarray, vocab_size: int) -> np.ndarray:
-    """int32 [rows, words] -> bool [rows, vocab_size] (the reference the samplers are tested against)."""
-    bits = np.unpackbits(np.ascontiguousarray(bitmask).view(np.uint8), axis=1, bitorder="little")
-    allowed = np.zeros((bitmask.shape[0], vocab_size), dtype=bool)
-    width = min(vocab_size, bits.shape[1])
-    allowed[:, :width] = bits[:, :width].astype(bool)
+    """int32 [rows, words] -> bool [rows, vocab_size]: the one unpacking both samplers use."""
+    bits = np.unpackbits(np.ascontiguousarray(bitmask).view(np.uint8), axis=1, bitorder="little").view(bool)
+    if bits.shape[1] >= vocab_size:
+        return bits[:, :vocab_size]
+    allowed = np.zeros((bitmask.shape[0], vocab_size), dtype=bool)  # ids past the mask: never allowed
+    allowed[:, : bits.shape[1]] = bits
     return allowed
 
 

@@ -43,6 +43,7 @@ def reference_greedy(
 
 def test_torch_greedy_follows_the_mask_and_bias_and_keeps_raw_logprobs() -> None:
     logits, bitmask = random_logits(6), random_bitmask(6)
+    bitmask[3] = -1  # an unconstrained row in a constrained batch
     biases = [None, {5: 50.0}, {int(logits[2].argmax()): -100.0}, None, {0: 100.0, 1: -3.0}, None]
     params = [SamplingParams(temperature=0, logit_bias=b, logprobs=2) for b in biases]
     result = Sampler(CPU, 0)(torch.from_numpy(logits), torch_states(*params), bitmask)
@@ -91,6 +92,7 @@ def test_mlx_applies_the_same_mask_and_bias() -> None:
     from backends.torch.sampler import _constrain as torch_constrain
 
     logits, bitmask = random_logits(5, seed=7), random_bitmask(5, seed=7)
+    bitmask[1] = -1
     biases = [None, {5: 50.0}, {int(logits[2].argmax()): -100.0}, {0: 2.5, 69: -100.0}, None]
     params = [SamplingParams(temperature=0, logit_bias=b) for b in biases]
     mlx_states = [MLXState.create(p, [1, 2], [], VOCAB) for p in params]

@@ -1,4 +1,6 @@
-"""GGUF Q4_0 / Q4_1 linears through torch's int4 weight-only CPU kernel (backends/torch/quant.py).
+"""GGUF Q4_0 / Q4_1 linears through torch's int4 weight-only CPU kernel (backends/torch/quant.py): the
+pure-torch path, used when localchat's own kernels are missing, so every test here turns them off
+(test_kernels_*.py cover them).
 
 Blocks are random bytes (every nibble occurs) with random float16 scales of both signs. Two references:
 
@@ -34,6 +36,13 @@ pytestmark = pytest.mark.skipif(not quant.int4_kernel_available(), reason="torch
 
 CPU = torch.device("cpu")
 INT4 = QuantPolicy(int4=True)
+
+
+@pytest.fixture(autouse=True)
+def _pure_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCALCHAT_KERNELS", "off")
+
+
 BF16_ROUNDOFF = 2.0**-8  # bfloat16 keeps 8 significant bits: rounding moves a value by <= 2^-8 of it
 
 

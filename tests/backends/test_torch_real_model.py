@@ -40,6 +40,7 @@ def prompts(bundle: ModelBundle) -> list[list[int]]:
 
 def runner(bundle: ModelBundle, dtype: str, quant_mode: str, monkeypatch: pytest.MonkeyPatch) -> TorchRunner:
     monkeypatch.setenv(quant.QUANT_ENV, quant_mode)
+    monkeypatch.setenv("LOCALCHAT_KERNELS", "off")  # the pure-torch path; test_kernels_model.py: ours
     return TorchRunner(bundle, RunnerOptions(device="cpu", dtype=dtype))
 
 

@@ -121,14 +121,9 @@ def test_tool_choice_required_always_yields_a_call(client, backend) -> None:  # 
         max_tokens=200,
     )
     for choice in reply.choices:
-        if choice.message.tool_calls:  # once the tool-call parsers are merged
-            call = choice.message.tool_calls[0].function
-            name, arguments = call.name, json.loads(call.arguments)
-        else:  # the Hermes wrapper the grammar writes
-            text = choice.message.content
-            assert text.startswith("<tool_call>\n") and text.endswith("\n</tool_call>")
-            parsed = json.loads(text.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
-            name, arguments = parsed["name"], parsed["arguments"]
+        assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+        call = choice.message.tool_calls[0].function
+        name, arguments = call.name, json.loads(call.arguments)
         assert name == "get_weather"
         jsonschema.validate(arguments, WEATHER_TOOL["function"]["parameters"])  # type: ignore[index]
 

@@ -126,3 +126,26 @@ def test_mask_width_covers_a_model_vocab_larger_than_the_tokenizer() -> None:
 def test_unpack_bitmask_is_little_endian_per_word() -> None:
     bitmask = np.array([[0b101, -(2**31)]], dtype=np.int32)  # tokens 0, 2 and 63
     assert np.flatnonzero(unpack_bitmask(bitmask, 70)[0]).tolist() == [0, 2, 63]
+
+
+def test_a_token_the_grammar_refuses_fails_only_that_request(vocabulary) -> None:  # type: ignore[no-untyped-def]
+    engine = fake_engine()
+    runner = engine.runner
+    assert isinstance(runner, FakeRunner)
+    runner._masked = lambda req_id, words, token: token  # type: ignore[method-assign]  # a runner ignoring masks
+    params = SamplingParams(
+        temperature=0, max_tokens=50, constraint=json_schema_constraint(vocabulary, SCHEMA)
+    )
+    ids = [engine.add_request(chat_prompt("<<say:not json>>"), params)]
+    ids.append(
+        engine.add_request(chat_prompt("<<say:free text>>"), SamplingParams(temperature=0, max_tokens=50))
+    )
+    finished = {}
+    while engine.has_unfinished:
+        for out in engine.step():
+            if out.finished:
+                finished[out.req_id] = out
+    assert finished[ids[0]].finish_reason == FinishReason.ERROR
+    assert "left its grammar" in (finished[ids[0]].error or "")
+    assert finished[ids[1]].finish_reason == FinishReason.STOP
+    assert engine.block_manager.num_used_blocks == 0

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from backends.torch.attention import AttentionMetadata
 from backends.torch.layers import DecoderLayer, LayerOptions, Rotary, empty_param, rms_norm
-from backends.torch.quant import linear
+from backends.torch.quant import embed_rows, linear
 from localchat.weights.config import ModelConfig
 
 
@@ -50,7 +49,7 @@ class DecoderLM(nn.Module):
         meta: AttentionMetadata,
         kv_caches: list[torch.Tensor],
     ) -> torch.Tensor:
-        x = F.embedding(input_ids, self.embed)  # [T, hidden]
+        x = embed_rows(input_ids, self.embed, self.norm.dtype)  # [T, hidden]
         cos, sin = self.rotary(positions, x.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x = layer.forward(x, cos, sin, meta, kv_cache)  # .forward: skip hook dispatch

@@ -1,0 +1,386 @@
+/* One ISA variant of the kernels: lc_kernels.c includes this file once per target with LC_ISA set
+(LC_ISA_PORTABLE, LC_ISA_AVX2, LC_ISA_AVX512VNNI) and LC_FN(name) naming its functions. */
+
+#include "lc_decode.h"
+
+#if LC_ISA == LC_ISA_AVX512VNNI || LC_ISA == LC_ISA_AVX2
+static inline float LC_FN(hsum)(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 8 int32 lanes, lane l = sum of codes[4l..4l+3] * x[4l..4l+3] (codes unsigned, x signed). */
+static inline __m256i LC_FN(dot8)(__m256i c, __m256i x, int wide) {
+#if LC_ISA == LC_ISA_AVX512VNNI
+    (void)wide;
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), c, x);
+#else
+    /* maddubs saturates its int16 pair sums: exact only for codes < 128, so codes >= 128 (Q8_0)
+       take their top bit through a second product (128 * 127 * 2 still fits). */
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i low = _mm256_and_si256(c, _mm256_set1_epi8(0x7F));
+    __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(low, x), ones);
+    if (wide) {
+        __m256i top = _mm256_and_si256(c, _mm256_set1_epi8((char)0x80));
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(top, x), ones));
+    }
+    return sum;
+#endif
+}
+
+/* Sub-block `s` of a row of `type` (a literal after inlining), in registers. */
+static inline __attribute__((always_inline)) LC_FN(dv) LC_FN(dec_sub)(const int type, const uint8_t *w, int64_t s) {
+    LC_FN(dv) r;
+    switch (type) {
+    case LC_Q4_0: return LC_FN(decv_q4_0)(w + 18 * s);
+    case LC_Q4_1: return LC_FN(decv_q4_1)(w + 20 * s);
+    case LC_Q8_0: return LC_FN(decv_q8_0)(w + 34 * s);
+    case LC_Q4_K: return LC_FN(decv_q4_k)(w + 144 * (s / 8), (int)(s % 8));
+    case LC_Q5_K: return LC_FN(decv_q5_k)(w + 176 * (s / 8), (int)(s % 8));
+    case LC_Q6_K: return LC_FN(decv_q6_k)(w + 210 * (s / 8), (int)(s % 8));
+    default: {
+        uint8_t c[32];
+        float ls[8];
+        if (type == LC_Q5_0) LC_FN(dec_q5_0)(w + 22 * s, c, ls, r.mc);
+        else LC_FN(dec_q5_1)(w + 24 * s, c, ls, r.mc);
+        r.c = _mm256_loadu_si256((const __m256i *)c);
+        r.ls = _mm256_loadu_ps(ls);
+        return r;
+    }
+    }
+}
+
+#if LC_ISA == LC_ISA_AVX512VNNI
+static inline float LC_FN(hsum512)(__m512 v) {
+    return LC_FN(hsum)(_mm256_add_ps(_mm512_castps512_ps256(v),
+                                     _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+}
+static inline __m512i LC_FN(join_i)(__m256i a, __m256i b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+}
+static inline __m512 LC_FN(join_f)(__m256 a, __m256 b) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(a)), _mm256_castps_pd(b), 1));
+}
+#endif
+
+/* Few activation rows (decode steps): each weight sub-block is decoded into registers and used at
+   once by every row; AVX-512 takes two sub-blocks per instruction. xd holds one scale per lane. */
+static inline __attribute__((always_inline)) void LC_FN(fused)(
+    const int type, const int mr, const uint8_t *w, int64_t k, const int8_t *xq, const float *xd,
+    const float *xs, float *res) {
+    const int wide = type == LC_Q8_0;
+    float corr[4] = {0, 0, 0, 0};
+    /* offsets times activation sums, 4 halves at a time: a scalar sum would chain its latency */
+    __m128 cv4[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+    int64_t subs = k / 32, s = 0;
+#if LC_ISA == LC_ISA_AVX512VNNI
+    /* Types whose offset is -2^n * scale (Q4_0, Q5_0, Q8_0, Q6_K) fold it into the integer dot product:
+       the scalar-free loop is what one-row steps are bound by. */
+    const int shift = type == LC_Q4_0 ? 3 : type == LC_Q5_0 ? 4 : type == LC_Q6_K ? 5 : type == LC_Q8_0 ? 7 : -1;
+    const int32_t *nls = (const int32_t *)(xs + k / 16);
+    __m512 acc[4];
+    for (int i = 0; i < 4; i++) acc[i] = _mm512_setzero_ps();
+    const int64_t sub_bytes8 = lc_block_bytes(type) * 8 / lc_block_subs(type); /* bytes per 8 subs */
+    for (; s + 2 <= subs; s += 2) {
+        /* the weights stream from memory once: ask for them ~1 KiB ahead */
+        _mm_prefetch((const char *)(w + s * sub_bytes8 / 8 + 1024), _MM_HINT_T0);
+        LC_FN(dv) a = LC_FN(dec_sub)(type, w, s), b = LC_FN(dec_sub)(type, w, s + 1);
+        __m512i cv = LC_FN(join_i)(a.c, b.c);
+        __m512 lv = LC_FN(join_f)(a.ls, b.ls);
+        for (int i = 0; i < mr; i++) {
+            __m512i xv = _mm512_loadu_si512((const void *)(xq + i * k + 32 * s));
+            __m512 f = _mm512_mul_ps(lv, _mm512_loadu_ps(xd + i * (k / 4) + 8 * s));
+            __m512i init = _mm512_setzero_si512();
+            if (shift >= 0) /* offset 2^shift: start each lane at -2^shift * (its activation sum) */
+                init = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(nls + i * LC_XS(k) + 8 * s)), shift);
+            __m512i p = _mm512_dpbusd_epi32(init, cv, xv);
+            acc[i] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(p), acc[i]);
+            if (shift < 0) {
+                __m128 mv = _mm_setr_ps(a.mc[0], a.mc[1], b.mc[0], b.mc[1]);
+                cv4[i] = _mm_fmadd_ps(mv, _mm_loadu_ps(xs + i * LC_XS(k) + 2 * s), cv4[i]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++) res[i] = LC_FN(hsum512)(acc[i]);
+#else
+    __m256 acc[4][2];
+    for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (; s + 2 <= subs; s += 2) {
+        LC_FN(dv) a = LC_FN(dec_sub)(type, w, s), b = LC_FN(dec_sub)(type, w, s + 1);
+        for (int i = 0; i < mr; i++) {
+            const int8_t *x = xq + i * k + 32 * s;
+            const float *dx = xd + i * (k / 4) + 8 * s;
+            __m256i pa = LC_FN(dot8)(a.c, _mm256_loadu_si256((const __m256i *)x), wide);
+            __m256i pb = LC_FN(dot8)(b.c, _mm256_loadu_si256((const __m256i *)(x + 32)), wide);
+            acc[i][0] = _mm256_fmadd_ps(_mm256_mul_ps(a.ls, _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(pa), acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(_mm256_mul_ps(b.ls, _mm256_loadu_ps(dx + 8)), _mm256_cvtepi32_ps(pb), acc[i][1]);
+            __m128 mv = _mm_setr_ps(a.mc[0], a.mc[1], b.mc[0], b.mc[1]);
+            cv4[i] = _mm_fmadd_ps(mv, _mm_loadu_ps(xs + i * LC_XS(k) + 2 * s), cv4[i]);
+        }
+    }
+    for (int i = 0; i < mr; i++) res[i] = LC_FN(hsum)(_mm256_add_ps(acc[i][0], acc[i][1]));
+#endif
+    for (; s < subs; s++) { /* an odd last sub-block */
+        LC_FN(dv) a = LC_FN(dec_sub)(type, w, s);
+        for (int i = 0; i < mr; i++) {
+            __m256i p = LC_FN(dot8)(a.c, _mm256_loadu_si256((const __m256i *)(xq + i * k + 32 * s)), wide);
+            __m256 f = _mm256_mul_ps(a.ls, _mm256_loadu_ps(xd + i * (k / 4) + 8 * s));
+            res[i] += LC_FN(hsum)(_mm256_mul_ps(f, _mm256_cvtepi32_ps(p)));
+            corr[i] += a.mc[0] * xs[i * LC_XS(k) + 2 * s] + a.mc[1] * xs[i * LC_XS(k) + 2 * s + 1];
+        }
+    }
+    for (int i = 0; i < mr; i++) {
+        __m128 v = cv4[i];
+        v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+        res[i] += corr[i] + _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+    }
+}
+
+#define LC_FUSED_TYPE(T)                                                                                \
+    switch (mr) {                                                                                       \
+    case 1: LC_FN(fused)(T, 1, row, k, xq, xd, xs, res); break;                                         \
+    case 2: LC_FN(fused)(T, 2, row, k, xq, xd, xs, res); break;                                         \
+    case 3: LC_FN(fused)(T, 3, row, k, xq, xd, xs, res); break;                                         \
+    default: LC_FN(fused)(T, 4, row, k, xq, xd, xs, res); break;                                        \
+    }
+
+static void LC_FN(fused_rows)(int type, const uint8_t *w, int64_t n0, int64_t n1, int64_t k,
+                              int64_t row_bytes, const int8_t *xq, const float *xd, const float *xs,
+                              int64_t t0, int mr, void *out, int out_bf16, int64_t ldo) {
+    xq += t0 * k;
+    xd += t0 * (k / 4);
+    xs += t0 * LC_XS(k);
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = w + n * row_bytes;
+        float res[4];
+        switch (type) {
+        case LC_Q4_0: LC_FUSED_TYPE(LC_Q4_0) break;
+        case LC_Q4_1: LC_FUSED_TYPE(LC_Q4_1) break;
+        case LC_Q5_0: LC_FUSED_TYPE(LC_Q5_0) break;
+        case LC_Q5_1: LC_FUSED_TYPE(LC_Q5_1) break;
+        case LC_Q8_0: LC_FUSED_TYPE(LC_Q8_0) break;
+        case LC_Q4_K: LC_FUSED_TYPE(LC_Q4_K) break;
+        case LC_Q5_K: LC_FUSED_TYPE(LC_Q5_K) break;
+        default: LC_FUSED_TYPE(LC_Q6_K) break;
+        }
+        for (int i = 0; i < mr; i++) lc_store(out, out_bf16, (t0 + i) * ldo + n, res[i]);
+    }
+}
+
+/* Many activation rows: a 4 x 2 tile (activation rows x decoded weight rows) of dot products. */
+static inline __attribute__((always_inline)) void LC_FN(micro)(
+    const int mr, const int nr, const int wide, const uint8_t *c, const float *ls, int64_t k,
+    const int8_t *xq, const float *xd, float res[4][2]) {
+    int64_t subs = k / 32, s = 0;
+#if LC_ISA == LC_ISA_AVX512VNNI
+    (void)wide;
+    __m512 acc[4][2];
+    for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (; s + 2 <= subs; s += 2) {
+        __m512i cv[2];
+        __m512 lv[2];
+        for (int j = 0; j < nr; j++) {
+            cv[j] = _mm512_loadu_si512((const void *)(c + j * k + 32 * s));
+            lv[j] = _mm512_loadu_ps(ls + j * (k / 4) + 8 * s);
+        }
+        for (int i = 0; i < mr; i++) {
+            __m512i xv = _mm512_loadu_si512((const void *)(xq + i * k + 32 * s));
+            __m512 dx = _mm512_loadu_ps(xd + i * (k / 4) + 8 * s);
+            for (int j = 0; j < nr; j++) {
+                __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cv[j], xv);
+                acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(lv[j], dx), _mm512_cvtepi32_ps(p), acc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) res[i][j] = LC_FN(hsum512)(acc[i][j]);
+#else
+    __m256 acc[4][2];
+    for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (; s < subs; s++) {
+        __m256i cv[2];
+        __m256 lv[2];
+        for (int j = 0; j < nr; j++) {
+            cv[j] = _mm256_loadu_si256((const __m256i *)(c + j * k + 32 * s));
+            lv[j] = _mm256_loadu_ps(ls + j * (k / 4) + 8 * s);
+        }
+        for (int i = 0; i < mr; i++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + i * k + 32 * s));
+            __m256 dx = _mm256_loadu_ps(xd + i * (k / 4) + 8 * s);
+            for (int j = 0; j < nr; j++)
+                acc[i][j] = _mm256_fmadd_ps(_mm256_mul_ps(lv[j], dx),
+                                            _mm256_cvtepi32_ps(LC_FN(dot8)(cv[j], xv, wide)), acc[i][j]);
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) res[i][j] = LC_FN(hsum)(acc[i][j]);
+#endif
+    for (; s < subs; s++) /* AVX-512: an odd last sub-block */
+        for (int i = 0; i < mr; i++)
+            for (int j = 0; j < nr; j++) {
+                __m256i cv = _mm256_loadu_si256((const __m256i *)(c + j * k + 32 * s));
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + i * k + 32 * s));
+                __m256 f = _mm256_mul_ps(_mm256_loadu_ps(ls + j * (k / 4) + 8 * s), _mm256_loadu_ps(xd + i * (k / 4) + 8 * s));
+                res[i][j] += LC_FN(hsum)(_mm256_mul_ps(f, _mm256_cvtepi32_ps(LC_FN(dot8)(cv, xv, wide))));
+            }
+}
+#else
+static inline void LC_FN(micro)(
+    const int mr, const int nr, const int wide, const uint8_t *c, const float *ls, int64_t k,
+    const int8_t *xq, const float *xd, float res[4][2]) {
+    (void)wide;
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) {
+            float acc = 0.0f;
+            const int8_t *x = xq + i * k;
+            const uint8_t *cj = c + j * k;
+            for (int64_t l = 0; l < k / 4; l++) {
+                int32_t s = 0;
+                for (int m = 0; m < 4; m++) s += (int32_t)cj[4 * l + m] * (int32_t)x[4 * l + m];
+                acc += ls[j * (k / 4) + l] * xd[i * (k / 4) + l] * (float)s;
+            }
+            res[i][j] = acc;
+        }
+}
+#endif
+
+/* sum(a[i] * b[i]): the offsets times the activation sums, once per output (n = k / 16). */
+static inline float LC_FN(dotf)(const float *a, const float *b, int64_t n) {
+    int64_t i = 0;
+    float s = 0.0f;
+#if LC_ISA == LC_ISA_AVX512VNNI
+    __m512 acc = _mm512_setzero_ps();
+    for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+    s = LC_FN(hsum512)(acc);
+#elif LC_ISA == LC_ISA_AVX2
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    s = LC_FN(hsum)(acc);
+#endif
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static void LC_FN(quantize)(const void *x, int x_bf16, int64_t t, int64_t k, int64_t ldx, int8_t *xq,
+                            float *xd, float *xs, int nth) {
+    int64_t subs = k / 32;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nth) schedule(static) if (t * k >= 65536)
+#endif
+    for (int64_t r = 0; r < t; r++) {
+        float v[32];
+        for (int64_t b = 0; b < subs; b++) {
+            if (x_bf16) {
+                const uint16_t *src = (const uint16_t *)x + r * ldx + 32 * b;
+                for (int j = 0; j < 32; j++) v[j] = lc_bf16(src[j]);
+            } else {
+                const float *src = (const float *)x + r * ldx + 32 * b;
+                for (int j = 0; j < 32; j++) v[j] = src[j];
+            }
+            float amax = 0.0f;
+            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(v[j]));
+            float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+            int8_t *q = xq + r * k + 32 * b;
+            int32_t lo = 0, hi = 0;
+            for (int j = 0; j < 32; j++) {
+                float s = nearbyintf(v[j] * id);
+                s = s > 127.0f ? 127.0f : (s < -127.0f ? -127.0f : s);
+                q[j] = (int8_t)s;
+                if (j < 16) lo += q[j]; else hi += q[j];
+            }
+            for (int l = 0; l < 8; l++) xd[r * (k / 4) + 8 * b + l] = d;
+            xs[r * LC_XS(k) + 2 * b] = d * (float)lo;
+            xs[r * LC_XS(k) + 2 * b + 1] = d * (float)hi;
+            int32_t *nl = (int32_t *)(xs + r * LC_XS(k) + k / 16) + 8 * b; /* minus each lane's sum */
+            for (int l = 0; l < 8; l++) nl[l] = -(q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
+        }
+    }
+}
+
+#define LC_TILE_MR 4
+
+static void LC_FN(rows)(int type, const uint8_t *w, int64_t n0, int64_t n1, int64_t k, int64_t row_bytes,
+                        const int8_t *xq, const float *xd, const float *xs, int64_t t, void *out,
+                        int out_bf16, int64_t ldo, uint8_t *c, float *ls, float *mc) {
+    int wide = type == LC_Q8_0;
+    for (int64_t n = n0; n < n1; n++)
+        LC_FN(decode_row)(type, w + n * row_bytes, k, c + (n - n0) * k, ls + (n - n0) * (k / 4),
+                          mc + (n - n0) * (k / 16));
+    for (int64_t t0 = 0; t0 < t; t0 += LC_TILE_MR) {
+        int mr = (int)(t - t0 < LC_TILE_MR ? t - t0 : LC_TILE_MR);
+        const int8_t *xt = xq + t0 * k;
+        const float *dt = xd + t0 * (k / 4);
+        for (int64_t n = n0; n < n1; n += 2) {
+            int nr = n + 1 < n1 ? 2 : 1;
+            const uint8_t *cn = c + (n - n0) * k;
+            const float *ln = ls + (n - n0) * (k / 4);
+            float res[4][2];
+            if (mr == 4 && nr == 2 && !wide) LC_FN(micro)(4, 2, 0, cn, ln, k, xt, dt, res);
+            else if (mr == 4 && nr == 2) LC_FN(micro)(4, 2, 1, cn, ln, k, xt, dt, res);
+            else LC_FN(micro)(mr, nr, wide, cn, ln, k, xt, dt, res);
+            for (int i = 0; i < mr; i++)
+                for (int j = 0; j < nr; j++) {
+                    const float *mn = mc + (n + j - n0) * (k / 16);
+                    float v = res[i][j] + LC_FN(dotf)(mn, xs + (t0 + i) * LC_XS(k), k / 16);
+                    lc_store(out, out_bf16, (t0 + i) * ldo + n + j, v);
+                }
+        }
+    }
+}
+
+static void LC_FN(matmul)(int type, const uint8_t *w, int64_t n, int64_t k, int64_t row_bytes,
+                          const int8_t *xq, const float *xd, const float *xs, int64_t t, void *out,
+                          int out_bf16, int64_t ldo, int nth) {
+    /* Weight rows are decoded once per tile and reused by every activation row (the tile stays in
+       L2); few-row steps take small tiles so both threads get work. */
+    int64_t tile = t <= LC_TILE_MR ? 4 : 16;
+    int64_t tiles = (n + tile - 1) / tile;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nth)
+#endif
+    {
+        uint8_t *c;
+        float *ls, *mc;
+        lc_scratch(tile * k, &c, &ls, &mc);
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t i = 0; i < tiles; i++) {
+            int64_t n0 = i * tile, n1 = n0 + tile < n ? n0 + tile : n;
+#if LC_ISA != LC_ISA_PORTABLE
+            if (t <= LC_TILE_MR) {
+                LC_FN(fused_rows)(type, w, n0, n1, k, row_bytes, xq, xd, xs, 0, (int)t, out, out_bf16, ldo);
+                continue;
+            }
+#endif
+            LC_FN(rows)(type, w, n0, n1, k, row_bytes, xq, xd, xs, t, out, out_bf16, ldo, c, ls, mc);
+        }
+    }
+}
+
+#if LC_ISA == LC_ISA_PORTABLE
+static void LC_FN(dequant)(int type, const uint8_t *w, int64_t k, int64_t row_bytes, const int64_t *ids,
+                           int64_t r, void *out, int out_bf16) {
+    uint8_t c[32];
+    float ls[8], mc[2];
+    for (int64_t i = 0; i < r; i++) {
+        const uint8_t *row = w + ids[i] * row_bytes;
+        for (int64_t s = 0; s < k / 32; s++) {
+            switch (type) {
+            case LC_Q4_0: LC_FN(dec_q4_0)(row + 18 * s, c, ls, mc); break;
+            case LC_Q4_1: LC_FN(dec_q4_1)(row + 20 * s, c, ls, mc); break;
+            case LC_Q5_0: LC_FN(dec_q5_0)(row + 22 * s, c, ls, mc); break;
+            case LC_Q5_1: LC_FN(dec_q5_1)(row + 24 * s, c, ls, mc); break;
+            case LC_Q8_0: LC_FN(dec_q8_0)(row + 34 * s, c, ls, mc); break;
+            case LC_Q4_K: LC_FN(dec_q4_k)(row + 144 * (s / 8), (int)(s % 8), c, ls, mc); break;
+            case LC_Q5_K: LC_FN(dec_q5_k)(row + 176 * (s / 8), (int)(s % 8), c, ls, mc); break;
+            default: LC_FN(dec_q6_k)(row + 210 * (s / 8), (int)(s % 8), c, ls, mc); break;
+            }
+            for (int j = 0; j < 32; j++)
+                lc_store(out, out_bf16, i * k + 32 * s + j, ls[j / 4] * (float)c[j] + mc[j / 16]);
+        }
+    }
+}
+#endif

@@ -1,0 +1,241 @@
+/* localchat's CPU kernels: matmul straight from GGUF quantized blocks with 8-bit activations and
+integer dot products, runtime-dispatched on the CPU's features.
+
+A plain C ABI (raw pointers and sizes, no torch or numpy types) loaded through ctypes, so one build
+serves every torch version; the Python module init below only exists because setuptools builds
+extension modules (and Windows wants the export). Functions return 0 on success, -1 on a bad argument. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define LC_X86 1
+#include <immintrin.h>
+#endif
+
+#ifdef _MSC_VER
+#define LC_THREAD __declspec(thread)
+#define LC_EXPORT __declspec(dllexport)
+#else
+#define LC_THREAD _Thread_local
+#define LC_EXPORT __attribute__((visibility("default")))
+#endif
+
+/* GGML type ids, as in GGUF files. */
+enum { LC_Q4_0 = 2, LC_Q4_1 = 3, LC_Q5_0 = 6, LC_Q5_1 = 7, LC_Q8_0 = 8, LC_Q4_K = 12, LC_Q5_K = 13, LC_Q6_K = 14 };
+/* Macros, not an enum: lc_impl.h tests them with #if. */
+#define LC_ISA_PORTABLE 0
+#define LC_ISA_AVX2 1
+#define LC_ISA_AVX512VNNI 2
+
+/* bytes per block and 32-value sub-blocks per block of a type */
+static inline int64_t lc_block_bytes(int type) {
+    switch (type) {
+    case LC_Q4_0: return 18;
+    case LC_Q4_1: return 20;
+    case LC_Q5_0: return 22;
+    case LC_Q5_1: return 24;
+    case LC_Q8_0: return 34;
+    case LC_Q4_K: return 144;
+    case LC_Q5_K: return 176;
+    default: return 210;
+    }
+}
+static inline int64_t lc_block_subs(int type) { return type >= LC_Q4_K ? 8 : 1; }
+
+static inline uint16_t lc_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+static inline float lc_f16(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+    if (exp == 0) {
+        float v = ldexpf((float)man, -24); /* zero or subnormal */
+        return sign ? -v : v;
+    }
+    bits = exp == 31 ? (sign | 0x7F800000u | (man << 13)) : (sign | ((exp + 112) << 23) | (man << 13));
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline float lc_bf16(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* out[i] = v as float32, or as bfloat16 rounded to nearest even. */
+static inline void lc_store(void *out, int out_bf16, int64_t i, float v) {
+    if (!out_bf16) { ((float *)out)[i] = v; return; }
+    uint32_t bits;
+    memcpy(&bits, &v, 4);
+    if ((bits & 0x7F800000u) != 0x7F800000u) bits += 0x7FFFu + ((bits >> 16) & 1);
+    ((uint16_t *)out)[i] = (uint16_t)(bits >> 16);
+}
+
+/* Per-thread decode buffers, grown on demand and kept (the thread pool is long-lived). */
+static LC_THREAD uint8_t *lc_buf;
+static LC_THREAD size_t lc_buf_size;
+
+static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
+    size_t need = (size_t)weights + (size_t)weights + (size_t)weights / 4 + 256; /* codes, k/4 + k/16 floats */
+    if (need > lc_buf_size) {
+        free(lc_buf);
+        lc_buf = (uint8_t *)malloc(need);
+        lc_buf_size = lc_buf ? need : 0;
+    }
+    *c = lc_buf;
+    *ls = (float *)(lc_buf + ((weights + 63) & ~(int64_t)63));
+    *mc = *ls + weights / 4;
+}
+
+/* Floats per activation row in xs: an offset sum per 16 values, then (as int32) minus each 4-value
+   lane's sum of codes. */
+#define LC_XS(k) ((k) / 16 + (k) / 4)
+
+#define LC_FN(name) name##_portable
+#define LC_ISA LC_ISA_PORTABLE
+#include "lc_impl.h"
+#undef LC_FN
+#undef LC_ISA
+
+#ifdef LC_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#define LC_FN(name) name##_avx2
+#define LC_ISA LC_ISA_AVX2
+#include "lc_impl.h"
+#undef LC_FN
+#undef LC_ISA
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#define LC_FN(name) name##_avx512vnni
+#define LC_ISA LC_ISA_AVX512VNNI
+#include "lc_impl.h"
+#undef LC_FN
+#undef LC_ISA
+#pragma GCC pop_options
+#endif
+
+static int lc_type_ok(int type, int64_t k) {
+    switch (type) {
+    case LC_Q4_0: case LC_Q4_1: case LC_Q5_0: case LC_Q5_1: case LC_Q8_0: return k > 0 && k % 32 == 0;
+    case LC_Q4_K: case LC_Q5_K: case LC_Q6_K: return k > 0 && k % 256 == 0;
+    default: return 0;
+    }
+}
+
+LC_EXPORT int lc_isa_supported(int isa) {
+    if (isa == LC_ISA_PORTABLE) return 1;
+#ifdef LC_X86
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (isa == LC_ISA_AVX2) return avx2;
+    if (isa == LC_ISA_AVX512VNNI)
+        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#endif
+    return 0;
+}
+
+LC_EXPORT int lc_isa_best(void) {
+    for (int isa = LC_ISA_AVX512VNNI; isa > LC_ISA_PORTABLE; isa--)
+        if (lc_isa_supported(isa)) return isa;
+    return LC_ISA_PORTABLE;
+}
+
+LC_EXPORT int lc_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* x [t, k] (row stride ldx elements; float32, or bfloat16 if x_bf16) -> xq int8 [t, k], xd float
+   [t, k / 4] (the scale of each 32, repeated per 4-value lane), xs float [t, LC_XS(k)] (scale * sum of codes per 16, then int32 minus each 4-value lane's sum). */
+LC_EXPORT int lc_quantize(int isa, const void *x, int x_bf16, int64_t t, int64_t k, int64_t ldx, int8_t *xq,
+                          float *xd, float *xs, int nth) {
+    if (k % 32 || t < 0 || !lc_isa_supported(isa)) return -1;
+#ifdef LC_X86
+    if (isa == LC_ISA_AVX512VNNI) { quantize_avx512vnni(x, x_bf16, t, k, ldx, xq, xd, xs, nth); return 0; }
+    if (isa == LC_ISA_AVX2) { quantize_avx2(x, x_bf16, t, k, ldx, xq, xd, xs, nth); return 0; }
+#endif
+    quantize_portable(x, x_bf16, t, k, ldx, xq, xd, xs, nth);
+    return 0;
+}
+
+/* out[i, j] (row stride ldo; float32 or bfloat16) = sum_k x[i, k] * w[j, k] for the quantized
+   activations of lc_quantize and w: n rows of GGUF blocks of `type`, row_bytes apart. */
+LC_EXPORT int lc_matmul(int isa, int type, const uint8_t *w, int64_t n, int64_t k, int64_t row_bytes,
+                        const int8_t *xq, const float *xd, const float *xs, int64_t t, void *out,
+                        int out_bf16, int64_t ldo, int nth) {
+    if (!lc_type_ok(type, k) || !lc_isa_supported(isa) || nth < 1) return -1;
+#ifdef LC_X86
+    if (isa == LC_ISA_AVX512VNNI) {
+        matmul_avx512vnni(type, w, n, k, row_bytes, xq, xd, xs, t, out, out_bf16, ldo, nth);
+        return 0;
+    }
+    if (isa == LC_ISA_AVX2) {
+        matmul_avx2(type, w, n, k, row_bytes, xq, xd, xs, t, out, out_bf16, ldo, nth);
+        return 0;
+    }
+#endif
+    matmul_portable(type, w, n, k, row_bytes, xq, xd, xs, t, out, out_bf16, ldo, nth);
+    return 0;
+}
+
+/* Per-thread activation buffers of lc_linear (the caller's thread), grown on demand. */
+static LC_THREAD void *lc_act;
+static LC_THREAD size_t lc_act_size;
+
+/* lc_quantize, then lc_matmul for each of `nseg` row segments (types[i], weights ptrs[i] of rows[i]
+   rows, row_bytes[i] apart) writing consecutive output columns: one call per linear layer. */
+LC_EXPORT int lc_linear(int isa, const void *x, int x_bf16, int64_t t, int64_t k, int nseg, const int *types,
+                        const uint64_t *ptrs, const int64_t *rows, const int64_t *row_bytes, void *out,
+                        int out_bf16, int64_t ldo, int nth) {
+    if (k % 32 || t < 0 || nth < 1 || !lc_isa_supported(isa)) return -1;
+    size_t need = (size_t)t * (size_t)k + (size_t)t * (size_t)(k / 4 + LC_XS(k)) * 4 + 128;
+    if (need > lc_act_size) {
+        free(lc_act);
+        lc_act = malloc(need);
+        lc_act_size = lc_act ? need : 0;
+        if (!lc_act) return -1;
+    }
+    float *xd = (float *)lc_act, *xs = xd + t * (k / 4);
+    int8_t *xq = (int8_t *)(xs + t * LC_XS(k));
+    if (lc_quantize(isa, x, x_bf16, t, k, k, xq, xd, xs, nth)) return -1;
+    int64_t first = 0;
+    size_t item = out_bf16 ? 2 : 4;
+    for (int i = 0; i < nseg; i++) {
+        char *dst = (char *)out + first * item;
+        if (lc_matmul(isa, types[i], (const uint8_t *)(uintptr_t)ptrs[i], rows[i], k, row_bytes[i], xq, xd, xs, t,
+                      dst, out_bf16, ldo, nth))
+            return -1;
+        first += rows[i];
+    }
+    return 0;
+}
+
+/* out [r, k] = the weight rows ids[0..r) dequantized (embedding lookups from the quantized table). */
+LC_EXPORT int lc_dequant_rows(int type, const uint8_t *w, int64_t k, int64_t row_bytes, const int64_t *ids,
+                              int64_t r, void *out, int out_bf16) {
+    if (!lc_type_ok(type, k)) return -1;
+    dequant_portable(type, w, k, row_bytes, ids, r, out, out_bf16);
+    return 0;
+}
+
+/* Importable as a module only so that setuptools can build it everywhere; the API is the C one. */
+static struct PyModuleDef lc_module = {PyModuleDef_HEAD_INIT, "_lckernels", NULL, -1, NULL, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__lckernels(void) { return PyModule_Create(&lc_module); }

@@ -1,0 +1,164 @@
+"""localchat's CPU kernels (csrc/, backends/torch/kernels.py): matmul straight from GGUF blocks.
+
+Reference: the `gguf` package's dequantizer, multiplied in float64. The kernels round each 32 values of
+the activations to 8 bits (x ~ d * q, d = amax / 127, q = round(x / d)), so two bounds:
+
+- against the float64 product with the *same* rounded activations, only float32 accumulation error
+  remains: at most (terms summed serially + a few) * 2^-24 * sum of the terms' magnitudes (the standard
+  bound for recursive summation). The portable path sums one term per 4 values (K / 4), the SIMD ones
+  fewer. The terms are scale * code * x and offset * x, each at most 3x the largest |w| of their 16
+  values (codes are unsigned: Q4_0 is d * q - 8d with |d * q| <= 15|d|, Q8_0 d * (q + 128) - 128d, and
+  the K-quants' min is the block minimum). This pins the integer dot products, the scales and every
+  offset: a wrong nibble, scale or sign is off by orders of magnitude more.
+- against the float64 product with the exact activations: additionally |x - d q| <= d / 2 per value,
+  so at most sum_j |w_j| * d_block(j) / 2 (the documented cost of 8-bit activations).
+
+Every ISA this machine runs is checked, plus the portable C one; shapes cover the decode path (1-4
+rows), the tiled path (more rows, a partial tile), row counts that are no multiple of any tile, and K
+not a multiple of 256 for the 32-value formats.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from backends.torch import kernels
+from tests.helpers import kquants
+
+SIMPLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+K_QUANTS = {"Q4_K": kquants.quantize_q4_k, "Q5_K": kquants.quantize_q5_k, "Q6_K": kquants.quantize_q6_k}
+ISAS = kernels.runnable_isas()
+
+
+def test_the_extension_is_built_where_a_compiler_is() -> None:
+    """CI installs with a compiler: a silently missing extension would only leave the slow path."""
+    if shutil.which("cc") or shutil.which("gcc"):
+        assert "portable" in ISAS, "backends/torch/_lckernels was not built (pip install -e . builds it)"
+    if not ISAS:
+        pytest.skip("no C compiler: the extension is optional")
+
+
+def weights(qtype: str, rows: int, cols: int, seed: int) -> np.ndarray:
+    """GGUF blocks [rows, bytes] of random weights whose 32-value groups span extreme scales."""
+    rng = np.random.default_rng(seed)
+    values = rng.standard_normal((rows, cols)).astype(np.float32)
+    scales = rng.choice([1e-4, 1e-2, 1.0, 40.0], size=(rows, cols // 32)).astype(np.float32)
+    values *= np.repeat(scales, 32, axis=1)
+    values[0, :32] = 0.0  # an all-zero block
+    if qtype in K_QUANTS:
+        return K_QUANTS[qtype](values)
+    return quantize(values, GGMLQuantizationType[qtype])
+
+
+def activations(rows: int, cols: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed + 1)
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    x *= np.repeat(rng.choice([1e-3, 1.0, 300.0], size=(rows, cols // 32)), 32, axis=1).astype(np.float32)
+    x[:, 32:64] = 0.0  # an all-zero activation block
+    x[0, 5] = 5000.0  # an outlier: its block's other values round coarsely
+    return x
+
+
+def rounded(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The kernels' 8-bit activations (float32 arithmetic, round half to even) -> (d * q, d per value)."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    q = np.clip(np.rint(blocks * inv), -127, 127)
+    return (q * d).reshape(x.shape).astype(np.float64), np.broadcast_to(d, blocks.shape).reshape(x.shape)
+
+
+def check(qtype: str, isa: str, rows: int, out_features: int, cols: int, dtype: torch.dtype) -> None:
+    raw = weights(qtype, out_features, cols, seed=rows * 7 + out_features)
+    w = dequantize(raw, GGMLQuantizationType[qtype]).astype(np.float64)
+    x = activations(rows, cols, seed=rows)
+    x_in = torch.from_numpy(x).to(dtype)
+    x = x_in.double().numpy()  # what the kernel sees (bf16 inputs are rounded already)
+    ops = kernels.load(isa)
+    assert ops is not None
+    matrix = kernels.BlockMatrix([kernels.Segment(qtype, torch.from_numpy(raw))], cols, ops)
+    got = ops.matmul(x_in, matrix).double().numpy()
+    xr, d = rounded(x.astype(np.float32))
+    exact_q = xr @ w.T
+    largest = np.repeat(np.abs(w).reshape(out_features, -1, 16).max(axis=-1), 16, axis=1)
+    out_rounding = 2.0**-8 * np.abs(exact_q) if dtype == torch.bfloat16 else 0.0
+    summation = (cols / 4 + 16) * 2.0**-24 * (np.abs(xr) @ (3 * largest).T)
+    assert np.all(np.abs(got - exact_q) <= summation + out_rounding + 1e-30), (qtype, isa, rows)
+    exact = x @ w.T
+    activation_rounding = (d / 2) @ np.abs(w).T
+    assert np.all(np.abs(got - exact) <= activation_rounding + summation + out_rounding + 1e-30)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", SIMPLE)
+@pytest.mark.parametrize(
+    ("rows", "out_features", "cols"), [(1, 37, 96), (3, 16, 64), (4, 9, 320), (9, 37, 96)]
+)
+def test_32_value_formats(qtype: str, isa: str, rows: int, out_features: int, cols: int) -> None:
+    check(qtype, isa, rows, out_features, cols, torch.float32)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", list(K_QUANTS))
+@pytest.mark.parametrize(("rows", "out_features"), [(1, 37), (2, 5), (7, 21)])
+def test_k_quants(qtype: str, isa: str, rows: int, out_features: int) -> None:
+    check(qtype, isa, rows, out_features, 512, torch.float32)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q6_K"])
+@pytest.mark.parametrize("rows", [1, 6])
+def test_bfloat16_activations_and_outputs(qtype: str, isa: str, rows: int) -> None:
+    check(qtype, isa, rows, 19, 256, torch.bfloat16)
+
+
+@pytest.mark.parametrize("qtype", [*SIMPLE, *K_QUANTS])
+def test_dequantized_rows_equal_the_gguf_reference(qtype: str) -> None:
+    """Embedding lookups: each row exactly as gguf dequantizes it (both compute d * q + m in float32)."""
+    if not ISAS:
+        pytest.skip("kernels not built")
+    raw = weights(qtype, 11, 256, seed=3)
+    ops = kernels.load("portable")
+    assert ops is not None
+    ids = torch.tensor([10, 0, 3, 3])
+    got = ops.dequantize_rows(kernels.Segment(qtype, torch.from_numpy(raw)), 256, ids, torch.float32)
+    want = dequantize(raw, GGMLQuantizationType[qtype])[ids.numpy()]
+    np.testing.assert_allclose(got.numpy(), want, rtol=2e-7, atol=0)
+
+
+def test_mixed_segments_fill_their_own_output_columns() -> None:
+    """A fused q|k|v of a Q4_K_M file mixes types: each segment writes its rows' columns."""
+    if not ISAS:
+        pytest.skip("kernels not built")
+    ops = kernels.load()
+    assert ops is not None
+    parts = [("Q4_K", 8), ("Q6_K", 5), ("Q4_K", 3)]
+    raws = [weights(q, n, 256, seed=i) for i, (q, n) in enumerate(parts)]
+    matrix = kernels.BlockMatrix(
+        [kernels.Segment(q, torch.from_numpy(r)) for (q, _), r in zip(parts, raws, strict=True)], 256, ops
+    )
+    x = torch.from_numpy(activations(5, 256, seed=1))
+    got = ops.matmul(x, matrix)
+    single = [ops.matmul(x, kernels.BlockMatrix([s], 256, ops)) for s in matrix.segments]
+    assert torch.equal(got, torch.cat(single, dim=1))
+
+
+def test_env_forces_an_isa_or_the_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    from localchat.errors import BackendUnavailableError
+
+    monkeypatch.setenv(kernels.KERNELS_ENV, "off")
+    assert kernels.load() is None
+    if not ISAS:
+        return
+    monkeypatch.setenv(kernels.KERNELS_ENV, "portable")
+    ops = kernels.load()
+    assert ops is not None and ops.name == "portable"
+    monkeypatch.setenv(kernels.KERNELS_ENV, "sse9")
+    with pytest.raises(BackendUnavailableError, match="auto, off or one of"):
+        kernels.load()
