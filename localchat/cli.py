@@ -4,7 +4,8 @@
     localchat chat [flags]       a terminal chat, on the local model or `--url` any OpenAI server
     localchat pull NAME          download a model (see `localchat pull --help`); also list, rm, verify
     localchat --ui-server        serve and open the web UI in a browser
-    localchat                    for now like --ui-server (the desktop window comes later)
+    localchat                    the desktop app: a native window around the same server
+    localchat --selftest         open the window, chat once through it, close; exit 0 or say what failed
 
 Every flag also reads a LOCALCHAT_* environment variable (see `localchat.config`).
 """
@@ -21,6 +22,7 @@ from typing import Any
 from localchat import __version__, cli_models
 from localchat.config import SETTINGS_SPEC, Settings, SettingsError
 from localchat.errors import LocalchatError
+from localchat.logs import setup_logging
 from localchat.paths import is_in_data_dir, unusable_data_dir
 
 GROUP_TITLES = {
@@ -34,10 +36,6 @@ COMMANDS = {
     "serve": "serve the OpenAI-compatible API (and the web UI unless --no-ui)",
     "chat": "chat in the terminal with the local model, or with --url any OpenAI-compatible server",
 }
-DESKTOP_LATER = (
-    "localchat: the desktop window comes in a later version; until then this serves the web UI "
-    "and opens it in your browser (same as `localchat --ui-server`)."
-)
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
@@ -72,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"localchat {__version__}")
     parser.add_argument("--ui-server", action="store_true", help="serve and open the web UI in a browser")
+    parser.add_argument(
+        "--selftest",
+        action="store_true",
+        help="open the desktop window, send one chat message through it, check the answer, close",
+    )
     sub = parser.add_subparsers(dest="command", metavar="{serve,chat,pull,list,rm,verify}")
     for name, help_text in COMMANDS.items():
         sub.add_parser(name, parents=[common], help=help_text, description=help_text, allow_abbrev=False)
@@ -83,9 +86,19 @@ def parse_settings(
     argv: Sequence[str] | None, environ: dict[str, str] | None = None
 ) -> tuple[str | None, bool, Settings]:
     """(command, --ui-server, settings) from the command line and the environment."""
+    command, mode, settings = parse_mode(argv, environ)
+    return command, mode == "ui-server", settings
+
+
+def parse_mode(
+    argv: Sequence[str] | None, environ: dict[str, str] | None = None
+) -> tuple[str | None, str, Settings]:
+    """(command, mode, settings); mode is "ui-server", "selftest" or "desktop" (the bare command)."""
     args = vars(build_parser().parse_args(argv))
     command, ui_server = args.pop("command", None), args.pop("ui_server", False)
-    return command, ui_server, Settings.load(args, environ)
+    selftest = args.pop("selftest", False)
+    mode = "ui-server" if ui_server else "selftest" if selftest else "desktop"
+    return command, mode, Settings.load(args, environ)
 
 
 def _serve(settings: Settings, *, open_browser: bool) -> int:
@@ -126,13 +139,13 @@ def _pull_model_flag(settings: Settings) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        command, ui_server, settings = parse_settings(argv)
+        command, mode, settings = parse_mode(argv)
     except SettingsError as exc:
         print(f"localchat: error: {exc.message}", file=sys.stderr)
         return 2
     if settings.home:
         os.environ["LOCALCHAT_HOME"] = settings.home  # paths.data_dir() reads it
-    logging.basicConfig(level=settings.log.upper(), format="%(levelname)s %(name)s: %(message)s")
+    setup_logging(settings.log)
     try:
         if command in cli_models.COMMANDS:
             return cli_models.run(command, vars(build_parser().parse_args(argv)))
@@ -143,9 +156,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             _pull_model_flag(settings)
             return run_chat(settings)
-        if not ui_server:
-            print(DESKTOP_LATER, file=sys.stderr, flush=True)
-        return _serve(settings, open_browser=settings.open_browser)
+        if mode == "ui-server":
+            return _serve(settings, open_browser=settings.open_browser)
+        from localchat.desktop import run_desktop
+
+        return run_desktop(
+            settings, selftest=mode == "selftest", fallback=lambda s: _serve(s, open_browser=s.open_browser)
+        )
     except LocalchatError as exc:
         print(f"localchat: error: {exc.message}", file=sys.stderr)
         return 1

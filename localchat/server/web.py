@@ -27,7 +27,7 @@ from localchat.conversations import INTERRUPTED, ChatService
 from localchat.errors import AuthenticationError, DataDirError, LocalchatError
 from localchat.model_manager import ModelManager
 from localchat.paths import data_dir
-from localchat.server import web_chat, web_models, web_sidebar
+from localchat.server import web_about, web_chat, web_models, web_sidebar
 from localchat.server.web_common import WebState, current_path
 from localchat.server.web_models import model_status
 from localchat.server.web_render import html, macro, render, ui_dir
@@ -131,7 +131,16 @@ def _error_response(request: Request, exc: Exception) -> Response[Any]:
     return html(render("error.html", status=status, message=message), status=status)
 
 
-ROUTES = [index, chat_page, login_page, login, *web_sidebar.ROUTES, *web_chat.ROUTES, *web_models.ROUTES]
+ROUTES = [
+    index,
+    chat_page,
+    login_page,
+    login,
+    *web_sidebar.ROUTES,
+    *web_chat.ROUTES,
+    *web_models.ROUTES,
+    *web_about.ROUTES,
+]
 
 
 def create_web_router(settings: Any, *, store_path: Path | None = None) -> Router:

@@ -178,15 +178,21 @@ def test_main_exit_codes_and_messages(capsys, monkeypatch):
     assert "only one of" in capsys.readouterr().err
 
 
-def test_bare_localchat_serves_the_ui_and_says_the_desktop_window_comes_later(capsys, monkeypatch):
+def test_bare_localchat_opens_the_desktop_app_and_ui_server_the_browser(monkeypatch):
+    import localchat.desktop
+
     calls = []
     monkeypatch.setattr(cli, "_serve", lambda settings, open_browser: calls.append(open_browser) or 0)
+    desktop = []
+    monkeypatch.setattr(
+        localchat.desktop, "run_desktop", lambda settings, selftest, fallback: desktop.append(selftest) or 0
+    )
     assert cli.main([]) == 0
-    assert "desktop window comes in a later version" in capsys.readouterr().err
+    assert cli.main(["--selftest", "--backend", "fake"]) == 0
+    assert desktop == [False, True]
     assert cli.main(["--ui-server"]) == 0
-    assert "desktop window" not in capsys.readouterr().err
     assert cli.main(["--ui-server", "--no-browser"]) == 0
-    assert calls == [True, True, False]
+    assert calls == [True, False]
 
 
 def test_ui_server_with_no_ui_is_refused(capsys):

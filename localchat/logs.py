@@ -1,0 +1,45 @@
+"""Logging for every mode: stderr as before, plus a rotating file in the data dir, because the desktop
+app has no terminal to read (the About dialog shows where the file is)."""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+from pathlib import Path
+
+from localchat.paths import data_dir
+
+LOG_FILE = "localchat.log"
+_MAX_BYTES = 2 * 1024 * 1024  # a few days of normal use; 3 old files kept beside it
+_BACKUPS = 3
+_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def log_path() -> Path:
+    return data_dir() / "logs" / LOG_FILE
+
+
+def setup_logging(level: str, *, to_stderr: bool = True) -> Path | None:
+    """Configure the root logger once; returns the log file, or None when it cannot be written
+    (a read-only data dir must not stop the app: stderr still works)."""
+    root = logging.getLogger()
+    root.setLevel(level.upper())
+    for handler in list(root.handlers):  # a second call (tests, --selftest) replaces, never duplicates
+        root.removeHandler(handler)
+        handler.close()
+    if to_stderr:
+        stream = logging.StreamHandler()
+        stream.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        root.addHandler(stream)
+    path = log_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rotating = logging.handlers.RotatingFileHandler(
+            path, maxBytes=_MAX_BYTES, backupCount=_BACKUPS, encoding="utf-8"
+        )
+    except OSError as exc:
+        logging.getLogger("localchat").warning("cannot write the log file %s: %s", path, exc)
+        return None
+    rotating.setFormatter(logging.Formatter(_FORMAT))
+    root.addHandler(rotating)
+    return path
