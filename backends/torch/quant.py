@@ -7,6 +7,9 @@ matrix of a type they read (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) stay
 One form serves every step size, so there are no dense copies; memory is the file's size. Activations
 are rounded to 8 bits per 32 values for the integer dot products (bound in test_kernels_matmul.py).
 Other GGUF types (Q2_K, Q3_K, IQ*) are dequantized to the compute dtype.
+NOTE: in `auto` mode Q4_0/Q4_1 linears still go to torch's int4 kernel below (`q4_on_int4`): its
+one-row steps took 15-20% less CPU per token than ours (SmolLM2 Q4_1, one thread); naming an ISA in
+`LOCALCHAT_KERNELS`, or `LOCALCHAT_TORCH_QUANT=int4`, runs them on our kernels too.
 
 Without the kernels (not built, or `LOCALCHAT_KERNELS=off`) the pure-torch path below applies.
 
