@@ -109,9 +109,28 @@ NUMBER: /-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,15})?([eE][+-]?[0-9]{1,3})?/
 """
 
 
+# Fraction digits a JSON number may have unless its schema sets `multipleOf`: without a bound a small
+# model can write "11.111111…" until max_tokens (SmolLM2 did, greedy). 9 decimals lose nothing real.
+NUMBER_STEP = 1e-9
+
+
 def _as_schema(schema: dict[str, Any] | bool) -> dict[str, Any]:
     if schema is True:
         return {}
     if schema is False:
         raise InvalidRequestError("The JSON schema `false` accepts no document.", param="response_format")
-    return schema
+    return bound_numbers(schema)
+
+
+def bound_numbers(node: Any) -> Any:
+    """A copy of the schema in which every `number` without `multipleOf` gets NUMBER_STEP."""
+    if isinstance(node, list):
+        return [bound_numbers(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: bound_numbers(value) for key, value in node.items()}
+    kind = out.get("type")
+    is_number = kind == "number" or (isinstance(kind, list) and "number" in kind)
+    if is_number and "multipleOf" not in out:
+        out["multipleOf"] = NUMBER_STEP
+    return out

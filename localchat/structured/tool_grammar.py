@@ -13,7 +13,7 @@ from typing import Any
 import llguidance
 
 from localchat.errors import InvalidRequestError
-from localchat.structured.grammar import JSON_OPTIONS, CompiledGrammar
+from localchat.structured.grammar import JSON_OPTIONS, CompiledGrammar, bound_numbers
 from localchat.structured.vocabulary import GrammarVocabulary
 
 ANY_ARGUMENTS: dict[str, Any] = {"type": "object"}
@@ -37,7 +37,9 @@ def tool_call_constraint(
     only N. With `parallel`, one to MAX_PARALLEL_CALLS calls: whole wrapped calls joined by a newline (Hermes), or with
     `calls_inside_wrapper` the calls joined by ", " inside one wrapper (Mistral's `[TOOL_CALLS] [a, b]`).
     """
-    call = {"anyOf": [_call_schema(f, arguments_key) for f in _chosen_functions(tools, tool_choice)]}
+    call = bound_numbers(
+        {"anyOf": [_call_schema(f, arguments_key) for f in _chosen_functions(tools, tool_choice)]}
+    )
     body = "body: %json " + json.dumps(call | {"x-guidance": dict(JSON_OPTIONS)})
     prefix, suffix = json.dumps(forced_prefix), json.dumps(forced_suffix)
     if not parallel:

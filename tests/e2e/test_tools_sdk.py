@@ -1,6 +1,6 @@
 """Tool calls and the Responses API through real client libraries against a live server: the openai
 SDK (chat tools round trip, streamed calls, `responses.create` streamed and not) and LangChain's
-`ChatOpenAI.bind_tools`. On the fake backend the scripted reply is the model's tool-call text (its
+`ChatOpenAI.bind_tools` and `with_structured_output`. On the fake backend the scripted reply is the model's tool-call text (its
 template has no tool format, so the server reads bare JSON calls); the real model answers text."""
 
 from __future__ import annotations
@@ -157,6 +157,27 @@ def test_langchain_bind_tools(server, model, fake_only):
             "type": "tool_call",
         }
     ]
+
+
+def test_langchain_with_structured_output(server, model, backend):
+    """LangChain's structured output (json_schema response_format) is enforced by constrained decoding:
+    the reply parses into the Pydantic model, on the real model."""
+    if backend == "fake":
+        pytest.skip("the fake model ignores the mask's effect on its scripted text")
+    langchain_openai = pytest.importorskip("langchain_openai")
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):
+        name: str = Field(max_length=40)
+        country: str = Field(max_length=40)
+        population_millions: float = Field(ge=0, le=100)
+
+    llm = langchain_openai.ChatOpenAI(
+        base_url=server.api_url, api_key="unused", model=model, max_retries=0, temperature=0, max_tokens=400
+    )
+    structured = llm.with_structured_output(City, method="json_schema", strict=True)
+    city = structured.invoke("Describe the capital of France.")
+    assert isinstance(city, City) and 0 <= city.population_millions <= 100
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])

@@ -149,3 +149,23 @@ def test_a_token_the_grammar_refuses_fails_only_that_request(vocabulary) -> None
     assert "left its grammar" in (finished[ids[0]].error or "")
     assert finished[ids[1]].finish_reason == FinishReason.STOP
     assert engine.block_manager.num_used_blocks == 0
+
+
+def test_numbers_without_a_step_get_nine_decimals_at_most() -> None:
+    # SmolLM2 wrote "11.1111111…" until max_tokens under an unbounded number; 9 decimals lose nothing real.
+    from localchat.structured.grammar import NUMBER_STEP, bound_numbers
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "x": {"type": "number"},
+            "y": {"type": ["number", "null"], "multipleOf": 0.5},
+            "n": {"type": "integer"},
+            "items": {"type": "array", "items": {"anyOf": [{"type": "number"}, {"type": "string"}]}},
+        },
+    }
+    bounded = bound_numbers(schema)
+    props = bounded["properties"]
+    assert props["x"]["multipleOf"] == NUMBER_STEP and props["y"]["multipleOf"] == 0.5
+    assert "multipleOf" not in props["n"] and "multipleOf" not in schema["properties"]["x"]  # a copy
+    assert props["items"]["items"]["anyOf"][0]["multipleOf"] == NUMBER_STEP
