@@ -49,9 +49,9 @@ import numpy as np
 from backends import RunnerOptions
 from backends.memory import mem_available
 from backends.mlx.attention import AttentionMetadata, LayerCache
-from backends.mlx.pooling import Pooler
 from backends.mlx.sampler import RequestSampling, Sampler, SampleResult
 from backends.mlx.weights import load_model
+from backends.pooling import Pooler
 from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput
 from localchat.errors import BackendUnavailableError
 from localchat.weights.bundle import ModelBundle
@@ -105,7 +105,11 @@ class MLXRunner:
         dense_from_rows = CPU_DENSE_FROM_ROWS if self.device == mx.cpu else 0
         self.model = load_model(model.config, model.iter_weights(), self.dtype, dense_from_rows)
         self.sampler = Sampler(options.seed)
-        self.pooler = Pooler(lambda h: mx.fast.rms_norm(h, self.model.norm, self.config.rms_norm_eps))
+        self.pooler = Pooler(
+            lambda h: np.array(
+                mx.fast.rms_norm(h, self.model.norm, self.config.rms_norm_eps).astype(mx.float32).sum(axis=0)
+            )
+        )
         self.requests: dict[str, RequestSampling] = {}
         self.kv_caches: list[LayerCache] = []
         self.block_size = 0

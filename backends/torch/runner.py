@@ -42,13 +42,13 @@ import torch
 
 from backends import RunnerOptions
 from backends.memory import mem_available
+from backends.pooling import Pooler
 from backends.torch.attention import AttentionMetadata
 from backends.torch.cuda_graphs import DecodeGraphs
 from backends.torch.device import adaptive_thread_choices, cpu_threads, pick_device, pick_dtype
 from backends.torch.gpu_attention_meta import TritonAttentionMetadata
 from backends.torch.kernel_choice import attention_kernel, graph_mode
 from backends.torch.layers import rms_norm
-from backends.torch.pooling import Pooler
 from backends.torch.quant import pick_policy
 from backends.torch.sampler import RequestSampling, Sampler, SampleResult
 from backends.torch.threads import ThreadGovernor
@@ -96,7 +96,9 @@ class TorchRunner:
         self.graph_mode = graph_mode(self.device, self.attention, options.cuda_graphs)
         self.graphs: DecodeGraphs | None = None
         self.sampler = Sampler(self.device, options.seed)
-        self.pooler = Pooler(lambda h: rms_norm(h, self.model.norm, self.config.rms_norm_eps))
+        self.pooler = Pooler(
+            lambda h: rms_norm(h, self.model.norm, self.config.rms_norm_eps).float().sum(dim=0).cpu().numpy()
+        )
         self.requests: dict[str, RequestSampling] = {}
         self.kv_caches: list[torch.Tensor] = []
         self.block_size = 0
