@@ -48,6 +48,26 @@ def _dot(a, b, F32: tl.constexpr):
 
 
 @triton.jit
+def _attend_keys(
+    q, k_base, v_base, table, n, n_ok, visible, m_i, l_i, acc, scale,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, F32_DOTS: tl.constexpr,
+):  # fmt: skip
+    """One step of the online softmax over the keys at context positions `n` (BLOCK_N of them), read
+    through the row's block table `table`; `visible` masks the scores. Returns (max, sum, acc)."""
+    d = tl.arange(0, D_PAD)
+    block = tl.load(table + n // BLOCK_SIZE, mask=n_ok, other=0)
+    slot = block.to(tl.int64) * BLOCK_SIZE + n % BLOCK_SIZE
+    kv_mask = n_ok[:, None] & (d < HEAD_DIM)[None, :]
+    k = tl.load(k_base + slot[:, None] * HEAD_DIM + d[None, :], mask=kv_mask, other=0.0)  # [N, D_PAD]
+    s = tl.where(visible, _dot(q, tl.trans(k), F32_DOTS) * scale, float("-inf"))  # [rows, N]
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    v = tl.load(v_base + slot[:, None] * HEAD_DIM + d[None, :], mask=kv_mask, other=0.0)
+    return m_new, l_i * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32_DOTS)
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr,
     cache_ptr,
@@ -100,22 +120,14 @@ def _decode_kernel(
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    table = block_tables_ptr + brow * stride_bt
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_ok = n < end
-        block = tl.load(block_tables_ptr + brow * stride_bt + n // BLOCK_SIZE, mask=n_ok, other=0)
-        slot = block.to(tl.int64) * BLOCK_SIZE + n % BLOCK_SIZE
-        kv_mask = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_base + slot[:, None] * HEAD_DIM + d[None, :], mask=kv_mask, other=0.0)  # [N, D]
-        s = _dot(q, tl.trans(k), F32_DOTS)
-        s = tl.where(n_ok[None, :], s * scale, float("-inf"))  # [G_PAD, N]
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + slot[:, None] * HEAD_DIM + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32_DOTS)
-        m_i = m_new
+        m_i, l_i, acc = _attend_keys(
+            q, k_base, v_base, table, n, n_ok, n_ok[None, :], m_i, l_i, acc, scale,
+            HEAD_DIM, D_PAD, BLOCK_SIZE, F32_DOTS,
+        )  # fmt: skip
     if NUM_SPLITS == 1:
         out = acc / l_i[:, None]
         tl.store(
@@ -207,23 +219,15 @@ def _prefill_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    table = block_tables_ptr + row * stride_bt
     for n0 in range(0, context, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_ok = n < context
-        block = tl.load(block_tables_ptr + row * stride_bt + n // BLOCK_SIZE, mask=n_ok, other=0)
-        slot = block.to(tl.int64) * BLOCK_SIZE + n % BLOCK_SIZE
-        kv_mask = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_base + slot[:, None] * HEAD_DIM + d[None, :], mask=kv_mask, other=0.0)
-        s = _dot(q, tl.trans(k), F32_DOTS)
-        visible = (n[None, :] <= pos[:, None]) & n_ok[None, :]
-        s = tl.where(visible, s * scale, float("-inf"))  # key 0 is always visible: no all -inf row
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + slot[:, None] * HEAD_DIM + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32_DOTS)
-        m_i = m_new
+        visible = (n[None, :] <= pos[:, None]) & n_ok[None, :]  # key 0 always is: no all -inf row
+        m_i, l_i, acc = _attend_keys(
+            q, k_base, v_base, table, n, n_ok, visible, m_i, l_i, acc, scale,
+            HEAD_DIM, D_PAD, BLOCK_SIZE, F32_DOTS,
+        )  # fmt: skip
     out = acc / l_i[:, None]
     tl.store(
         out_ptr + m_offs[:, None] * stride_qt + h * stride_qh + d[None, :],
