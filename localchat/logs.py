@@ -7,6 +7,7 @@ import logging
 import logging.handlers
 from pathlib import Path
 
+from localchat.errors import LocalchatError
 from localchat.paths import data_dir
 
 LOG_FILE = "localchat.log"
@@ -31,14 +32,14 @@ def setup_logging(level: str, *, to_stderr: bool = True) -> Path | None:
         stream = logging.StreamHandler()
         stream.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
         root.addHandler(stream)
-    path = log_path()
     try:
+        path = log_path()  # data_dir() itself may be unusable: the command then says so, not this
         path.parent.mkdir(parents=True, exist_ok=True)
         rotating = logging.handlers.RotatingFileHandler(
             path, maxBytes=_MAX_BYTES, backupCount=_BACKUPS, encoding="utf-8"
         )
-    except OSError as exc:
-        logging.getLogger("localchat").warning("cannot write the log file %s: %s", path, exc)
+    except (OSError, LocalchatError) as exc:
+        logging.getLogger("localchat").warning("no log file: %s", getattr(exc, "message", exc))
         return None
     rotating.setFormatter(logging.Formatter(_FORMAT))
     root.addHandler(rotating)
