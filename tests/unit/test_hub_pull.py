@@ -338,7 +338,8 @@ def test_a_pulled_tiny_gguf_loads(fake_hub: FakeHub, tmp_path: Path) -> None:
 def test_a_half_pulled_sharded_model_never_looks_complete(fake_hub: FakeHub) -> None:
     shards = {f"model-0000{i}-of-00002.safetensors": os.urandom(40_000) for i in (1, 2)}
     fake_hub.add_repo("org/Sharded", {"config.json": b"{}", "tokenizer.json": b"{}", **shards})
-    fake_hub.faults["model-00002-of-00002.safetensors"] = Fault(corrupt_at=5)
+    # The bad shard is slow (1 s), so the good one has finished when its failure stops the pull.
+    fake_hub.faults["model-00002-of-00002.safetensors"] = Fault(corrupt_at=5, throttle_bps=40_000)
     with pytest.raises(ChecksumMismatchError):
         hub.pull("org/Sharded")
     assert hub.find_local("org/Sharded") is None
