@@ -33,7 +33,7 @@ class KernelBuild(build_ext):
 setup(
     ext_modules=[
         Extension(
-            "backends.torch._lckernels",
+            "localchat.backends.torch._lckernels",
             sources=["csrc/lc_kernels.c"],
             depends=["csrc/lc_impl.h", "csrc/lc_decode.h"],
             define_macros=[("Py_LIMITED_API", "0x030A0000")],

@@ -75,9 +75,9 @@ def main() -> None:
 
     import torch
 
-    from backends.torch.attention import AttentionMetadata, paged_attention
-    from backends.torch.gpu_attention_meta import TritonAttentionMetadata
-    from backends.torch.triton_attention import triton_paged_attention
+    from localchat.backends.torch.attention import AttentionMetadata, paged_attention
+    from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
+    from localchat.backends.torch.triton_attention import triton_paged_attention
     from tests.helpers.paged_batches import make_batch
 
     try:

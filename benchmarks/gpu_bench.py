@@ -102,7 +102,7 @@ def random_weights(config: dict[str, object], quant: str) -> Iterator[object]:
 def build_engine(shape: str, quant: str, graphs: bool, max_num_seqs: int) -> tuple[object, float, int]:
     import torch
 
-    from backends import RunnerOptions, create_runner
+    from localchat.backends import RunnerOptions, create_runner
     from localchat.engine.config import EngineConfig
     from localchat.engine.engine import LLMEngine
     from localchat.weights.bundle import ModelBundle

@@ -44,7 +44,7 @@ class LLM:
         engine_config: EngineConfig | None = None,
         seed: int = 0,
     ) -> None:
-        from backends import RunnerOptions, load_runner
+        from localchat.backends import RunnerOptions, load_runner
         from localchat.weights.chat_template import ChatTemplate
         from localchat.weights.loader import load_model
 

@@ -76,7 +76,7 @@ class ModelManager:
         startup_progress: Callable[[Any], None] | None = None,
         mcp: McpHub | bool | None = True,
     ) -> None:
-        from backends.memory import mem_available
+        from localchat.backends.memory import mem_available
         from localchat.server.runtime import mcp_hub
 
         self.settings = settings

@@ -139,7 +139,7 @@ class KVCacheSpec:
 
 
 class ModelRunner(Protocol):
-    """Implemented by backends/torch, backends/mlx and backends/fake."""
+    """Implemented by localchat/backends/torch, localchat/backends/mlx and localchat/backends/fake."""
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec: ...

@@ -38,7 +38,7 @@ def load_bundle(
     """(model, id shown to clients, other accepted names): `target`, else what the model flags name.
     The fake backend needs no weights (a target then only gives the fake model its name)."""
     if settings.backend == "fake":
-        from backends.fake import fake_model_bundle
+        from localchat.backends.fake import fake_model_bundle
 
         return fake_model_bundle(), target.model_id if target else "fake-model", []
     from localchat.catalog import resolve_model
@@ -65,7 +65,7 @@ def build_context(
 ) -> ServerContext:
     """Load a model (`target`, else the one the flags name) and build its engine (not started yet).
     `mcp`: the server's MCP hub, shared by all its models (else one is made from --mcp-config)."""
-    from backends import RunnerOptions, load_runner, resolve_backend
+    from localchat.backends import RunnerOptions, load_runner, resolve_backend
     from localchat.server.tool_parsers import pick_parser
     from localchat.weights.chat_template import ChatTemplate
 

@@ -26,7 +26,7 @@ def _models(request: Request) -> ModelManager:
 
 
 def _available() -> int | None:
-    from backends.memory import mem_available
+    from localchat.backends.memory import mem_available
 
     return mem_available()
 

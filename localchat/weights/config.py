@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+from localchat.arch.registry import ARCHITECTURES, SUPPORTED_MODEL_TYPES
+
+__all__ = ["SUPPORTED_MODEL_TYPES", "ModelConfig"]
 
 
 @dataclass(slots=True)
@@ -28,17 +30,30 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     torch_dtype: str | None = None  # the checkpoint's own dtype, e.g. "bfloat16"
+    partial_rotary_factor: float = 1.0  # RoPE turns only the first head_dim * factor dims
+    # Architecture-specific settings its model files read: the registry entry's `extra_keys`.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Build from config.json. Unknown keys are ignored; rope settings may be nested (transformers 5)."""
         model_type = str(d.get("model_type", ""))
+        arch = ARCHITECTURES.get(model_type)
+        if arch is not None:
+            defaults = dict(arch.hf_defaults)
+            if "rope_theta" in (d.get("rope_parameters") or {}):  # transformers 5 nests it
+                defaults.pop("rope_theta", None)
+            d = {**defaults, **{k: v for k, v in d.items() if v is not None}}
         hidden = int(d["hidden_size"])
         heads = int(d["num_attention_heads"])
         rope_params = d.get("rope_parameters") or {}
         rope_theta = d.get("rope_theta", rope_params.get("rope_theta"))
         if rope_theta is None:
-            rope_theta = 1_000_000.0 if model_type in ("qwen2", "qwen3") else 10000.0
+            rope_theta = 10000.0
         scaling = d.get("rope_scaling") or None
         if scaling is None and rope_params.get("rope_type") not in (None, "default"):
             scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
@@ -63,9 +78,13 @@ class ModelConfig:
             rope_scaling=scaling,
             max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=bool(d.get("attention_bias", model_type == "qwen2")),
+            attention_bias=bool(d.get("attention_bias", False)),
             sliding_window=int(sliding) if sliding else None,
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
             torch_dtype=d.get("torch_dtype") or d.get("dtype"),
+            partial_rotary_factor=float(
+                d.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 1.0))
+            ),
+            extra={k: d.get(k, default) for k, default in (arch.extra_keys if arch else {}).items()},
         )

@@ -16,14 +16,12 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, ReaderTensor
 
+from localchat.arch.registry import GGUF_ARCHITECTURES, SUPPORTED_MODEL_TYPES, Architecture
 from localchat.errors import ModelLoadError, UnsupportedArchitectureError
-from localchat.weights.config import SUPPORTED_MODEL_TYPES, ModelConfig
+from localchat.weights.config import ModelConfig
 from localchat.weights.gguf_check import check_gguf_layout
 from localchat.weights.gguf_rope import llama3_scaling_from_factors
 from localchat.weights.tensors import WeightTensor
-
-# general.architecture -> HF model_type. llama.cpp writes Mistral (v0.1-v0.3, Nemo) as "llama".
-GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 _DENSE = {GGMLQuantizationType.F32: "F32", GGMLQuantizationType.F16: "F16", GGMLQuantizationType.BF16: "BF16"}
 _NOT_WEIGHTS = {GGMLQuantizationType[n] for n in ("I8", "I16", "I32", "I64", "F64")}
@@ -32,19 +30,6 @@ _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
     "output": "lm_head",
-}
-_BLOCK_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
 }
 # Tensors llama.cpp adds that have no HF counterpart; their content is read into the config instead.
 _SKIPPED = {"rope_freqs.weight"}
@@ -105,14 +90,22 @@ def _f32(value: Any) -> float:
     return float(str(np.float32(value)))
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
+def gguf_architecture(reader: GGUFReader) -> Architecture:
+    """The registry entry for the file's `general.architecture` (llama.cpp's name for it)."""
+    arch = str(gguf_value(reader, "general.architecture", ""))
+    if arch not in GGUF_ARCHITECTURES:
+        raise UnsupportedArchitectureError(arch, list(SUPPORTED_MODEL_TYPES))
+    return GGUF_ARCHITECTURES[arch]
+
+
+def hf_tensor_name(gguf_name: str, arch: Architecture) -> str | None:
     """The Hugging Face name for a llama.cpp tensor name, or None when it has no counterpart."""
     if gguf_name in _SKIPPED:
         return None
     if match := _BLOCK_RE.fullmatch(gguf_name):
         layer, part, kind = match.groups()
-        if part in _BLOCK_NAMES:
-            return f"model.layers.{layer}.{_BLOCK_NAMES[part]}.{kind}"
+        if part in arch.gguf_block_names:
+            return f"model.layers.{layer}.{arch.gguf_block_names[part]}.{kind}"
     else:
         stem, _, kind = gguf_name.rpartition(".")
         if stem in _GLOBAL_NAMES and kind in ("weight", "bias"):
@@ -123,9 +116,8 @@ def hf_tensor_name(gguf_name: str) -> str | None:
 
 
 def config_from_gguf(reader: GGUFReader) -> ModelConfig:
-    arch = str(gguf_value(reader, "general.architecture", ""))
-    if arch not in GGUF_ARCHITECTURES:
-        raise UnsupportedArchitectureError(arch, list(SUPPORTED_MODEL_TYPES))
+    entry = gguf_architecture(reader)
+    arch = str(entry.gguf_arch)
 
     def get(key: str, default: Any = None) -> Any:
         return gguf_value(reader, f"{arch}.{key}", default)
@@ -144,7 +136,7 @@ def config_from_gguf(reader: GGUFReader) -> ModelConfig:
     bos = gguf_value(reader, "tokenizer.ggml.bos_token_id")
     eos = [gguf_value(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
     return ModelConfig(
-        model_type=GGUF_ARCHITECTURES[arch],
+        model_type=entry.model_type,
         vocab_size=int(vocab),
         hidden_size=hidden,
         intermediate_size=ffn,
@@ -162,6 +154,14 @@ def config_from_gguf(reader: GGUFReader) -> ModelConfig:
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=list(dict.fromkeys(int(e) for e in eos if e is not None)),
         torch_dtype=None,  # a GGUF mixes tensor types; the backend picks its compute dtype
+        extra={
+            **entry.extra_keys,
+            **{
+                hf_key: value
+                for key, hf_key in entry.gguf_metadata.items()
+                if (value := get(key)) is not None
+            },
+        },
     )
 
 
@@ -196,9 +196,9 @@ def _unpermute_rows(data: np.ndarray, n_heads: int) -> np.ndarray:
 
 def iter_gguf_weights(reader: GGUFReader, config: ModelConfig) -> Iterator[WeightTensor]:
     """Every model tensor once, under its HF name, in the file's order."""
-    permuted = config.model_type in ("llama", "mistral")
+    arch = gguf_architecture(reader)
     for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name)
+        name = hf_tensor_name(tensor.name, arch)
         if name is None:
             continue
         qtype = tensor.tensor_type
@@ -208,7 +208,7 @@ def iter_gguf_weights(reader: GGUFReader, config: ModelConfig) -> Iterator[Weigh
             )
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # GGUF lists dims innermost first
         try:
-            dtype, data = _tensor_data(tensor, shape, config, name, permuted)
+            dtype, data = _tensor_data(tensor, shape, config, name, arch.gguf_permuted_qk)
         except (ValueError, ZeroDivisionError) as exc:  # shapes that contradict the sizes or the config
             raise ModelLoadError(
                 f"GGUF tensor {tensor.name} has shape {list(shape)}, which its data or the model's "
@@ -252,8 +252,9 @@ def _forget_pages(reader: GGUFReader, tensor: ReaderTensor) -> None:
 
 def check_gguf_tensors(reader: GGUFReader) -> None:
     """Fail at load time, not halfway through a backend's weight loading."""
+    arch = gguf_architecture(reader)
     for tensor in reader.tensors:
-        hf_tensor_name(tensor.name)
+        hf_tensor_name(tensor.name, arch)
     if not any(t.name == "token_embd.weight" for t in reader.tensors):
         raise ModelLoadError("The GGUF file has no token_embd.weight tensor; it holds no complete model.")
 

@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from localchat.arch.registry import SUPPORTED_MODEL_TYPES
 from localchat.errors import ModelLoadError, UnsupportedArchitectureError
-from localchat.weights.config import SUPPORTED_MODEL_TYPES, ModelConfig
+from localchat.weights.config import ModelConfig
 from localchat.weights.tensors import WeightTensor
 
 # safetensors dtype -> (numpy dtype of the raw view, WeightTensor dtype). bf16 travels as uint16 bits.

@@ -9,7 +9,7 @@ import json
 import jsonschema
 import pytest
 
-from backends.fake import EOS_ID, FakeTokenizer
+from localchat.backends.fake import EOS_ID, FakeTokenizer
 from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine
 from localchat.engine.request import FinishReason

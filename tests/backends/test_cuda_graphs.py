@@ -13,9 +13,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from backends import RunnerOptions, create_runner  # noqa: E402
-from backends.fake import FakeTokenizer  # noqa: E402
-from backends.torch.cuda_graphs import (  # noqa: E402
+from localchat.backends import RunnerOptions, create_runner  # noqa: E402
+from localchat.backends.fake import FakeTokenizer  # noqa: E402
+from localchat.backends.torch.cuda_graphs import (  # noqa: E402
     DecodeBuffers,
     graph_buckets,
     is_graphable,

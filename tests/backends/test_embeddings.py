@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from backends.fake import FakeTokenizer
+from localchat.backends.fake import FakeTokenizer
 from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine
 from localchat.engine.request import FinishReason
@@ -51,8 +51,8 @@ def torch_runner(hf: torch.nn.Module):  # type: ignore[no-untyped-def]
 
 def mlx_runner(hf: torch.nn.Module):  # type: ignore[no-untyped-def]
     pytest.importorskip("mlx.core")
-    from backends import RunnerOptions
-    from backends.mlx.runner import MLXRunner
+    from localchat.backends import RunnerOptions
+    from localchat.backends.mlx.runner import MLXRunner
 
     return MLXRunner(bundle_from_hf(hf), RunnerOptions(device="cpu", dtype="float32", seed=0))
 

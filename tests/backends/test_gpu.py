@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from backends import RunnerOptions, create_runner
-from backends.torch.attention import AttentionMetadata, paged_attention
-from backends.torch.gpu_attention_meta import TritonAttentionMetadata
+from localchat.backends import RunnerOptions, create_runner
+from localchat.backends.torch.attention import AttentionMetadata, paged_attention
+from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
 from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine
 from tests.helpers.paged_batches import make_batch
@@ -25,7 +25,7 @@ CUDA = torch.device("cuda")
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_kernels_match_the_cpu_path(dtype: torch.dtype) -> None:
-    from backends.torch.triton_attention import triton_paged_attention
+    from localchat.backends.torch.triton_attention import triton_paged_attention
 
     rows = [(700, 1), (37, 1), (300, 120), (9, 9), (2000, 1)]  # long decode rows exercise split-K
     batch = make_batch(rows, block_size=16, num_blocks=220)
@@ -70,7 +70,7 @@ def test_cuda_graphs_on_and_off_give_identical_greedy_tokens(smollm2_gguf: Path)
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
 def test_int4_cuda_linear_matches_dequantized_blocks(qtype: str) -> None:
-    from backends.torch.quant import Int4CudaWeight, QuantPolicy, convert, finalize, linear
+    from localchat.backends.torch.quant import Int4CudaWeight, QuantPolicy, convert, finalize, linear
     from tests.backends.test_torch_quant import random_blocks
 
     weight = random_blocks(qtype, rows=256, cols=512)

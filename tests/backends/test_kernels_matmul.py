@@ -1,4 +1,4 @@
-"""localchat's CPU kernels (csrc/, backends/torch/kernels.py): matmul straight from GGUF blocks.
+"""localchat's CPU kernels (csrc/, localchat/backends/torch/kernels.py): matmul straight from GGUF blocks.
 
 Reference: the `gguf` package's dequantizer, multiplied in float64. The kernels round each 32 values of
 the activations to 8 bits (x ~ d * q, d = amax / 127, q = round(x / d)), so two bounds:
@@ -28,7 +28,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from backends.torch import kernels
+from localchat.backends.torch import kernels
 from tests.helpers import kquants
 
 SIMPLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
@@ -39,7 +39,9 @@ ISAS = kernels.runnable_isas()
 def test_the_extension_is_built_where_a_compiler_is() -> None:
     """CI installs with a compiler: a silently missing extension would only leave the slow path."""
     if shutil.which("cc") or shutil.which("gcc"):
-        assert "portable" in ISAS, "backends/torch/_lckernels was not built (pip install -e . builds it)"
+        assert "portable" in ISAS, (
+            "localchat/backends/torch/_lckernels was not built (pip install -e . builds it)"
+        )
     if not ISAS:
         pytest.skip("no C compiler: the extension is optional")
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from backends import RunnerOptions
-from backends.torch import kernels, quant
-from backends.torch.runner import TorchRunner
+from localchat.backends import RunnerOptions
+from localchat.backends.torch import kernels, quant
+from localchat.backends.torch.runner import TorchRunner
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.loader import load_model
 from tests.helpers.real_model import chat_prompts, greedy, top2

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from backends.torch.sampler import RequestSampling, Sampler
+from localchat.backends.torch.sampler import RequestSampling, Sampler
 from localchat.engine.constraint import unpack_bitmask
 from localchat.engine.sampling_params import SamplingParams
 
@@ -86,10 +86,10 @@ def test_logit_bias_out_of_range_is_refused() -> None:
 @pytest.mark.mlx
 def test_mlx_applies_the_same_mask_and_bias() -> None:
     mx = pytest.importorskip("mlx.core")
-    from backends.mlx.sampler import RequestSampling as MLXState
-    from backends.mlx.sampler import Sampler as MLXSampler
-    from backends.mlx.sampler import _constrain as mlx_constrain
-    from backends.torch.sampler import _constrain as torch_constrain
+    from localchat.backends.mlx.sampler import RequestSampling as MLXState
+    from localchat.backends.mlx.sampler import Sampler as MLXSampler
+    from localchat.backends.mlx.sampler import _constrain as mlx_constrain
+    from localchat.backends.torch.sampler import _constrain as torch_constrain
 
     logits, bitmask = random_logits(5, seed=7), random_bitmask(5, seed=7)
     bitmask[1] = -1

@@ -9,7 +9,7 @@ import pytest
 
 mx = pytest.importorskip("mlx.core")
 
-from backends.mlx.attention import AttentionMetadata, LayerCache, paged_attention  # noqa: E402
+from localchat.backends.mlx.attention import AttentionMetadata, LayerCache, paged_attention  # noqa: E402
 from localchat.engine.interface import BatchInputs  # noqa: E402
 
 pytestmark = pytest.mark.mlx

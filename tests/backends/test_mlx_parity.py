@@ -17,9 +17,9 @@ import pytest
 pytest.importorskip("mlx.core")
 torch = pytest.importorskip("torch")
 
-from backends import RunnerOptions  # noqa: E402
-from backends.mlx.quant import QuantizedWeight  # noqa: E402
-from backends.mlx.runner import MLXRunner  # noqa: E402
+from localchat.backends import RunnerOptions  # noqa: E402
+from localchat.backends.mlx.quant import QuantizedWeight  # noqa: E402
+from localchat.backends.mlx.runner import MLXRunner  # noqa: E402
 from localchat.engine.sampling_params import SamplingParams  # noqa: E402
 from localchat.errors import UnsupportedArchitectureError  # noqa: E402
 from localchat.weights.config import ModelConfig  # noqa: E402
@@ -254,7 +254,7 @@ def test_unknown_architecture_lists_supported() -> None:
 
 
 def test_registry_builds_the_mlx_runner() -> None:
-    from backends import create_runner
+    from localchat.backends import create_runner
 
     runner = create_runner("mlx", bundle_from_hf(tiny_hf_model("qwen2")), RunnerOptions(device="cpu"))
     assert isinstance(runner, MLXRunner)

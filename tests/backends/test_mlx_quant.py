@@ -17,7 +17,7 @@ mx = pytest.importorskip("mlx.core")
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # noqa: E402
 from gguf.quants import dequantize  # noqa: E402
 
-from backends.mlx.quant import (  # noqa: E402
+from localchat.backends.mlx.quant import (  # noqa: E402
     DenseWeight,
     QuantizedWeight,
     concat_rows,

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("mlx.core")
 pytest.importorskip("torch")
 
-from backends import RunnerOptions, create_runner
+from localchat.backends import RunnerOptions, create_runner
 from localchat.weights.loader import load_model
 from tests.helpers.real_model import PROMPTS, chat_prompts, greedy, top2
 

@@ -9,7 +9,7 @@ import pytest
 
 mx = pytest.importorskip("mlx.core")
 
-from backends.mlx.sampler import RequestSampling, Sampler, _apply_penalties, _top_k, _top_p  # noqa: E402
+from localchat.backends.mlx.sampler import RequestSampling, Sampler, _apply_penalties, _top_k, _top_p  # noqa: E402
 from localchat.engine.sampling_params import SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.mlx
@@ -35,7 +35,7 @@ def test_greedy_is_argmax_and_top_k_1_is_greedy() -> None:
 
 def test_filters_match_the_torch_sampler() -> None:
     torch = pytest.importorskip("torch")
-    from backends.torch import sampler as torch_sampler
+    from localchat.backends.torch import sampler as torch_sampler
 
     logits = random_logits(4, seed=1)
     ks, ps = [0, 1, 5, 63], [1.0, 0.5, 0.9, 0.05]

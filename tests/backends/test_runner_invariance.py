@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from backends import RunnerOptions, create_runner
-from backends.fake import FakeTokenizer
+from localchat.backends import RunnerOptions, create_runner
+from localchat.backends.fake import FakeTokenizer
 from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine
 from localchat.engine.sampling_params import SamplingParams

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from backends.torch.attention import AttentionMetadata, paged_attention, write_kv
+from localchat.backends.torch.attention import AttentionMetadata, paged_attention, write_kv
 from localchat.engine.interface import BatchInputs
 
 BLOCK = 4

@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backends import RunnerOptions
-from backends.torch import quant
-from backends.torch.quant import Int4Weight
-from backends.torch.quant_cuda import dequantize_q4, quantize_q4
-from backends.torch.runner import TorchRunner
+from localchat.backends import RunnerOptions
+from localchat.backends.torch import quant
+from localchat.backends.torch.quant import Int4Weight
+from localchat.backends.torch.quant_cuda import dequantize_q4, quantize_q4
+from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import bundle_from_hf, tiny_hf_model

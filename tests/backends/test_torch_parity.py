@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from backends import RunnerOptions
-from backends.torch.runner import TorchRunner
+from localchat.backends import RunnerOptions
+from localchat.backends.torch.runner import TorchRunner
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import UnsupportedArchitectureError
 from localchat.weights.config import ModelConfig

@@ -1,4 +1,4 @@
-"""GGUF Q4_0 / Q4_1 linears through torch's int4 weight-only CPU kernel (backends/torch/quant.py): the
+"""GGUF Q4_0 / Q4_1 linears through torch's int4 weight-only CPU kernel (localchat/backends/torch/quant.py): the
 pure-torch path, used when localchat's own kernels are missing, so every test here turns them off
 (test_kernels_*.py cover them).
 
@@ -22,10 +22,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from backends import RunnerOptions
-from backends.torch import quant
-from backends.torch.quant import Int4Parts, Int4Weight, QuantPolicy, convert, finalize, fuse, linear
-from backends.torch.runner import TorchRunner
+from localchat.backends import RunnerOptions
+from localchat.backends.torch import quant
+from localchat.backends.torch.quant import Int4Parts, Int4Weight, QuantPolicy, convert, finalize, fuse, linear
+from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
 from localchat.weights.loader import load_model
 from localchat.weights.tensors import WeightTensor

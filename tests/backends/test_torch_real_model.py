@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from backends import RunnerOptions
-from backends.torch import quant
-from backends.torch.runner import TorchRunner
+from localchat.backends import RunnerOptions
+from localchat.backends.torch import quant
+from localchat.backends.torch.runner import TorchRunner
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.loader import load_model
 from tests.helpers.real_model import NEW_TOKENS, PROMPTS, chat_prompts, greedy, top2

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from backends import RunnerOptions, create_runner
-from backends.torch import device
-from backends.torch.runner import TorchRunner
+from localchat.backends import RunnerOptions, create_runner
+from localchat.backends.torch import device
+from localchat.backends.torch.runner import TorchRunner
 from localchat.engine.interface import KVCacheSpec, SchedulerOutput
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import ModelLoadError

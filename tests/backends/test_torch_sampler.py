@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from backends.torch.sampler import RequestSampling, Sampler, _apply_penalties, _top_k, _top_p
+from localchat.backends.torch.sampler import RequestSampling, Sampler, _apply_penalties, _top_k, _top_p
 from localchat.engine.sampling_params import SamplingParams
 
 CPU = torch.device("cpu")

@@ -62,7 +62,7 @@ def prompt_tokens(backend: str, model_path: Path | None) -> Callable[[list[dict[
     from localchat.weights.chat_template import ChatTemplate
 
     if backend == "fake":
-        from backends.fake import fake_model_bundle
+        from localchat.backends.fake import fake_model_bundle
 
         bundle = fake_model_bundle()
     else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from backends.fake import EOS_ID, FakeRunner, FakeTokenizer
+from localchat.backends.fake import EOS_ID, FakeRunner, FakeTokenizer
 from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine
 from localchat.engine.outputs import RequestOutput

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def real_backend_missing() -> str | None:
     """Why the real-model server cannot run here yet (None when it can)."""
-    for module in ("localchat.weights.loader", "backends.torch.runner"):
+    for module in ("localchat.weights.loader", "localchat.backends.torch.runner"):
         if importlib.util.find_spec(module) is None:
             return f"{module} is not there yet"
     if importlib.util.find_spec("torch") is None:
@@ -97,7 +97,12 @@ def server_args(backend: str, model: Path | None) -> list[str]:
         return ["--backend", "fake"]
     assert model is not None
     if backend == "real-mlx":
-        return ["--f", str(model), "--backend", "mlx"]  # float32 on CPU (see backends/mlx/runner.py)
+        return [
+            "--f",
+            str(model),
+            "--backend",
+            "mlx",
+        ]  # float32 on CPU (see localchat/backends/mlx/runner.py)
     # fp32: tests compare greedy outputs across batch shapes; bf16 rounding differs with the batch and
     # flips near-tied tokens (the runners promise batch invariance in fp32, tests/backends).
     return ["--f", str(model), "--backend", "torch", "--dtype", "float32"]

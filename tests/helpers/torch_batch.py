@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from backends.torch.runner import TorchRunner
+from localchat.backends.torch.runner import TorchRunner
 from localchat.engine.interface import (
     BatchInputs,
     CachedRequestData,

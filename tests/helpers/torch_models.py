@@ -17,8 +17,8 @@ from transformers import (
     Qwen3Config,
 )
 
-from backends import RunnerOptions
-from backends.torch.runner import TorchRunner
+from localchat.backends import RunnerOptions
+from localchat.backends.torch.runner import TorchRunner
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
 from localchat.weights.tensors import WeightTensor

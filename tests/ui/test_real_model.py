@@ -19,13 +19,14 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 def _torch_backend_missing() -> bool:
     try:
-        return importlib.util.find_spec("backends.torch.runner") is None
+        return importlib.util.find_spec("localchat.backends.torch.runner") is None
     except ImportError:
         return True
 
 
 @pytest.mark.skipif(
-    _torch_backend_missing(), reason="backends.torch.runner cannot be imported (torch backend missing)"
+    _torch_backend_missing(),
+    reason="localchat.backends.torch.runner cannot be imported (torch backend missing)",
 )
 def test_real_smollm2_answers_in_the_browser(
     browser: Any, smollm2_gguf: Path, tmp_path: Path, page_errors: Any

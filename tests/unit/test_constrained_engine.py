@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from backends.fake import FakeRunner, FakeTokenizer
+from localchat.backends.fake import FakeRunner, FakeTokenizer
 from localchat.engine.constraint import new_bitmask, unpack_bitmask
 from localchat.engine.engine import LLMEngine
 from localchat.engine.request import FinishReason

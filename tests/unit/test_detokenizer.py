@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends.fake import FakeTokenizer
+from localchat.backends.fake import FakeTokenizer
 from localchat.engine.detokenizer import IncrementalDetokenizer
 
 TOK = FakeTokenizer()  # one token per byte: every multi-byte character spans several tokens

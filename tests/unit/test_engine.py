@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends.fake import FakeRunner
+from localchat.backends.fake import FakeRunner
 from localchat.engine.engine import LLMEngine
 from localchat.engine.request import FinishReason
 from localchat.engine.sampling_params import SamplingParams

@@ -33,6 +33,26 @@ def test_mypy_is_clean_on_localchat() -> None:
 
 
 def test_localchat_never_imports_torch_or_mlx() -> None:
+    """Only the backends (localchat/backends/, imported lazily by name) may import torch or mlx."""
     pattern = re.compile(r"^\s*(import|from)\s+(torch|mlx)\b", re.M)
-    offenders = [str(p) for p in (REPO / "localchat").rglob("*.py") if pattern.search(p.read_text())]
+    backends = REPO / "localchat" / "backends"
+    offenders = [
+        str(p)
+        for p in (REPO / "localchat").rglob("*.py")
+        if backends not in p.parents and pattern.search(p.read_text())
+    ]
+    assert offenders == []
+    # The backend-neutral registry is imported by every backend; it must stay free of both too.
+    assert all(not pattern.search(p.read_text()) for p in (REPO / "localchat" / "arch").rglob("*.py"))
+
+
+def test_backend_modules_are_only_imported_lazily() -> None:
+    """Core code reaches a backend through `localchat.backends.create_runner`, never a direct import."""
+    pattern = re.compile(r"^\s*(import|from)\s+localchat\.backends\.(torch|mlx)\b", re.M)
+    backends = REPO / "localchat" / "backends"
+    offenders = [
+        str(p)
+        for p in (REPO / "localchat").rglob("*.py")
+        if backends not in p.parents and pattern.search(p.read_text())
+    ]
     assert offenders == []

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from backends.fake import DEFAULT_REPLY
 from localchat import __version__
+from localchat.backends.fake import DEFAULT_REPLY
 from tests.helpers.fake_app import fake_client, say
 
 

@@ -1,0 +1,107 @@
+"""One entry per supported architecture: everything about it that is not backend compute.
+
+An entry names the backend module that computes it (`family`: `localchat/backends/<lib>/models/<family>.py`),
+how its Hugging Face config differs from Llama's defaults, which extra config keys its model file reads,
+how its checkpoint names map onto the family's parameters, and how llama.cpp writes it in a GGUF file.
+Adding an architecture = one entry here + one model file per backend + its parity test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from localchat.errors import UnsupportedArchitectureError
+
+# A checkpoint name inside `model.layers.N.` -> (the family's parameter, part index, number of parts).
+# Parts are fused in index order at load time (q|k|v, gate|up); backends may fuse differently.
+WeightMap = dict[str, tuple[str, int, int]]
+
+LLAMA_LAYER_WEIGHTS: WeightMap = {
+    "input_layernorm.weight": ("attn_norm", 0, 1),
+    "self_attn.q_proj.weight": ("qkv", 0, 3),
+    "self_attn.k_proj.weight": ("qkv", 1, 3),
+    "self_attn.v_proj.weight": ("qkv", 2, 3),
+    "self_attn.q_proj.bias": ("qkv_bias", 0, 3),
+    "self_attn.k_proj.bias": ("qkv_bias", 1, 3),
+    "self_attn.v_proj.bias": ("qkv_bias", 2, 3),
+    "self_attn.o_proj.weight": ("o", 0, 1),
+    "self_attn.o_proj.bias": ("o_bias", 0, 1),
+    "post_attention_layernorm.weight": ("mlp_norm", 0, 1),
+    "mlp.gate_proj.weight": ("gate_up", 0, 2),
+    "mlp.up_proj.weight": ("gate_up", 1, 2),
+    "mlp.down_proj.weight": ("down", 0, 1),
+}
+QK_NORM_WEIGHTS: WeightMap = {
+    "self_attn.q_norm.weight": ("q_norm", 0, 1),
+    "self_attn.k_norm.weight": ("k_norm", 0, 1),
+}
+# Outside the layers: checkpoint name -> parameter.
+TOP_WEIGHTS = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
+
+# llama.cpp block tensor part -> the Hugging Face name inside `model.layers.N.` (Llama's layout).
+LLAMA_GGUF_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Architecture:
+    model_type: str  # Hugging Face `model_type`
+    family: str  # backend model module that computes it
+    layer_weights: WeightMap = field(default_factory=lambda: dict(LLAMA_LAYER_WEIGHTS))
+    # config.json defaults that differ from Llama's, applied where the key is absent.
+    hf_defaults: dict[str, Any] = field(default_factory=dict)
+    # Architecture-specific config keys the model file reads (from `ModelConfig.extra`), with defaults.
+    extra_keys: dict[str, Any] = field(default_factory=dict)
+    # llama.cpp's `general.architecture` for it (None: no GGUF form we load).
+    gguf_arch: str | None = None
+    gguf_block_names: dict[str, str] = field(default_factory=lambda: dict(LLAMA_GGUF_BLOCK_NAMES))
+    # `{arch}.<key>` GGUF metadata -> the config.json key it sets (beyond the common sizes).
+    gguf_metadata: dict[str, str] = field(default_factory=dict)
+    # llama.cpp interleaves q/k rows for its rope kernel in the archs it converts with Llama's script.
+    gguf_permuted_qk: bool = False
+
+
+def _entries() -> list[Architecture]:
+    qwen_defaults = {"rope_theta": 1_000_000.0}
+    return [
+        Architecture("llama", "llama", gguf_arch="llama", gguf_permuted_qk=True),
+        # llama.cpp writes Mistral (v0.1-v0.3, Nemo) as "llama": such files load as model_type llama.
+        Architecture("mistral", "llama"),
+        Architecture(
+            "qwen2",
+            "llama",
+            hf_defaults={**qwen_defaults, "attention_bias": True},
+            extra_keys={"o_bias": False},  # Qwen2 puts a bias on q, k and v only
+            gguf_arch="qwen2",
+        ),
+        Architecture(
+            "qwen3",
+            "qwen3",
+            layer_weights={**LLAMA_LAYER_WEIGHTS, **QK_NORM_WEIGHTS},
+            hf_defaults=qwen_defaults,
+            gguf_arch="qwen3",
+        ),
+    ]
+
+
+ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in _entries()}
+SUPPORTED_MODEL_TYPES = tuple(ARCHITECTURES)
+GGUF_ARCHITECTURES: dict[str, Architecture] = {a.gguf_arch: a for a in _entries() if a.gguf_arch}
+
+
+def architecture(model_type: str) -> Architecture:
+    if model_type not in ARCHITECTURES:
+        raise UnsupportedArchitectureError(model_type, list(SUPPORTED_MODEL_TYPES))
+    return ARCHITECTURES[model_type]

@@ -1,0 +1,75 @@
+"""Backend registry. Backends are imported lazily so `localchat` never pulls torch or mlx by itself.
+
+`create_runner(name, model, options)` returns a `localchat.engine.interface.ModelRunner`;
+`load_runner` does the same for a bundle that nothing else will read weights from again, and then frees
+what loading left behind.
+"""
+
+from __future__ import annotations
+
+import importlib
+import platform
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from localchat.errors import BackendUnavailableError
+
+if TYPE_CHECKING:
+    from localchat.engine.interface import ModelRunner
+    from localchat.weights.loader import ModelBundle
+
+BACKENDS = ("torch", "mlx", "fake")
+
+
+@dataclass(slots=True)
+class RunnerOptions:
+    device: str = "auto"  # torch: auto | cpu | cuda | cuda:N | mps
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    seed: int = 0  # seeds the global generator that unseeded requests draw from
+    num_threads: int | None = None  # CPU compute threads; None: the backend's choice
+    cuda_graphs: bool = True  # torch on CUDA: replay captured graphs for decode steps
+    isq: str | None = None  # torch: "q4" quantizes unquantized linears to 4 bits at load
+
+
+def resolve_backend(name: str) -> str:
+    """`auto` is mlx on Apple Silicon when mlx imports, else torch."""
+    if name != "auto":
+        if name not in BACKENDS:
+            raise BackendUnavailableError(
+                f"Unknown backend {name!r}; choose one of auto, {', '.join(BACKENDS)}."
+            )
+        return name
+    if sys.platform == "darwin" and platform.machine() == "arm64":
+        try:
+            importlib.import_module("mlx.core")
+            return "mlx"
+        except ImportError:
+            pass
+    return "torch"
+
+
+def create_runner(name: str, model: ModelBundle, options: RunnerOptions | None = None) -> ModelRunner:
+    name = resolve_backend(name)
+    options = options or RunnerOptions()
+    try:
+        module = importlib.import_module(
+            f"localchat.backends.{name}.runner" if name != "fake" else "localchat.backends.fake"
+        )
+    except ImportError as exc:
+        hint = {"torch": 'pip install "torch>=2.4"', "mlx": 'pip install "localchat-app[mlx]"'}.get(name, "")
+        raise BackendUnavailableError(
+            f"The {name} backend cannot be imported ({exc}). {hint}".strip()
+        ) from exc
+    return module.create_runner(model, options)
+
+
+def load_runner(name: str, model: ModelBundle, options: RunnerOptions | None = None) -> ModelRunner:
+    """`create_runner`, then release the bundle's weight source and trim the heap. Measured on the dev
+    box (SmolLM2-135M Q4_1, torch): resident memory after load 826 -> 627 MiB."""
+    from localchat.backends.memory import trim_heap
+
+    runner = create_runner(name, model, options)
+    model.release_weights()
+    trim_heap()
+    return runner

@@ -1,0 +1,223 @@
+"""The MLX `ModelRunner`: weights, paged KV cache, forward pass and sampling with MLX arrays.
+
+The same contract and structure as localchat/backends/torch/runner.py; only the array library differs.
+
+KV cache: one K and one V array per layer, flat `[num_blocks * block_size, num_kv_heads, head_dim]`
+(the contract's `[num_blocks, block_size, ...]` with two dims merged), zero-filled, in the compute
+dtype. Writes go through `cache[slot_mapping] = k`, which MLX turns into an in-place scatter (see
+localchat/backends/mlx/attention.py). Block 0 is the engine's null block.
+
+Device `auto`: Metal (`gpu`) when MLX sees one, else `cpu`. `--device cpu|gpu` forces one. Dtype
+`auto`, for activations, dense weights, KV cache and the scales/biases of quantized weights alike:
+
+| device | dtype | why |
+|---|---|---|
+| cpu | float32 | MLX's CPU quantized matmul is only fast in float32: one token through a 1536x576 4-bit matrix took 0.85 ms in float32, 6.5 ms in bfloat16, 30 ms in float16 (2-core dev box) |
+| gpu (Metal), checkpoint in bfloat16 | bfloat16 | the checkpoint's own precision |
+| gpu (Metal), anything else (GGUF, fp16, fp32) | float16 | Metal's fast type; GGUF scales are float16, so Q4_0/Q4_1/Q8_0 stay exact |
+
+GGUF Q4_0/Q4_1/Q8_0 weights stay quantized in memory (`mx.quantized_matmul`, group 32); other GGUF
+types are dequantized to the compute dtype at load (localchat/backends/mlx/quant.py). On CPU, MLX's quantized
+matmul costs the same per row whatever the batch, so steps of `CPU_DENSE_FROM_ROWS` rows or more
+(prefill, wide decode batches) dequantize each matrix on the fly into a transient dense copy and run a
+GEMM instead. Measured on the quiet dev box, float32, one 1536x576 Q4 matrix:
+
+| rows | quantized matmul | dequantize + dense GEMM |
+|---|---|---|
+| 1 | 0.9 ms | 2.4 ms |
+| 4 | 4.0 ms | 3.5 ms |
+| 16 | 12.9 ms | 8.0 ms |
+| 480 | 394 ms | 145 ms |
+
+`--threads` has no MLX equivalent and is ignored.
+
+Threads: the runner is built on the main thread but stepped on the engine thread. Since mlx 0.31.2
+streams are thread-local (a Metal stream made on one thread fails on another: "There is no
+Stream(gpu, 0) in current thread"), so every step runs under a stream of the calling thread, and
+everything built at load time is evaluated there, leaving no pending work bound to the main thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+import mlx.core as mx
+import numpy as np
+
+from localchat.backends import RunnerOptions
+from localchat.backends.memory import mem_available
+from localchat.backends.mlx.attention import AttentionMetadata, LayerCache
+from localchat.backends.mlx.sampler import RequestSampling, Sampler, SampleResult
+from localchat.backends.mlx.weights import load_model
+from localchat.backends.pooling import Pooler
+from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput
+from localchat.errors import BackendUnavailableError
+from localchat.weights.bundle import ModelBundle
+
+DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
+CPU_KV_FRACTION = 0.25  # of MemAvailable: the KV pool is zero-filled, so it is resident at once
+CPU_KV_CAP_BYTES = 1 << 30
+GPU_KV_FRACTION = 0.50  # of Metal's recommended working set left after the weights
+CPU_DENSE_FROM_ROWS = 8  # see the module docstring; Metal's quantized kernels batch well: never there
+
+
+def create_runner(model: ModelBundle, options: RunnerOptions) -> MLXRunner:
+    if options.isq is not None:
+        raise BackendUnavailableError(
+            f"--isq {options.isq} is implemented by the torch backend; MLX keeps GGUF Q4_0/Q4_1/Q8_0 "
+            "quantized natively. Drop --isq or pass --backend torch."
+        )
+    return MLXRunner(model, options)
+
+
+def pick_device(name: str) -> mx.Device:
+    if name == "auto":
+        return mx.gpu if mx.metal.is_available() else mx.cpu
+    if name == "cpu":
+        return mx.cpu
+    if name in ("gpu", "mps", "metal"):
+        if not mx.metal.is_available():
+            raise BackendUnavailableError(
+                "The MLX backend found no Metal GPU on this machine; use --device cpu (slow) or --backend torch."
+            )
+        return mx.gpu
+    raise BackendUnavailableError(f"Unknown MLX device {name!r}; use auto, cpu or gpu.")
+
+
+def pick_dtype(name: str, device: mx.Device, checkpoint_dtype: str | None) -> mx.Dtype:
+    if name != "auto":
+        if name not in DTYPES:
+            raise BackendUnavailableError(f"Unknown dtype {name!r}; use auto, {', '.join(DTYPES)}.")
+        return DTYPES[name]
+    if device == mx.cpu:
+        return mx.float32
+    return mx.bfloat16 if checkpoint_dtype == "bfloat16" else mx.float16
+
+
+class MLXRunner:
+    def __init__(self, model: ModelBundle, options: RunnerOptions) -> None:
+        self.device = pick_device(options.device)
+        mx.set_default_device(self.device)
+        self.dtype = pick_dtype(options.dtype, self.device, model.config.torch_dtype)
+        self.config = model.config
+        dense_from_rows = CPU_DENSE_FROM_ROWS if self.device == mx.cpu else 0
+        self.model = load_model(model.config, model.iter_weights(), self.dtype, dense_from_rows)
+        self.sampler = Sampler(options.seed)
+        self.pooler = Pooler(
+            lambda h: np.array(
+                mx.fast.rms_norm(h, self.model.norm, self.config.rms_norm_eps).astype(mx.float32).sum(axis=0)
+            )
+        )
+        self.requests: dict[str, RequestSampling] = {}
+        self.kv_caches: list[LayerCache] = []
+        self.block_size = 0
+        self._streams = threading.local()
+
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec:
+        c = self.config
+        return KVCacheSpec(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.dtype.size)
+
+    @property
+    def device_name(self) -> str:
+        kind = "metal" if self.device == mx.gpu else "cpu"
+        return f"mlx {kind} ({str(self.dtype).removeprefix('mlx.core.')})"
+
+    def available_kv_memory(self) -> int | None:
+        if self.device == mx.gpu:
+            info = mx.device_info()
+            budget = int(info.get("max_recommended_working_set_size", 0)) - mx.get_active_memory()
+            return max(0, int(budget * GPU_KV_FRACTION))
+        available = mem_available()
+        # MLX commits its zero-filled pool up front (torch's CPU pool is lazy), so cap it on CPU.
+        return None if available is None else min(int(available * CPU_KV_FRACTION), CPU_KV_CAP_BYTES)
+
+    def initialize_kv_cache(self, num_blocks: int, block_size: int) -> None:
+        c = self.config
+        shape = (num_blocks * block_size, c.num_key_value_heads, c.head_dim)
+        self.kv_caches = []  # drop the old pool first: its memory is reused
+        caches = [
+            LayerCache(mx.zeros(shape, dtype=self.dtype), mx.zeros(shape, dtype=self.dtype))
+            for _ in range(c.num_hidden_layers)
+        ]
+        mx.eval([a for cache in caches for a in (cache.k, cache.v)])
+        self.kv_caches = caches
+        self.block_size = block_size
+
+    def execute_model(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> RunnerOutput:
+        with self._thread_stream():
+            self._update_states(scheduler_output)
+            if scheduler_output.is_empty or batch.num_tokens == 0:
+                return RunnerOutput(req_ids=[], sampled_token_ids=[])
+            logits = self._logits(batch)
+            if logits is None:  # only middle prefill chunks: the KV writes are the whole step
+                return RunnerOutput(req_ids=[], sampled_token_ids=[])
+            embeddings = self.pooler.finish(batch.sample_req_ids)
+            # Embedding rows got logits too (one LM-head row each) but do not sample.
+            rows = [i for i, r in enumerate(batch.sample_req_ids) if r not in embeddings]
+            sample_ids = [batch.sample_req_ids[i] for i in rows]
+            bitmask = batch.token_bitmask
+            if embeddings:
+                logits = logits[mx.array(rows, dtype=mx.int32)]
+                bitmask = None if bitmask is None else bitmask[rows]
+            states = [self.requests[r] for r in sample_ids]
+            result = self.sampler(logits, states, bitmask) if states else SampleResult([])
+        output = RunnerOutput.one_token_each(sample_ids, result.token_ids, result.logprobs)
+        return output.with_embeddings(batch.sample_req_ids, embeddings)
+
+    def compute_logits(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> mx.array:
+        """Like `execute_model` but returns the float32 logits [num_sampled, vocab] (tests, debugging)."""
+        with self._thread_stream():
+            self._update_states(scheduler_output)
+            logits = self._logits(batch)
+            out = mx.zeros((0, self.config.vocab_size)) if logits is None else logits.astype(mx.float32)
+            mx.eval(out)
+            return out
+
+    def shutdown(self) -> None:
+        self.kv_caches = []
+        self.requests.clear()
+        mx.clear_cache()
+
+    @contextlib.contextmanager
+    def _thread_stream(self) -> Iterator[None]:
+        stream = getattr(self._streams, "stream", None)
+        if stream is None:
+            stream = self._streams.stream = mx.new_stream(self.device)
+        with mx.stream(stream):
+            yield
+
+    def _update_states(self, out: SchedulerOutput) -> None:
+        # Forget first: a preempted request comes back in the same step as a new one.
+        for req_id in out.finished_req_ids | out.preempted_req_ids:
+            self.requests.pop(req_id, None)
+            self.pooler.forget(req_id)
+        vocab = self.config.vocab_size
+        for new in out.scheduled_new_reqs:
+            self.requests[new.req_id] = RequestSampling.create(
+                new.sampling_params, new.prompt_token_ids, new.output_token_ids, vocab
+            )
+            if new.sampling_params.embedding:
+                self.pooler.start(new.req_id)
+
+    def _logits(self, batch: BatchInputs) -> mx.array | None:
+        """Run the step (writing its K/V) and return logits [num_sampled, vocab], evaluated; None if none."""
+        assert self.kv_caches and batch.block_size == self.block_size, "initialize_kv_cache first"
+        meta = AttentionMetadata.from_batch(batch)
+        input_ids = mx.array(batch.input_ids.astype(np.int32))
+        positions = mx.array(batch.positions.astype(np.int32))
+        hidden = self.model.hidden_states(input_ids, positions, meta, self.kv_caches)
+        if pooled := self.pooler.rows(batch):
+            self.pooler.add(batch, hidden, pooled)
+        cache_arrays = [a for cache in self.kv_caches for a in (cache.k, cache.v)]
+        indices = batch.logits_indices
+        if len(indices) == 0:
+            mx.eval(cache_arrays)
+            return None
+        if not (len(indices) == batch.num_tokens and np.array_equal(indices, np.arange(len(indices)))):
+            hidden = hidden[mx.array(indices.astype(np.int32))]
+        logits = self.model.logits(hidden)
+        mx.eval(logits, cache_arrays)
+        return logits

@@ -1,0 +1,131 @@
+"""Fill a model weight by weight, fusing q|k|v and gate|up as parts arrive (as localchat/backends/torch does).
+
+Each weight is converted and evaluated at once, so peak memory stays near the model's size; fused
+matrices hold their parts only until the last one arrives. Quantized GGUF matrices stay quantized
+where MLX has a matching format (localchat/backends/mlx/quant.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import mlx.core as mx
+
+from localchat.arch.registry import TOP_WEIGHTS, architecture
+from localchat.backends.mlx.models import model_class
+from localchat.backends.mlx.models.base import DecoderLM
+from localchat.backends.mlx.quant import (
+    DenseWeight,
+    Embedding,
+    QuantizedWeight,
+    Weight,
+    concat_rows,
+    to_dense,
+    to_embedding,
+    to_weight,
+)
+from localchat.errors import ModelLoadError
+from localchat.weights.config import ModelConfig
+from localchat.weights.tensors import WeightTensor
+
+IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.attn\.masked_bias|\.attn\.bias)$")
+LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
+
+
+def load_model(
+    config: ModelConfig, weights: Iterable[WeightTensor], dtype: mx.Dtype, dense_from_rows: int = 0
+) -> DecoderLM:
+    """`dense_from_rows`: quantized matrices run as transient dense GEMMs for steps of that many rows."""
+    model = model_class(config.model_type)(config)
+    top_shapes = {
+        "embed": (config.vocab_size, config.hidden_size),
+        "lm_head": (config.vocab_size, config.hidden_size),
+        "norm": (config.hidden_size,),
+    }
+    pending: dict[tuple[int, str], dict[int, Weight | Embedding]] = {}
+    for weight in weights:
+        target = _target(model, weight.name)
+        if target is None:
+            continue
+        owner, attr, part, parts = target
+        key = attr if parts == 1 else f"{attr}.{part}"
+        expected = top_shapes[key] if owner is model else owner.shapes[key]
+        if tuple(weight.shape) != expected:
+            raise ModelLoadError(
+                f"Weight {weight.name!r} has shape {tuple(weight.shape)}, expected {expected} from the config."
+            )
+        value = _convert(attr, weight, dtype, dense_from_rows)
+        _evaluate(value)
+        if parts == 1:
+            setattr(owner, attr, value)
+            continue
+        got = pending.setdefault((id(owner), attr), {})
+        got[part] = value
+        if len(got) == parts:
+            del pending[(id(owner), attr)]
+            setattr(owner, attr, _fuse([got[i] for i in range(parts)]))
+            _evaluate(getattr(owner, attr))
+    # NOTE: an untied checkpoint without lm_head keeps lm_head None and reuses the embedding, as
+    # llama.cpp does; `DecoderLM.logits` falls back to it.
+    missing = _missing(model)
+    if missing or pending:
+        names = missing or [f"{attr} (partial)" for _, attr in pending]
+        raise ModelLoadError(
+            f"The checkpoint lacks weights this {config.model_type} model needs: {', '.join(names[:8])}."
+        )
+    return model
+
+
+def _target(model: DecoderLM, name: str) -> tuple[Any, str, int, int] | None:
+    if name in TOP_WEIGHTS:
+        attr = TOP_WEIGHTS[name]
+        if attr == "lm_head" and model.config.tie_word_embeddings:
+            return None  # tied: the embedding serves as the LM head
+        return model, attr, 0, 1
+    match = LAYER_NAME.fullmatch(name)
+    layer_weights = architecture(model.config.model_type).layer_weights
+    if match and match.group(2) in layer_weights and int(match.group(1)) < len(model.layers):
+        layer = model.layers[int(match.group(1))]
+        attr, part, parts = layer_weights[match.group(2)]
+        if layer.wants(attr):
+            return layer, attr, part, parts
+    if IGNORED.search(name):
+        return None
+    raise ModelLoadError(
+        f"Unexpected weight {name!r} for a {model.config.model_type} model; the checkpoint may be a "
+        "variant this app does not support."
+    )
+
+
+def _missing(model: DecoderLM) -> list[str]:
+    names = [n for n in ("embed", "norm") if getattr(model, n) is None]
+    for i, layer in enumerate(model.layers):
+        names += [f"model.layers.{i}.{attr}" for attr in layer.missing()]
+    return names
+
+
+def _convert(attr: str, weight: WeightTensor, dtype: mx.Dtype, dense_from_rows: int) -> Weight | Embedding:
+    if attr == "embed":
+        return to_embedding(weight, dtype, dense_from_rows)
+    return to_weight(weight, dtype, dense_from_rows) if len(weight.shape) == 2 else to_dense(weight, dtype)
+
+
+def _fuse(parts: list[Weight | Embedding]) -> Weight | mx.array | list[Weight]:
+    if all(isinstance(p, mx.array) for p in parts):  # biases
+        return mx.concatenate(parts)  # type: ignore[arg-type]
+    matrices: list[Weight] = parts  # type: ignore[assignment]
+    # Parts in different formats (e.g. a Q4_0 q with a Q8_0 v) stay separate matmuls.
+    fused = concat_rows(matrices)
+    return fused if fused is not None else matrices
+
+
+def _evaluate(value: Weight | Embedding | list[Weight]) -> None:
+    arrays: list[mx.array] = []
+    for part in value if isinstance(value, list) else [value]:
+        if isinstance(part, QuantizedWeight):
+            arrays += [part.packed, part.scales, part.biases]
+        else:
+            arrays.append(part.wt if isinstance(part, DenseWeight) else part)
+    mx.eval(*arrays)

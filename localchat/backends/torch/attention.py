@@ -1,0 +1,183 @@
+"""Paged attention over a block-table KV cache, in plain PyTorch.
+
+Cache layout, per layer: one tensor `[2, kv_heads, num_slots, head_dim]` (K, then V), `num_slots =
+num_blocks * block_size`; token slot `s = block_id * block_size + offset` is column `s`. Each head's
+keys are contiguous, so a row whose blocks are consecutive reads its whole context as one slice, and
+a block gather (`index_select` over `[2, kv_heads, num_blocks, block_size, head_dim]`) copies whole
+rows of memory. Each step first writes every new K/V at `slot_mapping`, then attends, because a
+request may read blocks that another request of the same batch writes this step (shared prefix).
+
+Rows with one query token (decode, or a one-token prefill chunk) are attended all at once with two
+batched matmuls in float32 (scores, then probabilities @ values), padding masked by an additive bias;
+rows with several query tokens (prefill, chunked prefill) go through SDPA one by one.
+NOTE: for one query token, SDPA's CPU kernel costs ~130 us per layer for what two float32 `bmm`s do
+in ~60 (SmolLM2-135M, 600+ tokens of context, dev box): its setup per call dominates at this size.
+One SDPA call for all decode rows (KV heads as heads, each one's query heads as query positions, a
+bool padding mask) was tried too: equal CPU time per 16-row step, and slightly worse bf16 numerics.
+So was a float32 cache (no upcast copy): no faster single-stream or 16-row, 35% slower single-stream
+once a prefix hit makes the blocks non-consecutive (the gather moves twice the bytes), 2x the memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
+from localchat.engine.interface import BatchInputs
+
+
+@dataclass(slots=True)
+class PrefillRow:
+    start: int  # first token index of the row in the flat batch
+    end: int
+    block_ids: torch.Tensor | None  # int64 [ceil(seq_len / block_size)]; None: context == new tokens
+    seq_len: int
+    mask: torch.Tensor | None  # bool [q_len, seq_len], True = attend; None: plain causal
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Per-step tensors shared by every layer, built once from `BatchInputs`."""
+
+    slot_mapping: torch.Tensor  # int64 [num_tokens]
+    block_size: int
+    decode_token_idx: torch.Tensor | None  # int64 [D]; None when every token is a decode row
+    decode_block_tables: torch.Tensor | None  # int64 [D * max_blocks], row-major
+    decode_bias: torch.Tensor | None  # float32 [kv_heads * D, 1, max_blocks * block_size]; None if D == 1
+    decode_len: int  # D == 1: the row's context length (no padding to mask, just a slice)
+    decode_span: int | None  # D == 1 with consecutive block ids: first slot of a gather-free slice
+    prefills: list[PrefillRow]
+
+    @classmethod
+    def from_batch(cls, batch: BatchInputs, device: torch.device, kv_heads: int) -> AttentionMetadata:
+        bs = batch.block_size
+        qsl = batch.query_start_loc
+        q_lens = np.diff(qsl)
+        seq_lens = batch.seq_lens
+        slot_mapping = torch.from_numpy(np.ascontiguousarray(batch.slot_mapping, dtype=np.int64)).to(device)
+        decode_rows = np.flatnonzero(q_lens == 1)
+        decode_idx = bt = bias = span = None
+        decode_len = 0
+        if decode_rows.size:
+            num_blocks = -(-int(seq_lens[decode_rows].max()) // bs)
+            tables = np.ascontiguousarray(batch.block_tables[decode_rows, :num_blocks], dtype=np.int64)
+            bt = torch.from_numpy(tables.reshape(-1)).to(device)
+            if decode_rows.size == 1:
+                # Single stream: slice to the exact length (no mask); read in place if blocks are consecutive.
+                decode_len = int(seq_lens[decode_rows[0]])
+                if (np.diff(tables[0]) == 1).all():
+                    span = int(tables[0, 0]) * bs
+            else:
+                allowed = np.arange(num_blocks * bs)[None, :] < seq_lens[decode_rows, None]  # [D, S]
+                row_bias = np.where(allowed, np.float32(0), np.float32(-np.inf))[:, None, :]
+                # One bias row per (kv head, row) pair, the order of the batched matmuls' batch dim.
+                bias = torch.from_numpy(np.tile(row_bias, (kv_heads, 1, 1))).to(device)
+            if decode_rows.size != batch.num_tokens:
+                decode_idx = torch.from_numpy(qsl[decode_rows].astype(np.int64)).to(device)
+        prefills = []
+        for row in np.flatnonzero(q_lens > 1):
+            start, end, seq_len = int(qsl[row]), int(qsl[row + 1]), int(seq_lens[row])
+            if seq_len == end - start:  # nothing cached: the new tokens are the whole context
+                prefills.append(PrefillRow(start, end, None, seq_len, None))
+                continue
+            num_blocks = -(-seq_len // bs)
+            ids = torch.from_numpy(batch.block_tables[row, :num_blocks].astype(np.int64)).to(device)
+            # Query at position p sees every cached/new key at positions <= p.
+            q_pos = torch.from_numpy(batch.positions[start:end].astype(np.int64)).to(device)
+            row_mask = torch.arange(seq_len, device=device)[None, :] <= q_pos[:, None]
+            prefills.append(PrefillRow(start, end, ids, seq_len, row_mask))
+        return cls(slot_mapping, bs, decode_idx, bt, bias, decode_len, span, prefills)
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
+    """Store this step's keys/values ([tokens, kv_heads, head_dim]) at their slots."""
+    cache[0].index_copy_(1, slots, k.transpose(0, 1))
+    cache[1].index_copy_(1, slots, v.transpose(0, 1))
+
+
+def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[2, kv_heads, num_slots, d] -> [2, kv_heads, len(block_ids) * block_size, d], blocks in order."""
+    two, kv_heads, slots, head_dim = cache.shape
+    blocks = cache.view(two, kv_heads, slots // block_size, block_size * head_dim)
+    return blocks.index_select(2, block_ids).view(two, kv_heads, -1, head_dim)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: torch.Tensor,
+    meta: AttentionMetadata | TritonAttentionMetadata,
+) -> torch.Tensor:
+    """q [T, heads, d], k/v [T, kv_heads, d] (this step) -> [T, heads, d]. Writes k/v into the cache."""
+    if isinstance(meta, TritonAttentionMetadata):  # CUDA: kernels that read the block table in place
+        from localchat.backends.torch.triton_attention import triton_paged_attention
+
+        return triton_paged_attention(q, k, v, cache, meta)
+    write_kv(k, v, cache, meta.slot_mapping)
+    if not meta.prefills:
+        return _decode(q, cache, meta)
+    out = torch.empty_like(q)
+    if meta.decode_block_tables is not None:
+        out[meta.decode_token_idx] = _decode(q[meta.decode_token_idx], cache, meta)
+    for row in meta.prefills:
+        out[row.start : row.end] = _prefill(q, k, v, cache, row, meta.block_size)
+    return out
+
+
+def _decode(q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """One query per row, all rows at once: [D, heads, d] -> [D, heads, d]."""
+    rows, heads, head_dim = q.shape
+    kv_heads = cache.shape[1]
+    group = heads // kv_heads
+    if meta.decode_span is not None:
+        # float32 so the scores and softmax weights stay unrounded (a view if the cache is float32).
+        kv = cache[:, :, meta.decode_span : meta.decode_span + meta.decode_len].float()  # [2, kvh, S, d]
+        grouped = q.view(kv_heads, group, head_dim).float()  # rows == 1: [kvh, group, d]
+    else:
+        assert meta.decode_block_tables is not None
+        kv = gather_blocks(cache, meta.decode_block_tables, meta.block_size).float()  # [2, kvh, D*S, d]
+        kv = kv.view(2, kv_heads * rows, -1, head_dim)  # batch index: kv head * D + row
+        if meta.decode_bias is None:  # one row: drop the block padding instead of masking it
+            kv = kv[:, :, : meta.decode_len]
+        # [D, heads, d] -> [kvh * D, group, d], each query head next to the KV head it reads
+        grouped = q.view(rows, kv_heads, group, head_dim).transpose(0, 1).reshape(-1, group, head_dim).float()
+    scale = 1 / math.sqrt(head_dim)
+    keys_t = kv[0].transpose(1, 2)  # [B, d, S]
+    if meta.decode_bias is None:
+        scores = torch.bmm(grouped, keys_t).mul_(scale)  # [B, group, S]
+    else:
+        scores = torch.baddbmm(meta.decode_bias, grouped, keys_t, alpha=scale)
+    out = torch.bmm(scores.softmax(dim=-1), kv[1])  # [B, group, d]
+    out = out.view(kv_heads, rows, group, head_dim).transpose(0, 1)
+    return out.reshape(rows, heads, head_dim).to(q.dtype)
+
+
+def _prefill(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, row: PrefillRow, block_size: int
+) -> torch.Tensor:
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if row.block_ids is None:
+        keys = k[row.start : row.end].transpose(0, 1)  # [kvh, L, d]
+        values = v[row.start : row.end].transpose(0, 1)
+    else:
+        kv = gather_blocks(cache, row.block_ids, block_size)[:, :, : row.seq_len]  # [2, kvh, S, d]
+        keys, values = kv[0], kv[1]
+    group = heads // kv_heads
+    if group > 1:
+        keys = keys.repeat_interleave(group, dim=0)  # [heads, S, d]: head i reads KV head i // group
+        values = values.repeat_interleave(group, dim=0)
+    # 4-D inputs: with 3-D ones SDPA on CPU falls back to its unfused math kernel (2-3x slower).
+    out = F.scaled_dot_product_attention(
+        q[None, row.start : row.end].transpose(1, 2),
+        keys[None],
+        values[None],
+        attn_mask=row.mask,
+        is_causal=row.mask is None,
+    )  # [1, heads, L, d]
+    return out[0].transpose(0, 1)

@@ -1,0 +1,193 @@
+"""localchat's compiled CPU kernels (csrc/), through ctypes: matmul straight from GGUF blocks.
+
+Activations are quantized per 32 values to 8 bits (scale amax / 127, round to nearest even) and
+multiplied with the weights' integer codes by integer dot products (AVX-512 VNNI, AVX2, or portable C,
+picked at run time from the CPU's features), so one compact form of each weight serves 1-row decode
+steps and many-row prefill steps alike; nothing is dequantized to a dense copy. The math of every block
+type is in csrc/lc_decode.h. Tensors cross as `data_ptr()` integers: the library has a plain C ABI and
+does not depend on the torch version.
+
+`LOCALCHAT_KERNELS`: `auto` (the best ISA this CPU runs), `off` (the pure-torch path, as when the
+extension is missing), or one ISA by name (`portable`, `avx2`, `avx512vnni`) for tests and comparisons.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+from localchat.errors import BackendUnavailableError
+
+log = logging.getLogger(__name__)
+
+KERNELS_ENV = "LOCALCHAT_KERNELS"
+ISAS = ("portable", "avx2", "avx512vnni")  # index = the library's ISA id
+# GGUF type -> (GGML type id, values per block, bytes per block)
+BLOCKS: dict[str, tuple[int, int, int]] = {
+    "Q4_0": (2, 32, 18),
+    "Q4_1": (3, 32, 20),
+    "Q5_0": (6, 32, 22),
+    "Q5_1": (7, 32, 24),
+    "Q8_0": (8, 32, 34),
+    "Q4_K": (12, 256, 144),
+    "Q5_K": (13, 256, 176),
+    "Q6_K": (14, 256, 210),
+}
+
+_I, _P, _L = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
+
+
+@dataclass(slots=True)
+class Segment:
+    """Consecutive output rows stored in one GGUF block type (fused matrices may mix types)."""
+
+    qtype: str
+    data: torch.Tensor  # uint8 [rows, bytes_per_row]: the file's blocks, unchanged
+
+    @property
+    def rows(self) -> int:
+        return int(self.data.shape[0])
+
+
+@dataclass(slots=True)
+class BlockMatrix:
+    """A linear's matrix `[out, in]` kept as GGUF blocks, rows split into typed segments."""
+
+    segments: list[Segment]
+    cols: int
+    ops: Kernels  # the kernels that run it
+    dense: torch.Tensor | None = None  # [out, in] compute dtype, for many-row steps when RAM allows
+    call_args: tuple[object, ...] | None = None  # the segments as ctypes arrays, built on first use
+
+    def segment_args(self) -> tuple[object, ...]:
+        if self.call_args is None:
+            n = len(self.segments)
+            self.call_args = (
+                n,
+                (ctypes.c_int * n)(*(BLOCKS[s.qtype][0] for s in self.segments)),
+                (ctypes.c_uint64 * n)(*(s.data.data_ptr() for s in self.segments)),
+                (ctypes.c_int64 * n)(*(s.rows for s in self.segments)),
+                (ctypes.c_int64 * n)(*(s.data.shape[1] for s in self.segments)),
+            )
+        return self.call_args
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(s.rows for s in self.segments), self.cols)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.data.numel() for s in self.segments)
+
+
+class Kernels:
+    """The loaded library, bound to one ISA."""
+
+    def __init__(self, lib: ctypes.CDLL, isa: int) -> None:
+        self.lib, self.isa = lib, isa
+        self.name = ISAS[isa]
+
+    def matmul(self, x: torch.Tensor, weight: BlockMatrix) -> torch.Tensor:
+        """x [T, in] (bfloat16 or float32) @ weight.T -> [T, out] in x's dtype: one library call that
+        quantizes x (into per-thread buffers) and runs every segment (Python overhead counts at 1 row)."""
+        if x.dtype not in (torch.bfloat16, torch.float32):
+            return self.matmul(x.float(), weight).to(x.dtype)
+        x = x.contiguous()
+        rows, cols = x.shape
+        out_features = weight.shape[0]
+        out = torch.empty(rows, out_features, dtype=x.dtype)
+        bf16 = int(x.dtype == torch.bfloat16)
+        rc = self.lib.lc_linear(
+            self.isa, x.data_ptr(), bf16, rows, cols, *weight.segment_args(),
+            out.data_ptr(), bf16, out_features, torch.get_num_threads(),
+        )  # fmt: skip
+        if rc:
+            raise BackendUnavailableError(
+                f"The CPU kernels rejected a {weight.shape} matmul (internal error)."
+            )
+        return out
+
+    def dequantize_rows(self, seg: Segment, cols: int, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows `ids` of a block matrix as dense values (embedding lookups from a quantized table)."""
+        ids = ids.to(torch.int64).contiguous()
+        out = torch.empty(
+            ids.numel(), cols, dtype=torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+        )
+        rc = self.lib.lc_dequant_rows(
+            BLOCKS[seg.qtype][0], seg.data.data_ptr(), cols, seg.data.shape[1], ids.data_ptr(), ids.numel(),
+            out.data_ptr(), int(out.dtype == torch.bfloat16),
+        )  # fmt: skip
+        if rc:
+            raise BackendUnavailableError(f"The CPU kernels cannot read {seg.qtype} rows of {cols} values.")
+        return out.to(dtype)
+
+
+def supports(qtype: str, cols: int) -> bool:
+    return qtype in BLOCKS and cols % BLOCKS[qtype][1] == 0
+
+
+@cache
+def _library() -> ctypes.CDLL | None:
+    spec = importlib.util.find_spec("localchat.backends.torch._lckernels")
+    if spec is None or spec.origin is None:
+        return None
+    try:
+        lib = ctypes.CDLL(spec.origin)
+    except OSError as exc:
+        log.warning("localchat's CPU kernels failed to load (%s); using the pure-torch path.", exc)
+        return None
+    lib.lc_isa_supported.argtypes, lib.lc_isa_supported.restype = [_I], _I
+    lib.lc_isa_best.argtypes, lib.lc_isa_best.restype = [], _I
+    lib.lc_quantize.argtypes = [_I, _P, _I, _L, _L, _L, _P, _P, _P, _I]
+    lib.lc_quantize.restype = _I
+    lib.lc_matmul.argtypes = [_I, _I, _P, _L, _L, _L, _P, _P, _P, _L, _P, _I, _L, _I]
+    lib.lc_matmul.restype = _I
+    lib.lc_linear.argtypes = [_I, _P, _I, _L, _L, _I, _P, _P, _P, _P, _P, _I, _L, _I]
+    lib.lc_linear.restype = _I
+    lib.lc_dequant_rows.argtypes = [_I, _P, _L, _L, _P, _L, _P, _I]
+    lib.lc_dequant_rows.restype = _I
+    return lib
+
+
+def runnable_isas() -> list[str]:
+    """The ISAs this CPU runs (empty without the extension)."""
+    lib = _library()
+    return [] if lib is None else [name for i, name in enumerate(ISAS) if lib.lc_isa_supported(i)]
+
+
+def isa_choice() -> str:
+    """`LOCALCHAT_KERNELS` as given: auto, off, or one ISA by name."""
+    return os.environ.get(KERNELS_ENV, "auto").strip().lower() or "auto"
+
+
+def load(isa: str | None = None) -> Kernels | None:
+    """The kernels for `isa` (default: from `LOCALCHAT_KERNELS`), None when off or not built."""
+    choice = (isa or isa_choice()).strip().lower() or "auto"
+    if choice == "off":
+        return None
+    if choice != "auto" and choice not in ISAS:
+        raise BackendUnavailableError(
+            f"{KERNELS_ENV}={choice!r} is not a choice; use auto, off or one of {', '.join(ISAS)}."
+        )
+    lib = _library()
+    if lib is None:
+        _log_missing()
+        return None
+    index = lib.lc_isa_best() if choice == "auto" else ISAS.index(choice)
+    if not lib.lc_isa_supported(index):
+        raise BackendUnavailableError(f"This CPU cannot run the {choice} kernels; use {KERNELS_ENV}=auto.")
+    return Kernels(lib, index)
+
+
+@cache
+def _log_missing() -> None:
+    log.warning(
+        "localchat's CPU kernels are not built (no C compiler when it was installed?); quantized models "
+        "run on the slower pure-torch path. Reinstall with a C compiler to build them."
+    )

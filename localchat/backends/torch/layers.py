@@ -1,0 +1,61 @@
+"""Ops the model files compose: RoPE application, RMSNorm, SwiGLU, parameter placeholders.
+
+Weights are fused at load time (q|k|v in one matrix, gate|up in another) so a Llama layer costs four
+matmuls. Layers hold bare parameters and call these functional ops: no sub-module dispatch per token.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from localchat.arch.rope import rope_inv_freq
+from localchat.weights.config import ModelConfig
+
+
+class Rotary:
+    """cos/sin for explicit positions, computed once per step and shared by every layer."""
+
+    def __init__(self, config: ModelConfig, device: torch.device) -> None:
+        # Not a module buffer: models are built on the meta device, this must hold real values.
+        inv_freq, self.scale = rope_inv_freq(config)
+        self.inv_freq = torch.from_numpy(inv_freq).to(device)
+
+    def __call__(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, d/2]
+        cos, sin = freqs.cos(), freqs.sin()
+        if self.scale != 1.0:
+            cos, sin = cos * self.scale, sin * self.scale
+        # rotate-half form: out = x * cos + cat(x2, x1) * cat(-sin, sin); [T, 1, d]
+        cos_full = torch.cat((cos, cos), dim=-1)[:, None, :].to(dtype)
+        sin_signed = torch.cat((-sin, sin), dim=-1)[:, None, :].to(dtype)
+        return cos_full, sin_signed
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, d] -> rotated copy (non-interleaved halves, as Hugging Face checkpoints expect)."""
+    # roll by half swaps the halves: cat(x2, x1) in one op
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim of x [..., n] (times `weight` [n] if given).
+
+    NOTE: computed as LayerNorm over [x, -x], which has mean 0 and the same mean square as x: on CPU
+    that is one fused kernel where F.rms_norm runs ~6 ops (13 vs 7 us per decode row, dev box).
+    """
+    n = x.shape[-1]
+    normed = F.layer_norm(torch.cat((x, -x), dim=-1), (2 * n,), None, None, eps)[..., :n]
+    return normed if weight is None else normed * weight
+
+
+def empty_param(*shape: int) -> nn.Parameter:
+    # Created on the meta device by the loader; real storage is assigned weight by weight.
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """[T, 2 * inter] (gate | up, fused at load) -> silu(gate) * up [T, inter]."""
+    inter = gate_up.shape[-1] // 2
+    return F.silu(gate_up[:, :inter]) * gate_up[:, inter:]

@@ -1,0 +1,65 @@
+"""Llama 2 / 3 / 3.1 / 3.2 and the checkpoints sharing its layout: Mistral (7B, Nemo), Qwen2 / Qwen2.5
+(q/k/v bias), SmolLM2, Yi, DeepSeek-R1-Distill-Llama.
+
+Layer: x + o(attention(rope(q, k), v)) over RMSNorm(x), then x + down(silu(gate) * up) over RMSNorm(x).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from localchat.backends.torch.attention import AttentionMetadata, paged_attention
+from localchat.backends.torch.layers import apply_rope, empty_param, rms_norm, swiglu
+from localchat.backends.torch.models.base import DecoderLM
+from localchat.backends.torch.quant import linear
+from localchat.weights.config import ModelConfig
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, config: ModelConfig, index: int) -> None:
+        super().__init__()
+        h, kvh, d, hidden = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+            config.hidden_size,
+        )
+        self.heads, self.kv_heads, self.head_dim, self.eps = h, kvh, d, config.rms_norm_eps
+        # Llama's `attention_bias` covers q, k, v and o; Qwen2's only q, k, v (registry: o_bias False).
+        qkv_bias = config.attention_bias
+        o_bias = config.extra.get("o_bias", config.attention_bias)
+        self.attn_norm = empty_param(hidden)
+        self.qkv = empty_param((h + 2 * kvh) * d, hidden)
+        self.qkv_bias = empty_param((h + 2 * kvh) * d) if qkv_bias else None
+        self.o = empty_param(hidden, h * d)
+        self.o_bias = empty_param(hidden) if o_bias else None
+        self.mlp_norm = empty_param(hidden)
+        self.gate_up = empty_param(2 * config.intermediate_size, hidden)
+        self.down = empty_param(hidden, config.intermediate_size)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        tokens = x.shape[0]
+        h, kvh, d = self.heads, self.kv_heads, self.head_dim
+        qkv = linear(rms_norm(x, self.attn_norm, self.eps), self.qkv, self.qkv_bias).view(
+            tokens, h + 2 * kvh, d
+        )
+        qk = apply_rope(self.normalize_qk(qkv[:, : h + kvh]), cos, sin)  # [T, h + kvh, d]
+        attn = paged_attention(qk[:, :h], qk[:, h:], qkv[:, h + kvh :], kv_cache, meta)
+        x = x + linear(attn.reshape(tokens, h * d), self.o, self.o_bias)
+        return x + linear(swiglu(linear(rms_norm(x, self.mlp_norm, self.eps), self.gate_up)), self.down)
+
+    def normalize_qk(self, qk: torch.Tensor) -> torch.Tensor:
+        """q and k heads [T, h + kvh, d] before RoPE: unchanged in Llama."""
+        return qk
+
+
+class Model(DecoderLM):
+    layer_class = LlamaLayer

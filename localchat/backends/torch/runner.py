@@ -1,0 +1,334 @@
+"""The PyTorch `ModelRunner`: weights, paged KV cache, forward pass and sampling on one device.
+
+KV cache: one tensor per layer, `[2 (K, V), num_kv_heads, num_blocks * block_size, head_dim]` in the
+compute dtype (layout: attention.py), zero-filled (unwritten slots are masked out, and zeros keep
+`0 * value` finite; on CPU the zero pages are committed lazily, as blocks are first written). Slot
+`s = block_id * block_size + offset` is column `s`; block 0 is the engine's null block.
+
+Device `auto`: cuda > mps > cpu. Dtype `auto`:
+
+| device | dtype | why |
+|---|---|---|
+| cuda | bfloat16 if supported, else float16 | tensor cores; bf16 needs no loss scaling |
+| mps  | float16 | fastest type Metal runs everywhere |
+| cpu with native bf16 (AVX512-BF16 / AMX) | bfloat16 | half the bytes of fp32 and decode is memory-bound |
+| other cpu | float32 | bf16 matmuls are emulated there |
+
+Why bf16 on such CPUs, measured on the 2-core Zen 5 dev box (SmolLM2-135M, one thread, same load):
+fp32 prefill 294 / decode 16.0 / 16-stream 113 tok/s; bf16 592 / 38.6 / 221 tok/s. Decode reads every
+weight once per token and is bandwidth-bound. bf16's greedy choice matched fp32's on 383 of 392
+teacher-forced tokens (the 8 benchmark chat prompts).
+For one-row matmuls, torch's own bf16 GEMV streams weights at ~28 GB/s where oneDNN gets ~12; it is
+only reachable with oneDNN off, and oneDNN wins from two rows up, so single-row matmuls switch oneDNN
+off (`_matmul_backend`). With bf16 on CPU, GGUF Q4_0/Q4_1 linears and a Q8_0 LM head stay 4-bit for
+decode-sized steps (quant.py, `LOCALCHAT_TORCH_QUANT`); float32 keeps every weight dense and exact.
+CPU threads: all cores or all but one, picked per kind of step by measuring (threads.py), unless the
+user sets a count.
+torch.compile is not used: compiling the 30-layer decode graph took minutes
+on this box and a per-layer compile gave no measurable gain over this eager path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import mmap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from localchat.backends import RunnerOptions
+from localchat.backends.memory import mem_available
+from localchat.backends.pooling import Pooler
+from localchat.backends.torch.attention import AttentionMetadata
+from localchat.backends.torch.cuda_graphs import DecodeGraphs
+from localchat.backends.torch.device import adaptive_thread_choices, cpu_threads, pick_device, pick_dtype
+from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
+from localchat.backends.torch.kernel_choice import attention_kernel, graph_mode
+from localchat.backends.torch.layers import rms_norm
+from localchat.backends.torch.quant import pick_policy
+from localchat.backends.torch.sampler import RequestSampling, Sampler, SampleResult
+from localchat.backends.torch.threads import ThreadGovernor
+from localchat.backends.torch.weights import load_model
+from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput
+from localchat.errors import ModelLoadError
+from localchat.weights.bundle import ModelBundle
+from localchat.weights.config import ModelConfig
+
+CPU_KV_FRACTION = 0.25  # of MemAvailable; pages become resident only as the pool fills
+GPU_KV_FRACTION = 0.90  # of free device memory after the warm-up forward
+
+
+def create_runner(model: ModelBundle, options: RunnerOptions) -> TorchRunner:
+    return TorchRunner(model, options)
+
+
+@dataclass(slots=True)
+class _Step:
+    """One step's inputs as device tensors."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor | None  # None: every token is sampled, in order
+
+
+class TorchRunner:
+    def __init__(self, model: ModelBundle, options: RunnerOptions) -> None:
+        self.device = pick_device(options.device)
+        if self.device.type == "cpu" or options.num_threads:
+            torch.set_num_threads(cpu_threads(options.num_threads))
+        choices = adaptive_thread_choices(options.num_threads) if self.device.type == "cpu" else None
+        self.threads = ThreadGovernor(choices) if choices else None
+        self.dtype = pick_dtype(options.dtype, self.device)
+        self.config = model.config
+        self.quant = pick_policy(
+            self.device, self.dtype, _linear_bytes(model.config, self.dtype), mem_available(), options.isq
+        )
+        with torch.inference_mode(), _device_memory_errors(self.device, model.name):
+            self.model = load_model(model.config, model.iter_weights(), self.device, self.dtype, self.quant)
+        self.attention = attention_kernel(
+            self.device
+        )  # "triton" on CUDA (see kernel_choice.py), else "torch"
+        self.graph_mode = graph_mode(self.device, self.attention, options.cuda_graphs)
+        self.graphs: DecodeGraphs | None = None
+        self.sampler = Sampler(self.device, options.seed)
+        self.pooler = Pooler(
+            lambda h: rms_norm(h, self.model.norm, self.config.rms_norm_eps).float().sum(dim=0).cpu().numpy()
+        )
+        self.requests: dict[str, RequestSampling] = {}
+        self.kv_caches: list[torch.Tensor] = []
+        self.block_size = 0
+        # See the module docstring: torch's bf16 GEMV beats oneDNN for one-row matmuls on CPU.
+        self._native_gemv = self.device.type == "cpu" and self.dtype == torch.bfloat16
+
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec:
+        c = self.config
+        return KVCacheSpec(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.dtype.itemsize)
+
+    @property
+    def device_name(self) -> str:
+        name = str(self.device)
+        if self.device.type == "cuda":
+            name += f" {torch.cuda.get_device_name(self.device)}"
+        details = str(self.dtype).removeprefix("torch.")
+        if self.quant.kernels is not None:
+            details += f", GGUF blocks on localchat's {self.quant.kernels.name} kernels"
+        if self.quant.int4:
+            details += ", int4 linears" + (" + dense copies" if self.quant.dense_copy else "")
+        return f"{name} ({details})"
+
+    def available_kv_memory(self) -> int | None:
+        if self.device.type == "cuda":
+            return self._cuda_free_after_warmup()
+        if self.device.type == "mps":
+            free = torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory()
+            return max(0, int(free * 0.5))
+        available = mem_available()
+        return None if available is None else int(available * CPU_KV_FRACTION)
+
+    def initialize_kv_cache(self, num_blocks: int, block_size: int) -> None:
+        c = self.config
+        shape = (2, c.num_key_value_heads, num_blocks * block_size, c.head_dim)
+        self.kv_caches = [self._zeros(shape) for _ in range(c.num_hidden_layers)]
+        self.block_size = block_size
+
+    def prepare_decode_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
+        """Engine hook, after the KV cache exists: capture decode graphs per batch-size bucket."""
+        if self.graph_mode is None:
+            return
+        with torch.inference_mode():
+            self.graphs = DecodeGraphs(
+                self._decode_logits,
+                max_num_seqs=max_num_seqs,
+                max_seq_len=max_model_len,
+                block_size=self.block_size,
+                kv_heads=self.config.num_key_value_heads,
+                device=self.device,
+                capture=self.graph_mode == "capture",
+            )
+
+    def _decode_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: object) -> torch.Tensor:
+        hidden = self.model.hidden_states(input_ids, positions, meta, self.kv_caches)  # type: ignore[arg-type]
+        return self.model.logits(hidden)
+
+    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        if self.device.type != "cpu":
+            return torch.zeros(shape, dtype=self.dtype, device=self.device)
+        # An anonymous mapping is zero pages that become resident only when written, so a large pool
+        # costs RAM as it fills; torch.zeros would commit all of it up front. (Not numpy: it asks for
+        # huge pages, and each block touched then commits 2 MiB.)
+        buffer = mmap.mmap(-1, math.prod(shape) * self.dtype.itemsize)
+        return torch.frombuffer(buffer, dtype=self.dtype).view(shape)
+
+    def execute_model(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> RunnerOutput:
+        self._update_states(scheduler_output)
+        if scheduler_output.is_empty or batch.num_tokens == 0:
+            return RunnerOutput(req_ids=[], sampled_token_ids=[])
+        threads = self.threads.threads_for(batch.num_tokens) if self.threads else 0
+        if threads:
+            torch.set_num_threads(threads)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            logits = self._logits(batch)
+            embeddings = self.pooler.finish(batch.sample_req_ids)
+            # Embedding rows got logits too (one LM-head row each) but do not sample.
+            rows = [i for i, r in enumerate(batch.sample_req_ids) if r not in embeddings]
+            sample_ids = [batch.sample_req_ids[i] for i in rows]
+            bitmask = batch.token_bitmask
+            if embeddings:
+                logits = logits[rows]
+                bitmask = None if bitmask is None else bitmask[rows]
+            states = [self.requests[r] for r in sample_ids]
+            result = self.sampler(logits, states, bitmask) if states else SampleResult([])
+        if self.threads:
+            self.threads.record(batch.num_tokens, threads, time.perf_counter() - start)
+        output = RunnerOutput.one_token_each(sample_ids, result.token_ids, result.logprobs)
+        return output.with_embeddings(batch.sample_req_ids, embeddings)
+
+    def compute_logits(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> torch.Tensor:
+        """Like `execute_model` but returns the float32 logits [num_sampled, vocab] (tests, debugging)."""
+        self._update_states(scheduler_output)
+        with torch.inference_mode():
+            return self._logits(batch).float()
+
+    def shutdown(self) -> None:
+        self.kv_caches = []
+        self.requests.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _update_states(self, out: SchedulerOutput) -> None:
+        # Forget first: a preempted request comes back in the same step as a new one.
+        for req_id in out.finished_req_ids | out.preempted_req_ids:
+            self.requests.pop(req_id, None)
+            self.pooler.forget(req_id)
+        vocab = self.config.vocab_size
+        for new in out.scheduled_new_reqs:
+            self.requests[new.req_id] = RequestSampling.create(
+                new.sampling_params, new.prompt_token_ids, new.output_token_ids, vocab, self.device
+            )
+            if new.sampling_params.embedding:
+                self.pooler.start(new.req_id)
+
+    def _logits(self, batch: BatchInputs) -> torch.Tensor:
+        assert self.kv_caches and batch.block_size == self.block_size, "initialize_kv_cache first"
+        pooled = self.pooler.rows(batch)  # embedding rows need the hidden states: never a graph then
+        if self.graphs is not None and not pooled and self.graphs.can_run(batch):
+            return self.graphs.run(batch)
+        step = self._prepare(batch)
+        with self._matmul_backend(batch.num_tokens):
+            hidden = self.model.hidden_states(step.input_ids, step.positions, step.meta, self.kv_caches)
+        if pooled:
+            self.pooler.add(batch, hidden, pooled)
+        if step.logits_indices is not None:
+            hidden = hidden[step.logits_indices]
+        with self._matmul_backend(hidden.shape[0]):
+            return self.model.logits(hidden)
+
+    def _prepare(self, batch: BatchInputs) -> _Step:
+        def to_device(array: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64)).to(self.device)
+
+        indices = batch.logits_indices
+        all_tokens = len(indices) == batch.num_tokens and bool((indices == np.arange(len(indices))).all())
+        return _Step(
+            input_ids=to_device(batch.input_ids),
+            positions=to_device(batch.positions),
+            meta=self._metadata(batch),
+            logits_indices=None if all_tokens else to_device(indices),
+        )
+
+    def _metadata(self, batch: BatchInputs) -> AttentionMetadata | TritonAttentionMetadata:
+        kv_heads = self.config.num_key_value_heads
+        if self.attention == "triton":
+            return TritonAttentionMetadata.from_batch(batch, self.device, kv_heads, self._num_sms)
+        return AttentionMetadata.from_batch(batch, self.device, kv_heads)
+
+    @property
+    def _num_sms(self) -> int:
+        if self.device.type != "cuda":
+            return 132  # the interpreter twin: any count works
+        return torch.cuda.get_device_properties(self.device).multi_processor_count
+
+    @contextlib.contextmanager
+    def _matmul_backend(self, rows: int) -> Iterator[None]:
+        if not (self._native_gemv and rows == 1):
+            yield
+            return
+        previous = torch.backends.mkldnn.enabled
+        torch.backends.mkldnn.enabled = False
+        try:
+            yield
+        finally:
+            torch.backends.mkldnn.enabled = previous
+
+    def _cuda_free_after_warmup(self) -> int:
+        # A prefill-sized forward allocates the activations a real step will need before we measure.
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        self._warmup(num_tokens=512)
+        torch.cuda.synchronize(self.device)
+        activations = torch.cuda.max_memory_allocated(self.device) - before
+        torch.cuda.empty_cache()  # cached blocks would otherwise count as used
+        free, _ = torch.cuda.mem_get_info(self.device)
+        budget = int(free * GPU_KV_FRACTION) - activations
+        if budget <= 0:
+            raise ModelLoadError(
+                f"The model fits on {self.device} but leaves no memory for the KV cache "
+                f"({free / 2**30:.1f} GiB free after loading). Use a smaller or 4-bit model (--isq q4), "
+                "or set --mem to a small KV cache size in MiB."
+            )
+        return budget
+
+    def _warmup(self, num_tokens: int) -> None:
+        block_size = 16
+        blocks = -(-num_tokens // block_size)
+        saved = self.kv_caches, self.block_size
+        self.initialize_kv_cache(blocks + 1, block_size)
+        try:
+            positions = np.arange(num_tokens, dtype=np.int64)
+            batch = BatchInputs(
+                req_ids=["warmup"],
+                input_ids=np.zeros(num_tokens, dtype=np.int64),
+                positions=positions,
+                slot_mapping=positions + block_size,
+                query_start_loc=np.array([0, num_tokens], dtype=np.int32),
+                seq_lens=np.array([num_tokens], dtype=np.int32),
+                block_tables=np.arange(1, blocks + 1, dtype=np.int32)[None, :],
+                logits_indices=np.array([num_tokens - 1], dtype=np.int64),
+                sample_req_ids=["warmup"],
+                max_query_len=num_tokens,
+                max_seq_len=num_tokens,
+                block_size=block_size,
+            )
+            with torch.inference_mode():
+                self._logits(batch)
+        finally:
+            self.kv_caches, self.block_size = saved
+
+
+@contextlib.contextmanager
+def _device_memory_errors(device: torch.device, name: str) -> Iterator[None]:
+    """A model too large for the GPU is a message, not a CUDA traceback."""
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError as exc:
+        _, total = torch.cuda.mem_get_info(device)
+        raise ModelLoadError(
+            f"{name} does not fit in {device}'s {total / 2**30:.1f} GiB of memory. Use a smaller or 4-bit "
+            "model (a Q4 GGUF file, or --isq q4 for safetensors), or --device cpu."
+        ) from exc
+
+
+def _linear_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
+    """The decoder layers' matrices in `dtype`: what dense copies of int4 weights would cost."""
+    c = config
+    attention = c.hidden_size * c.head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)
+    per_layer = attention + 3 * c.hidden_size * c.intermediate_size
+    return c.num_hidden_layers * per_layer * dtype.itemsize
