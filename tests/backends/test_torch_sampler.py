@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-import numpy as np
-
-from localchat.backends.torch.sampler import SampleResult, _apply_penalties, _top_k, _top_p, new_generator, sample
+from localchat.backends.torch.sampler import (
+    SampleResult,
+    _apply_penalties,
+    _top_k,
+    _top_p,
+    new_generator,
+    sample,
+)
 from tests.helpers.sampling import Row, inputs_for
 from tests.helpers.sampling import row as state
 
