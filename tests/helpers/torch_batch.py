@@ -10,7 +10,6 @@ import numpy as np
 import torch
 
 from localchat.backends.torch.runner import TorchRunner
-from localchat.engine.sampling_inputs import build_sampling_inputs
 from localchat.engine.interface import (
     BatchInputs,
     CachedRequestData,
@@ -18,6 +17,7 @@ from localchat.engine.interface import (
     RunnerOutput,
     SchedulerOutput,
 )
+from localchat.engine.sampling_inputs import build_sampling_inputs
 from localchat.engine.sampling_params import SamplingParams
 
 
