@@ -16,6 +16,7 @@ import numpy as np
 from localchat.engine.sampling_params import SamplingParams
 
 _SEED_MASK = 2**64 - 1
+_SEED_STRIDE = 1_000_003  # spreads (seed, token index) pairs over the seed space
 BANNED_BIAS = -100.0  # logit_bias at OpenAI's floor bans the token: it becomes -inf
 
 
@@ -117,9 +118,6 @@ class SamplingInputs:
         """The seed of row `row`'s draw this step: a pure function of (seed, token index), so a resumed
         request draws exactly what it would have drawn without the preemption."""
         return (int(self.seed[row]) * _SEED_STRIDE + int(self.token_index[row])) & _SEED_MASK
-
-
-_SEED_STRIDE = 1_000_003  # spreads (seed, token index) pairs over the seed space
 
 
 def build_sampling_inputs(rows: Sequence[tuple[SamplingParams, Sequence[int], int]]) -> SamplingInputs:
