@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's localchat
 
 from localchat.backends.torch.sampler import new_generator, sample
 from localchat.engine.sampling_inputs import build_sampling_inputs
