@@ -1,0 +1,77 @@
+"""Dense float matrices -> GGUF Q8_0 / Q4_K block bytes, for quantizing safetensors weights at load (`--isq`).
+
+The bytes are exactly GGUF's layouts (what `gguf.quants.dequantize` and our kernels read), so a
+quantized matrix runs on the same kernels as a downloaded GGUF file's:
+
+- Q8_0, 32 values per 34-byte block: d = amax / 127 as float16, then q = round(x / d) (halves away from
+  zero) as int8; value = d * q. Bit-identical to ggml's reference quantizer.
+- Q4_K, 256 values per 144-byte block of eight 32-value sub-blocks: float16 d and dmin, a 6-bit scale
+  sc and min m per sub-block (12 packed bytes), 4-bit codes; value = d * sc * q - dmin * m. Scales
+  and mins are picked from each sub-block's range (no error search like llama.cpp's), rounded up so
+  that every value lies inside the representable range: the error is half a step, d * sc / 2.
+
+numpy only; callers pass row slices so temporaries stay a few MB (1B-parameter model: measured in
+README's ISQ table).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+Q8_0_VALUES, Q8_0_BYTES = 32, 34
+QK_K, Q4_K_BYTES = 256, 144
+
+
+def _round_away(x: np.ndarray) -> np.ndarray:
+    """Round half away from zero, as C's roundf (np.round rounds halves to even)."""
+    return np.trunc(x + np.copysign(np.float32(0.5), x))
+
+
+def _f16(values: np.ndarray) -> np.ndarray:
+    """float32 [n] -> its float16 bytes, uint8 [n, 2]."""
+    return values.astype(np.float16).reshape(-1, 1).view(np.uint8)
+
+
+def quantize_q8_0(matrix: np.ndarray) -> np.ndarray:
+    """float [rows, cols] (cols a multiple of 32) -> uint8 [rows, cols / 32 * 34]."""
+    rows, cols = matrix.shape
+    blocks = np.asarray(matrix, dtype=np.float32).reshape(-1, Q8_0_VALUES)
+    d = np.abs(blocks).max(axis=1) / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inverse = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+    codes = _round_away(blocks * inverse[:, None]).astype(np.int8).view(np.uint8)
+    return np.concatenate((_f16(d), codes), axis=1).reshape(rows, cols // Q8_0_VALUES * Q8_0_BYTES)
+
+
+def quantize_q4_k(matrix: np.ndarray) -> np.ndarray:
+    """float [rows, cols] (cols a multiple of 256) -> uint8 [rows, cols / 256 * 144]."""
+    rows, cols = matrix.shape
+    x = np.asarray(matrix, dtype=np.float32).reshape(-1, 8, 32)  # [blocks, sub-blocks, values]
+    low = np.minimum(x.min(axis=-1), 0)  # the offset only shifts values up: codes start at 0
+    dmin = (-low).max(axis=-1) / np.float32(63)
+    dmin16 = dmin.astype(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # Rounded up: offset dmin * m >= -low, so no value falls below code 0.
+        m = np.nan_to_num(np.ceil(-low / dmin16[:, None])).clip(0, 63)
+        offset = dmin16[:, None] * m  # [blocks, 8]
+        span = x.max(axis=-1) + offset  # what 15 steps must cover
+        d16 = (span.max(axis=-1) / np.float32(15 * 63)).astype(np.float16).astype(np.float32)
+        sc = np.nan_to_num(np.ceil(span / (15 * d16[:, None]))).clip(0, 63)
+        step = (d16[:, None] * sc)[..., None]
+        q = np.nan_to_num(np.round((x + offset[..., None]) / step)).clip(0, 15).astype(np.uint8)
+    sc8, m8 = sc.astype(np.uint8), m.astype(np.uint8)
+    scales = np.concatenate(  # 6-bit sc, m: low bits of the first four, high bits of the rest on top
+        (
+            sc8[:, :4] | ((sc8[:, 4:] >> 4) << 6),
+            m8[:, :4] | ((m8[:, 4:] >> 4) << 6),
+            (sc8[:, 4:] & 0x0F) | ((m8[:, 4:] & 0x0F) << 4),
+        ),
+        axis=1,
+    )
+    pairs = q.reshape(-1, 4, 2, 32)  # sub-blocks 2j and 2j + 1 share 32 bytes: low and high nibble
+    nibbles = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(-1, 128)
+    out = np.concatenate((_f16(d16), _f16(dmin16), scales, nibbles), axis=1)
+    return out.reshape(rows, cols // QK_K * Q4_K_BYTES)
+
+
+QUANTIZERS = {"Q8_0": (quantize_q8_0, Q8_0_VALUES), "Q4_K": (quantize_q4_k, QK_K)}
