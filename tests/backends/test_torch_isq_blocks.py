@@ -1,0 +1,178 @@
+"""`--isq q8_0 | q4_k`: dense weights quantized at load into GGUF blocks that our CPU kernels run.
+
+The quantizer's bytes are read identically by the `gguf` package's reference dequantizer and by our
+kernels (so they are the formats' true bytes), each value lies within half a quantization step, and
+a whole tiny model quantized at load gives the logits of the same model whose weights were replaced
+by those dequantized values (only the kernels' 8-bit activations differ).
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+from gguf.quants import Q4_K, dequantize, quantize
+
+from localchat.backends import RunnerOptions
+from localchat.backends.torch import kernels as cpu_kernels
+from localchat.backends.torch.isq import quantize_weight
+from localchat.backends.torch.kernels import BlockMatrix
+from localchat.backends.torch.runner import TorchRunner
+from localchat.errors import BackendUnavailableError
+from localchat.weights.block_quantize import quantize_q4_k, quantize_q8_0
+from localchat.weights.tensors import WeightTensor
+from tests.helpers.torch_batch import PagedDriver
+from tests.helpers.torch_models import bundle_from_hf, tiny_hf_model
+
+OPS = cpu_kernels.load()
+needs_kernels = pytest.mark.skipif(OPS is None, reason="localchat's CPU kernels are not built")
+QUANTIZERS = {"Q8_0": quantize_q8_0, "Q4_K": quantize_q4_k}
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _hard_matrix(rows: int = 32, cols: int = 512) -> np.ndarray:
+    gen = np.random.default_rng(0)
+    matrix = gen.standard_normal((rows, cols)).astype(np.float32) * np.linspace(
+        1e-3, 30, cols, dtype=np.float32
+    )
+    matrix[1, :256] = 0.0  # an all-zero super-block: scales 0
+    matrix[2, :32] = 0.7  # a constant sub-block
+    matrix[3, 5] = 1e4  # an outlier stretching its block's scale
+    matrix[4] = np.abs(matrix[4])  # no negative values: min offset 0
+    matrix[5] = -np.abs(matrix[5])
+    return matrix
+
+
+def test_q8_0_bytes_are_ggml_references() -> None:
+    matrix = _hard_matrix()
+    expected = quantize(matrix, GGMLQuantizationType.Q8_0)
+    assert np.array_equal(quantize_q8_0(matrix), expected)
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
+def test_gguf_and_our_kernels_read_the_same_values(qtype: str) -> None:
+    assert OPS is not None
+    matrix = _hard_matrix()
+    blocks = QUANTIZERS[qtype](matrix)
+    reference = dequantize(blocks, GGMLQuantizationType[qtype]).reshape(matrix.shape)
+    seg = cpu_kernels.Segment(qtype, torch.from_numpy(blocks))
+    ours = OPS.dequantize_rows(seg, matrix.shape[1], torch.arange(matrix.shape[0]), torch.float32)
+    assert np.array_equal(ours.numpy(), reference)
+
+
+def test_q4_k_within_half_a_step() -> None:
+    matrix = _hard_matrix()
+    blocks = quantize_q4_k(matrix)
+    back = dequantize(blocks, GGMLQuantizationType.Q4_K).reshape(matrix.shape)
+    raw = blocks.reshape(-1, 144)
+    d = raw[:, 0:2].copy().view(np.float16).astype(np.float32)  # [blocks, 1]
+    sc, _ = Q4_K.get_scale_min(raw[:, 4:16].copy())
+    step = np.repeat(d * sc.astype(np.float32), 32, axis=1).reshape(matrix.shape)
+    # Half a step, plus float16 rounding of d (2^-11 of a 15-step span) and float32 arithmetic.
+    assert np.all(np.abs(back - matrix) <= step * (0.5 + 15 * 2.0**-11) + 1e-6 * np.abs(matrix))
+    assert np.array_equal(back[1, :256], np.zeros(256, np.float32))
+
+
+@pytest.mark.parametrize(("qtype", "low", "high"), [("Q8_0", 0.003, 0.008), ("Q4_K", 0.06, 0.09)])
+def test_relative_error_on_gaussian_weights(qtype: str, low: float, high: float) -> None:
+    """RMS error / RMS value: 8 bits per 32 values ~ amax/127/sqrt(12); 4 bits over the sub-block's
+    range (~4.5 sigma for 32 normal values) ~ range/15/sqrt(12) ~ 0.08."""
+    matrix = np.random.default_rng(1).standard_normal((256, 1024)).astype(np.float32) * 0.02
+    back = dequantize(QUANTIZERS[qtype](matrix), GGMLQuantizationType[qtype]).reshape(matrix.shape)
+    rel = float(np.sqrt(((back - matrix) ** 2).mean() / (matrix**2).mean()))
+    assert low < rel < high
+
+
+@needs_kernels
+def test_quantizing_a_matrix_never_holds_it_in_float32() -> None:
+    assert OPS is not None
+    source = np.random.default_rng(2).standard_normal((2048, 2048)).astype(np.float32)  # 16 MiB
+    bf16 = (source.view(np.uint32) >> 16).astype(np.uint16)  # as safetensors hands BF16: 8 MiB
+    tracemalloc.start()
+    try:
+        matrix = quantize_weight(WeightTensor("w", bf16.shape, "BF16", bf16), "Q4_K", OPS)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert matrix.nbytes == 2048 * 2048 // 256 * 144  # 2.25 MiB of blocks
+    # The blocks plus one slice's temporaries (a full float32 copy alone would be 16 MiB).
+    assert peak < matrix.nbytes + 6 * 2**20, peak
+
+
+def _logits(runner: TorchRunner) -> torch.Tensor:
+    driver = PagedDriver(runner)
+    for i, prompt in enumerate([[5, 9, 30, 44, 2, 17, 8], [60, 61, 200, 3]]):
+        driver.add(f"r{i}", prompt)
+    return driver.step_logits(every_token=True)[1].float()
+
+
+def _dequantized(values: torch.Tensor, qtype: str) -> torch.Tensor:
+    blocks = QUANTIZERS[qtype](values.numpy())
+    back = dequantize(blocks, GGMLQuantizationType[qtype]).reshape(values.shape)
+    return torch.from_numpy(np.ascontiguousarray(back))
+
+
+@needs_kernels
+@pytest.mark.parametrize(("isq", "qtype", "cosine_to_fp32"), [("q8_0", "Q8_0", 0.99), ("q4_k", "Q4_K", 0.85)])
+def test_isq_model_runs_blocks_and_matches_its_dequantized_weights(
+    isq: str, qtype: str, cosine_to_fp32: float
+) -> None:
+    hf = tiny_hf_model("llama", hidden_size=256, intermediate_size=512)  # rows of 256: Q4_K applies
+    fp32 = _logits(TorchRunner(bundle_from_hf(hf), RunnerOptions(device="cpu", dtype="float32")))
+    runner = TorchRunner(bundle_from_hf(hf), RunnerOptions(device="cpu", dtype="bfloat16", isq=isq))
+    for layer in runner.model.layers:
+        for matrix in (layer.qkv, layer.o, layer.gate_up, layer.down):
+            assert isinstance(matrix, BlockMatrix) and [s.qtype for s in matrix.segments] == [qtype]
+    for table in (runner.model.embed, runner.model.lm_head):  # the output layer stays at 8 bits
+        assert isinstance(table, BlockMatrix) and [s.qtype for s in table.segments] == ["Q8_0"]
+    assert f"quantized to {qtype} at load" in runner.device_name
+    got = _logits(runner)
+
+    with torch.no_grad():  # the reference: every weight replaced by the values its blocks hold
+        for name, param in hf.named_parameters():
+            kind = name.split(".")[-2]
+            if kind in LINEARS or kind in ("embed_tokens", "lm_head"):
+                param.copy_(_dequantized(param, qtype if kind in LINEARS else "Q8_0"))
+    expected = _logits(TorchRunner(bundle_from_hf(hf), RunnerOptions(device="cpu", dtype="float32")))
+    # Only activations differ: bf16 between layers and 8 bits per 32 values inside the kernels.
+    assert float(F.cosine_similarity(got, expected, dim=-1).min()) > 0.995
+    top2 = expected.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 0.05 * expected.abs().max(dim=-1).values
+    assert bool(clear.any())
+    assert torch.equal(got.argmax(-1)[clear], expected.argmax(-1)[clear])
+    # Against the unquantized model: this random model's wide weights make it far more sensitive to
+    # weight noise than a trained one (its q4_k greedy picks agree on ~half the positions).
+    assert float(F.cosine_similarity(got, fp32, dim=-1).min()) > cosine_to_fp32
+
+
+@needs_kernels
+def test_q4_k_falls_back_to_q8_0_for_rows_it_cannot_split() -> None:
+    runner = TorchRunner(
+        bundle_from_hf(tiny_hf_model("llama")), RunnerOptions(device="cpu", dtype="float32", isq="q4_k")
+    )  # hidden 64: no multiple of 256
+    qkv = runner.model.layers[0].qkv
+    assert isinstance(qkv, BlockMatrix) and [s.qtype for s in qkv.segments] == ["Q8_0"]
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "why"),
+    [
+        ("LOCALCHAT_KERNELS", "off", "kernels are off or not built"),
+        ("LOCALCHAT_TORCH_QUANT", "dequant", "LOCALCHAT_TORCH_QUANT=dequant is set"),
+    ],
+)
+def test_block_isq_without_our_kernels_is_refused(
+    monkeypatch: pytest.MonkeyPatch, env: str, value: str, why: str
+) -> None:
+    monkeypatch.setenv(env, value)
+    with pytest.raises(
+        BackendUnavailableError, match=f"--isq q8_0 runs on localchat's compiled CPU kernels.*{why}"
+    ):
+        TorchRunner(
+            bundle_from_hf(tiny_hf_model("llama")), RunnerOptions(device="cpu", dtype="float32", isq="q8_0")
+        )
