@@ -23,14 +23,14 @@ from localchat.backends.torch.isq import quantize_weight
 from localchat.backends.torch.kernels import BlockMatrix
 from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
-from localchat.weights.block_quantize import quantize_q4_k, quantize_q8_0
+from localchat.weights.block_quantize import quantize_q4_k, quantize_q5_0, quantize_q8_0
 from localchat.weights.tensors import WeightTensor
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import bundle_from_hf, tiny_hf_model
 
 OPS = cpu_kernels.load()
 needs_kernels = pytest.mark.skipif(OPS is None, reason="localchat's CPU kernels are not built")
-QUANTIZERS = {"Q8_0": quantize_q8_0, "Q4_K": quantize_q4_k}
+QUANTIZERS = {"Q8_0": quantize_q8_0, "Q4_K": quantize_q4_k, "Q5_0": quantize_q5_0}
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -47,14 +47,17 @@ def _hard_matrix(rows: int = 32, cols: int = 512) -> np.ndarray:
     return matrix
 
 
-def test_q8_0_bytes_are_ggml_references() -> None:
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0"])
+def test_bytes_are_ggml_references(qtype: str) -> None:
     matrix = _hard_matrix()
-    expected = quantize(matrix, GGMLQuantizationType.Q8_0)
-    assert np.array_equal(quantize_q8_0(matrix), expected)
+    matrix[6, 0] = 127  # Q8_0's d = 1: the exact halves after it show the rounding rule (away from 0)
+    matrix[6, 1:32] = np.arange(31) - 14.5
+    expected = quantize(matrix, GGMLQuantizationType[qtype])
+    assert np.array_equal(QUANTIZERS[qtype](matrix), expected)
 
 
 @needs_kernels
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "Q5_0"])
 def test_gguf_and_our_kernels_read_the_same_values(qtype: str) -> None:
     assert OPS is not None
     matrix = _hard_matrix()
@@ -151,12 +154,12 @@ def test_isq_model_runs_blocks_and_matches_its_dequantized_weights(
 
 
 @needs_kernels
-def test_q4_k_falls_back_to_q8_0_for_rows_it_cannot_split() -> None:
-    runner = TorchRunner(
-        bundle_from_hf(tiny_hf_model("llama")), RunnerOptions(device="cpu", dtype="float32", isq="q4_k")
-    )  # hidden 64: no multiple of 256
-    qkv = runner.model.layers[0].qkv
-    assert isinstance(qkv, BlockMatrix) and [s.qtype for s in qkv.segments] == ["Q8_0"]
+def test_q4_k_falls_back_to_q5_0_for_rows_it_cannot_split() -> None:
+    hf = tiny_hf_model("llama", intermediate_size=256)  # hidden 64: no multiple of 256; down's rows are
+    runner = TorchRunner(bundle_from_hf(hf), RunnerOptions(device="cpu", dtype="float32", isq="q4_k"))
+    layer = runner.model.layers[0]
+    for matrix, qtype in ((layer.qkv, "Q5_0"), (layer.gate_up, "Q5_0"), (layer.down, "Q4_K")):
+        assert isinstance(matrix, BlockMatrix) and [s.qtype for s in matrix.segments] == [qtype]
 
 
 @pytest.mark.parametrize(

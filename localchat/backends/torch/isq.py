@@ -2,7 +2,7 @@
 
 Each matrix becomes a `BlockMatrix`, the form a GGUF file's weights take, so decode and prefill run on
 the same kernels with no dense copy. Linears take the chosen type; a row length Q4_K cannot split
-(not a multiple of 256) falls back to Q8_0, as llama.cpp does for such tensors. The token embedding
+(not a multiple of 256, e.g. SmolLM2's 576) falls back to Q5_0 (5.5 bits per weight), as llama.cpp does. The token embedding
 and LM head take Q8_0: the output layer is the most sensitive to quantization (llama.cpp keeps it at 6-8
 bits too). Rows are quantized a slice at a time from the memory-mapped file, so load never holds the
 whole matrix in float32 beside its blocks.
@@ -19,6 +19,7 @@ from localchat.weights.tensors import WeightTensor
 
 BLOCK_TYPES = {"q8_0": "Q8_0", "q4_k": "Q4_K"}  # --isq value -> GGUF type
 HEAD_TYPE = "Q8_0"
+FALLBACK = {"Q4_K": "Q5_0"}  # for rows that do not split into Q4_K's 256s (llama.cpp's choice too)
 SLICE_VALUES = 1 << 18  # values quantized per numpy call: 1 MB of float32 and a few temporaries
 
 
@@ -27,7 +28,7 @@ def block_type(qtype: str, weight: WeightTensor, head: bool) -> str | None:
     if weight.is_quantized or len(weight.shape) != 2:
         return None
     want = HEAD_TYPE if head else qtype
-    for candidate in (want, HEAD_TYPE):
+    for candidate in (want, FALLBACK.get(want, want), HEAD_TYPE):
         if weight.shape[1] % QUANTIZERS[candidate][1] == 0:
             return candidate
     return None
