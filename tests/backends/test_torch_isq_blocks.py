@@ -9,6 +9,9 @@ by those dequantized values (only the kernels' 8-bit activations differ).
 from __future__ import annotations
 
 import tracemalloc
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +27,11 @@ from localchat.backends.torch.kernels import BlockMatrix
 from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
 from localchat.weights.block_quantize import quantize_q4_k, quantize_q5_0, quantize_q8_0
+from localchat.weights.bundle import ModelBundle
+from localchat.weights.loader import load_model
 from localchat.weights.tensors import WeightTensor
+from tests.backends.test_kernels_model import NEAR_TIE
+from tests.helpers.real_model import chat_prompts, greedy, top2
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import bundle_from_hf, tiny_hf_model
 
@@ -179,3 +186,38 @@ def test_block_isq_without_our_kernels_is_refused(
         TorchRunner(
             bundle_from_hf(tiny_hf_model("llama")), RunnerOptions(device="cpu", dtype="float32", isq="q8_0")
         )
+
+
+def _dense_bundle(gguf: Path) -> ModelBundle:
+    """The GGUF model as a dense float32 checkpoint (what a safetensors folder hands the runner)."""
+    bundle = load_model(gguf)
+    source = bundle.iter_weights
+
+    def dense() -> Iterator[WeightTensor]:
+        for w in source():
+            yield WeightTensor(w.name, w.shape, "F32", w.dequantize())
+
+    return replace(bundle, format="safetensors", iter_weights=dense)
+
+
+@needs_kernels
+@pytest.mark.slow
+def test_smollm2_dense_with_isq_q8_0_tracks_the_fp32_reference(smollm2_gguf: Path) -> None:
+    """Greedy tokens identical to the fp32 run until a near-tie (the kernel tests' NEAR_TIE rule: Q8_0 on
+    top of the dense values adds ~0.5% weight noise to the 8-bit activations' rounding)."""
+    bundle = _dense_bundle(smollm2_gguf)
+    prompts = chat_prompts(bundle)
+    ours = TorchRunner(bundle, RunnerOptions(device="cpu", dtype="bfloat16", isq="q8_0"))
+    assert isinstance(ours.model.layers[0].qkv, BlockMatrix)
+    fp32 = TorchRunner(_dense_bundle(smollm2_gguf), RunnerOptions(device="cpu", dtype="float32"))
+    got, want = greedy(ours, bundle, prompts), greedy(fp32, bundle, prompts)
+    identical = 0
+    for prompt, a, b in zip(prompts, got, want, strict=True):
+        if a == b:
+            identical += 1
+            continue
+        at = next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
+        first, second, gap = top2(fp32, prompt + b[:at])
+        detail = f"first difference at token {at}: isq {a[at]}, fp32 {b[at]}; fp32 top-2 gap {gap:.3f}"
+        assert {a[at], b[at]} == {first, second} and gap < NEAR_TIE, detail
+    assert identical >= 1
