@@ -36,6 +36,15 @@ QK_NORM_WEIGHTS: WeightMap = {
     "self_attn.q_norm.weight": ("q_norm", 0, 1),
     "self_attn.k_norm.weight": ("k_norm", 0, 1),
 }
+# Phi-3 stores q|k|v and gate|up already fused, in the order the families fuse them: one part each.
+PHI3_LAYER_WEIGHTS: WeightMap = {
+    "input_layernorm.weight": ("attn_norm", 0, 1),
+    "self_attn.qkv_proj.weight": ("qkv", 0, 1),
+    "self_attn.o_proj.weight": ("o", 0, 1),
+    "post_attention_layernorm.weight": ("mlp_norm", 0, 1),
+    "mlp.gate_up_proj.weight": ("gate_up", 0, 1),
+    "mlp.down_proj.weight": ("down", 0, 1),
+}
 # Outside the layers: checkpoint name -> parameter.
 TOP_WEIGHTS = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
 
@@ -92,6 +101,15 @@ def _entries() -> list[Architecture]:
             layer_weights={**LLAMA_LAYER_WEIGHTS, **QK_NORM_WEIGHTS},
             hf_defaults=qwen_defaults,
             gguf_arch="qwen3",
+        ),
+        # Ministral-8B-Instruct-2410: Mistral's layout (transformers 5 nests its rope settings).
+        Architecture("ministral", "llama"),
+        # Phi-3 / 3.5-mini, Phi-4-mini: Llama's layer on fused checkpoint tensors, partial rotary, longrope.
+        Architecture(
+            "phi3",
+            "phi3",
+            layer_weights=PHI3_LAYER_WEIGHTS,
+            hf_defaults={"rms_norm_eps": 1e-5, "original_max_position_embeddings": 4096},
         ),
     ]
 
