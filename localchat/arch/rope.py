@@ -3,13 +3,12 @@
 Each backend turns the result into its own cos/sin tables; computing them here keeps the scaling maths
 (llama3's band blend, yarn's ramp and attention factor) in one place, checked once against transformers.
 
-longrope (Phi-3 / Phi-4-mini, alias `su`) has two factor lists. transformers picks the long ones for the
-whole sequence once it outgrows `original_max_position_embeddings`; in a paged batch we instead pick per
-token by position: positions below the original length rotate with the short factors, the rest with the
-long ones. That matches transformers for every sequence up to the original length and for decoding past
-it after a shorter prompt (transformers' cached keys keep their short-factor rotation too); it differs
-only for a prompt already longer than the original length, which transformers re-rotates entirely with
-the long factors.
+longrope (Phi-3 / Phi-4-mini, alias `su`) has two factor lists. transformers picks them per sequence
+(the long ones once it outgrows `original_max_position_embeddings`, recomputing the whole cache at that
+point); a paged cache cannot re-rotate cached keys, so, like llama.cpp and vLLM, we pick one list per
+served context: the short factors while the engine's context length is at most the original length
+(the same tables as transformers for every sequence), the long ones for all tokens when it is longer
+(transformers' tables for sequences past the original length; shorter ones then differ from it).
 """
 
 from __future__ import annotations
@@ -90,8 +89,8 @@ def _yarn(
 
 
 def rope_long_inv_freq(config: ModelConfig) -> tuple[np.ndarray, int] | None:
-    """longrope only: the inverse frequencies for positions at or past the original length, and that
-    length (`rope_inv_freq` gives the short-factor ones for the positions before it). None otherwise."""
+    """longrope only: the long-factor inverse frequencies and the original length past which a served
+    context uses them (`rope_inv_freq` gives the short-factor ones). None for other RoPE types."""
     scaling: dict[str, Any] = config.rope_scaling or {}
     if _kind(scaling) != "longrope":
         return None

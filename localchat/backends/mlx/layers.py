@@ -26,19 +26,16 @@ class Rotary:
         inv_freq, self.scale = rope_inv_freq(config)
         self.periods = mx.array(1.0 / inv_freq.astype(np.float64), dtype=mx.float32)
         self.dims = config.rotary_dim  # below head_dim: the remaining dims pass through unturned
-        # longrope: positions from `long_from` on turn with other frequencies (localchat/arch/rope.py).
-        long = rope_long_inv_freq(config)
-        self.long_periods = (
-            None if long is None else mx.array(1.0 / long[0].astype(np.float64), dtype=mx.float32)
-        )
-        self.long_from = 0 if long is None else long[1]
+        self.long = rope_long_inv_freq(config)  # longrope: the table for contexts past the original length
+
+    def serve_context(self, max_model_len: int) -> None:
+        """longrope: one factor list for the whole served context (localchat/arch/rope.py)."""
+        if self.long is not None and max_model_len > self.long[1]:
+            self.periods = mx.array(1.0 / self.long[0].astype(np.float64), dtype=mx.float32)
 
     def __call__(self, x: mx.array, positions: mx.array) -> mx.array:
         """x [T, heads, d], positions int32 [T] -> rotated copy."""
         out = self._rope(x, positions, self.periods)
-        if self.long_periods is not None:
-            long = self._rope(x, positions, self.long_periods)
-            out = mx.where((positions >= self.long_from)[:, None, None], long, out)
         if self.scale == 1.0:
             return out
         if self.dims == x.shape[-1]:

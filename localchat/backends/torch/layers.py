@@ -21,17 +21,16 @@ class Rotary:
         # Not a module buffer: models are built on the meta device, this must hold real values.
         inv_freq, self.scale = rope_inv_freq(config)
         self.inv_freq = torch.from_numpy(inv_freq).to(device)
-        # longrope: positions from `long_from` on turn with other frequencies (localchat/arch/rope.py).
-        long = rope_long_inv_freq(config)
-        self.long_inv_freq = None if long is None else torch.from_numpy(long[0]).to(device)
-        self.long_from = 0 if long is None else long[1]
+        self.long = rope_long_inv_freq(config)  # longrope: the table for contexts past the original length
+
+    def serve_context(self, max_model_len: int) -> None:
+        """longrope: one factor list for the whole served context (localchat/arch/rope.py)."""
+        if self.long is not None and max_model_len > self.long[1]:
+            self.inv_freq = torch.from_numpy(self.long[0]).to(self.inv_freq.device)
 
     def __call__(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, 1, rotary_dim] for `apply_rope` (rotary_dim < head_dim: partial rotary)."""
-        inv_freq = self.inv_freq[None, :]
-        if self.long_inv_freq is not None:
-            inv_freq = torch.where((positions >= self.long_from)[:, None], self.long_inv_freq, inv_freq)
-        freqs = positions.float()[:, None] * inv_freq  # [T, d/2]
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, d/2]
         cos, sin = freqs.cos(), freqs.sin()
         if self.scale != 1.0:
             cos, sin = cos * self.scale, sin * self.scale
