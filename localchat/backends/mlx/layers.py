@@ -41,7 +41,7 @@ class Rotary:
         if self.dims == x.shape[-1]:
             return out * self.scale
         # The attention factor scales cos and sin: the dims that do not turn stay as they are.
-        return mx.concatenate((out[..., : self.dims] * self.scale, out[..., self.dims :]), axis=-1)
+        return mx.concatenate([out[..., : self.dims] * self.scale, out[..., self.dims :]], axis=-1)
 
     def _rope(self, x: mx.array, positions: mx.array, periods: mx.array) -> mx.array:
         return mx.fast.rope(
