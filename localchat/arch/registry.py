@@ -45,6 +45,15 @@ PHI3_LAYER_WEIGHTS: WeightMap = {
     "mlp.gate_up_proj.weight": ("gate_up", 0, 1),
     "mlp.down_proj.weight": ("down", 0, 1),
 }
+# llama.cpp's phi3 blocks: q|k|v fused in `attn_qkv`, gate|up in `ffn_up`, as in the HF checkpoint.
+PHI3_GGUF_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_qkv": "self_attn.qkv_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_up": "mlp.gate_up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 # Outside the layers: checkpoint name -> parameter.
 TOP_WEIGHTS = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
 
@@ -110,6 +119,8 @@ def _entries() -> list[Architecture]:
             "phi3",
             layer_weights=PHI3_LAYER_WEIGHTS,
             hf_defaults={"rms_norm_eps": 1e-5, "original_max_position_embeddings": 4096},
+            gguf_arch="phi3",
+            gguf_block_names=PHI3_GGUF_BLOCK_NAMES,
         ),
     ]
 
