@@ -89,6 +89,10 @@ class Architecture:
     gguf_metadata: dict[str, str] = field(default_factory=dict)
     # llama.cpp interleaves q/k rows for its rope kernel in the archs it converts with Llama's script.
     gguf_permuted_qk: bool = False
+    # A multimodal wrapper whose text LM we run alone: the key its config nests under, and checkpoint
+    # name prefixes -> the text model's (None: a part we do not run, e.g. the vision tower; skipped).
+    text_config_key: str | None = None
+    weight_prefixes: dict[str, str | None] = field(default_factory=dict)
 
 
 def _entries() -> list[Architecture]:
@@ -113,6 +117,21 @@ def _entries() -> list[Architecture]:
         ),
         # Ministral-8B-Instruct-2410: Mistral's layout (transformers 5 nests its rope settings).
         Architecture("ministral", "llama"),
+        # Mistral Small 3.1 / 3.2 (Mistral3ForConditionalGeneration): its text LM only, images unsupported.
+        Architecture(
+            "mistral3",
+            "llama",
+            text_config_key="text_config",
+            weight_prefixes={
+                "language_model.model.": "model.",  # how transformers saves it on disk
+                "language_model.lm_head.": "lm_head.",
+                "model.language_model.": "model.",  # its in-memory names
+                "vision_tower.": None,
+                "multi_modal_projector.": None,
+                "model.vision_tower.": None,
+                "model.multi_modal_projector.": None,
+            },
+        ),
         # Phi-3 / 3.5-mini, Phi-4-mini: Llama's layer on fused checkpoint tensors, partial rotary, longrope.
         Architecture(
             "phi3",
