@@ -117,6 +117,8 @@ class TorchRunner:
         details = str(self.dtype).removeprefix("torch.")
         if self.quant.kernels is not None:
             details += f", GGUF blocks on localchat's {self.quant.kernels.name} kernels"
+        if self.quant.isq_blocks:
+            details += f", dense weights quantized to {self.quant.isq_blocks} at load"
         if self.quant.int4:
             details += ", int4 linears" + (" + dense copies" if self.quant.dense_copy else "")
         return f"{name} ({details})"
@@ -137,7 +139,9 @@ class TorchRunner:
         self.block_size = block_size
 
     def prepare_decode_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
-        """Engine hook, after the KV cache exists: capture decode graphs per batch-size bucket."""
+        """Engine hook, after the KV cache exists: fix the RoPE table for the served context (longrope),
+        then capture decode graphs per batch-size bucket."""
+        self.model.rotary.serve_context(max_model_len)
         if self.graph_mode is None:
             return
         with torch.inference_mode():
