@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, ReaderTensor
 
-from localchat.arch.registry import GGUF_ARCHITECTURES, SUPPORTED_MODEL_TYPES, Architecture
+from localchat.arch.registry import ARCHITECTURES, GGUF_ARCHITECTURES, SUPPORTED_MODEL_TYPES, Architecture
 from localchat.errors import ModelLoadError, UnsupportedArchitectureError
 from localchat.weights.config import ModelConfig
 from localchat.weights.gguf_check import check_gguf_layout
@@ -91,11 +91,15 @@ def _f32(value: Any) -> float:
 
 
 def gguf_architecture(reader: GGUFReader) -> Architecture:
-    """The registry entry for the file's `general.architecture` (llama.cpp's name for it)."""
+    """The registry entry for the file's `general.architecture` (llama.cpp's name for it), or the one it
+    names for files of that architecture with experts."""
     arch = str(gguf_value(reader, "general.architecture", ""))
     if arch not in GGUF_ARCHITECTURES:
         raise UnsupportedArchitectureError(arch, list(SUPPORTED_MODEL_TYPES))
-    return GGUF_ARCHITECTURES[arch]
+    entry = GGUF_ARCHITECTURES[arch]
+    if entry.gguf_experts_model_type and int(gguf_value(reader, f"{arch}.expert_count", 0) or 0) > 0:
+        return ARCHITECTURES[entry.gguf_experts_model_type]
+    return entry
 
 
 def hf_tensor_name(gguf_name: str, arch: Architecture) -> str | None:
@@ -117,7 +121,7 @@ def hf_tensor_name(gguf_name: str, arch: Architecture) -> str | None:
 
 def config_from_gguf(reader: GGUFReader) -> ModelConfig:
     entry = gguf_architecture(reader)
-    arch = str(entry.gguf_arch)
+    arch = str(gguf_value(reader, "general.architecture"))  # the metadata prefix, also for Mixtral's "llama"
 
     def get(key: str, default: Any = None) -> Any:
         return gguf_value(reader, f"{arch}.{key}", default)

@@ -1,0 +1,63 @@
+"""The sparse mixture-of-experts feed-forward block that Mixtral and Qwen3-MoE layers use.
+
+router linear -> softmax -> top-k (renormalised where the spec says) -> each chosen expert's SwiGLU on
+the token -> the weighted sum. Dispatch is batched: the step's (token, expert) pairs are sorted by expert
+and each expert that got tokens runs once, as two matmuls over its gathered rows; the results scatter
+back with one index_add. Experts are ordinary per-expert matrices, so a GGUF file's quantized experts
+stay in their blocks (quant.py) like any other linear.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from localchat.arch.moe import MoeSpec
+from localchat.backends.torch.layers import empty_param, swiglu
+from localchat.backends.torch.quant import linear
+
+
+class Expert(nn.Module):
+    def __init__(self, hidden: int, size: int) -> None:
+        super().__init__()
+        self.gate_up = empty_param(2 * size, hidden)
+        self.down = empty_param(hidden, size)
+
+
+class SparseMoe(nn.Module):
+    def __init__(self, spec: MoeSpec, hidden: int) -> None:
+        super().__init__()
+        self.top_k, self.renormalize = spec.top_k, spec.renormalize
+        self.router = empty_param(spec.experts, hidden)
+        self.experts = nn.ModuleList(Expert(hidden, spec.expert_size) for _ in range(spec.experts))
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, hidden] -> (weights [T, k] in x's dtype, expert ids [T, k])."""
+        probs = torch.softmax(linear(x, self.router).float(), dim=-1)
+        weights, ids = probs.topk(self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(x.dtype), ids
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.route(x)
+        flat = ids.flatten()
+        order = flat.argsort(stable=True)  # pairs grouped by expert
+        token = order // self.top_k  # the token of each sorted pair
+        # NOTE: one host sync per layer for the group sizes; CUDA graphs are off for MoE models (runner).
+        counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
+        rows = x[token]
+        out = torch.empty_like(rows)
+        start = 0
+        for expert, count in zip(self.experts, counts, strict=True):
+            if count:
+                end = start + count
+                out[start:end] = linear(swiglu(linear(rows[start:end], expert.gate_up)), expert.down)
+                start = end
+        out *= weights.flatten()[order, None]
+        return torch.zeros_like(x).index_add_(0, token, out)
+
+
+def sparse_moe(spec: MoeSpec, index: int, hidden: int) -> SparseMoe | None:
+    """The layer's expert block, or None where the layer keeps a dense MLP."""
+    return SparseMoe(spec, hidden) if index in spec.sparse_layers else None
