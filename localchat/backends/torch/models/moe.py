@@ -14,7 +14,9 @@ from torch import nn
 
 from localchat.arch.moe import MoeSpec
 from localchat.backends.torch.layers import empty_param, swiglu
+from localchat.backends.torch.models.llama import LlamaLayer
 from localchat.backends.torch.quant import linear
+from localchat.weights.config import ModelConfig
 
 
 class Expert(nn.Module):
@@ -58,6 +60,15 @@ class SparseMoe(nn.Module):
         return torch.zeros_like(x).index_add_(0, token, out)
 
 
-def sparse_moe(spec: MoeSpec, index: int, hidden: int) -> SparseMoe | None:
-    """The layer's expert block, or None where the layer keeps a dense MLP."""
-    return SparseMoe(spec, hidden) if index in spec.sparse_layers else None
+class MoeLayer(LlamaLayer):
+    """A Llama layer whose MLP is a SparseMoe in the layers the config's MoE spec makes sparse."""
+
+    def __init__(self, config: ModelConfig, index: int) -> None:
+        super().__init__(config, index)
+        spec = MoeSpec.from_config(config)
+        self.moe = SparseMoe(spec, config.hidden_size) if index in spec.sparse_layers else None
+        if self.moe is not None:  # no dense gate_up/down to ask the checkpoint for
+            self.gate_up = self.down = None
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        return super().mlp(x) if self.moe is None else self.moe.forward(x)
