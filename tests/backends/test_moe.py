@@ -65,7 +65,9 @@ def hf_state(weights: list[WeightTensor]) -> dict[str, torch.Tensor]:
     stacks: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
     for w in weights:
         tensor = torch.from_numpy(np.array(w.dequantize()))
-        stacked = re.fullmatch(r"(model\.layers\.\d+\.)(?:mlp|block_sparse_moe)\.experts\.(\w+)\.weight", w.name)
+        stacked = re.fullmatch(
+            r"(model\.layers\.\d+\.)(?:mlp|block_sparse_moe)\.experts\.(\w+)\.weight", w.name
+        )
         if stacked:
             stacks[stacked[1]][stacked[2]] = tensor
         else:

@@ -40,11 +40,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from localchat.arch.moe import ffn_width
 from localchat.backends import RunnerOptions
 from localchat.backends.memory import mem_available
 from localchat.backends.pooling import Pooler
 from localchat.backends.torch.attention import AttentionMetadata
-from localchat.arch.moe import ffn_width
 from localchat.backends.torch.cuda_graphs import DecodeGraphs
 from localchat.backends.torch.device import adaptive_thread_choices, cpu_threads, pick_device, pick_dtype
 from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
@@ -94,7 +94,9 @@ class TorchRunner:
         self.attention = attention_kernel(
             self.device
         )  # "triton" on CUDA (see kernel_choice.py), else "torch"
-        self.graph_mode = graph_mode(self.device, self.attention, options.cuda_graphs and self.model.capturable)
+        self.graph_mode = graph_mode(
+            self.device, self.attention, options.cuda_graphs and self.model.capturable
+        )
         self.graphs: DecodeGraphs | None = None
         self.sampler = Sampler(self.device, options.seed)
         self.pooler = Pooler(

@@ -32,7 +32,7 @@ class Expert(Layer):
         self.declare("down", hidden, size)
 
 
-class SparseMoe(Layer):
+class SparseMoe(Layer):  # a Layer for its declared-weights bookkeeping; called through `forward`
     def __init__(self, spec: MoeSpec, hidden: int) -> None:
         self.shapes = {}
         self.top_k, self.renormalize = spec.top_k, spec.renormalize
@@ -54,7 +54,7 @@ class SparseMoe(Layer):
         mx.eval(*_arrays(self.gate_up), *_arrays(self.down))
         self.experts = []  # the stacked copies replace them
 
-    def __call__(self, x: mx.array) -> mx.array:
+    def forward(self, x: mx.array) -> mx.array:
         """x [T, hidden] (normed) -> [T, hidden]."""
         assert self.router is not None and self.gate_up is not None and self.down is not None
         probs = mx.softmax(linear(x, self.router).astype(mx.float32), axis=-1)
@@ -71,7 +71,14 @@ class SparseMoe(Layer):
 def _gather(x: mx.array, w: Stacked, ids: mx.array) -> mx.array:
     if isinstance(w, QuantizedWeight):
         return mx.gather_qmm(
-            x, w.packed, w.scales, w.biases, rhs_indices=ids, transpose=True, group_size=w.group_size, bits=w.bits
+            x,
+            w.packed,
+            w.scales,
+            w.biases,
+            rhs_indices=ids,
+            transpose=True,
+            group_size=w.group_size,
+            bits=w.bits,
         )
     return mx.gather_mm(x, w.wt, rhs_indices=ids)
 
@@ -129,7 +136,7 @@ class MoeLayer(LlamaLayer):
                 del self.shapes[key]
 
     def mlp(self, x: mx.array) -> mx.array:
-        return super().mlp(x) if self.moe is None else self.moe(x)
+        return super().mlp(x) if self.moe is None else self.moe.forward(x)
 
     def missing(self) -> list[str]:
         own = super().missing()

@@ -9,21 +9,23 @@ stay in their blocks (quant.py) like any other linear.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
 from localchat.arch.moe import MoeSpec
 from localchat.backends.torch.layers import empty_param, swiglu
 from localchat.backends.torch.models.llama import LlamaLayer
-from localchat.backends.torch.quant import linear
+from localchat.backends.torch.quant import Weight, linear
 from localchat.weights.config import ModelConfig
 
 
 class Expert(nn.Module):
     def __init__(self, hidden: int, size: int) -> None:
         super().__init__()
-        self.gate_up = empty_param(2 * size, hidden)
-        self.down = empty_param(hidden, size)
+        self.gate_up: Weight = empty_param(2 * size, hidden)  # packed forms replace them at load
+        self.down: Weight = empty_param(hidden, size)
 
 
 class SparseMoe(nn.Module):
@@ -51,7 +53,8 @@ class SparseMoe(nn.Module):
         rows = x[token]
         out = torch.empty_like(rows)
         start = 0
-        for expert, count in zip(self.experts, counts, strict=True):
+        experts = cast(list[Expert], list(self.experts))
+        for expert, count in zip(experts, counts, strict=True):
             if count:
                 end = start + count
                 out[start:end] = linear(swiglu(linear(rows[start:end], expert.gate_up)), expert.down)
