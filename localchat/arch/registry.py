@@ -120,6 +120,8 @@ class Architecture:
     gguf_metadata: dict[str, str] = field(default_factory=dict)
     # llama.cpp interleaves q/k rows for its rope kernel in the archs it converts with Llama's script.
     gguf_permuted_qk: bool = False
+    # Per-expert tensors of older llama.cpp files (`blk.N.ffn_gate.E.weight`): part -> HF name with `{e}`.
+    gguf_expert_names: dict[str, str] = field(default_factory=dict)
     # The model type a file of this `gguf_arch` is when its `{arch}.expert_count` is above 0 (llama.cpp
     # writes Mixtral as "llama" with experts).
     gguf_experts_model_type: str | None = None
@@ -184,6 +186,11 @@ def _entries() -> list[Architecture]:
             extra_keys=MOE_EXTRA_KEYS,
             # No gguf_arch of its own: a "llama" file with experts (the llama entry's hook).
             gguf_block_names=MIXTRAL_GGUF_BLOCK_NAMES,
+            gguf_expert_names={
+                "ffn_gate": "block_sparse_moe.experts.{e}.w1",
+                "ffn_up": "block_sparse_moe.experts.{e}.w3",
+                "ffn_down": "block_sparse_moe.experts.{e}.w2",
+            },
             gguf_metadata={"expert_count": "num_local_experts", "expert_used_count": "num_experts_per_tok"},
             gguf_permuted_qk=True,
         ),

@@ -40,6 +40,8 @@ _ROPE_EXTRA_KEYS = {
     "yarn_beta_slow": "beta_slow",
 }
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# Files converted before llama.cpp stacked experts (early 2024 Mixtral GGUFs): one tensor per expert.
+_EXPERT_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(\d+)\.weight")
 
 
 class _Reader(GGUFReader):
@@ -110,6 +112,10 @@ def hf_tensor_name(gguf_name: str, arch: Architecture) -> str | None:
         layer, part, kind = match.groups()
         if part in arch.gguf_block_names:
             return f"model.layers.{layer}.{arch.gguf_block_names[part]}.{kind}"
+    elif match := _EXPERT_RE.fullmatch(gguf_name):
+        layer, part, expert = match.groups()
+        if part in arch.gguf_expert_names:
+            return f"model.layers.{layer}.{arch.gguf_expert_names[part].format(e=expert)}.weight"
     else:
         stem, _, kind = gguf_name.rpartition(".")
         if stem in _GLOBAL_NAMES and kind in ("weight", "bias"):

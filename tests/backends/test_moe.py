@@ -107,6 +107,36 @@ def test_gguf_experts_match_transformers_on_dequantized_weights(
         assert isinstance(moe.down, QuantizedWeight) and moe.down.packed.shape[0] == 4
 
 
+def test_gguf_with_one_tensor_per_expert(tmp_path: Path) -> None:
+    """Mixtral GGUFs converted before llama.cpp stacked experts name each one: `blk.N.ffn_gate.E.weight`."""
+    hf = tiny_hf_model("mixtral", vocab_size=TINY_VOCAB_SIZE, **ARCHS["mixtral"])
+    path = write_tiny_gguf(
+        tmp_path / "old.gguf", hf, qtype="Q8_0", tokenizer_kind="gpt2", legacy_experts=True
+    )
+    bundle = load_model(path)
+    names = {w.name for w in bundle.iter_weights()}
+    assert "model.layers.1.block_sparse_moe.experts.3.w3.weight" in names
+    assert not any(name.endswith("experts.w3.weight") for name in names)
+    hf.load_state_dict(hf_state_per_expert(list(bundle.iter_weights())), strict=False)
+    assert np.abs(prompt_logits(runner_for("torch", bundle), PROMPT) - hf_logits(hf, PROMPT)).max() < ATOL
+
+
+def hf_state_per_expert(weights: list[WeightTensor]) -> dict[str, torch.Tensor]:
+    """hf_state for files with one tensor per expert: stack them first."""
+    grouped: dict[str, list[tuple[int, WeightTensor]]] = defaultdict(list)
+    rest = []
+    for w in weights:
+        match = re.fullmatch(r"(.+\.experts)\.(\d+)\.(\w+\.weight)", w.name)
+        if match:
+            grouped[f"{match[1]}.{match[3]}"].append((int(match[2]), w))
+        else:
+            rest.append(w)
+    for name, experts in grouped.items():
+        data = np.stack([np.array(w.dequantize()) for _, w in sorted(experts, key=lambda item: item[0])])
+        rest.append(WeightTensor(name, data.shape, "F32", data))
+    return hf_state(rest)
+
+
 def test_torch_keeps_gguf_experts_quantized_in_bfloat16(tmp_path: Path) -> None:
     hf = tiny_hf_model("mixtral", vocab_size=TINY_VOCAB_SIZE, **ARCHS["mixtral"])
     path = write_tiny_gguf(tmp_path / "moe.gguf", hf, qtype="Q8_0", tokenizer_kind="gpt2")

@@ -25,6 +25,8 @@
 - Mixture of experts (qwen3_moe, mixtral from transformers 5's stacked `mlp.experts.gate_up_proj` /
   `down_proj`): written as llama.cpp's 3-D `ffn_{gate,up,down}_exps` in `qtype`, the router
   `ffn_gate_inp` kept F32 (llama-quantize never quantizes it), with `{arch}.expert_count` etc.
+  `legacy_experts=True` writes one tensor per expert instead (`blk.N.ffn_gate.E.weight`), as Mixtral
+  files converted before llama.cpp stacked them (early 2024) do.
 """
 
 from __future__ import annotations
@@ -224,6 +226,7 @@ def write_tiny_gguf(
     add_bos: bool | None = None,
     add_space_prefix: bool | None = None,
     architecture: str | None = None,
+    legacy_experts: bool = False,
 ) -> Path:
     """Write `hf_model_or_state_dict` (a transformers model, or {HF name: tensor/array}) as GGUF.
 
@@ -253,12 +256,12 @@ def write_tiny_gguf(
         if name.endswith(".mlp.experts.gate_up_proj"):  # [E, 2I, H]: gate rows, then up rows
             gate, up = np.split(data, 2, axis=1)
             block = name.removesuffix("mlp.experts.gate_up_proj").replace("model.layers.", "blk.")
-            _add_tensor(writer, f"{block}ffn_gate_exps.weight", np.ascontiguousarray(gate), qtype)
-            _add_tensor(writer, f"{block}ffn_up_exps.weight", np.ascontiguousarray(up), qtype)
+            _add_experts(writer, f"{block}ffn_gate", gate, qtype, legacy_experts)
+            _add_experts(writer, f"{block}ffn_up", up, qtype, legacy_experts)
             continue
         if name.endswith(".mlp.experts.down_proj"):
             block = name.removesuffix("mlp.experts.down_proj").replace("model.layers.", "blk.")
-            _add_tensor(writer, f"{block}ffn_down_exps.weight", data, qtype)
+            _add_experts(writer, f"{block}ffn_down", data, qtype, legacy_experts)
             continue
         gguf_name = _gguf_name(name)
         _add_tensor(writer, gguf_name, data, "F32" if "ffn_gate_inp" in gguf_name else qtype)
@@ -409,6 +412,15 @@ def _add_tensor(writer: GGUFWriter, name: str, data: np.ndarray, qtype: str) -> 
         return
     blocks = K_QUANTIZERS[qtype](data) if qtype in K_QUANTIZERS else quantize(data, gtype)
     writer.add_tensor(name, blocks, raw_dtype=gtype)
+
+
+def _add_experts(writer: GGUFWriter, stem: str, data: np.ndarray, qtype: str, legacy: bool) -> None:
+    """[experts, out, in] as one `{stem}_exps` tensor, or (legacy) one `{stem}.E` tensor per expert."""
+    if not legacy:
+        _add_tensor(writer, f"{stem}_exps.weight", np.ascontiguousarray(data), qtype)
+        return
+    for e in range(data.shape[0]):
+        _add_tensor(writer, f"{stem}.{e}.weight", np.ascontiguousarray(data[e]), qtype)
 
 
 def _llama3_factors(scaling: dict[str, Any], theta: float, head_dim: int) -> np.ndarray:
