@@ -18,6 +18,9 @@ from localchat.backends.mlx.models.llama import LlamaLayer
 from localchat.backends.mlx.quant import DenseWeight, QuantizedWeight, Weight, linear
 from localchat.weights.config import ModelConfig
 
+# From this many (token, expert) pairs they are sorted by expert, so each expert's rows form one block
+# for the gathered matmul (as mlx-lm does); MLX's CPU build ran both orders alike (moe_bench.py).
+SORT_FROM_PAIRS = 64
 # A stacked matrix: DenseWeight.wt [experts, in, out], or QuantizedWeight arrays with a leading expert dim.
 Stacked = DenseWeight | QuantizedWeight
 
@@ -62,13 +65,23 @@ class SparseMoe(Layer):  # a Layer for its declared-weights bookkeeping; called 
         weights = mx.take_along_axis(probs, ids, axis=-1)
         if self.renormalize:
             weights = weights / weights.sum(axis=-1, keepdims=True)
-        rows = x[:, None, None, :]  # [T, 1, 1, hidden]: one batch entry per token, gathered k times
-        gate, up = mx.split(_gather(rows, self.gate_up, ids), 2, axis=-1)  # [T, k, 1, size] each
-        out = _gather(silu(gate) * up, self.down, ids)[:, :, 0, :]  # [T, k, hidden]
+        tokens, k = ids.shape
+        if tokens * k < SORT_FROM_PAIRS:
+            rows = x[:, None, None, :]  # [T, 1, 1, hidden]: one batch entry per token, gathered k times
+            gate, up = mx.split(_gather(rows, self.gate_up, ids), 2, axis=-1)  # [T, k, 1, size] each
+            out = _gather(silu(gate) * up, self.down, ids)[:, :, 0, :]  # [T, k, hidden]
+        else:  # pairs sorted by expert: each expert's rows are contiguous for the gathered matmul
+            flat = ids.flatten()
+            order = mx.argsort(flat)
+            chosen = flat[order]
+            rows = x[order // k][:, None, :]  # [T * k, 1, hidden]
+            gate, up = mx.split(_gather(rows, self.gate_up, chosen, True), 2, axis=-1)
+            out = _gather(silu(gate) * up, self.down, chosen, True)[:, 0, :]
+            out = out[mx.argsort(order)].reshape(tokens, k, -1)  # back to [T, k, hidden]
         return (out * weights.astype(x.dtype)[..., None]).sum(axis=1)
 
 
-def _gather(x: mx.array, w: Stacked, ids: mx.array) -> mx.array:
+def _gather(x: mx.array, w: Stacked, ids: mx.array, is_sorted: bool = False) -> mx.array:
     if isinstance(w, QuantizedWeight):
         return mx.gather_qmm(
             x,
@@ -79,8 +92,9 @@ def _gather(x: mx.array, w: Stacked, ids: mx.array) -> mx.array:
             transpose=True,
             group_size=w.group_size,
             bits=w.bits,
+            sorted_indices=is_sorted,
         )
-    return mx.gather_mm(x, w.wt, rhs_indices=ids)
+    return mx.gather_mm(x, w.wt, rhs_indices=ids, sorted_indices=is_sorted)
 
 
 def _parts(weight: Weight | list[Weight] | None) -> list[Weight]:
