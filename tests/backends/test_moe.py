@@ -202,3 +202,43 @@ def test_moe_spec_reads_sparse_layers_and_rejects_nonsense() -> None:
     assert spec.sparse_layers == {1, 2, 3}
     with pytest.raises(ModelLoadError, match="experts"):
         MoeSpec.from_config(config(num_experts=2, num_experts_per_tok=3))
+
+
+@pytest.mark.mlx
+def test_mlx_experts_in_mixed_formats_stack_dense() -> None:
+    """gather_qmm needs one quantized format for all experts; a Q4_0 gate next to a Q8_0 up (as a
+    mixed-quant file may hold) is stacked dense instead, with the same values."""
+    mx = pytest.importorskip("mlx.core")
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from localchat.backends.mlx.models.moe import SparseMoe
+    from localchat.backends.mlx.quant import DenseWeight, to_weight
+
+    spec = MoeSpec(experts=2, top_k=1, renormalize=True, expert_size=32, sparse_layers=frozenset({0}))
+    moe = SparseMoe(spec, hidden=64)
+    rng = np.random.default_rng(0)
+
+    def gguf_weight(qtype: str, rows: int, cols: int) -> WeightTensor:
+        blocks = quantize(rng.standard_normal((rows, cols)).astype(np.float32), GGMLQuantizationType[qtype])
+        return WeightTensor("w", (rows, cols), qtype, blocks)
+
+    moe.router = router_weight = to_weight(gguf_weight("Q8_0", 2, 64), mx.float32)
+    sources = []
+    for expert in moe.experts:
+        gate, up, down = gguf_weight("Q4_0", 32, 64), gguf_weight("Q8_0", 32, 64), gguf_weight("Q8_0", 64, 32)
+        expert.gate_up = [to_weight(gate, mx.float32), to_weight(up, mx.float32)]
+        expert.down = to_weight(down, mx.float32)
+        sources.append((np.concatenate((gate.dequantize(), up.dequantize())), down.dequantize()))
+    moe.finish()
+    assert isinstance(moe.gate_up, DenseWeight) and moe.gate_up.wt.shape == (2, 64, 64)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    out = np.array(moe.forward(mx.array(x)))
+    router = np.array(
+        mx.dequantize(router_weight.packed, router_weight.scales, router_weight.biases, group_size=32, bits=8)
+    )
+    for t in range(3):  # top-1: the token's output is its best expert's SwiGLU, weight 1
+        gate_up, down = sources[int((router @ x[t]).argmax())]
+        h = gate_up @ x[t]
+        act = h[:32] / (1 + np.exp(-h[:32])) * h[32:]
+        np.testing.assert_allclose(out[t], down @ act, rtol=1e-4, atol=1e-4)
