@@ -37,6 +37,24 @@ QK_NORM_WEIGHTS: WeightMap = {
     "self_attn.q_norm.weight": ("q_norm", 0, 1),
     "self_attn.k_norm.weight": ("k_norm", 0, 1),
 }
+# Phi-3 stores q|k|v and gate|up already fused, in the order the families fuse them: one part each.
+PHI3_LAYER_WEIGHTS: WeightMap = {
+    "input_layernorm.weight": ("attn_norm", 0, 1),
+    "self_attn.qkv_proj.weight": ("qkv", 0, 1),
+    "self_attn.o_proj.weight": ("o", 0, 1),
+    "post_attention_layernorm.weight": ("mlp_norm", 0, 1),
+    "mlp.gate_up_proj.weight": ("gate_up", 0, 1),
+    "mlp.down_proj.weight": ("down", 0, 1),
+}
+# llama.cpp's phi3 blocks: q|k|v fused in `attn_qkv`, gate|up in `ffn_up`, as in the HF checkpoint.
+PHI3_GGUF_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_qkv": "self_attn.qkv_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_up": "mlp.gate_up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 # Mixture-of-experts layers: `{e}` stands for the expert index, in checkpoint names and parameters alike.
 # Parameters are paths into the layer (`moe.experts.3.gate_up`); 3-D stacked expert tensors (transformers 5,
 # GGUF `*_exps`) are split into per-expert ones first (localchat/weights/experts.py).
@@ -120,6 +138,10 @@ class Architecture:
     gguf_metadata: dict[str, str] = field(default_factory=dict)
     # llama.cpp interleaves q/k rows for its rope kernel in the archs it converts with Llama's script.
     gguf_permuted_qk: bool = False
+    # A multimodal wrapper whose text LM we run alone: the key its config nests under, and checkpoint
+    # name prefixes -> the text model's (None: a part we do not run, e.g. the vision tower; skipped).
+    text_config_key: str | None = None
+    weight_prefixes: dict[str, str | None] = field(default_factory=dict)
     # Per-expert tensors of older llama.cpp files (`blk.N.ffn_gate.E.weight`): part -> HF name with `{e}`.
     gguf_expert_names: dict[str, str] = field(default_factory=dict)
     # The model type a file of this `gguf_arch` is when its `{arch}.expert_count` is above 0 (llama.cpp
@@ -193,6 +215,32 @@ def _entries() -> list[Architecture]:
             },
             gguf_metadata={"expert_count": "num_local_experts", "expert_used_count": "num_experts_per_tok"},
             gguf_permuted_qk=True,
+        ),
+        # Ministral-8B-Instruct-2410: Mistral's layout (transformers 5 nests its rope settings).
+        Architecture("ministral", "llama"),
+        # Mistral Small 3.1 / 3.2 (Mistral3ForConditionalGeneration): its text LM only, images unsupported.
+        Architecture(
+            "mistral3",
+            "llama",
+            text_config_key="text_config",
+            weight_prefixes={
+                "language_model.model.": "model.",  # how transformers saves it on disk
+                "language_model.lm_head.": "lm_head.",
+                "model.language_model.": "model.",  # its in-memory names
+                "vision_tower.": None,
+                "multi_modal_projector.": None,
+                "model.vision_tower.": None,
+                "model.multi_modal_projector.": None,
+            },
+        ),
+        # Phi-3 / 3.5-mini, Phi-4-mini: Llama's layer on fused checkpoint tensors, partial rotary, longrope.
+        Architecture(
+            "phi3",
+            "phi3",
+            layer_weights=PHI3_LAYER_WEIGHTS,
+            hf_defaults={"rms_norm_eps": 1e-5, "original_max_position_embeddings": 4096},
+            gguf_arch="phi3",
+            gguf_block_names=PHI3_GGUF_BLOCK_NAMES,
         ),
     ]
 
