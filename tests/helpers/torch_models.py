@@ -13,10 +13,12 @@ from transformers import (
     LlamaConfig,
     MinistralConfig,
     MistralConfig,
+    MixtralConfig,
     Phi3Config,
     PretrainedConfig,
     Qwen2Config,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 from localchat.backends import RunnerOptions
@@ -32,7 +34,11 @@ CONFIGS: dict[str, type[PretrainedConfig]] = {
     "qwen3": Qwen3Config,
     "phi3": Phi3Config,
     "ministral": MinistralConfig,
+    "qwen3_moe": Qwen3MoeConfig,
+    "mixtral": MixtralConfig,
 }
+# 4 experts, 2 per token, narrower than the dense MLP so a mixed-up width fails the shape check.
+TINY_MOE = {"num_experts_per_tok": 2, "moe_intermediate_size": 32}
 LLAMA3_ROPE = {
     "rope_type": "llama3",
     "rope_theta": 500000.0,
@@ -96,6 +102,17 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
             }
         },
     ),
+    # Layer 1 keeps a dense MLP (mlp_only_layers): both kinds of layer in one model.
+    "qwen3_moe": (
+        "qwen3_moe",
+        {**TINY_MOE, "num_experts": 4, "norm_topk_prob": True, "mlp_only_layers": [1], "head_dim": 32},
+    ),
+    # Raw top-k probabilities (no renormalisation); decoder_sparse_step 2 makes layer 0 dense.
+    "qwen3_moe-sparse-step": (
+        "qwen3_moe",
+        {**TINY_MOE, "num_experts": 4, "norm_topk_prob": False, "decoder_sparse_step": 2},
+    ),
+    "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
 }
 
 

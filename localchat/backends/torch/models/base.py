@@ -34,6 +34,7 @@ class Layer(Protocol):
 
 class DecoderLM(nn.Module):
     layer_class: type[nn.Module]
+    capturable = True  # a decode step may be recorded as a CUDA graph (no host syncs inside)
 
     def __init__(self, config: ModelConfig, device: torch.device) -> None:
         super().__init__()
