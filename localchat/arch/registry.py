@@ -36,6 +36,13 @@ QK_NORM_WEIGHTS: WeightMap = {
     "self_attn.q_norm.weight": ("q_norm", 0, 1),
     "self_attn.k_norm.weight": ("k_norm", 0, 1),
 }
+# Gemma 2/3: norms around both attention and MLP (their q_norm/k_norm as in QK_NORM_WEIGHTS).
+GEMMA_LAYER_WEIGHTS: WeightMap = {
+    **{k: v for k, v in LLAMA_LAYER_WEIGHTS.items() if not k.endswith("bias")},
+    "post_attention_layernorm.weight": ("post_attn_norm", 0, 1),
+    "pre_feedforward_layernorm.weight": ("mlp_norm", 0, 1),
+    "post_feedforward_layernorm.weight": ("post_mlp_norm", 0, 1),
+}
 # Outside the layers: checkpoint name -> parameter.
 TOP_WEIGHTS = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
 
@@ -75,6 +82,9 @@ class Architecture:
 
 def _entries() -> list[Architecture]:
     qwen_defaults = {"rope_theta": 1_000_000.0}
+    gemma_defaults = {"head_dim": 256, "tie_word_embeddings": True, "rms_norm_eps": 1e-6}
+    # `layer_types` None: every `sliding_window_pattern`-th layer is global, the others slide.
+    gemma_keys = {"query_pre_attn_scalar": 256, "layer_types": None}
     return [
         Architecture("llama", "llama", gguf_arch="llama", gguf_permuted_qk=True),
         # llama.cpp writes Mistral (v0.1-v0.3, Nemo) as "llama": such files load as model_type llama.
@@ -92,6 +102,34 @@ def _entries() -> list[Architecture]:
             layer_weights={**LLAMA_LAYER_WEIGHTS, **QK_NORM_WEIGHTS},
             hf_defaults=qwen_defaults,
             gguf_arch="qwen3",
+        ),
+        Architecture(
+            "gemma2",
+            "gemma",
+            layer_weights=GEMMA_LAYER_WEIGHTS,
+            hf_defaults={**gemma_defaults, "sliding_window": 4096},
+            extra_keys={
+                **gemma_keys,
+                "attn_logit_softcapping": 50.0,
+                "final_logit_softcapping": 30.0,
+                "sliding_window_pattern": 2,
+                "rope_local_base_freq": None,  # one RoPE for every layer
+                "qk_norm": False,
+            },
+        ),
+        Architecture(
+            "gemma3_text",
+            "gemma",
+            layer_weights={**GEMMA_LAYER_WEIGHTS, **QK_NORM_WEIGHTS},
+            hf_defaults={**gemma_defaults, "sliding_window": 4096, "rope_theta": 1_000_000.0},
+            extra_keys={
+                **gemma_keys,
+                "attn_logit_softcapping": None,
+                "final_logit_softcapping": None,
+                "sliding_window_pattern": 6,
+                "rope_local_base_freq": 10_000.0,
+                "qk_norm": True,
+            },
         ),
     ]
 
