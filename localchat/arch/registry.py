@@ -61,6 +61,14 @@ LLAMA_GGUF_BLOCK_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 
+# Gemma 2/3 in llama.cpp: "ffn_norm" is the norm before the MLP, two more follow attention and MLP.
+GEMMA_GGUF_BLOCK_NAMES = {
+    **LLAMA_GGUF_BLOCK_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Architecture:
@@ -78,13 +86,17 @@ class Architecture:
     gguf_metadata: dict[str, str] = field(default_factory=dict)
     # llama.cpp interleaves q/k rows for its rope kernel in the archs it converts with Llama's script.
     gguf_permuted_qk: bool = False
+    # llama.cpp's converter stores some norm weights shifted (Gemma: 1 + weight); loading subtracts it.
+    gguf_norm_offset: float = 0.0
 
 
 def _entries() -> list[Architecture]:
     qwen_defaults = {"rope_theta": 1_000_000.0}
     gemma_defaults = {"head_dim": 256, "tie_word_embeddings": True, "rms_norm_eps": 1e-6}
     # `layer_types` None: every `sliding_window_pattern`-th layer is global, the others slide.
-    gemma_keys = {"query_pre_attn_scalar": 256, "layer_types": None}
+    # `query_pre_attn_scalar` None (a GGUF, which does not record it): head_dim, as llama.cpp assumes.
+    gemma_keys = {"query_pre_attn_scalar": None, "layer_types": None}
+
     return [
         Architecture("llama", "llama", gguf_arch="llama", gguf_permuted_qk=True),
         # llama.cpp writes Mistral (v0.1-v0.3, Nemo) as "llama": such files load as model_type llama.
@@ -116,6 +128,13 @@ def _entries() -> list[Architecture]:
                 "rope_local_base_freq": None,  # one RoPE for every layer
                 "qk_norm": False,
             },
+            gguf_arch="gemma2",
+            gguf_metadata={
+                "attn_logit_softcapping": "attn_logit_softcapping",
+                "final_logit_softcapping": "final_logit_softcapping",
+            },
+            gguf_block_names=GEMMA_GGUF_BLOCK_NAMES,
+            gguf_norm_offset=1.0,
         ),
         Architecture(
             "gemma3_text",
@@ -130,6 +149,13 @@ def _entries() -> list[Architecture]:
                 "rope_local_base_freq": 10_000.0,
                 "qk_norm": True,
             },
+            gguf_arch="gemma3",
+            gguf_metadata={
+                "final_logit_softcapping": "final_logit_softcapping",
+                "rope.freq_base_swa": "rope_local_base_freq",
+            },
+            gguf_block_names=GEMMA_GGUF_BLOCK_NAMES,
+            gguf_norm_offset=1.0,
         ),
     ]
 

@@ -282,4 +282,3 @@ class LLMEngine:
             time_to_first_token=self.time_to_first_token.snapshot(),
             inter_token_latency=self.inter_token_latency.snapshot(),
         )
-

@@ -34,6 +34,15 @@ class ModelConfig:
     # Architecture-specific settings its model files read: the registry entry's `extra_keys`.
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if "layer_types" in self.extra and self.extra["layer_types"] is None:
+            # Older configs (and GGUF) give the alternation as a period: every `pattern`-th layer is global.
+            pattern = int(self.extra.get("sliding_window_pattern") or 1)
+            self.extra["layer_types"] = [
+                "sliding_attention" if (i + 1) % pattern else "full_attention"
+                for i in range(self.num_hidden_layers)
+            ]
+
     @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
@@ -92,16 +101,5 @@ class ModelConfig:
             partial_rotary_factor=float(
                 d.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 1.0))
             ),
-            extra=_extra(d, arch.extra_keys if arch else {}, int(d["num_hidden_layers"])),
+            extra={k: d.get(k, default) for k, default in (arch.extra_keys if arch else {}).items()},
         )
-
-
-def _extra(d: dict[str, Any], keys: dict[str, Any], num_layers: int) -> dict[str, Any]:
-    extra = {k: d.get(k, default) for k, default in keys.items()}
-    if "layer_types" in keys and extra["layer_types"] is None:
-        # Older configs give the alternation as a period: every `pattern`-th layer is global.
-        pattern = int(extra.get("sliding_window_pattern") or 1)
-        extra["layer_types"] = [
-            "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)
-        ]
-    return extra

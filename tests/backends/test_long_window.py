@@ -20,7 +20,10 @@ PROMPT_LEN, WINDOW, CHUNKS, DECODE_STEPS = 2048, 512, (700, 700, 648), 4
 LONG = {"sliding_window": WINDOW, "max_position_embeddings": 4096}
 MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "mistral": ("mistral", LONG),
-    "gemma2": ("gemma2", {**LONG, "head_dim": 16, "query_pre_attn_scalar": 24, "attn_logit_softcapping": 2.0}),
+    "gemma2": (
+        "gemma2",
+        {**LONG, "head_dim": 16, "query_pre_attn_scalar": 24, "attn_logit_softcapping": 2.0},
+    ),
 }
 
 

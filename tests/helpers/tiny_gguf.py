@@ -45,7 +45,14 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_ARCHITECTURES = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
+}
 GPT2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 USER_DEFINED = ["<think>", "</think>"]
 
@@ -238,7 +245,9 @@ def write_tiny_gguf(
             data = _permute(data, heads)
         elif model_type in ("llama", "mistral") and ".self_attn.k_proj." in name:
             data = _permute(data, kv_heads)
-        _add_tensor(writer, _gguf_name(name), data, qtype)
+        if model_type.startswith("gemma") and name.endswith("norm.weight"):
+            data = data + 1.0  # llama.cpp's converter stores Gemma's RMSNorm scale as 1 + weight
+        _add_tensor(writer, _gguf_name(name, model_type), data, qtype)
     scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     if scaling.get("rope_type") == "llama3":
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
@@ -259,7 +268,9 @@ def _config_dict(source: Any) -> dict[str, Any]:
 
 
 def _rope_theta(cfg: dict[str, Any]) -> float:
-    return float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0)
+    params = cfg.get("rope_parameters") or {}
+    params = params.get("full_attention") or params  # per layer type (Gemma 3): the global layers'
+    return float(cfg.get("rope_theta") or params.get("rope_theta") or 10000.0)
 
 
 def _write_hparams(writer: GGUFWriter, cfg: dict[str, Any]) -> None:
@@ -278,6 +289,15 @@ def _write_hparams(writer: GGUFWriter, cfg: dict[str, Any]) -> None:
     writer.add_rope_freq_base(_rope_theta(cfg))
     writer.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
     writer.add_file_type(0)
+    if cfg.get("sliding_window"):
+        writer.add_sliding_window(cfg["sliding_window"])
+    if cfg.get("attn_logit_softcapping"):
+        writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+    if cfg.get("final_logit_softcapping"):
+        writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    swa_theta = ((cfg.get("rope_parameters") or {}).get("sliding_attention") or {}).get("rope_theta")
+    if swa_theta is not None:
+        writer.add_rope_freq_base_swa(float(swa_theta))
 
 
 def _write_tokenizer(
@@ -343,13 +363,23 @@ _BLOCK = {
 _GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
 
-def _gguf_name(hf_name: str) -> str:
+# Gemma's four norms per layer, named as llama.cpp's gemma2/gemma3 archs name them.
+_GEMMA_BLOCK = {
+    **_BLOCK,
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+
+
+def _gguf_name(hf_name: str, model_type: str = "llama") -> str:
     stem, kind = hf_name.rsplit(".", 1)
     if stem in _GLOBAL:
         return f"{_GLOBAL[stem]}.{kind}"
     parts = stem.split(".", 3)  # model, layers, N, the layer's own part
-    if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[3] in _BLOCK:
-        return f"blk.{parts[2]}.{_BLOCK[parts[3]]}.{kind}"
+    block = _GEMMA_BLOCK if model_type.startswith("gemma") else _BLOCK
+    if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[3] in block:
+        return f"blk.{parts[2]}.{block[parts[3]]}.{kind}"
     raise ValueError(f"No GGUF name for {hf_name}")
 
 

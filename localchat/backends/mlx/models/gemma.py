@@ -27,7 +27,7 @@ class GemmaLayer(Layer):
         self.sliding = config.extra["layer_types"][index] == "sliding_attention"
         self.window = config.sliding_window if self.sliding else None
         self.softcap: float | None = config.extra["attn_logit_softcapping"]
-        self.scale = float(config.extra["query_pre_attn_scalar"]) ** -0.5
+        self.scale = float(config.extra["query_pre_attn_scalar"] or d) ** -0.5
         self.attn_norm: mx.array | None = None
         self.qkv: Weight | list[Weight] | None = None
         self.o: Weight | None = None

@@ -42,7 +42,7 @@ class GemmaLayer(nn.Module):
         self.attn_options = AttentionOptions(
             window=config.sliding_window if self.sliding else None,
             softcap=config.extra["attn_logit_softcapping"],
-            scale=float(config.extra["query_pre_attn_scalar"]) ** -0.5,
+            scale=float(config.extra["query_pre_attn_scalar"] or d) ** -0.5,
         )
         self.attn_norm = empty_param(hidden)
         self.qkv = empty_param((h + 2 * kvh) * d, hidden)
