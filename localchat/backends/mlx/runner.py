@@ -74,15 +74,15 @@ def create_runner(model: ModelBundle, options: RunnerOptions) -> MLXRunner:
 
 def pick_device(name: str) -> mx.Device:
     if name == "auto":
-        return mx.gpu if mx.metal.is_available() else mx.cpu
+        return mx.Device(mx.gpu) if mx.metal.is_available() else mx.Device(mx.cpu)
     if name == "cpu":
-        return mx.cpu
+        return mx.Device(mx.cpu)
     if name in ("gpu", "mps", "metal"):
         if not mx.metal.is_available():
             raise BackendUnavailableError(
                 "The MLX backend found no Metal GPU on this machine; use --device cpu (slow) or --backend torch."
             )
-        return mx.gpu
+        return mx.Device(mx.gpu)
     raise BackendUnavailableError(f"Unknown MLX device {name!r}; use auto, cpu or gpu.")
 
 

@@ -72,7 +72,7 @@ class _Step:
 
     input_ids: torch.Tensor
     positions: torch.Tensor
-    meta: AttentionMetadata
+    meta: AttentionMetadata | TritonAttentionMetadata
     logits_indices: torch.Tensor | None  # None: every token is sampled, in order
 
 
@@ -261,7 +261,7 @@ class TorchRunner:
             yield
             return
         previous = torch.backends.mkldnn.enabled
-        torch.backends.mkldnn.enabled = False
+        torch.backends.mkldnn.enabled = False  # type: ignore[assignment]
         try:
             yield
         finally:

@@ -12,9 +12,13 @@ import torch
 from torch import nn
 
 from localchat.backends.torch.attention import AttentionMetadata
+from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
 from localchat.backends.torch.layers import Rotary, empty_param, rms_norm
 from localchat.backends.torch.quant import embed_rows, linear
 from localchat.weights.config import ModelConfig
+
+# The CPU path's metadata, or the Triton kernels' on CUDA: layers pass it through to `paged_attention`.
+StepMetadata = AttentionMetadata | TritonAttentionMetadata
 
 
 class Layer(Protocol):
@@ -23,7 +27,7 @@ class Layer(Protocol):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        meta: AttentionMetadata,
+        meta: StepMetadata,
         kv_cache: torch.Tensor,
     ) -> torch.Tensor: ...
 
@@ -54,7 +58,7 @@ class DecoderLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        meta: AttentionMetadata,
+        meta: StepMetadata,
         kv_caches: list[torch.Tensor],
         logits_indices: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -69,7 +73,7 @@ class DecoderLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        meta: AttentionMetadata,
+        meta: StepMetadata,
         kv_caches: list[torch.Tensor],
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
