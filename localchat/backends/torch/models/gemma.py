@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from localchat.backends.torch.attention import AttentionMetadata, AttentionOptions, paged_attention
+from localchat.backends.torch.attention import AttentionOptions, paged_attention
 from localchat.backends.torch.layers import Rotary, apply_rope, empty_param, rms_norm
-from localchat.backends.torch.models.base import DecoderLM
+from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.quant import linear
 from localchat.weights.config import ModelConfig
 
@@ -60,7 +60,7 @@ class GemmaLayer(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        meta: AttentionMetadata,
+        meta: StepMetadata,
         kv_cache: torch.Tensor,
     ) -> torch.Tensor:
         tokens = x.shape[0]
@@ -107,7 +107,7 @@ class Model(DecoderLM):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        meta: AttentionMetadata,
+        meta: StepMetadata,
         kv_caches: list[torch.Tensor],
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
