@@ -43,6 +43,24 @@ GEMMA_LAYER_WEIGHTS: WeightMap = {
     "pre_feedforward_layernorm.weight": ("mlp_norm", 0, 1),
     "post_feedforward_layernorm.weight": ("post_mlp_norm", 0, 1),
 }
+# Phi-3 stores q|k|v and gate|up already fused, in the order the families fuse them: one part each.
+PHI3_LAYER_WEIGHTS: WeightMap = {
+    "input_layernorm.weight": ("attn_norm", 0, 1),
+    "self_attn.qkv_proj.weight": ("qkv", 0, 1),
+    "self_attn.o_proj.weight": ("o", 0, 1),
+    "post_attention_layernorm.weight": ("mlp_norm", 0, 1),
+    "mlp.gate_up_proj.weight": ("gate_up", 0, 1),
+    "mlp.down_proj.weight": ("down", 0, 1),
+}
+# llama.cpp's phi3 blocks: q|k|v fused in `attn_qkv`, gate|up in `ffn_up`, as in the HF checkpoint.
+PHI3_GGUF_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_qkv": "self_attn.qkv_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_up": "mlp.gate_up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 # Outside the layers: checkpoint name -> parameter.
 TOP_WEIGHTS = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
 
@@ -88,6 +106,10 @@ class Architecture:
     gguf_permuted_qk: bool = False
     # llama.cpp's converter stores some norm weights shifted (Gemma: 1 + weight); loading subtracts it.
     gguf_norm_offset: float = 0.0
+    # A multimodal wrapper whose text LM we run alone: the key its config nests under, and checkpoint
+    # name prefixes -> the text model's (None: a part we do not run, e.g. the vision tower; skipped).
+    text_config_key: str | None = None
+    weight_prefixes: dict[str, str | None] = field(default_factory=dict)
 
 
 def _entries() -> list[Architecture]:
@@ -156,6 +178,32 @@ def _entries() -> list[Architecture]:
             },
             gguf_block_names=GEMMA_GGUF_BLOCK_NAMES,
             gguf_norm_offset=1.0,
+        ),
+        # Ministral-8B-Instruct-2410: Mistral's layout (transformers 5 nests its rope settings).
+        Architecture("ministral", "llama"),
+        # Mistral Small 3.1 / 3.2 (Mistral3ForConditionalGeneration): its text LM only, images unsupported.
+        Architecture(
+            "mistral3",
+            "llama",
+            text_config_key="text_config",
+            weight_prefixes={
+                "language_model.model.": "model.",  # how transformers saves it on disk
+                "language_model.lm_head.": "lm_head.",
+                "model.language_model.": "model.",  # its in-memory names
+                "vision_tower.": None,
+                "multi_modal_projector.": None,
+                "model.vision_tower.": None,
+                "model.multi_modal_projector.": None,
+            },
+        ),
+        # Phi-3 / 3.5-mini, Phi-4-mini: Llama's layer on fused checkpoint tensors, partial rotary, longrope.
+        Architecture(
+            "phi3",
+            "phi3",
+            layer_weights=PHI3_LAYER_WEIGHTS,
+            hf_defaults={"rms_norm_eps": 1e-5, "original_max_position_embeddings": 4096},
+            gguf_arch="phi3",
+            gguf_block_names=PHI3_GGUF_BLOCK_NAMES,
         ),
     ]
 

@@ -32,7 +32,7 @@ _GLOBAL_NAMES = {
     "output": "lm_head",
 }
 # Tensors llama.cpp adds that have no HF counterpart; their content is read into the config instead.
-_SKIPPED = {"rope_freqs.weight"}
+_SKIPPED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 # {arch}.rope.scaling.* -> the HF rope_scaling key that means the same.
 _ROPE_EXTRA_KEYS = {
     "original_context_length": "original_max_position_embeddings",
@@ -147,6 +147,7 @@ def config_from_gguf(reader: GGUFReader) -> ModelConfig:
         rms_norm_eps=_f32(get("attention.layer_norm_rms_epsilon", 1e-6)),
         rope_theta=theta,
         rope_scaling=_rope_scaling(reader, arch, theta, head_dim),
+        partial_rotary_factor=int(get("rope.dimension_count") or head_dim) / head_dim,
         max_position_embeddings=int(get("context_length", 4096)),
         tie_word_embeddings="output.weight" not in names,
         sliding_window=get("attention.sliding_window"),
@@ -173,6 +174,19 @@ def _rope_scaling(reader: GGUFReader, arch: str, theta: float, head_dim: int) ->
         for key, hf_key in _ROPE_EXTRA_KEYS.items():
             if (value := gguf_value(reader, f"{arch}.rope.scaling.{key}")) is not None:
                 scaling[hf_key] = value
+        return scaling
+    # longrope (Phi-3): the factor lists are tensors, the rest metadata.
+    lists = {t.name: t for t in reader.tensors if t.name.startswith("rope_factors_")}
+    if "rope_factors_long.weight" in lists and "rope_factors_short.weight" in lists:
+        scaling = {
+            "rope_type": "longrope",
+            "long_factor": np.asarray(lists["rope_factors_long.weight"].data, dtype=np.float32).tolist(),
+            "short_factor": np.asarray(lists["rope_factors_short.weight"].data, dtype=np.float32).tolist(),
+        }
+        if (original := gguf_value(reader, f"{arch}.rope.scaling.original_context_length")) is not None:
+            scaling["original_max_position_embeddings"] = int(original)
+        if (attn_factor := gguf_value(reader, f"{arch}.rope.scaling.attn_factor")) is not None:
+            scaling["attention_factor"] = _f32(attn_factor)
         return scaling
     # Llama 3.1-style scaling has no metadata key: the converter stores per-frequency factors instead.
     factors = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)

@@ -50,6 +50,7 @@ _ARCHITECTURES = {
     "mistral": "llama",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
+    "phi3": "phi3",
     "gemma2": "gemma2",
     "gemma3_text": "gemma3",
 }
@@ -252,6 +253,13 @@ def write_tiny_gguf(
     if scaling.get("rope_type") == "llama3":
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
         writer.add_tensor("rope_freqs.weight", _llama3_factors(scaling, _rope_theta(cfg), head_dim))
+    if scaling.get("rope_type") == "longrope":  # phi3: the lists as tensors, the lengths as metadata
+        writer.add_tensor("rope_factors_long.weight", np.asarray(scaling["long_factor"], dtype=np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.asarray(scaling["short_factor"], dtype=np.float32))
+        original = int(scaling["original_max_position_embeddings"])
+        writer.add_rope_scaling_orig_ctx_len(original)
+        factor = cfg["max_position_embeddings"] / original
+        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(factor) / math.log(original)))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -285,7 +293,10 @@ def _write_hparams(writer: GGUFWriter, cfg: dict[str, Any]) -> None:
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
+    partial = cfg.get("partial_rotary_factor") or (cfg.get("rope_parameters") or {}).get(
+        "partial_rotary_factor", 1.0
+    )
+    writer.add_rope_dimension_count(int(head_dim * partial))
     writer.add_rope_freq_base(_rope_theta(cfg))
     writer.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
     writer.add_file_type(0)
@@ -359,6 +370,8 @@ _BLOCK = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "self_attn.qkv_proj": "attn_qkv",  # phi3: fused as in the HF checkpoint
+    "mlp.gate_up_proj": "ffn_up",  # phi3: llama.cpp's ffn_up holds gate|up
 }
 _GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 

@@ -13,7 +13,9 @@ from transformers import (
     Gemma2Config,
     Gemma3TextConfig,
     LlamaConfig,
+    MinistralConfig,
     MistralConfig,
+    Phi3Config,
     PretrainedConfig,
     Qwen2Config,
     Qwen3Config,
@@ -32,6 +34,8 @@ CONFIGS: dict[str, type[PretrainedConfig]] = {
     "qwen3": Qwen3Config,
     "gemma2": Gemma2Config,
     "gemma3_text": Gemma3TextConfig,
+    "phi3": Phi3Config,
+    "ministral": MinistralConfig,
 }
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -40,6 +44,14 @@ LLAMA3_ROPE = {
     "low_freq_factor": 1.0,
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 32,
+}
+# Phi-4-mini's shape in miniature: 3/4 of each head turns, longrope with distinct short and long lists
+# (head_dim 16 -> 12 rotary dims -> 6 factors); the tests stay below the original length (64).
+PHI3_LONGROPE = {
+    "rope_type": "longrope",
+    "rope_theta": 10000.0,
+    "short_factor": [1.0, 1.1, 1.3, 1.7, 2.5, 4.0],
+    "long_factor": [1.0, 1.5, 2.8, 5.0, 9.0, 16.0],
 }
 # name -> (model_type, config overrides)
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -74,6 +86,30 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
             },
             "final_logit_softcapping": 5.0,
+        },
+    ),
+    "phi3": ("phi3", {}),
+    "phi3-partial-longrope": (
+        "phi3",
+        {
+            "partial_rotary_factor": 0.75,
+            "original_max_position_embeddings": 64,
+            "rope_parameters": PHI3_LONGROPE,
+            "tie_word_embeddings": True,
+        },
+    ),
+    "ministral-yarn-rope": (
+        "ministral",
+        {
+            "head_dim": 16,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 1_000_000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 128,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+            },
         },
     ),
     "llama-linear-rope": (

@@ -146,6 +146,11 @@ class MLXRunner:
         self.kv_caches = caches
         self.block_size = block_size
 
+    def prepare_decode_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
+        """Engine hook once the context bound is known: MLX captures no graphs, but longrope models fix
+        their RoPE table for the served context here (localchat/arch/rope.py)."""
+        self.model.rotary.serve_context(max_model_len)
+
     def execute_model(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> RunnerOutput:
         with self._thread_stream():
             self._update_states(scheduler_output)

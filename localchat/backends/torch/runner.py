@@ -138,7 +138,9 @@ class TorchRunner:
         self.block_size = block_size
 
     def prepare_decode_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
-        """Engine hook, after the KV cache exists: capture decode graphs per batch-size bucket."""
+        """Engine hook, after the KV cache exists: fix the RoPE table for the served context (longrope),
+        then capture decode graphs per batch-size bucket."""
+        self.model.rotary.serve_context(max_model_len)
         if self.graph_mode is None:
             return
         with torch.inference_mode():
