@@ -66,8 +66,8 @@ CPU_DENSE_FROM_ROWS = 8  # see the module docstring; Metal's quantized kernels b
 def create_runner(model: ModelBundle, options: RunnerOptions) -> MLXRunner:
     if options.isq is not None:
         raise BackendUnavailableError(
-            f"--isq {options.isq} is implemented by the torch backend; MLX keeps GGUF Q4_0/Q4_1/Q8_0 "
-            "quantized natively. Drop --isq or pass --backend torch."
+            f"--isq {options.isq} is implemented by the torch backend (q8_0 / q4_k on its CPU kernels); MLX "
+            "keeps a GGUF file's quantized weights natively. Drop --isq or pass --backend torch."
         )
     return MLXRunner(model, options)
 

@@ -118,6 +118,8 @@ class TorchRunner:
         details = str(self.dtype).removeprefix("torch.")
         if self.quant.kernels is not None:
             details += f", GGUF blocks on localchat's {self.quant.kernels.name} kernels"
+        if self.quant.isq_blocks:
+            details += f", dense weights quantized to {self.quant.isq_blocks} at load"
         if self.quant.int4:
             details += ", int4 linears" + (" + dense copies" if self.quant.dense_copy else "")
         return f"{name} ({details})"
