@@ -37,6 +37,13 @@ QK_NORM_WEIGHTS: WeightMap = {
     "self_attn.q_norm.weight": ("q_norm", 0, 1),
     "self_attn.k_norm.weight": ("k_norm", 0, 1),
 }
+# Gemma 2/3: norms around both attention and MLP (their q_norm/k_norm as in QK_NORM_WEIGHTS).
+GEMMA_LAYER_WEIGHTS: WeightMap = {
+    **{k: v for k, v in LLAMA_LAYER_WEIGHTS.items() if not k.endswith("bias")},
+    "post_attention_layernorm.weight": ("post_attn_norm", 0, 1),
+    "pre_feedforward_layernorm.weight": ("mlp_norm", 0, 1),
+    "post_feedforward_layernorm.weight": ("post_mlp_norm", 0, 1),
+}
 # Phi-3 stores q|k|v and gate|up already fused, in the order the families fuse them: one part each.
 PHI3_LAYER_WEIGHTS: WeightMap = {
     "input_layernorm.weight": ("attn_norm", 0, 1),
@@ -121,6 +128,14 @@ MIXTRAL_GGUF_BLOCK_NAMES = {
     "ffn_down_exps": "block_sparse_moe.experts.w2",
 }
 
+# Gemma 2/3 in llama.cpp: "ffn_norm" is the norm before the MLP, two more follow attention and MLP.
+GEMMA_GGUF_BLOCK_NAMES = {
+    **LLAMA_GGUF_BLOCK_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Architecture:
@@ -138,6 +153,8 @@ class Architecture:
     gguf_metadata: dict[str, str] = field(default_factory=dict)
     # llama.cpp interleaves q/k rows for its rope kernel in the archs it converts with Llama's script.
     gguf_permuted_qk: bool = False
+    # llama.cpp's converter stores some norm weights shifted (Gemma: 1 + weight); loading subtracts it.
+    gguf_norm_offset: float = 0.0
     # A multimodal wrapper whose text LM we run alone: the key its config nests under, and checkpoint
     # name prefixes -> the text model's (None: a part we do not run, e.g. the vision tower; skipped).
     text_config_key: str | None = None
@@ -164,6 +181,11 @@ class Architecture:
 
 def _entries() -> list[Architecture]:
     qwen_defaults = {"rope_theta": 1_000_000.0}
+    gemma_defaults = {"head_dim": 256, "tie_word_embeddings": True, "rms_norm_eps": 1e-6}
+    # `layer_types` None: every `sliding_window_pattern`-th layer is global, the others slide.
+    # `query_pre_attn_scalar` None (a GGUF, which does not record it): head_dim, as llama.cpp assumes.
+    gemma_keys = {"query_pre_attn_scalar": None, "layer_types": None}
+
     return [
         Architecture(
             "llama", "llama", gguf_arch="llama", gguf_permuted_qk=True, gguf_experts_model_type="mixtral"
@@ -215,6 +237,48 @@ def _entries() -> list[Architecture]:
             },
             gguf_metadata={"expert_count": "num_local_experts", "expert_used_count": "num_experts_per_tok"},
             gguf_permuted_qk=True,
+        ),
+        Architecture(
+            "gemma2",
+            "gemma",
+            layer_weights=GEMMA_LAYER_WEIGHTS,
+            hf_defaults={**gemma_defaults, "sliding_window": 4096},
+            extra_keys={
+                **gemma_keys,
+                "attn_logit_softcapping": 50.0,
+                "final_logit_softcapping": 30.0,
+                "sliding_window_pattern": 2,
+                "rope_local_base_freq": None,  # one RoPE for every layer
+                "qk_norm": False,
+            },
+            gguf_arch="gemma2",
+            gguf_metadata={
+                "attn_logit_softcapping": "attn_logit_softcapping",
+                "final_logit_softcapping": "final_logit_softcapping",
+            },
+            gguf_block_names=GEMMA_GGUF_BLOCK_NAMES,
+            gguf_norm_offset=1.0,
+        ),
+        Architecture(
+            "gemma3_text",
+            "gemma",
+            layer_weights={**GEMMA_LAYER_WEIGHTS, **QK_NORM_WEIGHTS},
+            hf_defaults={**gemma_defaults, "sliding_window": 4096, "rope_theta": 1_000_000.0},
+            extra_keys={
+                **gemma_keys,
+                "attn_logit_softcapping": None,
+                "final_logit_softcapping": None,
+                "sliding_window_pattern": 6,
+                "rope_local_base_freq": 10_000.0,
+                "qk_norm": True,
+            },
+            gguf_arch="gemma3",
+            gguf_metadata={
+                "final_logit_softcapping": "final_logit_softcapping",
+                "rope.freq_base_swa": "rope_local_base_freq",
+            },
+            gguf_block_names=GEMMA_GGUF_BLOCK_NAMES,
+            gguf_norm_offset=1.0,
         ),
         # Ministral-8B-Instruct-2410: Mistral's layout (transformers 5 nests its rope settings).
         Architecture("ministral", "llama"),

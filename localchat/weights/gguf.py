@@ -233,6 +233,8 @@ def iter_gguf_weights(reader: GGUFReader, config: ModelConfig) -> Iterator[Weigh
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # GGUF lists dims innermost first
         try:
             dtype, data = _tensor_data(tensor, shape, config, name, arch.gguf_permuted_qk)
+            if arch.gguf_norm_offset and name.endswith("norm.weight") and dtype in ("F32", "F16"):
+                dtype, data = "F32", data.astype(np.float32) - np.float32(arch.gguf_norm_offset)
         except (ValueError, ZeroDivisionError) as exc:  # shapes that contradict the sizes or the config
             raise ModelLoadError(
                 f"GGUF tensor {tensor.name} has shape {list(shape)}, which its data or the model's "

@@ -59,6 +59,8 @@ _ARCHITECTURES = {
     "phi3": "phi3",
     "qwen3_moe": "qwen3moe",
     "mixtral": "llama",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
 }
 _PERMUTED = ("llama", "mistral", "mixtral")  # converted with llama.cpp's Llama script
 GPT2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -264,7 +266,9 @@ def write_tiny_gguf(
             block = name.removesuffix("mlp.experts.down_proj").replace("model.layers.", "blk.")
             _add_experts(writer, f"{block}ffn_down", data, qtype, legacy_experts)
             continue
-        gguf_name = _gguf_name(name)
+        if model_type.startswith("gemma") and name.endswith("norm.weight"):
+            data = data + 1.0  # llama.cpp's converter stores Gemma's RMSNorm scale as 1 + weight
+        gguf_name = _gguf_name(name, model_type)
         _add_tensor(writer, gguf_name, data, "F32" if "ffn_gate_inp" in gguf_name else qtype)
     scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     if scaling.get("rope_type") == "llama3":
@@ -293,7 +297,9 @@ def _config_dict(source: Any) -> dict[str, Any]:
 
 
 def _rope_theta(cfg: dict[str, Any]) -> float:
-    return float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0)
+    params = cfg.get("rope_parameters") or {}
+    params = params.get("full_attention") or params  # per layer type (Gemma 3): the global layers'
+    return float(cfg.get("rope_theta") or params.get("rope_theta") or 10000.0)
 
 
 def _write_hparams(writer: GGUFWriter, cfg: dict[str, Any]) -> None:
@@ -321,6 +327,15 @@ def _write_hparams(writer: GGUFWriter, cfg: dict[str, Any]) -> None:
         writer.add_expert_used_count(cfg["num_experts_per_tok"])
         if cfg.get("moe_intermediate_size"):
             writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    if cfg.get("sliding_window"):
+        writer.add_sliding_window(cfg["sliding_window"])
+    if cfg.get("attn_logit_softcapping"):
+        writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+    if cfg.get("final_logit_softcapping"):
+        writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    swa_theta = ((cfg.get("rope_parameters") or {}).get("sliding_attention") or {}).get("rope_theta")
+    if swa_theta is not None:
+        writer.add_rope_freq_base_swa(float(swa_theta))
 
 
 def _write_tokenizer(
@@ -389,13 +404,23 @@ _BLOCK = {
 _GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
 
-def _gguf_name(hf_name: str) -> str:
+# Gemma's four norms per layer, named as llama.cpp's gemma2/gemma3 archs name them.
+_GEMMA_BLOCK = {
+    **_BLOCK,
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+
+
+def _gguf_name(hf_name: str, model_type: str = "llama") -> str:
     stem, kind = hf_name.rsplit(".", 1)
     if stem in _GLOBAL:
         return f"{_GLOBAL[stem]}.{kind}"
     parts = stem.split(".", 3)  # model, layers, N, the layer's own part
-    if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[3] in _BLOCK:
-        return f"blk.{parts[2]}.{_BLOCK[parts[3]]}.{kind}"
+    block = _GEMMA_BLOCK if model_type.startswith("gemma") else _BLOCK
+    if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[3] in block:
+        return f"blk.{parts[2]}.{block[parts[3]]}.{kind}"
     raise ValueError(f"No GGUF name for {hf_name}")
 
 

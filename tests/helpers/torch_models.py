@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma3TextConfig,
     LlamaConfig,
     MinistralConfig,
     MistralConfig,
@@ -32,6 +34,8 @@ CONFIGS: dict[str, type[PretrainedConfig]] = {
     "mistral": MistralConfig,
     "qwen2": Qwen2Config,
     "qwen3": Qwen3Config,
+    "gemma2": Gemma2Config,
+    "gemma3_text": Gemma3TextConfig,
     "phi3": Phi3Config,
     "ministral": MinistralConfig,
     "qwen3_moe": Qwen3MoeConfig,
@@ -60,9 +64,36 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("llama", {}),
     "llama3-rope": ("llama", {"rope_parameters": LLAMA3_ROPE}),
     "llama-tied": ("llama", {"tie_word_embeddings": True}),
-    "mistral": ("mistral", {}),
+    # A window shorter than the test prompts (up to 33 tokens), so it changes every later logit.
+    "mistral": ("mistral", {"sliding_window": 8}),
     "qwen2": ("qwen2", {"rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0}}),
     "qwen3": ("qwen3", {"head_dim": 32, "tie_word_embeddings": True}),
+    # Layer 0 slides (window 8), layer 1 is global; caps low enough that tanh bends the scores; a
+    # query_pre_attn_scalar other than head_dim so the score scale is checked.
+    "gemma2": (
+        "gemma2",
+        {
+            "head_dim": 16,
+            "sliding_window": 8,
+            "query_pre_attn_scalar": 24,
+            "attn_logit_softcapping": 2.0,
+            "final_logit_softcapping": 5.0,
+        },
+    ),
+    "gemma3": (
+        "gemma3_text",
+        {
+            "head_dim": 16,
+            "sliding_window": 8,
+            "query_pre_attn_scalar": 24,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "rope_theta": 1_000_000.0, "factor": 2.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            },
+            "final_logit_softcapping": 5.0,
+        },
+    ),
     "phi3": ("phi3", {}),
     "phi3-partial-longrope": (
         "phi3",

@@ -78,6 +78,7 @@ def load_model(
         )
     for layer in model.layers:
         layer.finish()
+    model.after_load()
     return model
 
 

@@ -76,6 +76,7 @@ def load_model(
         raise ModelLoadError(
             f"The checkpoint lacks weights this {config.model_type} model needs: {', '.join(names[:8])}."
         )
+    model.after_load()
     return model.eval()
 
 

@@ -54,6 +54,9 @@ class DecoderLM:
         self.lm_head: Weight | None = None  # [vocab, hidden]; None: the embedding serves
         self.rotary = Rotary(config)
 
+    def after_load(self) -> None:
+        """Called once every weight is in place (a family may fold constants into them)."""
+
     def embed_tokens(self, input_ids: mx.array) -> mx.array:
         assert self.embed is not None
         return take_rows(self.embed, input_ids)  # [T, hidden]
