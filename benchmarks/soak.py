@@ -257,7 +257,8 @@ def settle(client: httpx.Client, timeout_s: float = 120) -> dict[str, float]:
     while True:
         m = metrics(client)
         if m["localchat_requests_in_flight"] == 0 or time.monotonic() > deadline:
-            return m
+            time.sleep(2)  # the engine gives its heap back when it goes idle: measure after that
+            return metrics(client)
         time.sleep(0.2)
 
 
