@@ -124,7 +124,9 @@ def test_freed_blocks_are_reused_before_a_never_used_block_is_touched() -> None:
     # load must keep reusing the same blocks, not walk through the whole pool while caching prefixes.
     bm = BlockManager(num_blocks=100, block_size=BS)
     for round_ in range(50):
-        live = [make_request(f"{round_}-{i}", [1000 * round_ + 10 * i + t for t in range(9)]) for i in range(3)]
+        live = [
+            make_request(f"{round_}-{i}", [1000 * round_ + 10 * i + t for t in range(9)]) for i in range(3)
+        ]
         for req in live:
             assert allocate_prompt(bm, req) is not None
         for req in live:
