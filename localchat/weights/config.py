@@ -61,6 +61,12 @@ class ModelConfig:
             scaling = {**scaling, "rope_type": scaling["type"]}
         if scaling is not None and scaling.get("rope_type") in (None, "default"):
             scaling = None
+        if scaling is not None and d.get("original_max_position_embeddings"):
+            # Phi-3 keeps the pretraining length at the top level; like transformers, it wins.
+            scaling = {
+                **scaling,
+                "original_max_position_embeddings": int(d["original_max_position_embeddings"]),
+            }
         eos = d.get("eos_token_id")
         eos_ids = [int(e) for e in eos] if isinstance(eos, list) else ([] if eos is None else [int(eos)])
         sliding = d.get("sliding_window") if d.get("use_sliding_window", True) else None

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, ReaderTensor
 
-from localchat.arch.registry import GGUF_ARCHITECTURES, SUPPORTED_MODEL_TYPES, Architecture
+from localchat.arch.registry import ARCHITECTURES, GGUF_ARCHITECTURES, SUPPORTED_MODEL_TYPES, Architecture
 from localchat.errors import ModelLoadError, UnsupportedArchitectureError
 from localchat.weights.config import ModelConfig
 from localchat.weights.gguf_check import check_gguf_layout
@@ -32,7 +32,7 @@ _GLOBAL_NAMES = {
     "output": "lm_head",
 }
 # Tensors llama.cpp adds that have no HF counterpart; their content is read into the config instead.
-_SKIPPED = {"rope_freqs.weight"}
+_SKIPPED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 # {arch}.rope.scaling.* -> the HF rope_scaling key that means the same.
 _ROPE_EXTRA_KEYS = {
     "original_context_length": "original_max_position_embeddings",
@@ -40,6 +40,8 @@ _ROPE_EXTRA_KEYS = {
     "yarn_beta_slow": "beta_slow",
 }
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# Files converted before llama.cpp stacked experts (early 2024 Mixtral GGUFs): one tensor per expert.
+_EXPERT_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(\d+)\.weight")
 
 
 class _Reader(GGUFReader):
@@ -91,11 +93,15 @@ def _f32(value: Any) -> float:
 
 
 def gguf_architecture(reader: GGUFReader) -> Architecture:
-    """The registry entry for the file's `general.architecture` (llama.cpp's name for it)."""
+    """The registry entry for the file's `general.architecture` (llama.cpp's name for it), or the one it
+    names for files of that architecture with experts."""
     arch = str(gguf_value(reader, "general.architecture", ""))
     if arch not in GGUF_ARCHITECTURES:
         raise UnsupportedArchitectureError(arch, list(SUPPORTED_MODEL_TYPES))
-    return GGUF_ARCHITECTURES[arch]
+    entry = GGUF_ARCHITECTURES[arch]
+    if entry.gguf_experts_model_type and int(gguf_value(reader, f"{arch}.expert_count", 0) or 0) > 0:
+        return ARCHITECTURES[entry.gguf_experts_model_type]
+    return entry
 
 
 def hf_tensor_name(gguf_name: str, arch: Architecture) -> str | None:
@@ -106,6 +112,10 @@ def hf_tensor_name(gguf_name: str, arch: Architecture) -> str | None:
         layer, part, kind = match.groups()
         if part in arch.gguf_block_names:
             return f"model.layers.{layer}.{arch.gguf_block_names[part]}.{kind}"
+    elif match := _EXPERT_RE.fullmatch(gguf_name):
+        layer, part, expert = match.groups()
+        if part in arch.gguf_expert_names:
+            return f"model.layers.{layer}.{arch.gguf_expert_names[part].format(e=expert)}.weight"
     else:
         stem, _, kind = gguf_name.rpartition(".")
         if stem in _GLOBAL_NAMES and kind in ("weight", "bias"):
@@ -117,7 +127,7 @@ def hf_tensor_name(gguf_name: str, arch: Architecture) -> str | None:
 
 def config_from_gguf(reader: GGUFReader) -> ModelConfig:
     entry = gguf_architecture(reader)
-    arch = str(entry.gguf_arch)
+    arch = str(gguf_value(reader, "general.architecture"))  # the metadata prefix, also for Mixtral's "llama"
 
     def get(key: str, default: Any = None) -> Any:
         return gguf_value(reader, f"{arch}.{key}", default)
@@ -147,6 +157,7 @@ def config_from_gguf(reader: GGUFReader) -> ModelConfig:
         rms_norm_eps=_f32(get("attention.layer_norm_rms_epsilon", 1e-6)),
         rope_theta=theta,
         rope_scaling=_rope_scaling(reader, arch, theta, head_dim),
+        partial_rotary_factor=int(get("rope.dimension_count") or head_dim) / head_dim,
         max_position_embeddings=int(get("context_length", 4096)),
         tie_word_embeddings="output.weight" not in names,
         sliding_window=get("attention.sliding_window"),
@@ -173,6 +184,19 @@ def _rope_scaling(reader: GGUFReader, arch: str, theta: float, head_dim: int) ->
         for key, hf_key in _ROPE_EXTRA_KEYS.items():
             if (value := gguf_value(reader, f"{arch}.rope.scaling.{key}")) is not None:
                 scaling[hf_key] = value
+        return scaling
+    # longrope (Phi-3): the factor lists are tensors, the rest metadata.
+    lists = {t.name: t for t in reader.tensors if t.name.startswith("rope_factors_")}
+    if "rope_factors_long.weight" in lists and "rope_factors_short.weight" in lists:
+        scaling = {
+            "rope_type": "longrope",
+            "long_factor": np.asarray(lists["rope_factors_long.weight"].data, dtype=np.float32).tolist(),
+            "short_factor": np.asarray(lists["rope_factors_short.weight"].data, dtype=np.float32).tolist(),
+        }
+        if (original := gguf_value(reader, f"{arch}.rope.scaling.original_context_length")) is not None:
+            scaling["original_max_position_embeddings"] = int(original)
+        if (attn_factor := gguf_value(reader, f"{arch}.rope.scaling.attn_factor")) is not None:
+            scaling["attention_factor"] = _f32(attn_factor)
         return scaling
     # Llama 3.1-style scaling has no metadata key: the converter stores per-frequency factors instead.
     factors = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)

@@ -41,6 +41,7 @@ def load_model(path: str | Path, name: str | None = None) -> ModelBundle:
 
 def _load_folder(folder: Path, name: str) -> ModelBundle:
     from localchat.weights.safetensors import (
+        checkpoint_prefixes,
         config_from_folder,
         generation_defaults,
         iter_safetensors_weights,
@@ -48,6 +49,7 @@ def _load_folder(folder: Path, name: str) -> ModelBundle:
     )
 
     config = config_from_folder(folder)
+    prefixes = checkpoint_prefixes(folder)  # a multimodal wrapper's text LM: its names inside
     files = safetensors_files(folder)  # parses every header now, so a broken file fails the load
     defaults = generation_defaults(folder, config)
     tokenizer = Tokenizer.from_hf_folder(folder)
@@ -56,7 +58,7 @@ def _load_folder(folder: Path, name: str) -> ModelBundle:
         path=folder,
         format="safetensors",
         config=config,
-        iter_weights=lambda: iter_safetensors_weights(files),
+        iter_weights=lambda: iter_safetensors_weights(files, prefixes),
         tokenizer=tokenizer,
         chat_template=folder_chat_template(folder),
         generation_defaults=defaults,

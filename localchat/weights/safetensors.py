@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from localchat.arch.registry import SUPPORTED_MODEL_TYPES
+from localchat.arch.registry import ARCHITECTURES, SUPPORTED_MODEL_TYPES
 from localchat.errors import ModelLoadError, UnsupportedArchitectureError
 from localchat.weights.config import ModelConfig
 from localchat.weights.tensors import WeightTensor
@@ -45,6 +45,18 @@ def config_from_folder(folder: Path) -> ModelConfig:
     model_type = str(raw.get("model_type", ""))
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedArchitectureError(model_type or "(no model_type)", list(SUPPORTED_MODEL_TYPES))
+    arch = ARCHITECTURES[model_type]
+    if arch.text_config_key is not None:  # a multimodal wrapper: run its text LM
+        text = raw.get(arch.text_config_key) or {}
+        inherited: dict[str, Any] = {
+            k: raw[k] for k in ("bos_token_id", "eos_token_id", "tie_word_embeddings") if k in raw
+        }
+        raw = {**inherited, **text}
+        if raw.get("model_type") not in SUPPORTED_MODEL_TYPES or raw.get("model_type") == model_type:
+            inner = str(raw.get("model_type") or "(none)")
+            raise UnsupportedArchitectureError(
+                f"{model_type} with text model {inner}", list(SUPPORTED_MODEL_TYPES)
+            )
     try:
         return ModelConfig.from_hf_dict(raw)
     except (KeyError, TypeError, ValueError) as exc:
@@ -108,13 +120,32 @@ def _read_header(path: Path) -> SafetensorsFile:
     return SafetensorsFile(path=path, header=header, data_start=8 + length)
 
 
-def iter_safetensors_weights(files: list[SafetensorsFile]) -> Iterator[WeightTensor]:
-    """Every tensor once, as a read-only view into the memory-mapped file."""
+def checkpoint_prefixes(folder: Path) -> dict[str, str | None]:
+    """The registry's name prefix map for the folder's (outer) model_type: empty unless it wraps a text LM."""
+    arch = ARCHITECTURES.get(str(_read_json(folder / "config.json").get("model_type", "")))
+    return dict(arch.weight_prefixes) if arch is not None else {}
+
+
+def iter_safetensors_weights(
+    files: list[SafetensorsFile], prefixes: dict[str, str | None] | None = None
+) -> Iterator[WeightTensor]:
+    """Every tensor once, as a read-only view into the memory-mapped file; names through `prefixes`
+    (`checkpoint_prefixes`), skipping those mapped to None."""
     for file in files:
         mapped = np.memmap(file.path, dtype=np.uint8, mode="r")
-        for name, info in file.header.items():
+        for stored, info in file.header.items():
+            name = _renamed(stored, prefixes or {})
+            if name is None:
+                continue
             np_dtype, dtype = _DTYPES[info["dtype"]]
             begin, end = info["data_offsets"]
             shape = tuple(int(d) for d in info["shape"])
             raw = mapped[file.data_start + begin : file.data_start + end]
             yield WeightTensor(name=name, shape=shape, dtype=dtype, data=raw.view(np_dtype).reshape(shape))
+
+
+def _renamed(name: str, prefixes: dict[str, str | None]) -> str | None:
+    for prefix, replacement in prefixes.items():
+        if name.startswith(prefix):
+            return None if replacement is None else replacement + name[len(prefix) :]
+    return name

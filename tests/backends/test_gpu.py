@@ -92,3 +92,31 @@ def test_kv_sizing_after_warmup_fits_the_device(smollm2_gguf: Path) -> None:
     free, total = torch.cuda.mem_get_info()
     budget = runner.available_kv_memory()
     assert budget is not None and 0 < budget < free <= total
+
+
+def test_parity_suite_passes_on_cuda() -> None:
+    """The whole transformers-parity suite (every architecture, every step shape) with the runner on
+    CUDA: the reference stays on the CPU in fp32, ours runs on the GPU (tests/helpers/torch_models.py)."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/backends/test_torch_parity.py",
+        ],
+        cwd=repo,
+        env={**os.environ, "LOCALCHAT_TEST_DEVICE": "cuda"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert " passed" in result.stdout and " failed" not in result.stdout

@@ -212,22 +212,35 @@ def test_gguf_stays_quantized_and_matches_dequantized_reference(tmp_path: Path, 
     assert driver.tokens("a")[len(prompt) :] == hf_generate(hf, prompt, 8)[:8]
 
 
-def test_other_gguf_types_are_dequantized(tmp_path: Path) -> None:
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q4_K", "Q5_K", "Q6_K"])
+def test_more_gguf_types_stay_quantized(tmp_path: Path, qtype: str) -> None:
+    """Q5_0 / Q4_K / Q5_K map exactly onto MLX groups: parity with transformers on the dequantized
+    weights. Q6_K is re-quantized to 8 bits: close to that reference, not exact."""
     from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE, write_tiny_gguf
 
     # K-quants need 256-wide rows; the 64-wide linears fall back to F32 in the file, so use hidden 256.
     hf = tiny_hf_model("llama", vocab_size=TINY_VOCAB_SIZE, hidden_size=256, intermediate_size=256)
-    path = write_tiny_gguf(tmp_path / "tiny.gguf", hf, qtype="Q6_K", tokenizer_kind="gpt2")
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", hf, qtype=qtype, tokenizer_kind="gpt2")
     bundle = load_model(path)
     weights = list(bundle.iter_weights())
-    assert any(w.dtype == "Q6_K" for w in weights)
+    assert any(w.dtype == qtype for w in weights)
     hf.load_state_dict({w.name: torch.from_numpy(np.array(w.dequantize())) for w in weights}, strict=False)
     runner = mlx_runner(bundle)
-    assert not isinstance(runner.model.layers[0].qkv, QuantizedWeight)
+    qkv = runner.model.layers[0].qkv
+    assert (
+        isinstance(qkv, QuantizedWeight) and qkv.bits == {"Q5_0": 5, "Q4_K": 4, "Q5_K": 5, "Q6_K": 8}[qtype]
+    )
     driver = Driver(runner)  # type: ignore[arg-type]
     driver.add("a", PROMPT)
     _, logits = driver.step_logits(every_token=True)
-    assert_close(logits, hf_logits(hf, PROMPT))
+    expected = hf_logits(hf, PROMPT)
+    if qtype != "Q6_K":
+        assert_close(logits, expected)
+        return
+    ours, ref = np.asarray(logits, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    cosine = (ours * ref).sum(-1) / np.linalg.norm(ours, axis=-1) / np.linalg.norm(ref, axis=-1)
+    # Per-value error is bounded in test_mlx_quant.py; through two random layers it measures 0.9988+.
+    assert cosine.min() > 0.995
 
 
 def test_half_precision_on_cpu_tracks_fp32_reference() -> None:
@@ -249,7 +262,10 @@ def test_unknown_architecture_lists_supported() -> None:
     hf = tiny_hf_model("llama")
     bundle = bundle_from_hf(hf)
     bundle.config = ModelConfig.from_hf_dict({**hf.config.to_dict(), "model_type": "gpt_neox"})
-    with pytest.raises(UnsupportedArchitectureError, match=r"gpt_neox.*llama, mistral, qwen2, qwen3"):
+    with pytest.raises(
+        UnsupportedArchitectureError,
+        match=r"gpt_neox.*Supported: .*llama.*mistral3.*mixtral.*phi3.*qwen3_moe",
+    ):
         mlx_runner(bundle)
 
 

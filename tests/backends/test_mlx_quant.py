@@ -1,4 +1,5 @@
-"""GGUF Q4_0 / Q4_1 / Q8_0 blocks map onto MLX affine group quantization exactly.
+"""GGUF Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 / Q4_K / Q5_K blocks map onto MLX affine group quantization
+exactly; Q6_K is re-quantized to 8 bits within a stated bound.
 
 The reference is the `gguf` package's own dequantizer on the same raw blocks. Blocks are random bytes
 (every nibble / int8 value occurs) with random finite float16 scales of both signs, including tiny
@@ -98,15 +99,62 @@ def test_quantized_weight_matmul_and_lookup(qtype: str) -> None:
     np.testing.assert_array_equal(np.array(take_rows(weight, ids)), dense[[3, 0, 47, 3]])
 
 
+def k_blocks(qtype: str, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random payload with finite float16 headers of both signs (d, and dmin / m where the type has it)."""
+    rng = np.random.default_rng(seed)
+    block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]]
+    blocks = rng.integers(0, 256, size=(rows, cols // block, nbytes), dtype=np.uint8)
+    halves = 2 if qtype in ("Q5_1", "Q4_K", "Q5_K", "Q2_K") else 1
+    at = nbytes - 2 if qtype == "Q6_K" else 0  # Q6_K keeps d at the end of its block
+    values = 10.0 ** rng.uniform(-6, 1, size=(rows, cols // block, halves))
+    values *= rng.choice([-1.0, 1.0], size=values.shape)
+    header = values.astype(np.float16).view(np.uint8).reshape(rows, cols // block, 2 * halves)
+    blocks[..., at : at + 2 * halves] = header
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize(("qtype", "bits"), [("Q5_0", 5), ("Q5_1", 5), ("Q4_K", 4), ("Q5_K", 5)])
+def test_more_types_map_exactly(qtype: str, bits: int) -> None:
+    """Every code, 6-bit sub-block scale / min and high bit occurs in random blocks: value-exact."""
+    rows, cols = 16, 512
+    blocks = k_blocks(qtype, rows, cols, seed=7)
+    expected = dequantize(blocks, GGMLQuantizationType[qtype]).astype(np.float32)
+    weight = to_weight(WeightTensor("w", (rows, cols), qtype, blocks), mx.float32)
+    assert isinstance(weight, QuantizedWeight) and (weight.bits, weight.group_size) == (bits, 32)
+    assert weight.shape == (rows, cols)
+    ours = np.array(take_rows(weight, mx.arange(rows)))
+    np.testing.assert_array_equal(ours, expected)  # -0.0 == 0.0
+    x = np.random.default_rng(8).standard_normal((3, cols)).astype(np.float32)
+    got = np.array(linear(mx.array(x), weight))
+    np.testing.assert_allclose(got, x @ expected.T, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+def test_q6_k_is_requantized_to_8_bits_within_a_quarter_step() -> None:
+    """No group-32 form exists for Q6_K's 16-value sub-blocks: 8-bit groups of 32 over the dequantized
+    values, each value within half an 8-bit step of its group's range (a quarter of Q6_K's own step)."""
+    from tests.helpers.kquants import quantize_q6_k
+
+    rows, cols = 8, 512
+    values = np.random.default_rng(9).standard_normal((rows, cols)).astype(np.float32)
+    blocks = quantize_q6_k(values).reshape(rows, -1)
+    reference = dequantize(blocks, GGMLQuantizationType.Q6_K).astype(np.float32)
+    weight = to_weight(WeightTensor("w", (rows, cols), "Q6_K", blocks), mx.float32)
+    assert isinstance(weight, QuantizedWeight) and weight.bits == 8
+    ours = np.array(take_rows(weight, mx.arange(rows)))
+    groups = reference.reshape(rows, -1, 32)
+    half_step = (groups.max(-1) - groups.min(-1)) / 255 / 2  # [rows, groups]
+    error = np.abs(ours - reference).reshape(rows, -1, 32).max(-1)
+    assert (error <= half_step * 1.01 + 1e-7).all()
+    assert error.max() > 0  # really re-quantized, not a dense copy
+
+
 def test_other_types_and_dense_weights_are_dense() -> None:
     rng = np.random.default_rng(4)
     values = rng.standard_normal((8, 256)).astype(np.float32)
-    from gguf.quants import quantize
-
-    blocks = quantize(values, GGMLQuantizationType.Q5_0)
-    weight = to_weight(WeightTensor("w", (8, 256), "Q5_0", blocks), mx.float32)
+    blocks = k_blocks("Q2_K", 8, 256, seed=4)
+    weight = to_weight(WeightTensor("w", (8, 256), "Q2_K", blocks), mx.float32)
     assert isinstance(weight, DenseWeight) and weight.shape == (8, 256)
-    np.testing.assert_array_equal(np.array(weight.wt).T, dequantize(blocks, GGMLQuantizationType.Q5_0))
+    np.testing.assert_array_equal(np.array(weight.wt).T, dequantize(blocks, GGMLQuantizationType.Q2_K))
     bf16 = (values.view(np.uint32) >> 16).astype(np.uint16)
     dense = to_weight(WeightTensor("w", (8, 256), "BF16", bf16), mx.float32)
     assert isinstance(dense, DenseWeight)

@@ -11,10 +11,14 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
+    MinistralConfig,
     MistralConfig,
+    MixtralConfig,
+    Phi3Config,
     PretrainedConfig,
     Qwen2Config,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 from localchat.backends import RunnerOptions
@@ -28,7 +32,13 @@ CONFIGS: dict[str, type[PretrainedConfig]] = {
     "mistral": MistralConfig,
     "qwen2": Qwen2Config,
     "qwen3": Qwen3Config,
+    "phi3": Phi3Config,
+    "ministral": MinistralConfig,
+    "qwen3_moe": Qwen3MoeConfig,
+    "mixtral": MixtralConfig,
 }
+# 4 experts, 2 per token, narrower than the dense MLP so a mixed-up width fails the shape check.
+TINY_MOE = {"num_experts_per_tok": 2, "moe_intermediate_size": 32}
 LLAMA3_ROPE = {
     "rope_type": "llama3",
     "rope_theta": 500000.0,
@@ -36,6 +46,14 @@ LLAMA3_ROPE = {
     "low_freq_factor": 1.0,
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 32,
+}
+# Phi-4-mini's shape in miniature: 3/4 of each head turns, longrope with distinct short and long lists
+# (head_dim 16 -> 12 rotary dims -> 6 factors); the tests stay below the original length (64).
+PHI3_LONGROPE = {
+    "rope_type": "longrope",
+    "rope_theta": 10000.0,
+    "short_factor": [1.0, 1.1, 1.3, 1.7, 2.5, 4.0],
+    "long_factor": [1.0, 1.5, 2.8, 5.0, 9.0, 16.0],
 }
 # name -> (model_type, config overrides)
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -45,6 +63,30 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "mistral": ("mistral", {}),
     "qwen2": ("qwen2", {"rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0}}),
     "qwen3": ("qwen3", {"head_dim": 32, "tie_word_embeddings": True}),
+    "phi3": ("phi3", {}),
+    "phi3-partial-longrope": (
+        "phi3",
+        {
+            "partial_rotary_factor": 0.75,
+            "original_max_position_embeddings": 64,
+            "rope_parameters": PHI3_LONGROPE,
+            "tie_word_embeddings": True,
+        },
+    ),
+    "ministral-yarn-rope": (
+        "ministral",
+        {
+            "head_dim": 16,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 1_000_000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 128,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+            },
+        },
+    ),
     "llama-linear-rope": (
         "llama",
         {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}},
@@ -60,6 +102,17 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
             }
         },
     ),
+    # Layer 1 keeps a dense MLP (mlp_only_layers): both kinds of layer in one model.
+    "qwen3_moe": (
+        "qwen3_moe",
+        {**TINY_MOE, "num_experts": 4, "norm_topk_prob": True, "mlp_only_layers": [1], "head_dim": 32},
+    ),
+    # Raw top-k probabilities (no renormalisation); decoder_sparse_step 2 makes layer 0 dense.
+    "qwen3_moe-sparse-step": (
+        "qwen3_moe",
+        {**TINY_MOE, "num_experts": 4, "norm_topk_prob": False, "decoder_sparse_step": 2},
+    ),
+    "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
 }
 
 

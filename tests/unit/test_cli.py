@@ -233,3 +233,14 @@ def test_a_context_below_256_tokens_is_refused():
         Settings.load({"max_model_len": 255}, environ={})
     assert info.value.param == "max_model_len"
     assert Settings.load({"max_model_len": 256}, environ={}).max_model_len == 256
+
+
+@pytest.mark.parametrize("isq", ["q4", "q8_0", "q4_k"])
+def test_isq_choices_parse_from_flag_and_environment(isq):
+    assert cli.parse_settings(["serve", "--isq", isq], environ={})[2].isq == isq
+    assert cli.parse_settings(["serve"], environ={"LOCALCHAT_ISQ": isq})[2].isq == isq
+
+
+def test_an_unknown_isq_type_is_refused_naming_the_choices():
+    with pytest.raises(SettingsError, match="--isq must be one of q4, q8_0, q4_k, got 'q2_k'"):
+        Settings.load({"isq": "q2_k"}, environ={})

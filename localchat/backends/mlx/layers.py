@@ -9,7 +9,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from localchat.arch.rope import rope_inv_freq
+from localchat.arch.rope import rope_inv_freq, rope_long_inv_freq
 from localchat.backends.mlx.quant import Weight, linear
 from localchat.weights.config import ModelConfig
 
@@ -25,20 +25,34 @@ class Rotary:
     def __init__(self, config: ModelConfig) -> None:
         inv_freq, self.scale = rope_inv_freq(config)
         self.periods = mx.array(1.0 / inv_freq.astype(np.float64), dtype=mx.float32)
-        self.dims = config.rotary_dim
+        self.dims = config.rotary_dim  # below head_dim: the remaining dims pass through unturned
+        self.long = rope_long_inv_freq(config)  # longrope: the table for contexts past the original length
+
+    def serve_context(self, max_model_len: int) -> None:
+        """longrope: one factor list for the whole served context (localchat/arch/rope.py)."""
+        if self.long is not None and max_model_len > self.long[1]:
+            self.periods = mx.array(1.0 / self.long[0].astype(np.float64), dtype=mx.float32)
 
     def __call__(self, x: mx.array, positions: mx.array) -> mx.array:
         """x [T, heads, d], positions int32 [T] -> rotated copy."""
-        out = mx.fast.rope(
+        out = self._rope(x, positions, self.periods)
+        if self.scale == 1.0:
+            return out
+        if self.dims == x.shape[-1]:
+            return out * self.scale
+        # The attention factor scales cos and sin: the dims that do not turn stay as they are.
+        return mx.concatenate([out[..., : self.dims] * self.scale, out[..., self.dims :]], axis=-1)
+
+    def _rope(self, x: mx.array, positions: mx.array, periods: mx.array) -> mx.array:
+        return mx.fast.rope(
             x[:, :, None, :],
             self.dims,
             traditional=False,
             base=None,
             scale=1.0,
             offset=positions,
-            freqs=self.periods,
+            freqs=periods,
         )[:, :, 0, :]
-        return out if self.scale == 1.0 else out * self.scale
 
 
 def silu(x: mx.array) -> mx.array:

@@ -2,7 +2,10 @@
 
 GGUF Q4_0, Q4_1 and Q8_0 keep their bits: each 32-value GGUF block becomes one MLX affine group
 (`w = scale * q + bias`, group 32, `mx.quantize`'s packing), converted on the integers, never through
-floats. Every other quantized type is dequantized to the compute dtype.
+floats. So do Q5_0, Q5_1, Q4_K and Q5_K (localchat/backends/mlx/gguf_blocks.py: 5- and 4-bit groups whose
+scale and bias are GGUF's per-32 sub-block values). Q6_K's 16-value sub-blocks have no group-32 form: it is
+re-quantized to 8-bit min/max groups of 32 (each value within half a step, range / 255 / 2, of
+GGUF's; 8.5 bits per weight instead of 6.56). Other quantized types (Q2_K, Q3_K, IQ*) are dequantized to the compute dtype.
 
 | GGUF block | value | MLX q (unsigned) | scale | bias |
 |---|---|---|---|---|
@@ -30,10 +33,12 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from localchat.backends.mlx.gguf_blocks import EXACT_TYPES, decode_affine, pack_codes
 from localchat.weights.tensors import WeightTensor
 
 GROUP_SIZE = 32
-NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0", *EXACT_TYPES)
+REQUANTIZED = {"Q6_K": 8}  # no exact MLX form: dequantized, then quantized to this many bits
 # GGUF type -> (bytes per 32-value block, bits per value in MLX).
 _BLOCKS = {"Q4_0": (18, 4), "Q4_1": (20, 4), "Q8_0": (34, 8)}
 
@@ -77,6 +82,9 @@ Embedding = mx.array | QuantizedWeight  # [vocab, hidden], looked up by rows (an
 def gguf_blocks_to_affine(dtype: str, data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """GGUF blocks uint8 [rows, bytes_per_row] -> (packed uint32, scales f32, biases f32, bits)."""
     assert sys.byteorder == "little", "the uint32 views below assume little-endian packing"
+    if dtype in EXACT_TYPES:
+        codes, scales, biases, bits = decode_affine(dtype, data)
+        return pack_codes(codes, bits), scales, biases, bits
     block_bytes, bits = _BLOCKS[dtype]
     rows = data.shape[0]
     blocks = np.ascontiguousarray(data).reshape(rows, -1, block_bytes)  # [rows, groups, block_bytes]
@@ -101,12 +109,16 @@ def to_weight(weight: WeightTensor, dtype: mx.Dtype, dense_from_rows: int = 0) -
     """A linear layer's matrix, never aliasing the memory-mapped file: quantized where MLX can."""
     if weight.dtype in NATIVE_TYPES:
         return _to_quantized(weight, dtype, dense_from_rows)
+    if weight.dtype in REQUANTIZED and weight.shape[-1] % GROUP_SIZE == 0:
+        return _requantized(weight, dtype, dense_from_rows)
     return DenseWeight(mx.contiguous(to_dense(weight, dtype).T))
 
 
 def to_embedding(weight: WeightTensor, dtype: mx.Dtype, dense_from_rows: int = 0) -> Embedding:
     if weight.dtype in NATIVE_TYPES:
         return _to_quantized(weight, dtype, dense_from_rows)
+    if weight.dtype in REQUANTIZED and weight.shape[-1] % GROUP_SIZE == 0:
+        return _requantized(weight, dtype, dense_from_rows)
     return to_dense(weight, dtype)
 
 
@@ -114,6 +126,26 @@ def _to_quantized(weight: WeightTensor, dtype: mx.Dtype, dense_from_rows: int) -
     packed, scales, biases, bits = gguf_blocks_to_affine(weight.dtype, weight.data)
     scales_mx, biases_mx = mx.array(scales).astype(dtype), mx.array(biases).astype(dtype)
     return QuantizedWeight(mx.array(packed), scales_mx, biases_mx, bits, dense_from_rows=dense_from_rows)
+
+
+def _requantized(weight: WeightTensor, dtype: mx.Dtype, dense_from_rows: int) -> QuantizedWeight:
+    """Min/max affine groups of 32 over the dequantized values: every value within half a step of its
+    group's range (mx.quantize's own choice of scale and bias errs up to twice that)."""
+    bits = REQUANTIZED[weight.dtype]
+    values = weight.dequantize().astype(np.float32)
+    groups = values.reshape(values.shape[0], -1, GROUP_SIZE)
+    low, high = groups.min(-1), groups.max(-1)
+    scale = (high - low) / np.float32(2**bits - 1)
+    safe = np.where(scale > 0, scale, np.float32(1))
+    codes = np.clip(np.rint((groups - low[..., None]) / safe[..., None]), 0, 2**bits - 1).astype(np.uint8)
+    packed = pack_codes(codes.reshape(values.shape[0], -1), bits)
+    return QuantizedWeight(
+        mx.array(packed),
+        mx.array(scale).astype(dtype),
+        mx.array(low).astype(dtype),
+        bits,
+        dense_from_rows=dense_from_rows,
+    )
 
 
 def to_dense(weight: WeightTensor, dtype: mx.Dtype) -> mx.array:

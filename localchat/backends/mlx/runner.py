@@ -66,23 +66,23 @@ CPU_DENSE_FROM_ROWS = 8  # see the module docstring; Metal's quantized kernels b
 def create_runner(model: ModelBundle, options: RunnerOptions) -> MLXRunner:
     if options.isq is not None:
         raise BackendUnavailableError(
-            f"--isq {options.isq} is implemented by the torch backend; MLX keeps GGUF Q4_0/Q4_1/Q8_0 "
-            "quantized natively. Drop --isq or pass --backend torch."
+            f"--isq {options.isq} is implemented by the torch backend (q8_0 / q4_k on its CPU kernels); MLX "
+            "keeps a GGUF file's quantized weights natively. Drop --isq or pass --backend torch."
         )
     return MLXRunner(model, options)
 
 
 def pick_device(name: str) -> mx.Device:
     if name == "auto":
-        return mx.gpu if mx.metal.is_available() else mx.cpu
+        return mx.Device(mx.gpu) if mx.metal.is_available() else mx.Device(mx.cpu)
     if name == "cpu":
-        return mx.cpu
+        return mx.Device(mx.cpu)
     if name in ("gpu", "mps", "metal"):
         if not mx.metal.is_available():
             raise BackendUnavailableError(
                 "The MLX backend found no Metal GPU on this machine; use --device cpu (slow) or --backend torch."
             )
-        return mx.gpu
+        return mx.Device(mx.gpu)
     raise BackendUnavailableError(f"Unknown MLX device {name!r}; use auto, cpu or gpu.")
 
 
@@ -145,6 +145,11 @@ class MLXRunner:
         mx.eval([a for cache in caches for a in (cache.k, cache.v)])
         self.kv_caches = caches
         self.block_size = block_size
+
+    def prepare_decode_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
+        """Engine hook once the context bound is known: MLX captures no graphs, but longrope models fix
+        their RoPE table for the served context here (localchat/arch/rope.py)."""
+        self.model.rotary.serve_context(max_model_len)
 
     def execute_model(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> RunnerOutput:
         with self._thread_stream():

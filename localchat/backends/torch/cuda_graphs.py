@@ -73,7 +73,7 @@ def pad_decode_batch(batch: BatchInputs, bucket: int, max_blocks: int) -> Padded
     tables[:rows, : batch.block_tables.shape[1]] = batch.block_tables
 
     def padded(values: np.ndarray, dtype: type, fill: int) -> np.ndarray:
-        out = np.full(bucket, fill, dtype=dtype)
+        out: np.ndarray = np.full(bucket, fill, dtype=dtype)
         out[:rows] = values
         return out
 

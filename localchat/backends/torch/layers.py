@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from localchat.arch.rope import rope_inv_freq
+from localchat.arch.rope import rope_inv_freq, rope_long_inv_freq
 from localchat.weights.config import ModelConfig
 
 
@@ -21,8 +21,15 @@ class Rotary:
         # Not a module buffer: models are built on the meta device, this must hold real values.
         inv_freq, self.scale = rope_inv_freq(config)
         self.inv_freq = torch.from_numpy(inv_freq).to(device)
+        self.long = rope_long_inv_freq(config)  # longrope: the table for contexts past the original length
+
+    def serve_context(self, max_model_len: int) -> None:
+        """longrope: one factor list for the whole served context (localchat/arch/rope.py)."""
+        if self.long is not None and max_model_len > self.long[1]:
+            self.inv_freq = torch.from_numpy(self.long[0]).to(self.inv_freq.device)
 
     def __call__(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, rotary_dim] for `apply_rope` (rotary_dim < head_dim: partial rotary)."""
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, d/2]
         cos, sin = freqs.cos(), freqs.sin()
         if self.scale != 1.0:
@@ -34,9 +41,19 @@ class Rotary:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, d] -> rotated copy (non-interleaved halves, as Hugging Face checkpoints expect)."""
-    # roll by half swaps the halves: cat(x2, x1) in one op
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
+    """x [T, heads, d] -> rotated copy (non-interleaved halves, as Hugging Face checkpoints expect).
+
+    With cos/sin narrower than d (partial rotary, e.g. Phi-4-mini) only the first dims turn; the full
+    rotary path stays one fused op.
+    """
+    rotary = cos.shape[-1]
+    if rotary == x.shape[-1]:
+        # roll by half swaps the halves: cat(x2, x1) in one op
+        return torch.addcmul(x * cos, x.roll(rotary // 2, dims=-1), sin)
+    turned = x[..., :rotary]
+    return torch.cat(
+        (torch.addcmul(turned * cos, turned.roll(rotary // 2, dims=-1), sin), x[..., rotary:]), -1
+    )
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

@@ -59,6 +59,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from localchat.backends.torch import isq as isq_blocks
 from localchat.backends.torch import kernels as cpu_kernels
 from localchat.backends.torch.kernels import BlockMatrix, Segment
 from localchat.backends.torch.quant_cuda import (
@@ -93,6 +94,7 @@ class QuantPolicy:
     dense_copy: bool = False  # ...also keeping a bf16 copy for many-row steps
     cuda: bool = False  # ...in the CUDA kernel's layout (quant_cuda.py) instead of the CPU one
     isq: bool = False  # unquantized linears are quantized to 4 bits at load (`--isq q4`)
+    isq_blocks: str | None = None  # `--isq q8_0|q4_k`: unquantized matrices become these blocks (isq.py)
     # With our kernels, GGUF Q4_0/Q4_1 linears still take torch's int4 kernel: its one-row steps measured
     # 15-20% less CPU time per token (SmolLM2 Q4_1: ~30 vs ~37 ms/token on one thread) than ours.
     q4_on_int4: bool = False
@@ -112,13 +114,15 @@ def pick_policy(
     isq: str | None = None,
 ) -> QuantPolicy:
     """The env's mode, narrowed to what this device/dtype runs fast; `dense_bytes` estimates the dense
-    copies (the model's linears in `dtype`), `available` the free RAM (None: unknown); `isq`: "q4" to
-    quantize unquantized linears at load."""
+    copies (the model's linears in `dtype`), `available` the free RAM (None: unknown); `isq`: "q4",
+    "q8_0" or "q4_k" to quantize unquantized linears at load."""
     mode = os.environ.get(QUANT_ENV, "auto").strip().lower() or "auto"
     if mode not in QUANT_MODES:
         raise BackendUnavailableError(
             f"{QUANT_ENV}={mode!r} is not a quantization mode; use one of {', '.join(QUANT_MODES)}."
         )
+    if isq in isq_blocks.BLOCK_TYPES:
+        return _block_isq_policy(isq, device, mode)
     on_cuda = dtype == torch.bfloat16 and cuda_int4_available(device)
     usable = on_cuda or (device.type == "cpu" and dtype == torch.bfloat16 and int4_kernel_available())
     if isq is not None and (not usable or mode == "dequant"):
@@ -146,6 +150,25 @@ def pick_policy(
     if mode == "int4":
         return QuantPolicy(int4=True, isq=wants_isq)
     return QuantPolicy(int4=True, dense_copy=fits, isq=wants_isq)
+
+
+def _block_isq_policy(isq: str, device: torch.device, mode: str) -> QuantPolicy:
+    """`--isq q8_0|q4_k` runs only on our CPU kernels: refused (not silently dense) where they cannot run."""
+    ops = cpu_kernels.load() if device.type == "cpu" and mode != "dequant" else None
+    if ops is None:
+        why = (
+            f"this run uses {device}"
+            if device.type != "cpu"
+            else f"{QUANT_ENV}=dequant is set"
+            if mode == "dequant"
+            else f"the kernels are off or not built ({cpu_kernels.KERNELS_ENV}, `python setup.py build_ext`)"
+        )
+        raise BackendUnavailableError(
+            f"--isq {isq} runs on localchat's compiled CPU kernels, and {why}. Use --device cpu with the "
+            "kernels built, or --isq q4 (torch's int4 kernel, also on CUDA)."
+        )
+    # No dense copies and no int4 detour: the point of --isq is memory; one block form serves every step.
+    return QuantPolicy(kernels=ops, isq_blocks=isq_blocks.BLOCK_TYPES[isq])
 
 
 @dataclass(slots=True)
@@ -205,6 +228,10 @@ def convert(weight: WeightTensor, dtype: torch.dtype, device: torch.device, poli
         return BlockMatrix([Segment(weight.dtype, blocks)], cols, policy.kernels)
     if policy.int4 and weight.dtype in INT4_TYPES and packable:
         return _int4_parts(weight)
+    head = weight.name.endswith(("lm_head.weight", "embed_tokens.weight"))
+    qtype = isq_blocks.block_type(policy.isq_blocks, weight, head) if policy.isq_blocks else None
+    if qtype is not None and policy.kernels is not None:
+        return isq_blocks.quantize_weight(weight, qtype, policy.kernels)
     # NOTE: --isq leaves the LM head dense: a 4-bit output layer costs the most quality (llama.cpp keeps
     # it at 6-8 bits too).
     isq = policy.isq and not weight.is_quantized and not weight.name.endswith("lm_head.weight")

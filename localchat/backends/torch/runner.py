@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from localchat.arch.moe import ffn_width
 from localchat.backends import RunnerOptions
 from localchat.backends.memory import mem_available
 from localchat.backends.pooling import Pooler
@@ -72,7 +73,7 @@ class _Step:
 
     input_ids: torch.Tensor
     positions: torch.Tensor
-    meta: AttentionMetadata
+    meta: AttentionMetadata | TritonAttentionMetadata
     logits_indices: torch.Tensor | None  # None: every token is sampled, in order
 
 
@@ -93,7 +94,9 @@ class TorchRunner:
         self.attention = attention_kernel(
             self.device
         )  # "triton" on CUDA (see kernel_choice.py), else "torch"
-        self.graph_mode = graph_mode(self.device, self.attention, options.cuda_graphs)
+        self.graph_mode = graph_mode(
+            self.device, self.attention, options.cuda_graphs and self.model.capturable
+        )
         self.graphs: DecodeGraphs | None = None
         self.sampler = Sampler(self.device, options.seed)
         self.pooler = Pooler(
@@ -118,6 +121,8 @@ class TorchRunner:
         details = str(self.dtype).removeprefix("torch.")
         if self.quant.kernels is not None:
             details += f", GGUF blocks on localchat's {self.quant.kernels.name} kernels"
+        if self.quant.isq_blocks:
+            details += f", dense weights quantized to {self.quant.isq_blocks} at load"
         if self.quant.int4:
             details += ", int4 linears" + (" + dense copies" if self.quant.dense_copy else "")
         return f"{name} ({details})"
@@ -138,7 +143,9 @@ class TorchRunner:
         self.block_size = block_size
 
     def prepare_decode_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
-        """Engine hook, after the KV cache exists: capture decode graphs per batch-size bucket."""
+        """Engine hook, after the KV cache exists: fix the RoPE table for the served context (longrope),
+        then capture decode graphs per batch-size bucket."""
+        self.model.rotary.serve_context(max_model_len)
         if self.graph_mode is None:
             return
         with torch.inference_mode():
@@ -261,7 +268,7 @@ class TorchRunner:
             yield
             return
         previous = torch.backends.mkldnn.enabled
-        torch.backends.mkldnn.enabled = False
+        torch.backends.mkldnn.enabled = False  # type: ignore[assignment]
         try:
             yield
         finally:
@@ -330,5 +337,5 @@ def _linear_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
     """The decoder layers' matrices in `dtype`: what dense copies of int4 weights would cost."""
     c = config
     attention = c.hidden_size * c.head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)
-    per_layer = attention + 3 * c.hidden_size * c.intermediate_size
+    per_layer = attention + 3 * c.hidden_size * ffn_width(c)
     return c.num_hidden_layers * per_layer * dtype.itemsize

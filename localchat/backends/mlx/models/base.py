@@ -39,6 +39,9 @@ class Layer:
     def missing(self) -> list[str]:
         return sorted({k.split(".")[0] for k in self.shapes if getattr(self, k.split(".")[0]) is None})
 
+    def finish(self) -> None:
+        """Called once every weight arrived (e.g. to restack them)."""
+
 
 class DecoderLM:
     layer_class: type[Layer]

@@ -54,10 +54,15 @@ class LlamaLayer(Layer):
         q, k = self.normalize_qk(qkv[:, :h], qkv[:, h : h + kvh])
         q, k = rotary(q, positions), rotary(k, positions)
         attn = paged_attention(q, k, qkv[:, h + kvh :], cache, meta, self.scale)  # [T, h, d]
-        assert self.o is not None and self.down is not None
+        assert self.o is not None
         x = x + linear(attn.reshape(tokens, h * d), self.o, self.o_bias)
-        gate, up = mx.split(project(mx.fast.rms_norm(x, self.mlp_norm, self.eps), self.gate_up), 2, axis=-1)
-        return x + linear(silu(gate) * up, self.down)
+        return x + self.mlp(mx.fast.rms_norm(x, self.mlp_norm, self.eps))
+
+    def mlp(self, x: mx.array) -> mx.array:
+        """The feed-forward block on normed x [T, hidden]: SwiGLU in Llama."""
+        assert self.down is not None
+        gate, up = mx.split(project(x, self.gate_up), 2, axis=-1)
+        return linear(silu(gate) * up, self.down)
 
     def normalize_qk(self, q: mx.array, k: mx.array) -> tuple[mx.array, mx.array]:
         """q [T, h, d] and k [T, kvh, d] before RoPE: unchanged in Llama."""

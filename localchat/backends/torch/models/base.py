@@ -12,9 +12,13 @@ import torch
 from torch import nn
 
 from localchat.backends.torch.attention import AttentionMetadata
+from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
 from localchat.backends.torch.layers import Rotary, empty_param, rms_norm
 from localchat.backends.torch.quant import embed_rows, linear
 from localchat.weights.config import ModelConfig
+
+# The CPU path's metadata, or the Triton kernels' on CUDA: layers pass it through to `paged_attention`.
+StepMetadata = AttentionMetadata | TritonAttentionMetadata
 
 
 class Layer(Protocol):
@@ -23,13 +27,14 @@ class Layer(Protocol):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        meta: AttentionMetadata,
+        meta: StepMetadata,
         kv_cache: torch.Tensor,
     ) -> torch.Tensor: ...
 
 
 class DecoderLM(nn.Module):
     layer_class: type[nn.Module]
+    capturable = True  # a decode step may be recorded as a CUDA graph (no host syncs inside)
 
     def __init__(self, config: ModelConfig, device: torch.device) -> None:
         super().__init__()
@@ -46,7 +51,7 @@ class DecoderLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        meta: AttentionMetadata,
+        meta: StepMetadata,
         kv_caches: list[torch.Tensor],
         logits_indices: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -61,7 +66,7 @@ class DecoderLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        meta: AttentionMetadata,
+        meta: StepMetadata,
         kv_caches: list[torch.Tensor],
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)

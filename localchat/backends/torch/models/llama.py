@@ -35,8 +35,8 @@ class LlamaLayer(nn.Module):
         self.o = empty_param(hidden, h * d)
         self.o_bias = empty_param(hidden) if o_bias else None
         self.mlp_norm = empty_param(hidden)
-        self.gate_up = empty_param(2 * config.intermediate_size, hidden)
-        self.down = empty_param(hidden, config.intermediate_size)
+        self.gate_up: nn.Parameter | None = empty_param(2 * config.intermediate_size, hidden)
+        self.down: nn.Parameter | None = empty_param(hidden, config.intermediate_size)
 
     def forward(
         self,
@@ -54,7 +54,12 @@ class LlamaLayer(nn.Module):
         qk = apply_rope(self.normalize_qk(qkv[:, : h + kvh]), cos, sin)  # [T, h + kvh, d]
         attn = paged_attention(qk[:, :h], qk[:, h:], qkv[:, h + kvh :], kv_cache, meta)
         x = x + linear(attn.reshape(tokens, h * d), self.o, self.o_bias)
-        return x + linear(swiglu(linear(rms_norm(x, self.mlp_norm, self.eps), self.gate_up)), self.down)
+        return x + self.mlp(rms_norm(x, self.mlp_norm, self.eps))
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """The feed-forward block on normed x [T, hidden]: SwiGLU in Llama."""
+        assert self.gate_up is not None and self.down is not None
+        return linear(swiglu(linear(x, self.gate_up)), self.down)
 
     def normalize_qk(self, qk: torch.Tensor) -> torch.Tensor:
         """q and k heads [T, h + kvh, d] before RoPE: unchanged in Llama."""
