@@ -270,6 +270,7 @@ class LLMEngine:
             num_waiting=len(self.scheduler.waiting),
             kv_blocks_used=self.block_manager.num_used_blocks,
             kv_blocks_total=self.block_manager.num_usable_blocks,
+            kv_blocks_touched=self.block_manager.num_touched_blocks,
             block_size=self.config.block_size,
             prefix_hit_rate=self.block_manager.prefix_hit_rate,
             num_preemptions=self.scheduler.num_preemptions,
