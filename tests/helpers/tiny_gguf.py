@@ -21,7 +21,8 @@
   with byte fallback (trained here with the sentencepiece library; `tiny_spm()` returns the processor,
   so tests can compare against real SentencePiece). Either is padded with [PAD{i}] tokens up to the
   config's vocab_size, which must be at least TINY_VOCAB_SIZE.
-- Llama 3 rope scaling in the config is written as a `rope_freqs.weight` tensor, as llama.cpp does.
+- Llama 3 rope scaling in the config is written as a `rope_freqs.weight` tensor, as llama.cpp does;
+  yarn as `rope.scaling.*` metadata (Ministral 3's q temperature beta as `attention.temperature_scale`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, TokenType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, RopeScalingType, TokenType
 from gguf.quants import quantize
 
 from tests.helpers.kquants import K_QUANTIZERS
@@ -45,7 +46,15 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}
+_ARCHITECTURES = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "phi3": "phi3",
+    "ministral3": "mistral3",
+}
+_PERMUTED_QK = ("llama", "mistral", "ministral3")  # the archs llama.cpp converts with Llama's script
 GPT2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 USER_DEFINED = ["<think>", "</think>"]
 
@@ -234,9 +243,9 @@ def write_tiny_gguf(
         if name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
             continue
         data = _to_numpy(tensor)
-        if model_type in ("llama", "mistral") and ".self_attn.q_proj." in name:
+        if model_type in _PERMUTED_QK and ".self_attn.q_proj." in name:
             data = _permute(data, heads)
-        elif model_type in ("llama", "mistral") and ".self_attn.k_proj." in name:
+        elif model_type in _PERMUTED_QK and ".self_attn.k_proj." in name:
             data = _permute(data, kv_heads)
         _add_tensor(writer, _gguf_name(name), data, qtype)
     scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
@@ -250,11 +259,28 @@ def write_tiny_gguf(
         writer.add_rope_scaling_orig_ctx_len(original)
         factor = cfg["max_position_embeddings"] / original
         writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(factor) / math.log(original)))
+    if scaling.get("rope_type") == "yarn":
+        _write_yarn(writer, scaling)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _write_yarn(writer: GGUFWriter, scaling: Mapping[str, Any]) -> None:
+    """Yarn as llama.cpp's converter writes it; Ministral 3's q temperature beta as attention metadata."""
+    writer.add_rope_scaling_type(RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(float(scaling["factor"]))
+    writer.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
+    for key, add in (
+        ("beta_fast", writer.add_rope_scaling_yarn_beta_fast),
+        ("beta_slow", writer.add_rope_scaling_yarn_beta_slow),
+        ("mscale_all_dim", writer.add_rope_scaling_yarn_log_mul),
+        ("llama_4_scaling_beta", writer.add_attn_temperature_scale),
+    ):
+        if scaling.get(key) is not None:
+            add(float(scaling[key]))
 
 
 def _config_dict(source: Any) -> dict[str, Any]:

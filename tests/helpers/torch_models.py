@@ -11,6 +11,7 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
+    Ministral3Config,
     MinistralConfig,
     MistralConfig,
     Phi3Config,
@@ -32,6 +33,7 @@ CONFIGS: dict[str, type[PretrainedConfig]] = {
     "qwen3": Qwen3Config,
     "phi3": Phi3Config,
     "ministral": MinistralConfig,
+    "ministral3": Ministral3Config,
 }
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -48,6 +50,20 @@ PHI3_LONGROPE = {
     "rope_theta": 10000.0,
     "short_factor": [1.0, 1.1, 1.3, 1.7, 2.5, 4.0],
     "long_factor": [1.0, 1.5, 2.8, 5.0, 9.0, 16.0],
+}
+# Ministral 3's rope settings (yarn, q temperature) with a pretraining length of 8, so the q scale
+# 1 + beta * log(1 + floor(position / 8)) changes every 8 tokens of the test prompts.
+MINISTRAL3_ROPE = {
+    "rope_type": "yarn",
+    "rope_theta": 1_000_000.0,
+    "factor": 16.0,
+    "original_max_position_embeddings": 8,
+    "max_position_embeddings": 512,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "llama_4_scaling_beta": 0.1,
 }
 # name -> (model_type, config overrides)
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -79,6 +95,15 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
                 "beta_fast": 32.0,
                 "beta_slow": 1.0,
             },
+        },
+    ),
+    "ministral3": ("ministral3", {"head_dim": 16, "rope_parameters": MINISTRAL3_ROPE}),
+    # A strong temperature and tied embeddings (Ministral-3-3B ties them).
+    "ministral3-hot-tied": (
+        "ministral3",
+        {
+            "rope_parameters": {**MINISTRAL3_ROPE, "llama_4_scaling_beta": 1.0},
+            "tie_word_embeddings": True,
         },
     ),
     "llama-linear-rope": (
