@@ -11,7 +11,7 @@ import mlx.core as mx
 
 from localchat.arch.rope import attention_temperature
 from localchat.backends.mlx.attention import AttentionMetadata, LayerCache, paged_attention
-from localchat.backends.mlx.layers import Rotary, project, silu
+from localchat.backends.mlx.layers import Rotary, project
 from localchat.backends.mlx.models.base import DecoderLM
 from localchat.backends.mlx.models.llama import LlamaLayer
 from localchat.backends.mlx.quant import linear
@@ -33,14 +33,14 @@ class Ministral3Layer(LlamaLayer):
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         normed = mx.fast.rms_norm(x, self.attn_norm, self.eps)
         qkv = project(normed, self.qkv, self.qkv_bias).reshape(tokens, h + 2 * kvh, d)
-        q, k = rotary(qkv[:, :h], positions), rotary(qkv[:, h : h + kvh], positions)
+        q, k = self.normalize_qk(qkv[:, :h], qkv[:, h : h + kvh])
+        q, k = rotary(q, positions), rotary(k, positions)
         if q_scale is not None:
             q = q * q_scale
-        attn = paged_attention(q, k, qkv[:, h + kvh :], cache, meta, self.scale)  # [T, h, d]
-        assert self.o is not None and self.down is not None
+        attn = paged_attention(q, k, qkv[:, h + kvh :], cache, meta, self.scale, self.window)  # [T, h, d]
+        assert self.o is not None
         x = x + linear(attn.reshape(tokens, h * d), self.o, self.o_bias)
-        gate, up = mx.split(project(mx.fast.rms_norm(x, self.mlp_norm, self.eps), self.gate_up), 2, axis=-1)
-        return x + linear(silu(gate) * up, self.down)
+        return x + self.mlp(mx.fast.rms_norm(x, self.mlp_norm, self.eps))
 
 
 class Model(DecoderLM):

@@ -11,7 +11,7 @@ import torch
 
 from localchat.arch.rope import attention_temperature
 from localchat.backends.torch.attention import paged_attention
-from localchat.backends.torch.layers import apply_rope, rms_norm, swiglu
+from localchat.backends.torch.layers import apply_rope, rms_norm
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.models.llama import LlamaLayer
 from localchat.backends.torch.quant import linear
@@ -34,11 +34,11 @@ class Ministral3Layer(LlamaLayer):
         qkv = linear(rms_norm(x, self.attn_norm, self.eps), self.qkv, self.qkv_bias).view(
             tokens, h + 2 * kvh, d
         )
-        qk = apply_rope(qkv[:, : h + kvh], cos, sin)  # [T, h + kvh, d]
+        qk = apply_rope(self.normalize_qk(qkv[:, : h + kvh]), cos, sin)  # [T, h + kvh, d]
         q = qk[:, :h] if q_scale is None else qk[:, :h] * q_scale
-        attn = paged_attention(q, qk[:, h:], qkv[:, h + kvh :], kv_cache, meta)
+        attn = paged_attention(q, qk[:, h:], qkv[:, h + kvh :], kv_cache, meta, self.attn_options)
         x = x + linear(attn.reshape(tokens, h * d), self.o, self.o_bias)
-        return x + linear(swiglu(linear(rms_norm(x, self.mlp_norm, self.eps), self.gate_up)), self.down)
+        return x + self.mlp(rms_norm(x, self.mlp_norm, self.eps))
 
 
 class Model(DecoderLM):
