@@ -135,12 +135,13 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "ministral3": ("ministral3", {"head_dim": 16, "rope_parameters": MINISTRAL3_ROPE}),
-    # A strong temperature and tied embeddings (Ministral-3-3B ties them).
+    # A strong temperature, tied embeddings (Ministral-3-3B ties them), and a sliding window.
     "ministral3-hot-tied": (
         "ministral3",
         {
             "rope_parameters": {**MINISTRAL3_ROPE, "llama_4_scaling_beta": 1.0},
             "tie_word_embeddings": True,
+            "sliding_window": 8,
         },
     ),
     "llama-linear-rope": (
