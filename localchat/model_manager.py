@@ -52,8 +52,9 @@ class LoadTask:
     ctx: ServerContext | None = None
     error: LocalchatError | None = None
 
-    def progress(self) -> dict[str, Any]:
-        if self.phase == "downloading" and self.pull is not None:
+    def progress(self, phase: str | None = None) -> dict[str, Any]:
+        """`phase`: a snapshot the caller already read (the loader thread may move on meanwhile)."""
+        if (phase or self.phase) == "downloading" and self.pull is not None:
             return dict(self.pull.progress)
         return {"phase": "loading", "name": self.name, "message": f"Loading {self.name} into memory…"}
 
@@ -199,8 +200,9 @@ class ModelManager:
                 return 503, {"status": "error", "detail": "the engine is not running"}
             return 200, {"status": "ok", "model": current.model_id, "loaded": [c.model_id for c in loaded]}
         if task is not None:
-            status = "downloading" if task.phase == "downloading" else "loading"
-            return 503, {"status": status, "model": task.name, "progress": task.progress()}
+            phase = task.phase  # read once: status and progress must describe the same moment
+            status = "downloading" if phase == "downloading" else "loading"
+            return 503, {"status": status, "model": task.name, "progress": task.progress(phase)}
         if self._last_error is not None:
             return 503, {"status": "error", "detail": self._last_error}
         detail = self._no_model_detail()
