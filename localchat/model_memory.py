@@ -8,7 +8,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from localchat.errors import InsufficientMemoryError
+from localchat.errors import InsufficientMemoryError, ModelLoadError
+from localchat.weights.isq_plan import isq_bytes
 
 MIB = 2**20
 GIB = 2**30
@@ -17,6 +18,7 @@ MIN_KV_BUDGET = 256 * MIB  # without --mem the engine sizes its KV cache from wh
 # GGUF quant types the torch backend keeps packed (4-bit codes); other types are expanded to bf16, so
 # their weights take 16 / bits-per-weight times the file size once loaded.
 _PACKED = ("q4_0", "q4_1")
+_FLOAT = ("f16", "bf16", "f32")  # the GGUF files `--isq` quantizes (it leaves quantized tensors as they are)
 _BITS = {
     "q2_k": 2.6,
     "q3_k": 3.4,
@@ -52,15 +54,67 @@ def path_size(path: Path) -> int:
     return total
 
 
-def estimate(path: Path, kv_cache_mib: int | None) -> MemoryEstimate:
+def estimate(path: Path, kv_cache_mib: int | None, isq: str | None = None) -> MemoryEstimate:
+    """`isq`: the `--isq` type dense weights are quantized to at load (they are sized in that format)."""
     size = path_size(path)
     weights = size
     if path.suffix == ".gguf":
         quant = _quant_of(path.name)
-        if quant is not None and quant not in _PACKED:
+        if isq is not None and quant in _FLOAT:
+            weights = _isq_weights(path, isq, size)
+        elif quant is not None and quant not in _PACKED:
             weights = int(size * 16 / _BITS.get(quant, 16.0))
+    elif isq is not None and path.is_dir():
+        weights = _isq_weights(path, isq, size)
     kv = kv_cache_mib * MIB if kv_cache_mib is not None else MIN_KV_BUDGET
     return MemoryEstimate(weights, kv, RUNTIME_OVERHEAD)
+
+
+def _isq_weights(path: Path, isq: str, size: int) -> int:
+    """The weights' bytes once quantized at load: each tensor by weights/isq_plan.py's rule (what the torch
+    backend applies), from the safetensors headers or the GGUF tensor table. `size` when unreadable: the
+    load itself then reports what is wrong with the files."""
+    try:
+        tensors = _gguf_tensors(path) if path.is_file() else _safetensors_tensors(path)
+        return sum(
+            isq_bytes(isq, name, shape, nbytes) if dense else nbytes for name, shape, nbytes, dense in tensors
+        )
+    except (ModelLoadError, OSError, ValueError, KeyError, TypeError):
+        return size
+
+
+Tensor = tuple[str, tuple[int, ...], int, bool]  # HF name, shape, bytes as stored, dense (float)
+
+
+def _safetensors_tensors(folder: Path) -> list[Tensor]:
+    from localchat.weights.safetensors import checkpoint_prefixes, renamed, safetensors_files
+
+    prefixes = checkpoint_prefixes(folder)
+    out = []
+    for file in safetensors_files(folder):
+        for stored, info in file.header.items():
+            name = renamed(stored, prefixes)
+            if name is not None:  # a multimodal wrapper's other towers are never loaded
+                begin, end = info["data_offsets"]
+                out.append((name, tuple(int(d) for d in info["shape"]), int(end) - int(begin), True))
+    return out
+
+
+def _gguf_tensors(path: Path) -> list[Tensor]:
+    from gguf import GGMLQuantizationType as Q
+
+    from localchat.weights.gguf import open_gguf
+
+    heads = {"token_embd.weight": "embed_tokens.weight", "output.weight": "lm_head.weight"}
+    return [
+        (
+            heads.get(t.name, t.name),
+            tuple(int(d) for d in reversed(t.shape.tolist())),  # GGUF lists dims innermost first
+            int(t.n_bytes),
+            t.tensor_type in (Q.F32, Q.F16, Q.BF16),
+        )
+        for t in open_gguf(path).tensors
+    ]
 
 
 def _quant_of(filename: str) -> str | None:
