@@ -29,6 +29,7 @@ from localchat.errors import BackendUnavailableError
 from localchat.model_memory import estimate
 from localchat.weights.block_quantize import quantize_q4_0, quantize_q4_k, quantize_q5_0, quantize_q8_0
 from localchat.weights.bundle import ModelBundle
+from localchat.weights.isq_plan import BLOCK_TYPES, block_type, is_head
 from localchat.weights.loader import load_model
 from localchat.weights.tensors import WeightTensor
 from tests.backends.test_kernels_model import NEAR_TIE
@@ -220,14 +221,19 @@ def test_memory_estimate_is_what_the_isq_model_holds(tmp_path: Path, isq: str, h
     assert estimate(tmp_path, None, isq).weights == _runtime_weight_bytes(runner)
 
 
-def _dense_bundle(gguf: Path) -> ModelBundle:
-    """The GGUF model as a dense float32 checkpoint (what a safetensors folder hands the runner)."""
+def _dense_bundle(gguf: Path, as_isq: str | None = None) -> ModelBundle:
+    """The GGUF model as a dense float32 checkpoint (what a safetensors folder hands the runner);
+    `as_isq`: every matrix replaced by the values `--isq as_isq` would give it (the fp32 reference)."""
     bundle = load_model(gguf)
     source = bundle.iter_weights
 
     def dense() -> Iterator[WeightTensor]:
         for w in source():
-            yield WeightTensor(w.name, w.shape, "F32", w.dequantize())
+            values = w.dequantize()
+            qtype = block_type(BLOCK_TYPES[as_isq], w.shape, is_head(w.name)) if as_isq else None
+            if qtype is not None:
+                values = dequantize(QUANTIZERS[qtype](values), GGMLQuantizationType[qtype]).reshape(w.shape)
+            yield WeightTensor(w.name, w.shape, "F32", np.ascontiguousarray(values, dtype=np.float32))
 
     return replace(bundle, format="safetensors", iter_weights=dense)
 
@@ -242,6 +248,26 @@ def test_smollm2_dense_with_isq_q8_0_tracks_the_fp32_reference(smollm2_gguf: Pat
     ours = TorchRunner(bundle, RunnerOptions(device="cpu", dtype="bfloat16", isq="q8_0"))
     assert isinstance(ours.model.layers[0].qkv, BlockMatrix)
     fp32 = TorchRunner(_dense_bundle(smollm2_gguf), RunnerOptions(device="cpu", dtype="float32"))
+    _assert_tracks(ours, fp32, bundle, prompts)
+
+
+@needs_kernels
+@pytest.mark.slow
+def test_smollm2_dense_with_isq_q4_0_tracks_its_dequantized_fp32_reference(smollm2_gguf: Path) -> None:
+    """4 bits move greedy picks of the dense model itself, so the reference is the fp32 model whose
+    weights are the values the blocks hold: only the kernels' 8-bit activations and bf16 differ."""
+    bundle = _dense_bundle(smollm2_gguf)
+    prompts = chat_prompts(bundle)
+    ours = TorchRunner(bundle, RunnerOptions(device="cpu", dtype="bfloat16", isq="q4_0"))
+    qkv = ours.model.layers[0].qkv
+    assert isinstance(qkv, BlockMatrix) and [s.qtype for s in qkv.segments] == ["Q4_0"]
+    fp32 = TorchRunner(_dense_bundle(smollm2_gguf, "q4_0"), RunnerOptions(device="cpu", dtype="float32"))
+    _assert_tracks(ours, fp32, bundle, prompts)
+
+
+def _assert_tracks(
+    ours: TorchRunner, fp32: TorchRunner, bundle: ModelBundle, prompts: list[list[int]]
+) -> None:
     got, want = greedy(ours, bundle, prompts), greedy(fp32, bundle, prompts)
     identical = 0
     for prompt, a, b in zip(prompts, got, want, strict=True):

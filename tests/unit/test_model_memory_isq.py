@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from localchat.catalog import ResolvedModel
 from localchat.errors import InsufficientMemoryError
+from localchat.model_manager import ModelManager
 from localchat.model_memory import MIB, check_fits, estimate
+from tests.helpers.fake_app import fake_settings
 
 HIDDEN, FFN, VOCAB = 576, 1536, 512  # 576 = 18 * 32 (no multiple of 256, like SmolLM2); 1536 = 6 * 256
 TENSORS = {
@@ -67,6 +70,26 @@ def test_a_model_that_only_fits_quantized_passes_the_check_under_isq(tmp_path: P
     with pytest.raises(InsufficientMemoryError):
         check_fits("m", estimate(tmp_path / "m", 1), available=room)
     assert quantized.kv_cache == MIB
+
+
+class Built(Exception):
+    """The build step was reached: the memory check let the load through."""
+
+
+def test_the_model_manager_checks_a_load_at_its_isq_size(tmp_path: Path) -> None:
+    dense = _write_bf16_folder(tmp_path / "m")
+    settings = fake_settings(isq="q4_0")
+    quantized = estimate(tmp_path / "m", settings.mem, "q4_0")
+    room = quantized.total + (dense - quantized.weights) // 2  # fits quantized, not dense
+
+    def build(*args: object, **kwargs: object) -> None:
+        raise Built
+
+    target = ResolvedModel(tmp_path / "m", "m")
+    for manager_settings, outcome in ((fake_settings(), InsufficientMemoryError), (settings, Built)):
+        manager = ModelManager(manager_settings, build=build, available_memory=lambda: room, mcp=False)
+        with pytest.raises(outcome):
+            manager._load("m", target)
 
 
 def test_unreadable_headers_fall_back_to_the_folder_size(tmp_path: Path) -> None:
