@@ -8,8 +8,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from localchat.arch.registry import TOP_WEIGHTS, Architecture, architecture
 from localchat.errors import InsufficientMemoryError, ModelLoadError
-from localchat.weights.isq_plan import isq_bytes
+from localchat.weights.isq_plan import LINEAR_PARAMS, Role, isq_bytes
 
 MIB = 2**20
 GIB = 2**30
@@ -18,6 +19,7 @@ MIN_KV_BUDGET = 256 * MIB  # without --mem the engine sizes its KV cache from wh
 # GGUF quant types the torch backend keeps packed (4-bit codes); other types are expanded to bf16, so
 # their weights take 16 / bits-per-weight times the file size once loaded.
 _PACKED = ("q4_0", "q4_1")
+_LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _FLOAT = ("f16", "bf16", "f32")  # the GGUF files `--isq` quantizes (it leaves quantized tensors as they are)
 _BITS = {
     "q2_k": 2.6,
@@ -76,45 +78,63 @@ def _isq_weights(path: Path, isq: str, size: int) -> int:
     load itself then reports what is wrong with the files."""
     try:
         tensors = _gguf_tensors(path) if path.is_file() else _safetensors_tensors(path)
-        return sum(
-            isq_bytes(isq, name, shape, nbytes) if dense else nbytes for name, shape, nbytes, dense in tensors
-        )
     except (ModelLoadError, OSError, ValueError, KeyError, TypeError):
         return size
+    return sum(isq_bytes(isq, role, shape, nbytes) for role, shape, nbytes in tensors)
 
 
-Tensor = tuple[str, tuple[int, ...], int, bool]  # HF name, shape, bytes as stored, dense (float)
+Tensor = tuple[Role, tuple[int, ...], int]  # what --isq does to it, shape, bytes as stored
+
+
+def _role(name: str | None, arch: Architecture) -> Role:
+    """Whether the backend quantizes the tensor `name` (HF naming) as a linear, as the embedding / LM
+    head, or leaves it as stored."""
+    if name is None:
+        return "other"
+    if name in TOP_WEIGHTS:
+        return "head" if TOP_WEIGHTS[name] in ("embed", "lm_head") else "other"
+    match = _LAYER_NAME.fullmatch(name)
+    found = arch.layer_weight(match.group(2)) if match else None
+    return "linear" if found and found[0].rpartition(".")[2] in LINEAR_PARAMS else "other"
 
 
 def _safetensors_tensors(folder: Path) -> list[Tensor]:
-    from localchat.weights.safetensors import checkpoint_prefixes, renamed, safetensors_files
+    from localchat.weights.safetensors import (
+        checkpoint_prefixes,
+        config_from_folder,
+        renamed,
+        safetensors_files,
+    )
 
+    arch = architecture(config_from_folder(folder).model_type)
     prefixes = checkpoint_prefixes(folder)
-    out = []
+    out: list[Tensor] = []
     for file in safetensors_files(folder):
         for stored, info in file.header.items():
             name = renamed(stored, prefixes)
             if name is not None:  # a multimodal wrapper's other towers are never loaded
                 begin, end = info["data_offsets"]
-                out.append((name, tuple(int(d) for d in info["shape"]), int(end) - int(begin), True))
+                out.append((_role(name, arch), tuple(int(d) for d in info["shape"]), int(end) - int(begin)))
     return out
 
 
 def _gguf_tensors(path: Path) -> list[Tensor]:
     from gguf import GGMLQuantizationType as Q
 
-    from localchat.weights.gguf import open_gguf
+    from localchat.weights.gguf import gguf_architecture, hf_tensor_name, open_gguf
 
-    heads = {"token_embd.weight": "embed_tokens.weight", "output.weight": "lm_head.weight"}
-    return [
-        (
-            heads.get(t.name, t.name),
-            tuple(int(d) for d in reversed(t.shape.tolist())),  # GGUF lists dims innermost first
-            int(t.n_bytes),
-            t.tensor_type in (Q.F32, Q.F16, Q.BF16),
-        )
-        for t in open_gguf(path).tensors
-    ]
+    reader = open_gguf(path)
+    arch = gguf_architecture(reader)
+    out: list[Tensor] = []
+    for t in reader.tensors:
+        dense = t.tensor_type in (Q.F32, Q.F16, Q.BF16)  # --isq leaves quantized tensors as they are
+        try:
+            role = _role(hf_tensor_name(t.name, arch), arch) if dense else "other"
+        except ModelLoadError:
+            role = "other"
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists dims innermost first
+        out.append((role, shape, int(t.n_bytes)))
+    return out
 
 
 def _quant_of(filename: str) -> str | None:

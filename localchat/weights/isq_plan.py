@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 BLOCK_TYPES = {"q8_0": "Q8_0", "q4_k": "Q4_K", "q4_0": "Q4_0"}  # --isq value -> GGUF type
 HEAD_TYPE = "Q8_0"
 FALLBACK = {"Q4_K": "Q5_0"}  # for rows that do not split into Q4_K's 256s (llama.cpp's choice too)
@@ -20,6 +22,10 @@ BLOCK_SHAPES = {"Q8_0": (32, 34), "Q4_K": (256, 144), "Q5_0": (32, 22), "Q4_0": 
 INT4_GROUP, INT4_ROWS = 32, 16  # torch's int4 pack: groups along `in`, `out` a multiple of 16
 INT4_BITS = 4 + 2 * 16 / INT4_GROUP  # codes + bf16 scale and zero per group
 HEAD_NAMES = ("embed_tokens.weight", "lm_head.weight")
+# The layer parameters (last part of the registry's parameter path) the backend runs through `linear`:
+# the matrices `--isq` quantizes. Others (MoE routers, norms) stay as stored.
+LINEAR_PARAMS = frozenset({"qkv", "o", "gate_up", "down"})
+Role = Literal["linear", "head", "other"]
 
 
 def is_head(name: str) -> bool:
@@ -39,9 +45,14 @@ def block_type(qtype: str, shape: tuple[int, ...], head: bool) -> str | None:
     return None
 
 
-def isq_bytes(isq: str, name: str, shape: tuple[int, ...], dense_bytes: int) -> int:
-    """Bytes a dense tensor (`dense_bytes` as stored) takes once loaded under `--isq isq`."""
-    head = is_head(name)
+def isq_bytes(isq: str, role: Role, shape: tuple[int, ...], dense_bytes: int) -> int:
+    """Bytes a dense tensor (`dense_bytes` as stored) takes once loaded under `--isq isq`; a 3-D linear is
+    stacked experts, each quantized as its own matrix (weights/experts.py splits them)."""
+    if role == "other":
+        return dense_bytes
+    if len(shape) == 3 and role == "linear":
+        return shape[0] * isq_bytes(isq, role, shape[1:], dense_bytes // shape[0])
+    head = role == "head"
     if isq in BLOCK_TYPES:
         qtype = block_type(BLOCK_TYPES[isq], shape, head)
         if qtype is None:

@@ -35,7 +35,7 @@ from localchat.weights.tensors import WeightTensor
 from tests.backends.test_kernels_model import NEAR_TIE
 from tests.helpers.real_model import chat_prompts, greedy, top2
 from tests.helpers.torch_batch import PagedDriver
-from tests.helpers.torch_models import bundle_from_hf, tiny_hf_model
+from tests.helpers.torch_models import TINY_MOE, bundle_from_hf, tiny_hf_model
 
 OPS = cpu_kernels.load()
 needs_kernels = pytest.mark.skipif(OPS is None, reason="localchat's CPU kernels are not built")
@@ -200,21 +200,30 @@ def test_block_isq_without_our_kernels_is_refused(
 
 
 def _runtime_weight_bytes(runner: TorchRunner) -> int:
-    """Bytes of every parameter and block matrix the loaded model holds."""
+    """Bytes of every parameter and block matrix the loaded model holds; the q/k norms counted as stored (one
+    row each: the load broadcasts them to a row per head, `qk_norm`, a few KB the estimate does not see)."""
     total = 0
     for module in runner.model.modules():
-        total += sum(p.nbytes for p in module._parameters.values() if p is not None)
+        for name, p in module._parameters.items():
+            total += 0 if p is None else 2 * p[0].nbytes if name == "qk_norm" else p.nbytes
         total += sum(v.nbytes for v in vars(module).values() if isinstance(v, BlockMatrix))
     return total
 
 
 @needs_kernels
 @pytest.mark.parametrize("isq", ["q8_0", "q4_k", "q4_0"])
-@pytest.mark.parametrize("hidden", [256, 96])  # 96: Q4_K's rows fall back to Q5_0 (down's 256 stay Q4_K)
-def test_memory_estimate_is_what_the_isq_model_holds(tmp_path: Path, isq: str, hidden: int) -> None:
+@pytest.mark.parametrize(
+    ("model_type", "hidden"),  # 96: Q4_K's rows fall back to Q5_0 (down's 256 stay Q4_K)
+    [("llama", 256), ("llama", 96), ("qwen3_moe", 96), ("phi3", 96), ("gemma3_text", 96)],
+)
+def test_memory_estimate_is_what_the_isq_model_holds(
+    tmp_path: Path, isq: str, model_type: str, hidden: int
+) -> None:
     """The pre-load RAM check (model_memory.py) sizes a safetensors folder exactly as the backend
-    quantizes it: an estimate that ignored --isq would be the bf16 size, ~2-3.5x more."""
-    hf = tiny_hf_model("llama", hidden_size=hidden, intermediate_size=256)
+    quantizes it (stacked MoE experts each a matrix, the router dense; phi3's fused q|k|v): an estimate
+    that ignored --isq would be the bf16 size, ~2-3.5x more."""
+    moe = TINY_MOE if model_type == "qwen3_moe" else {}
+    hf = tiny_hf_model(model_type, hidden_size=hidden, intermediate_size=256, **moe)
     hf.to(torch.bfloat16).save_pretrained(tmp_path)  # as checkpoints ship: bf16
     hf.float()
     runner = TorchRunner(bundle_from_hf(hf), RunnerOptions(device="cpu", dtype="bfloat16", isq=isq))

@@ -33,7 +33,9 @@ Q, DOWN = HIDDEN * HIDDEN, HIDDEN * FFN  # values in the two linears
 def _write_bf16_folder(folder: Path) -> int:
     """A llama safetensors folder with TENSORS in BF16 (zeros: only the header matters here)."""
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    config = {"model_type": "llama", "hidden_size": HIDDEN, "intermediate_size": FFN, "vocab_size": VOCAB}
+    config |= {"num_hidden_layers": 1, "num_attention_heads": 9, "num_key_value_heads": 3}
+    (folder / "config.json").write_text(json.dumps(config))
     header, offset = {}, 0
     for name, shape in TENSORS.items():
         size = 2
