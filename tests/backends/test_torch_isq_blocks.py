@@ -34,6 +34,7 @@ from localchat.weights.loader import load_model
 from localchat.weights.tensors import WeightTensor
 from tests.backends.test_kernels_model import NEAR_TIE
 from tests.helpers.real_model import chat_prompts, greedy, top2
+from tests.helpers.tiny_gguf import random_state_dict, tiny_config, write_tiny_gguf
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import TINY_MOE, bundle_from_hf, tiny_hf_model
 
@@ -228,6 +229,17 @@ def test_memory_estimate_is_what_the_isq_model_holds(
     hf.float()
     runner = TorchRunner(bundle_from_hf(hf), RunnerOptions(device="cpu", dtype="bfloat16", isq=isq))
     assert estimate(tmp_path, None, isq).weights == _runtime_weight_bytes(runner)
+
+
+@needs_kernels
+@pytest.mark.parametrize("isq", ["q8_0", "q4_k", "q4_0"])
+def test_memory_estimate_of_a_float_gguf_under_isq(tmp_path: Path, isq: str) -> None:
+    """An F16 GGUF file is dense too: --isq quantizes it, and the RAM check sizes it so."""
+    cfg = tiny_config("llama", hidden_size=96, head_dim=24, intermediate_size=256)
+    path = write_tiny_gguf(tmp_path / "tiny-F16.gguf", random_state_dict(cfg), cfg, "F16")
+    runner = TorchRunner(load_model(path), RunnerOptions(device="cpu", dtype="bfloat16", isq=isq))
+    norms = (2 * cfg["num_hidden_layers"] + 1) * cfg["hidden_size"]  # F32 in the file, bf16 once loaded
+    assert estimate(path, None, isq).weights == _runtime_weight_bytes(runner) + 2 * norms
 
 
 def _dense_bundle(gguf: Path, as_isq: str | None = None) -> ModelBundle:
