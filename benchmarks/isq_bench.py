@@ -1,4 +1,4 @@
-"""`--isq` on a dense safetensors model: load time, RSS and single-stream decode for none / q4 / q8_0 / q4_k.
+"""`--isq` on a dense safetensors model: load time, RSS and single-stream decode for none / q4 / q8_0 / q4_k / q4_0.
 
 The dense model is made from a GGUF file: every weight dequantized to bfloat16 and written as one
 safetensors file (the tokenizer and config come from the GGUF). Each mode runs in its own process (RSS
@@ -29,7 +29,7 @@ from benchmarks.engine_bench import current_rss_mib
 from localchat import SamplingParams
 from localchat.weights.loader import load_model
 
-MODES = ("none", "q4", "q8_0", "q4_k")
+MODES = ("none", "q4", "q8_0", "q4_k", "q4_0")
 
 
 def write_dense(gguf: Path, out: Path) -> None:

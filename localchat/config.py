@@ -19,7 +19,7 @@ BACKEND_CHOICES = ("auto", "torch", "mlx", "fake")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # Mirrors localchat.server.tool_parsers.PARSER_CHOICES (checked by a test; the server is not imported here).
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3", "mistral", "json")
-ISQ_CHOICES = ("q4", "q8_0", "q4_k")
+ISQ_CHOICES = ("q4", "q8_0", "q4_k", "q4_0")
 # A context shorter than this cannot hold a chat template, a question and a reply: refused at startup.
 MIN_CONTEXT_TOKENS = 256
 
@@ -113,7 +113,7 @@ class Settings:
         None,
         ("--isq",),
         "torch: quantize unquantized (safetensors) weights at load: q4 (torch int4; CUDA, or CPU with "
-        "bf16), q8_0 / q4_k (GGUF blocks on localchat's CPU kernels)",
+        "bf16), q8_0 / q4_k / q4_0 (GGUF blocks on localchat's CPU kernels)",
         group="model",
         choices=ISQ_CHOICES,
     )

@@ -311,7 +311,7 @@ class ModelManager:
 
         build = self._build or build_context
         with self._load_lock:
-            need = estimate(target.path, self.settings.mem) if target is not None else None
+            need = estimate(target.path, self.settings.mem, self.settings.isq) if target is not None else None
             victims = self._victims()
             if need is not None:
                 freeable = sum(

@@ -8,7 +8,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from localchat.errors import InsufficientMemoryError
+from localchat.arch.registry import TOP_WEIGHTS, Architecture, architecture
+from localchat.errors import InsufficientMemoryError, ModelLoadError
+from localchat.weights.isq_plan import LINEAR_PARAMS, Role, isq_bytes
 
 MIB = 2**20
 GIB = 2**30
@@ -17,6 +19,8 @@ MIN_KV_BUDGET = 256 * MIB  # without --mem the engine sizes its KV cache from wh
 # GGUF quant types the torch backend keeps packed (4-bit codes); other types are expanded to bf16, so
 # their weights take 16 / bits-per-weight times the file size once loaded.
 _PACKED = ("q4_0", "q4_1")
+_LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
+_FLOAT = ("f16", "bf16", "f32")  # the GGUF files `--isq` quantizes (it leaves quantized tensors as they are)
 _BITS = {
     "q2_k": 2.6,
     "q3_k": 3.4,
@@ -52,15 +56,85 @@ def path_size(path: Path) -> int:
     return total
 
 
-def estimate(path: Path, kv_cache_mib: int | None) -> MemoryEstimate:
+def estimate(path: Path, kv_cache_mib: int | None, isq: str | None = None) -> MemoryEstimate:
+    """`isq`: the `--isq` type dense weights are quantized to at load (they are sized in that format)."""
     size = path_size(path)
     weights = size
     if path.suffix == ".gguf":
         quant = _quant_of(path.name)
-        if quant is not None and quant not in _PACKED:
+        if isq is not None and quant in _FLOAT:
+            weights = _isq_weights(path, isq, size)
+        elif quant is not None and quant not in _PACKED:
             weights = int(size * 16 / _BITS.get(quant, 16.0))
+    elif isq is not None and path.is_dir():
+        weights = _isq_weights(path, isq, size)
     kv = kv_cache_mib * MIB if kv_cache_mib is not None else MIN_KV_BUDGET
     return MemoryEstimate(weights, kv, RUNTIME_OVERHEAD)
+
+
+def _isq_weights(path: Path, isq: str, size: int) -> int:
+    """The weights' bytes once quantized at load: each tensor by weights/isq_plan.py's rule (what the torch
+    backend applies), from the safetensors headers or the GGUF tensor table. `size` when unreadable: the
+    load itself then reports what is wrong with the files."""
+    try:
+        tensors = _gguf_tensors(path) if path.is_file() else _safetensors_tensors(path)
+    except (ModelLoadError, OSError, ValueError, KeyError, TypeError):
+        return size
+    return sum(isq_bytes(isq, role, shape, nbytes) for role, shape, nbytes in tensors)
+
+
+Tensor = tuple[Role, tuple[int, ...], int]  # what --isq does to it, shape, bytes as stored
+
+
+def _role(name: str | None, arch: Architecture) -> Role:
+    """Whether the backend quantizes the tensor `name` (HF naming) as a linear, as the embedding / LM
+    head, or leaves it as stored."""
+    if name is None:
+        return "other"
+    if name in TOP_WEIGHTS:
+        return "head" if TOP_WEIGHTS[name] in ("embed", "lm_head") else "other"
+    match = _LAYER_NAME.fullmatch(name)
+    found = arch.layer_weight(match.group(2)) if match else None
+    return "linear" if found and found[0].rpartition(".")[2] in LINEAR_PARAMS else "other"
+
+
+def _safetensors_tensors(folder: Path) -> list[Tensor]:
+    from localchat.weights.safetensors import (
+        checkpoint_prefixes,
+        config_from_folder,
+        renamed,
+        safetensors_files,
+    )
+
+    arch = architecture(config_from_folder(folder).model_type)
+    prefixes = checkpoint_prefixes(folder)
+    out: list[Tensor] = []
+    for file in safetensors_files(folder):
+        for stored, info in file.header.items():
+            name = renamed(stored, prefixes)
+            if name is not None:  # a multimodal wrapper's other towers are never loaded
+                begin, end = info["data_offsets"]
+                out.append((_role(name, arch), tuple(int(d) for d in info["shape"]), int(end) - int(begin)))
+    return out
+
+
+def _gguf_tensors(path: Path) -> list[Tensor]:
+    from gguf import GGMLQuantizationType as Q
+
+    from localchat.weights.gguf import gguf_architecture, hf_tensor_name, open_gguf
+
+    reader = open_gguf(path)
+    arch = gguf_architecture(reader)
+    out: list[Tensor] = []
+    for t in reader.tensors:
+        dense = t.tensor_type in (Q.F32, Q.F16, Q.BF16)  # --isq leaves quantized tensors as they are
+        try:
+            role = _role(hf_tensor_name(t.name, arch), arch) if dense else "other"
+        except ModelLoadError:
+            role = "other"
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists dims innermost first
+        out.append((role, shape, int(t.n_bytes)))
+    return out
 
 
 def _quant_of(filename: str) -> str | None:

@@ -29,7 +29,7 @@ class RunnerOptions:
     seed: int = 0  # seeds the global generator that unseeded requests draw from
     num_threads: int | None = None  # CPU compute threads; None: the backend's choice
     cuda_graphs: bool = True  # torch on CUDA: replay captured graphs for decode steps
-    isq: str | None = None  # torch: "q4" | "q8_0" | "q4_k" quantizes unquantized weights at load
+    isq: str | None = None  # torch: "q4" | "q8_0" | "q4_k" | "q4_0" quantizes unquantized weights at load
 
 
 def resolve_backend(name: str) -> str:

@@ -1,4 +1,4 @@
-"""Dense float matrices -> GGUF Q8_0 / Q4_K / Q5_0 block bytes, for quantizing safetensors weights at load (`--isq`).
+"""Dense float matrices -> GGUF Q8_0 / Q4_K / Q4_0 / Q5_0 block bytes, for quantizing safetensors weights at load (`--isq`).
 
 The bytes are exactly GGUF's layouts (what `gguf.quants.dequantize` and our kernels read), so a
 quantized matrix runs on the same kernels as a downloaded GGUF file's:
@@ -9,6 +9,9 @@ quantized matrix runs on the same kernels as a downloaded GGUF file's:
   sc and min m per sub-block (12 packed bytes), 4-bit codes; value = d * sc * q - dmin * m. Scales
   and mins are picked from each sub-block's range (no error search like llama.cpp's), rounded up so
   that every value lies inside the representable range: the error is half a step, d * sc / 2.
+- Q4_0, 32 values per 18-byte block: d = (the block's largest-magnitude value) / -8 as float16, 4-bit
+  codes; value = d * (q - 8). Symmetric, so a block's one-sided half loses a code: coarser than Q4_K.
+  Bit-identical to ggml's reference quantizer.
 - Q5_0, 32 values per 22-byte block: d = (the block's largest-magnitude value) / -16 as float16, 5-bit
   codes; value = d * (q - 16). Bit-identical to ggml's reference quantizer. Q4_K's fallback.
 
@@ -23,6 +26,7 @@ import numpy as np
 Q8_0_VALUES, Q8_0_BYTES = 32, 34
 QK_K, Q4_K_BYTES = 256, 144
 Q5_0_VALUES, Q5_0_BYTES = 32, 22
+Q4_0_VALUES, Q4_0_BYTES = 32, 18
 
 
 def _round_away(x: np.ndarray) -> np.ndarray:
@@ -96,19 +100,33 @@ def quantize_q4_k(matrix: np.ndarray) -> np.ndarray:
     return out.reshape(rows, cols // QK_K * Q4_K_BYTES)
 
 
+def _signed_codes(matrix: np.ndarray, half: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_0 / Q5_0's rule on 32-value blocks: the value of largest magnitude (the first on ties) maps to
+    code 0, d = it / -half (signed); codes = trunc(x / d + half + 0.5) in 0..2 * half - 1.
+    Returns (d float32 [blocks], codes uint8 [blocks, 32])."""
+    blocks = np.asarray(matrix, dtype=np.float32).reshape(-1, 32)
+    extreme = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None], axis=1)[:, 0]
+    d = extreme / np.float32(-half)
+    with np.errstate(divide="ignore"):
+        inverse = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+    shifted = np.multiply(blocks, inverse[:, None])
+    shifted += np.float32(half + 0.5)
+    return d, np.trunc(shifted).astype(np.uint8).clip(0, 2 * half - 1)
+
+
+def quantize_q4_0(matrix: np.ndarray) -> np.ndarray:
+    """float [rows, cols] (cols a multiple of 32) -> uint8 [rows, cols / 32 * 18]."""
+    rows, cols = matrix.shape
+    d, q = _signed_codes(matrix, 8)
+    nibbles = q[:, :16] | (q[:, 16:] << 4)  # value j low nibble, value j + 16 high
+    return np.concatenate((_f16(d), nibbles), axis=1).reshape(rows, cols // Q4_0_VALUES * Q4_0_BYTES)
+
+
 def quantize_q5_0(matrix: np.ndarray) -> np.ndarray:
     """float [rows, cols] (cols a multiple of 32) -> uint8 [rows, cols / 32 * 22]; Q4_K's stand-in for rows
     that do not split into 256s (llama.cpp's choice too)."""
     rows, cols = matrix.shape
-    blocks = np.asarray(matrix, dtype=np.float32).reshape(-1, Q5_0_VALUES)
-    # The value of largest magnitude (the first on ties) maps to code 0: d = it / -16, signed.
-    extreme = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None], axis=1)[:, 0]
-    d = extreme / np.float32(-16)
-    with np.errstate(divide="ignore"):
-        inverse = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
-    shifted = np.multiply(blocks, inverse[:, None])
-    shifted += np.float32(16.5)
-    q = np.trunc(shifted).astype(np.uint8).clip(0, 31)
+    d, q = _signed_codes(matrix, 16)
     nibbles = (q[:, :16] & 0x0F) | ((q[:, 16:] & 0x0F) << 4)  # value j low nibble, value j + 16 high
     high = np.packbits(q >> 4, axis=1, bitorder="little")  # bit j of the 32-bit word: value j's fifth bit
     out = np.concatenate((_f16(d), high, nibbles), axis=1)
@@ -119,4 +137,5 @@ QUANTIZERS = {
     "Q8_0": (quantize_q8_0, Q8_0_VALUES),
     "Q4_K": (quantize_q4_k, QK_K),
     "Q5_0": (quantize_q5_0, Q5_0_VALUES),
+    "Q4_0": (quantize_q4_0, Q4_0_VALUES),
 }

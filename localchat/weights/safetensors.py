@@ -134,7 +134,7 @@ def iter_safetensors_weights(
     for file in files:
         mapped = np.memmap(file.path, dtype=np.uint8, mode="r")
         for stored, info in file.header.items():
-            name = _renamed(stored, prefixes or {})
+            name = renamed(stored, prefixes or {})
             if name is None:
                 continue
             np_dtype, dtype = _DTYPES[info["dtype"]]
@@ -144,7 +144,7 @@ def iter_safetensors_weights(
             yield WeightTensor(name=name, shape=shape, dtype=dtype, data=raw.view(np_dtype).reshape(shape))
 
 
-def _renamed(name: str, prefixes: dict[str, str | None]) -> str | None:
+def renamed(name: str, prefixes: dict[str, str | None]) -> str | None:
     for prefix, replacement in prefixes.items():
         if name.startswith(prefix):
             return None if replacement is None else replacement + name[len(prefix) :]

@@ -1,4 +1,4 @@
-"""`--isq q8_0 | q4_k`: dense weights quantized at load into GGUF blocks that our CPU kernels run.
+"""`--isq q8_0 | q4_k | q4_0`: dense weights quantized at load into GGUF blocks that our CPU kernels run.
 
 The quantizer's bytes are read identically by the `gguf` package's reference dequantizer and by our
 kernels (so they are the formats' true bytes), each value lies within half a quantization step, and
@@ -26,18 +26,21 @@ from localchat.backends.torch.isq import quantize_weight
 from localchat.backends.torch.kernels import BlockMatrix
 from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
-from localchat.weights.block_quantize import quantize_q4_k, quantize_q5_0, quantize_q8_0
+from localchat.model_memory import estimate
+from localchat.weights.block_quantize import quantize_q4_0, quantize_q4_k, quantize_q5_0, quantize_q8_0
 from localchat.weights.bundle import ModelBundle
+from localchat.weights.isq_plan import BLOCK_TYPES, block_type, is_head
 from localchat.weights.loader import load_model
 from localchat.weights.tensors import WeightTensor
 from tests.backends.test_kernels_model import NEAR_TIE
 from tests.helpers.real_model import chat_prompts, greedy, top2
+from tests.helpers.tiny_gguf import random_state_dict, tiny_config, write_tiny_gguf
 from tests.helpers.torch_batch import PagedDriver
-from tests.helpers.torch_models import bundle_from_hf, tiny_hf_model
+from tests.helpers.torch_models import TINY_MOE, bundle_from_hf, tiny_hf_model
 
 OPS = cpu_kernels.load()
 needs_kernels = pytest.mark.skipif(OPS is None, reason="localchat's CPU kernels are not built")
-QUANTIZERS = {"Q8_0": quantize_q8_0, "Q4_K": quantize_q4_k, "Q5_0": quantize_q5_0}
+QUANTIZERS = {"Q8_0": quantize_q8_0, "Q4_K": quantize_q4_k, "Q5_0": quantize_q5_0, "Q4_0": quantize_q4_0}
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -54,17 +57,19 @@ def _hard_matrix(rows: int = 32, cols: int = 512) -> np.ndarray:
     return matrix
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0", "Q4_0"])
 def test_bytes_are_ggml_references(qtype: str) -> None:
     matrix = _hard_matrix()
     matrix[6, 0] = 127  # Q8_0's d = 1: the exact halves after it show the rounding rule (away from 0)
     matrix[6, 1:32] = np.arange(31) - 14.5
+    matrix[7, 0] = -8  # Q4_0's d = 1: codes land on exact halves, and +8 clips to code 15
+    matrix[7, 1:32] = np.linspace(-7.5, 8, 31)
     expected = quantize(matrix, GGMLQuantizationType[qtype])
     assert np.array_equal(QUANTIZERS[qtype](matrix), expected)
 
 
 @needs_kernels
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "Q5_0"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "Q5_0", "Q4_0"])
 def test_gguf_and_our_kernels_read_the_same_values(qtype: str) -> None:
     assert OPS is not None
     matrix = _hard_matrix()
@@ -88,10 +93,13 @@ def test_q4_k_within_half_a_step() -> None:
     assert np.array_equal(back[1, :256], np.zeros(256, np.float32))
 
 
-@pytest.mark.parametrize(("qtype", "low", "high"), [("Q8_0", 0.003, 0.008), ("Q4_K", 0.06, 0.09)])
+@pytest.mark.parametrize(
+    ("qtype", "low", "high"), [("Q8_0", 0.003, 0.008), ("Q4_K", 0.06, 0.09), ("Q4_0", 0.075, 0.1)]
+)
 def test_relative_error_on_gaussian_weights(qtype: str, low: float, high: float) -> None:
     """RMS error / RMS value: 8 bits per 32 values ~ amax/127/sqrt(12); 4 bits over the sub-block's
-    range (~4.5 sigma for 32 normal values) ~ range/15/sqrt(12) ~ 0.08."""
+    range (~4.5 sigma for 32 normal values) ~ range/15/sqrt(12) ~ 0.08; Q4_0's steps of amax/8
+    (amax ~2.3 sigma) ~ 0.29/sqrt(12) ~ 0.083, a little above Q4_K's (measured 0.086 vs 0.080)."""
     matrix = np.random.default_rng(1).standard_normal((256, 1024)).astype(np.float32) * 0.02
     back = dequantize(QUANTIZERS[qtype](matrix), GGMLQuantizationType[qtype]).reshape(matrix.shape)
     rel = float(np.sqrt(((back - matrix) ** 2).mean() / (matrix**2).mean()))
@@ -128,7 +136,10 @@ def _dequantized(values: torch.Tensor, qtype: str) -> torch.Tensor:
 
 
 @needs_kernels
-@pytest.mark.parametrize(("isq", "qtype", "cosine_to_fp32"), [("q8_0", "Q8_0", 0.99), ("q4_k", "Q4_K", 0.85)])
+@pytest.mark.parametrize(
+    ("isq", "qtype", "cosine_to_fp32"),
+    [("q8_0", "Q8_0", 0.99), ("q4_k", "Q4_K", 0.85), ("q4_0", "Q4_0", 0.7)],
+)
 def test_isq_model_runs_blocks_and_matches_its_dequantized_weights(
     isq: str, qtype: str, cosine_to_fp32: float
 ) -> None:
@@ -156,7 +167,8 @@ def test_isq_model_runs_blocks_and_matches_its_dequantized_weights(
     assert bool(clear.any())
     assert torch.equal(got.argmax(-1)[clear], expected.argmax(-1)[clear])
     # Against the unquantized model: this random model's wide weights make it far more sensitive to
-    # weight noise than a trained one (its q4_k greedy picks agree on ~half the positions).
+    # weight noise than a trained one (its q4_k greedy picks agree on ~half the positions; q4_0, symmetric
+    # and so coarser, measured a minimum cosine of 0.74 against q4_k's ~0.9).
     assert float(F.cosine_similarity(got, fp32, dim=-1).min()) > cosine_to_fp32
 
 
@@ -188,14 +200,61 @@ def test_block_isq_without_our_kernels_is_refused(
         )
 
 
-def _dense_bundle(gguf: Path) -> ModelBundle:
-    """The GGUF model as a dense float32 checkpoint (what a safetensors folder hands the runner)."""
+def _runtime_weight_bytes(runner: TorchRunner) -> int:
+    """Bytes of every parameter and block matrix the loaded model holds; the q/k norms counted as stored (one
+    row each: the load broadcasts them to a row per head, `qk_norm`, a few KB the estimate does not see)."""
+    total = 0
+    for module in runner.model.modules():
+        for name, p in module._parameters.items():
+            total += 0 if p is None else 2 * p[0].nbytes if name == "qk_norm" else p.nbytes
+        total += sum(v.nbytes for v in vars(module).values() if isinstance(v, BlockMatrix))
+    return total
+
+
+@needs_kernels
+@pytest.mark.parametrize("isq", ["q8_0", "q4_k", "q4_0"])
+@pytest.mark.parametrize(
+    ("model_type", "hidden"),  # 96: Q4_K's rows fall back to Q5_0 (down's 256 stay Q4_K)
+    [("llama", 256), ("llama", 96), ("qwen3_moe", 96), ("phi3", 96), ("gemma3_text", 96)],
+)
+def test_memory_estimate_is_what_the_isq_model_holds(
+    tmp_path: Path, isq: str, model_type: str, hidden: int
+) -> None:
+    """The pre-load RAM check (model_memory.py) sizes a safetensors folder exactly as the backend
+    quantizes it (stacked MoE experts each a matrix, the router dense; phi3's fused q|k|v): an estimate
+    that ignored --isq would be the bf16 size, ~2-3.5x more."""
+    moe = TINY_MOE if model_type == "qwen3_moe" else {}
+    hf = tiny_hf_model(model_type, hidden_size=hidden, intermediate_size=256, **moe)
+    hf.to(torch.bfloat16).save_pretrained(tmp_path)  # as checkpoints ship: bf16
+    hf.float()
+    runner = TorchRunner(bundle_from_hf(hf), RunnerOptions(device="cpu", dtype="bfloat16", isq=isq))
+    assert estimate(tmp_path, None, isq).weights == _runtime_weight_bytes(runner)
+
+
+@needs_kernels
+@pytest.mark.parametrize("isq", ["q8_0", "q4_k", "q4_0"])
+def test_memory_estimate_of_a_float_gguf_under_isq(tmp_path: Path, isq: str) -> None:
+    """An F16 GGUF file is dense too: --isq quantizes it, and the RAM check sizes it so."""
+    cfg = tiny_config("llama", hidden_size=96, head_dim=24, intermediate_size=256)
+    path = write_tiny_gguf(tmp_path / "tiny-F16.gguf", random_state_dict(cfg), cfg, "F16")
+    runner = TorchRunner(load_model(path), RunnerOptions(device="cpu", dtype="bfloat16", isq=isq))
+    norms = (2 * cfg["num_hidden_layers"] + 1) * cfg["hidden_size"]  # F32 in the file, bf16 once loaded
+    assert estimate(path, None, isq).weights == _runtime_weight_bytes(runner) + 2 * norms
+
+
+def _dense_bundle(gguf: Path, as_isq: str | None = None) -> ModelBundle:
+    """The GGUF model as a dense float32 checkpoint (what a safetensors folder hands the runner);
+    `as_isq`: every matrix replaced by the values `--isq as_isq` would give it (the fp32 reference)."""
     bundle = load_model(gguf)
     source = bundle.iter_weights
 
     def dense() -> Iterator[WeightTensor]:
         for w in source():
-            yield WeightTensor(w.name, w.shape, "F32", w.dequantize())
+            values = w.dequantize()
+            qtype = block_type(BLOCK_TYPES[as_isq], w.shape, is_head(w.name)) if as_isq else None
+            if qtype is not None:
+                values = dequantize(QUANTIZERS[qtype](values), GGMLQuantizationType[qtype]).reshape(w.shape)
+            yield WeightTensor(w.name, w.shape, "F32", np.ascontiguousarray(values, dtype=np.float32))
 
     return replace(bundle, format="safetensors", iter_weights=dense)
 
@@ -210,6 +269,26 @@ def test_smollm2_dense_with_isq_q8_0_tracks_the_fp32_reference(smollm2_gguf: Pat
     ours = TorchRunner(bundle, RunnerOptions(device="cpu", dtype="bfloat16", isq="q8_0"))
     assert isinstance(ours.model.layers[0].qkv, BlockMatrix)
     fp32 = TorchRunner(_dense_bundle(smollm2_gguf), RunnerOptions(device="cpu", dtype="float32"))
+    _assert_tracks(ours, fp32, bundle, prompts)
+
+
+@needs_kernels
+@pytest.mark.slow
+def test_smollm2_dense_with_isq_q4_0_tracks_its_dequantized_fp32_reference(smollm2_gguf: Path) -> None:
+    """4 bits move greedy picks of the dense model itself, so the reference is the fp32 model whose
+    weights are the values the blocks hold: only the kernels' 8-bit activations and bf16 differ."""
+    bundle = _dense_bundle(smollm2_gguf)
+    prompts = chat_prompts(bundle)
+    ours = TorchRunner(bundle, RunnerOptions(device="cpu", dtype="bfloat16", isq="q4_0"))
+    qkv = ours.model.layers[0].qkv
+    assert isinstance(qkv, BlockMatrix) and [s.qtype for s in qkv.segments] == ["Q4_0"]
+    fp32 = TorchRunner(_dense_bundle(smollm2_gguf, "q4_0"), RunnerOptions(device="cpu", dtype="float32"))
+    _assert_tracks(ours, fp32, bundle, prompts)
+
+
+def _assert_tracks(
+    ours: TorchRunner, fp32: TorchRunner, bundle: ModelBundle, prompts: list[list[int]]
+) -> None:
     got, want = greedy(ours, bundle, prompts), greedy(fp32, bundle, prompts)
     identical = 0
     for prompt, a, b in zip(prompts, got, want, strict=True):

@@ -242,5 +242,5 @@ def test_isq_choices_parse_from_flag_and_environment(isq):
 
 
 def test_an_unknown_isq_type_is_refused_naming_the_choices():
-    with pytest.raises(SettingsError, match="--isq must be one of q4, q8_0, q4_k, got 'q2_k'"):
+    with pytest.raises(SettingsError, match="--isq must be one of q4, q8_0, q4_k, q4_0, got 'q2_k'"):
         Settings.load({"isq": "q2_k"}, environ={})

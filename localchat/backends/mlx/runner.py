@@ -66,7 +66,7 @@ CPU_DENSE_FROM_ROWS = 8  # see the module docstring; Metal's quantized kernels b
 def create_runner(model: ModelBundle, options: RunnerOptions) -> MLXRunner:
     if options.isq is not None:
         raise BackendUnavailableError(
-            f"--isq {options.isq} is implemented by the torch backend (q8_0 / q4_k on its CPU kernels); MLX "
+            f"--isq {options.isq} is implemented by the torch backend (q8_0 / q4_k / q4_0 on its CPU kernels); MLX "
             "keeps a GGUF file's quantized weights natively. Drop --isq or pass --backend torch."
         )
     return MLXRunner(model, options)

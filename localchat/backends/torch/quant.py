@@ -94,7 +94,7 @@ class QuantPolicy:
     dense_copy: bool = False  # ...also keeping a bf16 copy for many-row steps
     cuda: bool = False  # ...in the CUDA kernel's layout (quant_cuda.py) instead of the CPU one
     isq: bool = False  # unquantized linears are quantized to 4 bits at load (`--isq q4`)
-    isq_blocks: str | None = None  # `--isq q8_0|q4_k`: unquantized matrices become these blocks (isq.py)
+    isq_blocks: str | None = None  # `--isq q8_0|q4_k|q4_0`: unquantized matrices become these blocks (isq.py)
     # With our kernels, GGUF Q4_0/Q4_1 linears still take torch's int4 kernel: its one-row steps measured
     # 15-20% less CPU time per token (SmolLM2 Q4_1: ~30 vs ~37 ms/token on one thread) than ours.
     q4_on_int4: bool = False
@@ -115,7 +115,7 @@ def pick_policy(
 ) -> QuantPolicy:
     """The env's mode, narrowed to what this device/dtype runs fast; `dense_bytes` estimates the dense
     copies (the model's linears in `dtype`), `available` the free RAM (None: unknown); `isq`: "q4",
-    "q8_0" or "q4_k" to quantize unquantized linears at load."""
+    "q8_0", "q4_k" or "q4_0" to quantize unquantized linears at load."""
     mode = os.environ.get(QUANT_ENV, "auto").strip().lower() or "auto"
     if mode not in QUANT_MODES:
         raise BackendUnavailableError(
@@ -153,7 +153,7 @@ def pick_policy(
 
 
 def _block_isq_policy(isq: str, device: torch.device, mode: str) -> QuantPolicy:
-    """`--isq q8_0|q4_k` runs only on our CPU kernels: refused (not silently dense) where they cannot run."""
+    """`--isq q8_0|q4_k|q4_0` runs only on our CPU kernels: refused (not silently dense) where they cannot run."""
     ops = cpu_kernels.load() if device.type == "cpu" and mode != "dequant" else None
     if ops is None:
         why = (

@@ -20,12 +20,13 @@ from localchat.backends.torch.quant import Loaded, QuantPolicy, Weight, convert,
 from localchat.errors import ModelLoadError
 from localchat.weights.config import ModelConfig
 from localchat.weights.experts import split_experts
+from localchat.weights.isq_plan import LINEAR_PARAMS
 from localchat.weights.tensors import WeightTensor
 
 # Parameters this backend fuses beyond the registry's map: q_norm | k_norm as one [h + kvh, d] table.
 TORCH_FUSED = {"q_norm": ("qk_norm", 0, 2), "k_norm": ("qk_norm", 1, 2)}
 # Matrices that only ever go through `linear` and so may stay packed (the embedding is indexed by row).
-LINEARS = frozenset({"qkv", "o", "gate_up", "down", "lm_head"})
+LINEARS = frozenset({*LINEAR_PARAMS, "lm_head"})  # LINEAR_PARAMS: what --isq quantizes (isq_plan.py)
 IGNORED = re.compile(r"rotary_emb\.inv_freq$")  # buffers some old checkpoints saved
 LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
