@@ -104,6 +104,7 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #define LC_FN(name) name##_portable
 #define LC_ISA LC_ISA_PORTABLE
 #include "lc_impl.h"
+#include "lc_attention.h"
 #undef LC_FN
 #undef LC_ISA
 
@@ -113,6 +114,7 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #define LC_FN(name) name##_avx2
 #define LC_ISA LC_ISA_AVX2
 #include "lc_impl.h"
+#include "lc_attention.h"
 #undef LC_FN
 #undef LC_ISA
 #pragma GCC pop_options
@@ -122,6 +124,7 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #define LC_FN(name) name##_avx512vnni
 #define LC_ISA LC_ISA_AVX512VNNI
 #include "lc_impl.h"
+#include "lc_attention.h"
 #undef LC_FN
 #undef LC_ISA
 #pragma GCC pop_options
@@ -232,6 +235,43 @@ LC_EXPORT int lc_dequant_rows(int type, const uint8_t *w, int64_t k, int64_t row
                               int64_t r, void *out, int out_bf16) {
     if (!lc_type_ok(type, k)) return -1;
     dequant_portable(type, w, k, row_bytes, ids, r, out, out_bf16);
+    return 0;
+}
+
+/* Decode attention over the paged KV cache (csrc/lc_attention.h), one query token per row:
+   q [rows, heads, d] -> out [rows, heads, d] (each float32, or bfloat16 if *_bf16); cache
+   [2, kv_heads, num_slots, d] (K then V); tables int64 [rows, max_blocks] of block ids; seq_lens int64
+   [rows]. window > 0: attend only to the last `window` positions; softcap > 0: scores become
+   softcap * tanh(score / softcap). Returns -1 on bad shapes or a block id outside the cache. */
+LC_EXPORT int lc_decode_attention(int isa, const void *q, int q_bf16, int64_t rows, int64_t heads,
+                                  int64_t kv_heads, int64_t d, const void *cache, int cache_bf16,
+                                  int64_t num_slots, const int64_t *tables, int64_t max_blocks,
+                                  const int64_t *seq_lens, int64_t block_size, float scale, int64_t window,
+                                  float softcap, void *out, int out_bf16, int nth) {
+    if (!lc_isa_supported(isa) || rows < 0 || kv_heads < 1 || heads % kv_heads || d < 1 || d > LC_ATT_MAX_D ||
+        heads / kv_heads > LC_ATT_MAX_GROUP || block_size < 1 || num_slots % block_size || nth < 1)
+        return -1;
+    for (int64_t r = 0; r < rows; r++) { /* checked here so that no thread reads outside the cache */
+        if (seq_lens[r] < 0 || seq_lens[r] > max_blocks * block_size) return -1;
+        for (int64_t b = 0; b * block_size < seq_lens[r]; b++) {
+            int64_t id = tables[r * max_blocks + b];
+            if (id < 0 || (id + 1) * block_size > num_slots) return -1;
+        }
+    }
+#ifdef LC_X86
+    if (isa == LC_ISA_AVX512VNNI) {
+        decode_attention_avx512vnni(q, q_bf16, rows, heads, kv_heads, d, cache, cache_bf16, num_slots, tables,
+                                    max_blocks, seq_lens, block_size, scale, window, softcap, out, out_bf16, nth);
+        return 0;
+    }
+    if (isa == LC_ISA_AVX2) {
+        decode_attention_avx2(q, q_bf16, rows, heads, kv_heads, d, cache, cache_bf16, num_slots, tables,
+                              max_blocks, seq_lens, block_size, scale, window, softcap, out, out_bf16, nth);
+        return 0;
+    }
+#endif
+    decode_attention_portable(q, q_bf16, rows, heads, kv_heads, d, cache, cache_bf16, num_slots, tables,
+                              max_blocks, seq_lens, block_size, scale, window, softcap, out, out_bf16, nth);
     return 0;
 }
 
