@@ -16,6 +16,10 @@ One SDPA call for all decode rows (KV heads as heads, each one's query heads as 
 bool padding mask) was tried too: equal CPU time per 16-row step, and slightly worse bf16 numerics.
 So was a float32 cache (no upcast copy): no faster single-stream or 16-row, 35% slower single-stream
 once a prefix hit makes the blocks non-consecutive (the gather moves twice the bytes), 2x the memory.
+
+On CPU with localchat's compiled kernels loaded (kernels.py; `LOCALCHAT_KERNELS=off` disables them) the
+decode rows instead take one fused C call (csrc/lc_attention.h) that reads the blocks in place: no
+gather, no upcast copy, no padding bias. The torch path above stays the fallback and the CUDA path.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from localchat.backends.torch import kernels as cpu_kernels
 from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
 from localchat.engine.interface import BatchInputs
 
@@ -52,6 +57,8 @@ class AttentionMetadata:
     decode_len: int  # D == 1: the row's context length (no padding to mask, just a slice)
     decode_span: int | None  # D == 1 with consecutive block ids: first slot of a gather-free slice
     prefills: list[PrefillRow]
+    decode_seq_lens: torch.Tensor | None = None  # int64 [D], for the fused CPU kernel
+    cpu_kernels: cpu_kernels.Kernels | None = None  # set on CPU when the compiled kernels are loaded
 
     @classmethod
     def from_batch(cls, batch: BatchInputs, device: torch.device, kv_heads: int) -> AttentionMetadata:
@@ -61,12 +68,14 @@ class AttentionMetadata:
         seq_lens = batch.seq_lens
         slot_mapping = torch.from_numpy(np.ascontiguousarray(batch.slot_mapping, dtype=np.int64)).to(device)
         decode_rows = np.flatnonzero(q_lens == 1)
-        decode_idx = bt = bias = span = None
+        decode_idx = bt = bias = span = lens = None
+        ops = cpu_kernels.load() if device.type == "cpu" else None
         decode_len = 0
         if decode_rows.size:
             num_blocks = -(-int(seq_lens[decode_rows].max()) // bs)
             tables = np.ascontiguousarray(batch.block_tables[decode_rows, :num_blocks], dtype=np.int64)
             bt = torch.from_numpy(tables.reshape(-1)).to(device)
+            lens = torch.from_numpy(seq_lens[decode_rows].astype(np.int64)).to(device)
             if decode_rows.size == 1:
                 # Single stream: slice to the exact length (no mask); read in place if blocks are consecutive.
                 decode_len = int(seq_lens[decode_rows[0]])
@@ -91,7 +100,7 @@ class AttentionMetadata:
             q_pos = torch.from_numpy(batch.positions[start:end].astype(np.int64)).to(device)
             row_mask = torch.arange(seq_len, device=device)[None, :] <= q_pos[:, None]
             prefills.append(PrefillRow(start, end, ids, seq_len, row_mask))
-        return cls(slot_mapping, bs, decode_idx, bt, bias, decode_len, span, prefills)
+        return cls(slot_mapping, bs, decode_idx, bt, bias, decode_len, span, prefills, lens, ops)
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
@@ -133,6 +142,12 @@ def paged_attention(
 def _decode(q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     """One query per row, all rows at once: [D, heads, d] -> [D, heads, d]."""
     rows, heads, head_dim = q.shape
+    if meta.cpu_kernels is not None and cpu_kernels.attention_dtypes_ok(q, cache):
+        assert meta.decode_block_tables is not None and meta.decode_seq_lens is not None
+        tables = meta.decode_block_tables.view(rows, -1)
+        return meta.cpu_kernels.decode_attention(
+            q, cache, tables, meta.decode_seq_lens, meta.block_size, 1 / math.sqrt(head_dim)
+        )
     kv_heads = cache.shape[1]
     group = heads // kv_heads
     if meta.decode_span is not None:

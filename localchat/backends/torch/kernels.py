@@ -127,7 +127,6 @@ class Kernels:
             raise BackendUnavailableError(f"The CPU kernels cannot read {seg.qtype} rows of {cols} values.")
         return out.to(dtype)
 
-
     def decode_attention(
         self,
         q: torch.Tensor,
