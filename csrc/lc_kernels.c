@@ -238,6 +238,10 @@ LC_EXPORT int lc_dequant_rows(int type, const uint8_t *w, int64_t k, int64_t row
     return 0;
 }
 
+/* Per-thread partial softmax results of lc_decode_attention (the caller's thread), grown on demand. */
+static LC_THREAD float *lc_att;
+static LC_THREAD size_t lc_att_size;
+
 /* Decode attention over the paged KV cache (csrc/lc_attention.h), one query token per row:
    q [rows, heads, d] -> out [rows, heads, d] (each float32, or bfloat16 if *_bf16); cache
    [2, kv_heads, num_slots, d] (K then V); tables int64 [rows, max_blocks] of block ids; seq_lens int64
@@ -258,21 +262,36 @@ LC_EXPORT int lc_decode_attention(int isa, const void *q, int q_bf16, int64_t ro
             if (id < 0 || (id + 1) * block_size > num_slots) return -1;
         }
     }
+    /* Split each pair's positions when pairs alone leave threads idle (2 items per thread balance the
+       dynamic schedule), but never into parts shorter than LC_ATT_MIN_PART positions. */
+    int64_t pairs = rows * kv_heads, longest = 0, parts = 1;
+    for (int64_t r = 0; r < rows; r++) longest = seq_lens[r] > longest ? seq_lens[r] : longest;
+    if (window > 0 && longest > window) longest = window;
+    if (pairs > 0 && pairs < 2 * (int64_t)nth) parts = (2 * (int64_t)nth + pairs - 1) / pairs;
+    if (parts > longest / LC_ATT_MIN_PART) parts = longest / LC_ATT_MIN_PART > 1 ? longest / LC_ATT_MIN_PART : 1;
+    size_t need = (size_t)(pairs * parts * (heads / kv_heads) * (d + 2)) * sizeof(float) + 64;
+    if (need > lc_att_size) {
+        free(lc_att);
+        lc_att = (float *)malloc(need);
+        lc_att_size = lc_att ? need : 0;
+        if (!lc_att) return -1;
+    }
+#define LC_ATT_ARGS                                                                                              \
+    q, q_bf16, rows, heads, kv_heads, d, cache, cache_bf16, num_slots, tables, max_blocks, seq_lens, block_size, \
+        scale, window, softcap, out, out_bf16, nth, parts, lc_att
 #ifdef LC_X86
     if (isa == LC_ISA_AVX512VNNI) {
-        decode_attention_avx512vnni(q, q_bf16, rows, heads, kv_heads, d, cache, cache_bf16, num_slots, tables,
-                                    max_blocks, seq_lens, block_size, scale, window, softcap, out, out_bf16, nth);
+        decode_attention_avx512vnni(LC_ATT_ARGS);
         return 0;
     }
     if (isa == LC_ISA_AVX2) {
-        decode_attention_avx2(q, q_bf16, rows, heads, kv_heads, d, cache, cache_bf16, num_slots, tables,
-                              max_blocks, seq_lens, block_size, scale, window, softcap, out, out_bf16, nth);
+        decode_attention_avx2(LC_ATT_ARGS);
         return 0;
     }
 #endif
-    decode_attention_portable(q, q_bf16, rows, heads, kv_heads, d, cache, cache_bf16, num_slots, tables,
-                              max_blocks, seq_lens, block_size, scale, window, softcap, out, out_bf16, nth);
+    decode_attention_portable(LC_ATT_ARGS);
     return 0;
+#undef LC_ATT_ARGS
 }
 
 /* Importable as a module only so that setuptools can build it everywhere; the API is the C one. */

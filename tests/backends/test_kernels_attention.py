@@ -65,7 +65,7 @@ class Step:
 def ragged(rows: int, group: int) -> list[int]:
     """Lengths 1..300: block-aligned, one past a block, and arbitrary."""
     lengths = [1, 16, 17, 300, 31, 64, 129, 2, 250, 48, 5, 200, 33, 99, 160, 7]
-    return [37 + group] if rows == 1 else lengths[:rows]
+    return [37 + 150 * group] if rows == 1 else lengths[:rows]
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -109,6 +109,36 @@ def test_window_and_softcap(isa: str, window: int, softcap: float) -> None:
     for row, n in enumerate(step.lengths):
         expected = dense(q[row], step.cache, step.tables[row], n, window, softcap)
         torch.testing.assert_close(out[row].double(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 3, 8])
+@pytest.mark.parametrize(("lengths", "window"), [([1000], 0), ([1000], 300), ([700, 130], 0), ([129], 0)])
+def test_long_rows_split_across_threads(
+    lengths: list[int], window: int, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Too few (row, KV head) pairs for the threads: each pair's positions are split into parts (at
+    least 128 positions each) whose partial softmaxes are merged; the result must not depend on it."""
+    step = Step(lengths, 2, 3, 64, torch.float32)
+    ops = kernels.load()
+    assert ops is not None
+    tables = torch.from_numpy(step.tables.astype(np.int64))
+    lens = torch.tensor(lengths, dtype=torch.int64)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = ops.decode_attention(step.q, step.cache, tables, lens, BLOCK, 64**-0.5, window)
+    finally:
+        torch.set_num_threads(before)
+    for row, n in enumerate(lengths):
+        expected = dense(step.q[row], step.cache, step.tables[row], n, window)
+        torch.testing.assert_close(out[row].double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_torch_attention_setting_forces_the_plain_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCALCHAT_TORCH_ATTENTION", "torch")
+    assert Step([20, 3], 2, 2, 64, torch.float32).meta.cpu_kernels is None
+    monkeypatch.delenv("LOCALCHAT_TORCH_ATTENTION")
+    assert Step([20, 3], 2, 2, 64, torch.float32).meta.cpu_kernels is not None
 
 
 def test_rejects_block_ids_outside_the_cache() -> None:

@@ -19,7 +19,8 @@ once a prefix hit makes the blocks non-consecutive (the gather moves twice the b
 
 On CPU with localchat's compiled kernels loaded (kernels.py; `LOCALCHAT_KERNELS=off` disables them) the
 decode rows instead take one fused C call (csrc/lc_attention.h) that reads the blocks in place: no
-gather, no upcast copy, no padding bias. The torch path above stays the fallback and the CUDA path.
+gather, no upcast copy, no padding bias. The torch path above stays the fallback and the CUDA path
+(`LOCALCHAT_TORCH_ATTENTION=torch` forces it on CPU).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 
 from localchat.backends.torch import kernels as cpu_kernels
 from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
+from localchat.backends.torch.kernel_choice import cpu_decode_kernels
 from localchat.engine.interface import BatchInputs
 
 
@@ -69,7 +71,7 @@ class AttentionMetadata:
         slot_mapping = torch.from_numpy(np.ascontiguousarray(batch.slot_mapping, dtype=np.int64)).to(device)
         decode_rows = np.flatnonzero(q_lens == 1)
         decode_idx = bt = bias = span = lens = None
-        ops = cpu_kernels.load() if device.type == "cpu" else None
+        ops = cpu_decode_kernels(device)
         decode_len = 0
         if decode_rows.size:
             num_blocks = -(-int(seq_lens[decode_rows].max()) // bs)
