@@ -8,7 +8,7 @@ positions the running max rises, earlier sums are rescaled by exp(old max - new 
 
 #ifndef LC_ATT_LIMITS
 #define LC_ATT_LIMITS
-#define LC_ATT_MAX_D 256    /* head_dim bound of the stack buffers */
+#define LC_ATT_MAX_D 256    /* head_dim bound of the stack buffers (kernels.py mirrors both bounds) */
 #define LC_ATT_MAX_GROUP 32 /* query heads per KV head */
 #define LC_ATT_CHUNK 32     /* positions scored before one softmax rescale */
 #define LC_ATT_MIN_PART 128 /* fewest positions worth a work item of their own */

@@ -141,6 +141,15 @@ def test_torch_attention_setting_forces_the_plain_path(monkeypatch: pytest.Monke
     assert Step([20, 3], 2, 2, 64, torch.float32).meta.cpu_kernels is not None
 
 
+def test_shapes_beyond_the_kernel_keep_the_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """64 query heads on one KV head (more than the kernel's group buffer): the torch path answers."""
+    step = Step([40, 9], 1, 64, 32, torch.float32)
+    assert step.meta.cpu_kernels is not None
+    assert not kernels.decode_attention_ok(step.q, step.cache)
+    for row in range(2):
+        torch.testing.assert_close(step.out[row].double(), step.reference(row), atol=1e-5, rtol=1e-5)
+
+
 def test_rejects_block_ids_outside_the_cache() -> None:
     ops = kernels.load("portable")
     assert ops is not None

@@ -144,7 +144,7 @@ def paged_attention(
 def _decode(q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     """One query per row, all rows at once: [D, heads, d] -> [D, heads, d]."""
     rows, heads, head_dim = q.shape
-    if meta.cpu_kernels is not None and cpu_kernels.attention_dtypes_ok(q, cache):
+    if meta.cpu_kernels is not None and cpu_kernels.decode_attention_ok(q, cache):
         assert meta.decode_block_tables is not None and meta.decode_seq_lens is not None
         tables = meta.decode_block_tables.view(rows, -1)
         return meta.cpu_kernels.decode_attention(

@@ -159,10 +159,24 @@ class Kernels:
         return out
 
 
-def attention_dtypes_ok(q: torch.Tensor, cache: torch.Tensor) -> bool:
-    """Whether `Kernels.decode_attention` reads these tensors (float32 or bfloat16, contiguous cache)."""
+ATTENTION_MAX_HEAD_DIM = 256  # csrc/lc_attention.h's stack buffers
+ATTENTION_MAX_GROUP = 32  # query heads per KV head
+
+
+def decode_attention_ok(q: torch.Tensor, cache: torch.Tensor) -> bool:
+    """Whether `Kernels.decode_attention` takes these tensors: float32 or bfloat16 on CPU, a contiguous
+    cache, and head sizes within the kernel's buffers (else the caller keeps the torch path)."""
     ok = (torch.float32, torch.bfloat16)
-    return q.dtype in ok and cache.dtype in ok and cache.is_contiguous() and cache.device.type == "cpu"
+    heads, kv_heads, head_dim = q.shape[1], cache.shape[1], q.shape[2]
+    return (
+        q.dtype in ok
+        and cache.dtype in ok
+        and cache.is_contiguous()
+        and cache.device.type == "cpu"
+        and head_dim <= ATTENTION_MAX_HEAD_DIM
+        and heads % kv_heads == 0
+        and heads // kv_heads <= ATTENTION_MAX_GROUP
+    )
 
 
 def supports(qtype: str, cols: int) -> bool:
