@@ -264,8 +264,12 @@ LC_EXPORT int lc_decode_attention(int isa, const void *q, int q_bf16, int64_t ro
     }
     /* Split each pair's positions when pairs alone leave threads idle (2 items per thread balance the
        dynamic schedule), but never into parts shorter than LC_ATT_MIN_PART positions. */
-    int64_t pairs = rows * kv_heads, longest = 0, parts = 1;
-    for (int64_t r = 0; r < rows; r++) longest = seq_lens[r] > longest ? seq_lens[r] : longest;
+    int64_t pairs = rows * kv_heads, longest = 0, parts = 1, total = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        longest = seq_lens[r] > longest ? seq_lens[r] : longest;
+        total += seq_lens[r];
+    }
+    if (total * heads * d < 65536) nth = 1; /* a few microseconds of work: waking threads costs more */
     if (window > 0 && longest > window) longest = window;
     if (pairs > 0 && pairs < 2 * (int64_t)nth) parts = (2 * (int64_t)nth + pairs - 1) / pairs;
     if (parts > longest / LC_ATT_MIN_PART) parts = longest / LC_ATT_MIN_PART > 1 ? longest / LC_ATT_MIN_PART : 1;
