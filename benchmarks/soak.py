@@ -3,9 +3,12 @@ send random-length prompts, ask for random lengths, stream or not, and hang up a
 
     python benchmarks/soak.py --model .models/SmolLM2-135M-Instruct.Q4_1.gguf --duration 1200
 
-At the end, with every client stopped, it checks what a long-running server must keep true and prints
-a table: the server's resident memory within --rss-tolerance of what it was after the warm-up, every
-KV block free again (/metrics), and no request that ended in an error. Exit status 1 if one fails.
+"After warm-up" means: every client has run --warmup-max requests of the longest prompt and reply the
+load can produce, all at once (so the KV blocks of the peak working set have been written once), then
+--warmup seconds of the random load. It prints a row a minute (resident memory, KV blocks, requests),
+then checks what a long-running server must keep true: resident memory within --rss-tolerance of
+what it was after the warm-up, every KV block free again (/metrics), and no request that ended in an
+error. Exit status 1 if one fails.
 """
 
 from __future__ import annotations
@@ -97,14 +100,22 @@ def wait_healthy(base: str, proc: subprocess.Popen[bytes], log_path: Path, timeo
     raise SystemExit("the server did not become healthy")
 
 
-async def one_request(client: httpx.AsyncClient, rng: random.Random, tally: Tally, hang_up_p: float) -> None:
-    prompt = " ".join(rng.choices(WORDS, k=rng.randint(3, 400)))
+MAX_PROMPT_WORDS = 400
+MAX_REPLY_TOKENS = 200
+
+
+async def one_request(
+    client: httpx.AsyncClient, rng: random.Random, tally: Tally, hang_up_p: float, longest: bool = False
+) -> None:
+    """A random request; `longest`: the longest prompt and full reply (EOS ignored), never hung up."""
+    prompt = " ".join(rng.choices(WORDS, k=MAX_PROMPT_WORDS if longest else rng.randint(3, MAX_PROMPT_WORDS)))
     body = {
         "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": rng.randint(1, 200),
+        "max_tokens": MAX_REPLY_TOKENS if longest else rng.randint(1, MAX_REPLY_TOKENS),
         "temperature": rng.choice([0.0, 0.7, 1.0]),
         "seed": rng.randrange(2**31),
-        "stream": rng.random() < 0.7,
+        "stream": not longest and rng.random() < 0.7,
+        "ignore_eos": longest,
     }
     hang_up_after = rng.randint(1, 20) if body["stream"] and rng.random() < hang_up_p else None
     if not body["stream"]:
@@ -147,10 +158,81 @@ async def client_loop(base: str, seed: int, until: float, tally: Tally, hang_up_
             await one_request(client, rng, tally, hang_up_p)
 
 
-async def sample_rss(server: psutil.Process, until: float, samples: list[int]) -> None:
-    while time.monotonic() < until:
-        samples.append(server.memory_info().rss)
-        await asyncio.sleep(5)
+async def warm_up_longest(base: str, seed: int, clients: int, rounds: int, tally: Tally) -> None:
+    async def one_client(i: int) -> None:
+        rng = random.Random(seed + i)
+        async with httpx.AsyncClient(base_url=base, timeout=600) as client:
+            for _ in range(rounds):
+                await one_request(client, rng, tally, 0.0, longest=True)
+
+    await asyncio.gather(*(one_client(i) for i in range(clients)))
+
+
+def anon_rss(pid: int) -> int:
+    """Anonymous resident bytes (heap and the KV pool), without the mapped model file."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+@dataclass
+class Row:
+    minute: float
+    rss: int
+    anon: int
+    kv_used: float
+    kv_free: float
+    kv_touched: float
+    counts: Counter[str]
+
+    def line(self) -> str:
+        c = self.counts
+        return (
+            f"| {self.minute:4.1f} | {self.rss / 2**20:6.0f} | {self.anon / 2**20:6.0f} | "
+            f"{self.kv_used:.0f} / {self.kv_free:.0f} | {self.kv_touched:.0f} | "
+            f"{c['complete']} / {c['hung up']} / {c['error']} |"
+        )
+
+
+ROW_HEADER = (
+    "| minute | RSS MiB | anon MiB | KV blocks used / free | KV blocks touched | ok / hung up / error |\n"
+    "|---|---|---|---|---|---|"
+)
+
+
+def row(server: psutil.Process, m: dict[str, float], minute: float, tally: Tally) -> Row:
+    used, total = m["localchat_kv_blocks_used"], m["localchat_kv_blocks_total"]
+    return Row(
+        minute,
+        server.memory_info().rss,
+        anon_rss(server.pid),
+        used,
+        total - used,
+        m.get("localchat_kv_blocks_touched", float("nan")),
+        Counter(tally.counts),
+    )
+
+
+async def sample_rss(
+    server: psutil.Process, base: str, until: float, samples: list[int], tally: Tally, rows: list[Row] | None
+) -> None:
+    started = next_row = time.monotonic()
+    async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+        while time.monotonic() < until:
+            samples.append(server.memory_info().rss)
+            if rows is not None and time.monotonic() >= next_row:
+                m = await ametrics(http)
+                rows.append(row(server, m, (time.monotonic() - started) / 60, tally))
+                print(rows[-1].line(), flush=True)
+                next_row += 60
+            await asyncio.sleep(5)
+
+
+async def ametrics(client: httpx.AsyncClient) -> dict[str, float]:
+    text = (await client.get("/metrics")).text
+    return {k: float(v) for k, v in (ln.split() for ln in text.splitlines() if ln and not ln.startswith("#"))}
 
 
 async def run_clients(
@@ -160,10 +242,11 @@ async def run_clients(
     tally: Tally,
     seed: int,
     rss: tuple[psutil.Process, list[int]],
+    rows: list[Row] | None,
 ) -> None:
     until = time.monotonic() + seconds
     await asyncio.gather(
-        sample_rss(rss[0], until, rss[1]),
+        sample_rss(rss[0], base, until, rss[1], tally, rows),
         *(client_loop(base, seed + i, until, tally, args.hang_up) for i in range(args.clients)),
     )
 
@@ -174,7 +257,8 @@ def settle(client: httpx.Client, timeout_s: float = 120) -> dict[str, float]:
     while True:
         m = metrics(client)
         if m["localchat_requests_in_flight"] == 0 or time.monotonic() > deadline:
-            return m
+            time.sleep(2)  # the engine gives its heap back when it goes idle: measure after that
+            return metrics(client)
         time.sleep(0.2)
 
 
@@ -186,6 +270,12 @@ def main() -> int:
     parser.add_argument("--backend", default="torch")
     parser.add_argument("--duration", type=float, default=1200, help="seconds of load after the warm-up")
     parser.add_argument("--warmup", type=float, default=60, help="seconds of the same load before measuring")
+    parser.add_argument(
+        "--warmup-max",
+        type=int,
+        default=2,
+        help="longest requests per client, all at once, before the warm-up",
+    )
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--hang-up", type=float, default=0.25, help="share of streams the client abandons")
     parser.add_argument("--rss-tolerance", type=float, default=0.05)
@@ -203,14 +293,20 @@ def main() -> int:
         http = httpx.Client(base_url=base, timeout=60)
         warm, soak = Tally(), Tally()
         samples: list[int] = []
-        asyncio.run(run_clients(args, base, args.warmup, warm, args.seed, (server, [])))
-        settle(http)
+        rows: list[Row] = []
+        asyncio.run(warm_up_longest(base, args.seed + 500, args.clients, args.warmup_max, warm))
+        asyncio.run(run_clients(args, base, args.warmup, warm, args.seed, (server, []), None))
+        warm_metrics = settle(http)
         rss_warm = server.memory_info().rss
+        print(ROW_HEADER)
+        print(row(server, warm_metrics, 0.0, soak).line(), "after warm-up", flush=True)
         started = time.monotonic()
-        asyncio.run(run_clients(args, base, args.duration, soak, args.seed + 1000, (server, samples)))
+        asyncio.run(run_clients(args, base, args.duration, soak, args.seed + 1000, (server, samples), rows))
         elapsed = time.monotonic() - started
         final = settle(http)
         rss_end = server.memory_info().rss
+        print(row(server, final, elapsed / 60, soak).line(), "end, settled", flush=True)
+        print()
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -220,7 +316,9 @@ def main() -> int:
     checks = {
         f"RSS within {args.rss_tolerance:.0%} of after warm-up": abs(growth) <= args.rss_tolerance,
         "KV blocks all free": final["localchat_kv_blocks_used"] == 0,
-        "no error finishes (engine) and no client errors": failed == 0 and not soak.counts["error"],
+        "no error finishes (engine) and no client errors": failed == 0
+        and not soak.counts["error"]
+        and not warm.counts["error"],
     }
     requests = sum(soak.counts.values())
     print(
@@ -248,6 +346,10 @@ def main() -> int:
         f"| requests finished (server) / failed | {final['localchat_requests_finished_total']:.0f} / {failed:.0f} |"
     )
     print(f"| preemptions | {final['localchat_preemptions_total']:.0f} |")
+    print(
+        f"| KV blocks touched after warm-up / at the end | {warm_metrics['localchat_kv_blocks_touched']:.0f} / "
+        f"{final['localchat_kv_blocks_touched']:.0f} |"
+    )
     for name, ok in checks.items():
         print(f"| {name} | {'PASS' if ok else 'FAIL'} |")
     for problem in soak.problems[:10]:

@@ -56,7 +56,6 @@ class LLM:
             engine_config or EngineConfig(),
             eos_token_ids=self.model.config.eos_token_ids or self.model.tokenizer.eos_token_ids,
             model_max_len=self.model.config.max_position_embeddings,
-            sliding_window=self.model.config.sliding_window,
         )
         self.tokenizer = self.model.tokenizer
         self.template = ChatTemplate(self.model.chat_template)

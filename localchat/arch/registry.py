@@ -8,6 +8,7 @@ Adding an architecture = one entry here + one model file per backend + its parit
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,13 @@ QK_NORM_WEIGHTS: WeightMap = {
     "self_attn.q_norm.weight": ("q_norm", 0, 1),
     "self_attn.k_norm.weight": ("k_norm", 0, 1),
 }
+# Gemma 2/3: norms around both attention and MLP (their q_norm/k_norm as in QK_NORM_WEIGHTS).
+GEMMA_LAYER_WEIGHTS: WeightMap = {
+    **{k: v for k, v in LLAMA_LAYER_WEIGHTS.items() if not k.endswith("bias")},
+    "post_attention_layernorm.weight": ("post_attn_norm", 0, 1),
+    "pre_feedforward_layernorm.weight": ("mlp_norm", 0, 1),
+    "post_feedforward_layernorm.weight": ("post_mlp_norm", 0, 1),
+}
 # Phi-3 stores q|k|v and gate|up already fused, in the order the families fuse them: one part each.
 PHI3_LAYER_WEIGHTS: WeightMap = {
     "input_layernorm.weight": ("attn_norm", 0, 1),
@@ -54,6 +62,39 @@ PHI3_GGUF_BLOCK_NAMES = {
     "ffn_up": "mlp.gate_up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Mixture-of-experts layers: `{e}` stands for the expert index, in checkpoint names and parameters alike.
+# Parameters are paths into the layer (`moe.experts.3.gate_up`); 3-D stacked expert tensors (transformers 5,
+# GGUF `*_exps`) are split into per-expert ones first (localchat/weights/experts.py).
+_STACKED_EXPERT_WEIGHTS: WeightMap = {
+    "mlp.gate.weight": ("moe.router", 0, 1),
+    "mlp.experts.{e}.gate_up_proj": ("moe.experts.{e}.gate_up", 0, 1),
+    "mlp.experts.{e}.down_proj": ("moe.experts.{e}.down", 0, 1),
+}
+QWEN3_MOE_WEIGHTS: WeightMap = {
+    **_STACKED_EXPERT_WEIGHTS,
+    "mlp.experts.{e}.gate_proj.weight": ("moe.experts.{e}.gate_up", 0, 2),
+    "mlp.experts.{e}.up_proj.weight": ("moe.experts.{e}.gate_up", 1, 2),
+    "mlp.experts.{e}.down_proj.weight": ("moe.experts.{e}.down", 0, 1),
+}
+MIXTRAL_WEIGHTS: WeightMap = {  # the hub's names (and save_pretrained's) next to transformers 5's in memory
+    **_STACKED_EXPERT_WEIGHTS,
+    "block_sparse_moe.gate.weight": ("moe.router", 0, 1),
+    "block_sparse_moe.experts.{e}.w1.weight": ("moe.experts.{e}.gate_up", 0, 2),
+    "block_sparse_moe.experts.{e}.w3.weight": ("moe.experts.{e}.gate_up", 1, 2),
+    "block_sparse_moe.experts.{e}.w2.weight": ("moe.experts.{e}.down", 0, 1),
+}
+# Config keys MoE model files read (localchat/arch/moe.py); transformers 5 writes Qwen3-MoE's
+# `num_experts` as `num_local_experts`, so both are read.
+MOE_EXTRA_KEYS: dict[str, Any] = {
+    "num_experts": 0,
+    "num_local_experts": 0,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,  # llama.cpp always renormalises (and Mixtral's softmax over the top k equals it)
+    "moe_intermediate_size": None,  # None: intermediate_size
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+}
+_EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
 # Outside the layers: checkpoint name -> parameter.
 TOP_WEIGHTS = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
 
@@ -70,6 +111,29 @@ LLAMA_GGUF_BLOCK_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+}
+# llama.cpp's MoE tensors: the router and the experts stacked [experts, out, in].
+QWEN3_MOE_GGUF_BLOCK_NAMES = {
+    **LLAMA_GGUF_BLOCK_NAMES,
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+}
+MIXTRAL_GGUF_BLOCK_NAMES = {
+    **LLAMA_GGUF_BLOCK_NAMES,
+    "ffn_gate_inp": "block_sparse_moe.gate",
+    "ffn_gate_exps": "block_sparse_moe.experts.w1",
+    "ffn_up_exps": "block_sparse_moe.experts.w3",
+    "ffn_down_exps": "block_sparse_moe.experts.w2",
+}
+
+# Gemma 2/3 in llama.cpp: "ffn_norm" is the norm before the MLP, two more follow attention and MLP.
+GEMMA_GGUF_BLOCK_NAMES = {
+    **LLAMA_GGUF_BLOCK_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
 }
 
 
@@ -89,16 +153,43 @@ class Architecture:
     gguf_metadata: dict[str, str] = field(default_factory=dict)
     # llama.cpp interleaves q/k rows for its rope kernel in the archs it converts with Llama's script.
     gguf_permuted_qk: bool = False
+    # llama.cpp's converter stores some norm weights shifted (Gemma: 1 + weight); loading subtracts it.
+    gguf_norm_offset: float = 0.0
     # A multimodal wrapper whose text LM we run alone: the key its config nests under, and checkpoint
     # name prefixes -> the text model's (None: a part we do not run, e.g. the vision tower; skipped).
     text_config_key: str | None = None
     weight_prefixes: dict[str, str | None] = field(default_factory=dict)
+    # Per-expert tensors of older llama.cpp files (`blk.N.ffn_gate.E.weight`): part -> HF name with `{e}`.
+    gguf_expert_names: dict[str, str] = field(default_factory=dict)
+    # The model type a file of this `gguf_arch` is when its `{arch}.expert_count` is above 0 (llama.cpp
+    # writes Mixtral as "llama" with experts).
+    gguf_experts_model_type: str | None = None
+
+    def layer_weight(self, name: str) -> tuple[str, int, int] | None:
+        """The family parameter for a checkpoint name inside `model.layers.N.` (None: not this arch's)."""
+        if name in self.layer_weights:
+            return self.layer_weights[name]
+        match = _EXPERT_INDEX.search(name)
+        if match is None:
+            return None
+        generic = f"{name[: match.start()]}.experts.{{e}}.{name[match.end() :]}"
+        if generic not in self.layer_weights:
+            return None
+        pname, part, parts = self.layer_weights[generic]
+        return pname.format(e=match.group(1)), part, parts
 
 
 def _entries() -> list[Architecture]:
     qwen_defaults = {"rope_theta": 1_000_000.0}
+    gemma_defaults = {"head_dim": 256, "tie_word_embeddings": True, "rms_norm_eps": 1e-6}
+    # `layer_types` None: every `sliding_window_pattern`-th layer is global, the others slide.
+    # `query_pre_attn_scalar` None (a GGUF, which does not record it): head_dim, as llama.cpp assumes.
+    gemma_keys = {"query_pre_attn_scalar": None, "layer_types": None}
+
     return [
-        Architecture("llama", "llama", gguf_arch="llama", gguf_permuted_qk=True),
+        Architecture(
+            "llama", "llama", gguf_arch="llama", gguf_permuted_qk=True, gguf_experts_model_type="mixtral"
+        ),
         # llama.cpp writes Mistral (v0.1-v0.3, Nemo) as "llama": such files load as model_type llama.
         Architecture("mistral", "llama"),
         Architecture(
@@ -114,6 +205,80 @@ def _entries() -> list[Architecture]:
             layer_weights={**LLAMA_LAYER_WEIGHTS, **QK_NORM_WEIGHTS},
             hf_defaults=qwen_defaults,
             gguf_arch="qwen3",
+        ),
+        Architecture(
+            "qwen3_moe",
+            "qwen3_moe",
+            layer_weights={**LLAMA_LAYER_WEIGHTS, **QK_NORM_WEIGHTS, **QWEN3_MOE_WEIGHTS},
+            # transformers' default; llama.cpp's qwen3moe always renormalises (MOE_EXTRA_KEYS)
+            hf_defaults={**qwen_defaults, "norm_topk_prob": False},
+            extra_keys=MOE_EXTRA_KEYS,
+            gguf_arch="qwen3moe",
+            gguf_block_names=QWEN3_MOE_GGUF_BLOCK_NAMES,
+            gguf_metadata={
+                "expert_count": "num_experts",
+                "expert_used_count": "num_experts_per_tok",
+                "expert_feed_forward_length": "moe_intermediate_size",
+                "expert_weights_norm": "norm_topk_prob",
+            },
+        ),
+        Architecture(
+            "mixtral",
+            "mixtral",
+            layer_weights={**LLAMA_LAYER_WEIGHTS, **MIXTRAL_WEIGHTS},
+            hf_defaults={"rope_theta": 1_000_000.0},
+            extra_keys=MOE_EXTRA_KEYS,
+            # No gguf_arch of its own: a "llama" file with experts (the llama entry's hook).
+            gguf_block_names=MIXTRAL_GGUF_BLOCK_NAMES,
+            gguf_expert_names={
+                "ffn_gate": "block_sparse_moe.experts.{e}.w1",
+                "ffn_up": "block_sparse_moe.experts.{e}.w3",
+                "ffn_down": "block_sparse_moe.experts.{e}.w2",
+            },
+            gguf_metadata={"expert_count": "num_local_experts", "expert_used_count": "num_experts_per_tok"},
+            gguf_permuted_qk=True,
+        ),
+        Architecture(
+            "gemma2",
+            "gemma",
+            layer_weights=GEMMA_LAYER_WEIGHTS,
+            hf_defaults={**gemma_defaults, "sliding_window": 4096},
+            extra_keys={
+                **gemma_keys,
+                "attn_logit_softcapping": 50.0,
+                "final_logit_softcapping": 30.0,
+                "sliding_window_pattern": 2,
+                "rope_local_base_freq": None,  # one RoPE for every layer
+                "qk_norm": False,
+            },
+            gguf_arch="gemma2",
+            gguf_metadata={
+                "attn_logit_softcapping": "attn_logit_softcapping",
+                "final_logit_softcapping": "final_logit_softcapping",
+            },
+            gguf_block_names=GEMMA_GGUF_BLOCK_NAMES,
+            gguf_norm_offset=1.0,
+        ),
+        Architecture(
+            "gemma3_text",
+            "gemma",
+            layer_weights={**GEMMA_LAYER_WEIGHTS, **QK_NORM_WEIGHTS},
+            hf_defaults={**gemma_defaults, "sliding_window": 4096, "rope_theta": 1_000_000.0},
+            extra_keys={
+                **gemma_keys,
+                "attn_logit_softcapping": None,
+                "final_logit_softcapping": None,
+                "sliding_window_pattern": 6,
+                "rope_local_base_freq": 10_000.0,
+                "qk_norm": True,
+            },
+            gguf_arch="gemma3",
+            gguf_metadata={
+                "final_logit_softcapping": "final_logit_softcapping",
+                "rope.freq_base_swa": "rope_local_base_freq",
+            },
+            gguf_block_names=GEMMA_GGUF_BLOCK_NAMES,
+            gguf_norm_offset=1.0,
         ),
         # Ministral-8B-Instruct-2410: Mistral's layout (transformers 5 nests its rope settings).
         Architecture("ministral", "llama"),

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from localchat.backends.memory import trim_heap
 from localchat.engine.engine import LLMEngine
 from localchat.engine.outputs import EngineStats, RequestOutput
 from localchat.engine.request import FinishReason
@@ -145,8 +146,14 @@ class AsyncEngine:
     # -- the engine thread ---------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        worked = False  # since the engine last went idle
         while True:
             block = not self.engine.has_unfinished
+            if block and worked:
+                # NOTE: the C heap keeps the freed temporaries of every batch shape served; handing them
+                # back each time the engine goes idle keeps a long-running server's RSS flat.
+                trim_heap()
+                worked = False
             try:
                 while True:
                     command = self._inbox.get(block=block)
@@ -157,6 +164,7 @@ class AsyncEngine:
                     self._handle(command)
             except queue.Empty:
                 pass
+            worked = worked or self.engine.has_unfinished
             try:
                 outputs = self.engine.step()
             except Exception:  # a bug must cost the requests in flight, never the engine thread

@@ -3,6 +3,12 @@
 Full blocks are named by a chained hash (parent hash + the block's token ids). A freed block keeps its
 content and hash in an LRU free list and is only evicted when handed out again, so a later request with
 the same prefix can reuse it. Block 0 is the null block: never allocated, used to pad block tables.
+
+Hand-out order: freed blocks before never-used ones. On CPU the pool is lazily committed memory, so a
+never-used block costs RAM the first time it is written; reusing freed blocks (uncached first, then the
+least recently freed cached one) keeps the resident pool at the peak working set instead of letting it
+creep up to the whole pool as the prefix cache fills. The price: the prefix cache holds at most the
+blocks touched so far that no request holds, not the whole pool.
 """
 
 from __future__ import annotations
@@ -35,8 +41,10 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
-        # Head = next to hand out. Cached (hashed) blocks sit at the tail in LRU order.
-        self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        # Freed blocks only; head = next to hand out. Cached (hashed) blocks sit at the tail in LRU order.
+        self.free_blocks: OrderedDict[int, None] = OrderedDict()
+        # Ids 1..num_touched_blocks have been handed out at least once; the rest never were.
+        self.num_touched_blocks = 0
         self.cached_blocks: dict[int, int] = {}  # block hash -> block id
         self.prefix_queries = 0  # tokens of admitted requests that were looked up
         self.prefix_hits = 0  # of which came from the cache
@@ -47,7 +55,7 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_blocks)
+        return len(self.free_blocks) + self.num_usable_blocks - self.num_touched_blocks
 
     @property
     def num_used_blocks(self) -> int:
@@ -132,7 +140,11 @@ class BlockManager:
             self._uncache(self.blocks[block_id])
 
     def _pop_free_block(self) -> int:
-        block_id, _ = self.free_blocks.popitem(last=False)
+        if self.free_blocks:
+            block_id, _ = self.free_blocks.popitem(last=False)
+        else:
+            self.num_touched_blocks += 1
+            block_id = self.num_touched_blocks
         block = self.blocks[block_id]
         self._uncache(block)  # lazy eviction
         block.ref_count = 1

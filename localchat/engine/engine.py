@@ -37,14 +37,13 @@ class LLMEngine:
         *,
         eos_token_ids: list[int],
         model_max_len: int,
-        sliding_window: int | None = None,
     ) -> None:
         config.validate()
         self.runner = runner
         self.tokenizer = tokenizer
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
-        wanted = _context_len(config.max_model_len or model_max_len, sliding_window)
+        wanted = config.max_model_len or model_max_len
         spec = runner.kv_cache_spec
         per_block = spec.bytes_per_block(config.block_size)
         if config.kv_cache_mib is not None:
@@ -271,6 +270,7 @@ class LLMEngine:
             num_waiting=len(self.scheduler.waiting),
             kv_blocks_used=self.block_manager.num_used_blocks,
             kv_blocks_total=self.block_manager.num_usable_blocks,
+            kv_blocks_touched=self.block_manager.num_touched_blocks,
             block_size=self.config.block_size,
             prefix_hit_rate=self.block_manager.prefix_hit_rate,
             num_preemptions=self.scheduler.num_preemptions,
@@ -283,17 +283,3 @@ class LLMEngine:
             time_to_first_token=self.time_to_first_token.snapshot(),
             inter_token_latency=self.inter_token_latency.snapshot(),
         )
-
-
-def _context_len(wanted: int, sliding_window: int | None) -> int:
-    """The longest sequence served. Attention here is full-context, so past a sliding window the
-    model would see tokens it was trained never to see: stop there until windowed attention exists."""
-    if sliding_window and wanted > sliding_window:
-        log.warning(
-            "max_model_len %d capped to the model's sliding window of %d tokens"
-            " (sliding-window attention is not implemented)",
-            wanted,
-            sliding_window,
-        )
-        return sliding_window
-    return wanted

@@ -31,6 +31,7 @@ class EngineStats:
     num_waiting: int
     kv_blocks_used: int
     kv_blocks_total: int
+    kv_blocks_touched: int  # handed out at least once: on CPU, the pool's resident part
     block_size: int
     prefix_hit_rate: float
     num_preemptions: int

@@ -22,6 +22,12 @@ _METRICS = (
     ),
     ("localchat_kv_blocks_used", "gauge", "KV cache blocks held by requests.", lambda s, c: s.kv_blocks_used),
     ("localchat_kv_blocks_total", "gauge", "KV cache blocks in the pool.", lambda s, c: s.kv_blocks_total),
+    (
+        "localchat_kv_blocks_touched",
+        "gauge",
+        "KV cache blocks ever handed out (on CPU, the part of the pool that is resident).",
+        lambda s, c: s.kv_blocks_touched,
+    ),
     ("localchat_kv_block_size", "gauge", "Tokens per KV cache block.", lambda s, c: s.block_size),
     (
         "localchat_kv_cache_usage_ratio",

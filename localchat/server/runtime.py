@@ -98,7 +98,6 @@ def build_context(
         settings.engine_config(),
         eos_token_ids=bundle.config.eos_token_ids or list(tokenizer.eos_token_ids),
         model_max_len=bundle.config.max_position_embeddings,
-        sliding_window=bundle.config.sliding_window,
     )
     template = ChatTemplate(
         bundle.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token

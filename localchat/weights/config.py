@@ -26,13 +26,22 @@ class ModelConfig:
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # qwen2: q/k/v projections carry a bias
-    sliding_window: int | None = None  # recorded; attention is full-context (see docs/architecture.md)
+    sliding_window: int | None = None  # the attention window of the layers that slide (all, in Mistral)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     torch_dtype: str | None = None  # the checkpoint's own dtype, e.g. "bfloat16"
     partial_rotary_factor: float = 1.0  # RoPE turns only the first head_dim * factor dims
     # Architecture-specific settings its model files read: the registry entry's `extra_keys`.
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if "layer_types" in self.extra and self.extra["layer_types"] is None:
+            # Older configs (and GGUF) give the alternation as a period: every `pattern`-th layer is global.
+            pattern = int(self.extra.get("sliding_window_pattern") or 1)
+            self.extra["layer_types"] = [
+                "sliding_attention" if (i + 1) % pattern else "full_attention"
+                for i in range(self.num_hidden_layers)
+            ]
 
     @property
     def rotary_dim(self) -> int:
@@ -45,12 +54,18 @@ class ModelConfig:
         arch = ARCHITECTURES.get(model_type)
         if arch is not None:
             defaults = dict(arch.hf_defaults)
-            if "rope_theta" in (d.get("rope_parameters") or {}):  # transformers 5 nests it
+            nested = d.get("rope_parameters") or {}
+            if "rope_theta" in nested or "full_attention" in nested:  # transformers 5 nests it
                 defaults.pop("rope_theta", None)
             d = {**defaults, **{k: v for k, v in d.items() if v is not None}}
         hidden = int(d["hidden_size"])
         heads = int(d["num_attention_heads"])
         rope_params = d.get("rope_parameters") or {}
+        if "full_attention" in rope_params:  # per layer type (transformers 5, Gemma 3)
+            local = (rope_params.get("sliding_attention") or {}).get("rope_theta")
+            if local is not None:
+                d = {**d, "rope_local_base_freq": local}
+            rope_params = rope_params["full_attention"] or {}
         rope_theta = d.get("rope_theta", rope_params.get("rope_theta"))
         if rope_theta is None:
             rope_theta = 10000.0

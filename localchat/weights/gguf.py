@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, ReaderTensor
 
-from localchat.arch.registry import GGUF_ARCHITECTURES, SUPPORTED_MODEL_TYPES, Architecture
+from localchat.arch.registry import ARCHITECTURES, GGUF_ARCHITECTURES, SUPPORTED_MODEL_TYPES, Architecture
 from localchat.errors import ModelLoadError, UnsupportedArchitectureError
 from localchat.weights.config import ModelConfig
 from localchat.weights.gguf_check import check_gguf_layout
@@ -40,6 +40,8 @@ _ROPE_EXTRA_KEYS = {
     "yarn_beta_slow": "beta_slow",
 }
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# Files converted before llama.cpp stacked experts (early 2024 Mixtral GGUFs): one tensor per expert.
+_EXPERT_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(\d+)\.weight")
 
 
 class _Reader(GGUFReader):
@@ -91,11 +93,15 @@ def _f32(value: Any) -> float:
 
 
 def gguf_architecture(reader: GGUFReader) -> Architecture:
-    """The registry entry for the file's `general.architecture` (llama.cpp's name for it)."""
+    """The registry entry for the file's `general.architecture` (llama.cpp's name for it), or the one it
+    names for files of that architecture with experts."""
     arch = str(gguf_value(reader, "general.architecture", ""))
     if arch not in GGUF_ARCHITECTURES:
         raise UnsupportedArchitectureError(arch, list(SUPPORTED_MODEL_TYPES))
-    return GGUF_ARCHITECTURES[arch]
+    entry = GGUF_ARCHITECTURES[arch]
+    if entry.gguf_experts_model_type and int(gguf_value(reader, f"{arch}.expert_count", 0) or 0) > 0:
+        return ARCHITECTURES[entry.gguf_experts_model_type]
+    return entry
 
 
 def hf_tensor_name(gguf_name: str, arch: Architecture) -> str | None:
@@ -106,6 +112,10 @@ def hf_tensor_name(gguf_name: str, arch: Architecture) -> str | None:
         layer, part, kind = match.groups()
         if part in arch.gguf_block_names:
             return f"model.layers.{layer}.{arch.gguf_block_names[part]}.{kind}"
+    elif match := _EXPERT_RE.fullmatch(gguf_name):
+        layer, part, expert = match.groups()
+        if part in arch.gguf_expert_names:
+            return f"model.layers.{layer}.{arch.gguf_expert_names[part].format(e=expert)}.weight"
     else:
         stem, _, kind = gguf_name.rpartition(".")
         if stem in _GLOBAL_NAMES and kind in ("weight", "bias"):
@@ -117,7 +127,7 @@ def hf_tensor_name(gguf_name: str, arch: Architecture) -> str | None:
 
 def config_from_gguf(reader: GGUFReader) -> ModelConfig:
     entry = gguf_architecture(reader)
-    arch = str(entry.gguf_arch)
+    arch = str(gguf_value(reader, "general.architecture"))  # the metadata prefix, also for Mixtral's "llama"
 
     def get(key: str, default: Any = None) -> Any:
         return gguf_value(reader, f"{arch}.{key}", default)
@@ -223,6 +233,8 @@ def iter_gguf_weights(reader: GGUFReader, config: ModelConfig) -> Iterator[Weigh
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # GGUF lists dims innermost first
         try:
             dtype, data = _tensor_data(tensor, shape, config, name, arch.gguf_permuted_qk)
+            if arch.gguf_norm_offset and name.endswith("norm.weight") and dtype in ("F32", "F16"):
+                dtype, data = "F32", data.astype(np.float32) - np.float32(arch.gguf_norm_offset)
         except (ValueError, ZeroDivisionError) as exc:  # shapes that contradict the sizes or the config
             raise ModelLoadError(
                 f"GGUF tensor {tensor.name} has shape {list(shape)}, which its data or the model's "

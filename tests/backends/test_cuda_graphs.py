@@ -90,3 +90,22 @@ def test_triton_decode_graph_path_matches_cpu_path_through_the_engine(
     assert generate(engine, prompts, max_tokens=6) == expected
     graphs = engine.runner.graphs  # type: ignore[attr-defined]
     assert graphs is not None and graphs.steps_run > 0 and graphs.buckets == [1, 2, 4]
+
+
+@pytest.mark.slow
+def test_moe_models_decode_without_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Expert dispatch sizes its groups on the host, which a captured graph cannot: MoE models run the
+    Triton path eagerly, with the same tokens."""
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs Triton's interpreter, set before import")
+    from tests.backends.test_runner_invariance import generate
+    from tests.helpers.torch_models import bundle_from_hf, tiny_hf_model
+
+    bundle = bundle_from_hf(tiny_hf_model("mixtral", num_local_experts=4, num_experts_per_tok=2))
+    prompts = [[5 + i for i in range(21)], [7, 8, 9]]
+    expected = generate(_engine(bundle, monkeypatch, "torch", graphs=False), prompts, max_tokens=4)
+    engine = _engine(bundle, monkeypatch, "triton", graphs=True)
+    assert engine.runner.graph_mode is None  # type: ignore[attr-defined]
+    assert generate(engine, prompts, max_tokens=4) == expected
+    assert engine.runner.graphs is None  # type: ignore[attr-defined]

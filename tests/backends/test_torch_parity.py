@@ -184,6 +184,53 @@ def test_gguf_matches_transformers_on_dequantized_weights(tmp_path: Path, qtype:
     assert driver.tokens("a")[len(prompt) :] == hf_generate(hf, prompt, 8)[:8]
 
 
+GEMMA_GGUF = {
+    "gemma2": {"attn_logit_softcapping": 2.0, "final_logit_softcapping": 5.0},
+    # llama.cpp hard-codes Gemma 3's period of 6 (five sliding layers, then a global one).
+    "gemma3_text": {
+        "num_hidden_layers": 6,
+        "layer_types": None,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("model_type", list(GEMMA_GGUF))
+def test_gemma_gguf_matches_transformers(tmp_path: Path, model_type: str) -> None:
+    """llama.cpp's gemma2/gemma3 layout: four norms per layer renamed, stored as 1 + weight; the
+    window, soft-caps and local RoPE base come from the metadata (GGUF has no query_pre_attn_scalar:
+    head_dim, as llama.cpp assumes)."""
+    from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE, write_tiny_gguf
+
+    hf = tiny_hf_model(
+        model_type,
+        vocab_size=TINY_VOCAB_SIZE,
+        head_dim=16,
+        sliding_window=8,
+        query_pre_attn_scalar=16,
+        **GEMMA_GGUF[model_type],
+    )
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", hf, qtype="Q8_0", tokenizer_kind="gpt2")
+    bundle = load_model(path)
+    assert bundle.config.model_type == model_type and bundle.config.sliding_window == 8
+    weights = list(bundle.iter_weights())
+    state = {w.name: torch.tensor(w.dequantize()) for w in weights}
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    prompt = PROMPT * 2
+    driver = PagedDriver(fp32_runner(bundle))
+    driver.add("a", prompt, GREEDY)
+    _, logits = driver.step_logits(every_token=True)
+    assert_close(logits, hf_logits(hf, prompt))
+    driver.feed("a", int(logits[-1].argmax()))
+    for _ in range(7):
+        driver.step()
+    assert driver.tokens("a")[len(prompt) :] == hf_generate(hf, prompt, 8)[:8]
+
+
 def test_bfloat16_runner_tracks_fp32_reference() -> None:
     """The CPU default dtype path (bf16, one-token steps through the native GEMV): close, not exact."""
     hf = tiny_hf_model("llama")
@@ -202,7 +249,8 @@ def test_unknown_architecture_lists_supported() -> None:
     bundle = bundle_from_hf(hf)
     bundle.config = ModelConfig.from_hf_dict({**hf.config.to_dict(), "model_type": "gpt_neox"})
     with pytest.raises(
-        UnsupportedArchitectureError, match=r"gpt_neox.*llama, .*mistral3, phi3, qwen2, qwen3"
+        UnsupportedArchitectureError,
+        match=r"gpt_neox.*Supported: .*llama.*mistral3.*mixtral.*phi3.*qwen3_moe",
     ):
         fp32_runner(bundle)
 

@@ -13,7 +13,6 @@ from localchat.engine.request import FinishReason
 
 def fake_engine(kv_bytes_per_token: int = 128, **config: object) -> LLMEngine:
     """A 1 MiB KV budget by default: 8192 tokens at the default 128 bytes per token."""
-    sliding_window = config.pop("sliding_window", None)
     cfg = EngineConfig(**{"kv_cache_mib": 1, **config})  # type: ignore[arg-type]
     runner = FakeRunner(kv_bytes_per_token=kv_bytes_per_token)
     return LLMEngine(
@@ -22,7 +21,6 @@ def fake_engine(kv_bytes_per_token: int = 128, **config: object) -> LLMEngine:
         cfg,
         eos_token_ids=[EOS_ID],
         model_max_len=4096,
-        sliding_window=sliding_window,  # type: ignore[arg-type]
     )
 
 

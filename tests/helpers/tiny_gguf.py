@@ -22,6 +22,11 @@
   so tests can compare against real SentencePiece). Either is padded with [PAD{i}] tokens up to the
   config's vocab_size, which must be at least TINY_VOCAB_SIZE.
 - Llama 3 rope scaling in the config is written as a `rope_freqs.weight` tensor, as llama.cpp does.
+- Mixture of experts (qwen3_moe, mixtral from transformers 5's stacked `mlp.experts.gate_up_proj` /
+  `down_proj`): written as llama.cpp's 3-D `ffn_{gate,up,down}_exps` in `qtype`, the router
+  `ffn_gate_inp` kept F32 (llama-quantize never quantizes it), with `{arch}.expert_count` etc.
+  `legacy_experts=True` writes one tensor per expert instead (`blk.N.ffn_gate.E.weight`), as Mixtral
+  files converted before llama.cpp stacked them (early 2024) do.
 """
 
 from __future__ import annotations
@@ -45,7 +50,19 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}
+# llama.cpp writes Mixtral as "llama" with expert tensors and an expert count.
+_ARCHITECTURES = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "phi3": "phi3",
+    "qwen3_moe": "qwen3moe",
+    "mixtral": "llama",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
+}
+_PERMUTED = ("llama", "mistral", "mixtral")  # converted with llama.cpp's Llama script
 GPT2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 USER_DEFINED = ["<think>", "</think>"]
 
@@ -212,6 +229,7 @@ def write_tiny_gguf(
     add_bos: bool | None = None,
     add_space_prefix: bool | None = None,
     architecture: str | None = None,
+    legacy_experts: bool = False,
 ) -> Path:
     """Write `hf_model_or_state_dict` (a transformers model, or {HF name: tensor/array}) as GGUF.
 
@@ -234,11 +252,24 @@ def write_tiny_gguf(
         if name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
             continue
         data = _to_numpy(tensor)
-        if model_type in ("llama", "mistral") and ".self_attn.q_proj." in name:
+        if model_type in _PERMUTED and ".self_attn.q_proj." in name:
             data = _permute(data, heads)
-        elif model_type in ("llama", "mistral") and ".self_attn.k_proj." in name:
+        elif model_type in _PERMUTED and ".self_attn.k_proj." in name:
             data = _permute(data, kv_heads)
-        _add_tensor(writer, _gguf_name(name), data, qtype)
+        if name.endswith(".mlp.experts.gate_up_proj"):  # [E, 2I, H]: gate rows, then up rows
+            gate, up = np.split(data, 2, axis=1)
+            block = name.removesuffix("mlp.experts.gate_up_proj").replace("model.layers.", "blk.")
+            _add_experts(writer, f"{block}ffn_gate", gate, qtype, legacy_experts)
+            _add_experts(writer, f"{block}ffn_up", up, qtype, legacy_experts)
+            continue
+        if name.endswith(".mlp.experts.down_proj"):
+            block = name.removesuffix("mlp.experts.down_proj").replace("model.layers.", "blk.")
+            _add_experts(writer, f"{block}ffn_down", data, qtype, legacy_experts)
+            continue
+        if model_type.startswith("gemma") and name.endswith("norm.weight"):
+            data = data + 1.0  # llama.cpp's converter stores Gemma's RMSNorm scale as 1 + weight
+        gguf_name = _gguf_name(name, model_type)
+        _add_tensor(writer, gguf_name, data, "F32" if "ffn_gate_inp" in gguf_name else qtype)
     scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     if scaling.get("rope_type") == "llama3":
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
@@ -266,7 +297,9 @@ def _config_dict(source: Any) -> dict[str, Any]:
 
 
 def _rope_theta(cfg: dict[str, Any]) -> float:
-    return float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0)
+    params = cfg.get("rope_parameters") or {}
+    params = params.get("full_attention") or params  # per layer type (Gemma 3): the global layers'
+    return float(cfg.get("rope_theta") or params.get("rope_theta") or 10000.0)
 
 
 def _write_hparams(writer: GGUFWriter, cfg: dict[str, Any]) -> None:
@@ -288,6 +321,21 @@ def _write_hparams(writer: GGUFWriter, cfg: dict[str, Any]) -> None:
     writer.add_rope_freq_base(_rope_theta(cfg))
     writer.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
     writer.add_file_type(0)
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(cfg["num_experts_per_tok"])
+        if cfg.get("moe_intermediate_size"):
+            writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    if cfg.get("sliding_window"):
+        writer.add_sliding_window(cfg["sliding_window"])
+    if cfg.get("attn_logit_softcapping"):
+        writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+    if cfg.get("final_logit_softcapping"):
+        writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    swa_theta = ((cfg.get("rope_parameters") or {}).get("sliding_attention") or {}).get("rope_theta")
+    if swa_theta is not None:
+        writer.add_rope_freq_base_swa(float(swa_theta))
 
 
 def _write_tokenizer(
@@ -349,19 +397,30 @@ _BLOCK = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",
     "self_attn.qkv_proj": "attn_qkv",  # phi3: fused as in the HF checkpoint
     "mlp.gate_up_proj": "ffn_up",  # phi3: llama.cpp's ffn_up holds gate|up
 }
 _GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
 
-def _gguf_name(hf_name: str) -> str:
+# Gemma's four norms per layer, named as llama.cpp's gemma2/gemma3 archs name them.
+_GEMMA_BLOCK = {
+    **_BLOCK,
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+
+
+def _gguf_name(hf_name: str, model_type: str = "llama") -> str:
     stem, kind = hf_name.rsplit(".", 1)
     if stem in _GLOBAL:
         return f"{_GLOBAL[stem]}.{kind}"
     parts = stem.split(".", 3)  # model, layers, N, the layer's own part
-    if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[3] in _BLOCK:
-        return f"blk.{parts[2]}.{_BLOCK[parts[3]]}.{kind}"
+    block = _GEMMA_BLOCK if model_type.startswith("gemma") else _BLOCK
+    if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[3] in block:
+        return f"blk.{parts[2]}.{block[parts[3]]}.{kind}"
     raise ValueError(f"No GGUF name for {hf_name}")
 
 
@@ -391,6 +450,15 @@ def _add_tensor(writer: GGUFWriter, name: str, data: np.ndarray, qtype: str) -> 
         return
     blocks = K_QUANTIZERS[qtype](data) if qtype in K_QUANTIZERS else quantize(data, gtype)
     writer.add_tensor(name, blocks, raw_dtype=gtype)
+
+
+def _add_experts(writer: GGUFWriter, stem: str, data: np.ndarray, qtype: str, legacy: bool) -> None:
+    """[experts, out, in] as one `{stem}_exps` tensor, or (legacy) one `{stem}.E` tensor per expert."""
+    if not legacy:
+        _add_tensor(writer, f"{stem}_exps.weight", np.ascontiguousarray(data), qtype)
+        return
+    for e in range(data.shape[0]):
+        _add_tensor(writer, f"{stem}.{e}.weight", np.ascontiguousarray(data[e]), qtype)
 
 
 def _llama3_factors(scaling: dict[str, Any], theta: float, head_dim: int) -> np.ndarray:

@@ -10,13 +10,17 @@ from typing import Any
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma3TextConfig,
     LlamaConfig,
     MinistralConfig,
     MistralConfig,
+    MixtralConfig,
     Phi3Config,
     PretrainedConfig,
     Qwen2Config,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 from localchat.backends import RunnerOptions
@@ -30,9 +34,15 @@ CONFIGS: dict[str, type[PretrainedConfig]] = {
     "mistral": MistralConfig,
     "qwen2": Qwen2Config,
     "qwen3": Qwen3Config,
+    "gemma2": Gemma2Config,
+    "gemma3_text": Gemma3TextConfig,
     "phi3": Phi3Config,
     "ministral": MinistralConfig,
+    "qwen3_moe": Qwen3MoeConfig,
+    "mixtral": MixtralConfig,
 }
+# 4 experts, 2 per token, narrower than the dense MLP so a mixed-up width fails the shape check.
+TINY_MOE = {"num_experts_per_tok": 2, "moe_intermediate_size": 32}
 LLAMA3_ROPE = {
     "rope_type": "llama3",
     "rope_theta": 500000.0,
@@ -54,9 +64,36 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("llama", {}),
     "llama3-rope": ("llama", {"rope_parameters": LLAMA3_ROPE}),
     "llama-tied": ("llama", {"tie_word_embeddings": True}),
-    "mistral": ("mistral", {}),
+    # A window shorter than the test prompts (up to 33 tokens), so it changes every later logit.
+    "mistral": ("mistral", {"sliding_window": 8}),
     "qwen2": ("qwen2", {"rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0}}),
     "qwen3": ("qwen3", {"head_dim": 32, "tie_word_embeddings": True}),
+    # Layer 0 slides (window 8), layer 1 is global; caps low enough that tanh bends the scores; a
+    # query_pre_attn_scalar other than head_dim so the score scale is checked.
+    "gemma2": (
+        "gemma2",
+        {
+            "head_dim": 16,
+            "sliding_window": 8,
+            "query_pre_attn_scalar": 24,
+            "attn_logit_softcapping": 2.0,
+            "final_logit_softcapping": 5.0,
+        },
+    ),
+    "gemma3": (
+        "gemma3_text",
+        {
+            "head_dim": 16,
+            "sliding_window": 8,
+            "query_pre_attn_scalar": 24,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "rope_theta": 1_000_000.0, "factor": 2.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            },
+            "final_logit_softcapping": 5.0,
+        },
+    ),
     "phi3": ("phi3", {}),
     "phi3-partial-longrope": (
         "phi3",
@@ -96,6 +133,17 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
             }
         },
     ),
+    # Layer 1 keeps a dense MLP (mlp_only_layers): both kinds of layer in one model.
+    "qwen3_moe": (
+        "qwen3_moe",
+        {**TINY_MOE, "num_experts": 4, "norm_topk_prob": True, "mlp_only_layers": [1], "head_dim": 32},
+    ),
+    # Raw top-k probabilities (no renormalisation); decoder_sparse_step 2 makes layer 0 dense.
+    "qwen3_moe-sparse-step": (
+        "qwen3_moe",
+        {**TINY_MOE, "num_experts": 4, "norm_topk_prob": False, "decoder_sparse_step": 2},
+    ),
+    "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
 }
 
 

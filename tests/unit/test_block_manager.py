@@ -20,7 +20,8 @@ def allocate_prompt(bm: BlockManager, req: Request) -> list[int] | None:
 
 
 def free_order(bm: BlockManager) -> list[int]:
-    return list(bm.free_blocks)
+    """Every free block in hand-out order: freed ones first, then those never handed out."""
+    return [*bm.free_blocks, *range(bm.num_touched_blocks + 1, bm.num_blocks)]
 
 
 def test_fresh_pool_hands_out_blocks_in_order_and_never_the_null_block() -> None:
@@ -51,8 +52,9 @@ def test_free_puts_tail_first_and_uncached_blocks_at_the_head() -> None:
     allocate_prompt(bm, req)
     bm.free(req)
     assert req.block_ids == []
-    # Uncached tail block 3 goes to the head (reused first); cached 2 then 1 go to the tail, LRU order.
-    assert free_order(bm) == [3, 4, 5, 2, 1]
+    # Uncached tail block 3 goes to the head (reused first); cached 2 then 1 follow in LRU order; the
+    # never-used 4 and 5 come last.
+    assert free_order(bm) == [3, 2, 1, 4, 5]
     assert all(bm.blocks[i].ref_count == 0 for i in range(1, 6))
     assert len(bm.cached_blocks) == 2  # content kept for later hits
 
@@ -98,19 +100,39 @@ def test_different_prefix_same_block_tokens_is_not_a_hit() -> None:
     assert bm.get_computed_blocks(b) == []
 
 
-def test_eviction_is_lazy_and_lru() -> None:
-    bm = BlockManager(num_blocks=5, block_size=BS)  # usable blocks 1..4
+def test_eviction_is_lazy_and_lru_and_comes_before_touching_a_new_block() -> None:
+    bm = BlockManager(num_blocks=6, block_size=BS)  # usable blocks 1..5
     a = make_request("a", [*list(range(8)), 50])
     allocate_prompt(bm, a)  # blocks 1, 2 cached; 3 partial
+    b = make_request("b", [60, 61, 62, 63, 64])
+    allocate_prompt(bm, b)  # blocks 4 (cached), 5
+    bm.free(b)
     bm.free(a)
-    assert free_order(bm) == [3, 4, 2, 1]
-    c = make_request("c", [70 + i for i in range(13)])  # 4 blocks: takes 3, 4, then evicts 2, then 1
-    assert allocate_prompt(bm, c) == [3, 4, 2, 1]
+    assert free_order(bm) == [3, 5, 4, 2, 1]
+    c = make_request("c", [70 + i for i in range(9)])  # 3 blocks: takes 3, 5, then evicts 4 (b's, older)
+    assert allocate_prompt(bm, c) == [3, 5, 4]
     assert bm.blocks[3].token_ids == (70, 71, 72, 73)
-    assert bm.blocks[2].token_ids == (78, 79, 80, 81)  # evicted and re-cached with c's content
-    assert bm.blocks[1].block_hash is None  # c's partial tail
-    # The old cached content is gone: a's prefix no longer hits.
-    assert bm.get_computed_blocks(make_request("a2", [*list(range(8)), 50])) == []
+    assert bm.blocks[5].token_ids == (74, 75, 76, 77)  # re-cached with c's content
+    assert bm.blocks[4].block_hash is None  # evicted; now c's partial tail
+    # b's cached content is gone, a's (more recently freed) still hits.
+    assert bm.get_computed_blocks(make_request("b2", [60, 61, 62, 63, 64])) == []
+    assert bm.get_computed_blocks(make_request("a2", [*list(range(8)), 50])) == [1, 2]
+
+
+def test_freed_blocks_are_reused_before_a_never_used_block_is_touched() -> None:
+    # On CPU the pool's pages become resident when first written: a server that keeps serving a steady
+    # load must keep reusing the same blocks, not walk through the whole pool while caching prefixes.
+    bm = BlockManager(num_blocks=100, block_size=BS)
+    for round_ in range(50):
+        live = [
+            make_request(f"{round_}-{i}", [1000 * round_ + 10 * i + t for t in range(9)]) for i in range(3)
+        ]
+        for req in live:
+            assert allocate_prompt(bm, req) is not None
+        for req in live:
+            bm.free(req)
+    assert bm.num_touched_blocks == 9  # three requests of three blocks at a time, never more
+    assert bm.num_free_blocks == 99 and bm.num_used_blocks == 0
 
 
 def test_allocate_returns_none_and_changes_nothing_when_out_of_blocks() -> None:

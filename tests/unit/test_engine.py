@@ -148,17 +148,6 @@ def test_kv_corruption_fails_the_test_helpers_loudly() -> None:
     assert engine.block_manager.num_used_blocks == 0  # and the engine itself carried on
 
 
-def test_a_sliding_window_caps_the_context_length(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level("WARNING", logger="localchat.engine.engine"):
-        engine = fake_engine(sliding_window=256)
-    assert engine.max_model_len == 256
-    assert "capped to the model's sliding window of 256" in caplog.text
-    with pytest.raises(ContextLengthExceededError):
-        engine.add_request(list(range(3, 300)), SamplingParams())
-    assert fake_engine(sliding_window=256, max_model_len=1000).max_model_len == 256  # the flag too
-    assert fake_engine(sliding_window=8192).max_model_len == 4096  # a window past the context: no cap
-
-
 def test_latency_histograms_count_first_tokens_and_gaps() -> None:
     engine = fake_engine()
     engine.add_request(chat_prompt("<<slow:20>><<say:abcde>>"), SamplingParams(max_tokens=50))

@@ -190,10 +190,10 @@ def test_end_of_turn_token_of_the_template_is_eos(tmp_path: Path, llama_cfg: dic
 
 
 def test_unsupported_architecture(tmp_path: Path, llama_cfg: dict) -> None:
-    path = write_tiny_gguf(tmp_path / "g.gguf", {}, llama_cfg, "F32", architecture="gemma2")
+    path = write_tiny_gguf(tmp_path / "g.gguf", {}, llama_cfg, "F32", architecture="rwkv6")
     with pytest.raises(UnsupportedArchitectureError) as info:
         load_model(path)
-    assert "gemma2" in str(info.value) and "qwen2" in str(info.value)
+    assert "rwkv6" in str(info.value) and "qwen2" in str(info.value)
     assert info.value.code == "unsupported_architecture"
 
 

@@ -237,6 +237,7 @@ def test_health_and_metrics(client):
         "localchat_requests_waiting",
         "localchat_kv_blocks_used",
         "localchat_kv_blocks_total",
+        "localchat_kv_blocks_touched",
         "localchat_prefix_cache_hit_rate",
         "localchat_generation_tokens_per_second",
         "localchat_generation_tokens_total",
@@ -244,6 +245,7 @@ def test_health_and_metrics(client):
     ):
         assert name in values
     assert values["localchat_kv_blocks_used"] == 0 and values["localchat_kv_blocks_total"] > 0
+    assert 0 < values["localchat_kv_blocks_touched"] < values["localchat_kv_blocks_total"]
     assert values["localchat_generation_tokens_total"] >= len("count me") + 1
     assert "# TYPE localchat_generation_tokens_total counter" in text
 

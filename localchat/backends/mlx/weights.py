@@ -28,6 +28,7 @@ from localchat.backends.mlx.quant import (
 )
 from localchat.errors import ModelLoadError
 from localchat.weights.config import ModelConfig
+from localchat.weights.experts import split_experts
 from localchat.weights.tensors import WeightTensor
 
 IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.attn\.masked_bias|\.attn\.bias)$")
@@ -45,13 +46,13 @@ def load_model(
         "norm": (config.hidden_size,),
     }
     pending: dict[tuple[int, str], dict[int, Weight | Embedding]] = {}
-    for weight in weights:
+    for weight in split_experts(weights):
         target = _target(model, weight.name)
         if target is None:
             continue
         owner, attr, part, parts = target
         key = attr if parts == 1 else f"{attr}.{part}"
-        expected = top_shapes[key] if owner is model else owner.shapes[key]
+        expected = top_shapes[key] if owner is model else _expected_shape(owner, key)
         if tuple(weight.shape) != expected:
             raise ModelLoadError(
                 f"Weight {weight.name!r} has shape {tuple(weight.shape)}, expected {expected} from the config."
@@ -75,6 +76,9 @@ def load_model(
         raise ModelLoadError(
             f"The checkpoint lacks weights this {config.model_type} model needs: {', '.join(names[:8])}."
         )
+    for layer in model.layers:
+        layer.finish()
+    model.after_load()
     return model
 
 
@@ -85,18 +89,37 @@ def _target(model: DecoderLM, name: str) -> tuple[Any, str, int, int] | None:
             return None  # tied: the embedding serves as the LM head
         return model, attr, 0, 1
     match = LAYER_NAME.fullmatch(name)
-    layer_weights = architecture(model.config.model_type).layer_weights
-    if match and match.group(2) in layer_weights and int(match.group(1)) < len(model.layers):
-        layer = model.layers[int(match.group(1))]
-        attr, part, parts = layer_weights[match.group(2)]
-        if layer.wants(attr):
-            return layer, attr, part, parts
+    found = architecture(model.config.model_type).layer_weight(match.group(2)) if match else None
+    if match and found and int(match.group(1)) < len(model.layers):
+        path, part, parts = found
+        owner = _owner(model.layers[int(match.group(1))], path)
+        attr = path.rpartition(".")[2]
+        if owner is not None and owner.wants(attr):
+            return owner, attr, part, parts
     if IGNORED.search(name):
         return None
     raise ModelLoadError(
         f"Unexpected weight {name!r} for a {model.config.model_type} model; the checkpoint may be a "
         "variant this app does not support."
     )
+
+
+def _owner(layer: Any, path: str) -> Any:
+    """The object holding a dotted attribute path (`moe.experts.3.gate_up`), None if the layer has none."""
+    owner = layer
+    for step in path.split(".")[:-1]:
+        owner = owner[int(step)] if isinstance(owner, list) else getattr(owner, step, None)
+        if owner is None:
+            return None
+    return owner
+
+
+def _expected_shape(owner: Any, key: str) -> tuple[int, ...]:
+    """The declared shape; a matrix declared in parts (gate_up.0, gate_up.1) may also come fused."""
+    if key in owner.shapes:
+        return tuple(owner.shapes[key])
+    parts = [shape for name, shape in owner.shapes.items() if name.split(".")[0] == key]
+    return (sum(shape[0] for shape in parts), *parts[0][1:])
 
 
 def _missing(model: DecoderLM) -> list[str]:

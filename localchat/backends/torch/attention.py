@@ -17,16 +17,22 @@ bool padding mask) was tried too: equal CPU time per 16-row step, and slightly w
 So was a float32 cache (no upcast copy): no faster single-stream or 16-row, 35% slower single-stream
 once a prefix hit makes the blocks non-consecutive (the gather moves twice the bytes), 2x the memory.
 
-On CPU with localchat's compiled kernels loaded (kernels.py; `LOCALCHAT_KERNELS=off` disables them) the
-decode rows instead take one fused C call (csrc/lc_attention.h) that reads the blocks in place: no
+Per-layer `AttentionOptions` (sliding window, logit soft-cap, score scale) take a separate path, so
+full-attention layers (options None) run exactly the code above. A window W follows transformers: the
+query at position p sees keys at positions p - W < k <= p. Blocks that fall out of the window stay
+allocated (the block manager frees by request, not by position).
+
+Decode rows on CPU with localchat's compiled kernels loaded (kernels.py; `LOCALCHAT_KERNELS=off`
+disables them) take instead one fused C call (csrc/lc_attention.h) that reads the blocks in place: no
 gather, no upcast copy, no padding bias. The torch path above stays the fallback and the CUDA path
-(`LOCALCHAT_TORCH_ATTENTION=torch` forces it on CPU).
+(`LOCALCHAT_TORCH_ATTENTION=torch` forces it on CPU). The C API takes a window and a soft-cap too;
+the options path does not call it yet.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -36,6 +42,20 @@ from localchat.backends.torch import kernels as cpu_kernels
 from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
 from localchat.backends.torch.kernel_choice import cpu_decode_kernels
 from localchat.engine.interface import BatchInputs
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionOptions:
+    """How one layer attends, where it differs from plain causal softmax(q k / sqrt(d)) v."""
+
+    window: int | None = None  # sliding window: the last `window` positions, the query's own included
+    softcap: float | None = None  # scores -> softcap * tanh(scores / softcap), before masking
+    scale: float | None = None  # score scale; None: 1 / sqrt(head_dim)
+
+    def matter(self, max_seq_len: int) -> bool:
+        """False when plain causal attention computes the same (a window longer than every context)."""
+        short = self.window is None or self.window >= max_seq_len
+        return not (short and self.softcap is None and self.scale is None)
 
 
 @dataclass(slots=True)
@@ -59,7 +79,11 @@ class AttentionMetadata:
     decode_len: int  # D == 1: the row's context length (no padding to mask, just a slice)
     decode_span: int | None  # D == 1 with consecutive block ids: first slot of a gather-free slice
     prefills: list[PrefillRow]
-    decode_seq_lens: torch.Tensor | None = None  # int64 [D], for the fused CPU kernel
+    decode_seq_lens: np.ndarray | None = None  # int [D]: each decode row's context length
+    # Decode score biases for windowed layers, built on first use per window (see `window_bias`).
+    window_biases: dict[int | None, torch.Tensor] = field(default_factory=dict)
+    max_seq_len: int = 0  # the longest context of the step
+    decode_lens64: torch.Tensor | None = None  # int64 [D], for the fused CPU kernel
     cpu_kernels: cpu_kernels.Kernels | None = None  # set on CPU when the compiled kernels are loaded
 
     @classmethod
@@ -102,7 +126,25 @@ class AttentionMetadata:
             q_pos = torch.from_numpy(batch.positions[start:end].astype(np.int64)).to(device)
             row_mask = torch.arange(seq_len, device=device)[None, :] <= q_pos[:, None]
             prefills.append(PrefillRow(start, end, ids, seq_len, row_mask))
-        return cls(slot_mapping, bs, decode_idx, bt, bias, decode_len, span, prefills, lens, ops)
+        dec_lens = seq_lens[decode_rows] if decode_rows.size else None
+        max_len = int(seq_lens.max()) if seq_lens.size else 0
+        return cls(
+            slot_mapping, bs, decode_idx, bt, bias, decode_len, span, prefills, dec_lens, {}, max_len, lens, ops,
+        )  # fmt: skip
+
+    def window_bias(self, window: int | None, kv_heads: int, span: int) -> torch.Tensor:
+        """Additive decode bias [kv_heads * D, 1, span]: 0 where a row's query sees the key, else -inf."""
+        bias = self.window_biases.get(window)
+        if bias is None:
+            assert self.decode_seq_lens is not None
+            lens = self.decode_seq_lens[:, None]
+            pos = np.arange(span)[None, :]
+            allowed = (pos < lens) & ((pos >= lens - window) if window else True)  # query at lens - 1
+            row_bias = np.where(allowed, np.float32(0), np.float32(-np.inf))[:, None, :]
+            device = self.slot_mapping.device
+            bias = torch.from_numpy(np.tile(row_bias, (kv_heads, 1, 1))).to(device)
+            self.window_biases[window] = bias
+        return bias
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
@@ -124,13 +166,20 @@ def paged_attention(
     v: torch.Tensor,
     cache: torch.Tensor,
     meta: AttentionMetadata | TritonAttentionMetadata,
+    options: AttentionOptions | None = None,
 ) -> torch.Tensor:
     """q [T, heads, d], k/v [T, kv_heads, d] (this step) -> [T, heads, d]. Writes k/v into the cache."""
     if isinstance(meta, TritonAttentionMetadata):  # CUDA: kernels that read the block table in place
         from localchat.backends.torch.triton_attention import triton_paged_attention
 
+        # The runner routes models with windowed / soft-capped layers to this file's path on CUDA.
+        assert options is None, "the Triton kernels implement plain causal attention only"
         return triton_paged_attention(q, k, v, cache, meta)
     write_kv(k, v, cache, meta.slot_mapping)
+    if options is not None and options.matter(meta.max_seq_len):
+        from localchat.backends.torch.windowed_attention import attend_with_options
+
+        return attend_with_options(q, k, v, cache, meta, options)
     if not meta.prefills:
         return _decode(q, cache, meta)
     out = torch.empty_like(q)
@@ -145,10 +194,10 @@ def _decode(q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata) -> to
     """One query per row, all rows at once: [D, heads, d] -> [D, heads, d]."""
     rows, heads, head_dim = q.shape
     if meta.cpu_kernels is not None and cpu_kernels.decode_attention_ok(q, cache):
-        assert meta.decode_block_tables is not None and meta.decode_seq_lens is not None
+        assert meta.decode_block_tables is not None and meta.decode_lens64 is not None
         tables = meta.decode_block_tables.view(rows, -1)
         return meta.cpu_kernels.decode_attention(
-            q, cache, tables, meta.decode_seq_lens, meta.block_size, 1 / math.sqrt(head_dim)
+            q, cache, tables, meta.decode_lens64, meta.block_size, 1 / math.sqrt(head_dim)
         )
     kv_heads = cache.shape[1]
     group = heads // kv_heads

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from localchat.arch.moe import ffn_width
 from localchat.backends import RunnerOptions
 from localchat.backends.memory import mem_available
 from localchat.backends.pooling import Pooler
@@ -90,10 +91,12 @@ class TorchRunner:
         )
         with torch.inference_mode(), _device_memory_errors(self.device, model.name):
             self.model = load_model(model.config, model.iter_weights(), self.device, self.dtype, self.quant)
-        self.attention = attention_kernel(
-            self.device
-        )  # "triton" on CUDA (see kernel_choice.py), else "torch"
-        self.graph_mode = graph_mode(self.device, self.attention, options.cuda_graphs)
+        # "triton" on CUDA (see kernel_choice.py), else "torch"; the Triton kernels know no sliding
+        # window nor soft-cap, so models with such layers use the plain PyTorch path everywhere.
+        self.attention = "torch" if self.model.uses_attention_options else attention_kernel(self.device)
+        self.graph_mode = graph_mode(
+            self.device, self.attention, options.cuda_graphs and self.model.capturable
+        )
         self.graphs: DecodeGraphs | None = None
         self.sampler = Sampler(self.device, options.seed)
         self.pooler = Pooler(
@@ -334,5 +337,5 @@ def _linear_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
     """The decoder layers' matrices in `dtype`: what dense copies of int4 weights would cost."""
     c = config
     attention = c.hidden_size * c.head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)
-    per_layer = attention + 3 * c.hidden_size * c.intermediate_size
+    per_layer = attention + 3 * c.hidden_size * ffn_width(c)
     return c.num_hidden_layers * per_layer * dtype.itemsize

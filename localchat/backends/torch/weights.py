@@ -19,6 +19,7 @@ from localchat.backends.torch.models.base import DecoderLM
 from localchat.backends.torch.quant import Loaded, QuantPolicy, Weight, convert, finalize, fuse, pack_head
 from localchat.errors import ModelLoadError
 from localchat.weights.config import ModelConfig
+from localchat.weights.experts import split_experts
 from localchat.weights.tensors import WeightTensor
 
 # Parameters this backend fuses beyond the registry's map: q_norm | k_norm as one [h + kvh, d] table.
@@ -42,7 +43,7 @@ def load_model(
         model = cls(config, device)
     pending: dict[tuple[nn.Module, str], dict[int, Loaded]] = {}
     heads: dict[str, WeightTensor] = {}  # the embedding and LM head as stored (for `_pack_lm_head`)
-    for weight in weights:
+    for weight in split_experts(weights):
         target = _target(model, weight.name)
         if target is None:
             continue
@@ -75,6 +76,7 @@ def load_model(
         raise ModelLoadError(
             f"The checkpoint lacks weights this {config.model_type} model needs: {', '.join(names[:8])}."
         )
+    model.after_load()
     return model.eval()
 
 
@@ -100,19 +102,31 @@ def _target(model: DecoderLM, name: str) -> tuple[nn.Module, str, int, int] | No
             return None  # tied: the embedding serves as the LM head
         return model, pname, 0, 1
     match = LAYER_NAME.fullmatch(name)
-    layer_weights = architecture(model.config.model_type).layer_weights
-    if match and match.group(2) in layer_weights and int(match.group(1)) < len(model.layers):
-        layer = model.layers[int(match.group(1))]
-        pname, part, parts = layer_weights[match.group(2)]
-        pname, part, parts = TORCH_FUSED.get(pname, (pname, part, parts))
-        if getattr(layer, pname, None) is not None:
-            return layer, pname, part, parts
+    arch = architecture(model.config.model_type)
+    found = arch.layer_weight(match.group(2)) if match else None
+    if match and found and int(match.group(1)) < len(model.layers):
+        pname, part, parts = TORCH_FUSED.get(found[0], found)
+        owner = _submodule(model.layers[int(match.group(1))], pname)
+        leaf = pname.rpartition(".")[2]
+        if owner is not None and getattr(owner, leaf, None) is not None:
+            return owner, leaf, part, parts
     if IGNORED.search(name):
         return None
     raise ModelLoadError(
         f"Unexpected weight {name!r} for a {model.config.model_type} model; the checkpoint may be a "
         "variant this app does not support."
     )
+
+
+def _submodule(layer: nn.Module, pname: str) -> nn.Module | None:
+    """The module holding a dotted parameter path (`moe.experts.3.gate_up`), None if the layer has none."""
+    owner = layer
+    for step in pname.split(".")[:-1]:
+        child = getattr(owner, step, None)  # a ModuleList's children are attributes "0", "1", ...
+        if not isinstance(child, nn.Module):
+            return None
+        owner = child
+    return owner
 
 
 def _fuse(pname: str, parts: list[Loaded], config: ModelConfig) -> Loaded:

@@ -39,6 +39,9 @@ class Layer:
     def missing(self) -> list[str]:
         return sorted({k.split(".")[0] for k in self.shapes if getattr(self, k.split(".")[0]) is None})
 
+    def finish(self) -> None:
+        """Called once every weight arrived (e.g. to restack them)."""
+
 
 class DecoderLM:
     layer_class: type[Layer]
@@ -50,6 +53,9 @@ class DecoderLM:
         self.norm: mx.array | None = None  # [hidden]
         self.lm_head: Weight | None = None  # [vocab, hidden]; None: the embedding serves
         self.rotary = Rotary(config)
+
+    def after_load(self) -> None:
+        """Called once every weight is in place (a family may fold constants into them)."""
 
     def embed_tokens(self, input_ids: mx.array) -> mx.array:
         assert self.embed is not None

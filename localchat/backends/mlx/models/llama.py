@@ -22,6 +22,7 @@ class LlamaLayer(Layer):
         hidden, inter = config.hidden_size, config.intermediate_size
         self.heads, self.kv_heads, self.head_dim, self.eps = h, kvh, d, config.rms_norm_eps
         self.scale = d**-0.5
+        self.window = config.sliding_window  # Mistral's, on every layer; None: full attention
         # Filled by the loader; optional ones stay None unless declared below.
         self.attn_norm: mx.array | None = None
         self.qkv: Weight | list[Weight] | None = None  # parts stay a list when their formats differ
@@ -53,11 +54,16 @@ class LlamaLayer(Layer):
         qkv = project(normed, self.qkv, self.qkv_bias).reshape(tokens, h + 2 * kvh, d)
         q, k = self.normalize_qk(qkv[:, :h], qkv[:, h : h + kvh])
         q, k = rotary(q, positions), rotary(k, positions)
-        attn = paged_attention(q, k, qkv[:, h + kvh :], cache, meta, self.scale)  # [T, h, d]
-        assert self.o is not None and self.down is not None
+        attn = paged_attention(q, k, qkv[:, h + kvh :], cache, meta, self.scale, self.window)  # [T, h, d]
+        assert self.o is not None
         x = x + linear(attn.reshape(tokens, h * d), self.o, self.o_bias)
-        gate, up = mx.split(project(mx.fast.rms_norm(x, self.mlp_norm, self.eps), self.gate_up), 2, axis=-1)
-        return x + linear(silu(gate) * up, self.down)
+        return x + self.mlp(mx.fast.rms_norm(x, self.mlp_norm, self.eps))
+
+    def mlp(self, x: mx.array) -> mx.array:
+        """The feed-forward block on normed x [T, hidden]: SwiGLU in Llama."""
+        assert self.down is not None
+        gate, up = mx.split(project(x, self.gate_up), 2, axis=-1)
+        return linear(silu(gate) * up, self.down)
 
     def normalize_qk(self, q: mx.array, k: mx.array) -> tuple[mx.array, mx.array]:
         """q [T, h, d] and k [T, kvh, d] before RoPE: unchanged in Llama."""

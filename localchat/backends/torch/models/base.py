@@ -34,6 +34,7 @@ class Layer(Protocol):
 
 class DecoderLM(nn.Module):
     layer_class: type[nn.Module]
+    capturable = True  # a decode step may be recorded as a CUDA graph (no host syncs inside)
 
     def __init__(self, config: ModelConfig, device: torch.device) -> None:
         super().__init__()
@@ -45,6 +46,14 @@ class DecoderLM(nn.Module):
             None if config.tie_word_embeddings else empty_param(config.vocab_size, config.hidden_size)
         )
         self.rotary = Rotary(config, device)
+
+    def after_load(self) -> None:
+        """Called once every weight is in place (a family may fold constants into them)."""
+
+    @property
+    def uses_attention_options(self) -> bool:
+        """Whether any layer attends with a window, a soft-cap or a custom scale."""
+        return any(getattr(layer, "attn_options", None) is not None for layer in self.layers)
 
     def forward(
         self,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from localchat.backends.torch.attention import AttentionMetadata, paged_attention
+from localchat.backends.torch.attention import AttentionMetadata, AttentionOptions, paged_attention
 from localchat.backends.torch.layers import apply_rope, empty_param, rms_norm, swiglu
 from localchat.backends.torch.models.base import DecoderLM
 from localchat.backends.torch.quant import linear
@@ -35,8 +35,11 @@ class LlamaLayer(nn.Module):
         self.o = empty_param(hidden, h * d)
         self.o_bias = empty_param(hidden) if o_bias else None
         self.mlp_norm = empty_param(hidden)
-        self.gate_up = empty_param(2 * config.intermediate_size, hidden)
-        self.down = empty_param(hidden, config.intermediate_size)
+        self.gate_up: nn.Parameter | None = empty_param(2 * config.intermediate_size, hidden)
+        self.down: nn.Parameter | None = empty_param(hidden, config.intermediate_size)
+        # Mistral's sliding window (every layer); None keeps the full-attention fast path.
+        window = config.sliding_window
+        self.attn_options = AttentionOptions(window=window) if window else None
 
     def forward(
         self,
@@ -52,9 +55,14 @@ class LlamaLayer(nn.Module):
             tokens, h + 2 * kvh, d
         )
         qk = apply_rope(self.normalize_qk(qkv[:, : h + kvh]), cos, sin)  # [T, h + kvh, d]
-        attn = paged_attention(qk[:, :h], qk[:, h:], qkv[:, h + kvh :], kv_cache, meta)
+        attn = paged_attention(qk[:, :h], qk[:, h:], qkv[:, h + kvh :], kv_cache, meta, self.attn_options)
         x = x + linear(attn.reshape(tokens, h * d), self.o, self.o_bias)
-        return x + linear(swiglu(linear(rms_norm(x, self.mlp_norm, self.eps), self.gate_up)), self.down)
+        return x + self.mlp(rms_norm(x, self.mlp_norm, self.eps))
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """The feed-forward block on normed x [T, hidden]: SwiGLU in Llama."""
+        assert self.gate_up is not None and self.down is not None
+        return linear(swiglu(linear(x, self.gate_up)), self.down)
 
     def normalize_qk(self, qk: torch.Tensor) -> torch.Tensor:
         """q and k heads [T, h + kvh, d] before RoPE: unchanged in Llama."""

@@ -1,0 +1,107 @@
+"""The CPU paged-attention path for layers with `AttentionOptions`: sliding window, logit soft-cap,
+a score scale other than 1 / sqrt(head_dim) (Gemma 2/3, Mistral's window).
+
+Same cache and metadata as attention.py (the K/V of this step are already written). Decode rows go
+through two batched float32 matmuls with a per-window bias; prefill rows through SDPA with a window
+mask, or explicit float32 math when the scores are soft-capped (SDPA has no hook between the scores
+and the softmax).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from localchat.backends.torch.attention import (
+    AttentionMetadata,
+    AttentionOptions,
+    PrefillRow,
+    gather_blocks,
+)
+
+
+def attend_with_options(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: torch.Tensor,
+    meta: AttentionMetadata,
+    options: AttentionOptions,
+) -> torch.Tensor:
+    """q [T, heads, d], k/v [T, kv_heads, d] (already in the cache) -> [T, heads, d]."""
+    if not meta.prefills:
+        return _decode(q, cache, meta, options)
+    out = torch.empty_like(q)
+    if meta.decode_block_tables is not None:
+        out[meta.decode_token_idx] = _decode(q[meta.decode_token_idx], cache, meta, options)
+    for row in meta.prefills:
+        out[row.start : row.end] = _prefill(q, k, v, cache, row, meta.block_size, options)
+    return out
+
+
+def _scale(options: AttentionOptions, head_dim: int) -> float:
+    return options.scale if options.scale is not None else 1 / math.sqrt(head_dim)
+
+
+def _softcap(scores: torch.Tensor, cap: float | None) -> torch.Tensor:
+    return scores if cap is None else torch.tanh(scores / cap) * cap
+
+
+def _decode(
+    q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata, options: AttentionOptions
+) -> torch.Tensor:
+    """One query per row, all rows at once: [D, heads, d] -> [D, heads, d]."""
+    assert meta.decode_block_tables is not None
+    rows, heads, head_dim = q.shape
+    kv_heads = cache.shape[1]
+    group = heads // kv_heads
+    kv = gather_blocks(cache, meta.decode_block_tables, meta.block_size).float()  # [2, kvh, D*S, d]
+    kv = kv.view(2, kv_heads * rows, -1, head_dim)  # batch index: kv head * D + row
+    grouped = q.view(rows, kv_heads, group, head_dim).transpose(0, 1).reshape(-1, group, head_dim).float()
+    scores = torch.bmm(grouped, kv[0].transpose(1, 2)).mul_(_scale(options, head_dim))  # [B, group, S]
+    scores = _softcap(scores, options.softcap) + meta.window_bias(options.window, kv_heads, kv.shape[2])
+    out = torch.bmm(scores.softmax(dim=-1), kv[1])  # [B, group, d]
+    out = out.view(kv_heads, rows, group, head_dim).transpose(0, 1)
+    return out.reshape(rows, heads, head_dim).to(q.dtype)
+
+
+def _prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: torch.Tensor,
+    row: PrefillRow,
+    block_size: int,
+    options: AttentionOptions,
+) -> torch.Tensor:
+    heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    if row.block_ids is None:
+        keys = k[row.start : row.end].transpose(0, 1)  # [kvh, L, d]
+        values = v[row.start : row.end].transpose(0, 1)
+    else:
+        kv = gather_blocks(cache, row.block_ids, block_size)[:, :, : row.seq_len]  # [2, kvh, S, d]
+        keys, values = kv[0], kv[1]
+    group = heads // kv_heads
+    if group > 1:
+        keys = keys.repeat_interleave(group, dim=0)  # [heads, S, d]: head i reads KV head i // group
+        values = values.repeat_interleave(group, dim=0)
+    # The row's queries are the last L positions of its context: p = seq_len - L + i.
+    q_len = row.end - row.start
+    q_pos = torch.arange(row.seq_len - q_len, row.seq_len, device=q.device)[:, None]
+    k_pos = torch.arange(row.seq_len, device=q.device)[None, :]
+    mask = k_pos <= q_pos
+    if options.window is not None:
+        mask &= k_pos > q_pos - options.window
+    scale = _scale(options, head_dim)
+    queries = q[row.start : row.end].transpose(0, 1)  # [heads, L, d]
+    if options.softcap is None:
+        out = F.scaled_dot_product_attention(
+            queries[None], keys[None], values[None], attn_mask=mask, scale=scale
+        )[0]  # [heads, L, d]
+    else:
+        scores = torch.matmul(queries.float(), keys.float().transpose(1, 2)) * scale  # [heads, L, S]
+        scores = _softcap(scores, options.softcap).masked_fill(~mask, float("-inf"))
+        out = torch.matmul(scores.softmax(dim=-1), values.float()).to(q.dtype)
+    return out.transpose(0, 1)
