@@ -282,6 +282,17 @@ def _entries() -> list[Architecture]:
         ),
         # Ministral-8B-Instruct-2410: Mistral's layout (transformers 5 nests its rope settings).
         Architecture("ministral", "llama"),
+        # Ministral 3 (3B / 8B / 14B): Mistral's layer plus a per-token q temperature after RoPE (beta in
+        # rope_parameters; GGUF: attention.temperature_scale). llama.cpp's `mistral3` arch is this text
+        # model (also Mistral Small 3.x converted lately, with no temperature), q/k rows permuted.
+        Architecture(
+            "ministral3",
+            "ministral3",
+            extra_keys={"llama_4_scaling_beta": None},
+            gguf_arch="mistral3",
+            gguf_metadata={"attention.temperature_scale": "llama_4_scaling_beta"},
+            gguf_permuted_qk=True,
+        ),
         # Mistral Small 3.1 / 3.2 (Mistral3ForConditionalGeneration): its text LM only, images unsupported.
         Architecture(
             "mistral3",

@@ -123,3 +123,20 @@ def _longrope_attention_factor(config: ModelConfig, original: int) -> float:
     # Phi-3 derives the factor from the context extension, not from `factor` (as transformers does).
     factor = float(scaling.get("factor") or config.max_position_embeddings / original)
     return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+
+
+def attention_temperature(config: ModelConfig) -> tuple[float, int] | None:
+    """Llama 4-style attention temperature (Ministral 3): (beta, length) such that q is scaled after
+    RoPE by 1 + beta * log(1 + floor(position / length)), sharpening attention past each multiple of
+    the pretraining length. None when the config sets no beta (the layer is then plain Mistral)."""
+    beta = config.extra.get("llama_4_scaling_beta")
+    if not beta:
+        return None
+    length = (config.rope_scaling or {}).get("original_max_position_embeddings")
+    if not length:
+        raise ModelLoadError(
+            "The config sets llama_4_scaling_beta but no rope original_max_position_embeddings, which "
+            "that scaling needs; the model's config.json (or GGUF metadata) is incomplete.",
+            code="unsupported_rope",
+        )
+    return float(beta), int(length)

@@ -178,20 +178,25 @@ class FakeRunner:
         sampled: list[list[int]] = []
         logprobs: list[list[TokenLogprobs]] = []
         embeddings: dict[str, list[float]] = {}
+        inputs = batch.sampling
+        assert inputs is not None and inputs.num_rows == len(batch.sample_req_ids)
         for row, req_id in enumerate(batch.req_ids):
             if req_id not in batch.sample_req_ids:
                 continue
+            sample_row = batch.sample_req_ids.index(req_id)
             self._check_context(req_id, batch, row)
             if req_id in self.embedding_reqs:
                 embeddings[req_id] = fake_embedding(self.known[req_id])
                 sampled.append([])
                 logprobs.append([])
                 continue
-            num_out = len(self.known[req_id]) - self.prompt_lens[req_id]
+            # The reply position comes from the engine's sampling inputs, as a seeded draw's would.
+            num_out = int(inputs.token_index[sample_row])
+            assert num_out == len(self.known[req_id]) - self.prompt_lens[req_id], "token_index out of sync"
             reply = self.replies[req_id]
             token = reply[num_out] if num_out < len(reply) else EOS_ID
-            if batch.token_bitmask is not None:
-                token = self._masked(req_id, batch.token_bitmask[batch.sample_req_ids.index(req_id)], token)
+            if inputs.token_bitmask is not None:
+                token = self._masked(req_id, inputs.token_bitmask[sample_row], token)
             self.known[req_id].append(token)
             sampled.append([token])
             logprobs.append([TokenLogprobs(token, -0.5, [(token, -0.5), (EOS_ID, -1.5)])])

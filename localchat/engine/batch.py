@@ -6,6 +6,7 @@ import numpy as np
 
 from localchat.engine.interface import BatchInputs, SchedulerOutput
 from localchat.engine.request import Request
+from localchat.engine.sampling_inputs import build_sampling_inputs
 
 
 def build_batch(
@@ -65,4 +66,10 @@ def build_batch(
         max_query_len=int(query_lens.max()) if num_reqs else 0,
         max_seq_len=int(seq_lens.max()) if num_reqs else 0,
         block_size=block_size,
+        sampling=build_sampling_inputs(
+            [
+                (r.sampling_params, r.all_token_ids, r.num_prompt_tokens)
+                for r in (requests[req_id] for req_id in sample_req_ids)
+            ]
+        ),
     )

@@ -130,7 +130,8 @@ class LLMEngine:
         if scheduler_output.is_empty:
             return []
         batch = build_batch(scheduler_output, self.scheduler.requests, self.config.block_size)
-        batch.token_bitmask = self._grammar_bitmask(batch.sample_req_ids)
+        assert batch.sampling is not None
+        batch.sampling.token_bitmask = self._grammar_bitmask(batch.sample_req_ids)
         try:
             runner_output = self.runner.execute_model(scheduler_output, batch)
         except Exception as exc:  # a failed step must not take the engine down

@@ -11,6 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
+from localchat.engine.sampling_inputs import SamplingInputs
 from localchat.engine.sampling_params import SamplingParams
 
 
@@ -66,9 +67,9 @@ class BatchInputs:
     max_query_len: int
     max_seq_len: int
     block_size: int
-    # int32 [num_sampled, words], aligned with sample_req_ids: the tokens each row may sample (layout:
-    # engine/constraint.py); unconstrained rows are all ones. None when no sampled row has a grammar.
-    token_bitmask: np.ndarray | None = None
+    # One row per sample_req_ids entry: temperatures, seeds, penalties, logit_bias and the grammar's
+    # token_bitmask (engine/sampling_inputs.py). None only in batches that never sample (tests).
+    sampling: SamplingInputs | None = None
 
     @property
     def num_tokens(self) -> int:

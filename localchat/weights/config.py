@@ -82,6 +82,8 @@ class ModelConfig:
                 **scaling,
                 "original_max_position_embeddings": int(d["original_max_position_embeddings"]),
             }
+        # An extra key may sit among the rope settings (Ministral 3's llama_4_scaling_beta).
+        nested_rope = {**(d.get("rope_scaling") or {}), **rope_params}
         eos = d.get("eos_token_id")
         eos_ids = [int(e) for e in eos] if isinstance(eos, list) else ([] if eos is None else [int(eos)])
         sliding = d.get("sliding_window") if d.get("use_sliding_window", True) else None
@@ -107,5 +109,8 @@ class ModelConfig:
             partial_rotary_factor=float(
                 d.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 1.0))
             ),
-            extra={k: d.get(k, default) for k, default in (arch.extra_keys if arch else {}).items()},
+            extra={
+                k: d.get(k, nested_rope.get(k, default))
+                for k, default in (arch.extra_keys if arch else {}).items()
+            },
         )

@@ -184,6 +184,9 @@ def _rope_scaling(reader: GGUFReader, arch: str, theta: float, head_dim: int) ->
         for key, hf_key in _ROPE_EXTRA_KEYS.items():
             if (value := gguf_value(reader, f"{arch}.rope.scaling.{key}")) is not None:
                 scaling[hf_key] = value
+        if (log_mul := gguf_value(reader, f"{arch}.rope.scaling.yarn_log_multiplier")) is not None:
+            # llama.cpp's yarn attention factor from it assumes mscale 1: transformers' form of that.
+            scaling.update(mscale=1.0, mscale_all_dim=_f32(log_mul))
         return scaling
     # longrope (Phi-3): the factor lists are tensors, the rest metadata.
     lists = {t.name: t for t in reader.tensors if t.name.startswith("rope_factors_")}

@@ -73,16 +73,18 @@ def _engine(bundle, monkeypatch: pytest.MonkeyPatch, attention: str, graphs: boo
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("variant", ["llama", "ministral3"])  # ministral3: a per-token q scale in the graph
 def test_triton_decode_graph_path_matches_cpu_path_through_the_engine(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, variant: str
 ) -> None:
     pytest.importorskip("triton")
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs Triton's interpreter, set before import")
     from tests.backends.test_runner_invariance import generate
-    from tests.helpers.torch_models import bundle_from_hf, tiny_hf_model
+    from tests.helpers.torch_models import VARIANTS, bundle_from_hf, tiny_hf_model
 
-    bundle = bundle_from_hf(tiny_hf_model("llama"))
+    model_type, overrides = VARIANTS[variant]
+    bundle = bundle_from_hf(tiny_hf_model(model_type, **overrides))
     # Ragged prompts: one longer than a prefill chunk (chunked), two sharing a prefix (cache hits).
     prompts = [[5 + i for i in range(21)], [7, 8, 9], [5 + i for i in range(18)] + [200], [40] * 6]
     expected = generate(_engine(bundle, monkeypatch, "torch", graphs=False), prompts, max_tokens=6)

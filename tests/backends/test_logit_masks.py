@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from localchat.backends.torch.sampler import RequestSampling, Sampler
+from localchat.backends.torch.sampler import SampleResult, new_generator, sample
 from localchat.engine.constraint import unpack_bitmask
+from localchat.engine.sampling_inputs import SamplingInputs
 from localchat.engine.sampling_params import SamplingParams
+from tests.helpers.sampling import Row, inputs_for
 
 CPU = torch.device("cpu")
 VOCAB = 70  # not a multiple of 32: the last word is partial
@@ -26,8 +28,22 @@ def random_logits(rows: int, seed: int = 0) -> np.ndarray:
     return (np.random.default_rng(seed).standard_normal((rows, VOCAB)) * 3).astype(np.float32)
 
 
-def torch_states(*params: SamplingParams) -> list[RequestSampling]:
-    return [RequestSampling.create(p, [1, 2], [], VOCAB, CPU) for p in params]
+def torch_states(*params: SamplingParams) -> list[Row]:
+    return [Row(p, [1, 2], []) for p in params]
+
+
+def inputs(rows: list[Row], bitmask: np.ndarray | None = None) -> SamplingInputs:
+    return inputs_for(rows, bitmask)
+
+
+def Sampler(device: torch.device, seed: int):  # type: ignore[no-untyped-def]
+    """The torch runner's side: one generator for unseeded rows."""
+    generator = new_generator(device, seed)
+
+    def run(logits: torch.Tensor, rows: list[Row], bitmask: np.ndarray | None = None) -> SampleResult:
+        return sample(logits, inputs(rows, bitmask), generator)
+
+    return run
 
 
 def reference_greedy(
@@ -86,18 +102,18 @@ def test_logit_bias_out_of_range_is_refused() -> None:
 @pytest.mark.mlx
 def test_mlx_applies_the_same_mask_and_bias() -> None:
     mx = pytest.importorskip("mlx.core")
-    from localchat.backends.mlx.sampler import RequestSampling as MLXState
-    from localchat.backends.mlx.sampler import Sampler as MLXSampler
     from localchat.backends.mlx.sampler import _constrain as mlx_constrain
+    from localchat.backends.mlx.sampler import new_key
+    from localchat.backends.mlx.sampler import sample as mlx_sample
     from localchat.backends.torch.sampler import _constrain as torch_constrain
 
     logits, bitmask = random_logits(5, seed=7), random_bitmask(5, seed=7)
     bitmask[1] = -1
     biases = [None, {5: 50.0}, {int(logits[2].argmax()): -100.0}, {0: 2.5, 69: -100.0}, None]
     params = [SamplingParams(temperature=0, logit_bias=b) for b in biases]
-    mlx_states = [MLXState.create(p, [1, 2], [], VOCAB) for p in params]
-    ours = np.array(mlx_constrain(mx.array(logits), mlx_states, bitmask))
-    theirs = torch_constrain(torch.from_numpy(logits), torch_states(*params), bitmask).numpy()
+    step = inputs(torch_states(*params), bitmask)
+    ours = np.array(mlx_constrain(mx.array(logits), step))
+    theirs = torch_constrain(torch.from_numpy(logits), step).numpy()
     np.testing.assert_array_equal(ours, theirs)
-    tokens = MLXSampler(0)(mx.array(logits), mlx_states, bitmask).token_ids
+    tokens = mlx_sample(mx.array(logits), step, new_key(0))[0].token_ids
     assert tokens == reference_greedy(logits, bitmask, biases)

@@ -9,16 +9,40 @@ import pytest
 
 mx = pytest.importorskip("mlx.core")
 
-from localchat.backends.mlx.sampler import RequestSampling, Sampler, _apply_penalties, _top_k, _top_p  # noqa: E402
+from localchat.backends.mlx.sampler import (  # noqa: E402
+    SampleResult,
+    _apply_penalties,
+    _top_k,
+    _top_p,
+    new_key,
+    sample,
+)
 from localchat.engine.sampling_params import SamplingParams  # noqa: E402
+from tests.helpers.sampling import Row, inputs_for  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 
 VOCAB = 64
 
 
-def states(*params: SamplingParams, prompt: list[int] | None = None, output: list[int] | None = None):  # type: ignore[no-untyped-def]
-    return [RequestSampling.create(p, prompt or [1, 2, 3], output or [], VOCAB) for p in params]
+def states(
+    *params: SamplingParams, prompt: list[int] | None = None, output: list[int] | None = None
+) -> list[Row]:
+    return [Row(p, list(prompt or [1, 2, 3]), list(output or [])) for p in params]
+
+
+class Sampler:
+    """The engine and runner around `sample`: the runner's shared key, and each sampled token appended
+    to its request (the next step's penalties and seeded draws see it)."""
+
+    def __init__(self, seed: int) -> None:
+        self.key = new_key(seed)
+
+    def __call__(self, logits: mx.array, rows: list[Row]) -> SampleResult:
+        result, self.key = sample(logits, inputs_for(rows), self.key)
+        for row, token in zip(rows, result.token_ids, strict=True):
+            row.output.append(token)
+        return result
 
 
 def random_logits(rows: int, seed: int = 0) -> np.ndarray:
@@ -50,12 +74,9 @@ def test_filters_match_the_torch_sampler() -> None:
         SamplingParams(repetition_penalty=0.8, presence_penalty=-1.0),
     ]
     prompt, output = [4, 5, 6, 4], [7, 7, 8, 5]
-    mine = [RequestSampling.create(p, prompt, output, VOCAB) for p in params]
-    torch_states = [
-        torch_sampler.RequestSampling.create(p, prompt, output, VOCAB, torch.device("cpu")) for p in params
-    ]
-    ours = np.array(_apply_penalties(mx.array(logits[:3]), [0, 2], mine))
-    theirs = torch_sampler._apply_penalties(torch.from_numpy(logits[:3]).clone(), [0, 2], torch_states)
+    step = inputs_for([Row(p, prompt, output) for p in params])
+    ours = np.array(_apply_penalties(mx.array(logits[:3]), np.array([0, 2]), step))
+    theirs = torch_sampler._apply_penalties(torch.from_numpy(logits[:3]).clone(), np.array([0, 2]), step)
     np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-6)
     assert not np.array_equal(ours[0], logits[0])  # the penalties did something
 
@@ -86,7 +107,7 @@ def test_seeded_request_resumes_its_stream_after_preemption() -> None:
     sampler = Sampler(0)
     state = states(params)
     uninterrupted = [sampler(logits, state).token_ids[0] for _ in range(6)]
-    # Preempted after 3 tokens: the runner recreates the state with those tokens as output.
+    # Preempted after 3 tokens: the engine sends the prompt and those tokens again.
     resumed = states(params, output=uninterrupted[:3])
     assert [sampler(logits, resumed).token_ids[0] for _ in range(3)] == uninterrupted[3:]
 

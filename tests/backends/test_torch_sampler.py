@@ -2,19 +2,32 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from localchat.backends.torch.sampler import RequestSampling, Sampler, _apply_penalties, _top_k, _top_p
-from localchat.engine.sampling_params import SamplingParams
+from localchat.backends.torch.sampler import (
+    SampleResult,
+    _apply_penalties,
+    _top_k,
+    _top_p,
+    new_generator,
+    sample,
+)
+from tests.helpers.sampling import Row, inputs_for
+from tests.helpers.sampling import row as state
 
 CPU = torch.device("cpu")
 VOCAB = 32
 
 
-def state(
-    prompt: list[int] | None = None, output: list[int] | None = None, **params: object
-) -> RequestSampling:
-    return RequestSampling.create(SamplingParams(**params), prompt or [], output or [], VOCAB, CPU)  # type: ignore[arg-type]
+class Sampler:
+    """The runner's side of sampling: one generator for unseeded rows, nothing per request."""
+
+    def __init__(self, device: torch.device, seed: int) -> None:
+        self.generator = new_generator(device, seed)
+
+    def __call__(self, logits: torch.Tensor, rows: list[Row]) -> SampleResult:
+        return sample(logits, inputs_for(rows), self.generator)
 
 
 def random_logits(rows: int, seed: int = 0) -> torch.Tensor:
@@ -81,7 +94,7 @@ def test_penalties_match_hand_computation() -> None:
     st = state(
         prompt=[0, 1], output=[2, 2, 3], repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25
     )
-    out = _apply_penalties(logits.clone(), [0], [st])[0]
+    out = _apply_penalties(logits.clone(), np.array([0]), inputs_for([st]))[0]
     # token 0 (prompt, positive): 2/2; token 1 (prompt, negative): -1*2;
     # token 2 (output x2): 0.5/2 - 2*0.5 - 0.25; token 3 (output x1): 3/2 - 0.5 - 0.25; others untouched.
     expected = torch.tensor([1.0, -2.0, 0.25 - 1.0 - 0.25, 1.5 - 0.5 - 0.25] + [0.0] * (VOCAB - 4))
@@ -89,12 +102,13 @@ def test_penalties_match_hand_computation() -> None:
 
 
 def test_penalties_follow_sampled_tokens() -> None:
-    """The runner records each sampled token, so the next step penalizes it."""
+    """The engine's inputs carry each sampled token, so the next step penalizes it."""
     logits = torch.zeros(1, VOCAB)
     logits[0, 7] = 1.0
     st = state(temperature=0.0, presence_penalty=2.0)
     sampler = Sampler(CPU, 0)
     assert sampler(logits, [st]).token_ids == [7]
+    st.output.append(7)  # what the engine does with the sampled token
     assert sampler(logits, [st]).token_ids != [7]  # 1.0 - 2.0 now loses to the zeros
 
 
@@ -110,6 +124,7 @@ def test_seeded_rows_do_not_depend_on_the_batch() -> None:
             batch[row] = seeded
             rows = torch.stack([logits if i == row else random_logits(1, i)[0] for i in range(batch_size)])
             tokens.append(sampler(rows, batch).token_ids[row])
+            seeded.output.append(tokens[-1])
         return tokens
 
     alone = draws(1, 0)
@@ -121,10 +136,14 @@ def test_a_seeded_request_resumed_after_preemption_draws_what_it_would_have() ->
     logits = random_logits(1, seed=9)
     sampler = Sampler(CPU, 0)
     straight = state(temperature=1.0, seed=77)
-    tokens = [sampler(logits, [straight]).token_ids[0] for _ in range(8)]
-    # Preempted after 3 tokens: the runner rebuilds its state from the prompt and those outputs.
+    for _ in range(8):
+        straight.output.append(sampler(logits, [straight]).token_ids[0])
+    tokens = straight.output
+    # Preempted after 3 tokens: the engine sends the prompt and those outputs again.
     resumed = state(output=tokens[:3], temperature=1.0, seed=77)
-    assert [sampler(logits, [resumed]).token_ids[0] for _ in range(5)] == tokens[3:]
+    for _ in range(5):
+        resumed.output.append(sampler(logits, [resumed]).token_ids[0])
+    assert resumed.output == tokens
     assert len(set(tokens)) > 1
 
 

@@ -21,7 +21,8 @@
   with byte fallback (trained here with the sentencepiece library; `tiny_spm()` returns the processor,
   so tests can compare against real SentencePiece). Either is padded with [PAD{i}] tokens up to the
   config's vocab_size, which must be at least TINY_VOCAB_SIZE.
-- Llama 3 rope scaling in the config is written as a `rope_freqs.weight` tensor, as llama.cpp does.
+- Llama 3 rope scaling in the config is written as a `rope_freqs.weight` tensor, as llama.cpp does;
+  yarn as `rope.scaling.*` metadata (Ministral 3's q temperature beta as `attention.temperature_scale`).
 - Mixture of experts (qwen3_moe, mixtral from transformers 5's stacked `mlp.experts.gate_up_proj` /
   `down_proj`): written as llama.cpp's 3-D `ffn_{gate,up,down}_exps` in `qtype`, the router
   `ffn_gate_inp` kept F32 (llama-quantize never quantizes it), with `{arch}.expert_count` etc.
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, TokenType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, RopeScalingType, TokenType
 from gguf.quants import quantize
 
 from tests.helpers.kquants import K_QUANTIZERS
@@ -61,8 +62,9 @@ _ARCHITECTURES = {
     "mixtral": "llama",
     "gemma2": "gemma2",
     "gemma3_text": "gemma3",
+    "ministral3": "mistral3",
 }
-_PERMUTED = ("llama", "mistral", "mixtral")  # converted with llama.cpp's Llama script
+_PERMUTED = ("llama", "mistral", "mixtral", "ministral3")  # converted with llama.cpp's Llama script
 GPT2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 USER_DEFINED = ["<think>", "</think>"]
 
@@ -281,11 +283,28 @@ def write_tiny_gguf(
         writer.add_rope_scaling_orig_ctx_len(original)
         factor = cfg["max_position_embeddings"] / original
         writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(factor) / math.log(original)))
+    if scaling.get("rope_type") == "yarn":
+        _write_yarn(writer, scaling)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _write_yarn(writer: GGUFWriter, scaling: Mapping[str, Any]) -> None:
+    """Yarn as llama.cpp's converter writes it; Ministral 3's q temperature beta as attention metadata."""
+    writer.add_rope_scaling_type(RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(float(scaling["factor"]))
+    writer.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
+    for key, add in (
+        ("beta_fast", writer.add_rope_scaling_yarn_beta_fast),
+        ("beta_slow", writer.add_rope_scaling_yarn_beta_slow),
+        ("mscale_all_dim", writer.add_rope_scaling_yarn_log_mul),
+        ("llama_4_scaling_beta", writer.add_attn_temperature_scale),
+    ):
+        if scaling.get(key) is not None:
+            add(float(scaling[key]))
 
 
 def _config_dict(source: Any) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from localchat.engine.interface import (
     RunnerOutput,
     SchedulerOutput,
 )
+from localchat.engine.sampling_inputs import build_sampling_inputs
 from localchat.engine.sampling_params import SamplingParams
 
 
@@ -151,6 +152,10 @@ class PagedDriver:
             max_query_len=max(schedule.values()),
             max_seq_len=max(seq_lens),
             block_size=bs,
+            # Built as the engine builds it: each sampled row's params and tokens so far.
+            sampling=build_sampling_inputs(
+                [(self.reqs[r].params, self.reqs[r].tokens, self.reqs[r].prompt_len) for r in sample_ids]
+            ),
         )
         out = SchedulerOutput(
             scheduled_new_reqs=new_reqs,

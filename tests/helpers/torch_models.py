@@ -13,6 +13,7 @@ from transformers import (
     Gemma2Config,
     Gemma3TextConfig,
     LlamaConfig,
+    Ministral3Config,
     MinistralConfig,
     MistralConfig,
     MixtralConfig,
@@ -38,6 +39,7 @@ CONFIGS: dict[str, type[PretrainedConfig]] = {
     "gemma3_text": Gemma3TextConfig,
     "phi3": Phi3Config,
     "ministral": MinistralConfig,
+    "ministral3": Ministral3Config,
     "qwen3_moe": Qwen3MoeConfig,
     "mixtral": MixtralConfig,
 }
@@ -58,6 +60,20 @@ PHI3_LONGROPE = {
     "rope_theta": 10000.0,
     "short_factor": [1.0, 1.1, 1.3, 1.7, 2.5, 4.0],
     "long_factor": [1.0, 1.5, 2.8, 5.0, 9.0, 16.0],
+}
+# Ministral 3's rope settings (yarn, q temperature) with a pretraining length of 8, so the q scale
+# 1 + beta * log(1 + floor(position / 8)) changes every 8 tokens of the test prompts.
+MINISTRAL3_ROPE = {
+    "rope_type": "yarn",
+    "rope_theta": 1_000_000.0,
+    "factor": 16.0,
+    "original_max_position_embeddings": 8,
+    "max_position_embeddings": 512,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "llama_4_scaling_beta": 0.1,
 }
 # name -> (model_type, config overrides)
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -116,6 +132,16 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
                 "beta_fast": 32.0,
                 "beta_slow": 1.0,
             },
+        },
+    ),
+    "ministral3": ("ministral3", {"head_dim": 16, "rope_parameters": MINISTRAL3_ROPE}),
+    # A strong temperature, tied embeddings (Ministral-3-3B ties them), and a sliding window.
+    "ministral3-hot-tied": (
+        "ministral3",
+        {
+            "rope_parameters": {**MINISTRAL3_ROPE, "llama_4_scaling_beta": 1.0},
+            "tie_word_embeddings": True,
+            "sliding_window": 8,
         },
     ),
     "llama-linear-rope": (

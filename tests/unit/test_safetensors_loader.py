@@ -126,8 +126,8 @@ def test_chat_template_jinja_file_and_end_of_turn_eos(tmp_path: Path, hf_tokeniz
 
 
 def test_unsupported_architecture_in_config(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma2", "hidden_size": 8}))
-    with pytest.raises(UnsupportedArchitectureError, match="gemma2"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "rwkv6", "hidden_size": 8}))
+    with pytest.raises(UnsupportedArchitectureError, match="rwkv6"):
         load_model(tmp_path)
 
 

@@ -49,7 +49,7 @@ import numpy as np
 from localchat.backends import RunnerOptions
 from localchat.backends.memory import mem_available
 from localchat.backends.mlx.attention import AttentionMetadata, LayerCache
-from localchat.backends.mlx.sampler import RequestSampling, Sampler, SampleResult
+from localchat.backends.mlx.sampler import SampleResult, new_key, sample
 from localchat.backends.mlx.weights import load_model
 from localchat.backends.pooling import Pooler
 from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput
@@ -104,13 +104,12 @@ class MLXRunner:
         self.config = model.config
         dense_from_rows = CPU_DENSE_FROM_ROWS if self.device == mx.cpu else 0
         self.model = load_model(model.config, model.iter_weights(), self.dtype, dense_from_rows)
-        self.sampler = Sampler(options.seed)
+        self.key = new_key(options.seed)  # unseeded rows' draws: split once per step that needs them
         self.pooler = Pooler(
             lambda h: np.array(
                 mx.fast.rms_norm(h, self.model.norm, self.config.rms_norm_eps).astype(mx.float32).sum(axis=0)
             )
         )
-        self.requests: dict[str, RequestSampling] = {}
         self.kv_caches: list[LayerCache] = []
         self.block_size = 0
         self._streams = threading.local()
@@ -163,12 +162,13 @@ class MLXRunner:
             # Embedding rows got logits too (one LM-head row each) but do not sample.
             rows = [i for i, r in enumerate(batch.sample_req_ids) if r not in embeddings]
             sample_ids = [batch.sample_req_ids[i] for i in rows]
-            bitmask = batch.token_bitmask
+            assert batch.sampling is not None, "the engine builds sampling inputs for every sampled row"
+            inputs = batch.sampling
             if embeddings:
-                logits = logits[mx.array(rows, dtype=mx.int32)]
-                bitmask = None if bitmask is None else bitmask[rows]
-            states = [self.requests[r] for r in sample_ids]
-            result = self.sampler(logits, states, bitmask) if states else SampleResult([])
+                logits, inputs = logits[mx.array(rows, dtype=mx.int32)], inputs.take(rows)
+            result = SampleResult([])
+            if sample_ids:
+                result, self.key = sample(logits, inputs, self.key)
         output = RunnerOutput.one_token_each(sample_ids, result.token_ids, result.logprobs)
         return output.with_embeddings(batch.sample_req_ids, embeddings)
 
@@ -183,7 +183,6 @@ class MLXRunner:
 
     def shutdown(self) -> None:
         self.kv_caches = []
-        self.requests.clear()
         mx.clear_cache()
 
     @contextlib.contextmanager
@@ -195,15 +194,11 @@ class MLXRunner:
             yield
 
     def _update_states(self, out: SchedulerOutput) -> None:
+        # Only pooling keeps per-request state; sampling gets everything from BatchInputs.sampling.
         # Forget first: a preempted request comes back in the same step as a new one.
         for req_id in out.finished_req_ids | out.preempted_req_ids:
-            self.requests.pop(req_id, None)
             self.pooler.forget(req_id)
-        vocab = self.config.vocab_size
         for new in out.scheduled_new_reqs:
-            self.requests[new.req_id] = RequestSampling.create(
-                new.sampling_params, new.prompt_token_ids, new.output_token_ids, vocab
-            )
             if new.sampling_params.embedding:
                 self.pooler.start(new.req_id)
 

@@ -51,7 +51,7 @@ from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
 from localchat.backends.torch.kernel_choice import attention_kernel, graph_mode
 from localchat.backends.torch.layers import rms_norm
 from localchat.backends.torch.quant import pick_policy
-from localchat.backends.torch.sampler import RequestSampling, Sampler, SampleResult
+from localchat.backends.torch.sampler import SampleResult, new_generator, sample
 from localchat.backends.torch.threads import ThreadGovernor
 from localchat.backends.torch.weights import load_model
 from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput
@@ -98,11 +98,10 @@ class TorchRunner:
             self.device, self.attention, options.cuda_graphs and self.model.capturable
         )
         self.graphs: DecodeGraphs | None = None
-        self.sampler = Sampler(self.device, options.seed)
+        self.generator = new_generator(self.device, options.seed)  # unseeded rows' draws
         self.pooler = Pooler(
             lambda h: rms_norm(h, self.model.norm, self.config.rms_norm_eps).float().sum(dim=0).cpu().numpy()
         )
-        self.requests: dict[str, RequestSampling] = {}
         self.kv_caches: list[torch.Tensor] = []
         self.block_size = 0
         # See the module docstring: torch's bf16 GEMV beats oneDNN for one-row matmuls on CPU.
@@ -186,12 +185,11 @@ class TorchRunner:
             # Embedding rows got logits too (one LM-head row each) but do not sample.
             rows = [i for i, r in enumerate(batch.sample_req_ids) if r not in embeddings]
             sample_ids = [batch.sample_req_ids[i] for i in rows]
-            bitmask = batch.token_bitmask
+            assert batch.sampling is not None, "the engine builds sampling inputs for every sampled row"
+            inputs = batch.sampling
             if embeddings:
-                logits = logits[rows]
-                bitmask = None if bitmask is None else bitmask[rows]
-            states = [self.requests[r] for r in sample_ids]
-            result = self.sampler(logits, states, bitmask) if states else SampleResult([])
+                logits, inputs = logits[rows], inputs.take(rows)
+            result = sample(logits, inputs, self.generator) if sample_ids else SampleResult([])
         if self.threads:
             self.threads.record(batch.num_tokens, threads, time.perf_counter() - start)
         output = RunnerOutput.one_token_each(sample_ids, result.token_ids, result.logprobs)
@@ -205,20 +203,15 @@ class TorchRunner:
 
     def shutdown(self) -> None:
         self.kv_caches = []
-        self.requests.clear()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
     def _update_states(self, out: SchedulerOutput) -> None:
+        # Only pooling keeps per-request state; sampling gets everything from BatchInputs.sampling.
         # Forget first: a preempted request comes back in the same step as a new one.
         for req_id in out.finished_req_ids | out.preempted_req_ids:
-            self.requests.pop(req_id, None)
             self.pooler.forget(req_id)
-        vocab = self.config.vocab_size
         for new in out.scheduled_new_reqs:
-            self.requests[new.req_id] = RequestSampling.create(
-                new.sampling_params, new.prompt_token_ids, new.output_token_ids, vocab, self.device
-            )
             if new.sampling_params.embedding:
                 self.pooler.start(new.req_id)
 

@@ -2,8 +2,9 @@
 -> top-p -> min-p -> draw. Logprobs are reported from the raw logits, before any of these.
 
 Draws use the exponential race `argmax(probs / q)`, `q ~ Exp(1)`, which samples exactly from `probs`.
-A seeded request draws its `q` from its own generator, reseeded for every token from (seed, token index):
-its tokens depend neither on the batch nor on whether it was preempted and resumed.
+A seeded request draws its `q` from a generator seeded for every token from (seed, token index): its
+tokens depend neither on the batch nor on whether it was preempted and resumed. Every per-request input
+comes from the engine (localchat/engine/sampling_inputs.py): `sample` keeps no state between steps.
 """
 
 from __future__ import annotations
@@ -15,58 +16,9 @@ import torch
 
 from localchat.engine.constraint import constrained_rows, unpack_bitmask
 from localchat.engine.interface import TokenLogprobs
-from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.sampling_inputs import SamplingInputs
 
 _SEED_MASK = 2**64 - 1
-_SEED_STRIDE = 1_000_003  # spreads (seed, token index) pairs over the seed space
-
-
-@dataclass(slots=True)
-class RequestSampling:
-    """The runner's per-request sampling state."""
-
-    params: SamplingParams
-    generator: torch.Generator | None = None  # only when params.seed is set
-    num_output: int = 0  # tokens generated so far (after a preemption: including those before it)
-    seen: torch.Tensor | None = None  # bool [vocab]: in prompt or output (repetition penalty)
-    output_counts: torch.Tensor | None = None  # float [vocab]: occurrences in the output
-    bias_ids: torch.Tensor | None = None  # long [B]: logit_bias token ids
-    bias_values: torch.Tensor | None = None  # float [B]: their biases (-inf where banned)
-
-    @classmethod
-    def create(
-        cls,
-        params: SamplingParams,
-        prompt: list[int],
-        output: list[int],
-        vocab_size: int,
-        device: torch.device,
-    ) -> RequestSampling:
-        state = cls(params, num_output=len(output))
-        if params.seed is not None:
-            state.generator = torch.Generator(device=device)
-        if params.needs_penalties:
-            state.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-            state.seen[torch.tensor(prompt + output, dtype=torch.long, device=device)] = True
-            out = torch.tensor(output, dtype=torch.long, device=device)
-            state.output_counts = torch.bincount(out, minlength=vocab_size).float()
-        if params.logit_bias:
-            ids, values = _bias_arrays(params.logit_bias, vocab_size)
-            state.bias_ids = torch.from_numpy(ids).to(device)
-            state.bias_values = torch.from_numpy(values).to(device)
-        return state
-
-    def next_generator(self) -> torch.Generator:
-        """This token's generator: a pure function of (seed, token index), so a resumed request draws
-        exactly what it would have drawn without the preemption."""
-        assert self.generator is not None and self.params.seed is not None
-        return self.generator.manual_seed((self.params.seed * _SEED_STRIDE + self.num_output) & _SEED_MASK)
-
-    def record(self, token: int) -> None:
-        self.num_output += 1
-        if self.seen is not None and self.output_counts is not None:
-            self.seen[token] = True
-            self.output_counts[token] += 1
 
 
 @dataclass(slots=True)
@@ -75,104 +27,104 @@ class SampleResult:
     logprobs: list[TokenLogprobs | None] | None = field(default=None)
 
 
-class Sampler:
-    def __init__(self, device: torch.device, seed: int) -> None:
-        self.device = device
-        self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(seed & _SEED_MASK)
-
-    def __call__(
-        self, logits: torch.Tensor, states: list[RequestSampling], bitmask: np.ndarray | None = None
-    ) -> SampleResult:
-        """logits [N, vocab] (rows aligned with `states`) -> one token per row. `bitmask` int32
-        [N, words]: the grammar's allowed tokens per row (layout: localchat/engine/constraint.py)."""
-        logits = logits.float()
-        params = [s.params for s in states]
-        want_logprobs = [p.logprobs is not None for p in params]
-        raw = logits
-        logits = _constrain(logits, states, bitmask)
-        penalized = [i for i, p in enumerate(params) if p.needs_penalties]
-        if penalized:
-            logits = _apply_penalties(logits.clone(), penalized, states)
-        sampled = [i for i, p in enumerate(params) if not p.greedy]
-        # All-greedy batches (the common case) stop at one argmax.
-        tokens = self._sample(logits, sampled, states) if sampled else logits.argmax(dim=-1)
-        token_list = tokens.tolist()
-        for state, token in zip(states, token_list, strict=True):
-            state.record(token)
-        if not any(want_logprobs):
-            return SampleResult(token_list)
-        return SampleResult(token_list, _logprobs(raw, token_list, params))
-
-    def _sample(self, logits: torch.Tensor, rows: list[int], states: list[RequestSampling]) -> torch.Tensor:
-        tokens = logits.argmax(dim=-1)  # greedy rows keep this
-        params = [states[i].params for i in rows]
-        index = torch.tensor(rows, device=self.device)
-        scaled = logits[index] / torch.tensor([p.temperature for p in params], device=self.device)[:, None]
-        scaled = _top_k(scaled, [p.top_k for p in params])
-        scaled = _top_p(scaled, [p.top_p for p in params])
-        probs = torch.softmax(scaled, dim=-1)  # [R, vocab]
-        min_p = [p.min_p for p in params]
-        if any(m > 0 for m in min_p):
-            floor = torch.tensor(min_p, device=self.device)[:, None] * probs.amax(dim=-1, keepdim=True)
-            probs = probs.masked_fill(probs < floor, 0.0)
-        noise = torch.empty_like(probs)
-        unseeded = [j for j, i in enumerate(rows) if states[i].generator is None]
-        if unseeded:
-            shared = torch.empty((len(unseeded), probs.shape[1]), device=self.device)
-            noise[unseeded] = shared.exponential_(generator=self.generator)
-        for j, i in enumerate(rows):
-            if states[i].generator is not None:
-                noise[j].exponential_(generator=states[i].next_generator())
-        # A zero draw would turn a masked token's 0 / 0 into NaN, which argmax picks.
-        tokens[index] = (probs / noise.clamp_(min=torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
-        return tokens
+def new_generator(device: torch.device, seed: int) -> torch.Generator:
+    """The runner's generator for unseeded rows (its only sampling state)."""
+    return torch.Generator(device=device).manual_seed(seed & _SEED_MASK)
 
 
-def _bias_arrays(logit_bias: dict[int, float], vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ids int64, biases float32) of the in-vocabulary entries; -100 (the floor) bans: -inf."""
-    items = [(t, b) for t, b in logit_bias.items() if t < vocab_size]
-    ids = np.array([t for t, _ in items], dtype=np.int64)
-    values = np.array([b if b > -100.0 else -np.inf for _, b in items], dtype=np.float32)
-    return ids, values
+def sample(logits: torch.Tensor, inputs: SamplingInputs, generator: torch.Generator) -> SampleResult:
+    """logits [N, vocab] (rows aligned with `inputs`) -> one token per row; `generator` draws the
+    unseeded rows' noise."""
+    logits = logits.float()
+    raw = logits
+    logits = _constrain(logits, inputs)
+    penalized = inputs.penalized_rows
+    if len(penalized):
+        logits = _apply_penalties(logits.clone(), penalized, inputs)
+    sampled = np.flatnonzero(inputs.temperature != 0)
+    # All-greedy batches (the common case) stop at one argmax.
+    tokens = _sample(logits, sampled, inputs, generator) if len(sampled) else logits.argmax(dim=-1)
+    token_list: list[int] = tokens.tolist()
+    if not inputs.wants_logprobs:
+        return SampleResult(token_list)
+    return SampleResult(token_list, _logprobs(raw, token_list, inputs.num_logprobs))
 
 
-def _constrain(
-    logits: torch.Tensor, states: list[RequestSampling], bitmask: np.ndarray | None
+def _sample(
+    logits: torch.Tensor, rows: np.ndarray, inputs: SamplingInputs, generator: torch.Generator
 ) -> torch.Tensor:
+    device = logits.device
+    tokens = logits.argmax(dim=-1)  # greedy rows keep this
+    index = _tensor(rows, device)
+    scaled = logits[index] / _tensor(inputs.temperature[rows], device)[:, None]
+    scaled = _top_k(scaled, inputs.top_k[rows].tolist())
+    scaled = _top_p(scaled, inputs.top_p[rows].tolist())
+    probs = torch.softmax(scaled, dim=-1)  # [R, vocab]
+    min_p = inputs.min_p[rows]
+    if min_p.any():
+        floor = _tensor(min_p, device)[:, None] * probs.amax(dim=-1, keepdim=True)
+        probs = probs.masked_fill(probs < floor, 0.0)
+    noise = torch.empty_like(probs)
+    seeded = inputs.has_seed[rows]
+    unseeded = np.flatnonzero(~seeded)
+    if len(unseeded):
+        shared = torch.empty((len(unseeded), probs.shape[1]), device=device)
+        noise[_tensor(unseeded, device)] = shared.exponential_(generator=generator)
+    if seeded.any():
+        own = torch.Generator(device=device)
+        for j in np.flatnonzero(seeded).tolist():
+            noise[j].exponential_(generator=own.manual_seed(inputs.draw_seed(int(rows[j]))))
+    # A zero draw would turn a masked token's 0 / 0 into NaN, which argmax picks.
+    tokens[index] = (probs / noise.clamp_(min=torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
+    return tokens
+
+
+def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+
+
+def _constrain(logits: torch.Tensor, inputs: SamplingInputs) -> torch.Tensor:
     """Add each row's logit_bias, then set tokens the grammar forbids to -inf (same order as MLX)."""
-    biased = [i for i, s in enumerate(states) if s.bias_ids is not None]
+    bitmask = inputs.token_bitmask
     rows = constrained_rows(bitmask)
+    biased = len(inputs.bias_token_ids) > 0
     if not biased and not len(rows):
         return logits
     if biased:
+        bias_rows, ids, values = inputs.bias_rows()
+        in_vocab = ids < logits.shape[1]
         logits = logits.clone()
-        for i in biased:
-            logits[i].index_add_(0, states[i].bias_ids, states[i].bias_values)  # type: ignore[arg-type]
+        logits.index_put_(
+            (_tensor(bias_rows[in_vocab], logits.device), _tensor(ids[in_vocab], logits.device)),
+            _tensor(values[in_vocab], logits.device),
+            accumulate=True,
+        )
     if len(rows):
         assert bitmask is not None
         # Unpacked by numpy (the reference both samplers share), sent as bool [R, vocab].
-        allowed = torch.from_numpy(unpack_bitmask(bitmask[rows], logits.shape[1])).to(logits.device)
+        allowed = _tensor(unpack_bitmask(bitmask[rows], logits.shape[1]), logits.device)
         if len(rows) == logits.shape[0]:
             return logits.masked_fill(~allowed, float("-inf"))
-        index = torch.from_numpy(rows).to(logits.device)
+        index = _tensor(rows, logits.device)
         logits = logits if biased else logits.clone()
         logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
     return logits
 
 
-def _apply_penalties(logits: torch.Tensor, rows: list[int], states: list[RequestSampling]) -> torch.Tensor:
+def _apply_penalties(logits: torch.Tensor, rows: np.ndarray, inputs: SamplingInputs) -> torch.Tensor:
     """Repetition (prompt + output, Hugging Face: divide positive logits, multiply negative ones), then
     frequency/presence (output only, OpenAI: subtract count * f + [count > 0] * p)."""
     device = logits.device
-    index = torch.tensor(rows, device=device)
-    seen = torch.stack([states[i].seen for i in rows])  # type: ignore[misc]
-    counts = torch.stack([states[i].output_counts for i in rows])  # type: ignore[misc]
-    params = [states[i].params for i in rows]
-    rep = torch.tensor([p.repetition_penalty for p in params], device=device)[:, None]
-    freq = torch.tensor([p.frequency_penalty for p in params], device=device)[:, None]
-    pres = torch.tensor([p.presence_penalty for p in params], device=device)[:, None]
+    index = _tensor(rows, device)
     sub = logits[index]
+    seen_row, seen_id, out_row, out_id = (_tensor(a, device) for a in inputs.penalty_rows(rows))
+    seen = torch.zeros(sub.shape, dtype=torch.bool, device=device)
+    seen[seen_row, seen_id] = True
+    counts = torch.zeros_like(sub)
+    counts.index_put_((out_row, out_id), torch.ones(len(out_id), device=device), accumulate=True)
+    rep = _tensor(inputs.repetition_penalty[rows], device)[:, None]
+    freq = _tensor(inputs.frequency_penalty[rows], device)[:, None]
+    pres = _tensor(inputs.presence_penalty[rows], device)[:, None]
     sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
     sub = sub - counts * freq - (counts > 0).float() * pres
     logits[index] = sub
@@ -204,19 +156,17 @@ def _top_p(logits: torch.Tensor, ps: list[float]) -> torch.Tensor:
     return logits.masked_fill(torch.zeros_like(drop).scatter_(1, order, drop), float("-inf"))
 
 
-def _logprobs(
-    raw: torch.Tensor, tokens: list[int], params: list[SamplingParams]
-) -> list[TokenLogprobs | None]:
+def _logprobs(raw: torch.Tensor, tokens: list[int], num_logprobs: np.ndarray) -> list[TokenLogprobs | None]:
     """Sampled token's logprob under the raw model distribution, plus the top-k alternatives."""
-    rows = [i for i, p in enumerate(params) if p.logprobs is not None]
-    index = torch.tensor(rows, device=raw.device)
+    rows = np.flatnonzero(num_logprobs >= 0)
+    index = _tensor(rows, raw.device)
     logprobs = torch.log_softmax(raw[index], dim=-1)  # [L, vocab]
-    chosen = logprobs.gather(1, torch.tensor([tokens[i] for i in rows], device=raw.device)[:, None])
-    k = max(params[i].logprobs or 0 for i in rows)
+    chosen = logprobs.gather(1, torch.tensor([tokens[i] for i in rows.tolist()], device=raw.device)[:, None])
+    k = int(num_logprobs[rows].max())
     top_vals, top_ids = torch.topk(logprobs, k, dim=-1)  # [L, k], k may be 0
     chosen_list, vals, ids = chosen[:, 0].tolist(), top_vals.tolist(), top_ids.tolist()
-    result: list[TokenLogprobs | None] = [None] * len(params)
-    for j, i in enumerate(rows):
-        n = params[i].logprobs or 0
+    result: list[TokenLogprobs | None] = [None] * len(tokens)
+    for j, i in enumerate(rows.tolist()):
+        n = int(num_logprobs[i])
         result[i] = TokenLogprobs(tokens[i], chosen_list[j], list(zip(ids[j][:n], vals[j][:n], strict=True)))
     return result

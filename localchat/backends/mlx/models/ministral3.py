@@ -1,0 +1,65 @@
+"""Ministral 3 (3B / 8B / 14B): Mistral's layer, plus Llama 4's attention temperature: after RoPE, q is
+scaled per token by 1 + beta * log(1 + floor(position / original length)) (localchat/arch/rope.py).
+
+The model computes that scale once per step from the positions and hands it to each layer; without a
+beta in the config it runs the base step unchanged.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from localchat.arch.rope import attention_temperature
+from localchat.backends.mlx.attention import AttentionMetadata, LayerCache, paged_attention
+from localchat.backends.mlx.layers import Rotary, project
+from localchat.backends.mlx.models.base import DecoderLM
+from localchat.backends.mlx.models.llama import LlamaLayer
+from localchat.backends.mlx.quant import linear
+from localchat.weights.config import ModelConfig
+
+
+class Ministral3Layer(LlamaLayer):
+    def __call__(
+        self,
+        x: mx.array,
+        rotary: Rotary,
+        positions: mx.array,
+        meta: AttentionMetadata,
+        cache: LayerCache,
+        q_scale: mx.array | None = None,
+    ) -> mx.array:
+        """Llama's layer with q [T, h, d] times `q_scale` [T, 1, 1] after RoPE (None: unscaled)."""
+        tokens = x.shape[0]
+        h, kvh, d = self.heads, self.kv_heads, self.head_dim
+        normed = mx.fast.rms_norm(x, self.attn_norm, self.eps)
+        qkv = project(normed, self.qkv, self.qkv_bias).reshape(tokens, h + 2 * kvh, d)
+        q, k = self.normalize_qk(qkv[:, :h], qkv[:, h : h + kvh])
+        q, k = rotary(q, positions), rotary(k, positions)
+        if q_scale is not None:
+            q = q * q_scale
+        attn = paged_attention(q, k, qkv[:, h + kvh :], cache, meta, self.scale, self.window)  # [T, h, d]
+        assert self.o is not None
+        x = x + linear(attn.reshape(tokens, h * d), self.o, self.o_bias)
+        return x + self.mlp(mx.fast.rms_norm(x, self.mlp_norm, self.eps))
+
+
+class Model(DecoderLM):
+    layer_class = Ministral3Layer
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.temperature = attention_temperature(config)
+
+    def hidden_states(
+        self, input_ids: mx.array, positions: mx.array, meta: AttentionMetadata, caches: list[LayerCache]
+    ) -> mx.array:
+        if self.temperature is None:
+            return super().hidden_states(input_ids, positions, meta, caches)
+        beta, length = self.temperature
+        x = self.embed_tokens(input_ids)
+        # In float32 from the integer positions, then cast, as transformers does.
+        scale = 1 + beta * mx.log(1 + mx.floor(positions.astype(mx.float32) / length))
+        q_scale = scale.astype(x.dtype)[:, None, None]  # [T, 1, 1]
+        for layer, cache in zip(self.layers, caches, strict=True):
+            x = layer(x, self.rotary, positions, meta, cache, q_scale)  # type: ignore[call-arg]
+        return x
