@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from localchat.backends.torch import kernels
-from localchat.backends.torch.attention import AttentionMetadata, paged_attention
+from localchat.backends.torch.attention import AttentionMetadata, AttentionOptions, paged_attention
 from localchat.errors import BackendUnavailableError
 from tests.helpers.paged_batches import make_batch
 
@@ -132,6 +132,22 @@ def test_long_rows_split_across_threads(
     for row, n in enumerate(lengths):
         expected = dense(step.q[row], step.cache, step.tables[row], n, window)
         torch.testing.assert_close(out[row].double(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layers_with_options_take_the_kernel_too(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemma-style options (window, soft-cap, own scale) through paged_attention: kernel vs torch."""
+    options = AttentionOptions(window=40, softcap=1.5, scale=0.2)
+    outs = []
+    for choice in ("auto", "off"):
+        monkeypatch.setenv(kernels.KERNELS_ENV, choice)
+        step = Step([300, 7, 64, 33], 2, 4, 64, dtype)
+        assert (step.meta.cpu_kernels is not None) == (choice == "auto")
+        slots = step.meta.slot_mapping  # this step's K/V are in the cache already: write the same again
+        k, v = step.cache[0][:, slots].transpose(0, 1), step.cache[1][:, slots].transpose(0, 1)
+        outs.append(paged_attention(step.q, k, v, step.cache, step.meta, options).float())
+    tol = (1e-6, 2**-6) if dtype == torch.bfloat16 else (1e-5, 1e-5)
+    torch.testing.assert_close(outs[0], outs[1], atol=tol[0], rtol=tol[1])
 
 
 def test_torch_attention_setting_forces_the_plain_path(monkeypatch: pytest.MonkeyPatch) -> None:

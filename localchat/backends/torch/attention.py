@@ -25,8 +25,8 @@ allocated (the block manager frees by request, not by position).
 Decode rows on CPU with localchat's compiled kernels loaded (kernels.py; `LOCALCHAT_KERNELS=off`
 disables them) take instead one fused C call (csrc/lc_attention.h) that reads the blocks in place: no
 gather, no upcast copy, no padding bias. The torch path above stays the fallback and the CUDA path
-(`LOCALCHAT_TORCH_ATTENTION=torch` forces it on CPU). The C API takes a window and a soft-cap too;
-the options path does not call it yet.
+(`LOCALCHAT_TORCH_ATTENTION=torch` forces it on CPU). windowed_attention.py's decode rows use the
+same kernel (its C API takes the window, soft-cap and scale).
 """
 
 from __future__ import annotations
