@@ -166,6 +166,14 @@ def test_shapes_beyond_the_kernel_keep_the_torch_path(monkeypatch: pytest.Monkey
         torch.testing.assert_close(step.out[row].double(), step.reference(row), atol=1e-5, rtol=1e-5)
 
 
+def test_a_bad_kernels_value_leaves_steps_on_the_plain_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The weights loader reports LOCALCHAT_KERNELS typos; a decode step must not fail over one."""
+    monkeypatch.setenv(kernels.KERNELS_ENV, "avx9000")
+    step = Step([20, 3], 2, 2, 64, torch.float32)
+    assert step.meta.cpu_kernels is None
+    torch.testing.assert_close(step.out[0].double(), step.reference(0), atol=1e-5, rtol=1e-5)
+
+
 def test_rejects_block_ids_outside_the_cache() -> None:
     ops = kernels.load("portable")
     assert ops is not None
