@@ -3,7 +3,13 @@ CPU uses), PyTorch's flex_attention over the physical cache with a page-table ma
 importable, flash-attn's paged `flash_attn_with_kvcache`. Llama-3-8B heads (32 query
 / 8 KV, head_dim 128), bf16, block size 16, random block tables. Prints microseconds per layer call.
 
+`--cpu`: the CPU decode step instead, localchat's fused C kernel (csrc/lc_attention.h) against the
+pure-torch gather path (`LOCALCHAT_KERNELS=off`), for SmolLM2-135M heads (9 / 3 KV, head_dim 64) and
+Llama-3-8B heads, bf16 cache: median microseconds per layer call (cache write included), variants
+alternated round by round in one process, and their ratio.
+
 python benchmarks/attention_bench.py [--rows 1 16 64] [--context 512 4096]
+python benchmarks/attention_bench.py --cpu [--rows 1 16] [--context 256 2048]
 """
 
 from __future__ import annotations
@@ -65,13 +71,65 @@ def flex_time(q: object, cache: object, batch: object, timer: Callable[[Callable
         return f"n/a ({type(exc).__name__})"
 
 
+def cpu_table(rows_list: list[int], contexts: list[int], rounds: int) -> None:
+    import os
+    import statistics
+    import time
+
+    import torch
+
+    from localchat.backends.torch.attention import AttentionMetadata, paged_attention
+    from localchat.backends.torch.kernels import KERNELS_ENV, load
+    from tests.helpers.paged_batches import make_batch
+
+    ops = load()
+    if ops is None:
+        sys.exit("localchat's CPU kernels are not built (python setup.py build_ext --inplace).")
+    block = 16
+    print(f"CPU, {torch.get_num_threads()} threads, {ops.name} kernels, bf16 cache, block size {block}")
+    print("| heads / KV / d | rows | context | fused C µs | torch gather µs | torch / fused |")
+    print("|---|---|---|---|---|---|")
+    for heads, kv_heads, head_dim in [(9, 3, 64), (32, 8, 128)]:
+        for rows in rows_list:
+            for context in contexts:
+                blocks = rows * -(-context // block) + 2
+                batch = make_batch([(context, 1)] * rows, block, blocks)
+                q = torch.randn(rows, heads, head_dim, dtype=torch.bfloat16)
+                k = torch.randn(rows, kv_heads, head_dim, dtype=torch.bfloat16)
+                v = torch.randn_like(k)
+                cache = torch.randn(2, kv_heads, blocks * block, head_dim).to(torch.bfloat16)
+                metas = {}
+                for name, choice in (("fused", "auto"), ("torch", "off")):
+                    os.environ[KERNELS_ENV] = choice
+                    metas[name] = AttentionMetadata.from_batch(batch, torch.device("cpu"), kv_heads)
+                os.environ.pop(KERNELS_ENV)
+                times: dict[str, list[float]] = {"fused": [], "torch": []}
+                calls = max(5, 20000 // context)
+                for _ in range(rounds):  # alternate so that load on the box hits both alike
+                    for name, meta in metas.items():
+                        start = time.perf_counter()
+                        for _ in range(calls):
+                            paged_attention(q, k, v, cache, meta)
+                        times[name].append((time.perf_counter() - start) / calls * 1e6)
+                fused, plain = statistics.median(times["fused"]), statistics.median(times["torch"])
+                print(
+                    f"| {heads} / {kv_heads} / {head_dim} | {rows} | {context} | {fused:.0f} | {plain:.0f} "
+                    f"| {plain / fused:.2f} |"
+                )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--context", type=int, nargs="+", default=[512, 4096])
+    parser.add_argument("--cpu", action="store_true", help="the CPU decode step: fused C kernel vs torch")
+    parser.add_argument("--rounds", type=int, default=7, help="--cpu: alternating rounds per variant")
     args = parser.parse_args()
+    if args.cpu:
+        cpu_table(args.rows, args.context, args.rounds)
+        return
 
     import torch
 

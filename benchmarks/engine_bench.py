@@ -1,6 +1,10 @@
 """Engine-only benchmark (no HTTP): single-stream prefill/decode, 16-request aggregate, TTFT, peak RSS.
 
 python benchmarks/engine_bench.py --model .models/SmolLM2-135M-Instruct.Q4_1.gguf [--backend torch]
+
+`--compare-cpu-attention N`: instead, N alternating rounds of single-stream decode with the fused C
+decode-attention kernel and with `LOCALCHAT_TORCH_ATTENTION=torch` (read per step, so one process and
+one loaded model serve both): median tok/s of each and their ratio.
 """
 
 from __future__ import annotations
@@ -70,6 +74,27 @@ def concurrent(llm: LLM, max_tokens: int) -> tuple[int, float, float, float]:
     return tokens, tokens / elapsed, firsts[len(firsts) // 2], firsts[-1]
 
 
+def compare_cpu_attention(llm: LLM, new_tokens: int, rounds: int) -> None:
+    import statistics
+
+    results: dict[str, list[float]] = {"fused C kernel": [], "torch (gather + bmm)": []}
+    for _ in range(rounds):
+        for name in results:  # alternate so that load on the box hits both alike
+            if name.startswith("torch"):
+                os.environ["LOCALCHAT_TORCH_ATTENTION"] = "torch"
+            else:
+                os.environ.pop("LOCALCHAT_TORCH_ATTENTION", None)
+            llm.engine.block_manager.reset_prefix_cache()
+            results[name].append(single_stream(llm, new_tokens)[2])
+    os.environ.pop("LOCALCHAT_TORCH_ATTENTION", None)
+    fused, plain = (statistics.median(v) for v in results.values())
+    print(f"| CPU decode attention | single-stream decode tok/s, median of {rounds} (all rounds) |")
+    print("|---|---|")
+    for name, values in results.items():
+        print(f"| {name} | {statistics.median(values):.1f} ({', '.join(f'{v:.1f}' for v in values)}) |")
+    print(f"| fused / torch | {fused / plain:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -82,6 +107,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128, help="per request in the 16-request run")
     parser.add_argument("--mem", type=int, default=1024, help="KV cache MiB")
     parser.add_argument("--threads", type=int, help="CPU compute threads (default: the backend's choice)")
+    parser.add_argument("--compare-cpu-attention", type=int, metavar="ROUNDS", help="see the docstring")
     args = parser.parse_args()
     if args.threads:
         # Read by the backends when they size their thread pools (before any of them is imported).
@@ -98,6 +124,9 @@ def main() -> None:
     load_s = time.perf_counter() - t0
     llm.generate("Warm up.", SamplingParams(temperature=0, max_tokens=8))  # first-call allocations
 
+    if args.compare_cpu_attention:
+        compare_cpu_attention(llm, args.decode_tokens, args.compare_cpu_attention)
+        return
     loaded_rss = current_rss_mib()
     prompt_len, prefill, decode = single_stream(llm, args.decode_tokens)
     llm.engine.block_manager.reset_prefix_cache()

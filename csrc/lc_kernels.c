@@ -104,6 +104,7 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #define LC_FN(name) name##_portable
 #define LC_ISA LC_ISA_PORTABLE
 #include "lc_impl.h"
+#include "lc_attention.h"
 #undef LC_FN
 #undef LC_ISA
 
@@ -113,6 +114,7 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #define LC_FN(name) name##_avx2
 #define LC_ISA LC_ISA_AVX2
 #include "lc_impl.h"
+#include "lc_attention.h"
 #undef LC_FN
 #undef LC_ISA
 #pragma GCC pop_options
@@ -122,6 +124,7 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #define LC_FN(name) name##_avx512vnni
 #define LC_ISA LC_ISA_AVX512VNNI
 #include "lc_impl.h"
+#include "lc_attention.h"
 #undef LC_FN
 #undef LC_ISA
 #pragma GCC pop_options
@@ -233,6 +236,66 @@ LC_EXPORT int lc_dequant_rows(int type, const uint8_t *w, int64_t k, int64_t row
     if (!lc_type_ok(type, k)) return -1;
     dequant_portable(type, w, k, row_bytes, ids, r, out, out_bf16);
     return 0;
+}
+
+/* Per-thread partial softmax results of lc_decode_attention (the caller's thread), grown on demand. */
+static LC_THREAD float *lc_att;
+static LC_THREAD size_t lc_att_size;
+
+/* Decode attention over the paged KV cache (csrc/lc_attention.h), one query token per row:
+   q [rows, heads, d] -> out [rows, heads, d] (each float32, or bfloat16 if *_bf16); cache
+   [2, kv_heads, num_slots, d] (K then V); tables int64 [rows, max_blocks] of block ids; seq_lens int64
+   [rows]. window > 0: attend only to the last `window` positions; softcap > 0: scores become
+   softcap * tanh(score / softcap). Returns -1 on bad shapes or a block id outside the cache. */
+LC_EXPORT int lc_decode_attention(int isa, const void *q, int q_bf16, int64_t rows, int64_t heads,
+                                  int64_t kv_heads, int64_t d, const void *cache, int cache_bf16,
+                                  int64_t num_slots, const int64_t *tables, int64_t max_blocks,
+                                  const int64_t *seq_lens, int64_t block_size, float scale, int64_t window,
+                                  float softcap, void *out, int out_bf16, int nth) {
+    if (!lc_isa_supported(isa) || rows < 0 || kv_heads < 1 || heads % kv_heads || d < 1 || d > LC_ATT_MAX_D ||
+        heads / kv_heads > LC_ATT_MAX_GROUP || block_size < 1 || num_slots % block_size || nth < 1)
+        return -1;
+    for (int64_t r = 0; r < rows; r++) { /* checked here so that no thread reads outside the cache */
+        if (seq_lens[r] < 0 || seq_lens[r] > max_blocks * block_size) return -1;
+        for (int64_t b = 0; b * block_size < seq_lens[r]; b++) {
+            int64_t id = tables[r * max_blocks + b];
+            if (id < 0 || (id + 1) * block_size > num_slots) return -1;
+        }
+    }
+    /* Split each pair's positions when pairs alone leave threads idle (2 items per thread balance the
+       dynamic schedule), but never into parts shorter than LC_ATT_MIN_PART positions. */
+    int64_t pairs = rows * kv_heads, longest = 0, parts = 1, total = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        longest = seq_lens[r] > longest ? seq_lens[r] : longest;
+        total += seq_lens[r];
+    }
+    if (total * heads * d < 65536) nth = 1; /* a few microseconds of work: waking threads costs more */
+    if (window > 0 && longest > window) longest = window;
+    if (pairs > 0 && pairs < 2 * (int64_t)nth) parts = (2 * (int64_t)nth + pairs - 1) / pairs;
+    if (parts > longest / LC_ATT_MIN_PART) parts = longest / LC_ATT_MIN_PART > 1 ? longest / LC_ATT_MIN_PART : 1;
+    size_t need = (size_t)(pairs * parts * (heads / kv_heads) * (d + 2)) * sizeof(float) + 64;
+    if (need > lc_att_size) {
+        free(lc_att);
+        lc_att = (float *)malloc(need);
+        lc_att_size = lc_att ? need : 0;
+        if (!lc_att) return -1;
+    }
+#define LC_ATT_ARGS                                                                                              \
+    q, q_bf16, rows, heads, kv_heads, d, cache, cache_bf16, num_slots, tables, max_blocks, seq_lens, block_size, \
+        scale, window, softcap, out, out_bf16, nth, parts, lc_att
+#ifdef LC_X86
+    if (isa == LC_ISA_AVX512VNNI) {
+        decode_attention_avx512vnni(LC_ATT_ARGS);
+        return 0;
+    }
+    if (isa == LC_ISA_AVX2) {
+        decode_attention_avx2(LC_ATT_ARGS);
+        return 0;
+    }
+#endif
+    decode_attention_portable(LC_ATT_ARGS);
+    return 0;
+#undef LC_ATT_ARGS
 }
 
 /* Importable as a module only so that setuptools can build it everywhere; the API is the C one. */

@@ -13,6 +13,12 @@ BLOCK = 4
 HEAD_DIM = 16
 
 
+@pytest.fixture(autouse=True, params=["auto", "off"])
+def cpu_kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every case runs with the fused C decode kernel (when built) and on the pure-torch path."""
+    monkeypatch.setenv("LOCALCHAT_KERNELS", request.param)
+
+
 def dense_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int) -> torch.Tensor:
     """q [L, h, d] for positions first..first+L-1 over k/v [S, kvh, d] at positions 0..S-1."""
     group = q.shape[1] // k.shape[1]

@@ -21,6 +21,12 @@ Per-layer `AttentionOptions` (sliding window, logit soft-cap, score scale) take 
 full-attention layers (options None) run exactly the code above. A window W follows transformers: the
 query at position p sees keys at positions p - W < k <= p. Blocks that fall out of the window stay
 allocated (the block manager frees by request, not by position).
+
+Decode rows on CPU with localchat's compiled kernels loaded (kernels.py; `LOCALCHAT_KERNELS=off`
+disables them) take instead one fused C call (csrc/lc_attention.h) that reads the blocks in place: no
+gather, no upcast copy, no padding bias. The torch path above stays the fallback and the CUDA path
+(`LOCALCHAT_TORCH_ATTENTION=torch` forces it on CPU). windowed_attention.py's decode rows use the
+same kernel (its C API takes the window, soft-cap and scale).
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from localchat.backends.torch import kernels as cpu_kernels
 from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
+from localchat.backends.torch.kernel_choice import cpu_decode_kernels
 from localchat.engine.interface import BatchInputs
 
 
@@ -75,6 +83,8 @@ class AttentionMetadata:
     # Decode score biases for windowed layers, built on first use per window (see `window_bias`).
     window_biases: dict[int | None, torch.Tensor] = field(default_factory=dict)
     max_seq_len: int = 0  # the longest context of the step
+    decode_lens64: torch.Tensor | None = None  # int64 [D], for the fused CPU kernel
+    cpu_kernels: cpu_kernels.Kernels | None = None  # set on CPU when the compiled kernels are loaded
 
     @classmethod
     def from_batch(cls, batch: BatchInputs, device: torch.device, kv_heads: int) -> AttentionMetadata:
@@ -84,12 +94,14 @@ class AttentionMetadata:
         seq_lens = batch.seq_lens
         slot_mapping = torch.from_numpy(np.ascontiguousarray(batch.slot_mapping, dtype=np.int64)).to(device)
         decode_rows = np.flatnonzero(q_lens == 1)
-        decode_idx = bt = bias = span = None
+        decode_idx = bt = bias = span = lens = None
+        ops = cpu_decode_kernels(device)
         decode_len = 0
         if decode_rows.size:
             num_blocks = -(-int(seq_lens[decode_rows].max()) // bs)
             tables = np.ascontiguousarray(batch.block_tables[decode_rows, :num_blocks], dtype=np.int64)
             bt = torch.from_numpy(tables.reshape(-1)).to(device)
+            lens = torch.from_numpy(seq_lens[decode_rows].astype(np.int64)).to(device)
             if decode_rows.size == 1:
                 # Single stream: slice to the exact length (no mask); read in place if blocks are consecutive.
                 decode_len = int(seq_lens[decode_rows[0]])
@@ -116,7 +128,9 @@ class AttentionMetadata:
             prefills.append(PrefillRow(start, end, ids, seq_len, row_mask))
         dec_lens = seq_lens[decode_rows] if decode_rows.size else None
         max_len = int(seq_lens.max()) if seq_lens.size else 0
-        return cls(slot_mapping, bs, decode_idx, bt, bias, decode_len, span, prefills, dec_lens, {}, max_len)
+        return cls(
+            slot_mapping, bs, decode_idx, bt, bias, decode_len, span, prefills, dec_lens, {}, max_len, lens, ops,
+        )  # fmt: skip
 
     def window_bias(self, window: int | None, kv_heads: int, span: int) -> torch.Tensor:
         """Additive decode bias [kv_heads * D, 1, span]: 0 where a row's query sees the key, else -inf."""
@@ -179,6 +193,12 @@ def paged_attention(
 def _decode(q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     """One query per row, all rows at once: [D, heads, d] -> [D, heads, d]."""
     rows, heads, head_dim = q.shape
+    if meta.cpu_kernels is not None and cpu_kernels.decode_attention_ok(q, cache):
+        assert meta.decode_block_tables is not None and meta.decode_lens64 is not None
+        tables = meta.decode_block_tables.view(rows, -1)
+        return meta.cpu_kernels.decode_attention(
+            q, cache, tables, meta.decode_lens64, meta.block_size, 1 / math.sqrt(head_dim)
+        )
     kv_heads = cache.shape[1]
     group = heads // kv_heads
     if meta.decode_span is not None:

@@ -3,9 +3,10 @@
 | device | attention | decode steps |
 |---|---|---|
 | cuda, Triton importable | Triton paged kernels (triton_attention.py) | CUDA graphs per batch bucket, unless `--no-cuda-graphs` |
+| cpu with localchat's kernels (kernels.py) | decode rows: fused C kernel (csrc/lc_attention.h); prefill: PyTorch | eager |
 | cuda without Triton, mps, cpu | plain PyTorch (attention.py) | eager |
 
-`LOCALCHAT_TORCH_ATTENTION=torch|triton` overrides the choice. `triton` on a CPU only works under Triton's
+`LOCALCHAT_TORCH_ATTENTION=torch|triton` overrides the choice (`torch`: plain PyTorch, also on CPU). `triton` on a CPU only works under Triton's
 interpreter (`TRITON_INTERPRET=1`): the tests use it to run the CUDA code paths, decode graphs included
 (replayed eagerly through the same persistent buffers), without a GPU.
 """
@@ -13,11 +14,16 @@ interpreter (`TRITON_INTERPRET=1`): the tests use it to run the CUDA code paths,
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
+from functools import cache
 
 import torch
 
+from localchat.backends.torch import kernels as cpu_kernels
 from localchat.errors import BackendUnavailableError
+
+log = logging.getLogger(__name__)
 
 
 def attention_kernel(device: torch.device) -> str:
@@ -32,6 +38,24 @@ def attention_kernel(device: torch.device) -> str:
             )
         return "triton"
     return "triton" if device.type == "cuda" and has_triton else "torch"
+
+
+def cpu_decode_kernels(device: torch.device) -> cpu_kernels.Kernels | None:
+    """The compiled kernels that run CPU decode attention, None for the plain PyTorch path."""
+    if device.type != "cpu" or os.environ.get("LOCALCHAT_TORCH_ATTENTION", "auto") == "torch":
+        return None
+    return _kernels_for(cpu_kernels.isa_choice())
+
+
+@cache
+def _kernels_for(choice: str) -> cpu_kernels.Kernels | None:
+    """Once per LOCALCHAT_KERNELS value: every step asks. A bad value is reported where weights load;
+    here it only means the plain path (a step must not fail over it)."""
+    try:
+        return cpu_kernels.load(choice)
+    except BackendUnavailableError as exc:
+        log.warning("%s CPU decode attention runs in plain PyTorch.", exc)
+        return None
 
 
 def graph_mode(device: torch.device, attention: str, enabled: bool) -> str | None:

@@ -127,6 +127,57 @@ class Kernels:
             raise BackendUnavailableError(f"The CPU kernels cannot read {seg.qtype} rows of {cols} values.")
         return out.to(dtype)
 
+    def decode_attention(
+        self,
+        q: torch.Tensor,
+        cache: torch.Tensor,
+        tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_size: int,
+        scale: float,
+        window: int = 0,
+        softcap: float = 0.0,
+    ) -> torch.Tensor:
+        """One query token per row over the paged cache, read in place (csrc/lc_attention.h):
+        q [D, heads, d], cache [2, kv_heads, slots, d], tables int64 [D, max_blocks], seq_lens int64 [D]
+        -> [D, heads, d] in q's dtype. window > 0: only the last `window` positions; softcap > 0:
+        scores capped to softcap * tanh(score / softcap). q and cache are float32 or bfloat16."""
+        q, tables, seq_lens = q.contiguous(), tables.contiguous(), seq_lens.contiguous()
+        rows, heads, head_dim = q.shape
+        out = torch.empty_like(q)
+        rc = self.lib.lc_decode_attention(
+            self.isa, q.data_ptr(), int(q.dtype == torch.bfloat16), rows, heads, cache.shape[1], head_dim,
+            cache.data_ptr(), int(cache.dtype == torch.bfloat16), cache.shape[2], tables.data_ptr(),
+            tables.shape[1], seq_lens.data_ptr(), block_size, scale, window, softcap,
+            out.data_ptr(), int(out.dtype == torch.bfloat16), torch.get_num_threads(),
+        )  # fmt: skip
+        if rc:
+            raise BackendUnavailableError(
+                f"The CPU decode-attention kernel rejected q {tuple(q.shape)} over a cache "
+                f"{tuple(cache.shape)} (internal error)."
+            )
+        return out
+
+
+ATTENTION_MAX_HEAD_DIM = 256  # csrc/lc_attention.h's stack buffers
+ATTENTION_MAX_GROUP = 32  # query heads per KV head
+
+
+def decode_attention_ok(q: torch.Tensor, cache: torch.Tensor) -> bool:
+    """Whether `Kernels.decode_attention` takes these tensors: float32 or bfloat16 on CPU, a contiguous
+    cache, and head sizes within the kernel's buffers (else the caller keeps the torch path)."""
+    ok = (torch.float32, torch.bfloat16)
+    heads, kv_heads, head_dim = q.shape[1], cache.shape[1], q.shape[2]
+    return (
+        q.dtype in ok
+        and cache.dtype in ok
+        and cache.is_contiguous()
+        and cache.device.type == "cpu"
+        and head_dim <= ATTENTION_MAX_HEAD_DIM
+        and heads % kv_heads == 0
+        and heads // kv_heads <= ATTENTION_MAX_GROUP
+    )
+
 
 def supports(qtype: str, cols: int) -> bool:
     return qtype in BLOCKS and cols % BLOCKS[qtype][1] == 0
@@ -152,6 +203,9 @@ def _library() -> ctypes.CDLL | None:
     lib.lc_linear.restype = _I
     lib.lc_dequant_rows.argtypes = [_I, _P, _L, _L, _P, _L, _P, _I]
     lib.lc_dequant_rows.restype = _I
+    lib.lc_decode_attention.argtypes = [_I, _P, _I, _L, _L, _L, _L, _P, _I, _L, _P, _L, _P, _L]
+    lib.lc_decode_attention.argtypes += [ctypes.c_float, _L, ctypes.c_float, _P, _I, _I]
+    lib.lc_decode_attention.restype = _I
     return lib
 
 

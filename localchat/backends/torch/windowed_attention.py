@@ -1,8 +1,9 @@
 """The CPU paged-attention path for layers with `AttentionOptions`: sliding window, logit soft-cap,
 a score scale other than 1 / sqrt(head_dim) (Gemma 2/3, Mistral's window).
 
-Same cache and metadata as attention.py (the K/V of this step are already written). Decode rows go
-through two batched float32 matmuls with a per-window bias; prefill rows through SDPA with a window
+Same cache and metadata as attention.py (the K/V of this step are already written). Decode rows take
+the fused C kernel when attention.py's would (its API has the window, soft-cap and scale), else two
+batched float32 matmuls with a per-window bias; prefill rows through SDPA with a window
 mask, or explicit float32 math when the scores are soft-capped (SDPA has no hook between the scores
 and the softmax).
 """
@@ -14,6 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from localchat.backends.torch import kernels as cpu_kernels
 from localchat.backends.torch.attention import (
     AttentionMetadata,
     AttentionOptions,
@@ -55,6 +57,13 @@ def _decode(
     """One query per row, all rows at once: [D, heads, d] -> [D, heads, d]."""
     assert meta.decode_block_tables is not None
     rows, heads, head_dim = q.shape
+    if meta.cpu_kernels is not None and cpu_kernels.decode_attention_ok(q, cache):
+        assert meta.decode_lens64 is not None
+        tables = meta.decode_block_tables.view(rows, -1)
+        scale, window, cap = _scale(options, head_dim), options.window or 0, options.softcap or 0.0
+        return meta.cpu_kernels.decode_attention(
+            q, cache, tables, meta.decode_lens64, meta.block_size, scale, window, cap
+        )
     kv_heads = cache.shape[1]
     group = heads // kv_heads
     kv = gather_blocks(cache, meta.decode_block_tables, meta.block_size).float()  # [2, kvh, D*S, d]

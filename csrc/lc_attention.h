@@ -1,0 +1,136 @@
+/* Fused paged decode attention, one ISA variant: lc_kernels.c includes this file once per target
+(LC_FN names its functions) so the compiler vectorizes the same plain C for each.
+
+One query token per row. Work items are (row, KV head) pairs: each reads its row's K/V rows in place
+through the block table (no gather, no upcast copy of the context) and serves all `group` query heads
+of that KV head from one load of each K/V row (GQA). Softmax is online in float32: per chunk of
+positions the running max rises, earlier sums are rescaled by exp(old max - new max). */
+
+#ifndef LC_ATT_LIMITS
+#define LC_ATT_LIMITS
+#define LC_ATT_MAX_D 256    /* head_dim bound of the stack buffers (kernels.py mirrors both bounds) */
+#define LC_ATT_MAX_GROUP 32 /* query heads per KV head */
+#define LC_ATT_CHUNK 32     /* positions scored before one softmax rescale */
+#define LC_ATT_MIN_PART 128 /* fewest positions worth a work item of their own */
+#endif
+
+/* Row `i` of a float32 or bfloat16 matrix as float32: the row itself, or converted into buf. */
+static inline const float *LC_FN(att_row)(const void *base, int bf16, int64_t i, int64_t d, float *buf) {
+    if (!bf16) return (const float *)base + i * d;
+    const uint16_t *src = (const uint16_t *)base + i * d;
+#pragma omp simd
+    for (int64_t j = 0; j < d; j++) buf[j] = lc_bf16(src[j]);
+    return buf;
+}
+
+static inline float LC_FN(att_dot)(const float *a, const float *b, int64_t d) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < d; j++) s += a[j] * b[j];
+    return s;
+}
+
+/* One (row, KV head) pair over positions [first, end) of the row: for each of its query heads the
+   unnormalized sum acc [group, d] of exp(score - mx) * value, the max score mx and sum of exp. */
+static void LC_FN(att_pair)(const void *q, int q_bf16, int64_t group, int64_t d, const void *k_head,
+                            const void *v_head, int cache_bf16, const int64_t *table, int64_t block_size,
+                            int64_t first, int64_t end, float scale, float softcap, int64_t head0, float *acc,
+                            float *mx, float *sum) {
+    float qf[LC_ATT_MAX_GROUP * LC_ATT_MAX_D], sc[LC_ATT_MAX_GROUP * LC_ATT_CHUNK];
+    float kbuf[LC_ATT_MAX_D], vbuf[LC_ATT_MAX_D];
+    for (int64_t g = 0; g < group; g++) {
+        const float *row = LC_FN(att_row)(q, q_bf16, head0 + g, d, kbuf);
+        for (int64_t j = 0; j < d; j++) qf[g * d + j] = row[j] * scale; /* scale once, not per score */
+        mx[g] = -INFINITY;
+        sum[g] = 0.0f;
+    }
+    memset(acc, 0, sizeof(float) * (size_t)(group * d));
+    for (int64_t pos = first; pos < end;) {
+        int64_t block = table[pos / block_size], off = pos % block_size;
+        int64_t n = block_size - off;
+        if (n > end - pos) n = end - pos;
+        if (n > LC_ATT_CHUNK) n = LC_ATT_CHUNK;
+        int64_t slot = block * block_size + off; /* n consecutive slots of one block */
+        for (int64_t t = 0; t < n; t++) {
+            const float *kr = LC_FN(att_row)(k_head, cache_bf16, slot + t, d, kbuf);
+            for (int64_t g = 0; g < group; g++) {
+                float s = LC_FN(att_dot)(qf + g * d, kr, d);
+                sc[g * LC_ATT_CHUNK + t] = softcap > 0.0f ? softcap * tanhf(s / softcap) : s;
+            }
+        }
+        for (int64_t g = 0; g < group; g++) {
+            float *p = sc + g * LC_ATT_CHUNK, m = mx[g];
+            for (int64_t t = 0; t < n; t++) m = p[t] > m ? p[t] : m;
+            if (m > mx[g]) { /* new max: rescale what was summed under the old one (exp(-inf) = 0) */
+                float corr = expf(mx[g] - m);
+                sum[g] *= corr;
+                for (int64_t j = 0; j < d; j++) acc[g * d + j] *= corr;
+                mx[g] = m;
+            }
+            for (int64_t t = 0; t < n; t++) {
+                p[t] = expf(p[t] - m);
+                sum[g] += p[t];
+            }
+        }
+        for (int64_t t = 0; t < n; t++) {
+            const float *vr = LC_FN(att_row)(v_head, cache_bf16, slot + t, d, vbuf);
+            for (int64_t g = 0; g < group; g++) {
+                float w = sc[g * LC_ATT_CHUNK + t], *a = acc + g * d;
+#pragma omp simd
+                for (int64_t j = 0; j < d; j++) a[j] += w * vr[j];
+            }
+        }
+        pos += n;
+    }
+}
+
+/* out rows head0.. = the `parts` partial results of one pair merged under their common max. */
+static void LC_FN(att_merge)(int64_t parts, int64_t group, int64_t d, const float *acc, const float *mx,
+                             const float *sum, int64_t head0, void *out, int out_bf16) {
+    for (int64_t g = 0; g < group; g++) {
+        float m = -INFINITY, total = 0.0f, row[LC_ATT_MAX_D] = {0};
+        for (int64_t p = 0; p < parts; p++) m = mx[p * group + g] > m ? mx[p * group + g] : m;
+        for (int64_t p = 0; p < parts; p++) {
+            float w = sum[p * group + g] > 0.0f ? expf(mx[p * group + g] - m) : 0.0f; /* empty part: none */
+            total += w * sum[p * group + g];
+            const float *a = acc + (p * group + g) * d;
+            for (int64_t j = 0; j < d; j++) row[j] += w * a[j];
+        }
+        float inv = total > 0.0f ? 1.0f / total : 0.0f; /* an empty context reads as zeros */
+        for (int64_t j = 0; j < d; j++) lc_store(out, out_bf16, (head0 + g) * d + j, row[j] * inv);
+    }
+}
+
+/* Work items are (row, KV head, part): a pair's positions split into `parts` ranges when there are
+   too few pairs to keep every thread busy (one stream of a model with 3 KV heads), each range's partial
+   softmax kept in `scratch` [pairs * parts * group * (d + 2)] floats and merged afterwards. */
+static void LC_FN(decode_attention)(const void *q, int q_bf16, int64_t rows, int64_t heads, int64_t kv_heads,
+                                    int64_t d, const void *cache, int cache_bf16, int64_t num_slots,
+                                    const int64_t *tables, int64_t max_blocks, const int64_t *seq_lens,
+                                    int64_t block_size, float scale, int64_t window, float softcap, void *out,
+                                    int out_bf16, int nth, int64_t parts, float *scratch) {
+    int64_t group = heads / kv_heads, item = cache_bf16 ? 2 : 4, pairs = rows * kv_heads;
+    float *acc = scratch, *mx = acc + pairs * parts * group * d, *sum = mx + pairs * parts * group;
+    (void)nth;
+#pragma omp parallel num_threads(nth)
+    {
+#pragma omp for schedule(dynamic)
+        for (int64_t it = 0; it < pairs * parts; it++) {
+            int64_t r = it / (kv_heads * parts), h = it / parts % kv_heads, p = it % parts;
+            int64_t len = seq_lens[r], first = window > 0 && len > window ? len - window : 0;
+            int64_t per = (len - first + parts - 1) / parts, lo = first + p * per;
+            int64_t hi = lo + per < len ? lo + per : len;
+            const char *k_head = (const char *)cache + h * num_slots * d * item;
+            const char *v_head = k_head + kv_heads * num_slots * d * item;
+            LC_FN(att_pair)(q, q_bf16, group, d, k_head, v_head, cache_bf16, tables + r * max_blocks, block_size,
+                            lo < hi ? lo : hi, hi, scale, softcap, r * heads + h * group, acc + it * group * d,
+                            mx + it * group, sum + it * group);
+        }
+#pragma omp for schedule(static)
+        for (int64_t pair = 0; pair < pairs; pair++) {
+            int64_t off = pair * parts * group, r = pair / kv_heads, h = pair % kv_heads;
+            LC_FN(att_merge)(parts, group, d, acc + off * d, mx + off, sum + off, r * heads + h * group, out,
+                             out_bf16);
+        }
+    }
+}
