@@ -50,6 +50,7 @@ from localchat.backends.torch.device import adaptive_thread_choices, cpu_threads
 from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
 from localchat.backends.torch.kernel_choice import attention_kernel, graph_mode
 from localchat.backends.torch.layers import rms_norm
+from localchat.backends.torch.onednn_caches import bound_matmul_caches
 from localchat.backends.torch.quant import pick_policy
 from localchat.backends.torch.sampler import SampleResult, new_generator, sample
 from localchat.backends.torch.threads import ThreadGovernor
@@ -58,6 +59,8 @@ from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, S
 from localchat.errors import ModelLoadError
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
+
+bound_matmul_caches()  # before any matmul runs: oneDNN reads its cache sizes once
 
 CPU_KV_FRACTION = 0.25  # of MemAvailable; pages become resident only as the pool fills
 GPU_KV_FRACTION = 0.90  # of free device memory after the warm-up forward

@@ -1,0 +1,53 @@
+"""Importing the torch runner bounds oneDNN's and ideep's shape-keyed caches, so a server that sees a
+new prompt length with every request stops growing (the soak benchmark's finding, issue 10)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("torch")
+
+PROBE = textwrap.dedent(
+    """
+    import ctypes, os, sys
+    import torch, torch.nn.functional as F
+    if sys.argv[1] == "runner":
+        import localchat.backends.torch.runner  # noqa: F401  (sets the cache bounds)
+    print(os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"), os.environ.get("LRU_CACHE_CAPACITY"))
+    def anon_mib():
+        for line in open("/proc/self/status"):
+            if line.startswith("RssAnon"):
+                return int(line.split()[1]) // 1024
+    torch.set_num_threads(1)
+    w = torch.randn(1536, 576, dtype=torch.bfloat16)
+    libc = ctypes.CDLL("libc.so.6")
+    with torch.inference_mode():
+        for i, rows in enumerate(range(30, 30 + 3 * 250, 3)):  # 250 distinct GEMM shapes
+            F.linear(torch.randn(rows, 576, dtype=torch.bfloat16), w)
+            if i in (99, 249):
+                libc.malloc_trim(0)
+                print(anon_mib())
+    """
+)
+
+
+def growth(mode: str) -> tuple[str, int]:
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True, timeout=300
+    ).stdout.split("\n")
+    return out[0], int(out[2]) - int(out[1])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and glibc's malloc_trim")
+def test_runner_import_bounds_the_matmul_caches() -> None:
+    settings, bounded = growth("runner")
+    assert settings == "64 64"
+    _, unbounded = growth("plain")
+    # 150 new shapes after the first 100: ~0.1 MiB each once the caches are full, ~0.6 without bounds.
+    assert bounded < 30, bounded
+    assert unbounded > bounded + 30, (unbounded, bounded)
