@@ -224,20 +224,27 @@ def _decode(q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata) -> to
     return out.reshape(rows, heads, head_dim).to(q.dtype)
 
 
-def _prefill(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, row: PrefillRow, block_size: int
-) -> torch.Tensor:
-    heads, kv_heads = q.shape[1], k.shape[1]
+def row_keys_values(
+    k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, row: PrefillRow, block_size: int, heads: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A prefill row's whole context as keys and values [heads, S, d], one copy per query head."""
     if row.block_ids is None:
         keys = k[row.start : row.end].transpose(0, 1)  # [kvh, L, d]
         values = v[row.start : row.end].transpose(0, 1)
     else:
         kv = gather_blocks(cache, row.block_ids, block_size)[:, :, : row.seq_len]  # [2, kvh, S, d]
         keys, values = kv[0], kv[1]
-    group = heads // kv_heads
+    group = heads // k.shape[1]
     if group > 1:
         keys = keys.repeat_interleave(group, dim=0)  # [heads, S, d]: head i reads KV head i // group
         values = values.repeat_interleave(group, dim=0)
+    return keys, values
+
+
+def _prefill(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, row: PrefillRow, block_size: int
+) -> torch.Tensor:
+    keys, values = row_keys_values(k, v, cache, row, block_size, q.shape[1])
     # 4-D inputs: with 3-D ones SDPA on CPU falls back to its unfused math kernel (2-3x slower).
     out = F.scaled_dot_product_attention(
         q[None, row.start : row.end].transpose(1, 2),

@@ -21,6 +21,7 @@ from localchat.backends.torch.attention import (
     AttentionOptions,
     PrefillRow,
     gather_blocks,
+    row_keys_values,
 )
 
 
@@ -85,17 +86,8 @@ def _prefill(
     block_size: int,
     options: AttentionOptions,
 ) -> torch.Tensor:
-    heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
-    if row.block_ids is None:
-        keys = k[row.start : row.end].transpose(0, 1)  # [kvh, L, d]
-        values = v[row.start : row.end].transpose(0, 1)
-    else:
-        kv = gather_blocks(cache, row.block_ids, block_size)[:, :, : row.seq_len]  # [2, kvh, S, d]
-        keys, values = kv[0], kv[1]
-    group = heads // kv_heads
-    if group > 1:
-        keys = keys.repeat_interleave(group, dim=0)  # [heads, S, d]: head i reads KV head i // group
-        values = values.repeat_interleave(group, dim=0)
+    head_dim = q.shape[2]
+    keys, values = row_keys_values(k, v, cache, row, block_size, q.shape[1])
     # The row's queries are the last L positions of its context: p = seq_len - L + i.
     q_len = row.end - row.start
     q_pos = torch.arange(row.seq_len - q_len, row.seq_len, device=q.device)[:, None]
