@@ -46,7 +46,13 @@ class LlamaLayer(Layer):
         self.declare("down", hidden, inter)
 
     def __call__(
-        self, x: mx.array, rotary: Rotary, positions: mx.array, meta: AttentionMetadata, cache: LayerCache
+        self,
+        x: mx.array,
+        rotary: Rotary,
+        positions: mx.array,
+        meta: AttentionMetadata,
+        cache: LayerCache,
+        q_scale: mx.array | None = None,
     ) -> mx.array:
         tokens = x.shape[0]
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
@@ -54,6 +60,8 @@ class LlamaLayer(Layer):
         qkv = project(normed, self.qkv, self.qkv_bias).reshape(tokens, h + 2 * kvh, d)
         q, k = self.normalize_qk(qkv[:, :h], qkv[:, h : h + kvh])
         q, k = rotary(q, positions), rotary(k, positions)
+        if q_scale is not None:  # Ministral 3's position-dependent temperature, [T, 1, 1]
+            q = q * q_scale
         attn = paged_attention(q, k, qkv[:, h + kvh :], cache, meta, self.scale, self.window)  # [T, h, d]
         assert self.o is not None
         x = x + linear(attn.reshape(tokens, h * d), self.o, self.o_bias)

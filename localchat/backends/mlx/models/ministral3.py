@@ -10,41 +10,14 @@ from __future__ import annotations
 import mlx.core as mx
 
 from localchat.arch.rope import attention_temperature
-from localchat.backends.mlx.attention import AttentionMetadata, LayerCache, paged_attention
-from localchat.backends.mlx.layers import Rotary, project
+from localchat.backends.mlx.attention import AttentionMetadata, LayerCache
 from localchat.backends.mlx.models.base import DecoderLM
 from localchat.backends.mlx.models.llama import LlamaLayer
-from localchat.backends.mlx.quant import linear
 from localchat.weights.config import ModelConfig
 
 
-class Ministral3Layer(LlamaLayer):
-    def __call__(
-        self,
-        x: mx.array,
-        rotary: Rotary,
-        positions: mx.array,
-        meta: AttentionMetadata,
-        cache: LayerCache,
-        q_scale: mx.array | None = None,
-    ) -> mx.array:
-        """Llama's layer with q [T, h, d] times `q_scale` [T, 1, 1] after RoPE (None: unscaled)."""
-        tokens = x.shape[0]
-        h, kvh, d = self.heads, self.kv_heads, self.head_dim
-        normed = mx.fast.rms_norm(x, self.attn_norm, self.eps)
-        qkv = project(normed, self.qkv, self.qkv_bias).reshape(tokens, h + 2 * kvh, d)
-        q, k = self.normalize_qk(qkv[:, :h], qkv[:, h : h + kvh])
-        q, k = rotary(q, positions), rotary(k, positions)
-        if q_scale is not None:
-            q = q * q_scale
-        attn = paged_attention(q, k, qkv[:, h + kvh :], cache, meta, self.scale, self.window)  # [T, h, d]
-        assert self.o is not None
-        x = x + linear(attn.reshape(tokens, h * d), self.o, self.o_bias)
-        return x + self.mlp(mx.fast.rms_norm(x, self.mlp_norm, self.eps))
-
-
 class Model(DecoderLM):
-    layer_class = Ministral3Layer
+    layer_class = LlamaLayer  # its __call__ takes the q scale
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)

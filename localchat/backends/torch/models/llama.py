@@ -48,14 +48,17 @@ class LlamaLayer(nn.Module):
         sin: torch.Tensor,
         meta: AttentionMetadata,
         kv_cache: torch.Tensor,
+        q_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """`q_scale` [T, 1, 1]: multiplies q after RoPE (Ministral 3's position-dependent temperature)."""
         tokens = x.shape[0]
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         qkv = linear(rms_norm(x, self.attn_norm, self.eps), self.qkv, self.qkv_bias).view(
             tokens, h + 2 * kvh, d
         )
         qk = apply_rope(self.normalize_qk(qkv[:, : h + kvh]), cos, sin)  # [T, h + kvh, d]
-        attn = paged_attention(qk[:, :h], qk[:, h:], qkv[:, h + kvh :], kv_cache, meta, self.attn_options)
+        q = qk[:, :h] if q_scale is None else qk[:, :h] * q_scale
+        attn = paged_attention(q, qk[:, h:], qkv[:, h + kvh :], kv_cache, meta, self.attn_options)
         x = x + linear(attn.reshape(tokens, h * d), self.o, self.o_bias)
         return x + self.mlp(rms_norm(x, self.mlp_norm, self.eps))
 

@@ -10,39 +10,13 @@ from __future__ import annotations
 import torch
 
 from localchat.arch.rope import attention_temperature
-from localchat.backends.torch.attention import paged_attention
-from localchat.backends.torch.layers import apply_rope, rms_norm
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.models.llama import LlamaLayer
-from localchat.backends.torch.quant import linear
 from localchat.weights.config import ModelConfig
 
 
-class Ministral3Layer(LlamaLayer):
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        meta: StepMetadata,
-        kv_cache: torch.Tensor,
-        q_scale: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Llama's layer with q [T, h, d] times `q_scale` [T, 1, 1] after RoPE (None: unscaled)."""
-        tokens = x.shape[0]
-        h, kvh, d = self.heads, self.kv_heads, self.head_dim
-        qkv = linear(rms_norm(x, self.attn_norm, self.eps), self.qkv, self.qkv_bias).view(
-            tokens, h + 2 * kvh, d
-        )
-        qk = apply_rope(self.normalize_qk(qkv[:, : h + kvh]), cos, sin)  # [T, h + kvh, d]
-        q = qk[:, :h] if q_scale is None else qk[:, :h] * q_scale
-        attn = paged_attention(q, qk[:, h:], qkv[:, h + kvh :], kv_cache, meta, self.attn_options)
-        x = x + linear(attn.reshape(tokens, h * d), self.o, self.o_bias)
-        return x + self.mlp(rms_norm(x, self.mlp_norm, self.eps))
-
-
 class Model(DecoderLM):
-    layer_class = Ministral3Layer
+    layer_class = LlamaLayer  # its forward takes the q scale
 
     def __init__(self, config: ModelConfig, device: torch.device) -> None:
         super().__init__(config, device)
