@@ -14,7 +14,7 @@ from localchat.backends.torch import kernels, quant
 from localchat.backends.torch.runner import TorchRunner
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.loader import load_model
-from tests.helpers.real_model import chat_prompts, greedy, top2
+from tests.helpers.real_model import assert_greedy_tracks, chat_prompts
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import tiny_hf_model
 
@@ -80,17 +80,7 @@ def test_smollm2_greedy_tracks_the_fp32_reference(
     ours = runner(bundle, "bfloat16", monkeypatch, "auto", named)
     assert isinstance(ours.model.layers[0].qkv, kernels.BlockMatrix)
     fp32 = runner(bundle, "float32", monkeypatch, "dequant", "off")
-    got, want = greedy(ours, bundle, prompts), greedy(fp32, bundle, prompts)
-    identical = 0
-    for prompt, a, b in zip(prompts, got, want, strict=True):
-        if a == b:
-            identical += 1
-            continue
-        at = next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
-        first, second, gap = top2(fp32, prompt + b[:at])
-        detail = f"first difference at token {at}: kernels {a[at]}, fp32 {b[at]}; fp32 top-2 gap {gap:.3f}"
-        assert {a[at], b[at]} == {first, second} and gap < NEAR_TIE, detail
-    assert identical >= 1
+    assert_greedy_tracks(ours, fp32, bundle, prompts, NEAR_TIE, "kernels")
 
 
 def test_policy_picks_the_kernels_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,7 +33,7 @@ from localchat.weights.isq_plan import BLOCK_TYPES, block_type, is_head
 from localchat.weights.loader import load_model
 from localchat.weights.tensors import WeightTensor
 from tests.backends.test_kernels_model import NEAR_TIE
-from tests.helpers.real_model import chat_prompts, greedy, top2
+from tests.helpers.real_model import assert_greedy_tracks, chat_prompts
 from tests.helpers.tiny_gguf import random_state_dict, tiny_config, write_tiny_gguf
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import TINY_MOE, bundle_from_hf, tiny_hf_model
@@ -269,7 +269,7 @@ def test_smollm2_dense_with_isq_q8_0_tracks_the_fp32_reference(smollm2_gguf: Pat
     ours = TorchRunner(bundle, RunnerOptions(device="cpu", dtype="bfloat16", isq="q8_0"))
     assert isinstance(ours.model.layers[0].qkv, BlockMatrix)
     fp32 = TorchRunner(_dense_bundle(smollm2_gguf), RunnerOptions(device="cpu", dtype="float32"))
-    _assert_tracks(ours, fp32, bundle, prompts)
+    assert_greedy_tracks(ours, fp32, bundle, prompts, NEAR_TIE, "isq")
 
 
 @needs_kernels
@@ -283,20 +283,4 @@ def test_smollm2_dense_with_isq_q4_0_tracks_its_dequantized_fp32_reference(smoll
     qkv = ours.model.layers[0].qkv
     assert isinstance(qkv, BlockMatrix) and [s.qtype for s in qkv.segments] == ["Q4_0"]
     fp32 = TorchRunner(_dense_bundle(smollm2_gguf, "q4_0"), RunnerOptions(device="cpu", dtype="float32"))
-    _assert_tracks(ours, fp32, bundle, prompts)
-
-
-def _assert_tracks(
-    ours: TorchRunner, fp32: TorchRunner, bundle: ModelBundle, prompts: list[list[int]]
-) -> None:
-    got, want = greedy(ours, bundle, prompts), greedy(fp32, bundle, prompts)
-    identical = 0
-    for prompt, a, b in zip(prompts, got, want, strict=True):
-        if a == b:
-            identical += 1
-            continue
-        at = next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
-        first, second, gap = top2(fp32, prompt + b[:at])
-        detail = f"first difference at token {at}: isq {a[at]}, fp32 {b[at]}; fp32 top-2 gap {gap:.3f}"
-        assert {a[at], b[at]} == {first, second} and gap < NEAR_TIE, detail
-    assert identical >= 1
+    assert_greedy_tracks(ours, fp32, bundle, prompts, NEAR_TIE, "isq")
