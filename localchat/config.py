@@ -352,8 +352,9 @@ class Settings:
             ("kv_cache_dtype", KV_CACHE_DTYPES),
         ):
             if getattr(self, name) not in allowed:
+                flag = "--" + name.replace("_", "-")
                 raise SettingsError(
-                    f"--{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}.", param=name
+                    f"{flag} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}.", param=name
                 )
         if self.isq is not None and self.isq not in ISQ_CHOICES:
             raise SettingsError(

@@ -20,7 +20,10 @@ import torch
 from localchat.backends import RunnerOptions
 from localchat.backends.torch import kernels
 from localchat.backends.torch.kv_cache import Int8KVCache
+from localchat.backends.fake import FakeTokenizer
 from localchat.backends.torch.runner import TorchRunner
+from localchat.engine.config import EngineConfig
+from localchat.engine.engine import LLMEngine
 from localchat.weights.loader import load_model
 from tests.helpers.real_model import assert_greedy_tracks, chat_prompts
 from tests.helpers.torch_batch import PagedDriver
@@ -99,6 +102,19 @@ def test_int8_spec_counts_codes_and_scales() -> None:
     assert bf16.bytes_per_block(16) == 2 * bf16.num_layers * 16 * bf16.num_kv_heads * 2 * d
     assert int8.bytes_per_block(16) == 2 * int8.num_layers * 16 * int8.num_kv_heads * (d + 4)
     assert int8.dtype_name == "int8" and bf16.dtype_name == "bfloat16"
+
+
+def test_same_mem_gives_about_twice_the_blocks_of_bf16() -> None:
+    """The engine sizes the pool from the runner's spec: at head_dim 64 int8 holds 128 / 68 = 1.88x the
+    blocks of bf16 (3.76x those of a float32 cache) in the same --mem."""
+    bundle = bundle_from_hf(tiny_hf_model("llama", head_dim=64))
+    blocks = {}
+    for kv in ("auto", "bf16", "int8"):
+        engine = LLMEngine(runner(bundle, kv), FakeTokenizer(), EngineConfig(kv_cache_mib=4),
+                           eos_token_ids=[2], model_max_len=128)  # fmt: skip
+        blocks[kv] = engine.block_manager.num_usable_blocks
+    assert blocks["int8"] / blocks["bf16"] == pytest.approx(128 / 68, rel=0.01)
+    assert blocks["int8"] / blocks["auto"] == pytest.approx(256 / 68, rel=0.01)
 
 
 @pytest.mark.slow
