@@ -58,10 +58,11 @@ def kv_element_dtype(choice: str, compute: torch.dtype) -> torch.dtype:
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., d] -> (codes int8 [..., d], scales float32 [...]): symmetric absmax per row of d."""
     x = x.float()
-    scales = x.abs().amax(dim=-1) / INT8_MAX
-    # An all-zero row keeps scale 0 (codes 0); dividing by 1 there avoids 0 / 0.
-    codes = (x / torch.where(scales > 0, scales, 1.0)[..., None]).round_().clamp_(-INT8_MAX, INT8_MAX)
-    return codes.to(torch.int8), scales
+    scales = x.abs().amax(dim=-1, keepdim=True).div_(INT8_MAX)
+    # An all-zero row keeps scale 0 and codes 0 (the floor only avoids 0 / 0; rows whose max is below
+    # it, 1.3e-28, would read as zeros).
+    codes = x.div(scales.clamp_min(1e-30)).round_().clamp_(-INT8_MAX, INT8_MAX)
+    return codes.to(torch.int8), scales.squeeze(-1)
 
 
 def dequantize(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -70,11 +71,11 @@ def dequantize(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 
 def write_int8(k: torch.Tensor, v: torch.Tensor, cache: Int8KVCache, slots: torch.Tensor) -> None:
-    """Quantize this step's keys/values ([tokens, kv_heads, d]) into their slots."""
-    for i, x in enumerate((k, v)):
-        codes, scales = quantize_rows(x.transpose(0, 1))  # [kv_heads, tokens, d], [kv_heads, tokens]
-        cache.codes[i].index_copy_(1, slots, codes)
-        cache.scales[i].index_copy_(1, slots, scales)
+    """Quantize this step's keys/values ([tokens, kv_heads, d]) into their slots: K and V together, so
+    a decode step pays each torch op's overhead once per layer, not twice."""
+    codes, scales = quantize_rows(torch.stack((k, v)).transpose(1, 2))  # [2, kv_heads, tokens(, d)]
+    cache.codes.index_copy_(2, slots, codes)
+    cache.scales.index_copy_(2, slots, scales)
 
 
 def gather_int8(cache: Int8KVCache, block_ids: torch.Tensor, block_size: int) -> torch.Tensor:
