@@ -134,7 +134,7 @@ class KVCacheSpec:
     head_dim: int
     dtype_bytes: int
     scale_bytes: int = 0  # per token, KV head and K/V: an int8 cache's scale
-    dtype_name: str = ""  # for the startup log line, e.g. "bfloat16" or "int8"
+    dtype_name: str = field(default="", compare=False)  # for the startup log line: "bfloat16", "int8"
 
     def bytes_per_block(self, block_size: int) -> int:
         # K and V, every layer.
