@@ -99,6 +99,23 @@ def test_bf16_cache_close_to_float32_reference() -> None:
     torch.testing.assert_close(got, expected, atol=3e-2, rtol=3e-2)
 
 
+def test_bf16_cache_with_window_and_softcap_close_to_float32_reference() -> None:
+    rows = [(37, 1), (50, 20)]
+    batch = make_batch(rows, 4, 40)
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(batch.num_tokens, 4, 16, generator=gen)
+    k = torch.randn(batch.num_tokens, 2, 16, generator=gen)
+    v = torch.randn(batch.num_tokens, 2, 16, generator=gen)
+    cache = torch.randn(2, 2, 160, 16, generator=gen)
+    options = AttentionOptions(window=9, softcap=3.0, scale=0.2)
+    cpu_meta = AttentionMetadata.from_batch(batch, q.device, 2)
+    expected = paged_attention(q, k, v, cache.clone(), cpu_meta, options)
+    meta = TritonAttentionMetadata.from_batch(batch, q.device, 2)
+    bf16 = [t.bfloat16() for t in (q, k, v, cache)]
+    got = triton_paged_attention(*bf16, meta, options).float()
+    torch.testing.assert_close(got, expected, atol=3e-2, rtol=3e-2)
+
+
 def test_split_choice_fills_the_gpu_and_never_splits_short_contexts() -> None:
     assert pick_num_splits(num_rows=1, kv_heads=8, max_seq_len=4096, num_sms=132) == 16
     assert pick_num_splits(num_rows=64, kv_heads=8, max_seq_len=4096, num_sms=132) == 1
