@@ -155,6 +155,9 @@ class Architecture:
     gguf_permuted_qk: bool = False
     # llama.cpp's converter stores some norm weights shifted (Gemma: 1 + weight); loading subtracts it.
     gguf_norm_offset: float = 0.0
+    # GGUF records no query_pre_attn_scalar. llama.cpp scales Gemma's scores by head_dim ** -0.5, except
+    # in the 27B (known by its block count), by (hidden / heads) ** -0.5, as its checkpoint does.
+    gguf_wide_query_scale_layers: int | None = None
     # A multimodal wrapper whose text LM we run alone: the key its config nests under, and checkpoint
     # name prefixes -> the text model's (None: a part we do not run, e.g. the vision tower; skipped).
     text_config_key: str | None = None
@@ -285,6 +288,7 @@ def _entries() -> list[Architecture]:
             },
             gguf_block_names=GEMMA_GGUF_BLOCK_NAMES,
             gguf_norm_offset=1.0,
+            gguf_wide_query_scale_layers=46,  # Gemma 2 27B: 4608 / 32 = 144, head_dim 128
         ),
         Architecture(
             "gemma3_text",
@@ -311,6 +315,7 @@ def _entries() -> list[Architecture]:
             },
             gguf_block_names=GEMMA_GGUF_BLOCK_NAMES,
             gguf_norm_offset=1.0,
+            gguf_wide_query_scale_layers=62,  # Gemma 3 27B: 5376 / 32 = 168, head_dim 128
         ),
         # Ministral-8B-Instruct-2410: Mistral's layout (transformers 5 nests its rope settings).
         Architecture("ministral", "llama"),

@@ -4,7 +4,7 @@ skipped, and its logits match the wrapper's on a text-only prompt. Three forms: 
 transformers saves it, with the hub files' sparse 4.5x `text_config` (only the keys that differ from
 Gemma3TextConfig's defaults, `rope_scaling` instead of `rope_parameters`), and with transformers 5's
 in-memory names (`model.language_model.*`). Also a Gemma 3 4B-style GGUF (arch `gemma3`, linear RoPE
-scaling on the global layers only, vision left to a separate mmproj file)."""
+scaling on the global layers only, vision left to a separate mmproj file), and the 27B GGUFs' score scale."""
 
 from __future__ import annotations
 
@@ -180,3 +180,35 @@ def test_gemma3_4b_style_gguf_matches_transformers(tmp_path: Path) -> None:
     with torch.no_grad():
         ref = hf(torch.tensor([prompt])).logits[0].float().numpy()
     assert np.abs(logits.cpu().numpy() - ref).max() < ATOL
+
+
+@pytest.mark.parametrize(("model_type", "layers"), [("gemma3_text", 62), ("gemma2", 46)])
+def test_27b_gguf_scales_scores_by_hidden_per_head(tmp_path: Path, model_type: str, layers: int) -> None:
+    """GGUF records no query_pre_attn_scalar; llama.cpp recognises the 27B by its block count and
+    scales by (hidden / heads) ** -0.5 there (Gemma 3 27B: 168, not its head_dim 128), as its
+    checkpoint's query_pre_attn_scalar does. A tiny model with the 27B's depth and head_dim 8 != 64 / 4."""
+    from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE, write_tiny_gguf
+    from tests.helpers.torch_models import tiny_hf_model
+
+    sizes = {"hidden_size": 64, "intermediate_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2}
+    hf = tiny_hf_model(
+        model_type,
+        **sizes,
+        num_hidden_layers=layers,
+        head_dim=8,
+        query_pre_attn_scalar=16,
+        vocab_size=TINY_VOCAB_SIZE,
+        sliding_window=8,
+        layer_types=None,
+    )
+    bundle = load_model(write_tiny_gguf(tmp_path / "tiny.gguf", hf, qtype="F32", tokenizer_kind="gpt2"))
+    assert bundle.config.extra["query_pre_attn_scalar"] == 16
+    driver = PagedDriver(fp32_runner(bundle))
+    prompt = [t % TINY_VOCAB_SIZE for t in PROMPT]
+    driver.add("a", prompt)
+    _, logits = driver.step_logits(every_token=True)
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt])).logits[0].float().numpy()
+    # 62 layers of fp32 rounding drift past the 2-layer suites' 1e-4; head_dim's scale is off by ~9.
+    assert np.abs(logits.cpu().numpy() - ref).max() < 1e-3
+    assert (logits.cpu().numpy().argmax(-1) == ref.argmax(-1)).all()
