@@ -40,12 +40,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from localchat.backends.torch import kernels as cpu_kernels
 from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
 from localchat.backends.torch.kernel_choice import cpu_decode_kernels
 from localchat.backends.torch.kv_cache import Int8KVCache, KVCache, gather_int8, span_int8, write_int8
+from localchat.backends.torch.padded_sdpa import prefill_sdpa
 from localchat.engine.interface import BatchInputs
 
 
@@ -184,10 +184,8 @@ def paged_attention(
     if isinstance(meta, TritonAttentionMetadata):  # CUDA: kernels that read the block table in place
         from localchat.backends.torch.triton_attention import triton_paged_attention
 
-        # The runner routes models with windowed / soft-capped layers to this file's path on CUDA.
-        assert options is None, "the Triton kernels implement plain causal attention only"
         assert isinstance(cache, torch.Tensor), "the runner keeps int8 KV caches off the Triton path"
-        return triton_paged_attention(q, k, v, cache, meta)
+        return triton_paged_attention(q, k, v, cache, meta, options)
     write_kv(k, v, cache, meta.slot_mapping)
     if options is not None and options.matter(meta.max_seq_len):
         from localchat.backends.torch.windowed_attention import attend_with_options
@@ -264,12 +262,5 @@ def _prefill(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, row: PrefillRow, block_size: int
 ) -> torch.Tensor:
     keys, values = row_keys_values(k, v, cache, row, block_size, q.shape[1])
-    # 4-D inputs: with 3-D ones SDPA on CPU falls back to its unfused math kernel (2-3x slower).
-    out = F.scaled_dot_product_attention(
-        q[None, row.start : row.end].transpose(1, 2),
-        keys[None],
-        values[None],
-        attn_mask=row.mask,
-        is_causal=row.mask is None,
-    )  # [1, heads, L, d]
-    return out[0].transpose(0, 1)
+    out = prefill_sdpa(q[row.start : row.end].transpose(0, 1), keys, values, row.mask)  # [heads, L, d]
+    return out.transpose(0, 1)

@@ -99,9 +99,8 @@ class TorchRunner:
         )
         with torch.inference_mode(), _device_memory_errors(self.device, model.name):
             self.model = load_model(model.config, model.iter_weights(), self.device, self.dtype, self.quant)
-        # "triton" on CUDA (see kernel_choice.py), else "torch"; the Triton kernels know no sliding
-        # window nor soft-cap, so models with such layers use the plain PyTorch path everywhere.
-        self.attention = "torch" if self.model.uses_attention_options else attention_kernel(self.device)
+        # "triton" on CUDA (see kernel_choice.py), else "torch"; both take every layer's AttentionOptions.
+        self.attention = attention_kernel(self.device)
         if self.attention == "triton" and self.kv_dtype != self.dtype:
             # Triton's kernels (triton_attention.py) read a cache in the compute dtype only.
             log.info(
