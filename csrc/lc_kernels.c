@@ -245,12 +245,14 @@ static LC_THREAD size_t lc_att_size;
 /* Decode attention over the paged KV cache (csrc/lc_attention.h), one query token per row:
    q [rows, heads, d] -> out [rows, heads, d] (each float32, or bfloat16 if *_bf16); cache
    [2, kv_heads, num_slots, d] (K then V) of cache_type 0 float32, 1 bfloat16 or 2 int8, the int8 form
-   with scales float32 [2, kv_heads, num_slots] (value = code * scale; NULL for the other types); tables int64 [rows, max_blocks] of block ids; seq_lens int64
+   with scales float32 [2, kv_heads, num_slots] (value = code * scale; NULL for the other types);
+   tables int64 [rows, max_blocks] of block ids; seq_lens int64
    [rows]. window > 0: attend only to the last `window` positions; softcap > 0: scores become
    softcap * tanh(score / softcap). Returns -1 on bad shapes or a block id outside the cache. */
 LC_EXPORT int lc_decode_attention(int isa, const void *q, int q_bf16, int64_t rows, int64_t heads,
                                   int64_t kv_heads, int64_t d, const void *cache, int cache_type,
-                                  const float *scales, int64_t num_slots, const int64_t *tables, int64_t max_blocks,
+                                  const float *scales, int64_t num_slots, const int64_t *tables,
+                                  int64_t max_blocks,
                                   const int64_t *seq_lens, int64_t block_size, float scale, int64_t window,
                                   float softcap, void *out, int out_bf16, int nth) {
     if (!lc_isa_supported(isa) || rows < 0 || kv_heads < 1 || heads % kv_heads || d < 1 || d > LC_ATT_MAX_D ||

@@ -81,7 +81,7 @@ class Case:
     steps would have; the step's own K/V go through paged_attention (which writes them)."""
 
     def __init__(self, rows: list[tuple[int, int]], options: AttentionOptions | None = None,
-                 consecutive: bool = False, seed: int = 0) -> None:  # fmt: skip
+                 consecutive: bool = False, seed: int = 0, dtype: torch.dtype = torch.float32) -> None:  # fmt: skip
         blocks = sum(-(-n // BLOCK) for n, _ in rows) + 2
         batch = make_batch(rows, BLOCK, blocks, seed=seed)
         if consecutive:  # one row over blocks 1, 2, ...: the single-stream slice path
@@ -99,6 +99,7 @@ class Case:
             0.5 + torch.rand(total, KV_HEADS, 1, generator=gen)
         )
         q = torch.randn(sum(m for _, m in rows), KV_HEADS * GROUP, HEAD_DIM, generator=gen)
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)  # bf16: the compute dtype of CPUs with native bf16
         slots_all, new_idx, starts, first = [], [], [], 0
         for i, (n, m) in enumerate(rows):
             pos = np.arange(n)
@@ -109,7 +110,7 @@ class Case:
         slots = torch.from_numpy(np.concatenate(slots_all).astype(np.int64))
         old = torch.tensor(sorted(set(range(total)) - set(new_idx)), dtype=torch.int64)
         new = torch.tensor(new_idx, dtype=torch.int64)
-        self.fp32 = torch.zeros(2, KV_HEADS, blocks * BLOCK, HEAD_DIM)
+        self.fp32 = torch.zeros(2, KV_HEADS, blocks * BLOCK, HEAD_DIM, dtype=dtype)
         self.int8 = Int8KVCache(torch.zeros(2, KV_HEADS, blocks * BLOCK, HEAD_DIM, dtype=torch.int8),
                                 torch.zeros(2, KV_HEADS, blocks * BLOCK))  # fmt: skip
         for cache in (self.fp32, self.int8):
@@ -199,3 +200,17 @@ def test_int8_attention_tracks_float32_cache(name: str, mode: str, monkeypatch: 
     assert (err <= case.fp32_bound()).all()
     if any(n > m for n, m in rows):  # some keys came from the cache: int8 must show
         assert err.max().item() > 1e-6
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", ["decode-1", "decode-1-slice", "decode-16-ragged", "windowed-decode"])
+def test_int8_attention_with_bf16_queries(name: str, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 compute (q, k, v and the output in bf16) over an int8 cache: the same exact reads, then the
+    output rounded to bf16: within one bf16 step (2^-8 relative, 2^-7 at a binade edge) of the float64
+    reference over the dequantized cache."""
+    monkeypatch.setenv("LOCALCHAT_KERNELS", mode)
+    rows, options, consecutive = _cases()[name]
+    case = Case(rows, options, consecutive, seed=len(name), dtype=torch.bfloat16)
+    assert case.out_int8.dtype == torch.bfloat16
+    ref = case.reference()
+    assert ((case.out_int8.double() - ref).abs() <= ref.abs() * 2**-7 + 1e-5).all()

@@ -247,9 +247,8 @@ def row_keys_values(
         keys = k[row.start : row.end].transpose(0, 1)  # [kvh, L, d]
         values = v[row.start : row.end].transpose(0, 1)
     else:
-        kv = gather_blocks(cache, row.block_ids, block_size)[:, :, : row.seq_len].to(
-            k.dtype
-        )  # [2, kvh, S, d]
+        kv = gather_blocks(cache, row.block_ids, block_size)[:, :, : row.seq_len]  # [2, kvh, S, d]
+        kv = kv.to(k.dtype)  # an int8 cache gathers to float32, a bf16 one may differ from the compute dtype
         keys, values = kv[0], kv[1]
     group = heads // k.shape[1]
     if group > 1:

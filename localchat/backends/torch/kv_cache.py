@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from localchat.config import KV_CACHE_DTYPES
+from localchat.errors import BackendUnavailableError
 
 INT8_MAX = 127
 
@@ -51,7 +52,9 @@ KVCache = torch.Tensor | Int8KVCache
 def kv_element_dtype(choice: str, compute: torch.dtype) -> torch.dtype:
     """The cache's element type for `--kv-cache-dtype` (int8: the codes)."""
     if choice not in KV_CACHE_DTYPES:
-        raise ValueError(f"kv cache dtype {choice!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+        raise BackendUnavailableError(
+            f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {choice!r}."
+        )
     return {"auto": compute, "bf16": torch.bfloat16, "int8": torch.int8}[choice]
 
 
