@@ -130,3 +130,19 @@ def test_smollm2_greedy_with_int8_cache_tracks_the_float32_cache(
     bundle = load_model(smollm2_gguf)
     ours, reference = runner(bundle, "int8"), runner(bundle, "auto")
     assert_greedy_tracks(ours, reference, bundle, chat_prompts(bundle), NEAR_TIE, "int8 KV")
+
+
+def test_triton_path_falls_back_to_pytorch_attention_for_int8(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Triton's kernels read a compute-dtype cache only: an int8 cache takes the PyTorch attention path
+    with a log line (Triton's interpreter stands in for CUDA, as in test_triton_attention.py)."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("LOCALCHAT_TORCH_ATTENTION", "triton")
+    bundle = bundle_from_hf(tiny_hf_model("llama"))
+    assert runner(bundle, "auto").attention == "triton"
+    with caplog.at_level("INFO", logger="localchat.backends.torch.runner"):
+        int8 = runner(bundle, "int8")
+    assert int8.attention == "torch" and int8.graph_mode is None
+    assert "--kv-cache-dtype int8" in caplog.text and "PyTorch attention path" in caplog.text
