@@ -13,7 +13,7 @@ from litestar.testing import TestClient
 
 from localchat.errors import InsufficientMemoryError
 from localchat.model_manager import ModelManager
-from localchat.model_memory import GIB, MIB, check_fits, estimate
+from localchat.model_memory import GIB, MIB, check_fits, compact_gguf_types, estimate
 from localchat.server.app import create_app
 from localchat.server.runtime import build_context
 from tests.helpers.fake_app import fake_settings, say
@@ -90,13 +90,19 @@ def test_health_says_shutting_down_while_draining(tmp_path: Path) -> None:
         manager.draining = False
 
 
-def test_memory_estimate_and_refusal(tmp_path: Path) -> None:
+def test_memory_estimate_and_refusal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unreadable headers (zeros): the estimate goes by the filename's type (test_model_memory_gguf.py
+    covers real files tensor by tensor)."""
     packed = tmp_path / "m.Q4_1.gguf"
     packed.write_bytes(b"\0" * 1000)
     kquant = tmp_path / "m.Q4_K_M.gguf"
     kquant.write_bytes(b"\0" * 1000)
+    monkeypatch.setenv("LOCALCHAT_KERNELS", "off")  # the pure-torch path: only Q4_0/Q4_1 stay packed
     assert estimate(packed, None).weights == 1000  # 4-bit codes kept as they are
     assert estimate(kquant, None).weights == pytest.approx(1000 * 16 / 4.8, abs=1)  # expanded to bf16
+    monkeypatch.delenv("LOCALCHAT_KERNELS")
+    if "Q4_K" in compact_gguf_types():  # the compiled kernels read K-quant blocks in place
+        assert estimate(kquant, None).weights == 1000
     need = estimate(packed, kv_cache_mib=1024)
     assert need.kv_cache == 1024 * MIB and need.total > 1024 * MIB
     check_fits("m", need, available=4 * GIB)
