@@ -46,7 +46,8 @@ def load_model(
         "norm": (config.hidden_size,),
     }
     pending: dict[tuple[int, str], dict[int, Weight | Embedding]] = {}
-    for weight in split_experts(weights):
+    sanitize = architecture(config.model_type).sanitize  # a family's own tensor layout fixes
+    for weight in split_experts(sanitize(config, weights) if sanitize else weights):
         target = _target(model, weight.name)
         if target is None:
             continue

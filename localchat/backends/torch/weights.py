@@ -44,7 +44,8 @@ def load_model(
         model = cls(config, device)
     pending: dict[tuple[nn.Module, str], dict[int, Loaded]] = {}
     heads: dict[str, WeightTensor] = {}  # the embedding and LM head as stored (for `_pack_lm_head`)
-    for weight in split_experts(weights):
+    sanitize = architecture(config.model_type).sanitize  # a family's own tensor layout fixes
+    for weight in split_experts(sanitize(config, weights) if sanitize else weights):
         target = _target(model, weight.name)
         if target is None:
             continue
