@@ -159,6 +159,7 @@ DEEPSEEK_WEIGHTS: WeightMap = {
     "self_attn.o_proj.weight": ("o", 0, 1),
     "self_attn.o_proj.bias": ("o_bias", 0, 1),
     "mlp.gate.e_score_correction_bias": ("moe.score_bias", 0, 1),
+    "mlp.gate.e_score_correction.bias": ("moe.score_bias", 0, 1),  # its name from a GGUF's exp_probs_b.bias
     "mlp.shared_experts.gate_proj.weight": ("moe.shared.gate_up", 0, 2),
     "mlp.shared_experts.up_proj.weight": ("moe.shared.gate_up", 1, 2),
     "mlp.shared_experts.down_proj.weight": ("moe.shared.down", 0, 1),
@@ -198,7 +199,7 @@ DEEPSEEK_GGUF_BLOCK_NAMES = {
     "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
     "ffn_up_shexp": "mlp.shared_experts.up_proj",
     "ffn_down_shexp": "mlp.shared_experts.down_proj",
-    "exp_probs_b": "mlp.gate.e_score_correction",  # + ".bias": e_score_correction_bias, as llama.cpp maps it
+    "exp_probs_b": "mlp.gate.e_score_correction",  # the file's tensor is exp_probs_b.bias
 }
 DEEPSEEK_GGUF_METADATA = {
     "attention.q_lora_rank": "q_lora_rank",

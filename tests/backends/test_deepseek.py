@@ -1,0 +1,113 @@
+"""DeepSeek-V2/V3 beyond the parity suite's VARIANTS: llama.cpp's "deepseek2" GGUF files (current split
+attn_k_b / attn_v_b and the older attn_kv_b) against transformers on the dequantized weights, on both
+backends; the sizes a GGUF's MLA metadata gives; the honest KV-cache size; checkpoint clean-up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from localchat.arch.deepseek import MlaSpec, RouterSpec, sanitize
+from localchat.weights.config import ModelConfig
+from localchat.weights.loader import load_model
+from localchat.weights.tensors import WeightTensor
+from tests.backends.test_moe import ATOL, BACKENDS, hf_logits, hf_state, prompt_logits, runner_for
+from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE, write_tiny_gguf
+from tests.helpers.torch_models import DEEPSEEK_YARN, VARIANTS, bundle_from_hf, fp32_runner, tiny_hf_model
+
+PROMPT = [5, 17, 99, 3, 250, 42, 7, 7, 81, 130, 64] * 2
+# (variant, llama.cpp layout): V3 with today's split kv_b; V2-Lite with yarn in a file from before the split.
+FILES = [("deepseek_v3", "split"), ("deepseek_v2-lite", "legacy")]
+
+
+def tiny(variant: str, **extra: Any) -> torch.nn.Module:
+    model_type, overrides = VARIANTS[variant]
+    return tiny_hf_model(model_type, vocab_size=TINY_VOCAB_SIZE, **{**overrides, **extra})
+
+
+def deepseek_hf_state(bundle_weights: list[WeightTensor]) -> dict[str, torch.Tensor]:
+    """transformers' state dict from a deepseek2 GGUF's (dequantized) tensors, as the file names them."""
+    rest, split = [], {}
+    for w in bundle_weights:
+        if w.name.endswith((".k_b_proj.weight", ".v_b_proj.weight")):
+            split[w.name] = w.dequantize()
+        else:
+            rest.append(w)
+    state = {
+        k.replace("e_score_correction.bias", "e_score_correction_bias"): v for k, v in hf_state(rest).items()
+    }
+    for name, k_b in split.items():
+        if ".k_b_proj" not in name:
+            continue
+        v_b = split[name.replace("k_b_proj", "v_b_proj")]
+        k = np.swapaxes(k_b, 1, 2)  # [heads, rank, nope] -> [heads, nope, rank]
+        kv_b = np.concatenate((k, v_b), axis=1).reshape(-1, k_b.shape[1])
+        state[name.replace("k_b_proj", "kv_b_proj")] = torch.from_numpy(np.ascontiguousarray(kv_b))
+    return state
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("variant", "layout"), FILES)
+def test_gguf_matches_transformers_on_dequantized_weights(
+    tmp_path: Path, backend: str, variant: str, layout: str
+) -> None:
+    extra = {"rope_parameters": DEEPSEEK_YARN} if variant == "deepseek_v2-lite" else {}
+    hf = tiny(variant, **extra)
+    path = write_tiny_gguf(tmp_path / "ds.gguf", hf, qtype="Q8_0", legacy_kv_b=layout == "legacy")
+    bundle = load_model(path)
+    c = bundle.config
+    assert c.model_type == "deepseek_v2"  # llama.cpp's deepseek2 serves both; the router is in the metadata
+    assert (c.num_key_value_heads, c.head_dim, c.rotary_dim) == (4, 24, 8)
+    router = RouterSpec.from_config(c)
+    assert router.sigmoid == (variant == "deepseek_v3")
+    assert (router.groups, router.groups_used) == ((2, 1) if variant == "deepseek_v3" else (1, 1))
+    weights = list(bundle.iter_weights())
+    names = {w.name for w in weights}
+    assert ("model.layers.1.self_attn.k_b_proj.weight" in names) == (layout == "split")
+    assert any(w.dtype == "Q8_0" for w in weights if ".experts." in w.name)
+    missing, unexpected = hf.load_state_dict(deepseek_hf_state(weights), strict=False)
+    assert not unexpected and not missing
+    if variant == "deepseek_v2-lite":  # yarn's mscale² came back from 0.1 * mscale_all_dim
+        reference = ModelConfig.from_hf_dict(hf.config.to_dict())
+        assert MlaSpec.from_config(c).softmax_scale == pytest.approx(
+            MlaSpec.from_config(reference).softmax_scale
+        )
+        assert MlaSpec.from_config(c).softmax_scale != pytest.approx(24**-0.5)
+    logits = prompt_logits(runner_for(backend, bundle), PROMPT)
+    assert np.abs(logits - hf_logits(hf, PROMPT)).max() < ATOL
+
+
+def test_kv_cache_holds_expanded_heads_at_key_width() -> None:
+    """The cache stores every head's key (nope + rope) and value padded to it: its size says so."""
+    hf = tiny("deepseek_v3-halves")  # values 32 wide > keys 24: the cache takes the wider
+    runner = fp32_runner(bundle_from_hf(hf))
+    spec = runner.kv_cache_spec
+    assert (spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.dtype_bytes) == (2, 4, 32, 4)
+    assert spec.bytes_per_block(16) == 2 * 2 * 16 * 4 * 32 * 4
+    runner.initialize_kv_cache(4, 16)
+    assert tuple(runner.kv_caches[0].shape) == (2, 4, 4 * 16, 32)
+
+
+def test_sanitize_drops_mtp_layers_and_deinterleaves_rope_rows() -> None:
+    config = ModelConfig.from_hf_dict(tiny("deepseek_v3").config.to_dict())
+    rows = np.arange(40, dtype=np.float32)[:, None] * np.ones((1, 64), np.float32)  # row i holds i
+    weights = [
+        WeightTensor("model.layers.0.self_attn.kv_a_proj_with_mqa.weight", (40, 64), "F32", rows),
+        WeightTensor("model.layers.2.self_attn.kv_a_proj_with_mqa.weight", (40, 64), "F32", rows),  # MTP
+    ]
+    out = list(sanitize(config, weights))
+    assert [w.name for w in out] == ["model.layers.0.self_attn.kv_a_proj_with_mqa.weight"]
+    # latent rows 0..31 stay; the rope pairs (32, 33), (34, 35), ... become evens then odds
+    assert out[0].data[:, 0].tolist() == [*range(32), 32, 34, 36, 38, 33, 35, 37, 39]
+
+
+def test_hf_config_sizes_ignore_transformers_head_dim() -> None:
+    """transformers saves head_dim = qk_rope_head_dim and V3's num_key_value_heads = 128 by default."""
+    d = tiny("deepseek_v3").config.to_dict()
+    assert d["head_dim"] == 8 and d["num_key_value_heads"] == 4
+    c = ModelConfig.from_hf_dict({**d, "num_key_value_heads": 128})
+    assert (c.num_key_value_heads, c.head_dim, c.rotary_dim) == (4, 24, 8)
