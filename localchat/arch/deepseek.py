@@ -7,7 +7,7 @@ MLA: q comes from `q_proj` (or the low-rank q_a_proj -> RMSNorm -> q_b_proj), on
 `kv_b_proj` expands the latent to each head's nope key | value. RoPE turns the rope dims only.
 NOTE: the paged cache stores the expanded per-head keys (nope | rope) and values zero-padded to the key
 width, so every attention path runs unchanged with kv_heads = heads. That costs heads * 2 * qk_dim per
-token and layer where the latent alone would be kv_lora_rank + rope_dim (~28x less for DeepSeek-V3);
+token and layer where the latent alone would be kv_lora_rank + rope_dim (~85x less for DeepSeek-V3);
 a latent cache with absorbed attention is the follow-up.
 """
 
