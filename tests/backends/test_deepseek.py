@@ -17,6 +17,7 @@ from localchat.weights.loader import load_model
 from localchat.weights.tensors import WeightTensor
 from tests.backends.test_moe import ATOL, BACKENDS, hf_logits, hf_state, prompt_logits, runner_for
 from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE, write_tiny_gguf
+from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import DEEPSEEK_YARN, VARIANTS, bundle_from_hf, fp32_runner, tiny_hf_model
 
 PROMPT = [5, 17, 99, 3, 250, 42, 7, 7, 81, 130, 64] * 2
@@ -111,3 +112,29 @@ def test_hf_config_sizes_ignore_transformers_head_dim() -> None:
     assert d["head_dim"] == 8 and d["num_key_value_heads"] == 4
     c = ModelConfig.from_hf_dict({**d, "num_key_value_heads": 128})
     assert (c.num_key_value_heads, c.head_dim, c.rotary_dim) == (4, 24, 8)
+
+
+def test_torch_bfloat16_keeps_gguf_mla_projections_quantized(tmp_path: Path) -> None:
+    """bf16 on the CPU kernels: the MLA projections stay in their GGUF blocks; prompt and decode steps
+    (the fused decode attention over kv_heads = heads) track transformers on the dequantized weights."""
+    hf = tiny("deepseek_v3", q_lora_rank=32, v_head_dim=16)  # every projection's rows split into 32s
+    path = write_tiny_gguf(tmp_path / "ds.gguf", hf, qtype="Q8_0", legacy_kv_b=True)
+    bundle = load_model(path)
+    hf.load_state_dict(deepseek_hf_state(list(bundle.iter_weights())), strict=False)
+    runner = runner_for("torch", bundle, "bfloat16")
+    if runner.quant.kernels is None and not runner.quant.int4:
+        pytest.skip("no quantized kernel on this CPU: every GGUF weight is dequantized")
+    layer = runner.model.layers[1]
+    assert not any(isinstance(getattr(layer, n), torch.Tensor) for n in ("q_a", "q", "kv_a", "kv_b", "o"))
+    driver = PagedDriver(runner)
+    driver.add("a", PROMPT)
+    _, logits = driver.step_logits(every_token=True)
+    tokens, rows = list(PROMPT), [logits[-1].float().numpy()]
+    for _ in range(4):
+        tokens.append(int(logits[-1].argmax()))
+        driver.feed("a", tokens[-1])
+        _, logits = driver.step_logits()
+        rows.append(logits[-1].float().numpy())
+    ours, ref = np.stack(rows), hf_logits(hf, tokens)[len(PROMPT) - 1 :]
+    cos = (ours * ref).sum(-1) / (np.linalg.norm(ours, axis=-1) * np.linalg.norm(ref, axis=-1))
+    assert cos.min() > 0.99
