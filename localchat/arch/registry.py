@@ -164,6 +164,7 @@ DEEPSEEK_WEIGHTS: WeightMap = {
     "mlp.shared_experts.up_proj.weight": ("moe.shared.gate_up", 1, 2),
     "mlp.shared_experts.down_proj.weight": ("moe.shared.down", 0, 1),
 }
+DEEPSEEK_FLOAT32 = frozenset({"router", "score_bias"})
 # Config keys the DeepSeek model files read, with transformers' DeepseekV2Config defaults.
 DEEPSEEK_EXTRA_KEYS: dict[str, Any] = {
     "q_lora_rank": None,
@@ -255,6 +256,9 @@ class Architecture:
     derive_sizes: Callable[[ModelConfig], None] | None = None
     # Rewrites the checkpoint's tensors into the layout the family reads, before a backend loads them.
     sanitize: Callable[[ModelConfig, Iterable[WeightTensor]], Iterable[WeightTensor]] | None = None
+    # Parameters loaded in float32 whatever the compute dtype (DeepSeek's router and its bias: bf16 would
+    # reorder near-tied experts; transformers and llama.cpp keep them float32 too).
+    float32_params: frozenset[str] = frozenset()
     # llama.cpp's `rope.scaling.yarn_log_multiplier` is this times transformers' mscale_all_dim.
     gguf_yarn_log_mul_per_mscale: float = 1.0
 
@@ -424,6 +428,7 @@ def _entries() -> list[Architecture]:
             gguf_metadata=DEEPSEEK_GGUF_METADATA,
             derive_sizes=deepseek.derive_sizes,
             sanitize=deepseek.sanitize,
+            float32_params=DEEPSEEK_FLOAT32,
             gguf_yarn_log_mul_per_mscale=0.1,
         ),
         Architecture(
@@ -441,6 +446,7 @@ def _entries() -> list[Architecture]:
             extra_keys=DEEPSEEK_EXTRA_KEYS,
             derive_sizes=deepseek.derive_sizes,
             sanitize=deepseek.sanitize,
+            float32_params=DEEPSEEK_FLOAT32,
         ),
     ]
 

@@ -126,6 +126,7 @@ def test_torch_bfloat16_keeps_gguf_mla_projections_quantized(tmp_path: Path) -> 
         pytest.skip("no quantized kernel on this CPU: every GGUF weight is dequantized")
     layer = runner.model.layers[1]
     assert not any(isinstance(getattr(layer, n), torch.Tensor) for n in ("q_a", "q", "kv_a", "kv_b", "o"))
+    assert layer.moe.router.dtype == layer.moe.score_bias.dtype == torch.float32  # registry: float32_params
     driver = PagedDriver(runner)
     driver.add("a", PROMPT)
     _, logits = driver.step_logits(every_token=True)

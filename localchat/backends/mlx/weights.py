@@ -46,8 +46,9 @@ def load_model(
         "norm": (config.hidden_size,),
     }
     pending: dict[tuple[int, str], dict[int, Weight | Embedding]] = {}
-    sanitize = architecture(config.model_type).sanitize  # a family's own tensor layout fixes
-    for weight in split_experts(sanitize(config, weights) if sanitize else weights):
+    arch = architecture(config.model_type)
+    stream = arch.sanitize(config, weights) if arch.sanitize else weights  # a family's own layout fixes
+    for weight in split_experts(stream):
         target = _target(model, weight.name)
         if target is None:
             continue
@@ -58,7 +59,7 @@ def load_model(
             raise ModelLoadError(
                 f"Weight {weight.name!r} has shape {tuple(weight.shape)}, expected {expected} from the config."
             )
-        value = _convert(attr, weight, dtype, dense_from_rows)
+        value = _convert(attr, weight, mx.float32 if attr in arch.float32_params else dtype, dense_from_rows)
         _evaluate(value)
         if parts == 1:
             setattr(owner, attr, value)

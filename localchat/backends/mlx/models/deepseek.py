@@ -34,7 +34,7 @@ class SharedExpertMoe(SparseMoe):
     def route(self, x: mx.array) -> tuple[mx.array, mx.array]:
         assert self.router is not None
         rule, tokens = self.rule, x.shape[0]
-        logits = linear(x, self.router).astype(mx.float32)
+        logits = linear(x.astype(mx.float32), self.router)  # router kept float32 (registry)
         scores = mx.sigmoid(logits) if rule.sigmoid else mx.softmax(logits, axis=-1)
         choice = scores if self.score_bias is None else scores + self.score_bias.astype(mx.float32)
         if rule.groups > 1:
