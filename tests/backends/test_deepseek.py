@@ -16,6 +16,7 @@ from localchat.weights.config import ModelConfig
 from localchat.weights.loader import load_model
 from localchat.weights.tensors import WeightTensor
 from tests.backends.test_moe import ATOL, BACKENDS, hf_logits, hf_state, prompt_logits, runner_for
+from tests.backends.test_torch_parity import _tiny_tokenizer_json
 from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE, write_tiny_gguf
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import DEEPSEEK_YARN, VARIANTS, bundle_from_hf, fp32_runner, tiny_hf_model
@@ -139,3 +140,20 @@ def test_torch_bfloat16_keeps_gguf_mla_projections_quantized(tmp_path: Path) -> 
     ours, ref = np.stack(rows), hf_logits(hf, tokens)[len(PROMPT) - 1 :]
     cos = (ours * ref).sum(-1) / (np.linalg.norm(ours, axis=-1) * np.linalg.norm(ref, axis=-1))
     assert cos.min() > 0.99
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("variant", ["deepseek_v2", "deepseek_v3"])
+def test_hub_folder_loads_through_safetensors(tmp_path: Path, backend: str, variant: str) -> None:
+    """save_pretrained writes the hub's layout (per-expert names, V3's e_score_correction_bias)."""
+    hf = tiny(variant)
+    hf.save_pretrained(tmp_path)
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "model.safetensors"), "np") as f:
+        names = set(f.keys())
+    assert "model.layers.1.mlp.experts.3.gate_proj.weight" in names
+    assert ("model.layers.1.mlp.gate.e_score_correction_bias" in names) == (variant == "deepseek_v3")
+    (tmp_path / "tokenizer.json").write_text(_tiny_tokenizer_json())
+    runner = runner_for(backend, load_model(tmp_path))
+    assert np.abs(prompt_logits(runner, PROMPT) - hf_logits(hf, PROMPT)).max() < ATOL
