@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +18,11 @@ MIB = 2**20
 GIB = 2**30
 RUNTIME_OVERHEAD = 400 * MIB  # torch + tokenizer + engine bookkeeping, measured ~350 MiB on SmolLM2-135M
 MIN_KV_BUDGET = 256 * MIB  # without --mem the engine sizes its KV cache from what is left: count a floor
-# GGUF quant types the torch backend keeps packed (4-bit codes); other types are expanded to bf16, so
-# their weights take 16 / bits-per-weight times the file size once loaded.
-_PACKED = ("q4_0", "q4_1")
+# GGUF types the backends read in their blocks (file size once loaded): with localchat's compiled CPU
+# kernels every common type; without them only Q4_0/Q4_1 (torch's int4 kernel), the rest expanded to
+# bf16. MLX keeps these quantized too. Anything else (Q2_K, IQ*) is expanded: 2 bytes per value.
+_KERNEL_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
+_INT4_TYPES = frozenset({"Q4_0", "Q4_1"})
 _LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _FLOAT = ("f16", "bf16", "f32")  # the GGUF files `--isq` quantizes (it leaves quantized tensors as they are)
 _BITS = {
@@ -64,12 +68,41 @@ def estimate(path: Path, kv_cache_mib: int | None, isq: str | None = None) -> Me
         quant = _quant_of(path.name)
         if isq is not None and quant in _FLOAT:
             weights = _isq_weights(path, isq, size)
-        elif quant is not None and quant not in _PACKED:
-            weights = int(size * 16 / _BITS.get(quant, 16.0))
+        elif quant not in _FLOAT:
+            weights = _loaded_gguf_bytes(path, compact_gguf_types(), size, quant)
     elif isq is not None and path.is_dir():
         weights = _isq_weights(path, isq, size)
     kv = kv_cache_mib * MIB if kv_cache_mib is not None else MIN_KV_BUDGET
     return MemoryEstimate(weights, kv, RUNTIME_OVERHEAD)
+
+
+def compact_gguf_types() -> frozenset[str]:
+    """The GGUF types a load keeps in their blocks on this install (see `_KERNEL_TYPES`)."""
+    if os.environ.get("LOCALCHAT_KERNELS", "auto").strip().lower() == "off":
+        return _INT4_TYPES
+    # By name, so this module never imports the torch backend (the extension is a plain shared library).
+    built = importlib.util.find_spec("localchat.backends.torch._lckernels") is not None
+    return _KERNEL_TYPES if built else _INT4_TYPES
+
+
+def _loaded_gguf_bytes(path: Path, compact: frozenset[str], size: int, quant: str | None) -> int:
+    """A quantized GGUF's weights once loaded, tensor by tensor (a Q4_K_M file mixes Q4_K, Q6_K and
+    F32): compact types as stored, other quantized types as bf16. Unreadable: the filename's type."""
+    try:
+        from gguf import GGMLQuantizationType as Q
+
+        from localchat.weights.gguf import open_gguf
+
+        total = 0
+        for t in open_gguf(path).tensors:
+            kind = Q(t.tensor_type)
+            dense = kind in (Q.F32, Q.F16, Q.BF16) or kind.name in compact
+            total += int(t.n_bytes) if dense else int(t.n_elements) * 2
+        return total
+    except (ModelLoadError, OSError, ValueError, KeyError, TypeError):
+        if quant is None or quant.upper() in compact:
+            return size
+        return int(size * 16 / _BITS.get(quant, 16.0))
 
 
 def _isq_weights(path: Path, isq: str, size: int) -> int:

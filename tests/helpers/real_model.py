@@ -17,6 +17,7 @@ from tests.helpers.torch_batch import PagedDriver
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain recursion to a child."]
 NEW_TOKENS = 48
+MIN_TRACKED = 16  # tokens one prompt at least must match the reference for (assert_greedy_tracks)
 
 
 def chat_prompts(bundle: ModelBundle) -> list[list[int]]:
@@ -58,19 +59,32 @@ def top2(runner: Any, tokens: list[int]) -> tuple[int, int, float]:
     return int(first), int(second), float(row[first] - row[second])
 
 
+def reference_gap(runner: Any, tokens: list[int], token: int) -> tuple[int, float]:
+    """(the reference's top-1 id, how far `token`'s logit lies below it) for the token after `tokens`."""
+    driver = PagedDriver(runner, num_blocks=64, block_size=16)
+    driver.add("m", tokens)
+    _, logits = driver.step_logits()
+    row = np.asarray(logits[0]).astype(np.float32, copy=False)
+    best = int(np.argmax(row))
+    return best, float(row[best] - row[token])
+
+
 def assert_greedy_tracks(
     ours: Any, reference: Any, bundle: ModelBundle, prompts: list[list[int]], near_tie: float, label: str
 ) -> None:
-    """Token-identical to the reference's greedy output until a near-tie: only a token whose reference
-    top-2 gap is below `near_tie` may flip (to the other of the two), and at least one prompt matches."""
+    """Token-identical to the reference's greedy output until a near-tie: where they first differ, the
+    reference's token is its top-1 and ours lies within `near_tie` of it in the reference's logits (a
+    second or third candidate that close is a tie within the quantization noise); and at least one
+    prompt matches for MIN_TRACKED tokens (each flip moves the text onto another path, so one early
+    near-tie must not hide a wrong kernel on every prompt)."""
     got, want = greedy(ours, bundle, prompts), greedy(reference, bundle, prompts)
-    identical = 0
+    longest = 0
     for prompt, a, b in zip(prompts, got, want, strict=True):
-        if a == b:
-            identical += 1
+        at = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
+        longest = max(longest, at)
+        if at == len(a):
             continue
-        at = next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
-        first, second, gap = top2(reference, prompt + b[:at])
-        detail = f"first difference at token {at}: {label} {a[at]}, fp32 {b[at]}; fp32 top-2 gap {gap:.3f}"
-        assert {a[at], b[at]} == {first, second} and gap < near_tie, detail
-    assert identical >= 1
+        best, gap = reference_gap(reference, prompt + b[:at], a[at])
+        detail = f"first difference at token {at}: {label} {a[at]}, fp32 {b[at]}; fp32 logit gap {gap:.3f}"
+        assert best == b[at] and gap < near_tie, detail
+    assert longest >= MIN_TRACKED, f"no prompt matched the reference for {MIN_TRACKED} tokens"

@@ -36,11 +36,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from localchat.backends.torch import kernels as cpu_kernels
 from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
 from localchat.backends.torch.kernel_choice import cpu_decode_kernels
+from localchat.backends.torch.padded_sdpa import prefill_sdpa
 from localchat.engine.interface import BatchInputs
 
 
@@ -245,12 +245,5 @@ def _prefill(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, row: PrefillRow, block_size: int
 ) -> torch.Tensor:
     keys, values = row_keys_values(k, v, cache, row, block_size, q.shape[1])
-    # 4-D inputs: with 3-D ones SDPA on CPU falls back to its unfused math kernel (2-3x slower).
-    out = F.scaled_dot_product_attention(
-        q[None, row.start : row.end].transpose(1, 2),
-        keys[None],
-        values[None],
-        attn_mask=row.mask,
-        is_causal=row.mask is None,
-    )  # [1, heads, L, d]
-    return out[0].transpose(0, 1)
+    out = prefill_sdpa(q[row.start : row.end].transpose(0, 1), keys, values, row.mask)  # [heads, L, d]
+    return out.transpose(0, 1)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from localchat.backends.torch import kernels as cpu_kernels
 from localchat.backends.torch.attention import (
@@ -23,6 +22,7 @@ from localchat.backends.torch.attention import (
     gather_blocks,
     row_keys_values,
 )
+from localchat.backends.torch.padded_sdpa import prefill_sdpa
 
 
 def attend_with_options(
@@ -98,9 +98,7 @@ def _prefill(
     scale = _scale(options, head_dim)
     queries = q[row.start : row.end].transpose(0, 1)  # [heads, L, d]
     if options.softcap is None:
-        out = F.scaled_dot_product_attention(
-            queries[None], keys[None], values[None], attn_mask=mask, scale=scale
-        )[0]  # [heads, L, d]
+        out = prefill_sdpa(queries, keys, values, mask, scale)  # [heads, L, d]
     else:
         scores = torch.matmul(queries.float(), keys.float().transpose(1, 2)) * scale  # [heads, L, S]
         scores = _softcap(scores, options.softcap).masked_fill(~mask, float("-inf"))

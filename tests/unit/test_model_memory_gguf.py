@@ -1,0 +1,59 @@
+"""The pre-load RAM check sizes a quantized GGUF the way the backend will hold it: tensor by tensor, the
+types localchat's compiled kernels read in place at their size in the file (a Q4_K_M mix of Q4_K and
+Q6_K is no bigger in RAM than on disk), everything else at 2 bytes per value once expanded to bf16.
+Expected sizes are worked out from the formats (Q4_K: 144 bytes per 256 values; F32 norms), not from
+the code under test."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localchat.model_memory import compact_gguf_types, estimate
+from tests.helpers.tiny_gguf import random_state_dict, tiny_config, write_tiny_gguf
+
+KERNELS_BUILT = importlib.util.find_spec("localchat.backends.torch._lckernels") is not None
+
+
+def _q4_k_file(tmp_path: Path) -> tuple[Path, int, int, int]:
+    """A tiny Q4_K llama GGUF and (values in matrices, values in norms, bytes of its tensors)."""
+    cfg = tiny_config()
+    weights = random_state_dict(cfg)
+    path = write_tiny_gguf(tmp_path / "tiny-Q4_K_M.gguf", weights, cfg, qtype="Q4_K")
+    matrix = sum(w.size for w in weights.values() if w.ndim == 2)
+    norms = sum(w.size for w in weights.values() if w.ndim == 1)
+    assert all(w.shape[-1] % 256 == 0 for w in weights.values() if w.ndim == 2)  # every row is blocks
+    return path, matrix, norms, matrix * 144 // 256 + norms * 4
+
+
+@pytest.mark.skipif(not KERNELS_BUILT, reason="the compiled kernels are not built in this install")
+def test_k_quant_file_is_sized_as_stored_with_the_kernels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LOCALCHAT_KERNELS", raising=False)
+    path, _, _, stored = _q4_k_file(tmp_path)
+    assert "Q4_K" in compact_gguf_types() and "Q6_K" in compact_gguf_types()
+    assert estimate(path, 64).weights == stored
+    assert stored < path.stat().st_size  # the rest of the file is metadata and the vocabulary
+
+
+def test_k_quant_file_is_sized_dequantized_without_the_kernels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOCALCHAT_KERNELS", "off")
+    path, matrix, norms, stored = _q4_k_file(tmp_path)
+    assert compact_gguf_types() == frozenset({"Q4_0", "Q4_1"})
+    weights = estimate(path, 64).weights
+    assert weights == matrix * 2 + norms * 4
+    assert weights > 3 * stored  # bf16 is 16 bits a value against Q4_K's 4.5
+
+
+def test_unreadable_gguf_falls_back_to_the_filename(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A damaged header is the load's to report; the estimate still answers from the name's type."""
+    monkeypatch.setenv("LOCALCHAT_KERNELS", "off")
+    path = tmp_path / "broken-Q8_0.gguf"
+    path.write_bytes(np.zeros(4096, dtype=np.uint8).tobytes())
+    assert estimate(path, 64).weights == int(4096 * 16 / 8.5)
