@@ -48,9 +48,8 @@ class SharedExpertMoe(SparseMoe):
             kept = torch.zeros_like(rank, dtype=torch.bool)
             kept.scatter_(1, rank.topk(rule.groups_used, dim=-1).indices, True)
             # Softmax scores are >= 0, so V2 masks with 0 (as transformers does); V3's biased ones with -inf.
-            choice = choice.masked_fill(
-                ~kept.repeat_interleave(grouped.shape[-1], dim=1), 0.0 if not rule.sigmoid else -math.inf
-            )
+            fill = -math.inf if rule.sigmoid else 0.0
+            choice = choice.masked_fill(~kept.repeat_interleave(grouped.shape[-1], dim=1), fill)
         ids = choice.topk(self.top_k, dim=-1).indices
         weights = (scores if rule.sigmoid else choice).gather(1, ids)
         if rule.renormalize:
