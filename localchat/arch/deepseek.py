@@ -96,12 +96,14 @@ class RouterSpec:
         groups = int(x.get("n_group") or 1)
         grouped = groups > 1 and x.get("topk_method") != "greedy"
         experts = int(x.get("n_routed_experts") or 0)
-        if grouped and experts % groups:
+        sigmoid = scoring == "sigmoid"
+        # V3 ranks groups by their two best scores: each group needs two experts.
+        if grouped and (experts % groups or (sigmoid and experts // groups < 2)):
             raise ModelLoadError(
-                f"{experts} experts do not split into {groups} groups; the config is damaged."
+                f"{experts} routed experts do not split into {groups} groups; the model's config is damaged."
             )
         return cls(
-            sigmoid=scoring == "sigmoid",
+            sigmoid=sigmoid,
             groups=groups if grouped else 1,
             groups_used=int(x.get("topk_group") or groups) if grouped else 1,
             renormalize=bool(x.get("norm_topk_prob")),
