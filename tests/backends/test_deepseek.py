@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from localchat.arch.deepseek import MlaSpec, RouterSpec, sanitize
+from localchat.errors import ModelLoadError
 from localchat.weights.config import ModelConfig
 from localchat.weights.loader import load_model
 from localchat.weights.tensors import WeightTensor
@@ -157,3 +158,20 @@ def test_hub_folder_loads_through_safetensors(tmp_path: Path, backend: str, vari
     (tmp_path / "tokenizer.json").write_text(_tiny_tokenizer_json())
     runner = runner_for(backend, load_model(tmp_path))
     assert np.abs(prompt_logits(runner, PROMPT) - hf_logits(hf, PROMPT)).max() < ATOL
+
+
+def test_router_rules_from_config_and_damaged_configs() -> None:
+    d = tiny("deepseek_v3").config.to_dict()
+    rule = RouterSpec.from_config(ModelConfig.from_hf_dict(d))
+    assert (rule.sigmoid, rule.groups, rule.groups_used, rule.renormalize, rule.scale) == (
+        True,
+        2,
+        1,
+        True,
+        2.5,
+    )
+    greedy = ModelConfig.from_hf_dict({**d, "model_type": "deepseek_v2", "topk_method": "greedy"})
+    assert RouterSpec.from_config(greedy).groups == 1  # V2-Lite: n_group set, but no group limit
+    for bad in ({"n_group": 3}, {"n_group": 4}, {"scoring_func": "sqrtsoftplus"}):
+        with pytest.raises(ModelLoadError):
+            RouterSpec.from_config(ModelConfig.from_hf_dict({**d, **bad}))
