@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from localchat.arch.deepseek import MlaSpec, RouterSpec, sanitize
+from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import ModelLoadError
+from localchat.llm import LLM
 from localchat.weights.config import ModelConfig
 from localchat.weights.loader import load_model
 from localchat.weights.tensors import WeightTensor
@@ -175,3 +177,21 @@ def test_router_rules_from_config_and_damaged_configs() -> None:
     for bad in ({"n_group": 3}, {"n_group": 4}, {"scoring_func": "sqrtsoftplus"}):
         with pytest.raises(ModelLoadError):
             RouterSpec.from_config(ModelConfig.from_hf_dict({**d, **bad}))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_engine_batch_from_a_gguf_matches_transformers_greedy(tmp_path: Path, backend: str) -> None:
+    """The whole path: a deepseek2 file through `LLM` (tokenizer, engine, continuous batching of two
+    prompts of different lengths) gives transformers' greedy tokens on the dequantized weights."""
+    if backend == "mlx":
+        pytest.importorskip("mlx.core")
+    hf = tiny("deepseek_v3")
+    path = write_tiny_gguf(tmp_path / "ds.gguf", hf, qtype="Q8_0")
+    hf.load_state_dict(deepseek_hf_state(list(load_model(path).iter_weights())), strict=False)
+    llm = LLM(path, backend=backend, device="cpu", dtype="float32")
+    prompts = [PROMPT, PROMPT[:7]]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    for prompt, out in zip(prompts, outs, strict=True):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, attention_mask=None)
+        assert out.token_ids == ref[0, len(prompt) :].tolist()
