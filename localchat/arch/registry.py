@@ -414,8 +414,7 @@ def _entries() -> list[Architecture]:
             gguf_arch="phi3",
             gguf_block_names=PHI3_GGUF_BLOCK_NAMES,
         ),
-        # DeepSeek-V2 / V2-Lite (softmax router) and V3 / R1, Kimi-K2, Moonlight (sigmoid router with a
-        # bias): one family. llama.cpp writes both as "deepseek2"; its metadata says which router it is,
+        # DeepSeek-V2 / V2-Lite (softmax router) and V3 / R1 (sigmoid router with a bias): one family. llama.cpp writes both as "deepseek2"; its metadata says which router it is,
         # so such files load as deepseek_v2 and run the router the file names.
         Architecture(
             "deepseek_v2",

@@ -1,4 +1,4 @@
-"""DeepSeek-V2 / V2-Lite and V3 / R1 (and configs of their shape: Kimi-K2, Moonlight): multi-head latent
+"""DeepSeek-V2 / V2-Lite and V3 / R1 (and checkpoints of their model_type): multi-head latent
 attention, then a dense SwiGLU in the first `first_k_dense_replace` layers and a shared-expert mixture
 of experts after them. Sizes, router rules and the checkpoint layout: localchat/arch/deepseek.py.
 
