@@ -243,6 +243,9 @@ class Architecture:
     gguf_permuted_qk: bool = False
     # llama.cpp's converter stores some norm weights shifted (Gemma: 1 + weight); loading subtracts it.
     gguf_norm_offset: float = 0.0
+    # GGUF records no query_pre_attn_scalar. llama.cpp scales Gemma's scores by head_dim ** -0.5, except
+    # in the 27B (known by its block count), by (hidden / heads) ** -0.5, as its checkpoint does.
+    gguf_wide_query_scale_layers: int | None = None
     # A multimodal wrapper whose text LM we run alone: the key its config nests under, and checkpoint
     # name prefixes -> the text model's (None: a part we do not run, e.g. the vision tower; skipped).
     text_config_key: str | None = None
@@ -274,6 +277,33 @@ class Architecture:
             return None
         pname, part, parts = self.layer_weights[generic]
         return pname.format(e=match.group(1)), part, parts
+
+
+# The text LM's names in a multimodal checkpoint: as transformers saves it on disk (also the hub files'
+# layout), then transformers 5's in-memory names; the vision tower and projector are not run.
+MULTIMODAL_TEXT_PREFIXES: dict[str, str | None] = {
+    "language_model.model.": "model.",
+    "language_model.lm_head.": "lm_head.",
+    "model.language_model.": "model.",
+    "vision_tower.": None,
+    "multi_modal_projector.": None,
+    "model.vision_tower.": None,
+    "model.multi_modal_projector.": None,
+}
+# transformers' Gemma3TextConfig defaults (the Gemma 3 1B sizes): the text_config of a Gemma 3 4B/12B/27B
+# config.json lists only the keys that differ from them.
+GEMMA3_TEXT_DEFAULTS = {
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 131_072,
+    "query_pre_attn_scalar": 256,
+    "bos_token_id": 2,
+    "eos_token_id": 1,
+}
 
 
 def _entries() -> list[Architecture]:
@@ -355,12 +385,18 @@ def _entries() -> list[Architecture]:
             },
             gguf_block_names=GEMMA_GGUF_BLOCK_NAMES,
             gguf_norm_offset=1.0,
+            gguf_wide_query_scale_layers=46,  # Gemma 2 27B: 4608 / 32 = 144, head_dim 128
         ),
         Architecture(
             "gemma3_text",
             "gemma",
             layer_weights={**GEMMA_LAYER_WEIGHTS, **QK_NORM_WEIGHTS},
-            hf_defaults={**gemma_defaults, "sliding_window": 4096, "rope_theta": 1_000_000.0},
+            hf_defaults={
+                **gemma_defaults,
+                **GEMMA3_TEXT_DEFAULTS,
+                "sliding_window": 4096,
+                "rope_theta": 1_000_000.0,
+            },
             extra_keys={
                 **gemma_keys,
                 "attn_logit_softcapping": None,
@@ -376,6 +412,7 @@ def _entries() -> list[Architecture]:
             },
             gguf_block_names=GEMMA_GGUF_BLOCK_NAMES,
             gguf_norm_offset=1.0,
+            gguf_wide_query_scale_layers=62,  # Gemma 3 27B: 5376 / 32 = 168, head_dim 128
         ),
         # Ministral-8B-Instruct-2410: Mistral's layout (transformers 5 nests its rope settings).
         Architecture("ministral", "llama"),
@@ -395,15 +432,12 @@ def _entries() -> list[Architecture]:
             "mistral3",
             "llama",
             text_config_key="text_config",
-            weight_prefixes={
-                "language_model.model.": "model.",  # how transformers saves it on disk
-                "language_model.lm_head.": "lm_head.",
-                "model.language_model.": "model.",  # its in-memory names
-                "vision_tower.": None,
-                "multi_modal_projector.": None,
-                "model.vision_tower.": None,
-                "model.multi_modal_projector.": None,
-            },
+            weight_prefixes=MULTIMODAL_TEXT_PREFIXES,
+        ),
+        # Gemma 3 4B / 12B / 27B (Gemma3ForConditionalGeneration): its gemma3_text LM only, images
+        # unsupported. GGUF files of them are `gemma3` text models (the vision tower is a separate mmproj).
+        Architecture(
+            "gemma3", "gemma", text_config_key="text_config", weight_prefixes=MULTIMODAL_TEXT_PREFIXES
         ),
         # Phi-3 / 3.5-mini, Phi-4-mini: Llama's layer on fused checkpoint tensors, partial rotary, longrope.
         Architecture(

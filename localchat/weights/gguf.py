@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -165,15 +165,21 @@ def config_from_gguf(reader: GGUFReader) -> ModelConfig:
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=list(dict.fromkeys(int(e) for e in eos if e is not None)),
         torch_dtype=None,  # a GGUF mixes tensor types; the backend picks its compute dtype
-        extra={
-            **entry.extra_keys,
-            **{
-                hf_key: value
-                for key, hf_key in entry.gguf_metadata.items()
-                if (value := get(key)) is not None
-            },
-        },
+        extra=_extra(entry, get, layers, hidden // heads),
     )
+
+
+def _extra(
+    entry: Architecture, get: Callable[[str], Any], layers: int, width_per_head: int
+) -> dict[str, Any]:
+    """The registry's extra keys, overridden by the GGUF metadata that records them."""
+    extra = {
+        **entry.extra_keys,
+        **{hf_key: value for key, hf_key in entry.gguf_metadata.items() if (value := get(key)) is not None},
+    }
+    if entry.gguf_wide_query_scale_layers == layers and extra.get("query_pre_attn_scalar") is None:
+        extra["query_pre_attn_scalar"] = width_per_head  # llama.cpp's Gemma 27B rule (registry)
+    return extra
 
 
 def _rope_scaling(

@@ -98,20 +98,23 @@ def _load_gguf(file: Path, name: str) -> ModelBundle:
 
 
 def folder_chat_template(folder: Path) -> str | None:
-    """tokenizer_config.json's chat_template (a string, or named templates: "default"), else chat_template.jinja."""
-    config_path = folder / "tokenizer_config.json"
-    if config_path.is_file():
+    """tokenizer_config.json's chat_template (a string, or named templates: "default"), else
+    chat_template.jinja, else chat_template.json (a multimodal processor's: Gemma 3, Mistral 3)."""
+    for name in ("tokenizer_config.json", "chat_template.jinja", "chat_template.json"):
+        path = folder / name
+        if not path.is_file():
+            continue
         try:
-            template = json.loads(config_path.read_text(encoding="utf-8")).get("chat_template")
-        except (OSError, ValueError) as exc:
-            raise ModelLoadError(f"Cannot read {config_path}: {exc}") from exc
+            text = path.read_text(encoding="utf-8")
+            template = text if name.endswith(".jinja") else json.loads(text).get("chat_template")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise ModelLoadError(f"Cannot read {path}: {exc}") from exc
         if isinstance(template, list):
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
             template = named.get("default") or next(iter(named.values()), None)
         if isinstance(template, str) and template:
             return template
-    jinja = folder / "chat_template.jinja"
-    return jinja.read_text(encoding="utf-8") if jinja.is_file() else None
+    return None
 
 
 def _stop_at_end_of_turn(config: ModelConfig, tokenizer: Tokenizer, template: str | None) -> None:

@@ -49,7 +49,9 @@ def config_from_folder(folder: Path) -> ModelConfig:
     if arch.text_config_key is not None:  # a multimodal wrapper: run its text LM
         text = raw.get(arch.text_config_key) or {}
         inherited: dict[str, Any] = {
-            k: raw[k] for k in ("bos_token_id", "eos_token_id", "tie_word_embeddings") if k in raw
+            k: raw[k]
+            for k in ("bos_token_id", "eos_token_id", "tie_word_embeddings", "torch_dtype", "dtype")
+            if k in raw
         }
         raw = {**inherited, **text}
         if raw.get("model_type") not in SUPPORTED_MODEL_TYPES or raw.get("model_type") == model_type:

@@ -73,7 +73,8 @@ def _engine(bundle, monkeypatch: pytest.MonkeyPatch, attention: str, graphs: boo
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["llama", "ministral3"])  # ministral3: a per-token q scale in the graph
+# ministral3: a per-token q scale in the graph; gemma2/gemma3: soft-caps, windows and scales in the graph
+@pytest.mark.parametrize("variant", ["llama", "ministral3", "gemma2", "gemma3"])
 def test_triton_decode_graph_path_matches_cpu_path_through_the_engine(
     monkeypatch: pytest.MonkeyPatch, variant: str
 ) -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from localchat.backends import RunnerOptions, create_runner
-from localchat.backends.torch.attention import AttentionMetadata, paged_attention
+from localchat.backends.torch.attention import AttentionMetadata, AttentionOptions, paged_attention
 from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
 from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine
@@ -24,7 +24,12 @@ CUDA = torch.device("cuda")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_triton_kernels_match_the_cpu_path(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(
+    "options",
+    [None, AttentionOptions(window=512, softcap=50.0, scale=0.07), AttentionOptions(window=37)],
+    ids=["plain", "gemma-like", "window"],
+)
+def test_triton_kernels_match_the_cpu_path(dtype: torch.dtype, options: AttentionOptions | None) -> None:
     from localchat.backends.torch.triton_attention import triton_paged_attention
 
     rows = [(700, 1), (37, 1), (300, 120), (9, 9), (2000, 1)]  # long decode rows exercise split-K
@@ -34,10 +39,11 @@ def test_triton_kernels_match_the_cpu_path(dtype: torch.dtype) -> None:
     k = torch.randn(batch.num_tokens, 8, 128, generator=gen)
     v = torch.randn(batch.num_tokens, 8, 128, generator=gen)
     cache = torch.randn(2, 8, 220 * 16, 128, generator=gen)
-    expected = paged_attention(q, k, v, cache.clone(), AttentionMetadata.from_batch(batch, q.device, 8))
+    cpu_meta = AttentionMetadata.from_batch(batch, q.device, 8)
+    expected = paged_attention(q, k, v, cache.clone(), cpu_meta, options)
     meta = TritonAttentionMetadata.from_batch(batch, CUDA, 8, num_sms=132)
     gpu = [t.to(CUDA, dtype) for t in (q, k, v, cache)]
-    got = triton_paged_attention(*gpu, meta).float().cpu()
+    got = triton_paged_attention(*gpu, meta, options).float().cpu()
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
 

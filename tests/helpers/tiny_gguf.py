@@ -302,6 +302,10 @@ def write_tiny_gguf(
         gguf_name = _gguf_name(name, model_type)
         _add_tensor(writer, gguf_name, data, "F32" if "ffn_gate_inp" in gguf_name else qtype)
     scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    scaling = scaling.get("full_attention") or scaling  # per layer type (Gemma 3): the global layers'
+    if scaling.get("rope_type") == "linear":  # Gemma 3 4B+: llama.cpp scales the global layers only
+        writer.add_rope_scaling_type(RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(float(scaling["factor"]))
     if scaling.get("rope_type") == "llama3":
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
         writer.add_tensor("rope_freqs.weight", _llama3_factors(scaling, _rope_theta(cfg), head_dim))

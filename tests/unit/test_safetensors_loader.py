@@ -125,6 +125,21 @@ def test_chat_template_jinja_file_and_end_of_turn_eos(tmp_path: Path, hf_tokeniz
     assert bundle.config.eos_token_ids == [0, 2]  # config.json's EOS, then the template's <|im_end|>
 
 
+def test_processor_chat_template_json(tmp_path: Path, hf_tokenizer_files: Path) -> None:
+    """Multimodal repos (Gemma 3, Mistral 3) may keep the template only in chat_template.json."""
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL, **HEADS))
+    folder = _save(model, tmp_path / "processor", hf_tokenizer_files)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    (folder / "chat_template.json").write_text(json.dumps({"chat_template": "{{ messages[0]['content'] }}"}))
+    assert load_model(folder).chat_template == "{{ messages[0]['content'] }}"
+    (folder / "chat_template.json").write_text("[1, 2]")
+    with pytest.raises(ModelLoadError, match=r"chat_template\.json"):
+        load_model(folder)
+
+
 def test_unsupported_architecture_in_config(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "rwkv6", "hidden_size": 8}))
     with pytest.raises(UnsupportedArchitectureError, match="rwkv6"):

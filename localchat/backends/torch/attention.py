@@ -172,9 +172,7 @@ def paged_attention(
     if isinstance(meta, TritonAttentionMetadata):  # CUDA: kernels that read the block table in place
         from localchat.backends.torch.triton_attention import triton_paged_attention
 
-        # The runner routes models with windowed / soft-capped layers to this file's path on CUDA.
-        assert options is None, "the Triton kernels implement plain causal attention only"
-        return triton_paged_attention(q, k, v, cache, meta)
+        return triton_paged_attention(q, k, v, cache, meta, options)
     write_kv(k, v, cache, meta.slot_mapping)
     if options is not None and options.matter(meta.max_seq_len):
         from localchat.backends.torch.windowed_attention import attend_with_options

@@ -2,7 +2,7 @@
 
 | device | attention | decode steps |
 |---|---|---|
-| cuda, Triton importable | Triton paged kernels (triton_attention.py) | CUDA graphs per batch bucket, unless `--no-cuda-graphs` |
+| cuda, Triton importable | Triton paged kernels (triton_attention.py; windows, soft-caps, scales too) | CUDA graphs per batch bucket, unless `--no-cuda-graphs` |
 | cpu with localchat's kernels (kernels.py) | decode rows: fused C kernel (csrc/lc_attention.h); prefill: PyTorch | eager |
 | cuda without Triton, mps, cpu | plain PyTorch (attention.py) | eager |
 

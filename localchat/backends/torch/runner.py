@@ -94,9 +94,8 @@ class TorchRunner:
         )
         with torch.inference_mode(), _device_memory_errors(self.device, model.name):
             self.model = load_model(model.config, model.iter_weights(), self.device, self.dtype, self.quant)
-        # "triton" on CUDA (see kernel_choice.py), else "torch"; the Triton kernels know no sliding
-        # window nor soft-cap, so models with such layers use the plain PyTorch path everywhere.
-        self.attention = "torch" if self.model.uses_attention_options else attention_kernel(self.device)
+        # "triton" on CUDA (see kernel_choice.py), else "torch"; both take every layer's AttentionOptions.
+        self.attention = attention_kernel(self.device)
         self.graph_mode = graph_mode(
             self.device, self.attention, options.cuda_graphs and self.model.capturable
         )

@@ -50,11 +50,6 @@ class DecoderLM(nn.Module):
     def after_load(self) -> None:
         """Called once every weight is in place (a family may fold constants into them)."""
 
-    @property
-    def uses_attention_options(self) -> bool:
-        """Whether any layer attends with a window, a soft-cap or a custom scale."""
-        return any(getattr(layer, "attn_options", None) is not None for layer in self.layers)
-
     def forward(
         self,
         input_ids: torch.Tensor,
