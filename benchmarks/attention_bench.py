@@ -118,6 +118,62 @@ def cpu_table(rows_list: list[int], contexts: list[int], rounds: int) -> None:
                 )
 
 
+def cpu_int8_table(rows_list: list[int], contexts: list[int], rounds: int) -> None:
+    """The fused C decode kernel over a bf16 cache against an int8 one (--kv-cache-dtype int8), and the
+    pure-torch path over the int8 cache; alternating rounds, median µs per layer call."""
+    import os
+    import statistics
+    import time
+
+    import torch
+
+    from localchat.backends.torch.attention import AttentionMetadata, paged_attention
+    from localchat.backends.torch.kernels import KERNELS_ENV, load
+    from localchat.backends.torch.kv_cache import Int8KVCache, quantize_rows
+    from tests.helpers.paged_batches import make_batch
+
+    ops = load()
+    if ops is None:
+        sys.exit("localchat's CPU kernels are not built (python setup.py build_ext --inplace).")
+    block = 16
+    print(f"CPU, {torch.get_num_threads()} threads, {ops.name} kernels, block size {block}, µs per layer")
+    print("| heads / KV / d | rows | context | fused bf16 | fused int8 | bf16 / int8 | torch int8 |")
+    print("|---|---|---|---|---|---|---|")
+    for heads, kv_heads, head_dim in [(9, 3, 64), (32, 8, 128)]:
+        for rows in rows_list:
+            for context in contexts:
+                blocks = rows * -(-context // block) + 2
+                batch = make_batch([(context, 1)] * rows, block, blocks)
+                q = torch.randn(rows, heads, head_dim, dtype=torch.bfloat16)
+                k = torch.randn(rows, kv_heads, head_dim, dtype=torch.bfloat16)
+                v = torch.randn_like(k)
+                bf16 = torch.randn(2, kv_heads, blocks * block, head_dim).to(torch.bfloat16)
+                int8 = Int8KVCache(*quantize_rows(bf16))
+                metas = {}
+                for name, choice in (("fused", "auto"), ("torch", "off")):
+                    os.environ[KERNELS_ENV] = choice
+                    metas[name] = AttentionMetadata.from_batch(batch, torch.device("cpu"), kv_heads)
+                os.environ.pop(KERNELS_ENV)
+                variants = {
+                    "fused bf16": (metas["fused"], bf16),
+                    "fused int8": (metas["fused"], int8),
+                    "torch int8": (metas["torch"], int8),
+                }
+                times: dict[str, list[float]] = {name: [] for name in variants}
+                calls = max(5, 20000 // context)
+                for _ in range(rounds):  # alternate so that load on the box hits all alike
+                    for name, (meta, cache) in variants.items():
+                        start = time.perf_counter()
+                        for _ in range(calls):
+                            paged_attention(q, k, v, cache, meta)
+                        times[name].append((time.perf_counter() - start) / calls * 1e6)
+                t = {name: statistics.median(v) for name, v in times.items()}
+                print(
+                    f"| {heads} / {kv_heads} / {head_dim} | {rows} | {context} | {t['fused bf16']:.0f} "
+                    f"| {t['fused int8']:.0f} | {t['fused bf16'] / t['fused int8']:.2f} | {t['torch int8']:.0f} |"
+                )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -126,7 +182,13 @@ def main() -> None:
     parser.add_argument("--context", type=int, nargs="+", default=[512, 4096])
     parser.add_argument("--cpu", action="store_true", help="the CPU decode step: fused C kernel vs torch")
     parser.add_argument("--rounds", type=int, default=7, help="--cpu: alternating rounds per variant")
+    parser.add_argument(
+        "--cpu-int8", action="store_true", help="the CPU decode step over a bf16 vs an int8 KV cache"
+    )
     args = parser.parse_args()
+    if args.cpu_int8:
+        cpu_int8_table(args.rows, args.context, args.rounds)
+        return
     if args.cpu:
         cpu_table(args.rows, args.context, args.rounds)
         return

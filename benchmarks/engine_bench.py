@@ -5,6 +5,10 @@ python benchmarks/engine_bench.py --model .models/SmolLM2-135M-Instruct.Q4_1.ggu
 `--compare-cpu-attention N`: instead, N alternating rounds of single-stream decode with the fused C
 decode-attention kernel and with `LOCALCHAT_TORCH_ATTENTION=torch` (read per step, so one process and
 one loaded model serve both): median tok/s of each and their ratio.
+
+`--compare-kv-dtype N`: two engines on the same file in one process, `--kv-cache-dtype auto` and
+`int8`, N alternating rounds of single-stream decode and the 16-request run: median tok/s of each, their
+ratio, and KV MiB per 1k tokens and blocks in `--mem`.
 """
 
 from __future__ import annotations
@@ -95,6 +99,48 @@ def compare_cpu_attention(llm: LLM, new_tokens: int, rounds: int) -> None:
     print(f"| fused / torch | {fused / plain:.2f} |")
 
 
+def compare_kv_dtype(model: str, args: argparse.Namespace, rounds: int) -> None:
+    import statistics
+
+    llms = {
+        kv: LLM(model, backend=args.backend, device=args.device, dtype=args.dtype,
+                engine_config=EngineConfig(kv_cache_mib=args.mem), kv_cache_dtype=kv)
+        for kv in ("auto", "int8")
+    }  # fmt: skip
+    single: dict[str, list[float]] = {kv: [] for kv in llms}
+    many: dict[str, list[float]] = {kv: [] for kv in llms}
+    for llm in llms.values():
+        llm.generate("Warm up.", SamplingParams(temperature=0, max_tokens=8))
+    for _ in range(rounds):
+        for kv, llm in llms.items():  # alternate so that load on the box hits both alike
+            llm.engine.block_manager.reset_prefix_cache()
+            single[kv].append(single_stream(llm, args.decode_tokens)[2])
+            llm.engine.block_manager.reset_prefix_cache()
+            many[kv].append(concurrent(llm, args.max_tokens)[1])
+
+    def cell(values: list[float]) -> str:
+        return f"{statistics.median(values):.1f} ({', '.join(f'{v:.1f}' for v in values)})"
+
+    def kv_cells(llm: LLM) -> tuple[str, str]:
+        spec = llm.runner.kv_cache_spec
+        per_1k = spec.bytes_per_block(1000) / 2**20
+        return f"{per_1k:.1f}", str(llm.engine.block_manager.num_usable_blocks)
+
+    print(f"{llms['auto'].runner.device_name}; medians of {rounds} alternating rounds (each round)")
+    print(
+        f"| KV cache | single-stream decode tok/s | 16 requests tok/s | KV MiB / 1k tokens | blocks in {args.mem} MiB |"
+    )
+    print("|---|---|---|---|---|")
+    for kv, llm in llms.items():
+        name = kv if kv == "int8" else f"auto ({llm.runner.kv_cache_spec.dtype_name})"
+        print(f"| {name} | {cell(single[kv])} | {cell(many[kv])} | {' | '.join(kv_cells(llm))} |")
+    ratio = [statistics.median(d["int8"]) / statistics.median(d["auto"]) for d in (single, many)]
+    mem = llms["int8"].runner.kv_cache_spec.bytes_per_block(16) / llms[
+        "auto"
+    ].runner.kv_cache_spec.bytes_per_block(16)
+    print(f"| int8 / auto | {ratio[0]:.2f} | {ratio[1]:.2f} | {mem:.2f} | {1 / mem:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -108,11 +154,15 @@ def main() -> None:
     parser.add_argument("--mem", type=int, default=1024, help="KV cache MiB")
     parser.add_argument("--threads", type=int, help="CPU compute threads (default: the backend's choice)")
     parser.add_argument("--compare-cpu-attention", type=int, metavar="ROUNDS", help="see the docstring")
+    parser.add_argument("--compare-kv-dtype", type=int, metavar="ROUNDS", help="see the docstring")
     args = parser.parse_args()
     if args.threads:
         # Read by the backends when they size their thread pools (before any of them is imported).
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
 
+    if args.compare_kv_dtype:
+        compare_kv_dtype(args.model, args, args.compare_kv_dtype)
+        return
     t0 = time.perf_counter()
     llm = LLM(
         args.model,

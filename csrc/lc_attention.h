@@ -3,7 +3,9 @@
 
 One query token per row. Work items are (row, KV head) pairs: each reads its row's K/V rows in place
 through the block table (no gather, no upcast copy of the context) and serves all `group` query heads
-of that KV head from one load of each K/V row (GQA). Softmax is online in float32: per chunk of
+of that KV head from one load of each K/V row (GQA). An int8 cache row is converted to float32 times its
+per-token scale into a d-float stack buffer as it is read (like a bf16 row), so it is never gathered
+or upcast as a whole. Softmax is online in float32: per chunk of
 positions the running max rises, earlier sums are rescaled by exp(old max - new max). */
 
 #ifndef LC_ATT_LIMITS
@@ -23,6 +25,26 @@ static inline const float *LC_FN(att_row)(const void *base, int bf16, int64_t i,
     return buf;
 }
 
+/* Cache element types (kernels.py mirrors them). */
+#ifndef LC_KV_TYPES
+#define LC_KV_TYPES
+#define LC_KV_F32 0
+#define LC_KV_BF16 1
+#define LC_KV_INT8 2
+#endif
+
+/* Slot `i` of one K or V head of the cache as float32: an int8 row times its scale (scales: that head's
+   [num_slots] float32), a bf16 row converted, or the float32 row itself. */
+static inline const float *LC_FN(att_kv_row)(const void *base, int type, const float *scales, int64_t i,
+                                             int64_t d, float *buf) {
+    if (type != LC_KV_INT8) return LC_FN(att_row)(base, type == LC_KV_BF16, i, d, buf);
+    const int8_t *src = (const int8_t *)base + i * d;
+    float s = scales[i];
+#pragma omp simd
+    for (int64_t j = 0; j < d; j++) buf[j] = s * (float)src[j];
+    return buf;
+}
+
 static inline float LC_FN(att_dot)(const float *a, const float *b, int64_t d) {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
@@ -33,7 +55,8 @@ static inline float LC_FN(att_dot)(const float *a, const float *b, int64_t d) {
 /* One (row, KV head) pair over positions [first, end) of the row: for each of its query heads the
    unnormalized sum acc [group, d] of exp(score - mx) * value, the max score mx and sum of exp. */
 static void LC_FN(att_pair)(const void *q, int q_bf16, int64_t group, int64_t d, const void *k_head,
-                            const void *v_head, int cache_bf16, const int64_t *table, int64_t block_size,
+                            const void *v_head, int cache_type, const float *k_scales,
+                            const float *v_scales, const int64_t *table, int64_t block_size,
                             int64_t first, int64_t end, float scale, float softcap, int64_t head0, float *acc,
                             float *mx, float *sum) {
     float qf[LC_ATT_MAX_GROUP * LC_ATT_MAX_D], sc[LC_ATT_MAX_GROUP * LC_ATT_CHUNK];
@@ -52,7 +75,7 @@ static void LC_FN(att_pair)(const void *q, int q_bf16, int64_t group, int64_t d,
         if (n > LC_ATT_CHUNK) n = LC_ATT_CHUNK;
         int64_t slot = block * block_size + off; /* n consecutive slots of one block */
         for (int64_t t = 0; t < n; t++) {
-            const float *kr = LC_FN(att_row)(k_head, cache_bf16, slot + t, d, kbuf);
+            const float *kr = LC_FN(att_kv_row)(k_head, cache_type, k_scales, slot + t, d, kbuf);
             for (int64_t g = 0; g < group; g++) {
                 float s = LC_FN(att_dot)(qf + g * d, kr, d);
                 sc[g * LC_ATT_CHUNK + t] = softcap > 0.0f ? softcap * tanhf(s / softcap) : s;
@@ -73,7 +96,7 @@ static void LC_FN(att_pair)(const void *q, int q_bf16, int64_t group, int64_t d,
             }
         }
         for (int64_t t = 0; t < n; t++) {
-            const float *vr = LC_FN(att_row)(v_head, cache_bf16, slot + t, d, vbuf);
+            const float *vr = LC_FN(att_kv_row)(v_head, cache_type, v_scales, slot + t, d, vbuf);
             for (int64_t g = 0; g < group; g++) {
                 float w = sc[g * LC_ATT_CHUNK + t], *a = acc + g * d;
 #pragma omp simd
@@ -105,11 +128,13 @@ static void LC_FN(att_merge)(int64_t parts, int64_t group, int64_t d, const floa
    too few pairs to keep every thread busy (one stream of a model with 3 KV heads), each range's partial
    softmax kept in `scratch` [pairs * parts * group * (d + 2)] floats and merged afterwards. */
 static void LC_FN(decode_attention)(const void *q, int q_bf16, int64_t rows, int64_t heads, int64_t kv_heads,
-                                    int64_t d, const void *cache, int cache_bf16, int64_t num_slots,
+                                    int64_t d, const void *cache, int cache_type, const float *scales,
+                                    int64_t num_slots,
                                     const int64_t *tables, int64_t max_blocks, const int64_t *seq_lens,
                                     int64_t block_size, float scale, int64_t window, float softcap, void *out,
                                     int out_bf16, int nth, int64_t parts, float *scratch) {
-    int64_t group = heads / kv_heads, item = cache_bf16 ? 2 : 4, pairs = rows * kv_heads;
+    int64_t group = heads / kv_heads, pairs = rows * kv_heads;
+    int64_t item = cache_type == LC_KV_INT8 ? 1 : cache_type == LC_KV_BF16 ? 2 : 4;
     float *acc = scratch, *mx = acc + pairs * parts * group * d, *sum = mx + pairs * parts * group;
     (void)nth;
 #pragma omp parallel num_threads(nth)
@@ -122,7 +147,10 @@ static void LC_FN(decode_attention)(const void *q, int q_bf16, int64_t rows, int
             int64_t hi = lo + per < len ? lo + per : len;
             const char *k_head = (const char *)cache + h * num_slots * d * item;
             const char *v_head = k_head + kv_heads * num_slots * d * item;
-            LC_FN(att_pair)(q, q_bf16, group, d, k_head, v_head, cache_bf16, tables + r * max_blocks, block_size,
+            const float *k_scales = scales ? scales + h * num_slots : NULL; /* [2, kv_heads, num_slots] */
+            const float *v_scales = scales ? k_scales + kv_heads * num_slots : NULL;
+            LC_FN(att_pair)(q, q_bf16, group, d, k_head, v_head, cache_type, k_scales, v_scales,
+                            tables + r * max_blocks, block_size,
                             lo < hi ? lo : hi, hi, scale, softcap, r * heads + h * group, acc + it * group * d,
                             mx + it * group, sum + it * group);
         }

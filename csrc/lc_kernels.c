@@ -244,16 +244,20 @@ static LC_THREAD size_t lc_att_size;
 
 /* Decode attention over the paged KV cache (csrc/lc_attention.h), one query token per row:
    q [rows, heads, d] -> out [rows, heads, d] (each float32, or bfloat16 if *_bf16); cache
-   [2, kv_heads, num_slots, d] (K then V); tables int64 [rows, max_blocks] of block ids; seq_lens int64
+   [2, kv_heads, num_slots, d] (K then V) of cache_type 0 float32, 1 bfloat16 or 2 int8, the int8 form
+   with scales float32 [2, kv_heads, num_slots] (value = code * scale; NULL for the other types);
+   tables int64 [rows, max_blocks] of block ids; seq_lens int64
    [rows]. window > 0: attend only to the last `window` positions; softcap > 0: scores become
    softcap * tanh(score / softcap). Returns -1 on bad shapes or a block id outside the cache. */
 LC_EXPORT int lc_decode_attention(int isa, const void *q, int q_bf16, int64_t rows, int64_t heads,
-                                  int64_t kv_heads, int64_t d, const void *cache, int cache_bf16,
-                                  int64_t num_slots, const int64_t *tables, int64_t max_blocks,
+                                  int64_t kv_heads, int64_t d, const void *cache, int cache_type,
+                                  const float *scales, int64_t num_slots, const int64_t *tables,
+                                  int64_t max_blocks,
                                   const int64_t *seq_lens, int64_t block_size, float scale, int64_t window,
                                   float softcap, void *out, int out_bf16, int nth) {
     if (!lc_isa_supported(isa) || rows < 0 || kv_heads < 1 || heads % kv_heads || d < 1 || d > LC_ATT_MAX_D ||
-        heads / kv_heads > LC_ATT_MAX_GROUP || block_size < 1 || num_slots % block_size || nth < 1)
+        heads / kv_heads > LC_ATT_MAX_GROUP || block_size < 1 || num_slots % block_size || nth < 1 ||
+        cache_type < LC_KV_F32 || cache_type > LC_KV_INT8 || (cache_type == LC_KV_INT8) != (scales != NULL))
         return -1;
     for (int64_t r = 0; r < rows; r++) { /* checked here so that no thread reads outside the cache */
         if (seq_lens[r] < 0 || seq_lens[r] > max_blocks * block_size) return -1;
@@ -281,7 +285,7 @@ LC_EXPORT int lc_decode_attention(int isa, const void *q, int q_bf16, int64_t ro
         if (!lc_att) return -1;
     }
 #define LC_ATT_ARGS                                                                                              \
-    q, q_bf16, rows, heads, kv_heads, d, cache, cache_bf16, num_slots, tables, max_blocks, seq_lens, block_size, \
+    q, q_bf16, rows, heads, kv_heads, d, cache, cache_type, scales, num_slots, tables, max_blocks, seq_lens, block_size, \
         scale, window, softcap, out, out_bf16, nth, parts, lc_att
 #ifdef LC_X86
     if (isa == LC_ISA_AVX512VNNI) {

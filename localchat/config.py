@@ -20,6 +20,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 # Mirrors localchat.server.tool_parsers.PARSER_CHOICES (checked by a test; the server is not imported here).
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3", "mistral", "json")
 ISQ_CHOICES = ("q4", "q8_0", "q4_k", "q4_0")
+KV_CACHE_DTYPES = ("auto", "bf16", "int8")
 # A context shorter than this cannot hold a chat template, a question and a reply: refused at startup.
 MIN_CONTEXT_TOKENS = 256
 
@@ -116,6 +117,14 @@ class Settings:
         "bf16), q8_0 / q4_k / q4_0 (GGUF blocks on localchat's CPU kernels)",
         group="model",
         choices=ISQ_CHOICES,
+    )
+    kv_cache_dtype: str = _opt(
+        "auto",
+        ("--kv-cache-dtype",),
+        "KV cache element type: auto (the compute dtype), bf16, or int8 (torch: per-token, per-head "
+        "scales, about half the memory of bf16)",
+        group="model",
+        choices=KV_CACHE_DTYPES,
     )
     seed: int = _opt(
         0,
@@ -340,10 +349,12 @@ class Settings:
             ("backend", BACKEND_CHOICES),
             ("log", LOG_LEVELS),
             ("tool_call_parser", TOOL_CALL_PARSERS),
+            ("kv_cache_dtype", KV_CACHE_DTYPES),
         ):
             if getattr(self, name) not in allowed:
+                flag = "--" + name.replace("_", "-")
                 raise SettingsError(
-                    f"--{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}.", param=name
+                    f"{flag} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}.", param=name
                 )
         if self.isq is not None and self.isq not in ISQ_CHOICES:
             raise SettingsError(

@@ -43,13 +43,15 @@ class LLM:
         dtype: str = "auto",
         engine_config: EngineConfig | None = None,
         seed: int = 0,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         from localchat.backends import RunnerOptions, load_runner
         from localchat.weights.chat_template import ChatTemplate
         from localchat.weights.loader import load_model
 
         self.model = load_model(model)
-        self.runner = load_runner(backend, self.model, RunnerOptions(device=device, dtype=dtype, seed=seed))
+        options = RunnerOptions(device=device, dtype=dtype, seed=seed, kv_cache_dtype=kv_cache_dtype)
+        self.runner = load_runner(backend, self.model, options)
         self.engine = LLMEngine(
             self.runner,
             self.model.tokenizer,

@@ -30,6 +30,7 @@ class RunnerOptions:
     num_threads: int | None = None  # CPU compute threads; None: the backend's choice
     cuda_graphs: bool = True  # torch on CUDA: replay captured graphs for decode steps
     isq: str | None = None  # torch: "q4" | "q8_0" | "q4_k" | "q4_0" quantizes unquantized weights at load
+    kv_cache_dtype: str = "auto"  # auto (the compute dtype) | bf16 | int8 (torch only)
 
 
 def resolve_backend(name: str) -> str:

@@ -59,6 +59,13 @@ class LLMEngine:
                 f"The KV cache budget ({budget / 2**20:.1f} MiB) holds no block of {per_block / 2**20:.2f} MiB."
             )
         runner.initialize_kv_cache(num_blocks, config.block_size)
+        log.info(
+            "KV cache: %d blocks of %d tokens, %s, %.0f MiB",
+            num_blocks - 1,
+            config.block_size,
+            spec.dtype_name or f"{spec.dtype_bytes}-byte elements",
+            num_blocks * per_block / 2**20,
+        )
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         capacity = (num_blocks - 1) * config.block_size

@@ -133,10 +133,13 @@ class KVCacheSpec:
     num_kv_heads: int
     head_dim: int
     dtype_bytes: int
+    scale_bytes: int = 0  # per token, KV head and K/V: an int8 cache's scale
+    dtype_name: str = field(default="", compare=False)  # for the startup log line: "bfloat16", "int8"
 
     def bytes_per_block(self, block_size: int) -> int:
         # K and V, every layer.
-        return 2 * self.num_layers * block_size * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        per_head = self.head_dim * self.dtype_bytes + self.scale_bytes
+        return 2 * self.num_layers * block_size * self.num_kv_heads * per_head
 
 
 class ModelRunner(Protocol):

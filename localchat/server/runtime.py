@@ -81,6 +81,7 @@ def build_context(
         num_threads=settings.threads,
         cuda_graphs=settings.cuda_graphs,
         isq=settings.isq,
+        kv_cache_dtype=settings.kv_cache_dtype,
     )
     runner = load_runner(settings.backend, bundle, options)
     preflight.check_kv_budget(settings, runner.kv_cache_spec, bundle.config.max_position_embeddings)

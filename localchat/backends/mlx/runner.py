@@ -96,11 +96,23 @@ def pick_dtype(name: str, device: mx.Device, checkpoint_dtype: str | None) -> mx
     return mx.bfloat16 if checkpoint_dtype == "bfloat16" else mx.float16
 
 
+def _check_kv_cache_dtype(choice: str, dtype: mx.Dtype) -> None:
+    """The MLX cache is kept in the compute dtype: `bf16` only where that is bfloat16; no int8 form."""
+    if choice == "auto" or (choice == "bf16" and dtype == mx.bfloat16):
+        return
+    raise BackendUnavailableError(
+        f"--kv-cache-dtype {choice} is not available on the MLX backend, which keeps the KV cache in the "
+        f"compute dtype ({str(dtype).removeprefix('mlx.core.')}). Use --kv-cache-dtype auto, or "
+        "--backend torch for an int8 KV cache."
+    )
+
+
 class MLXRunner:
     def __init__(self, model: ModelBundle, options: RunnerOptions) -> None:
         self.device = pick_device(options.device)
         mx.set_default_device(self.device)
         self.dtype = pick_dtype(options.dtype, self.device, model.config.torch_dtype)
+        _check_kv_cache_dtype(options.kv_cache_dtype, self.dtype)
         self.config = model.config
         dense_from_rows = CPU_DENSE_FROM_ROWS if self.device == mx.cpu else 0
         self.model = load_model(model.config, model.iter_weights(), self.dtype, dense_from_rows)

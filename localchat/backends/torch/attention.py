@@ -27,6 +27,10 @@ disables them) take instead one fused C call (csrc/lc_attention.h) that reads th
 gather, no upcast copy, no padding bias. The torch path above stays the fallback and the CUDA path
 (`LOCALCHAT_TORCH_ATTENTION=torch` forces it on CPU). windowed_attention.py's decode rows use the
 same kernel (its C API takes the window, soft-cap and scale).
+
+`--kv-cache-dtype int8` (kv_cache.py): the cache is an `Int8KVCache` (codes in the layout above plus
+float32 scales `[2, kv_heads, num_slots]`). Writes quantize; the torch paths dequantize what they
+gather (to float32, as they upcast a bf16 cache); the C kernel reads the int8 rows in place.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import torch
 from localchat.backends.torch import kernels as cpu_kernels
 from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
 from localchat.backends.torch.kernel_choice import cpu_decode_kernels
+from localchat.backends.torch.kv_cache import Int8KVCache, KVCache, gather_int8, span_int8, write_int8
 from localchat.backends.torch.padded_sdpa import prefill_sdpa
 from localchat.engine.interface import BatchInputs
 
@@ -147,14 +152,21 @@ class AttentionMetadata:
         return bias
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
+def write_kv(k: torch.Tensor, v: torch.Tensor, cache: KVCache, slots: torch.Tensor) -> None:
     """Store this step's keys/values ([tokens, kv_heads, head_dim]) at their slots."""
-    cache[0].index_copy_(1, slots, k.transpose(0, 1))
-    cache[1].index_copy_(1, slots, v.transpose(0, 1))
+    if isinstance(cache, Int8KVCache):
+        write_int8(k, v, cache, slots)
+        return
+    # .to: a bf16 cache under float32 compute (--kv-cache-dtype bf16); a no-op otherwise.
+    cache[0].index_copy_(1, slots, k.transpose(0, 1).to(cache.dtype))
+    cache[1].index_copy_(1, slots, v.transpose(0, 1).to(cache.dtype))
 
 
-def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor, block_size: int) -> torch.Tensor:
-    """[2, kv_heads, num_slots, d] -> [2, kv_heads, len(block_ids) * block_size, d], blocks in order."""
+def gather_blocks(cache: KVCache, block_ids: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[2, kv_heads, num_slots, d] -> [2, kv_heads, len(block_ids) * block_size, d], blocks in order
+    (an int8 cache comes back dequantized to float32)."""
+    if isinstance(cache, Int8KVCache):
+        return gather_int8(cache, block_ids, block_size)
     two, kv_heads, slots, head_dim = cache.shape
     blocks = cache.view(two, kv_heads, slots // block_size, block_size * head_dim)
     return blocks.index_select(2, block_ids).view(two, kv_heads, -1, head_dim)
@@ -164,7 +176,7 @@ def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    cache: torch.Tensor,
+    cache: KVCache,
     meta: AttentionMetadata | TritonAttentionMetadata,
     options: AttentionOptions | None = None,
 ) -> torch.Tensor:
@@ -172,6 +184,7 @@ def paged_attention(
     if isinstance(meta, TritonAttentionMetadata):  # CUDA: kernels that read the block table in place
         from localchat.backends.torch.triton_attention import triton_paged_attention
 
+        assert isinstance(cache, torch.Tensor), "the runner keeps int8 KV caches off the Triton path"
         return triton_paged_attention(q, k, v, cache, meta, options)
     write_kv(k, v, cache, meta.slot_mapping)
     if options is not None and options.matter(meta.max_seq_len):
@@ -188,7 +201,7 @@ def paged_attention(
     return out
 
 
-def _decode(q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+def _decode(q: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
     """One query per row, all rows at once: [D, heads, d] -> [D, heads, d]."""
     rows, heads, head_dim = q.shape
     if meta.cpu_kernels is not None and cpu_kernels.decode_attention_ok(q, cache):
@@ -201,7 +214,11 @@ def _decode(q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata) -> to
     group = heads // kv_heads
     if meta.decode_span is not None:
         # float32 so the scores and softmax weights stay unrounded (a view if the cache is float32).
-        kv = cache[:, :, meta.decode_span : meta.decode_span + meta.decode_len].float()  # [2, kvh, S, d]
+        span = meta.decode_span, meta.decode_span + meta.decode_len
+        if isinstance(cache, Int8KVCache):
+            kv = span_int8(cache, *span)  # [2, kvh, S, d]
+        else:
+            kv = cache[:, :, span[0] : span[1]].float()  # [2, kvh, S, d]
         grouped = q.view(kv_heads, group, head_dim).float()  # rows == 1: [kvh, group, d]
     else:
         assert meta.decode_block_tables is not None
@@ -223,7 +240,7 @@ def _decode(q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata) -> to
 
 
 def row_keys_values(
-    k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, row: PrefillRow, block_size: int, heads: int
+    k: torch.Tensor, v: torch.Tensor, cache: KVCache, row: PrefillRow, block_size: int, heads: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A prefill row's whole context as keys and values [heads, S, d], one copy per query head."""
     if row.block_ids is None:
@@ -231,6 +248,7 @@ def row_keys_values(
         values = v[row.start : row.end].transpose(0, 1)
     else:
         kv = gather_blocks(cache, row.block_ids, block_size)[:, :, : row.seq_len]  # [2, kvh, S, d]
+        kv = kv.to(k.dtype)  # an int8 cache gathers to float32, a bf16 one may differ from the compute dtype
         keys, values = kv[0], kv[1]
     group = heads // k.shape[1]
     if group > 1:
@@ -240,7 +258,7 @@ def row_keys_values(
 
 
 def _prefill(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, row: PrefillRow, block_size: int
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, row: PrefillRow, block_size: int
 ) -> torch.Tensor:
     keys, values = row_keys_values(k, v, cache, row, block_size, q.shape[1])
     out = prefill_sdpa(q[row.start : row.end].transpose(0, 1), keys, values, row.mask)  # [heads, L, d]

@@ -22,6 +22,7 @@ from functools import cache
 
 import torch
 
+from localchat.backends.torch.kv_cache import Int8KVCache, KVCache
 from localchat.errors import BackendUnavailableError
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,7 @@ class Kernels:
     def decode_attention(
         self,
         q: torch.Tensor,
-        cache: torch.Tensor,
+        cache: KVCache,
         tables: torch.Tensor,
         seq_lens: torch.Tensor,
         block_size: int,
@@ -141,13 +142,18 @@ class Kernels:
         """One query token per row over the paged cache, read in place (csrc/lc_attention.h):
         q [D, heads, d], cache [2, kv_heads, slots, d], tables int64 [D, max_blocks], seq_lens int64 [D]
         -> [D, heads, d] in q's dtype. window > 0: only the last `window` positions; softcap > 0:
-        scores capped to softcap * tanh(score / softcap). q and cache are float32 or bfloat16."""
+        scores capped to softcap * tanh(score / softcap). q is float32 or bfloat16; the cache float32,
+        bfloat16 or int8 codes with scales (read in place, each row dequantized as the kernel reads it)."""
         q, tables, seq_lens = q.contiguous(), tables.contiguous(), seq_lens.contiguous()
         rows, heads, head_dim = q.shape
         out = torch.empty_like(q)
+        if isinstance(cache, Int8KVCache):
+            data, kind, scales = cache.codes, KV_INT8, cache.scales.data_ptr()
+        else:
+            data, kind, scales = cache, KV_BF16 if cache.dtype == torch.bfloat16 else KV_F32, None
         rc = self.lib.lc_decode_attention(
             self.isa, q.data_ptr(), int(q.dtype == torch.bfloat16), rows, heads, cache.shape[1], head_dim,
-            cache.data_ptr(), int(cache.dtype == torch.bfloat16), cache.shape[2], tables.data_ptr(),
+            data.data_ptr(), kind, scales, cache.shape[2], tables.data_ptr(),
             tables.shape[1], seq_lens.data_ptr(), block_size, scale, window, softcap,
             out.data_ptr(), int(out.dtype == torch.bfloat16), torch.get_num_threads(),
         )  # fmt: skip
@@ -159,18 +165,20 @@ class Kernels:
         return out
 
 
+KV_F32, KV_BF16, KV_INT8 = 0, 1, 2  # csrc/lc_attention.h's cache element types
 ATTENTION_MAX_HEAD_DIM = 256  # csrc/lc_attention.h's stack buffers
 ATTENTION_MAX_GROUP = 32  # query heads per KV head
 
 
-def decode_attention_ok(q: torch.Tensor, cache: torch.Tensor) -> bool:
-    """Whether `Kernels.decode_attention` takes these tensors: float32 or bfloat16 on CPU, a contiguous
-    cache, and head sizes within the kernel's buffers (else the caller keeps the torch path)."""
+def decode_attention_ok(q: torch.Tensor, cache: KVCache) -> bool:
+    """Whether `Kernels.decode_attention` takes these tensors: float32 or bfloat16 q, a float32, bfloat16
+    or int8 cache, contiguous, on CPU, and head sizes within the kernel's buffers (else the caller
+    keeps the torch path)."""
     ok = (torch.float32, torch.bfloat16)
     heads, kv_heads, head_dim = q.shape[1], cache.shape[1], q.shape[2]
     return (
         q.dtype in ok
-        and cache.dtype in ok
+        and (isinstance(cache, Int8KVCache) or cache.dtype in ok)
         and cache.is_contiguous()
         and cache.device.type == "cpu"
         and head_dim <= ATTENTION_MAX_HEAD_DIM
@@ -203,7 +211,7 @@ def _library() -> ctypes.CDLL | None:
     lib.lc_linear.restype = _I
     lib.lc_dequant_rows.argtypes = [_I, _P, _L, _L, _P, _L, _P, _I]
     lib.lc_dequant_rows.restype = _I
-    lib.lc_decode_attention.argtypes = [_I, _P, _I, _L, _L, _L, _L, _P, _I, _L, _P, _L, _P, _L]
+    lib.lc_decode_attention.argtypes = [_I, _P, _I, _L, _L, _L, _L, _P, _I, _P, _L, _P, _L, _P, _L]
     lib.lc_decode_attention.argtypes += [ctypes.c_float, _L, ctypes.c_float, _P, _I, _I]
     lib.lc_decode_attention.restype = _I
     return lib

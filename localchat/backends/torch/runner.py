@@ -1,7 +1,8 @@
 """The PyTorch `ModelRunner`: weights, paged KV cache, forward pass and sampling on one device.
 
 KV cache: one tensor per layer, `[2 (K, V), num_kv_heads, num_blocks * block_size, head_dim]` in the
-compute dtype (layout: attention.py), zero-filled (unwritten slots are masked out, and zeros keep
+compute dtype, bf16, or int8 codes plus float32 scales (`--kv-cache-dtype`, kv_cache.py; layout:
+attention.py), zero-filled (unwritten slots are masked out, and zeros keep
 `0 * value` finite; on CPU the zero pages are committed lazily, as blocks are first written). Slot
 `s = block_id * block_size + offset` is column `s`; block 0 is the engine's null block.
 
@@ -31,6 +32,7 @@ on this box and a per-layer compile gave no measurable gain over this eager path
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import mmap
 import time
@@ -49,6 +51,7 @@ from localchat.backends.torch.cuda_graphs import DecodeGraphs
 from localchat.backends.torch.device import adaptive_thread_choices, cpu_threads, pick_device, pick_dtype
 from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
 from localchat.backends.torch.kernel_choice import attention_kernel, graph_mode
+from localchat.backends.torch.kv_cache import Int8KVCache, KVCache, kv_element_dtype
 from localchat.backends.torch.layers import rms_norm
 from localchat.backends.torch.onednn_caches import bound_matmul_caches
 from localchat.backends.torch.quant import pick_policy
@@ -60,6 +63,7 @@ from localchat.errors import ModelLoadError
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
 
+log = logging.getLogger(__name__)
 bound_matmul_caches()  # before any matmul runs: oneDNN reads its cache sizes once
 
 CPU_KV_FRACTION = 0.25  # of MemAvailable; pages become resident only as the pool fills
@@ -88,6 +92,7 @@ class TorchRunner:
         choices = adaptive_thread_choices(options.num_threads) if self.device.type == "cpu" else None
         self.threads = ThreadGovernor(choices) if choices else None
         self.dtype = pick_dtype(options.dtype, self.device)
+        self.kv_dtype = kv_element_dtype(options.kv_cache_dtype, self.dtype)
         self.config = model.config
         self.quant = pick_policy(
             self.device, self.dtype, _linear_bytes(model.config, self.dtype), mem_available(), options.isq
@@ -96,6 +101,14 @@ class TorchRunner:
             self.model = load_model(model.config, model.iter_weights(), self.device, self.dtype, self.quant)
         # "triton" on CUDA (see kernel_choice.py), else "torch"; both take every layer's AttentionOptions.
         self.attention = attention_kernel(self.device)
+        if self.attention == "triton" and self.kv_dtype != self.dtype:
+            # Triton's kernels (triton_attention.py) read a cache in the compute dtype only.
+            log.info(
+                "--kv-cache-dtype %s: the Triton attention kernels need the compute dtype; "
+                "using the PyTorch attention path",
+                options.kv_cache_dtype,
+            )
+            self.attention = "torch"
         self.graph_mode = graph_mode(
             self.device, self.attention, options.cuda_graphs and self.model.capturable
         )
@@ -104,7 +117,7 @@ class TorchRunner:
         self.pooler = Pooler(
             lambda h: rms_norm(h, self.model.norm, self.config.rms_norm_eps).float().sum(dim=0).cpu().numpy()
         )
-        self.kv_caches: list[torch.Tensor] = []
+        self.kv_caches: list[KVCache] = []
         self.block_size = 0
         # See the module docstring: torch's bf16 GEMV beats oneDNN for one-row matmuls on CPU.
         self._native_gemv = self.device.type == "cpu" and self.dtype == torch.bfloat16
@@ -112,7 +125,11 @@ class TorchRunner:
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
         c = self.config
-        return KVCacheSpec(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.dtype.itemsize)
+        scale_bytes = 4 if self.kv_dtype == torch.int8 else 0  # one float32 scale per token, head, K/V
+        return KVCacheSpec(
+            c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.kv_dtype.itemsize, scale_bytes,
+            str(self.kv_dtype).removeprefix("torch."),
+        )  # fmt: skip
 
     @property
     def device_name(self) -> str:
@@ -120,6 +137,8 @@ class TorchRunner:
         if self.device.type == "cuda":
             name += f" {torch.cuda.get_device_name(self.device)}"
         details = str(self.dtype).removeprefix("torch.")
+        if self.kv_dtype != self.dtype:
+            details += f", KV cache {str(self.kv_dtype).removeprefix('torch.')}"
         if self.quant.kernels is not None:
             details += f", GGUF blocks on localchat's {self.quant.kernels.name} kernels"
         if self.quant.isq_blocks:
@@ -140,7 +159,13 @@ class TorchRunner:
     def initialize_kv_cache(self, num_blocks: int, block_size: int) -> None:
         c = self.config
         shape = (2, c.num_key_value_heads, num_blocks * block_size, c.head_dim)
-        self.kv_caches = [self._zeros(shape) for _ in range(c.num_hidden_layers)]
+        if self.kv_dtype == torch.int8:
+            self.kv_caches = [
+                Int8KVCache(self._zeros(shape, torch.int8), self._zeros(shape[:-1], torch.float32))
+                for _ in range(c.num_hidden_layers)
+            ]
+        else:
+            self.kv_caches = [self._zeros(shape, self.kv_dtype) for _ in range(c.num_hidden_layers)]
         self.block_size = block_size
 
     def prepare_decode_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
@@ -164,14 +189,14 @@ class TorchRunner:
         hidden = self.model.hidden_states(input_ids, positions, meta, self.kv_caches)  # type: ignore[arg-type]
         return self.model.logits(hidden)
 
-    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+    def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         if self.device.type != "cpu":
-            return torch.zeros(shape, dtype=self.dtype, device=self.device)
+            return torch.zeros(shape, dtype=dtype, device=self.device)
         # An anonymous mapping is zero pages that become resident only when written, so a large pool
         # costs RAM as it fills; torch.zeros would commit all of it up front. (Not numpy: it asks for
         # huge pages, and each block touched then commits 2 MiB.)
-        buffer = mmap.mmap(-1, math.prod(shape) * self.dtype.itemsize)
-        return torch.frombuffer(buffer, dtype=self.dtype).view(shape)
+        buffer = mmap.mmap(-1, math.prod(shape) * dtype.itemsize)
+        return torch.frombuffer(buffer, dtype=dtype).view(shape)
 
     def execute_model(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> RunnerOutput:
         self._update_states(scheduler_output)

@@ -5,7 +5,8 @@ Same cache and metadata as attention.py (the K/V of this step are already writte
 the fused C kernel when attention.py's would (its API has the window, soft-cap and scale), else two
 batched float32 matmuls with a per-window bias; prefill rows through SDPA with a window
 mask, or explicit float32 math when the scores are soft-capped (SDPA has no hook between the scores
-and the softmax).
+and the softmax). An int8 cache (kv_cache.py) is read like attention.py reads it: dequantized on gather,
+in place by the C kernel.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from localchat.backends.torch.attention import (
     gather_blocks,
     row_keys_values,
 )
+from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.padded_sdpa import prefill_sdpa
 
 
@@ -29,7 +31,7 @@ def attend_with_options(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    cache: torch.Tensor,
+    cache: KVCache,
     meta: AttentionMetadata,
     options: AttentionOptions,
 ) -> torch.Tensor:
@@ -53,7 +55,7 @@ def _softcap(scores: torch.Tensor, cap: float | None) -> torch.Tensor:
 
 
 def _decode(
-    q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata, options: AttentionOptions
+    q: torch.Tensor, cache: KVCache, meta: AttentionMetadata, options: AttentionOptions
 ) -> torch.Tensor:
     """One query per row, all rows at once: [D, heads, d] -> [D, heads, d]."""
     assert meta.decode_block_tables is not None
@@ -81,7 +83,7 @@ def _prefill(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    cache: torch.Tensor,
+    cache: KVCache,
     row: PrefillRow,
     block_size: int,
     options: AttentionOptions,

@@ -13,6 +13,7 @@ from torch import nn
 
 from localchat.backends.torch.attention import AttentionMetadata
 from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
+from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import Rotary, empty_param, rms_norm
 from localchat.backends.torch.quant import embed_rows, linear
 from localchat.weights.config import ModelConfig
@@ -28,7 +29,7 @@ class Layer(Protocol):
         cos: torch.Tensor,
         sin: torch.Tensor,
         meta: StepMetadata,
-        kv_cache: torch.Tensor,
+        kv_cache: KVCache,
     ) -> torch.Tensor: ...
 
 
@@ -55,7 +56,7 @@ class DecoderLM(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: StepMetadata,
-        kv_caches: list[torch.Tensor],
+        kv_caches: list[KVCache],
         logits_indices: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """input_ids/positions [T] -> logits [N, vocab] for the tokens at `logits_indices` (all if None)."""
@@ -70,7 +71,7 @@ class DecoderLM(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: StepMetadata,
-        kv_caches: list[torch.Tensor],
+        kv_caches: list[KVCache],
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)

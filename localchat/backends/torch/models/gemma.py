@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from localchat.backends.torch.attention import AttentionOptions, paged_attention
+from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import Rotary, apply_rope, empty_param, rms_norm
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.quant import linear
@@ -61,7 +62,7 @@ class GemmaLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         meta: StepMetadata,
-        kv_cache: torch.Tensor,
+        kv_cache: KVCache,
     ) -> torch.Tensor:
         tokens = x.shape[0]
         h, kvh, d, eps = self.heads, self.kv_heads, self.head_dim, self.eps
@@ -108,7 +109,7 @@ class Model(DecoderLM):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: StepMetadata,
-        kv_caches: list[torch.Tensor],
+        kv_caches: list[KVCache],
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         global_rope = self.rotary(positions, x.dtype)

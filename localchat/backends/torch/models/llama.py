@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from localchat.backends.torch.attention import AttentionMetadata, AttentionOptions, paged_attention
+from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import apply_rope, empty_param, rms_norm, swiglu
 from localchat.backends.torch.models.base import DecoderLM
 from localchat.backends.torch.quant import linear
@@ -47,7 +48,7 @@ class LlamaLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         meta: AttentionMetadata,
-        kv_cache: torch.Tensor,
+        kv_cache: KVCache,
         q_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """`q_scale` [T, 1, 1]: multiplies q after RoPE (Ministral 3's position-dependent temperature)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from localchat.arch.rope import attention_temperature
+from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.models.llama import LlamaLayer
 from localchat.weights.config import ModelConfig
@@ -27,7 +28,7 @@ class Model(DecoderLM):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: StepMetadata,
-        kv_caches: list[torch.Tensor],
+        kv_caches: list[KVCache],
     ) -> torch.Tensor:
         if self.temperature is None:
             return super().hidden_states(input_ids, positions, meta, kv_caches)
