@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from localchat.arch.deepseek import MlaSpec, RouterSpec, sanitize
+from localchat.backends import RunnerOptions
+from localchat.backends.torch.runner import TorchRunner
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import ModelLoadError
 from localchat.llm import LLM
@@ -195,3 +197,23 @@ def test_engine_batch_from_a_gguf_matches_transformers_greedy(tmp_path: Path, ba
         with torch.no_grad():
             ref = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, attention_mask=None)
         assert out.token_ids == ref[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+def test_torch_bfloat16_decode_tracks_transformers_with_either_kv_cache(kv_cache_dtype: str) -> None:
+    """The expanded keys and zero-padded values go through the bf16 and the int8 paged caches alike."""
+    hf = tiny("deepseek_v2")
+    runner = TorchRunner(bundle_from_hf(hf), RunnerOptions("cpu", "bfloat16", kv_cache_dtype=kv_cache_dtype))
+    assert runner.kv_cache_spec.head_dim == 24 and runner.kv_cache_spec.num_kv_heads == 4
+    driver = PagedDriver(runner)
+    driver.add("a", PROMPT)
+    _, logits = driver.step_logits(every_token=True)
+    tokens, rows = list(PROMPT), [logits[-1].float().numpy()]
+    for _ in range(6):
+        tokens.append(int(logits[-1].argmax()))
+        driver.feed("a", tokens[-1])
+        _, logits = driver.step_logits()
+        rows.append(logits[-1].float().numpy())
+    ours, ref = np.stack(rows), hf_logits(hf, tokens)[len(PROMPT) - 1 :]
+    cos = (ours * ref).sum(-1) / (np.linalg.norm(ours, axis=-1) * np.linalg.norm(ref, axis=-1))
+    assert cos.min() > 0.99
