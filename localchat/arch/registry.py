@@ -9,10 +9,16 @@ Adding an architecture = one entry here + one model file per backend + its parit
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from localchat.arch import deepseek
 from localchat.errors import UnsupportedArchitectureError
+
+if TYPE_CHECKING:
+    from localchat.weights.config import ModelConfig
+    from localchat.weights.tensors import WeightTensor
 
 # A checkpoint name inside `model.layers.N.` -> (the family's parameter, part index, number of parts).
 # Parts are fused in index order at load time (q|k|v, gate|up); backends may fuse differently.
@@ -136,6 +142,88 @@ GEMMA_GGUF_BLOCK_NAMES = {
     "post_ffw_norm": "post_feedforward_layernorm",
 }
 
+# DeepSeek-V2/V3: multi-head latent attention (q_proj, or q_a -> norm -> q_b), a shared-expert MoE after
+# `first_k_dense_replace` dense layers, V3's router bias (localchat/arch/deepseek.py).
+DEEPSEEK_WEIGHTS: WeightMap = {
+    **{k: v for k, v in LLAMA_LAYER_WEIGHTS.items() if not k.startswith("self_attn.")},
+    **QWEN3_MOE_WEIGHTS,
+    "self_attn.q_proj.weight": ("q", 0, 1),
+    "self_attn.q_a_proj.weight": ("q_a", 0, 1),
+    "self_attn.q_a_proj.bias": ("q_a_bias", 0, 1),
+    "self_attn.q_a_layernorm.weight": ("q_a_norm", 0, 1),
+    "self_attn.q_b_proj.weight": ("q", 0, 1),  # the low-rank q's second half: the same role as q_proj
+    "self_attn.kv_a_proj_with_mqa.weight": ("kv_a", 0, 1),
+    "self_attn.kv_a_proj_with_mqa.bias": ("kv_a_bias", 0, 1),
+    "self_attn.kv_a_layernorm.weight": ("kv_a_norm", 0, 1),
+    "self_attn.kv_b_proj.weight": ("kv_b", 0, 1),
+    "self_attn.o_proj.weight": ("o", 0, 1),
+    "self_attn.o_proj.bias": ("o_bias", 0, 1),
+    "mlp.gate.e_score_correction_bias": ("moe.score_bias", 0, 1),
+    "mlp.gate.e_score_correction.bias": ("moe.score_bias", 0, 1),  # its name from a GGUF's exp_probs_b.bias
+    "mlp.shared_experts.gate_proj.weight": ("moe.shared.gate_up", 0, 2),
+    "mlp.shared_experts.up_proj.weight": ("moe.shared.gate_up", 1, 2),
+    "mlp.shared_experts.down_proj.weight": ("moe.shared.down", 0, 1),
+}
+DEEPSEEK_FLOAT32 = frozenset({"router", "score_bias"})
+# Config keys the DeepSeek model files read, with transformers' DeepseekV2Config defaults.
+DEEPSEEK_EXTRA_KEYS: dict[str, Any] = {
+    "q_lora_rank": None,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "rope_interleave": True,  # V2 and llama.cpp files always pair the rotary dims
+    "n_routed_experts": 0,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": None,
+    "n_shared_experts": 0,
+    "first_k_dense_replace": 0,
+    "norm_topk_prob": False,
+    "routed_scaling_factor": 1.0,
+    "scoring_func": "softmax",
+    "expert_gating_func": None,  # GGUF: 1 softmax, 2 sigmoid
+    "topk_method": None,  # "greedy": no group limit even with n_group > 1 (V2-Lite)
+    "n_group": 1,
+    "topk_group": 1,
+}
+# llama.cpp's deepseek2 blocks. Newer files split kv_b into attn_k_b / attn_v_b (sanitize merges them).
+DEEPSEEK_GGUF_BLOCK_NAMES = {
+    **QWEN3_MOE_GGUF_BLOCK_NAMES,
+    "attn_q_a": "self_attn.q_a_proj",
+    "attn_q_a_norm": "self_attn.q_a_layernorm",
+    "attn_q_b": "self_attn.q_b_proj",
+    "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+    "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+    "attn_kv_b": "self_attn.kv_b_proj",
+    "attn_k_b": "self_attn.k_b_proj",
+    "attn_v_b": "self_attn.v_b_proj",
+    "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+    "ffn_up_shexp": "mlp.shared_experts.up_proj",
+    "ffn_down_shexp": "mlp.shared_experts.down_proj",
+    "exp_probs_b": "mlp.gate.e_score_correction",  # the file's tensor is exp_probs_b.bias
+}
+DEEPSEEK_GGUF_METADATA = {
+    "attention.q_lora_rank": "q_lora_rank",
+    "attention.kv_lora_rank": "kv_lora_rank",
+    "rope.dimension_count": "qk_rope_head_dim",
+    # Head sizes: llama.cpp's MLA files give the latent in key/value_length and the heads in *_mla;
+    # older files the heads in key/value_length (deepseek.derive_sizes reads them).
+    "attention.key_length": "gguf_key_length",
+    "attention.value_length": "gguf_value_length",
+    "attention.key_length_mla": "gguf_key_length_mla",
+    "attention.value_length_mla": "gguf_value_length_mla",
+    "leading_dense_block_count": "first_k_dense_replace",
+    "expert_count": "n_routed_experts",
+    "expert_used_count": "num_experts_per_tok",
+    "expert_feed_forward_length": "moe_intermediate_size",
+    "expert_shared_count": "n_shared_experts",
+    "expert_weights_scale": "routed_scaling_factor",
+    "expert_weights_norm": "norm_topk_prob",
+    "expert_gating_func": "expert_gating_func",
+    "expert_group_count": "n_group",
+    "expert_group_used_count": "topk_group",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Architecture:
@@ -167,6 +255,15 @@ class Architecture:
     # The model type a file of this `gguf_arch` is when its `{arch}.expert_count` is above 0 (llama.cpp
     # writes Mixtral as "llama" with experts).
     gguf_experts_model_type: str | None = None
+    # Sets sizes that follow from others once a config is built (DeepSeek: cache heads and width).
+    derive_sizes: Callable[[ModelConfig], None] | None = None
+    # Rewrites the checkpoint's tensors into the layout the family reads, before a backend loads them.
+    sanitize: Callable[[ModelConfig, Iterable[WeightTensor]], Iterable[WeightTensor]] | None = None
+    # Parameters loaded in float32 whatever the compute dtype (DeepSeek's router and its bias: bf16 would
+    # reorder near-tied experts; transformers and llama.cpp keep them float32 too).
+    float32_params: frozenset[str] = frozenset()
+    # llama.cpp's `rope.scaling.yarn_log_multiplier` is this times transformers' mscale_all_dim.
+    gguf_yarn_log_mul_per_mscale: float = 1.0
 
     def layer_weight(self, name: str) -> tuple[str, int, int] | None:
         """The family parameter for a checkpoint name inside `model.layers.N.` (None: not this arch's)."""
@@ -350,6 +447,39 @@ def _entries() -> list[Architecture]:
             hf_defaults={"rms_norm_eps": 1e-5, "original_max_position_embeddings": 4096},
             gguf_arch="phi3",
             gguf_block_names=PHI3_GGUF_BLOCK_NAMES,
+        ),
+        # DeepSeek-V2 / V2-Lite (softmax router) and V3 / R1 (sigmoid router with a bias): one family. llama.cpp writes both as "deepseek2"; its metadata says which router it is,
+        # so such files load as deepseek_v2 and run the router the file names.
+        Architecture(
+            "deepseek_v2",
+            "deepseek",
+            layer_weights=DEEPSEEK_WEIGHTS,
+            hf_defaults={"topk_method": "greedy"},
+            extra_keys=DEEPSEEK_EXTRA_KEYS,
+            gguf_arch="deepseek2",
+            gguf_block_names=DEEPSEEK_GGUF_BLOCK_NAMES,
+            gguf_metadata=DEEPSEEK_GGUF_METADATA,
+            derive_sizes=deepseek.derive_sizes,
+            sanitize=deepseek.sanitize,
+            float32_params=DEEPSEEK_FLOAT32,
+            gguf_yarn_log_mul_per_mscale=0.1,
+        ),
+        Architecture(
+            "deepseek_v3",
+            "deepseek",
+            layer_weights=DEEPSEEK_WEIGHTS,
+            # transformers' DeepseekV3Config defaults where a config.json leaves them out
+            hf_defaults={
+                "scoring_func": "sigmoid",
+                "norm_topk_prob": True,
+                "routed_scaling_factor": 2.5,
+                "n_group": 8,
+                "topk_group": 4,
+            },
+            extra_keys=DEEPSEEK_EXTRA_KEYS,
+            derive_sizes=deepseek.derive_sizes,
+            sanitize=deepseek.sanitize,
+            float32_params=DEEPSEEK_FLOAT32,
         ),
     ]
 

@@ -42,10 +42,13 @@ class ModelConfig:
                 "sliding_attention" if (i + 1) % pattern else "full_attention"
                 for i in range(self.num_hidden_layers)
             ]
+        arch = ARCHITECTURES.get(self.model_type)
+        if arch is not None and arch.derive_sizes is not None:
+            arch.derive_sizes(self)
 
     @property
     def rotary_dim(self) -> int:
-        return int(self.head_dim * self.partial_rotary_factor)
+        return round(self.head_dim * self.partial_rotary_factor)  # round: 192 * (64 / 192) is 63.99...
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:

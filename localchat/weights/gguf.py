@@ -156,7 +156,7 @@ def config_from_gguf(reader: GGUFReader) -> ModelConfig:
         head_dim=head_dim,
         rms_norm_eps=_f32(get("attention.layer_norm_rms_epsilon", 1e-6)),
         rope_theta=theta,
-        rope_scaling=_rope_scaling(reader, arch, theta, head_dim),
+        rope_scaling=_rope_scaling(reader, arch, theta, head_dim, entry.gguf_yarn_log_mul_per_mscale),
         partial_rotary_factor=int(get("rope.dimension_count") or head_dim) / head_dim,
         max_position_embeddings=int(get("context_length", 4096)),
         tie_word_embeddings="output.weight" not in names,
@@ -182,7 +182,9 @@ def _extra(
     return extra
 
 
-def _rope_scaling(reader: GGUFReader, arch: str, theta: float, head_dim: int) -> dict[str, Any] | None:
+def _rope_scaling(
+    reader: GGUFReader, arch: str, theta: float, head_dim: int, log_mul_per_mscale: float = 1.0
+) -> dict[str, Any] | None:
     kind = gguf_value(reader, f"{arch}.rope.scaling.type")
     if kind in ("linear", "yarn"):
         factor = _f32(gguf_value(reader, f"{arch}.rope.scaling.factor", 1.0))
@@ -192,7 +194,12 @@ def _rope_scaling(reader: GGUFReader, arch: str, theta: float, head_dim: int) ->
                 scaling[hf_key] = value
         if (log_mul := gguf_value(reader, f"{arch}.rope.scaling.yarn_log_multiplier")) is not None:
             # llama.cpp's yarn attention factor from it assumes mscale 1: transformers' form of that.
-            scaling.update(mscale=1.0, mscale_all_dim=_f32(log_mul))
+            # DeepSeek's converter writes 0.1 * mscale_all_dim and means mscale == mscale_all_dim.
+            if log_mul_per_mscale == 1.0:
+                scaling.update(mscale=1.0, mscale_all_dim=_f32(log_mul))
+            else:
+                mscale = round(_f32(log_mul) / log_mul_per_mscale, 6)
+                scaling.update(mscale=mscale, mscale_all_dim=mscale)
         return scaling
     # longrope (Phi-3): the factor lists are tensors, the rest metadata.
     lists = {t.name: t for t in reader.tensors if t.name.startswith("rope_factors_")}

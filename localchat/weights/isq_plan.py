@@ -24,7 +24,9 @@ INT4_BITS = 4 + 2 * 16 / INT4_GROUP  # codes + bf16 scale and zero per group
 HEAD_NAMES = ("embed_tokens.weight", "lm_head.weight")
 # The layer parameters (last part of the registry's parameter path) the backend runs through `linear`:
 # the matrices `--isq` quantizes. Others (MoE routers, norms) stay as stored.
-LINEAR_PARAMS = frozenset({"qkv", "o", "gate_up", "down"})
+LINEAR_PARAMS = frozenset(
+    {"qkv", "o", "gate_up", "down", "q", "q_a", "kv_a", "kv_b"}
+)  # the last 4: DeepSeek MLA
 Role = Literal["linear", "head", "other"]
 
 

@@ -28,6 +28,12 @@
   `ffn_gate_inp` kept F32 (llama-quantize never quantizes it), with `{arch}.expert_count` etc.
   `legacy_experts=True` writes one tensor per expert instead (`blk.N.ffn_gate.E.weight`), as Mixtral
   files converted before llama.cpp stacked them (early 2024) do.
+- DeepSeek (deepseek_v2 / deepseek_v3 -> llama.cpp's "deepseek2"): its MLA metadata as the converter writes
+  it (head_count_kv 1, key/value_length of the latent, *_mla of the heads; yarn_log_multiplier
+  0.1 * mscale_all_dim), kv_b_proj split into `attn_k_b` (transposed) and `attn_v_b` as current
+  llama.cpp writes it, or kept as one `attn_kv_b` with `legacy_kv_b=True` (files before its MLA rework,
+  which also wrote the head sizes in key/value_length), shared experts as `ffn_*_shexp`, V3's router bias
+  as `exp_probs_b.bias`.
 """
 
 from __future__ import annotations
@@ -41,7 +47,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, RopeScalingType, TokenType
+from gguf import (
+    GGML_QUANT_SIZES,
+    ExpertGatingFuncType,
+    GGMLQuantizationType,
+    GGUFWriter,
+    RopeScalingType,
+    TokenType,
+)
 from gguf.quants import quantize
 
 from tests.helpers.kquants import K_QUANTIZERS
@@ -63,6 +76,8 @@ _ARCHITECTURES = {
     "gemma2": "gemma2",
     "gemma3_text": "gemma3",
     "ministral3": "mistral3",
+    "deepseek_v2": "deepseek2",
+    "deepseek_v3": "deepseek2",
 }
 _PERMUTED = ("llama", "mistral", "mixtral", "ministral3")  # converted with llama.cpp's Llama script
 GPT2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -232,6 +247,7 @@ def write_tiny_gguf(
     add_space_prefix: bool | None = None,
     architecture: str | None = None,
     legacy_experts: bool = False,
+    legacy_kv_b: bool = False,
 ) -> Path:
     """Write `hf_model_or_state_dict` (a transformers model, or {HF name: tensor/array}) as GGUF.
 
@@ -248,6 +264,8 @@ def write_tiny_gguf(
     writer = GGUFWriter(path, arch)  # writes general.architecture itself
     writer.add_name("tiny-test-model")
     _write_hparams(writer, cfg)
+    if model_type.startswith("deepseek"):
+        _write_deepseek_hparams(writer, cfg, legacy_kv_b)
     _write_tokenizer(writer, cfg, tokenizer_kind, pre, chat_template, add_bos, add_space_prefix)
     heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
     for name, tensor in state.items():
@@ -267,6 +285,17 @@ def write_tiny_gguf(
         if name.endswith(".mlp.experts.down_proj"):
             block = name.removesuffix("mlp.experts.down_proj").replace("model.layers.", "blk.")
             _add_experts(writer, f"{block}ffn_down", data, qtype, legacy_experts)
+            continue
+        if name.endswith(".self_attn.kv_b_proj.weight") and not legacy_kv_b:
+            _add_split_kv_b(writer, name, data, cfg, qtype)
+            continue
+        if name.endswith(".mlp.gate.e_score_correction_bias"):
+            writer.add_tensor(
+                name.replace("model.layers.", "blk.").replace(
+                    "mlp.gate.e_score_correction_bias", "exp_probs_b.bias"
+                ),
+                data,
+            )
             continue
         if model_type.startswith("gemma") and name.endswith("norm.weight"):
             data = data + 1.0  # llama.cpp's converter stores Gemma's RMSNorm scale as 1 + weight
@@ -288,7 +317,8 @@ def write_tiny_gguf(
         factor = cfg["max_position_embeddings"] / original
         writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(factor) / math.log(original)))
     if scaling.get("rope_type") == "yarn":
-        _write_yarn(writer, scaling)
+        deepseek = model_type.startswith("deepseek")
+        _write_yarn(writer, {**scaling, "mscale_all_dim": None} if deepseek else scaling)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -333,14 +363,15 @@ def _write_hparams(writer: GGUFWriter, cfg: dict[str, Any]) -> None:
     writer.add_block_count(cfg["num_hidden_layers"])
     writer.add_feed_forward_length(cfg["intermediate_size"])
     writer.add_head_count(heads)
-    writer.add_head_count_kv(cfg.get("num_key_value_heads") or heads)
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    partial = cfg.get("partial_rotary_factor") or (cfg.get("rope_parameters") or {}).get(
-        "partial_rotary_factor", 1.0
-    )
-    writer.add_rope_dimension_count(int(head_dim * partial))
+    if not cfg["model_type"].startswith("deepseek"):  # its head sizes: _write_deepseek_hparams
+        writer.add_head_count_kv(cfg.get("num_key_value_heads") or heads)
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+        partial = cfg.get("partial_rotary_factor") or (cfg.get("rope_parameters") or {}).get(
+            "partial_rotary_factor", 1.0
+        )
+        writer.add_rope_dimension_count(int(head_dim * partial))
     writer.add_rope_freq_base(_rope_theta(cfg))
     writer.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
     writer.add_file_type(0)
@@ -359,6 +390,53 @@ def _write_hparams(writer: GGUFWriter, cfg: dict[str, Any]) -> None:
     swa_theta = ((cfg.get("rope_parameters") or {}).get("sliding_attention") or {}).get("rope_theta")
     if swa_theta is not None:
         writer.add_rope_freq_base_swa(float(swa_theta))
+
+
+def _write_deepseek_hparams(writer: GGUFWriter, cfg: dict[str, Any], legacy_kv_b: bool) -> None:
+    """DeepSeek's MLA and MoE metadata, as llama.cpp's DeepseekV2Model converter writes them."""
+    rank, rope = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+    qk, v = cfg["qk_nope_head_dim"] + rope, cfg["v_head_dim"]
+    if legacy_kv_b:  # before llama.cpp's MLA rework: the heads' sizes, one cache head per query head
+        writer.add_head_count_kv(cfg["num_attention_heads"])
+        writer.add_key_length(qk)
+        writer.add_value_length(v)
+    else:  # MQA over the latent; the heads' sizes in *_mla
+        writer.add_head_count_kv(1)
+        writer.add_key_length(rank + rope)
+        writer.add_value_length(rank)
+        writer.add_key_length_mla(qk)
+        writer.add_value_length_mla(v)
+    writer.add_rope_dimension_count(rope)
+    writer.add_kv_lora_rank(rank)
+    if cfg.get("q_lora_rank"):
+        writer.add_q_lora_rank(cfg["q_lora_rank"])
+    writer.add_leading_dense_block_count(cfg.get("first_k_dense_replace") or 0)
+    writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    writer.add_expert_count(cfg["n_routed_experts"])
+    writer.add_expert_used_count(cfg["num_experts_per_tok"])
+    writer.add_expert_shared_count(cfg.get("n_shared_experts") or 0)
+    writer.add_expert_weights_scale(float(cfg.get("routed_scaling_factor") or 1.0))
+    if cfg.get("norm_topk_prob"):
+        writer.add_expert_weights_norm(True)
+    sigmoid = cfg["model_type"] == "deepseek_v3"
+    writer.add_expert_gating_func(ExpertGatingFuncType.SIGMOID if sigmoid else ExpertGatingFuncType.SOFTMAX)
+    if (cfg.get("n_group") or 1) > 1 and cfg.get("topk_method") != "greedy":
+        writer.add_expert_group_count(cfg["n_group"])
+        writer.add_expert_group_used_count(cfg["topk_group"])
+    scaling = cfg.get("rope_parameters") or {}
+    if scaling.get("rope_type") == "yarn" and scaling.get("mscale_all_dim"):
+        writer.add_rope_scaling_yarn_log_mul(0.1 * float(scaling["mscale_all_dim"]))
+
+
+def _add_split_kv_b(writer: GGUFWriter, name: str, data: np.ndarray, cfg: dict[str, Any], qtype: str) -> None:
+    """kv_b_proj [heads * (nope + v), rank] -> attn_k_b [heads, rank, nope] + attn_v_b [heads, v, rank]."""
+    heads, nope, v = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"]
+    kv_b = data.reshape(heads, nope + v, -1)
+    block = name.removesuffix("self_attn.kv_b_proj.weight").replace("model.layers.", "blk.")
+    _add_tensor(
+        writer, f"{block}attn_k_b.weight", np.ascontiguousarray(kv_b[:, :nope].transpose(0, 2, 1)), qtype
+    )
+    _add_tensor(writer, f"{block}attn_v_b.weight", np.ascontiguousarray(kv_b[:, nope:]), qtype)
 
 
 def _write_tokenizer(
@@ -423,6 +501,16 @@ _BLOCK = {
     "mlp.gate": "ffn_gate_inp",
     "self_attn.qkv_proj": "attn_qkv",  # phi3: fused as in the HF checkpoint
     "mlp.gate_up_proj": "ffn_up",  # phi3: llama.cpp's ffn_up holds gate|up
+    # DeepSeek's MLA and shared experts
+    "self_attn.q_a_proj": "attn_q_a",
+    "self_attn.q_a_layernorm": "attn_q_a_norm",
+    "self_attn.q_b_proj": "attn_q_b",
+    "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+    "self_attn.kv_a_layernorm": "attn_kv_a_norm",
+    "self_attn.kv_b_proj": "attn_kv_b",
+    "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_experts.up_proj": "ffn_up_shexp",
+    "mlp.shared_experts.down_proj": "ffn_down_shexp",
 }
 _GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 

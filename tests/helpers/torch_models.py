@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    DeepseekV2Config,
+    DeepseekV3Config,
     Gemma2Config,
     Gemma3TextConfig,
     LlamaConfig,
@@ -42,6 +44,8 @@ CONFIGS: dict[str, type[PretrainedConfig]] = {
     "ministral3": Ministral3Config,
     "qwen3_moe": Qwen3MoeConfig,
     "mixtral": MixtralConfig,
+    "deepseek_v2": DeepseekV2Config,
+    "deepseek_v3": DeepseekV3Config,
 }
 # 4 experts, 2 per token, narrower than the dense MLP so a mixed-up width fails the shape check.
 TINY_MOE = {"num_experts_per_tok": 2, "moe_intermediate_size": 32}
@@ -74,6 +78,31 @@ MINISTRAL3_ROPE = {
     "mscale": 1.0,
     "mscale_all_dim": 1.0,
     "llama_4_scaling_beta": 0.1,
+}
+# DeepSeek MLA in miniature: head = 16 nope + 8 rope dims, values 12 wide (the cache pads them), latent 32;
+# layer 0 dense (first_k_dense_replace), layer 1 four routed experts + one shared.
+TINY_DEEPSEEK = {
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 12,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+}
+# DeepSeek-V2's yarn: mscale == mscale_all_dim, so cos/sin stay unscaled and the softmax scale takes mscale².
+DEEPSEEK_YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 128,
+    "mscale": 0.707,
+    "mscale_all_dim": 0.707,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
 }
 # name -> (model_type, config overrides)
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -170,6 +199,39 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         {**TINY_MOE, "num_experts": 4, "norm_topk_prob": False, "decoder_sparse_step": 2},
     ),
     "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    # V2-Lite's shape: one q_proj, greedy softmax routing.
+    "deepseek_v2-lite": ("deepseek_v2", {**TINY_DEEPSEEK, "q_lora_rank": None}),
+    # V2's: low-rank q, group-limited routing (2 groups, 1 kept), scaled weights, biases, yarn + mscale².
+    "deepseek_v2": (
+        "deepseek_v2",
+        {
+            **TINY_DEEPSEEK,
+            "q_lora_rank": 24,
+            "topk_method": "group_limited_greedy",
+            "n_group": 2,
+            "topk_group": 1,
+            "routed_scaling_factor": 2.0,
+            "attention_bias": True,
+            "rope_parameters": DEEPSEEK_YARN,
+        },
+    ),
+    # V3's: sigmoid router with a (randomised) choice bias, groups ranked by their two best scores.
+    "deepseek_v3": (
+        "deepseek_v3",
+        {**TINY_DEEPSEEK, "q_lora_rank": 24, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5},
+    ),
+    # Rotary halves instead of pairs, and values wider than keys (the cache pads q and k instead).
+    "deepseek_v3-halves": (
+        "deepseek_v3",
+        {
+            **TINY_DEEPSEEK,
+            "q_lora_rank": None,
+            "rope_interleave": False,
+            "v_head_dim": 32,
+            "n_group": 1,
+            "topk_group": 1,
+        },
+    ),
 }
 
 
@@ -199,6 +261,9 @@ def tiny_hf_model(model_type: str, seed: int = 0, **overrides: Any) -> torch.nn.
                 param.copy_(1.0 + 0.2 * torch.randn_like(param))
             else:
                 param.copy_(0.15 * torch.randn_like(param))
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's router bias: a buffer
+                buffer.copy_(0.1 * torch.randn_like(buffer))
     return model
 
 

@@ -46,7 +46,9 @@ def load_model(
         "norm": (config.hidden_size,),
     }
     pending: dict[tuple[int, str], dict[int, Weight | Embedding]] = {}
-    for weight in split_experts(weights):
+    arch = architecture(config.model_type)
+    stream = arch.sanitize(config, weights) if arch.sanitize else weights  # a family's own layout fixes
+    for weight in split_experts(stream):
         target = _target(model, weight.name)
         if target is None:
             continue
@@ -57,7 +59,7 @@ def load_model(
             raise ModelLoadError(
                 f"Weight {weight.name!r} has shape {tuple(weight.shape)}, expected {expected} from the config."
             )
-        value = _convert(attr, weight, dtype, dense_from_rows)
+        value = _convert(attr, weight, mx.float32 if attr in arch.float32_params else dtype, dense_from_rows)
         _evaluate(value)
         if parts == 1:
             setattr(owner, attr, value)

@@ -44,11 +44,18 @@ def load_model(
         model = cls(config, device)
     pending: dict[tuple[nn.Module, str], dict[int, Loaded]] = {}
     heads: dict[str, WeightTensor] = {}  # the embedding and LM head as stored (for `_pack_lm_head`)
-    for weight in split_experts(weights):
+    arch = architecture(config.model_type)
+    stream = arch.sanitize(config, weights) if arch.sanitize else weights  # a family's own layout fixes
+    for weight in split_experts(stream):
         target = _target(model, weight.name)
         if target is None:
             continue
         module, pname, part, parts = target
+        if pname in arch.float32_params:
+            plain = QuantPolicy()
+            exact = finalize(convert(weight, torch.float32, device, plain), torch.float32, device, plain)
+            _assign(module, pname, exact, weight.name)
+            continue
         if pname in ("embed", "lm_head"):
             heads[pname] = weight
         # With our kernels the embedding stays in blocks too (rows are dequantized on lookup).

@@ -57,14 +57,20 @@ class SparseMoe(Layer):  # a Layer for its declared-weights bookkeeping; called 
         mx.eval(*_arrays(self.gate_up), *_arrays(self.down))
         self.experts = []  # the stacked copies replace them
 
-    def forward(self, x: mx.array) -> mx.array:
-        """x [T, hidden] (normed) -> [T, hidden]."""
-        assert self.router is not None and self.gate_up is not None and self.down is not None
+    def route(self, x: mx.array) -> tuple[mx.array, mx.array]:
+        """x [T, hidden] -> (weights float32 [T, k], expert ids [T, k] in any order)."""
+        assert self.router is not None
         probs = mx.softmax(linear(x, self.router).astype(mx.float32), axis=-1)
-        ids = mx.argpartition(-probs, kth=self.top_k - 1, axis=-1)[:, : self.top_k]  # [T, k], any order
+        ids = mx.argpartition(-probs, kth=self.top_k - 1, axis=-1)[:, : self.top_k]
         weights = mx.take_along_axis(probs, ids, axis=-1)
         if self.renormalize:
             weights = weights / weights.sum(axis=-1, keepdims=True)
+        return weights, ids
+
+    def forward(self, x: mx.array) -> mx.array:
+        """x [T, hidden] (normed) -> [T, hidden]."""
+        assert self.gate_up is not None and self.down is not None
+        weights, ids = self.route(x)
         tokens, k = ids.shape
         if tokens * k < SORT_FROM_PAIRS:
             rows = x[:, None, None, :]  # [T, 1, 1, hidden]: one batch entry per token, gathered k times
