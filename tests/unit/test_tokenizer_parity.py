@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from localchat.weights.gguf import open_gguf
+from localchat.weights.gguf_tokenizer import byte_level_alphabet
 from localchat.weights.tokenizer import Tokenizer
 from tests.helpers.tiny_gguf import random_state_dict, tiny_config, tiny_spm, write_tiny_gguf
 
@@ -221,3 +222,31 @@ def test_from_hf_folder_bos_from_the_post_processor(tmp_path: Path, tiny_dir: Pa
     auto = transformers.AutoTokenizer.from_pretrained(tmp_path)
     assert ours.add_bos and auto.encode("hi")[0] == ours.bos_token_id
     _parity(ours, auto, CORPUS)
+
+
+def test_deepseek_llm_pre_tokenizer_splits_like_deepseek_v2(tiny_dir: Path) -> None:
+    """DeepSeek LLM / V2(-Lite) GGUF files say `deepseek-llm` (llama.cpp's split list for them): letter
+    runs keep one leading space, digit runs stay whole (SmolLM's split is one digit a piece, GPT-2's
+    joins " 2024"), CJK runs and punctuation runs are pieces of their own."""
+    ours = Tokenizer.from_gguf(open_gguf(_tiny(tiny_dir, "gpt2", "deepseek-llm")))
+    pre = ours.backend.pre_tokenizer
+    assert pre is not None
+
+    def pieces(text: str) -> list[str]:
+        decode = {ch: b for b, ch in byte_level_alphabet().items()}
+        return [bytes(decode[c] for c in piece).decode("utf-8") for piece, _ in pre.pre_tokenize_str(text)]
+
+    assert pieces("Hello world 2024!") == ["Hello", " world", " ", "2024", "!"]
+    assert pieces("\u4e2d\u6587 and \u03c9\u03bc\u03ad\u03b3\u03b1.") == [
+        "\u4e2d\u6587",
+        " and",
+        " \u03c9\u03bc\u03ad\u03b3\u03b1",
+        ".",
+    ]
+    # The splits refine each other in order, as in the reference: the punctuation class spans ":"-"~"
+    # (ASCII letters too), so a word mixing ASCII and other letters comes apart.
+    assert pieces(" \u00f1and\u00fa") == [" \u00f1", "and", "\u00fa"]
+    assert pieces("a\nb") == ["a", "\n", "b"]
+    # Its "CJK" class spans U+0800-U+4E00, Greek Extended included, so those runs lose their space.
+    assert pieces("\u1f5f\u1f7d \u1fd0\u1fd3") == ["\u1f5f\u1f7d", " ", "\u1fd0\u1fd3"]
+    assert ours.decode(ours.encode("Hello world 2024!")) == "Hello world 2024!"
