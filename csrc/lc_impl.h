@@ -65,6 +65,66 @@ static inline __m512 LC_FN(join_f)(__m256 a, __m256 b) {
 }
 #endif
 
+#ifndef LC_PF
+#define LC_PF 4096
+#endif
+#if LC_ISA == LC_ISA_AVX512VNNI
+/* Q4_0 / Q4_1 rows, 16 sub-blocks (512 weights) per round, for the few-row steps decode is bound by:
+   the 16 block headers come in with one gather and convert to floats at once, each pair of sub-blocks
+   is one 256-bit nibble unpack, and each sub-block's scale is picked from the converted vector, so the
+   loop has no scalar f16 conversions or broadcasts (the per-pair path below spends most of its
+   instructions there). Returns the first sub-block it did not take. */
+static inline __attribute__((always_inline)) int64_t LC_FN(legacy4_groups)(
+    const int type, const int mr, const uint8_t *w, int64_t k, const int8_t *xq, const float *xd,
+    const float *xs, __m512 *acc, __m512 *accm) {
+    const int bb = type == LC_Q4_0 ? 18 : 20, qo = type == LC_Q4_0 ? 2 : 4; /* block bytes, codes offset */
+    const int32_t *nls = (const int32_t *)(xs + k / 16);
+    const __m512i headers = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(bb));
+    const __m512i pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    const __m256i low = _mm256_set1_epi8(15);
+    int64_t subs = k / 32, s = 0;
+    for (; s + 16 <= subs; s += 16) {
+        const uint8_t *g = w + s * bb;
+        for (int l = 0; l < 16 * bb; l += 64) /* every line of the round LC_PF bytes ahead */
+            _mm_prefetch((const char *)(g + LC_PF + l), _MM_HINT_T0);
+        __m512i hdr = _mm512_i32gather_epi32(headers, (const void *)g, 1); /* d | m (Q4_1) per block */
+        __m512 dv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hdr));
+        if (type == LC_Q4_1) {
+            __m512 mv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(hdr, 16)));
+            for (int i = 0; i < mr; i++) { /* xs: scale * code sum per 16, two per sub-block */
+                const float *h = xs + i * LC_XS(k) + 2 * s;
+                __m512 h0 = _mm512_loadu_ps(h), h1 = _mm512_loadu_ps(h + 16);
+                __m512 sums = _mm512_add_ps(_mm512_permutex2var_ps(h0, even, h1), _mm512_permutex2var_ps(h0, odd, h1));
+                accm[i] = _mm512_fmadd_ps(mv, sums, accm[i]);
+            }
+        }
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *pa = g + 2 * j * bb + qo;
+            __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)pa)),
+                                                _mm_loadu_si128((const __m128i *)(pa + bb)), 1);
+            __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); /* a_lo b_lo a_hi b_hi */
+            __m512i cv = _mm512_shuffle_i64x2(both, both, _MM_SHUFFLE(3, 1, 2, 0)); /* a_lo a_hi b_lo b_hi */
+            __m512 lv = _mm512_permutexvar_ps(_mm512_add_epi32(pair, _mm512_set1_epi32(2 * j)), dv);
+            int64_t t = s + 2 * j;
+            for (int i = 0; i < mr; i++) {
+                __m512i xv = _mm512_loadu_si512((const void *)(xq + i * k + 32 * t));
+                __m512 f = _mm512_mul_ps(lv, _mm512_loadu_ps(xd + i * (k / 4) + 8 * t));
+                __m512i init = _mm512_setzero_si512();
+                if (type == LC_Q4_0) /* offset -8 d: start each lane at -8 * (its activation sum) */
+                    init = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(nls + i * LC_XS(k) + 8 * t)), 3);
+                __m512i p = _mm512_dpbusd_epi32(init, cv, xv);
+                acc[i] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(p), acc[i]);
+            }
+        }
+    }
+    return s;
+}
+#endif
+
 /* Few activation rows (decode steps): each weight sub-block is decoded into registers and used at
    once by every row; AVX-512 takes two sub-blocks per instruction. xd holds one scale per lane. */
 static inline __attribute__((always_inline)) void LC_FN(fused)(
@@ -83,6 +143,10 @@ static inline __attribute__((always_inline)) void LC_FN(fused)(
     __m512 acc[4];
     for (int i = 0; i < 4; i++) acc[i] = _mm512_setzero_ps();
     const int64_t sub_bytes8 = lc_block_bytes(type) * 8 / lc_block_subs(type); /* bytes per 8 subs */
+    __m512 accm[4]; /* Q4_1: offsets times activation sums, 16 sub-blocks per instruction */
+    for (int i = 0; i < 4; i++) accm[i] = _mm512_setzero_ps();
+    if (type == LC_Q4_0 || type == LC_Q4_1)
+        s = LC_FN(legacy4_groups)(type, mr, w, k, xq, xd, xs, acc, accm);
     for (; s + 2 <= subs; s += 2) {
         /* the weights stream from memory once: ask for them ~1 KiB ahead */
         _mm_prefetch((const char *)(w + s * sub_bytes8 / 8 + 1024), _MM_HINT_T0);
@@ -103,7 +167,7 @@ static inline __attribute__((always_inline)) void LC_FN(fused)(
             }
         }
     }
-    for (int i = 0; i < mr; i++) res[i] = LC_FN(hsum512)(acc[i]);
+    for (int i = 0; i < mr; i++) res[i] = LC_FN(hsum512)(_mm512_add_ps(acc[i], accm[i]));
 #else
     __m256 acc[4][2];
     for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();

@@ -14,8 +14,8 @@ the activations to 8 bits (x ~ d * q, d = amax / 127, q = round(x / d)), so two 
   so at most sum_j |w_j| * d_block(j) / 2 (the documented cost of 8-bit activations).
 
 Every ISA this machine runs is checked, plus the portable C one; shapes cover the decode path (1-4
-rows), the tiled path (more rows, a partial tile), row counts that are no multiple of any tile, and K
-not a multiple of 256 for the 32-value formats.
+rows), the tiled path (more rows, a partial tile), row counts that are no multiple of any tile, K
+not a multiple of 256 for the 32-value formats, and K of 512+ (the few-row Q4_0/Q4_1 16-block rounds).
 """
 
 from __future__ import annotations
@@ -100,7 +100,9 @@ def check(qtype: str, isa: str, rows: int, out_features: int, cols: int, dtype: 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", SIMPLE)
 @pytest.mark.parametrize(
-    ("rows", "out_features", "cols"), [(1, 37, 96), (3, 16, 64), (4, 9, 320), (9, 37, 96)]
+    ("rows", "out_features", "cols"),
+    # 512 values and more: the 16-block rounds of the few-row Q4_0/Q4_1 path, with a 2-block tail at 1088
+    [(1, 37, 96), (3, 16, 64), (4, 9, 320), (9, 37, 96), (1, 37, 576), (2, 5, 512), (4, 9, 1088)],
 )
 def test_32_value_formats(qtype: str, isa: str, rows: int, out_features: int, cols: int) -> None:
     check(qtype, isa, rows, out_features, cols, torch.float32)
