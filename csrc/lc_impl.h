@@ -69,15 +69,16 @@ static inline __m512 LC_FN(join_f)(__m256 a, __m256 b) {
 #define LC_PF 4096
 #endif
 #if LC_ISA == LC_ISA_AVX512VNNI
-/* Q4_0 / Q4_1 rows, 16 sub-blocks (512 weights) per round, for the few-row steps decode is bound by:
+/* Q4_0 / Q4_1 / Q8_0 rows, 16 sub-blocks (512 weights) per round, for the few-row steps decode is bound by:
    the 16 block headers come in with one gather and convert to floats at once, each pair of sub-blocks
    is one 256-bit nibble unpack, and each sub-block's scale is picked from the converted vector, so the
    loop has no scalar f16 conversions or broadcasts (the per-pair path below spends most of its
    instructions there). Returns the first sub-block it did not take. */
-static inline __attribute__((always_inline)) int64_t LC_FN(legacy4_groups)(
+static inline __attribute__((always_inline)) int64_t LC_FN(legacy_groups)(
     const int type, const int mr, const uint8_t *w, int64_t k, const int8_t *xq, const float *xd,
     const float *xs, __m512 *acc, __m512 *accm) {
-    const int bb = type == LC_Q4_0 ? 18 : 20, qo = type == LC_Q4_0 ? 2 : 4; /* block bytes, codes offset */
+    const int bb = type == LC_Q4_0 ? 18 : type == LC_Q4_1 ? 20 : 34; /* block bytes */
+    const int qo = type == LC_Q4_1 ? 4 : 2;                              /* where the codes start */
     const int32_t *nls = (const int32_t *)(xs + k / 16);
     const __m512i headers = _mm512_mullo_epi32(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(bb));
@@ -103,19 +104,27 @@ static inline __attribute__((always_inline)) int64_t LC_FN(legacy4_groups)(
         }
         for (int j = 0; j < 8; j++) {
             const uint8_t *pa = g + 2 * j * bb + qo;
-            __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)pa)),
-                                                _mm_loadu_si128((const __m128i *)(pa + bb)), 1);
-            __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-            __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); /* a_lo b_lo a_hi b_hi */
-            __m512i cv = _mm512_shuffle_i64x2(both, both, _MM_SHUFFLE(3, 1, 2, 0)); /* a_lo a_hi b_lo b_hi */
+            __m512i cv;
+            if (type == LC_Q8_0) { /* signed codes + 128: unsigned for dpbusd, offset -128 d */
+                __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)pa)),
+                                                  _mm256_loadu_si256((const __m256i *)(pa + bb)), 1);
+                cv = _mm512_xor_si512(both, _mm512_set1_epi8((char)0x80));
+            } else {
+                __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)pa)),
+                                                    _mm_loadu_si128((const __m128i *)(pa + bb)), 1);
+                __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); /* a_lo b_lo a_hi b_hi */
+                cv = _mm512_shuffle_i64x2(both, both, _MM_SHUFFLE(3, 1, 2, 0));      /* a_lo a_hi b_lo b_hi */
+            }
             __m512 lv = _mm512_permutexvar_ps(_mm512_add_epi32(pair, _mm512_set1_epi32(2 * j)), dv);
             int64_t t = s + 2 * j;
             for (int i = 0; i < mr; i++) {
                 __m512i xv = _mm512_loadu_si512((const void *)(xq + i * k + 32 * t));
                 __m512 f = _mm512_mul_ps(lv, _mm512_loadu_ps(xd + i * (k / 4) + 8 * t));
                 __m512i init = _mm512_setzero_si512();
-                if (type == LC_Q4_0) /* offset -8 d: start each lane at -8 * (its activation sum) */
-                    init = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(nls + i * LC_XS(k) + 8 * t)), 3);
+                if (type != LC_Q4_1) /* offset -8 d (Q4_0), -128 d (Q8_0): start each lane at that times its activation sum */
+                    init = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(nls + i * LC_XS(k) + 8 * t)),
+                                             type == LC_Q4_0 ? 3 : 7);
                 __m512i p = _mm512_dpbusd_epi32(init, cv, xv);
                 acc[i] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(p), acc[i]);
             }
@@ -145,8 +154,8 @@ static inline __attribute__((always_inline)) void LC_FN(fused)(
     const int64_t sub_bytes8 = lc_block_bytes(type) * 8 / lc_block_subs(type); /* bytes per 8 subs */
     __m512 accm[4]; /* Q4_1: offsets times activation sums, 16 sub-blocks per instruction */
     for (int i = 0; i < 4; i++) accm[i] = _mm512_setzero_ps();
-    if (type == LC_Q4_0 || type == LC_Q4_1)
-        s = LC_FN(legacy4_groups)(type, mr, w, k, xq, xd, xs, acc, accm);
+    if (type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q8_0)
+        s = LC_FN(legacy_groups)(type, mr, w, k, xq, xd, xs, acc, accm);
     for (; s + 2 <= subs; s += 2) {
         /* the weights stream from memory once: ask for them ~1 KiB ahead */
         _mm_prefetch((const char *)(w + s * sub_bytes8 / 8 + 1024), _MM_HINT_T0);
