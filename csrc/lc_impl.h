@@ -134,6 +134,93 @@ static inline __attribute__((always_inline)) int64_t LC_FN(legacy_groups)(
 }
 #endif
 
+#if LC_ISA == LC_ISA_AVX512VNNI
+/* Q4_K rows for few-row steps, one 256-value super-block per round: its two f16 factors and eight 6-bit
+   scale/min pairs are unpacked once into float vectors, each 32-byte run of nibbles is two sub-blocks
+   (low, high) in one unpack, and the mins meet the activation sums in one vector product per round.
+   Per sub-block the old path spent ~25 scalar instructions on the scale and min alone. */
+static inline __attribute__((always_inline)) void LC_FN(q4k_rounds)(
+    const int mr, const uint8_t *w, int64_t k, const int8_t *xq, const float *xd, const float *xs,
+    __m512 *acc, __m512 *accm) {
+    const __m512i pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    const __m256i low = _mm256_set1_epi8(15);
+    for (int64_t b = 0; b < k / 256; b++) {
+        const uint8_t *blk = w + 144 * b;
+        _mm_prefetch((const char *)(blk + LC_PF), _MM_HINT_T0);
+        _mm_prefetch((const char *)(blk + LC_PF + 64), _MM_HINT_T0);
+        _mm_prefetch((const char *)(blk + LC_PF + 128), _MM_HINT_T0);
+        float d = _cvtsh_ss(lc_u16(blk)), dmin = _cvtsh_ss(lc_u16(blk + 2));
+        float scl[16], mn[16];
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            lc_scale_min_k4(j, blk + 4, &sc, &m);
+            scl[j] = d * (float)sc;
+            mn[j] = -dmin * (float)m;
+            scl[j + 8] = mn[j + 8] = 0.0f;
+        }
+        __m512 sv = _mm512_loadu_ps(scl), mv = _mm512_maskz_loadu_ps(0x00FF, mn);
+        for (int i = 0; i < mr; i++) { /* xs: scale * code sum per 16, two per sub-block */
+            __m512 h = _mm512_loadu_ps(xs + i * LC_XS(k) + 16 * b);
+            __m512 sums = _mm512_add_ps(_mm512_permutexvar_ps(even, h), _mm512_permutexvar_ps(odd, h));
+            accm[i] = _mm512_fmadd_ps(mv, sums, accm[i]);
+        }
+        for (int j = 0; j < 4; j++) { /* sub-blocks 2j (low nibbles) and 2j + 1 (high) */
+            __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));
+            __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            __m512i cv = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+            __m512 lv = _mm512_permutexvar_ps(_mm512_add_epi32(pair, _mm512_set1_epi32(2 * j)), sv);
+            int64_t t = 8 * b + 2 * j;
+            for (int i = 0; i < mr; i++) {
+                __m512i xv = _mm512_loadu_si512((const void *)(xq + i * k + 32 * t));
+                __m512 f = _mm512_mul_ps(lv, _mm512_loadu_ps(xd + i * (k / 4) + 8 * t));
+                __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cv, xv);
+                acc[i] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(p), acc[i]);
+            }
+        }
+    }
+}
+#endif
+
+#if LC_ISA == LC_ISA_AVX512VNNI
+/* Q6_K rows for few-row steps, one 256-value super-block per round: its 16 int8 scales become one float
+   vector, and each pair of sub-blocks shares its 64 low-bit bytes (one load) and 32 high-bit bytes. The
+   -32 offset folds into the integer dot product as in the per-pair path (each lane's scale covers it). */
+static inline __attribute__((always_inline)) void LC_FN(q6k_rounds)(
+    const int mr, const uint8_t *w, int64_t k, const int8_t *xq, const float *xd, const float *xs,
+    __m512 *acc) {
+    const int32_t *nls = (const int32_t *)(xs + k / 16);
+    const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i four = _mm512_set1_epi8(15);
+    const __m256i two = _mm256_set1_epi8(3);
+    for (int64_t b = 0; b < k / 256; b++) {
+        const uint8_t *blk = w + 210 * b;
+        for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)(blk + LC_PF + l), _MM_HINT_T0);
+        __m512 sv = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(lc_u16(blk + 208))),
+                                  _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192)))));
+        for (int j = 0; j < 4; j++) { /* sub-blocks 2j, 2j + 1: half n = j / 2, kk = 2 (j % 2) and kk + 1 */
+            int n = j / 2, kk = 2 * (j % 2);
+            __m512i lo = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512((const void *)(blk + 64 * n)), (kk >> 1) * 4), four);
+            __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
+            __m256i ha = _mm256_and_si256(_mm256_srli_epi16(h, 2 * kk), two);
+            __m256i hb = _mm256_and_si256(_mm256_srli_epi16(h, 2 * kk + 2), two);
+            __m512i hi = _mm512_slli_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(ha), hb, 1), 4);
+            __m512i cv = _mm512_or_si512(lo, hi);
+            __m512 lv = _mm512_permutexvar_ps(_mm512_add_epi32(quad, _mm512_set1_epi32(4 * j)), sv);
+            int64_t t = 8 * b + 2 * j;
+            for (int i = 0; i < mr; i++) {
+                __m512i xv = _mm512_loadu_si512((const void *)(xq + i * k + 32 * t));
+                __m512 f = _mm512_mul_ps(lv, _mm512_loadu_ps(xd + i * (k / 4) + 8 * t));
+                __m512i init = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(nls + i * LC_XS(k) + 8 * t)), 5);
+                __m512i p = _mm512_dpbusd_epi32(init, cv, xv);
+                acc[i] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(p), acc[i]);
+            }
+        }
+    }
+}
+#endif
+
 /* Few activation rows (decode steps): each weight sub-block is decoded into registers and used at
    once by every row; AVX-512 takes two sub-blocks per instruction. xd holds one scale per lane. */
 static inline __attribute__((always_inline)) void LC_FN(fused)(
@@ -154,6 +241,14 @@ static inline __attribute__((always_inline)) void LC_FN(fused)(
     const int64_t sub_bytes8 = lc_block_bytes(type) * 8 / lc_block_subs(type); /* bytes per 8 subs */
     __m512 accm[4]; /* Q4_1: offsets times activation sums, 16 sub-blocks per instruction */
     for (int i = 0; i < 4; i++) accm[i] = _mm512_setzero_ps();
+    if (type == LC_Q4_K) { /* whole super-blocks: K is a multiple of 256 for the K-quants */
+        LC_FN(q4k_rounds)(mr, w, k, xq, xd, xs, acc, accm);
+        s = subs;
+    }
+    if (type == LC_Q6_K) {
+        LC_FN(q6k_rounds)(mr, w, k, xq, xd, xs, acc);
+        s = subs;
+    }
     if (type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q8_0)
         s = LC_FN(legacy_groups)(type, mr, w, k, xq, xd, xs, acc, accm);
     for (; s + 2 <= subs; s += 2) {
