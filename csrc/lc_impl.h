@@ -142,36 +142,30 @@ static inline __attribute__((always_inline)) int64_t LC_FN(legacy_groups)(
 static inline __attribute__((always_inline)) void LC_FN(q4k_rounds)(
     const int mr, const uint8_t *w, int64_t k, const int8_t *xq, const float *xd, const float *xs,
     __m512 *acc, __m512 *accm) {
-    const __m512i pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
-    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
     const __m256i low = _mm256_set1_epi8(15);
+    /* Per-lane tables written and read at the same width: a wide load of narrow stores would stall. */
+    float ls[64], mc[20]; /* mc: 16 used, the last 4-wide store spills into 2 more */
     for (int64_t b = 0; b < k / 256; b++) {
         const uint8_t *blk = w + 144 * b;
         _mm_prefetch((const char *)(blk + LC_PF), _MM_HINT_T0);
         _mm_prefetch((const char *)(blk + LC_PF + 64), _MM_HINT_T0);
         _mm_prefetch((const char *)(blk + LC_PF + 128), _MM_HINT_T0);
         float d = _cvtsh_ss(lc_u16(blk)), dmin = _cvtsh_ss(lc_u16(blk + 2));
-        float scl[16], mn[16];
         for (int j = 0; j < 8; j++) {
             int sc, m;
             lc_scale_min_k4(j, blk + 4, &sc, &m);
-            scl[j] = d * (float)sc;
-            mn[j] = -dmin * (float)m;
-            scl[j + 8] = mn[j + 8] = 0.0f;
+            _mm256_storeu_ps(ls + 8 * j, _mm256_set1_ps(d * (float)sc));
+            _mm_storeu_ps(mc + 2 * j, _mm_set1_ps(-dmin * (float)m)); /* both halves (the next j rewrites 2) */
         }
-        __m512 sv = _mm512_loadu_ps(scl), mv = _mm512_maskz_loadu_ps(0x00FF, mn);
-        for (int i = 0; i < mr; i++) { /* xs: scale * code sum per 16, two per sub-block */
-            __m512 h = _mm512_loadu_ps(xs + i * LC_XS(k) + 16 * b);
-            __m512 sums = _mm512_add_ps(_mm512_permutexvar_ps(even, h), _mm512_permutexvar_ps(odd, h));
-            accm[i] = _mm512_fmadd_ps(mv, sums, accm[i]);
-        }
-        for (int j = 0; j < 4; j++) { /* sub-blocks 2j (low nibbles) and 2j + 1 (high) */
-            __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));
+        __m512 mv = _mm512_loadu_ps(mc);
+        for (int i = 0; i < mr; i++) /* xs: scale * code sum per 16 values */
+            accm[i] = _mm512_fmadd_ps(mv, _mm512_loadu_ps(xs + i * LC_XS(k) + 16 * b), accm[i]);
+        for (int j = 0; j < 8; j += 2) { /* 32 bytes: sub-block j in the low nibbles, j + 1 in the high */
+            __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 16 * j));
             __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
             __m512i cv = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-            __m512 lv = _mm512_permutexvar_ps(_mm512_add_epi32(pair, _mm512_set1_epi32(2 * j)), sv);
-            int64_t t = 8 * b + 2 * j;
+            __m512 lv = LC_FN(join_f)(_mm256_loadu_ps(ls + 8 * j), _mm256_loadu_ps(ls + 8 * j + 8));
+            int64_t t = 8 * b + j;
             for (int i = 0; i < mr; i++) {
                 __m512i xv = _mm512_loadu_si512((const void *)(xq + i * k + 32 * t));
                 __m512 f = _mm512_mul_ps(lv, _mm512_loadu_ps(xd + i * (k / 4) + 8 * t));
@@ -215,6 +209,70 @@ static inline __attribute__((always_inline)) void LC_FN(q6k_rounds)(
                 __m512i init = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(nls + i * LC_XS(k) + 8 * t)), 5);
                 __m512i p = _mm512_dpbusd_epi32(init, cv, xv);
                 acc[i] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(p), acc[i]);
+            }
+        }
+    }
+}
+#endif
+
+#if LC_ISA == LC_ISA_AVX2
+/* Q4_K / Q6_K rows for few-row steps on AVX2, one super-block per round: every sub-block's scales and
+   offsets are unpacked once into per-lane tables (instead of per sub-block inside the dot loop), and
+   the offsets meet the activation sums in two vector products per round. */
+static inline __attribute__((always_inline)) void LC_FN(kq_rounds)(
+    const int type, const int mr, const uint8_t *w, int64_t k, const int8_t *xq, const float *xd,
+    const float *xs, __m256 acc[4][2], __m256 *accm) {
+    const __m256i low = _mm256_set1_epi8(15), two = _mm256_set1_epi8(3);
+    const int bb = type == LC_Q4_K ? 144 : 210;
+    float ls[64], mc[16];
+    for (int64_t b = 0; b < k / 256; b++) {
+        const uint8_t *blk = w + bb * b;
+        for (int l = 0; l < bb; l += 64) _mm_prefetch((const char *)(blk + 4096 + l), _MM_HINT_T0);
+        if (type == LC_Q4_K) {
+            float d = _cvtsh_ss(lc_u16(blk)), dmin = _cvtsh_ss(lc_u16(blk + 2));
+            for (int j = 0; j < 8; j++) {
+                int sc, m;
+                lc_scale_min_k4(j, blk + 4, &sc, &m);
+                _mm256_storeu_ps(ls + 8 * j, _mm256_set1_ps(d * (float)sc));
+                mc[2 * j] = mc[2 * j + 1] = -dmin * (float)m;
+            }
+        } else {
+            float d = _cvtsh_ss(lc_u16(blk + 208));
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            for (int h = 0; h < 16; h++) { /* one scale per 16 values: lanes 4h..4h+3 */
+                _mm_storeu_ps(ls + 4 * h, _mm_set1_ps(d * (float)sc[h]));
+                mc[h] = -32.0f * d * (float)sc[h];
+            }
+        }
+        __m256 m0 = _mm256_loadu_ps(mc), m1 = _mm256_loadu_ps(mc + 8);
+        for (int i = 0; i < mr; i++) {
+            const float *h = xs + i * LC_XS(k) + 16 * b; /* scale * code sum per 16 */
+            accm[i] = _mm256_fmadd_ps(m0, _mm256_loadu_ps(h), _mm256_fmadd_ps(m1, _mm256_loadu_ps(h + 8), accm[i]));
+        }
+        for (int j = 0; j < 8; j += 2) {
+            __m256i ca, cb;
+            if (type == LC_Q4_K) { /* 32 bytes: sub-block j in the low nibbles, j + 1 in the high */
+                __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 16 * j));
+                ca = _mm256_and_si256(v, low);
+                cb = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            } else { /* sub-blocks j = 4n + kk (kk even) and j + 1 share half n's bytes */
+                int n = j / 4, kk = j % 4;
+                __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
+                int lshift = (kk >> 1) * 4;
+                __m256i la = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(blk + 64 * n)), lshift), low);
+                __m256i lb = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(blk + 64 * n + 32)), lshift), low);
+                ca = _mm256_or_si256(la, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * kk), two), 4));
+                cb = _mm256_or_si256(lb, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * kk + 2), two), 4));
+            }
+            __m256 sa = _mm256_loadu_ps(ls + 8 * j), sb = _mm256_loadu_ps(ls + 8 * j + 8);
+            int64_t t = 8 * b + j;
+            for (int i = 0; i < mr; i++) {
+                const int8_t *x = xq + i * k + 32 * t;
+                const float *dx = xd + i * (k / 4) + 8 * t;
+                __m256i pa = LC_FN(dot8)(ca, _mm256_loadu_si256((const __m256i *)x), 0);
+                __m256i pb = LC_FN(dot8)(cb, _mm256_loadu_si256((const __m256i *)(x + 32)), 0);
+                acc[i][0] = _mm256_fmadd_ps(_mm256_mul_ps(sa, _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(pa), acc[i][0]);
+                acc[i][1] = _mm256_fmadd_ps(_mm256_mul_ps(sb, _mm256_loadu_ps(dx + 8)), _mm256_cvtepi32_ps(pb), acc[i][1]);
             }
         }
     }
@@ -273,8 +331,12 @@ static inline __attribute__((always_inline)) void LC_FN(fused)(
     }
     for (int i = 0; i < mr; i++) res[i] = LC_FN(hsum512)(_mm512_add_ps(acc[i], accm[i]));
 #else
-    __m256 acc[4][2];
-    for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    __m256 acc[4][2], accm[4];
+    for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = accm[i] = _mm256_setzero_ps();
+    if (type == LC_Q4_K || type == LC_Q6_K) { /* whole super-blocks: K is a multiple of 256 */
+        LC_FN(kq_rounds)(type, mr, w, k, xq, xd, xs, acc, accm);
+        s = subs;
+    }
     for (; s + 2 <= subs; s += 2) {
         LC_FN(dv) a = LC_FN(dec_sub)(type, w, s), b = LC_FN(dec_sub)(type, w, s + 1);
         for (int i = 0; i < mr; i++) {
@@ -288,7 +350,7 @@ static inline __attribute__((always_inline)) void LC_FN(fused)(
             cv4[i] = _mm_fmadd_ps(mv, _mm_loadu_ps(xs + i * LC_XS(k) + 2 * s), cv4[i]);
         }
     }
-    for (int i = 0; i < mr; i++) res[i] = LC_FN(hsum)(_mm256_add_ps(acc[i][0], acc[i][1]));
+    for (int i = 0; i < mr; i++) res[i] = LC_FN(hsum)(_mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]), accm[i]));
 #endif
     for (; s < subs; s++) { /* an odd last sub-block */
         LC_FN(dv) a = LC_FN(dec_sub)(type, w, s);
