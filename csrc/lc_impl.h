@@ -65,6 +65,20 @@ static inline __m512 LC_FN(join_f)(__m256 a, __m256 b) {
 }
 #endif
 
+#if LC_ISA == LC_ISA_AVX512VNNI || LC_ISA == LC_ISA_AVX2
+/* A Q4_K super-block's per-lane tables: ls[64] the scale of each 4-value lane, mc[16] the offset of
+   each 16 values. Written 256 bits per sub-block so the rounds read them back at the width written. */
+static inline void LC_FN(q4k_tables)(const uint8_t *blk, float *ls, float *mc) {
+    float d = _cvtsh_ss(lc_u16(blk)), dmin = _cvtsh_ss(lc_u16(blk + 2));
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        lc_scale_min_k4(j, blk + 4, &sc, &m);
+        _mm256_storeu_ps(ls + 8 * j, _mm256_set1_ps(d * (float)sc));
+        mc[2 * j] = mc[2 * j + 1] = -dmin * (float)m;
+    }
+}
+#endif
+
 #ifndef LC_PF
 #define LC_PF 4096
 #endif
@@ -144,19 +158,13 @@ static inline __attribute__((always_inline)) void LC_FN(q4k_rounds)(
     __m512 *acc, __m512 *accm) {
     const __m256i low = _mm256_set1_epi8(15);
     /* Per-lane tables written and read at the same width: a wide load of narrow stores would stall. */
-    float ls[64], mc[20]; /* mc: 16 used, the last 4-wide store spills into 2 more */
+    float ls[64], mc[16];
     for (int64_t b = 0; b < k / 256; b++) {
         const uint8_t *blk = w + 144 * b;
         _mm_prefetch((const char *)(blk + LC_PF), _MM_HINT_T0);
         _mm_prefetch((const char *)(blk + LC_PF + 64), _MM_HINT_T0);
         _mm_prefetch((const char *)(blk + LC_PF + 128), _MM_HINT_T0);
-        float d = _cvtsh_ss(lc_u16(blk)), dmin = _cvtsh_ss(lc_u16(blk + 2));
-        for (int j = 0; j < 8; j++) {
-            int sc, m;
-            lc_scale_min_k4(j, blk + 4, &sc, &m);
-            _mm256_storeu_ps(ls + 8 * j, _mm256_set1_ps(d * (float)sc));
-            _mm_storeu_ps(mc + 2 * j, _mm_set1_ps(-dmin * (float)m)); /* both halves (the next j rewrites 2) */
-        }
+        LC_FN(q4k_tables)(blk, ls, mc);
         __m512 mv = _mm512_loadu_ps(mc);
         for (int i = 0; i < mr; i++) /* xs: scale * code sum per 16 values */
             accm[i] = _mm512_fmadd_ps(mv, _mm512_loadu_ps(xs + i * LC_XS(k) + 16 * b), accm[i]);
@@ -229,13 +237,7 @@ static inline __attribute__((always_inline)) void LC_FN(kq_rounds)(
         const uint8_t *blk = w + bb * b;
         for (int l = 0; l < bb; l += 64) _mm_prefetch((const char *)(blk + 4096 + l), _MM_HINT_T0);
         if (type == LC_Q4_K) {
-            float d = _cvtsh_ss(lc_u16(blk)), dmin = _cvtsh_ss(lc_u16(blk + 2));
-            for (int j = 0; j < 8; j++) {
-                int sc, m;
-                lc_scale_min_k4(j, blk + 4, &sc, &m);
-                _mm256_storeu_ps(ls + 8 * j, _mm256_set1_ps(d * (float)sc));
-                mc[2 * j] = mc[2 * j + 1] = -dmin * (float)m;
-            }
+            LC_FN(q4k_tables)(blk, ls, mc);
         } else {
             float d = _cvtsh_ss(lc_u16(blk + 208));
             const int8_t *sc = (const int8_t *)(blk + 192);
