@@ -10,8 +10,8 @@ from localchat.arch.deepseek import LATENT_NORM_EPS, MlaSpec, RouterSpec
 from localchat.arch.moe import MoeSpec
 from localchat.backends.mlx.attention import AttentionMetadata, LayerCache, paged_attention
 from localchat.backends.mlx.layers import Rotary, project, silu
-from localchat.backends.mlx.models.base import DecoderLM, Layer
-from localchat.backends.mlx.models.moe import Expert, SparseMoe
+from localchat.backends.mlx.models.base import DecoderLM
+from localchat.backends.mlx.models.moe import Expert, SparseMoe, WithMoe
 from localchat.backends.mlx.quant import Weight, linear
 from localchat.weights.config import ModelConfig
 
@@ -60,7 +60,7 @@ class SharedExpertMoe(SparseMoe):
         return out + linear(silu(gate) * up, self.shared.down)
 
 
-class DeepseekLayer(Layer):
+class DeepseekLayer(WithMoe):
     def __init__(self, config: ModelConfig, index: int) -> None:
         super().__init__(config, index)
         mla = self.mla = MlaSpec.from_config(config)
@@ -135,14 +135,6 @@ class DeepseekLayer(Layer):
         assert self.down is not None
         gate, up = mx.split(project(normed, self.gate_up), 2, axis=-1)
         return x + linear(silu(gate) * up, self.down)
-
-    def missing(self) -> list[str]:
-        own = super().missing()
-        return own if self.moe is None else own + [f"moe.{name}" for name in self.moe.missing()]
-
-    def finish(self) -> None:
-        if self.moe is not None:
-            self.moe.finish()
 
 
 class Model(DecoderLM):

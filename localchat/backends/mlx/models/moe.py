@@ -144,7 +144,21 @@ def _arrays(weight: Stacked | None) -> list[mx.array]:
     return [] if weight is None else [weight.wt]
 
 
-class MoeLayer(LlamaLayer):
+class WithMoe(Layer):
+    """A layer owning an optional `moe` (None in dense layers): its weights count and finish with the layer's."""
+
+    moe: SparseMoe | None
+
+    def missing(self) -> list[str]:
+        own = super().missing()
+        return own if self.moe is None else own + [f"moe.{name}" for name in self.moe.missing()]
+
+    def finish(self) -> None:
+        if self.moe is not None:
+            self.moe.finish()
+
+
+class MoeLayer(WithMoe, LlamaLayer):
     """A Llama layer whose MLP is a SparseMoe in the layers the config's MoE spec makes sparse."""
 
     def __init__(self, config: ModelConfig, index: int) -> None:
@@ -157,11 +171,3 @@ class MoeLayer(LlamaLayer):
 
     def mlp(self, x: mx.array) -> mx.array:
         return super().mlp(x) if self.moe is None else self.moe.forward(x)
-
-    def missing(self) -> list[str]:
-        own = super().missing()
-        return own if self.moe is None else own + [f"moe.{name}" for name in self.moe.missing()]
-
-    def finish(self) -> None:
-        if self.moe is not None:
-            self.moe.finish()
