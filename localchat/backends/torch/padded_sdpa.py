@@ -37,25 +37,20 @@ def prefill_sdpa(
         )
         return out[0]
     q_pad, k_pad = _padded(q_len) - q_len, _padded(k_len) - k_len
+    padded_mask = None
     if mask is None:
         # Causal with L == S: padded keys sit after every real query, so the causal mask hides them.
         assert q_len == k_len, "causal prefill needs the queries to be the whole context"
-        out = F.scaled_dot_product_attention(
-            F.pad(queries, (0, 0, 0, q_pad))[None],
-            F.pad(keys, (0, 0, 0, k_pad))[None],
-            F.pad(values, (0, 0, 0, k_pad))[None],
-            is_causal=True,
-            scale=scale,
-        )
-        return out[0, :, :q_len]
-    padded_mask = F.pad(mask, (0, k_pad, 0, q_pad), value=False)
-    padded_mask[q_len:, 0] = True
+    else:
+        padded_mask = F.pad(mask, (0, k_pad, 0, q_pad), value=False)
+        padded_mask[q_len:, 0] = True
     # 4-D inputs: with 3-D ones SDPA on CPU falls back to its unfused math kernel (2-3x slower).
     out = F.scaled_dot_product_attention(
         F.pad(queries, (0, 0, 0, q_pad))[None],
         F.pad(keys, (0, 0, 0, k_pad))[None],
         F.pad(values, (0, 0, 0, k_pad))[None],
         attn_mask=padded_mask,
+        is_causal=mask is None,
         scale=scale,
     )
     return out[0, :, :q_len]
