@@ -49,22 +49,24 @@ def greedy(runner: Any, bundle: ModelBundle, prompts: list[list[int]]) -> list[l
     return [out[i] for i in ids]
 
 
-def top2(runner: Any, tokens: list[int]) -> tuple[int, int, float]:
-    """(top-1 id, top-2 id, their logit gap) for the token after `tokens`."""
+def next_logits(runner: Any, tokens: list[int]) -> np.ndarray:
+    """The runner's float32 logits for the token after `tokens` (one paged prefill)."""
     driver = PagedDriver(runner, num_blocks=64, block_size=16)
     driver.add("m", tokens)
     _, logits = driver.step_logits()
-    row = np.asarray(logits[0]).astype(np.float32, copy=False)  # torch or mlx array
+    return np.asarray(logits[0]).astype(np.float32, copy=False)  # torch or mlx array
+
+
+def top2(runner: Any, tokens: list[int]) -> tuple[int, int, float]:
+    """(top-1 id, top-2 id, their logit gap) for the token after `tokens`."""
+    row = next_logits(runner, tokens)
     first, second = np.argsort(-row)[:2]
     return int(first), int(second), float(row[first] - row[second])
 
 
 def reference_gap(runner: Any, tokens: list[int], token: int) -> tuple[int, float]:
     """(the reference's top-1 id, how far `token`'s logit lies below it) for the token after `tokens`."""
-    driver = PagedDriver(runner, num_blocks=64, block_size=16)
-    driver.add("m", tokens)
-    _, logits = driver.step_logits()
-    row = np.asarray(logits[0]).astype(np.float32, copy=False)
+    row = next_logits(runner, tokens)
     best = int(np.argmax(row))
     return best, float(row[best] - row[token])
 

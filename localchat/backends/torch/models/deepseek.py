@@ -19,6 +19,7 @@ from torch import nn
 from localchat.arch.deepseek import LATENT_NORM_EPS, MlaSpec, RouterSpec
 from localchat.arch.moe import MoeSpec
 from localchat.backends.torch.attention import paged_attention
+from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import apply_rope, empty_param, rms_norm, swiglu
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.models.moe import Expert, SparseMoe
@@ -96,7 +97,7 @@ class DeepseekLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         meta: StepMetadata,
-        kv_cache: torch.Tensor,
+        kv_cache: KVCache,
     ) -> torch.Tensor:
         m, tokens = self.mla, x.shape[0]
         h, nope, width = m.heads, m.nope_dim, m.cache_dim
