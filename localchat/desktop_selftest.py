@@ -23,7 +23,10 @@ ANSWER_TIMEOUT_S = 120.0
 _REPORT = "fetch('/desktop/report',{method:'POST',body:JSON.stringify(%s)});"
 PROBE_JS = (
     "(function(){var i=document.getElementById('composer-input');"
-    + _REPORT % ("{kind:'probe',path:location.pathname,composer:!!i,htmx:!!window.htmx}")
+    # app.js marks <html data-ready> once htmx has bound the forms; window.htmx alone exists earlier, when a
+    # click on Send is still a plain form submit (a CI flake: "GET /?content=Hi!" and no answer).
+    + _REPORT
+    % "{kind:'probe',path:location.pathname,composer:!!i,ready:document.documentElement.dataset.ready}"
     + "})();"
 )
 SEND_JS = (
@@ -84,7 +87,12 @@ class SelfTest:
             if not app.window.events.shown.wait(30):
                 raise AssertionError("the window was not shown within 30s")
             self.timings["window"] = self._elapsed()
-            self._ask(PROBE_JS, lambda r: r.get("composer") and r.get("htmx"), LOAD_TIMEOUT_S, "no chat UI")
+            self._ask(
+                PROBE_JS,
+                lambda r: r.get("composer") and r.get("ready") == "1",
+                LOAD_TIMEOUT_S,
+                "no chat UI",
+            )
             self.timings["usable"] = self._elapsed()
             if not app.gate.loading_seen.is_set() and not app.gate.signed_in.is_set():
                 raise AssertionError("the chat UI appeared without the loading page and the sign-in")

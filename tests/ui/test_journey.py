@@ -270,3 +270,24 @@ def test_settings_errors_and_export_import(page: Any, live: Any, tmp_path: Path)
     error = page.locator("#messages .msg.assistant .msg-error")
     expect(error).to_contain_text("maximum context length is 4096 tokens")
     expect(error.get_by_role("link", name="Start a new chat")).to_have_attribute("href", "/")
+
+
+def test_a_send_before_htmx_binds_the_form_keeps_the_message(page: Any, live: Any) -> None:
+    # htmx present but its DOMContentLoaded pass not run yet (a slow machine): the form is still a plain
+    # <form>, and a submit would navigate to "/?content=..." and lose the text. app.js holds it instead.
+    page.route("**/vendor/htmx/htmx.min.js", lambda route: route.fulfill(
+        content_type="text/javascript", body="window.htmx = {onLoad: function () {}, defineExtension: function () {}};"
+    ))  # fmt: skip
+    page.goto("/")
+    expect(page.locator("html")).not_to_have_attribute("data-ready", "1")
+    page.fill("#composer-input", "typed early")
+    page.click("#send-btn")
+    page.press("#composer-input", "Enter")
+    page.wait_for_timeout(300)
+    assert "content=" not in page.url and page.url.endswith("/")
+    expect(page.locator("#composer-input")).to_have_value("typed early")
+
+
+def test_the_page_says_when_its_forms_are_bound(page: Any, live: Any) -> None:
+    page.goto("/")
+    expect(page.locator("html")).to_have_attribute("data-ready", "1")  # what --selftest waits for

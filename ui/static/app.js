@@ -292,8 +292,15 @@
   DARK.addEventListener("change", labelThemeButton);
   NARROW.addEventListener("change", syncSidebar);
 
+  // Until htmx has bound the page's hx-post forms (on DOMContentLoaded, after every deferred script), a
+  // Send would be a plain GET of "/?content=..." that loses the message: hold submits until then.
+  document.addEventListener("submit", (event) => {
+    if (!document.documentElement.dataset.ready) event.preventDefault();
+  }, true);
+
   htmx.onLoad((root) => {
     if (root.nodeType !== Node.ELEMENT_NODE) return;
+    if (root === document.body) document.documentElement.dataset.ready = "1";
     const messages = root.matches(".msg.assistant") ? [root] : $$(".msg.assistant", root);
     messages.forEach(scheduleRender);
     const edit = root.matches("textarea[data-enter-submit]") ? root : $("textarea[data-escape-cancel]", root);
