@@ -35,7 +35,13 @@ setup(
         Extension(
             "localchat.backends.torch._lckernels",
             sources=["csrc/lc_kernels.c"],
-            depends=["csrc/lc_impl.h", "csrc/lc_decode.h", "csrc/lc_decode_x86.h", "csrc/lc_attention.h"],
+            depends=[
+                "csrc/lc_impl.h",
+                "csrc/lc_decode.h",
+                "csrc/lc_decode_x86.h",
+                "csrc/lc_attention.h",
+                "csrc/lc_gemm512.h",
+            ],
             define_macros=[("Py_LIMITED_API", "0x030A0000")],
             py_limited_api=True,
             optional=True,

@@ -401,37 +401,14 @@ static void LC_FN(fused_rows)(int type, const uint8_t *w, int64_t n0, int64_t n1
     }
 }
 
-/* Many activation rows: a 4 x 2 tile (activation rows x decoded weight rows) of dot products. */
+/* Many activation rows on AVX2 (AVX-512: lc_gemm512.h): a 4 x 2 tile (activation rows x decoded weight
+   rows) of dot products. */
 static inline __attribute__((always_inline)) void LC_FN(micro)(
     const int mr, const int nr, const int wide, const uint8_t *c, const float *ls, int64_t k,
     const int8_t *xq, const float *xd, float res[4][2]) {
-    int64_t subs = k / 32, s = 0;
-#if LC_ISA == LC_ISA_AVX512VNNI
-    (void)wide;
-    __m512 acc[4][2];
-    for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-    for (; s + 2 <= subs; s += 2) {
-        __m512i cv[2];
-        __m512 lv[2];
-        for (int j = 0; j < nr; j++) {
-            cv[j] = _mm512_loadu_si512((const void *)(c + j * k + 32 * s));
-            lv[j] = _mm512_loadu_ps(ls + j * (k / 4) + 8 * s);
-        }
-        for (int i = 0; i < mr; i++) {
-            __m512i xv = _mm512_loadu_si512((const void *)(xq + i * k + 32 * s));
-            __m512 dx = _mm512_loadu_ps(xd + i * (k / 4) + 8 * s);
-            for (int j = 0; j < nr; j++) {
-                __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cv[j], xv);
-                acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(lv[j], dx), _mm512_cvtepi32_ps(p), acc[i][j]);
-            }
-        }
-    }
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) res[i][j] = LC_FN(hsum512)(acc[i][j]);
-#else
     __m256 acc[4][2];
     for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-    for (; s < subs; s++) {
+    for (int64_t s = 0; s < k / 32; s++) {
         __m256i cv[2];
         __m256 lv[2];
         for (int j = 0; j < nr; j++) {
@@ -448,15 +425,6 @@ static inline __attribute__((always_inline)) void LC_FN(micro)(
     }
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) res[i][j] = LC_FN(hsum)(acc[i][j]);
-#endif
-    for (; s < subs; s++) /* AVX-512: an odd last sub-block */
-        for (int i = 0; i < mr; i++)
-            for (int j = 0; j < nr; j++) {
-                __m256i cv = _mm256_loadu_si256((const __m256i *)(c + j * k + 32 * s));
-                __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + i * k + 32 * s));
-                __m256 f = _mm256_mul_ps(_mm256_loadu_ps(ls + j * (k / 4) + 8 * s), _mm256_loadu_ps(xd + i * (k / 4) + 8 * s));
-                res[i][j] += LC_FN(hsum)(_mm256_mul_ps(f, _mm256_cvtepi32_ps(LC_FN(dot8)(cv, xv, wide))));
-            }
 }
 #else
 static inline void LC_FN(micro)(
@@ -533,6 +501,7 @@ static void LC_FN(quantize)(const void *x, int x_bf16, int64_t t, int64_t k, int
 
 #define LC_TILE_MR 4
 
+#if LC_ISA != LC_ISA_AVX512VNNI
 static void LC_FN(rows)(int type, const uint8_t *w, int64_t n0, int64_t n1, int64_t k, int64_t row_bytes,
                         const int8_t *xq, const float *xd, const float *xs, int64_t t, void *out,
                         int out_bf16, int64_t ldo, uint8_t *c, float *ls, float *mc) {
@@ -561,13 +530,22 @@ static void LC_FN(rows)(int type, const uint8_t *w, int64_t n0, int64_t n1, int6
         }
     }
 }
+#endif
+
+#if LC_ISA == LC_ISA_AVX512VNNI
+#include "lc_gemm512.h"
+#endif
 
 static void LC_FN(matmul)(int type, const uint8_t *w, int64_t n, int64_t k, int64_t row_bytes,
                           const int8_t *xq, const float *xd, const float *xs, int64_t t, void *out,
                           int out_bf16, int64_t ldo, int nth) {
     /* Weight rows are decoded once per tile and reused by every activation row (the tile stays in
        L2); few-row steps take small tiles so both threads get work. */
+#if LC_ISA == LC_ISA_AVX512VNNI
+    int64_t tile = t <= LC_TILE_MR ? 4 : LC_GN;
+#else
     int64_t tile = t <= LC_TILE_MR ? 4 : 16;
+#endif
     int64_t tiles = (n + tile - 1) / tile;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nth)
@@ -575,7 +553,11 @@ static void LC_FN(matmul)(int type, const uint8_t *w, int64_t n, int64_t k, int6
     {
         uint8_t *c;
         float *ls, *mc;
+#if LC_ISA == LC_ISA_AVX512VNNI
+        lc_scratch(t <= LC_TILE_MR ? tile * k : 2 * tile * k, &c, &ls, &mc); /* gemm_rows: tile and rows */
+#else
         lc_scratch(tile * k, &c, &ls, &mc);
+#endif
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
@@ -587,7 +569,11 @@ static void LC_FN(matmul)(int type, const uint8_t *w, int64_t n, int64_t k, int6
                 continue;
             }
 #endif
+#if LC_ISA == LC_ISA_AVX512VNNI
+            LC_FN(gemm_rows)(type, w, n0, n1, k, row_bytes, xq, xd, xs, t, out, out_bf16, ldo, c, ls, mc);
+#else
             LC_FN(rows)(type, w, n0, n1, k, row_bytes, xq, xd, xs, t, out, out_bf16, ldo, c, ls, mc);
+#endif
         }
     }
 }

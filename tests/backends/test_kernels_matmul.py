@@ -101,8 +101,18 @@ def check(qtype: str, isa: str, rows: int, out_features: int, cols: int, dtype: 
 @pytest.mark.parametrize("qtype", SIMPLE)
 @pytest.mark.parametrize(
     ("rows", "out_features", "cols"),
-    # 512 values and more: the 16-block rounds of the few-row Q4_0/Q4_1 path, with a 2-block tail at 1088
-    [(1, 37, 96), (3, 16, 64), (4, 9, 320), (9, 37, 96), (1, 37, 576), (2, 5, 512), (4, 9, 1088)],
+    # 512 values and more: the 16-block rounds of the few-row Q4_0/Q4_1 path, with a 2-block tail at 1088;
+    # 17 x 70: the many-row path's full and partial 32-column tiles and a 1-row remainder block
+    [
+        (1, 37, 96),
+        (3, 16, 64),
+        (4, 9, 320),
+        (9, 37, 96),
+        (1, 37, 576),
+        (2, 5, 512),
+        (4, 9, 1088),
+        (17, 70, 576),
+    ],
 )
 def test_32_value_formats(qtype: str, isa: str, rows: int, out_features: int, cols: int) -> None:
     check(qtype, isa, rows, out_features, cols, torch.float32)
@@ -110,7 +120,7 @@ def test_32_value_formats(qtype: str, isa: str, rows: int, out_features: int, co
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", list(K_QUANTS))
-@pytest.mark.parametrize(("rows", "out_features"), [(1, 37), (2, 5), (7, 21)])
+@pytest.mark.parametrize(("rows", "out_features"), [(1, 37), (2, 5), (7, 21), (18, 70)])
 def test_k_quants(qtype: str, isa: str, rows: int, out_features: int) -> None:
     check(qtype, isa, rows, out_features, 512, torch.float32)
 

@@ -48,7 +48,7 @@ def test_tiny_gguf_runs_on_blocks_and_tracks_the_dequantized_run(
         "llama", vocab_size=TINY_VOCAB_SIZE, tie_word_embeddings=tied, hidden_size=256, intermediate_size=512
     )
     bundle = load_model(write_tiny_gguf(tmp_path / "tiny.gguf", hf, qtype=qtype, tokenizer_kind="gpt2"))
-    ours = runner(bundle, "bfloat16", monkeypatch, "int4", "auto")  # int4 mode: blocks only, every type
+    ours = runner(bundle, "bfloat16", monkeypatch, "auto", "auto")  # the default: blocks only, every type
     reference = runner(bundle, "bfloat16", monkeypatch, "dequant", "auto")
     model, layer = ours.model, ours.model.layers[0]
     blocks = (layer.qkv, layer.o, layer.gate_up, layer.down, model.embed, model.lm_head or model.embed)
@@ -88,14 +88,20 @@ def test_policy_picks_the_kernels_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.delenv(quant.QUANT_ENV, raising=False)
     monkeypatch.setenv(kernels.KERNELS_ENV, "auto")
     policy = quant.pick_policy(cpu, torch.bfloat16, 100, 1000)
-    # auto: the kernels, except GGUF Q4_0/Q4_1 linears, which torch's int4 kernel decodes faster
+    # auto: every GGUF block type on the kernels, one form for every step size, no dense copies
+    assert policy.kernels is not None and not policy.dense_copy and not policy.int4 and not policy.q4_on_int4
+    # --isq q4 matrices run on torch's int4 kernel, so they keep their copies where RAM allows
+    assert quant.pick_policy(cpu, torch.bfloat16, 100, 1000, isq="q4").dense_copy
+    monkeypatch.setenv(quant.QUANT_ENV, "copies")  # prefill speed for memory: the int4 kernel + copies
+    policy = quant.pick_policy(cpu, torch.bfloat16, 100, 1000)
     assert policy.kernels is not None and policy.dense_copy and policy.int4 and policy.q4_on_int4
     assert not quant.pick_policy(cpu, torch.bfloat16, 900, 1000).dense_copy  # no room for copies
+    monkeypatch.delenv(quant.QUANT_ENV)
     assert quant.pick_policy(cpu, torch.float32, 100, 1000) == quant.QuantPolicy()  # the exact path
     monkeypatch.setenv(quant.QUANT_ENV, "int4")  # least memory: blocks only
     policy = quant.pick_policy(cpu, torch.bfloat16, 100, 1000)
     assert policy.kernels is not None and not policy.dense_copy and not policy.q4_on_int4
-    monkeypatch.delenv(quant.QUANT_ENV)
+    monkeypatch.setenv(quant.QUANT_ENV, "copies")
     monkeypatch.setenv(kernels.KERNELS_ENV, "portable")  # a forced ISA runs every block type
     assert not quant.pick_policy(cpu, torch.bfloat16, 100, 1000).q4_on_int4
     monkeypatch.setenv(quant.QUANT_ENV, "int4")

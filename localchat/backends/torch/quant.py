@@ -7,9 +7,9 @@ matrix of a type they read (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) stay
 One form serves every step size, so there are no dense copies; memory is the file's size. Activations
 are rounded to 8 bits per 32 values for the integer dot products (bound in test_kernels_matmul.py).
 Other GGUF types (Q2_K, Q3_K, IQ*) are dequantized to the compute dtype.
-NOTE: in `auto` mode Q4_0/Q4_1 linears still go to torch's int4 kernel below (`q4_on_int4`): its
-one-row steps took 15-20% less CPU per token than ours (SmolLM2 Q4_1, one thread); naming an ISA in
-`LOCALCHAT_KERNELS`, or `LOCALCHAT_TORCH_QUANT=int4`, runs them on our kernels too.
+`LOCALCHAT_TORCH_QUANT=copies` trades memory for prefill speed: Q4_0/Q4_1 linears go to torch's int4
+kernel below (`q4_on_int4`) and every quantized matrix also keeps a bf16 copy for many-row steps (1B
+Q4_K_M: prefill ~2x faster, peak RSS ~3x; the README's Benchmarks).
 
 Without the kernels (not built, or `LOCALCHAT_KERNELS=off`) the pure-torch path below applies.
 
@@ -43,9 +43,10 @@ steps: 3.8 vs 4.6 ms on one thread, 1.7 vs 2.2 on two). Its d rounds to bf16 lik
 two halves' outputs round to bf16 before they are added (3 roundings of the logits instead of 1).
 Steps of more rows use the dense table the embedding keeps anyway (a Q4_0/Q4_1 LM head or tied
 embedding is packed like the layers, with that table as its dense copy). Every other quantized type is
-dequantized to the compute dtype. `LOCALCHAT_TORCH_QUANT` picks the mode: `auto` (int4 where it
-applies, with dense copies if they fit in RAM), `int4` (never a dense copy: least memory) or `dequant`
-(all dense, the reference path).
+dequantized to the compute dtype. `LOCALCHAT_TORCH_QUANT` picks the mode: `auto` (our kernels' blocks
+where they are built; else int4 where it applies, with dense copies if they fit in RAM), `copies` (dense
+copies for many-row steps even beside our kernels), `int4` (never a dense copy: least memory) or
+`dequant` (all dense, the reference path).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ from localchat.errors import BackendUnavailableError
 from localchat.weights.tensors import WeightTensor
 
 QUANT_ENV = "LOCALCHAT_TORCH_QUANT"
-QUANT_MODES = ("auto", "int4", "dequant")
+QUANT_MODES = ("auto", "int4", "dequant", "copies")
 INT4_TYPES = ("Q4_0", "Q4_1")
 GROUP_SIZE = 32
 # Rows from which the dense copy is used: the int4 kernel ties a dense GEMM at 16-32 rows (1-2 threads).
@@ -95,8 +96,8 @@ class QuantPolicy:
     cuda: bool = False  # ...in the CUDA kernel's layout (quant_cuda.py) instead of the CPU one
     isq: bool = False  # unquantized linears are quantized to 4 bits at load (`--isq q4`)
     isq_blocks: str | None = None  # `--isq q8_0|q4_k|q4_0`: unquantized matrices become these blocks (isq.py)
-    # With our kernels, GGUF Q4_0/Q4_1 linears still take torch's int4 kernel: its one-row steps measured
-    # 15-20% less CPU time per token (SmolLM2 Q4_1: ~30 vs ~37 ms/token on one thread) than ours.
+    # `copies` mode with our kernels: GGUF Q4_0/Q4_1 linears take torch's int4 kernel (its one-row steps
+    # were on par with ours on SmolLM2) so that their dense copies serve the many-row steps.
     q4_on_int4: bool = False
 
 
@@ -139,11 +140,15 @@ def pick_policy(
     fits = available is None or dense_bytes <= available * DENSE_COPY_RAM_FRACTION
     ops = cpu_kernels.load() if device.type == "cpu" else None
     if ops is not None:  # GGUF blocks on our kernels; --isq weights still go to torch's int4 kernel
-        q4_int4 = mode == "auto" and cpu_kernels.isa_choice() == "auto"  # a forced ISA runs every type
+        # `copies`: the pre-GEMM-kernel trade (Q4_0/Q4_1 one-row steps on torch's int4 kernel, bf16 copies
+        # for many-row steps); a forced ISA runs every type on our kernels.
+        copies = mode == "copies" and fits
+        q4_int4 = copies and cpu_kernels.isa_choice() == "auto"
         return QuantPolicy(
             kernels=ops,
             int4=wants_isq or q4_int4,
-            dense_copy=fits and mode == "auto",
+            # --isq q4 matrices run on torch's int4 kernel, compute-bound at many rows: they keep copies
+            dense_copy=copies or (wants_isq and fits and mode == "auto"),
             isq=wants_isq,
             q4_on_int4=q4_int4,
         )
