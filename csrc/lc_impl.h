@@ -66,16 +66,21 @@ static inline __m512 LC_FN(join_f)(__m256 a, __m256 b) {
 #endif
 
 #if LC_ISA == LC_ISA_AVX512VNNI || LC_ISA == LC_ISA_AVX2
-/* A Q4_K super-block's per-lane tables: ls[64] the scale of each 4-value lane, mc[16] the offset of
-   each 16 values. Written 256 bits per sub-block so the rounds read them back at the width written. */
-static inline void LC_FN(q4k_tables)(const uint8_t *blk, float *ls, float *mc) {
-    float d = _cvtsh_ss(lc_u16(blk)), dmin = _cvtsh_ss(lc_u16(blk + 2));
-    for (int j = 0; j < 8; j++) {
-        int sc, m;
-        lc_scale_min_k4(j, blk + 4, &sc, &m);
-        _mm256_storeu_ps(ls + 8 * j, _mm256_set1_ps(d * (float)sc));
-        mc[2 * j] = mc[2 * j + 1] = -dmin * (float)m;
-    }
+/* A Q4_K super-block's eight sub-block scales d * sc and offsets -dmin * m as float vectors. The 12
+   scale bytes as three words give four 6-bit values per word operation (lc_scale_min_k4's packing),
+   where unpacking them one by one took most of a decode round's instructions. */
+static inline void LC_FN(q4k_scales)(const uint8_t *blk, __m256 *scf, __m256 *mnf) {
+    uint32_t w0, w1, w2;
+    memcpy(&w0, blk + 4, 4);
+    memcpy(&w1, blk + 8, 4);
+    memcpy(&w2, blk + 12, 4);
+    uint64_t sc = (uint64_t)(w0 & 0x3f3f3f3fu) | ((uint64_t)((w2 & 0x0f0f0f0fu) | ((w0 >> 2) & 0x30303030u)) << 32);
+    uint64_t mn = (uint64_t)(w1 & 0x3f3f3f3fu) |
+                  ((uint64_t)(((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u)) << 32);
+    *scf = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc))),
+                         _mm256_set1_ps(_cvtsh_ss(lc_u16(blk))));
+    *mnf = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn))),
+                         _mm256_set1_ps(-_cvtsh_ss(lc_u16(blk + 2))));
 }
 #endif
 
@@ -157,22 +162,24 @@ static inline __attribute__((always_inline)) void LC_FN(q4k_rounds)(
     const int mr, const uint8_t *w, int64_t k, const int8_t *xq, const float *xd, const float *xs,
     __m512 *acc, __m512 *accm) {
     const __m256i low = _mm256_set1_epi8(15);
-    /* Per-lane tables written and read at the same width: a wide load of narrow stores would stall. */
-    float ls[64], mc[16];
+    const __m512i pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     for (int64_t b = 0; b < k / 256; b++) {
         const uint8_t *blk = w + 144 * b;
         _mm_prefetch((const char *)(blk + LC_PF), _MM_HINT_T0);
         _mm_prefetch((const char *)(blk + LC_PF + 64), _MM_HINT_T0);
         _mm_prefetch((const char *)(blk + LC_PF + 128), _MM_HINT_T0);
-        LC_FN(q4k_tables)(blk, ls, mc);
-        __m512 mv = _mm512_loadu_ps(mc);
+        __m256 scf, mnf;
+        LC_FN(q4k_scales)(blk, &scf, &mnf);
+        __m512 sv = _mm512_castps256_ps512(scf);
+        __m512 mv = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(mnf)); /* offset per 16 values */
         for (int i = 0; i < mr; i++) /* xs: scale * code sum per 16 values */
             accm[i] = _mm512_fmadd_ps(mv, _mm512_loadu_ps(xs + i * LC_XS(k) + 16 * b), accm[i]);
         for (int j = 0; j < 8; j += 2) { /* 32 bytes: sub-block j in the low nibbles, j + 1 in the high */
             __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 16 * j));
             __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
             __m512i cv = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-            __m512 lv = LC_FN(join_f)(_mm256_loadu_ps(ls + 8 * j), _mm256_loadu_ps(ls + 8 * j + 8));
+            __m512 lv = _mm512_permutexvar_ps(_mm512_add_epi32(pair, _mm512_set1_epi32(j)), sv);
             int64_t t = 8 * b + j;
             for (int i = 0; i < mr; i++) {
                 __m512i xv = _mm512_loadu_si512((const void *)(xq + i * k + 32 * t));
@@ -232,12 +239,17 @@ static inline __attribute__((always_inline)) void LC_FN(kq_rounds)(
     const float *xs, __m256 acc[4][2], __m256 *accm) {
     const __m256i low = _mm256_set1_epi8(15), two = _mm256_set1_epi8(3);
     const int bb = type == LC_Q4_K ? 144 : 210;
+    const __m256i dup0 = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), dup1 = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
     float ls[64], mc[16];
+    __m256 scf = _mm256_setzero_ps(), m0, m1;
     for (int64_t b = 0; b < k / 256; b++) {
         const uint8_t *blk = w + bb * b;
         for (int l = 0; l < bb; l += 64) _mm_prefetch((const char *)(blk + 4096 + l), _MM_HINT_T0);
-        if (type == LC_Q4_K) {
-            LC_FN(q4k_tables)(blk, ls, mc);
+        if (type == LC_Q4_K) { /* scales per sub-block, offsets per 16 values */
+            __m256 mnf;
+            LC_FN(q4k_scales)(blk, &scf, &mnf);
+            m0 = _mm256_permutevar8x32_ps(mnf, dup0);
+            m1 = _mm256_permutevar8x32_ps(mnf, dup1);
         } else {
             float d = _cvtsh_ss(lc_u16(blk + 208));
             const int8_t *sc = (const int8_t *)(blk + 192);
@@ -245,8 +257,9 @@ static inline __attribute__((always_inline)) void LC_FN(kq_rounds)(
                 _mm_storeu_ps(ls + 4 * h, _mm_set1_ps(d * (float)sc[h]));
                 mc[h] = -32.0f * d * (float)sc[h];
             }
+            m0 = _mm256_loadu_ps(mc);
+            m1 = _mm256_loadu_ps(mc + 8);
         }
-        __m256 m0 = _mm256_loadu_ps(mc), m1 = _mm256_loadu_ps(mc + 8);
         for (int i = 0; i < mr; i++) {
             const float *h = xs + i * LC_XS(k) + 16 * b; /* scale * code sum per 16 */
             accm[i] = _mm256_fmadd_ps(m0, _mm256_loadu_ps(h), _mm256_fmadd_ps(m1, _mm256_loadu_ps(h + 8), accm[i]));
@@ -266,7 +279,14 @@ static inline __attribute__((always_inline)) void LC_FN(kq_rounds)(
                 ca = _mm256_or_si256(la, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * kk), two), 4));
                 cb = _mm256_or_si256(lb, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * kk + 2), two), 4));
             }
-            __m256 sa = _mm256_loadu_ps(ls + 8 * j), sb = _mm256_loadu_ps(ls + 8 * j + 8);
+            __m256 sa, sb;
+            if (type == LC_Q4_K) {
+                sa = _mm256_permutevar8x32_ps(scf, _mm256_set1_epi32(j));
+                sb = _mm256_permutevar8x32_ps(scf, _mm256_set1_epi32(j + 1));
+            } else {
+                sa = _mm256_loadu_ps(ls + 8 * j);
+                sb = _mm256_loadu_ps(ls + 8 * j + 8);
+            }
             int64_t t = 8 * b + j;
             for (int i = 0; i < mr; i++) {
                 const int8_t *x = xq + i * k + 32 * t;
