@@ -240,8 +240,7 @@ static inline __attribute__((always_inline)) void LC_FN(kq_rounds)(
     const __m256i low = _mm256_set1_epi8(15), two = _mm256_set1_epi8(3);
     const int bb = type == LC_Q4_K ? 144 : 210;
     const __m256i dup0 = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), dup1 = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
-    float ls[64], mc[16];
-    __m256 scf = _mm256_setzero_ps(), m0, m1;
+    __m256 scf = _mm256_setzero_ps(), s0 = scf, s1 = scf, m0, m1;
     for (int64_t b = 0; b < k / 256; b++) {
         const uint8_t *blk = w + bb * b;
         for (int l = 0; l < bb; l += 64) _mm_prefetch((const char *)(blk + 4096 + l), _MM_HINT_T0);
@@ -250,15 +249,13 @@ static inline __attribute__((always_inline)) void LC_FN(kq_rounds)(
             LC_FN(q4k_scales)(blk, &scf, &mnf);
             m0 = _mm256_permutevar8x32_ps(mnf, dup0);
             m1 = _mm256_permutevar8x32_ps(mnf, dup1);
-        } else {
-            float d = _cvtsh_ss(lc_u16(blk + 208));
-            const int8_t *sc = (const int8_t *)(blk + 192);
-            for (int h = 0; h < 16; h++) { /* one scale per 16 values: lanes 4h..4h+3 */
-                _mm_storeu_ps(ls + 4 * h, _mm_set1_ps(d * (float)sc[h]));
-                mc[h] = -32.0f * d * (float)sc[h];
-            }
-            m0 = _mm256_loadu_ps(mc);
-            m1 = _mm256_loadu_ps(mc + 8);
+        } else { /* 16 int8 scales, one per 16 values, converted as two vectors */
+            __m256 d = _mm256_set1_ps(_cvtsh_ss(lc_u16(blk + 208)));
+            __m128i sc = _mm_loadu_si128((const __m128i *)(blk + 192));
+            s0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+            s1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))));
+            m0 = _mm256_mul_ps(_mm256_set1_ps(-32.0f), s0);
+            m1 = _mm256_mul_ps(_mm256_set1_ps(-32.0f), s1);
         }
         for (int i = 0; i < mr; i++) {
             const float *h = xs + i * LC_XS(k) + 16 * b; /* scale * code sum per 16 */
@@ -283,9 +280,11 @@ static inline __attribute__((always_inline)) void LC_FN(kq_rounds)(
             if (type == LC_Q4_K) {
                 sa = _mm256_permutevar8x32_ps(scf, _mm256_set1_epi32(j));
                 sb = _mm256_permutevar8x32_ps(scf, _mm256_set1_epi32(j + 1));
-            } else {
-                sa = _mm256_loadu_ps(ls + 8 * j);
-                sb = _mm256_loadu_ps(ls + 8 * j + 8);
+            } else { /* sub-block j: scales 2j (lanes 0-3) and 2j + 1 (lanes 4-7) */
+                __m256 half = j < 4 ? s0 : s1;
+                int q = 2 * (j % 4);
+                sa = _mm256_permutevar8x32_ps(half, _mm256_setr_epi32(q, q, q, q, q + 1, q + 1, q + 1, q + 1));
+                sb = _mm256_permutevar8x32_ps(half, _mm256_setr_epi32(q + 2, q + 2, q + 2, q + 2, q + 3, q + 3, q + 3, q + 3));
             }
             int64_t t = 8 * b + j;
             for (int i = 0; i < mr; i++) {
