@@ -7,35 +7,63 @@ a row-by-row dot product: about twice the products per instruction of `micro`. I
 #define LC_GN 32 /* weight rows per tile: two zmm of output columns */
 #define LC_GM 4  /* activation rows per register block */
 
+/* dst row c (64 bytes, dstride apart) = dword c of each of the 16 source rows (64 bytes, stride apart):
+   a 16 x 16 transpose of 32-bit values in registers (unpack within 128-bit lanes, then move lanes). */
+static inline void LC_FN(tr16)(const uint8_t *src, int64_t stride, uint8_t *dst, int64_t dstride) {
+    __m512i r[16], t[16];
+    for (int j = 0; j < 16; j++) r[j] = _mm512_loadu_si512((const void *)(src + j * stride));
+    for (int j = 0; j < 16; j += 2) {
+        t[j] = _mm512_unpacklo_epi32(r[j], r[j + 1]);
+        t[j + 1] = _mm512_unpackhi_epi32(r[j], r[j + 1]);
+    }
+    for (int j = 0; j < 16; j += 4) { /* r[j + m]: per lane L, column 4L + m of rows j..j+3 */
+        r[j] = _mm512_unpacklo_epi64(t[j], t[j + 2]);
+        r[j + 1] = _mm512_unpackhi_epi64(t[j], t[j + 2]);
+        r[j + 2] = _mm512_unpacklo_epi64(t[j + 1], t[j + 3]);
+        r[j + 3] = _mm512_unpackhi_epi64(t[j + 1], t[j + 3]);
+    }
+    for (int m = 0; m < 4; m++) {
+        __m512i v0 = _mm512_shuffle_i32x4(r[m], r[4 + m], 0x44), v1 = _mm512_shuffle_i32x4(r[m], r[4 + m], 0xEE);
+        __m512i w0 = _mm512_shuffle_i32x4(r[8 + m], r[12 + m], 0x44), w1 = _mm512_shuffle_i32x4(r[8 + m], r[12 + m], 0xEE);
+        _mm512_storeu_si512((void *)(dst + m * dstride), _mm512_shuffle_i32x4(v0, w0, 0x88));
+        _mm512_storeu_si512((void *)(dst + (4 + m) * dstride), _mm512_shuffle_i32x4(v0, w0, 0xDD));
+        _mm512_storeu_si512((void *)(dst + (8 + m) * dstride), _mm512_shuffle_i32x4(v1, w1, 0x88));
+        _mm512_storeu_si512((void *)(dst + (12 + m) * dstride), _mm512_shuffle_i32x4(v1, w1, 0xDD));
+    }
+}
+
+/* out[c * LC_GN + j] = rows[j * n + c] (32-bit values, j < 16, c < n): whole 16 x 16 blocks in registers,
+   the last n % 16 columns by gathers. */
+static inline void LC_FN(columns16)(const uint8_t *rows, int64_t n, uint8_t *out) {
+    int64_t c = 0;
+    for (; c + 16 <= n; c += 16) LC_FN(tr16)(rows + 4 * c, 4 * n, out + 4 * c * LC_GN, 4 * LC_GN);
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32((int)n));
+    for (; c < n; c++)
+        _mm512_storeu_si512((void *)(out + 4 * c * LC_GN), _mm512_i32gather_epi32(idx, (const void *)(rows + 4 * c), 4));
+}
+
 /* Rows n0..n1 of `w` into ci[g][column][4] (128 bytes per 4-value group g), lsT[p][column] and
-   mcT[p][column] (scale and offset per 16 values p). The rows are decoded one after another, then
-   gathered column-wise: scattering them would store into a different cache line every 4 bytes. Columns
-   past n1 are zero and never stored. */
+   mcT[p][column] (scale and offset per 16 values p): each row is decoded, then every 16 rows are
+   transposed in registers (stores scattered 4 bytes per cache line were most of a 16-row step's time).
+   Columns past n1 are zero and never stored. */
 static void LC_FN(gemm_tile)(int type, const uint8_t *w, int64_t n0, int64_t n1, int64_t k, int64_t row_bytes,
-                             uint8_t *ci, float *lsT, float *mcT, uint8_t *crows, float *lsrows, float *mcrows) {
+                             uint8_t *ci, float *lsT, float *mcT, uint8_t *crows, float *lsrows, float *s16,
+                             float *mcrows) {
     for (int j = 0; j < LC_GN; j++) {
         if (n0 + j < n1) {
-            LC_FN(decode_row)(type, w + (n0 + j) * row_bytes, k, crows + j * k, lsrows + j * (k / 4),
-                              mcrows + j * (k / 16));
+            LC_FN(decode_row)(type, w + (n0 + j) * row_bytes, k, crows + j * k, lsrows, mcrows + j * (k / 16));
+            for (int64_t p = 0; p < k / 16; p++) s16[j * (k / 16) + p] = lsrows[4 * p];
         } else {
             memset(crows + j * k, 0, (size_t)k);
-            memset(lsrows + j * (k / 4), 0, sizeof(float) * (size_t)(k / 4));
+            memset(s16 + j * (k / 16), 0, sizeof(float) * (size_t)(k / 16));
             memset(mcrows + j * (k / 16), 0, sizeof(float) * (size_t)(k / 16));
         }
     }
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int h = 0; h < LC_GN / 16; h++) {
-        __m512i col = _mm512_add_epi32(lane, _mm512_set1_epi32(16 * h));
-        __m512i ic = _mm512_mullo_epi32(col, _mm512_set1_epi32((int)k));
-        __m512i il = _mm512_mullo_epi32(col, _mm512_set1_epi32((int)(k / 4)));
-        __m512i im = _mm512_mullo_epi32(col, _mm512_set1_epi32((int)(k / 16)));
-        for (int64_t g = 0; g < k / 4; g++)
-            _mm512_storeu_si512((void *)(ci + (g * LC_GN + 16 * h) * 4),
-                                _mm512_i32gather_epi32(ic, (const void *)(crows + 4 * g), 1));
-        for (int64_t p = 0; p < k / 16; p++) {
-            _mm512_storeu_ps(lsT + p * LC_GN + 16 * h, _mm512_i32gather_ps(il, (const void *)(lsrows + 4 * p), 4));
-            _mm512_storeu_ps(mcT + p * LC_GN + 16 * h, _mm512_i32gather_ps(im, (const void *)(mcrows + p), 4));
-        }
+        LC_FN(columns16)(crows + 16 * h * k, k / 4, ci + 64 * h);
+        LC_FN(columns16)((const uint8_t *)(s16 + 16 * h * (k / 16)), k / 16, (uint8_t *)(lsT + 16 * h));
+        LC_FN(columns16)((const uint8_t *)(mcrows + 16 * h * (k / 16)), k / 16, (uint8_t *)(mcT + 16 * h));
     }
 }
 
@@ -94,11 +122,11 @@ static inline __attribute__((always_inline)) void LC_FN(gemm_block)(
 static void LC_FN(gemm_rows)(int type, const uint8_t *w, int64_t n0, int64_t n1, int64_t k, int64_t row_bytes,
                              const int8_t *xq, const float *xd, const float *xs, int64_t t, void *out,
                              int out_bf16, int64_t ldo, uint8_t *c, float *ls, float *mc) {
-    /* Scratch from lc_scratch(2 * LC_GN * k): c holds the interleaved tile then the decoded rows, ls the
-       rows' lane scales then lsT and mcT, mc the rows' offsets. */
+    /* Scratch from lc_scratch(2 * LC_GN * k): c holds the interleaved tile then the decoded rows; ls one
+       row's lane scales, every row's scale per 16, lsT and mcT; mc the rows' offsets per 16. */
     uint8_t *ci = c, *crows = c + LC_GN * k;
-    float *lsT = ls + LC_GN * k / 4, *mcT = lsT + LC_GN * k / 16;
-    LC_FN(gemm_tile)(type, w, n0, n1, k, row_bytes, ci, lsT, mcT, crows, ls, mc);
+    float *s16 = ls + k / 4, *lsT = s16 + LC_GN * k / 16, *mcT = lsT + LC_GN * k / 16;
+    LC_FN(gemm_tile)(type, w, n0, n1, k, row_bytes, ci, lsT, mcT, crows, ls, s16, mc);
     const int step = type == LC_Q6_K ? 16 : 32;
     float res[LC_GM][LC_GN];
     for (int64_t t0 = 0; t0 < t; t0 += LC_GM) {
