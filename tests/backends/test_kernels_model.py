@@ -48,7 +48,7 @@ def test_tiny_gguf_runs_on_blocks_and_tracks_the_dequantized_run(
         "llama", vocab_size=TINY_VOCAB_SIZE, tie_word_embeddings=tied, hidden_size=256, intermediate_size=512
     )
     bundle = load_model(write_tiny_gguf(tmp_path / "tiny.gguf", hf, qtype=qtype, tokenizer_kind="gpt2"))
-    ours = runner(bundle, "bfloat16", monkeypatch, "auto", "auto")  # the default: blocks only, every type
+    ours = runner(bundle, "bfloat16", monkeypatch, "int4", "auto")  # int4 mode: blocks only, every type
     reference = runner(bundle, "bfloat16", monkeypatch, "dequant", "auto")
     model, layer = ours.model, ours.model.layers[0]
     blocks = (layer.qkv, layer.o, layer.gate_up, layer.down, model.embed, model.lm_head or model.embed)
@@ -88,10 +88,18 @@ def test_policy_picks_the_kernels_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.delenv(quant.QUANT_ENV, raising=False)
     monkeypatch.setenv(kernels.KERNELS_ENV, "auto")
     policy = quant.pick_policy(cpu, torch.bfloat16, 100, 1000)
-    # auto: every GGUF block type on the kernels, one form for every step size, no dense copies
-    assert policy.kernels is not None and not policy.dense_copy and not policy.int4 and not policy.q4_on_int4
+    assert policy.kernels is not None
+    if policy.kernels.name in quant.FAST_GEMM_ISAS:  # every block type on the kernels, no dense copies
+        assert not policy.dense_copy and not policy.int4 and not policy.q4_on_int4
+    else:  # the slow many-row path: copies where RAM allows, as `copies` gives
+        assert policy.dense_copy and policy.q4_on_int4
     # --isq q4 matrices run on torch's int4 kernel, so they keep their copies where RAM allows
     assert quant.pick_policy(cpu, torch.bfloat16, 100, 1000, isq="q4").dense_copy
+    if "avx2" in kernels.runnable_isas():  # a named ISA without the fast GEMM keeps copies in auto
+        monkeypatch.setenv(kernels.KERNELS_ENV, "avx2")
+        assert quant.pick_policy(cpu, torch.bfloat16, 100, 1000).dense_copy
+        assert not quant.pick_policy(cpu, torch.bfloat16, 100, 1000).q4_on_int4  # named: every type on ours
+        monkeypatch.setenv(kernels.KERNELS_ENV, "auto")
     monkeypatch.setenv(quant.QUANT_ENV, "copies")  # prefill speed for memory: the int4 kernel + copies
     policy = quant.pick_policy(cpu, torch.bfloat16, 100, 1000)
     assert policy.kernels is not None and policy.dense_copy and policy.int4 and policy.q4_on_int4

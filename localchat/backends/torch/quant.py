@@ -9,7 +9,8 @@ are rounded to 8 bits per 32 values for the integer dot products (bound in test_
 Other GGUF types (Q2_K, Q3_K, IQ*) are dequantized to the compute dtype.
 `LOCALCHAT_TORCH_QUANT=copies` trades memory for prefill speed: Q4_0/Q4_1 linears go to torch's int4
 kernel below (`q4_on_int4`) and every quantized matrix also keeps a bf16 copy for many-row steps (1B
-Q4_K_M: prefill ~2x faster, peak RSS ~3x; the README's Benchmarks).
+Q4_K_M: prefill ~1.5x faster, peak RSS ~3x; the README's Benchmarks). `auto` does the same where RAM
+allows on CPUs without AVX-512 VNNI, whose many-row kernel path is the slow one.
 
 Without the kernels (not built, or `LOCALCHAT_KERNELS=off`) the pure-torch path below applies.
 
@@ -44,7 +45,7 @@ two halves' outputs round to bf16 before they are added (3 roundings of the logi
 Steps of more rows use the dense table the embedding keeps anyway (a Q4_0/Q4_1 LM head or tied
 embedding is packed like the layers, with that table as its dense copy). Every other quantized type is
 dequantized to the compute dtype. `LOCALCHAT_TORCH_QUANT` picks the mode: `auto` (our kernels' blocks
-where they are built; else int4 where it applies, with dense copies if they fit in RAM), `copies` (dense
+where they are built, with AVX-512 VNNI; else int4 where it applies, with dense copies if they fit in RAM), `copies` (dense
 copies for many-row steps even beside our kernels), `int4` (never a dense copy: least memory) or
 `dequant` (all dense, the reference path).
 """
@@ -86,6 +87,8 @@ _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
 # Rows packed per converter call: slices made of whole row tiles of the layout (64 rows today) pack to
 # the same bytes as one call (test_torch_quant.py checks).
 PACK_ROWS = 4096
+# Kernel ISAs whose many-row (prefill, batch) path beats bf16 copies: csrc/lc_gemm512.h.
+FAST_GEMM_ISAS = ("avx512vnni",)
 
 
 @dataclass(slots=True, frozen=True)
@@ -140,9 +143,11 @@ def pick_policy(
     fits = available is None or dense_bytes <= available * DENSE_COPY_RAM_FRACTION
     ops = cpu_kernels.load() if device.type == "cpu" else None
     if ops is not None:  # GGUF blocks on our kernels; --isq weights still go to torch's int4 kernel
-        # `copies`: the pre-GEMM-kernel trade (Q4_0/Q4_1 one-row steps on torch's int4 kernel, bf16 copies
-        # for many-row steps); a forced ISA runs every type on our kernels.
-        copies = mode == "copies" and fits
+        # `copies`: Q4_0/Q4_1 one-row steps on torch's int4 kernel and bf16 copies for many-row steps; a
+        # forced ISA runs every type on our kernels. `auto` takes it where our many-row path is the slow
+        # one (without AVX-512 VNNI: a 1B prefill ran 5x slower on our AVX2 tiles than on the copies).
+        slow_gemm = ops.name not in FAST_GEMM_ISAS
+        copies = (mode == "copies" or (mode == "auto" and slow_gemm)) and fits
         q4_int4 = copies and cpu_kernels.isa_choice() == "auto"
         return QuantPolicy(
             kernels=ops,
