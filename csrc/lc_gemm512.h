@@ -43,6 +43,33 @@ static inline void LC_FN(columns16)(const uint8_t *rows, int64_t n, uint8_t *out
         _mm512_storeu_si512((void *)(out + 4 * c * LC_GN), _mm512_i32gather_epi32(idx, (const void *)(rows + 4 * c), 4));
 }
 
+/* One row into codes[k], s16[k / 16] (scale per 16 values) and m16[k / 16] (offset per 16). Q4_K, the
+   commonest type, is decoded straight into that form (its scales as words, q4k_scales); the others go
+   through decode_row's per-lane form. */
+static inline void LC_FN(gemm_row)(int type, const uint8_t *w, int64_t k, uint8_t *c, float *lsrow, float *s16,
+                                   float *m16) {
+    if (type == LC_Q4_K) {
+        const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        const __m256i low = _mm256_set1_epi8(15);
+        for (int64_t b = 0; b < k / 256; b++) {
+            const uint8_t *blk = w + 144 * b;
+            __m256 scf, mnf;
+            LC_FN(q4k_scales)(blk, &scf, &mnf);
+            _mm512_storeu_ps(s16 + 16 * b, _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(scf)));
+            _mm512_storeu_ps(m16 + 16 * b, _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(mnf)));
+            for (int j = 0; j < 8; j += 2) { /* 32 bytes: sub-block j in the low nibbles, j + 1 in the high */
+                __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 16 * j));
+                _mm256_storeu_si256((__m256i *)(c + 256 * b + 32 * j), _mm256_and_si256(v, low));
+                _mm256_storeu_si256((__m256i *)(c + 256 * b + 32 * j + 32),
+                                    _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+            }
+        }
+        return;
+    }
+    LC_FN(decode_row)(type, w, k, c, lsrow, m16);
+    for (int64_t p = 0; p < k / 16; p++) s16[p] = lsrow[4 * p];
+}
+
 /* Rows n0..n1 of `w` into ci[g][column][4] (128 bytes per 4-value group g), lsT[p][column] and
    mcT[p][column] (scale and offset per 16 values p): each row is decoded, then every 16 rows are
    transposed in registers (stores scattered 4 bytes per cache line were most of a 16-row step's time).
@@ -52,8 +79,8 @@ static void LC_FN(gemm_tile)(int type, const uint8_t *w, int64_t n0, int64_t n1,
                              float *mcrows) {
     for (int j = 0; j < LC_GN; j++) {
         if (n0 + j < n1) {
-            LC_FN(decode_row)(type, w + (n0 + j) * row_bytes, k, crows + j * k, lsrows, mcrows + j * (k / 16));
-            for (int64_t p = 0; p < k / 16; p++) s16[j * (k / 16) + p] = lsrows[4 * p];
+            LC_FN(gemm_row)(type, w + (n0 + j) * row_bytes, k, crows + j * k, lsrows, s16 + j * (k / 16),
+                            mcrows + j * (k / 16));
         } else {
             memset(crows + j * k, 0, (size_t)k);
             memset(s16 + j * (k / 16), 0, sizeof(float) * (size_t)(k / 16));
