@@ -89,26 +89,32 @@ def test_policy_picks_the_kernels_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv(kernels.KERNELS_ENV, "auto")
     policy = quant.pick_policy(cpu, torch.bfloat16, 100, 1000)
     assert policy.kernels is not None
-    if policy.kernels.name in quant.FAST_GEMM_ISAS:  # every block type on the kernels, no dense copies
-        assert not policy.dense_copy and not policy.int4 and not policy.q4_on_int4
-    else:  # the slow many-row path: copies where RAM allows, as `copies` gives
-        assert policy.dense_copy and policy.q4_on_int4
+    # Q4_0/Q4_1 linears on torch's int4 kernel (bf16 activations) with their copies, everywhere
+    assert policy.q4_on_int4 and policy.int4 and policy.dense_copy
+    # block matrices: no copies where the many-row path is the AVX-512 GEMM, copies elsewhere
+    assert policy.block_copies == (policy.kernels.name not in quant.FAST_GEMM_ISAS)
     # --isq q4 matrices run on torch's int4 kernel, so they keep their copies where RAM allows
     assert quant.pick_policy(cpu, torch.bfloat16, 100, 1000, isq="q4").dense_copy
     if "avx2" in kernels.runnable_isas():  # a named ISA without the fast GEMM keeps copies in auto
         monkeypatch.setenv(kernels.KERNELS_ENV, "avx2")
-        assert quant.pick_policy(cpu, torch.bfloat16, 100, 1000).dense_copy
+        assert quant.pick_policy(cpu, torch.bfloat16, 100, 1000).block_copies
         assert not quant.pick_policy(cpu, torch.bfloat16, 100, 1000).q4_on_int4  # named: every type on ours
         monkeypatch.setenv(kernels.KERNELS_ENV, "auto")
     monkeypatch.setenv(quant.QUANT_ENV, "copies")  # prefill speed for memory: the int4 kernel + copies
     policy = quant.pick_policy(cpu, torch.bfloat16, 100, 1000)
-    assert policy.kernels is not None and policy.dense_copy and policy.int4 and policy.q4_on_int4
-    assert not quant.pick_policy(cpu, torch.bfloat16, 900, 1000).dense_copy  # no room for copies
+    assert policy.kernels is not None and policy.dense_copy and policy.block_copies and policy.q4_on_int4
+    no_room = quant.pick_policy(cpu, torch.bfloat16, 900, 1000)
+    assert not no_room.dense_copy and not no_room.block_copies
     monkeypatch.delenv(quant.QUANT_ENV)
     assert quant.pick_policy(cpu, torch.float32, 100, 1000) == quant.QuantPolicy()  # the exact path
     monkeypatch.setenv(quant.QUANT_ENV, "int4")  # least memory: blocks only
     policy = quant.pick_policy(cpu, torch.bfloat16, 100, 1000)
-    assert policy.kernels is not None and not policy.dense_copy and not policy.q4_on_int4
+    assert (
+        policy.kernels is not None
+        and not policy.dense_copy
+        and not policy.block_copies
+        and not policy.q4_on_int4
+    )
     monkeypatch.setenv(quant.QUANT_ENV, "copies")
     monkeypatch.setenv(kernels.KERNELS_ENV, "portable")  # a forced ISA runs every block type
     assert not quant.pick_policy(cpu, torch.bfloat16, 100, 1000).q4_on_int4

@@ -7,10 +7,12 @@ matrix of a type they read (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) stay
 One form serves every step size, so there are no dense copies; memory is the file's size. Activations
 are rounded to 8 bits per 32 values for the integer dot products (bound in test_kernels_matmul.py).
 Other GGUF types (Q2_K, Q3_K, IQ*) are dequantized to the compute dtype.
-`LOCALCHAT_TORCH_QUANT=copies` trades memory for prefill speed: Q4_0/Q4_1 linears go to torch's int4
-kernel below (`q4_on_int4`) and every quantized matrix also keeps a bf16 copy for many-row steps (1B
-Q4_K_M: prefill ~1.5x faster, peak RSS ~3x; the README's Benchmarks). `auto` does the same where RAM
-allows on CPUs without AVX-512 VNNI, whose many-row kernel path is the slow one.
+GGUF Q4_0/Q4_1 linears still go to torch's int4 kernel below (`q4_on_int4`, with their bf16 copies for
+many-row steps where RAM allows): it keeps activations in bf16, and on SmolLM2 our 8-bit activations
+flipped near-tied tokens more often. `LOCALCHAT_TORCH_QUANT=copies` also keeps bf16 copies of the
+block matrices for many-row steps (1B Q4_K_M: prefill ~1.5x faster, peak RSS ~3x; the README's
+Benchmarks); `auto` does that where RAM allows on CPUs without AVX-512 VNNI, whose many-row kernel
+path is the slow one.
 
 Without the kernels (not built, or `LOCALCHAT_KERNELS=off`) the pure-torch path below applies.
 
@@ -45,7 +47,7 @@ two halves' outputs round to bf16 before they are added (3 roundings of the logi
 Steps of more rows use the dense table the embedding keeps anyway (a Q4_0/Q4_1 LM head or tied
 embedding is packed like the layers, with that table as its dense copy). Every other quantized type is
 dequantized to the compute dtype. `LOCALCHAT_TORCH_QUANT` picks the mode: `auto` (our kernels' blocks
-where they are built, with AVX-512 VNNI; else int4 where it applies, with dense copies if they fit in RAM), `copies` (dense
+where they are built, without copies on AVX-512 VNNI; int4 for Q4_0/Q4_1, with dense copies if they fit in RAM), `copies` (dense
 copies for many-row steps even beside our kernels), `int4` (never a dense copy: least memory) or
 `dequant` (all dense, the reference path).
 """
@@ -96,11 +98,13 @@ class QuantPolicy:
     kernels: cpu_kernels.Kernels | None = None  # GGUF blocks kept and run by our CPU kernels
     int4: bool = False  # Q4_0 / Q4_1 linears through the int4 kernel
     dense_copy: bool = False  # ...also keeping a bf16 copy for many-row steps
+    block_copies: bool = False  # GGUF block matrices on our kernels keep a bf16 copy for many-row steps
     cuda: bool = False  # ...in the CUDA kernel's layout (quant_cuda.py) instead of the CPU one
     isq: bool = False  # unquantized linears are quantized to 4 bits at load (`--isq q4`)
     isq_blocks: str | None = None  # `--isq q8_0|q4_k|q4_0`: unquantized matrices become these blocks (isq.py)
-    # `copies` mode with our kernels: GGUF Q4_0/Q4_1 linears take torch's int4 kernel (its one-row steps
-    # were on par with ours on SmolLM2) so that their dense copies serve the many-row steps.
+    # With our kernels (auto ISA), GGUF Q4_0/Q4_1 linears still take torch's int4 kernel: it keeps bf16
+    # activations where ours round them to 8 bits per 32, and on SmolLM2 that flipped near-tied first
+    # tokens (max |logit error| 0.43 against 1.21); its dense copies serve the many-row steps.
     q4_on_int4: bool = False
 
 
@@ -147,13 +151,13 @@ def pick_policy(
         # forced ISA runs every type on our kernels. `auto` takes it where our many-row path is the slow
         # one (without AVX-512 VNNI: a 1B prefill ran 5x slower on our AVX2 tiles than on the copies).
         slow_gemm = ops.name not in FAST_GEMM_ISAS
-        copies = (mode == "copies" or (mode == "auto" and slow_gemm)) and fits
-        q4_int4 = copies and cpu_kernels.isa_choice() == "auto"
+        q4_int4 = mode in ("auto", "copies") and cpu_kernels.isa_choice() == "auto"
         return QuantPolicy(
             kernels=ops,
             int4=wants_isq or q4_int4,
-            # --isq q4 matrices run on torch's int4 kernel, compute-bound at many rows: they keep copies
-            dense_copy=copies or (wants_isq and fits and mode == "auto"),
+            # int4 matrices (torch's kernel is compute-bound at many rows) keep copies where RAM allows
+            dense_copy=fits and mode in ("auto", "copies"),
+            block_copies=fits and (mode == "copies" or (mode == "auto" and slow_gemm)),
             isq=wants_isq,
             q4_on_int4=q4_int4,
         )
@@ -284,7 +288,7 @@ def _merge_segments(parts: list[BlockMatrix]) -> BlockMatrix:
 
 def finalize(loaded: Loaded, dtype: torch.dtype, device: torch.device, policy: QuantPolicy) -> Weight:
     if isinstance(loaded, BlockMatrix):
-        if policy.dense_copy:
+        if policy.block_copies:
             loaded.dense = _dense(loaded, dtype, device)
         return loaded
     if isinstance(loaded, torch.Tensor):

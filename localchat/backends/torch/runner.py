@@ -141,6 +141,7 @@ class TorchRunner:
             details += f", KV cache {str(self.kv_dtype).removeprefix('torch.')}"
         if self.quant.kernels is not None:
             details += f", GGUF blocks on localchat's {self.quant.kernels.name} kernels"
+            details += " + dense copies" if self.quant.block_copies else ""
         if self.quant.isq_blocks:
             details += f", dense weights quantized to {self.quant.isq_blocks} at load"
         if self.quant.int4:
