@@ -2,7 +2,8 @@
 once into an interleaved form where one 64-byte load holds 4 consecutive codes of 16 output columns, so
 each vpdpbusd against one broadcast activation group adds 4 products to 16 outputs at once. Integer sums
 are converted to float once per 32 values (16 for Q6_K, whose scales change every 16), not per 4 as in
-a row-by-row dot product: about twice the products per instruction of `micro`. Included by lc_impl.h. */
+a row-by-row dot product: about twice the products per instruction of the 4 x 2 tiles AVX2 keeps
+(`micro`). Included by lc_impl.h. */
 
 #define LC_GN 32 /* weight rows per tile: two zmm of output columns */
 #define LC_GM 4  /* activation rows per register block */
@@ -49,14 +50,13 @@ static inline void LC_FN(columns16)(const uint8_t *rows, int64_t n, uint8_t *out
 static inline void LC_FN(gemm_row)(int type, const uint8_t *w, int64_t k, uint8_t *c, float *lsrow, float *s16,
                                    float *m16) {
     if (type == LC_Q4_K) {
-        const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
         const __m256i low = _mm256_set1_epi8(15);
         for (int64_t b = 0; b < k / 256; b++) {
             const uint8_t *blk = w + 144 * b;
             __m256 scf, mnf;
             LC_FN(q4k_scales)(blk, &scf, &mnf);
-            _mm512_storeu_ps(s16 + 16 * b, _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(scf)));
-            _mm512_storeu_ps(m16 + 16 * b, _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(mnf)));
+            _mm512_storeu_ps(s16 + 16 * b, LC_FN(per16)(scf));
+            _mm512_storeu_ps(m16 + 16 * b, LC_FN(per16)(mnf));
             for (int j = 0; j < 8; j += 2) { /* 32 bytes: sub-block j in the low nibbles, j + 1 in the high */
                 __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 16 * j));
                 _mm256_storeu_si256((__m256i *)(c + 256 * b + 32 * j), _mm256_and_si256(v, low));

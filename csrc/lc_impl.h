@@ -84,6 +84,14 @@ static inline void LC_FN(q4k_scales)(const uint8_t *blk, __m256 *scf, __m256 *mn
 }
 #endif
 
+#if LC_ISA == LC_ISA_AVX512VNNI
+/* Eight per-sub-block values (32 codes each) as sixteen per-16-value lanes: each value twice. */
+static inline __m512 LC_FN(per16)(__m256 v) {
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
+                                 _mm512_castps256_ps512(v));
+}
+#endif
+
 #ifndef LC_PF
 #define LC_PF 4096
 #endif
@@ -163,7 +171,6 @@ static inline __attribute__((always_inline)) void LC_FN(q4k_rounds)(
     __m512 *acc, __m512 *accm) {
     const __m256i low = _mm256_set1_epi8(15);
     const __m512i pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     for (int64_t b = 0; b < k / 256; b++) {
         const uint8_t *blk = w + 144 * b;
         _mm_prefetch((const char *)(blk + LC_PF), _MM_HINT_T0);
@@ -172,7 +179,7 @@ static inline __attribute__((always_inline)) void LC_FN(q4k_rounds)(
         __m256 scf, mnf;
         LC_FN(q4k_scales)(blk, &scf, &mnf);
         __m512 sv = _mm512_castps256_ps512(scf);
-        __m512 mv = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(mnf)); /* offset per 16 values */
+        __m512 mv = LC_FN(per16)(mnf); /* offset per 16 values */
         for (int i = 0; i < mr; i++) /* xs: scale * code sum per 16 values */
             accm[i] = _mm512_fmadd_ps(mv, _mm512_loadu_ps(xs + i * LC_XS(k) + 16 * b), accm[i]);
         for (int j = 0; j < 8; j += 2) { /* 32 bytes: sub-block j in the low nibbles, j + 1 in the high */
@@ -263,10 +270,13 @@ static inline __attribute__((always_inline)) void LC_FN(kq_rounds)(
         }
         for (int j = 0; j < 8; j += 2) {
             __m256i ca, cb;
+            __m256 sa, sb;
             if (type == LC_Q4_K) { /* 32 bytes: sub-block j in the low nibbles, j + 1 in the high */
                 __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 16 * j));
                 ca = _mm256_and_si256(v, low);
                 cb = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                sa = _mm256_permutevar8x32_ps(scf, _mm256_set1_epi32(j));
+                sb = _mm256_permutevar8x32_ps(scf, _mm256_set1_epi32(j + 1));
             } else { /* sub-blocks j = 4n + kk (kk even) and j + 1 share half n's bytes */
                 int n = j / 4, kk = j % 4;
                 __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
@@ -275,12 +285,7 @@ static inline __attribute__((always_inline)) void LC_FN(kq_rounds)(
                 __m256i lb = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(blk + 64 * n + 32)), lshift), low);
                 ca = _mm256_or_si256(la, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * kk), two), 4));
                 cb = _mm256_or_si256(lb, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * kk + 2), two), 4));
-            }
-            __m256 sa, sb;
-            if (type == LC_Q4_K) {
-                sa = _mm256_permutevar8x32_ps(scf, _mm256_set1_epi32(j));
-                sb = _mm256_permutevar8x32_ps(scf, _mm256_set1_epi32(j + 1));
-            } else { /* sub-block j: scales 2j (lanes 0-3) and 2j + 1 (lanes 4-7) */
+                /* sub-block j: scales 2j (lanes 0-3) and 2j + 1 (lanes 4-7) */
                 __m256 half = j < 4 ? s0 : s1;
                 int q = 2 * (j % 4);
                 sa = _mm256_permutevar8x32_ps(half, _mm256_setr_epi32(q, q, q, q, q + 1, q + 1, q + 1, q + 1));
@@ -551,8 +556,17 @@ static void LC_FN(rows)(int type, const uint8_t *w, int64_t n0, int64_t n1, int6
 }
 #endif
 
+/* The many-row path of this ISA: its tile of weight rows, the scratch it needs per tile weight (gemm_rows
+   keeps the interleaved tile and the decoded rows), and the function. */
 #if LC_ISA == LC_ISA_AVX512VNNI
 #include "lc_gemm512.h"
+#define LC_MANY_TILE LC_GN
+#define LC_MANY_SCRATCH 2
+#define LC_MANY_ROWS LC_FN(gemm_rows)
+#else
+#define LC_MANY_TILE 16
+#define LC_MANY_SCRATCH 1
+#define LC_MANY_ROWS LC_FN(rows)
 #endif
 
 static void LC_FN(matmul)(int type, const uint8_t *w, int64_t n, int64_t k, int64_t row_bytes,
@@ -560,11 +574,7 @@ static void LC_FN(matmul)(int type, const uint8_t *w, int64_t n, int64_t k, int6
                           int out_bf16, int64_t ldo, int nth) {
     /* Weight rows are decoded once per tile and reused by every activation row (the tile stays in
        L2); few-row steps take small tiles so both threads get work. */
-#if LC_ISA == LC_ISA_AVX512VNNI
-    int64_t tile = t <= LC_TILE_MR ? 4 : LC_GN;
-#else
-    int64_t tile = t <= LC_TILE_MR ? 4 : 16;
-#endif
+    int64_t tile = t <= LC_TILE_MR ? 4 : LC_MANY_TILE;
     int64_t tiles = (n + tile - 1) / tile;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nth)
@@ -572,11 +582,7 @@ static void LC_FN(matmul)(int type, const uint8_t *w, int64_t n, int64_t k, int6
     {
         uint8_t *c;
         float *ls, *mc;
-#if LC_ISA == LC_ISA_AVX512VNNI
-        lc_scratch(t <= LC_TILE_MR ? tile * k : 2 * tile * k, &c, &ls, &mc); /* gemm_rows: tile and rows */
-#else
-        lc_scratch(tile * k, &c, &ls, &mc);
-#endif
+        lc_scratch(t <= LC_TILE_MR ? tile * k : LC_MANY_SCRATCH * tile * k, &c, &ls, &mc);
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
@@ -588,14 +594,13 @@ static void LC_FN(matmul)(int type, const uint8_t *w, int64_t n, int64_t k, int6
                 continue;
             }
 #endif
-#if LC_ISA == LC_ISA_AVX512VNNI
-            LC_FN(gemm_rows)(type, w, n0, n1, k, row_bytes, xq, xd, xs, t, out, out_bf16, ldo, c, ls, mc);
-#else
-            LC_FN(rows)(type, w, n0, n1, k, row_bytes, xq, xd, xs, t, out, out_bf16, ldo, c, ls, mc);
-#endif
+            LC_MANY_ROWS(type, w, n0, n1, k, row_bytes, xq, xd, xs, t, out, out_bf16, ldo, c, ls, mc);
         }
     }
 }
+#undef LC_MANY_TILE
+#undef LC_MANY_SCRATCH
+#undef LC_MANY_ROWS
 
 #if LC_ISA == LC_ISA_PORTABLE
 static void LC_FN(dequant)(int type, const uint8_t *w, int64_t k, int64_t row_bytes, const int64_t *ids,

@@ -46,10 +46,10 @@ steps: 3.8 vs 4.6 ms on one thread, 1.7 vs 2.2 on two). Its d rounds to bf16 lik
 two halves' outputs round to bf16 before they are added (3 roundings of the logits instead of 1).
 Steps of more rows use the dense table the embedding keeps anyway (a Q4_0/Q4_1 LM head or tied
 embedding is packed like the layers, with that table as its dense copy). Every other quantized type is
-dequantized to the compute dtype. `LOCALCHAT_TORCH_QUANT` picks the mode: `auto` (our kernels' blocks
-where they are built, without copies on AVX-512 VNNI; int4 for Q4_0/Q4_1, with dense copies if they fit in RAM), `copies` (dense
-copies for many-row steps even beside our kernels), `int4` (never a dense copy: least memory) or
-`dequant` (all dense, the reference path).
+dequantized to the compute dtype. `LOCALCHAT_TORCH_QUANT` picks the mode: `auto` (int4 for Q4_0/Q4_1
+and our kernels' blocks for the rest, with dense copies if they fit in RAM, except for block matrices
+on AVX-512 VNNI), `copies` (dense copies for every quantized matrix), `int4` (never a dense copy: least
+memory) or `dequant` (all dense, the reference path).
 """
 
 from __future__ import annotations
@@ -147,9 +147,9 @@ def pick_policy(
     fits = available is None or dense_bytes <= available * DENSE_COPY_RAM_FRACTION
     ops = cpu_kernels.load() if device.type == "cpu" else None
     if ops is not None:  # GGUF blocks on our kernels; --isq weights still go to torch's int4 kernel
-        # `copies`: Q4_0/Q4_1 one-row steps on torch's int4 kernel and bf16 copies for many-row steps; a
-        # forced ISA runs every type on our kernels. `auto` takes it where our many-row path is the slow
-        # one (without AVX-512 VNNI: a 1B prefill ran 5x slower on our AVX2 tiles than on the copies).
+        # Q4_0/Q4_1 linears go to torch's int4 kernel unless an ISA is forced. Block matrices keep bf16
+        # copies in `copies`, and in `auto` where our many-row path is the slow one (without AVX-512
+        # VNNI: a 1B prefill ran 5x slower on our AVX2 tiles than on the copies).
         slow_gemm = ops.name not in FAST_GEMM_ISAS
         q4_int4 = mode in ("auto", "copies") and cpu_kernels.isa_choice() == "auto"
         return QuantPolicy(
