@@ -105,6 +105,7 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #define LC_ISA LC_ISA_PORTABLE
 #include "lc_impl.h"
 #include "lc_attention.h"
+#include "lc_fused.h"
 #undef LC_FN
 #undef LC_ISA
 
@@ -115,6 +116,7 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #define LC_ISA LC_ISA_AVX2
 #include "lc_impl.h"
 #include "lc_attention.h"
+#include "lc_fused.h"
 #undef LC_FN
 #undef LC_ISA
 #pragma GCC pop_options
@@ -125,6 +127,7 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #define LC_ISA LC_ISA_AVX512VNNI
 #include "lc_impl.h"
 #include "lc_attention.h"
+#include "lc_fused.h"
 #undef LC_FN
 #undef LC_ISA
 #pragma GCC pop_options
@@ -300,6 +303,68 @@ LC_EXPORT int lc_decode_attention(int isa, const void *q, int q_bf16, int64_t ro
     decode_attention_portable(LC_ATT_ARGS);
     return 0;
 #undef LC_ATT_ARGS
+}
+
+/* The ISA variant `isa` of a fused step (lc_fused.h): each is plain C vectorized per target. */
+#ifdef LC_X86
+#define LC_DISPATCH(fn, ...)                                                                                     \
+    do {                                                                                                         \
+        if (isa == LC_ISA_AVX512VNNI) fn##_avx512vnni(__VA_ARGS__);                                              \
+        else if (isa == LC_ISA_AVX2) fn##_avx2(__VA_ARGS__);                                                     \
+        else fn##_portable(__VA_ARGS__);                                                                         \
+    } while (0)
+#else
+#define LC_DISPATCH(fn, ...) fn##_portable(__VA_ARGS__)
+#endif
+
+/* RMSNorm over rows of n (float32, or bfloat16 if bf16; w in the same type, or NULL for none):
+   out = x * rsqrt(mean(x^2) + eps) * w. With `sum` non-NULL the row normalized is x + sum, stored back
+   into sum (the residual add before a norm, in one pass). */
+LC_EXPORT int lc_rms_norm(int isa, const void *x, void *sum, int bf16, int64_t rows, int64_t n, const void *w,
+                          float eps, void *out, int nth) {
+    if (!lc_isa_supported(isa) || rows < 0 || n < 1 || nth < 1) return -1;
+    LC_DISPATCH(rms_norm, x, sum, bf16, rows, n, w, eps, out, nth);
+    return 0;
+}
+
+/* out [rows, inter] = silu(gate) * up of gate_up [rows, 2 * inter] (gate | up, fused at load). */
+LC_EXPORT int lc_swiglu(int isa, const void *gate_up, int bf16, int64_t rows, int64_t inter, void *out, int nth) {
+    if (!lc_isa_supported(isa) || rows < 0 || inter < 1 || nth < 1) return -1;
+    LC_DISPATCH(swiglu, gate_up, bf16, rows, inter, out, nth);
+    return 0;
+}
+
+/* Per-thread rotated queries of lc_decode_rope_attention (the caller's thread), grown on demand. */
+static LC_THREAD void *lc_rq;
+static LC_THREAD size_t lc_rq_size;
+
+/* A decode step's attention for one layer from the projections: RoPE on q and k (lc_fused.h's
+   rope_write; qk [rows, heads + kv_heads, d] and v [rows, kv_heads, d] in the compute type, row
+   strides in elements, cos/sin [rows, d] in it too), k and v written into a float32 or bfloat16 cache
+   at slots[rows], then lc_decode_attention over the cache (which now holds this step's keys). */
+LC_EXPORT int lc_decode_rope_attention(int isa, const void *qk, int64_t qk_stride, const void *v, int64_t v_stride,
+                                       int bf16, int64_t rows, int64_t heads, int64_t kv_heads, int64_t d,
+                                       const void *cos, const void *sin, const int64_t *slots, void *cache,
+                                       int cache_type, int64_t num_slots, const int64_t *tables,
+                                       int64_t max_blocks, const int64_t *seq_lens, int64_t block_size, float scale,
+                                       int64_t window, float softcap, void *out, int nth) {
+    if (!lc_isa_supported(isa) || rows < 0 || kv_heads < 1 || d < 2 || d % 2 || heads < kv_heads ||
+        (cache_type != LC_KV_F32 && cache_type != LC_KV_BF16) || qk_stride < (heads + kv_heads) * d ||
+        v_stride < kv_heads * d)
+        return -1;
+    for (int64_t r = 0; r < rows; r++)
+        if (slots[r] < 0 || slots[r] >= num_slots) return -1;
+    size_t need = (size_t)(rows * heads * d) * (bf16 ? 2 : 4) + 64;
+    if (need > lc_rq_size) {
+        free(lc_rq);
+        lc_rq = malloc(need);
+        lc_rq_size = lc_rq ? need : 0;
+        if (!lc_rq) return -1;
+    }
+    LC_DISPATCH(rope_write, qk, qk_stride, v, v_stride, bf16, rows, heads, kv_heads, d, cos, sin, slots, cache,
+                cache_type == LC_KV_BF16, num_slots, lc_rq);
+    return lc_decode_attention(isa, lc_rq, bf16, rows, heads, kv_heads, d, cache, cache_type, NULL, num_slots,
+                               tables, max_blocks, seq_lens, block_size, scale, window, softcap, out, bf16, nth);
 }
 
 /* Importable as a module only so that setuptools can build it everywhere; the API is the C one. */

@@ -44,6 +44,7 @@ import torch
 from localchat.backends.torch import kernels as cpu_kernels
 from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
 from localchat.backends.torch.kernel_choice import cpu_decode_kernels
+from localchat.backends.torch.layers import apply_rope
 from localchat.backends.torch.kv_cache import Int8KVCache, KVCache, gather_int8, span_int8, write_int8
 from localchat.backends.torch.padded_sdpa import prefill_sdpa
 from localchat.engine.interface import BatchInputs
@@ -199,6 +200,58 @@ def paged_attention(
     for row in meta.prefills:
         out[row.start : row.end] = _prefill(q, k, v, cache, row, meta.block_size)
     return out
+
+
+def rope_paged_attention(
+    qk: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cache: KVCache,
+    meta: AttentionMetadata | TritonAttentionMetadata,
+    options: AttentionOptions | None = None,
+) -> torch.Tensor:
+    """qk [T, heads + kv_heads, d] before RoPE, v [T, kv_heads, d] -> attention [T, heads, d]: RoPE
+    (layers.apply_rope), then `paged_attention`. A decode-only CPU step with the compiled kernels does
+    all of it in one C call (csrc/lc_fused.h: rotation, cache write, attention), which at a small
+    model's decode step saves more time than the attention itself takes."""
+    heads = qk.shape[1] - v.shape[1]
+    if _fused_decode_ok(qk, v, cos, cache, meta):
+        assert isinstance(meta, AttentionMetadata) and meta.cpu_kernels is not None
+        assert meta.decode_block_tables is not None and meta.decode_lens64 is not None
+        window, softcap, scale = 0, 0.0, 1 / math.sqrt(qk.shape[2])
+        if options is not None and options.matter(meta.max_seq_len):
+            window, softcap = options.window or 0, options.softcap or 0.0
+            scale = options.scale if options.scale is not None else scale
+        return meta.cpu_kernels.decode_rope_attention(
+            qk, v, cos, sin, cache, meta.slot_mapping, meta.decode_block_tables.view(v.shape[0], -1),
+            meta.decode_lens64, meta.block_size, scale, window, softcap,
+        )  # fmt: skip
+    qk = apply_rope(qk, cos, sin)
+    return paged_attention(qk[:, :heads], qk[:, heads:], v, cache, meta, options)
+
+
+def _fused_decode_ok(
+    qk: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, cache: KVCache, meta: object
+) -> bool:
+    """Whether `Kernels.decode_rope_attention` serves this step: decode rows only, on CPU with the kernels,
+    a float32/bfloat16 cache, full-width rotary, one dtype, heads and dims laid out densely."""
+    if not isinstance(meta, AttentionMetadata) or meta.cpu_kernels is None or meta.prefills:
+        return False
+    if isinstance(cache, Int8KVCache) or cache.dtype not in (torch.float32, torch.bfloat16):
+        return False
+    d, heads, kv_heads = qk.shape[2], qk.shape[1] - v.shape[1], v.shape[1]
+    return (
+        cache.is_contiguous()
+        and d <= cpu_kernels.ATTENTION_MAX_HEAD_DIM
+        and heads % kv_heads == 0
+        and heads // kv_heads <= cpu_kernels.ATTENTION_MAX_GROUP
+        and cos.shape[-1] == d
+        and qk.dtype == v.dtype == cos.dtype
+        and qk.stride(2) == v.stride(2) == 1
+        and qk.stride(1) == v.stride(1) == d
+        and cos.is_contiguous()
+    )
 
 
 def _decode(q: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:

@@ -164,6 +164,72 @@ class Kernels:
             )
         return out
 
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor | None, eps: float, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """RMSNorm over the last dim of x (csrc/lc_fused.h), times `weight` if given. With `residual`
+        (x's shape and dtype, contiguous) the row normalized is x + residual, written into `residual`."""
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        n = x.shape[-1]
+        rc = self.lib.lc_rms_norm(
+            self.isa, x.data_ptr(), None if residual is None else residual.data_ptr(),
+            int(x.dtype == torch.bfloat16), x.numel() // n, n, None if weight is None else weight.data_ptr(),
+            eps, out.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+        if rc:
+            raise BackendUnavailableError(f"The CPU RMSNorm kernel rejected {tuple(x.shape)} (internal error).")
+        return out
+
+    def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up [T, 2 * inter] (gate | up) -> silu(gate) * up [T, inter] (csrc/lc_fused.h)."""
+        gate_up = gate_up.contiguous()
+        rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty(rows, inter, dtype=gate_up.dtype)
+        rc = self.lib.lc_swiglu(
+            self.isa, gate_up.data_ptr(), int(gate_up.dtype == torch.bfloat16), rows, inter, out.data_ptr(),
+            torch.get_num_threads(),
+        )  # fmt: skip
+        if rc:
+            raise BackendUnavailableError(f"The CPU SwiGLU kernel rejected {tuple(gate_up.shape)} (internal error).")
+        return out
+
+    def decode_rope_attention(
+        self,
+        qk: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: torch.Tensor,
+        slots: torch.Tensor,
+        tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_size: int,
+        scale: float,
+        window: int = 0,
+        softcap: float = 0.0,
+    ) -> torch.Tensor:
+        """A decode step's attention from the projections, in one call: RoPE on qk [D, heads + kv_heads, d]
+        (before rotation; rows may be strided, heads and dims contiguous) with cos/sin [D, 1, d] as
+        layers.Rotary makes them, k and v [D, kv_heads, d] written into a float32 or bfloat16 cache at
+        `slots` int64 [D], then `decode_attention` -> [D, heads, d]. All of qk, v, cos, sin in one dtype."""
+        rows, kv_heads, head_dim = v.shape
+        heads = qk.shape[1] - kv_heads
+        out = torch.empty(rows, heads, head_dim, dtype=qk.dtype)
+        rc = self.lib.lc_decode_rope_attention(
+            self.isa, qk.data_ptr(), qk.stride(0), v.data_ptr(), v.stride(0), int(qk.dtype == torch.bfloat16),
+            rows, heads, kv_heads, head_dim, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), cache.data_ptr(),
+            KV_BF16 if cache.dtype == torch.bfloat16 else KV_F32, cache.shape[2], tables.data_ptr(),
+            tables.shape[1], seq_lens.data_ptr(), block_size, scale, window, softcap, out.data_ptr(),
+            torch.get_num_threads(),
+        )  # fmt: skip
+        if rc:
+            raise BackendUnavailableError(
+                f"The CPU decode-attention kernel rejected qk {tuple(qk.shape)} over a cache "
+                f"{tuple(cache.shape)} (internal error)."
+            )
+        return out
+
 
 KV_F32, KV_BF16, KV_INT8 = 0, 1, 2  # csrc/lc_attention.h's cache element types
 ATTENTION_MAX_HEAD_DIM = 256  # csrc/lc_attention.h's stack buffers
@@ -214,6 +280,12 @@ def _library() -> ctypes.CDLL | None:
     lib.lc_decode_attention.argtypes = [_I, _P, _I, _L, _L, _L, _L, _P, _I, _P, _L, _P, _L, _P, _L]
     lib.lc_decode_attention.argtypes += [ctypes.c_float, _L, ctypes.c_float, _P, _I, _I]
     lib.lc_decode_attention.restype = _I
+    _F = ctypes.c_float
+    lib.lc_rms_norm.argtypes, lib.lc_rms_norm.restype = [_I, _P, _P, _I, _L, _L, _P, _F, _P, _I], _I
+    lib.lc_swiglu.argtypes, lib.lc_swiglu.restype = [_I, _P, _I, _L, _L, _P, _I], _I
+    lib.lc_decode_rope_attention.argtypes = [_I, _P, _L, _P, _L, _I, _L, _L, _L, _L, _P, _P, _P, _P, _I, _L]
+    lib.lc_decode_rope_attention.argtypes += [_P, _L, _P, _L, _F, _L, _F, _P, _I]
+    lib.lc_decode_rope_attention.restype = _I
     return lib
 
 

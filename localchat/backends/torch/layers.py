@@ -2,6 +2,11 @@
 
 Weights are fused at load time (q|k|v in one matrix, gate|up in another) so a Llama layer costs four
 matmuls. Layers hold bare parameters and call these functional ops: no sub-module dispatch per token.
+
+On CPU with localchat's compiled kernels (kernels.py), RMSNorm (with the residual add before it) and
+SwiGLU are one C call each (csrc/lc_fused.h) instead of 3-6 torch ops: at a small model's decode step
+the ops' fixed cost, not their arithmetic, is the time. `LOCALCHAT_TORCH_ATTENTION=torch` or
+`LOCALCHAT_KERNELS=off` keeps the torch ops (kernel_choice.py).
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from localchat.arch.rope import rope_inv_freq, rope_long_inv_freq
+from localchat.backends.torch import kernels as cpu_kernels
+from localchat.backends.torch.kernel_choice import cpu_decode_kernels
 from localchat.weights.config import ModelConfig
 
 
@@ -56,15 +63,41 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     )
 
 
+def fused_kernels(x: torch.Tensor, weight: torch.Tensor | None = None) -> cpu_kernels.Kernels | None:
+    """The compiled kernels when they take x (and `weight`): CPU, float32 or bfloat16, one dtype."""
+    if x.dtype not in FUSED_DTYPES or (weight is not None and (weight.dtype != x.dtype or not weight.is_contiguous())):
+        return None
+    return cpu_decode_kernels(x.device)
+
+
+FUSED_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim of x [..., n] (times `weight` [n] if given).
 
-    NOTE: computed as LayerNorm over [x, -x], which has mean 0 and the same mean square as x: on CPU
-    that is one fused kernel where F.rms_norm runs ~6 ops (13 vs 7 us per decode row, dev box).
+    NOTE: the torch form is LayerNorm over [x, -x], which has mean 0 and the same mean square as x: on
+    CPU that is one fused kernel where F.rms_norm runs ~6 ops (13 vs 7 us per decode row, dev box).
     """
+    ops = fused_kernels(x, weight)
+    if ops is not None:
+        return ops.rms_norm(x, weight, eps)
     n = x.shape[-1]
     normed = F.layer_norm(torch.cat((x, -x), dim=-1), (2 * n,), None, None, eps)[..., :n]
     return normed if weight is None else normed * weight
+
+
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, rms_norm(x + delta)): a residual add and the norm after it (one C call on CPU; the
+    sum is written into `delta`, which the caller hands over)."""
+    ops = fused_kernels(x, weight)
+    if ops is not None and delta.dtype == x.dtype and delta.is_contiguous() and delta.shape == x.shape:
+        normed = ops.rms_norm(x, weight, eps, residual=delta)
+        return delta, normed
+    total = x + delta
+    return total, rms_norm(total, weight, eps)
 
 
 def empty_param(*shape: int) -> nn.Parameter:
@@ -74,5 +107,8 @@ def empty_param(*shape: int) -> nn.Parameter:
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     """[T, 2 * inter] (gate | up, fused at load) -> silu(gate) * up [T, inter]."""
+    ops = fused_kernels(gate_up)
+    if ops is not None and gate_up.dim() == 2:
+        return ops.swiglu(gate_up)
     inter = gate_up.shape[-1] // 2
     return F.silu(gate_up[:, :inter]) * gate_up[:, inter:]

@@ -9,9 +9,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from localchat.backends.torch.attention import AttentionMetadata, AttentionOptions, paged_attention
+from localchat.backends.torch.attention import (
+    AttentionMetadata,
+    AttentionOptions,
+    paged_attention,
+    rope_paged_attention,
+)
 from localchat.backends.torch.kv_cache import KVCache
-from localchat.backends.torch.layers import apply_rope, empty_param, rms_norm, swiglu
+from localchat.backends.torch.layers import add_rms_norm, apply_rope, empty_param, rms_norm, swiglu
 from localchat.backends.torch.models.base import DecoderLM
 from localchat.backends.torch.quant import linear
 from localchat.weights.config import ModelConfig
@@ -57,11 +62,14 @@ class LlamaLayer(nn.Module):
         qkv = linear(rms_norm(x, self.attn_norm, self.eps), self.qkv, self.qkv_bias).view(
             tokens, h + 2 * kvh, d
         )
-        qk = apply_rope(self.normalize_qk(qkv[:, : h + kvh]), cos, sin)  # [T, h + kvh, d]
-        q = qk[:, :h] if q_scale is None else qk[:, :h] * q_scale
-        attn = paged_attention(q, qk[:, h:], qkv[:, h + kvh :], kv_cache, meta, self.attn_options)
-        x = x + linear(attn.reshape(tokens, h * d), self.o, self.o_bias)
-        return x + self.mlp(rms_norm(x, self.mlp_norm, self.eps))
+        qk, v = self.normalize_qk(qkv[:, : h + kvh]), qkv[:, h + kvh :]  # [T, h + kvh, d], [T, kvh, d]
+        if q_scale is None:
+            attn = rope_paged_attention(qk, v, cos, sin, kv_cache, meta, self.attn_options)
+        else:
+            qk = apply_rope(qk, cos, sin)
+            attn = paged_attention(qk[:, :h] * q_scale, qk[:, h:], v, kv_cache, meta, self.attn_options)
+        x, normed = add_rms_norm(x, linear(attn.reshape(tokens, h * d), self.o, self.o_bias), self.mlp_norm, self.eps)
+        return x + self.mlp(normed)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         """The feed-forward block on normed x [T, hidden]: SwiGLU in Llama."""

@@ -1,0 +1,104 @@
+/* Fused elementwise steps of a decoder layer, one ISA variant (lc_kernels.c includes this file once per
+target after lc_attention.h, LC_FN naming its functions): RMSNorm with the residual add before it,
+SwiGLU, and RoPE with the KV-cache write in front of decode attention.
+
+Each replaces several small torch ops whose fixed cost (5-25 us each on a 2-core CPU) dominates a
+decode step of a small model. The numerics follow the torch ops they replace, bfloat16 roundings
+included (a value the torch path rounds to bfloat16 between two ops is rounded here too), so the C
+and torch paths agree to the last bit in all but rare ties of the float32 sums. */
+
+#ifndef LC_FUSED_SHARED
+#define LC_FUSED_SHARED
+/* float -> bfloat16 bits, round to nearest even (finite values; a NaN keeps a NaN pattern). */
+static inline uint16_t lc_to_bf16(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, 4);
+    uint32_t rounded = bits + 0x7FFFu + ((bits >> 16) & 1);
+    return (uint16_t)(((bits & 0x7F800000u) == 0x7F800000u ? bits : rounded) >> 16);
+}
+/* v as float32, or rounded through bfloat16 (what storing and reloading a bf16 tensor gives). */
+static inline float lc_round_as(float v, int bf16) { return bf16 ? lc_bf16(lc_to_bf16(v)) : v; }
+static inline float lc_load(const void *p, int bf16, int64_t i) {
+    return bf16 ? lc_bf16(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+static inline void lc_put(void *p, int bf16, int64_t i, float v) {
+    if (bf16) ((uint16_t *)p)[i] = lc_to_bf16(v);
+    else ((float *)p)[i] = v;
+}
+#endif
+
+/* out = x * rsqrt(mean(x^2) + eps) * w per row of n; with `sum` set, x is first replaced by
+   sum = x + sum (written back into sum, as the torch path's `x + delta` makes a new tensor). As torch in
+   bfloat16: the normalized value is rounded before the weight multiplies it. */
+static void LC_FN(rms_norm)(const void *x, void *sum, int bf16, int64_t rows, int64_t n, const void *w,
+                            float eps, void *out, int nth) {
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(static) if (rows * n >= 262144)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t base = r * n;
+        const void *src = x;
+        float ss = 0.0f;
+        if (sum) {
+            for (int64_t j = 0; j < n; j++) {
+                float v = lc_round_as(lc_load(x, bf16, base + j) + lc_load(sum, bf16, base + j), bf16);
+                lc_put(sum, bf16, base + j, v);
+                ss += v * v;
+            }
+            src = sum;
+        } else {
+            for (int64_t j = 0; j < n; j++) {
+                float v = lc_load(x, bf16, base + j);
+                ss += v * v;
+            }
+        }
+        const float rstd = 1.0f / sqrtf(ss / (float)n + eps);
+        for (int64_t j = 0; j < n; j++) {
+            float normed = lc_round_as(lc_load(src, bf16, base + j) * rstd, bf16);
+            lc_put(out, bf16, base + j, w ? normed * lc_load(w, bf16, j) : normed);
+        }
+    }
+}
+
+/* out [rows, inter] = silu(gate) * up for gate_up [rows, 2 * inter] (gate | up): silu rounded first in
+   bfloat16, as F.silu's output tensor is. */
+static void LC_FN(swiglu)(const void *gate_up, int bf16, int64_t rows, int64_t inter, void *out, int nth) {
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(static) if (rows * inter >= 262144)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t g0 = r * 2 * inter, u0 = g0 + inter;
+        for (int64_t j = 0; j < inter; j++) {
+            float g = lc_load(gate_up, bf16, g0 + j);
+            float act = lc_round_as(g / (1.0f + expf(-g)), bf16);
+            lc_put(out, bf16, r * inter + j, act * lc_load(gate_up, bf16, u0 + j));
+        }
+    }
+}
+
+/* RoPE (rotate-half form: y = x * cos + cat(x2, x1) * sin_signed, cos/sin [rows, d] as layers.Rotary
+   builds them) on q and k of each decode row; rotated q heads go to q_out [rows, heads, d], rotated k
+   and the row's v into the cache (float32 or bfloat16 by cache_bf16) at slots[row]. qk [rows, heads +
+   kv_heads, d] and v [rows, kv_heads, d] have row strides qk_stride / v_stride elements. */
+static void LC_FN(rope_write)(const void *qk, int64_t qk_stride, const void *v, int64_t v_stride, int bf16,
+                              int64_t rows, int64_t heads, int64_t kv_heads, int64_t d, const void *cos,
+                              const void *sin, const int64_t *slots, void *cache, int cache_bf16,
+                              int64_t num_slots, void *q_out) {
+    const int64_t half = d / 2;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t h = 0; h < heads + kv_heads; h++) {
+            const int64_t src = r * qk_stride + h * d;
+            void *dst = h < heads ? q_out : cache;
+            int dst_bf16 = h < heads ? bf16 : cache_bf16;
+            int64_t d0 = h < heads ? (r * heads + h) * d : ((h - heads) * num_slots + slots[r]) * d;
+            for (int64_t j = 0; j < d; j++) {
+                float a = lc_round_as(lc_load(qk, bf16, src + j) * lc_load(cos, bf16, r * d + j), bf16);
+                float y = a + lc_load(qk, bf16, src + (j + half) % d) * lc_load(sin, bf16, r * d + j);
+                lc_put(dst, dst_bf16, d0 + j, lc_round_as(y, bf16));
+            }
+        }
+        for (int64_t h = 0; h < kv_heads; h++) { /* V half of the cache: [1, kv_heads, num_slots, d] */
+            int64_t d0 = ((kv_heads + h) * num_slots + slots[r]) * d;
+            for (int64_t j = 0; j < d; j++)
+                lc_put(cache, cache_bf16, d0 + j, lc_load(v, bf16, r * v_stride + h * d + j));
+        }
+    }
+}
