@@ -3,9 +3,10 @@
 
 One query token per row. Work items are (row, KV head) pairs: each reads its row's K/V rows in place
 through the block table (no gather, no upcast copy of the context) and serves all `group` query heads
-of that KV head from one load of each K/V row (GQA). An int8 cache row is converted to float32 times its
-per-token scale into a d-float stack buffer as it is read (like a bf16 row), so it is never gathered
-or upcast as a whole. Softmax is online in float32: per chunk of
+of that KV head from one load of each K/V row (GQA). Each chunk of consecutive slots (at most LC_ATT_CHUNK, within one
+block) is converted to float32 into a stack buffer in one pass (bf16, or int8 codes times their
+per-token scales; a float32 cache is read in place), so the context is never gathered or upcast as a
+whole. Softmax is online in float32: per chunk of
 positions the running max rises, earlier sums are rescaled by exp(old max - new max). */
 
 #ifndef LC_ATT_LIMITS
@@ -33,15 +34,23 @@ static inline const float *LC_FN(att_row)(const void *base, int bf16, int64_t i,
 #define LC_KV_INT8 2
 #endif
 
-/* Slot `i` of one K or V head of the cache as float32: an int8 row times its scale (scales: that head's
-   [num_slots] float32), a bf16 row converted, or the float32 row itself. */
-static inline const float *LC_FN(att_kv_row)(const void *base, int type, const float *scales, int64_t i,
-                                             int64_t d, float *buf) {
-    if (type != LC_KV_INT8) return LC_FN(att_row)(base, type == LC_KV_BF16, i, d, buf);
-    const int8_t *src = (const int8_t *)base + i * d;
-    float s = scales[i];
+/* Slots [slot, slot + n) of one K or V head as float32 rows [n, d]: consecutive slots are contiguous
+   memory, so a whole chunk converts in one vectorized pass (a float32 cache is read in place). */
+static inline const float *LC_FN(att_kv_rows)(const void *base, int type, const float *scales, int64_t slot,
+                                              int64_t n, int64_t d, float *buf) {
+    if (type == LC_KV_F32) return (const float *)base + slot * d;
+    if (type == LC_KV_BF16) {
+        const uint16_t *src = (const uint16_t *)base + slot * d;
 #pragma omp simd
-    for (int64_t j = 0; j < d; j++) buf[j] = s * (float)src[j];
+        for (int64_t i = 0; i < n * d; i++) buf[i] = lc_bf16(src[i]);
+        return buf;
+    }
+    const int8_t *src = (const int8_t *)base + slot * d;
+    for (int64_t t = 0; t < n; t++) {
+        float sc = scales[slot + t];
+#pragma omp simd
+        for (int64_t j = 0; j < d; j++) buf[t * d + j] = sc * (float)src[t * d + j];
+    }
     return buf;
 }
 
@@ -60,7 +69,7 @@ static void LC_FN(att_pair)(const void *q, int q_bf16, int64_t group, int64_t d,
                             int64_t first, int64_t end, float scale, float softcap, int64_t head0, float *acc,
                             float *mx, float *sum) {
     float qf[LC_ATT_MAX_GROUP * LC_ATT_MAX_D], sc[LC_ATT_MAX_GROUP * LC_ATT_CHUNK];
-    float kbuf[LC_ATT_MAX_D], vbuf[LC_ATT_MAX_D];
+    float kbuf[LC_ATT_MAX_D], chunk[LC_ATT_CHUNK * LC_ATT_MAX_D];
     for (int64_t g = 0; g < group; g++) {
         const float *row = LC_FN(att_row)(q, q_bf16, head0 + g, d, kbuf);
         for (int64_t j = 0; j < d; j++) qf[g * d + j] = row[j] * scale; /* scale once, not per score */
@@ -74,13 +83,12 @@ static void LC_FN(att_pair)(const void *q, int q_bf16, int64_t group, int64_t d,
         if (n > end - pos) n = end - pos;
         if (n > LC_ATT_CHUNK) n = LC_ATT_CHUNK;
         int64_t slot = block * block_size + off; /* n consecutive slots of one block */
-        for (int64_t t = 0; t < n; t++) {
-            const float *kr = LC_FN(att_kv_row)(k_head, cache_type, k_scales, slot + t, d, kbuf);
-            for (int64_t g = 0; g < group; g++) {
-                float s = LC_FN(att_dot)(qf + g * d, kr, d);
+        const float *keys = LC_FN(att_kv_rows)(k_head, cache_type, k_scales, slot, n, d, chunk);
+        for (int64_t g = 0; g < group; g++)
+            for (int64_t t = 0; t < n; t++) {
+                float s = LC_FN(att_dot)(qf + g * d, keys + t * d, d);
                 sc[g * LC_ATT_CHUNK + t] = softcap > 0.0f ? softcap * tanhf(s / softcap) : s;
             }
-        }
         for (int64_t g = 0; g < group; g++) {
             float *p = sc + g * LC_ATT_CHUNK, m = mx[g];
             for (int64_t t = 0; t < n; t++) m = p[t] > m ? p[t] : m;
@@ -90,15 +98,20 @@ static void LC_FN(att_pair)(const void *q, int q_bf16, int64_t group, int64_t d,
                 for (int64_t j = 0; j < d; j++) acc[g * d + j] *= corr;
                 mx[g] = m;
             }
+            float part = 0.0f;
+#pragma omp simd reduction(+ : part)
             for (int64_t t = 0; t < n; t++) {
-                p[t] = expf(p[t] - m);
-                sum[g] += p[t];
+                p[t] = lc_exp(p[t] - m);
+                part += p[t];
             }
+            sum[g] += part;
         }
-        for (int64_t t = 0; t < n; t++) {
-            const float *vr = LC_FN(att_kv_row)(v_head, cache_type, v_scales, slot + t, d, vbuf);
-            for (int64_t g = 0; g < group; g++) {
-                float w = sc[g * LC_ATT_CHUNK + t], *a = acc + g * d;
+        const float *values = LC_FN(att_kv_rows)(v_head, cache_type, v_scales, slot, n, d, chunk);
+        for (int64_t g = 0; g < group; g++) {
+            float *a = acc + g * d;
+            for (int64_t t = 0; t < n; t++) {
+                float w = sc[g * LC_ATT_CHUNK + t];
+                const float *vr = values + t * d;
 #pragma omp simd
                 for (int64_t j = 0; j < d; j++) a[j] += w * vr[j];
             }

@@ -66,9 +66,10 @@ static void LC_FN(swiglu)(const void *gate_up, int bf16, int64_t rows, int64_t i
 #pragma omp parallel for num_threads(nth) schedule(static) if (rows * inter >= 262144)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t g0 = r * 2 * inter, u0 = g0 + inter;
+#pragma omp simd
         for (int64_t j = 0; j < inter; j++) {
             float g = lc_load(gate_up, bf16, g0 + j);
-            float act = lc_round_as(g / (1.0f + expf(-g)), bf16);
+            float act = lc_round_as(g / (1.0f + lc_exp(-g)), bf16);
             lc_put(out, bf16, r * inter + j, act * lc_load(gate_up, bf16, u0 + j));
         }
     }

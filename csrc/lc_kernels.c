@@ -72,6 +72,28 @@ static inline float lc_bf16(uint16_t h) {
     return f;
 }
 
+/* e^x to about 2 float32 ulp in plain arithmetic the compiler vectorizes (libm's expf is one scalar
+   call per value): e^x = 2^k * e^r with k = round(x / ln 2), r = x - k ln 2 (ln 2 split in two so r is
+   exact), e^r by the classic minimax polynomial of degree 7 on |r| <= ln 2 / 2. x below -87.3 gives
+   about 1e-38 (not 0) and x above 88.7 about 3e38 (not inf): callers only feed it scores minus their max
+   (<= 0) and SiLU's -x, where those ends do not change a float32 result that matters. */
+static inline float lc_exp(float x) {
+    x = x < -87.3f ? -87.3f : x > 88.7f ? 88.7f : x;
+    float k = (x * 1.44269504f + 12582912.0f) - 12582912.0f; /* round to nearest without rint() */
+    float r = (x - k * 0.693359375f) - k * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)k + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
 /* out[i] = v as float32, or as bfloat16 rounded to nearest even. */
 static inline void lc_store(void *out, int out_bf16, int64_t i, float v) {
     if (!out_bf16) { ((float *)out)[i] = v; return; }

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from localchat.backends.torch.attention import AttentionOptions, paged_attention
+from localchat.backends.torch.attention import AttentionOptions, rope_paged_attention
 from localchat.backends.torch.kv_cache import KVCache
-from localchat.backends.torch.layers import Rotary, apply_rope, empty_param, rms_norm
+from localchat.backends.torch.layers import Rotary, empty_param, rms_norm
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.quant import linear
 from localchat.weights.config import ModelConfig
@@ -70,8 +70,7 @@ class GemmaLayer(nn.Module):
         qk = qkv[:, : h + kvh]
         if self.qk_norm is not None:
             qk = rms_norm(qk, None, eps) * self.qk_norm
-        qk = apply_rope(qk, cos, sin)
-        attn = paged_attention(qk[:, :h], qk[:, h:], qkv[:, h + kvh :], kv_cache, meta, self.attn_options)
+        attn = rope_paged_attention(qk, qkv[:, h + kvh :], cos, sin, kv_cache, meta, self.attn_options)
         x = x + rms_norm(linear(attn.reshape(tokens, h * d), self.o), self.post_attn_norm, eps)
         gate_up = linear(rms_norm(x, self.mlp_norm, eps), self.gate_up)
         inter = gate_up.shape[-1] // 2
