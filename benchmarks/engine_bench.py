@@ -153,6 +153,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128, help="per request in the 16-request run")
     parser.add_argument("--mem", type=int, default=1024, help="KV cache MiB")
     parser.add_argument("--threads", type=int, help="CPU compute threads (default: the backend's choice)")
+    parser.add_argument(
+        "--single-only", action="store_true", help="skip the 16-request run (8B-size models on small CPUs)"
+    )
     parser.add_argument("--compare-cpu-attention", type=int, metavar="ROUNDS", help="see the docstring")
     parser.add_argument("--compare-kv-dtype", type=int, metavar="ROUNDS", help="see the docstring")
     args = parser.parse_args()
@@ -180,7 +183,13 @@ def main() -> None:
     loaded_rss = current_rss_mib()
     prompt_len, prefill, decode = single_stream(llm, args.decode_tokens)
     llm.engine.block_manager.reset_prefix_cache()
-    tokens, agg, ttft_p50, ttft_max = concurrent(llm, args.max_tokens)
+    batch_rows = []
+    if not args.single_only:
+        tokens, agg, ttft_p50, ttft_max = concurrent(llm, args.max_tokens)
+        batch_rows = [
+            (f"16 requests, aggregate ({tokens} tokens)", f"{agg:.1f} tok/s"),
+            ("16 requests, TTFT p50 / max", f"{ttft_p50 * 1000:.0f} / {ttft_max * 1000:.0f} ms"),
+        ]
 
     device = llm.runner.device_name
     rows = [
@@ -190,8 +199,7 @@ def main() -> None:
         ("load time", f"{load_s:.1f} s"),
         (f"prefill ({prompt_len}-token chat prompt)", f"{prefill:.0f} tok/s"),
         (f"decode, single stream ({args.decode_tokens} tokens)", f"{decode:.1f} tok/s"),
-        (f"16 requests, aggregate ({tokens} tokens)", f"{agg:.1f} tok/s"),
-        ("16 requests, TTFT p50 / max", f"{ttft_p50 * 1000:.0f} / {ttft_max * 1000:.0f} ms"),
+        *batch_rows,
         ("RSS after load and warm-up", "n/a" if loaded_rss is None else f"{loaded_rss:.0f} MiB"),
         ("peak RSS", f"{peak_rss_mib():.0f} MiB"),
     ]

@@ -36,7 +36,7 @@ def run(cmd: list[str], env: dict[str, str] | None = None) -> tuple[str, float]:
     return out, usage.ru_maxrss / 1024
 
 
-def llama_cpp(bin_dir: Path, model: str, threads: int) -> dict[str, float]:
+def llama_cpp(bin_dir: Path, model: str, threads: int, reps: int, single_only: bool) -> dict[str, float]:
     out, rss = run(
         [
             str(bin_dir / "llama-bench"),
@@ -48,6 +48,8 @@ def llama_cpp(bin_dir: Path, model: str, threads: int) -> dict[str, float]:
             "128",
             "-t",
             str(threads),
+            "-r",
+            str(reps),
             "-o",
             "json",
         ]
@@ -55,6 +57,8 @@ def llama_cpp(bin_dir: Path, model: str, threads: int) -> dict[str, float]:
     rows = json.loads(out)
     prefill = next(r["avg_ts"] for r in rows if r["n_prompt"] > 0 and r["n_gen"] == 0)
     decode = next(r["avg_ts"] for r in rows if r["n_gen"] > 0 and r["n_prompt"] == 0)
+    if single_only:
+        return {"prefill": prefill, "decode": decode, "peak RSS MiB": rss}
     cmd = [str(bin_dir / "llama-batched-bench"), "-m", model, "-c", "4608", "-b", "2048", "-ub", "512"]
     table, _ = run([*cmd, "-npp", "128", "-ntg", "128", "-npl", "16", "-t", str(threads)])
     # | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
@@ -63,7 +67,7 @@ def llama_cpp(bin_dir: Path, model: str, threads: int) -> dict[str, float]:
     return {"prefill": prefill, "decode": decode, "16 sequences": batched, "peak RSS MiB": rss}
 
 
-def localchat(model: str, threads: int, kv_mib: int) -> dict[str, float]:
+def localchat(model: str, threads: int, kv_mib: int, single_only: bool) -> dict[str, float]:
     cmd = [
         sys.executable,
         str(ROOT / "benchmarks" / "engine_bench.py"),
@@ -72,12 +76,14 @@ def localchat(model: str, threads: int, kv_mib: int) -> dict[str, float]:
         "--mem",
         str(kv_mib),
     ]
-    out, rss = run([*cmd, "--threads", str(threads), "--decode-tokens", "128"])
+    out, rss = run(
+        [*cmd, "--threads", str(threads), "--decode-tokens", "128", *(["--single-only"] * single_only)]
+    )
     values = {}
     for key, label in (
         ("prefill", "prefill"),
         ("decode", "decode, single"),
-        ("16 sequences", "16 requests, agg"),
+        *([] if single_only else [("16 sequences", "16 requests, agg")]),
     ):
         line = next(ln for ln in out.splitlines() if ln.startswith(f"| {label}"))
         values[key] = float(re.findall(r"([0-9.]+) tok/s", line)[0])
@@ -96,19 +102,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--kv-mib", type=int, default=512)
+    parser.add_argument("--reps", type=int, default=5, help="llama-bench repetitions per round (its -r)")
+    parser.add_argument(
+        "--single-only", action="store_true", help="prefill, decode and memory only (no 16-sequence runs)"
+    )
     args = parser.parse_args()
     theirs: list[dict[str, float]] = []
     ours: list[dict[str, float]] = []
     for i in range(args.rounds):
-        theirs.append(llama_cpp(args.llama_bin, args.model, args.threads))
-        ours.append(localchat(args.model, args.threads, args.kv_mib))
+        theirs.append(llama_cpp(args.llama_bin, args.model, args.threads, args.reps, args.single_only))
+        ours.append(localchat(args.model, args.threads, args.kv_mib, args.single_only))
         print(f"round {i + 1}: llama.cpp {theirs[-1]}\n         localchat {ours[-1]}", file=sys.stderr)
     size = Path(args.model).stat().st_size / 2**20
     print(
         f"{Path(args.model).name} ({size:.0f} MiB), {args.threads} threads, {args.rounds} rounds (medians)\n"
     )
     print("| metric | llama.cpp | localchat | localchat / llama.cpp |\n|---|---|---|---|")
-    for key in ("prefill", "decode", "16 sequences", "peak RSS MiB"):
+    for key in ("prefill", "decode", *([] if args.single_only else ["16 sequences"]), "peak RSS MiB"):
         a, b = statistics.median(r[key] for r in theirs), statistics.median(r[key] for r in ours)
         ratio = a / b if key == "peak RSS MiB" else b / a  # memory: above 1 means localchat is smaller
         unit = "" if key == "peak RSS MiB" else " tok/s"

@@ -87,14 +87,18 @@ def test_add_rms_norm_writes_the_sum_and_normalizes_it(
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 5, 200])
-def test_swiglu_matches_torch(monkeypatch: pytest.MonkeyPatch, isa: str, dtype: torch.dtype, rows: int) -> None:
+def test_swiglu_matches_torch(
+    monkeypatch: pytest.MonkeyPatch, isa: str, dtype: torch.dtype, rows: int
+) -> None:
     gen = torch.Generator().manual_seed(rows)
     gate_up = (torch.randn(rows, 2 * 1536, generator=gen) * 4).to(dtype)
     fused, plain = both_paths(monkeypatch, isa, lambda: layers.swiglu(gate_up))
     assert_tracks(fused, plain)
 
 
-def rope_tables(positions: np.ndarray, head_dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    positions: np.ndarray, head_dim: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and signed sin [T, 1, d] as layers.Rotary builds them (base 10000)."""
     inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
     freqs = torch.from_numpy(positions).float()[:, None] * inv[None, :]
@@ -135,7 +139,12 @@ class DecodeStep:
 @pytest.mark.parametrize("lengths", [[37], [1], [300, 17, 64, 5, 129]])
 @pytest.mark.parametrize(("group", "head_dim"), [(1, 64), (3, 64), (4, 128)])
 def test_rope_attention_matches_rope_then_paged_attention(
-    monkeypatch: pytest.MonkeyPatch, isa: str, dtype: torch.dtype, lengths: list[int], group: int, head_dim: int
+    monkeypatch: pytest.MonkeyPatch,
+    isa: str,
+    dtype: torch.dtype,
+    lengths: list[int],
+    group: int,
+    head_dim: int,
 ) -> None:
     step = DecodeStep(lengths, 2, group, head_dim, dtype)
     caches = [step.cache.clone(), step.cache.clone()]
@@ -159,7 +168,9 @@ def test_rope_attention_matches_rope_then_paged_attention(
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rope_attention_takes_the_layer_options(monkeypatch: pytest.MonkeyPatch, isa: str, dtype: torch.dtype) -> None:
+def test_rope_attention_takes_the_layer_options(
+    monkeypatch: pytest.MonkeyPatch, isa: str, dtype: torch.dtype
+) -> None:
     """Window, soft-cap and score scale (Gemma-style, Mistral's window) reach the fused kernel."""
     step = DecodeStep([300, 7, 64, 33], 2, 4, 64, dtype)
     step.qkv *= 3  # large scores, so the cap matters

@@ -44,8 +44,8 @@ import torch
 from localchat.backends.torch import kernels as cpu_kernels
 from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
 from localchat.backends.torch.kernel_choice import cpu_decode_kernels
-from localchat.backends.torch.layers import apply_rope
 from localchat.backends.torch.kv_cache import Int8KVCache, KVCache, gather_int8, span_int8, write_int8
+from localchat.backends.torch.layers import apply_rope
 from localchat.backends.torch.padded_sdpa import prefill_sdpa
 from localchat.engine.interface import BatchInputs
 
@@ -218,6 +218,7 @@ def rope_paged_attention(
     heads = qk.shape[1] - v.shape[1]
     if _fused_decode_ok(qk, v, cos, cache, meta):
         assert isinstance(meta, AttentionMetadata) and meta.cpu_kernels is not None
+        assert isinstance(cache, torch.Tensor)
         assert meta.decode_block_tables is not None and meta.decode_lens64 is not None
         window, softcap, scale = 0, 0.0, 1 / math.sqrt(qk.shape[2])
         if options is not None and options.matter(meta.max_seq_len):

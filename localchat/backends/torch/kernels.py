@@ -178,7 +178,9 @@ class Kernels:
             eps, out.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
         if rc:
-            raise BackendUnavailableError(f"The CPU RMSNorm kernel rejected {tuple(x.shape)} (internal error).")
+            raise BackendUnavailableError(
+                f"The CPU RMSNorm kernel rejected {tuple(x.shape)} (internal error)."
+            )
         return out
 
     def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -191,7 +193,9 @@ class Kernels:
             torch.get_num_threads(),
         )  # fmt: skip
         if rc:
-            raise BackendUnavailableError(f"The CPU SwiGLU kernel rejected {tuple(gate_up.shape)} (internal error).")
+            raise BackendUnavailableError(
+                f"The CPU SwiGLU kernel rejected {tuple(gate_up.shape)} (internal error)."
+            )
         return out
 
     def decode_rope_attention(

@@ -65,7 +65,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def fused_kernels(x: torch.Tensor, weight: torch.Tensor | None = None) -> cpu_kernels.Kernels | None:
     """The compiled kernels when they take x (and `weight`): CPU, float32 or bfloat16, one dtype."""
-    if x.dtype not in FUSED_DTYPES or (weight is not None and (weight.dtype != x.dtype or not weight.is_contiguous())):
+    if x.dtype not in FUSED_DTYPES or (
+        weight is not None and (weight.dtype != x.dtype or not weight.is_contiguous())
+    ):
         return None
     return cpu_decode_kernels(x.device)
 

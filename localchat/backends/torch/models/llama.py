@@ -68,7 +68,9 @@ class LlamaLayer(nn.Module):
         else:
             qk = apply_rope(qk, cos, sin)
             attn = paged_attention(qk[:, :h] * q_scale, qk[:, h:], v, kv_cache, meta, self.attn_options)
-        x, normed = add_rms_norm(x, linear(attn.reshape(tokens, h * d), self.o, self.o_bias), self.mlp_norm, self.eps)
+        x, normed = add_rms_norm(
+            x, linear(attn.reshape(tokens, h * d), self.o, self.o_bias), self.mlp_norm, self.eps
+        )
         return x + self.mlp(normed)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
