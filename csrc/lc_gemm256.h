@@ -125,6 +125,8 @@ static inline __attribute__((always_inline)) void LC_FN(gemm2_block)(
         for (int i = 0; i < mr; i++) s[i][0] = s[i][1] = _mm256_setzero_si256();
         const uint8_t *cg = ci + p * groups * 4 * LC_HN;
         const int8_t *xp = xq + p * step;
+        /* kept rolled: unrolled, gcc hoisted the loads and broadcasts and spilled the accumulators */
+#pragma GCC unroll 1
         for (int g = 0; g < groups; g++) {
             __m256i w0 = _mm256_loadu_si256((const __m256i *)(cg + g * 4 * LC_HN));
             __m256i w1 = _mm256_loadu_si256((const __m256i *)(cg + g * 4 * LC_HN + 32));
