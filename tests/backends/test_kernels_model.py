@@ -91,15 +91,18 @@ def test_policy_picks_the_kernels_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Non
     assert policy.kernels is not None
     # Q4_0/Q4_1 linears on torch's int4 kernel (bf16 activations) with their copies, everywhere
     assert policy.q4_on_int4 and policy.int4 and policy.dense_copy
-    # block matrices: no copies where the many-row path is the AVX-512 GEMM, copies elsewhere
+    # block matrices: no copies where the many-row path is a SIMD GEMM (AVX2, AVX-512), copies elsewhere
     assert policy.block_copies == (policy.kernels.name not in quant.FAST_GEMM_ISAS)
+    assert quant.FAST_GEMM_ISAS == ("avx512vnni", "avx2")
     # --isq q4 matrices run on torch's int4 kernel, so they keep their copies where RAM allows
     assert quant.pick_policy(cpu, torch.bfloat16, 100, 1000, isq="q4").dense_copy
-    if "avx2" in kernels.runnable_isas():  # a named ISA without the fast GEMM keeps copies in auto
+    if "avx2" in kernels.runnable_isas():  # AVX2's GEMM (lc_gemm256.h): no copies in auto either
         monkeypatch.setenv(kernels.KERNELS_ENV, "avx2")
-        assert quant.pick_policy(cpu, torch.bfloat16, 100, 1000).block_copies
+        assert not quant.pick_policy(cpu, torch.bfloat16, 100, 1000).block_copies
         assert not quant.pick_policy(cpu, torch.bfloat16, 100, 1000).q4_on_int4  # named: every type on ours
-        monkeypatch.setenv(kernels.KERNELS_ENV, "auto")
+    monkeypatch.setenv(kernels.KERNELS_ENV, "portable")  # portable C's tiles are slow: copies in auto
+    assert quant.pick_policy(cpu, torch.bfloat16, 100, 1000).block_copies
+    monkeypatch.setenv(kernels.KERNELS_ENV, "auto")
     monkeypatch.setenv(quant.QUANT_ENV, "copies")  # prefill speed for memory: the int4 kernel + copies
     policy = quant.pick_policy(cpu, torch.bfloat16, 100, 1000)
     assert policy.kernels is not None and policy.dense_copy and policy.block_copies and policy.q4_on_int4

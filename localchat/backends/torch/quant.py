@@ -89,8 +89,9 @@ _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
 # Rows packed per converter call: slices made of whole row tiles of the layout (64 rows today) pack to
 # the same bytes as one call (test_torch_quant.py checks).
 PACK_ROWS = 4096
-# Kernel ISAs whose many-row (prefill, batch) path beats bf16 copies: csrc/lc_gemm512.h.
-FAST_GEMM_ISAS = ("avx512vnni",)
+# Kernel ISAs whose many-row (prefill, batch) path is worth more than dense copies: csrc/lc_gemm512.h,
+# and csrc/lc_gemm256.h (AVX2: on par with a dense float32 GEMM on AVX2, at a fraction of the memory).
+FAST_GEMM_ISAS = ("avx512vnni", "avx2")
 
 
 @dataclass(slots=True, frozen=True)
@@ -148,8 +149,8 @@ def pick_policy(
     ops = cpu_kernels.load() if device.type == "cpu" else None
     if ops is not None:  # GGUF blocks on our kernels; --isq weights still go to torch's int4 kernel
         # Q4_0/Q4_1 linears go to torch's int4 kernel unless an ISA is forced. Block matrices keep bf16
-        # copies in `copies`, and in `auto` where our many-row path is the slow one (without AVX-512
-        # VNNI: a 1B prefill ran 5x slower on our AVX2 tiles than on the copies).
+        # copies in `copies`, and in `auto` where our many-row path is the slow one (portable C only:
+        # the AVX2 and AVX-512 VNNI GEMMs run prefill without them).
         slow_gemm = ops.name not in FAST_GEMM_ISAS
         q4_int4 = mode in ("auto", "copies") and cpu_kernels.isa_choice() == "auto"
         return QuantPolicy(
