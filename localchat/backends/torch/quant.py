@@ -11,8 +11,8 @@ GGUF Q4_0/Q4_1 linears still go to torch's int4 kernel below (`q4_on_int4`, with
 many-row steps where RAM allows): it keeps activations in bf16, and on SmolLM2 our 8-bit activations
 flipped near-tied tokens more often. `LOCALCHAT_TORCH_QUANT=copies` also keeps bf16 copies of the
 block matrices for many-row steps (1B Q4_K_M: prefill ~1.5x faster, peak RSS ~3x; the README's
-Benchmarks); `auto` does that where RAM allows on CPUs without AVX-512 VNNI, whose many-row kernel
-path is the slow one.
+Benchmarks); `auto` does that where RAM allows only on the portable C kernels, whose many-row path is
+the slow one (AVX2 and AVX-512 VNNI have GEMMs: csrc/lc_gemm256.h, csrc/lc_gemm512.h).
 
 Without the kernels (not built, or `LOCALCHAT_KERNELS=off`) the pure-torch path below applies.
 
