@@ -206,8 +206,9 @@ static void LC_FN(gemm2_rows)(int type, const uint8_t *w, int64_t n0, int64_t n1
                      : (type == LC_Q5_0 || type == LC_Q5_1 || type == LC_Q5_K) ? LC_G5
                                                                               : LC_G4;
     float res[LC_HM][LC_HN];
-    for (int64_t t0 = 0; t0 < t; t0 += LC_HM) {
-        int mr = (int)(t - t0 < LC_HM ? t - t0 : LC_HM);
+    int mr;
+    for (int64_t t0 = 0; t0 < t; t0 += mr) {
+        mr = (int)(t - t0 < LC_HM ? t - t0 : LC_HM);
         if (t - t0 == LC_HM + 1) mr = 2; /* 2 + 2 rows, not 3 + 1: a 1-row block reloads the tile for 1 row */
         const int8_t *xt = xq + t0 * k;
         const float *dt = xd + t0 * (k / 4), *st = xs + t0 * LC_XS(k);
