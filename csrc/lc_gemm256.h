@@ -10,7 +10,7 @@ Saturation (vpmaddubsw sums two u8 x s8 products into a saturating int16; activa
   - 4-bit codes (Q4_0, Q4_1, Q4_K): a pair is at most 2 * 15 * 127 = 3810, and 8 pairs (32 values)
     summed in int16 at most 30480 < 32767: one widening per 32 values.
   - 5-bit codes (Q5_0, Q5_1, Q5_K): 2 * 31 * 127 = 7874, 4 pairs at most 31496: widened per 16 values.
-  - Q6_K's 6-bit codes: 2 * 63 * 127 = 16002 fits once; widened to int32 after every pair.
+  - Q6_K's 6-bit codes: 2 * 63 * 127 = 16002, two pairs at most 32004: widened per 8 values.
   - Q8_0's signed codes take the sign trick: |w| (0..128, -128 becomes the unsigned 128) times
     x * sign(w), so a pair is at most 2 * 128 * 127 = 32512 < 32767; widened after every pair. Its
     offset is then zero (the codes are not shifted by 128 as in the row decoders). */
@@ -127,10 +127,23 @@ static inline __attribute__((always_inline)) void LC_FN(gemm2_block)(
         const int8_t *xp = xq + p * step;
         /* kept rolled: unrolled, gcc hoisted the loads and broadcasts and spilled the accumulators */
 #pragma GCC unroll 1
-        for (int g = 0; g < groups; g++) {
+        for (int g = 0; g < groups; g += kind == LC_G6 ? 2 : 1) {
             __m256i w0 = _mm256_loadu_si256((const __m256i *)(cg + g * 4 * LC_HN));
             __m256i w1 = _mm256_loadu_si256((const __m256i *)(cg + g * 4 * LC_HN + 32));
-            if (kind == LC_G8) {
+            if (kind == LC_G6) { /* two groups' pair sums (each <= 16002) add in int16, then widen */
+                __m256i w2 = _mm256_loadu_si256((const __m256i *)(cg + g * 4 * LC_HN + 64));
+                __m256i w3 = _mm256_loadu_si256((const __m256i *)(cg + g * 4 * LC_HN + 96));
+                for (int i = 0; i < mr; i++) {
+                    int32_t xa, xb;
+                    memcpy(&xa, xp + i * k + 4 * g, 4);
+                    memcpy(&xb, xp + i * k + 4 * g + 4, 4);
+                    __m256i va = _mm256_set1_epi32(xa), vb = _mm256_set1_epi32(xb);
+                    __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, va), _mm256_maddubs_epi16(w2, vb));
+                    __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(w1, va), _mm256_maddubs_epi16(w3, vb));
+                    s[i][0] = _mm256_add_epi32(s[i][0], _mm256_madd_epi16(p0, ones));
+                    s[i][1] = _mm256_add_epi32(s[i][1], _mm256_madd_epi16(p1, ones));
+                }
+            } else if (kind == LC_G8) {
                 __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
                 for (int i = 0; i < mr; i++) {
                     int32_t x4;
