@@ -1,7 +1,7 @@
 /* Many activation rows on AVX2 (prefill, batched decode), the 256-bit sibling of lc_gemm512.h: a tile of
 LC_HN weight rows is decoded once into an interleaved form where one 32-byte load holds 4 consecutive
-codes of 8 output columns, so one vpmaddubsw against a broadcast activation group (4 int8) gives 2
-products-pairs for 8 outputs, and the tile is reused by every activation row, LC_HM rows at a time.
+codes of 8 output columns, so one vpmaddubsw against a broadcast activation group (4 int8) gives each
+of 8 outputs two pair sums, and the tile is reused by every activation row, LC_HM rows at a time.
 Integer sums become float once per 32 values (16 for Q5 and Q6_K), not per 4 as in `micro`'s
 row-by-row dot products. Included by lc_impl.h.
 
