@@ -14,6 +14,9 @@ block matrices for many-row steps (1B Q4_K_M: prefill ~1.5x faster, peak RSS ~3x
 Benchmarks); `auto` does that where RAM allows only on the portable C kernels, whose many-row path is
 the slow one (AVX2 and AVX-512 VNNI have GEMMs: csrc/lc_gemm256.h, csrc/lc_gemm512.h).
 
+With float32 compute (CPUs without native bf16) `auto` keeps the exact dense path and `int4` puts every
+GGUF matrix on our kernels (float32 activations in and out).
+
 Without the kernels (not built, or `LOCALCHAT_KERNELS=off`) the pure-torch path below applies.
 
 GGUF Q4_0 / Q4_1 linears keep their 4-bit codes on CPU with bfloat16 compute: each 32-value block
@@ -140,6 +143,12 @@ def pick_policy(
             "8.0+, or a CPU with native bf16 (AVX512-BF16/AMX); this run uses "
             f"{dtype} on {device}{' with ' + QUANT_ENV + '=dequant' if mode == 'dequant' else ''}."
         )
+    if mode == "int4" and isq is None and device.type == "cpu" and dtype == torch.float32:
+        # Least memory with fp32 compute (CPUs without native bf16, mostly AVX2-only ones): every GGUF
+        # matrix on our kernels, which take fp32 activations; `auto` keeps fp32 the exact dense path.
+        ops = cpu_kernels.load()
+        if ops is not None:
+            return QuantPolicy(kernels=ops)
     if mode == "dequant" or not usable:
         return QuantPolicy()
     wants_isq = isq is not None
