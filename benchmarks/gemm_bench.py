@@ -25,7 +25,13 @@ from gguf.quants import dequantize, quantize
 from localchat.backends.torch import kernels
 from tests.helpers import kquants
 
-MATRICES = [("Q4_K", 8192, 2048), ("Q6_K", 2048, 8192), ("Q4_0", 8192, 2048), ("Q8_0", 8192, 2048), ("Q5_K", 8192, 2048)]
+MATRICES = [
+    ("Q4_K", 8192, 2048),
+    ("Q6_K", 2048, 8192),
+    ("Q4_0", 8192, 2048),
+    ("Q8_0", 8192, 2048),
+    ("Q5_K", 8192, 2048),
+]
 
 
 def blocks(qtype: str, rows: int, cols: int) -> np.ndarray:
