@@ -42,6 +42,7 @@ setup(
                 "csrc/lc_attention.h",
                 "csrc/lc_gemm512.h",
                 "csrc/lc_fused.h",
+                "csrc/lc_gemm256.h",
             ],
             define_macros=[("Py_LIMITED_API", "0x030A0000")],
             py_limited_api=True,

@@ -424,33 +424,11 @@ static void LC_FN(fused_rows)(int type, const uint8_t *w, int64_t n0, int64_t n1
         for (int i = 0; i < mr; i++) lc_store(out, out_bf16, (t0 + i) * ldo + n, res[i]);
     }
 }
+#endif
 
-/* Many activation rows on AVX2 (AVX-512: lc_gemm512.h): a 4 x 2 tile (activation rows x decoded weight
-   rows) of dot products. */
-static inline __attribute__((always_inline)) void LC_FN(micro)(
-    const int mr, const int nr, const int wide, const uint8_t *c, const float *ls, int64_t k,
-    const int8_t *xq, const float *xd, float res[4][2]) {
-    __m256 acc[4][2];
-    for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-    for (int64_t s = 0; s < k / 32; s++) {
-        __m256i cv[2];
-        __m256 lv[2];
-        for (int j = 0; j < nr; j++) {
-            cv[j] = _mm256_loadu_si256((const __m256i *)(c + j * k + 32 * s));
-            lv[j] = _mm256_loadu_ps(ls + j * (k / 4) + 8 * s);
-        }
-        for (int i = 0; i < mr; i++) {
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + i * k + 32 * s));
-            __m256 dx = _mm256_loadu_ps(xd + i * (k / 4) + 8 * s);
-            for (int j = 0; j < nr; j++)
-                acc[i][j] = _mm256_fmadd_ps(_mm256_mul_ps(lv[j], dx),
-                                            _mm256_cvtepi32_ps(LC_FN(dot8)(cv[j], xv, wide)), acc[i][j]);
-        }
-    }
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) res[i][j] = LC_FN(hsum)(acc[i][j]);
-}
-#else
+#if LC_ISA == LC_ISA_PORTABLE
+/* Many activation rows in portable C (AVX2: lc_gemm256.h, AVX-512: lc_gemm512.h): a 4 x 2 tile
+   (activation rows x decoded weight rows) of dot products. */
 static inline void LC_FN(micro)(
     const int mr, const int nr, const int wide, const uint8_t *c, const float *ls, int64_t k,
     const int8_t *xq, const float *xd, float res[4][2]) {
@@ -525,7 +503,7 @@ static void LC_FN(quantize)(const void *x, int x_bf16, int64_t t, int64_t k, int
 
 #define LC_TILE_MR 4
 
-#if LC_ISA != LC_ISA_AVX512VNNI
+#if LC_ISA == LC_ISA_PORTABLE
 static void LC_FN(rows)(int type, const uint8_t *w, int64_t n0, int64_t n1, int64_t k, int64_t row_bytes,
                         const int8_t *xq, const float *xd, const float *xs, int64_t t, void *out,
                         int out_bf16, int64_t ldo, uint8_t *c, float *ls, float *mc) {
@@ -563,6 +541,11 @@ static void LC_FN(rows)(int type, const uint8_t *w, int64_t n0, int64_t n1, int6
 #define LC_MANY_TILE LC_GN
 #define LC_MANY_SCRATCH 2
 #define LC_MANY_ROWS LC_FN(gemm_rows)
+#elif LC_ISA == LC_ISA_AVX2
+#include "lc_gemm256.h"
+#define LC_MANY_TILE LC_HN
+#define LC_MANY_SCRATCH 2
+#define LC_MANY_ROWS LC_FN(gemm2_rows)
 #else
 #define LC_MANY_TILE 16
 #define LC_MANY_SCRATCH 1

@@ -15,7 +15,9 @@ the activations to 8 bits (x ~ d * q, d = amax / 127, q = round(x / d)), so two 
 
 Every ISA this machine runs is checked, plus the portable C one; shapes cover the decode path (1-4
 rows), the tiled path (more rows, a partial tile), row counts that are no multiple of any tile, K
-not a multiple of 256 for the 32-value formats, and K of 512+ (the few-row Q4_0/Q4_1 16-block rounds).
+not a multiple of 256 for the 32-value formats, and K of 512+ (the few-row Q4_0/Q4_1 16-block rounds);
+the many-row GEMMs get every type at odd shapes, extreme scales, and the largest codes against +-127
+activations (AVX2's int16 pair sums must not saturate).
 """
 
 from __future__ import annotations
@@ -78,8 +80,14 @@ def rounded(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def check(qtype: str, isa: str, rows: int, out_features: int, cols: int, dtype: torch.dtype) -> None:
     raw = weights(qtype, out_features, cols, seed=rows * 7 + out_features)
+    compare(qtype, isa, raw, activations(rows, cols, seed=rows), dtype)
+
+
+def compare(qtype: str, isa: str, raw: np.ndarray, x: np.ndarray, dtype: torch.dtype) -> None:
+    """The kernel's product of blocks `raw` and activations `x` within the bounds above."""
     w = dequantize(raw, GGMLQuantizationType[qtype]).astype(np.float64)
-    x = activations(rows, cols, seed=rows)
+    rows, cols = x.shape
+    out_features = w.shape[0]
     x_in = torch.from_numpy(x).to(dtype)
     x = x_in.double().numpy()  # what the kernel sees (bf16 inputs are rounded already)
     ops = kernels.load(isa)
@@ -123,6 +131,67 @@ def test_32_value_formats(qtype: str, isa: str, rows: int, out_features: int, co
 @pytest.mark.parametrize(("rows", "out_features"), [(1, 37), (2, 5), (7, 21), (18, 70)])
 def test_k_quants(qtype: str, isa: str, rows: int, out_features: int) -> None:
     check(qtype, isa, rows, out_features, 512, torch.float32)
+
+
+# The many-row path (5+ rows: lc_gemm256.h on AVX2, lc_gemm512.h on AVX-512, 4 x 2 tiles in portable C)
+# for every type: row counts that leave 1 or 2 rows in the last register block (3 rows on AVX2, 4 on
+# AVX-512), output rows that are no multiple of a tile (16 / 32 rows), and for the 32-value formats K / 16
+# scales per row that are no multiple of the 8 x 8 transpose (K = 96, 160, 288).
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", [*SIMPLE, *K_QUANTS])
+@pytest.mark.parametrize(("rows", "out_features", "index"), [(5, 17, 0), (7, 33, 1), (8, 16, 2), (12, 47, 3)])
+def test_many_rows(qtype: str, isa: str, rows: int, out_features: int, index: int) -> None:
+    cols = (256, 512, 768, 1024)[index] if qtype in K_QUANTS else (96, 160, 288, 1024)[index]
+    check(qtype, isa, rows, out_features, cols, torch.float32)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", [*SIMPLE, *K_QUANTS])
+def test_extreme_scales(qtype: str, isa: str) -> None:
+    """Blocks from f16 subnormal to near-f16-max scales, activations from 1e-6 to 1e6, at 1 and 7 rows."""
+    rng = np.random.default_rng(5)
+    values = rng.standard_normal((21, 512)).astype(np.float32)
+    values *= np.repeat(rng.choice([1e-7, 1e-3, 1.0, 4e3], size=(21, 16)), 32, axis=1).astype(np.float32)
+    raw = K_QUANTS[qtype](values) if qtype in K_QUANTS else quantize(values, GGMLQuantizationType[qtype])
+    for rows in (1, 7):
+        x = rng.standard_normal((rows, 512)).astype(np.float32)
+        x *= np.repeat(rng.choice([1e-6, 1.0, 1e6], size=(rows, 16)), 32, axis=1).astype(np.float32)
+        compare(qtype, isa, raw, x, torch.float32)
+
+
+# Bytes per block and values per block; the offsets of each block's f16 factors (scale, min).
+BLOCK = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q5_0": (22, 32), "Q5_1": (24, 32), "Q8_0": (34, 32)}
+BLOCK |= {"Q4_K": (144, 256), "Q5_K": (176, 256), "Q6_K": (210, 256)}
+FACTORS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q6_K": [208]}
+FACTORS |= {"Q4_K": [0, 2], "Q5_K": [0, 2]}
+
+
+def largest_codes(qtype: str, rows: int, cols: int) -> np.ndarray:
+    """Blocks whose every code is the type's largest (all bits set; the K-quants' 6-bit scales 63), f16
+    factors 1; Q8_0 rows cycle through all -128, all +127 and -128/+127 alternating per 4 values."""
+    size, per = BLOCK[qtype]
+    raw = np.full((rows, cols // per, size), 0xFF, dtype=np.uint8)
+    for at in FACTORS[qtype]:
+        raw[..., at : at + 2] = np.frombuffer(np.float16(1.0).tobytes(), dtype=np.uint8)
+    if qtype == "Q8_0":
+        raw[0::3, :, 2:] = 0x80
+        raw[1::3, :, 2:] = 0x7F
+        raw[2::3, :, 2:] = np.tile(np.repeat(np.array([0x80, 0x7F], dtype=np.uint8), 4), 4)
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", [*SIMPLE, *K_QUANTS])
+def test_largest_products_do_not_saturate(qtype: str, isa: str) -> None:
+    """u8 x s8 pair sums are saturating int16 on AVX2 (vpmaddubsw), and the GEMM sums up to 8 of them in
+    int16: the largest codes against activations of +-127 (all one sign, or random signs) stay exact."""
+    raw = largest_codes(qtype, 19, 512)
+    rng = np.random.default_rng(2)
+    x = np.ones((7, 512), dtype=np.float32)  # every activation block rounds to +-127 exactly
+    x[1::3] = -1.0
+    x[2::3] = rng.choice([-1.0, 1.0], size=x[2::3].shape)
+    for rows in (1, 4, 7):
+        compare(qtype, isa, raw, x[:rows], torch.float32)
 
 
 @pytest.mark.parametrize("isa", ISAS)

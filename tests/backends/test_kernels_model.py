@@ -35,21 +35,23 @@ def runner(
     return TorchRunner(bundle, RunnerOptions(device="cpu", dtype=dtype))
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_tiny_gguf_runs_on_blocks_and_tracks_the_dequantized_run(
-    tmp_path: Path, qtype: str, tied: bool, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, qtype: str, tied: bool, dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every matrix (linears, LM head, embedding) stays in blocks; prefill (tiled path) and one-row steps
-    (decode path) follow the dequantized bf16 run."""
+    (decode path) follow the dequantized run in the same dtype (fp32: `int4` mode only, for CPUs without
+    native bf16)."""
     from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE, write_tiny_gguf
 
     hf = tiny_hf_model(
         "llama", vocab_size=TINY_VOCAB_SIZE, tie_word_embeddings=tied, hidden_size=256, intermediate_size=512
     )
     bundle = load_model(write_tiny_gguf(tmp_path / "tiny.gguf", hf, qtype=qtype, tokenizer_kind="gpt2"))
-    ours = runner(bundle, "bfloat16", monkeypatch, "int4", "auto")  # int4 mode: blocks only, every type
-    reference = runner(bundle, "bfloat16", monkeypatch, "dequant", "auto")
+    ours = runner(bundle, dtype, monkeypatch, "int4", "auto")  # int4 mode: blocks only, every type
+    reference = runner(bundle, dtype, monkeypatch, "dequant", "auto")
     model, layer = ours.model, ours.model.layers[0]
     blocks = (layer.qkv, layer.o, layer.gate_up, layer.down, model.embed, model.lm_head or model.embed)
     assert all(isinstance(w, kernels.BlockMatrix) for w in blocks)
@@ -91,15 +93,18 @@ def test_policy_picks_the_kernels_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Non
     assert policy.kernels is not None
     # Q4_0/Q4_1 linears on torch's int4 kernel (bf16 activations) with their copies, everywhere
     assert policy.q4_on_int4 and policy.int4 and policy.dense_copy
-    # block matrices: no copies where the many-row path is the AVX-512 GEMM, copies elsewhere
+    # block matrices: no copies where the many-row path is a SIMD GEMM (AVX2, AVX-512), copies elsewhere
     assert policy.block_copies == (policy.kernels.name not in quant.FAST_GEMM_ISAS)
+    assert quant.FAST_GEMM_ISAS == ("avx512vnni", "avx2")
     # --isq q4 matrices run on torch's int4 kernel, so they keep their copies where RAM allows
     assert quant.pick_policy(cpu, torch.bfloat16, 100, 1000, isq="q4").dense_copy
-    if "avx2" in kernels.runnable_isas():  # a named ISA without the fast GEMM keeps copies in auto
+    if "avx2" in kernels.runnable_isas():  # AVX2's GEMM (lc_gemm256.h): no copies in auto either
         monkeypatch.setenv(kernels.KERNELS_ENV, "avx2")
-        assert quant.pick_policy(cpu, torch.bfloat16, 100, 1000).block_copies
+        assert not quant.pick_policy(cpu, torch.bfloat16, 100, 1000).block_copies
         assert not quant.pick_policy(cpu, torch.bfloat16, 100, 1000).q4_on_int4  # named: every type on ours
-        monkeypatch.setenv(kernels.KERNELS_ENV, "auto")
+    monkeypatch.setenv(kernels.KERNELS_ENV, "portable")  # portable C's tiles are slow: copies in auto
+    assert quant.pick_policy(cpu, torch.bfloat16, 100, 1000).block_copies
+    monkeypatch.setenv(kernels.KERNELS_ENV, "auto")
     monkeypatch.setenv(quant.QUANT_ENV, "copies")  # prefill speed for memory: the int4 kernel + copies
     policy = quant.pick_policy(cpu, torch.bfloat16, 100, 1000)
     assert policy.kernels is not None and policy.dense_copy and policy.block_copies and policy.q4_on_int4
@@ -114,6 +119,10 @@ def test_policy_picks_the_kernels_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Non
         and not policy.dense_copy
         and not policy.block_copies
         and not policy.q4_on_int4
+    )
+    policy = quant.pick_policy(cpu, torch.float32, 100, 1000)  # fp32 compute too (CPUs without bf16)
+    assert (
+        policy.kernels is not None and not policy.int4 and not policy.block_copies and not policy.q4_on_int4
     )
     monkeypatch.setenv(quant.QUANT_ENV, "copies")
     monkeypatch.setenv(kernels.KERNELS_ENV, "portable")  # a forced ISA runs every block type

@@ -11,8 +11,11 @@ GGUF Q4_0/Q4_1 linears still go to torch's int4 kernel below (`q4_on_int4`, with
 many-row steps where RAM allows): it keeps activations in bf16, and on SmolLM2 our 8-bit activations
 flipped near-tied tokens more often. `LOCALCHAT_TORCH_QUANT=copies` also keeps bf16 copies of the
 block matrices for many-row steps (1B Q4_K_M: prefill ~1.5x faster, peak RSS ~3x; the README's
-Benchmarks); `auto` does that where RAM allows on CPUs without AVX-512 VNNI, whose many-row kernel
-path is the slow one.
+Benchmarks); `auto` does that where RAM allows only on the portable C kernels, whose many-row path is
+the slow one (AVX2 and AVX-512 VNNI have GEMMs: csrc/lc_gemm256.h, csrc/lc_gemm512.h).
+
+With float32 compute (CPUs without native bf16) `auto` keeps the exact dense path and `int4` puts every
+GGUF matrix on our kernels (float32 activations in and out).
 
 Without the kernels (not built, or `LOCALCHAT_KERNELS=off`) the pure-torch path below applies.
 
@@ -89,8 +92,9 @@ _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
 # Rows packed per converter call: slices made of whole row tiles of the layout (64 rows today) pack to
 # the same bytes as one call (test_torch_quant.py checks).
 PACK_ROWS = 4096
-# Kernel ISAs whose many-row (prefill, batch) path beats bf16 copies: csrc/lc_gemm512.h.
-FAST_GEMM_ISAS = ("avx512vnni",)
+# Kernel ISAs whose many-row (prefill, batch) path is worth more than dense copies: csrc/lc_gemm512.h,
+# and csrc/lc_gemm256.h (AVX2: on par with a dense float32 GEMM on AVX2, at a fraction of the memory).
+FAST_GEMM_ISAS = ("avx512vnni", "avx2")
 
 
 @dataclass(slots=True, frozen=True)
@@ -139,6 +143,12 @@ def pick_policy(
             "8.0+, or a CPU with native bf16 (AVX512-BF16/AMX); this run uses "
             f"{dtype} on {device}{' with ' + QUANT_ENV + '=dequant' if mode == 'dequant' else ''}."
         )
+    if mode == "int4" and isq is None and device.type == "cpu" and dtype == torch.float32:
+        # Least memory with fp32 compute (CPUs without native bf16, mostly AVX2-only ones): every GGUF
+        # matrix on our kernels, which take fp32 activations; `auto` keeps fp32 the exact dense path.
+        ops = cpu_kernels.load()
+        if ops is not None:
+            return QuantPolicy(kernels=ops)
     if mode == "dequant" or not usable:
         return QuantPolicy()
     wants_isq = isq is not None
@@ -148,8 +158,8 @@ def pick_policy(
     ops = cpu_kernels.load() if device.type == "cpu" else None
     if ops is not None:  # GGUF blocks on our kernels; --isq weights still go to torch's int4 kernel
         # Q4_0/Q4_1 linears go to torch's int4 kernel unless an ISA is forced. Block matrices keep bf16
-        # copies in `copies`, and in `auto` where our many-row path is the slow one (without AVX-512
-        # VNNI: a 1B prefill ran 5x slower on our AVX2 tiles than on the copies).
+        # copies in `copies`, and in `auto` where our many-row path is the slow one (portable C only:
+        # the AVX2 and AVX-512 VNNI GEMMs run prefill without them).
         slow_gemm = ops.name not in FAST_GEMM_ISAS
         q4_int4 = mode in ("auto", "copies") and cpu_kernels.isa_choice() == "auto"
         return QuantPolicy(

@@ -1,0 +1,103 @@
+"""One block matrix on localchat's CPU kernels against torch's dense linear, GFLOP/s per row count.
+
+    python -m benchmarks.gemm_bench --isa avx2 --rows 16 512 [--old path/to/other/_lckernels.so]
+
+Each matrix is random GGUF blocks (tests/helpers/kquants.py for the K-quants); the dense columns are
+`torch.nn.functional.linear` on its float32 and bfloat16 copies (what `LOCALCHAT_TORCH_QUANT=copies`
+runs). `--old` times another build of the library in the same process, alternating with this one, so
+the box's load hits both alike. Reports the median of `--reps` alternating rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from localchat.backends.torch import kernels
+from tests.helpers import kquants
+
+MATRICES = [
+    ("Q4_K", 8192, 2048),
+    ("Q6_K", 2048, 8192),
+    ("Q4_0", 8192, 2048),
+    ("Q8_0", 8192, 2048),
+    ("Q5_K", 8192, 2048),
+]
+
+
+def blocks(qtype: str, rows: int, cols: int) -> np.ndarray:
+    values = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32)
+    encoders = {"Q4_K": kquants.quantize_q4_k, "Q5_K": kquants.quantize_q5_k, "Q6_K": kquants.quantize_q6_k}
+    if qtype in encoders:
+        return encoders[qtype](values)
+    return quantize(values, GGMLQuantizationType[qtype])
+
+
+def other_build(path: str, like: kernels.Kernels) -> kernels.Kernels:
+    """Another build of the library, with this one's ctypes signatures, bound to the same ISA."""
+    lib = ctypes.CDLL(path)
+    for name in ("lc_isa_supported", "lc_linear", "lc_quantize", "lc_matmul", "lc_dequant_rows"):
+        fn, ref = getattr(lib, name), getattr(like.lib, name)
+        fn.argtypes, fn.restype = ref.argtypes, ref.restype
+    return kernels.Kernels(lib, like.isa)
+
+
+def seconds(fn: Callable[[], object], budget: float = 0.3) -> float:
+    fn()
+    runs, start = 0, time.perf_counter()
+    while True:
+        fn()
+        runs += 1
+        took = time.perf_counter() - start
+        if took >= budget:
+            return took / runs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--isa", default="avx2")
+    ap.add_argument("--rows", type=int, nargs="+", default=[16, 512])
+    ap.add_argument("--old", help="another build of _lckernels to compare with")
+    ap.add_argument("--types", nargs="+", help="only these block types")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-dense", action="store_true", help="skip torch's float32/bfloat16 linear")
+    args = ap.parse_args()
+    ops = kernels.load(args.isa)
+    assert ops is not None, "the kernels are not built"
+    old = other_build(args.old, ops) if args.old else None
+    print(f"isa {ops.name}, {torch.get_num_threads()} threads; GFLOP/s, median of {args.reps} rounds")
+    for qtype, rows, cols in MATRICES:
+        if args.types and qtype not in args.types:
+            continue
+        raw = blocks(qtype, rows, cols)
+        matrix = kernels.BlockMatrix([kernels.Segment(qtype, torch.from_numpy(raw))], cols, ops)
+        dense = torch.from_numpy(dequantize(raw, GGMLQuantizationType[qtype]))
+        for t in args.rows:
+            x = torch.randn(t, cols)
+            xb = x.bfloat16()
+            runs: dict[str, Callable[[], object]] = {"new": partial(ops.matmul, x, matrix)}
+            if old is not None:
+                runs["old"] = partial(old.matmul, x, matrix)
+            if not args.no_dense:
+                runs["dense f32"] = partial(torch.nn.functional.linear, x, dense)
+                runs["dense bf16"] = partial(torch.nn.functional.linear, xb, dense.bfloat16())
+            times: dict[str, list[float]] = {name: [] for name in runs}
+            for _ in range(args.reps):
+                for name, fn in runs.items():
+                    times[name].append(seconds(fn))
+            flops = 2.0 * t * rows * cols
+            cells = ", ".join(f"{name} {flops / statistics.median(v) / 1e9:.1f}" for name, v in times.items())
+            print(f"{qtype} {rows}x{cols} t={t}: {cells}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
