@@ -30,7 +30,7 @@ from localchat.errors import (
 )
 from localchat.model_memory import MemoryEstimate, check_fits, estimate
 from localchat.model_targets import find_local, from_local, list_local, startup_choice
-from localchat.pulls import Pulls
+from localchat.pulls import Pulls, pull_progress
 
 if TYPE_CHECKING:
     from localchat.config import Settings
@@ -54,7 +54,9 @@ class LoadTask:
 
     def progress(self, phase: str | None = None) -> dict[str, Any]:
         """`phase`: a snapshot the caller already read (the loader thread may move on meanwhile)."""
-        if (phase or self.phase) == "downloading" and self.pull is not None:
+        if (phase or self.phase) == "downloading":
+            if self.pull is None:  # the phase is set just before the pull job starts
+                return pull_progress(self.name, "resolving", "Looking the model up…")
             return dict(self.pull.progress)
         return {"phase": "loading", "name": self.name, "message": f"Loading {self.name} into memory…"}
 

@@ -100,7 +100,7 @@ class Pulls:
             if job is not None and not job.finished:
                 return job
             job = PullJob(name, echo=echo)
-            job.progress = _progress(name, "resolving", "Looking the model up…")
+            job.progress = pull_progress(name, "resolving", "Looking the model up…")
             self._jobs[name] = job
         threading.Thread(target=self._run, args=(job,), name=f"pull-{name}", daemon=True).start()
         return job
@@ -138,18 +138,18 @@ class Pulls:
             )
         except Exception as exc:  # a pull must end in a final state whatever happened
             if job.cancel_event.is_set():
-                final = _progress(
+                final = pull_progress(
                     job.name, "cancelled", "Cancelled; the partial download is kept.", job.progress
                 )
             else:
                 job.error = getattr(exc, "message", None) or str(exc) or type(exc).__name__
                 log.warning("pull of %s failed: %s", job.name, job.error)
-                final = _progress(job.name, "error", job.error, job.progress)
+                final = pull_progress(job.name, "error", job.error, job.progress)
             job.update(final, force=True)
             job.done.set()
             return
         if job.progress.get("phase") != "done":
-            job.update(_progress(job.name, "done", "Downloaded.", job.progress), force=True)
+            job.update(pull_progress(job.name, "done", "Downloaded.", job.progress), force=True)
         job.done.set()
         if self.on_done is not None:
             try:
@@ -158,7 +158,7 @@ class Pulls:
                 log.exception("after the pull of %s", job.name)
 
 
-def _progress(name: str, phase: str, message: str, last: dict[str, Any] | None = None) -> dict[str, Any]:
+def pull_progress(name: str, phase: str, message: str, last: dict[str, Any] | None = None) -> dict[str, Any]:
     last = last or {}
     return {
         "phase": phase,

@@ -24,7 +24,14 @@ from tests.backends.test_moe import ATOL, BACKENDS, hf_logits, hf_state, prompt_
 from tests.backends.test_torch_parity import _tiny_tokenizer_json
 from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE, write_tiny_gguf
 from tests.helpers.torch_batch import PagedDriver
-from tests.helpers.torch_models import DEEPSEEK_YARN, VARIANTS, bundle_from_hf, fp32_runner, tiny_hf_model
+from tests.helpers.torch_models import (
+    DEEPSEEK_YARN,
+    VARIANTS,
+    bundle_from_hf,
+    exact_weights,
+    fp32_runner,
+    tiny_hf_model,
+)
 
 PROMPT = [5, 17, 99, 3, 250, 42, 7, 7, 81, 130, 64] * 2
 # (variant, llama.cpp layout): V3 with today's split kv_b; V2-Lite with yarn in a file from before the split.
@@ -190,7 +197,8 @@ def test_engine_batch_from_a_gguf_matches_transformers_greedy(tmp_path: Path, ba
     hf = tiny("deepseek_v3")
     path = write_tiny_gguf(tmp_path / "ds.gguf", hf, qtype="Q8_0")
     hf.load_state_dict(deepseek_hf_state(list(load_model(path).iter_weights())), strict=False)
-    llm = LLM(path, backend=backend, device="cpu", dtype="float32")
+    with exact_weights():
+        llm = LLM(path, backend=backend, device="cpu", dtype="float32")
     prompts = [PROMPT, PROMPT[:7]]
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     for prompt, out in zip(prompts, outs, strict=True):

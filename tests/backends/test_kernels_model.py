@@ -91,6 +91,7 @@ def test_policy_picks_the_kernels_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv(kernels.KERNELS_ENV, "auto")
     policy = quant.pick_policy(cpu, torch.bfloat16, 100, 1000)
     assert policy.kernels is not None
+    best = policy.kernels.name
     # Q4_0/Q4_1 linears on torch's int4 kernel (bf16 activations) with their copies, everywhere
     assert policy.q4_on_int4 and policy.int4 and policy.dense_copy
     # block matrices: no copies where the many-row path is a SIMD GEMM (AVX2, AVX-512), copies elsewhere
@@ -111,6 +112,14 @@ def test_policy_picks_the_kernels_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Non
     no_room = quant.pick_policy(cpu, torch.bfloat16, 900, 1000)
     assert not no_room.dense_copy and not no_room.block_copies
     monkeypatch.delenv(quant.QUANT_ENV)
+    # fp32 compute (CPUs without native bf16): every block matrix on the kernels, never a dense fp32 copy
+    policy = quant.pick_policy(cpu, torch.float32, 100, 1000)
+    if best in quant.FAST_GEMM_ISAS:
+        assert policy.kernels is not None and not policy.int4 and not policy.dense_copy
+        assert not policy.block_copies
+    else:  # portable C's many-row tiles are slow: the dense path
+        assert policy == quant.QuantPolicy()
+    monkeypatch.setenv(quant.QUANT_ENV, "dequant")
     assert quant.pick_policy(cpu, torch.float32, 100, 1000) == quant.QuantPolicy()  # the exact path
     monkeypatch.setenv(quant.QUANT_ENV, "int4")  # least memory: blocks only
     policy = quant.pick_policy(cpu, torch.bfloat16, 100, 1000)

@@ -21,7 +21,7 @@ from localchat.engine.engine import LLMEngine
 from localchat.engine.sampling_params import SamplingParams
 from localchat.weights.bundle import ModelBundle
 from tests.helpers.fake_engine import drain
-from tests.helpers.torch_models import TEST_DEVICE
+from tests.helpers.torch_models import TEST_DEVICE, exact_weights
 
 pytest.importorskip("torch")  # the tiny models come from transformers
 
@@ -45,7 +45,9 @@ def make_engine(request: pytest.FixtureRequest) -> EngineFactory:
 
     def build(bundle: ModelBundle, kv_cache_mib: int) -> LLMEngine:
         device = TEST_DEVICE if name == "torch" else "cpu"
-        runner = create_runner(name, bundle, RunnerOptions(device=device, dtype="float32", seed=0))
+        # Bit-exact invariance holds on dequantized weights; the kernels' GEMM and GEMV round differently.
+        with exact_weights():
+            runner = create_runner(name, bundle, RunnerOptions(device=device, dtype="float32", seed=0))
         tokenizer = bundle.tokenizer if bundle.tokenizer is not None else FakeTokenizer()
         config = EngineConfig(kv_cache_mib=kv_cache_mib, max_num_batched_tokens=256, prefill_chunk_size=64)
         return LLMEngine(

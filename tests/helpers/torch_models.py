@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from transformers import (
 )
 
 from localchat.backends import RunnerOptions
+from localchat.backends.torch.quant import QUANT_ENV
 from localchat.backends.torch.runner import TorchRunner
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
@@ -282,5 +284,22 @@ def bundle_from_hf(model: torch.nn.Module, name: str = "tiny") -> ModelBundle:
 TEST_DEVICE = os.environ.get("LOCALCHAT_TEST_DEVICE", "cpu")
 
 
+@contextmanager
+def exact_weights() -> Iterator[None]:
+    """Loads inside dequantize GGUF blocks (LOCALCHAT_TORCH_QUANT=dequant): with float32 compute `auto`
+    runs them on localchat's kernels with 8-bit activations, outside the float32 parity bounds."""
+    before = os.environ.get(QUANT_ENV)
+    os.environ[QUANT_ENV] = "dequant"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[QUANT_ENV]
+        else:
+            os.environ[QUANT_ENV] = before
+
+
 def fp32_runner(bundle: ModelBundle, seed: int = 0) -> TorchRunner:
-    return TorchRunner(bundle, RunnerOptions(device=TEST_DEVICE, dtype="float32", seed=seed))
+    """The exact path the parity tests compare with transformers: float32, GGUF blocks dequantized."""
+    with exact_weights():
+        return TorchRunner(bundle, RunnerOptions(device=TEST_DEVICE, dtype="float32", seed=seed))

@@ -143,11 +143,12 @@ def pick_policy(
             "8.0+, or a CPU with native bf16 (AVX512-BF16/AMX); this run uses "
             f"{dtype} on {device}{' with ' + QUANT_ENV + '=dequant' if mode == 'dequant' else ''}."
         )
-    if mode == "int4" and isq is None and device.type == "cpu" and dtype == torch.float32:
-        # Least memory with fp32 compute (CPUs without native bf16, mostly AVX2-only ones): every GGUF
-        # matrix on our kernels, which take fp32 activations; `auto` keeps fp32 the exact dense path.
+    if mode in ("auto", "int4") and isq is None and device.type == "cpu" and dtype == torch.float32:
+        # fp32 compute (CPUs without native bf16: most AVX2-only ones): every GGUF matrix on our kernels,
+        # which take fp32 activations, never a dense fp32 copy (4 bytes a weight: a 1B Q4_K_M file took
+        # 5.2 GB). `auto` does so where the kernels' many-row path is fast; `dequant` is the exact path.
         ops = cpu_kernels.load()
-        if ops is not None:
+        if ops is not None and (mode == "int4" or ops.name in FAST_GEMM_ISAS):
             return QuantPolicy(kernels=ops)
     if mode == "dequant" or not usable:
         return QuantPolicy()
