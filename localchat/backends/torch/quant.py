@@ -14,8 +14,9 @@ block matrices for many-row steps (1B Q4_K_M: prefill ~1.5x faster, peak RSS ~3x
 Benchmarks); `auto` does that where RAM allows only on the portable C kernels, whose many-row path is
 the slow one (AVX2 and AVX-512 VNNI have GEMMs: csrc/lc_gemm256.h, csrc/lc_gemm512.h).
 
-With float32 compute (CPUs without native bf16) `auto` keeps the exact dense path and `int4` puts every
-GGUF matrix on our kernels (float32 activations in and out).
+With float32 compute (CPUs without native bf16) `auto` (on the AVX2/AVX-512 kernels) and `int4` put every
+GGUF matrix, Q4_0/Q4_1 included, on our kernels (float32 activations in and out): a dense float32 copy
+costs 4 bytes a weight. `dequant` is the exact path (the parity tests load with it).
 
 Without the kernels (not built, or `LOCALCHAT_KERNELS=off`) the pure-torch path below applies.
 
