@@ -216,7 +216,7 @@ def rope_paged_attention(
     all of it in one C call (csrc/lc_fused.h: rotation, cache write, attention), which at a small
     model's decode step saves more time than the attention itself takes."""
     heads = qk.shape[1] - v.shape[1]
-    if _fused_decode_ok(qk, v, cos, cache, meta):
+    if _fused_decode_ok(qk, v, cos, sin, cache, meta):
         assert isinstance(meta, AttentionMetadata) and meta.cpu_kernels is not None
         assert isinstance(cache, torch.Tensor)
         assert meta.decode_block_tables is not None and meta.decode_lens64 is not None
@@ -233,7 +233,12 @@ def rope_paged_attention(
 
 
 def _fused_decode_ok(
-    qk: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, cache: KVCache, meta: object
+    qk: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cache: KVCache,
+    meta: AttentionMetadata | TritonAttentionMetadata,
 ) -> bool:
     """Whether `Kernels.decode_rope_attention` serves this step: decode rows only, on CPU with the kernels,
     a float32/bfloat16 cache, full-width rotary, one dtype, heads and dims laid out densely."""
@@ -248,10 +253,12 @@ def _fused_decode_ok(
         and heads % kv_heads == 0
         and heads // kv_heads <= cpu_kernels.ATTENTION_MAX_GROUP
         and cos.shape[-1] == d
-        and qk.dtype == v.dtype == cos.dtype
+        and cos.shape == sin.shape
+        and qk.dtype == v.dtype == cos.dtype == sin.dtype
         and qk.stride(2) == v.stride(2) == 1
         and qk.stride(1) == v.stride(1) == d
         and cos.is_contiguous()
+        and sin.is_contiguous()
     )
 
 
