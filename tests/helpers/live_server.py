@@ -104,7 +104,9 @@ def server_args(backend: str, model: Path | None) -> list[str]:
             "mlx",
         ]  # float32 on CPU (see localchat/backends/mlx/runner.py)
     # fp32: tests compare greedy outputs across batch shapes; bf16 rounding differs with the batch and
-    # flips near-tied tokens (the runners promise batch invariance in fp32, tests/backends).
+    # flips near-tied tokens (the runners promise batch invariance in fp32, tests/backends). live_server
+    # also sets LOCALCHAT_TORCH_QUANT=dequant for it: with fp32 compute `auto` runs GGUF blocks on the
+    # kernels, whose few-row and many-row paths round differently.
     return ["--f", str(model), "--backend", "torch", "--dtype", "float32"]
 
 
@@ -127,6 +129,10 @@ def live_server(
     if api_key:
         cmd += ["--api-key", api_key]
     full_env = {**os.environ, "LOCALCHAT_HOME": tempfile.mkdtemp(prefix="localchat-home-"), **(env or {})}
+    if any(
+        args[i : i + 2] == ["--dtype", "float32"] for i in range(len(args))
+    ):  # the exact path (server_args)
+        full_env.setdefault("LOCALCHAT_TORCH_QUANT", "dequant")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
     server = LiveServer(proc, port, Path(log_file.name), api_key)
     try:
