@@ -9,21 +9,10 @@ and torch paths agree to the last bit in all but rare ties of the float32 sums. 
 
 #ifndef LC_FUSED_SHARED
 #define LC_FUSED_SHARED
-/* float -> bfloat16 bits, round to nearest even (finite values; a NaN keeps a NaN pattern). */
-static inline uint16_t lc_to_bf16(float v) {
-    uint32_t bits;
-    memcpy(&bits, &v, 4);
-    uint32_t rounded = bits + 0x7FFFu + ((bits >> 16) & 1);
-    return (uint16_t)(((bits & 0x7F800000u) == 0x7F800000u ? bits : rounded) >> 16);
-}
 /* v as float32, or rounded through bfloat16 (what storing and reloading a bf16 tensor gives). */
 static inline float lc_round_as(float v, int bf16) { return bf16 ? lc_bf16(lc_to_bf16(v)) : v; }
 static inline float lc_load(const void *p, int bf16, int64_t i) {
     return bf16 ? lc_bf16(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-static inline void lc_put(void *p, int bf16, int64_t i, float v) {
-    if (bf16) ((uint16_t *)p)[i] = lc_to_bf16(v);
-    else ((float *)p)[i] = v;
 }
 #endif
 
@@ -41,7 +30,7 @@ static void LC_FN(rms_norm)(const void *x, void *sum, int bf16, int64_t rows, in
         if (sum) {
             for (int64_t j = 0; j < n; j++) {
                 float v = lc_round_as(lc_load(x, bf16, base + j) + lc_load(sum, bf16, base + j), bf16);
-                lc_put(sum, bf16, base + j, v);
+                lc_store(sum, bf16, base + j, v);
                 ss += v * v;
             }
             src = sum;
@@ -54,7 +43,7 @@ static void LC_FN(rms_norm)(const void *x, void *sum, int bf16, int64_t rows, in
         const float rstd = 1.0f / sqrtf(ss / (float)n + eps);
         for (int64_t j = 0; j < n; j++) {
             float normed = lc_round_as(lc_load(src, bf16, base + j) * rstd, bf16);
-            lc_put(out, bf16, base + j, w ? normed * lc_load(w, bf16, j) : normed);
+            lc_store(out, bf16, base + j, w ? normed * lc_load(w, bf16, j) : normed);
         }
     }
 }
@@ -70,7 +59,7 @@ static void LC_FN(swiglu)(const void *gate_up, int bf16, int64_t rows, int64_t i
         for (int64_t j = 0; j < inter; j++) {
             float g = lc_load(gate_up, bf16, g0 + j);
             float act = lc_round_as(g / (1.0f + lc_exp(-g)), bf16);
-            lc_put(out, bf16, r * inter + j, act * lc_load(gate_up, bf16, u0 + j));
+            lc_store(out, bf16, r * inter + j, act * lc_load(gate_up, bf16, u0 + j));
         }
     }
 }
@@ -93,13 +82,13 @@ static void LC_FN(rope_write)(const void *qk, int64_t qk_stride, const void *v, 
             for (int64_t j = 0; j < d; j++) {
                 float a = lc_round_as(lc_load(qk, bf16, src + j) * lc_load(cos, bf16, r * d + j), bf16);
                 float y = a + lc_load(qk, bf16, src + (j + half) % d) * lc_load(sin, bf16, r * d + j);
-                lc_put(dst, dst_bf16, d0 + j, lc_round_as(y, bf16));
+                lc_store(dst, dst_bf16, d0 + j, lc_round_as(y, bf16));
             }
         }
         for (int64_t h = 0; h < kv_heads; h++) { /* V half of the cache: [1, kv_heads, num_slots, d] */
             int64_t d0 = ((kv_heads + h) * num_slots + slots[r]) * d;
             for (int64_t j = 0; j < d; j++)
-                lc_put(cache, cache_bf16, d0 + j, lc_load(v, bf16, r * v_stride + h * d + j));
+                lc_store(cache, cache_bf16, d0 + j, lc_load(v, bf16, r * v_stride + h * d + j));
         }
     }
 }

@@ -94,13 +94,18 @@ static inline float lc_exp(float x) {
     return p * scale;
 }
 
-/* out[i] = v as float32, or as bfloat16 rounded to nearest even. */
-static inline void lc_store(void *out, int out_bf16, int64_t i, float v) {
-    if (!out_bf16) { ((float *)out)[i] = v; return; }
+/* float -> bfloat16 bits, rounded to nearest even (inf and NaN keep their pattern). */
+static inline uint16_t lc_to_bf16(float v) {
     uint32_t bits;
     memcpy(&bits, &v, 4);
     if ((bits & 0x7F800000u) != 0x7F800000u) bits += 0x7FFFu + ((bits >> 16) & 1);
-    ((uint16_t *)out)[i] = (uint16_t)(bits >> 16);
+    return (uint16_t)(bits >> 16);
+}
+
+/* out[i] = v as float32, or as bfloat16 rounded to nearest even. */
+static inline void lc_store(void *out, int out_bf16, int64_t i, float v) {
+    if (out_bf16) ((uint16_t *)out)[i] = lc_to_bf16(v);
+    else ((float *)out)[i] = v;
 }
 
 /* Per-thread decode buffers, grown on demand and kept (the thread pool is long-lived). */

@@ -63,6 +63,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     )
 
 
+FUSED_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def fused_kernels(x: torch.Tensor, weight: torch.Tensor | None = None) -> cpu_kernels.Kernels | None:
     """The compiled kernels when they take x (and `weight`): CPU, float32 or bfloat16, one dtype."""
     if x.dtype not in FUSED_DTYPES or (
@@ -70,9 +73,6 @@ def fused_kernels(x: torch.Tensor, weight: torch.Tensor | None = None) -> cpu_ke
     ):
         return None
     return cpu_decode_kernels(x.device)
-
-
-FUSED_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
