@@ -65,6 +65,8 @@ class BlockMatrix:
     ops: Kernels  # the kernels that run it
     dense: torch.Tensor | None = None  # [out, in] compute dtype, for many-row steps when RAM allows
     call_args: tuple[object, ...] | None = None  # the segments as ctypes arrays, built on first use
+    # activations at ~15 bits: the 8-bit form plus its 8-bit residual (lc_linear; twice the dot products)
+    precise: bool = False
 
     def segment_args(self) -> tuple[object, ...]:
         if self.call_args is None:
@@ -105,7 +107,7 @@ class Kernels:
         out = torch.empty(rows, out_features, dtype=x.dtype)
         bf16 = int(x.dtype == torch.bfloat16)
         rc = self.lib.lc_linear(
-            self.isa, x.data_ptr(), bf16, rows, cols, *weight.segment_args(),
+            self.isa, x.data_ptr(), bf16, rows, cols, *weight.segment_args(), int(weight.precise),
             out.data_ptr(), bf16, out_features, torch.get_num_threads(),
         )  # fmt: skip
         if rc:
@@ -277,7 +279,7 @@ def _library() -> ctypes.CDLL | None:
     lib.lc_quantize.restype = _I
     lib.lc_matmul.argtypes = [_I, _I, _P, _L, _L, _L, _P, _P, _P, _L, _P, _I, _L, _I]
     lib.lc_matmul.restype = _I
-    lib.lc_linear.argtypes = [_I, _P, _I, _L, _L, _I, _P, _P, _P, _P, _P, _I, _L, _I]
+    lib.lc_linear.argtypes = [_I, _P, _I, _L, _L, _I, _P, _P, _P, _P, _I, _P, _I, _L, _I]
     lib.lc_linear.restype = _I
     lib.lc_dequant_rows.argtypes = [_I, _P, _L, _L, _P, _L, _P, _I]
     lib.lc_dequant_rows.restype = _I

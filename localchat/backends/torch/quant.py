@@ -61,7 +61,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -96,6 +96,13 @@ PACK_ROWS = 4096
 # Kernel ISAs whose many-row (prefill, batch) path is worth more than dense copies: csrc/lc_gemm512.h,
 # and csrc/lc_gemm256.h (AVX2: on par with a dense float32 GEMM on AVX2, at a fraction of the memory).
 FAST_GEMM_ISAS = ("avx512vnni", "avx2")
+# Q4_0/Q4_1 linears take torch's int4 kernel (bf16 activations) plus bf16 copies only while those copies
+# stay this small: SmolLM2-135M's (~0.2 GB) buy 4x its prefill (our GEMM is slow at 576-wide rows), a
+# 1B model's (~2.4 GB) 2x for 3x the file in RAM (the README's Benchmarks), an 8B's would be ~14 GB.
+Q4_INT4_MAX_COPY_BYTES = 1 << 30
+ACTIVATIONS_ENV = "LOCALCHAT_KERNEL_ACTIVATIONS"
+# q8: 8 bits per 32 activations (llama.cpp's numerics); precise: plus the 8-bit residual (lc_linear)
+ACTIVATION_MODES = ("q8", "precise")
 
 
 @dataclass(slots=True, frozen=True)
@@ -111,6 +118,8 @@ class QuantPolicy:
     # activations where ours round them to 8 bits per 32, and on SmolLM2 that flipped near-tied first
     # tokens (max |logit error| 0.43 against 1.21); its dense copies serve the many-row steps.
     q4_on_int4: bool = False
+    # Block matrices round activations twice (8 bits, then the residual to 8 bits: ~15 bits; lc_linear)
+    precise: bool = False
 
 
 def int4_kernel_available() -> bool:
@@ -129,6 +138,20 @@ def pick_policy(
     """The env's mode, narrowed to what this device/dtype runs fast; `dense_bytes` estimates the dense
     copies (the model's linears in `dtype`), `available` the free RAM (None: unknown); `isq`: "q4",
     "q8_0", "q4_k" or "q4_0" to quantize unquantized linears at load."""
+    activations = os.environ.get(ACTIVATIONS_ENV, "q8").strip().lower() or "q8"
+    if activations not in ACTIVATION_MODES:
+        raise BackendUnavailableError(
+            f"{ACTIVATIONS_ENV}={activations!r} is not an activation mode; use one of {', '.join(ACTIVATION_MODES)}."
+        )
+    policy = _pick_mode(device, dtype, dense_bytes, available, isq)
+    return (
+        replace(policy, precise=True) if policy.kernels is not None and activations == "precise" else policy
+    )
+
+
+def _pick_mode(
+    device: torch.device, dtype: torch.dtype, dense_bytes: int, available: int | None, isq: str | None
+) -> QuantPolicy:
     mode = os.environ.get(QUANT_ENV, "auto").strip().lower() or "auto"
     if mode not in QUANT_MODES:
         raise BackendUnavailableError(
@@ -159,11 +182,14 @@ def pick_policy(
     fits = available is None or dense_bytes <= available * DENSE_COPY_RAM_FRACTION
     ops = cpu_kernels.load() if device.type == "cpu" else None
     if ops is not None:  # GGUF blocks on our kernels; --isq weights still go to torch's int4 kernel
-        # Q4_0/Q4_1 linears go to torch's int4 kernel unless an ISA is forced. Block matrices keep bf16
+        # Q4_0/Q4_1 linears go to torch's int4 kernel unless an ISA is forced or their copies would be big
+        # (Q4_INT4_MAX_COPY_BYTES: then they run on our kernels like every other type). Block matrices keep bf16
         # copies in `copies`, and in `auto` where our many-row path is the slow one (portable C only:
         # the AVX2 and AVX-512 VNNI GEMMs run prefill without them).
         slow_gemm = ops.name not in FAST_GEMM_ISAS
-        q4_int4 = mode in ("auto", "copies") and cpu_kernels.isa_choice() == "auto"
+        q4_int4 = (
+            mode == "copies" or (mode == "auto" and dense_bytes <= Q4_INT4_MAX_COPY_BYTES)
+        ) and cpu_kernels.isa_choice() == "auto"
         return QuantPolicy(
             kernels=ops,
             int4=wants_isq or q4_int4,
@@ -251,13 +277,15 @@ def convert(weight: WeightTensor, dtype: torch.dtype, device: torch.device, poli
     if policy.kernels is not None and rows and cpu_kernels.supports(weight.dtype, cols) and not to_int4:
         # a private copy of the file's blocks: the loader drops the file's pages once consumed
         blocks = torch.from_numpy(np.array(weight.data, dtype=np.uint8).reshape(rows, -1))
-        return BlockMatrix([Segment(weight.dtype, blocks)], cols, policy.kernels)
+        return BlockMatrix([Segment(weight.dtype, blocks)], cols, policy.kernels, precise=policy.precise)
     if policy.int4 and weight.dtype in INT4_TYPES and packable:
         return _int4_parts(weight)
     head = weight.name.endswith(("lm_head.weight", "embed_tokens.weight"))
     qtype = isq_blocks.block_type(policy.isq_blocks, weight, head) if policy.isq_blocks else None
     if qtype is not None and policy.kernels is not None:
-        return isq_blocks.quantize_weight(weight, qtype, policy.kernels)
+        matrix = isq_blocks.quantize_weight(weight, qtype, policy.kernels)
+        matrix.precise = policy.precise
+        return matrix
     # NOTE: --isq leaves the LM head dense: a 4-bit output layer costs the most quality (llama.cpp keeps
     # it at 6-8 bits too).
     isq = policy.isq and not weight.is_quantized and not weight.name.endswith("lm_head.weight")
@@ -295,7 +323,7 @@ def _merge_segments(parts: list[BlockMatrix]) -> BlockMatrix:
             merged[-1] = Segment(seg.qtype, torch.cat((merged[-1].data, seg.data)))
         else:
             merged.append(seg)
-    return BlockMatrix(merged, parts[0].cols, parts[0].ops)
+    return BlockMatrix(merged, parts[0].cols, parts[0].ops, precise=any(p.precise for p in parts))
 
 
 def finalize(loaded: Loaded, dtype: torch.dtype, device: torch.device, policy: QuantPolicy) -> Weight:
