@@ -186,3 +186,20 @@ def test_rejects_block_ids_outside_the_cache() -> None:
     with pytest.raises(BackendUnavailableError):
         ops.decode_attention(q, cache, torch.tensor([[1]]), lens, BLOCK, 0.125)
     assert ops.decode_attention(q, cache, torch.tensor([[1, 3]]), lens, BLOCK, 0.125).abs().sum() == 0
+
+
+def test_a_model_step_reads_the_setting_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within one step (the runner wraps each in one_step_choice) every layer gets the choice read at
+    its start; the next step reads the env again."""
+    from localchat.backends.torch import kernel_choice
+
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("LOCALCHAT_TORCH_ATTENTION", raising=False)
+    with kernel_choice.one_step_choice():
+        monkeypatch.setenv("LOCALCHAT_TORCH_ATTENTION", "torch")
+        assert kernel_choice.cpu_decode_kernels(cpu) is not None  # pinned at the step's start
+    assert kernel_choice.cpu_decode_kernels(cpu) is None  # outside a step: read per call
+    with kernel_choice.one_step_choice():
+        monkeypatch.delenv("LOCALCHAT_TORCH_ATTENTION")
+        assert kernel_choice.cpu_decode_kernels(cpu) is None
+    assert kernel_choice.cpu_decode_kernels(torch.device("meta")) is None

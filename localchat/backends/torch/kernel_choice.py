@@ -16,6 +16,9 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 
 import torch
@@ -40,9 +43,33 @@ def attention_kernel(device: torch.device) -> str:
     return "triton" if device.type == "cuda" and has_triton else "torch"
 
 
+# The choice pinned for the model step running on this thread (one_step_choice).
+_step = threading.local()
+
+
 def cpu_decode_kernels(device: torch.device) -> cpu_kernels.Kernels | None:
-    """The compiled kernels that run CPU decode attention, None for the plain PyTorch path."""
-    if device.type != "cpu" or os.environ.get("LOCALCHAT_TORCH_ATTENTION", "auto") == "torch":
+    """The compiled kernels that run CPU decode attention and the fused layer steps, None for the plain
+    PyTorch path."""
+    if device.type != "cpu":
+        return None
+    pinned = getattr(_step, "choice", None)
+    return pinned[0] if pinned is not None else _read_choice()
+
+
+@contextmanager
+def one_step_choice() -> Iterator[None]:
+    """Read the env once for a whole model step: every layer asks several times (~90 env reads per
+    SmolLM2 token otherwise), and a step must not switch paths halfway anyway."""
+    outer = getattr(_step, "choice", None)
+    _step.choice = (_read_choice(),)
+    try:
+        yield
+    finally:
+        _step.choice = outer
+
+
+def _read_choice() -> cpu_kernels.Kernels | None:
+    if os.environ.get("LOCALCHAT_TORCH_ATTENTION", "auto") == "torch":
         return None
     return _kernels_for(cpu_kernels.isa_choice())
 

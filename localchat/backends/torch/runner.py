@@ -50,7 +50,7 @@ from localchat.backends.torch.attention import AttentionMetadata
 from localchat.backends.torch.cuda_graphs import DecodeGraphs
 from localchat.backends.torch.device import adaptive_thread_choices, cpu_threads, pick_device, pick_dtype
 from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
-from localchat.backends.torch.kernel_choice import attention_kernel, graph_mode
+from localchat.backends.torch.kernel_choice import attention_kernel, graph_mode, one_step_choice
 from localchat.backends.torch.kv_cache import Int8KVCache, KVCache, kv_element_dtype
 from localchat.backends.torch.layers import rms_norm
 from localchat.backends.torch.onednn_caches import bound_matmul_caches
@@ -207,7 +207,7 @@ class TorchRunner:
         if threads:
             torch.set_num_threads(threads)
         start = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), one_step_choice():
             logits = self._logits(batch)
             embeddings = self.pooler.finish(batch.sample_req_ids)
             # Embedding rows got logits too (one LM-head row each) but do not sample.
@@ -226,7 +226,7 @@ class TorchRunner:
     def compute_logits(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> torch.Tensor:
         """Like `execute_model` but returns the float32 logits [num_sampled, vocab] (tests, debugging)."""
         self._update_states(scheduler_output)
-        with torch.inference_mode():
+        with torch.inference_mode(), one_step_choice():
             return self._logits(batch).float()
 
     def shutdown(self) -> None:
