@@ -5,11 +5,13 @@ With localchat's compiled CPU kernels (kernels.py, csrc/; the default on CPU wit
 matrix of a type they read (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) stays in the file's blocks
 (`BlockMatrix`): linears, the LM head, and the token embedding, whose rows are dequantized on lookup.
 One form serves every step size, so there are no dense copies; memory is the file's size. Activations
-are rounded to 8 bits per 32 values for the integer dot products (bound in test_kernels_matmul.py).
-Other GGUF types (Q2_K, Q3_K, IQ*) are dequantized to the compute dtype.
-GGUF Q4_0/Q4_1 linears still go to torch's int4 kernel below (`q4_on_int4`, with their bf16 copies for
-many-row steps where RAM allows): it keeps activations in bf16, and on SmolLM2 our 8-bit activations
-flipped near-tied tokens more often. `LOCALCHAT_TORCH_QUANT=copies` also keeps bf16 copies of the
+are rounded to 8 bits per 32 values for the integer dot products (bound in test_kernels_matmul.py), or
+with `LOCALCHAT_KERNEL_ACTIVATIONS=precise` also their 8-bit residual (~15 bits, twice the integer work;
+test_kernels_precise.py). Other GGUF types (Q2_K, Q3_K, IQ*) are dequantized to the compute dtype.
+GGUF Q4_0/Q4_1 linears of small models still go to torch's int4 kernel below (`q4_on_int4`, with their
+bf16 copies for many-row steps where RAM allows, while those stay under Q4_INT4_MAX_COPY_BYTES): at
+SmolLM2's 576-wide rows the copies prefill ~4x faster than our GEMM, and its bf16 activations flip fewer
+near-ties than our 8-bit ones. `LOCALCHAT_TORCH_QUANT=copies` also keeps bf16 copies of the
 block matrices for many-row steps (1B Q4_K_M: prefill ~1.5x faster, peak RSS ~3x; the README's
 Benchmarks); `auto` does that where RAM allows only on the portable C kernels, whose many-row path is
 the slow one (AVX2 and AVX-512 VNNI have GEMMs: csrc/lc_gemm256.h, csrc/lc_gemm512.h).
@@ -114,9 +116,9 @@ class QuantPolicy:
     cuda: bool = False  # ...in the CUDA kernel's layout (quant_cuda.py) instead of the CPU one
     isq: bool = False  # unquantized linears are quantized to 4 bits at load (`--isq q4`)
     isq_blocks: str | None = None  # `--isq q8_0|q4_k|q4_0`: unquantized matrices become these blocks (isq.py)
-    # With our kernels (auto ISA), GGUF Q4_0/Q4_1 linears still take torch's int4 kernel: it keeps bf16
-    # activations where ours round them to 8 bits per 32, and on SmolLM2 that flipped near-tied first
-    # tokens (max |logit error| 0.43 against 1.21); its dense copies serve the many-row steps.
+    # With our kernels (auto ISA), small models' GGUF Q4_0/Q4_1 linears still take torch's int4 kernel:
+    # it keeps bf16 activations where ours round them to 8 bits per 32 (on SmolLM2 that flipped near-tied
+    # first tokens), and its dense copies serve the many-row steps.
     q4_on_int4: bool = False
     # Block matrices round activations twice (8 bits, then the residual to 8 bits: ~15 bits; lc_linear)
     precise: bool = False
