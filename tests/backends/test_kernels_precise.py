@@ -143,6 +143,7 @@ def test_smollm2_float32_precise_matches_the_dequantized_reference(
     ours = TorchRunner(bundle, RunnerOptions(device="cpu", dtype="float32"))
     layer = ours.model.layers[0]
     assert isinstance(layer.qkv, kernels.BlockMatrix) and layer.qkv.precise and layer.down.precise
+    assert "(precise activations)" in ours.device_name and "precise" not in reference.device_name
     want = greedy(reference, bundle, prompts)
     error = np.abs(
         teacher_forced_logits(ours, prompts, want) - teacher_forced_logits(reference, prompts, want)

@@ -142,6 +142,7 @@ class TorchRunner:
         if self.quant.kernels is not None:
             details += f", GGUF blocks on localchat's {self.quant.kernels.name} kernels"
             details += " + dense copies" if self.quant.block_copies else ""
+            details += " (precise activations)" if self.quant.precise else ""
         if self.quant.isq_blocks:
             details += f", dense weights quantized to {self.quant.isq_blocks} at load"
         if self.quant.int4:
