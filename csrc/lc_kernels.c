@@ -232,12 +232,20 @@ LC_EXPORT int lc_matmul(int isa, int type, const uint8_t *w, int64_t n, int64_t 
 static LC_THREAD void *lc_act;
 static LC_THREAD size_t lc_act_size;
 
-static int lc_grow(size_t need) {
-    if (need <= lc_act_size) return 0;
-    free(lc_act);
-    lc_act = malloc(need);
-    lc_act_size = lc_act ? need : 0;
-    return lc_act ? 0 : -1;
+/* Grows lc_act to hold `rows` quantized activation rows of k (xd, xs, then xq: lc_quantize's outputs)
+   plus `extra` bytes after them, and points xd/xs/xq into it. */
+static int lc_act_rows(int64_t rows, int64_t k, size_t extra, float **xd, float **xs, int8_t **xq) {
+    size_t need = (size_t)rows * (size_t)(k + (k / 4 + LC_XS(k)) * 4) + extra + 128;
+    if (need > lc_act_size) {
+        free(lc_act);
+        lc_act = malloc(need);
+        lc_act_size = lc_act ? need : 0;
+        if (!lc_act) return -1;
+    }
+    *xd = (float *)lc_act;
+    *xs = *xd + rows * (k / 4);
+    *xq = (int8_t *)(*xs + rows * LC_XS(k));
+    return 0;
 }
 
 /* Every segment of a linear on quantized activations xq/xd/xs of t rows. */
@@ -269,30 +277,23 @@ LC_EXPORT int lc_linear(int isa, const void *x, int x_bf16, int64_t t, int64_t k
                         const uint64_t *ptrs, const int64_t *rows, const int64_t *row_bytes, int precise,
                         void *out, int out_bf16, int64_t ldo, int nth) {
     if (k % 32 || t < 0 || nth < 1 || !lc_isa_supported(isa)) return -1;
+    float *xd, *xs;
+    int8_t *xq;
     if (!precise) {
-        if (lc_grow((size_t)t * (size_t)k + (size_t)t * (size_t)(k / 4 + LC_XS(k)) * 4 + 128)) return -1;
-        float *xd = (float *)lc_act, *xs = xd + t * (k / 4);
-        int8_t *xq = (int8_t *)(xs + t * LC_XS(k));
-        if (lc_quantize(isa, x, x_bf16, t, k, k, xq, xd, xs, nth)) return -1;
+        if (lc_act_rows(t, k, 0, &xd, &xs, &xq) || lc_quantize(isa, x, x_bf16, t, k, k, xq, xd, xs, nth)) return -1;
         return lc_segments(isa, t, k, nseg, types, ptrs, rows, row_bytes, xq, xd, xs, out, out_bf16, ldo, nth);
     }
     int64_t n = 0;
     for (int i = 0; i < nseg; i++) n += rows[i];
     int64_t cap = t < LC_PRECISE_ROWS ? t : LC_PRECISE_ROWS, a = 2 * cap; /* activation rows per round */
-    size_t act = (size_t)a * (size_t)k + (size_t)a * (size_t)(k / 4 + LC_XS(k)) * 4;
-    if (lc_grow(act + (size_t)cap * (size_t)k * 4 + (size_t)a * (size_t)n * 4 + 128)) return -1;
-    float *xd = (float *)lc_act, *xs = xd + a * (k / 4), *res = xs + a * LC_XS(k), *y = res + cap * k;
-    int8_t *xq = (int8_t *)(y + a * n);
-    size_t item = x_bf16 ? 2 : 4;
+    /* after the activation rows: the residuals [cap, k] and both rows' outputs [a, n], float32 */
+    if (lc_act_rows(a, k, (size_t)(cap * k + a * n) * 4, &xd, &xs, &xq)) return -1;
+    float *res = (float *)(xq + a * k), *y = res + cap * k;
     for (int64_t r0 = 0; r0 < t; r0 += cap) {
         int64_t m = t - r0 < cap ? t - r0 : cap;
-        const char *xr = (const char *)x + (size_t)r0 * (size_t)k * item;
+        const char *xr = (const char *)x + (size_t)(r0 * k) * (x_bf16 ? 2 : 4);
         if (lc_quantize(isa, xr, x_bf16, m, k, k, xq, xd, xs, nth)) return -1;
-        for (int64_t i = 0; i < m; i++)
-            for (int64_t j = 0; j < k; j++) {
-                float v = x_bf16 ? lc_bf16(((const uint16_t *)xr)[i * k + j]) : ((const float *)xr)[i * k + j];
-                res[i * k + j] = v - (float)xq[i * k + j] * xd[i * (k / 4) + j / 4];
-            }
+        for (int64_t i = 0; i < m * k; i++) res[i] = lc_load(xr, x_bf16, i) - (float)xq[i] * xd[i / 4];
         /* the residual rows right after the rows: one call serves both (one-row steps stay on the
            few-row path, which decodes each weight block once for every row) */
         if (lc_quantize(isa, res, 0, m, k, k, xq + m * k, xd + m * (k / 4), xs + m * LC_XS(k), nth)) return -1;

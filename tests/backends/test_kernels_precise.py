@@ -45,9 +45,8 @@ def products(qtype: str, isa: str, rows: int, dtype: torch.dtype) -> tuple[np.nd
     assert ops is not None
     out = []
     for precise in (True, False):
-        matrix = kernels.BlockMatrix(
-            [kernels.Segment(qtype, torch.from_numpy(raw))], 512, ops, precise=precise
-        )
+        bound = kernels.Kernels(ops.lib, ops.isa, precise=precise)
+        matrix = kernels.BlockMatrix([kernels.Segment(qtype, torch.from_numpy(raw))], 512, bound)
         out.append(ops.matmul(x_in, matrix).double().numpy())
     w = dequantize(raw, GGMLQuantizationType[qtype]).astype(np.float64)
     return out[0], out[1], w, x_in.float().numpy()

@@ -65,8 +65,10 @@ class BlockMatrix:
     ops: Kernels  # the kernels that run it
     dense: torch.Tensor | None = None  # [out, in] compute dtype, for many-row steps when RAM allows
     call_args: tuple[object, ...] | None = None  # the segments as ctypes arrays, built on first use
-    # activations at ~15 bits: the 8-bit form plus its 8-bit residual (lc_linear; twice the dot products)
-    precise: bool = False
+
+    @property
+    def precise(self) -> bool:
+        return self.ops.precise
 
     def segment_args(self) -> tuple[object, ...]:
         if self.call_args is None:
@@ -90,10 +92,11 @@ class BlockMatrix:
 
 
 class Kernels:
-    """The loaded library, bound to one ISA."""
+    """The loaded library, bound to one ISA. `precise`: activations at ~15 bits, the 8-bit form plus its
+    8-bit residual (lc_linear; twice the integer dot products), for every matrix these kernels run."""
 
-    def __init__(self, lib: ctypes.CDLL, isa: int) -> None:
-        self.lib, self.isa = lib, isa
+    def __init__(self, lib: ctypes.CDLL, isa: int, precise: bool = False) -> None:
+        self.lib, self.isa, self.precise = lib, isa, precise
         self.name = ISAS[isa]
 
     def matmul(self, x: torch.Tensor, weight: BlockMatrix) -> torch.Tensor:

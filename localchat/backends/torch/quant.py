@@ -120,8 +120,11 @@ class QuantPolicy:
     # it keeps bf16 activations where ours round them to 8 bits per 32 (on SmolLM2 that flipped near-tied
     # first tokens), and its dense copies serve the many-row steps.
     q4_on_int4: bool = False
-    # Block matrices round activations twice (8 bits, then the residual to 8 bits: ~15 bits; lc_linear)
-    precise: bool = False
+
+    @property
+    def precise(self) -> bool:
+        """Block matrices round activations twice (8 bits, then the residual: ~15 bits; lc_linear)."""
+        return self.kernels is not None and self.kernels.precise
 
 
 def int4_kernel_available() -> bool:
@@ -146,9 +149,9 @@ def pick_policy(
             f"{ACTIVATIONS_ENV}={activations!r} is not an activation mode; use one of {', '.join(ACTIVATION_MODES)}."
         )
     policy = _pick_mode(device, dtype, dense_bytes, available, isq)
-    return (
-        replace(policy, precise=True) if policy.kernels is not None and activations == "precise" else policy
-    )
+    if policy.kernels is None or activations != "precise":
+        return policy
+    return replace(policy, kernels=cpu_kernels.Kernels(policy.kernels.lib, policy.kernels.isa, precise=True))
 
 
 def _pick_mode(
@@ -279,15 +282,13 @@ def convert(weight: WeightTensor, dtype: torch.dtype, device: torch.device, poli
     if policy.kernels is not None and rows and cpu_kernels.supports(weight.dtype, cols) and not to_int4:
         # a private copy of the file's blocks: the loader drops the file's pages once consumed
         blocks = torch.from_numpy(np.array(weight.data, dtype=np.uint8).reshape(rows, -1))
-        return BlockMatrix([Segment(weight.dtype, blocks)], cols, policy.kernels, precise=policy.precise)
+        return BlockMatrix([Segment(weight.dtype, blocks)], cols, policy.kernels)
     if policy.int4 and weight.dtype in INT4_TYPES and packable:
         return _int4_parts(weight)
     head = weight.name.endswith(("lm_head.weight", "embed_tokens.weight"))
     qtype = isq_blocks.block_type(policy.isq_blocks, weight, head) if policy.isq_blocks else None
     if qtype is not None and policy.kernels is not None:
-        matrix = isq_blocks.quantize_weight(weight, qtype, policy.kernels)
-        matrix.precise = policy.precise
-        return matrix
+        return isq_blocks.quantize_weight(weight, qtype, policy.kernels)
     # NOTE: --isq leaves the LM head dense: a 4-bit output layer costs the most quality (llama.cpp keeps
     # it at 6-8 bits too).
     isq = policy.isq and not weight.is_quantized and not weight.name.endswith("lm_head.weight")
@@ -325,7 +326,7 @@ def _merge_segments(parts: list[BlockMatrix]) -> BlockMatrix:
             merged[-1] = Segment(seg.qtype, torch.cat((merged[-1].data, seg.data)))
         else:
             merged.append(seg)
-    return BlockMatrix(merged, parts[0].cols, parts[0].ops, precise=any(p.precise for p in parts))
+    return BlockMatrix(merged, parts[0].cols, parts[0].ops)
 
 
 def finalize(loaded: Loaded, dtype: torch.dtype, device: torch.device, policy: QuantPolicy) -> Weight:
