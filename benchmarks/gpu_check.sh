@@ -13,8 +13,12 @@
 # .gpu_model/part00 in a first short call that moves it to /tmp, then .gpu_model/part01 and
 # .gpu_model/sha256 with this script. Without a verified model the two tests that need it are left out.
 # Everything printed also goes to $OUT/gpu_check.log when $OUT is set (the device tool's output folder).
+# Arguments pick parts (default: tests attention bench): tests, attention, bench, int4 (the 4-bit matmul
+# across step sizes), profile (where a decode step's time goes, bf16 and 4-bit).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+parts=" ${*:-tests attention bench} "
+want() { [[ $parts == *" $1 "* ]]; }
 log=${OUT:-test-output}/gpu_check.log
 mkdir -p "$(dirname "$log")"
 exec > >(tee "$log") 2>&1
@@ -45,20 +49,34 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 
-echo "== gpu tests, parity and invariance on CUDA =="
+tests_rc=0
 SECONDS=0
-LOCALCHAT_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -rfEs -p no:cacheprovider -o addopts="" "${deselect[@]}" \
-  tests/backends/test_gpu.py tests/backends/test_torch_parity.py \
-  "tests/backends/test_runner_invariance.py::test_batch_invariance_and_preemption_tiny[torch]"
-tests_rc=$?
-echo "(tests: ${SECONDS}s)"
-
-echo "== paged decode attention: Triton vs the gather path vs flash-attn (if installed) =="
-timeout 40 python3 benchmarks/attention_bench.py
-echo "== benchmark: bf16 (with transformers) =="
-timeout 170 python3 benchmarks/gpu_bench.py --shape llama3-8b --quant bf16 --peer --new-tokens 128
-echo "(so far: ${SECONDS}s)"
-echo "== benchmark: 4-bit (Q4_0 blocks) =="
-timeout 110 python3 benchmarks/gpu_bench.py --shape llama3-8b --quant q4_0 --new-tokens 128
+if want tests; then
+  echo "== gpu tests, parity and invariance on CUDA =="
+  LOCALCHAT_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -rfEs -p no:cacheprovider -o addopts="" "${deselect[@]}" \
+    tests/backends/test_gpu.py tests/backends/test_torch_parity.py \
+    "tests/backends/test_runner_invariance.py::test_batch_invariance_and_preemption_tiny[torch]"
+  tests_rc=$?
+  echo "(tests: ${SECONDS}s)"
+fi
+if want attention; then
+  echo "== paged decode attention: Triton vs the gather path vs flash-attn (if installed) =="
+  timeout 40 python3 benchmarks/attention_bench.py
+fi
+if want int4; then
+  echo "== 4-bit matmul across step sizes (${SECONDS}s) =="
+  CUDA_LAUNCH_BLOCKING=1 timeout 90 python3 benchmarks/gpu_int4_bench.py
+fi
+if want profile; then
+  echo "== decode step breakdown (${SECONDS}s) =="
+  timeout 90 python3 benchmarks/gpu_step_profile.py --shape llama3-8b --quant bf16
+  CUDA_LAUNCH_BLOCKING=1 timeout 90 python3 benchmarks/gpu_step_profile.py --shape llama3-8b --quant q4_0 --prompt 2048
+fi
+if want bench; then
+  echo "== benchmark: bf16 (with transformers) (${SECONDS}s) =="
+  timeout 170 python3 benchmarks/gpu_bench.py --shape llama3-8b --quant bf16 --peer --new-tokens 128
+  echo "== benchmark: 4-bit (Q4_0 blocks) (${SECONDS}s) =="
+  timeout 110 python3 benchmarks/gpu_bench.py --shape llama3-8b --quant q4_0 --new-tokens 128
+fi
 echo "(in all: ${SECONDS}s)"
 exit $tests_rc

@@ -195,11 +195,15 @@ def test_a_model_step_reads_the_setting_once(monkeypatch: pytest.MonkeyPatch) ->
 
     cpu = torch.device("cpu")
     monkeypatch.delenv("LOCALCHAT_TORCH_ATTENTION", raising=False)
-    with kernel_choice.one_step_choice():
+    with kernel_choice.one_step_choice(cpu):
         monkeypatch.setenv("LOCALCHAT_TORCH_ATTENTION", "torch")
         assert kernel_choice.cpu_decode_kernels(cpu) is not None  # pinned at the step's start
     assert kernel_choice.cpu_decode_kernels(cpu) is None  # outside a step: read per call
-    with kernel_choice.one_step_choice():
+    with kernel_choice.one_step_choice(cpu):
         monkeypatch.delenv("LOCALCHAT_TORCH_ATTENTION")
         assert kernel_choice.cpu_decode_kernels(cpu) is None
     assert kernel_choice.cpu_decode_kernels(torch.device("meta")) is None
+    # a GPU step never loads the CPU library (nor logs that it is missing)
+    monkeypatch.setattr(kernel_choice, "_read_choice", lambda: pytest.fail("read on a GPU step"))
+    with kernel_choice.one_step_choice(torch.device("meta")):
+        assert kernel_choice.cpu_decode_kernels(cpu) is None

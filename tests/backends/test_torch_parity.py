@@ -263,7 +263,7 @@ def test_logits_rows_follow_logits_indices(pair: tuple[torch.nn.Module, TorchRun
     driver.add("short", PROMPT[:5])
     ids, logits = driver.step_logits({"long": 10, "short": 5})
     assert ids == ["short"] and logits.shape[0] == 1
-    np.testing.assert_allclose(logits[0].numpy(), hf_logits(hf, PROMPT[:5])[-1].numpy(), atol=ATOL)
+    np.testing.assert_allclose(logits[0].cpu().numpy(), hf_logits(hf, PROMPT[:5])[-1].numpy(), atol=ATOL)
 
 
 def _tiny_tokenizer_json() -> str:

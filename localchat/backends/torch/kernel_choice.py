@@ -57,11 +57,12 @@ def cpu_decode_kernels(device: torch.device) -> cpu_kernels.Kernels | None:
 
 
 @contextmanager
-def one_step_choice() -> Iterator[None]:
+def one_step_choice(device: torch.device) -> Iterator[None]:
     """Read the env once for a whole model step: every layer asks several times (~90 env reads per
-    SmolLM2 token otherwise), and a step must not switch paths halfway anyway."""
+    SmolLM2 token otherwise), and a step must not switch paths halfway anyway. Off the CPU there is
+    nothing to read (and the CPU library is not loaded, nor its absence logged)."""
     outer = getattr(_step, "choice", None)
-    _step.choice = (_read_choice(),)
+    _step.choice = (_read_choice() if device.type == "cpu" else None,)
     try:
         yield
     finally:

@@ -208,7 +208,7 @@ class TorchRunner:
         if threads:
             torch.set_num_threads(threads)
         start = time.perf_counter()
-        with torch.inference_mode(), one_step_choice():
+        with torch.inference_mode(), one_step_choice(self.device):
             logits = self._logits(batch)
             embeddings = self.pooler.finish(batch.sample_req_ids)
             # Embedding rows got logits too (one LM-head row each) but do not sample.
@@ -227,7 +227,7 @@ class TorchRunner:
     def compute_logits(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> torch.Tensor:
         """Like `execute_model` but returns the float32 logits [num_sampled, vocab] (tests, debugging)."""
         self._update_states(scheduler_output)
-        with torch.inference_mode(), one_step_choice():
+        with torch.inference_mode(), one_step_choice(self.device):
             return self._logits(batch).float()
 
     def shutdown(self) -> None:
