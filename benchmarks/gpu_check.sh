@@ -13,8 +13,9 @@
 # .gpu_model/part00 in a first short call that moves it to /tmp, then .gpu_model/part01 and
 # .gpu_model/sha256 with this script. Without a verified model the two tests that need it are left out.
 # Everything printed also goes to $OUT/gpu_check.log when $OUT is set (the device tool's output folder).
-# Arguments pick parts (default: tests attention bench): tests, attention, bench, int4 (the 4-bit matmul
-# across step sizes), profile (where a decode step's time goes, bf16 and 4-bit).
+# Arguments pick parts (default: tests attention bench): tests, gputests (test_gpu.py alone), attention,
+# bench, int4 (the 4-bit matmuls across step sizes), q4 (the 8B 4-bit benchmark under each 4-bit kernel),
+# profile (where a decode step's time goes, bf16 and 4-bit).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 parts=" ${*:-tests attention bench} "
@@ -59,13 +60,19 @@ if want tests; then
   tests_rc=$?
   echo "(tests: ${SECONDS}s)"
 fi
+if want gputests; then  # the gpu-marked file alone (the parity suite takes a minute more)
+  echo "== gpu tests =="
+  timeout 150 python3 -m pytest -q -rfEs -p no:cacheprovider -o addopts="" "${deselect[@]}" tests/backends/test_gpu.py
+  tests_rc=$?
+  echo "(gpu tests: ${SECONDS}s)"
+fi
 if want attention; then
   echo "== paged decode attention: Triton vs the gather path vs flash-attn (if installed) =="
   timeout 40 python3 benchmarks/attention_bench.py
 fi
 if want int4; then
   echo "== 4-bit matmul across step sizes (${SECONDS}s) =="
-  CUDA_LAUNCH_BLOCKING=1 timeout 90 python3 benchmarks/gpu_int4_bench.py
+  timeout 120 python3 benchmarks/gpu_int4_bench.py
 fi
 if want profile; then
   echo "== decode step breakdown (${SECONDS}s) =="
@@ -77,6 +84,12 @@ if want bench; then
   timeout 170 python3 benchmarks/gpu_bench.py --shape llama3-8b --quant bf16 --peer --new-tokens 128
   echo "== benchmark: 4-bit (Q4_0 blocks) (${SECONDS}s) =="
   timeout 110 python3 benchmarks/gpu_bench.py --shape llama3-8b --quant q4_0 --new-tokens 128
+fi
+if want q4; then  # the two 4-bit CUDA kernels on the same machine
+  for kernel in triton tinygemm; do
+    echo "== benchmark: 4-bit (Q4_0 blocks), LOCALCHAT_CUDA_INT4=$kernel (${SECONDS}s) =="
+    LOCALCHAT_CUDA_INT4=$kernel timeout 120 python3 benchmarks/gpu_bench.py --shape llama3-8b --quant q4_0 --new-tokens 128
+  done
 fi
 echo "(in all: ${SECONDS}s)"
 exit $tests_rc

@@ -74,21 +74,27 @@ def test_cuda_graphs_on_and_off_give_identical_greedy_tokens(smollm2_gguf: Path)
     assert graphed.runner.graphs is not None and graphed.runner.graphs.steps_run > 0  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("rows", [0, 5, 300])
+@pytest.mark.parametrize("kernel", ["triton", "tinygemm"])
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
-def test_int4_cuda_linear_matches_dequantized_blocks(qtype: str) -> None:
-    from localchat.backends.torch.quant import Int4CudaWeight, QuantPolicy, convert, finalize, linear
+def test_int4_cuda_linear_matches_dequantized_blocks(qtype: str, kernel: str, rows: int) -> None:
+    """Both 4-bit CUDA forms, a decode-sized and a prefill-sized step, and an empty one (a prefill chunk
+    that samples nothing: tinygemm refused that launch with 'invalid argument' on an H200)."""
+    from localchat.backends.torch.quant import QuantPolicy, convert, finalize, linear
+    from localchat.backends.torch.quant_cuda import Int4CudaWeight, TritonInt4Weight
     from tests.backends.test_torch_quant import random_blocks
 
     weight = random_blocks(qtype, rows=256, cols=512)
-    policy = QuantPolicy(int4=True, cuda=True)
+    policy = QuantPolicy(int4=True, cuda=True, cuda_kernel=kernel)
     packed = finalize(convert(weight, torch.bfloat16, CUDA, policy), torch.bfloat16, CUDA, policy)
-    assert isinstance(packed, Int4CudaWeight)
+    assert isinstance(packed, TritonInt4Weight if kernel == "triton" else Int4CudaWeight)
     dense = torch.from_numpy(weight.dequantize()).reshape(256, 512).to(CUDA)
-    x = torch.randn(5, 512, device=CUDA).bfloat16()
+    x = torch.randn(rows, 512, device=CUDA).bfloat16()
     expected = x.float() @ dense.t()
     got = linear(x, packed).float()
-    # bf16 scales (2^-8 of each group's magnitude) and a bf16 output rounding
-    torch.testing.assert_close(got, expected, atol=0.05 * float(expected.abs().max()), rtol=0.02)
+    assert got.shape == (rows, 256)
+    if rows:  # bf16 scales (2^-8 of each group's magnitude) and a bf16 output rounding
+        torch.testing.assert_close(got, expected, atol=0.05 * float(expected.abs().max()), rtol=0.02)
 
 
 def test_kv_sizing_after_warmup_fits_the_device(smollm2_gguf: Path) -> None:

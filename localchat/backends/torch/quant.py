@@ -74,11 +74,14 @@ from localchat.backends.torch import kernels as cpu_kernels
 from localchat.backends.torch.kernels import BlockMatrix, Segment
 from localchat.backends.torch.quant_cuda import (
     Int4CudaWeight,
+    TritonInt4Weight,
     cuda_int4_available,
+    cuda_int4_kernel,
     cuda_int4_linear,
     dequantize_q4,
     inner_k_tiles,
     pack_cuda,
+    pack_triton,
     quantize_q4,
 )
 from localchat.errors import BackendUnavailableError
@@ -113,7 +116,8 @@ class QuantPolicy:
     int4: bool = False  # Q4_0 / Q4_1 linears through the int4 kernel
     dense_copy: bool = False  # ...also keeping a bf16 copy for many-row steps
     block_copies: bool = False  # GGUF block matrices on our kernels keep a bf16 copy for many-row steps
-    cuda: bool = False  # ...in the CUDA kernel's layout (quant_cuda.py) instead of the CPU one
+    cuda: bool = False  # ...in a CUDA kernel's layout (quant_cuda.py) instead of the CPU one
+    cuda_kernel: str = "tinygemm"  # which one: "triton" (triton_int4.py) or "tinygemm" (torch's)
     isq: bool = False  # unquantized linears are quantized to 4 bits at load (`--isq q4`)
     isq_blocks: str | None = None  # `--isq q8_0|q4_k|q4_0`: unquantized matrices become these blocks (isq.py)
     # With our kernels (auto ISA), small models' GGUF Q4_0/Q4_1 linears still take torch's int4 kernel:
@@ -183,7 +187,7 @@ def _pick_mode(
         return QuantPolicy()
     wants_isq = isq is not None
     if on_cuda:  # device memory is the scarce resource: never a dense copy
-        return QuantPolicy(int4=True, cuda=True, isq=wants_isq)
+        return QuantPolicy(int4=True, cuda=True, isq=wants_isq, cuda_kernel=cuda_int4_kernel())
     fits = available is None or dense_bytes <= available * DENSE_COPY_RAM_FRACTION
     ops = cpu_kernels.load() if device.type == "cpu" else None
     if ops is not None:  # GGUF blocks on our kernels; --isq weights still go to torch's int4 kernel
@@ -269,7 +273,9 @@ class SplitQ8Weight:
 
 
 Loaded = torch.Tensor | Int4Parts | BlockMatrix  # what `convert` returns
-Weight = torch.Tensor | Int4Weight | SplitQ8Weight | Int4CudaWeight | BlockMatrix  # what `linear` takes
+Weight = (
+    torch.Tensor | Int4Weight | SplitQ8Weight | Int4CudaWeight | TritonInt4Weight | BlockMatrix
+)  # what `linear` takes
 
 
 def convert(weight: WeightTensor, dtype: torch.dtype, device: torch.device, policy: QuantPolicy) -> Loaded:
@@ -337,7 +343,8 @@ def finalize(loaded: Loaded, dtype: torch.dtype, device: torch.device, policy: Q
     if isinstance(loaded, torch.Tensor):
         return loaded
     if policy.cuda:
-        return pack_cuda(loaded.codes, loaded.scale, loaded.zero, device)
+        pack = pack_triton if policy.cuda_kernel == "triton" else pack_cuda
+        return pack(loaded.codes, loaded.scale, loaded.zero, device)
     rows, cols = loaded.shape
     packed = _pack(rows, cols, lambda start, end: loaded.codes[start:end])
     dense = _dense(loaded, dtype, device) if policy.dense_copy else None
@@ -355,6 +362,11 @@ def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) ->
         return out if bias is None else out + bias
     if isinstance(weight, Int4CudaWeight):
         out = cuda_int4_linear(x, weight)
+        return out if bias is None else out + bias
+    if isinstance(weight, TritonInt4Weight):
+        from localchat.backends.torch.triton_int4 import triton_int4_linear  # imports Triton: CUDA only
+
+        out = triton_int4_linear(x, weight)
         return out if bias is None else out + bias
     if isinstance(weight, SplitQ8Weight):
         if x.shape[0] > 1:  # measured faster only for one row: the kernel is compute-bound

@@ -1,10 +1,11 @@
 """4-bit weights on CUDA, and 4-bit quantization of dense weights at load (`--isq q4`).
 
-On CUDA, GGUF Q4_0/Q4_1 linears (and `--isq q4` ones) keep their codes in torch's tinygemm layout
-(`_convert_weight_to_int4pack` + `_weight_int4pack_mm`, bf16 activations, sm80+). That kernel computes
-`w = (q - 8) * scale + zero` per group of 32 along the input dimension: exactly the CPU kernel's rule,
-so the scale/zero mapping of quant.py's table carries over unchanged. Decode reads ~4.5 bits per weight
-instead of 16, which is what bounds single-stream speed on a GPU.
+On CUDA, GGUF Q4_0/Q4_1 linears (and `--isq q4` ones) stay 4-bit, in one of two forms (`LOCALCHAT_CUDA_INT4`):
+our Triton W4A16 kernel's plain layout (`TritonInt4Weight`, triton_int4.py; the default where Triton is
+installed) or torch's tinygemm layout (`_convert_weight_to_int4pack` + `_weight_int4pack_mm`, bf16
+activations, sm80+). Both compute `w = (q - 8) * scale + zero` per group of 32 along the input dimension:
+exactly the CPU kernel's rule, so the scale/zero mapping of quant.py's table carries over unchanged.
+Decode reads ~4.5 bits per weight instead of 16, which is what bounds single-stream speed on a GPU.
 
 `--isq q4` turns an unquantized matrix into the same parts: per group of 32 values, min/max
 (asymmetric) 4-bit codes, `scale = (max - min) / 15`, `zero = min + 8 * scale`, both rounded to bf16
@@ -13,11 +14,17 @@ before the codes are chosen. Both CPU (bf16) and CUDA run the result through the
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from dataclasses import dataclass
 
 import torch
 
+from localchat.errors import BackendUnavailableError
+
 GROUP_SIZE = 32
+CUDA_INT4_ENV = "LOCALCHAT_CUDA_INT4"
+CUDA_INT4_KERNELS = ("triton", "tinygemm")
 
 
 @dataclass(slots=True)
@@ -34,6 +41,31 @@ class Int4CudaWeight:
         return (self.out_features, self.in_features)
 
 
+@dataclass(slots=True)
+class TritonInt4Weight:
+    """A linear's matrix `[out, in]` as 4-bit codes with bf16 group scales/zeros (module docstring)."""
+
+    codes: torch.Tensor  # uint8 [out, in / 2]
+    scale: torch.Tensor  # bf16 [out, in / 32]
+    zero: torch.Tensor  # bf16 [out, in / 32]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.codes.shape[0], self.codes.shape[1] * 2)
+
+
+def pack_triton(
+    codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, device: torch.device
+) -> TritonInt4Weight:
+    """codes uint8 [out, in] (0..15), scale/zero float32 [out, in / 32] -> the kernel's form."""
+    pairs = (codes[:, 0::2] | codes[:, 1::2] << 4).to(torch.uint8)  # even code low, odd code high
+    return TritonInt4Weight(
+        pairs.contiguous().to(device),
+        scale.to(device=device, dtype=torch.bfloat16).contiguous(),
+        zero.to(device=device, dtype=torch.bfloat16).contiguous(),
+    )
+
+
 def cuda_int4_available(device: torch.device) -> bool:
     if device.type != "cuda" or not torch.cuda.is_available():
         return False
@@ -41,6 +73,19 @@ def cuda_int4_available(device: torch.device) -> bool:
         torch.ops.aten, "_convert_weight_to_int4pack"
     )
     return has_ops and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def cuda_int4_kernel() -> str:
+    """`LOCALCHAT_CUDA_INT4`: "triton" (our W4A16 kernel, triton_int4.py) or "tinygemm" (torch's);
+    auto takes Triton where it is installed (CUDA builds of PyTorch ship it)."""
+    choice = os.environ.get(CUDA_INT4_ENV, "auto").strip().lower() or "auto"
+    if choice not in ("auto", *CUDA_INT4_KERNELS):
+        raise BackendUnavailableError(
+            f"{CUDA_INT4_ENV}={choice!r} is not a choice; use auto, {' or '.join(CUDA_INT4_KERNELS)}."
+        )
+    if choice == "auto":
+        return "triton" if importlib.util.find_spec("triton") is not None else "tinygemm"
+    return choice
 
 
 def inner_k_tiles(in_features: int) -> int | None:
@@ -63,6 +108,8 @@ def pack_cuda(
 
 def cuda_int4_linear(x: torch.Tensor, weight: Int4CudaWeight) -> torch.Tensor:
     """x [T, in] bf16 -> [T, out]."""
+    if x.shape[0] == 0:  # a prefill chunk that samples nothing: the kernel refuses an empty launch
+        return x.new_empty(0, weight.out_features)
     return torch.ops.aten._weight_int4pack_mm(x, weight.packed, GROUP_SIZE, weight.scale_zeros)
 
 

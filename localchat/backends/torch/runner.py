@@ -147,6 +147,7 @@ class TorchRunner:
             details += f", dense weights quantized to {self.quant.isq_blocks} at load"
         if self.quant.int4:
             details += ", int4 linears" + (" + dense copies" if self.quant.dense_copy else "")
+            details += f" ({self.quant.cuda_kernel} kernel)" if self.quant.cuda else ""
         return f"{name} ({details})"
 
     def available_kv_memory(self) -> int | None:
