@@ -15,7 +15,7 @@
 # Everything printed also goes to $OUT/gpu_check.log when $OUT is set (the device tool's output folder).
 # Arguments pick parts (default: tests attention bench): tests, gputests (test_gpu.py alone), attention,
 # bench, int4 (the 4-bit matmuls across step sizes), q4 (the 8B 4-bit benchmark under each 4-bit kernel),
-# profile (where a decode step's time goes, bf16 and 4-bit).
+# profile (where a decode step's time goes, bf16 and 4-bit; PROFILE_QUANTS narrows it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 parts=" ${*:-tests attention bench} "
@@ -76,8 +76,9 @@ if want int4; then
 fi
 if want profile; then
   echo "== decode step breakdown (${SECONDS}s) =="
-  timeout 90 python3 benchmarks/gpu_step_profile.py --shape llama3-8b --quant bf16
-  CUDA_LAUNCH_BLOCKING=1 timeout 90 python3 benchmarks/gpu_step_profile.py --shape llama3-8b --quant q4_0 --prompt 2048
+  for quant in ${PROFILE_QUANTS:-bf16 q4_0}; do
+    timeout 90 python3 benchmarks/gpu_step_profile.py --shape llama3-8b --quant "$quant" --prompt 2048
+  done
 fi
 if want bench; then
   echo "== benchmark: bf16 (with transformers) (${SECONDS}s) =="
