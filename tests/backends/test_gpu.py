@@ -75,11 +75,11 @@ def test_cuda_graphs_on_and_off_give_identical_greedy_tokens(smollm2_gguf: Path)
 
 
 @pytest.mark.parametrize("rows", [0, 5, 300])
-@pytest.mark.parametrize("kernel", ["triton", "tinygemm"])
+@pytest.mark.parametrize("kernel", ["both", "triton", "tinygemm"])
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
 def test_int4_cuda_linear_matches_dequantized_blocks(qtype: str, kernel: str, rows: int) -> None:
-    """Both 4-bit CUDA forms, a decode-sized and a prefill-sized step, and an empty one (a prefill chunk
-    that samples nothing: tinygemm refused that launch with 'invalid argument' on an H200)."""
+    """Each 4-bit CUDA form (and both kept, routed by rows), a decode-sized and a prefill-sized step, and
+    an empty one (a prefill chunk that samples nothing: tinygemm refused it, 'invalid argument', on an H200)."""
     from localchat.backends.torch.quant import QuantPolicy, convert, finalize, linear
     from localchat.backends.torch.quant_cuda import Int4CudaWeight, TritonInt4Weight
     from tests.backends.test_torch_quant import random_blocks
@@ -88,6 +88,7 @@ def test_int4_cuda_linear_matches_dequantized_blocks(qtype: str, kernel: str, ro
     policy = QuantPolicy(int4=True, cuda=True, cuda_kernel=kernel)
     packed = finalize(convert(weight, torch.bfloat16, CUDA, policy), torch.bfloat16, CUDA, policy)
     assert isinstance(packed, TritonInt4Weight if kernel == "triton" else Int4CudaWeight)
+    assert kernel != "both" or packed.many_rows is not None  # type: ignore[union-attr]
     dense = torch.from_numpy(weight.dequantize()).reshape(256, 512).to(CUDA)
     x = torch.randn(rows, 512, device=CUDA).bfloat16()
     expected = x.float() @ dense.t()

@@ -90,14 +90,58 @@ def test_gguf_blocks_load_into_the_triton_form_and_match_their_values(qtype: str
     assert bool(((got - expected).abs() <= bound).all())
 
 
-def test_the_cuda_int4_kernel_is_chosen_by_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cuda_int4_forms_follow_the_env_and_the_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     from localchat.backends.torch.quant_cuda import CUDA_INT4_ENV, cuda_int4_kernel
     from localchat.errors import BackendUnavailableError
 
+    gib = 2**30
     monkeypatch.delenv(CUDA_INT4_ENV, raising=False)
-    assert cuda_int4_kernel() == "triton"  # installed here, as in CUDA builds of PyTorch
+    assert cuda_int4_kernel(5 * gib, 140 * gib) == "both"  # an 8B Q4 model on an H200: both forms fit
+    assert cuda_int4_kernel(5 * gib, 20 * gib) == "both"  # exactly half the free memory
+    assert cuda_int4_kernel(5 * gib, 19 * gib) == "tinygemm"  # an 8 GB card's worth: one form
+    monkeypatch.setenv(CUDA_INT4_ENV, "triton")
+    assert cuda_int4_kernel(5 * gib, 6 * gib) == "triton"  # asked for: no memory rule
     monkeypatch.setenv(CUDA_INT4_ENV, "tinygemm")
-    assert cuda_int4_kernel() == "tinygemm"
+    assert cuda_int4_kernel(1, 140 * gib) == "tinygemm"
     monkeypatch.setenv(CUDA_INT4_ENV, "marlin")
-    with pytest.raises(BackendUnavailableError, match="triton or tinygemm"):
-        cuda_int4_kernel()
+    with pytest.raises(BackendUnavailableError, match="both, triton, tinygemm"):
+        cuda_int4_kernel(1, None)
+
+
+def test_both_forms_route_many_rows_to_triton_and_few_to_tinygemm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tinygemm runs only on CUDA: here its op is the boundary, replaced by a recorder."""
+    from localchat.backends.torch import quant_cuda
+    from localchat.backends.torch.quant import linear
+
+    codes = torch.randint(0, 16, (64, 128), dtype=torch.uint8)
+    scale, zero = torch.rand(64, 4) / 10, torch.randn(64, 4) / 10
+    weight = quant_cuda.Int4CudaWeight(
+        torch.empty(0), torch.empty(0), 64, 128, pack_triton(codes, scale, zero, CPU)
+    )
+    calls: list[int] = []
+
+    def tinygemm(x: torch.Tensor, *_: object) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return x.new_zeros(x.shape[0], 64)
+
+    monkeypatch.setattr(torch.ops.aten, "_weight_int4pack_mm", tinygemm, raising=False)
+    dense = dequantize_q4(codes, scale, zero)
+    for rows in (1, quant_cuda.TRITON_FROM_ROWS - 1, quant_cuda.TRITON_FROM_ROWS, 100):
+        x = torch.randn(rows, 128).bfloat16()
+        got = linear(x, weight)
+        if rows < quant_cuda.TRITON_FROM_ROWS:
+            assert calls[-1] == rows and got.abs().sum() == 0
+        else:
+            torch.testing.assert_close(got.float(), x.float() @ dense.t(), atol=0.05, rtol=0.02)
+    assert calls == [1, quant_cuda.TRITON_FROM_ROWS - 1]
+    weight.many_rows = None  # tinygemm alone: every step goes to it
+    linear(torch.randn(100, 128).bfloat16(), weight)
+    assert calls[-1] == 100
+
+
+def test_split_k_partials_are_summed_in_a_fixed_order() -> None:
+    """The few-row path's K splits land in separate slabs: two runs are bitwise equal."""
+    codes, scale, zero = quantize_q4(torch.randn(96, 256))
+    weight = pack_triton(codes, scale, zero, CPU)
+    x = torch.randn(3, 256).bfloat16()
+    assert torch.equal(triton_int4_linear(x, weight), triton_int4_linear(x, weight))

@@ -117,7 +117,7 @@ class QuantPolicy:
     dense_copy: bool = False  # ...also keeping a bf16 copy for many-row steps
     block_copies: bool = False  # GGUF block matrices on our kernels keep a bf16 copy for many-row steps
     cuda: bool = False  # ...in a CUDA kernel's layout (quant_cuda.py) instead of the CPU one
-    cuda_kernel: str = "tinygemm"  # which one: "triton" (triton_int4.py) or "tinygemm" (torch's)
+    cuda_kernel: str = "tinygemm"  # which: "tinygemm" (torch's), "triton" (triton_int4.py) or "both"
     isq: bool = False  # unquantized linears are quantized to 4 bits at load (`--isq q4`)
     isq_blocks: str | None = None  # `--isq q8_0|q4_k|q4_0`: unquantized matrices become these blocks (isq.py)
     # With our kernels (auto ISA), small models' GGUF Q4_0/Q4_1 linears still take torch's int4 kernel:
@@ -187,7 +187,9 @@ def _pick_mode(
         return QuantPolicy()
     wants_isq = isq is not None
     if on_cuda:  # device memory is the scarce resource: never a dense copy
-        return QuantPolicy(int4=True, cuda=True, isq=wants_isq, cuda_kernel=cuda_int4_kernel())
+        free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+        kernel = cuda_int4_kernel(dense_bytes * 9 // 32, free)  # 4 bits + bf16 scale/zero per 32: ~4.5
+        return QuantPolicy(int4=True, cuda=True, isq=wants_isq, cuda_kernel=kernel)
     fits = available is None or dense_bytes <= available * DENSE_COPY_RAM_FRACTION
     ops = cpu_kernels.load() if device.type == "cpu" else None
     if ops is not None:  # GGUF blocks on our kernels; --isq weights still go to torch's int4 kernel
@@ -343,8 +345,12 @@ def finalize(loaded: Loaded, dtype: torch.dtype, device: torch.device, policy: Q
     if isinstance(loaded, torch.Tensor):
         return loaded
     if policy.cuda:
-        pack = pack_triton if policy.cuda_kernel == "triton" else pack_cuda
-        return pack(loaded.codes, loaded.scale, loaded.zero, device)
+        if policy.cuda_kernel == "triton":
+            return pack_triton(loaded.codes, loaded.scale, loaded.zero, device)
+        packed_cuda = pack_cuda(loaded.codes, loaded.scale, loaded.zero, device)
+        if policy.cuda_kernel == "both":
+            packed_cuda.many_rows = pack_triton(loaded.codes, loaded.scale, loaded.zero, device)
+        return packed_cuda
     rows, cols = loaded.shape
     packed = _pack(rows, cols, lambda start, end: loaded.codes[start:end])
     dense = _dense(loaded, dtype, device) if policy.dense_copy else None

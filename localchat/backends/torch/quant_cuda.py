@@ -1,9 +1,11 @@
 """4-bit weights on CUDA, and 4-bit quantization of dense weights at load (`--isq q4`).
 
-On CUDA, GGUF Q4_0/Q4_1 linears (and `--isq q4` ones) stay 4-bit, in one of two forms (`LOCALCHAT_CUDA_INT4`):
-our Triton W4A16 kernel's plain layout (`TritonInt4Weight`, triton_int4.py; the default where Triton is
-installed) or torch's tinygemm layout (`_convert_weight_to_int4pack` + `_weight_int4pack_mm`, bf16
-activations, sm80+). Both compute `w = (q - 8) * scale + zero` per group of 32 along the input dimension:
+On CUDA, GGUF Q4_0/Q4_1 linears (and `--isq q4` ones) stay 4-bit, in torch's tinygemm layout
+(`_convert_weight_to_int4pack` + `_weight_int4pack_mm`, bf16 activations, sm80+), our Triton W4A16
+kernel's plain layout (`TritonInt4Weight`, triton_int4.py), or both (`LOCALCHAT_CUDA_INT4`). tinygemm is
+the faster one-row kernel (decode) but compute-bound from ~32 rows; Triton runs many-row steps (prefill,
+batches) 5-10x faster. By default both forms are kept where GPU memory allows, each serving the steps it
+is fast at (`cuda_int4_kernel`). Both kernels compute `w = (q - 8) * scale + zero` per group of 32 along the input dimension:
 exactly the CPU kernel's rule, so the scale/zero mapping of quant.py's table carries over unchanged.
 Decode reads ~4.5 bits per weight instead of 16, which is what bounds single-stream speed on a GPU.
 
@@ -24,21 +26,14 @@ from localchat.errors import BackendUnavailableError
 
 GROUP_SIZE = 32
 CUDA_INT4_ENV = "LOCALCHAT_CUDA_INT4"
-CUDA_INT4_KERNELS = ("triton", "tinygemm")
-
-
-@dataclass(slots=True)
-class Int4CudaWeight:
-    """A linear's matrix `[out, in]` in torch's CUDA int4 layout."""
-
-    packed: torch.Tensor  # int32, `_convert_weight_to_int4pack`'s tiled layout
-    scale_zeros: torch.Tensor  # bf16 [in / 32, out, 2]
-    out_features: int
-    in_features: int
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.out_features, self.in_features)
+CUDA_INT4_KERNELS = ("both", "triton", "tinygemm")
+# "both": steps of this many rows or more take the Triton kernel, fewer take tinygemm. Measured on an
+# H200 (benchmarks/gpu_int4_bench.py, an 8B layer's four matrices): 1 row 0.09 ms tinygemm / 0.41 Triton,
+# 16 rows 0.27 / 0.38, 64 rows 1.00 / 0.44, 2048 rows 30.7 / 3.4.
+TRITON_FROM_ROWS = 32
+# "both" keeps two 4-bit forms (~9 bits a weight): only while they take at most this share of free
+# GPU memory, so the KV cache keeps the rest; otherwise tinygemm alone.
+BOTH_FORMS_MAX_FREE_FRACTION = 0.5
 
 
 @dataclass(slots=True)
@@ -52,6 +47,22 @@ class TritonInt4Weight:
     @property
     def shape(self) -> tuple[int, int]:
         return (self.codes.shape[0], self.codes.shape[1] * 2)
+
+
+@dataclass(slots=True)
+class Int4CudaWeight:
+    """A linear's matrix `[out, in]` in torch's CUDA int4 layout."""
+
+    packed: torch.Tensor  # int32, `_convert_weight_to_int4pack`'s tiled layout
+    scale_zeros: torch.Tensor  # bf16 [in / 32, out, 2]
+    out_features: int
+    in_features: int
+    # The same codes in the Triton kernel's form, for steps of TRITON_FROM_ROWS rows or more ("both")
+    many_rows: TritonInt4Weight | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.out_features, self.in_features)
 
 
 def pack_triton(
@@ -75,17 +86,20 @@ def cuda_int4_available(device: torch.device) -> bool:
     return has_ops and torch.cuda.get_device_capability(device) >= (8, 0)
 
 
-def cuda_int4_kernel() -> str:
-    """`LOCALCHAT_CUDA_INT4`: "triton" (our W4A16 kernel, triton_int4.py) or "tinygemm" (torch's);
-    auto takes Triton where it is installed (CUDA builds of PyTorch ship it)."""
+def cuda_int4_kernel(four_bit_bytes: int, free_bytes: int | None) -> str:
+    """`LOCALCHAT_CUDA_INT4`, resolved: "both", "triton" (our W4A16 kernel, triton_int4.py) or "tinygemm"
+    (torch's). auto takes both forms where Triton is installed (CUDA builds of PyTorch ship it) and
+    twice the model's 4-bit linears (`four_bit_bytes`) fit in BOTH_FORMS_MAX_FREE_FRACTION of the free
+    GPU memory; otherwise tinygemm, the faster one-row kernel (decode)."""
     choice = os.environ.get(CUDA_INT4_ENV, "auto").strip().lower() or "auto"
     if choice not in ("auto", *CUDA_INT4_KERNELS):
         raise BackendUnavailableError(
-            f"{CUDA_INT4_ENV}={choice!r} is not a choice; use auto, {' or '.join(CUDA_INT4_KERNELS)}."
+            f"{CUDA_INT4_ENV}={choice!r} is not a choice; use auto, {', '.join(CUDA_INT4_KERNELS)}."
         )
-    if choice == "auto":
-        return "triton" if importlib.util.find_spec("triton") is not None else "tinygemm"
-    return choice
+    if choice != "auto":
+        return choice
+    fits = free_bytes is None or 2 * four_bit_bytes <= free_bytes * BOTH_FORMS_MAX_FREE_FRACTION
+    return "both" if fits and importlib.util.find_spec("triton") is not None else "tinygemm"
 
 
 def inner_k_tiles(in_features: int) -> int | None:
@@ -107,7 +121,11 @@ def pack_cuda(
 
 
 def cuda_int4_linear(x: torch.Tensor, weight: Int4CudaWeight) -> torch.Tensor:
-    """x [T, in] bf16 -> [T, out]."""
+    """x [T, in] bf16 -> [T, out], through tinygemm (few rows, or no Triton form kept)."""
+    if weight.many_rows is not None and x.shape[0] >= TRITON_FROM_ROWS:
+        from localchat.backends.torch.triton_int4 import triton_int4_linear  # imports Triton
+
+        return triton_int4_linear(x, weight.many_rows)
     if x.shape[0] == 0:  # a prefill chunk that samples nothing: the kernel refuses an empty launch
         return x.new_empty(0, weight.out_features)
     return torch.ops.aten._weight_int4pack_mm(x, weight.packed, GROUP_SIZE, weight.scale_zeros)

@@ -147,7 +147,9 @@ class TorchRunner:
             details += f", dense weights quantized to {self.quant.isq_blocks} at load"
         if self.quant.int4:
             details += ", int4 linears" + (" + dense copies" if self.quant.dense_copy else "")
-            details += f" ({self.quant.cuda_kernel} kernel)" if self.quant.cuda else ""
+            if self.quant.cuda:
+                kernels = {"both": "tinygemm for decode, Triton for 32+ rows"}
+                details += f" ({kernels.get(self.quant.cuda_kernel, self.quant.cuda_kernel)})"
         return f"{name} ({details})"
 
     def available_kv_memory(self) -> int | None:

@@ -12,7 +12,9 @@ nibble and code 2j+1 in its high one; `scale` and `zero` bf16 [out, in / 32]; a 
 GGUF Q4_0/Q4_1 and `--isq q4` matrix maps onto it unchanged.
 
 Few rows (decode) split the reduction over K (`SPLIT_K` programs per output tile, fp32 partial sums
-added after) so even a 4096-row matrix spreads over all the GPU's multiprocessors.
+added after, in a fixed order) so even a 4096-row matrix spreads over all the GPU's multiprocessors.
+Measured on an H200, one row is still 3-7x slower than tinygemm on an 8B model's smaller matrices, so by
+default (quant_cuda.cuda_int4_kernel) this kernel serves only steps of 32 rows and more.
 """
 
 from __future__ import annotations
@@ -82,12 +84,10 @@ def _w4a16_kernel(
             acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
         else:
             acc = tl.dot(x, tl.trans(w), acc)
-    offsets = rows[:, None] * N + cols[None, :]
-    out_mask = row_ok[:, None] & col_ok[None, :]
-    if SPLIT_K == 1:
-        tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:  # fp32 output, zeroed by the caller: the K splits add their partial sums
-        tl.atomic_add(out_ptr + offsets, acc, mask=out_mask)
+    # Each K split writes its own slab (few rows: fp32 partials, summed by the caller in a fixed order;
+    # atomics would make the sum order, and so greedy tokens, vary from run to run)
+    offsets = pid_k * M * N + rows[:, None] * N + cols[None, :]
+    tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
 def _config(bm: int, bn: int, bk: int, split: int, warps: int, stages: int) -> triton.Config:
@@ -111,10 +111,10 @@ _CONFIGS = [
     _config(128, 128, 64, 1, 8, 3),
     _config(128, 64, 64, 1, 4, 4),
 ]
+MAX_SPLIT_K = max(c.kwargs["SPLIT_K"] for c in _CONFIGS)
 _tuned = triton.autotune(
     configs=_CONFIGS,
     key=["m_bucket", "N", "K"],
-    reset_to_zero=["out_ptr"],  # split-K configs add into the output: each timed run starts from zero
     prune_configs_by={"early_config_prune": lambda configs, named_args, **kw: _fitting(configs, named_args)},
 )(_w4a16_kernel)
 # TRITON_INTERPRET (CI): one small config each way; the few-row one splits K to exercise the adds
@@ -140,9 +140,9 @@ def triton_int4_linear(x: torch.Tensor, weight: TritonInt4Weight) -> torch.Tenso
     if rows == 0:
         return x.new_empty(0, out_features)
     x = x.contiguous()
-    few = rows <= 16  # only few-row configs split K (_fitting), and they add into an fp32 output
+    few = rows <= 16  # only few-row configs split K (_fitting), into fp32 partial slabs
     out = (
-        torch.zeros(rows, out_features, dtype=torch.float32, device=x.device)
+        torch.empty(MAX_SPLIT_K, rows, out_features, dtype=torch.float32, device=x.device)
         if few
         else torch.empty(rows, out_features, dtype=x.dtype, device=x.device)
     )
@@ -160,4 +160,8 @@ def triton_int4_linear(x: torch.Tensor, weight: TritonInt4Weight) -> torch.Tenso
         _w4a16_kernel[grid(config.kwargs)](*args, row_bucket(rows), **config.kwargs, FP32_DOT=True)
     else:
         _tuned[grid](*args, row_bucket(rows))
-    return out.to(x.dtype) if few else out
+        config = _tuned.best_config
+    if not few:
+        return out
+    split = config.kwargs["SPLIT_K"]
+    return (out[0] if split == 1 else out[:split].sum(0)).to(x.dtype)
