@@ -119,6 +119,37 @@ static inline void LC_FN(dec_q6_k)(const uint8_t *b, int i, uint8_t *c, float *l
 }
 #endif
 
+/* Q2_K: 16 scale bytes (low nibble scale, high nibble min, per 16 values), 64 bytes of 2-bit codes, d,
+   dmin. Sub-block i (32 values) is codes bytes 32 * (i / 4).. shifted by 2 * (i % 4); weight =
+   d * (sc & 15) * q - dmin * (sc >> 4). Compiled for every ISA: dec_sub reads it through arrays. */
+static inline void LC_FN(dec_q2_k)(const uint8_t *b, int i, uint8_t *c, float *ls, float *mc) {
+    const uint8_t *sc = b + 2 * i, *q = b + 16 + 32 * (i / 4);
+    float d = lc_f16(lc_u16(b + 80)), dmin = lc_f16(lc_u16(b + 82));
+    int shift = 2 * (i % 4);
+    for (int l = 0; l < 32; l++) c[l] = (uint8_t)((q[l] >> shift) & 3);
+    for (int h = 0; h < 2; h++) {
+        for (int l = 0; l < 4; l++) ls[4 * h + l] = d * (float)(sc[h] & 15);
+        mc[h] = -dmin * (float)(sc[h] >> 4);
+    }
+}
+
+/* Q3_K: 32 bytes of high bits, 64 bytes of low 2-bit codes, 12 bytes of 6-bit scales (per 16 values,
+   stored + 32), d. Value l of sub-block i: low bits as in Q2_K, high bit l's bit i; weight =
+   d * (sc - 32) * (q - 4), q = low | high << 2 in 0..7 (a clear high bit means -4, as ggml writes it). */
+static inline void LC_FN(dec_q3_k)(const uint8_t *b, int i, uint8_t *c, float *ls, float *mc) {
+    const uint8_t *hm = b, *q = b + 32 + 32 * (i / 4), *sb = b + 96;
+    float d = lc_f16(lc_u16(b + 108));
+    int shift = 2 * (i % 4);
+    for (int l = 0; l < 32; l++) c[l] = (uint8_t)(((q[l] >> shift) & 3) | (((hm[l] >> i) & 1) << 2));
+    for (int h = 0; h < 2; h++) {
+        int j = 2 * i + h; /* scale index: low 4 bits from bytes 0-7, high 2 from bytes 8-11 */
+        int sc = ((sb[j % 8] >> (4 * (j / 8))) & 15) | (((sb[8 + j % 4] >> (2 * (j / 4))) & 3) << 4);
+        float s = d * (float)(sc - 32);
+        for (int l = 0; l < 4; l++) ls[4 * h + l] = s;
+        mc[h] = -4.0f * s;
+    }
+}
+
 #if LC_ISA != LC_ISA_PORTABLE
 #include "lc_decode_x86.h"
 #endif
@@ -132,6 +163,8 @@ static void LC_FN(decode_row)(int type, const uint8_t *w, int64_t k, uint8_t *c,
     case LC_Q5_0: for (int64_t s = 0; s < subs; s++) LC_FN(dec_q5_0)(w + 22 * s, c + 32 * s, ls + 8 * s, mc + 2 * s); break;
     case LC_Q5_1: for (int64_t s = 0; s < subs; s++) LC_FN(dec_q5_1)(w + 24 * s, c + 32 * s, ls + 8 * s, mc + 2 * s); break;
     case LC_Q8_0: for (int64_t s = 0; s < subs; s++) LC_FN(dec_q8_0)(w + 34 * s, c + 32 * s, ls + 8 * s, mc + 2 * s); break;
+    case LC_Q2_K: for (int64_t s = 0; s < subs; s++) LC_FN(dec_q2_k)(w + 84 * (s / 8), (int)(s % 8), c + 32 * s, ls + 8 * s, mc + 2 * s); break;
+    case LC_Q3_K: for (int64_t s = 0; s < subs; s++) LC_FN(dec_q3_k)(w + 110 * (s / 8), (int)(s % 8), c + 32 * s, ls + 8 * s, mc + 2 * s); break;
     case LC_Q4_K: for (int64_t s = 0; s < subs; s++) LC_FN(dec_q4_k)(w + 144 * (s / 8), (int)(s % 8), c + 32 * s, ls + 8 * s, mc + 2 * s); break;
     case LC_Q5_K: for (int64_t s = 0; s < subs; s++) LC_FN(dec_q5_k)(w + 176 * (s / 8), (int)(s % 8), c + 32 * s, ls + 8 * s, mc + 2 * s); break;
     case LC_Q6_K: for (int64_t s = 0; s < subs; s++) LC_FN(dec_q6_k)(w + 210 * (s / 8), (int)(s % 8), c + 32 * s, ls + 8 * s, mc + 2 * s); break;

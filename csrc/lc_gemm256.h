@@ -216,7 +216,9 @@ static void LC_FN(gemm2_rows)(int type, const uint8_t *w, int64_t n0, int64_t n1
     LC_FN(gemm2_tile)(type, w, n0, n1, k, row_bytes, ci, lsT, mcT, crows, ls, s16, mc);
     const int kind = type == LC_Q8_0 ? LC_G8
                      : type == LC_Q6_K ? LC_G6
-                     : (type == LC_Q5_0 || type == LC_Q5_1 || type == LC_Q5_K) ? LC_G5
+                     /* per-16 conversion, int16 sums over 16 values: 5-bit codes, and Q2_K/Q3_K's
+                        per-16 scales (codes <= 7: far from saturating) */
+                     : (type == LC_Q5_0 || type == LC_Q5_1 || type == LC_Q5_K || type == LC_Q2_K || type == LC_Q3_K) ? LC_G5
                                                                               : LC_G4;
     float res[LC_HM][LC_HN];
     int mr;

@@ -44,7 +44,9 @@ static inline __attribute__((always_inline)) LC_FN(dv) LC_FN(dec_sub)(const int 
         uint8_t c[32];
         float ls[8];
         if (type == LC_Q5_0) LC_FN(dec_q5_0)(w + 22 * s, c, ls, r.mc);
-        else LC_FN(dec_q5_1)(w + 24 * s, c, ls, r.mc);
+        else if (type == LC_Q5_1) LC_FN(dec_q5_1)(w + 24 * s, c, ls, r.mc);
+        else if (type == LC_Q2_K) LC_FN(dec_q2_k)(w + 84 * (s / 8), (int)(s % 8), c, ls, r.mc);
+        else LC_FN(dec_q3_k)(w + 110 * (s / 8), (int)(s % 8), c, ls, r.mc);
         r.c = _mm256_loadu_si256((const __m256i *)c);
         r.ls = _mm256_loadu_ps(ls);
         return r;
@@ -417,6 +419,8 @@ static void LC_FN(fused_rows)(int type, const uint8_t *w, int64_t n0, int64_t n1
         case LC_Q5_0: LC_FUSED_TYPE(LC_Q5_0) break;
         case LC_Q5_1: LC_FUSED_TYPE(LC_Q5_1) break;
         case LC_Q8_0: LC_FUSED_TYPE(LC_Q8_0) break;
+        case LC_Q2_K: LC_FUSED_TYPE(LC_Q2_K) break;
+        case LC_Q3_K: LC_FUSED_TYPE(LC_Q3_K) break;
         case LC_Q4_K: LC_FUSED_TYPE(LC_Q4_K) break;
         case LC_Q5_K: LC_FUSED_TYPE(LC_Q5_K) break;
         default: LC_FUSED_TYPE(LC_Q6_K) break;
@@ -599,6 +603,8 @@ static void LC_FN(dequant)(int type, const uint8_t *w, int64_t k, int64_t row_by
             case LC_Q5_0: LC_FN(dec_q5_0)(row + 22 * s, c, ls, mc); break;
             case LC_Q5_1: LC_FN(dec_q5_1)(row + 24 * s, c, ls, mc); break;
             case LC_Q8_0: LC_FN(dec_q8_0)(row + 34 * s, c, ls, mc); break;
+            case LC_Q2_K: LC_FN(dec_q2_k)(row + 84 * (s / 8), (int)(s % 8), c, ls, mc); break;
+            case LC_Q3_K: LC_FN(dec_q3_k)(row + 110 * (s / 8), (int)(s % 8), c, ls, mc); break;
             case LC_Q4_K: LC_FN(dec_q4_k)(row + 144 * (s / 8), (int)(s % 8), c, ls, mc); break;
             case LC_Q5_K: LC_FN(dec_q5_k)(row + 176 * (s / 8), (int)(s % 8), c, ls, mc); break;
             default: LC_FN(dec_q6_k)(row + 210 * (s / 8), (int)(s % 8), c, ls, mc); break;

@@ -30,7 +30,10 @@ extension modules (and Windows wants the export). Functions return 0 on success,
 #endif
 
 /* GGML type ids, as in GGUF files. */
-enum { LC_Q4_0 = 2, LC_Q4_1 = 3, LC_Q5_0 = 6, LC_Q5_1 = 7, LC_Q8_0 = 8, LC_Q4_K = 12, LC_Q5_K = 13, LC_Q6_K = 14 };
+enum {
+    LC_Q4_0 = 2, LC_Q4_1 = 3, LC_Q5_0 = 6, LC_Q5_1 = 7, LC_Q8_0 = 8,
+    LC_Q2_K = 10, LC_Q3_K = 11, LC_Q4_K = 12, LC_Q5_K = 13, LC_Q6_K = 14
+};
 /* Macros, not an enum: lc_impl.h tests them with #if. */
 #define LC_ISA_PORTABLE 0
 #define LC_ISA_AVX2 1
@@ -44,12 +47,14 @@ static inline int64_t lc_block_bytes(int type) {
     case LC_Q5_0: return 22;
     case LC_Q5_1: return 24;
     case LC_Q8_0: return 34;
+    case LC_Q2_K: return 84;
+    case LC_Q3_K: return 110;
     case LC_Q4_K: return 144;
     case LC_Q5_K: return 176;
     default: return 210;
     }
 }
-static inline int64_t lc_block_subs(int type) { return type >= LC_Q4_K ? 8 : 1; }
+static inline int64_t lc_block_subs(int type) { return type >= LC_Q2_K ? 8 : 1; } /* K-quants: 256 values */
 
 static inline uint16_t lc_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
@@ -163,7 +168,7 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 static int lc_type_ok(int type, int64_t k) {
     switch (type) {
     case LC_Q4_0: case LC_Q4_1: case LC_Q5_0: case LC_Q5_1: case LC_Q8_0: return k > 0 && k % 32 == 0;
-    case LC_Q4_K: case LC_Q5_K: case LC_Q6_K: return k > 0 && k % 256 == 0;
+    case LC_Q2_K: case LC_Q3_K: case LC_Q4_K: case LC_Q5_K: case LC_Q6_K: return k > 0 && k % 256 == 0;
     default: return 0;
     }
 }

@@ -34,7 +34,7 @@ from localchat.backends.torch import kernels
 from tests.helpers import kquants
 
 SIMPLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
-K_QUANTS = {"Q4_K": kquants.quantize_q4_k, "Q5_K": kquants.quantize_q5_k, "Q6_K": kquants.quantize_q6_k}
+K_QUANTS = dict(kquants.K_QUANTIZERS)  # Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
 ISAS = kernels.runnable_isas()
 
 
@@ -97,6 +97,9 @@ def compare(qtype: str, isa: str, raw: np.ndarray, x: np.ndarray, dtype: torch.d
     xr, d = rounded(x.astype(np.float32))
     exact_q = xr @ w.T
     largest = np.repeat(np.abs(w).reshape(out_features, -1, 16).max(axis=-1), 16, axis=1)
+    terms = kquants.term_sizes(qtype, raw)  # Q2_K/Q3_K terms can exceed 3x their group's |w|
+    if terms is not None:
+        largest = np.maximum(largest, terms / 3)
     out_rounding = 2.0**-8 * np.abs(exact_q) if dtype == torch.bfloat16 else 0.0
     summation = (cols / 4 + 16) * 2.0**-24 * (np.abs(xr) @ (3 * largest).T)
     assert np.all(np.abs(got - exact_q) <= summation + out_rounding + 1e-30), (qtype, isa, rows)
@@ -161,9 +164,9 @@ def test_extreme_scales(qtype: str, isa: str) -> None:
 
 # Bytes per block and values per block; the offsets of each block's f16 factors (scale, min).
 BLOCK = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q5_0": (22, 32), "Q5_1": (24, 32), "Q8_0": (34, 32)}
-BLOCK |= {"Q4_K": (144, 256), "Q5_K": (176, 256), "Q6_K": (210, 256)}
+BLOCK |= {"Q2_K": (84, 256), "Q3_K": (110, 256), "Q4_K": (144, 256), "Q5_K": (176, 256), "Q6_K": (210, 256)}
 FACTORS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q6_K": [208]}
-FACTORS |= {"Q4_K": [0, 2], "Q5_K": [0, 2]}
+FACTORS |= {"Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2]}
 
 
 def largest_codes(qtype: str, rows: int, cols: int) -> np.ndarray:

@@ -37,7 +37,9 @@ def runner(
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("tied", [False, True])
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize(
+    "qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+)
 def test_tiny_gguf_runs_on_blocks_and_tracks_the_dequantized_run(
     tmp_path: Path, qtype: str, tied: bool, dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

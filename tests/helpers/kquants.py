@@ -1,4 +1,4 @@
-"""Plain (not error-optimizing) encoders for GGUF's Q4_K, Q5_K and Q6_K blocks, for test files.
+"""Plain (not error-optimizing) encoders for GGUF's Q2_K, Q3_K, Q4_K, Q5_K and Q6_K blocks, for test files.
 
 The gguf package can decode these super-block formats but not write them; these encoders write the
 same byte layouts gguf.quants.dequantize reads, with simple min/max scale choices. 256 values per block.
@@ -82,4 +82,91 @@ def quantize_q6_k(x: np.ndarray) -> np.ndarray:
     return np.concatenate(packed, axis=1).reshape(*x.shape[:-1], -1)
 
 
-K_QUANTIZERS = {"Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k, "Q6_K": quantize_q6_k}
+def _two_bit_planes(q: np.ndarray) -> np.ndarray:
+    """2-bit codes of 256 values into 64 bytes: value 128n + 32j + l sits in byte 32n + l at bits 2j.
+    q: [blocks, 256] -> [blocks, 64]."""
+    planes = (q.reshape(q.shape[0], 2, 4, 32) & 3) << (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]
+    return np.bitwise_or.reduce(planes, axis=2).reshape(q.shape[0], 64)
+
+
+def quantize_q2_k(x: np.ndarray) -> np.ndarray:
+    """Per 16 values y = d * sc * q - dmin * m (q 0..3; sc, m 4-bit, one byte each). Layout: scales[16],
+    qs[64], d, dmin."""
+    blocks = x.reshape(-1, 16, 16).astype(np.float32)
+    lo = np.minimum(blocks.min(axis=-1), 0.0)
+    scale = (blocks.max(axis=-1) - lo) / 3  # [blocks, 16]
+    d, dmin = scale.max(axis=-1) / 15, (-lo).max(axis=-1) / 15
+    d16, dmin16 = d.astype(np.float16).astype(np.float32), dmin.astype(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.nan_to_num(np.round(scale / d16[:, None])).clip(0, 15).astype(np.uint8)
+        m = np.nan_to_num(np.round(-lo / dmin16[:, None])).clip(0, 15).astype(np.uint8)
+        step = (d16[:, None] * sc)[..., None]
+        q = np.nan_to_num(np.round((blocks + (dmin16[:, None] * m)[..., None]) / step)).clip(0, 3)
+    n = blocks.shape[0]
+    packed = [
+        sc | (m << 4),
+        _two_bit_planes(q.astype(np.uint8).reshape(n, 256)),
+        _fp16_bytes(d),
+        _fp16_bytes(dmin),
+    ]
+    return np.concatenate(packed, axis=1).reshape(*x.shape[:-1], -1)
+
+
+def quantize_q3_k(x: np.ndarray) -> np.ndarray:
+    """Per 16 values y = d * s * q (q -4..3, s 6-bit stored as s + 32). Layout: hmask[32] (bit i of byte l:
+    value 32i + l's third bit, set meaning q + 4 >= 4), qs[64] (low two bits), scales[12], d."""
+    blocks = x.reshape(-1, 16, 16).astype(np.float32)
+    n = blocks.shape[0]
+    scale = np.abs(blocks).max(axis=-1) / 4  # [blocks, 16]
+    d = scale.max(axis=-1) / 31
+    d16 = d.astype(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.nan_to_num(np.round(scale / d16[:, None])).clip(0, 31).astype(np.int32)
+        step = (d16[:, None] * sc)[..., None]
+        q = np.nan_to_num(np.round(blocks / step)).clip(-4, 3).astype(np.int32)
+    codes = (q + 4).reshape(n, 256).astype(np.uint8)  # 0..7
+    high = (codes >> 2).reshape(n, 8, 32)  # [blocks, bit i, byte l]
+    hmask = np.bitwise_or.reduce(high << np.arange(8, dtype=np.uint8)[None, :, None], axis=1)
+    stored = (sc + 32).astype(np.uint8)  # [blocks, 16], 6 bits
+    scales = np.zeros((n, 12), dtype=np.uint8)
+    for j in range(
+        16
+    ):  # low 4 bits: byte j % 8 at bit 4 * (j // 8); high 2: byte 8 + j % 4 at bit 2 * (j // 4)
+        scales[:, j % 8] |= (stored[:, j] & 15) << (4 * (j // 8))
+        scales[:, 8 + j % 4] |= (stored[:, j] >> 4) << (2 * (j // 4))
+    packed = [hmask, _two_bit_planes(codes), scales, _fp16_bytes(d)]
+    return np.concatenate(packed, axis=1).reshape(*x.shape[:-1], -1)
+
+
+def term_sizes(qtype: str, raw: np.ndarray) -> np.ndarray | None:
+    """Q2_K/Q3_K: per value, the largest term a kernel adds for its 16-value group (scale * largest code,
+    or the offset), float64 [rows, values]; None for types whose terms stay within 3x the group's |w|.
+    Q3_K's offset is 4 * scale whatever the codes, so a group of small codes has terms ~7x its |w|."""
+    rows = raw.shape[0]
+    if qtype == "Q2_K":
+        blocks = raw.reshape(rows, -1, 84)
+        sc = blocks[..., :16].astype(np.float64)
+        d = blocks[..., 80:82].copy().view(np.float16).astype(np.float64)
+        dmin = blocks[..., 82:84].copy().view(np.float16).astype(np.float64)
+        size = np.maximum(np.abs(d) * (sc % 16) * 3, np.abs(dmin) * (sc // 16))
+    elif qtype == "Q3_K":
+        blocks = raw.reshape(rows, -1, 110)
+        sb = blocks[..., 96:108].astype(np.int64)
+        d = blocks[..., 108:110].copy().view(np.float16).astype(np.float64)
+        j = np.arange(16)
+        stored = ((sb[..., j % 8] >> (4 * (j // 8))) & 15) | (
+            ((sb[..., 8 + j % 4] >> (2 * (j // 4))) & 3) << 4
+        )
+        size = np.abs(d) * np.abs(stored - 32) * 7
+    else:
+        return None
+    return np.repeat(size.reshape(rows, -1), 16, axis=1)
+
+
+K_QUANTIZERS = {
+    "Q2_K": quantize_q2_k,
+    "Q3_K": quantize_q3_k,
+    "Q4_K": quantize_q4_k,
+    "Q5_K": quantize_q5_k,
+    "Q6_K": quantize_q6_k,
+}

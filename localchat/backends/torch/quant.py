@@ -2,12 +2,12 @@
 projection calls.
 
 With localchat's compiled CPU kernels (kernels.py, csrc/; the default on CPU with bfloat16) every GGUF
-matrix of a type they read (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) stays in the file's blocks
+matrix of a type they read (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) stays in the file's blocks
 (`BlockMatrix`): linears, the LM head, and the token embedding, whose rows are dequantized on lookup.
 One form serves every step size, so there are no dense copies; memory is the file's size. Activations
 are rounded to 8 bits per 32 values for the integer dot products (bound in test_kernels_matmul.py), or
 with `LOCALCHAT_KERNEL_ACTIVATIONS=precise` also their 8-bit residual (~15 bits, twice the integer work;
-test_kernels_precise.py). Other GGUF types (Q2_K, Q3_K, IQ*) are dequantized to the compute dtype.
+test_kernels_precise.py). Other GGUF types (IQ*, F16) are dequantized to the compute dtype.
 GGUF Q4_0/Q4_1 linears of small models still go to torch's int4 kernel below (`q4_on_int4`, with their
 bf16 copies for many-row steps where RAM allows, while those stay under Q4_INT4_MAX_COPY_BYTES): at
 SmolLM2's 576-wide rows the copies prefill ~4x faster than our GEMM, and its bf16 activations flip fewer
