@@ -121,7 +121,8 @@ static inline void LC_FN(dec_q6_k)(const uint8_t *b, int i, uint8_t *c, float *l
 
 /* Q2_K: 16 scale bytes (low nibble scale, high nibble min, per 16 values), 64 bytes of 2-bit codes, d,
    dmin. Sub-block i (32 values) is codes bytes 32 * (i / 4).. shifted by 2 * (i % 4); weight =
-   d * (sc & 15) * q - dmin * (sc >> 4). Compiled for every ISA: dec_sub reads it through arrays. */
+   d * (sc & 15) * q - dmin * (sc >> 4). (x86: lc_decode_x86.h decodes it in registers.) */
+#if LC_ISA == LC_ISA_PORTABLE
 static inline void LC_FN(dec_q2_k)(const uint8_t *b, int i, uint8_t *c, float *ls, float *mc) {
     const uint8_t *sc = b + 2 * i, *q = b + 16 + 32 * (i / 4);
     float d = lc_f16(lc_u16(b + 80)), dmin = lc_f16(lc_u16(b + 82));
@@ -132,23 +133,29 @@ static inline void LC_FN(dec_q2_k)(const uint8_t *b, int i, uint8_t *c, float *l
         mc[h] = -dmin * (float)(sc[h] >> 4);
     }
 }
+#endif
 
 /* Q3_K: 32 bytes of high bits, 64 bytes of low 2-bit codes, 12 bytes of 6-bit scales (per 16 values,
    stored + 32), d. Value l of sub-block i: low bits as in Q2_K, high bit l's bit i; weight =
    d * (sc - 32) * (q - 4), q = low | high << 2 in 0..7 (a clear high bit means -4, as ggml writes it). */
+/* Scale j (0..15) of a Q3_K block, minus its +32: low 4 bits in bytes 0-7, high 2 in bytes 8-11. */
+static inline int LC_FN(q3k_scale)(const uint8_t *sb, int j) {
+    return (((sb[j % 8] >> (4 * (j / 8))) & 15) | (((sb[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
+}
+
+#if LC_ISA == LC_ISA_PORTABLE
 static inline void LC_FN(dec_q3_k)(const uint8_t *b, int i, uint8_t *c, float *ls, float *mc) {
-    const uint8_t *hm = b, *q = b + 32 + 32 * (i / 4), *sb = b + 96;
+    const uint8_t *hm = b, *q = b + 32 + 32 * (i / 4);
     float d = lc_f16(lc_u16(b + 108));
     int shift = 2 * (i % 4);
     for (int l = 0; l < 32; l++) c[l] = (uint8_t)(((q[l] >> shift) & 3) | (((hm[l] >> i) & 1) << 2));
     for (int h = 0; h < 2; h++) {
-        int j = 2 * i + h; /* scale index: low 4 bits from bytes 0-7, high 2 from bytes 8-11 */
-        int sc = ((sb[j % 8] >> (4 * (j / 8))) & 15) | (((sb[8 + j % 4] >> (2 * (j / 4))) & 3) << 4);
-        float s = d * (float)(sc - 32);
+        float s = d * (float)LC_FN(q3k_scale)(b + 96, 2 * i + h);
         for (int l = 0; l < 4; l++) ls[4 * h + l] = s;
         mc[h] = -4.0f * s;
     }
 }
+#endif
 
 #if LC_ISA != LC_ISA_PORTABLE
 #include "lc_decode_x86.h"

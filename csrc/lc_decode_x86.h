@@ -69,6 +69,31 @@ static inline LC_FN(dv) LC_FN(decv_q6_k)(const uint8_t *b, int i) {
     return r;
 }
 
+static inline LC_FN(dv) LC_FN(two_scales)(__m256i c, float s0, float s1, float m0, float m1) {
+    LC_FN(dv) r;
+    r.c = c;
+    r.ls = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
+    r.mc[0] = m0;
+    r.mc[1] = m1;
+    return r;
+}
+
+static inline __attribute__((always_inline)) LC_FN(dv) LC_FN(decv_q2_k)(const uint8_t *b, int i) { /* layout: lc_decode.h's dec_q2_k */
+    float d = _cvtsh_ss(lc_u16(b + 80)), dmin = _cvtsh_ss(lc_u16(b + 82));
+    int sc0 = b[2 * i], sc1 = b[2 * i + 1];
+    __m256i c = LC_FN(bits)(b + 16 + 32 * (i / 4), 2 * (i % 4), 3);
+    return LC_FN(two_scales)(c, d * (float)(sc0 & 15), d * (float)(sc1 & 15), -dmin * (float)(sc0 >> 4),
+                             -dmin * (float)(sc1 >> 4));
+}
+
+static inline __attribute__((always_inline)) LC_FN(dv) LC_FN(decv_q3_k)(const uint8_t *b, int i) { /* layout: lc_decode.h's dec_q3_k */
+    float d = _cvtsh_ss(lc_u16(b + 108));
+    __m256i lo = LC_FN(bits)(b + 32 + 32 * (i / 4), 2 * (i % 4), 3);
+    __m256i hi = _mm256_slli_epi16(LC_FN(bits)(b, i, 1), 2);
+    float s0 = d * (float)LC_FN(q3k_scale)(b + 96, 2 * i), s1 = d * (float)LC_FN(q3k_scale)(b + 96, 2 * i + 1);
+    return LC_FN(two_scales)(_mm256_or_si256(lo, hi), s0, s1, -4.0f * s0, -4.0f * s1);
+}
+
 static inline void LC_FN(put)(LC_FN(dv) r, uint8_t *c, float *ls, float *mc) {
     _mm256_storeu_si256((__m256i *)c, r.c);
     _mm256_storeu_ps(ls, r.ls);
@@ -82,3 +107,5 @@ static inline void LC_FN(dec_q8_0)(const uint8_t *b, uint8_t *c, float *ls, floa
 static inline void LC_FN(dec_q4_k)(const uint8_t *b, int i, uint8_t *c, float *ls, float *mc) { LC_FN(put)(LC_FN(decv_q4_k)(b, i), c, ls, mc); }
 static inline void LC_FN(dec_q5_k)(const uint8_t *b, int i, uint8_t *c, float *ls, float *mc) { LC_FN(put)(LC_FN(decv_q5_k)(b, i), c, ls, mc); }
 static inline void LC_FN(dec_q6_k)(const uint8_t *b, int i, uint8_t *c, float *ls, float *mc) { LC_FN(put)(LC_FN(decv_q6_k)(b, i), c, ls, mc); }
+static inline void LC_FN(dec_q2_k)(const uint8_t *b, int i, uint8_t *c, float *ls, float *mc) { LC_FN(put)(LC_FN(decv_q2_k)(b, i), c, ls, mc); }
+static inline void LC_FN(dec_q3_k)(const uint8_t *b, int i, uint8_t *c, float *ls, float *mc) { LC_FN(put)(LC_FN(decv_q3_k)(b, i), c, ls, mc); }

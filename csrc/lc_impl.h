@@ -40,13 +40,13 @@ static inline __attribute__((always_inline)) LC_FN(dv) LC_FN(dec_sub)(const int 
     case LC_Q4_K: return LC_FN(decv_q4_k)(w + 144 * (s / 8), (int)(s % 8));
     case LC_Q5_K: return LC_FN(decv_q5_k)(w + 176 * (s / 8), (int)(s % 8));
     case LC_Q6_K: return LC_FN(decv_q6_k)(w + 210 * (s / 8), (int)(s % 8));
+    case LC_Q2_K: return LC_FN(decv_q2_k)(w + 84 * (s / 8), (int)(s % 8));
+    case LC_Q3_K: return LC_FN(decv_q3_k)(w + 110 * (s / 8), (int)(s % 8));
     default: {
         uint8_t c[32];
         float ls[8];
         if (type == LC_Q5_0) LC_FN(dec_q5_0)(w + 22 * s, c, ls, r.mc);
-        else if (type == LC_Q5_1) LC_FN(dec_q5_1)(w + 24 * s, c, ls, r.mc);
-        else if (type == LC_Q2_K) LC_FN(dec_q2_k)(w + 84 * (s / 8), (int)(s % 8), c, ls, r.mc);
-        else LC_FN(dec_q3_k)(w + 110 * (s / 8), (int)(s % 8), c, ls, r.mc);
+        else LC_FN(dec_q5_1)(w + 24 * s, c, ls, r.mc);
         r.c = _mm256_loadu_si256((const __m256i *)c);
         r.ls = _mm256_loadu_ps(ls);
         return r;
@@ -239,6 +239,68 @@ static inline __attribute__((always_inline)) void LC_FN(q6k_rounds)(
 }
 #endif
 
+#if LC_ISA == LC_ISA_AVX512VNNI
+/* Q2_K / Q3_K rows for few-row steps, one 256-value super-block per round as in q6k_rounds: the 16
+   scales per 16 values become one float vector (Q3_K's 6-bit ones unpacked in a few byte operations,
+   Q2_K's nibbles), each pair of sub-blocks shares one 32-byte load of 2-bit codes (and Q3_K one of its
+   high bits). Q3_K's offset (-4 x scale) folds into the integer dot product; Q2_K's (-dmin x m, per 16
+   values) meets the activation sums once per round. */
+static inline __attribute__((always_inline)) void LC_FN(lowbit_rounds)(
+    const int type, const int mr, const uint8_t *w, int64_t k, const int8_t *xq, const float *xd,
+    const float *xs, __m512 *acc, __m512 *accm) {
+    const int32_t *nls = (const int32_t *)(xs + k / 16);
+    const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m256i two = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    const __m128i nib = _mm_set1_epi8(15);
+    const int q3 = type == LC_Q3_K, bb = q3 ? 110 : 84;
+    for (int64_t b = 0; b < k / 256; b++) {
+        const uint8_t *blk = w + bb * b;
+        for (int l = 0; l < bb; l += 64) _mm_prefetch((const char *)(blk + LC_PF + l), _MM_HINT_T0);
+        __m512 sv, mv = _mm512_setzero_ps();
+        if (q3) { /* scale j: low 4 bits in byte j % 8 (high nibble for j >= 8), high 2 in byte 8 + j % 4 */
+            __m128i v = _mm_loadl_epi64((const __m128i *)(blk + 96));
+            __m128i low = _mm_unpacklo_epi64(_mm_and_si128(v, nib), _mm_and_si128(_mm_srli_epi16(v, 4), nib));
+            int32_t h;
+            memcpy(&h, blk + 104, 4);
+            __m128i high = _mm_and_si128(_mm_setr_epi32(h, h >> 2, h >> 4, h >> 6), _mm_set1_epi8(3));
+            __m128i sc = _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16(high, 4)), _mm_set1_epi8(32));
+            sv = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(lc_u16(blk + 108))), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
+        } else {
+            __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk));
+            sv = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(lc_u16(blk + 80))),
+                               _mm512_cvtepi32_ps(_mm512_and_si512(sc, _mm512_set1_epi32(15))));
+            mv = _mm512_mul_ps(_mm512_set1_ps(-_cvtsh_ss(lc_u16(blk + 82))),
+                               _mm512_cvtepi32_ps(_mm512_srli_epi32(sc, 4)));
+        }
+        const uint8_t *qs = blk + (q3 ? 32 : 16);
+        for (int j = 0; j < 4; j++) { /* sub-blocks 2j, 2j + 1: codes bytes 32 (j / 2).., shifts 4 (j % 2) and +2 */
+            __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * (j / 2)));
+            int sh = 4 * (j % 2);
+            __m256i la = _mm256_and_si256(_mm256_srli_epi16(v, sh), two);
+            __m256i lb = _mm256_and_si256(_mm256_srli_epi16(v, sh + 2), two);
+            if (q3) { /* third bit: bit s of high-mask byte l, for sub-block s */
+                __m256i hm = _mm256_loadu_si256((const __m256i *)blk);
+                la = _mm256_or_si256(la, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 2 * j), one), 2));
+                lb = _mm256_or_si256(lb, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 2 * j + 1), one), 2));
+            }
+            __m512i cv = _mm512_inserti64x4(_mm512_castsi256_si512(la), lb, 1);
+            __m512 lv = _mm512_permutexvar_ps(_mm512_add_epi32(quad, _mm512_set1_epi32(4 * j)), sv);
+            int64_t t = 8 * b + 2 * j;
+            for (int i = 0; i < mr; i++) {
+                __m512i xv = _mm512_loadu_si512((const void *)(xq + i * k + 32 * t));
+                __m512 f = _mm512_mul_ps(lv, _mm512_loadu_ps(xd + i * (k / 4) + 8 * t));
+                __m512i init = q3 ? _mm512_slli_epi32(_mm512_loadu_si512((const void *)(nls + i * LC_XS(k) + 8 * t)), 2)
+                                  : _mm512_setzero_si512();
+                __m512i p = _mm512_dpbusd_epi32(init, cv, xv);
+                acc[i] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(p), acc[i]);
+            }
+        }
+        if (!q3) /* offsets per 16 values times the activation sums per 16 */
+            for (int i = 0; i < mr; i++) accm[i] = _mm512_fmadd_ps(mv, _mm512_loadu_ps(xs + i * LC_XS(k) + 16 * b), accm[i]);
+    }
+}
+#endif
+
 #if LC_ISA == LC_ISA_AVX2
 /* Q4_K / Q6_K rows for few-row steps on AVX2, one super-block per round: every sub-block's scales and
    offsets are unpacked once into per-lane tables (instead of per sub-block inside the dot loop), and
@@ -320,7 +382,7 @@ static inline __attribute__((always_inline)) void LC_FN(fused)(
 #if LC_ISA == LC_ISA_AVX512VNNI
     /* Types whose offset is -2^n * scale (Q4_0, Q5_0, Q8_0, Q6_K) fold it into the integer dot product:
        the scalar-free loop is what one-row steps are bound by. */
-    const int shift = type == LC_Q4_0 ? 3 : type == LC_Q5_0 ? 4 : type == LC_Q6_K ? 5 : type == LC_Q8_0 ? 7 : -1;
+    const int shift = type == LC_Q4_0 ? 3 : type == LC_Q5_0 ? 4 : type == LC_Q6_K ? 5 : type == LC_Q8_0 ? 7 : type == LC_Q3_K ? 2 : -1;
     const int32_t *nls = (const int32_t *)(xs + k / 16);
     __m512 acc[4];
     for (int i = 0; i < 4; i++) acc[i] = _mm512_setzero_ps();
@@ -333,6 +395,10 @@ static inline __attribute__((always_inline)) void LC_FN(fused)(
     }
     if (type == LC_Q6_K) {
         LC_FN(q6k_rounds)(mr, w, k, xq, xd, xs, acc);
+        s = subs;
+    }
+    if (type == LC_Q2_K || type == LC_Q3_K) {
+        LC_FN(lowbit_rounds)(type, mr, w, k, xq, xd, xs, acc, accm);
         s = subs;
     }
     if (type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q8_0)
