@@ -32,6 +32,7 @@ static inline void LC_FN(dec_q4_1)(const uint8_t *b, uint8_t *c, float *ls, floa
 }
 #endif
 
+#if LC_ISA == LC_ISA_PORTABLE /* x86: lc_decode_x86.h spreads the high bits in registers */
 static inline void LC_FN(dec_q5_0)(const uint8_t *b, uint8_t *c, float *ls, float *mc) {
     float d = lc_f16(lc_u16(b));
     uint32_t qh = (uint32_t)b[2] | ((uint32_t)b[3] << 8) | ((uint32_t)b[4] << 16) | ((uint32_t)b[5] << 24);
@@ -55,6 +56,7 @@ static inline void LC_FN(dec_q5_1)(const uint8_t *b, uint8_t *c, float *ls, floa
     for (int l = 0; l < 8; l++) ls[l] = d;
     mc[0] = mc[1] = m;
 }
+#endif
 
 #if LC_ISA == LC_ISA_PORTABLE
 static inline void LC_FN(dec_q8_0)(const uint8_t *b, uint8_t *c, float *ls, float *mc) {

@@ -32,6 +32,29 @@ static inline LC_FN(dv) LC_FN(decv_q4_1)(const uint8_t *b) {
     return LC_FN(uniform)(LC_FN(nibbles16)(b + 4), _cvtsh_ss(lc_u16(b)), _cvtsh_ss(lc_u16(b + 2)));
 }
 
+/* 32 codes: the nibbles of 16 bytes (value j < 16 low, j + 16 high) plus bit j of the 32-bit qh as
+   bit 4. Each byte j picks qh's byte j / 8 (both 128-bit lanes hold all of qh), keeps bit j % 8, and
+   turns it into 16 by a compare. */
+static inline __m256i LC_FN(nibbles16_high)(const uint8_t *q, const uint8_t *qh) {
+    int32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i spread = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(h), pick), bit);
+    __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(spread, bit), _mm256_set1_epi8(16));
+    return _mm256_or_si256(LC_FN(nibbles16)(q), high);
+}
+
+static inline LC_FN(dv) LC_FN(decv_q5_0)(const uint8_t *b) {
+    float d = _cvtsh_ss(lc_u16(b));
+    return LC_FN(uniform)(LC_FN(nibbles16_high)(b + 6, b + 2), d, -16.0f * d);
+}
+
+static inline LC_FN(dv) LC_FN(decv_q5_1)(const uint8_t *b) {
+    return LC_FN(uniform)(LC_FN(nibbles16_high)(b + 8, b + 4), _cvtsh_ss(lc_u16(b)), _cvtsh_ss(lc_u16(b + 2)));
+}
+
 static inline LC_FN(dv) LC_FN(decv_q8_0)(const uint8_t *b) {
     float d = _cvtsh_ss(lc_u16(b));
     __m256i v = _mm256_loadu_si256((const __m256i *)(b + 2));
@@ -107,5 +130,7 @@ static inline void LC_FN(dec_q8_0)(const uint8_t *b, uint8_t *c, float *ls, floa
 static inline void LC_FN(dec_q4_k)(const uint8_t *b, int i, uint8_t *c, float *ls, float *mc) { LC_FN(put)(LC_FN(decv_q4_k)(b, i), c, ls, mc); }
 static inline void LC_FN(dec_q5_k)(const uint8_t *b, int i, uint8_t *c, float *ls, float *mc) { LC_FN(put)(LC_FN(decv_q5_k)(b, i), c, ls, mc); }
 static inline void LC_FN(dec_q6_k)(const uint8_t *b, int i, uint8_t *c, float *ls, float *mc) { LC_FN(put)(LC_FN(decv_q6_k)(b, i), c, ls, mc); }
+static inline void LC_FN(dec_q5_0)(const uint8_t *b, uint8_t *c, float *ls, float *mc) { LC_FN(put)(LC_FN(decv_q5_0)(b), c, ls, mc); }
+static inline void LC_FN(dec_q5_1)(const uint8_t *b, uint8_t *c, float *ls, float *mc) { LC_FN(put)(LC_FN(decv_q5_1)(b), c, ls, mc); }
 static inline void LC_FN(dec_q2_k)(const uint8_t *b, int i, uint8_t *c, float *ls, float *mc) { LC_FN(put)(LC_FN(decv_q2_k)(b, i), c, ls, mc); }
 static inline void LC_FN(dec_q3_k)(const uint8_t *b, int i, uint8_t *c, float *ls, float *mc) { LC_FN(put)(LC_FN(decv_q3_k)(b, i), c, ls, mc); }

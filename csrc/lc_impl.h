@@ -32,7 +32,6 @@ static inline __m256i LC_FN(dot8)(__m256i c, __m256i x, int wide) {
 
 /* Sub-block `s` of a row of `type` (a literal after inlining), in registers. */
 static inline __attribute__((always_inline)) LC_FN(dv) LC_FN(dec_sub)(const int type, const uint8_t *w, int64_t s) {
-    LC_FN(dv) r;
     switch (type) {
     case LC_Q4_0: return LC_FN(decv_q4_0)(w + 18 * s);
     case LC_Q4_1: return LC_FN(decv_q4_1)(w + 20 * s);
@@ -42,15 +41,8 @@ static inline __attribute__((always_inline)) LC_FN(dv) LC_FN(dec_sub)(const int 
     case LC_Q6_K: return LC_FN(decv_q6_k)(w + 210 * (s / 8), (int)(s % 8));
     case LC_Q2_K: return LC_FN(decv_q2_k)(w + 84 * (s / 8), (int)(s % 8));
     case LC_Q3_K: return LC_FN(decv_q3_k)(w + 110 * (s / 8), (int)(s % 8));
-    default: {
-        uint8_t c[32];
-        float ls[8];
-        if (type == LC_Q5_0) LC_FN(dec_q5_0)(w + 22 * s, c, ls, r.mc);
-        else LC_FN(dec_q5_1)(w + 24 * s, c, ls, r.mc);
-        r.c = _mm256_loadu_si256((const __m256i *)c);
-        r.ls = _mm256_loadu_ps(ls);
-        return r;
-    }
+    case LC_Q5_0: return LC_FN(decv_q5_0)(w + 22 * s);
+    default: return LC_FN(decv_q5_1)(w + 24 * s); /* LC_Q5_1: every type is listed above it */
     }
 }
 
