@@ -4,9 +4,10 @@ On CUDA, GGUF Q4_0/Q4_1 linears (and `--isq q4` ones) stay 4-bit, in torch's tin
 (`_convert_weight_to_int4pack` + `_weight_int4pack_mm`, bf16 activations, sm80+), our Triton W4A16
 kernel's plain layout (`TritonInt4Weight`, triton_int4.py), or both (`LOCALCHAT_CUDA_INT4`). tinygemm is
 the faster one-row kernel (decode) but compute-bound from ~32 rows; Triton runs many-row steps (prefill,
-batches) 5-10x faster. By default both forms are kept where GPU memory allows, each serving the steps it
-is fast at (`cuda_int4_kernel`). Both kernels compute `w = (q - 8) * scale + zero` per group of 32 along the input dimension:
-exactly the CPU kernel's rule, so the scale/zero mapping of quant.py's table carries over unchanged.
+batches) 4-10x faster from 256 rows. By default both forms are kept where GPU memory allows, each
+serving the steps it is fast at (`cuda_int4_kernel`). Both kernels compute `w = (q - 8) * scale + zero`
+per group of 32 along the input dimension: exactly the CPU kernel's rule, so the scale/zero mapping of
+quant.py's table carries over unchanged.
 Decode reads ~4.5 bits per weight instead of 16, which is what bounds single-stream speed on a GPU.
 
 `--isq q4` turns an unquantized matrix into the same parts: per group of 32 values, min/max
