@@ -21,8 +21,9 @@ def test_ctrl_c_during_a_reply_shows_each_line_once():
     term = PtyTerminal(CHAT, cwd=str(REPO))
     try:
         term.wait_for(lambda screen: ">>>" in screen)
-        # Paragraphs stream one byte per 60 ms: Ctrl-C lands mid-reply, after a few full-width lines.
-        reply = r"alpha para\n\nbravo para\n\ncharlie para that goes on for a long while " + "and on " * 30
+        # Paragraphs stream one byte per 60 ms: Ctrl-C lands mid-reply, after a few full-width lines. The
+        # tail is ~50 s long so a loaded CI box (which once let a 13 s tail finish first) still lands it.
+        reply = r"alpha para\n\nbravo para\n\ncharlie para that goes on for a long while " + "and on " * 120
         term.send(f"<<slow:60>><<say:{reply}>>\r".encode())
         term.wait_for(lambda _: any(line.startswith("charlie para") for line in term.lines()))
         term.send(b"\x03")
