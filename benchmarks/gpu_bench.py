@@ -205,14 +205,18 @@ def peer_transformers(shape: str, new_tokens: int, batch: int) -> float:
     return rate
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def model_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every GPU benchmark on these random-weight models takes."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
     parser.add_argument("--quant", choices=("bf16", "q4_0"), default="bf16")
-    parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--no-cuda-graphs", action="store_true")
+    return parser
+
+
+def main() -> None:
+    parser = model_parser(__doc__)
+    parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--peer", action="store_true", help="also time HF transformers (bf16 only)")
     args = parser.parse_args()
 

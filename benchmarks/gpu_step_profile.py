@@ -7,7 +7,6 @@ python benchmarks/gpu_step_profile.py --shape llama3-8b --quant bf16
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import pstats
 import sys
@@ -16,17 +15,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.gpu_bench import SHAPES, build_engine
+from benchmarks.gpu_bench import build_engine, model_parser
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
-    parser.add_argument("--quant", choices=("bf16", "q4_0"), default="bf16")
+    parser = model_parser(__doc__)
     parser.add_argument("--steps", type=int, default=128)
-    parser.add_argument("--no-cuda-graphs", action="store_true")
     parser.add_argument("--prompt", type=int, default=0, help="also run one prompt of this many tokens")
     args = parser.parse_args()
 

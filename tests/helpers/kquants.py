@@ -30,6 +30,19 @@ def _affine_scales(x: np.ndarray, levels: int) -> tuple[np.ndarray, ...]:
     return d, dmin, sc, m, q.astype(np.uint8)
 
 
+def _symmetric_scales(x: np.ndarray, q_max: int, sc_max: int, q_lo: int, q_hi: int) -> tuple[np.ndarray, ...]:
+    """Per 16 values y = d * sc * q, no offset: sc in 0..sc_max per group, q in q_lo..q_hi (|q| reaching
+    q_max at the group's largest value). x: [blocks, 16, 16] -> (d [blocks], sc [blocks, 16], q int32)."""
+    scale = np.abs(x).max(axis=-1) / q_max  # [blocks, 16]
+    d = scale.max(axis=-1) / sc_max
+    d16 = d.astype(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.nan_to_num(np.round(scale / d16[:, None])).clip(0, sc_max).astype(np.int32)
+        step = (d16[:, None] * sc)[..., None]
+        q = np.nan_to_num(np.round(x / step)).clip(q_lo, q_hi).astype(np.int32)
+    return d, sc, q
+
+
 def _pack_scales(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
     """Eight 6-bit scales and mins into 12 bytes: low 6 bits of the first four in bytes 0-7, the rest split."""
     out = np.zeros((sc.shape[0], 12), dtype=np.uint8)
@@ -64,13 +77,9 @@ def quantize_q5_k(x: np.ndarray) -> np.ndarray:
 def quantize_q6_k(x: np.ndarray) -> np.ndarray:
     blocks = x.reshape(-1, 16, 16).astype(np.float32)
     n = blocks.shape[0]
-    scale = np.abs(blocks).max(axis=-1) / 31  # [blocks, 16]
-    d = scale.max(axis=-1) / 127
-    d16 = d.astype(np.float16).astype(np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        sc = np.nan_to_num(np.round(scale / d16[:, None])).clip(0, 127).astype(np.int8)
-        step = (d16[:, None] * sc)[..., None]
-        q = (np.nan_to_num(np.round(blocks / step)).clip(-32, 31) + 32).astype(np.uint8)
+    d, scales, signed = _symmetric_scales(blocks, 31, 127, -32, 31)
+    sc = scales.astype(np.int8)
+    q = (signed + 32).astype(np.uint8)
     q = q.reshape(n, 8, 32)  # chunk c of 32 values: half c%2, nibble (c//2)%2, group c//4
     ql = np.zeros((n, 2, 64), dtype=np.uint8)
     qh = np.zeros((n, 2, 32), dtype=np.uint8)
@@ -117,13 +126,7 @@ def quantize_q3_k(x: np.ndarray) -> np.ndarray:
     value 32i + l's third bit, set meaning q + 4 >= 4), qs[64] (low two bits), scales[12], d."""
     blocks = x.reshape(-1, 16, 16).astype(np.float32)
     n = blocks.shape[0]
-    scale = np.abs(blocks).max(axis=-1) / 4  # [blocks, 16]
-    d = scale.max(axis=-1) / 31
-    d16 = d.astype(np.float16).astype(np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        sc = np.nan_to_num(np.round(scale / d16[:, None])).clip(0, 31).astype(np.int32)
-        step = (d16[:, None] * sc)[..., None]
-        q = np.nan_to_num(np.round(blocks / step)).clip(-4, 3).astype(np.int32)
+    d, sc, q = _symmetric_scales(blocks, 4, 31, -4, 3)
     codes = (q + 4).reshape(n, 256).astype(np.uint8)  # 0..7
     high = (codes >> 2).reshape(n, 8, 32)  # [blocks, bit i, byte l]
     hmask = np.bitwise_or.reduce(high << np.arange(8, dtype=np.uint8)[None, :, None], axis=1)
