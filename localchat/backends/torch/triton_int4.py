@@ -1,15 +1,15 @@
 """4-bit weights on CUDA through a Triton kernel of our own (W4A16: 4-bit codes, bf16 activations).
 
-torch's tinygemm kernel (`_weight_int4pack_mm`, quant_cuda.py) reads a one-row step at only 0.4-1.5 TB/s
-of an H200's ~4.2, and it is compute-bound from ~64 rows on: measured on an H200, a 2048-row step through
-Llama-3-8B's gate|up matrix took 16.7 ms against 0.67 ms in bf16 (benchmarks/gpu_int4_bench.py). This
-kernel decodes the codes to bf16 tiles in registers and multiplies them on the tensor cores (`tl.dot`),
-so a many-row step runs near bf16 speed while every step still reads only the 4-bit form.
+torch's tinygemm kernel (`_weight_int4pack_mm`, quant_cuda.py) is compute-bound from ~32 rows: measured
+on an H200, a 2048-row step through Llama-3-8B's gate|up matrix took 16.5 ms against 0.62 ms in bf16
+(benchmarks/gpu_int4_bench.py). This kernel decodes the codes to bf16 tiles in registers and multiplies
+them on the tensor cores (`tl.dot`): the same step takes 1.8 ms, while every step still reads only the
+4-bit form.
 
-Layout (`TritonInt4Weight`, quant_cuda.py, which imports no Triton): `codes` uint8 [out, in / 2], byte j of a row holding code 2j in its low
-nibble and code 2j+1 in its high one; `scale` and `zero` bf16 [out, in / 32]; a weight is
-`(q - 8) * scale + zero`, the same rule (and the same bf16 rounding) as the tinygemm path, so every
-GGUF Q4_0/Q4_1 and `--isq q4` matrix maps onto it unchanged.
+Layout (`TritonInt4Weight`, in quant_cuda.py, which imports no Triton): `codes` uint8 [out, in / 2], byte
+j of a row holding code 2j in its low nibble and code 2j+1 in its high one; `scale` and `zero` bf16
+[out, in / 32]; a weight is `(q - 8) * scale + zero`, the same rule (and the same bf16 rounding) as the
+tinygemm path, so every GGUF Q4_0/Q4_1 and `--isq q4` matrix maps onto it unchanged.
 
 Few rows (decode) split the reduction over K (`SPLIT_K` programs per output tile, fp32 partial sums
 added after, in a fixed order) so even a 4096-row matrix spreads over all the GPU's multiprocessors.
