@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import os
 import select
+import signal
 import struct
 import subprocess
 import termios
@@ -64,3 +65,6 @@ def _own_terminal() -> None:
     # A new session whose controlling terminal is the pty: Ctrl-C typed there becomes SIGINT.
     os.setsid()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    # As a real shell starts it: an ignored SIGINT is inherited across exec (CI's runner ignores it),
+    # and Python then never turns Ctrl-C into KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
