@@ -23,18 +23,9 @@ SHAPES_8B = {
 
 
 def time_ms(fn, reps: int = 20) -> float:  # type: ignore[no-untyped-def]
-    import torch
+    from benchmarks.attention_bench import timed
 
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
+    return timed(fn, reps) / 1000
 
 
 def main() -> None:

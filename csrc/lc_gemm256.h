@@ -218,7 +218,7 @@ static void LC_FN(gemm2_rows)(int type, const uint8_t *w, int64_t n0, int64_t n1
                      : type == LC_Q6_K ? LC_G6
                      /* per-16 conversion, int16 sums over 16 values: 5-bit codes, and Q2_K/Q3_K's
                         per-16 scales (codes <= 7: far from saturating) */
-                     : (type == LC_Q5_0 || type == LC_Q5_1 || type == LC_Q5_K || type == LC_Q2_K || type == LC_Q3_K) ? LC_G5
+                     : (type == LC_Q5_0 || type == LC_Q5_1 || type == LC_Q5_K || lc_scales_per16(type)) ? LC_G5
                                                                               : LC_G4;
     float res[LC_HM][LC_HN];
     int mr;

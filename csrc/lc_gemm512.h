@@ -154,8 +154,7 @@ static void LC_FN(gemm_rows)(int type, const uint8_t *w, int64_t n0, int64_t n1,
     uint8_t *ci = c, *crows = c + LC_GN * k;
     float *s16 = ls + k / 4, *lsT = s16 + LC_GN * k / 16, *mcT = lsT + LC_GN * k / 16;
     LC_FN(gemm_tile)(type, w, n0, n1, k, row_bytes, ci, lsT, mcT, crows, ls, s16, mc);
-    /* values per float conversion: Q6_K, Q3_K and Q2_K change scale every 16 */
-    const int step = type == LC_Q6_K || type == LC_Q3_K || type == LC_Q2_K ? 16 : 32;
+    const int step = lc_scales_per16(type) ? 16 : 32; /* values per float conversion */
     float res[LC_GM][LC_GN];
     for (int64_t t0 = 0; t0 < t; t0 += LC_GM) {
         int mr = (int)(t - t0 < LC_GM ? t - t0 : LC_GM);

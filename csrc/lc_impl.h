@@ -265,13 +265,13 @@ static inline __attribute__((always_inline)) void LC_FN(lowbit_rounds)(
                                _mm512_cvtepi32_ps(_mm512_srli_epi32(sc, 4)));
         }
         const uint8_t *qs = blk + (q3 ? 32 : 16);
+        const __m256i hm = q3 ? _mm256_loadu_si256((const __m256i *)blk) : _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) { /* sub-blocks 2j, 2j + 1: codes bytes 32 (j / 2).., shifts 4 (j % 2) and +2 */
             __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * (j / 2)));
             int sh = 4 * (j % 2);
             __m256i la = _mm256_and_si256(_mm256_srli_epi16(v, sh), two);
             __m256i lb = _mm256_and_si256(_mm256_srli_epi16(v, sh + 2), two);
             if (q3) { /* third bit: bit s of high-mask byte l, for sub-block s */
-                __m256i hm = _mm256_loadu_si256((const __m256i *)blk);
                 la = _mm256_or_si256(la, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 2 * j), one), 2));
                 lb = _mm256_or_si256(lb, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 2 * j + 1), one), 2));
             }
@@ -374,7 +374,7 @@ static inline __attribute__((always_inline)) void LC_FN(fused)(
 #if LC_ISA == LC_ISA_AVX512VNNI
     /* Types whose offset is -2^n * scale (Q4_0, Q5_0, Q8_0, Q6_K) fold it into the integer dot product:
        the scalar-free loop is what one-row steps are bound by. */
-    const int shift = type == LC_Q4_0 ? 3 : type == LC_Q5_0 ? 4 : type == LC_Q6_K ? 5 : type == LC_Q8_0 ? 7 : type == LC_Q3_K ? 2 : -1;
+    const int shift = type == LC_Q4_0 ? 3 : type == LC_Q5_0 ? 4 : type == LC_Q6_K ? 5 : type == LC_Q8_0 ? 7 : -1;
     const int32_t *nls = (const int32_t *)(xs + k / 16);
     __m512 acc[4];
     for (int i = 0; i < 4; i++) acc[i] = _mm512_setzero_ps();

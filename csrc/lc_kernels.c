@@ -55,6 +55,8 @@ static inline int64_t lc_block_bytes(int type) {
     }
 }
 static inline int64_t lc_block_subs(int type) { return type >= LC_Q2_K ? 8 : 1; } /* K-quants: 256 values */
+/* Types whose scale changes every 16 values (the GEMMs convert their integer sums to float that often). */
+static inline int lc_scales_per16(int type) { return type == LC_Q2_K || type == LC_Q3_K || type == LC_Q6_K; }
 
 static inline uint16_t lc_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 

@@ -187,8 +187,9 @@ def _pick_mode(
         return QuantPolicy()
     wants_isq = isq is not None
     if on_cuda:  # device memory is the scarce resource: never a dense copy
-        free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
-        kernel = cuda_int4_kernel(dense_bytes * 9 // 32, free)  # 4 bits + bf16 scale/zero per 32: ~4.5
+        kernel = cuda_int4_kernel(
+            dense_bytes * 9 // 32, torch.cuda.mem_get_info(device)[0]
+        )  # 4 bits + bf16 scale/zero per 32: ~4.5
         return QuantPolicy(int4=True, cuda=True, isq=wants_isq, cuda_kernel=kernel)
     fits = available is None or dense_bytes <= available * DENSE_COPY_RAM_FRACTION
     ops = cpu_kernels.load() if device.type == "cpu" else None
@@ -366,13 +367,8 @@ def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) ->
             return F.linear(x, weight.dense, bias)
         out = weight.ops.matmul(x, weight)
         return out if bias is None else out + bias
-    if isinstance(weight, Int4CudaWeight):
+    if isinstance(weight, Int4CudaWeight | TritonInt4Weight):
         out = cuda_int4_linear(x, weight)
-        return out if bias is None else out + bias
-    if isinstance(weight, TritonInt4Weight):
-        from localchat.backends.torch.triton_int4 import triton_int4_linear  # imports Triton: CUDA only
-
-        out = triton_int4_linear(x, weight)
         return out if bias is None else out + bias
     if isinstance(weight, SplitQ8Weight):
         if x.shape[0] > 1:  # measured faster only for one row: the kernel is compute-bound

@@ -121,12 +121,15 @@ def pack_cuda(
     return Int4CudaWeight(packed, scale_zeros.contiguous(), out, cols)
 
 
-def cuda_int4_linear(x: torch.Tensor, weight: Int4CudaWeight) -> torch.Tensor:
-    """x [T, in] bf16 -> [T, out], through tinygemm (few rows, or no Triton form kept)."""
-    if weight.many_rows is not None and x.shape[0] >= TRITON_FROM_ROWS:
-        from localchat.backends.torch.triton_int4 import triton_int4_linear  # imports Triton
+def cuda_int4_linear(x: torch.Tensor, weight: Int4CudaWeight | TritonInt4Weight) -> torch.Tensor:
+    """x [T, in] bf16 -> [T, out]: Triton for its own form and, with both kept, for steps of
+    TRITON_FROM_ROWS rows or more; tinygemm otherwise."""
+    if isinstance(weight, Int4CudaWeight) and weight.many_rows is not None and x.shape[0] >= TRITON_FROM_ROWS:
+        weight = weight.many_rows
+    if isinstance(weight, TritonInt4Weight):
+        from localchat.backends.torch.triton_int4 import triton_int4_linear  # imports Triton: CUDA only
 
-        return triton_int4_linear(x, weight.many_rows)
+        return triton_int4_linear(x, weight)
     if x.shape[0] == 0:  # a prefill chunk that samples nothing: the kernel refuses an empty launch
         return x.new_empty(0, weight.out_features)
     return torch.ops.aten._weight_int4pack_mm(x, weight.packed, GROUP_SIZE, weight.scale_zeros)
