@@ -43,6 +43,8 @@ setup(
                 "csrc/lc_gemm512.h",
                 "csrc/lc_fused.h",
                 "csrc/lc_gemm256.h",
+                "csrc/lc_x16.h",
+                "csrc/lc_x16_layout.h",
             ],
             define_macros=[("Py_LIMITED_API", "0x030A0000")],
             py_limited_api=True,

@@ -143,6 +143,8 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #undef LC_FN
 #undef LC_ISA
 
+#include "lc_x16_layout.h"
+
 #ifdef LC_X86
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
@@ -160,6 +162,7 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #define LC_FN(name) name##_avx512vnni
 #define LC_ISA LC_ISA_AVX512VNNI
 #include "lc_impl.h"
+#include "lc_x16.h"
 #include "lc_attention.h"
 #include "lc_fused.h"
 #undef LC_FN
@@ -215,11 +218,79 @@ LC_EXPORT int lc_quantize(int isa, const void *x, int x_bf16, int64_t t, int64_t
     return 0;
 }
 
+/* Whether matrices of `type` and k columns can be repacked into the x16 layout for `isa` (its kernels
+   are AVX-512 VNNI only). */
+LC_EXPORT int lc_x16_supported(int isa, int type, int64_t k) {
+    return isa == LC_ISA_AVX512VNNI && lc_isa_supported(isa) && lc_x16_type_ok(type) && lc_type_ok(type, k);
+}
+
+/* Bytes of the x16 form of n rows of `type` with k columns (whole panels of 16 rows). */
+LC_EXPORT int64_t lc_x16_bytes(int type, int64_t n, int64_t k) {
+    if (!lc_x16_type_ok(type) || !lc_type_ok(type, k) || n < 0) return -1;
+    return (n + 15) / 16 * lc_x16_panel_bytes(type, k);
+}
+
+/* out (lc_x16_bytes) = the n GGUF rows of w (row_bytes apart) in the x16 layout (lc_x16_layout.h). */
+LC_EXPORT int lc_x16_repack(int type, const uint8_t *w, int64_t n, int64_t k, int64_t row_bytes, uint8_t *out) {
+    if (!lc_x16_type_ok(type) || !lc_type_ok(type, k) || n < 0 ||
+        row_bytes < k / 32 * lc_block_bytes(type) / lc_block_subs(type))
+        return -1;
+    lc_x16_pack(type, w, n, k, row_bytes, out);
+    return 0;
+}
+
+#ifdef LC_X86
+/* Per-thread activation summaries of the x16 kernels (the caller's thread), grown on demand. */
+static LC_THREAD void *lc_xsums;
+static LC_THREAD size_t lc_xsums_size;
+
+/* The x16 kernels' per-16 and per-32 activation sums and scales, from lc_quantize's outputs. */
+static int lc_x16_summaries(int64_t t, int64_t k, const int8_t *xq, const float *xd, const float *xs,
+                            xsum_avx512vnni *x) {
+    size_t need = (size_t)t * (size_t)(k / 16 + 3 * (k / 32)) * 4 + 64;
+    if (need > lc_xsums_size) {
+        free(lc_xsums);
+        lc_xsums = malloc(need);
+        lc_xsums_size = lc_xsums ? need : 0;
+        if (!lc_xsums) return -1;
+    }
+    int32_t *ns16 = (int32_t *)lc_xsums, *ns32 = ns16 + t * (k / 16);
+    float *dx32 = (float *)(ns32 + t * (k / 32)), *fs32 = dx32 + t * (k / 32);
+    for (int64_t i = 0; i < t; i++) {
+        const float *sums = xs + i * LC_XS(k);
+        const int32_t *lanes = (const int32_t *)(sums + k / 16); /* minus each 4 values' sum */
+        for (int64_t h = 0; h < k / 16; h++)
+            ns16[i * (k / 16) + h] = lanes[4 * h] + lanes[4 * h + 1] + lanes[4 * h + 2] + lanes[4 * h + 3];
+        for (int64_t s = 0; s < k / 32; s++) {
+            ns32[i * (k / 32) + s] = ns16[i * (k / 16) + 2 * s] + ns16[i * (k / 16) + 2 * s + 1];
+            dx32[i * (k / 32) + s] = xd[i * (k / 4) + 8 * s];
+            fs32[i * (k / 32) + s] = sums[2 * s] + sums[2 * s + 1];
+        }
+    }
+    x->xq = xq;
+    x->ns16 = ns16;
+    x->ns32 = ns32;
+    x->dx32 = dx32;
+    x->fs32 = fs32;
+    return 0;
+}
+#endif
+
 /* out[i, j] (row stride ldo; float32 or bfloat16) = sum_k x[i, k] * w[j, k] for the quantized
-   activations of lc_quantize and w: n rows of GGUF blocks of `type`, row_bytes apart. */
+   activations of lc_quantize and w: n rows of GGUF blocks of `type`, row_bytes apart, or with
+   type | LC_X16 the x16 form of lc_x16_repack (row_bytes unused). */
 LC_EXPORT int lc_matmul(int isa, int type, const uint8_t *w, int64_t n, int64_t k, int64_t row_bytes,
                         const int8_t *xq, const float *xd, const float *xs, int64_t t, void *out,
                         int out_bf16, int64_t ldo, int nth) {
+    if (type & LC_X16) {
+        if (!lc_x16_supported(isa, type & ~LC_X16, k) || nth < 1 || t < 0) return -1;
+#ifdef LC_X86
+        xsum_avx512vnni x;
+        if (lc_x16_summaries(t, k, xq, xd, xs, &x)) return -1;
+        x16_matmul_avx512vnni(type & ~LC_X16, w, n, k, x, t, out, out_bf16, ldo, nth);
+#endif
+        return 0;
+    }
     if (!lc_type_ok(type, k) || !lc_isa_supported(isa) || nth < 1) return -1;
 #ifdef LC_X86
     if (isa == LC_ISA_AVX512VNNI) {
@@ -315,6 +386,18 @@ LC_EXPORT int lc_linear(int isa, const void *x, int x_bf16, int64_t t, int64_t k
 /* out [r, k] = the weight rows ids[0..r) dequantized (embedding lookups from the quantized table). */
 LC_EXPORT int lc_dequant_rows(int type, const uint8_t *w, int64_t k, int64_t row_bytes, const int64_t *ids,
                               int64_t r, void *out, int out_bf16) {
+    if (type & LC_X16) { /* x16 form: row_bytes unused */
+        type &= ~LC_X16;
+        if (!lc_x16_type_ok(type) || !lc_type_ok(type, k)) return -1;
+        float *row = (float *)malloc((size_t)k * sizeof(float));
+        if (!row) return -1;
+        for (int64_t i = 0; i < r; i++) {
+            lc_x16_row(type, w, k, ids[i], row);
+            for (int64_t j = 0; j < k; j++) lc_store(out, out_bf16, i * k + j, row[j]);
+        }
+        free(row);
+        return 0;
+    }
     if (!lc_type_ok(type, k)) return -1;
     dequant_portable(type, w, k, row_bytes, ids, r, out, out_bf16);
     return 0;

@@ -13,6 +13,7 @@ from pathlib import Path
 from localchat.arch.registry import TOP_WEIGHTS, Architecture, architecture
 from localchat.errors import InsufficientMemoryError, ModelLoadError
 from localchat.weights.isq_plan import LINEAR_PARAMS, Role, isq_bytes
+from localchat.weights.x16 import loaded_block_bytes
 
 MIB = 2**20
 GIB = 2**30
@@ -97,7 +98,11 @@ def _loaded_gguf_bytes(path: Path, compact: frozenset[str], size: int, quant: st
         for t in open_gguf(path).tensors:
             kind = Q(t.tensor_type)
             dense = kind in (Q.F32, Q.F16, Q.BF16) or kind.name in compact
-            total += int(t.n_bytes) if dense else int(t.n_elements) * 2
+            dims = [int(d) for d in t.shape.tolist()]  # innermost first: [cols, rows]
+            stored = int(t.n_bytes)
+            if len(dims) == 2 and kind.name in compact:
+                stored = loaded_block_bytes(kind.name, dims[1], dims[0], stored)
+            total += stored if dense else int(t.n_elements) * 2
         return total
     except (ModelLoadError, OSError, ValueError, KeyError, TypeError):
         if quant is None or quant.upper() in compact:

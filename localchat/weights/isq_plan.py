@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from localchat.weights.x16 import loaded_block_bytes
+
 BLOCK_TYPES = {"q8_0": "Q8_0", "q4_k": "Q4_K", "q4_0": "Q4_0"}  # --isq value -> GGUF type
 HEAD_TYPE = "Q8_0"
 FALLBACK = {"Q4_K": "Q5_0"}  # for rows that do not split into Q4_K's 256s (llama.cpp's choice too)
@@ -60,7 +62,7 @@ def isq_bytes(isq: str, role: Role, shape: tuple[int, ...], dense_bytes: int) ->
         if qtype is None:
             return dense_bytes
         values, size = BLOCK_SHAPES[qtype]
-        return shape[0] * (shape[1] // values) * size
+        return loaded_block_bytes(qtype, shape[0], shape[1], shape[0] * (shape[1] // values) * size)
     int4 = isq == "q4" and len(shape) == 2 and not head
     if int4 and shape[0] % INT4_ROWS == 0 and shape[1] % INT4_GROUP == 0:
         return int(shape[0] * shape[1] * INT4_BITS) // 8

@@ -17,7 +17,7 @@ from tests.helpers.torch_batch import PagedDriver
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain recursion to a child."]
 NEW_TOKENS = 48
-MIN_TRACKED = 16  # tokens one prompt at least must match the reference for (assert_greedy_tracks)
+TRACKED_STEPS = 16  # teacher-forced steps per prompt checked by assert_greedy_tracks
 
 
 def chat_prompts(bundle: ModelBundle) -> list[list[int]]:
@@ -76,17 +76,37 @@ def assert_greedy_tracks(
 ) -> None:
     """Token-identical to the reference's greedy output until a near-tie: where they first differ, the
     reference's token is its top-1 and ours lies within `near_tie` of it in the reference's logits (a
-    second or third candidate that close is a tie within the quantization noise); and at least one
-    prompt matches for MIN_TRACKED tokens (each flip moves the text onto another path, so one early
-    near-tie must not hide a wrong kernel on every prompt)."""
+    second or third candidate that close is a tie within the quantization noise); and along the
+    reference's own tokens, every step's pick is the reference's or such a near-tie (assert_teacher_forced:
+    free generation alone could pass a wrong kernel hidden behind early near-ties on every prompt)."""
     got, want = greedy(ours, bundle, prompts), greedy(reference, bundle, prompts)
-    longest = 0
     for prompt, a, b in zip(prompts, got, want, strict=True):
         at = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
-        longest = max(longest, at)
         if at == len(a):
             continue
         best, gap = reference_gap(reference, prompt + b[:at], a[at])
         detail = f"first difference at token {at}: {label} {a[at]}, fp32 {b[at]}; fp32 logit gap {gap:.3f}"
         assert best == b[at] and gap < near_tie, detail
-    assert longest >= MIN_TRACKED, f"no prompt matched the reference for {MIN_TRACKED} tokens"
+    assert_teacher_forced(ours, reference, prompts, want, near_tie, label)
+
+
+def assert_teacher_forced(
+    ours: Any, reference: Any, prompts: list[list[int]], want: list[list[int]], near_tie: float, label: str
+) -> None:
+    """Both runners fed the reference's greedy tokens `want` for TRACKED_STEPS steps per prompt: at each
+    step our top-1 is the reference's, or within `near_tie` of it in the reference's logits. Unlike the
+    length of an identical free run (which one lucky or unlucky near-tie decides), this checks every
+    position on one path, so a wrong kernel shows within a few steps."""
+    for prompt, tokens in zip(prompts, want, strict=True):
+        drivers = [PagedDriver(r, num_blocks=64, block_size=16) for r in (ours, reference)]
+        for driver in drivers:
+            driver.add("m", prompt)
+        for step in range(min(TRACKED_STEPS, len(tokens))):
+            mine, ref = (np.asarray(d.step_logits()[1][0]).astype(np.float32, copy=False) for d in drivers)
+            pick, best = int(np.argmax(mine)), int(np.argmax(ref))
+            gap = float(ref[best] - ref[pick])
+            assert gap < near_tie, (
+                f"teacher-forced step {step}: {label} picks {pick}, fp32 {best}; fp32 logit gap {gap:.3f}"
+            )
+            for driver in drivers:
+                driver.feed("m", tokens[step])

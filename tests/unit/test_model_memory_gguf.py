@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from localchat.model_memory import compact_gguf_types, estimate
+from localchat.weights.x16 import x16_active
 from tests.helpers.tiny_gguf import random_state_dict, tiny_config, write_tiny_gguf
 
 KERNELS_BUILT = importlib.util.find_spec("localchat.backends.torch._lckernels") is not None
@@ -34,10 +35,24 @@ def test_k_quant_file_is_sized_as_stored_with_the_kernels(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("LOCALCHAT_KERNELS", raising=False)
+    monkeypatch.setenv("LOCALCHAT_KERNEL_LAYOUT", "gguf")
     path, _, _, stored = _q4_k_file(tmp_path)
     assert "Q4_K" in compact_gguf_types() and "Q6_K" in compact_gguf_types()
     assert estimate(path, 64).weights == stored
     assert stored < path.stat().st_size  # the rest of the file is metadata and the vocabulary
+
+
+@pytest.mark.skipif(not x16_active(), reason="the kernels do not repack on this CPU (no AVX-512 VNNI)")
+def test_k_quant_file_is_sized_in_the_x16_layout_where_the_kernels_repack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Repacked into panels of 16 rows (csrc/lc_x16_layout.h), Q4_K takes 148 bytes per 256 values (its
+    6-bit scales spread to bytes); every tiny matrix has a multiple of 16 rows, so no panel padding."""
+    monkeypatch.delenv("LOCALCHAT_KERNELS", raising=False)
+    monkeypatch.delenv("LOCALCHAT_KERNEL_LAYOUT", raising=False)
+    path, matrix, norms, stored = _q4_k_file(tmp_path)
+    assert estimate(path, 64).weights == matrix * 148 // 256 + norms * 4
+    assert estimate(path, 64).weights < stored * 1.03
 
 
 def test_k_quant_file_is_sized_dequantized_without_the_kernels(

@@ -15,6 +15,7 @@ from localchat.catalog import ResolvedModel
 from localchat.errors import InsufficientMemoryError
 from localchat.model_manager import ModelManager
 from localchat.model_memory import MIB, check_fits, estimate
+from localchat.weights.x16 import x16_active
 from tests.helpers.fake_app import fake_settings
 
 HIDDEN, FFN, VOCAB = 576, 1536, 512  # 576 = 18 * 32 (no multiple of 256, like SmolLM2); 1536 = 6 * 256
@@ -57,11 +58,27 @@ def _write_bf16_folder(folder: Path) -> int:
         ("q4", HEADS * 2 + (Q + DOWN) * 5 // 8 + NORM),  # int4 codes + bf16 scale and zero per 32
     ],
 )
-def test_estimate_sizes_weights_in_the_isq_format(tmp_path: Path, isq: str, weights: int) -> None:
+def test_estimate_sizes_weights_in_the_isq_format(
+    tmp_path: Path, isq: str, weights: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOCALCHAT_KERNEL_LAYOUT", "gguf")  # the file formats (x16: the test below)
     dense = _write_bf16_folder(tmp_path / "m")
     assert estimate(tmp_path / "m", None).weights >= dense  # no --isq: the files as they are
     assert estimate(tmp_path / "m", None, isq).weights == weights
     assert weights < dense
+
+
+@pytest.mark.skipif(not x16_active(), reason="the kernels do not repack on this CPU (no AVX-512 VNNI)")
+def test_estimate_sizes_q4_k_in_the_x16_layout_where_the_kernels_repack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Repacked (csrc/lc_x16_layout.h) Q4_K holds 148 bytes per 256 values; Q8_0 and Q5_0 as stored
+    (Q5_0 is not repacked; every matrix here has a multiple of 16 rows)."""
+    monkeypatch.delenv("LOCALCHAT_KERNEL_LAYOUT", raising=False)
+    monkeypatch.delenv("LOCALCHAT_KERNELS", raising=False)
+    _write_bf16_folder(tmp_path / "m")
+    want = HEADS * 34 // 32 + Q * 22 // 32 + DOWN * 148 // 256 + NORM
+    assert estimate(tmp_path / "m", None, "q4_k").weights == want
 
 
 def test_a_model_that_only_fits_quantized_passes_the_check_under_isq(tmp_path: Path) -> None:

@@ -46,16 +46,35 @@ BLOCKS: dict[str, tuple[int, int, int]] = {
 _I, _P, _L = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
 
 
+X16 = 0x100  # type flag: a segment in the x16 layout (csrc/lc_x16_layout.h)
+LAYOUT_ENV = "LOCALCHAT_KERNEL_LAYOUT"
+LAYOUTS = ("auto", "gguf")  # auto: x16 where the ISA has its kernels; gguf: the file's blocks as they are
+
+
 @dataclass(slots=True)
 class Segment:
-    """Consecutive output rows stored in one GGUF block type (fused matrices may mix types)."""
+    """Consecutive output rows stored in one GGUF block type (fused matrices may mix types).
+
+    `data` is the file's blocks, unchanged (uint8 [rows, bytes_per_row]), or with `packed_rows` set
+    the same values repacked into panels of 16 rows (csrc/lc_x16_layout.h; uint8 [panels, bytes]) that
+    the AVX-512 kernels read for every row count."""
 
     qtype: str
-    data: torch.Tensor  # uint8 [rows, bytes_per_row]: the file's blocks, unchanged
+    data: torch.Tensor
+    packed_rows: int = 0  # > 0: `data` is in the x16 layout and holds this many rows
 
     @property
     def rows(self) -> int:
-        return int(self.data.shape[0])
+        return self.packed_rows or int(self.data.shape[0])
+
+    @property
+    def type_id(self) -> int:
+        """The library's type argument: the GGML id, flagged when packed."""
+        return BLOCKS[self.qtype][0] | (X16 if self.packed_rows else 0)
+
+    @property
+    def row_bytes(self) -> int:
+        return 0 if self.packed_rows else int(self.data.shape[1])
 
 
 @dataclass(slots=True)
@@ -77,10 +96,10 @@ class BlockMatrix:
             n = len(self.segments)
             self.call_args = (
                 n,
-                (ctypes.c_int * n)(*(BLOCKS[s.qtype][0] for s in self.segments)),
+                (ctypes.c_int * n)(*(s.type_id for s in self.segments)),
                 (ctypes.c_uint64 * n)(*(s.data.data_ptr() for s in self.segments)),
                 (ctypes.c_int64 * n)(*(s.rows for s in self.segments)),
-                (ctypes.c_int64 * n)(*(s.data.shape[1] for s in self.segments)),
+                (ctypes.c_int64 * n)(*(s.row_bytes for s in self.segments)),
             )
         return self.call_args
 
@@ -128,12 +147,25 @@ class Kernels:
             ids.numel(), cols, dtype=torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
         )
         rc = self.lib.lc_dequant_rows(
-            BLOCKS[seg.qtype][0], seg.data.data_ptr(), cols, seg.data.shape[1], ids.data_ptr(), ids.numel(),
+            seg.type_id, seg.data.data_ptr(), cols, seg.row_bytes, ids.data_ptr(), ids.numel(),
             out.data_ptr(), int(out.dtype == torch.bfloat16),
         )  # fmt: skip
         if rc:
             raise BackendUnavailableError(f"The CPU kernels cannot read {seg.qtype} rows of {cols} values.")
         return out.to(dtype)
+
+    def repack(self, seg: Segment, cols: int) -> Segment:
+        """`seg` in the x16 layout where this ISA has kernels for it (else `seg` itself): the same
+        values and results (integer codes and scales copied exactly), read faster at every row count."""
+        tid = BLOCKS[seg.qtype][0]
+        if seg.packed_rows or not self.lib.lc_x16_supported(self.isa, tid, cols):
+            return seg
+        panels = (seg.rows + 15) // 16
+        data = torch.empty(panels, self.lib.lc_x16_bytes(tid, 16, cols), dtype=torch.uint8)
+        rc = self.lib.lc_x16_repack(tid, seg.data.data_ptr(), seg.rows, cols, seg.row_bytes, data.data_ptr())
+        if rc:
+            raise BackendUnavailableError(f"The CPU kernels cannot repack {seg.qtype} rows of {cols} values.")
+        return Segment(seg.qtype, data, seg.rows)
 
     def decode_attention(
         self,
@@ -288,6 +320,9 @@ def _library() -> ctypes.CDLL | None:
     lib.lc_linear.restype = _I
     lib.lc_dequant_rows.argtypes = [_I, _P, _L, _L, _P, _L, _P, _I]
     lib.lc_dequant_rows.restype = _I
+    lib.lc_x16_supported.argtypes, lib.lc_x16_supported.restype = [_I, _I, _L], _I
+    lib.lc_x16_bytes.argtypes, lib.lc_x16_bytes.restype = [_I, _L, _L], _L
+    lib.lc_x16_repack.argtypes, lib.lc_x16_repack.restype = [_I, _P, _L, _L, _L, _P], _I
     lib.lc_decode_attention.argtypes = [_I, _P, _I, _L, _L, _L, _L, _P, _I, _P, _L, _P, _L, _P, _L]
     lib.lc_decode_attention.argtypes += [ctypes.c_float, _L, ctypes.c_float, _P, _I, _I]
     lib.lc_decode_attention.restype = _I
@@ -298,6 +333,17 @@ def _library() -> ctypes.CDLL | None:
     lib.lc_decode_rope_attention.argtypes += [_P, _L, _P, _L, _F, _L, _F, _P, _I]
     lib.lc_decode_rope_attention.restype = _I
     return lib
+
+
+def layout_choice() -> str:
+    """`LOCALCHAT_KERNEL_LAYOUT`: `auto` repacks block matrices into the x16 layout where the kernels
+    read it (AVX-512 VNNI; Q4_0, Q4_1, Q8_0, Q4_K, Q6_K), `gguf` keeps the file's blocks as they are."""
+    choice = os.environ.get(LAYOUT_ENV, "auto").strip().lower() or "auto"
+    if choice not in LAYOUTS:
+        raise BackendUnavailableError(
+            f"{LAYOUT_ENV}={choice!r} is not a layout; use one of {', '.join(LAYOUTS)}."
+        )
+    return choice
 
 
 def runnable_isas() -> list[str]:

@@ -340,6 +340,9 @@ def _merge_segments(parts: list[BlockMatrix]) -> BlockMatrix:
 
 def finalize(loaded: Loaded, dtype: torch.dtype, device: torch.device, policy: QuantPolicy) -> Weight:
     if isinstance(loaded, BlockMatrix):
+        if cpu_kernels.layout_choice() == "auto":  # after fusing: panels of 16 rows span the parts
+            loaded.segments = [loaded.ops.repack(s, loaded.cols) for s in loaded.segments]
+            loaded.call_args = None
         if policy.block_copies:
             loaded.dense = _dense(loaded, dtype, device)
         return loaded
