@@ -4,7 +4,8 @@ rows), so a panel's 16 outputs accumulate in one register per activation row. In
 once per unit of one scale (32 values; 16 for Q6_K). Two integer chains per row (even and odd code
 groups) keep vpdpbusd's latency hidden when only one row runs. Included by lc_impl.h. */
 
-#define LC_X16_MR 6 /* activation rows per pass over a panel: 2 chains + 1 result register each */
+#define LC_X16_MR 6        /* activation rows per pass over a panel (pair) */
+#define LC_X16_ONE_PANEL 2 /* steps of up to this many rows read one panel per pass */
 
 /* Per-call activation summaries the x16 kernels read beside the codes (from lc_quantize's outputs). */
 typedef struct {
@@ -26,122 +27,6 @@ static inline __m512 LC_FN(u8f)(const uint8_t *p) { return _mm512_cvtepi32_ps(_m
 static inline __m512 LC_FN(i8f)(const uint8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 static inline __m512 LC_FN(h16)(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 
-/* 32 values of nibble codes (q) into the two chains of `mr` rows starting at activation column x0. */
-static inline __attribute__((always_inline)) void LC_FN(x16_nibbles)(const int mr, const uint8_t *q, const int8_t *xq,
-                                                                     int64_t k, int64_t x0, __m512i *a, __m512i *b) {
-    const __m512i low = _mm512_set1_epi8(15);
-    for (int j = 0; j < 4; j++) {
-        __m512i v = _mm512_loadu_si512((const void *)(q + 64 * j));
-        __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-        for (int i = 0; i < mr; i++) {
-            a[i] = _mm512_dpbusd_epi32(a[i], lo, LC_FN(x4)(xq + i * k + x0 + 8 * j));
-            b[i] = _mm512_dpbusd_epi32(b[i], hi, LC_FN(x4)(xq + i * k + x0 + 8 * j + 4));
-        }
-    }
-}
-
-/* out[i] += the panel `p` against activation rows 0..mr of `x` (pointers already at the first row). */
-static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int type, const int mr, const uint8_t *p,
-                                                                   int64_t k, LC_FN(xsum) x, __m512 *out) {
-    const int64_t k16 = k / 16, k32 = k / 32, ub = lc_x16_unit_bytes(type);
-    __m512i a[LC_X16_MR], b[LC_X16_MR];
-    if (type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q8_0) {
-        for (int64_t s = 0; s < k32; s++) {
-            const uint8_t *u = p + s * ub;
-            _mm_prefetch((const char *)(u + LC_PF), _MM_HINT_T0);
-            _mm_prefetch((const char *)(u + LC_PF + 64), _MM_HINT_T0);
-            _mm_prefetch((const char *)(u + LC_PF + 128), _MM_HINT_T0);
-            _mm_prefetch((const char *)(u + LC_PF + 192), _MM_HINT_T0);
-            _mm_prefetch((const char *)(u + LC_PF + 256), _MM_HINT_T0);
-            if (type == LC_Q8_0) {
-                for (int l = 320; l < 16 * 34; l += 64) _mm_prefetch((const char *)(u + LC_PF + l), _MM_HINT_T0);
-            }
-            __m512 dv = LC_FN(h16)(u);
-            for (int i = 0; i < mr; i++) {
-                b[i] = _mm512_setzero_si512();
-                /* offsets -8d (Q4_0), -128d (Q8_0): start at that times the activation sum */
-                a[i] = type == LC_Q4_1 ? b[i] : _mm512_slli_epi32(_mm512_set1_epi32(x.ns32[i * k32 + s]), type == LC_Q4_0 ? 3 : 7);
-            }
-            if (type == LC_Q8_0) {
-                for (int g = 0; g < 8; g += 2) {
-                    __m512i c0 = _mm512_loadu_si512((const void *)(u + 32 + 64 * g));
-                    __m512i c1 = _mm512_loadu_si512((const void *)(u + 96 + 64 * g));
-                    for (int i = 0; i < mr; i++) {
-                        a[i] = _mm512_dpbusd_epi32(a[i], c0, LC_FN(x4)(x.xq + i * k + 32 * s + 4 * g));
-                        b[i] = _mm512_dpbusd_epi32(b[i], c1, LC_FN(x4)(x.xq + i * k + 32 * s + 4 * g + 4));
-                    }
-                }
-            } else {
-                LC_FN(x16_nibbles)(mr, u + (type == LC_Q4_1 ? 64 : 32), x.xq, k, 32 * s, a, b);
-            }
-            for (int i = 0; i < mr; i++) {
-                __m512 f = _mm512_mul_ps(dv, _mm512_set1_ps(x.dx32[i * k32 + s]));
-                out[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a[i], b[i])), f, out[i]);
-            }
-            if (type == LC_Q4_1) {
-                __m512 mv = LC_FN(h16)(u + 32);
-                for (int i = 0; i < mr; i++) out[i] = _mm512_fmadd_ps(mv, _mm512_set1_ps(x.fs32[i * k32 + s]), out[i]);
-            }
-        }
-        return;
-    }
-    for (int64_t s8 = 0; s8 < k / 256; s8++) { /* K-quants: one 256-value unit per round */
-        const uint8_t *u = p + s8 * ub;
-        __m512 dv = LC_FN(h16)(u);
-        if (type == LC_Q4_K) {
-            __m512 mn = LC_FN(h16)(u + 32);
-            for (int j = 0; j < 8; j++) {
-                const uint8_t *q = u + 320 + 256 * j;
-                for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)(q + LC_PF + l), _MM_HINT_T0);
-                int64_t s = 8 * s8 + j;
-                for (int i = 0; i < mr; i++) a[i] = b[i] = _mm512_setzero_si512();
-                LC_FN(x16_nibbles)(mr, q, x.xq, k, 32 * s, a, b);
-                __m512 sv = _mm512_mul_ps(dv, LC_FN(u8f)(u + 64 + 16 * j));
-                __m512 mv = _mm512_mul_ps(mn, LC_FN(u8f)(u + 192 + 16 * j)); /* subtracted */
-                for (int i = 0; i < mr; i++) {
-                    __m512 f = _mm512_mul_ps(sv, _mm512_set1_ps(x.dx32[i * k32 + s]));
-                    out[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a[i], b[i])), f, out[i]);
-                    out[i] = _mm512_fnmadd_ps(mv, _mm512_set1_ps(x.fs32[i * k32 + s]), out[i]);
-                }
-            }
-        } else { /* LC_Q6_K: one scale per 16 values */
-            const __m512i low = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
-            for (int j = 0; j < 8; j++) {
-                const uint8_t *ql = u + 288 + 256 * j, *qh = u + 288 + 2048 + 128 * j;
-                for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)(ql + LC_PF + l), _MM_HINT_T0);
-                _mm_prefetch((const char *)(qh + LC_PF), _MM_HINT_T0);
-                _mm_prefetch((const char *)(qh + LC_PF + 64), _MM_HINT_T0);
-                int64_t s = 8 * s8 + j;
-                for (int hh = 0; hh < 2; hh++) {
-                    int64_t h = 2 * s + hh, x0 = 32 * s + 16 * hh;
-                    __m512i v0 = _mm512_loadu_si512((const void *)(ql + 128 * hh));
-                    __m512i v1 = _mm512_loadu_si512((const void *)(ql + 128 * hh + 64));
-                    __m512i hv = _mm512_loadu_si512((const void *)(qh + 64 * hh));
-                    __m512i c0 = _mm512_or_si512(_mm512_and_si512(v0, low), _mm512_and_si512(_mm512_slli_epi16(hv, 4), top));
-                    __m512i c1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v0, 4), low),
-                                                 _mm512_and_si512(_mm512_slli_epi16(hv, 2), top));
-                    __m512i c2 = _mm512_or_si512(_mm512_and_si512(v1, low), _mm512_and_si512(hv, top));
-                    __m512i c3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v1, 4), low),
-                                                 _mm512_and_si512(_mm512_srli_epi16(hv, 2), top));
-                    for (int i = 0; i < mr; i++) { /* offset -32 x scale: start at -32 x the activation sum */
-                        a[i] = _mm512_slli_epi32(_mm512_set1_epi32(x.ns16[i * k16 + h]), 5);
-                        const int8_t *xr = x.xq + i * k + x0;
-                        a[i] = _mm512_dpbusd_epi32(a[i], c0, LC_FN(x4)(xr));
-                        b[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c1, LC_FN(x4)(xr + 4));
-                        a[i] = _mm512_dpbusd_epi32(a[i], c2, LC_FN(x4)(xr + 8));
-                        b[i] = _mm512_dpbusd_epi32(b[i], c3, LC_FN(x4)(xr + 12));
-                    }
-                    __m512 sv = _mm512_mul_ps(dv, LC_FN(i8f)(u + 32 + 16 * (2 * j + hh)));
-                    for (int i = 0; i < mr; i++) {
-                        __m512 f = _mm512_mul_ps(sv, _mm512_set1_ps(x.dx32[i * k32 + s]));
-                        out[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a[i], b[i])), f, out[i]);
-                    }
-                }
-            }
-        }
-    }
-}
-
 /* 16 floats (the first `cols`) to out + at, as float32 or bfloat16 (nearest even; inf/NaN kept). */
 static inline void LC_FN(x16_store)(__m512 v, void *out, int out_bf16, int64_t at, int cols) {
     __mmask16 m = (__mmask16)(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
@@ -158,42 +43,212 @@ static inline void LC_FN(x16_store)(__m512 v, void *out, int out_bf16, int64_t a
     _mm256_mask_storeu_epi16((uint16_t *)out + at, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
 }
 
-#define LC_X16_ROWS(T)                                                                                     \
+/* Integer chains: with one panel, two per row (even and odd code groups: vpdpbusd's latency stays hidden
+   at one row); with two panels, one per row and panel. ch(np, g, pp) picks the chain of code group g. */
+#define LC_X16_CH(np, g, pp) ((np) == 1 ? ((g) & 1) : (pp))
+
+/* Code group g (4 values at activation column x0 + 4g) of every panel into the chains of `mr` rows. */
+static inline __attribute__((always_inline)) void LC_FN(x16_group)(const int mr, const int np, const int g, const __m512i *cv,
+                                                                   const int8_t *xq, int64_t k, int64_t x0,
+                                                                   __m512i c[][2]) {
+    for (int i = 0; i < mr; i++) {
+        __m512i xb = LC_FN(x4)(xq + i * k + x0 + 4 * g);
+        for (int pp = 0; pp < np; pp++) c[i][LC_X16_CH(np, g, pp)] = _mm512_dpbusd_epi32(c[i][LC_X16_CH(np, g, pp)], cv[pp], xb);
+    }
+}
+
+/* 32 values of nibble codes (at q in each panel, panels pb apart) into the chains. */
+static inline __attribute__((always_inline)) void LC_FN(x16_nibbles)(const int mr, const int np, const uint8_t *q, int64_t pb,
+                                                                     const int8_t *xq, int64_t k, int64_t x0,
+                                                                     __m512i c[][2]) {
+    const __m512i low = _mm512_set1_epi8(15);
+    for (int j = 0; j < 4; j++) {
+        __m512i lo[2], hi[2];
+        for (int pp = 0; pp < np; pp++) {
+            __m512i v = _mm512_loadu_si512((const void *)(q + pp * pb + 64 * j));
+            lo[pp] = _mm512_and_si512(v, low);
+            hi[pp] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        }
+        LC_FN(x16_group)(mr, np, 2 * j, lo, xq, k, x0, c);
+        LC_FN(x16_group)(mr, np, 2 * j + 1, hi, xq, k, x0, c);
+    }
+}
+
+/* Chains of each row and panel to zero, or to `init` (an offset times the activation sum) for chain 0
+   of each panel. */
+static inline __attribute__((always_inline)) void LC_FN(x16_start)(const int mr, const int np, const int shift, const int32_t *ns,
+                                                                   int64_t stride, __m512i c[][2]) {
+    for (int i = 0; i < mr; i++) {
+        c[i][0] = c[i][1] = _mm512_setzero_si512();
+        if (shift >= 0) {
+            __m512i init = _mm512_slli_epi32(_mm512_set1_epi32(ns[i * stride]), shift);
+            for (int pp = 0; pp < np; pp++) c[i][LC_X16_CH(np, 0, pp)] = init;
+        }
+    }
+}
+
+/* out[i][pp] += chains as float times scale sv[pp] times the row's activation scale. */
+static inline __attribute__((always_inline)) void LC_FN(x16_scale)(const int mr, const int np, __m512i c[][2], const __m512 *sv,
+                                                                   const float *dx, int64_t stride, __m512 out[][2]) {
+    for (int i = 0; i < mr; i++) {
+        __m512 d = _mm512_set1_ps(dx[i * stride]);
+        if (np == 1) {
+            out[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(c[i][0], c[i][1])), _mm512_mul_ps(sv[0], d), out[i][0]);
+        } else {
+            for (int pp = 0; pp < np; pp++)
+                out[i][pp] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c[i][pp]), _mm512_mul_ps(sv[pp], d), out[i][pp]);
+        }
+    }
+}
+
+/* The np panels from `p` (pb bytes apart) against activation rows 0..mr of `x`, stored to dst (row
+   stride ldo; the first cols[pp] columns of each panel). Accumulators are locals of literal-size loops
+   after inlining, so they stay in registers (an array the caller indexed lived on the stack). */
+static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int type, const int mr, const int np, const uint8_t *p,
+                                                                   int64_t pb, int64_t k, LC_FN(xsum) x, void *dst,
+                                                                   int out_bf16, int64_t ldo, const int *cols) {
+    const int64_t k16 = k / 16, k32 = k / 32, ub = lc_x16_unit_bytes(type);
+    __m512i c[LC_X16_MR][2];
+    __m512 sv[2], mv[2], out[LC_X16_MR][2];
+    for (int i = 0; i < mr; i++) out[i][0] = out[i][1] = _mm512_setzero_ps();
+    if (type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q8_0) {
+        for (int64_t s = 0; s < k32; s++) {
+            const uint8_t *u = p + s * ub;
+            for (int pp = 0; pp < np; pp++)
+                for (int l = 0; l < ub; l += 64) _mm_prefetch((const char *)(u + pp * pb + LC_PF + l), _MM_HINT_T0);
+            for (int pp = 0; pp < np; pp++) sv[pp] = LC_FN(h16)(u + pp * pb);
+            /* offsets -8d (Q4_0), -128d (Q8_0): chains start at that times the activation sum */
+            LC_FN(x16_start)(mr, np, type == LC_Q4_1 ? -1 : type == LC_Q4_0 ? 3 : 7, x.ns32 + s, k32, c);
+            if (type == LC_Q8_0) {
+                for (int g = 0; g < 8; g++) {
+                    __m512i cv[2];
+                    for (int pp = 0; pp < np; pp++) cv[pp] = _mm512_loadu_si512((const void *)(u + pp * pb + 32 + 64 * g));
+                    LC_FN(x16_group)(mr, np, g, cv, x.xq, k, 32 * s, c);
+                }
+            } else {
+                LC_FN(x16_nibbles)(mr, np, u + (type == LC_Q4_1 ? 64 : 32), pb, x.xq, k, 32 * s, c);
+            }
+            LC_FN(x16_scale)(mr, np, c, sv, x.dx32 + s, k32, out);
+            if (type == LC_Q4_1) {
+                for (int pp = 0; pp < np; pp++) mv[pp] = LC_FN(h16)(u + pp * pb + 32);
+                for (int i = 0; i < mr; i++) {
+                    __m512 f = _mm512_set1_ps(x.fs32[i * k32 + s]);
+                    for (int pp = 0; pp < np; pp++) out[i][pp] = _mm512_fmadd_ps(mv[pp], f, out[i][pp]);
+                }
+            }
+        }
+    }
+    const int64_t units256 = type == LC_Q4_K || type == LC_Q6_K ? k / 256 : 0;
+    for (int64_t s8 = 0; s8 < units256; s8++) { /* K-quants: one 256-value unit per round */
+        const uint8_t *u = p + s8 * ub;
+        __m512 dv[2], mn[2];
+        for (int pp = 0; pp < np; pp++) dv[pp] = LC_FN(h16)(u + pp * pb);
+        if (type == LC_Q4_K) {
+            for (int pp = 0; pp < np; pp++) mn[pp] = LC_FN(h16)(u + pp * pb + 32);
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *q = u + 320 + 256 * j;
+                for (int pp = 0; pp < np; pp++)
+                    for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)(q + pp * pb + LC_PF + l), _MM_HINT_T0);
+                int64_t s = 8 * s8 + j;
+                LC_FN(x16_start)(mr, np, -1, x.ns32, k32, c);
+                LC_FN(x16_nibbles)(mr, np, q, pb, x.xq, k, 32 * s, c);
+                for (int pp = 0; pp < np; pp++) {
+                    sv[pp] = _mm512_mul_ps(dv[pp], LC_FN(u8f)(u + pp * pb + 64 + 16 * j));
+                    mv[pp] = _mm512_mul_ps(mn[pp], LC_FN(u8f)(u + pp * pb + 192 + 16 * j)); /* subtracted */
+                }
+                LC_FN(x16_scale)(mr, np, c, sv, x.dx32 + s, k32, out);
+                for (int i = 0; i < mr; i++) {
+                    __m512 f = _mm512_set1_ps(x.fs32[i * k32 + s]);
+                    for (int pp = 0; pp < np; pp++) out[i][pp] = _mm512_fnmadd_ps(mv[pp], f, out[i][pp]);
+                }
+            }
+        } else { /* LC_Q6_K: one scale per 16 values */
+            const __m512i low = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *ql = u + 288 + 256 * j, *qh = u + 288 + 2048 + 128 * j;
+                for (int pp = 0; pp < np; pp++) {
+                    for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)(ql + pp * pb + LC_PF + l), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(qh + pp * pb + LC_PF), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(qh + pp * pb + LC_PF + 64), _MM_HINT_T0);
+                }
+                int64_t s = 8 * s8 + j;
+                for (int hh = 0; hh < 2; hh++) {
+                    int64_t h = 2 * s + hh, x0 = 32 * s + 16 * hh;
+                    __m512i cg[4][2];
+                    for (int pp = 0; pp < np; pp++) {
+                        __m512i v0 = _mm512_loadu_si512((const void *)(ql + pp * pb + 128 * hh));
+                        __m512i v1 = _mm512_loadu_si512((const void *)(ql + pp * pb + 128 * hh + 64));
+                        __m512i hv = _mm512_loadu_si512((const void *)(qh + pp * pb + 64 * hh));
+                        cg[0][pp] = _mm512_or_si512(_mm512_and_si512(v0, low), _mm512_and_si512(_mm512_slli_epi16(hv, 4), top));
+                        cg[1][pp] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v0, 4), low),
+                                                    _mm512_and_si512(_mm512_slli_epi16(hv, 2), top));
+                        cg[2][pp] = _mm512_or_si512(_mm512_and_si512(v1, low), _mm512_and_si512(hv, top));
+                        cg[3][pp] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v1, 4), low),
+                                                    _mm512_and_si512(_mm512_srli_epi16(hv, 2), top));
+                    }
+                    /* offset -32 x scale: chains start at -32 x the activation sum */
+                    LC_FN(x16_start)(mr, np, 5, x.ns16 + h, k16, c);
+                    for (int g = 0; g < 4; g++) LC_FN(x16_group)(mr, np, g, cg[g], x.xq, k, x0, c);
+                    for (int pp = 0; pp < np; pp++) sv[pp] = _mm512_mul_ps(dv[pp], LC_FN(i8f)(u + pp * pb + 32 + 16 * (2 * j + hh)));
+                    LC_FN(x16_scale)(mr, np, c, sv, x.dx32 + s, k32, out);
+                }
+            }
+        }
+    }
+    for (int pp = 0; pp < np; pp++)
+        for (int i = 0; i < mr; i++) LC_FN(x16_store)(out[i][pp], dst, out_bf16, i * ldo + 16 * pp, cols[pp]);
+}
+
+#define LC_X16_ROWS(T, NP)                                                                                 \
     switch (mr) {                                                                                          \
-    case 1: LC_FN(x16_panel)(T, 1, p, k, xr, acc); break;                                                  \
-    case 2: LC_FN(x16_panel)(T, 2, p, k, xr, acc); break;                                                  \
-    case 3: LC_FN(x16_panel)(T, 3, p, k, xr, acc); break;                                                  \
-    case 4: LC_FN(x16_panel)(T, 4, p, k, xr, acc); break;                                                  \
-    case 5: LC_FN(x16_panel)(T, 5, p, k, xr, acc); break;                                                  \
-    default: LC_FN(x16_panel)(T, 6, p, k, xr, acc); break;                                                 \
+    case 1: LC_FN(x16_panel)(T, 1, NP, p, pb, k, xr, dst, out_bf16, ldo, cols); break;                                          \
+    case 2: LC_FN(x16_panel)(T, 2, NP, p, pb, k, xr, dst, out_bf16, ldo, cols); break;                                          \
+    case 3: LC_FN(x16_panel)(T, 3, NP, p, pb, k, xr, dst, out_bf16, ldo, cols); break;                                          \
+    case 4: LC_FN(x16_panel)(T, 4, NP, p, pb, k, xr, dst, out_bf16, ldo, cols); break;                                          \
+    case 5: LC_FN(x16_panel)(T, 5, NP, p, pb, k, xr, dst, out_bf16, ldo, cols); break;                                          \
+    default: LC_FN(x16_panel)(T, 6, NP, p, pb, k, xr, dst, out_bf16, ldo, cols); break;                                         \
+    }
+#define LC_X16_TYPES(NP)                                                                                   \
+    switch (type) {                                                                                        \
+    case LC_Q4_0: LC_X16_ROWS(LC_Q4_0, NP) break;                                                          \
+    case LC_Q4_1: LC_X16_ROWS(LC_Q4_1, NP) break;                                                          \
+    case LC_Q8_0: LC_X16_ROWS(LC_Q8_0, NP) break;                                                          \
+    case LC_Q4_K: LC_X16_ROWS(LC_Q4_K, NP) break;                                                          \
+    default: LC_X16_ROWS(LC_Q6_K, NP) break;                                                               \
     }
 
-/* out[t, n] (row stride ldo) for the packed matrix w of n rows: panels split over threads, each panel
-   read once per LC_X16_MR activation rows (from L1/L2 after the first pass). */
+/* out[t, n] (row stride ldo) for the packed matrix w of n rows. Steps of more than LC_X16_ONE_PANEL rows
+   take two panels per pass (each activation broadcast feeds two vpdpbusd); the panels (pairs) split
+   over threads, each read once per LC_X16_MR activation rows (from L1/L2 after the first pass). */
 static void LC_FN(x16_matmul)(int type, const uint8_t *w, int64_t n, int64_t k, LC_FN(xsum) x, int64_t t, void *out,
                               int out_bf16, int64_t ldo, int nth) {
     int64_t panels = (n + 15) / 16, pb = lc_x16_panel_bytes(type, k);
+    const int np = t > LC_X16_ONE_PANEL && panels > 1 ? 2 : 1;
+    int64_t items = (panels + np - 1) / np;
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(nth) schedule(static)
 #endif
-    for (int64_t pi = 0; pi < panels; pi++) {
-        const uint8_t *p = w + pi * pb;
-        int cols = (int)(n - 16 * pi < 16 ? n - 16 * pi : 16);
+    for (int64_t it = 0; it < items; it++) {
+        int64_t p0 = it * np;
+        const uint8_t *p = w + p0 * pb;
+        int two = np == 2 && p0 + 1 < panels; /* a last odd panel runs alone */
         for (int64_t t0 = 0; t0 < t; t0 += LC_X16_MR) {
             int mr = (int)(t - t0 < LC_X16_MR ? t - t0 : LC_X16_MR);
             LC_FN(xsum) xr = {x.xq + t0 * k, x.ns16 + t0 * (k / 16), x.ns32 + t0 * (k / 32), x.dx32 + t0 * (k / 32),
                               x.fs32 + t0 * (k / 32)};
-            __m512 acc[LC_X16_MR];
-            for (int i = 0; i < LC_X16_MR; i++) acc[i] = _mm512_setzero_ps();
-            switch (type) {
-            case LC_Q4_0: LC_X16_ROWS(LC_Q4_0) break;
-            case LC_Q4_1: LC_X16_ROWS(LC_Q4_1) break;
-            case LC_Q8_0: LC_X16_ROWS(LC_Q8_0) break;
-            case LC_Q4_K: LC_X16_ROWS(LC_Q4_K) break;
-            default: LC_X16_ROWS(LC_Q6_K) break;
+            int cols[2];
+            for (int pp = 0; pp < 2; pp++) {
+                int64_t left = n - 16 * (p0 + pp);
+                cols[pp] = (int)(left < 16 ? left : 16);
             }
-            for (int i = 0; i < mr; i++) LC_FN(x16_store)(acc[i], out, out_bf16, (t0 + i) * ldo + 16 * pi, cols);
+            char *dst = (char *)out + (size_t)(t0 * ldo + 16 * p0) * (out_bf16 ? 2 : 4);
+            if (two) {
+                LC_X16_TYPES(2)
+            } else {
+                LC_X16_TYPES(1)
+            }
         }
     }
 }
 #undef LC_X16_ROWS
+#undef LC_X16_TYPES

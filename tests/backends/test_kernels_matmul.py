@@ -35,7 +35,10 @@ from tests.helpers import kquants
 
 SIMPLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 K_QUANTS = dict(kquants.K_QUANTIZERS)  # Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
-ISAS = kernels.runnable_isas()
+# Every ISA this CPU runs, and the AVX-512 kernels once more on the x16 layout (blocks repacked into
+# panels of 16 rows at load: csrc/lc_x16_layout.h) for the types it holds.
+ISAS = kernels.runnable_isas() + (["avx512vnni+x16"] if "avx512vnni" in kernels.runnable_isas() else [])
+X16_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")
 
 
 def test_the_extension_is_built_where_a_compiler_is() -> None:
@@ -90,9 +93,16 @@ def compare(qtype: str, isa: str, raw: np.ndarray, x: np.ndarray, dtype: torch.d
     out_features = w.shape[0]
     x_in = torch.from_numpy(x).to(dtype)
     x = x_in.double().numpy()  # what the kernel sees (bf16 inputs are rounded already)
+    isa, _, layout = isa.partition("+")
+    if layout and qtype not in X16_TYPES:
+        pytest.skip(f"{qtype} stays in GGUF blocks (no x16 form)")
     ops = kernels.load(isa)
     assert ops is not None
-    matrix = kernels.BlockMatrix([kernels.Segment(qtype, torch.from_numpy(raw))], cols, ops)
+    segment = kernels.Segment(qtype, torch.from_numpy(raw))
+    if layout:
+        segment = ops.repack(segment, cols)
+        assert segment.packed_rows == out_features and segment.data.shape[0] == -(-out_features // 16)
+    matrix = kernels.BlockMatrix([segment], cols, ops)
     got = ops.matmul(x_in, matrix).double().numpy()
     xr, d = rounded(x.astype(np.float32))
     exact_q = xr @ w.T
@@ -248,3 +258,68 @@ def test_env_forces_an_isa_or_the_fallback(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv(kernels.KERNELS_ENV, "sse9")
     with pytest.raises(BackendUnavailableError, match="auto, off or one of"):
         kernels.load()
+
+
+needs_x16 = pytest.mark.skipif(
+    "avx512vnni+x16" not in ISAS, reason="no AVX-512 VNNI: blocks stay as in the file"
+)
+
+
+@needs_x16
+@pytest.mark.parametrize("qtype", X16_TYPES)
+def test_x16_rows_dequantize_exactly_as_the_file_blocks(qtype: str) -> None:
+    """Embedding lookups from a repacked table (a tied LM head is repacked): every row, including the
+    zero-padded last panel's, equals the GGUF form's bit for bit."""
+    raw = weights(qtype, 21, 512, seed=5)  # one full panel and a partial one
+    ops = kernels.load("avx512vnni")
+    assert ops is not None
+    segment = kernels.Segment(qtype, torch.from_numpy(raw))
+    packed = ops.repack(segment, 512)
+    assert packed.packed_rows == 21 and packed.rows == 21
+    ids = torch.tensor([20, 0, 16, 15, 3, 3])
+    got = ops.dequantize_rows(packed, 512, ids, torch.float32)
+    assert torch.equal(got, ops.dequantize_rows(segment, 512, ids, torch.float32))
+
+
+@needs_x16
+def test_x16_mixed_segments_fill_their_own_output_columns() -> None:
+    """Repacked per segment (panels never span two types), each writes only its rows' columns, however
+    its row count falls against the panels of 16: the same output as the GGUF blocks up to float
+    summation order."""
+    ops = kernels.load("avx512vnni")
+    assert ops is not None
+    parts = [("Q4_K", 20), ("Q6_K", 5), ("Q4_K", 35), ("Q8_0", 17)]
+    raws = [weights(q, n, 256, seed=i) for i, (q, n) in enumerate(parts)]
+    segments = [kernels.Segment(q, torch.from_numpy(r)) for (q, _), r in zip(parts, raws, strict=True)]
+    gguf = kernels.BlockMatrix(segments, 256, ops)
+    x16 = kernels.BlockMatrix([ops.repack(s, 256) for s in segments], 256, ops)
+    assert all(s.packed_rows for s in x16.segments)
+    for rows in (1, 3, 16):
+        x = torch.from_numpy(activations(rows, 256, seed=rows))
+        want, got = ops.matmul(x, gguf), ops.matmul(x, x16)
+        assert got.shape == (rows, 77)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+
+
+def test_layout_choice_and_what_is_not_repacked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`LOCALCHAT_KERNEL_LAYOUT`: auto or gguf, anything else refused; types without an x16 form, and ISAs
+    without its kernels, keep the file's blocks."""
+    from localchat.errors import BackendUnavailableError
+
+    monkeypatch.setenv(kernels.LAYOUT_ENV, "gguf")
+    assert kernels.layout_choice() == "gguf"
+    monkeypatch.setenv(kernels.LAYOUT_ENV, "tiles")
+    with pytest.raises(BackendUnavailableError, match="auto, gguf"):
+        kernels.layout_choice()
+    if not ISAS:
+        return
+    portable = kernels.load("portable")
+    assert portable is not None
+    q4 = kernels.Segment("Q4_0", torch.from_numpy(weights("Q4_0", 16, 64, seed=1)))
+    assert portable.repack(q4, 64) is q4
+    if "avx512vnni+x16" in ISAS:
+        ops = kernels.load("avx512vnni")
+        assert ops is not None
+        q5 = kernels.Segment("Q5_0", torch.from_numpy(weights("Q5_0", 16, 64, seed=1)))
+        assert ops.repack(q5, 64) is q5
+        assert ops.repack(q4, 64).packed_rows == 16
