@@ -230,12 +230,14 @@ LC_EXPORT int64_t lc_x16_bytes(int type, int64_t n, int64_t k) {
     return (n + 15) / 16 * lc_x16_panel_bytes(type, k);
 }
 
-/* out (lc_x16_bytes) = the n GGUF rows of w (row_bytes apart) in the x16 layout (lc_x16_layout.h). */
-LC_EXPORT int lc_x16_repack(int type, const uint8_t *w, int64_t n, int64_t k, int64_t row_bytes, uint8_t *out) {
+/* out (lc_x16_bytes) = the n GGUF rows of w (row_bytes apart) in the x16 layout (lc_x16_layout.h), on
+   nth threads. */
+LC_EXPORT int lc_x16_repack(int type, const uint8_t *w, int64_t n, int64_t k, int64_t row_bytes, uint8_t *out,
+                            int nth) {
     if (!lc_x16_type_ok(type) || !lc_type_ok(type, k) || n < 0 ||
         row_bytes < k / 32 * lc_block_bytes(type) / lc_block_subs(type))
         return -1;
-    lc_x16_pack(type, w, n, k, row_bytes, out);
+    lc_x16_pack(type, w, n, k, row_bytes, out, nth < 1 ? 1 : nth);
     return 0;
 }
 

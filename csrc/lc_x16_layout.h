@@ -46,14 +46,6 @@ static inline int64_t lc_x16_nib(int c, int kk, int *shift) {
     return 64 * (g / 2) + 4 * c + kk % 4;
 }
 
-static void lc_x16_put_nibbles(uint8_t *q, int c, const uint8_t *codes /* 32, each < 16 */) {
-    for (int kk = 0; kk < 32; kk++) {
-        int sh;
-        int64_t at = lc_x16_nib(c, kk, &sh);
-        q[at] = (uint8_t)(q[at] | (codes[kk] & 15) << sh);
-    }
-}
-
 static void lc_x16_get_nibbles(const uint8_t *q, int c, uint8_t *codes) {
     for (int kk = 0; kk < 32; kk++) {
         int sh;
@@ -62,24 +54,31 @@ static void lc_x16_get_nibbles(const uint8_t *q, int c, uint8_t *codes) {
     }
 }
 
-/* Column c of one unit from the GGUF row's block(s) `b` (the unit's values). */
-static void lc_x16_pack_unit(int type, const uint8_t *b, uint8_t *u, int c) {
-    uint8_t codes[32];
+/* Nibble codes of 32 values (from column c's codes[c][x0..x0 + 32), low 4 bits) into q. */
+static void lc_x16_put_nibbles(uint8_t *q, const uint8_t codes[16][256], int x0) {
+    for (int j = 0; j < 4; j++)
+        for (int c = 0; c < 16; c++)
+            for (int b = 0; b < 4; b++)
+                q[64 * j + 4 * c + b] = (uint8_t)((codes[c][x0 + 8 * j + b] & 15) | (codes[c][x0 + 8 * j + 4 + b] & 15) << 4);
+}
+
+/* Column c's header fields of one unit (scales as the layout stores them) from its GGUF block(s) `b`,
+   and its codes into codes[c] (lc_decode.h's decoders: Q8_0's already + 128, Q6_K's 0..63). */
+static void lc_x16_unit_column(int type, const uint8_t *b, uint8_t *u, int c, uint8_t *codes) {
     float ls[8], mc[2];
     switch (type) {
     case LC_Q4_0:
-    case LC_Q4_1: {
-        int q1 = type == LC_Q4_1;
         memcpy(u + 2 * c, b, 2);
-        if (q1) memcpy(u + 32 + 2 * c, b + 2, 2);
-        if (q1) dec_q4_1_portable(b, codes, ls, mc);
-        else dec_q4_0_portable(b, codes, ls, mc);
-        lc_x16_put_nibbles(u + (q1 ? 64 : 32), c, codes);
+        dec_q4_0_portable(b, codes, ls, mc);
         return;
-    }
+    case LC_Q4_1:
+        memcpy(u + 2 * c, b, 2);
+        memcpy(u + 32 + 2 * c, b + 2, 2);
+        dec_q4_1_portable(b, codes, ls, mc);
+        return;
     case LC_Q8_0:
         memcpy(u + 2 * c, b, 2);
-        for (int kk = 0; kk < 32; kk++) u[32 + 64 * (kk / 4) + 4 * c + kk % 4] = b[2 + kk] ^ 0x80;
+        dec_q8_0_portable(b, codes, ls, mc);
         return;
     case LC_Q4_K:
         memcpy(u + 2 * c, b, 2);
@@ -89,36 +88,63 @@ static void lc_x16_pack_unit(int type, const uint8_t *b, uint8_t *u, int c) {
             lc_scale_min_k4(s, b + 4, &sc, &m);
             u[64 + 16 * s + c] = (uint8_t)sc;
             u[192 + 16 * s + c] = (uint8_t)m;
-            dec_q4_k_portable(b, s, codes, ls, mc);
-            lc_x16_put_nibbles(u + 320 + 256 * s, c, codes);
+            dec_q4_k_portable(b, s, codes + 32 * s, ls, mc);
         }
         return;
     default: /* LC_Q6_K */
         memcpy(u + 2 * c, b + 208, 2);
         for (int h = 0; h < 16; h++) u[32 + 16 * h + c] = b[192 + h];
-        for (int s = 0; s < 8; s++) {
-            dec_q6_k_portable(b, s, codes, ls, mc);
-            uint8_t *qh = u + 288 + 2048 + 128 * s;
-            for (int kk = 0; kk < 32; kk++) {
-                int g = kk / 4, h = g / 4;
-                qh[64 * h + 4 * c + kk % 4] |= (uint8_t)((codes[kk] >> 4) << (2 * (g % 4)));
-                codes[kk] &= 15;
-            }
-            lc_x16_put_nibbles(u + 288 + 256 * s, c, codes);
-        }
+        for (int s = 0; s < 8; s++) dec_q6_k_portable(b, s, codes + 32 * s, ls, mc);
         return;
     }
 }
 
-/* out (zeroed here) = the n GGUF rows of w (row_bytes apart) in panels. */
-static void lc_x16_pack(int type, const uint8_t *w, int64_t n, int64_t k, int64_t row_bytes, uint8_t *out) {
-    int64_t unit = lc_x16_unit(type), ub = lc_x16_unit_bytes(type), pb = lc_x16_panel_bytes(type, k);
+/* Panel `p` (out, zeroed) from the GGUF rows 16p.. of w: per unit, every column's codes decoded into
+   one 16 x unit table, then written chunk by chunk (one pass over the output bytes). */
+static void lc_x16_pack_panel(int type, const uint8_t *w, int64_t n, int64_t k, int64_t row_bytes, int64_t p,
+                              uint8_t *out) {
+    int64_t unit = lc_x16_unit(type), ub = lc_x16_unit_bytes(type);
     int64_t bb = lc_block_bytes(type) * (unit / 32) / lc_block_subs(type); /* GGUF bytes per unit */
-    int64_t panels = (n + 15) / 16;
+    uint8_t codes[16][256];
+    for (int64_t s = 0; s < k / unit; s++) {
+        uint8_t *u = out + s * ub;
+        memset(codes, type == LC_Q8_0 ? 128 : 0, sizeof(codes)); /* padding columns: weight 0 */
+        for (int c = 0; c < 16 && 16 * p + c < n; c++)
+            lc_x16_unit_column(type, w + (16 * p + c) * row_bytes + s * bb, u, c, codes[c]);
+        switch (type) {
+        case LC_Q4_0: lc_x16_put_nibbles(u + 32, codes, 0); break;
+        case LC_Q4_1: lc_x16_put_nibbles(u + 64, codes, 0); break;
+        case LC_Q8_0:
+            for (int g = 0; g < 8; g++)
+                for (int c = 0; c < 16; c++) memcpy(u + 32 + 64 * g + 4 * c, &codes[c][4 * g], 4);
+            break;
+        case LC_Q4_K:
+            for (int j = 0; j < 8; j++) lc_x16_put_nibbles(u + 320 + 256 * j, codes, 32 * j);
+            break;
+        default: /* LC_Q6_K: low 4 bits as nibbles, the high 2 in 2-bit fields */
+            for (int j = 0; j < 8; j++) {
+                lc_x16_put_nibbles(u + 288 + 256 * j, codes, 32 * j);
+                uint8_t *qh = u + 288 + 2048 + 128 * j;
+                for (int h = 0; h < 2; h++)
+                    for (int c = 0; c < 16; c++)
+                        for (int b = 0; b < 4; b++) {
+                            const uint8_t *cc = codes[c] + 32 * j + 16 * h + b;
+                            qh[64 * h + 4 * c + b] = (uint8_t)((cc[0] >> 4) | (cc[4] >> 4) << 2 | (cc[8] >> 4) << 4 | (cc[12] >> 4) << 6);
+                        }
+            }
+            break;
+        }
+    }
+}
+
+/* out (zeroed here) = the n GGUF rows of w (row_bytes apart) in panels; panels split over threads. */
+static void lc_x16_pack(int type, const uint8_t *w, int64_t n, int64_t k, int64_t row_bytes, uint8_t *out, int nth) {
+    int64_t pb = lc_x16_panel_bytes(type, k), panels = (n + 15) / 16;
     memset(out, 0, (size_t)(panels * pb));
-    for (int64_t r = 0; r < n; r++)
-        for (int64_t s = 0; s < k / unit; s++)
-            lc_x16_pack_unit(type, w + r * row_bytes + s * bb, out + (r / 16) * pb + s * ub, (int)(r % 16));
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nth) schedule(static)
+#endif
+    for (int64_t p = 0; p < panels; p++) lc_x16_pack_panel(type, w, n, k, row_bytes, p, out + p * pb);
 }
 
 /* Row r of a packed matrix as floats (embedding lookups), in the GGUF path's arithmetic (lc_decode.h's

@@ -162,7 +162,9 @@ class Kernels:
             return seg
         panels = (seg.rows + 15) // 16
         data = torch.empty(panels, self.lib.lc_x16_bytes(tid, 16, cols), dtype=torch.uint8)
-        rc = self.lib.lc_x16_repack(tid, seg.data.data_ptr(), seg.rows, cols, seg.row_bytes, data.data_ptr())
+        rc = self.lib.lc_x16_repack(
+            tid, seg.data.data_ptr(), seg.rows, cols, seg.row_bytes, data.data_ptr(), torch.get_num_threads()
+        )
         if rc:
             raise BackendUnavailableError(f"The CPU kernels cannot repack {seg.qtype} rows of {cols} values.")
         return Segment(seg.qtype, data, seg.rows)
@@ -322,7 +324,7 @@ def _library() -> ctypes.CDLL | None:
     lib.lc_dequant_rows.restype = _I
     lib.lc_x16_supported.argtypes, lib.lc_x16_supported.restype = [_I, _I, _L], _I
     lib.lc_x16_bytes.argtypes, lib.lc_x16_bytes.restype = [_I, _L, _L], _L
-    lib.lc_x16_repack.argtypes, lib.lc_x16_repack.restype = [_I, _P, _L, _L, _L, _P], _I
+    lib.lc_x16_repack.argtypes, lib.lc_x16_repack.restype = [_I, _P, _L, _L, _L, _P, _I], _I
     lib.lc_decode_attention.argtypes = [_I, _P, _I, _L, _L, _L, _L, _P, _I, _P, _L, _P, _L, _P, _L]
     lib.lc_decode_attention.argtypes += [ctypes.c_float, _L, ctypes.c_float, _P, _I, _I]
     lib.lc_decode_attention.restype = _I
