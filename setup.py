@@ -44,6 +44,7 @@ setup(
                 "csrc/lc_fused.h",
                 "csrc/lc_gemm256.h",
                 "csrc/lc_x16.h",
+                "csrc/lc_x16_256.h",
                 "csrc/lc_x16_layout.h",
             ],
             define_macros=[("Py_LIMITED_API", "0x030A0000")],

@@ -151,6 +151,7 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #define LC_FN(name) name##_avx2
 #define LC_ISA LC_ISA_AVX2
 #include "lc_impl.h"
+#include "lc_x16_256.h"
 #include "lc_attention.h"
 #include "lc_fused.h"
 #undef LC_FN
@@ -218,10 +219,11 @@ LC_EXPORT int lc_quantize(int isa, const void *x, int x_bf16, int64_t t, int64_t
     return 0;
 }
 
-/* Whether matrices of `type` and k columns can be repacked into the x16 layout for `isa` (its kernels
-   are AVX-512 VNNI only). */
+/* Whether matrices of `type` and k columns can be repacked into the x16 layout for `isa` (its kernels:
+   AVX-512 VNNI, lc_x16.h, and AVX2, lc_x16_256.h). */
 LC_EXPORT int lc_x16_supported(int isa, int type, int64_t k) {
-    return isa == LC_ISA_AVX512VNNI && lc_isa_supported(isa) && lc_x16_type_ok(type) && lc_type_ok(type, k);
+    return (isa == LC_ISA_AVX512VNNI || isa == LC_ISA_AVX2) && lc_isa_supported(isa) && lc_x16_type_ok(type) &&
+           lc_type_ok(type, k);
 }
 
 /* Bytes of the x16 form of n rows of `type` with k columns (whole panels of 16 rows). */
@@ -289,7 +291,12 @@ LC_EXPORT int lc_matmul(int isa, int type, const uint8_t *w, int64_t n, int64_t 
 #ifdef LC_X86
         xsum_avx512vnni x;
         if (lc_x16_summaries(t, k, xq, xd, xs, &x)) return -1;
-        x16_matmul_avx512vnni(type & ~LC_X16, w, n, k, x, t, out, out_bf16, ldo, nth);
+        if (isa == LC_ISA_AVX512VNNI) {
+            x16_matmul_avx512vnni(type & ~LC_X16, w, n, k, x, t, out, out_bf16, ldo, nth);
+        } else {
+            xsum_avx2 x2 = {x.xq, x.ns16, x.ns32, x.dx32, x.fs32};
+            x16_matmul_avx2(type & ~LC_X16, w, n, k, x2, t, out, out_bf16, ldo, nth);
+        }
 #endif
         return 0;
     }

@@ -35,9 +35,10 @@ from tests.helpers import kquants
 
 SIMPLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 K_QUANTS = dict(kquants.K_QUANTIZERS)  # Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
-# Every ISA this CPU runs, and the AVX-512 kernels once more on the x16 layout (blocks repacked into
-# panels of 16 rows at load: csrc/lc_x16_layout.h) for the types it holds.
-ISAS = kernels.runnable_isas() + (["avx512vnni+x16"] if "avx512vnni" in kernels.runnable_isas() else [])
+# Every ISA this CPU runs, and the AVX2 and AVX-512 kernels once more on the x16 layout (blocks repacked
+# into panels of 16 rows at load: csrc/lc_x16_layout.h) for the types it holds.
+X16_ISAS = [isa for isa in ("avx2", "avx512vnni") if isa in kernels.runnable_isas()]
+ISAS = kernels.runnable_isas() + [f"{isa}+x16" for isa in X16_ISAS]
 X16_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")
 
 
@@ -260,9 +261,7 @@ def test_env_forces_an_isa_or_the_fallback(monkeypatch: pytest.MonkeyPatch) -> N
         kernels.load()
 
 
-needs_x16 = pytest.mark.skipif(
-    "avx512vnni+x16" not in ISAS, reason="no AVX-512 VNNI: blocks stay as in the file"
-)
+needs_x16 = pytest.mark.skipif(not X16_ISAS, reason="no AVX2 or AVX-512 VNNI: blocks stay as in the file")
 
 
 @needs_x16
@@ -271,7 +270,7 @@ def test_x16_rows_dequantize_exactly_as_the_file_blocks(qtype: str) -> None:
     """Embedding lookups from a repacked table (a tied LM head is repacked): every row, including the
     zero-padded last panel's, equals the GGUF form's bit for bit."""
     raw = weights(qtype, 21, 512, seed=5)  # one full panel and a partial one
-    ops = kernels.load("avx512vnni")
+    ops = kernels.load(X16_ISAS[-1])
     assert ops is not None
     segment = kernels.Segment(qtype, torch.from_numpy(raw))
     packed = ops.repack(segment, 512)
@@ -282,11 +281,12 @@ def test_x16_rows_dequantize_exactly_as_the_file_blocks(qtype: str) -> None:
 
 
 @needs_x16
-def test_x16_mixed_segments_fill_their_own_output_columns() -> None:
+@pytest.mark.parametrize("isa", X16_ISAS)
+def test_x16_mixed_segments_fill_their_own_output_columns(isa: str) -> None:
     """Repacked per segment (panels never span two types), each writes only its rows' columns, however
     its row count falls against the panels of 16: the same output as the GGUF blocks up to float
     summation order."""
-    ops = kernels.load("avx512vnni")
+    ops = kernels.load(isa)
     assert ops is not None
     parts = [("Q4_K", 20), ("Q6_K", 5), ("Q4_K", 35), ("Q8_0", 17)]
     raws = [weights(q, n, 256, seed=i) for i, (q, n) in enumerate(parts)]
@@ -317,8 +317,8 @@ def test_layout_choice_and_what_is_not_repacked(monkeypatch: pytest.MonkeyPatch)
     assert portable is not None
     q4 = kernels.Segment("Q4_0", torch.from_numpy(weights("Q4_0", 16, 64, seed=1)))
     assert portable.repack(q4, 64) is q4
-    if "avx512vnni+x16" in ISAS:
-        ops = kernels.load("avx512vnni")
+    for isa in X16_ISAS:
+        ops = kernels.load(isa)
         assert ops is not None
         q5 = kernels.Segment("Q5_0", torch.from_numpy(weights("Q5_0", 16, 64, seed=1)))
         assert ops.repack(q5, 64) is q5

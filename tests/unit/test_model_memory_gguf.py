@@ -42,7 +42,7 @@ def test_k_quant_file_is_sized_as_stored_with_the_kernels(
     assert stored < path.stat().st_size  # the rest of the file is metadata and the vocabulary
 
 
-@pytest.mark.skipif(not x16_active(), reason="the kernels do not repack on this CPU (no AVX-512 VNNI)")
+@pytest.mark.skipif(not x16_active(), reason="the kernels do not repack on this CPU (no AVX2)")
 def test_k_quant_file_is_sized_in_the_x16_layout_where_the_kernels_repack(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -68,7 +68,7 @@ def test_estimate_sizes_weights_in_the_isq_format(
     assert weights < dense
 
 
-@pytest.mark.skipif(not x16_active(), reason="the kernels do not repack on this CPU (no AVX-512 VNNI)")
+@pytest.mark.skipif(not x16_active(), reason="the kernels do not repack on this CPU (no AVX2)")
 def test_estimate_sizes_q4_k_in_the_x16_layout_where_the_kernels_repack(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

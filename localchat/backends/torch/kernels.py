@@ -48,7 +48,7 @@ _I, _P, _L = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
 
 X16 = 0x100  # type flag: a segment in the x16 layout (csrc/lc_x16_layout.h)
 LAYOUT_ENV = "LOCALCHAT_KERNEL_LAYOUT"
-LAYOUTS = ("auto", "gguf")  # auto: x16 where the ISA has its kernels; gguf: the file's blocks as they are
+LAYOUTS = ("auto", "gguf")  # auto: x16 where the ISA has its kernels (AVX2, AVX-512 VNNI); gguf: as stored
 
 
 @dataclass(slots=True)
@@ -57,7 +57,7 @@ class Segment:
 
     `data` is the file's blocks, unchanged (uint8 [rows, bytes_per_row]), or with `packed_rows` set
     the same values repacked into panels of 16 rows (csrc/lc_x16_layout.h; uint8 [panels, bytes]) that
-    the AVX-512 kernels read for every row count."""
+    the AVX2 and AVX-512 VNNI kernels read for every row count."""
 
     qtype: str
     data: torch.Tensor
@@ -339,7 +339,7 @@ def _library() -> ctypes.CDLL | None:
 
 def layout_choice() -> str:
     """`LOCALCHAT_KERNEL_LAYOUT`: `auto` repacks block matrices into the x16 layout where the kernels
-    read it (AVX-512 VNNI; Q4_0, Q4_1, Q8_0, Q4_K, Q6_K), `gguf` keeps the file's blocks as they are."""
+    read it (AVX2, AVX-512 VNNI; Q4_0, Q4_1, Q8_0, Q4_K, Q6_K), `gguf` keeps the file's blocks as they are."""
     choice = os.environ.get(LAYOUT_ENV, "auto").strip().lower() or "auto"
     if choice not in LAYOUTS:
         raise BackendUnavailableError(

@@ -1,0 +1,183 @@
+/* Matmul on x16 panels (lc_x16_layout.h) with AVX2: each 64-byte chunk of codes is two 8-column halves,
+one ymm each. vpmaddubsw multiplies a half's unsigned codes by 4 broadcast activation bytes into int16
+pair sums, which add up in int16 for a whole 32-value unit of 4-bit codes (at most 8 x 2 x 15 x 127 =
+30480) or two groups of Q6_K's 6-bit ones, then widen once through vpmaddwd. Q8_0 takes its codes back to
+signed and multiplies |q| by the activations carrying q's sign, so no pair sum saturates (2 x 128 x 127).
+Half by half, LC_X16_MR2 activation rows per pass. Included by lc_impl.h for the AVX2 variant. */
+
+#define LC_X16_MR2 3
+
+typedef struct {
+    const int8_t *xq;
+    const int32_t *ns16;
+    const int32_t *ns32;
+    const float *dx32;
+    const float *fs32;
+} LC_FN(xsum);
+
+static inline __m256i LC_FN(x4)(const int8_t *x) {
+    int32_t v;
+    memcpy(&v, x, 4);
+    return _mm256_set1_epi32(v);
+}
+
+static inline __m256 LC_FN(h8)(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline __m256 LC_FN(u8f8)(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+static inline __m256 LC_FN(i8f8)(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* int16 pair sums of 32 nibble-coded values (half h of each chunk at q) for `mr` rows at column x0. */
+static inline __attribute__((always_inline)) void LC_FN(x16h_nibbles)(const int mr, const uint8_t *q, int h, const int8_t *xq,
+                                                                      int64_t k, int64_t x0, __m256i *a16) {
+    const __m256i low = _mm256_set1_epi8(15);
+    for (int j = 0; j < 4; j++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(q + 64 * j + 32 * h));
+        __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        for (int i = 0; i < mr; i++) {
+            const int8_t *xr = xq + i * k + x0 + 8 * j;
+            a16[i] = _mm256_add_epi16(a16[i], _mm256_maddubs_epi16(lo, LC_FN(x4)(xr)));
+            a16[i] = _mm256_add_epi16(a16[i], _mm256_maddubs_epi16(hi, LC_FN(x4)(xr + 4)));
+        }
+    }
+}
+
+/* Half h (8 columns) of the panel at p against rows 0..mr of x: out[i] for those columns. */
+static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int type, const int mr, const uint8_t *p, int h,
+                                                                    int64_t k, LC_FN(xsum) x, __m256 *out) {
+    const int64_t k16 = k / 16, k32 = k / 32, ub = lc_x16_unit_bytes(type);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i a16[LC_X16_MR2], a32[LC_X16_MR2];
+    for (int i = 0; i < mr; i++) out[i] = _mm256_setzero_ps();
+    if (type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q8_0) {
+        for (int64_t s = 0; s < k32; s++) {
+            const uint8_t *u = p + s * ub;
+            __m256 dv = LC_FN(h8)(u + 16 * h);
+            for (int i = 0; i < mr; i++) {
+                a16[i] = _mm256_setzero_si256();
+                /* Q4_0's offset -8d: start at -8 x the activation sum (Q8_0 runs on signed codes) */
+                a32[i] = type == LC_Q4_0 ? _mm256_slli_epi32(_mm256_set1_epi32(x.ns32[i * k32 + s]), 3) : a16[i];
+            }
+            if (type == LC_Q8_0) {
+                for (int g = 0; g < 8; g++) {
+                    __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(u + 32 + 64 * g + 32 * h)),
+                                                 _mm256_set1_epi8((char)0x80));
+                    __m256i aq = _mm256_abs_epi8(q);
+                    for (int i = 0; i < mr; i++) {
+                        __m256i sx = _mm256_sign_epi8(LC_FN(x4)(x.xq + i * k + 32 * s + 4 * g), q);
+                        a32[i] = _mm256_add_epi32(a32[i], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, sx), ones));
+                    }
+                }
+            } else {
+                LC_FN(x16h_nibbles)(mr, u + (type == LC_Q4_1 ? 64 : 32), h, x.xq, k, 32 * s, a16);
+                for (int i = 0; i < mr; i++) a32[i] = _mm256_add_epi32(a32[i], _mm256_madd_epi16(a16[i], ones));
+            }
+            for (int i = 0; i < mr; i++)
+                out[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a32[i]), _mm256_mul_ps(dv, _mm256_set1_ps(x.dx32[i * k32 + s])), out[i]);
+            if (type == LC_Q4_1) {
+                __m256 mv = LC_FN(h8)(u + 32 + 16 * h);
+                for (int i = 0; i < mr; i++) out[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(x.fs32[i * k32 + s]), out[i]);
+            }
+        }
+    }
+    const int64_t units256 = type == LC_Q4_K || type == LC_Q6_K ? k / 256 : 0;
+    for (int64_t s8 = 0; s8 < units256; s8++) {
+        const uint8_t *u = p + s8 * ub;
+        __m256 dv = LC_FN(h8)(u + 16 * h);
+        if (type == LC_Q4_K) {
+            __m256 mn = LC_FN(h8)(u + 32 + 16 * h);
+            for (int j = 0; j < 8; j++) {
+                int64_t s = 8 * s8 + j;
+                for (int i = 0; i < mr; i++) a16[i] = _mm256_setzero_si256();
+                LC_FN(x16h_nibbles)(mr, u + 320 + 256 * j, h, x.xq, k, 32 * s, a16);
+                __m256 sv = _mm256_mul_ps(dv, LC_FN(u8f8)(u + 64 + 16 * j + 8 * h));
+                __m256 mv = _mm256_mul_ps(mn, LC_FN(u8f8)(u + 192 + 16 * j + 8 * h)); /* subtracted */
+                for (int i = 0; i < mr; i++) {
+                    __m256 f = _mm256_mul_ps(sv, _mm256_set1_ps(x.dx32[i * k32 + s]));
+                    out[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(a16[i], ones)), f, out[i]);
+                    out[i] = _mm256_fnmadd_ps(mv, _mm256_set1_ps(x.fs32[i * k32 + s]), out[i]);
+                }
+            }
+        } else { /* LC_Q6_K: one scale per 16 values; pair sums of two 6-bit groups still fit int16 */
+            const __m256i low = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *ql = u + 288 + 256 * j, *qh = u + 288 + 2048 + 128 * j;
+                int64_t s = 8 * s8 + j;
+                for (int hh = 0; hh < 2; hh++) {
+                    int64_t x0 = 32 * s + 16 * hh;
+                    __m256i v0 = _mm256_loadu_si256((const __m256i *)(ql + 128 * hh + 32 * h));
+                    __m256i v1 = _mm256_loadu_si256((const __m256i *)(ql + 128 * hh + 64 + 32 * h));
+                    __m256i hv = _mm256_loadu_si256((const __m256i *)(qh + 64 * hh + 32 * h));
+                    __m256i cg[4];
+                    cg[0] = _mm256_or_si256(_mm256_and_si256(v0, low), _mm256_and_si256(_mm256_slli_epi16(hv, 4), top));
+                    cg[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), low),
+                                            _mm256_and_si256(_mm256_slli_epi16(hv, 2), top));
+                    cg[2] = _mm256_or_si256(_mm256_and_si256(v1, low), _mm256_and_si256(hv, top));
+                    cg[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), low),
+                                            _mm256_and_si256(_mm256_srli_epi16(hv, 2), top));
+                    __m256 sv = _mm256_mul_ps(dv, LC_FN(i8f8)(u + 32 + 16 * (2 * j + hh) + 8 * h));
+                    for (int i = 0; i < mr; i++) { /* offset -32 x scale: start at -32 x the activation sum */
+                        const int8_t *xr = x.xq + i * k + x0;
+                        __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(cg[0], LC_FN(x4)(xr)),
+                                                      _mm256_maddubs_epi16(cg[1], LC_FN(x4)(xr + 4)));
+                        __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(cg[2], LC_FN(x4)(xr + 8)),
+                                                      _mm256_maddubs_epi16(cg[3], LC_FN(x4)(xr + 12)));
+                        __m256i acc = _mm256_slli_epi32(_mm256_set1_epi32(x.ns16[i * k16 + 2 * s + hh]), 5);
+                        acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones)));
+                        __m256 f = _mm256_mul_ps(sv, _mm256_set1_ps(x.dx32[i * k32 + s]));
+                        out[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), f, out[i]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#define LC_X16H_ROWS(T)                                                                                    \
+    switch (mr) {                                                                                          \
+    case 1: LC_FN(x16h_panel)(T, 1, p, h, k, xr, res); break;                                              \
+    case 2: LC_FN(x16h_panel)(T, 2, p, h, k, xr, res); break;                                              \
+    default: LC_FN(x16h_panel)(T, 3, p, h, k, xr, res); break;                                             \
+    }
+
+/* out[t, n] (row stride ldo) for the packed matrix w of n rows: panels split over threads, each read
+   half by half once per LC_X16_MR2 activation rows. */
+static void LC_FN(x16_matmul)(int type, const uint8_t *w, int64_t n, int64_t k, LC_FN(xsum) x, int64_t t, void *out,
+                              int out_bf16, int64_t ldo, int nth) {
+    int64_t panels = (n + 15) / 16, pb = lc_x16_panel_bytes(type, k);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nth) schedule(static)
+#endif
+    for (int64_t pi = 0; pi < panels; pi++) {
+        const uint8_t *p = w + pi * pb;
+        for (int h = 0; h < 2; h++) {
+            int64_t first = 16 * pi + 8 * h;
+            if (first >= n) break;
+            int cols = (int)(n - first < 8 ? n - first : 8);
+            for (int64_t t0 = 0; t0 < t; t0 += LC_X16_MR2) {
+                int mr = (int)(t - t0 < LC_X16_MR2 ? t - t0 : LC_X16_MR2);
+                LC_FN(xsum) xr = {x.xq + t0 * k, x.ns16 + t0 * (k / 16), x.ns32 + t0 * (k / 32),
+                                  x.dx32 + t0 * (k / 32), x.fs32 + t0 * (k / 32)};
+                __m256 res[LC_X16_MR2];
+                switch (type) {
+                case LC_Q4_0: LC_X16H_ROWS(LC_Q4_0) break;
+                case LC_Q4_1: LC_X16H_ROWS(LC_Q4_1) break;
+                case LC_Q8_0: LC_X16H_ROWS(LC_Q8_0) break;
+                case LC_Q4_K: LC_X16H_ROWS(LC_Q4_K) break;
+                default: LC_X16H_ROWS(LC_Q6_K) break;
+                }
+                for (int i = 0; i < mr; i++) {
+                    float v[8];
+                    _mm256_storeu_ps(v, res[i]);
+                    int64_t at = (t0 + i) * ldo + first;
+                    if (!out_bf16 && cols == 8) _mm256_storeu_ps((float *)out + at, res[i]);
+                    else
+                        for (int c = 0; c < cols; c++) lc_store(out, out_bf16, at + c, v[c]);
+                }
+            }
+        }
+    }
+}
+#undef LC_X16H_ROWS
