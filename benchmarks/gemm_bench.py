@@ -4,7 +4,8 @@
 
 Each matrix is random GGUF blocks (tests/helpers/kquants.py for the K-quants); the dense columns are
 `torch.nn.functional.linear` on its float32 and bfloat16 copies (what `LOCALCHAT_TORCH_QUANT=copies`
-runs). `--old` times another build of the library in the same process, alternating with this one, so
+runs). "new" runs the file's blocks (`LOCALCHAT_KERNEL_LAYOUT=gguf`), "new x16" the same matrix repacked
+into the x16 layout where the ISA has kernels for it (the default load). `--old` times another build of the library in the same process, alternating with this one, so
 the box's load hits both alike. Reports the median of `--reps` alternating rounds.
 """
 
@@ -81,10 +82,14 @@ def main() -> None:
         raw = blocks(qtype, rows, cols)
         matrix = kernels.BlockMatrix([kernels.Segment(qtype, torch.from_numpy(raw))], cols, ops)
         dense = torch.from_numpy(dequantize(raw, GGMLQuantizationType[qtype]))
+        x16 = ops.repack(matrix.segments[0], cols)  # the layout `auto` loads (csrc/lc_x16_layout.h)
+        packed = kernels.BlockMatrix([x16], cols, ops) if x16.packed_rows else None
         for t in args.rows:
             x = torch.randn(t, cols)
             xb = x.bfloat16()
             runs: dict[str, Callable[[], object]] = {"new": partial(ops.matmul, x, matrix)}
+            if packed is not None:
+                runs["new x16"] = partial(ops.matmul, x, packed)
             if old is not None:
                 runs["old"] = partial(old.matmul, x, matrix)
             if not args.no_dense:
