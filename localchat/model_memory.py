@@ -98,10 +98,11 @@ def _loaded_gguf_bytes(path: Path, compact: frozenset[str], size: int, quant: st
         for t in open_gguf(path).tensors:
             kind = Q(t.tensor_type)
             dense = kind in (Q.F32, Q.F16, Q.BF16) or kind.name in compact
-            dims = [int(d) for d in t.shape.tolist()]  # innermost first: [cols, rows]
+            dims = [int(d) for d in t.shape.tolist()]  # innermost first: [cols, rows(, experts)]
             stored = int(t.n_bytes)
-            if len(dims) == 2 and kind.name in compact:
-                stored = loaded_block_bytes(kind.name, dims[1], dims[0], stored)
+            if len(dims) in (2, 3) and kind.name in compact:  # stacked experts: each its own matrix
+                experts = dims[2] if len(dims) == 3 else 1
+                stored = experts * loaded_block_bytes(kind.name, dims[1], dims[0], stored // experts)
             total += stored if dense else int(t.n_elements) * 2
         return total
     except (ModelLoadError, OSError, ValueError, KeyError, TypeError):
