@@ -323,3 +323,24 @@ def test_layout_choice_and_what_is_not_repacked(monkeypatch: pytest.MonkeyPatch)
         q5 = kernels.Segment("Q5_0", torch.from_numpy(weights("Q5_0", 16, 64, seed=1)))
         assert ops.repack(q5, 64) is q5
         assert ops.repack(q4, 64).packed_rows == 16
+
+
+@needs_x16
+def test_fusing_packed_parts_joins_only_on_whole_panels() -> None:
+    """Weights are packed at load straight from the file, before q|k|v or gate|up are fused: parts of one
+    type join into one segment only where the first ends on a whole panel (else its padded last panel
+    would sit inside the joined rows), and the fused product equals the GGUF blocks' either way."""
+    from localchat.backends.torch import quant
+
+    ops = kernels.load(X16_ISAS[-1])
+    assert ops is not None
+    for sizes, joined in (((32, 16, 16), 1), ((20, 12, 12), 3), ((16, 20, 12), 2)):
+        raws = [weights("Q4_K", n, 256, seed=n) for n in sizes]
+        parts = [kernels.BlockMatrix([kernels.Segment("Q4_K", torch.from_numpy(r))], 256, ops) for r in raws]
+        packed = [kernels.BlockMatrix([ops.repack(p.segments[0], 256)], 256, ops) for p in parts]
+        fused, reference = quant.fuse(packed), quant.fuse(parts)
+        assert isinstance(fused, kernels.BlockMatrix) and isinstance(reference, kernels.BlockMatrix)
+        assert len(fused.segments) == joined and fused.shape == (sum(sizes), 256)
+        x = torch.from_numpy(activations(5, 256, seed=2))
+        want = ops.matmul(x, reference)
+        torch.testing.assert_close(ops.matmul(x, fused), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))

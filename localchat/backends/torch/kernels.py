@@ -154,20 +154,28 @@ class Kernels:
             raise BackendUnavailableError(f"The CPU kernels cannot read {seg.qtype} rows of {cols} values.")
         return out.to(dtype)
 
+    def can_repack(self, qtype: str, cols: int) -> bool:
+        """Whether this ISA has x16 kernels for `qtype` matrices of `cols` columns."""
+        return qtype in BLOCKS and bool(self.lib.lc_x16_supported(self.isa, BLOCKS[qtype][0], cols))
+
     def repack(self, seg: Segment, cols: int) -> Segment:
         """`seg` in the x16 layout where this ISA has kernels for it (else `seg` itself): the same
         values and results (integer codes and scales copied exactly), read faster at every row count."""
-        tid = BLOCKS[seg.qtype][0]
-        if seg.packed_rows or not self.lib.lc_x16_supported(self.isa, tid, cols):
+        if seg.packed_rows or not self.can_repack(seg.qtype, cols):
             return seg
-        panels = (seg.rows + 15) // 16
-        data = torch.empty(panels, self.lib.lc_x16_bytes(tid, 16, cols), dtype=torch.uint8)
+        return self.pack_rows(seg.qtype, seg.data.data_ptr(), seg.rows, seg.row_bytes, cols)
+
+    def pack_rows(self, qtype: str, address: int, rows: int, row_bytes: int, cols: int) -> Segment:
+        """A packed segment from `rows` GGUF rows at `address` (row_bytes apart; e.g. the mapped file,
+        so that no private copy of the blocks exists beside the packed one). Check `can_repack` first."""
+        tid = BLOCKS[qtype][0]
+        data = torch.empty((rows + 15) // 16, self.lib.lc_x16_bytes(tid, 16, cols), dtype=torch.uint8)
         rc = self.lib.lc_x16_repack(
-            tid, seg.data.data_ptr(), seg.rows, cols, seg.row_bytes, data.data_ptr(), torch.get_num_threads()
+            tid, address, rows, cols, row_bytes, data.data_ptr(), torch.get_num_threads()
         )
         if rc:
-            raise BackendUnavailableError(f"The CPU kernels cannot repack {seg.qtype} rows of {cols} values.")
-        return Segment(seg.qtype, data, seg.rows)
+            raise BackendUnavailableError(f"The CPU kernels cannot repack {qtype} rows of {cols} values.")
+        return Segment(qtype, data, rows)
 
     def decode_attention(
         self,

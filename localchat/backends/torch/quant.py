@@ -289,9 +289,16 @@ def convert(weight: WeightTensor, dtype: torch.dtype, device: torch.device, poli
     packable = rows % 16 == 0 and rows > 0 and (not policy.cuda or inner_k_tiles(cols) is not None)
     to_int4 = policy.q4_on_int4 and weight.dtype in INT4_TYPES and packable
     if policy.kernels is not None and rows and cpu_kernels.supports(weight.dtype, cols) and not to_int4:
+        ops = policy.kernels
+        if cpu_kernels.layout_choice() == "auto" and ops.can_repack(weight.dtype, cols):
+            # packed straight from the mapped file: no private copy of the blocks beside the panels (the
+            # tied Q8_0 head of a 1B model is 279 MiB, an 8B's Q6_K output 431 MiB)
+            view = np.ascontiguousarray(np.asarray(weight.data, dtype=np.uint8).reshape(rows, -1))
+            packed = ops.pack_rows(weight.dtype, view.ctypes.data, rows, view.shape[1], cols)
+            return BlockMatrix([packed], cols, ops)
         # a private copy of the file's blocks: the loader drops the file's pages once consumed
         blocks = torch.from_numpy(np.array(weight.data, dtype=np.uint8).reshape(rows, -1))
-        return BlockMatrix([Segment(weight.dtype, blocks)], cols, policy.kernels)
+        return BlockMatrix([Segment(weight.dtype, blocks)], cols, ops)
     if policy.int4 and weight.dtype in INT4_TYPES and packable:
         return _int4_parts(weight)
     head = weight.name.endswith(("lm_head.weight", "embed_tokens.weight"))
@@ -328,11 +335,19 @@ def fuse(parts: list[Loaded]) -> Loaded:
 
 
 def _merge_segments(parts: list[BlockMatrix]) -> BlockMatrix:
-    """One matrix of all parts' rows; neighbouring segments of one type join (one kernel call)."""
+    """One matrix of all parts' rows; neighbouring segments of one type and layout join (one kernel call):
+    packed ones only while the first ends on a whole panel (its last panel would be padded otherwise)."""
     merged: list[Segment] = []
     for seg in (s for p in parts for s in p.segments):
-        if merged and merged[-1].qtype == seg.qtype:
-            merged[-1] = Segment(seg.qtype, torch.cat((merged[-1].data, seg.data)))
+        last = merged[-1] if merged else None
+        if last is None or last.qtype != seg.qtype or bool(last.packed_rows) != bool(seg.packed_rows):
+            merged.append(seg)
+        elif not seg.packed_rows:
+            merged[-1] = Segment(seg.qtype, torch.cat((last.data, seg.data)))
+        elif last.packed_rows % 16 == 0:
+            merged[-1] = Segment(
+                seg.qtype, torch.cat((last.data, seg.data)), last.packed_rows + seg.packed_rows
+            )
         else:
             merged.append(seg)
     return BlockMatrix(merged, parts[0].cols, parts[0].ops)
@@ -340,7 +355,7 @@ def _merge_segments(parts: list[BlockMatrix]) -> BlockMatrix:
 
 def finalize(loaded: Loaded, dtype: torch.dtype, device: torch.device, policy: QuantPolicy) -> Weight:
     if isinstance(loaded, BlockMatrix):
-        if cpu_kernels.layout_choice() == "auto":  # after fusing: panels of 16 rows span the parts
+        if cpu_kernels.layout_choice() == "auto":  # what `convert` did not pack (--isq blocks)
             loaded.segments = [loaded.ops.repack(s, loaded.cols) for s in loaded.segments]
             loaded.call_args = None
         if policy.block_copies:
