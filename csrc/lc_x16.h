@@ -1,8 +1,9 @@
 /* Matmul on x16 panels (lc_x16_layout.h) with AVX-512 VNNI, for every row count: each 64-byte load of
 codes feeds one vpdpbusd per activation row (4 broadcast activation bytes against 4 codes of 16 weight
 rows), so a panel's 16 outputs accumulate in one register per activation row. Integer sums become float
-once per unit of one scale (32 values; 16 for Q6_K). Two integer chains per row (even and odd code
-groups) keep vpdpbusd's latency hidden when only one row runs. Included by lc_impl.h. */
+once per unit of one scale (32 values; 16 for Q6_K). Steps of 1-2 rows read one panel per pass with two
+integer chains per row (even and odd code groups: vpdpbusd's latency stays hidden); more rows read two
+panels per pass, so each broadcast feeds two vpdpbusd. Included by lc_kernels.c for the AVX-512 variant. */
 
 #define LC_X16_MR 6        /* activation rows per pass over a panel (pair) */
 #define LC_X16_ONE_PANEL 2 /* steps of up to this many rows read one panel per pass */

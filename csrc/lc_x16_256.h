@@ -3,7 +3,7 @@ one ymm each. vpmaddubsw multiplies a half's unsigned codes by 4 broadcast activ
 pair sums, which add up in int16 for a whole 32-value unit of 4-bit codes (at most 8 x 2 x 15 x 127 =
 30480) or two groups of Q6_K's 6-bit ones, then widen once through vpmaddwd. Q8_0 takes its codes back to
 signed and multiplies |q| by the activations carrying q's sign, so no pair sum saturates (2 x 128 x 127).
-Half by half, LC_X16_MR2 activation rows per pass. Included by lc_impl.h for the AVX2 variant. */
+Half by half, LC_X16_MR2 activation rows per pass. Included by lc_kernels.c for the AVX2 variant. */
 
 #define LC_X16_MR2 3
 
