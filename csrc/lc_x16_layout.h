@@ -66,23 +66,13 @@ static void lc_x16_put_nibbles(uint8_t *q, const uint8_t codes[16][256], int x0)
    and its codes into codes[c] (lc_decode.h's decoders: Q8_0's already + 128, Q6_K's 0..63). */
 static void lc_x16_unit_column(int type, const uint8_t *b, uint8_t *u, int c, uint8_t *codes) {
     float ls[8], mc[2];
+    if (type != LC_Q6_K) memcpy(u + 2 * c, b, 2);                     /* d first in the block */
+    if (type == LC_Q4_1 || type == LC_Q4_K) memcpy(u + 32 + 2 * c, b + 2, 2); /* m / dmin next */
     switch (type) {
-    case LC_Q4_0:
-        memcpy(u + 2 * c, b, 2);
-        dec_q4_0_portable(b, codes, ls, mc);
-        return;
-    case LC_Q4_1:
-        memcpy(u + 2 * c, b, 2);
-        memcpy(u + 32 + 2 * c, b + 2, 2);
-        dec_q4_1_portable(b, codes, ls, mc);
-        return;
-    case LC_Q8_0:
-        memcpy(u + 2 * c, b, 2);
-        dec_q8_0_portable(b, codes, ls, mc);
-        return;
+    case LC_Q4_0: dec_q4_0_portable(b, codes, ls, mc); return;
+    case LC_Q4_1: dec_q4_1_portable(b, codes, ls, mc); return;
+    case LC_Q8_0: dec_q8_0_portable(b, codes, ls, mc); return;
     case LC_Q4_K:
-        memcpy(u + 2 * c, b, 2);
-        memcpy(u + 32 + 2 * c, b + 2, 2);
         for (int s = 0; s < 8; s++) {
             int sc, m;
             lc_scale_min_k4(s, b + 4, &sc, &m);

@@ -13,9 +13,9 @@ import importlib.util
 import os
 from functools import cache
 
-# (values, bytes) per unit of one row in the x16 layout (Q4_K: 4 bytes more than its GGUF block)
-X16_TYPES = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 148), "Q6_K": (256, 210)}
 AVX2 = 1  # the library's ISA id (AVX-512 VNNI, 2, implies it)
+# GGML type ids of the types the layout holds (the library's lc_x16_bytes sizes them)
+X16_TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 
 
 def x16_active() -> bool:
@@ -25,25 +25,28 @@ def x16_active() -> bool:
         return False
     if os.environ.get("LOCALCHAT_KERNELS", "auto").strip().lower() not in ("auto", "", "avx2", "avx512vnni"):
         return False
-    return _library_runs_avx2()
+    lib = _library()
+    return lib is not None and bool(lib.lc_isa_supported(AVX2))
 
 
 @cache
-def _library_runs_avx2() -> bool:
+def _library() -> ctypes.CDLL | None:
     spec = importlib.util.find_spec("localchat.backends.torch._lckernels")
     if spec is None or spec.origin is None:
-        return False
+        return None
     try:
         lib = ctypes.CDLL(spec.origin)
     except OSError:
-        return False
+        return None
     lib.lc_isa_supported.argtypes, lib.lc_isa_supported.restype = [ctypes.c_int], ctypes.c_int
-    return bool(lib.lc_isa_supported(AVX2))
+    lib.lc_x16_bytes.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    lib.lc_x16_bytes.restype = ctypes.c_int64
+    return lib
 
 
 def loaded_block_bytes(qtype: str, rows: int, cols: int, stored: int) -> int:
-    """Bytes of a `[rows, cols]` matrix of `qtype` blocks (`stored` in the file) as the kernels hold it."""
-    if qtype not in X16_TYPES or rows <= 0 or cols % X16_TYPES[qtype][0] or not x16_active():
-        return stored
-    values, size = X16_TYPES[qtype]
-    return -(-rows // 16) * 16 * (cols // values) * size
+    """Bytes of a `[rows, cols]` matrix of `qtype` blocks (`stored` in the file) as the kernels hold it:
+    the library's own size of its x16 form (csrc/lc_x16_layout.h) where it repacks, else `stored`."""
+    lib = _library() if qtype in X16_TYPE_IDS and rows > 0 and x16_active() else None
+    size = -1 if lib is None else int(lib.lc_x16_bytes(X16_TYPE_IDS[qtype], rows, cols))
+    return size if size >= 0 else stored  # -1: columns that do not split into its units

@@ -112,6 +112,25 @@ class BlockMatrix:
         return sum(s.data.numel() for s in self.segments)
 
 
+def merge_segments(parts: list[BlockMatrix]) -> list[Segment]:
+    """One matrix of all parts' rows; neighbouring segments of one type and layout join (one kernel call):
+    packed ones only while the first ends on a whole panel (its last panel would be padded otherwise)."""
+    merged: list[Segment] = []
+    for seg in (s for p in parts for s in p.segments):
+        last = merged[-1] if merged else None
+        if last is None or last.qtype != seg.qtype or bool(last.packed_rows) != bool(seg.packed_rows):
+            merged.append(seg)
+        elif not seg.packed_rows:
+            merged[-1] = Segment(seg.qtype, torch.cat((last.data, seg.data)))
+        elif last.packed_rows % 16 == 0:
+            merged[-1] = Segment(
+                seg.qtype, torch.cat((last.data, seg.data)), last.packed_rows + seg.packed_rows
+            )
+        else:
+            merged.append(seg)
+    return merged
+
+
 class Kernels:
     """The loaded library, bound to one ISA. `precise`: activations at ~15 bits, the 8-bit form plus its
     8-bit residual (lc_linear; twice the integer dot products), for every matrix these kernels run."""

@@ -318,7 +318,7 @@ def fuse(parts: list[Loaded]) -> Loaded:
     """Stack matrices along `out` (q|k|v, gate|up); dense as soon as one part is dense."""
     if all(isinstance(p, BlockMatrix) for p in parts):
         blocks = [p for p in parts if isinstance(p, BlockMatrix)]
-        return _merge_segments(blocks)
+        return BlockMatrix(cpu_kernels.merge_segments(blocks), blocks[0].cols, blocks[0].ops)
     if all(isinstance(p, Int4Parts) for p in parts):
         int4 = [p for p in parts if isinstance(p, Int4Parts)]
         return Int4Parts(
@@ -332,25 +332,6 @@ def fuse(parts: list[Loaded]) -> Loaded:
     return torch.cat(
         [p if isinstance(p, torch.Tensor) else _dense(p, like.dtype, like.device) for p in parts]
     )
-
-
-def _merge_segments(parts: list[BlockMatrix]) -> BlockMatrix:
-    """One matrix of all parts' rows; neighbouring segments of one type and layout join (one kernel call):
-    packed ones only while the first ends on a whole panel (its last panel would be padded otherwise)."""
-    merged: list[Segment] = []
-    for seg in (s for p in parts for s in p.segments):
-        last = merged[-1] if merged else None
-        if last is None or last.qtype != seg.qtype or bool(last.packed_rows) != bool(seg.packed_rows):
-            merged.append(seg)
-        elif not seg.packed_rows:
-            merged[-1] = Segment(seg.qtype, torch.cat((last.data, seg.data)))
-        elif last.packed_rows % 16 == 0:
-            merged[-1] = Segment(
-                seg.qtype, torch.cat((last.data, seg.data)), last.packed_rows + seg.packed_rows
-            )
-        else:
-            merged.append(seg)
-    return BlockMatrix(merged, parts[0].cols, parts[0].ops)
 
 
 def finalize(loaded: Loaded, dtype: torch.dtype, device: torch.device, policy: QuantPolicy) -> Weight:
