@@ -54,12 +54,100 @@ static inline const float *LC_FN(att_kv_rows)(const void *base, int type, const 
     return buf;
 }
 
+/* The two inner loops of att_pair. Plain C (an omp simd reduction) sums a dot product through a serial
+   chain of scalar adds and keeps `acc += w * v` in memory across positions (a store-to-load chain per
+   position), so AVX-512 and AVX2 have register forms: one horizontal sum per score, and each 64-value
+   slice of an accumulator held in registers over a chunk's positions. */
+#if LC_ISA == LC_ISA_AVX512VNNI
+static inline float LC_FN(att_dot)(const float *a, const float *b, int64_t d) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 32 <= d; j += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + j), _mm512_loadu_ps(b + j), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + j + 16), _mm512_loadu_ps(b + j + 16), s1);
+    }
+    for (; j < d; j += 16) {
+        __mmask16 m = d - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (d - j)) - 1);
+        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + j), _mm512_maskz_loadu_ps(m, b + j), s0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+/* acc [d] += sum over t < n of w[t] * rows[t * d ..]: 64 values at a time in four registers. */
+static inline void LC_FN(att_accumulate)(float *acc, const float *w, const float *rows, int64_t n, int64_t d) {
+    for (int64_t j = 0; j < d; j += 64) {
+        __mmask16 m[4];
+        __m512 a[4];
+        for (int u = 0; u < 4; u++) {
+            int64_t left = d - j - 16 * u;
+            m[u] = left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+            a[u] = _mm512_maskz_loadu_ps(m[u], acc + j + 16 * u);
+        }
+        for (int64_t t = 0; t < n; t++) {
+            __m512 wt = _mm512_set1_ps(w[t]);
+            const float *r = rows + t * d + j;
+            for (int u = 0; u < 4; u++) a[u] = _mm512_fmadd_ps(wt, _mm512_maskz_loadu_ps(m[u], r + 16 * u), a[u]);
+        }
+        for (int u = 0; u < 4; u++) _mm512_mask_storeu_ps(acc + j + 16 * u, m[u], a[u]);
+    }
+}
+#elif LC_ISA == LC_ISA_AVX2
+static inline __m256i LC_FN(att_mask8)(int64_t left) {
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(left > 8 ? 8 : left)), lanes);
+}
+
+static inline float LC_FN(att_dot)(const float *a, const float *b, int64_t d) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= d; j += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + j + 8), _mm256_loadu_ps(b + j + 8), s1);
+    }
+    for (; j < d; j += 8) {
+        __m256i m = LC_FN(att_mask8)(d - j);
+        s0 = _mm256_fmadd_ps(_mm256_maskload_ps(a + j, m), _mm256_maskload_ps(b + j, m), s0);
+    }
+    __m256 s = _mm256_add_ps(s0, s1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* acc [d] += sum over t < n of w[t] * rows[t * d ..]: 32 values at a time in four registers. */
+static inline void LC_FN(att_accumulate)(float *acc, const float *w, const float *rows, int64_t n, int64_t d) {
+    for (int64_t j = 0; j < d; j += 32) {
+        __m256i m[4];
+        __m256 a[4];
+        for (int u = 0; u < 4; u++) {
+            m[u] = LC_FN(att_mask8)(d - j - 8 * u);
+            a[u] = _mm256_maskload_ps(acc + j + 8 * u, m[u]);
+        }
+        for (int64_t t = 0; t < n; t++) {
+            __m256 wt = _mm256_set1_ps(w[t]);
+            const float *r = rows + t * d + j;
+            for (int u = 0; u < 4; u++) a[u] = _mm256_fmadd_ps(wt, _mm256_maskload_ps(r + 8 * u, m[u]), a[u]);
+        }
+        for (int u = 0; u < 4; u++) _mm256_maskstore_ps(acc + j + 8 * u, m[u], a[u]);
+    }
+}
+#else
 static inline float LC_FN(att_dot)(const float *a, const float *b, int64_t d) {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int64_t j = 0; j < d; j++) s += a[j] * b[j];
     return s;
 }
+
+static inline void LC_FN(att_accumulate)(float *acc, const float *w, const float *rows, int64_t n, int64_t d) {
+    for (int64_t t = 0; t < n; t++) {
+        const float *r = rows + t * d;
+#pragma omp simd
+        for (int64_t j = 0; j < d; j++) acc[j] += w[t] * r[j];
+    }
+}
+#endif
 
 /* One (row, KV head) pair over positions [first, end) of the row: for each of its query heads the
    unnormalized sum acc [group, d] of exp(score - mx) * value, the max score mx and sum of exp. */
@@ -91,6 +179,7 @@ static void LC_FN(att_pair)(const void *q, int q_bf16, int64_t group, int64_t d,
             }
         for (int64_t g = 0; g < group; g++) {
             float *p = sc + g * LC_ATT_CHUNK, m = mx[g];
+#pragma omp simd reduction(max : m)
             for (int64_t t = 0; t < n; t++) m = p[t] > m ? p[t] : m;
             if (m > mx[g]) { /* new max: rescale what was summed under the old one (exp(-inf) = 0) */
                 float corr = expf(mx[g] - m);
@@ -107,15 +196,7 @@ static void LC_FN(att_pair)(const void *q, int q_bf16, int64_t group, int64_t d,
             sum[g] += part;
         }
         const float *values = LC_FN(att_kv_rows)(v_head, cache_type, v_scales, slot, n, d, chunk);
-        for (int64_t g = 0; g < group; g++) {
-            float *a = acc + g * d;
-            for (int64_t t = 0; t < n; t++) {
-                float w = sc[g * LC_ATT_CHUNK + t];
-                const float *vr = values + t * d;
-#pragma omp simd
-                for (int64_t j = 0; j < d; j++) a[j] += w * vr[j];
-            }
-        }
+        for (int64_t g = 0; g < group; g++) LC_FN(att_accumulate)(acc + g * d, sc + g * LC_ATT_CHUNK, values, n, d);
         pos += n;
     }
 }

@@ -538,6 +538,8 @@ LC_EXPORT int lc_decode_rope_attention(int isa, const void *qk, int64_t qk_strid
                                tables, max_blocks, seq_lens, block_size, scale, window, softcap, out, bf16, nth);
 }
 
+#include "lc_step.h"
+
 /* Importable as a module only so that setuptools can build it everywhere; the API is the C one. */
 static struct PyModuleDef lc_module = {PyModuleDef_HEAD_INIT, "_lckernels", NULL, -1, NULL, NULL, NULL, NULL, NULL};
 

@@ -101,8 +101,9 @@ def test_policy_picks_the_kernels_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Non
     policy = quant.pick_policy(cpu, torch.bfloat16, 100, 1000)
     assert policy.kernels is not None
     best = policy.kernels.name
-    # Q4_0/Q4_1 linears on torch's int4 kernel (bf16 activations) with their copies, everywhere
-    assert policy.q4_on_int4 and policy.int4 and policy.dense_copy
+    # every GGUF block type, Q4_0/Q4_1 of small models included, on our kernels (decode_step.py runs their
+    # decode steps as one C call); torch's int4 kernel only for --isq q4
+    assert not policy.int4
     # block matrices: no copies where the many-row path is a SIMD GEMM (AVX2, AVX-512), copies elsewhere
     assert policy.block_copies == (policy.kernels.name not in quant.FAST_GEMM_ISAS)
     assert quant.FAST_GEMM_ISAS == ("avx512vnni", "avx2")
@@ -111,13 +112,12 @@ def test_policy_picks_the_kernels_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Non
     if "avx2" in kernels.runnable_isas():  # AVX2's GEMM (lc_gemm256.h): no copies in auto either
         monkeypatch.setenv(kernels.KERNELS_ENV, "avx2")
         assert not quant.pick_policy(cpu, torch.bfloat16, 100, 1000).block_copies
-        assert not quant.pick_policy(cpu, torch.bfloat16, 100, 1000).q4_on_int4  # named: every type on ours
     monkeypatch.setenv(kernels.KERNELS_ENV, "portable")  # portable C's tiles are slow: copies in auto
     assert quant.pick_policy(cpu, torch.bfloat16, 100, 1000).block_copies
     monkeypatch.setenv(kernels.KERNELS_ENV, "auto")
-    monkeypatch.setenv(quant.QUANT_ENV, "copies")  # prefill speed for memory: the int4 kernel + copies
+    monkeypatch.setenv(quant.QUANT_ENV, "copies")  # prefill speed for memory: blocks + bf16 copies
     policy = quant.pick_policy(cpu, torch.bfloat16, 100, 1000)
-    assert policy.kernels is not None and policy.dense_copy and policy.block_copies and policy.q4_on_int4
+    assert policy.kernels is not None and policy.block_copies and not policy.int4
     no_room = quant.pick_policy(cpu, torch.bfloat16, 900, 1000)
     assert not no_room.dense_copy and not no_room.block_copies
     monkeypatch.delenv(quant.QUANT_ENV)
@@ -132,19 +132,9 @@ def test_policy_picks_the_kernels_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Non
     assert quant.pick_policy(cpu, torch.float32, 100, 1000) == quant.QuantPolicy()  # the exact path
     monkeypatch.setenv(quant.QUANT_ENV, "int4")  # least memory: blocks only
     policy = quant.pick_policy(cpu, torch.bfloat16, 100, 1000)
-    assert (
-        policy.kernels is not None
-        and not policy.dense_copy
-        and not policy.block_copies
-        and not policy.q4_on_int4
-    )
+    assert policy.kernels is not None and not policy.dense_copy and not policy.block_copies
     policy = quant.pick_policy(cpu, torch.float32, 100, 1000)  # fp32 compute too (CPUs without bf16)
-    assert (
-        policy.kernels is not None and not policy.int4 and not policy.block_copies and not policy.q4_on_int4
-    )
-    monkeypatch.setenv(quant.QUANT_ENV, "copies")
-    monkeypatch.setenv(kernels.KERNELS_ENV, "portable")  # a forced ISA runs every block type
-    assert not quant.pick_policy(cpu, torch.bfloat16, 100, 1000).q4_on_int4
+    assert policy.kernels is not None and not policy.int4 and not policy.block_copies
     monkeypatch.setenv(quant.QUANT_ENV, "int4")
     monkeypatch.setenv(kernels.KERNELS_ENV, "off")
     assert quant.pick_policy(cpu, torch.bfloat16, 100, 1000) == quant.QuantPolicy(int4=True)

@@ -96,19 +96,19 @@ def test_policy_reads_the_activation_mode(monkeypatch: pytest.MonkeyPatch) -> No
         quant.pick_policy(cpu, torch.bfloat16, 100, 1000)
 
 
-def test_big_q4_models_leave_the_int4_kernel_and_its_copies(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Q4_0/Q4_1 take torch's int4 kernel + bf16 copies only while the copies are small (SmolLM2); a
-    1B+ model's copies would triple its memory, so its Q4 layers run on the kernels like every type."""
+def test_q4_models_of_every_size_stay_in_blocks_without_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Q4_0/Q4_1 linears used to take torch's int4 kernel + bf16 copies while the copies were small
+    (SmolLM2): now every size stays in blocks, with no copy on the AVX2/AVX-512 GEMMs."""
     cpu = torch.device("cpu")
     monkeypatch.delenv(quant.QUANT_ENV, raising=False)
     monkeypatch.setenv(kernels.KERNELS_ENV, "auto")
-    limit, ram = quant.Q4_INT4_MAX_COPY_BYTES, 64 << 30
-    small = quant.pick_policy(cpu, torch.bfloat16, limit, ram)
-    big = quant.pick_policy(cpu, torch.bfloat16, limit + 1, ram)
-    assert small.q4_on_int4 and small.int4 and small.dense_copy
-    assert big.kernels is not None and not big.q4_on_int4 and not big.int4 and not big.block_copies
+    ram = 64 << 30
+    for size in (100 << 20, 4 << 30):
+        policy = quant.pick_policy(cpu, torch.bfloat16, size, ram)
+        assert policy.kernels is not None and not policy.int4
+        assert policy.block_copies == (policy.kernels.name not in quant.FAST_GEMM_ISAS)
     monkeypatch.setenv(quant.QUANT_ENV, "copies")  # asked for: speed for memory at any size
-    assert quant.pick_policy(cpu, torch.bfloat16, limit + 1, ram).q4_on_int4
+    assert quant.pick_policy(cpu, torch.bfloat16, 4 << 30, ram).block_copies
 
 
 def teacher_forced_logits(

@@ -361,6 +361,11 @@ def _library() -> ctypes.CDLL | None:
     lib.lc_decode_rope_attention.argtypes = [_I, _P, _L, _P, _L, _I, _L, _L, _L, _L, _P, _P, _P, _P, _I, _L]
     lib.lc_decode_rope_attention.argtypes += [_P, _L, _P, _L, _F, _L, _F, _P, _I]
     lib.lc_decode_rope_attention.restype = _I
+    # isa, nlayers, layers, caches, cache_type, num_slots, x, bf16, rows, hidden, heads, kv_heads, d, inter, eps,
+    # cos, sin, slots, tables, max_blocks, seq_lens, block_size, scale, window, precise, nth
+    lib.lc_decode_layers.argtypes = [_I, _I, _P, _P, _I, _L, _P, _I, _L, _L, _L, _L, _L, _L, _F]
+    lib.lc_decode_layers.argtypes += [_P, _P, _P, _P, _L, _P, _L, _F, _L, _I, _I]
+    lib.lc_decode_layers.restype = _I
     return lib
 
 

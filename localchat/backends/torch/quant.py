@@ -8,10 +8,10 @@ One form serves every step size, so there are no dense copies; memory is the fil
 are rounded to 8 bits per 32 values for the integer dot products (bound in test_kernels_matmul.py), or
 with `LOCALCHAT_KERNEL_ACTIVATIONS=precise` also their 8-bit residual (~15 bits, twice the integer work;
 test_kernels_precise.py). Other GGUF types (IQ*, F16) are dequantized to the compute dtype.
-GGUF Q4_0/Q4_1 linears of small models still go to torch's int4 kernel below (`q4_on_int4`, with their
-bf16 copies for many-row steps where RAM allows, while those stay under Q4_INT4_MAX_COPY_BYTES): at
-SmolLM2's 576-wide rows the copies prefill ~4x faster than our GEMM, and its bf16 activations flip fewer
-near-ties than our 8-bit ones. `LOCALCHAT_TORCH_QUANT=copies` also keeps bf16 copies of the
+Small models' Q4_0/Q4_1 linears used to take torch's int4 kernel (below) with bf16 copies: since a
+decode step's layers run as one C call on block matrices (decode_step.py), the blocks decode SmolLM2-135M
+~2x faster and serve 16 requests ~1.9x faster in two thirds of the memory, for a ~25% slower prefill.
+`LOCALCHAT_TORCH_QUANT=copies` also keeps bf16 copies of the
 block matrices for many-row steps (1B Q4_K_M: prefill ~1.5x faster, peak RSS ~3x; the README's
 Benchmarks); `auto` does that where RAM allows only on the portable C kernels, whose many-row path is
 the slow one (AVX2 and AVX-512 VNNI have GEMMs: csrc/lc_gemm256.h, csrc/lc_gemm512.h).
@@ -101,10 +101,6 @@ PACK_ROWS = 4096
 # Kernel ISAs whose many-row (prefill, batch) path is worth more than dense copies: csrc/lc_gemm512.h,
 # and csrc/lc_gemm256.h (AVX2: on par with a dense float32 GEMM on AVX2, at a fraction of the memory).
 FAST_GEMM_ISAS = ("avx512vnni", "avx2")
-# Q4_0/Q4_1 linears take torch's int4 kernel (bf16 activations) plus bf16 copies only while those copies
-# stay this small: SmolLM2-135M's (~0.2 GB) buy 4x its prefill (our GEMM is slow at 576-wide rows), a
-# 1B model's (~2.4 GB) 2x for 3x the file in RAM (the README's Benchmarks), an 8B's would be ~14 GB.
-Q4_INT4_MAX_COPY_BYTES = 1 << 30
 ACTIVATIONS_ENV = "LOCALCHAT_KERNEL_ACTIVATIONS"
 # q8: 8 bits per 32 activations (llama.cpp's numerics); precise: plus the 8-bit residual (lc_linear)
 ACTIVATION_MODES = ("q8", "precise")
@@ -120,10 +116,6 @@ class QuantPolicy:
     cuda_kernel: str = "tinygemm"  # which: "tinygemm" (torch's), "triton" (triton_int4.py) or "both"
     isq: bool = False  # unquantized linears are quantized to 4 bits at load (`--isq q4`)
     isq_blocks: str | None = None  # `--isq q8_0|q4_k|q4_0`: unquantized matrices become these blocks (isq.py)
-    # With our kernels (auto ISA), small models' GGUF Q4_0/Q4_1 linears still take torch's int4 kernel:
-    # it keeps bf16 activations where ours round them to 8 bits per 32 (on SmolLM2 that flipped near-tied
-    # first tokens), and its dense copies serve the many-row steps.
-    q4_on_int4: bool = False
 
     @property
     def precise(self) -> bool:
@@ -194,22 +186,16 @@ def _pick_mode(
     fits = available is None or dense_bytes <= available * DENSE_COPY_RAM_FRACTION
     ops = cpu_kernels.load() if device.type == "cpu" else None
     if ops is not None:  # GGUF blocks on our kernels; --isq weights still go to torch's int4 kernel
-        # Q4_0/Q4_1 linears go to torch's int4 kernel unless an ISA is forced or their copies would be big
-        # (Q4_INT4_MAX_COPY_BYTES: then they run on our kernels like every other type). Block matrices keep bf16
-        # copies in `copies`, and in `auto` where our many-row path is the slow one (portable C only:
-        # the AVX2 and AVX-512 VNNI GEMMs run prefill without them).
+        # Block matrices, Q4_0/Q4_1 included, keep bf16 copies in `copies`, and in `auto` where our many-row
+        # path is the slow one (portable C only: the AVX2 and AVX-512 VNNI GEMMs run prefill without them).
         slow_gemm = ops.name not in FAST_GEMM_ISAS
-        q4_int4 = (
-            mode == "copies" or (mode == "auto" and dense_bytes <= Q4_INT4_MAX_COPY_BYTES)
-        ) and cpu_kernels.isa_choice() == "auto"
         return QuantPolicy(
             kernels=ops,
-            int4=wants_isq or q4_int4,
+            int4=wants_isq,
             # int4 matrices (torch's kernel is compute-bound at many rows) keep copies where RAM allows
             dense_copy=fits and mode in ("auto", "copies"),
             block_copies=fits and (mode == "copies" or (mode == "auto" and slow_gemm)),
             isq=wants_isq,
-            q4_on_int4=q4_int4,
         )
     if mode == "int4":
         return QuantPolicy(int4=True, isq=wants_isq)
@@ -287,8 +273,7 @@ def convert(weight: WeightTensor, dtype: torch.dtype, device: torch.device, poli
     rows = weight.shape[0] if len(weight.shape) == 2 else 0
     cols = weight.shape[1] if rows else 0
     packable = rows % 16 == 0 and rows > 0 and (not policy.cuda or inner_k_tiles(cols) is not None)
-    to_int4 = policy.q4_on_int4 and weight.dtype in INT4_TYPES and packable
-    if policy.kernels is not None and rows and cpu_kernels.supports(weight.dtype, cols) and not to_int4:
+    if policy.kernels is not None and rows and cpu_kernels.supports(weight.dtype, cols):
         ops = policy.kernels
         if cpu_kernels.layout_choice() == "auto" and ops.can_repack(weight.dtype, cols):
             # packed straight from the mapped file: no private copy of the blocks beside the panels (the

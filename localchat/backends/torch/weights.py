@@ -62,9 +62,7 @@ def load_model(
         keep = pname in LINEARS or (pname == "embed" and policy.kernels is not None)
         rule = policy if keep else QuantPolicy()
         if pname == "embed":  # lookups read GGUF blocks or a dense table, never int4 (nor a dense copy)
-            rule = replace(
-                rule, dense_copy=False, block_copies=False, int4=False, isq=False, q4_on_int4=False
-            )
+            rule = replace(rule, dense_copy=False, block_copies=False, int4=False, isq=False)
         loaded = convert(weight, dtype, device, rule)
         if parts == 1:
             _assign(module, pname, finalize(loaded, dtype, device, rule), weight.name)

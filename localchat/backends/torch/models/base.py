@@ -6,7 +6,7 @@ architecture differs (embedding scale, logit soft-capping, ...).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
@@ -17,6 +17,9 @@ from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import Rotary, empty_param, rms_norm
 from localchat.backends.torch.quant import embed_rows, linear
 from localchat.weights.config import ModelConfig
+
+if TYPE_CHECKING:
+    from localchat.backends.torch.decode_step import FusedDecode
 
 # The CPU path's metadata, or the Triton kernels' on CUDA: layers pass it through to `paged_attention`.
 StepMetadata = AttentionMetadata | TritonAttentionMetadata
@@ -47,6 +50,7 @@ class DecoderLM(nn.Module):
             None if config.tie_word_embeddings else empty_param(config.vocab_size, config.hidden_size)
         )
         self.rotary = Rotary(config, device)
+        self.fused_decode: FusedDecode | bool | None = False  # False: not planned yet (decode_step.py)
 
     def after_load(self) -> None:
         """Called once every weight is in place (a family may fold constants into them)."""
@@ -75,9 +79,24 @@ class DecoderLM(nn.Module):
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
+        fused = self.decode_plan()
+        if fused is not None and fused.takes(x, cos, meta, kv_caches):
+            assert isinstance(meta, AttentionMetadata)
+            return fused.run(x, cos, sin, meta, kv_caches)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x = layer.forward(x, cos, sin, meta, kv_cache)  # .forward: skip hook dispatch
         return x
+
+    def decode_plan(self) -> FusedDecode | None:
+        """The layers as one C call for decode steps (decode_step.py), planned on first use: the weights
+        are in place by then. None where the layers or their weights do not fit that step."""
+        if self.fused_decode is False:
+            # imported here: decode_step reads models.llama, which imports this module
+            from localchat.backends.torch import decode_step
+
+            self.fused_decode = decode_step.plan(self.layers, self.norm.dtype)
+        assert self.fused_decode is not True
+        return self.fused_decode
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] (pre-norm) -> logits [N, vocab] in the compute dtype."""

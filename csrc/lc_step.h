@@ -1,0 +1,119 @@
+/* A decode step's decoder layers in one call: lc_kernels.c includes this file once, at its end, after the
+exported functions it strings together (lc_rms_norm, lc_linear, lc_decode_rope_attention, lc_swiglu).
+
+At a small model's decode step the Python around each layer's six kernel calls (tensor allocations,
+ctypes argument conversion, dispatch) cost more than the kernels: SmolLM2-135M's 30 layers spent about
+half of each token there. Here the same kernels run in the same order on the same bfloat16 or float32
+intermediates, so the result is the Python path's to the last bit (tests/backends/test_decode_step.py).
+
+The layer is the Llama layout (models/llama.py's LlamaLayer): x + o(attention(rope(q, k), v)) over
+RMSNorm(x), then x + down(silu(gate) * up) over RMSNorm(x), with optional q|k|v and o biases. */
+
+#define LC_STEP_MAX_SEG 4 /* typed row segments per matrix (a fused q|k|v of three types needs 3) */
+
+/* One matrix's segments, as lc_linear takes them (decode_step.py's _Matrix mirrors this struct). */
+typedef struct {
+    int32_t nseg;
+    int32_t types[LC_STEP_MAX_SEG];
+    uint64_t ptrs[LC_STEP_MAX_SEG];
+    int64_t rows[LC_STEP_MAX_SEG];
+    int64_t row_bytes[LC_STEP_MAX_SEG];
+} lc_step_matrix;
+
+/* One layer's weights (decode_step.py's _Layer). Norm weights and biases are in the compute type;
+   a bias address of 0 means none. */
+typedef struct {
+    uint64_t attn_norm, mlp_norm, qkv_bias, o_bias;
+    lc_step_matrix qkv, o, gate_up, down;
+} lc_step_layer;
+
+/* The intermediates of one step, per thread, grown on demand. */
+static LC_THREAD void *lc_step_buf;
+static LC_THREAD size_t lc_step_size;
+
+static int64_t lc_step_rows(const lc_step_matrix *m) {
+    if (m->nseg < 1 || m->nseg > LC_STEP_MAX_SEG) return -1;
+    int64_t n = 0;
+    for (int i = 0; i < m->nseg; i++) n += m->rows[i];
+    return n;
+}
+
+static int lc_step_linear(int isa, const void *x, int bf16, int64_t t, int64_t k, const lc_step_matrix *m,
+                          int precise, void *out, int64_t n, int nth) {
+    return lc_linear(isa, x, bf16, t, k, m->nseg, m->types, m->ptrs, m->rows, m->row_bytes, precise, out, bf16, n,
+                     nth);
+}
+
+/* out [rows, n] += bias [n], rounded as the torch path's `out + bias` tensor is. */
+static void lc_step_add(void *out, int bf16, int64_t rows, int64_t n, const void *bias, int64_t bias_stride) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < n; j++) {
+            int64_t i = r * n + j;
+            lc_store(out, bf16, i, lc_round_as(lc_load(out, bf16, i) + lc_load(bias, bf16, r * bias_stride + j), bf16));
+        }
+}
+
+/* x [rows, hidden] (float32, or bfloat16 if bf16; updated in place) through `nlayers` layers, one decode
+   token per row: caches[i] is layer i's cache [2, kv_heads, num_slots, d] of cache_type (float32 or
+   bfloat16), cos/sin [rows, d] in the compute type, slots [rows] where this step's k and v go, tables
+   [rows, max_blocks] and seq_lens [rows] as lc_decode_attention takes them. inter: the MLP's width;
+   window > 0: attend to the last `window` positions only. Returns -1 on a bad shape or argument (x may be
+   partly updated then). */
+LC_EXPORT int lc_decode_layers(int isa, int nlayers, const lc_step_layer *layers, const uint64_t *caches,
+                               int cache_type, int64_t num_slots, void *x, int bf16, int64_t rows, int64_t hidden,
+                               int64_t heads, int64_t kv_heads, int64_t d, int64_t inter, float eps,
+                               const void *cos, const void *sin, const int64_t *slots, const int64_t *tables,
+                               int64_t max_blocks, const int64_t *seq_lens, int64_t block_size, float scale,
+                               int64_t window, int precise, int nth) {
+    int64_t nqkv = (heads + 2 * kv_heads) * d, natt = heads * d;
+    if (nlayers < 0 || rows < 1 || hidden < 1 || kv_heads < 1 || d < 1 || inter < 1) return -1;
+    for (int i = 0; i < nlayers; i++) {
+        const lc_step_layer *L = &layers[i];
+        if (lc_step_rows(&L->qkv) != nqkv || lc_step_rows(&L->o) != hidden || lc_step_rows(&L->gate_up) != 2 * inter ||
+            lc_step_rows(&L->down) != hidden || !L->attn_norm || !L->mlp_norm || !caches[i])
+            return -1;
+    }
+    /* normed | qkv | attention | residual sum | gate_up | activation | down, each [rows, width] */
+    int64_t widths = hidden + nqkv + natt + hidden + 2 * inter + inter + hidden;
+    size_t item = bf16 ? 2 : 4, need = (size_t)(rows * widths) * item + 7 * 64;
+    if (need > lc_step_size) {
+        free(lc_step_buf);
+        lc_step_buf = malloc(need);
+        lc_step_size = lc_step_buf ? need : 0;
+        if (!lc_step_buf) return -1;
+    }
+    char *at = (char *)lc_step_buf;
+    void *bufs[7];
+    const int64_t w7[7] = {hidden, nqkv, natt, hidden, 2 * inter, inter, hidden};
+    for (int b = 0; b < 7; b++) { /* each on its own cache line */
+        bufs[b] = at;
+        at += ((size_t)(rows * w7[b]) * item + 63) & ~(size_t)63;
+    }
+    void *normed = bufs[0], *qkv = bufs[1], *att = bufs[2], *sum = bufs[3], *gu = bufs[4], *act = bufs[5];
+    void *down = bufs[6];
+    const char *v = (const char *)qkv + (size_t)((heads + kv_heads) * d) * item;
+    for (int i = 0; i < nlayers; i++) {
+        const lc_step_layer *L = &layers[i];
+        const void *attn_norm = (const void *)(uintptr_t)L->attn_norm, *mlp_norm = (const void *)(uintptr_t)L->mlp_norm;
+        if (lc_rms_norm(isa, x, NULL, bf16, rows, hidden, attn_norm, eps, normed, nth) ||
+            lc_step_linear(isa, normed, bf16, rows, hidden, &L->qkv, precise, qkv, nqkv, nth))
+            return -1;
+        if (L->qkv_bias) lc_step_add(qkv, bf16, rows, nqkv, (const void *)(uintptr_t)L->qkv_bias, 0);
+        if (lc_decode_rope_attention(isa, qkv, nqkv, v, nqkv, bf16, rows, heads, kv_heads, d, cos, sin, slots,
+                                     (void *)(uintptr_t)caches[i], cache_type, num_slots, tables, max_blocks,
+                                     seq_lens, block_size, scale, window, 0.0f, att, nth) ||
+            lc_step_linear(isa, att, bf16, rows, natt, &L->o, precise, sum, hidden, nth))
+            return -1;
+        if (L->o_bias) lc_step_add(sum, bf16, rows, hidden, (const void *)(uintptr_t)L->o_bias, 0);
+        /* sum = x + o(...) (the residual), normed = RMSNorm(sum) */
+        if (lc_rms_norm(isa, x, sum, bf16, rows, hidden, mlp_norm, eps, normed, nth) ||
+            lc_step_linear(isa, normed, bf16, rows, hidden, &L->gate_up, precise, gu, 2 * inter, nth) ||
+            lc_swiglu(isa, gu, bf16, rows, inter, act, nth) ||
+            lc_step_linear(isa, act, bf16, rows, inter, &L->down, precise, down, hidden, nth))
+            return -1;
+        /* x = sum + down, rounded as the torch path's `x + mlp(normed)` */
+        memcpy(x, sum, (size_t)(rows * hidden) * item);
+        lc_step_add(x, bf16, rows, hidden, down, hidden);
+    }
+    return 0;
+}

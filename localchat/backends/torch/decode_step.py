@@ -1,0 +1,212 @@
+"""A decode step's decoder layers as one call into the compiled kernels (csrc/lc_step.h).
+
+A Llama-layout model whose every projection is a `BlockMatrix` runs a decode-only CPU step's layers in C:
+each layer's norm, q|k|v projection, RoPE with the cache write, paged attention, o projection, residual
+norm, gate|up, SwiGLU and down projection, the same kernels in the same order as the per-layer Python
+path (models/llama.py), so the hidden states match it bit for bit. What goes is the Python between
+them: SmolLM2-135M spent about half of each decode token in per-layer tensor allocations and ctypes calls.
+
+Steps it does not take run the per-layer path unchanged: prefill (any row with more than one token),
+`DENSE_FROM_ROWS` rows or more (those matrices may use their dense copies), an int8 KV cache, partial
+rotary, other layer classes, or `LOCALCHAT_DECODE_STEP=layers` (for comparisons).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from localchat.backends.torch import kernels as cpu_kernels
+from localchat.backends.torch.attention import AttentionMetadata
+from localchat.backends.torch.kernels import BlockMatrix, Kernels
+from localchat.backends.torch.kv_cache import KVCache
+from localchat.backends.torch.models.llama import LlamaLayer
+from localchat.backends.torch.quant import DENSE_FROM_ROWS
+from localchat.errors import BackendUnavailableError
+
+STEP_ENV = "LOCALCHAT_DECODE_STEP"
+STEP_MODES = ("fused", "layers")  # fused: one C call where it applies; layers: the per-layer Python path
+MAX_SEGMENTS = 4  # csrc/lc_step.h's LC_STEP_MAX_SEG
+
+_Seg4 = ctypes.c_int64 * MAX_SEGMENTS
+
+
+class _Matrix(ctypes.Structure):
+    """lc_step_matrix: one matrix's typed row segments."""
+
+    _fields_ = [
+        ("nseg", ctypes.c_int32),
+        ("types", ctypes.c_int32 * MAX_SEGMENTS),
+        ("ptrs", ctypes.c_uint64 * MAX_SEGMENTS),
+        ("rows", _Seg4),
+        ("row_bytes", _Seg4),
+    ]
+
+
+class _Layer(ctypes.Structure):
+    """lc_step_layer: addresses of the norm weights and biases (0: none), then the four matrices."""
+
+    _fields_ = [
+        ("attn_norm", ctypes.c_uint64),
+        ("mlp_norm", ctypes.c_uint64),
+        ("qkv_bias", ctypes.c_uint64),
+        ("o_bias", ctypes.c_uint64),
+        ("qkv", _Matrix),
+        ("o", _Matrix),
+        ("gate_up", _Matrix),
+        ("down", _Matrix),
+    ]
+
+
+def step_mode() -> str:
+    mode = os.environ.get(STEP_ENV, "fused").strip().lower() or "fused"
+    if mode not in STEP_MODES:
+        raise BackendUnavailableError(
+            f"{STEP_ENV}={mode!r} is not a choice; use one of {', '.join(STEP_MODES)}."
+        )
+    return mode
+
+
+@dataclass(slots=True)
+class FusedDecode:
+    """One model's layers as lc_decode_layers arguments, built once (the weights never move)."""
+
+    ops: Kernels
+    layers: ctypes.Array[_Layer]
+    dtype: torch.dtype  # of the norm weights and biases: the step's activations must match
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    inter: int
+    eps: float
+    window: int
+    keep: list[torch.Tensor]  # the norm and bias tensors whose addresses `layers` holds
+    caches: tuple[list[KVCache], ctypes.Array[ctypes.c_uint64]] | None = None
+
+    def takes(self, x: torch.Tensor, cos: torch.Tensor, meta: object, kv_caches: list[KVCache]) -> bool:
+        """Whether this step runs here: decode rows only (fewer than DENSE_FROM_ROWS), the kernels this
+        plan was built for, a float32/bfloat16 cache, full rotary, and activations in the weights' dtype."""
+        if not isinstance(meta, AttentionMetadata) or meta.prefills or meta.decode_block_tables is None:
+            return False
+        if meta.cpu_kernels is None or meta.cpu_kernels.isa != self.ops.isa or step_mode() != "fused":
+            return False
+        cache = kv_caches[0]
+        return (
+            x.dtype == self.dtype
+            and x.shape[0] < DENSE_FROM_ROWS
+            and isinstance(cache, torch.Tensor)
+            and cache.dtype in (torch.float32, torch.bfloat16)
+            and cos.shape[-1] == self.head_dim
+            and cos.dtype == x.dtype
+        )
+
+    def run(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+    ) -> torch.Tensor:
+        """x [D, hidden] (the embeddings, updated in place) -> the last layer's output, cos/sin [D, 1, d]."""
+        assert meta.decode_block_tables is not None and meta.decode_lens64 is not None
+        x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
+        rows = x.shape[0]
+        cache = kv_caches[0]
+        assert isinstance(cache, torch.Tensor)
+        tables = meta.decode_block_tables.view(rows, -1)
+        rc = self.ops.lib.lc_decode_layers(
+            self.ops.isa, len(self.layers), ctypes.addressof(self.layers), self._cache_args(kv_caches),
+            cpu_kernels.KV_BF16 if cache.dtype == torch.bfloat16 else cpu_kernels.KV_F32, cache.shape[2],
+            x.data_ptr(), int(x.dtype == torch.bfloat16), rows, self.hidden, self.heads, self.kv_heads,
+            self.head_dim, self.inter, self.eps, cos.data_ptr(), sin.data_ptr(), meta.slot_mapping.data_ptr(),
+            tables.data_ptr(), tables.shape[1], meta.decode_lens64.data_ptr(), meta.block_size,
+            1 / self.head_dim**0.5, self.window, int(self.ops.precise), torch.get_num_threads(),
+        )  # fmt: skip
+        if rc:
+            raise BackendUnavailableError(
+                f"The CPU kernels rejected a {rows}-row decode step over a cache {tuple(cache.shape)} "
+                "(internal error)."
+            )
+        return x
+
+    def _cache_args(self, kv_caches: list[KVCache]) -> int:
+        # The runner replaces its cache list, never edits it: the list object identifies the addresses.
+        if self.caches is None or self.caches[0] is not kv_caches:
+            addresses = (ctypes.c_uint64 * len(kv_caches))(*(c.data_ptr() for c in kv_caches))  # type: ignore[union-attr]
+            if not all(isinstance(c, torch.Tensor) and c.is_contiguous() for c in kv_caches):
+                raise BackendUnavailableError(
+                    "The fused decode step needs contiguous KV caches (internal error)."
+                )
+            self.caches = (kv_caches, addresses)
+        return ctypes.addressof(self.caches[1])
+
+
+def plan(layers: nn.ModuleList, dtype: torch.dtype) -> FusedDecode | None:
+    """The fused form of `layers` (norm weights in `dtype`), or None where any layer is not a plain
+    LlamaLayer on block matrices of one ISA (subclasses change the layer: q/k norms, scaled queries)."""
+    llama = [layer for layer in layers if type(layer) is LlamaLayer]
+    if not llama or len(llama) != len(layers) or dtype not in (torch.float32, torch.bfloat16):
+        return None
+    first = llama[0]
+    if not isinstance(first.qkv, BlockMatrix):
+        return None
+    ops, window = first.qkv.ops, _window(first)
+    structs: list[_Layer] = []
+    keep: list[torch.Tensor] = []
+    for layer in llama:
+        options = layer.attn_options
+        if options is not None and (options.softcap is not None or options.scale is not None):
+            return None
+        matrices = (layer.qkv, layer.o, layer.gate_up, layer.down)
+        blocks = [
+            m
+            for m in matrices
+            if isinstance(m, BlockMatrix) and m.ops is ops and 1 <= len(m.segments) <= MAX_SEGMENTS
+        ]
+        tensors = (layer.attn_norm, layer.mlp_norm, layer.qkv_bias, layer.o_bias)
+        present = [t for t in tensors if t is not None]
+        if (
+            len(blocks) != 4
+            or _window(layer) != window
+            or any(t.dtype != dtype or not t.is_contiguous() for t in present)
+        ):
+            return None
+        keep += present
+        addresses = (0 if t is None else t.data_ptr() for t in tensors)
+        structs.append(_Layer(*addresses, *(_matrix(m) for m in blocks)))
+        hidden, inter = blocks[1].shape[0], blocks[3].shape[1]
+    return FusedDecode(
+        ops=ops,
+        layers=(_Layer * len(structs))(*structs),
+        dtype=dtype,
+        heads=first.heads,
+        kv_heads=first.kv_heads,
+        head_dim=first.head_dim,
+        hidden=hidden,
+        inter=inter,
+        eps=first.eps,
+        window=window,
+        keep=keep,
+    )
+
+
+def _window(layer: LlamaLayer) -> int:
+    return layer.attn_options.window or 0 if layer.attn_options is not None else 0
+
+
+def _matrix(matrix: BlockMatrix) -> _Matrix:
+    n = len(matrix.segments)
+    pad = [0] * (MAX_SEGMENTS - n)
+    return _Matrix(
+        n,
+        (ctypes.c_int32 * MAX_SEGMENTS)(*[s.type_id for s in matrix.segments], *pad),
+        (ctypes.c_uint64 * MAX_SEGMENTS)(*[s.data.data_ptr() for s in matrix.segments], *pad),
+        _Seg4(*[s.rows for s in matrix.segments], *pad),
+        _Seg4(*[s.row_bytes for s in matrix.segments], *pad),
+    )

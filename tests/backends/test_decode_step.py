@@ -1,0 +1,145 @@
+"""The fused decode step (decode_step.py, csrc/lc_step.h): a decode-only CPU step's layers in one C call
+give the per-layer Python path's logits bit for bit, and steps it cannot run fall back to that path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from localchat.backends import RunnerOptions
+from localchat.backends.torch import decode_step, kernels, quant
+from localchat.backends.torch.runner import TorchRunner
+from localchat.errors import BackendUnavailableError
+from localchat.weights.bundle import ModelBundle
+from localchat.weights.loader import load_model
+from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE, write_tiny_gguf
+from tests.helpers.torch_batch import PagedDriver
+from tests.helpers.torch_models import tiny_hf_model
+
+pytestmark = pytest.mark.skipif(not kernels.runnable_isas(), reason="kernels not built (no C compiler)")
+
+PROMPTS = {"a": [5, 17, 99, 3, 250, 42, 7, 7, 81, 130, 64], "b": [9, 8, 7], "c": list(range(30, 53))}
+
+
+def tiny_bundle(
+    tmp_path: Path, model_type: str = "llama", qtype: str = "Q4_0", **overrides: Any
+) -> ModelBundle:
+    hf = tiny_hf_model(
+        model_type, vocab_size=TINY_VOCAB_SIZE, hidden_size=256, intermediate_size=512, **overrides
+    )
+    path = tmp_path / f"{model_type}-{qtype}.gguf"
+    return load_model(write_tiny_gguf(path, hf, qtype=qtype, tokenizer_kind="gpt2"))
+
+
+def cpu_runner(bundle: ModelBundle, dtype: str = "bfloat16", kv: str = "auto") -> TorchRunner:
+    return TorchRunner(bundle, RunnerOptions(device="cpu", dtype=dtype, kv_cache_dtype=kv))
+
+
+def count_fused_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    run = decode_step.FusedDecode.run
+
+    def counted(self: decode_step.FusedDecode, x: torch.Tensor, *args: Any) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return run(self, x, *args)
+
+    monkeypatch.setattr(decode_step.FusedDecode, "run", counted)
+    return calls
+
+
+def decode_side_by_side(
+    bundle: ModelBundle,
+    monkeypatch: pytest.MonkeyPatch,
+    dtype: str = "bfloat16",
+    kv: str = "auto",
+    steps: int = 6,
+) -> None:
+    """Two runners on one file, the fused one and `LOCALCHAT_DECODE_STEP=layers`, fed the same tokens:
+    three rows of different lengths, then one row after two finish; every step's logits equal."""
+    fused_driver, layers_driver = (
+        PagedDriver(cpu_runner(bundle, dtype, kv)),
+        PagedDriver(cpu_runner(bundle, dtype, kv)),
+    )
+    for driver in (fused_driver, layers_driver):
+        for req_id, prompt in PROMPTS.items():
+            driver.add(req_id, prompt)
+    for step in range(steps):
+        if step == steps // 2:
+            for driver in (fused_driver, layers_driver):
+                driver.finish("b")
+                driver.finish("c")
+        monkeypatch.setenv(decode_step.STEP_ENV, "fused")
+        ids, fused = fused_driver.step_logits()
+        monkeypatch.setenv(decode_step.STEP_ENV, "layers")
+        _, layered = layers_driver.step_logits()
+        assert torch.equal(fused, layered), f"step {step}: max diff {(fused - layered).abs().max()}"
+        for row, req_id in enumerate(ids):
+            token = int(layered[row].argmax())
+            fused_driver.feed(req_id, token)
+            layers_driver.feed(req_id, token)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K"])
+def test_fused_decode_equals_the_layer_path(
+    tmp_path: Path, qtype: str, dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every block type (x16-packed where the ISA has kernels, file blocks for Q5_K), both compute dtypes:
+    the fused step ran for every decode step (3 rows, then 1) and matched bit for bit."""
+    monkeypatch.setenv(quant.QUANT_ENV, "int4")  # blocks for every matrix, whatever the ISA
+    calls = count_fused_runs(monkeypatch)
+    decode_side_by_side(tiny_bundle(tmp_path, qtype=qtype), monkeypatch, dtype)
+    assert calls == [3, 3, 1, 1, 1]  # step 0, the prefill (several tokens a row), took the layer path
+
+
+@pytest.mark.parametrize("isa", kernels.runnable_isas())
+def test_fused_decode_runs_on_every_isa(tmp_path: Path, isa: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The portable C, AVX2 and AVX-512 builds of the step (whichever this CPU runs) match their layer path."""
+    monkeypatch.setenv(quant.QUANT_ENV, "int4")
+    monkeypatch.setenv(kernels.KERNELS_ENV, isa)
+    calls = count_fused_runs(monkeypatch)
+    decode_side_by_side(tiny_bundle(tmp_path, qtype="Q4_1"), monkeypatch, steps=4)
+    assert calls == [3, 1, 1]
+
+
+@pytest.mark.parametrize(
+    ("model_type", "overrides"),
+    [("qwen2", {}), ("mistral", {"sliding_window": 8})],
+    ids=["qkv-bias", "sliding-window"],
+)
+def test_fused_decode_covers_biases_and_windows(
+    tmp_path: Path, model_type: str, overrides: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Qwen2's q|k|v biases and Mistral's sliding window (shorter than the 23-token prompt) in C too."""
+    monkeypatch.setenv(quant.QUANT_ENV, "int4")
+    calls = count_fused_runs(monkeypatch)
+    decode_side_by_side(tiny_bundle(tmp_path, model_type, "Q8_0", **overrides), monkeypatch, steps=4)
+    assert calls == [3, 1, 1]
+
+
+def test_int8_cache_steps_take_the_layer_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused step reads float32/bf16 caches only: an int8 KV cache keeps the per-layer path, same result."""
+    monkeypatch.setenv(quant.QUANT_ENV, "int4")
+    calls = count_fused_runs(monkeypatch)
+    decode_side_by_side(tiny_bundle(tmp_path, qtype="Q8_0"), monkeypatch, kv="int8", steps=2)
+    assert calls == []
+
+
+def test_plan_declines_what_it_cannot_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No plan for layers that are not plain Llama layers (Qwen3's q/k norms) or for dense weights."""
+    monkeypatch.setenv(quant.QUANT_ENV, "int4")
+    assert cpu_runner(tiny_bundle(tmp_path, qtype="Q8_0")).model.decode_plan() is not None
+    assert cpu_runner(tiny_bundle(tmp_path, "qwen3", "Q8_0")).model.decode_plan() is None
+    monkeypatch.setenv(quant.QUANT_ENV, "dequant")
+    assert cpu_runner(tiny_bundle(tmp_path, qtype="Q4_0")).model.decode_plan() is None
+
+
+def test_a_bad_step_mode_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(decode_step.STEP_ENV, "fast")
+    with pytest.raises(BackendUnavailableError, match=r"LOCALCHAT_DECODE_STEP='fast'.*fused, layers"):
+        decode_step.step_mode()
+    monkeypatch.setenv(decode_step.STEP_ENV, " Layers ")
+    assert decode_step.step_mode() == "layers"
