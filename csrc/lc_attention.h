@@ -201,6 +201,121 @@ static void LC_FN(att_pair)(const void *q, int q_bf16, int64_t group, int64_t d,
     }
 }
 
+#if LC_ISA == LC_ISA_AVX512VNNI
+/* 16 bfloat16 values as float32 lanes. */
+static inline __m512 LC_FN(att_bf16x16)(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* lc_exp on 16 lanes, the same steps. */
+static inline __m512 LC_FN(att_exp16)(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
+    __m512 big = _mm512_set1_ps(12582912.0f);
+    __m512 k = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504f), big), big);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+/* att_pair for the commonest shape (head_dim 64, a bfloat16 cache, G <= 4 query heads per KV head:
+   SmolLM2, Llama 3.2 1B, TinyLlama, Qwen2.5 0.5B), with G a constant after inlining: the scaled queries
+   and every running sum stay in registers, each K and V row is converted once for all G heads, and a
+   chunk's softmax is one vector per head. Same contract as att_pair. */
+static inline __attribute__((always_inline)) void LC_FN(att_pair_d64)(
+    const int G, const float *qf, const uint16_t *k_head, const uint16_t *v_head, const int64_t *table,
+    int64_t block_size, int64_t first, int64_t end, float *acc, float *mx, float *sum) {
+    __m512 q[4][4], a[4][4];
+    float m[4], l[4];
+    for (int g = 0; g < G; g++) {
+        for (int u = 0; u < 4; u++) {
+            q[g][u] = _mm512_loadu_ps(qf + g * 64 + 16 * u);
+            a[g][u] = _mm512_setzero_ps();
+        }
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+    }
+    for (int64_t pos = first; pos < end;) {
+        int64_t block = table[pos / block_size], off = pos % block_size;
+        int64_t n = block_size - off;
+        if (n > end - pos) n = end - pos;
+        if (n > 16) n = 16;
+        const uint16_t *kr = k_head + (block * block_size + off) * 64, *vr = v_head + (block * block_size + off) * 64;
+        float sc[4][16];
+        for (int64_t t = 0; t < n; t++) {
+            __m512 k0 = LC_FN(att_bf16x16)(kr + t * 64), k1 = LC_FN(att_bf16x16)(kr + t * 64 + 16);
+            __m512 k2 = LC_FN(att_bf16x16)(kr + t * 64 + 32), k3 = LC_FN(att_bf16x16)(kr + t * 64 + 48);
+            for (int g = 0; g < G; g++) {
+                __m512 s0 = _mm512_fmadd_ps(q[g][1], k1, _mm512_mul_ps(q[g][0], k0));
+                __m512 s1 = _mm512_fmadd_ps(q[g][3], k3, _mm512_mul_ps(q[g][2], k2));
+                sc[g][t] = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+            }
+        }
+        __mmask16 live = (__mmask16)((1u << n) - 1);
+        for (int g = 0; g < G; g++) {
+            __m512 sv = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), live, sc[g]);
+            float cm = _mm512_reduce_max_ps(sv);
+            if (cm > m[g]) { /* new max: rescale what was summed under the old one (exp(-inf) = 0) */
+                float corr = expf(m[g] - cm);
+                __m512 c = _mm512_set1_ps(corr);
+                l[g] *= corr;
+                for (int u = 0; u < 4; u++) a[g][u] = _mm512_mul_ps(a[g][u], c);
+                m[g] = cm;
+            }
+            __m512 pv = _mm512_maskz_mov_ps(live, LC_FN(att_exp16)(_mm512_sub_ps(sv, _mm512_set1_ps(m[g]))));
+            l[g] += _mm512_reduce_add_ps(pv);
+            _mm512_storeu_ps(sc[g], pv);
+        }
+        for (int64_t t = 0; t < n; t++) {
+            __m512 v0 = LC_FN(att_bf16x16)(vr + t * 64), v1 = LC_FN(att_bf16x16)(vr + t * 64 + 16);
+            __m512 v2 = LC_FN(att_bf16x16)(vr + t * 64 + 32), v3 = LC_FN(att_bf16x16)(vr + t * 64 + 48);
+            for (int g = 0; g < G; g++) {
+                __m512 w = _mm512_set1_ps(sc[g][t]);
+                a[g][0] = _mm512_fmadd_ps(w, v0, a[g][0]);
+                a[g][1] = _mm512_fmadd_ps(w, v1, a[g][1]);
+                a[g][2] = _mm512_fmadd_ps(w, v2, a[g][2]);
+                a[g][3] = _mm512_fmadd_ps(w, v3, a[g][3]);
+            }
+        }
+        pos += n;
+    }
+    for (int g = 0; g < G; g++) {
+        for (int u = 0; u < 4; u++) _mm512_storeu_ps(acc + g * 64 + 16 * u, a[g][u]);
+        mx[g] = m[g];
+        sum[g] = l[g];
+    }
+}
+
+/* Whether att_pair_fast serves a pair: see att_pair_d64. */
+static inline int LC_FN(att_fast_ok)(int64_t group, int64_t d, int cache_type, float softcap) {
+    return d == 64 && group <= 4 && cache_type == LC_KV_BF16 && softcap == 0.0f;
+}
+
+static void LC_FN(att_pair_fast)(const void *q, int q_bf16, int64_t group, const void *k_head, const void *v_head,
+                                 const int64_t *table, int64_t block_size, int64_t first, int64_t end, float scale,
+                                 int64_t head0, float *acc, float *mx, float *sum) {
+    float qf[4 * 64], kbuf[64];
+    for (int64_t g = 0; g < group; g++) {
+        const float *row = LC_FN(att_row)(q, q_bf16, head0 + g, 64, kbuf);
+        for (int64_t j = 0; j < 64; j++) qf[g * 64 + j] = row[j] * scale;
+    }
+    const uint16_t *k = (const uint16_t *)k_head, *v = (const uint16_t *)v_head;
+    switch (group) {
+    case 1: LC_FN(att_pair_d64)(1, qf, k, v, table, block_size, first, end, acc, mx, sum); break;
+    case 2: LC_FN(att_pair_d64)(2, qf, k, v, table, block_size, first, end, acc, mx, sum); break;
+    case 3: LC_FN(att_pair_d64)(3, qf, k, v, table, block_size, first, end, acc, mx, sum); break;
+    default: LC_FN(att_pair_d64)(4, qf, k, v, table, block_size, first, end, acc, mx, sum); break;
+    }
+}
+#endif
+
 /* out rows head0.. = the `parts` partial results of one pair merged under their common max. */
 static void LC_FN(att_merge)(int64_t parts, int64_t group, int64_t d, const float *acc, const float *mx,
                              const float *sum, int64_t head0, void *out, int out_bf16) {
@@ -243,6 +358,14 @@ static void LC_FN(decode_attention)(const void *q, int q_bf16, int64_t rows, int
             const char *v_head = k_head + kv_heads * num_slots * d * item;
             const float *k_scales = scales ? scales + h * num_slots : NULL; /* [2, kv_heads, num_slots] */
             const float *v_scales = scales ? k_scales + kv_heads * num_slots : NULL;
+#if LC_ISA == LC_ISA_AVX512VNNI
+            if (LC_FN(att_fast_ok)(group, d, cache_type, softcap)) {
+                LC_FN(att_pair_fast)(q, q_bf16, group, k_head, v_head, tables + r * max_blocks, block_size,
+                                     lo < hi ? lo : hi, hi, scale, r * heads + h * group, acc + it * group * d,
+                                     mx + it * group, sum + it * group);
+                continue;
+            }
+#endif
             LC_FN(att_pair)(q, q_bf16, group, d, k_head, v_head, cache_type, k_scales, v_scales,
                             tables + r * max_blocks, block_size,
                             lo < hi ? lo : hi, hi, scale, softcap, r * heads + h * group, acc + it * group * d,

@@ -72,7 +72,7 @@ def ragged(rows: int, group: int) -> list[int]:
 @pytest.mark.parametrize("rows", [1, 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
 def test_kernel_matches_torch_path(
     monkeypatch: pytest.MonkeyPatch, isa: str, rows: int, dtype: torch.dtype, head_dim: int, group: int
 ) -> None:
