@@ -95,11 +95,16 @@ def test_fused_decode_equals_the_layer_path(
     assert calls == [3, 3, 1, 1, 1]  # step 0, the prefill (several tokens a row), took the layer path
 
 
+@pytest.mark.parametrize("activations", ["q8", "precise"])
 @pytest.mark.parametrize("isa", kernels.runnable_isas())
-def test_fused_decode_runs_on_every_isa(tmp_path: Path, isa: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The portable C, AVX2 and AVX-512 builds of the step (whichever this CPU runs) match their layer path."""
+def test_fused_decode_runs_on_every_isa(
+    tmp_path: Path, isa: str, activations: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The portable C, AVX2 and AVX-512 builds of the step (whichever this CPU runs), with 8-bit and with
+    precise activations (lc_linear's two-row form), match their layer path."""
     monkeypatch.setenv(quant.QUANT_ENV, "int4")
     monkeypatch.setenv(kernels.KERNELS_ENV, isa)
+    monkeypatch.setenv(quant.ACTIVATIONS_ENV, activations)
     calls = count_fused_runs(monkeypatch)
     decode_side_by_side(tiny_bundle(tmp_path, qtype="Q4_1"), monkeypatch, steps=4)
     assert calls == [3, 1, 1]

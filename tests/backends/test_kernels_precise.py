@@ -85,14 +85,20 @@ def test_policy_reads_the_activation_mode(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.delenv(quant.QUANT_ENV, raising=False)
     monkeypatch.setenv(kernels.KERNELS_ENV, "auto")
     monkeypatch.delenv(quant.ACTIVATIONS_ENV, raising=False)
-    assert not quant.pick_policy(cpu, torch.bfloat16, 100, 1000).precise  # llama.cpp's numerics by default
+    # auto: precise for small models (SmolLM2's answers need it), llama.cpp's q8 numerics above the limit
+    limit, ram = quant.PRECISE_UP_TO_BYTES, 64 << 30
+    assert quant.pick_policy(cpu, torch.bfloat16, limit, ram).precise
+    assert not quant.pick_policy(cpu, torch.bfloat16, limit + 1, ram).precise
+    monkeypatch.setenv(quant.ACTIVATIONS_ENV, "q8")
+    assert not quant.pick_policy(cpu, torch.bfloat16, 100, 1000).precise
     monkeypatch.setenv(quant.ACTIVATIONS_ENV, "precise")
+    assert quant.pick_policy(cpu, torch.bfloat16, limit + 1, ram).precise
     assert quant.pick_policy(cpu, torch.bfloat16, 100, 1000).precise
     assert quant.pick_policy(cpu, torch.float32, 100, 1000).precise == (ISAS[-1] in quant.FAST_GEMM_ISAS)
     monkeypatch.setenv(quant.QUANT_ENV, "dequant")  # no block matrices: nothing to make precise
     assert not quant.pick_policy(cpu, torch.float32, 100, 1000).precise
     monkeypatch.setenv(quant.ACTIVATIONS_ENV, "fp16")
-    with pytest.raises(BackendUnavailableError, match="q8, precise"):
+    with pytest.raises(BackendUnavailableError, match="auto, q8, precise"):
         quant.pick_policy(cpu, torch.bfloat16, 100, 1000)
 
 

@@ -7,7 +7,7 @@ matrix of a type they read (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K
 One form serves every step size, so there are no dense copies; memory is the file's size. Activations
 are rounded to 8 bits per 32 values for the integer dot products (bound in test_kernels_matmul.py), or
 with `LOCALCHAT_KERNEL_ACTIVATIONS=precise` also their 8-bit residual (~15 bits, twice the integer work;
-test_kernels_precise.py). Other GGUF types (IQ*, F16) are dequantized to the compute dtype.
+test_kernels_precise.py); `auto` (the default) is precise for small models (PRECISE_UP_TO_BYTES). Other GGUF types (IQ*, F16) are dequantized to the compute dtype.
 Small models' Q4_0/Q4_1 linears used to take torch's int4 kernel (below) with bf16 copies: since a
 decode step's layers run as one C call on block matrices (decode_step.py), the blocks decode SmolLM2-135M
 ~2x faster and serve 16 requests ~1.9x faster in two thirds of the memory, for a ~25% slower prefill.
@@ -102,8 +102,15 @@ PACK_ROWS = 4096
 # and csrc/lc_gemm256.h (AVX2: on par with a dense float32 GEMM on AVX2, at a fraction of the memory).
 FAST_GEMM_ISAS = ("avx512vnni", "avx2")
 ACTIVATIONS_ENV = "LOCALCHAT_KERNEL_ACTIVATIONS"
-# q8: 8 bits per 32 activations (llama.cpp's numerics); precise: plus the 8-bit residual (lc_linear)
-ACTIVATION_MODES = ("q8", "precise")
+# q8: 8 bits per 32 activations (llama.cpp's numerics); precise: plus the 8-bit residual (lc_linear);
+# auto: precise for small models, q8 for the rest
+ACTIVATION_MODES = ("auto", "q8", "precise")
+# `auto` rounds activations precisely while the model's linears would take at most this much in bf16
+# (~0.5B parameters): SmolLM2-135M answered "What is the capital of France?" with "L'Etoile, la Marseillaise,
+# la femme, ..." on q8 activations and "The capital of France is Paris." on precise ones, as the exact
+# dequantized model does. Its decode is not bound by the integer work (precise decoded as fast); prefill
+# and 16-request batches lose about a third and a half. Bigger models run q8, like llama.cpp.
+PRECISE_UP_TO_BYTES = 1 << 30
 
 
 @dataclass(slots=True, frozen=True)
@@ -139,12 +146,14 @@ def pick_policy(
     """The env's mode, narrowed to what this device/dtype runs fast; `dense_bytes` estimates the dense
     copies (the model's linears in `dtype`), `available` the free RAM (None: unknown); `isq`: "q4",
     "q8_0", "q4_k" or "q4_0" to quantize unquantized linears at load."""
-    activations = os.environ.get(ACTIVATIONS_ENV, "q8").strip().lower() or "q8"
+    activations = os.environ.get(ACTIVATIONS_ENV, "auto").strip().lower() or "auto"
     if activations not in ACTIVATION_MODES:
         raise BackendUnavailableError(
             f"{ACTIVATIONS_ENV}={activations!r} is not an activation mode; use one of {', '.join(ACTIVATION_MODES)}."
         )
     policy = _pick_mode(device, dtype, dense_bytes, available, isq)
+    if activations == "auto":
+        activations = "precise" if dense_bytes <= PRECISE_UP_TO_BYTES else "q8"
     if policy.kernels is None or activations != "precise":
         return policy
     return replace(policy, kernels=cpu_kernels.Kernels(policy.kernels.lib, policy.kernels.isa, precise=True))
