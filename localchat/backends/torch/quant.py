@@ -7,14 +7,15 @@ matrix of a type they read (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K
 One form serves every step size, so there are no dense copies; memory is the file's size. Activations
 are rounded to 8 bits per 32 values for the integer dot products (bound in test_kernels_matmul.py), or
 with `LOCALCHAT_KERNEL_ACTIVATIONS=precise` also their 8-bit residual (~15 bits, twice the integer work;
-test_kernels_precise.py); `auto` (the default) is precise for small models (PRECISE_UP_TO_BYTES). Other GGUF types (IQ*, F16) are dequantized to the compute dtype.
-Small models' Q4_0/Q4_1 linears used to take torch's int4 kernel (below) with bf16 copies: since a
-decode step's layers run as one C call on block matrices (decode_step.py), the blocks decode SmolLM2-135M
-~2x faster and serve 16 requests ~1.9x faster in two thirds of the memory, for a ~25% slower prefill.
-`LOCALCHAT_TORCH_QUANT=copies` also keeps bf16 copies of the
-block matrices for many-row steps (1B Q4_K_M: prefill ~1.5x faster, peak RSS ~3x; the README's
-Benchmarks); `auto` does that where RAM allows only on the portable C kernels, whose many-row path is
-the slow one (AVX2 and AVX-512 VNNI have GEMMs: csrc/lc_gemm256.h, csrc/lc_gemm512.h).
+test_kernels_precise.py). Other GGUF types (IQ*, F16) are dequantized to the compute dtype.
+Small models (SMALL_MODEL_BYTES, ~0.5B parameters) are the exception in `auto`: precise activations,
+and bf16 copies of the block matrices for prefill-sized steps. They used to take torch's int4 kernel
+(below) with those copies; since a decode step's layers run as one C call on block matrices
+(decode_step.py), the blocks decode SmolLM2-135M ~2x faster. `LOCALCHAT_TORCH_QUANT=copies` keeps bf16
+copies of every model's block matrices for many-row steps (1B Q4_K_M: prefill ~1.5x faster, peak RSS
+~3x; the README's Benchmarks); `auto` does that where RAM allows for small models and on the portable C
+kernels, whose many-row path is the slow one (AVX2 and AVX-512 VNNI have GEMMs: csrc/lc_gemm256.h,
+csrc/lc_gemm512.h).
 
 With float32 compute (CPUs without native bf16) `auto` (on the AVX2/AVX-512 kernels) and `int4` put every
 GGUF matrix, Q4_0/Q4_1 included, on our kernels (float32 activations in and out): a dense float32 copy
@@ -105,12 +106,13 @@ ACTIVATIONS_ENV = "LOCALCHAT_KERNEL_ACTIVATIONS"
 # q8: 8 bits per 32 activations (llama.cpp's numerics); precise: plus the 8-bit residual (lc_linear);
 # auto: precise for small models, q8 for the rest
 ACTIVATION_MODES = ("auto", "q8", "precise")
-# `auto` rounds activations precisely while the model's linears would take at most this much in bf16
-# (~0.5B parameters): SmolLM2-135M answered "What is the capital of France?" with "L'Etoile, la Marseillaise,
-# la femme, ..." on q8 activations and "The capital of France is Paris." on precise ones, as the exact
-# dequantized model does. Its decode is not bound by the integer work (precise decoded as fast); prefill
-# and 16-request batches lose about a third and a half. Bigger models run q8, like llama.cpp.
-PRECISE_UP_TO_BYTES = 1 << 30
+# A small model: its linears would take at most this much in bf16 (~0.5B parameters). `auto` rounds its
+# activations precisely: SmolLM2-135M answered "What is the capital of France?" with "L'Etoile, la
+# Marseillaise, la femme, ..." on q8 activations and "The capital of France is Paris." on precise ones, as
+# the exact dequantized model does (bigger models run q8, like llama.cpp). Its decode is hardly slower
+# (~10%), but prefill on twice the integer work was (~380 vs ~640 tok/s), so `auto` also keeps bf16 copies
+# of its block matrices for prefill-sized steps (~200 MB for SmolLM2; bf16 activations there).
+SMALL_MODEL_BYTES = 1 << 30
 
 
 @dataclass(slots=True, frozen=True)
@@ -153,7 +155,7 @@ def pick_policy(
         )
     policy = _pick_mode(device, dtype, dense_bytes, available, isq)
     if activations == "auto":
-        activations = "precise" if dense_bytes <= PRECISE_UP_TO_BYTES else "q8"
+        activations = "precise" if dense_bytes <= SMALL_MODEL_BYTES else "q8"
     if policy.kernels is None or activations != "precise":
         return policy
     return replace(policy, kernels=cpu_kernels.Kernels(policy.kernels.lib, policy.kernels.isa, precise=True))
@@ -195,9 +197,10 @@ def _pick_mode(
     fits = available is None or dense_bytes <= available * DENSE_COPY_RAM_FRACTION
     ops = cpu_kernels.load() if device.type == "cpu" else None
     if ops is not None:  # GGUF blocks on our kernels; --isq weights still go to torch's int4 kernel
-        # Block matrices, Q4_0/Q4_1 included, keep bf16 copies in `copies`, and in `auto` where our many-row
-        # path is the slow one (portable C only: the AVX2 and AVX-512 VNNI GEMMs run prefill without them).
-        slow_gemm = ops.name not in FAST_GEMM_ISAS
+        # Block matrices, Q4_0/Q4_1 included, keep bf16 copies in `copies`, and in `auto` for small models
+        # (SMALL_MODEL_BYTES) and where our many-row path is the slow one (portable C: the AVX2 and
+        # AVX-512 VNNI GEMMs run bigger models' prefill without them).
+        slow_gemm = ops.name not in FAST_GEMM_ISAS or dense_bytes <= SMALL_MODEL_BYTES
         return QuantPolicy(
             kernels=ops,
             int4=wants_isq,
