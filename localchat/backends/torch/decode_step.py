@@ -14,6 +14,7 @@ rotary, other layer classes, or `LOCALCHAT_DECODE_STEP=layers` (for comparisons)
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 from dataclasses import dataclass
 
@@ -120,13 +121,14 @@ class FusedDecode:
         cache = kv_caches[0]
         assert isinstance(cache, torch.Tensor)
         tables = meta.decode_block_tables.view(rows, -1)
+        # the score scale as attention.rope_paged_attention computes it
         rc = self.ops.lib.lc_decode_layers(
             self.ops.isa, len(self.layers), ctypes.addressof(self.layers), self._cache_args(kv_caches),
             cpu_kernels.KV_BF16 if cache.dtype == torch.bfloat16 else cpu_kernels.KV_F32, cache.shape[2],
             x.data_ptr(), int(x.dtype == torch.bfloat16), rows, self.hidden, self.heads, self.kv_heads,
             self.head_dim, self.inter, self.eps, cos.data_ptr(), sin.data_ptr(), meta.slot_mapping.data_ptr(),
             tables.data_ptr(), tables.shape[1], meta.decode_lens64.data_ptr(), meta.block_size,
-            1 / self.head_dim**0.5, self.window, int(self.ops.precise), torch.get_num_threads(),
+            1 / math.sqrt(self.head_dim), self.window, int(self.ops.precise), torch.get_num_threads(),
         )  # fmt: skip
         if rc:
             raise BackendUnavailableError(

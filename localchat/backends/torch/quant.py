@@ -200,13 +200,13 @@ def _pick_mode(
         # Block matrices, Q4_0/Q4_1 included, keep bf16 copies in `copies`, and in `auto` for small models
         # (SMALL_MODEL_BYTES) and where our many-row path is the slow one (portable C: the AVX2 and
         # AVX-512 VNNI GEMMs run bigger models' prefill without them).
-        slow_gemm = ops.name not in FAST_GEMM_ISAS or dense_bytes <= SMALL_MODEL_BYTES
+        copies_pay = ops.name not in FAST_GEMM_ISAS or dense_bytes <= SMALL_MODEL_BYTES
         return QuantPolicy(
             kernels=ops,
             int4=wants_isq,
             # int4 matrices (torch's kernel is compute-bound at many rows) keep copies where RAM allows
             dense_copy=fits and mode in ("auto", "copies"),
-            block_copies=fits and (mode == "copies" or (mode == "auto" and slow_gemm)),
+            block_copies=fits and (mode == "copies" or (mode == "auto" and copies_pay)),
             isq=wants_isq,
         )
     if mode == "int4":
