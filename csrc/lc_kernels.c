@@ -5,8 +5,10 @@ A plain C ABI (raw pointers and sizes, no torch or numpy types) loaded through c
 serves every torch version; the Python module init below only exists because setuptools builds
 extension modules (and Windows wants the export). Functions return 0 on success, -1 on a bad argument. */
 
+#ifndef LC_NO_PYTHON /* -DLC_NO_PYTHON: a plain shared library (cross builds and C test harnesses) */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#endif
 
 #include <math.h>
 #include <stdint.h>
@@ -540,7 +542,9 @@ LC_EXPORT int lc_decode_rope_attention(int isa, const void *qk, int64_t qk_strid
 
 #include "lc_step.h"
 
+#ifndef LC_NO_PYTHON
 /* Importable as a module only so that setuptools can build it everywhere; the API is the C one. */
 static struct PyModuleDef lc_module = {PyModuleDef_HEAD_INIT, "_lckernels", NULL, -1, NULL, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__lckernels(void) { return PyModule_Create(&lc_module); }
+#endif
