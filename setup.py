@@ -47,6 +47,7 @@ setup(
                 "csrc/lc_x16_256.h",
                 "csrc/lc_x16_layout.h",
                 "csrc/lc_step.h",
+                "csrc/lc_x16_neon.h",
             ],
             define_macros=[("Py_LIMITED_API", "0x030A0000")],
             py_limited_api=True,

@@ -23,6 +23,16 @@ extension modules (and Windows wants the export). Functions return 0 on success,
 #include <immintrin.h>
 #endif
 
+#if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+#define LC_ARM 1
+#include <arm_neon.h>
+#if defined(__linux__)
+#include <sys/auxv.h>
+#elif defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
+#endif
+
 #ifdef _MSC_VER
 #define LC_THREAD __declspec(thread)
 #define LC_EXPORT __declspec(dllexport)
@@ -40,6 +50,7 @@ enum {
 #define LC_ISA_PORTABLE 0
 #define LC_ISA_AVX2 1
 #define LC_ISA_AVX512VNNI 2
+#define LC_ISA_NEON 3 /* aarch64 with the dot product (Armv8.2 sdot): x16 kernels; the rest is portable C */
 
 /* bytes per block and 32-value sub-blocks per block of a type */
 static inline int64_t lc_block_bytes(int type) {
@@ -173,6 +184,38 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #pragma GCC pop_options
 #endif
 
+#ifdef LC_ARM
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("dotprod"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("arch=armv8.2-a+dotprod")
+#endif
+#define LC_FN(name) name##_neon
+#define LC_ISA LC_ISA_NEON
+#include "lc_x16_neon.h"
+#undef LC_FN
+#undef LC_ISA
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+/* Whether this aarch64 CPU has the dot product instructions (every Apple M chip; Cortex-A55/A76 on). */
+static int lc_arm_dotprod(void) {
+#if defined(__linux__)
+    return (getauxval(AT_HWCAP) & (1UL << 20)) != 0; /* HWCAP_ASIMDDP */
+#elif defined(__APPLE__)
+    int on = 0;
+    size_t size = sizeof(on);
+    return sysctlbyname("hw.optional.arm.FEAT_DotProd", &on, &size, NULL, 0) == 0 && on;
+#else
+    return 0;
+#endif
+}
+#endif
+
 static int lc_type_ok(int type, int64_t k) {
     switch (type) {
     case LC_Q4_0: case LC_Q4_1: case LC_Q5_0: case LC_Q5_1: case LC_Q8_0: return k > 0 && k % 32 == 0;
@@ -191,11 +234,14 @@ LC_EXPORT int lc_isa_supported(int isa) {
         return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 #endif
+#ifdef LC_ARM
+    if (isa == LC_ISA_NEON) return lc_arm_dotprod();
+#endif
     return 0;
 }
 
 LC_EXPORT int lc_isa_best(void) {
-    for (int isa = LC_ISA_AVX512VNNI; isa > LC_ISA_PORTABLE; isa--)
+    for (int isa = LC_ISA_NEON; isa > LC_ISA_PORTABLE; isa--)
         if (lc_isa_supported(isa)) return isa;
     return LC_ISA_PORTABLE;
 }
@@ -222,9 +268,9 @@ LC_EXPORT int lc_quantize(int isa, const void *x, int x_bf16, int64_t t, int64_t
 }
 
 /* Whether matrices of `type` and k columns can be repacked into the x16 layout for `isa` (its kernels:
-   AVX-512 VNNI, lc_x16.h, and AVX2, lc_x16_256.h). */
+   AVX-512 VNNI, lc_x16.h; AVX2, lc_x16_256.h; NEON, lc_x16_neon.h). */
 LC_EXPORT int lc_x16_supported(int isa, int type, int64_t k) {
-    return (isa == LC_ISA_AVX512VNNI || isa == LC_ISA_AVX2) && lc_isa_supported(isa) && lc_x16_type_ok(type) &&
+    return isa != LC_ISA_PORTABLE && lc_isa_supported(isa) && lc_x16_type_ok(type) &&
            lc_type_ok(type, k);
 }
 
@@ -245,14 +291,13 @@ LC_EXPORT int lc_x16_repack(int type, const uint8_t *w, int64_t n, int64_t k, in
     return 0;
 }
 
-#ifdef LC_X86
 /* Per-thread activation summaries of the x16 kernels (the caller's thread), grown on demand. */
 static LC_THREAD void *lc_xsums;
 static LC_THREAD size_t lc_xsums_size;
 
 /* The x16 kernels' per-16 and per-32 activation sums and scales, from lc_quantize's outputs. */
 static int lc_x16_summaries(int64_t t, int64_t k, const int8_t *xq, const float *xd, const float *xs,
-                            xsum_avx512vnni *x) {
+                            lc_x16_sums *x) {
     size_t need = (size_t)t * (size_t)(k / 16 + 3 * (k / 32)) * 4 + 64;
     if (need > lc_xsums_size) {
         free(lc_xsums);
@@ -280,7 +325,6 @@ static int lc_x16_summaries(int64_t t, int64_t k, const int8_t *xq, const float 
     x->fs32 = fs32;
     return 0;
 }
-#endif
 
 /* out[i, j] (row stride ldo; float32 or bfloat16) = sum_k x[i, k] * w[j, k] for the quantized
    activations of lc_quantize and w: n rows of GGUF blocks of `type`, row_bytes apart, or with
@@ -290,15 +334,14 @@ LC_EXPORT int lc_matmul(int isa, int type, const uint8_t *w, int64_t n, int64_t 
                         int out_bf16, int64_t ldo, int nth) {
     if (type & LC_X16) {
         if (!lc_x16_supported(isa, type & ~LC_X16, k) || nth < 1 || t < 0) return -1;
-#ifdef LC_X86
-        xsum_avx512vnni x;
+        lc_x16_sums x;
         if (lc_x16_summaries(t, k, xq, xd, xs, &x)) return -1;
-        if (isa == LC_ISA_AVX512VNNI) {
-            x16_matmul_avx512vnni(type & ~LC_X16, w, n, k, x, t, out, out_bf16, ldo, nth);
-        } else {
-            xsum_avx2 x2 = {x.xq, x.ns16, x.ns32, x.dx32, x.fs32};
-            x16_matmul_avx2(type & ~LC_X16, w, n, k, x2, t, out, out_bf16, ldo, nth);
-        }
+#ifdef LC_X86
+        if (isa == LC_ISA_AVX512VNNI) x16_matmul_avx512vnni(type & ~LC_X16, w, n, k, x, t, out, out_bf16, ldo, nth);
+        else x16_matmul_avx2(type & ~LC_X16, w, n, k, x, t, out, out_bf16, ldo, nth);
+#endif
+#ifdef LC_ARM
+        x16_matmul_neon(type & ~LC_X16, w, n, k, x, t, out, out_bf16, ldo, nth);
 #endif
         return 0;
     }

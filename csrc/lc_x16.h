@@ -9,13 +9,7 @@ panels per pass, so each broadcast feeds two vpdpbusd. Included by lc_kernels.c 
 #define LC_X16_ONE_PANEL 2 /* steps of up to this many rows read one panel per pass */
 
 /* Per-call activation summaries the x16 kernels read beside the codes (from lc_quantize's outputs). */
-typedef struct {
-    const int8_t *xq;    /* [t, k] codes */
-    const int32_t *ns16; /* [t, k / 16] minus each 16 values' code sum */
-    const int32_t *ns32; /* [t, k / 32] minus each 32 values' code sum */
-    const float *dx32;   /* [t, k / 32] activation scale */
-    const float *fs32;   /* [t, k / 32] scale * code sum */
-} LC_FN(xsum);
+typedef lc_x16_sums LC_FN(xsum);
 
 static inline __m512i LC_FN(x4)(const int8_t *x) { /* 4 activation bytes in every dword */
     int32_t v;

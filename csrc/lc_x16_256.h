@@ -7,13 +7,7 @@ Half by half, LC_X16_MR2 activation rows per pass. Included by lc_kernels.c for 
 
 #define LC_X16_MR2 3
 
-typedef struct {
-    const int8_t *xq;
-    const int32_t *ns16;
-    const int32_t *ns32;
-    const float *dx32;
-    const float *fs32;
-} LC_FN(xsum);
+typedef lc_x16_sums LC_FN(xsum);
 
 static inline __m256i LC_FN(x4)(const int8_t *x) {
     int32_t v;

@@ -21,6 +21,15 @@ Included once by lc_kernels.c (plain C: packing runs at load, unpacking only for
 
 #define LC_X16 0x100 /* type flag: the matrix is in this layout */
 
+/* What the x16 kernels read of a step's quantized activations (lc_x16_summaries makes them). */
+typedef struct {
+    const int8_t *xq;    /* [t, k] codes */
+    const int32_t *ns16; /* [t, k / 16] minus each 16 values' code sum */
+    const int32_t *ns32; /* [t, k / 32] minus each 32 values' code sum */
+    const float *dx32;   /* [t, k / 32] activation scale */
+    const float *fs32;   /* [t, k / 32] scale * code sum */
+} lc_x16_sums;
+
 static inline int lc_x16_type_ok(int type) {
     return type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q8_0 || type == LC_Q4_K || type == LC_Q6_K;
 }

@@ -37,7 +37,7 @@ SIMPLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 K_QUANTS = dict(kquants.K_QUANTIZERS)  # Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
 # Every ISA this CPU runs, and the AVX2 and AVX-512 kernels once more on the x16 layout (blocks repacked
 # into panels of 16 rows at load: csrc/lc_x16_layout.h) for the types it holds.
-X16_ISAS = [isa for isa in ("avx2", "avx512vnni") if isa in kernels.runnable_isas()]
+X16_ISAS = [isa for isa in ("avx2", "avx512vnni", "neon") if isa in kernels.runnable_isas()]
 ISAS = kernels.runnable_isas() + [f"{isa}+x16" for isa in X16_ISAS]
 X16_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")
 

@@ -1,14 +1,15 @@
 """localchat's compiled CPU kernels (csrc/), through ctypes: matmul straight from GGUF blocks.
 
 Activations are quantized per 32 values to 8 bits (scale amax / 127, round to nearest even) and
-multiplied with the weights' integer codes by integer dot products (AVX-512 VNNI, AVX2, or portable C,
-picked at run time from the CPU's features), so one compact form of each weight serves 1-row decode
+multiplied with the weights' integer codes by integer dot products (AVX-512 VNNI, AVX2, ARM NEON's sdot on
+aarch64, or portable C, picked at run time from the CPU's features; `neon` runs the x16 layout's kernel,
+csrc/lc_x16_neon.h, and portable C for the rest), so one compact form of each weight serves 1-row decode
 steps and many-row prefill steps alike; nothing is dequantized to a dense copy. The math of every block
 type is in csrc/lc_decode.h. Tensors cross as `data_ptr()` integers: the library has a plain C ABI and
 does not depend on the torch version.
 
 `LOCALCHAT_KERNELS`: `auto` (the best ISA this CPU runs), `off` (the pure-torch path, as when the
-extension is missing), or one ISA by name (`portable`, `avx2`, `avx512vnni`) for tests and comparisons.
+extension is missing), or one ISA by name (`portable`, `avx2`, `avx512vnni`, `neon`) for tests and comparisons.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from localchat.errors import BackendUnavailableError
 log = logging.getLogger(__name__)
 
 KERNELS_ENV = "LOCALCHAT_KERNELS"
-ISAS = ("portable", "avx2", "avx512vnni")  # index = the library's ISA id
+ISAS = ("portable", "avx2", "avx512vnni", "neon")  # index = the library's ISA id
 # GGUF type -> (GGML type id, values per block, bytes per block)
 BLOCKS: dict[str, tuple[int, int, int]] = {
     "Q4_0": (2, 32, 18),
@@ -48,7 +49,7 @@ _I, _P, _L = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
 
 X16 = 0x100  # type flag: a segment in the x16 layout (csrc/lc_x16_layout.h)
 LAYOUT_ENV = "LOCALCHAT_KERNEL_LAYOUT"
-LAYOUTS = ("auto", "gguf")  # auto: x16 where the ISA has its kernels (AVX2, AVX-512 VNNI); gguf: as stored
+LAYOUTS = ("auto", "gguf")  # auto: x16 where the ISA has its kernels (AVX2, AVX-512 VNNI, NEON); gguf: as stored
 
 
 @dataclass(slots=True)
@@ -371,7 +372,7 @@ def _library() -> ctypes.CDLL | None:
 
 def layout_choice() -> str:
     """`LOCALCHAT_KERNEL_LAYOUT`: `auto` repacks block matrices into the x16 layout where the kernels
-    read it (AVX2, AVX-512 VNNI; Q4_0, Q4_1, Q8_0, Q4_K, Q6_K), `gguf` keeps the file's blocks as they are."""
+    read it (AVX2, AVX-512 VNNI, NEON; Q4_0, Q4_1, Q8_0, Q4_K, Q6_K), `gguf` keeps the file's blocks as they are."""
     choice = os.environ.get(LAYOUT_ENV, "auto").strip().lower() or "auto"
     if choice not in LAYOUTS:
         raise BackendUnavailableError(

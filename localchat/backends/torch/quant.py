@@ -100,8 +100,9 @@ _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
 # the same bytes as one call (test_torch_quant.py checks).
 PACK_ROWS = 4096
 # Kernel ISAs whose many-row (prefill, batch) path is worth more than dense copies: csrc/lc_gemm512.h,
-# and csrc/lc_gemm256.h (AVX2: on par with a dense float32 GEMM on AVX2, at a fraction of the memory).
-FAST_GEMM_ISAS = ("avx512vnni", "avx2")
+# and csrc/lc_gemm256.h (AVX2: on par with a dense float32 GEMM on AVX2, at a fraction of the memory);
+# NEON's is the x16 kernel (csrc/lc_x16_neon.h, its only many-row path: the GGUF blocks run portable C).
+FAST_GEMM_ISAS = ("avx512vnni", "avx2", "neon")
 ACTIVATIONS_ENV = "LOCALCHAT_KERNEL_ACTIVATIONS"
 # q8: 8 bits per 32 activations (llama.cpp's numerics); precise: plus the 8-bit residual (lc_linear);
 # auto: precise for small models, q8 for the rest
