@@ -23,7 +23,9 @@ extension modules (and Windows wants the export). Functions return 0 on success,
 #include <immintrin.h>
 #endif
 
-#if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+/* aarch64: gcc compiles the NEON kernels for the dot product and picks them at run time; clang's arm_neon.h
+   only declares the dot product where the whole build targets it (the default on Apple silicon). */
+#if defined(__aarch64__) && ((defined(__GNUC__) && !defined(__clang__)) || defined(__ARM_FEATURE_DOTPROD))
 #define LC_ARM 1
 #include <arm_neon.h>
 #if defined(__linux__)
@@ -185,9 +187,7 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #endif
 
 #ifdef LC_ARM
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("dotprod"))), apply_to = function)
-#else
+#ifndef __clang__
 #pragma GCC push_options
 #pragma GCC target("arch=armv8.2-a+dotprod")
 #endif
@@ -196,9 +196,7 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #include "lc_x16_neon.h"
 #undef LC_FN
 #undef LC_ISA
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
+#ifndef __clang__
 #pragma GCC pop_options
 #endif
 
