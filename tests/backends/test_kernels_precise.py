@@ -102,25 +102,21 @@ def test_policy_reads_the_activation_mode(monkeypatch: pytest.MonkeyPatch) -> No
         quant.pick_policy(cpu, torch.bfloat16, 100, 1000)
 
 
-def test_small_models_keep_copies_for_prefill_and_bigger_ones_do_not(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every size runs its GGUF blocks on the kernels (Q4_0/Q4_1 included, no torch int4 detour); small
-    models (SMALL_MODEL_BYTES) also keep bf16 copies for prefill, bigger ones only on portable C."""
+def test_q4_models_of_every_size_stay_in_blocks_without_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Q4_0/Q4_1 linears used to take torch's int4 kernel + bf16 copies while the copies were small
+    (SmolLM2): now every size runs its blocks on the kernels, with no copy on the SIMD GEMMs (memory: the
+    file); `copies` still buys prefill speed with memory."""
     cpu = torch.device("cpu")
     monkeypatch.delenv(quant.QUANT_ENV, raising=False)
     monkeypatch.setenv(kernels.KERNELS_ENV, "auto")
-    limit, ram = quant.SMALL_MODEL_BYTES, 64 << 30
-    small, big = (
-        quant.pick_policy(cpu, torch.bfloat16, limit, ram),
-        quant.pick_policy(cpu, torch.bfloat16, limit + 1, ram),
-    )
-    assert small.kernels is not None and not small.int4 and small.block_copies
-    assert big.kernels is not None and not big.int4
-    assert big.block_copies == (big.kernels.name not in quant.FAST_GEMM_ISAS)
-    assert not quant.pick_policy(cpu, torch.bfloat16, limit, limit).block_copies  # no room for them
+    ram = 64 << 30
+    for size in (100 << 20, quant.SMALL_MODEL_BYTES, 4 << 30):
+        policy = quant.pick_policy(cpu, torch.bfloat16, size, ram)
+        assert policy.kernels is not None and not policy.int4
+        assert policy.block_copies == (policy.kernels.name not in quant.FAST_GEMM_ISAS)
     monkeypatch.setenv(quant.QUANT_ENV, "copies")  # asked for: speed for memory at any size
-    assert quant.pick_policy(cpu, torch.bfloat16, 4 << 30, ram).block_copies
-    monkeypatch.setenv(quant.QUANT_ENV, "int4")  # least memory: never a copy
-    assert not quant.pick_policy(cpu, torch.bfloat16, limit, ram).block_copies
+    assert quant.pick_policy(cpu, torch.bfloat16, 100 << 20, ram).block_copies
+    assert not quant.pick_policy(cpu, torch.bfloat16, 100 << 20, 100 << 20).block_copies  # no room for them
 
 
 def teacher_forced_logits(

@@ -8,14 +8,13 @@ One form serves every step size, so there are no dense copies; memory is the fil
 are rounded to 8 bits per 32 values for the integer dot products (bound in test_kernels_matmul.py), or
 with `LOCALCHAT_KERNEL_ACTIVATIONS=precise` also their 8-bit residual (~15 bits, twice the integer work;
 test_kernels_precise.py). Other GGUF types (IQ*, F16) are dequantized to the compute dtype.
-Small models (SMALL_MODEL_BYTES, ~0.5B parameters) are the exception in `auto`: precise activations,
-and bf16 copies of the block matrices for prefill-sized steps. They used to take torch's int4 kernel
-(below) with those copies; since a decode step's layers run as one C call on block matrices
-(decode_step.py), the blocks decode SmolLM2-135M ~2x faster. `LOCALCHAT_TORCH_QUANT=copies` keeps bf16
-copies of every model's block matrices for many-row steps (1B Q4_K_M: prefill ~1.5x faster, peak RSS
-~3x; the README's Benchmarks); `auto` does that where RAM allows for small models and on the portable C
-kernels, whose many-row path is the slow one (AVX2 and AVX-512 VNNI have GEMMs: csrc/lc_gemm256.h,
-csrc/lc_gemm512.h).
+Small models (SMALL_MODEL_BYTES, ~0.5B parameters) get precise activations in `auto`. Their Q4_0/Q4_1
+linears used to take torch's int4 kernel (below) with bf16 copies; since a decode step's layers run as
+one C call on block matrices (decode_step.py), the blocks decode SmolLM2-135M ~2x faster in two thirds of
+the memory. `LOCALCHAT_TORCH_QUANT=copies` keeps bf16 copies of the block matrices for many-row steps
+(SmolLM2: prefill ~2.5x faster for ~210 MB; 1B Q4_K_M: ~1.5x faster, peak RSS ~3x; the README's
+Benchmarks); `auto` does that where RAM allows only on the portable C kernels, whose many-row path is the
+slow one (AVX2, AVX-512 VNNI and NEON have GEMMs: csrc/lc_gemm256.h, csrc/lc_gemm512.h, the x16 kernels).
 
 With float32 compute (CPUs without native bf16) `auto` (on the AVX2/AVX-512 kernels) and `int4` put every
 GGUF matrix, Q4_0/Q4_1 included, on our kernels (float32 activations in and out): a dense float32 copy
@@ -110,9 +109,9 @@ ACTIVATION_MODES = ("auto", "q8", "precise")
 # A small model: its linears would take at most this much in bf16 (~0.5B parameters). `auto` rounds its
 # activations precisely: SmolLM2-135M answered "What is the capital of France?" with "L'Etoile, la
 # Marseillaise, la femme, ..." on q8 activations and "The capital of France is Paris." on precise ones, as
-# the exact dequantized model does (bigger models run q8, like llama.cpp). Its decode is hardly slower
-# (~10%), but prefill on twice the integer work was (~380 vs ~640 tok/s), so `auto` also keeps bf16 copies
-# of its block matrices for prefill-sized steps (~200 MB for SmolLM2; bf16 activations there).
+# the exact dequantized model does (bigger models run q8, like llama.cpp). Decode is hardly slower (~10%);
+# prefill on twice the integer work is (~380 vs ~640 tok/s, still above llama.cpp's ~340 on the same box).
+# `LOCALCHAT_TORCH_QUANT=copies` buys it back (bf16 copies: ~950 tok/s for ~210 MB more).
 SMALL_MODEL_BYTES = 1 << 30
 
 
@@ -198,10 +197,9 @@ def _pick_mode(
     fits = available is None or dense_bytes <= available * DENSE_COPY_RAM_FRACTION
     ops = cpu_kernels.load() if device.type == "cpu" else None
     if ops is not None:  # GGUF blocks on our kernels; --isq weights still go to torch's int4 kernel
-        # Block matrices, Q4_0/Q4_1 included, keep bf16 copies in `copies`, and in `auto` for small models
-        # (SMALL_MODEL_BYTES) and where our many-row path is the slow one (portable C: the AVX2 and
-        # AVX-512 VNNI GEMMs run bigger models' prefill without them).
-        copies_pay = ops.name not in FAST_GEMM_ISAS or dense_bytes <= SMALL_MODEL_BYTES
+        # Block matrices, Q4_0/Q4_1 included, keep bf16 copies in `copies`, and in `auto` where our many-row
+        # path is the slow one (portable C: the AVX2, AVX-512 VNNI and NEON x16 GEMMs run prefill without them).
+        copies_pay = ops.name not in FAST_GEMM_ISAS
         return QuantPolicy(
             kernels=ops,
             int4=wants_isq,
