@@ -1,6 +1,6 @@
 """What a block matrix occupies once loaded: the file's bytes, or the x16 layout's (csrc/lc_x16_layout.h).
 
-On CPUs with AVX2 or AVX-512 VNNI the torch backend repacks Q4_0, Q4_1, Q8_0, Q4_K and Q6_K matrices into panels
+On CPUs with AVX2, AVX-512 VNNI or ARM's dot product (NEON) the torch backend repacks Q4_0, Q4_1, Q8_0, Q4_K and Q6_K matrices into panels
 of 16 rows (`LOCALCHAT_KERNEL_LAYOUT=auto`): the same bytes per weight, except Q4_K's 148 per 256
 values instead of 144, and whole panels (rows rounded up to 16). The pre-load RAM check sizes models with
 this rule; it asks the compiled library by name through ctypes, so this module never imports torch.
@@ -13,20 +13,24 @@ import importlib.util
 import os
 from functools import cache
 
-AVX2 = 1  # the library's ISA id (AVX-512 VNNI, 2, implies it)
+# The library's ISA ids of the kernels that read the layout (AVX-512 VNNI implies AVX2, so `auto` asks
+# for AVX2 or NEON).
+X16_ISAS = {"avx2": 1, "avx512vnni": 2, "neon": 3}
 # GGML type ids of the types the layout holds (the library's lc_x16_bytes sizes them)
 X16_TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 
 
 def x16_active() -> bool:
     """Whether this install repacks block matrices: the layout not turned off, the kernels' ISA left to
-    choose (or AVX2 / AVX-512 VNNI by name), and the library built for a CPU that runs AVX2."""
+    choose (or AVX2 / AVX-512 VNNI / NEON by name), and the library built for a CPU that runs one of them."""
     if os.environ.get("LOCALCHAT_KERNEL_LAYOUT", "auto").strip().lower() == "gguf":
         return False
-    if os.environ.get("LOCALCHAT_KERNELS", "auto").strip().lower() not in ("auto", "", "avx2", "avx512vnni"):
+    choice = os.environ.get("LOCALCHAT_KERNELS", "auto").strip().lower() or "auto"
+    if choice != "auto" and choice not in X16_ISAS:
         return False
     lib = _library()
-    return lib is not None and bool(lib.lc_isa_supported(AVX2))
+    wanted = ("avx2", "neon") if choice == "auto" else (choice,)
+    return lib is not None and any(lib.lc_isa_supported(X16_ISAS[isa]) for isa in wanted)
 
 
 @cache

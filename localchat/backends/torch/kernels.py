@@ -49,7 +49,10 @@ _I, _P, _L = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
 
 X16 = 0x100  # type flag: a segment in the x16 layout (csrc/lc_x16_layout.h)
 LAYOUT_ENV = "LOCALCHAT_KERNEL_LAYOUT"
-LAYOUTS = ("auto", "gguf")  # auto: x16 where the ISA has its kernels (AVX2, AVX-512 VNNI, NEON); gguf: as stored
+LAYOUTS = (
+    "auto",
+    "gguf",
+)  # auto: x16 where the ISA has its kernels (AVX2, AVX-512 VNNI, NEON); gguf: as stored
 
 
 @dataclass(slots=True)
