@@ -72,3 +72,16 @@ def test_unreadable_gguf_falls_back_to_the_filename(tmp_path: Path, monkeypatch:
     path = tmp_path / "broken-Q8_0.gguf"
     path.write_bytes(np.zeros(4096, dtype=np.uint8).tobytes())
     assert estimate(path, 64).weights == int(4096 * 16 / 8.5)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512vnni", "neon", "portable", "off"])
+def test_the_estimate_repacks_exactly_where_the_named_kernels_run_x16(
+    isa: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A named ISA with x16 kernels repacks where this CPU runs it (NEON only on aarch64); portable C and
+    the pure-torch path never do."""
+    from localchat.backends.torch import kernels
+
+    monkeypatch.delenv("LOCALCHAT_KERNEL_LAYOUT", raising=False)
+    monkeypatch.setenv("LOCALCHAT_KERNELS", isa)
+    assert x16_active() == (isa in ("avx2", "avx512vnni", "neon") and isa in kernels.runnable_isas())
