@@ -44,12 +44,13 @@ static int lc_step_linear(int isa, const void *x, int bf16, int64_t t, int64_t k
                      nth);
 }
 
-/* out [rows, n] += bias [n], rounded as the torch path's `out + bias` tensor is. */
-static void lc_step_add(void *out, int bf16, int64_t rows, int64_t n, const void *bias, int64_t bias_stride) {
+/* out [rows, n] = a [rows, n] + b (one row [n] when b_stride is 0, else [rows, n]), rounded as the torch
+   path's `a + b` tensor is; out may be a. */
+static void lc_step_add(void *out, const void *a, int bf16, int64_t rows, int64_t n, const void *b, int64_t b_stride) {
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < n; j++) {
             int64_t i = r * n + j;
-            lc_store(out, bf16, i, lc_round_as(lc_load(out, bf16, i) + lc_load(bias, bf16, r * bias_stride + j), bf16));
+            lc_store(out, bf16, i, lc_round_as(lc_load(a, bf16, i) + lc_load(b, bf16, r * b_stride + j), bf16));
         }
 }
 
@@ -98,13 +99,13 @@ LC_EXPORT int lc_decode_layers(int isa, int nlayers, const lc_step_layer *layers
         if (lc_rms_norm(isa, x, NULL, bf16, rows, hidden, attn_norm, eps, normed, nth) ||
             lc_step_linear(isa, normed, bf16, rows, hidden, &L->qkv, precise, qkv, nqkv, nth))
             return -1;
-        if (L->qkv_bias) lc_step_add(qkv, bf16, rows, nqkv, (const void *)(uintptr_t)L->qkv_bias, 0);
+        if (L->qkv_bias) lc_step_add(qkv, qkv, bf16, rows, nqkv, (const void *)(uintptr_t)L->qkv_bias, 0);
         if (lc_decode_rope_attention(isa, qkv, nqkv, v, nqkv, bf16, rows, heads, kv_heads, d, cos, sin, slots,
                                      (void *)(uintptr_t)caches[i], cache_type, num_slots, tables, max_blocks,
                                      seq_lens, block_size, scale, window, 0.0f, att, nth) ||
             lc_step_linear(isa, att, bf16, rows, natt, &L->o, precise, sum, hidden, nth))
             return -1;
-        if (L->o_bias) lc_step_add(sum, bf16, rows, hidden, (const void *)(uintptr_t)L->o_bias, 0);
+        if (L->o_bias) lc_step_add(sum, sum, bf16, rows, hidden, (const void *)(uintptr_t)L->o_bias, 0);
         /* sum = x + o(...) (the residual), normed = RMSNorm(sum) */
         if (lc_rms_norm(isa, x, sum, bf16, rows, hidden, mlp_norm, eps, normed, nth) ||
             lc_step_linear(isa, normed, bf16, rows, hidden, &L->gate_up, precise, gu, 2 * inter, nth) ||
@@ -112,8 +113,7 @@ LC_EXPORT int lc_decode_layers(int isa, int nlayers, const lc_step_layer *layers
             lc_step_linear(isa, act, bf16, rows, inter, &L->down, precise, down, hidden, nth))
             return -1;
         /* x = sum + down, rounded as the torch path's `x + mlp(normed)` */
-        memcpy(x, sum, (size_t)(rows * hidden) * item);
-        lc_step_add(x, bf16, rows, hidden, down, hidden);
+        lc_step_add(x, sum, bf16, rows, hidden, down, hidden);
     }
     return 0;
 }
