@@ -160,7 +160,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
         } else { /* LC_Q6_K: one scale per 16 values */
             const __m512i low = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
             for (int j = 0; j < 8; j++) {
-                const uint8_t *ql = u + 288 + 256 * j, *qh = u + 288 + 2048 + 128 * j;
+                const uint8_t *ql = u + LC_X16_Q6_QL(j), *qh = u + LC_X16_Q6_QH(j);
                 for (int pp = 0; pp < np; pp++) {
                     for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)(ql + pp * pb + LC_PF + l), _MM_HINT_T0);
                     _mm_prefetch((const char *)(qh + pp * pb + LC_PF), _MM_HINT_T0);
@@ -184,7 +184,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
                     /* offset -32 x scale: chains start at -32 x the activation sum */
                     LC_FN(x16_start)(mr, np, 5, x.ns16 + h, k16, c);
                     for (int g = 0; g < 4; g++) LC_FN(x16_group)(mr, np, g, cg[g], x.xq, k, x0, c);
-                    for (int pp = 0; pp < np; pp++) sv[pp] = _mm512_mul_ps(dv[pp], LC_FN(i8f)(u + pp * pb + 32 + 16 * (2 * j + hh)));
+                    for (int pp = 0; pp < np; pp++) sv[pp] = _mm512_mul_ps(dv[pp], LC_FN(i8f)(u + pp * pb + LC_X16_Q6_SC(j) + 16 * hh));
                     LC_FN(x16_scale)(mr, np, c, sv, x.dx32 + s, k32, out);
                 }
             }

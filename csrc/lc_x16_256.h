@@ -97,7 +97,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int ty
         } else { /* LC_Q6_K: one scale per 16 values; pair sums of two 6-bit groups still fit int16 */
             const __m256i low = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
             for (int j = 0; j < 8; j++) {
-                const uint8_t *ql = u + 288 + 256 * j, *qh = u + 288 + 2048 + 128 * j;
+                const uint8_t *ql = u + LC_X16_Q6_QL(j), *qh = u + LC_X16_Q6_QH(j);
                 int64_t s = 8 * s8 + j;
                 for (int hh = 0; hh < 2; hh++) {
                     int64_t x0 = 32 * s + 16 * hh;
@@ -111,7 +111,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int ty
                     cg[2] = _mm256_or_si256(_mm256_and_si256(v1, low), _mm256_and_si256(hv, top));
                     cg[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), low),
                                             _mm256_and_si256(_mm256_srli_epi16(hv, 2), top));
-                    __m256 sv = _mm256_mul_ps(dv, LC_FN(i8f8)(u + 32 + 16 * (2 * j + hh) + 8 * h));
+                    __m256 sv = _mm256_mul_ps(dv, LC_FN(i8f8)(u + LC_X16_Q6_SC(j) + 16 * hh + 8 * h));
                     for (int i = 0; i < mr; i++) { /* offset -32 x scale: start at -32 x the activation sum */
                         const int8_t *xr = x.xq + i * k + x0;
                         __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(cg[0], LC_FN(x4)(xr)),

@@ -15,8 +15,10 @@ column c = weight row p * 16 + c, f16 values, and "nibble codes" = 4 chunks of 6
   Q4_1  d[16] | m[16] | nibble codes                               16 * 20
   Q8_0  d[16] | 8 chunks: byte 4c + b of chunk g = q[c][4g + b] + 128                     16 * 34
   Q4_K  d[16] | dmin[16] | sc[8][16] | min[8][16] (u8) | 8 x nibble codes (one per 32)     16 * 148
-  Q6_K  d[16] | sc[16][16] (i8, per 16 values) | 8 x nibble codes of the low 4 bits | 8 x 2 chunks
-        of the high 2 bits (byte 4c + b of chunk h: bits 2g..2g+1 = code[c][16h + 4g + b] >> 4)  16 * 210
+  Q6_K  d[16] | 8 x (sc[2][16] (i8, per 16 values) | nibble codes of the low 4 bits | 2 chunks of
+        the high 2 bits (byte 4c + b of chunk h: bits 2g..2g+1 = code[c][16h + 4g + b] >> 4))   16 * 210
+        Each 32 values' scales and codes are adjacent, so a unit is read as one forward stream (with
+        the high bits in a second region 2 KiB on, one core streamed Q6_K from DRAM at half speed).
 Included once by lc_kernels.c (plain C: packing runs at load, unpacking only for embedding lookups). */
 
 #define LC_X16 0x100 /* type flag: the matrix is in this layout */
@@ -29,6 +31,11 @@ typedef struct {
     const float *dx32;   /* [t, k / 32] activation scale */
     const float *fs32;   /* [t, k / 32] scale * code sum */
 } lc_x16_sums;
+
+/* Q6_K unit offsets of 32 values j (0..7): their two scale rows, low nibbles and high-bit chunks. */
+#define LC_X16_Q6_SC(j) (32 + 416 * (j))
+#define LC_X16_Q6_QL(j) (64 + 416 * (j))
+#define LC_X16_Q6_QH(j) (320 + 416 * (j))
 
 static inline int lc_x16_type_ok(int type) {
     return type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q8_0 || type == LC_Q4_K || type == LC_Q6_K;
@@ -92,7 +99,7 @@ static void lc_x16_unit_column(int type, const uint8_t *b, uint8_t *u, int c, ui
         return;
     default: /* LC_Q6_K */
         memcpy(u + 2 * c, b + 208, 2);
-        for (int h = 0; h < 16; h++) u[32 + 16 * h + c] = b[192 + h];
+        for (int h = 0; h < 16; h++) u[LC_X16_Q6_SC(h / 2) + 16 * (h % 2) + c] = b[192 + h];
         for (int s = 0; s < 8; s++) dec_q6_k_portable(b, s, codes + 32 * s, ls, mc);
         return;
     }
@@ -122,8 +129,8 @@ static void lc_x16_pack_panel(int type, const uint8_t *w, int64_t n, int64_t k, 
             break;
         default: /* LC_Q6_K: low 4 bits as nibbles, the high 2 in 2-bit fields */
             for (int j = 0; j < 8; j++) {
-                lc_x16_put_nibbles(u + 288 + 256 * j, codes, 32 * j);
-                uint8_t *qh = u + 288 + 2048 + 128 * j;
+                lc_x16_put_nibbles(u + LC_X16_Q6_QL(j), codes, 32 * j);
+                uint8_t *qh = u + LC_X16_Q6_QH(j);
                 for (int h = 0; h < 2; h++)
                     for (int c = 0; c < 16; c++)
                         for (int b = 0; b < 4; b++) {
@@ -179,12 +186,12 @@ static void lc_x16_row(int type, const uint8_t *w, int64_t k, int64_t r, float *
         }
         default: /* LC_Q6_K */
             for (int j = 0; j < 8; j++) {
-                const uint8_t *qh = u + 288 + 2048 + 128 * j;
-                lc_x16_get_nibbles(u + 288 + 256 * j, c, codes);
+                const uint8_t *qh = u + LC_X16_Q6_QH(j);
+                lc_x16_get_nibbles(u + LC_X16_Q6_QL(j), c, codes);
                 for (int kk = 0; kk < 32; kk++) {
                     int g = kk / 4, h = g / 4;
                     int q = codes[kk] | (((qh[64 * h + 4 * c + kk % 4] >> (2 * (g % 4))) & 3) << 4);
-                    float sc = d * (float)(int8_t)u[32 + 16 * (2 * j + h) + c];
+                    float sc = d * (float)(int8_t)u[LC_X16_Q6_SC(j) + 16 * h + c];
                     o[32 * j + kk] = sc * (float)q + -32.0f * sc;
                 }
             }

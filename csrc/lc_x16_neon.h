@@ -104,7 +104,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16n_panel)(const int ty
         } else { /* LC_Q6_K: one scale per 16 values, offset -32 x scale */
             const uint8x16_t low = vdupq_n_u8(15), top = vdupq_n_u8(0x30);
             for (int j = 0; j < 8; j++) {
-                const uint8_t *ql = u + 288 + 256 * j, *qh = u + 288 + 2048 + 128 * j;
+                const uint8_t *ql = u + LC_X16_Q6_QL(j), *qh = u + LC_X16_Q6_QH(j);
                 int64_t s = 8 * s8 + j;
                 for (int hh = 0; hh < 2; hh++) {
                     int64_t x0 = 32 * s + 16 * hh;
@@ -126,7 +126,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16n_panel)(const int ty
                             acc[i][g] = vdotq_laneq_s32(acc[i][g], c2, xv[i], 2);
                             acc[i][g] = vdotq_laneq_s32(acc[i][g], c3, xv[i], 3);
                         }
-                        float32x4_t sv = vmulq_f32(LC_FN(h4)(u + 8 * g), LC_FN(i8f4)(u + 32 + 16 * (2 * j + hh) + 4 * g));
+                        float32x4_t sv = vmulq_f32(LC_FN(h4)(u + 8 * g), LC_FN(i8f4)(u + LC_X16_Q6_SC(j) + 16 * hh + 4 * g));
                         for (int i = 0; i < mr; i++)
                             out[i][g] = vfmaq_f32(out[i][g], vcvtq_f32_s32(acc[i][g]), vmulq_n_f32(sv, x.dx32[i * k32 + s]));
                     }
