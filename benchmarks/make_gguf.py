@@ -25,11 +25,21 @@ SHAPES = {
 # mix: (attn q/k/o + ffn gate/up, attn v + ffn down, token embedding, output)
 MIXES = {
     "q4_0": ("Q4_0", "Q4_0", "Q8_0", "Q8_0"),
-    "q4_k_m": ("Q4_K", "Q6_K", "Q4_K", "Q6_K"),  # like llama-quantize's Q4_K_M (Q6_K on v/down)
+    "q4_k_m": ("Q4_K", "Q6_K", "Q4_K", "Q6_K"),  # as llama-quantize's Q4_K_M (Q6_K on some v/down)
     "q8_0": ("Q8_0", "Q8_0", "Q8_0", "Q8_0"),
     "q3_k_m": ("Q3_K", "Q4_K", "Q3_K", "Q6_K"),  # like Q3_K_M (Q4_K on v/down)
     "q2_k": ("Q2_K", "Q3_K", "Q2_K", "Q6_K"),  # like llama-quantize's Q2_K (Q3_K on v/down)
 }
+# mixes whose v/down type applies only to the layers llama-quantize gives more bits (below)
+MORE_BITS_ONLY = {"q4_k_m"}
+
+
+def more_bits(layer: int, layers: int) -> bool:
+    """llama-quantize's choice of layers for the larger v/down type: the first and last eighth, and
+    every third layer between (so a 16-layer Q4_K_M file has Q6_K in 8 layers: 690 MiB at 1B)."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
 # where each type keeps its float16 scales: (byte offset, count) inside a block
 SCALES = {"Q4_0": (0, 1), "Q8_0": (0, 1), "Q2_K": (80, 2), "Q3_K": (108, 1), "Q4_K": (0, 2), "Q6_K": (208, 1)}
 
@@ -88,16 +98,18 @@ def main() -> None:
     tensors: list[tuple[str, str, int, int]] = [("token_embd.weight", embd_type, vocab, hidden)]
     for i in range(layers):
         p = f"blk.{i}."
+        more = args.mix not in MORE_BITS_ONLY or more_bits(i, layers)
+        v_down = v_down_type if more else main_type
         tensors += [
             (p + "attn_norm.weight", "F32", 1, hidden),
             (p + "attn_q.weight", main_type, heads * head_dim, hidden),
             (p + "attn_k.weight", main_type, kv_heads * head_dim, hidden),
-            (p + "attn_v.weight", v_down_type, kv_heads * head_dim, hidden),
+            (p + "attn_v.weight", v_down, kv_heads * head_dim, hidden),
             (p + "attn_output.weight", main_type, hidden, heads * head_dim),
             (p + "ffn_norm.weight", "F32", 1, hidden),
             (p + "ffn_gate.weight", main_type, ffn, hidden),
             (p + "ffn_up.weight", main_type, ffn, hidden),
-            (p + "ffn_down.weight", v_down_type, hidden, ffn),
+            (p + "ffn_down.weight", v_down, hidden, ffn),
         ]
     tensors += [("output_norm.weight", "F32", 1, hidden), ("output.weight", out_type, vocab, hidden)]
     for name, qtype, rows, cols in tensors:
