@@ -56,13 +56,14 @@ static inline __attribute__((always_inline)) void LC_FN(x16_group)(const int mr,
 static inline __attribute__((always_inline)) void LC_FN(x16_nibbles)(const int mr, const int np, const uint8_t *q, int64_t pb,
                                                                      const int8_t *xq, int64_t k, int64_t x0,
                                                                      __m512i c[][2]) {
-    const __m512i low = _mm512_set1_epi8(15);
+    const __m512i low = _mm512_set1_epi8(15), high = _mm512_set1_epi8((char)0xF0);
     for (int j = 0; j < 4; j++) {
         __m512i lo[2], hi[2];
         for (int pp = 0; pp < np; pp++) {
             __m512i v = _mm512_loadu_si512((const void *)(q + pp * pb + 64 * j));
             lo[pp] = _mm512_and_si512(v, low);
-            hi[pp] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            /* one panel: high nibbles stay in place (16 x the code) in chain 1, shifted once per unit */
+            hi[pp] = np == 1 ? _mm512_and_si512(v, high) : _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
         }
         LC_FN(x16_group)(mr, np, 2 * j, lo, xq, k, x0, c);
         LC_FN(x16_group)(mr, np, 2 * j + 1, hi, xq, k, x0, c);
@@ -82,13 +83,16 @@ static inline __attribute__((always_inline)) void LC_FN(x16_start)(const int mr,
     }
 }
 
-/* out[i][pp] += chains as float times scale sv[pp] times the row's activation scale. */
-static inline __attribute__((always_inline)) void LC_FN(x16_scale)(const int mr, const int np, __m512i c[][2], const __m512 *sv,
-                                                                   const float *dx, int64_t stride, __m512 out[][2]) {
+/* out[i][pp] += chains as float times scale sv[pp] times the row's activation scale; with `nib16` (one
+   panel of nibble codes) chain 1 holds 16 x its sums (x16_nibbles). */
+static inline __attribute__((always_inline)) void LC_FN(x16_scale)(const int mr, const int np, const int nib16, __m512i c[][2],
+                                                                   const __m512 *sv, const float *dx, int64_t stride,
+                                                                   __m512 out[][2]) {
     for (int i = 0; i < mr; i++) {
         __m512 d = _mm512_set1_ps(dx[i * stride]);
         if (np == 1) {
-            out[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(c[i][0], c[i][1])), _mm512_mul_ps(sv[0], d), out[i][0]);
+            __m512i odd = nib16 ? _mm512_srai_epi32(c[i][1], 4) : c[i][1];
+            out[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(c[i][0], odd)), _mm512_mul_ps(sv[0], d), out[i][0]);
         } else {
             for (int pp = 0; pp < np; pp++)
                 out[i][pp] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c[i][pp]), _mm512_mul_ps(sv[pp], d), out[i][pp]);
@@ -123,7 +127,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
             } else {
                 LC_FN(x16_nibbles)(mr, np, u + (type == LC_Q4_1 ? 64 : 32), pb, x.xq, k, 32 * s, c);
             }
-            LC_FN(x16_scale)(mr, np, c, sv, x.dx32 + s, k32, out);
+            LC_FN(x16_scale)(mr, np, type != LC_Q8_0, c, sv, x.dx32 + s, k32, out);
             if (type == LC_Q4_1) {
                 for (int pp = 0; pp < np; pp++) mv[pp] = LC_FN(h16)(u + pp * pb + 32);
                 for (int i = 0; i < mr; i++) {
@@ -151,7 +155,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
                     sv[pp] = _mm512_mul_ps(dv[pp], LC_FN(u8f)(u + pp * pb + 64 + 16 * j));
                     mv[pp] = _mm512_mul_ps(mn[pp], LC_FN(u8f)(u + pp * pb + 192 + 16 * j)); /* subtracted */
                 }
-                LC_FN(x16_scale)(mr, np, c, sv, x.dx32 + s, k32, out);
+                LC_FN(x16_scale)(mr, np, 1, c, sv, x.dx32 + s, k32, out);
                 for (int i = 0; i < mr; i++) {
                     __m512 f = _mm512_set1_ps(x.fs32[i * k32 + s]);
                     for (int pp = 0; pp < np; pp++) out[i][pp] = _mm512_fnmadd_ps(mv[pp], f, out[i][pp]);
@@ -185,7 +189,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
                     LC_FN(x16_start)(mr, np, 5, x.ns16 + h, k16, c);
                     for (int g = 0; g < 4; g++) LC_FN(x16_group)(mr, np, g, cg[g], x.xq, k, x0, c);
                     for (int pp = 0; pp < np; pp++) sv[pp] = _mm512_mul_ps(dv[pp], LC_FN(i8f)(u + pp * pb + LC_X16_Q6_SC(j) + 16 * hh));
-                    LC_FN(x16_scale)(mr, np, c, sv, x.dx32 + s, k32, out);
+                    LC_FN(x16_scale)(mr, np, 0, c, sv, x.dx32 + s, k32, out);
                 }
             }
         }
