@@ -26,12 +26,13 @@ SHAPES = {
 MIXES = {
     "q4_0": ("Q4_0", "Q4_0", "Q8_0", "Q8_0"),
     "q4_k_m": ("Q4_K", "Q6_K", "Q4_K", "Q6_K"),  # as llama-quantize's Q4_K_M (Q6_K on some v/down)
+    "q5_k_m": ("Q5_K", "Q6_K", "Q5_K", "Q6_K"),  # as llama-quantize's Q5_K_M (Q6_K on some v/down)
     "q8_0": ("Q8_0", "Q8_0", "Q8_0", "Q8_0"),
     "q3_k_m": ("Q3_K", "Q4_K", "Q3_K", "Q6_K"),  # like Q3_K_M (Q4_K on v/down)
     "q2_k": ("Q2_K", "Q3_K", "Q2_K", "Q6_K"),  # like llama-quantize's Q2_K (Q3_K on v/down)
 }
 # mixes whose v/down type applies only to the layers llama-quantize gives more bits (below)
-MORE_BITS_ONLY = {"q4_k_m"}
+MORE_BITS_ONLY = {"q4_k_m", "q5_k_m"}
 
 
 def more_bits(layer: int, layers: int) -> bool:
@@ -41,7 +42,15 @@ def more_bits(layer: int, layers: int) -> bool:
 
 
 # where each type keeps its float16 scales: (byte offset, count) inside a block
-SCALES = {"Q4_0": (0, 1), "Q8_0": (0, 1), "Q2_K": (80, 2), "Q3_K": (108, 1), "Q4_K": (0, 2), "Q6_K": (208, 1)}
+SCALES = {
+    "Q4_0": (0, 1),
+    "Q8_0": (0, 1),
+    "Q2_K": (80, 2),
+    "Q3_K": (108, 1),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208, 1),
+}
 
 
 def random_blocks(qtype: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:

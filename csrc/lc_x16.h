@@ -52,18 +52,29 @@ static inline __attribute__((always_inline)) void LC_FN(x16_group)(const int mr,
     }
 }
 
-/* 32 values of nibble codes (at q in each panel, panels pb apart) into the chains. */
+/* 32 values of nibble codes (at q in each panel, panels pb apart) into the chains; with `fifth` (Q5_K)
+   the codes' fifth bits from that chunk (bit g of each byte: code group g) are added as 16. */
 static inline __attribute__((always_inline)) void LC_FN(x16_nibbles)(const int mr, const int np, const uint8_t *q, int64_t pb,
-                                                                     const int8_t *xq, int64_t k, int64_t x0,
-                                                                     __m512i c[][2]) {
-    const __m512i low = _mm512_set1_epi8(15), high = _mm512_set1_epi8((char)0xF0);
+                                                                     const uint8_t *fifth, const int8_t *xq, int64_t k,
+                                                                     int64_t x0, __m512i c[][2]) {
+    const __m512i low = _mm512_set1_epi8(15), high = _mm512_set1_epi8((char)0xF0), sixteen = _mm512_set1_epi8(16);
+    __m512i fv[2];
+    if (fifth)
+        for (int pp = 0; pp < np; pp++) fv[pp] = _mm512_loadu_si512((const void *)(fifth + pp * pb));
     for (int j = 0; j < 4; j++) {
         __m512i lo[2], hi[2];
         for (int pp = 0; pp < np; pp++) {
             __m512i v = _mm512_loadu_si512((const void *)(q + pp * pb + 64 * j));
             lo[pp] = _mm512_and_si512(v, low);
-            /* one panel: high nibbles stay in place (16 x the code) in chain 1, shifted once per unit */
-            hi[pp] = np == 1 ? _mm512_and_si512(v, high) : _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            if (fifth) { /* groups 2j, 2j + 1: a byte mask of each group's bit, then + 16 under it */
+                hi[pp] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                lo[pp] = _mm512_mask_add_epi8(lo[pp], _mm512_test_epi8_mask(fv[pp], _mm512_set1_epi8((char)(1 << (2 * j)))),
+                                              lo[pp], sixteen);
+                hi[pp] = _mm512_mask_add_epi8(hi[pp], _mm512_test_epi8_mask(fv[pp], _mm512_set1_epi8((char)(2 << (2 * j)))),
+                                              hi[pp], sixteen);
+            } else { /* one panel: high nibbles stay in place (16 x the code) in chain 1, shifted once per unit */
+                hi[pp] = np == 1 ? _mm512_and_si512(v, high) : _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            }
         }
         LC_FN(x16_group)(mr, np, 2 * j, lo, xq, k, x0, c);
         LC_FN(x16_group)(mr, np, 2 * j + 1, hi, xq, k, x0, c);
@@ -125,7 +136,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
                     LC_FN(x16_group)(mr, np, g, cv, x.xq, k, 32 * s, c);
                 }
             } else {
-                LC_FN(x16_nibbles)(mr, np, u + (type == LC_Q4_1 ? 64 : 32), pb, x.xq, k, 32 * s, c);
+                LC_FN(x16_nibbles)(mr, np, u + (type == LC_Q4_1 ? 64 : 32), pb, NULL, x.xq, k, 32 * s, c);
             }
             LC_FN(x16_scale)(mr, np, type != LC_Q8_0, c, sv, x.dx32 + s, k32, out);
             if (type == LC_Q4_1) {
@@ -137,25 +148,26 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
             }
         }
     }
-    const int64_t units256 = type == LC_Q4_K || type == LC_Q6_K ? k / 256 : 0;
+    const int64_t units256 = type == LC_Q4_K || type == LC_Q5_K || type == LC_Q6_K ? k / 256 : 0;
     for (int64_t s8 = 0; s8 < units256; s8++) { /* K-quants: one 256-value unit per round */
         const uint8_t *u = p + s8 * ub;
         __m512 dv[2], mn[2];
         for (int pp = 0; pp < np; pp++) dv[pp] = LC_FN(h16)(u + pp * pb);
-        if (type == LC_Q4_K) {
+        if (type == LC_Q4_K || type == LC_Q5_K) {
+            const int q5 = type == LC_Q5_K, chunk = q5 ? 320 : 256;
             for (int pp = 0; pp < np; pp++) mn[pp] = LC_FN(h16)(u + pp * pb + 32);
             for (int j = 0; j < 8; j++) {
-                const uint8_t *q = u + 320 + 256 * j;
+                const uint8_t *q = u + 320 + chunk * j;
                 for (int pp = 0; pp < np; pp++)
-                    for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)(q + pp * pb + LC_PF + l), _MM_HINT_T0);
+                    for (int l = 0; l < chunk; l += 64) _mm_prefetch((const char *)(q + pp * pb + LC_PF + l), _MM_HINT_T0);
                 int64_t s = 8 * s8 + j;
                 LC_FN(x16_start)(mr, np, -1, x.ns32, k32, c);
-                LC_FN(x16_nibbles)(mr, np, q, pb, x.xq, k, 32 * s, c);
+                LC_FN(x16_nibbles)(mr, np, q, pb, q5 ? u + LC_X16_Q5_QH(j) : NULL, x.xq, k, 32 * s, c);
                 for (int pp = 0; pp < np; pp++) {
                     sv[pp] = _mm512_mul_ps(dv[pp], LC_FN(u8f)(u + pp * pb + 64 + 16 * j));
                     mv[pp] = _mm512_mul_ps(mn[pp], LC_FN(u8f)(u + pp * pb + 192 + 16 * j)); /* subtracted */
                 }
-                LC_FN(x16_scale)(mr, np, 1, c, sv, x.dx32 + s, k32, out);
+                LC_FN(x16_scale)(mr, np, !q5, c, sv, x.dx32 + s, k32, out);
                 for (int i = 0; i < mr; i++) {
                     __m512 f = _mm512_set1_ps(x.fs32[i * k32 + s]);
                     for (int pp = 0; pp < np; pp++) out[i][pp] = _mm512_fnmadd_ps(mv[pp], f, out[i][pp]);
@@ -213,6 +225,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
     case LC_Q4_1: LC_X16_ROWS(LC_Q4_1, NP) break;                                                          \
     case LC_Q8_0: LC_X16_ROWS(LC_Q8_0, NP) break;                                                          \
     case LC_Q4_K: LC_X16_ROWS(LC_Q4_K, NP) break;                                                          \
+    case LC_Q5_K: LC_X16_ROWS(LC_Q5_K, NP) break;                                                          \
     default: LC_X16_ROWS(LC_Q6_K, NP) break;                                                               \
     }
 

@@ -38,6 +38,35 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_nibbles)(const int 
     }
 }
 
+/* int16 pair sums of 32 Q5_K values (nibble codes at q, their fifth bits at fifth; half h of each chunk)
+   for `mr` rows at column x0, into a32: 5-bit codes widen to int32 every 4 code groups (4 x 2 x 31 x 127
+   = 31496 fits int16, 8 groups would not). */
+static inline __attribute__((always_inline)) void LC_FN(x16h_fives)(const int mr, const uint8_t *q, const uint8_t *fifth,
+                                                                    int h, const int8_t *xq, int64_t k, int64_t x0,
+                                                                    __m256i *a32) {
+    const __m256i low = _mm256_set1_epi8(15), bit4 = _mm256_set1_epi8(16), ones = _mm256_set1_epi16(1);
+    const __m256i fv = _mm256_loadu_si256((const __m256i *)(fifth + 32 * h));
+    for (int half = 0; half < 2; half++) {
+        __m256i a16[LC_X16_MR2];
+        for (int i = 0; i < mr; i++) a16[i] = _mm256_setzero_si256();
+        for (int j = 2 * half; j < 2 * half + 2; j++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(q + 64 * j + 32 * h));
+            /* group g's fifth bit (bit g) moved to bit 4: shifts of at most 4 within 16-bit lanes stay clean */
+            const int g0 = 2 * j, g1 = 2 * j + 1;
+            __m256i f0 = g0 <= 4 ? _mm256_slli_epi16(fv, 4 - g0) : _mm256_srli_epi16(fv, g0 - 4);
+            __m256i f1 = g1 <= 4 ? _mm256_slli_epi16(fv, 4 - g1) : _mm256_srli_epi16(fv, g1 - 4);
+            __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low), _mm256_and_si256(f0, bit4));
+            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), _mm256_and_si256(f1, bit4));
+            for (int i = 0; i < mr; i++) {
+                const int8_t *xr = xq + i * k + x0 + 8 * j;
+                a16[i] = _mm256_add_epi16(a16[i], _mm256_maddubs_epi16(lo, LC_FN(x4)(xr)));
+                a16[i] = _mm256_add_epi16(a16[i], _mm256_maddubs_epi16(hi, LC_FN(x4)(xr + 4)));
+            }
+        }
+        for (int i = 0; i < mr; i++) a32[i] = _mm256_add_epi32(a32[i], _mm256_madd_epi16(a16[i], ones));
+    }
+}
+
 /* Half h (8 columns) of the panel at p against rows 0..mr of x: out[i] for those columns. */
 static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int type, const int mr, const uint8_t *p, int h,
                                                                     int64_t k, LC_FN(xsum) x, __m256 *out) {
@@ -76,21 +105,26 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int ty
             }
         }
     }
-    const int64_t units256 = type == LC_Q4_K || type == LC_Q6_K ? k / 256 : 0;
+    const int64_t units256 = type == LC_Q4_K || type == LC_Q5_K || type == LC_Q6_K ? k / 256 : 0;
     for (int64_t s8 = 0; s8 < units256; s8++) {
         const uint8_t *u = p + s8 * ub;
         __m256 dv = LC_FN(h8)(u + 16 * h);
-        if (type == LC_Q4_K) {
+        if (type == LC_Q4_K || type == LC_Q5_K) {
             __m256 mn = LC_FN(h8)(u + 32 + 16 * h);
             for (int j = 0; j < 8; j++) {
                 int64_t s = 8 * s8 + j;
-                for (int i = 0; i < mr; i++) a16[i] = _mm256_setzero_si256();
-                LC_FN(x16h_nibbles)(mr, u + 320 + 256 * j, h, x.xq, k, 32 * s, a16);
+                for (int i = 0; i < mr; i++) a16[i] = a32[i] = _mm256_setzero_si256();
+                if (type == LC_Q4_K) {
+                    LC_FN(x16h_nibbles)(mr, u + 320 + 256 * j, h, x.xq, k, 32 * s, a16);
+                    for (int i = 0; i < mr; i++) a32[i] = _mm256_madd_epi16(a16[i], ones);
+                } else {
+                    LC_FN(x16h_fives)(mr, u + LC_X16_Q5_QL(j), u + LC_X16_Q5_QH(j), h, x.xq, k, 32 * s, a32);
+                }
                 __m256 sv = _mm256_mul_ps(dv, LC_FN(u8f8)(u + 64 + 16 * j + 8 * h));
                 __m256 mv = _mm256_mul_ps(mn, LC_FN(u8f8)(u + 192 + 16 * j + 8 * h)); /* subtracted */
                 for (int i = 0; i < mr; i++) {
                     __m256 f = _mm256_mul_ps(sv, _mm256_set1_ps(x.dx32[i * k32 + s]));
-                    out[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(a16[i], ones)), f, out[i]);
+                    out[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a32[i]), f, out[i]);
                     out[i] = _mm256_fnmadd_ps(mv, _mm256_set1_ps(x.fs32[i * k32 + s]), out[i]);
                 }
             }
@@ -160,6 +194,7 @@ static void LC_FN(x16_matmul)(int type, const uint8_t *w, int64_t n, int64_t k, 
                 case LC_Q4_1: LC_X16H_ROWS(LC_Q4_1) break;
                 case LC_Q8_0: LC_X16H_ROWS(LC_Q8_0) break;
                 case LC_Q4_K: LC_X16H_ROWS(LC_Q4_K) break;
+                case LC_Q5_K: LC_X16H_ROWS(LC_Q5_K) break;
                 default: LC_X16H_ROWS(LC_Q6_K) break;
                 }
                 for (int i = 0; i < mr; i++) {

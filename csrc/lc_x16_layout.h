@@ -15,6 +15,8 @@ column c = weight row p * 16 + c, f16 values, and "nibble codes" = 4 chunks of 6
   Q4_1  d[16] | m[16] | nibble codes                               16 * 20
   Q8_0  d[16] | 8 chunks: byte 4c + b of chunk g = q[c][4g + b] + 128                     16 * 34
   Q4_K  d[16] | dmin[16] | sc[8][16] | min[8][16] (u8) | 8 x nibble codes (one per 32)     16 * 148
+  Q5_K  as Q4_K, with each 32 values' nibble codes followed by a 64-byte chunk of their fifth bits
+        (byte 4c + b: bit g = code[c][4g + b] >> 4)                                        16 * 180
   Q6_K  d[16] | 8 x (sc[2][16] (i8, per 16 values) | nibble codes of the low 4 bits | 2 chunks of
         the high 2 bits (byte 4c + b of chunk h: bits 2g..2g+1 = code[c][16h + 4g + b] >> 4))   16 * 210
         Each 32 values' scales and codes are adjacent, so a unit is read as one forward stream (with
@@ -32,13 +34,18 @@ typedef struct {
     const float *fs32;   /* [t, k / 32] scale * code sum */
 } lc_x16_sums;
 
+/* Q5_K unit offsets of 32 values j (0..7): the low 4 bits as nibble codes, then the fifth bits. */
+#define LC_X16_Q5_QL(j) (320 + 320 * (j))
+#define LC_X16_Q5_QH(j) (576 + 320 * (j))
+
 /* Q6_K unit offsets of 32 values j (0..7): their two scale rows, low nibbles and high-bit chunks. */
 #define LC_X16_Q6_SC(j) (32 + 416 * (j))
 #define LC_X16_Q6_QL(j) (64 + 416 * (j))
 #define LC_X16_Q6_QH(j) (320 + 416 * (j))
 
 static inline int lc_x16_type_ok(int type) {
-    return type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q8_0 || type == LC_Q4_K || type == LC_Q6_K;
+    return type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q8_0 || type == LC_Q4_K || type == LC_Q5_K ||
+           type == LC_Q6_K;
 }
 
 static inline int64_t lc_x16_unit(int type) { return type >= LC_Q2_K ? 256 : 32; }
@@ -49,6 +56,7 @@ static inline int64_t lc_x16_unit_bytes(int type) {
     case LC_Q4_1: return 16 * 20;
     case LC_Q8_0: return 16 * 34;
     case LC_Q4_K: return 16 * 148;
+    case LC_Q5_K: return 16 * 180;
     default: return 16 * 210; /* LC_Q6_K */
     }
 }
@@ -79,22 +87,24 @@ static void lc_x16_put_nibbles(uint8_t *q, const uint8_t codes[16][256], int x0)
 }
 
 /* Column c's header fields of one unit (scales as the layout stores them) from its GGUF block(s) `b`,
-   and its codes into codes[c] (lc_decode.h's decoders: Q8_0's already + 128, Q6_K's 0..63). */
+   and its codes into codes[c] (lc_decode.h's decoders: Q8_0's already + 128, Q5_K's 0..31, Q6_K's 0..63). */
 static void lc_x16_unit_column(int type, const uint8_t *b, uint8_t *u, int c, uint8_t *codes) {
     float ls[8], mc[2];
     if (type != LC_Q6_K) memcpy(u + 2 * c, b, 2);                     /* d first in the block */
-    if (type == LC_Q4_1 || type == LC_Q4_K) memcpy(u + 32 + 2 * c, b + 2, 2); /* m / dmin next */
+    if (type == LC_Q4_1 || type == LC_Q4_K || type == LC_Q5_K) memcpy(u + 32 + 2 * c, b + 2, 2); /* m / dmin next */
     switch (type) {
     case LC_Q4_0: dec_q4_0_portable(b, codes, ls, mc); return;
     case LC_Q4_1: dec_q4_1_portable(b, codes, ls, mc); return;
     case LC_Q8_0: dec_q8_0_portable(b, codes, ls, mc); return;
     case LC_Q4_K:
+    case LC_Q5_K:
         for (int s = 0; s < 8; s++) {
             int sc, m;
             lc_scale_min_k4(s, b + 4, &sc, &m);
             u[64 + 16 * s + c] = (uint8_t)sc;
             u[192 + 16 * s + c] = (uint8_t)m;
-            dec_q4_k_portable(b, s, codes + 32 * s, ls, mc);
+            if (type == LC_Q4_K) dec_q4_k_portable(b, s, codes + 32 * s, ls, mc);
+            else dec_q5_k_portable(b, s, codes + 32 * s, ls, mc);
         }
         return;
     default: /* LC_Q6_K */
@@ -126,6 +136,18 @@ static void lc_x16_pack_panel(int type, const uint8_t *w, int64_t n, int64_t k, 
             break;
         case LC_Q4_K:
             for (int j = 0; j < 8; j++) lc_x16_put_nibbles(u + 320 + 256 * j, codes, 32 * j);
+            break;
+        case LC_Q5_K: /* the low 4 bits as nibbles, the fifth bits one per group */
+            for (int j = 0; j < 8; j++) {
+                lc_x16_put_nibbles(u + LC_X16_Q5_QL(j), codes, 32 * j);
+                uint8_t *qh = u + LC_X16_Q5_QH(j);
+                for (int c = 0; c < 16; c++)
+                    for (int b = 0; b < 4; b++) {
+                        uint8_t bits = 0;
+                        for (int g = 0; g < 8; g++) bits |= (uint8_t)((codes[c][32 * j + 4 * g + b] >> 4) << g);
+                        qh[4 * c + b] = bits;
+                    }
+            }
             break;
         default: /* LC_Q6_K: low 4 bits as nibbles, the high 2 in 2-bit fields */
             for (int j = 0; j < 8; j++) {
@@ -175,11 +197,15 @@ static void lc_x16_row(int type, const uint8_t *w, int64_t k, int64_t r, float *
         case LC_Q8_0:
             for (int kk = 0; kk < 32; kk++) o[kk] = d * (float)u[32 + 64 * (kk / 4) + 4 * c + kk % 4] + -128.0f * d;
             break;
-        case LC_Q4_K: {
+        case LC_Q4_K:
+        case LC_Q5_K: {
             float dmin = lc_f16(lc_u16(u + 32 + 2 * c));
             for (int j = 0; j < 8; j++) {
                 float sc = d * (float)u[64 + 16 * j + c], m = dmin * (float)u[192 + 16 * j + c];
-                lc_x16_get_nibbles(u + 320 + 256 * j, c, codes);
+                lc_x16_get_nibbles(u + (type == LC_Q4_K ? 320 + 256 * j : LC_X16_Q5_QL(j)), c, codes);
+                if (type == LC_Q5_K)
+                    for (int kk = 0; kk < 32; kk++)
+                        codes[kk] |= (uint8_t)(((u[LC_X16_Q5_QH(j) + 4 * c + kk % 4] >> (kk / 4)) & 1) << 4);
                 for (int kk = 0; kk < 32; kk++) o[32 * j + kk] = sc * (float)codes[kk] - m;
             }
             break;

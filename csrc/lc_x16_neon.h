@@ -18,18 +18,27 @@ static inline float32x4_t LC_FN(i8f4)(const uint8_t *p) {
     return vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(vld1_s8((const int8_t *)p)))));
 }
 
-/* acc[i][g] (columns 4g..4g+3) += the 32 nibble-coded values at q times activations xq row i from x0. */
-static inline __attribute__((always_inline)) void LC_FN(x16n_nibbles)(const int mr, const uint8_t *q,
+/* acc[i][g] (columns 4g..4g+3) += the 32 nibble-coded values at q times activations xq row i from x0;
+   with `fifth` (Q5_K) each code's fifth bit (bit `group` of its byte there) adds 16. */
+static inline __attribute__((always_inline)) void LC_FN(x16n_nibbles)(const int mr, const uint8_t *q, const uint8_t *fifth,
                                                                       const int8_t *xq, int64_t k, int64_t x0,
                                                                       int32x4_t acc[][4]) {
-    const uint8x16_t low = vdupq_n_u8(15);
+    const uint8x16_t low = vdupq_n_u8(15), bit4 = vdupq_n_u8(16);
     for (int j = 0; j < 4; j += 2) { /* chunks j, j + 1 read activations x0 + 8j .. x0 + 8j + 16 */
         int8x16_t xv[LC_X16_MRN];
         for (int i = 0; i < mr; i++) xv[i] = vld1q_s8(xq + i * k + x0 + 8 * j);
         for (int g = 0; g < 4; g++) {
             uint8x16_t v0 = vld1q_u8(q + 64 * j + 16 * g), v1 = vld1q_u8(q + 64 * (j + 1) + 16 * g);
-            int8x16_t lo0 = vreinterpretq_s8_u8(vandq_u8(v0, low)), hi0 = vreinterpretq_s8_u8(vshrq_n_u8(v0, 4));
-            int8x16_t lo1 = vreinterpretq_s8_u8(vandq_u8(v1, low)), hi1 = vreinterpretq_s8_u8(vshrq_n_u8(v1, 4));
+            uint8x16_t l0 = vandq_u8(v0, low), h0 = vshrq_n_u8(v0, 4), l1 = vandq_u8(v1, low), h1 = vshrq_n_u8(v1, 4);
+            if (fifth) { /* groups 2j .. 2j + 3: their bits moved to bit 4 by byte shifts (negative: right) */
+                uint8x16_t f = vld1q_u8(fifth + 16 * g);
+                l0 = vorrq_u8(l0, vandq_u8(vshlq_u8(f, vdupq_n_s8((int8_t)(4 - 2 * j))), bit4));
+                h0 = vorrq_u8(h0, vandq_u8(vshlq_u8(f, vdupq_n_s8((int8_t)(3 - 2 * j))), bit4));
+                l1 = vorrq_u8(l1, vandq_u8(vshlq_u8(f, vdupq_n_s8((int8_t)(2 - 2 * j))), bit4));
+                h1 = vorrq_u8(h1, vandq_u8(vshlq_u8(f, vdupq_n_s8((int8_t)(1 - 2 * j))), bit4));
+            }
+            int8x16_t lo0 = vreinterpretq_s8_u8(l0), hi0 = vreinterpretq_s8_u8(h0);
+            int8x16_t lo1 = vreinterpretq_s8_u8(l1), hi1 = vreinterpretq_s8_u8(h1);
             for (int i = 0; i < mr; i++) {
                 acc[i][g] = vdotq_laneq_s32(acc[i][g], lo0, xv[i], 0);
                 acc[i][g] = vdotq_laneq_s32(acc[i][g], hi0, xv[i], 1);
@@ -71,7 +80,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16n_panel)(const int ty
                     }
                 }
             } else {
-                LC_FN(x16n_nibbles)(mr, u + (type == LC_Q4_1 ? 64 : 32), x.xq, k, 32 * s, acc);
+                LC_FN(x16n_nibbles)(mr, u + (type == LC_Q4_1 ? 64 : 32), NULL, x.xq, k, 32 * s, acc);
             }
             for (int g = 0; g < 4; g++) {
                 float32x4_t dv = LC_FN(h4)(u + 8 * g);
@@ -83,15 +92,16 @@ static inline __attribute__((always_inline)) void LC_FN(x16n_panel)(const int ty
             }
         }
     }
-    const int64_t units256 = type == LC_Q4_K || type == LC_Q6_K ? k / 256 : 0;
+    const int64_t units256 = type == LC_Q4_K || type == LC_Q5_K || type == LC_Q6_K ? k / 256 : 0;
     for (int64_t s8 = 0; s8 < units256; s8++) {
         const uint8_t *u = p + s8 * ub;
-        if (type == LC_Q4_K) {
+        if (type == LC_Q4_K || type == LC_Q5_K) {
             for (int j = 0; j < 8; j++) {
                 int64_t s = 8 * s8 + j;
                 for (int i = 0; i < mr; i++)
                     for (int g = 0; g < 4; g++) acc[i][g] = vdupq_n_s32(0);
-                LC_FN(x16n_nibbles)(mr, u + 320 + 256 * j, x.xq, k, 32 * s, acc);
+                if (type == LC_Q4_K) LC_FN(x16n_nibbles)(mr, u + 320 + 256 * j, NULL, x.xq, k, 32 * s, acc);
+                else LC_FN(x16n_nibbles)(mr, u + LC_X16_Q5_QL(j), u + LC_X16_Q5_QH(j), x.xq, k, 32 * s, acc);
                 for (int g = 0; g < 4; g++) {
                     float32x4_t sv = vmulq_f32(LC_FN(h4)(u + 8 * g), LC_FN(u8f4)(u + 64 + 16 * j + 4 * g));
                     float32x4_t mv = vmulq_f32(LC_FN(h4)(u + 32 + 8 * g), LC_FN(u8f4)(u + 192 + 16 * j + 4 * g));
@@ -163,6 +173,7 @@ static void LC_FN(x16_matmul)(int type, const uint8_t *w, int64_t n, int64_t k, 
             case LC_Q4_1: LC_X16N_ROWS(LC_Q4_1) break;
             case LC_Q8_0: LC_X16N_ROWS(LC_Q8_0) break;
             case LC_Q4_K: LC_X16N_ROWS(LC_Q4_K) break;
+            case LC_Q5_K: LC_X16N_ROWS(LC_Q5_K) break;
             default: LC_X16N_ROWS(LC_Q6_K) break;
             }
             for (int i = 0; i < mr; i++) {

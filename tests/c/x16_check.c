@@ -33,7 +33,7 @@ static void fill_block(int type, uint8_t *b, int bytes) {
     switch (type) {
     case 2: case 8: put_f16(b); break;            /* Q4_0, Q8_0: d */
     case 3: put_f16(b); put_f16(b + 2); break;    /* Q4_1: d, m */
-    case 12: put_f16(b); put_f16(b + 2); break;   /* Q4_K: d, dmin */
+    case 12: case 13: put_f16(b); put_f16(b + 2); break; /* Q4_K, Q5_K: d, dmin */
     case 14: put_f16(b + 208); break;             /* Q6_K: d last */
     }
 }
@@ -44,10 +44,11 @@ int main(int argc, char **argv) {
         printf("ISA %d not supported here\n", isa);
         return 2;
     }
-    const int types[5] = {2, 3, 8, 12, 14}, unit[5] = {32, 32, 32, 256, 256}, bytes[5] = {18, 20, 34, 144, 210};
+    const int types[6] = {2, 3, 8, 12, 13, 14}, unit[6] = {32, 32, 32, 256, 256, 256};
+    const int bytes[6] = {18, 20, 34, 144, 176, 210};
     const int64_t ns[3] = {16, 20, 35}, ks[2] = {256, 512}, ts[4] = {1, 2, 3, 5};
     int bad = 0, cases = 0;
-    for (int ti = 0; ti < 5; ti++)
+    for (int ti = 0; ti < 6; ti++)
         for (int ni = 0; ni < 3; ni++)
             for (int ki = 0; ki < 2; ki++) {
                 int type = types[ti];
