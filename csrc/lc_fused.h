@@ -50,13 +50,44 @@ static void LC_FN(rms_norm)(const void *x, void *sum, int bf16, int64_t rows, in
 
 /* out [rows, inter] = silu(gate) * up for gate_up [rows, 2 * inter] (gate | up): silu rounded first in
    bfloat16, as F.silu's output tensor is. */
+#if LC_ISA == LC_ISA_AVX512VNNI
+/* 16 floats rounded to bfloat16 (nearest even, inf/NaN kept), as lc_to_bf16, in the low half of each lane. */
+static inline __m512i LC_FN(bf16_bits16)(__m512 v) {
+    __m512i bits = _mm512_castps_si512(v);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+    __mmask16 special = _mm512_cmpeq_epi32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7F800000)),
+                                                _mm512_set1_epi32(0x7F800000));
+    return _mm512_srli_epi32(_mm512_mask_mov_epi32(rounded, special, bits), 16);
+}
+
+/* One bfloat16 row of swiglu, 16 values a round (the scalar loop finishes a tail): lc_exp's steps on
+   16 lanes (att_exp16) and the same roundings, so a prefill's 8k-wide rows stay cheap. */
+static inline int64_t LC_FN(swiglu_row_bf16)(const uint16_t *g, const uint16_t *u, uint16_t *o, int64_t inter) {
+    int64_t j = 0;
+    for (; j + 16 <= inter; j += 16) {
+        __m512 gv = LC_FN(att_bf16x16)(g + j), uv = LC_FN(att_bf16x16)(u + j);
+        __m512 act = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), LC_FN(att_exp16)(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+        act = _mm512_castsi512_ps(_mm512_slli_epi32(LC_FN(bf16_bits16)(act), 16));
+        _mm256_storeu_si256((__m256i *)(o + j), _mm512_cvtepi32_epi16(LC_FN(bf16_bits16)(_mm512_mul_ps(act, uv))));
+    }
+    return j;
+}
+#endif
+
 static void LC_FN(swiglu)(const void *gate_up, int bf16, int64_t rows, int64_t inter, void *out, int nth) {
     (void)nth;
 #pragma omp parallel for num_threads(nth) schedule(static) if (rows * inter >= 262144)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t g0 = r * 2 * inter, u0 = g0 + inter;
-#pragma omp simd
-        for (int64_t j = 0; j < inter; j++) {
+        int64_t from = 0;
+#if LC_ISA == LC_ISA_AVX512VNNI
+        if (bf16) {
+            const uint16_t *gu = (const uint16_t *)gate_up;
+            from = LC_FN(swiglu_row_bf16)(gu + g0, gu + u0, (uint16_t *)out + r * inter, inter);
+        }
+#endif
+        for (int64_t j = from; j < inter; j++) {
             float g = lc_load(gate_up, bf16, g0 + j);
             float act = lc_round_as(g / (1.0f + lc_exp(-g)), bf16);
             lc_store(out, bf16, r * inter + j, act * lc_load(gate_up, bf16, u0 + j));
