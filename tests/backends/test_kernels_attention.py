@@ -207,3 +207,75 @@ def test_a_model_step_reads_the_setting_once(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(kernel_choice, "_read_choice", lambda: pytest.fail("read on a GPU step"))
     with kernel_choice.one_step_choice(torch.device("meta")):
         assert kernel_choice.cpu_decode_kernels(cpu) is None
+
+
+class PrefillStep:
+    """One step of prefill rows (one with a cached prefix) and a decode row through paged_attention."""
+
+    ROWS = ((40, 40), (100, 37), (50, 1), (17, 17))  # (context after the step, new tokens)
+
+    def __init__(self, dtype: torch.dtype, cache_dtype: torch.dtype, group: int) -> None:
+        kv_heads, head_dim = 2, 64
+        blocks = sum(-(-n // BLOCK) for n, _ in self.ROWS) + 3
+        batch = make_batch(self.ROWS, BLOCK, blocks, seed=group)
+        gen = torch.Generator().manual_seed(group)
+        self.cache = torch.randn(2, kv_heads, blocks * BLOCK, head_dim, generator=gen).to(cache_dtype)
+        tokens = sum(new for _, new in self.ROWS)
+        self.q = torch.randn(tokens, kv_heads * group, head_dim, generator=gen).to(dtype)
+        k = torch.randn(tokens, kv_heads, head_dim, generator=gen).to(dtype)
+        v = torch.randn(tokens, kv_heads, head_dim, generator=gen).to(dtype)
+        self.tables, self.positions = batch.block_tables, batch.positions
+        self.row_of_token = [row for row, (_, new) in enumerate(self.ROWS) for _ in range(new)]
+        self.meta = AttentionMetadata.from_batch(batch, torch.device("cpu"), kv_heads)
+        self.out = paged_attention(self.q, k, v, self.cache, self.meta)
+
+    def reference(self, token: int, row: int) -> torch.Tensor:
+        """Causal: the query at position p sees positions 0..p of its row's context."""
+        return dense(self.q[token], self.cache, self.tables[row], int(self.positions[token]) + 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_prefill_rows_run_on_the_kernel_and_match_the_torch_path(
+    dtype: torch.dtype, group: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each prefill query is one decode-kernel row over the cache it was just written to (its context
+    length = its position + 1), which is causal attention, prefix-cached rows included."""
+    calls: list[int] = []
+    original = kernels.Kernels.decode_attention
+
+    def spy(self: kernels.Kernels, q: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(q.shape[0])
+        return original(self, q, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kernels.Kernels, "decode_attention", spy)
+    fused = PrefillStep(dtype, dtype, group)
+    assert sorted(calls) == [1, 17, 37, 40]  # the decode row, then each prefill row's queries
+    monkeypatch.setenv(kernels.KERNELS_ENV, "off")
+    plain = PrefillStep(dtype, dtype, group)
+    reference = torch.stack([fused.reference(token, row) for token, row in enumerate(fused.row_of_token)])
+    # float32: within float32 summation noise of the float64 reference; bfloat16: within half a
+    # bfloat16 step of it (the kernel accumulates in float32 and rounds once), never worse than torch's
+    # SDPA, which also rounds its probabilities to bfloat16 (~2e-3 off here)
+    tol = (1e-5, 2**-8) if dtype == torch.bfloat16 else (1e-5, 1e-5)
+    torch.testing.assert_close(fused.out.double(), reference, atol=tol[0], rtol=tol[1])
+    fused_error = (fused.out.double() - reference).abs().max()
+    assert fused_error <= (plain.out.double() - reference).abs().max()
+
+
+def test_prefill_keeps_the_torch_path_where_the_cache_rounds_this_steps_kv(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cache in another dtype than the compute (here float32 q, bfloat16 cache) holds rounded k/v;
+    the torch prefill path attends over the unrounded ones, so it stays (the decode row still runs on
+    the kernel)."""
+    calls: list[int] = []
+    original = kernels.Kernels.decode_attention
+
+    def spy(self: kernels.Kernels, q: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(q.shape[0])
+        return original(self, q, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kernels.Kernels, "decode_attention", spy)
+    PrefillStep(torch.float32, torch.bfloat16, 4)
+    assert calls == [1]

@@ -3,7 +3,7 @@
 | device | attention | decode steps |
 |---|---|---|
 | cuda, Triton importable | Triton paged kernels (triton_attention.py; windows, soft-caps, scales too) | CUDA graphs per batch bucket, unless `--no-cuda-graphs` |
-| cpu with localchat's kernels (kernels.py) | decode rows: fused C kernel (csrc/lc_attention.h); prefill: PyTorch | eager |
+| cpu with localchat's kernels (kernels.py) | fused C kernel (csrc/lc_attention.h); prefill with a cache in another dtype than the compute: PyTorch | eager |
 | cuda without Triton, mps, cpu | plain PyTorch (attention.py) | eager |
 
 `LOCALCHAT_TORCH_ATTENTION=torch|triton` overrides the choice (`torch`: plain PyTorch, also on CPU). `triton` on a CPU only works under Triton's
