@@ -73,10 +73,10 @@ class PrefillRow:
     block_ids: torch.Tensor | None  # int64 [ceil(seq_len / block_size)]; None: context == new tokens
     seq_len: int
     mask: torch.Tensor | None  # bool [q_len, seq_len], True = attend; None: plain causal
-    # With the CPU kernels: the row's block table once per query (int64 [q_len, blocks]) and each query's
-    # context length (int64 [q_len]), for `_prefill_on_kernel`
-    kernel_tables: torch.Tensor | None = None
-    kernel_lens: torch.Tensor | None = None
+    # With the CPU kernels: the row's block table (int64 [blocks]), and once a layer takes the kernel
+    # path, that table per query [q_len, blocks] and each query's context length [q_len] (`per_query`)
+    table: torch.Tensor | None = None
+    per_query: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass(slots=True)
@@ -129,20 +129,20 @@ class AttentionMetadata:
         prefills = []
         for row in np.flatnonzero(q_lens > 1):
             start, end, seq_len = int(qsl[row]), int(qsl[row + 1]), int(seq_lens[row])
-            query_tables = lens_of_queries = None
-            if ops is not None:  # every query of the row reads the same blocks up to its own position
-                table = np.ascontiguousarray(batch.block_tables[row, : -(-seq_len // bs)], dtype=np.int64)
-                query_tables = torch.from_numpy(np.tile(table, (end - start, 1))).to(device)
-                lens_of_queries = torch.arange(seq_len - (end - start) + 1, seq_len + 1, device=device)
+            table = None
+            if ops is not None:
+                table = torch.from_numpy(batch.block_tables[row, : -(-seq_len // bs)].astype(np.int64)).to(
+                    device
+                )
             if seq_len == end - start:  # nothing cached: the new tokens are the whole context
-                prefills.append(PrefillRow(start, end, None, seq_len, None, query_tables, lens_of_queries))
+                prefills.append(PrefillRow(start, end, None, seq_len, None, table))
                 continue
             num_blocks = -(-seq_len // bs)
             ids = torch.from_numpy(batch.block_tables[row, :num_blocks].astype(np.int64)).to(device)
             # Query at position p sees every cached/new key at positions <= p.
             q_pos = torch.from_numpy(batch.positions[start:end].astype(np.int64)).to(device)
             row_mask = torch.arange(seq_len, device=device)[None, :] <= q_pos[:, None]
-            prefills.append(PrefillRow(start, end, ids, seq_len, row_mask, query_tables, lens_of_queries))
+            prefills.append(PrefillRow(start, end, ids, seq_len, row_mask, table))
         dec_lens = seq_lens[decode_rows] if decode_rows.size else None
         max_len = int(seq_lens.max()) if seq_lens.size else 0
         return cls(
@@ -210,13 +210,14 @@ def paged_attention(
         out[meta.decode_token_idx] = _decode(q[meta.decode_token_idx], cache, meta)
     for row in meta.prefills:
         if _prefill_on_kernel(q, cache, row, meta):
-            assert (
-                meta.cpu_kernels is not None and row.kernel_tables is not None and row.kernel_lens is not None
-            )
+            assert meta.cpu_kernels is not None and row.table is not None
+            if row.per_query is None:  # once per step: every layer reads the same tables
+                queries = row.end - row.start
+                lens = torch.arange(row.seq_len - queries + 1, row.seq_len + 1, device=q.device)
+                row.per_query = row.table.expand(queries, -1).contiguous(), lens
             out[row.start : row.end] = meta.cpu_kernels.decode_attention(
-                q[row.start : row.end], cache, row.kernel_tables, row.kernel_lens, meta.block_size,
-                1 / math.sqrt(q.shape[2]),
-            )  # fmt: skip
+                q[row.start : row.end], cache, *row.per_query, meta.block_size, 1 / math.sqrt(q.shape[2])
+            )
         else:
             out[row.start : row.end] = _prefill(q, k, v, cache, row, meta.block_size)
     return out
@@ -225,12 +226,13 @@ def paged_attention(
 def _prefill_on_kernel(q: torch.Tensor, cache: KVCache, row: PrefillRow, meta: AttentionMetadata) -> bool:
     """Whether a prefill row's attention runs as one decode-kernel row per query, over the cache it was
     just written to: each query sees the keys up to its position, which is causal attention. On a
-    2-core CPU this is ~4x torch's SDPA at a 507-token prompt (the kernel reads bf16 K/V in place; SDPA
-    reached ~33 GFLOPS). Only where the cache holds this step's k/v exactly (its dtype is q's: an int8
-    cache would give the new tokens' rounded codes where the torch path uses them unrounded)."""
+    2-core CPU a 1B model's 507-token prefill spent 176 ms in it against ~250 ms in torch's SDPA (the
+    kernel reads the bf16 blocks in place, no per-head copies; SDPA reached ~33 GFLOPS). Only where the
+    cache holds this step's k/v exactly (its dtype is q's: an int8 cache would give the new tokens'
+    rounded codes where the torch path uses them unrounded)."""
     return (
         meta.cpu_kernels is not None
-        and row.kernel_tables is not None
+        and row.table is not None
         and isinstance(cache, torch.Tensor)  # not an Int8KVCache
         and cache.dtype == q.dtype
         and cpu_kernels.decode_attention_ok(q, cache)
