@@ -48,8 +48,6 @@ static void LC_FN(rms_norm)(const void *x, void *sum, int bf16, int64_t rows, in
     }
 }
 
-/* out [rows, inter] = silu(gate) * up for gate_up [rows, 2 * inter] (gate | up): silu rounded first in
-   bfloat16, as F.silu's output tensor is. */
 #if LC_ISA == LC_ISA_AVX512VNNI
 /* 16 floats rounded to bfloat16 (nearest even, inf/NaN kept), as lc_to_bf16, in the low half of each lane. */
 static inline __m512i LC_FN(bf16_bits16)(__m512 v) {
@@ -75,6 +73,8 @@ static inline int64_t LC_FN(swiglu_row_bf16)(const uint16_t *g, const uint16_t *
 }
 #endif
 
+/* out [rows, inter] = silu(gate) * up for gate_up [rows, 2 * inter] (gate | up): silu rounded first in
+   bfloat16, as F.silu's output tensor is. */
 static void LC_FN(swiglu)(const void *gate_up, int bf16, int64_t rows, int64_t inter, void *out, int nth) {
     (void)nth;
 #pragma omp parallel for num_threads(nth) schedule(static) if (rows * inter >= 262144)
