@@ -49,16 +49,6 @@ static void LC_FN(rms_norm)(const void *x, void *sum, int bf16, int64_t rows, in
 }
 
 #if LC_ISA == LC_ISA_AVX512VNNI
-/* 16 floats rounded to bfloat16 (nearest even, inf/NaN kept), as lc_to_bf16, in the low half of each lane. */
-static inline __m512i LC_FN(bf16_bits16)(__m512 v) {
-    __m512i bits = _mm512_castps_si512(v);
-    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
-    __mmask16 special = _mm512_cmpeq_epi32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7F800000)),
-                                                _mm512_set1_epi32(0x7F800000));
-    return _mm512_srli_epi32(_mm512_mask_mov_epi32(rounded, special, bits), 16);
-}
-
 /* One bfloat16 row of swiglu, 16 values a round (the scalar loop finishes a tail): lc_exp's steps on
    16 lanes (att_exp16) and the same roundings, so a prefill's 8k-wide rows stay cheap. */
 static inline int64_t LC_FN(swiglu_row_bf16)(const uint16_t *g, const uint16_t *u, uint16_t *o, int64_t inter) {
@@ -66,7 +56,7 @@ static inline int64_t LC_FN(swiglu_row_bf16)(const uint16_t *g, const uint16_t *
     for (; j + 16 <= inter; j += 16) {
         __m512 gv = LC_FN(att_bf16x16)(g + j), uv = LC_FN(att_bf16x16)(u + j);
         __m512 act = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), LC_FN(att_exp16)(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
-        act = _mm512_castsi512_ps(_mm512_slli_epi32(LC_FN(bf16_bits16)(act), 16));
+        act = _mm512_castsi512_ps(_mm512_slli_epi32(LC_FN(bf16_bits16)(act), 16)); /* lc_x16.h */
         _mm256_storeu_si256((__m256i *)(o + j), _mm512_cvtepi32_epi16(LC_FN(bf16_bits16)(_mm512_mul_ps(act, uv))));
     }
     return j;

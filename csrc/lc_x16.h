@@ -22,6 +22,16 @@ static inline __m512 LC_FN(u8f)(const uint8_t *p) { return _mm512_cvtepi32_ps(_m
 static inline __m512 LC_FN(i8f)(const uint8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 static inline __m512 LC_FN(h16)(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 
+/* 16 floats rounded to bfloat16 (nearest even, inf/NaN kept), as lc_to_bf16, in the low half of each lane. */
+static inline __m512i LC_FN(bf16_bits16)(__m512 v) {
+    __m512i bits = _mm512_castps_si512(v);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+    __mmask16 special = _mm512_cmpeq_epi32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7F800000)),
+                                                _mm512_set1_epi32(0x7F800000));
+    return _mm512_srli_epi32(_mm512_mask_mov_epi32(rounded, special, bits), 16);
+}
+
 /* 16 floats (the first `cols`) to out + at, as float32 or bfloat16 (nearest even; inf/NaN kept). */
 static inline void LC_FN(x16_store)(__m512 v, void *out, int out_bf16, int64_t at, int cols) {
     __mmask16 m = (__mmask16)(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
@@ -29,13 +39,7 @@ static inline void LC_FN(x16_store)(__m512 v, void *out, int out_bf16, int64_t a
         _mm512_mask_storeu_ps((float *)out + at, m, v);
         return;
     }
-    __m512i bits = _mm512_castps_si512(v);
-    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
-    __mmask16 special = _mm512_cmpeq_epi32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7F800000)),
-                                                _mm512_set1_epi32(0x7F800000));
-    rounded = _mm512_mask_mov_epi32(rounded, special, bits);
-    _mm256_mask_storeu_epi16((uint16_t *)out + at, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+    _mm256_mask_storeu_epi16((uint16_t *)out + at, m, _mm512_cvtepi32_epi16(LC_FN(bf16_bits16)(v)));
 }
 
 /* Integer chains: with one panel, two per row (even and odd code groups: vpdpbusd's latency stays hidden
@@ -154,7 +158,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
         __m512 dv[2], mn[2];
         for (int pp = 0; pp < np; pp++) dv[pp] = LC_FN(h16)(u + pp * pb);
         if (type == LC_Q4_K || type == LC_Q5_K) {
-            const int q5 = type == LC_Q5_K, chunk = q5 ? 320 : 256;
+            const int q5 = type == LC_Q5_K, chunk = q5 ? 320 : 256; /* bytes per 32 values: LC_X16_Q5_QL's stride */
             for (int pp = 0; pp < np; pp++) mn[pp] = LC_FN(h16)(u + pp * pb + 32);
             for (int j = 0; j < 8; j++) {
                 const uint8_t *q = u + 320 + chunk * j;

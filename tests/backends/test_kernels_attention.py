@@ -209,6 +209,19 @@ def test_a_model_step_reads_the_setting_once(monkeypatch: pytest.MonkeyPatch) ->
         assert kernel_choice.cpu_decode_kernels(cpu) is None
 
 
+def spy_on_decode_attention(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The query rows of each `Kernels.decode_attention` call from now on, in call order."""
+    calls: list[int] = []
+    original = kernels.Kernels.decode_attention
+
+    def spy(self: kernels.Kernels, q: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(q.shape[0])
+        return original(self, q, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kernels.Kernels, "decode_attention", spy)
+    return calls
+
+
 class PrefillStep:
     """One step of prefill rows (one with a cached prefix) and a decode row through paged_attention."""
 
@@ -241,14 +254,7 @@ def test_prefill_rows_run_on_the_kernel_and_match_the_torch_path(
 ) -> None:
     """Each prefill query is one decode-kernel row over the cache it was just written to (its context
     length = its position + 1), which is causal attention, prefix-cached rows included."""
-    calls: list[int] = []
-    original = kernels.Kernels.decode_attention
-
-    def spy(self: kernels.Kernels, q: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-        calls.append(q.shape[0])
-        return original(self, q, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(kernels.Kernels, "decode_attention", spy)
+    calls = spy_on_decode_attention(monkeypatch)
     fused = PrefillStep(dtype, dtype, group)
     assert sorted(calls) == [1, 17, 37, 40]  # the decode row, then each prefill row's queries
     monkeypatch.setenv(kernels.KERNELS_ENV, "off")
@@ -269,13 +275,6 @@ def test_prefill_keeps_the_torch_path_where_the_cache_rounds_this_steps_kv(
     """A cache in another dtype than the compute (here float32 q, bfloat16 cache) holds rounded k/v;
     the torch prefill path attends over the unrounded ones, so it stays (the decode row still runs on
     the kernel)."""
-    calls: list[int] = []
-    original = kernels.Kernels.decode_attention
-
-    def spy(self: kernels.Kernels, q: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-        calls.append(q.shape[0])
-        return original(self, q, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(kernels.Kernels, "decode_attention", spy)
+    calls = spy_on_decode_attention(monkeypatch)
     PrefillStep(torch.float32, torch.bfloat16, 4)
     assert calls == [1]

@@ -129,16 +129,11 @@ class AttentionMetadata:
         prefills = []
         for row in np.flatnonzero(q_lens > 1):
             start, end, seq_len = int(qsl[row]), int(qsl[row + 1]), int(seq_lens[row])
-            table = None
-            if ops is not None:
-                table = torch.from_numpy(batch.block_tables[row, : -(-seq_len // bs)].astype(np.int64)).to(
-                    device
-                )
+            ids = torch.from_numpy(batch.block_tables[row, : -(-seq_len // bs)].astype(np.int64)).to(device)
+            table = ids if ops is not None else None  # the decode kernel reads prefill rows by it too
             if seq_len == end - start:  # nothing cached: the new tokens are the whole context
                 prefills.append(PrefillRow(start, end, None, seq_len, None, table))
                 continue
-            num_blocks = -(-seq_len // bs)
-            ids = torch.from_numpy(batch.block_tables[row, :num_blocks].astype(np.int64)).to(device)
             # Query at position p sees every cached/new key at positions <= p.
             q_pos = torch.from_numpy(batch.positions[start:end].astype(np.int64)).to(device)
             row_mask = torch.arange(seq_len, device=device)[None, :] <= q_pos[:, None]
