@@ -56,7 +56,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16_group)(const int mr,
     }
 }
 
-/* 32 values of nibble codes (at q in each panel, panels pb apart) into the chains; with `fifth` (Q5_K)
+/* 32 values of nibble codes (at q in each panel, panels pb apart) into the chains; with `fifth` (Q5_0/1/K)
    the codes' fifth bits from that chunk (bit g of each byte: code group g) are added as 16. */
 static inline __attribute__((always_inline)) void LC_FN(x16_nibbles)(const int mr, const int np, const uint8_t *q, int64_t pb,
                                                                      const uint8_t *fifth, const int8_t *xq, int64_t k,
@@ -125,14 +125,15 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
     __m512i c[LC_X16_MR][2];
     __m512 sv[2], mv[2], out[LC_X16_MR][2];
     for (int i = 0; i < mr; i++) out[i][0] = out[i][1] = _mm512_setzero_ps();
-    if (type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q8_0) {
+    if (type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q5_0 || type == LC_Q5_1 || type == LC_Q8_0) {
+        const int five = type == LC_Q5_0 || type == LC_Q5_1, with_min = type == LC_Q4_1 || type == LC_Q5_1;
         for (int64_t s = 0; s < k32; s++) {
             const uint8_t *u = p + s * ub;
             for (int pp = 0; pp < np; pp++)
                 for (int l = 0; l < ub; l += 64) _mm_prefetch((const char *)(u + pp * pb + LC_PF + l), _MM_HINT_T0);
             for (int pp = 0; pp < np; pp++) sv[pp] = LC_FN(h16)(u + pp * pb);
-            /* offsets -8d (Q4_0), -128d (Q8_0): chains start at that times the activation sum */
-            LC_FN(x16_start)(mr, np, type == LC_Q4_1 ? -1 : type == LC_Q4_0 ? 3 : 7, x.ns32 + s, k32, c);
+            /* offsets -8d (Q4_0), -16d (Q5_0), -128d (Q8_0): chains start at that times the activation sum */
+            LC_FN(x16_start)(mr, np, with_min ? -1 : type == LC_Q4_0 ? 3 : type == LC_Q5_0 ? 4 : 7, x.ns32 + s, k32, c);
             if (type == LC_Q8_0) {
                 for (int g = 0; g < 8; g++) {
                     __m512i cv[2];
@@ -140,10 +141,11 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
                     LC_FN(x16_group)(mr, np, g, cv, x.xq, k, 32 * s, c);
                 }
             } else {
-                LC_FN(x16_nibbles)(mr, np, u + (type == LC_Q4_1 ? 64 : 32), pb, NULL, x.xq, k, 32 * s, c);
+                const uint8_t *q = u + LC_X16_LEGACY_Q(type);
+                LC_FN(x16_nibbles)(mr, np, q, pb, five ? q + 256 : NULL, x.xq, k, 32 * s, c);
             }
-            LC_FN(x16_scale)(mr, np, type != LC_Q8_0, c, sv, x.dx32 + s, k32, out);
-            if (type == LC_Q4_1) {
+            LC_FN(x16_scale)(mr, np, type != LC_Q8_0 && !five, c, sv, x.dx32 + s, k32, out);
+            if (with_min) {
                 for (int pp = 0; pp < np; pp++) mv[pp] = LC_FN(h16)(u + pp * pb + 32);
                 for (int i = 0; i < mr; i++) {
                     __m512 f = _mm512_set1_ps(x.fs32[i * k32 + s]);
@@ -227,6 +229,8 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
     switch (type) {                                                                                        \
     case LC_Q4_0: LC_X16_ROWS(LC_Q4_0, NP) break;                                                          \
     case LC_Q4_1: LC_X16_ROWS(LC_Q4_1, NP) break;                                                          \
+    case LC_Q5_0: LC_X16_ROWS(LC_Q5_0, NP) break;                                                          \
+    case LC_Q5_1: LC_X16_ROWS(LC_Q5_1, NP) break;                                                          \
     case LC_Q8_0: LC_X16_ROWS(LC_Q8_0, NP) break;                                                          \
     case LC_Q4_K: LC_X16_ROWS(LC_Q4_K, NP) break;                                                          \
     case LC_Q5_K: LC_X16_ROWS(LC_Q5_K, NP) break;                                                          \

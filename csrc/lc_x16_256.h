@@ -38,7 +38,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_nibbles)(const int 
     }
 }
 
-/* int16 pair sums of 32 Q5_K values (nibble codes at q, their fifth bits at fifth; half h of each chunk)
+/* int16 pair sums of 32 5-bit values (Q5_0, Q5_1, Q5_K: nibble codes at q, their fifth bits at fifth; half h of each chunk)
    for `mr` rows at column x0, into a32: 5-bit codes widen to int32 every 4 code groups (4 x 2 x 31 x 127
    = 31496 fits int16, 8 groups would not). */
 static inline __attribute__((always_inline)) void LC_FN(x16h_fives)(const int mr, const uint8_t *q, const uint8_t *fifth,
@@ -74,14 +74,17 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int ty
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i a16[LC_X16_MR2], a32[LC_X16_MR2];
     for (int i = 0; i < mr; i++) out[i] = _mm256_setzero_ps();
-    if (type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q8_0) {
+    if (type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q5_0 || type == LC_Q5_1 || type == LC_Q8_0) {
+        const int with_min = type == LC_Q4_1 || type == LC_Q5_1;
         for (int64_t s = 0; s < k32; s++) {
             const uint8_t *u = p + s * ub;
             __m256 dv = LC_FN(h8)(u + 16 * h);
             for (int i = 0; i < mr; i++) {
                 a16[i] = _mm256_setzero_si256();
-                /* Q4_0's offset -8d: start at -8 x the activation sum (Q8_0 runs on signed codes) */
-                a32[i] = type == LC_Q4_0 ? _mm256_slli_epi32(_mm256_set1_epi32(x.ns32[i * k32 + s]), 3) : a16[i];
+                /* offsets -8d (Q4_0), -16d (Q5_0): start at that times the activation sum (Q8_0 runs on signed codes) */
+                a32[i] = type == LC_Q4_0 || type == LC_Q5_0
+                             ? _mm256_slli_epi32(_mm256_set1_epi32(x.ns32[i * k32 + s]), type == LC_Q4_0 ? 3 : 4)
+                             : a16[i];
             }
             if (type == LC_Q8_0) {
                 for (int g = 0; g < 8; g++) {
@@ -93,13 +96,16 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int ty
                         a32[i] = _mm256_add_epi32(a32[i], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, sx), ones));
                     }
                 }
+            } else if (type == LC_Q5_0 || type == LC_Q5_1) {
+                const uint8_t *q = u + LC_X16_LEGACY_Q(type);
+                LC_FN(x16h_fives)(mr, q, q + 256, h, x.xq, k, 32 * s, a32);
             } else {
-                LC_FN(x16h_nibbles)(mr, u + (type == LC_Q4_1 ? 64 : 32), h, x.xq, k, 32 * s, a16);
+                LC_FN(x16h_nibbles)(mr, u + LC_X16_LEGACY_Q(type), h, x.xq, k, 32 * s, a16);
                 for (int i = 0; i < mr; i++) a32[i] = _mm256_add_epi32(a32[i], _mm256_madd_epi16(a16[i], ones));
             }
             for (int i = 0; i < mr; i++)
                 out[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a32[i]), _mm256_mul_ps(dv, _mm256_set1_ps(x.dx32[i * k32 + s])), out[i]);
-            if (type == LC_Q4_1) {
+            if (with_min) {
                 __m256 mv = LC_FN(h8)(u + 32 + 16 * h);
                 for (int i = 0; i < mr; i++) out[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(x.fs32[i * k32 + s]), out[i]);
             }
@@ -192,6 +198,8 @@ static void LC_FN(x16_matmul)(int type, const uint8_t *w, int64_t n, int64_t k, 
                 switch (type) {
                 case LC_Q4_0: LC_X16H_ROWS(LC_Q4_0) break;
                 case LC_Q4_1: LC_X16H_ROWS(LC_Q4_1) break;
+                case LC_Q5_0: LC_X16H_ROWS(LC_Q5_0) break;
+                case LC_Q5_1: LC_X16H_ROWS(LC_Q5_1) break;
                 case LC_Q8_0: LC_X16H_ROWS(LC_Q8_0) break;
                 case LC_Q4_K: LC_X16H_ROWS(LC_Q4_K) break;
                 case LC_Q5_K: LC_X16H_ROWS(LC_Q5_K) break;

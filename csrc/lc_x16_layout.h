@@ -13,6 +13,8 @@ column c = weight row p * 16 + c, f16 values, and "nibble codes" = 4 chunks of 6
 4c + b of chunk j holds code[c][8j + b] in its low nibble and code[c][8j + 4 + b] in its high one:
   Q4_0  d[16] | nibble codes                                       16 * 18 bytes
   Q4_1  d[16] | m[16] | nibble codes                               16 * 20
+  Q5_0  d[16] | nibble codes of the low 4 bits | fifth bits (byte 4c + b: bit g = code[c][4g + b] >> 4)   16 * 22
+  Q5_1  d[16] | m[16] | nibble codes | fifth bits, as Q5_0's       16 * 24
   Q8_0  d[16] | 8 chunks: byte 4c + b of chunk g = q[c][4g + b] + 128                     16 * 34
   Q4_K  d[16] | dmin[16] | sc[8][16] | min[8][16] (u8) | 8 x nibble codes (one per 32)     16 * 148
   Q5_K  as Q4_K, with each 32 values' nibble codes followed by a 64-byte chunk of their fifth bits
@@ -34,6 +36,9 @@ typedef struct {
     const float *fs32;   /* [t, k / 32] scale * code sum */
 } lc_x16_sums;
 
+/* Where a 32-value unit's nibble codes start (Q4_0, Q4_1, Q5_0, Q5_1); Q5_0/Q5_1's fifth bits follow them. */
+#define LC_X16_LEGACY_Q(type) ((type) == LC_Q4_1 || (type) == LC_Q5_1 ? 64 : 32)
+
 /* Q5_K unit offsets of 32 values j (0..7): the low 4 bits as nibble codes, then the fifth bits. */
 #define LC_X16_Q5_QL(j) (320 + 320 * (j))
 #define LC_X16_Q5_QH(j) (576 + 320 * (j))
@@ -44,8 +49,8 @@ typedef struct {
 #define LC_X16_Q6_QH(j) (320 + 416 * (j))
 
 static inline int lc_x16_type_ok(int type) {
-    return type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q8_0 || type == LC_Q4_K || type == LC_Q5_K ||
-           type == LC_Q6_K;
+    return type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q5_0 || type == LC_Q5_1 || type == LC_Q8_0 ||
+           type == LC_Q4_K || type == LC_Q5_K || type == LC_Q6_K;
 }
 
 static inline int64_t lc_x16_unit(int type) { return type >= LC_Q2_K ? 256 : 32; }
@@ -54,6 +59,8 @@ static inline int64_t lc_x16_unit_bytes(int type) {
     switch (type) {
     case LC_Q4_0: return 16 * 18;
     case LC_Q4_1: return 16 * 20;
+    case LC_Q5_0: return 16 * 22;
+    case LC_Q5_1: return 16 * 24;
     case LC_Q8_0: return 16 * 34;
     case LC_Q4_K: return 16 * 148;
     case LC_Q5_K: return 16 * 180;
@@ -78,6 +85,11 @@ static void lc_x16_get_nibbles(const uint8_t *q, int c, uint8_t *codes) {
     }
 }
 
+/* Column c's fifth bits of 32 values (lc_x16_put_fifths) added to codes as 16. */
+static void lc_x16_get_fifths(const uint8_t *fifth, int c, uint8_t *codes) {
+    for (int kk = 0; kk < 32; kk++) codes[kk] |= (uint8_t)(((fifth[4 * c + kk % 4] >> (kk / 4)) & 1) << 4);
+}
+
 /* Nibble codes of 32 values (from column c's codes[c][x0..x0 + 32), low 4 bits) into q. */
 static void lc_x16_put_nibbles(uint8_t *q, const uint8_t codes[16][256], int x0) {
     for (int j = 0; j < 4; j++)
@@ -86,15 +98,29 @@ static void lc_x16_put_nibbles(uint8_t *q, const uint8_t codes[16][256], int x0)
                 q[64 * j + 4 * c + b] = (uint8_t)((codes[c][x0 + 8 * j + b] & 15) | (codes[c][x0 + 8 * j + 4 + b] & 15) << 4);
 }
 
+/* The fifth bits of 32 values (column c's codes[c][x0..x0 + 32), 0..31) into fifth: byte 4c + b, bit g
+   = code[c][4g + b] >> 4. */
+static void lc_x16_put_fifths(uint8_t *fifth, const uint8_t codes[16][256], int x0) {
+    for (int c = 0; c < 16; c++)
+        for (int b = 0; b < 4; b++) {
+            uint8_t bits = 0;
+            for (int g = 0; g < 8; g++) bits |= (uint8_t)((codes[c][x0 + 4 * g + b] >> 4) << g);
+            fifth[4 * c + b] = bits;
+        }
+}
+
 /* Column c's header fields of one unit (scales as the layout stores them) from its GGUF block(s) `b`,
    and its codes into codes[c] (lc_decode.h's decoders: Q8_0's already + 128, Q5_K's 0..31, Q6_K's 0..63). */
 static void lc_x16_unit_column(int type, const uint8_t *b, uint8_t *u, int c, uint8_t *codes) {
     float ls[8], mc[2];
     if (type != LC_Q6_K) memcpy(u + 2 * c, b, 2);                     /* d first in the block */
-    if (type == LC_Q4_1 || type == LC_Q4_K || type == LC_Q5_K) memcpy(u + 32 + 2 * c, b + 2, 2); /* m / dmin next */
+    if (type == LC_Q4_1 || type == LC_Q5_1 || type == LC_Q4_K || type == LC_Q5_K)
+        memcpy(u + 32 + 2 * c, b + 2, 2); /* m / dmin next */
     switch (type) {
     case LC_Q4_0: dec_q4_0_portable(b, codes, ls, mc); return;
     case LC_Q4_1: dec_q4_1_portable(b, codes, ls, mc); return;
+    case LC_Q5_0: dec_q5_0_portable(b, codes, ls, mc); return;
+    case LC_Q5_1: dec_q5_1_portable(b, codes, ls, mc); return;
     case LC_Q8_0: dec_q8_0_portable(b, codes, ls, mc); return;
     case LC_Q4_K:
     case LC_Q5_K:
@@ -128,8 +154,13 @@ static void lc_x16_pack_panel(int type, const uint8_t *w, int64_t n, int64_t k, 
         for (int c = 0; c < 16 && 16 * p + c < n; c++)
             lc_x16_unit_column(type, w + (16 * p + c) * row_bytes + s * bb, u, c, codes[c]);
         switch (type) {
-        case LC_Q4_0: lc_x16_put_nibbles(u + 32, codes, 0); break;
-        case LC_Q4_1: lc_x16_put_nibbles(u + 64, codes, 0); break;
+        case LC_Q4_0:
+        case LC_Q4_1: lc_x16_put_nibbles(u + LC_X16_LEGACY_Q(type), codes, 0); break;
+        case LC_Q5_0:
+        case LC_Q5_1: /* the low 4 bits as nibbles, then the fifth bits */
+            lc_x16_put_nibbles(u + LC_X16_LEGACY_Q(type), codes, 0);
+            lc_x16_put_fifths(u + LC_X16_LEGACY_Q(type) + 256, codes, 0);
+            break;
         case LC_Q8_0:
             for (int g = 0; g < 8; g++)
                 for (int c = 0; c < 16; c++) memcpy(u + 32 + 64 * g + 4 * c, &codes[c][4 * g], 4);
@@ -140,13 +171,7 @@ static void lc_x16_pack_panel(int type, const uint8_t *w, int64_t n, int64_t k, 
         case LC_Q5_K: /* the low 4 bits as nibbles, the fifth bits one per group */
             for (int j = 0; j < 8; j++) {
                 lc_x16_put_nibbles(u + LC_X16_Q5_QL(j), codes, 32 * j);
-                uint8_t *qh = u + LC_X16_Q5_QH(j);
-                for (int c = 0; c < 16; c++)
-                    for (int b = 0; b < 4; b++) {
-                        uint8_t bits = 0;
-                        for (int g = 0; g < 8; g++) bits |= (uint8_t)((codes[c][32 * j + 4 * g + b] >> 4) << g);
-                        qh[4 * c + b] = bits;
-                    }
+                lc_x16_put_fifths(u + LC_X16_Q5_QH(j), codes, 32 * j);
             }
             break;
         default: /* LC_Q6_K: low 4 bits as nibbles, the high 2 in 2-bit fields */
@@ -187,10 +212,13 @@ static void lc_x16_row(int type, const uint8_t *w, int64_t k, int64_t r, float *
         float d = lc_f16(lc_u16(u + 2 * c)), *o = out + s * unit;
         switch (type) {
         case LC_Q4_0:
-        case LC_Q4_1: {
-            int q1 = type == LC_Q4_1;
-            float m = q1 ? lc_f16(lc_u16(u + 32 + 2 * c)) : -8.0f * d;
-            lc_x16_get_nibbles(u + (q1 ? 64 : 32), c, codes);
+        case LC_Q4_1:
+        case LC_Q5_0:
+        case LC_Q5_1: { /* offsets: -8d, m, -16d, m */
+            const uint8_t *q = u + LC_X16_LEGACY_Q(type);
+            float m = type == LC_Q4_1 || type == LC_Q5_1 ? lc_f16(lc_u16(u + 32 + 2 * c)) : type == LC_Q4_0 ? -8.0f * d : -16.0f * d;
+            lc_x16_get_nibbles(q, c, codes);
+            if (type == LC_Q5_0 || type == LC_Q5_1) lc_x16_get_fifths(q + 256, c, codes);
             for (int kk = 0; kk < 32; kk++) o[kk] = d * (float)codes[kk] + m;
             break;
         }
@@ -203,9 +231,7 @@ static void lc_x16_row(int type, const uint8_t *w, int64_t k, int64_t r, float *
             for (int j = 0; j < 8; j++) {
                 float sc = d * (float)u[64 + 16 * j + c], m = dmin * (float)u[192 + 16 * j + c];
                 lc_x16_get_nibbles(u + (type == LC_Q4_K ? 320 + 256 * j : LC_X16_Q5_QL(j)), c, codes);
-                if (type == LC_Q5_K)
-                    for (int kk = 0; kk < 32; kk++)
-                        codes[kk] |= (uint8_t)(((u[LC_X16_Q5_QH(j) + 4 * c + kk % 4] >> (kk / 4)) & 1) << 4);
+                if (type == LC_Q5_K) lc_x16_get_fifths(u + LC_X16_Q5_QH(j), c, codes);
                 for (int kk = 0; kk < 32; kk++) o[32 * j + kk] = sc * (float)codes[kk] - m;
             }
             break;

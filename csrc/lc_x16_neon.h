@@ -19,7 +19,7 @@ static inline float32x4_t LC_FN(i8f4)(const uint8_t *p) {
 }
 
 /* acc[i][g] (columns 4g..4g+3) += the 32 nibble-coded values at q times activations xq row i from x0;
-   with `fifth` (Q5_K) each code's fifth bit (bit `group` of its byte there) adds 16. */
+   with `fifth` (Q5_0, Q5_1, Q5_K) each code's fifth bit (bit `group` of its byte there) adds 16. */
 static inline __attribute__((always_inline)) void LC_FN(x16n_nibbles)(const int mr, const uint8_t *q, const uint8_t *fifth,
                                                                       const int8_t *xq, int64_t k, int64_t x0,
                                                                       int32x4_t acc[][4]) {
@@ -56,11 +56,13 @@ static inline __attribute__((always_inline)) void LC_FN(x16n_panel)(const int ty
     int32x4_t acc[LC_X16_MRN][4];
     for (int i = 0; i < mr; i++)
         for (int g = 0; g < 4; g++) out[i][g] = vdupq_n_f32(0.0f);
-    if (type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q8_0) {
+    if (type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q5_0 || type == LC_Q5_1 || type == LC_Q8_0) {
+        const int with_min = type == LC_Q4_1 || type == LC_Q5_1;
+        const int32_t offset = type == LC_Q4_0 ? 8 : type == LC_Q5_0 ? 16 : 0;
         for (int64_t s = 0; s < k32; s++) {
             const uint8_t *u = p + s * ub;
-            for (int i = 0; i < mr; i++) /* Q4_0's offset -8d: start at -8 x the activation sum */
-                for (int g = 0; g < 4; g++) acc[i][g] = vdupq_n_s32(type == LC_Q4_0 ? 8 * x.ns32[i * k32 + s] : 0);
+            for (int i = 0; i < mr; i++) /* offsets -8d (Q4_0), -16d (Q5_0): start at that x the activation sum */
+                for (int g = 0; g < 4; g++) acc[i][g] = vdupq_n_s32(offset * x.ns32[i * k32 + s]);
             if (type == LC_Q8_0) {
                 const uint8x16_t flip = vdupq_n_u8(0x80);
                 for (int c8 = 0; c8 < 8; c8 += 4) { /* chunks c8..c8 + 3 read activations 4 c8 .. 4 c8 + 16 */
@@ -80,14 +82,15 @@ static inline __attribute__((always_inline)) void LC_FN(x16n_panel)(const int ty
                     }
                 }
             } else {
-                LC_FN(x16n_nibbles)(mr, u + (type == LC_Q4_1 ? 64 : 32), NULL, x.xq, k, 32 * s, acc);
+                const uint8_t *q = u + LC_X16_LEGACY_Q(type);
+                LC_FN(x16n_nibbles)(mr, q, type == LC_Q5_0 || type == LC_Q5_1 ? q + 256 : NULL, x.xq, k, 32 * s, acc);
             }
             for (int g = 0; g < 4; g++) {
                 float32x4_t dv = LC_FN(h4)(u + 8 * g);
-                float32x4_t mv = type == LC_Q4_1 ? LC_FN(h4)(u + 32 + 8 * g) : vdupq_n_f32(0.0f);
+                float32x4_t mv = with_min ? LC_FN(h4)(u + 32 + 8 * g) : vdupq_n_f32(0.0f);
                 for (int i = 0; i < mr; i++) {
                     out[i][g] = vfmaq_f32(out[i][g], vcvtq_f32_s32(acc[i][g]), vmulq_n_f32(dv, x.dx32[i * k32 + s]));
-                    if (type == LC_Q4_1) out[i][g] = vfmaq_n_f32(out[i][g], mv, x.fs32[i * k32 + s]);
+                    if (with_min) out[i][g] = vfmaq_n_f32(out[i][g], mv, x.fs32[i * k32 + s]);
                 }
             }
         }
@@ -171,6 +174,8 @@ static void LC_FN(x16_matmul)(int type, const uint8_t *w, int64_t n, int64_t k, 
             switch (type) {
             case LC_Q4_0: LC_X16N_ROWS(LC_Q4_0) break;
             case LC_Q4_1: LC_X16N_ROWS(LC_Q4_1) break;
+            case LC_Q5_0: LC_X16N_ROWS(LC_Q5_0) break;
+            case LC_Q5_1: LC_X16N_ROWS(LC_Q5_1) break;
             case LC_Q8_0: LC_X16N_ROWS(LC_Q8_0) break;
             case LC_Q4_K: LC_X16N_ROWS(LC_Q4_K) break;
             case LC_Q5_K: LC_X16N_ROWS(LC_Q5_K) break;

@@ -62,7 +62,7 @@ def test_tiny_gguf_runs_on_blocks_and_tracks_the_dequantized_run(
     x16 = (
         kernels.layout_choice() == "auto"
         and ours.model.embed.ops.name == "avx512vnni"
-        and qtype in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+        and qtype in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
     )
     assert {bool(s.packed_rows) for w in blocks for s in w.segments} == {x16}
     prompt = [5, 17, 99, 3, 250, 42, 7, 7, 81, 130, 64]

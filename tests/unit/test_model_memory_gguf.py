@@ -19,8 +19,14 @@ from tests.helpers.tiny_gguf import random_state_dict, tiny_config, write_tiny_g
 KERNELS_BUILT = importlib.util.find_spec("localchat.backends.torch._lckernels") is not None
 
 
-# bytes per 256 values in the file and in the x16 layout (6-bit scales and mins spread to bytes)
-K_QUANT_BYTES = {"Q4_K": (144, 148), "Q5_K": (176, 180), "Q6_K": (210, 210)}
+# bytes per 256 values in the file and in the x16 layout (K-quants' 6-bit scales and mins spread to bytes)
+BYTES_PER_256 = {
+    "Q5_0": (176, 176),
+    "Q5_1": (192, 192),
+    "Q4_K": (144, 148),
+    "Q5_K": (176, 180),
+    "Q6_K": (210, 210),
+}
 
 
 def _q4_k_file(tmp_path: Path, qtype: str = "Q4_K") -> tuple[Path, int, int, int]:
@@ -31,7 +37,7 @@ def _q4_k_file(tmp_path: Path, qtype: str = "Q4_K") -> tuple[Path, int, int, int
     matrix = sum(w.size for w in weights.values() if w.ndim == 2)
     norms = sum(w.size for w in weights.values() if w.ndim == 1)
     assert all(w.shape[-1] % 256 == 0 for w in weights.values() if w.ndim == 2)  # every row is blocks
-    return path, matrix, norms, matrix * K_QUANT_BYTES[qtype][0] // 256 + norms * 4
+    return path, matrix, norms, matrix * BYTES_PER_256[qtype][0] // 256 + norms * 4
 
 
 @pytest.mark.skipif(not KERNELS_BUILT, reason="the compiled kernels are not built in this install")
@@ -47,17 +53,17 @@ def test_k_quant_file_is_sized_as_stored_with_the_kernels(
 
 
 @pytest.mark.skipif(not x16_active(), reason="the kernels do not repack on this CPU (no AVX2)")
-@pytest.mark.parametrize("qtype", sorted(K_QUANT_BYTES))
-def test_k_quant_file_is_sized_in_the_x16_layout_where_the_kernels_repack(
+@pytest.mark.parametrize("qtype", sorted(BYTES_PER_256))
+def test_block_file_is_sized_in_the_x16_layout_where_the_kernels_repack(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, qtype: str
 ) -> None:
     """Repacked into panels of 16 rows (csrc/lc_x16_layout.h), Q4_K takes 148 bytes per 256 values and
-    Q5_K 180 (their 6-bit scales spread to bytes), Q6_K its 210; every tiny matrix has a multiple of 16
-    rows, so no panel padding."""
+    Q5_K 180 (their 6-bit scales spread to bytes), Q5_0, Q5_1 and Q6_K what the file does; every tiny
+    matrix has a multiple of 16 rows, so no panel padding."""
     monkeypatch.delenv("LOCALCHAT_KERNELS", raising=False)
     monkeypatch.delenv("LOCALCHAT_KERNEL_LAYOUT", raising=False)
     path, matrix, norms, stored = _q4_k_file(tmp_path, qtype)
-    assert estimate(path, 64).weights == matrix * K_QUANT_BYTES[qtype][1] // 256 + norms * 4
+    assert estimate(path, 64).weights == matrix * BYTES_PER_256[qtype][1] // 256 + norms * 4
     assert estimate(path, 64).weights < stored * 1.03
 
 
