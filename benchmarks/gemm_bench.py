@@ -94,6 +94,8 @@ def main() -> None:
                 runs["new x16"] = partial(ops.matmul, x, packed)
             if old is not None:
                 runs["old"] = partial(old.matmul, x, matrix)
+                if packed is not None:
+                    runs["old x16"] = partial(old.matmul, x, kernels.BlockMatrix([x16], cols, old))
             if not args.no_dense:
                 runs["dense f32"] = partial(torch.nn.functional.linear, x, dense)
                 runs["dense bf16"] = partial(torch.nn.functional.linear, xb, dense.bfloat16())

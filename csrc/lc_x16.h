@@ -7,6 +7,9 @@ panels per pass, so each broadcast feeds two vpdpbusd. Included by lc_kernels.c 
 
 #define LC_X16_MR 6        /* activation rows per pass over a panel (pair) */
 #define LC_X16_ONE_PANEL 2 /* steps of up to this many rows read one panel per pass */
+#ifndef LC_X16_EXPAND_ROWS /* steps of this many rows expand 5- and 6-bit codes once per panel (pair) */
+#define LC_X16_EXPAND_ROWS 12
+#endif
 
 /* Per-call activation summaries the x16 kernels read beside the codes (from lc_quantize's outputs). */
 typedef lc_x16_sums LC_FN(xsum);
@@ -56,12 +59,31 @@ static inline __attribute__((always_inline)) void LC_FN(x16_group)(const int mr,
     }
 }
 
+/* Chunk j (0..3) of 32 values of 5-bit codes: nibble codes v and their fifth bits fv (bit g of each byte:
+   code group g) as the codes of groups 2j (lo) and 2j + 1 (hi): a byte mask of each group's bit, then
+   + 16 under it. */
+static inline __attribute__((always_inline)) void LC_FN(x16_fives)(__m512i v, __m512i fv, int j, __m512i *lo, __m512i *hi) {
+    const __m512i low = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
+    __m512i l = _mm512_and_si512(v, low), h = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    *lo = _mm512_mask_add_epi8(l, _mm512_test_epi8_mask(fv, _mm512_set1_epi8((char)(1 << (2 * j)))), l, sixteen);
+    *hi = _mm512_mask_add_epi8(h, _mm512_test_epi8_mask(fv, _mm512_set1_epi8((char)(2 << (2 * j)))), h, sixteen);
+}
+
+/* Half of 32 Q6_K values (16): low nibbles v0, v1 and the high-bit chunk hv as 4 code groups. */
+static inline __attribute__((always_inline)) void LC_FN(x16_sixes)(__m512i v0, __m512i v1, __m512i hv, __m512i *cg) {
+    const __m512i low = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
+    cg[0] = _mm512_or_si512(_mm512_and_si512(v0, low), _mm512_and_si512(_mm512_slli_epi16(hv, 4), top));
+    cg[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v0, 4), low), _mm512_and_si512(_mm512_slli_epi16(hv, 2), top));
+    cg[2] = _mm512_or_si512(_mm512_and_si512(v1, low), _mm512_and_si512(hv, top));
+    cg[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v1, 4), low), _mm512_and_si512(_mm512_srli_epi16(hv, 2), top));
+}
+
 /* 32 values of nibble codes (at q in each panel, panels pb apart) into the chains; with `fifth` (Q5_0/1/K)
-   the codes' fifth bits from that chunk (bit g of each byte: code group g) are added as 16. */
+   the codes' fifth bits from that chunk are added as 16 (x16_fives). */
 static inline __attribute__((always_inline)) void LC_FN(x16_nibbles)(const int mr, const int np, const uint8_t *q, int64_t pb,
                                                                      const uint8_t *fifth, const int8_t *xq, int64_t k,
                                                                      int64_t x0, __m512i c[][2]) {
-    const __m512i low = _mm512_set1_epi8(15), high = _mm512_set1_epi8((char)0xF0), sixteen = _mm512_set1_epi8(16);
+    const __m512i low = _mm512_set1_epi8(15), high = _mm512_set1_epi8((char)0xF0);
     __m512i fv[2];
     if (fifth)
         for (int pp = 0; pp < np; pp++) fv[pp] = _mm512_loadu_si512((const void *)(fifth + pp * pb));
@@ -69,14 +91,10 @@ static inline __attribute__((always_inline)) void LC_FN(x16_nibbles)(const int m
         __m512i lo[2], hi[2];
         for (int pp = 0; pp < np; pp++) {
             __m512i v = _mm512_loadu_si512((const void *)(q + pp * pb + 64 * j));
-            lo[pp] = _mm512_and_si512(v, low);
-            if (fifth) { /* groups 2j, 2j + 1: a byte mask of each group's bit, then + 16 under it */
-                hi[pp] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-                lo[pp] = _mm512_mask_add_epi8(lo[pp], _mm512_test_epi8_mask(fv[pp], _mm512_set1_epi8((char)(1 << (2 * j)))),
-                                              lo[pp], sixteen);
-                hi[pp] = _mm512_mask_add_epi8(hi[pp], _mm512_test_epi8_mask(fv[pp], _mm512_set1_epi8((char)(2 << (2 * j)))),
-                                              hi[pp], sixteen);
+            if (fifth) {
+                LC_FN(x16_fives)(v, fv[pp], j, &lo[pp], &hi[pp]);
             } else { /* one panel: high nibbles stay in place (16 x the code) in chain 1, shifted once per unit */
+                lo[pp] = _mm512_and_si512(v, low);
                 hi[pp] = np == 1 ? _mm512_and_si512(v, high) : _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
             }
         }
@@ -115,12 +133,72 @@ static inline __attribute__((always_inline)) void LC_FN(x16_scale)(const int mr,
     }
 }
 
+/* Code groups 0..groups of the values from x0 on, from codes expanded to bytes (x16_expand: group g of
+   values x0.. at xc + 16 x0 + 64 g, the second panel 16 k bytes on), into the chains. */
+static inline __attribute__((always_inline)) void LC_FN(x16_expanded)(const int mr, const int np, const int groups, const uint8_t *xc,
+                                                                      const int8_t *xq, int64_t k, int64_t x0, __m512i c[][2]) {
+    for (int g = 0; g < groups; g++) {
+        __m512i cv[2];
+        for (int pp = 0; pp < np; pp++) cv[pp] = _mm512_loadu_si512((const void *)(xc + pp * 16 * k + 16 * x0 + 64 * g));
+        LC_FN(x16_group)(mr, np, g, cv, xq, k, x0, c);
+    }
+}
+
+/* Types whose codes many-row steps expand to bytes once per panel (x16_expand) rather than on every pass
+   of LC_X16_MR rows: the 5- and 6-bit ones, whose extraction costs about as much as their dot products. */
+static inline int LC_FN(x16_expands)(int type) {
+    return type == LC_Q5_0 || type == LC_Q5_1 || type == LC_Q5_K || type == LC_Q6_K;
+}
+
+/* The np panels from p (pb bytes apart) with codes as x16_panel reads them, written to xc as bytes: value
+   v's group (v / 4) of 16 columns at xc + 16 v, the second panel 16 k bytes on. */
+static void LC_FN(x16_expand)(int type, int np, const uint8_t *p, int64_t pb, int64_t k, uint8_t *xc) {
+    const int64_t ub = lc_x16_unit_bytes(type);
+    for (int pp = 0; pp < np; pp++, p += pb, xc += 16 * k) {
+        if (type == LC_Q5_0 || type == LC_Q5_1) {
+            for (int64_t s = 0; s < k / 32; s++) {
+                const uint8_t *q = p + s * ub + LC_X16_LEGACY_Q(type);
+                __m512i fv = _mm512_loadu_si512((const void *)(q + 256)), lo, hi;
+                for (int j = 0; j < 4; j++) {
+                    LC_FN(x16_fives)(_mm512_loadu_si512((const void *)(q + 64 * j)), fv, j, &lo, &hi);
+                    _mm512_storeu_si512((void *)(xc + 512 * s + 128 * j), lo);
+                    _mm512_storeu_si512((void *)(xc + 512 * s + 128 * j + 64), hi);
+                }
+            }
+            continue;
+        }
+        for (int64_t s = 0; s < k / 32; s++) {
+            const uint8_t *u = p + (s / 8) * ub;
+            int j8 = (int)(s % 8);
+            if (type == LC_Q5_K) {
+                const uint8_t *q = u + LC_X16_Q5_QL(j8);
+                __m512i fv = _mm512_loadu_si512((const void *)(u + LC_X16_Q5_QH(j8))), lo, hi;
+                for (int j = 0; j < 4; j++) {
+                    LC_FN(x16_fives)(_mm512_loadu_si512((const void *)(q + 64 * j)), fv, j, &lo, &hi);
+                    _mm512_storeu_si512((void *)(xc + 512 * s + 128 * j), lo);
+                    _mm512_storeu_si512((void *)(xc + 512 * s + 128 * j + 64), hi);
+                }
+            } else { /* LC_Q6_K */
+                const uint8_t *ql = u + LC_X16_Q6_QL(j8), *qh = u + LC_X16_Q6_QH(j8);
+                for (int hh = 0; hh < 2; hh++) {
+                    __m512i cg[4];
+                    LC_FN(x16_sixes)(_mm512_loadu_si512((const void *)(ql + 128 * hh)),
+                                     _mm512_loadu_si512((const void *)(ql + 128 * hh + 64)),
+                                     _mm512_loadu_si512((const void *)(qh + 64 * hh)), cg);
+                    for (int g = 0; g < 4; g++) _mm512_storeu_si512((void *)(xc + 512 * s + 256 * hh + 64 * g), cg[g]);
+                }
+            }
+        }
+    }
+}
+
 /* The np panels from `p` (pb bytes apart) against activation rows 0..mr of `x`, stored to dst (row
-   stride ldo; the first cols[pp] columns of each panel). Accumulators are locals of literal-size loops
-   after inlining, so they stay in registers (an array the caller indexed lived on the stack). */
+   stride ldo; the first cols[pp] columns of each panel); with xc, their codes from there (x16_expand).
+   Accumulators are locals of literal-size loops after inlining, so they stay in registers (an array the
+   caller indexed lived on the stack). */
 static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int type, const int mr, const int np, const uint8_t *p,
-                                                                   int64_t pb, int64_t k, LC_FN(xsum) x, void *dst,
-                                                                   int out_bf16, int64_t ldo, const int *cols) {
+                                                                   int64_t pb, int64_t k, LC_FN(xsum) x, const uint8_t *xc,
+                                                                   void *dst, int out_bf16, int64_t ldo, const int *cols) {
     const int64_t k16 = k / 16, k32 = k / 32, ub = lc_x16_unit_bytes(type);
     __m512i c[LC_X16_MR][2];
     __m512 sv[2], mv[2], out[LC_X16_MR][2];
@@ -129,7 +207,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
         const int five = type == LC_Q5_0 || type == LC_Q5_1, with_min = type == LC_Q4_1 || type == LC_Q5_1;
         for (int64_t s = 0; s < k32; s++) {
             const uint8_t *u = p + s * ub;
-            for (int pp = 0; pp < np; pp++)
+            for (int pp = 0; pp < np && !xc; pp++)
                 for (int l = 0; l < ub; l += 64) _mm_prefetch((const char *)(u + pp * pb + LC_PF + l), _MM_HINT_T0);
             for (int pp = 0; pp < np; pp++) sv[pp] = LC_FN(h16)(u + pp * pb);
             /* offsets -8d (Q4_0), -16d (Q5_0), -128d (Q8_0): chains start at that times the activation sum */
@@ -140,6 +218,8 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
                     for (int pp = 0; pp < np; pp++) cv[pp] = _mm512_loadu_si512((const void *)(u + pp * pb + 32 + 64 * g));
                     LC_FN(x16_group)(mr, np, g, cv, x.xq, k, 32 * s, c);
                 }
+            } else if (xc) {
+                LC_FN(x16_expanded)(mr, np, 8, xc, x.xq, k, 32 * s, c);
             } else {
                 const uint8_t *q = u + LC_X16_LEGACY_Q(type);
                 LC_FN(x16_nibbles)(mr, np, q, pb, five ? q + 256 : NULL, x.xq, k, 32 * s, c);
@@ -164,26 +244,26 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
             for (int pp = 0; pp < np; pp++) mn[pp] = LC_FN(h16)(u + pp * pb + 32);
             for (int j = 0; j < 8; j++) {
                 const uint8_t *q = u + 320 + chunk * j;
-                for (int pp = 0; pp < np; pp++)
+                for (int pp = 0; pp < np && !xc; pp++)
                     for (int l = 0; l < chunk; l += 64) _mm_prefetch((const char *)(q + pp * pb + LC_PF + l), _MM_HINT_T0);
                 int64_t s = 8 * s8 + j;
                 LC_FN(x16_start)(mr, np, -1, x.ns32, k32, c);
-                LC_FN(x16_nibbles)(mr, np, q, pb, q5 ? u + LC_X16_Q5_QH(j) : NULL, x.xq, k, 32 * s, c);
+                if (xc) LC_FN(x16_expanded)(mr, np, 8, xc, x.xq, k, 32 * s, c);
+                else LC_FN(x16_nibbles)(mr, np, q, pb, q5 ? u + LC_X16_Q5_QH(j) : NULL, x.xq, k, 32 * s, c);
                 for (int pp = 0; pp < np; pp++) {
                     sv[pp] = _mm512_mul_ps(dv[pp], LC_FN(u8f)(u + pp * pb + 64 + 16 * j));
                     mv[pp] = _mm512_mul_ps(mn[pp], LC_FN(u8f)(u + pp * pb + 192 + 16 * j)); /* subtracted */
                 }
-                LC_FN(x16_scale)(mr, np, !q5, c, sv, x.dx32 + s, k32, out);
+                LC_FN(x16_scale)(mr, np, !q5 && !xc, c, sv, x.dx32 + s, k32, out);
                 for (int i = 0; i < mr; i++) {
                     __m512 f = _mm512_set1_ps(x.fs32[i * k32 + s]);
                     for (int pp = 0; pp < np; pp++) out[i][pp] = _mm512_fnmadd_ps(mv[pp], f, out[i][pp]);
                 }
             }
         } else { /* LC_Q6_K: one scale per 16 values */
-            const __m512i low = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
             for (int j = 0; j < 8; j++) {
                 const uint8_t *ql = u + LC_X16_Q6_QL(j), *qh = u + LC_X16_Q6_QH(j);
-                for (int pp = 0; pp < np; pp++) {
+                for (int pp = 0; pp < np && !xc; pp++) {
                     for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)(ql + pp * pb + LC_PF + l), _MM_HINT_T0);
                     _mm_prefetch((const char *)(qh + pp * pb + LC_PF), _MM_HINT_T0);
                     _mm_prefetch((const char *)(qh + pp * pb + LC_PF + 64), _MM_HINT_T0);
@@ -191,21 +271,21 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
                 int64_t s = 8 * s8 + j;
                 for (int hh = 0; hh < 2; hh++) {
                     int64_t h = 2 * s + hh, x0 = 32 * s + 16 * hh;
-                    __m512i cg[4][2];
-                    for (int pp = 0; pp < np; pp++) {
-                        __m512i v0 = _mm512_loadu_si512((const void *)(ql + pp * pb + 128 * hh));
-                        __m512i v1 = _mm512_loadu_si512((const void *)(ql + pp * pb + 128 * hh + 64));
-                        __m512i hv = _mm512_loadu_si512((const void *)(qh + pp * pb + 64 * hh));
-                        cg[0][pp] = _mm512_or_si512(_mm512_and_si512(v0, low), _mm512_and_si512(_mm512_slli_epi16(hv, 4), top));
-                        cg[1][pp] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v0, 4), low),
-                                                    _mm512_and_si512(_mm512_slli_epi16(hv, 2), top));
-                        cg[2][pp] = _mm512_or_si512(_mm512_and_si512(v1, low), _mm512_and_si512(hv, top));
-                        cg[3][pp] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v1, 4), low),
-                                                    _mm512_and_si512(_mm512_srli_epi16(hv, 2), top));
-                    }
                     /* offset -32 x scale: chains start at -32 x the activation sum */
                     LC_FN(x16_start)(mr, np, 5, x.ns16 + h, k16, c);
-                    for (int g = 0; g < 4; g++) LC_FN(x16_group)(mr, np, g, cg[g], x.xq, k, x0, c);
+                    if (xc) {
+                        LC_FN(x16_expanded)(mr, np, 4, xc, x.xq, k, x0, c);
+                    } else {
+                        __m512i cg[2][4];
+                        for (int pp = 0; pp < np; pp++)
+                            LC_FN(x16_sixes)(_mm512_loadu_si512((const void *)(ql + pp * pb + 128 * hh)),
+                                             _mm512_loadu_si512((const void *)(ql + pp * pb + 128 * hh + 64)),
+                                             _mm512_loadu_si512((const void *)(qh + pp * pb + 64 * hh)), cg[pp]);
+                        for (int g = 0; g < 4; g++) {
+                            __m512i cv[2] = {cg[0][g], cg[1][g]};
+                            LC_FN(x16_group)(mr, np, g, cv, x.xq, k, x0, c);
+                        }
+                    }
                     for (int pp = 0; pp < np; pp++) sv[pp] = _mm512_mul_ps(dv[pp], LC_FN(i8f)(u + pp * pb + LC_X16_Q6_SC(j) + 16 * hh));
                     LC_FN(x16_scale)(mr, np, 0, c, sv, x.dx32 + s, k32, out);
                 }
@@ -218,12 +298,12 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
 
 #define LC_X16_ROWS(T, NP)                                                                                 \
     switch (mr) {                                                                                          \
-    case 1: LC_FN(x16_panel)(T, 1, NP, p, pb, k, xr, dst, out_bf16, ldo, cols); break;                                          \
-    case 2: LC_FN(x16_panel)(T, 2, NP, p, pb, k, xr, dst, out_bf16, ldo, cols); break;                                          \
-    case 3: LC_FN(x16_panel)(T, 3, NP, p, pb, k, xr, dst, out_bf16, ldo, cols); break;                                          \
-    case 4: LC_FN(x16_panel)(T, 4, NP, p, pb, k, xr, dst, out_bf16, ldo, cols); break;                                          \
-    case 5: LC_FN(x16_panel)(T, 5, NP, p, pb, k, xr, dst, out_bf16, ldo, cols); break;                                          \
-    default: LC_FN(x16_panel)(T, 6, NP, p, pb, k, xr, dst, out_bf16, ldo, cols); break;                                         \
+    case 1: LC_FN(x16_panel)(T, 1, NP, p, pb, k, xr, xc, dst, out_bf16, ldo, cols); break;                                          \
+    case 2: LC_FN(x16_panel)(T, 2, NP, p, pb, k, xr, xc, dst, out_bf16, ldo, cols); break;                                          \
+    case 3: LC_FN(x16_panel)(T, 3, NP, p, pb, k, xr, xc, dst, out_bf16, ldo, cols); break;                                          \
+    case 4: LC_FN(x16_panel)(T, 4, NP, p, pb, k, xr, xc, dst, out_bf16, ldo, cols); break;                                          \
+    case 5: LC_FN(x16_panel)(T, 5, NP, p, pb, k, xr, xc, dst, out_bf16, ldo, cols); break;                                          \
+    default: LC_FN(x16_panel)(T, 6, NP, p, pb, k, xr, xc, dst, out_bf16, ldo, cols); break;                                         \
     }
 #define LC_X16_TYPES(NP)                                                                                   \
     switch (type) {                                                                                        \
@@ -237,14 +317,20 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
     default: LC_X16_ROWS(LC_Q6_K, NP) break;                                                               \
     }
 
+/* Per-thread codes expanded to bytes (x16_expand), grown on demand. */
+static LC_THREAD uint8_t *LC_FN(xc_buf);
+static LC_THREAD size_t LC_FN(xc_size);
+
 /* out[t, n] (row stride ldo) for the packed matrix w of n rows. Steps of more than LC_X16_ONE_PANEL rows
    take two panels per pass (each activation broadcast feeds two vpdpbusd); the panels (pairs) split
-   over threads, each read once per LC_X16_MR activation rows (from L1/L2 after the first pass). */
+   over threads, each read once per LC_X16_MR activation rows (from L1/L2 after the first pass). From
+   LC_X16_EXPAND_ROWS rows, 5- and 6-bit codes are expanded to bytes once per panel pair first. */
 static void LC_FN(x16_matmul)(int type, const uint8_t *w, int64_t n, int64_t k, LC_FN(xsum) x, int64_t t, void *out,
                               int out_bf16, int64_t ldo, int nth) {
     int64_t panels = (n + 15) / 16, pb = lc_x16_panel_bytes(type, k);
     const int np = t > LC_X16_ONE_PANEL && panels > 1 ? 2 : 1;
     int64_t items = (panels + np - 1) / np;
+    const int expand = np == 2 && t >= LC_X16_EXPAND_ROWS && LC_FN(x16_expands)(type);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(nth) schedule(static)
 #endif
@@ -252,6 +338,19 @@ static void LC_FN(x16_matmul)(int type, const uint8_t *w, int64_t n, int64_t k, 
         int64_t p0 = it * np;
         const uint8_t *p = w + p0 * pb;
         int two = np == 2 && p0 + 1 < panels; /* a last odd panel runs alone */
+        const uint8_t *xc = NULL;
+        if (expand) {
+            size_t need = (size_t)(32 * k);
+            if (need > LC_FN(xc_size)) {
+                free(LC_FN(xc_buf));
+                LC_FN(xc_buf) = (uint8_t *)malloc(need);
+                LC_FN(xc_size) = LC_FN(xc_buf) ? need : 0;
+            }
+            if (LC_FN(xc_buf)) { /* out of memory: the passes extract the codes themselves */
+                LC_FN(x16_expand)(type, two ? 2 : 1, p, pb, k, LC_FN(xc_buf));
+                xc = LC_FN(xc_buf);
+            }
+        }
         for (int64_t t0 = 0; t0 < t; t0 += LC_X16_MR) {
             int mr = (int)(t - t0 < LC_X16_MR ? t - t0 : LC_X16_MR);
             LC_FN(xsum) xr = {x.xq + t0 * k, x.ns16 + t0 * (k / 16), x.ns32 + t0 * (k / 32), x.dx32 + t0 * (k / 32),

@@ -162,12 +162,13 @@ def test_many_rows(qtype: str, isa: str, rows: int, out_features: int, index: in
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", [*SIMPLE, *K_QUANTS])
 def test_extreme_scales(qtype: str, isa: str) -> None:
-    """Blocks from f16 subnormal to near-f16-max scales, activations from 1e-6 to 1e6, at 1 and 7 rows."""
+    """Blocks from f16 subnormal to near-f16-max scales, activations from 1e-6 to 1e6, at 1, 7 and 13 rows
+    (13: AVX-512's x16 form expands 5- and 6-bit codes to bytes once per panel pair)."""
     rng = np.random.default_rng(5)
     values = rng.standard_normal((21, 512)).astype(np.float32)
     values *= np.repeat(rng.choice([1e-7, 1e-3, 1.0, 4e3], size=(21, 16)), 32, axis=1).astype(np.float32)
     raw = K_QUANTS[qtype](values) if qtype in K_QUANTS else quantize(values, GGMLQuantizationType[qtype])
-    for rows in (1, 7):
+    for rows in (1, 7, 13):
         x = rng.standard_normal((rows, 512)).astype(np.float32)
         x *= np.repeat(rng.choice([1e-6, 1.0, 1e6], size=(rows, 16)), 32, axis=1).astype(np.float32)
         compare(qtype, isa, raw, x, torch.float32)
@@ -201,10 +202,10 @@ def test_largest_products_do_not_saturate(qtype: str, isa: str) -> None:
     int16: the largest codes against activations of +-127 (all one sign, or random signs) stay exact."""
     raw = largest_codes(qtype, 19, 512)
     rng = np.random.default_rng(2)
-    x = np.ones((7, 512), dtype=np.float32)  # every activation block rounds to +-127 exactly
+    x = np.ones((13, 512), dtype=np.float32)  # every activation block rounds to +-127 exactly
     x[1::3] = -1.0
     x[2::3] = rng.choice([-1.0, 1.0], size=x[2::3].shape)
-    for rows in (1, 4, 7):
+    for rows in (1, 4, 7, 13):
         compare(qtype, isa, raw, x[:rows], torch.float32)
 
 

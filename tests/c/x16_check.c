@@ -46,7 +46,7 @@ int main(int argc, char **argv) {
     }
     const int types[8] = {2, 3, 6, 7, 8, 12, 13, 14}, unit[8] = {32, 32, 32, 32, 32, 256, 256, 256};
     const int bytes[8] = {18, 20, 22, 24, 34, 144, 176, 210};
-    const int64_t ns[3] = {16, 20, 35}, ks[2] = {256, 512}, ts[4] = {1, 2, 3, 5};
+    const int64_t ns[3] = {16, 20, 35}, ks[2] = {256, 512}, ts[5] = {1, 2, 3, 5, 13};
     int bad = 0, cases = 0;
     for (int ti = 0; ti < 8; ti++)
         for (int ni = 0; ni < 3; ni++)
@@ -63,7 +63,7 @@ int main(int argc, char **argv) {
                     for (int64_t b = 0; b < k / unit[ti]; b++) fill_block(type, w + r * row_bytes + b * bytes[ti], bytes[ti]);
                 uint8_t *packed = malloc((size_t)lc_x16_bytes(type, n, k));
                 if (lc_x16_repack(type, w, n, k, row_bytes, packed, 2)) return 3;
-                for (int tj = 0; tj < 4; tj++) {
+                for (int tj = 0; tj < 5; tj++) {
                     int64_t t = ts[tj];
                     float *x = malloc((size_t)(t * k) * 4), *want = malloc((size_t)(t * n) * 4), *got = malloc((size_t)(t * n) * 4);
                     for (int64_t i = 0; i < t * k; i++) x[i] = uniform() * 2.0f - 1.0f;
