@@ -144,12 +144,6 @@ static inline __attribute__((always_inline)) void LC_FN(x16_expanded)(const int 
     }
 }
 
-/* Types whose codes many-row steps expand to bytes once per panel (x16_expand) rather than on every pass
-   of LC_X16_MR rows: the 5- and 6-bit ones, whose extraction costs about as much as their dot products. */
-static inline int LC_FN(x16_expands)(int type) {
-    return type == LC_Q5_0 || type == LC_Q5_1 || type == LC_Q5_K || type == LC_Q6_K;
-}
-
 /* The np panels from p (pb bytes apart) with codes as x16_panel reads them, written to xc as bytes: value
    v's group (v / 4) of 16 columns at xc + 16 v, the second panel 16 k bytes on. */
 static void LC_FN(x16_expand)(int type, int np, const uint8_t *p, int64_t pb, int64_t k, uint8_t *xc) {
@@ -330,7 +324,7 @@ static void LC_FN(x16_matmul)(int type, const uint8_t *w, int64_t n, int64_t k, 
     int64_t panels = (n + 15) / 16, pb = lc_x16_panel_bytes(type, k);
     const int np = t > LC_X16_ONE_PANEL && panels > 1 ? 2 : 1;
     int64_t items = (panels + np - 1) / np;
-    const int expand = np == 2 && t >= LC_X16_EXPAND_ROWS && LC_FN(x16_expands)(type);
+    const int expand = np == 2 && t >= LC_X16_EXPAND_ROWS && lc_x16_expands(type);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(nth) schedule(static)
 #endif

@@ -23,6 +23,22 @@ static inline __m256 LC_FN(i8f8)(const uint8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
+/* Group g's fifth bit (bit g of each byte of fv) moved to bit 4 and added to nibble codes nib: shifts of
+   at most 4 within 16-bit lanes stay clean. */
+static inline __attribute__((always_inline)) __m256i LC_FN(x16h_five)(__m256i nib, __m256i fv, const int g) {
+    __m256i f = g <= 4 ? _mm256_slli_epi16(fv, 4 - g) : _mm256_srli_epi16(fv, g - 4);
+    return _mm256_or_si256(nib, _mm256_and_si256(f, _mm256_set1_epi8(16)));
+}
+
+/* Half h of Q6_K's 16 values: low nibbles v0, v1 and the high-bit chunk hv as 4 code groups. */
+static inline __attribute__((always_inline)) void LC_FN(x16h_sixes)(__m256i v0, __m256i v1, __m256i hv, __m256i *cg) {
+    const __m256i low = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
+    cg[0] = _mm256_or_si256(_mm256_and_si256(v0, low), _mm256_and_si256(_mm256_slli_epi16(hv, 4), top));
+    cg[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), low), _mm256_and_si256(_mm256_slli_epi16(hv, 2), top));
+    cg[2] = _mm256_or_si256(_mm256_and_si256(v1, low), _mm256_and_si256(hv, top));
+    cg[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), low), _mm256_and_si256(_mm256_srli_epi16(hv, 2), top));
+}
+
 /* int16 pair sums of 32 nibble-coded values (half h of each chunk at q) for `mr` rows at column x0. */
 static inline __attribute__((always_inline)) void LC_FN(x16h_nibbles)(const int mr, const uint8_t *q, int h, const int8_t *xq,
                                                                       int64_t k, int64_t x0, __m256i *a16) {
@@ -44,19 +60,15 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_nibbles)(const int 
 static inline __attribute__((always_inline)) void LC_FN(x16h_fives)(const int mr, const uint8_t *q, const uint8_t *fifth,
                                                                     int h, const int8_t *xq, int64_t k, int64_t x0,
                                                                     __m256i *a32) {
-    const __m256i low = _mm256_set1_epi8(15), bit4 = _mm256_set1_epi8(16), ones = _mm256_set1_epi16(1);
+    const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     const __m256i fv = _mm256_loadu_si256((const __m256i *)(fifth + 32 * h));
     for (int half = 0; half < 2; half++) {
         __m256i a16[LC_X16_MR2];
         for (int i = 0; i < mr; i++) a16[i] = _mm256_setzero_si256();
         for (int j = 2 * half; j < 2 * half + 2; j++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(q + 64 * j + 32 * h));
-            /* group g's fifth bit (bit g) moved to bit 4: shifts of at most 4 within 16-bit lanes stay clean */
-            const int g0 = 2 * j, g1 = 2 * j + 1;
-            __m256i f0 = g0 <= 4 ? _mm256_slli_epi16(fv, 4 - g0) : _mm256_srli_epi16(fv, g0 - 4);
-            __m256i f1 = g1 <= 4 ? _mm256_slli_epi16(fv, 4 - g1) : _mm256_srli_epi16(fv, g1 - 4);
-            __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low), _mm256_and_si256(f0, bit4));
-            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), _mm256_and_si256(f1, bit4));
+            __m256i lo = LC_FN(x16h_five)(_mm256_and_si256(v, low), fv, 2 * j);
+            __m256i hi = LC_FN(x16h_five)(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), fv, 2 * j + 1);
             for (int i = 0; i < mr; i++) {
                 const int8_t *xr = xq + i * k + x0 + 8 * j;
                 a16[i] = _mm256_add_epi16(a16[i], _mm256_maddubs_epi16(lo, LC_FN(x4)(xr)));
@@ -67,9 +79,65 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_fives)(const int mr
     }
 }
 
-/* Half h (8 columns) of the panel at p against rows 0..mr of x: out[i] for those columns. */
+/* Code groups 0..groups of the values from x0 on, half h, from codes expanded to bytes (x16h_expand:
+   group g of values x0.. at xc + 16 x0 + 64 g), added into a32: the int16 pair sums widen every `widen`
+   groups (8 for 4-bit codes, 4 for 5-bit, 2 for 6-bit: at most 30480, 31496, 32004). */
+static inline __attribute__((always_inline)) void LC_FN(x16h_expanded)(const int mr, const int groups, const int widen,
+                                                                       const uint8_t *xc, int h, const int8_t *xq, int64_t k,
+                                                                       int64_t x0, __m256i *a32) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int g0 = 0; g0 < groups; g0 += widen) {
+        __m256i a16[LC_X16_MR2];
+        for (int i = 0; i < mr; i++) a16[i] = _mm256_setzero_si256();
+        for (int g = g0; g < g0 + widen; g++) {
+            __m256i cv = _mm256_loadu_si256((const __m256i *)(xc + 16 * x0 + 64 * g + 32 * h));
+            for (int i = 0; i < mr; i++)
+                a16[i] = _mm256_add_epi16(a16[i], _mm256_maddubs_epi16(cv, LC_FN(x4)(xq + i * k + x0 + 4 * g)));
+        }
+        for (int i = 0; i < mr; i++) a32[i] = _mm256_add_epi32(a32[i], _mm256_madd_epi16(a16[i], ones));
+    }
+}
+
+/* The panel at p with its codes as x16h_panel reads them, written to xc as bytes: value v's group (v / 4)
+   of 16 columns at xc + 16 v (lc_x16_expands' types: Q5_0, Q5_1, Q5_K, Q6_K). */
+static void LC_FN(x16h_expand)(int type, const uint8_t *p, int64_t k, uint8_t *xc) {
+    const int64_t ub = lc_x16_unit_bytes(type);
+    const __m256i low = _mm256_set1_epi8(15);
+    for (int64_t s = 0; s < k / 32; s++) {
+        const uint8_t *q, *fifth, *u = p + (type >= LC_Q2_K ? (s / 8) * ub : s * ub);
+        int j8 = (int)(s % 8);
+        uint8_t *o = xc + 512 * s;
+        if (type == LC_Q6_K) {
+            const uint8_t *ql = u + LC_X16_Q6_QL(j8), *qh = u + LC_X16_Q6_QH(j8);
+            for (int hh = 0; hh < 2; hh++)
+                for (int h = 0; h < 2; h++) {
+                    __m256i cg[4];
+                    LC_FN(x16h_sixes)(_mm256_loadu_si256((const __m256i *)(ql + 128 * hh + 32 * h)),
+                                      _mm256_loadu_si256((const __m256i *)(ql + 128 * hh + 64 + 32 * h)),
+                                      _mm256_loadu_si256((const __m256i *)(qh + 64 * hh + 32 * h)), cg);
+                    for (int g = 0; g < 4; g++) _mm256_storeu_si256((__m256i *)(o + 256 * hh + 64 * g + 32 * h), cg[g]);
+                }
+            continue;
+        }
+        if (type == LC_Q5_K) q = u + LC_X16_Q5_QL(j8), fifth = u + LC_X16_Q5_QH(j8);
+        else q = u + LC_X16_LEGACY_Q(type), fifth = q + 256; /* Q5_0, Q5_1 */
+        for (int h = 0; h < 2; h++) {
+            __m256i fv = _mm256_loadu_si256((const __m256i *)(fifth + 32 * h));
+            for (int j = 0; j < 4; j++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(q + 64 * j + 32 * h));
+                __m256i lo = LC_FN(x16h_five)(_mm256_and_si256(v, low), fv, 2 * j);
+                __m256i hi = LC_FN(x16h_five)(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), fv, 2 * j + 1);
+                _mm256_storeu_si256((__m256i *)(o + 128 * j + 32 * h), lo);
+                _mm256_storeu_si256((__m256i *)(o + 128 * j + 64 + 32 * h), hi);
+            }
+        }
+    }
+}
+
+/* Half h (8 columns) of the panel at p against rows 0..mr of x: out[i] for those columns; with xc, the
+   panel's codes from there (x16h_expand). */
 static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int type, const int mr, const uint8_t *p, int h,
-                                                                    int64_t k, LC_FN(xsum) x, __m256 *out) {
+                                                                    int64_t k, LC_FN(xsum) x, const uint8_t *xc, __m256 *out) {
     const int64_t k16 = k / 16, k32 = k / 32, ub = lc_x16_unit_bytes(type);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i a16[LC_X16_MR2], a32[LC_X16_MR2];
@@ -86,7 +154,9 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int ty
                              ? _mm256_slli_epi32(_mm256_set1_epi32(x.ns32[i * k32 + s]), type == LC_Q4_0 ? 3 : 4)
                              : a16[i];
             }
-            if (type == LC_Q8_0) {
+            if (xc) {
+                LC_FN(x16h_expanded)(mr, 8, type == LC_Q5_0 || type == LC_Q5_1 ? 4 : 8, xc, h, x.xq, k, 32 * s, a32);
+            } else if (type == LC_Q8_0) {
                 for (int g = 0; g < 8; g++) {
                     __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(u + 32 + 64 * g + 32 * h)),
                                                  _mm256_set1_epi8((char)0x80));
@@ -120,7 +190,9 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int ty
             for (int j = 0; j < 8; j++) {
                 int64_t s = 8 * s8 + j;
                 for (int i = 0; i < mr; i++) a16[i] = a32[i] = _mm256_setzero_si256();
-                if (type == LC_Q4_K) {
+                if (xc) {
+                    LC_FN(x16h_expanded)(mr, 8, type == LC_Q5_K ? 4 : 8, xc, h, x.xq, k, 32 * s, a32);
+                } else if (type == LC_Q4_K) {
                     LC_FN(x16h_nibbles)(mr, u + 320 + 256 * j, h, x.xq, k, 32 * s, a16);
                     for (int i = 0; i < mr; i++) a32[i] = _mm256_madd_epi16(a16[i], ones);
                 } else {
@@ -135,34 +207,32 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int ty
                 }
             }
         } else { /* LC_Q6_K: one scale per 16 values; pair sums of two 6-bit groups still fit int16 */
-            const __m256i low = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
             for (int j = 0; j < 8; j++) {
                 const uint8_t *ql = u + LC_X16_Q6_QL(j), *qh = u + LC_X16_Q6_QH(j);
                 int64_t s = 8 * s8 + j;
                 for (int hh = 0; hh < 2; hh++) {
                     int64_t x0 = 32 * s + 16 * hh;
-                    __m256i v0 = _mm256_loadu_si256((const __m256i *)(ql + 128 * hh + 32 * h));
-                    __m256i v1 = _mm256_loadu_si256((const __m256i *)(ql + 128 * hh + 64 + 32 * h));
-                    __m256i hv = _mm256_loadu_si256((const __m256i *)(qh + 64 * hh + 32 * h));
-                    __m256i cg[4];
-                    cg[0] = _mm256_or_si256(_mm256_and_si256(v0, low), _mm256_and_si256(_mm256_slli_epi16(hv, 4), top));
-                    cg[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), low),
-                                            _mm256_and_si256(_mm256_slli_epi16(hv, 2), top));
-                    cg[2] = _mm256_or_si256(_mm256_and_si256(v1, low), _mm256_and_si256(hv, top));
-                    cg[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), low),
-                                            _mm256_and_si256(_mm256_srli_epi16(hv, 2), top));
                     __m256 sv = _mm256_mul_ps(dv, LC_FN(i8f8)(u + LC_X16_Q6_SC(j) + 16 * hh + 8 * h));
-                    for (int i = 0; i < mr; i++) { /* offset -32 x scale: start at -32 x the activation sum */
-                        const int8_t *xr = x.xq + i * k + x0;
-                        __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(cg[0], LC_FN(x4)(xr)),
-                                                      _mm256_maddubs_epi16(cg[1], LC_FN(x4)(xr + 4)));
-                        __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(cg[2], LC_FN(x4)(xr + 8)),
-                                                      _mm256_maddubs_epi16(cg[3], LC_FN(x4)(xr + 12)));
-                        __m256i acc = _mm256_slli_epi32(_mm256_set1_epi32(x.ns16[i * k16 + 2 * s + hh]), 5);
-                        acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones)));
-                        __m256 f = _mm256_mul_ps(sv, _mm256_set1_ps(x.dx32[i * k32 + s]));
-                        out[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), f, out[i]);
+                    for (int i = 0; i < mr; i++) /* offset -32 x scale: start at -32 x the activation sum */
+                        a32[i] = _mm256_slli_epi32(_mm256_set1_epi32(x.ns16[i * k16 + 2 * s + hh]), 5);
+                    if (xc) {
+                        LC_FN(x16h_expanded)(mr, 4, 2, xc, h, x.xq, k, x0, a32);
+                    } else {
+                        __m256i cg[4];
+                        LC_FN(x16h_sixes)(_mm256_loadu_si256((const __m256i *)(ql + 128 * hh + 32 * h)),
+                                          _mm256_loadu_si256((const __m256i *)(ql + 128 * hh + 64 + 32 * h)),
+                                          _mm256_loadu_si256((const __m256i *)(qh + 64 * hh + 32 * h)), cg);
+                        for (int i = 0; i < mr; i++) {
+                            const int8_t *xr = x.xq + i * k + x0;
+                            __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(cg[0], LC_FN(x4)(xr)),
+                                                          _mm256_maddubs_epi16(cg[1], LC_FN(x4)(xr + 4)));
+                            __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(cg[2], LC_FN(x4)(xr + 8)),
+                                                          _mm256_maddubs_epi16(cg[3], LC_FN(x4)(xr + 12)));
+                            a32[i] = _mm256_add_epi32(a32[i], _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones)));
+                        }
                     }
+                    for (int i = 0; i < mr; i++)
+                        out[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a32[i]), _mm256_mul_ps(sv, _mm256_set1_ps(x.dx32[i * k32 + s])), out[i]);
                 }
             }
         }
@@ -171,13 +241,22 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int ty
 
 #define LC_X16H_ROWS(T)                                                                                    \
     switch (mr) {                                                                                          \
-    case 1: LC_FN(x16h_panel)(T, 1, p, h, k, xr, res); break;                                              \
-    case 2: LC_FN(x16h_panel)(T, 2, p, h, k, xr, res); break;                                              \
-    default: LC_FN(x16h_panel)(T, 3, p, h, k, xr, res); break;                                             \
+    case 1: LC_FN(x16h_panel)(T, 1, p, h, k, xr, xc, res); break;                                              \
+    case 2: LC_FN(x16h_panel)(T, 2, p, h, k, xr, xc, res); break;                                              \
+    default: LC_FN(x16h_panel)(T, 3, p, h, k, xr, xc, res); break;                                             \
     }
 
+#ifndef LC_X16_EXPAND_ROWS2 /* steps of this many rows expand a panel's codes to bytes once (x16h_expand) */
+#define LC_X16_EXPAND_ROWS2 12
+#endif
+
+/* Per-thread codes expanded to bytes (x16h_expand), grown on demand. */
+static LC_THREAD uint8_t *LC_FN(xc_buf);
+static LC_THREAD size_t LC_FN(xc_size);
+
 /* out[t, n] (row stride ldo) for the packed matrix w of n rows: panels split over threads, each read
-   half by half once per LC_X16_MR2 activation rows. */
+   half by half once per LC_X16_MR2 activation rows. From LC_X16_EXPAND_ROWS2 rows the 5- and 6-bit codes
+   of a panel are expanded to bytes once (x16h_expand), so no pass extracts them again. */
 static void LC_FN(x16_matmul)(int type, const uint8_t *w, int64_t n, int64_t k, LC_FN(xsum) x, int64_t t, void *out,
                               int out_bf16, int64_t ldo, int nth) {
     int64_t panels = (n + 15) / 16, pb = lc_x16_panel_bytes(type, k);
@@ -185,7 +264,19 @@ static void LC_FN(x16_matmul)(int type, const uint8_t *w, int64_t n, int64_t k, 
 #pragma omp parallel for num_threads(nth) schedule(static)
 #endif
     for (int64_t pi = 0; pi < panels; pi++) {
-        const uint8_t *p = w + pi * pb;
+        const uint8_t *p = w + pi * pb, *xc = NULL;
+        if (t >= LC_X16_EXPAND_ROWS2 && lc_x16_expands(type)) {
+            size_t need = (size_t)(16 * k);
+            if (need > LC_FN(xc_size)) {
+                free(LC_FN(xc_buf));
+                LC_FN(xc_buf) = (uint8_t *)malloc(need);
+                LC_FN(xc_size) = LC_FN(xc_buf) ? need : 0;
+            }
+            if (LC_FN(xc_buf)) { /* out of memory: the passes extract the codes themselves */
+                LC_FN(x16h_expand)(type, p, k, LC_FN(xc_buf));
+                xc = LC_FN(xc_buf);
+            }
+        }
         for (int h = 0; h < 2; h++) {
             int64_t first = 16 * pi + 8 * h;
             if (first >= n) break;

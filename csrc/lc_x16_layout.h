@@ -53,6 +53,11 @@ static inline int lc_x16_type_ok(int type) {
            type == LC_Q4_K || type == LC_Q5_K || type == LC_Q6_K;
 }
 
+/* Types whose codes many-row steps expand to bytes once per panel rather than on every pass over a few
+   activation rows: the 5- and 6-bit ones, whose extraction costs about as much as their dot products
+   (for 4-bit codes, expanding was no faster on AVX2 and AVX-512 alike). */
+static inline int lc_x16_expands(int type) { return type == LC_Q5_0 || type == LC_Q5_1 || type == LC_Q5_K || type == LC_Q6_K; }
+
 static inline int64_t lc_x16_unit(int type) { return type >= LC_Q2_K ? 256 : 32; }
 
 static inline int64_t lc_x16_unit_bytes(int type) {
