@@ -34,14 +34,14 @@ MATRICES = [
     ("Q5_K", 8192, 2048),
     ("Q5_0", 8192, 2048),
     ("Q5_1", 8192, 2048),
+    ("Q3_K", 8192, 2048),
 ]
 
 
 def blocks(qtype: str, rows: int, cols: int) -> np.ndarray:
     values = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32)
-    encoders = {"Q4_K": kquants.quantize_q4_k, "Q5_K": kquants.quantize_q5_k, "Q6_K": kquants.quantize_q6_k}
-    if qtype in encoders:
-        return encoders[qtype](values)
+    if qtype in kquants.K_QUANTIZERS:
+        return kquants.K_QUANTIZERS[qtype](values)
     return quantize(values, GGMLQuantizationType[qtype])
 
 

@@ -78,6 +78,17 @@ static inline __attribute__((always_inline)) void LC_FN(x16_sixes)(__m512i v0, _
     cg[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v1, 4), low), _mm512_and_si512(_mm512_srli_epi16(hv, 2), top));
 }
 
+/* Half hh of 32 Q3_K values (16): their low 2-bit chunk lv and the third bits fv (bit g: code group g of
+   the 32) as 4 code groups of 0..7. Shifts within 16-bit lanes keep each bit in its byte. */
+static inline __attribute__((always_inline)) void LC_FN(x16_threes)(__m512i lv, __m512i fv, const int hh, __m512i *cg) {
+    const __m512i two = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+    for (int m = 0; m < 4; m++) {
+        const int g = 4 * hh + m; /* bit g of fv to bit 2 */
+        __m512i f = g <= 2 ? _mm512_slli_epi16(fv, 2 - g) : _mm512_srli_epi16(fv, g - 2);
+        cg[m] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lv, 2 * m), two), _mm512_and_si512(f, four));
+    }
+}
+
 /* 32 values of nibble codes (at q in each panel, panels pb apart) into the chains; with `fifth` (Q5_0/1/K)
    the codes' fifth bits from that chunk are added as 16 (x16_fives). */
 static inline __attribute__((always_inline)) void LC_FN(x16_nibbles)(const int mr, const int np, const uint8_t *q, int64_t pb,
@@ -172,6 +183,13 @@ static void LC_FN(x16_expand)(int type, int np, const uint8_t *p, int64_t pb, in
                     _mm512_storeu_si512((void *)(xc + 512 * s + 128 * j), lo);
                     _mm512_storeu_si512((void *)(xc + 512 * s + 128 * j + 64), hi);
                 }
+            } else if (type == LC_Q3_K) {
+                const uint8_t *ql = u + LC_X16_Q3_QL(j8);
+                __m512i fv = _mm512_loadu_si512((const void *)(u + LC_X16_Q3_QH(j8))), cg[4];
+                for (int hh = 0; hh < 2; hh++) {
+                    LC_FN(x16_threes)(_mm512_loadu_si512((const void *)(ql + 64 * hh)), fv, hh, cg);
+                    for (int g = 0; g < 4; g++) _mm512_storeu_si512((void *)(xc + 512 * s + 256 * hh + 64 * g), cg[g]);
+                }
             } else { /* LC_Q6_K */
                 const uint8_t *ql = u + LC_X16_Q6_QL(j8), *qh = u + LC_X16_Q6_QH(j8);
                 for (int hh = 0; hh < 2; hh++) {
@@ -228,7 +246,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
             }
         }
     }
-    const int64_t units256 = type == LC_Q4_K || type == LC_Q5_K || type == LC_Q6_K ? k / 256 : 0;
+    const int64_t units256 = type == LC_Q3_K || type == LC_Q4_K || type == LC_Q5_K || type == LC_Q6_K ? k / 256 : 0;
     for (int64_t s8 = 0; s8 < units256; s8++) { /* K-quants: one 256-value unit per round */
         const uint8_t *u = p + s8 * ub;
         __m512 dv[2], mn[2];
@@ -254,33 +272,37 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
                     for (int pp = 0; pp < np; pp++) out[i][pp] = _mm512_fnmadd_ps(mv[pp], f, out[i][pp]);
                 }
             }
-        } else { /* LC_Q6_K: one scale per 16 values */
+        } else { /* LC_Q3_K, LC_Q6_K: one scale per 16 values, offsets -4 and -32 x scale */
+            const int q3 = type == LC_Q3_K;
             for (int j = 0; j < 8; j++) {
-                const uint8_t *ql = u + LC_X16_Q6_QL(j), *qh = u + LC_X16_Q6_QH(j);
-                for (int pp = 0; pp < np && !xc; pp++) {
-                    for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)(ql + pp * pb + LC_PF + l), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(qh + pp * pb + LC_PF), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(qh + pp * pb + LC_PF + 64), _MM_HINT_T0);
-                }
+                const uint8_t *ql = u + (q3 ? LC_X16_Q3_QL(j) : LC_X16_Q6_QL(j)), *qh = u + (q3 ? LC_X16_Q3_QH(j) : LC_X16_Q6_QH(j));
+                for (int pp = 0; pp < np && !xc; pp++) /* Q6_K: 256 + 128 bytes of codes, Q3_K: 128 + 64 */
+                    for (int l = 0; l < (q3 ? 192 : 384); l += 64) _mm_prefetch((const char *)(ql + pp * pb + LC_PF + l), _MM_HINT_T0);
                 int64_t s = 8 * s8 + j;
                 for (int hh = 0; hh < 2; hh++) {
                     int64_t h = 2 * s + hh, x0 = 32 * s + 16 * hh;
-                    /* offset -32 x scale: chains start at -32 x the activation sum */
-                    LC_FN(x16_start)(mr, np, 5, x.ns16 + h, k16, c);
+                    /* chains start at the offset times the activation sum */
+                    LC_FN(x16_start)(mr, np, q3 ? 2 : 5, x.ns16 + h, k16, c);
                     if (xc) {
                         LC_FN(x16_expanded)(mr, np, 4, xc, x.xq, k, x0, c);
                     } else {
                         __m512i cg[2][4];
-                        for (int pp = 0; pp < np; pp++)
-                            LC_FN(x16_sixes)(_mm512_loadu_si512((const void *)(ql + pp * pb + 128 * hh)),
-                                             _mm512_loadu_si512((const void *)(ql + pp * pb + 128 * hh + 64)),
-                                             _mm512_loadu_si512((const void *)(qh + pp * pb + 64 * hh)), cg[pp]);
+                        for (int pp = 0; pp < np; pp++) {
+                            if (q3)
+                                LC_FN(x16_threes)(_mm512_loadu_si512((const void *)(ql + pp * pb + 64 * hh)),
+                                                  _mm512_loadu_si512((const void *)(qh + pp * pb)), hh, cg[pp]);
+                            else
+                                LC_FN(x16_sixes)(_mm512_loadu_si512((const void *)(ql + pp * pb + 128 * hh)),
+                                                 _mm512_loadu_si512((const void *)(ql + pp * pb + 128 * hh + 64)),
+                                                 _mm512_loadu_si512((const void *)(qh + pp * pb + 64 * hh)), cg[pp]);
+                        }
                         for (int g = 0; g < 4; g++) {
                             __m512i cv[2] = {cg[0][g], cg[1][g]};
                             LC_FN(x16_group)(mr, np, g, cv, x.xq, k, x0, c);
                         }
                     }
-                    for (int pp = 0; pp < np; pp++) sv[pp] = _mm512_mul_ps(dv[pp], LC_FN(i8f)(u + pp * pb + LC_X16_Q6_SC(j) + 16 * hh));
+                    const uint8_t *sc = u + (q3 ? LC_X16_Q3_SC(j) : LC_X16_Q6_SC(j)) + 16 * hh;
+                    for (int pp = 0; pp < np; pp++) sv[pp] = _mm512_mul_ps(dv[pp], LC_FN(i8f)(sc + pp * pb));
                     LC_FN(x16_scale)(mr, np, 0, c, sv, x.dx32 + s, k32, out);
                 }
             }
@@ -306,6 +328,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
     case LC_Q5_0: LC_X16_ROWS(LC_Q5_0, NP) break;                                                          \
     case LC_Q5_1: LC_X16_ROWS(LC_Q5_1, NP) break;                                                          \
     case LC_Q8_0: LC_X16_ROWS(LC_Q8_0, NP) break;                                                          \
+    case LC_Q3_K: LC_X16_ROWS(LC_Q3_K, NP) break;                                                          \
     case LC_Q4_K: LC_X16_ROWS(LC_Q4_K, NP) break;                                                          \
     case LC_Q5_K: LC_X16_ROWS(LC_Q5_K, NP) break;                                                          \
     default: LC_X16_ROWS(LC_Q6_K, NP) break;                                                               \

@@ -39,6 +39,17 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_sixes)(__m256i v0, 
     cg[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), low), _mm256_and_si256(_mm256_srli_epi16(hv, 2), top));
 }
 
+/* Half hh of 32 Q3_K values: their low 2-bit chunk lv and the third bits fv (bit g: code group g of the
+   32) as 4 code groups of 0..7. */
+static inline __attribute__((always_inline)) void LC_FN(x16h_threes)(__m256i lv, __m256i fv, const int hh, __m256i *cg) {
+    const __m256i two = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    for (int m = 0; m < 4; m++) {
+        const int g = 4 * hh + m; /* bit g of fv to bit 2 */
+        __m256i f = g <= 2 ? _mm256_slli_epi16(fv, 2 - g) : _mm256_srli_epi16(fv, g - 2);
+        cg[m] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lv, 2 * m), two), _mm256_and_si256(f, four));
+    }
+}
+
 /* int16 pair sums of 32 nibble-coded values (half h of each chunk at q) for `mr` rows at column x0. */
 static inline __attribute__((always_inline)) void LC_FN(x16h_nibbles)(const int mr, const uint8_t *q, int h, const int8_t *xq,
                                                                       int64_t k, int64_t x0, __m256i *a16) {
@@ -99,7 +110,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_expanded)(const int
 }
 
 /* The panel at p with its codes as x16h_panel reads them, written to xc as bytes: value v's group (v / 4)
-   of 16 columns at xc + 16 v (lc_x16_expands' types: Q5_0, Q5_1, Q5_K, Q6_K). */
+   of 16 columns at xc + 16 v (lc_x16_expands' types: Q5_0, Q5_1, Q3_K, Q5_K, Q6_K). */
 static void LC_FN(x16h_expand)(int type, const uint8_t *p, int64_t k, uint8_t *xc) {
     const int64_t ub = lc_x16_unit_bytes(type);
     const __m256i low = _mm256_set1_epi8(15);
@@ -117,6 +128,16 @@ static void LC_FN(x16h_expand)(int type, const uint8_t *p, int64_t k, uint8_t *x
                                       _mm256_loadu_si256((const __m256i *)(qh + 64 * hh + 32 * h)), cg);
                     for (int g = 0; g < 4; g++) _mm256_storeu_si256((__m256i *)(o + 256 * hh + 64 * g + 32 * h), cg[g]);
                 }
+            continue;
+        }
+        if (type == LC_Q3_K) {
+            for (int h = 0; h < 2; h++) {
+                __m256i fv = _mm256_loadu_si256((const __m256i *)(u + LC_X16_Q3_QH(j8) + 32 * h)), cg[4];
+                for (int hh = 0; hh < 2; hh++) {
+                    LC_FN(x16h_threes)(_mm256_loadu_si256((const __m256i *)(u + LC_X16_Q3_QL(j8) + 64 * hh + 32 * h)), fv, hh, cg);
+                    for (int g = 0; g < 4; g++) _mm256_storeu_si256((__m256i *)(o + 256 * hh + 64 * g + 32 * h), cg[g]);
+                }
+            }
             continue;
         }
         if (type == LC_Q5_K) q = u + LC_X16_Q5_QL(j8), fifth = u + LC_X16_Q5_QH(j8);
@@ -181,7 +202,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int ty
             }
         }
     }
-    const int64_t units256 = type == LC_Q4_K || type == LC_Q5_K || type == LC_Q6_K ? k / 256 : 0;
+    const int64_t units256 = type == LC_Q3_K || type == LC_Q4_K || type == LC_Q5_K || type == LC_Q6_K ? k / 256 : 0;
     for (int64_t s8 = 0; s8 < units256; s8++) {
         const uint8_t *u = p + s8 * ub;
         __m256 dv = LC_FN(h8)(u + 16 * h);
@@ -206,22 +227,28 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int ty
                     out[i] = _mm256_fnmadd_ps(mv, _mm256_set1_ps(x.fs32[i * k32 + s]), out[i]);
                 }
             }
-        } else { /* LC_Q6_K: one scale per 16 values; pair sums of two 6-bit groups still fit int16 */
+        } else { /* LC_Q3_K, LC_Q6_K: one scale per 16 values, offsets -4 and -32 x scale; pair sums of two
+                    6-bit groups still fit int16 */
+            const int q3 = type == LC_Q3_K;
             for (int j = 0; j < 8; j++) {
-                const uint8_t *ql = u + LC_X16_Q6_QL(j), *qh = u + LC_X16_Q6_QH(j);
+                const uint8_t *ql = u + (q3 ? LC_X16_Q3_QL(j) : LC_X16_Q6_QL(j)), *qh = u + (q3 ? LC_X16_Q3_QH(j) : LC_X16_Q6_QH(j));
                 int64_t s = 8 * s8 + j;
                 for (int hh = 0; hh < 2; hh++) {
                     int64_t x0 = 32 * s + 16 * hh;
-                    __m256 sv = _mm256_mul_ps(dv, LC_FN(i8f8)(u + LC_X16_Q6_SC(j) + 16 * hh + 8 * h));
-                    for (int i = 0; i < mr; i++) /* offset -32 x scale: start at -32 x the activation sum */
-                        a32[i] = _mm256_slli_epi32(_mm256_set1_epi32(x.ns16[i * k16 + 2 * s + hh]), 5);
+                    __m256 sv = _mm256_mul_ps(dv, LC_FN(i8f8)(u + (q3 ? LC_X16_Q3_SC(j) : LC_X16_Q6_SC(j)) + 16 * hh + 8 * h));
+                    for (int i = 0; i < mr; i++) /* start at the offset times the activation sum */
+                        a32[i] = _mm256_slli_epi32(_mm256_set1_epi32(x.ns16[i * k16 + 2 * s + hh]), q3 ? 2 : 5);
                     if (xc) {
                         LC_FN(x16h_expanded)(mr, 4, 2, xc, h, x.xq, k, x0, a32);
                     } else {
                         __m256i cg[4];
-                        LC_FN(x16h_sixes)(_mm256_loadu_si256((const __m256i *)(ql + 128 * hh + 32 * h)),
-                                          _mm256_loadu_si256((const __m256i *)(ql + 128 * hh + 64 + 32 * h)),
-                                          _mm256_loadu_si256((const __m256i *)(qh + 64 * hh + 32 * h)), cg);
+                        if (q3)
+                            LC_FN(x16h_threes)(_mm256_loadu_si256((const __m256i *)(ql + 64 * hh + 32 * h)),
+                                               _mm256_loadu_si256((const __m256i *)(qh + 32 * h)), hh, cg);
+                        else
+                            LC_FN(x16h_sixes)(_mm256_loadu_si256((const __m256i *)(ql + 128 * hh + 32 * h)),
+                                              _mm256_loadu_si256((const __m256i *)(ql + 128 * hh + 64 + 32 * h)),
+                                              _mm256_loadu_si256((const __m256i *)(qh + 64 * hh + 32 * h)), cg);
                         for (int i = 0; i < mr; i++) {
                             const int8_t *xr = x.xq + i * k + x0;
                             __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(cg[0], LC_FN(x4)(xr)),
@@ -292,6 +319,7 @@ static void LC_FN(x16_matmul)(int type, const uint8_t *w, int64_t n, int64_t k, 
                 case LC_Q5_0: LC_X16H_ROWS(LC_Q5_0) break;
                 case LC_Q5_1: LC_X16H_ROWS(LC_Q5_1) break;
                 case LC_Q8_0: LC_X16H_ROWS(LC_Q8_0) break;
+                case LC_Q3_K: LC_X16H_ROWS(LC_Q3_K) break;
                 case LC_Q4_K: LC_X16H_ROWS(LC_Q4_K) break;
                 case LC_Q5_K: LC_X16H_ROWS(LC_Q5_K) break;
                 default: LC_X16H_ROWS(LC_Q6_K) break;

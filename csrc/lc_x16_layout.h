@@ -16,6 +16,9 @@ column c = weight row p * 16 + c, f16 values, and "nibble codes" = 4 chunks of 6
   Q5_0  d[16] | nibble codes of the low 4 bits | fifth bits (byte 4c + b: bit g = code[c][4g + b] >> 4)   16 * 22
   Q5_1  d[16] | m[16] | nibble codes | fifth bits, as Q5_0's       16 * 24
   Q8_0  d[16] | 8 chunks: byte 4c + b of chunk g = q[c][4g + b] + 128                     16 * 34
+  Q3_K  d[16] | 8 x (sc[2][16] (i8, per 16 values, minus the file's +32) | 2 chunks of the low 2 bits
+        (as Q6_K's high bits: byte 4c + b of chunk h, bits 2g..2g+1 = code[c][16h + 4g + b] & 3) | the
+        third bits (byte 4c + b: bit g = code[c][4g + b] >> 2)); codes 0..7, offset -4 x scale     16 * 114
   Q4_K  d[16] | dmin[16] | sc[8][16] | min[8][16] (u8) | 8 x nibble codes (one per 32)     16 * 148
   Q5_K  as Q4_K, with each 32 values' nibble codes followed by a 64-byte chunk of their fifth bits
         (byte 4c + b: bit g = code[c][4g + b] >> 4)                                        16 * 180
@@ -43,6 +46,11 @@ typedef struct {
 #define LC_X16_Q5_QL(j) (320 + 320 * (j))
 #define LC_X16_Q5_QH(j) (576 + 320 * (j))
 
+/* Q3_K unit offsets of 32 values j (0..7): their two scale rows, low 2-bit chunks and third bits. */
+#define LC_X16_Q3_SC(j) (32 + 224 * (j))
+#define LC_X16_Q3_QL(j) (64 + 224 * (j))
+#define LC_X16_Q3_QH(j) (192 + 224 * (j))
+
 /* Q6_K unit offsets of 32 values j (0..7): their two scale rows, low nibbles and high-bit chunks. */
 #define LC_X16_Q6_SC(j) (32 + 416 * (j))
 #define LC_X16_Q6_QL(j) (64 + 416 * (j))
@@ -50,13 +58,15 @@ typedef struct {
 
 static inline int lc_x16_type_ok(int type) {
     return type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q5_0 || type == LC_Q5_1 || type == LC_Q8_0 ||
-           type == LC_Q4_K || type == LC_Q5_K || type == LC_Q6_K;
+           type == LC_Q3_K || type == LC_Q4_K || type == LC_Q5_K || type == LC_Q6_K;
 }
 
 /* Types whose codes many-row steps expand to bytes once per panel rather than on every pass over a few
    activation rows: the 5- and 6-bit ones, whose extraction costs about as much as their dot products
-   (for 4-bit codes, expanding was no faster on AVX2 and AVX-512 alike). */
-static inline int lc_x16_expands(int type) { return type == LC_Q5_0 || type == LC_Q5_1 || type == LC_Q5_K || type == LC_Q6_K; }
+   (for 4-bit codes, expanding was no faster on AVX2 and AVX-512 alike); Q3_K's 3-bit codes are two fields. */
+static inline int lc_x16_expands(int type) {
+    return type == LC_Q5_0 || type == LC_Q5_1 || type == LC_Q3_K || type == LC_Q5_K || type == LC_Q6_K;
+}
 
 static inline int64_t lc_x16_unit(int type) { return type >= LC_Q2_K ? 256 : 32; }
 
@@ -67,6 +77,7 @@ static inline int64_t lc_x16_unit_bytes(int type) {
     case LC_Q5_0: return 16 * 22;
     case LC_Q5_1: return 16 * 24;
     case LC_Q8_0: return 16 * 34;
+    case LC_Q3_K: return 16 * 114;
     case LC_Q4_K: return 16 * 148;
     case LC_Q5_K: return 16 * 180;
     default: return 16 * 210; /* LC_Q6_K */
@@ -90,9 +101,17 @@ static void lc_x16_get_nibbles(const uint8_t *q, int c, uint8_t *codes) {
     }
 }
 
-/* Column c's fifth bits of 32 values (lc_x16_put_fifths) added to codes as 16. */
-static void lc_x16_get_fifths(const uint8_t *fifth, int c, uint8_t *codes) {
-    for (int kk = 0; kk < 32; kk++) codes[kk] |= (uint8_t)(((fifth[4 * c + kk % 4] >> (kk / 4)) & 1) << 4);
+/* Column c's bits of 32 values in one chunk (lc_x16_put_bits) added to codes at bit `bit`. */
+static void lc_x16_get_bits(const uint8_t *chunk, int c, uint8_t *codes, int bit) {
+    for (int kk = 0; kk < 32; kk++) codes[kk] |= (uint8_t)(((chunk[4 * c + kk % 4] >> (kk / 4)) & 1) << bit);
+}
+
+/* Column c's 2-bit fields of 32 values in two chunks (lc_x16_put_pairs) added to codes at bit `shift`. */
+static void lc_x16_get_pairs(const uint8_t *chunks, int c, uint8_t *codes, int shift) {
+    for (int kk = 0; kk < 32; kk++) {
+        int g = kk / 4;
+        codes[kk] |= (uint8_t)(((chunks[64 * (g / 4) + 4 * c + kk % 4] >> (2 * (g % 4))) & 3) << shift);
+    }
 }
 
 /* Nibble codes of 32 values (from column c's codes[c][x0..x0 + 32), low 4 bits) into q. */
@@ -103,22 +122,35 @@ static void lc_x16_put_nibbles(uint8_t *q, const uint8_t codes[16][256], int x0)
                 q[64 * j + 4 * c + b] = (uint8_t)((codes[c][x0 + 8 * j + b] & 15) | (codes[c][x0 + 8 * j + 4 + b] & 15) << 4);
 }
 
-/* The fifth bits of 32 values (column c's codes[c][x0..x0 + 32), 0..31) into fifth: byte 4c + b, bit g
-   = code[c][4g + b] >> 4. */
-static void lc_x16_put_fifths(uint8_t *fifth, const uint8_t codes[16][256], int x0) {
+/* Bit `bit` of 32 codes (column c's codes[c][x0..x0 + 32)) into one chunk: byte 4c + b, bit g = that
+   bit of code[c][4g + b] (Q5's fifth bits, Q3_K's third). */
+static void lc_x16_put_bits(uint8_t *chunk, const uint8_t codes[16][256], int x0, int bit) {
     for (int c = 0; c < 16; c++)
         for (int b = 0; b < 4; b++) {
             uint8_t bits = 0;
-            for (int g = 0; g < 8; g++) bits |= (uint8_t)((codes[c][x0 + 4 * g + b] >> 4) << g);
-            fifth[4 * c + b] = bits;
+            for (int g = 0; g < 8; g++) bits |= (uint8_t)(((codes[c][x0 + 4 * g + b] >> bit) & 1) << g);
+            chunk[4 * c + b] = bits;
         }
+}
+
+/* Bits shift..shift + 1 of 32 codes into two chunks: byte 4c + b of chunk h, bits 2g..2g + 1 = those of
+   code[c][x0 + 16h + 4g + b] (Q6_K's high bits, Q3_K's low). */
+static void lc_x16_put_pairs(uint8_t *chunks, const uint8_t codes[16][256], int x0, int shift) {
+    for (int h = 0; h < 2; h++)
+        for (int c = 0; c < 16; c++)
+            for (int b = 0; b < 4; b++) {
+                const uint8_t *cc = codes[c] + x0 + 16 * h + b;
+                uint8_t v = 0;
+                for (int g = 0; g < 4; g++) v |= (uint8_t)(((cc[4 * g] >> shift) & 3) << (2 * g));
+                chunks[64 * h + 4 * c + b] = v;
+            }
 }
 
 /* Column c's header fields of one unit (scales as the layout stores them) from its GGUF block(s) `b`,
    and its codes into codes[c] (lc_decode.h's decoders: Q8_0's already + 128, Q5_K's 0..31, Q6_K's 0..63). */
 static void lc_x16_unit_column(int type, const uint8_t *b, uint8_t *u, int c, uint8_t *codes) {
     float ls[8], mc[2];
-    if (type != LC_Q6_K) memcpy(u + 2 * c, b, 2);                     /* d first in the block */
+    if (type != LC_Q6_K && type != LC_Q3_K) memcpy(u + 2 * c, b, 2); /* d first in the block */
     if (type == LC_Q4_1 || type == LC_Q5_1 || type == LC_Q4_K || type == LC_Q5_K)
         memcpy(u + 32 + 2 * c, b + 2, 2); /* m / dmin next */
     switch (type) {
@@ -137,6 +169,11 @@ static void lc_x16_unit_column(int type, const uint8_t *b, uint8_t *u, int c, ui
             if (type == LC_Q4_K) dec_q4_k_portable(b, s, codes + 32 * s, ls, mc);
             else dec_q5_k_portable(b, s, codes + 32 * s, ls, mc);
         }
+        return;
+    case LC_Q3_K:
+        memcpy(u + 2 * c, b + 108, 2);
+        for (int h = 0; h < 16; h++) u[LC_X16_Q3_SC(h / 2) + 16 * (h % 2) + c] = (uint8_t)(int8_t)q3k_scale_portable(b + 96, h);
+        for (int s = 0; s < 8; s++) dec_q3_k_portable(b, s, codes + 32 * s, ls, mc);
         return;
     default: /* LC_Q6_K */
         memcpy(u + 2 * c, b + 208, 2);
@@ -164,7 +201,7 @@ static void lc_x16_pack_panel(int type, const uint8_t *w, int64_t n, int64_t k, 
         case LC_Q5_0:
         case LC_Q5_1: /* the low 4 bits as nibbles, then the fifth bits */
             lc_x16_put_nibbles(u + LC_X16_LEGACY_Q(type), codes, 0);
-            lc_x16_put_fifths(u + LC_X16_LEGACY_Q(type) + 256, codes, 0);
+            lc_x16_put_bits(u + LC_X16_LEGACY_Q(type) + 256, codes, 0, 4);
             break;
         case LC_Q8_0:
             for (int g = 0; g < 8; g++)
@@ -176,19 +213,19 @@ static void lc_x16_pack_panel(int type, const uint8_t *w, int64_t n, int64_t k, 
         case LC_Q5_K: /* the low 4 bits as nibbles, the fifth bits one per group */
             for (int j = 0; j < 8; j++) {
                 lc_x16_put_nibbles(u + LC_X16_Q5_QL(j), codes, 32 * j);
-                lc_x16_put_fifths(u + LC_X16_Q5_QH(j), codes, 32 * j);
+                lc_x16_put_bits(u + LC_X16_Q5_QH(j), codes, 32 * j, 4);
+            }
+            break;
+        case LC_Q3_K: /* the low 2 bits in 2-bit fields, the third one per group */
+            for (int j = 0; j < 8; j++) {
+                lc_x16_put_pairs(u + LC_X16_Q3_QL(j), codes, 32 * j, 0);
+                lc_x16_put_bits(u + LC_X16_Q3_QH(j), codes, 32 * j, 2);
             }
             break;
         default: /* LC_Q6_K: low 4 bits as nibbles, the high 2 in 2-bit fields */
             for (int j = 0; j < 8; j++) {
                 lc_x16_put_nibbles(u + LC_X16_Q6_QL(j), codes, 32 * j);
-                uint8_t *qh = u + LC_X16_Q6_QH(j);
-                for (int h = 0; h < 2; h++)
-                    for (int c = 0; c < 16; c++)
-                        for (int b = 0; b < 4; b++) {
-                            const uint8_t *cc = codes[c] + 32 * j + 16 * h + b;
-                            qh[64 * h + 4 * c + b] = (uint8_t)((cc[0] >> 4) | (cc[4] >> 4) << 2 | (cc[8] >> 4) << 4 | (cc[12] >> 4) << 6);
-                        }
+                lc_x16_put_pairs(u + LC_X16_Q6_QH(j), codes, 32 * j, 4);
             }
             break;
         }
@@ -223,7 +260,7 @@ static void lc_x16_row(int type, const uint8_t *w, int64_t k, int64_t r, float *
             const uint8_t *q = u + LC_X16_LEGACY_Q(type);
             float m = type == LC_Q4_1 || type == LC_Q5_1 ? lc_f16(lc_u16(u + 32 + 2 * c)) : type == LC_Q4_0 ? -8.0f * d : -16.0f * d;
             lc_x16_get_nibbles(q, c, codes);
-            if (type == LC_Q5_0 || type == LC_Q5_1) lc_x16_get_fifths(q + 256, c, codes);
+            if (type == LC_Q5_0 || type == LC_Q5_1) lc_x16_get_bits(q + 256, c, codes, 4);
             for (int kk = 0; kk < 32; kk++) o[kk] = d * (float)codes[kk] + m;
             break;
         }
@@ -236,20 +273,25 @@ static void lc_x16_row(int type, const uint8_t *w, int64_t k, int64_t r, float *
             for (int j = 0; j < 8; j++) {
                 float sc = d * (float)u[64 + 16 * j + c], m = dmin * (float)u[192 + 16 * j + c];
                 lc_x16_get_nibbles(u + (type == LC_Q4_K ? 320 + 256 * j : LC_X16_Q5_QL(j)), c, codes);
-                if (type == LC_Q5_K) lc_x16_get_fifths(u + LC_X16_Q5_QH(j), c, codes);
+                if (type == LC_Q5_K) lc_x16_get_bits(u + LC_X16_Q5_QH(j), c, codes, 4);
                 for (int kk = 0; kk < 32; kk++) o[32 * j + kk] = sc * (float)codes[kk] - m;
             }
             break;
         }
-        default: /* LC_Q6_K */
+        default: /* LC_Q3_K, LC_Q6_K: a scale per 16 values, offsets -4 and -32 x scale */
             for (int j = 0; j < 8; j++) {
-                const uint8_t *qh = u + LC_X16_Q6_QH(j);
-                lc_x16_get_nibbles(u + LC_X16_Q6_QL(j), c, codes);
+                const int q3 = type == LC_Q3_K;
+                if (q3) {
+                    memset(codes, 0, sizeof(codes));
+                    lc_x16_get_pairs(u + LC_X16_Q3_QL(j), c, codes, 0);
+                    lc_x16_get_bits(u + LC_X16_Q3_QH(j), c, codes, 2);
+                } else {
+                    lc_x16_get_nibbles(u + LC_X16_Q6_QL(j), c, codes);
+                    lc_x16_get_pairs(u + LC_X16_Q6_QH(j), c, codes, 4);
+                }
                 for (int kk = 0; kk < 32; kk++) {
-                    int g = kk / 4, h = g / 4;
-                    int q = codes[kk] | (((qh[64 * h + 4 * c + kk % 4] >> (2 * (g % 4))) & 3) << 4);
-                    float sc = d * (float)(int8_t)u[LC_X16_Q6_SC(j) + 16 * h + c];
-                    o[32 * j + kk] = sc * (float)q + -32.0f * sc;
+                    float sc = d * (float)(int8_t)u[(q3 ? LC_X16_Q3_SC(j) : LC_X16_Q6_SC(j)) + 16 * (kk / 16) + c];
+                    o[32 * j + kk] = sc * (float)codes[kk] + (q3 ? -4.0f : -32.0f) * sc;
                 }
             }
             break;

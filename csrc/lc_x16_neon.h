@@ -95,7 +95,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16n_panel)(const int ty
             }
         }
     }
-    const int64_t units256 = type == LC_Q4_K || type == LC_Q5_K || type == LC_Q6_K ? k / 256 : 0;
+    const int64_t units256 = type == LC_Q3_K || type == LC_Q4_K || type == LC_Q5_K || type == LC_Q6_K ? k / 256 : 0;
     for (int64_t s8 = 0; s8 < units256; s8++) {
         const uint8_t *u = p + s8 * ub;
         if (type == LC_Q4_K || type == LC_Q5_K) {
@@ -114,32 +114,45 @@ static inline __attribute__((always_inline)) void LC_FN(x16n_panel)(const int ty
                     }
                 }
             }
-        } else { /* LC_Q6_K: one scale per 16 values, offset -32 x scale */
-            const uint8x16_t low = vdupq_n_u8(15), top = vdupq_n_u8(0x30);
+        } else { /* LC_Q3_K, LC_Q6_K: one scale per 16 values, offsets -4 and -32 x scale */
+            const uint8x16_t low = vdupq_n_u8(15), top = vdupq_n_u8(0x30), two = vdupq_n_u8(3), four = vdupq_n_u8(4);
+            const int q3 = type == LC_Q3_K;
             for (int j = 0; j < 8; j++) {
-                const uint8_t *ql = u + LC_X16_Q6_QL(j), *qh = u + LC_X16_Q6_QH(j);
+                const uint8_t *ql = u + (q3 ? LC_X16_Q3_QL(j) : LC_X16_Q6_QL(j)), *qh = u + (q3 ? LC_X16_Q3_QH(j) : LC_X16_Q6_QH(j));
                 int64_t s = 8 * s8 + j;
                 for (int hh = 0; hh < 2; hh++) {
                     int64_t x0 = 32 * s + 16 * hh;
                     int8x16_t xv[LC_X16_MRN];
                     for (int i = 0; i < mr; i++) {
                         xv[i] = vld1q_s8(x.xq + i * k + x0);
-                        for (int g = 0; g < 4; g++) acc[i][g] = vdupq_n_s32(32 * x.ns16[i * k16 + 2 * s + hh]);
+                        for (int g = 0; g < 4; g++) acc[i][g] = vdupq_n_s32((q3 ? 4 : 32) * x.ns16[i * k16 + 2 * s + hh]);
                     }
                     for (int g = 0; g < 4; g++) {
-                        uint8x16_t v0 = vld1q_u8(ql + 128 * hh + 16 * g), v1 = vld1q_u8(ql + 128 * hh + 64 + 16 * g);
-                        uint8x16_t hv = vld1q_u8(qh + 64 * hh + 16 * g);
-                        int8x16_t c0 = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(v0, low), vandq_u8(vshlq_n_u8(hv, 4), top)));
-                        int8x16_t c1 = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(v0, 4), vandq_u8(vshlq_n_u8(hv, 2), top)));
-                        int8x16_t c2 = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(v1, low), vandq_u8(hv, top)));
-                        int8x16_t c3 = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(v1, 4), vandq_u8(vshrq_n_u8(hv, 2), top)));
+                        int8x16_t c0, c1, c2, c3;
+                        if (q3) { /* code group m: bits 2m..2m + 1 of the low chunk, bit 4 hh + m of the third bits */
+                            uint8x16_t lv = vld1q_u8(ql + 64 * hh + 16 * g), fv = vld1q_u8(qh + 16 * g);
+                            uint8x16_t m3[4];
+                            for (int m = 0; m < 4; m++)
+                                m3[m] = vorrq_u8(vandq_u8(vshlq_u8(lv, vdupq_n_s8((int8_t)(-2 * m))), two),
+                                                 vandq_u8(vshlq_u8(fv, vdupq_n_s8((int8_t)(2 - 4 * hh - m))), four));
+                            c0 = vreinterpretq_s8_u8(m3[0]), c1 = vreinterpretq_s8_u8(m3[1]);
+                            c2 = vreinterpretq_s8_u8(m3[2]), c3 = vreinterpretq_s8_u8(m3[3]);
+                        } else {
+                            uint8x16_t v0 = vld1q_u8(ql + 128 * hh + 16 * g), v1 = vld1q_u8(ql + 128 * hh + 64 + 16 * g);
+                            uint8x16_t hv = vld1q_u8(qh + 64 * hh + 16 * g);
+                            c0 = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(v0, low), vandq_u8(vshlq_n_u8(hv, 4), top)));
+                            c1 = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(v0, 4), vandq_u8(vshlq_n_u8(hv, 2), top)));
+                            c2 = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(v1, low), vandq_u8(hv, top)));
+                            c3 = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(v1, 4), vandq_u8(vshrq_n_u8(hv, 2), top)));
+                        }
                         for (int i = 0; i < mr; i++) {
                             acc[i][g] = vdotq_laneq_s32(acc[i][g], c0, xv[i], 0);
                             acc[i][g] = vdotq_laneq_s32(acc[i][g], c1, xv[i], 1);
                             acc[i][g] = vdotq_laneq_s32(acc[i][g], c2, xv[i], 2);
                             acc[i][g] = vdotq_laneq_s32(acc[i][g], c3, xv[i], 3);
                         }
-                        float32x4_t sv = vmulq_f32(LC_FN(h4)(u + 8 * g), LC_FN(i8f4)(u + LC_X16_Q6_SC(j) + 16 * hh + 4 * g));
+                        float32x4_t sv = vmulq_f32(LC_FN(h4)(u + 8 * g),
+                                                   LC_FN(i8f4)(u + (q3 ? LC_X16_Q3_SC(j) : LC_X16_Q6_SC(j)) + 16 * hh + 4 * g));
                         for (int i = 0; i < mr; i++)
                             out[i][g] = vfmaq_f32(out[i][g], vcvtq_f32_s32(acc[i][g]), vmulq_n_f32(sv, x.dx32[i * k32 + s]));
                     }
@@ -177,6 +190,7 @@ static void LC_FN(x16_matmul)(int type, const uint8_t *w, int64_t n, int64_t k, 
             case LC_Q5_0: LC_X16N_ROWS(LC_Q5_0) break;
             case LC_Q5_1: LC_X16N_ROWS(LC_Q5_1) break;
             case LC_Q8_0: LC_X16N_ROWS(LC_Q8_0) break;
+            case LC_Q3_K: LC_X16N_ROWS(LC_Q3_K) break;
             case LC_Q4_K: LC_X16N_ROWS(LC_Q4_K) break;
             case LC_Q5_K: LC_X16N_ROWS(LC_Q5_K) break;
             default: LC_X16N_ROWS(LC_Q6_K) break;

@@ -1,8 +1,9 @@
 """What a block matrix occupies once loaded: the file's bytes, or the x16 layout's (csrc/lc_x16_layout.h).
 
-On CPUs with AVX2, AVX-512 VNNI or ARM's dot product (NEON) the torch backend repacks Q4_0, Q4_1, Q5_0,
-Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices into panels of 16 rows (`LOCALCHAT_KERNEL_LAYOUT=auto`): the same bytes per
-weight, except Q4_K's 148 per 256 values instead of 144 and Q5_K's 180 instead of 176, and whole panels
+On CPUs with AVX2, AVX-512 VNNI or ARM's dot product (NEON) the torch backend repacks every type but Q2_K
+(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K) into panels of 16 rows (`LOCALCHAT_KERNEL_LAYOUT=auto`): the
+same bytes per weight, except Q3_K's 114 per 256 values instead of 110, Q4_K's 148 instead of 144 and Q5_K's 180
+instead of 176 (their scales spread to bytes), and whole panels
 (rows rounded up to 16). The pre-load RAM check sizes models with
 this rule; it asks the compiled library by name through ctypes, so this module never imports torch.
 """
@@ -18,7 +19,17 @@ from functools import cache
 # for AVX2 or NEON).
 X16_ISAS = {"avx2": 1, "avx512vnni": 2, "neon": 3}
 # GGML type ids of the types the layout holds (the library's lc_x16_bytes sizes them)
-X16_TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+X16_TYPE_IDS = {
+    "Q4_0": 2,
+    "Q4_1": 3,
+    "Q5_0": 6,
+    "Q5_1": 7,
+    "Q8_0": 8,
+    "Q3_K": 11,
+    "Q4_K": 12,
+    "Q5_K": 13,
+    "Q6_K": 14,
+}
 
 
 def x16_active() -> bool:

@@ -83,11 +83,13 @@ def decode_side_by_side(
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "Q3_K"])
+@pytest.mark.parametrize(
+    "qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "Q3_K", "Q2_K"]
+)
 def test_fused_decode_equals_the_layer_path(
     tmp_path: Path, qtype: str, dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Block types (x16-packed where the ISA has kernels, file blocks for Q3_K), both compute dtypes:
+    """Block types (x16-packed where the ISA has kernels, file blocks for Q2_K), both compute dtypes:
     the fused step ran for every decode step (3 rows, then 1) and matched bit for bit."""
     monkeypatch.setenv(quant.QUANT_ENV, "int4")  # blocks for every matrix, whatever the ISA
     calls = count_fused_runs(monkeypatch)

@@ -39,7 +39,7 @@ K_QUANTS = dict(kquants.K_QUANTIZERS)  # Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
 # into panels of 16 rows at load: csrc/lc_x16_layout.h) for the types it holds.
 X16_ISAS = [isa for isa in ("avx2", "avx512vnni", "neon") if isa in kernels.runnable_isas()]
 ISAS = kernels.runnable_isas() + [f"{isa}+x16" for isa in X16_ISAS]
-X16_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+X16_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 
 def test_the_extension_is_built_where_a_compiler_is() -> None:
@@ -321,8 +321,8 @@ def test_layout_choice_and_what_is_not_repacked(monkeypatch: pytest.MonkeyPatch)
     for isa in X16_ISAS:
         ops = kernels.load(isa)
         assert ops is not None
-        q3 = kernels.Segment("Q3_K", torch.from_numpy(weights("Q3_K", 16, 256, seed=1)))
-        assert ops.repack(q3, 256) is q3
+        q2 = kernels.Segment("Q2_K", torch.from_numpy(weights("Q2_K", 16, 256, seed=1)))
+        assert ops.repack(q2, 256) is q2
         assert ops.repack(q4, 64).packed_rows == 16
 
 
