@@ -246,7 +246,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
             }
         }
     }
-    const int64_t units256 = type == LC_Q3_K || type == LC_Q4_K || type == LC_Q5_K || type == LC_Q6_K ? k / 256 : 0;
+    const int64_t units256 = type >= LC_Q2_K ? k / 256 : 0;
     for (int64_t s8 = 0; s8 < units256; s8++) { /* K-quants: one 256-value unit per round */
         const uint8_t *u = p + s8 * ub;
         __m512 dv[2], mn[2];
@@ -270,6 +270,35 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
                 for (int i = 0; i < mr; i++) {
                     __m512 f = _mm512_set1_ps(x.fs32[i * k32 + s]);
                     for (int pp = 0; pp < np; pp++) out[i][pp] = _mm512_fnmadd_ps(mv[pp], f, out[i][pp]);
+                }
+            }
+        } else if (type == LC_Q2_K) { /* a scale and a min per 16 values: d sc sum(q x) - dmin m sum(x) */
+            for (int pp = 0; pp < np; pp++) mn[pp] = LC_FN(h16)(u + pp * pb + 32);
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *q = u + LC_X16_Q2_Q(j);
+                for (int pp = 0; pp < np; pp++) /* the scale | min rows and the codes: 160 bytes */
+                    for (int l = 0; l < 192; l += 64) _mm_prefetch((const char *)(q - 32 + pp * pb + LC_PF + l), _MM_HINT_T0);
+                int64_t s = 8 * s8 + j;
+                for (int hh = 0; hh < 2; hh++) {
+                    int64_t h = 2 * s + hh;
+                    LC_FN(x16_start)(mr, np, -1, x.ns16, k16, c);
+                    for (int g = 0; g < 4; g++) {
+                        __m512i cv[2];
+                        for (int pp = 0; pp < np; pp++)
+                            cv[pp] = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512((const void *)(q + pp * pb + 64 * hh)), 2 * g),
+                                                      _mm512_set1_epi8(3));
+                        LC_FN(x16_group)(mr, np, g, cv, x.xq, k, 32 * s + 16 * hh, c);
+                    }
+                    for (int pp = 0; pp < np; pp++) {
+                        __m512i sm = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(u + pp * pb + LC_X16_Q2_SM(j) + 16 * hh)));
+                        sv[pp] = _mm512_mul_ps(dv[pp], _mm512_cvtepi32_ps(_mm512_and_si512(sm, _mm512_set1_epi32(15))));
+                        mv[pp] = _mm512_mul_ps(mn[pp], _mm512_cvtepi32_ps(_mm512_srli_epi32(sm, 4)));
+                    }
+                    LC_FN(x16_scale)(mr, np, 0, c, sv, x.dx32 + s, k32, out);
+                    for (int i = 0; i < mr; i++) { /* ns16 is minus the code sum: the min term added */
+                        __m512 f = _mm512_set1_ps((float)x.ns16[i * k16 + h] * x.dx32[i * k32 + s]);
+                        for (int pp = 0; pp < np; pp++) out[i][pp] = _mm512_fmadd_ps(mv[pp], f, out[i][pp]);
+                    }
                 }
             }
         } else { /* LC_Q3_K, LC_Q6_K: one scale per 16 values, offsets -4 and -32 x scale */
@@ -328,6 +357,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
     case LC_Q5_0: LC_X16_ROWS(LC_Q5_0, NP) break;                                                          \
     case LC_Q5_1: LC_X16_ROWS(LC_Q5_1, NP) break;                                                          \
     case LC_Q8_0: LC_X16_ROWS(LC_Q8_0, NP) break;                                                          \
+    case LC_Q2_K: LC_X16_ROWS(LC_Q2_K, NP) break;                                                          \
     case LC_Q3_K: LC_X16_ROWS(LC_Q3_K, NP) break;                                                          \
     case LC_Q4_K: LC_X16_ROWS(LC_Q4_K, NP) break;                                                          \
     case LC_Q5_K: LC_X16_ROWS(LC_Q5_K, NP) break;                                                          \

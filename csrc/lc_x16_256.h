@@ -202,7 +202,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int ty
             }
         }
     }
-    const int64_t units256 = type == LC_Q3_K || type == LC_Q4_K || type == LC_Q5_K || type == LC_Q6_K ? k / 256 : 0;
+    const int64_t units256 = type >= LC_Q2_K ? k / 256 : 0;
     for (int64_t s8 = 0; s8 < units256; s8++) {
         const uint8_t *u = p + s8 * ub;
         __m256 dv = LC_FN(h8)(u + 16 * h);
@@ -225,6 +225,29 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int ty
                     __m256 f = _mm256_mul_ps(sv, _mm256_set1_ps(x.dx32[i * k32 + s]));
                     out[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a32[i]), f, out[i]);
                     out[i] = _mm256_fnmadd_ps(mv, _mm256_set1_ps(x.fs32[i * k32 + s]), out[i]);
+                }
+            }
+        } else if (type == LC_Q2_K) { /* a scale and a min per 16 values: d sc sum(q x) - dmin m sum(x) */
+            __m256 mn = LC_FN(h8)(u + 32 + 16 * h);
+            for (int j = 0; j < 8; j++) {
+                int64_t s = 8 * s8 + j;
+                for (int hh = 0; hh < 2; hh++) {
+                    int64_t x0 = 32 * s + 16 * hh;
+                    __m256i lv = _mm256_loadu_si256((const __m256i *)(u + LC_X16_Q2_Q(j) + 64 * hh + 32 * h));
+                    __m256i sm = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + LC_X16_Q2_SM(j) + 16 * hh + 8 * h)));
+                    __m256 sv = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_and_si256(sm, _mm256_set1_epi32(15))));
+                    __m256 mv = _mm256_mul_ps(mn, _mm256_cvtepi32_ps(_mm256_srli_epi32(sm, 4)));
+                    for (int i = 0; i < mr; i++) a16[i] = _mm256_setzero_si256(); /* 4 groups: at most 3048 */
+                    for (int g = 0; g < 4; g++) {
+                        __m256i cv = _mm256_and_si256(_mm256_srli_epi16(lv, 2 * g), _mm256_set1_epi8(3));
+                        for (int i = 0; i < mr; i++)
+                            a16[i] = _mm256_add_epi16(a16[i], _mm256_maddubs_epi16(cv, LC_FN(x4)(x.xq + i * k + x0 + 4 * g)));
+                    }
+                    for (int i = 0; i < mr; i++) { /* ns16 is minus the code sum: the min term added */
+                        float dx = x.dx32[i * k32 + s];
+                        out[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(a16[i], ones)), _mm256_mul_ps(sv, _mm256_set1_ps(dx)), out[i]);
+                        out[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps((float)x.ns16[i * k16 + 2 * s + hh] * dx), out[i]);
+                    }
                 }
             }
         } else { /* LC_Q3_K, LC_Q6_K: one scale per 16 values, offsets -4 and -32 x scale; pair sums of two
@@ -319,6 +342,7 @@ static void LC_FN(x16_matmul)(int type, const uint8_t *w, int64_t n, int64_t k, 
                 case LC_Q5_0: LC_X16H_ROWS(LC_Q5_0) break;
                 case LC_Q5_1: LC_X16H_ROWS(LC_Q5_1) break;
                 case LC_Q8_0: LC_X16H_ROWS(LC_Q8_0) break;
+                case LC_Q2_K: LC_X16H_ROWS(LC_Q2_K) break;
                 case LC_Q3_K: LC_X16H_ROWS(LC_Q3_K) break;
                 case LC_Q4_K: LC_X16H_ROWS(LC_Q4_K) break;
                 case LC_Q5_K: LC_X16H_ROWS(LC_Q5_K) break;

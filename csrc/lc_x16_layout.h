@@ -16,6 +16,8 @@ column c = weight row p * 16 + c, f16 values, and "nibble codes" = 4 chunks of 6
   Q5_0  d[16] | nibble codes of the low 4 bits | fifth bits (byte 4c + b: bit g = code[c][4g + b] >> 4)   16 * 22
   Q5_1  d[16] | m[16] | nibble codes | fifth bits, as Q5_0's       16 * 24
   Q8_0  d[16] | 8 chunks: byte 4c + b of chunk g = q[c][4g + b] + 128                     16 * 34
+  Q2_K  d[16] | dmin[16] | 8 x (sm[2][16] (the file's bytes: scale | min << 4, per 16 values) | 2 chunks
+        of the 2-bit codes (as Q3_K's low bits))                                            16 * 84
   Q3_K  d[16] | 8 x (sc[2][16] (i8, per 16 values, minus the file's +32) | 2 chunks of the low 2 bits
         (as Q6_K's high bits: byte 4c + b of chunk h, bits 2g..2g+1 = code[c][16h + 4g + b] & 3) | the
         third bits (byte 4c + b: bit g = code[c][4g + b] >> 2)); codes 0..7, offset -4 x scale     16 * 114
@@ -46,6 +48,10 @@ typedef struct {
 #define LC_X16_Q5_QL(j) (320 + 320 * (j))
 #define LC_X16_Q5_QH(j) (576 + 320 * (j))
 
+/* Q2_K unit offsets of 32 values j (0..7): their two scale | min rows and 2-bit chunks. */
+#define LC_X16_Q2_SM(j) (64 + 160 * (j))
+#define LC_X16_Q2_Q(j) (96 + 160 * (j))
+
 /* Q3_K unit offsets of 32 values j (0..7): their two scale rows, low 2-bit chunks and third bits. */
 #define LC_X16_Q3_SC(j) (32 + 224 * (j))
 #define LC_X16_Q3_QL(j) (64 + 224 * (j))
@@ -58,7 +64,7 @@ typedef struct {
 
 static inline int lc_x16_type_ok(int type) {
     return type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q5_0 || type == LC_Q5_1 || type == LC_Q8_0 ||
-           type == LC_Q3_K || type == LC_Q4_K || type == LC_Q5_K || type == LC_Q6_K;
+           type == LC_Q2_K || type == LC_Q3_K || type == LC_Q4_K || type == LC_Q5_K || type == LC_Q6_K;
 }
 
 /* Types whose codes many-row steps expand to bytes once per panel rather than on every pass over a few
@@ -77,6 +83,7 @@ static inline int64_t lc_x16_unit_bytes(int type) {
     case LC_Q5_0: return 16 * 22;
     case LC_Q5_1: return 16 * 24;
     case LC_Q8_0: return 16 * 34;
+    case LC_Q2_K: return 16 * 84;
     case LC_Q3_K: return 16 * 114;
     case LC_Q4_K: return 16 * 148;
     case LC_Q5_K: return 16 * 180;
@@ -150,7 +157,7 @@ static void lc_x16_put_pairs(uint8_t *chunks, const uint8_t codes[16][256], int 
    and its codes into codes[c] (lc_decode.h's decoders: Q8_0's already + 128, Q5_K's 0..31, Q6_K's 0..63). */
 static void lc_x16_unit_column(int type, const uint8_t *b, uint8_t *u, int c, uint8_t *codes) {
     float ls[8], mc[2];
-    if (type != LC_Q6_K && type != LC_Q3_K) memcpy(u + 2 * c, b, 2); /* d first in the block */
+    if (type < LC_Q2_K || type == LC_Q4_K || type == LC_Q5_K) memcpy(u + 2 * c, b, 2); /* d first in the block */
     if (type == LC_Q4_1 || type == LC_Q5_1 || type == LC_Q4_K || type == LC_Q5_K)
         memcpy(u + 32 + 2 * c, b + 2, 2); /* m / dmin next */
     switch (type) {
@@ -169,6 +176,12 @@ static void lc_x16_unit_column(int type, const uint8_t *b, uint8_t *u, int c, ui
             if (type == LC_Q4_K) dec_q4_k_portable(b, s, codes + 32 * s, ls, mc);
             else dec_q5_k_portable(b, s, codes + 32 * s, ls, mc);
         }
+        return;
+    case LC_Q2_K:
+        memcpy(u + 2 * c, b + 80, 2);
+        memcpy(u + 32 + 2 * c, b + 82, 2);
+        for (int h = 0; h < 16; h++) u[LC_X16_Q2_SM(h / 2) + 16 * (h % 2) + c] = b[h];
+        for (int s = 0; s < 8; s++) dec_q2_k_portable(b, s, codes + 32 * s, ls, mc);
         return;
     case LC_Q3_K:
         memcpy(u + 2 * c, b + 108, 2);
@@ -215,6 +228,9 @@ static void lc_x16_pack_panel(int type, const uint8_t *w, int64_t n, int64_t k, 
                 lc_x16_put_nibbles(u + LC_X16_Q5_QL(j), codes, 32 * j);
                 lc_x16_put_bits(u + LC_X16_Q5_QH(j), codes, 32 * j, 4);
             }
+            break;
+        case LC_Q2_K:
+            for (int j = 0; j < 8; j++) lc_x16_put_pairs(u + LC_X16_Q2_Q(j), codes, 32 * j, 0);
             break;
         case LC_Q3_K: /* the low 2 bits in 2-bit fields, the third one per group */
             for (int j = 0; j < 8; j++) {
@@ -275,6 +291,18 @@ static void lc_x16_row(int type, const uint8_t *w, int64_t k, int64_t r, float *
                 lc_x16_get_nibbles(u + (type == LC_Q4_K ? 320 + 256 * j : LC_X16_Q5_QL(j)), c, codes);
                 if (type == LC_Q5_K) lc_x16_get_bits(u + LC_X16_Q5_QH(j), c, codes, 4);
                 for (int kk = 0; kk < 32; kk++) o[32 * j + kk] = sc * (float)codes[kk] - m;
+            }
+            break;
+        }
+        case LC_Q2_K: { /* a scale and a min per 16 values */
+            float dmin = lc_f16(lc_u16(u + 32 + 2 * c));
+            for (int j = 0; j < 8; j++) {
+                memset(codes, 0, sizeof(codes));
+                lc_x16_get_pairs(u + LC_X16_Q2_Q(j), c, codes, 0);
+                for (int kk = 0; kk < 32; kk++) {
+                    uint8_t sm = u[LC_X16_Q2_SM(j) + 16 * (kk / 16) + c];
+                    o[32 * j + kk] = d * (float)(sm & 15) * (float)codes[kk] + -dmin * (float)(sm >> 4);
+                }
             }
             break;
         }

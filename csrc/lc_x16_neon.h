@@ -95,7 +95,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16n_panel)(const int ty
             }
         }
     }
-    const int64_t units256 = type == LC_Q3_K || type == LC_Q4_K || type == LC_Q5_K || type == LC_Q6_K ? k / 256 : 0;
+    const int64_t units256 = type >= LC_Q2_K ? k / 256 : 0;
     for (int64_t s8 = 0; s8 < units256; s8++) {
         const uint8_t *u = p + s8 * ub;
         if (type == LC_Q4_K || type == LC_Q5_K) {
@@ -111,6 +111,39 @@ static inline __attribute__((always_inline)) void LC_FN(x16n_panel)(const int ty
                     for (int i = 0; i < mr; i++) {
                         out[i][g] = vfmaq_f32(out[i][g], vcvtq_f32_s32(acc[i][g]), vmulq_n_f32(sv, x.dx32[i * k32 + s]));
                         out[i][g] = vfmsq_n_f32(out[i][g], mv, x.fs32[i * k32 + s]); /* the mins, subtracted */
+                    }
+                }
+            }
+        } else if (type == LC_Q2_K) { /* a scale and a min per 16 values: d sc sum(q x) - dmin m sum(x) */
+            const uint8x16_t two = vdupq_n_u8(3);
+            for (int j = 0; j < 8; j++) {
+                int64_t s = 8 * s8 + j;
+                for (int hh = 0; hh < 2; hh++) {
+                    int64_t x0 = 32 * s + 16 * hh;
+                    int8x16_t xv[LC_X16_MRN];
+                    for (int i = 0; i < mr; i++) {
+                        xv[i] = vld1q_s8(x.xq + i * k + x0);
+                        for (int g = 0; g < 4; g++) acc[i][g] = vdupq_n_s32(0);
+                    }
+                    for (int g = 0; g < 4; g++) {
+                        uint8x16_t lv = vld1q_u8(u + LC_X16_Q2_Q(j) + 64 * hh + 16 * g);
+                        int8x16_t c0 = vreinterpretq_s8_u8(vandq_u8(lv, two)), c1 = vreinterpretq_s8_u8(vandq_u8(vshrq_n_u8(lv, 2), two));
+                        int8x16_t c2 = vreinterpretq_s8_u8(vandq_u8(vshrq_n_u8(lv, 4), two)), c3 = vreinterpretq_s8_u8(vshrq_n_u8(lv, 6));
+                        for (int i = 0; i < mr; i++) {
+                            acc[i][g] = vdotq_laneq_s32(acc[i][g], c0, xv[i], 0);
+                            acc[i][g] = vdotq_laneq_s32(acc[i][g], c1, xv[i], 1);
+                            acc[i][g] = vdotq_laneq_s32(acc[i][g], c2, xv[i], 2);
+                            acc[i][g] = vdotq_laneq_s32(acc[i][g], c3, xv[i], 3);
+                        }
+                        uint8x8_t sm = vld1_u8(u + LC_X16_Q2_SM(j) + 16 * hh + 4 * g); /* columns 4g..4g + 3 in the low half */
+                        float32x4_t scf = vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vand_u8(sm, vdup_n_u8(15))))));
+                        float32x4_t mf = vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vshr_n_u8(sm, 4)))));
+                        float32x4_t sv = vmulq_f32(LC_FN(h4)(u + 8 * g), scf), mv = vmulq_f32(LC_FN(h4)(u + 32 + 8 * g), mf);
+                        for (int i = 0; i < mr; i++) { /* ns16 is minus the code sum: the min term added */
+                            float dx = x.dx32[i * k32 + s];
+                            out[i][g] = vfmaq_f32(out[i][g], vcvtq_f32_s32(acc[i][g]), vmulq_n_f32(sv, dx));
+                            out[i][g] = vfmaq_n_f32(out[i][g], mv, (float)x.ns16[i * k16 + 2 * s + hh] * dx);
+                        }
                     }
                 }
             }
@@ -190,6 +223,7 @@ static void LC_FN(x16_matmul)(int type, const uint8_t *w, int64_t n, int64_t k, 
             case LC_Q5_0: LC_X16N_ROWS(LC_Q5_0) break;
             case LC_Q5_1: LC_X16N_ROWS(LC_Q5_1) break;
             case LC_Q8_0: LC_X16N_ROWS(LC_Q8_0) break;
+            case LC_Q2_K: LC_X16N_ROWS(LC_Q2_K) break;
             case LC_Q3_K: LC_X16N_ROWS(LC_Q3_K) break;
             case LC_Q4_K: LC_X16N_ROWS(LC_Q4_K) break;
             case LC_Q5_K: LC_X16N_ROWS(LC_Q5_K) break;

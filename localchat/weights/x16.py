@@ -1,11 +1,11 @@
 """What a block matrix occupies once loaded: the file's bytes, or the x16 layout's (csrc/lc_x16_layout.h).
 
-On CPUs with AVX2, AVX-512 VNNI or ARM's dot product (NEON) the torch backend repacks every type but Q2_K
-(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K) into panels of 16 rows (`LOCALCHAT_KERNEL_LAYOUT=auto`): the
-same bytes per weight, except Q3_K's 114 per 256 values instead of 110, Q4_K's 148 instead of 144 and Q5_K's 180
-instead of 176 (their scales spread to bytes), and whole panels
-(rows rounded up to 16). The pre-load RAM check sizes models with
-this rule; it asks the compiled library by name through ctypes, so this module never imports torch.
+On CPUs with AVX2, AVX-512 VNNI or ARM's dot product (NEON) the torch backend repacks every block type
+(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) into panels of 16 rows
+(`LOCALCHAT_KERNEL_LAYOUT=auto`): the same bytes per weight, except Q3_K's 114 per 256 values instead of
+110, Q4_K's 148 instead of 144 and Q5_K's 180 instead of 176 (their scales spread to bytes), and whole
+panels (rows rounded up to 16). The pre-load RAM check sizes models with this rule; it asks the compiled
+library by name through ctypes, so this module never imports torch.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ X16_TYPE_IDS = {
     "Q5_0": 6,
     "Q5_1": 7,
     "Q8_0": 8,
+    "Q2_K": 10,
     "Q3_K": 11,
     "Q4_K": 12,
     "Q5_K": 13,

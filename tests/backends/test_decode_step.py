@@ -89,7 +89,7 @@ def decode_side_by_side(
 def test_fused_decode_equals_the_layer_path(
     tmp_path: Path, qtype: str, dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Block types (x16-packed where the ISA has kernels, file blocks for Q2_K), both compute dtypes:
+    """Every block type (x16-packed where the ISA has kernels), both compute dtypes:
     the fused step ran for every decode step (3 rows, then 1) and matched bit for bit."""
     monkeypatch.setenv(quant.QUANT_ENV, "int4")  # blocks for every matrix, whatever the ISA
     calls = count_fused_runs(monkeypatch)

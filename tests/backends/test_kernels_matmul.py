@@ -39,7 +39,7 @@ K_QUANTS = dict(kquants.K_QUANTIZERS)  # Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
 # into panels of 16 rows at load: csrc/lc_x16_layout.h) for the types it holds.
 X16_ISAS = [isa for isa in ("avx2", "avx512vnni", "neon") if isa in kernels.runnable_isas()]
 ISAS = kernels.runnable_isas() + [f"{isa}+x16" for isa in X16_ISAS]
-X16_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+X16_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 
 def test_the_extension_is_built_where_a_compiler_is() -> None:
@@ -95,8 +95,6 @@ def compare(qtype: str, isa: str, raw: np.ndarray, x: np.ndarray, dtype: torch.d
     x_in = torch.from_numpy(x).to(dtype)
     x = x_in.double().numpy()  # what the kernel sees (bf16 inputs are rounded already)
     isa, _, layout = isa.partition("+")
-    if layout and qtype not in X16_TYPES:
-        pytest.skip(f"{qtype} stays in GGUF blocks (no x16 form)")
     ops = kernels.load(isa)
     assert ops is not None
     segment = kernels.Segment(qtype, torch.from_numpy(raw))
@@ -303,8 +301,8 @@ def test_x16_mixed_segments_fill_their_own_output_columns(isa: str) -> None:
 
 
 def test_layout_choice_and_what_is_not_repacked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`LOCALCHAT_KERNEL_LAYOUT`: auto or gguf, anything else refused; types without an x16 form, and ISAs
-    without its kernels, keep the file's blocks."""
+    """`LOCALCHAT_KERNEL_LAYOUT`: auto or gguf, anything else refused; the portable kernels and rows that
+    do not split into the type's units keep the file's blocks, every block type repacks elsewhere."""
     from localchat.errors import BackendUnavailableError
 
     monkeypatch.setenv(kernels.LAYOUT_ENV, "gguf")
@@ -321,8 +319,8 @@ def test_layout_choice_and_what_is_not_repacked(monkeypatch: pytest.MonkeyPatch)
     for isa in X16_ISAS:
         ops = kernels.load(isa)
         assert ops is not None
-        q2 = kernels.Segment("Q2_K", torch.from_numpy(weights("Q2_K", 16, 256, seed=1)))
-        assert ops.repack(q2, 256) is q2
+        assert all(ops.can_repack(qtype, 256) for qtype in kernels.BLOCKS)
+        assert not ops.can_repack("Q4_K", 64)  # 64 values: no 256-value unit
         assert ops.repack(q4, 64).packed_rows == 16
 
 

@@ -58,8 +58,8 @@ def test_tiny_gguf_runs_on_blocks_and_tracks_the_dequantized_run(
     blocks = (layer.qkv, layer.o, layer.gate_up, layer.down, model.embed, model.lm_head or model.embed)
     assert all(isinstance(w, kernels.BlockMatrix) for w in blocks)
     assert {s.qtype for w in blocks for s in w.segments} == {qtype}
-    # on AVX-512 VNNI the x16 types are repacked into panels of 16 rows (the embedding too), else as stored
-    x16 = kernels.layout_choice() == "auto" and ours.model.embed.ops.name == "avx512vnni" and qtype != "Q2_K"
+    # on AVX-512 VNNI every block type is repacked into panels of 16 rows (the embedding too), else as stored
+    x16 = kernels.layout_choice() == "auto" and ours.model.embed.ops.name == "avx512vnni"
     assert {bool(s.packed_rows) for w in blocks for s in w.segments} == {x16}
     prompt = [5, 17, 99, 3, 250, 42, 7, 7, 81, 130, 64]
     drivers = [PagedDriver(ours), PagedDriver(reference)]

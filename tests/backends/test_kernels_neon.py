@@ -17,7 +17,7 @@ from localchat.backends.torch import kernels
 REPO = Path(__file__).resolve().parents[2]
 CROSS, QEMU, GCC = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64"), shutil.which("gcc")
 ISA_IDS = {name: i for i, name in enumerate(kernels.ISAS)}
-CASES = "270 cases, all ok"  # 9 types x 3 row counts x 2 widths x 5 activation row counts
+CASES = "300 cases, all ok"  # 10 types x 3 row counts x 2 widths x 5 activation row counts
 
 
 def build_and_run(compiler: str, isa: str, folder: Path, runner: list[str], env: dict[str, str]) -> str:

@@ -34,6 +34,7 @@ static void fill_block(int type, uint8_t *b, int bytes) {
     case 2: case 6: case 8: put_f16(b); break;    /* Q4_0, Q5_0, Q8_0: d */
     case 3: case 7: put_f16(b); put_f16(b + 2); break; /* Q4_1, Q5_1: d, m */
     case 12: case 13: put_f16(b); put_f16(b + 2); break; /* Q4_K, Q5_K: d, dmin */
+    case 10: put_f16(b + 80); put_f16(b + 82); break; /* Q2_K: d, dmin last */
     case 11: put_f16(b + 108); break;             /* Q3_K: d last */
     case 14: put_f16(b + 208); break;             /* Q6_K: d last */
     }
@@ -45,11 +46,11 @@ int main(int argc, char **argv) {
         printf("ISA %d not supported here\n", isa);
         return 2;
     }
-    const int types[9] = {2, 3, 6, 7, 8, 11, 12, 13, 14}, unit[9] = {32, 32, 32, 32, 32, 256, 256, 256, 256};
-    const int bytes[9] = {18, 20, 22, 24, 34, 110, 144, 176, 210};
+    const int types[10] = {2, 3, 6, 7, 8, 10, 11, 12, 13, 14}, unit[10] = {32, 32, 32, 32, 32, 256, 256, 256, 256, 256};
+    const int bytes[10] = {18, 20, 22, 24, 34, 84, 110, 144, 176, 210};
     const int64_t ns[3] = {16, 20, 35}, ks[2] = {256, 512}, ts[5] = {1, 2, 3, 5, 13};
     int bad = 0, cases = 0;
-    for (int ti = 0; ti < 9; ti++)
+    for (int ti = 0; ti < 10; ti++)
         for (int ni = 0; ni < 3; ni++)
             for (int ki = 0; ki < 2; ki++) {
                 int type = types[ti];

@@ -23,6 +23,7 @@ KERNELS_BUILT = importlib.util.find_spec("localchat.backends.torch._lckernels") 
 BYTES_PER_256 = {
     "Q5_0": (176, 176),
     "Q5_1": (192, 192),
+    "Q2_K": (84, 84),
     "Q3_K": (110, 114),
     "Q4_K": (144, 148),
     "Q5_K": (176, 180),
@@ -59,7 +60,7 @@ def test_block_file_is_sized_in_the_x16_layout_where_the_kernels_repack(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, qtype: str
 ) -> None:
     """Repacked into panels of 16 rows (csrc/lc_x16_layout.h), Q3_K takes 114 bytes per 256 values, Q4_K
-    148 and Q5_K 180 (their 6-bit scales spread to bytes), Q5_0, Q5_1 and Q6_K what the file does; every
+    148 and Q5_K 180 (their 6-bit scales spread to bytes), Q5_0, Q5_1, Q2_K and Q6_K what the file does; every
     tiny matrix has a multiple of 16 rows, so no panel padding."""
     monkeypatch.delenv("LOCALCHAT_KERNELS", raising=False)
     monkeypatch.delenv("LOCALCHAT_KERNEL_LAYOUT", raising=False)

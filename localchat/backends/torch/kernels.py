@@ -375,7 +375,7 @@ def _library() -> ctypes.CDLL | None:
 
 def layout_choice() -> str:
     """`LOCALCHAT_KERNEL_LAYOUT`: `auto` repacks block matrices into the x16 layout where the kernels
-    read it (AVX2, AVX-512 VNNI, NEON; every type but Q2_K), `gguf` keeps the file's blocks as they are."""
+    read it (AVX2, AVX-512 VNNI, NEON; every block type), `gguf` keeps the file's blocks as they are."""
     choice = os.environ.get(LAYOUT_ENV, "auto").strip().lower() or "auto"
     if choice not in LAYOUTS:
         raise BackendUnavailableError(
