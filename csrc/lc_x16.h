@@ -7,7 +7,7 @@ panels per pass, so each broadcast feeds two vpdpbusd. Included by lc_kernels.c 
 
 #define LC_X16_MR 6        /* activation rows per pass over a panel (pair) */
 #define LC_X16_ONE_PANEL 2 /* steps of up to this many rows read one panel per pass */
-#ifndef LC_X16_EXPAND_ROWS /* steps of this many rows expand 5- and 6-bit codes once per panel (pair) */
+#ifndef LC_X16_EXPAND_ROWS /* steps of this many rows expand lc_x16_expands' codes once per panel (pair) */
 #define LC_X16_EXPAND_ROWS 12
 #endif
 
@@ -160,24 +160,12 @@ static inline __attribute__((always_inline)) void LC_FN(x16_expanded)(const int 
 static void LC_FN(x16_expand)(int type, int np, const uint8_t *p, int64_t pb, int64_t k, uint8_t *xc) {
     const int64_t ub = lc_x16_unit_bytes(type);
     for (int pp = 0; pp < np; pp++, p += pb, xc += 16 * k) {
-        if (type == LC_Q5_0 || type == LC_Q5_1) {
-            for (int64_t s = 0; s < k / 32; s++) {
-                const uint8_t *q = p + s * ub + LC_X16_LEGACY_Q(type);
-                __m512i fv = _mm512_loadu_si512((const void *)(q + 256)), lo, hi;
-                for (int j = 0; j < 4; j++) {
-                    LC_FN(x16_fives)(_mm512_loadu_si512((const void *)(q + 64 * j)), fv, j, &lo, &hi);
-                    _mm512_storeu_si512((void *)(xc + 512 * s + 128 * j), lo);
-                    _mm512_storeu_si512((void *)(xc + 512 * s + 128 * j + 64), hi);
-                }
-            }
-            continue;
-        }
-        for (int64_t s = 0; s < k / 32; s++) {
-            const uint8_t *u = p + (s / 8) * ub;
+        for (int64_t s = 0; s < k / 32; s++) { /* 32 values: 8 groups of 64 bytes */
+            const uint8_t *u = p + (type >= LC_Q2_K ? (s / 8) * ub : s * ub);
             int j8 = (int)(s % 8);
-            if (type == LC_Q5_K) {
-                const uint8_t *q = u + LC_X16_Q5_QL(j8);
-                __m512i fv = _mm512_loadu_si512((const void *)(u + LC_X16_Q5_QH(j8))), lo, hi;
+            if (type != LC_Q3_K && type != LC_Q6_K) { /* Q5_0, Q5_1, Q5_K */
+                const uint8_t *q = type == LC_Q5_K ? u + LC_X16_Q5_QL(j8) : u + LC_X16_LEGACY_Q(type);
+                __m512i fv = _mm512_loadu_si512((const void *)(type == LC_Q5_K ? u + LC_X16_Q5_QH(j8) : q + 256)), lo, hi;
                 for (int j = 0; j < 4; j++) {
                     LC_FN(x16_fives)(_mm512_loadu_si512((const void *)(q + 64 * j)), fv, j, &lo, &hi);
                     _mm512_storeu_si512((void *)(xc + 512 * s + 128 * j), lo);
@@ -364,14 +352,10 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
     default: LC_X16_ROWS(LC_Q6_K, NP) break;                                                               \
     }
 
-/* Per-thread codes expanded to bytes (x16_expand), grown on demand. */
-static LC_THREAD uint8_t *LC_FN(xc_buf);
-static LC_THREAD size_t LC_FN(xc_size);
-
 /* out[t, n] (row stride ldo) for the packed matrix w of n rows. Steps of more than LC_X16_ONE_PANEL rows
    take two panels per pass (each activation broadcast feeds two vpdpbusd); the panels (pairs) split
    over threads, each read once per LC_X16_MR activation rows (from L1/L2 after the first pass). From
-   LC_X16_EXPAND_ROWS rows, 5- and 6-bit codes are expanded to bytes once per panel pair first. */
+   LC_X16_EXPAND_ROWS rows, lc_x16_expands' codes are expanded to bytes once per panel pair first. */
 static void LC_FN(x16_matmul)(int type, const uint8_t *w, int64_t n, int64_t k, LC_FN(xsum) x, int64_t t, void *out,
                               int out_bf16, int64_t ldo, int nth) {
     int64_t panels = (n + 15) / 16, pb = lc_x16_panel_bytes(type, k);
@@ -385,19 +369,8 @@ static void LC_FN(x16_matmul)(int type, const uint8_t *w, int64_t n, int64_t k, 
         int64_t p0 = it * np;
         const uint8_t *p = w + p0 * pb;
         int two = np == 2 && p0 + 1 < panels; /* a last odd panel runs alone */
-        const uint8_t *xc = NULL;
-        if (expand) {
-            size_t need = (size_t)(32 * k);
-            if (need > LC_FN(xc_size)) {
-                free(LC_FN(xc_buf));
-                LC_FN(xc_buf) = (uint8_t *)malloc(need);
-                LC_FN(xc_size) = LC_FN(xc_buf) ? need : 0;
-            }
-            if (LC_FN(xc_buf)) { /* out of memory: the passes extract the codes themselves */
-                LC_FN(x16_expand)(type, two ? 2 : 1, p, pb, k, LC_FN(xc_buf));
-                xc = LC_FN(xc_buf);
-            }
-        }
+        uint8_t *xc = expand ? lc_x16_expand_buffer((size_t)(32 * k)) : NULL;
+        if (xc) LC_FN(x16_expand)(type, two ? 2 : 1, p, pb, k, xc);
         for (int64_t t0 = 0; t0 < t; t0 += LC_X16_MR) {
             int mr = (int)(t - t0 < LC_X16_MR ? t - t0 : LC_X16_MR);
             LC_FN(xsum) xr = {x.xq + t0 * k, x.ns16 + t0 * (k / 16), x.ns32 + t0 * (k / 32), x.dx32 + t0 * (k / 32),

@@ -300,13 +300,10 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int ty
 #define LC_X16_EXPAND_ROWS2 12
 #endif
 
-/* Per-thread codes expanded to bytes (x16h_expand), grown on demand. */
-static LC_THREAD uint8_t *LC_FN(xc_buf);
-static LC_THREAD size_t LC_FN(xc_size);
-
 /* out[t, n] (row stride ldo) for the packed matrix w of n rows: panels split over threads, each read
-   half by half once per LC_X16_MR2 activation rows. From LC_X16_EXPAND_ROWS2 rows the 5- and 6-bit codes
-   of a panel are expanded to bytes once (x16h_expand), so no pass extracts them again. */
+   half by half once per LC_X16_MR2 activation rows. From LC_X16_EXPAND_ROWS2 rows the codes of
+   lc_x16_expands' types are expanded to bytes once per panel (x16h_expand), so no pass extracts them
+   again. */
 static void LC_FN(x16_matmul)(int type, const uint8_t *w, int64_t n, int64_t k, LC_FN(xsum) x, int64_t t, void *out,
                               int out_bf16, int64_t ldo, int nth) {
     int64_t panels = (n + 15) / 16, pb = lc_x16_panel_bytes(type, k);
@@ -314,19 +311,9 @@ static void LC_FN(x16_matmul)(int type, const uint8_t *w, int64_t n, int64_t k, 
 #pragma omp parallel for num_threads(nth) schedule(static)
 #endif
     for (int64_t pi = 0; pi < panels; pi++) {
-        const uint8_t *p = w + pi * pb, *xc = NULL;
-        if (t >= LC_X16_EXPAND_ROWS2 && lc_x16_expands(type)) {
-            size_t need = (size_t)(16 * k);
-            if (need > LC_FN(xc_size)) {
-                free(LC_FN(xc_buf));
-                LC_FN(xc_buf) = (uint8_t *)malloc(need);
-                LC_FN(xc_size) = LC_FN(xc_buf) ? need : 0;
-            }
-            if (LC_FN(xc_buf)) { /* out of memory: the passes extract the codes themselves */
-                LC_FN(x16h_expand)(type, p, k, LC_FN(xc_buf));
-                xc = LC_FN(xc_buf);
-            }
-        }
+        const uint8_t *p = w + pi * pb;
+        uint8_t *xc = t >= LC_X16_EXPAND_ROWS2 && lc_x16_expands(type) ? lc_x16_expand_buffer((size_t)(16 * k)) : NULL;
+        if (xc) LC_FN(x16h_expand)(type, p, k, xc);
         for (int h = 0; h < 2; h++) {
             int64_t first = 16 * pi + 8 * h;
             if (first >= n) break;

@@ -74,6 +74,20 @@ static inline int lc_x16_expands(int type) {
     return type == LC_Q5_0 || type == LC_Q5_1 || type == LC_Q3_K || type == LC_Q5_K || type == LC_Q6_K;
 }
 
+/* The calling thread's buffer for codes expanded to bytes (`need` bytes, grown on demand and kept: the
+   thread pool is long-lived), or NULL when out of memory (the kernels then extract codes as they go). */
+static LC_THREAD uint8_t *lc_x16_xc;
+static LC_THREAD size_t lc_x16_xc_size;
+
+static inline uint8_t *lc_x16_expand_buffer(size_t need) {
+    if (need > lc_x16_xc_size) {
+        free(lc_x16_xc);
+        lc_x16_xc = (uint8_t *)malloc(need);
+        lc_x16_xc_size = lc_x16_xc ? need : 0;
+    }
+    return lc_x16_xc;
+}
+
 static inline int64_t lc_x16_unit(int type) { return type >= LC_Q2_K ? 256 : 32; }
 
 static inline int64_t lc_x16_unit_bytes(int type) {
@@ -154,7 +168,8 @@ static void lc_x16_put_pairs(uint8_t *chunks, const uint8_t codes[16][256], int 
 }
 
 /* Column c's header fields of one unit (scales as the layout stores them) from its GGUF block(s) `b`,
-   and its codes into codes[c] (lc_decode.h's decoders: Q8_0's already + 128, Q5_K's 0..31, Q6_K's 0..63). */
+   and its codes into codes[c] (lc_decode.h's decoders: Q8_0's already + 128, Q2_K's 0..3, Q3_K's 0..7,
+   the 5-bit types' 0..31, Q6_K's 0..63). */
 static void lc_x16_unit_column(int type, const uint8_t *b, uint8_t *u, int c, uint8_t *codes) {
     float ls[8], mc[2];
     if (type < LC_Q2_K || type == LC_Q4_K || type == LC_Q5_K) memcpy(u + 2 * c, b, 2); /* d first in the block */
