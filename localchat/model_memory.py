@@ -21,7 +21,8 @@ RUNTIME_OVERHEAD = 400 * MIB  # torch + tokenizer + engine bookkeeping, measured
 MIN_KV_BUDGET = 256 * MIB  # without --mem the engine sizes its KV cache from what is left: count a floor
 # GGUF types the backends read in their blocks (file size once loaded): with localchat's compiled CPU
 # kernels every common type; without them only Q4_0/Q4_1 (torch's int4 kernel), the rest expanded to
-# bf16. MLX keeps these quantized too, except Q2_K/Q3_K. Anything else (IQ*) is expanded: 2 bytes per value.
+# bf16. MLX keeps these quantized too (Q3_K re-quantized to 5 bits, Q2_K to 4: 6 and 5 per weight, more
+# than their files' 3.4 and 2.6). Anything else (IQ*) is expanded: 2 bytes per value.
 _KERNEL_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"})
 _INT4_TYPES = frozenset({"Q4_0", "Q4_1"})
 _LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")

@@ -129,32 +129,42 @@ def test_more_types_map_exactly(qtype: str, bits: int) -> None:
     np.testing.assert_allclose(got, x @ expected.T, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
 
 
-def test_q6_k_is_requantized_to_8_bits_within_a_quarter_step() -> None:
-    """No group-32 form exists for Q6_K's 16-value sub-blocks: 8-bit groups of 32 over the dequantized
-    values, each value within half an 8-bit step of its group's range (a quarter of Q6_K's own step)."""
-    from tests.helpers.kquants import quantize_q6_k
+@pytest.mark.parametrize(("qtype", "bits"), [("Q6_K", 8), ("Q3_K", 5), ("Q2_K", 4)])
+def test_16_value_k_quants_are_requantized_within_half_a_step(qtype: str, bits: int) -> None:
+    """No group-32 form exists for 16-value sub-blocks: min/max groups of 32 over the dequantized values,
+    each value within half a step of its group's range (Q6_K: 8 bits, a quarter of its own step; Q3_K:
+    5 bits; Q2_K: 4)."""
+    from tests.helpers.kquants import K_QUANTIZERS
 
     rows, cols = 8, 512
     values = np.random.default_rng(9).standard_normal((rows, cols)).astype(np.float32)
-    blocks = quantize_q6_k(values).reshape(rows, -1)
-    reference = dequantize(blocks, GGMLQuantizationType.Q6_K).astype(np.float32)
-    weight = to_weight(WeightTensor("w", (rows, cols), "Q6_K", blocks), mx.float32)
-    assert isinstance(weight, QuantizedWeight) and weight.bits == 8
+    blocks = K_QUANTIZERS[qtype](values).reshape(rows, -1)
+    reference = dequantize(blocks, GGMLQuantizationType[qtype]).astype(np.float32)
+    weight = to_weight(WeightTensor("w", (rows, cols), qtype, blocks), mx.float32)
+    assert isinstance(weight, QuantizedWeight) and (weight.bits, weight.group_size) == (bits, 32)
     ours = np.array(take_rows(weight, mx.arange(rows)))
     groups = reference.reshape(rows, -1, 32)
-    half_step = (groups.max(-1) - groups.min(-1)) / 255 / 2  # [rows, groups]
+    half_step = (groups.max(-1) - groups.min(-1)) / (2**bits - 1) / 2  # [rows, groups]
     error = np.abs(ours - reference).reshape(rows, -1, 32).max(-1)
     assert (error <= half_step * 1.01 + 1e-7).all()
     assert error.max() > 0  # really re-quantized, not a dense copy
+    x = np.random.default_rng(10).standard_normal((3, cols)).astype(np.float32)
+    got = np.array(linear(mx.array(x), weight))
+    np.testing.assert_allclose(got, x @ ours.T, rtol=1e-4, atol=1e-4 * np.abs(ours).max())
 
 
 def test_other_types_and_dense_weights_are_dense() -> None:
+    """IQ4_NL (a table-indexed type with no affine form) is dequantized; so are float weights."""
     rng = np.random.default_rng(4)
     values = rng.standard_normal((8, 256)).astype(np.float32)
-    blocks = k_blocks("Q2_K", 8, 256, seed=4)
-    weight = to_weight(WeightTensor("w", (8, 256), "Q2_K", blocks), mx.float32)
+    blocks = rng.integers(
+        0, 256, size=(8, 8, 18), dtype=np.uint8
+    )  # 8 blocks of 32: d, then 16 bytes of indices
+    blocks[..., 0:2] = np.frombuffer(np.float16(0.25).tobytes(), dtype=np.uint8)
+    blocks = blocks.reshape(8, -1)
+    weight = to_weight(WeightTensor("w", (8, 256), "IQ4_NL", blocks), mx.float32)
     assert isinstance(weight, DenseWeight) and weight.shape == (8, 256)
-    np.testing.assert_array_equal(np.array(weight.wt).T, dequantize(blocks, GGMLQuantizationType.Q2_K))
+    np.testing.assert_array_equal(np.array(weight.wt).T, dequantize(blocks, GGMLQuantizationType.IQ4_NL))
     bf16 = (values.view(np.uint32) >> 16).astype(np.uint16)
     dense = to_weight(WeightTensor("w", (8, 256), "BF16", bf16), mx.float32)
     assert isinstance(dense, DenseWeight)

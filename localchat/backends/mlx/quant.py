@@ -3,9 +3,11 @@
 GGUF Q4_0, Q4_1 and Q8_0 keep their bits: each 32-value GGUF block becomes one MLX affine group
 (`w = scale * q + bias`, group 32, `mx.quantize`'s packing), converted on the integers, never through
 floats. So do Q5_0, Q5_1, Q4_K and Q5_K (localchat/backends/mlx/gguf_blocks.py: 5- and 4-bit groups whose
-scale and bias are GGUF's per-32 sub-block values). Q6_K's 16-value sub-blocks have no group-32 form: it is
-re-quantized to 8-bit min/max groups of 32 (each value within half a step, range / 255 / 2, of
-GGUF's; 8.5 bits per weight instead of 6.56). Other quantized types (Q2_K, Q3_K, IQ*) are dequantized to the compute dtype.
+scale and bias are GGUF's per-32 sub-block values). Q6_K, Q3_K and Q2_K have scales per 16 values and no
+group-32 form: they are re-quantized to min/max groups of 32 (each value within half a step of its group's
+range), Q6_K to 8 bits (8.5 bits per weight instead of 6.56), Q3_K to 5 (6 instead of 3.44), Q2_K to 4
+(5 instead of 2.63), against 16 dequantized. Other quantized types (IQ*) are dequantized to the compute
+dtype.
 
 | GGUF block | value | MLX q (unsigned) | scale | bias |
 |---|---|---|---|---|
@@ -38,7 +40,11 @@ from localchat.weights.tensors import WeightTensor
 
 GROUP_SIZE = 32
 NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0", *EXACT_TYPES)
-REQUANTIZED = {"Q6_K": 8}  # no exact MLX form: dequantized, then quantized to this many bits
+# No exact MLX form (scales per 16 values): dequantized, then quantized to this many bits, the fewest that
+# keep the added error small beside the type's own. Relative RMS error against the original weights
+# (random normal, tests/helpers/kquants.py's encoders): Q3_K 0.181 as stored, 0.186 at 5 bits (4: 0.198);
+# Q2_K 0.329 as stored, 0.335 at 4 bits. Q6_K at 8 stays within a quarter of its own step.
+REQUANTIZED = {"Q6_K": 8, "Q3_K": 5, "Q2_K": 4}
 # GGUF type -> (bytes per 32-value block, bits per value in MLX).
 _BLOCKS = {"Q4_0": (18, 4), "Q4_1": (20, 4), "Q8_0": (34, 8)}
 
