@@ -130,19 +130,26 @@ static inline void lc_store(void *out, int out_bf16, int64_t i, float v) {
     else ((float *)out)[i] = v;
 }
 
-/* Per-thread decode buffers, grown on demand and kept (the thread pool is long-lived). */
-static LC_THREAD uint8_t *lc_buf;
+/* *buf grown to at least `need` bytes (old contents dropped; NULL and size 0 when out of memory). The
+   per-thread buffers below use it: grown on demand and kept, as the thread pool is long-lived. */
+static void *lc_grow(void **buf, size_t *size, size_t need) {
+    if (need > *size) {
+        free(*buf);
+        *buf = malloc(need);
+        *size = *buf ? need : 0;
+    }
+    return *buf;
+}
+
+/* Per-thread decode buffers. */
+static LC_THREAD void *lc_buf;
 static LC_THREAD size_t lc_buf_size;
 
 static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
     size_t need = (size_t)weights + (size_t)weights + (size_t)weights / 4 + 256; /* codes, k/4 + k/16 floats */
-    if (need > lc_buf_size) {
-        free(lc_buf);
-        lc_buf = (uint8_t *)malloc(need);
-        lc_buf_size = lc_buf ? need : 0;
-    }
-    *c = lc_buf;
-    *ls = (float *)(lc_buf + ((weights + 63) & ~(int64_t)63));
+    uint8_t *buf = (uint8_t *)lc_grow(&lc_buf, &lc_buf_size, need);
+    *c = buf;
+    *ls = (float *)(buf + ((weights + 63) & ~(int64_t)63));
     *mc = *ls + weights / 4;
 }
 
@@ -289,7 +296,7 @@ LC_EXPORT int lc_x16_repack(int type, const uint8_t *w, int64_t n, int64_t k, in
     return 0;
 }
 
-/* Per-thread activation summaries of the x16 kernels (the caller's thread), grown on demand. */
+/* Per-thread activation summaries of the x16 kernels (the caller's thread), grown by lc_grow. */
 static LC_THREAD void *lc_xsums;
 static LC_THREAD size_t lc_xsums_size;
 
@@ -297,12 +304,7 @@ static LC_THREAD size_t lc_xsums_size;
 static int lc_x16_summaries(int64_t t, int64_t k, const int8_t *xq, const float *xd, const float *xs,
                             lc_x16_sums *x) {
     size_t need = (size_t)t * (size_t)(k / 16 + 3 * (k / 32)) * 4 + 64;
-    if (need > lc_xsums_size) {
-        free(lc_xsums);
-        lc_xsums = malloc(need);
-        lc_xsums_size = lc_xsums ? need : 0;
-        if (!lc_xsums) return -1;
-    }
+    if (!lc_grow(&lc_xsums, &lc_xsums_size, need)) return -1;
     int32_t *ns16 = (int32_t *)lc_xsums, *ns32 = ns16 + t * (k / 16);
     float *dx32 = (float *)(ns32 + t * (k / 32)), *fs32 = dx32 + t * (k / 32);
     for (int64_t i = 0; i < t; i++) {

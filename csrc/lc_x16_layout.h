@@ -74,19 +74,12 @@ static inline int lc_x16_expands(int type) {
     return type == LC_Q5_0 || type == LC_Q5_1 || type == LC_Q3_K || type == LC_Q5_K || type == LC_Q6_K;
 }
 
-/* The calling thread's buffer for codes expanded to bytes (`need` bytes, grown on demand and kept: the
-   thread pool is long-lived), or NULL when out of memory (the kernels then extract codes as they go). */
-static LC_THREAD uint8_t *lc_x16_xc;
+/* The calling thread's buffer for codes expanded to bytes (`need` bytes, lc_grow), or NULL when out of
+   memory (the kernels then extract codes as they go). */
+static LC_THREAD void *lc_x16_xc;
 static LC_THREAD size_t lc_x16_xc_size;
 
-static inline uint8_t *lc_x16_expand_buffer(size_t need) {
-    if (need > lc_x16_xc_size) {
-        free(lc_x16_xc);
-        lc_x16_xc = (uint8_t *)malloc(need);
-        lc_x16_xc_size = lc_x16_xc ? need : 0;
-    }
-    return lc_x16_xc;
-}
+static inline uint8_t *lc_x16_expand_buffer(size_t need) { return (uint8_t *)lc_grow(&lc_x16_xc, &lc_x16_xc_size, need); }
 
 static inline int64_t lc_x16_unit(int type) { return type >= LC_Q2_K ? 256 : 32; }
 

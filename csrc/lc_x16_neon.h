@@ -18,6 +18,14 @@ static inline float32x4_t LC_FN(i8f4)(const uint8_t *p) {
     return vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(vld1_s8((const int8_t *)p)))));
 }
 
+/* acc + 4 groups of codes (c[m]: 4 columns x 4 codes) times activation bytes 4m..4m + 3 of xv. */
+static inline int32x4_t LC_FN(sdot4)(int32x4_t acc, int8x16_t c0, int8x16_t c1, int8x16_t c2, int8x16_t c3, int8x16_t xv) {
+    acc = vdotq_laneq_s32(acc, c0, xv, 0);
+    acc = vdotq_laneq_s32(acc, c1, xv, 1);
+    acc = vdotq_laneq_s32(acc, c2, xv, 2);
+    return vdotq_laneq_s32(acc, c3, xv, 3);
+}
+
 /* acc[i][g] (columns 4g..4g+3) += the 32 nibble-coded values at q times activations xq row i from x0;
    with `fifth` (Q5_0, Q5_1, Q5_K) each code's fifth bit (bit `group` of its byte there) adds 16. */
 static inline __attribute__((always_inline)) void LC_FN(x16n_nibbles)(const int mr, const uint8_t *q, const uint8_t *fifth,
@@ -39,12 +47,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16n_nibbles)(const int 
             }
             int8x16_t lo0 = vreinterpretq_s8_u8(l0), hi0 = vreinterpretq_s8_u8(h0);
             int8x16_t lo1 = vreinterpretq_s8_u8(l1), hi1 = vreinterpretq_s8_u8(h1);
-            for (int i = 0; i < mr; i++) {
-                acc[i][g] = vdotq_laneq_s32(acc[i][g], lo0, xv[i], 0);
-                acc[i][g] = vdotq_laneq_s32(acc[i][g], hi0, xv[i], 1);
-                acc[i][g] = vdotq_laneq_s32(acc[i][g], lo1, xv[i], 2);
-                acc[i][g] = vdotq_laneq_s32(acc[i][g], hi1, xv[i], 3);
-            }
+            for (int i = 0; i < mr; i++) acc[i][g] = LC_FN(sdot4)(acc[i][g], lo0, hi0, lo1, hi1, xv[i]);
         }
     }
 }
@@ -73,12 +76,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16n_panel)(const int ty
                         int8x16_t q1 = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(u + 32 + 64 * (c8 + 1) + 16 * g), flip));
                         int8x16_t q2 = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(u + 32 + 64 * (c8 + 2) + 16 * g), flip));
                         int8x16_t q3 = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(u + 32 + 64 * (c8 + 3) + 16 * g), flip));
-                        for (int i = 0; i < mr; i++) {
-                            acc[i][g] = vdotq_laneq_s32(acc[i][g], q0, xv[i], 0);
-                            acc[i][g] = vdotq_laneq_s32(acc[i][g], q1, xv[i], 1);
-                            acc[i][g] = vdotq_laneq_s32(acc[i][g], q2, xv[i], 2);
-                            acc[i][g] = vdotq_laneq_s32(acc[i][g], q3, xv[i], 3);
-                        }
+                        for (int i = 0; i < mr; i++) acc[i][g] = LC_FN(sdot4)(acc[i][g], q0, q1, q2, q3, xv[i]);
                     }
                 }
             } else {
@@ -114,80 +112,57 @@ static inline __attribute__((always_inline)) void LC_FN(x16n_panel)(const int ty
                     }
                 }
             }
-        } else if (type == LC_Q2_K) { /* a scale and a min per 16 values: d sc sum(q x) - dmin m sum(x) */
-            const uint8x16_t two = vdupq_n_u8(3);
-            for (int j = 0; j < 8; j++) {
-                int64_t s = 8 * s8 + j;
-                for (int hh = 0; hh < 2; hh++) {
-                    int64_t x0 = 32 * s + 16 * hh;
-                    int8x16_t xv[LC_X16_MRN];
-                    for (int i = 0; i < mr; i++) {
-                        xv[i] = vld1q_s8(x.xq + i * k + x0);
-                        for (int g = 0; g < 4; g++) acc[i][g] = vdupq_n_s32(0);
-                    }
-                    for (int g = 0; g < 4; g++) {
-                        uint8x16_t lv = vld1q_u8(u + LC_X16_Q2_Q(j) + 64 * hh + 16 * g);
-                        int8x16_t c0 = vreinterpretq_s8_u8(vandq_u8(lv, two)), c1 = vreinterpretq_s8_u8(vandq_u8(vshrq_n_u8(lv, 2), two));
-                        int8x16_t c2 = vreinterpretq_s8_u8(vandq_u8(vshrq_n_u8(lv, 4), two)), c3 = vreinterpretq_s8_u8(vshrq_n_u8(lv, 6));
-                        for (int i = 0; i < mr; i++) {
-                            acc[i][g] = vdotq_laneq_s32(acc[i][g], c0, xv[i], 0);
-                            acc[i][g] = vdotq_laneq_s32(acc[i][g], c1, xv[i], 1);
-                            acc[i][g] = vdotq_laneq_s32(acc[i][g], c2, xv[i], 2);
-                            acc[i][g] = vdotq_laneq_s32(acc[i][g], c3, xv[i], 3);
-                        }
-                        uint8x8_t sm = vld1_u8(u + LC_X16_Q2_SM(j) + 16 * hh + 4 * g); /* columns 4g..4g + 3 in the low half */
-                        float32x4_t scf = vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vand_u8(sm, vdup_n_u8(15))))));
-                        float32x4_t mf = vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vshr_n_u8(sm, 4)))));
-                        float32x4_t sv = vmulq_f32(LC_FN(h4)(u + 8 * g), scf), mv = vmulq_f32(LC_FN(h4)(u + 32 + 8 * g), mf);
-                        for (int i = 0; i < mr; i++) { /* ns16 is minus the code sum: the min term added */
-                            float dx = x.dx32[i * k32 + s];
-                            out[i][g] = vfmaq_f32(out[i][g], vcvtq_f32_s32(acc[i][g]), vmulq_n_f32(sv, dx));
-                            out[i][g] = vfmaq_n_f32(out[i][g], mv, (float)x.ns16[i * k16 + 2 * s + hh] * dx);
-                        }
-                    }
-                }
-            }
-        } else { /* LC_Q3_K, LC_Q6_K: one scale per 16 values, offsets -4 and -32 x scale */
+        } else { /* LC_Q2_K, LC_Q3_K, LC_Q6_K: a scale per 16 values; offsets -4 and -32 x scale (Q3_K, Q6_K), a
+                    min per 16 values (Q2_K: d sc sum(q x) - dmin m sum(x)) */
             const uint8x16_t low = vdupq_n_u8(15), top = vdupq_n_u8(0x30), two = vdupq_n_u8(3), four = vdupq_n_u8(4);
-            const int q3 = type == LC_Q3_K;
+            const int q2 = type == LC_Q2_K, q3 = type == LC_Q3_K;
+            const int32_t offset = q2 ? 0 : q3 ? 4 : 32;
             for (int j = 0; j < 8; j++) {
-                const uint8_t *ql = u + (q3 ? LC_X16_Q3_QL(j) : LC_X16_Q6_QL(j)), *qh = u + (q3 ? LC_X16_Q3_QH(j) : LC_X16_Q6_QH(j));
+                const uint8_t *ql = u + (q2 ? LC_X16_Q2_Q(j) : q3 ? LC_X16_Q3_QL(j) : LC_X16_Q6_QL(j));
+                const uint8_t *qh = u + (q3 ? LC_X16_Q3_QH(j) : LC_X16_Q6_QH(j)); /* unused for Q2_K */
                 int64_t s = 8 * s8 + j;
                 for (int hh = 0; hh < 2; hh++) {
                     int64_t x0 = 32 * s + 16 * hh;
                     int8x16_t xv[LC_X16_MRN];
                     for (int i = 0; i < mr; i++) {
                         xv[i] = vld1q_s8(x.xq + i * k + x0);
-                        for (int g = 0; g < 4; g++) acc[i][g] = vdupq_n_s32((q3 ? 4 : 32) * x.ns16[i * k16 + 2 * s + hh]);
+                        for (int g = 0; g < 4; g++) acc[i][g] = vdupq_n_s32(offset * x.ns16[i * k16 + 2 * s + hh]);
                     }
                     for (int g = 0; g < 4; g++) {
-                        int8x16_t c0, c1, c2, c3;
-                        if (q3) { /* code group m: bits 2m..2m + 1 of the low chunk, bit 4 hh + m of the third bits */
-                            uint8x16_t lv = vld1q_u8(ql + 64 * hh + 16 * g), fv = vld1q_u8(qh + 16 * g);
-                            uint8x16_t m3[4];
-                            for (int m = 0; m < 4; m++)
-                                m3[m] = vorrq_u8(vandq_u8(vshlq_u8(lv, vdupq_n_s8((int8_t)(-2 * m))), two),
-                                                 vandq_u8(vshlq_u8(fv, vdupq_n_s8((int8_t)(2 - 4 * hh - m))), four));
-                            c0 = vreinterpretq_s8_u8(m3[0]), c1 = vreinterpretq_s8_u8(m3[1]);
-                            c2 = vreinterpretq_s8_u8(m3[2]), c3 = vreinterpretq_s8_u8(m3[3]);
+                        uint8x16_t cg[4];
+                        if (q2 || q3) { /* code group m: bits 2m..2m + 1 of the 2-bit chunk (Q3_K: + bit 4 hh + m of the third bits) */
+                            uint8x16_t lv = vld1q_u8(ql + 64 * hh + 16 * g);
+                            for (int m = 0; m < 4; m++) {
+                                cg[m] = vandq_u8(vshlq_u8(lv, vdupq_n_s8((int8_t)(-2 * m))), two);
+                                if (q3)
+                                    cg[m] = vorrq_u8(cg[m], vandq_u8(vshlq_u8(vld1q_u8(qh + 16 * g), vdupq_n_s8((int8_t)(2 - 4 * hh - m))), four));
+                            }
                         } else {
                             uint8x16_t v0 = vld1q_u8(ql + 128 * hh + 16 * g), v1 = vld1q_u8(ql + 128 * hh + 64 + 16 * g);
                             uint8x16_t hv = vld1q_u8(qh + 64 * hh + 16 * g);
-                            c0 = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(v0, low), vandq_u8(vshlq_n_u8(hv, 4), top)));
-                            c1 = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(v0, 4), vandq_u8(vshlq_n_u8(hv, 2), top)));
-                            c2 = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(v1, low), vandq_u8(hv, top)));
-                            c3 = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(v1, 4), vandq_u8(vshrq_n_u8(hv, 2), top)));
+                            cg[0] = vorrq_u8(vandq_u8(v0, low), vandq_u8(vshlq_n_u8(hv, 4), top));
+                            cg[1] = vorrq_u8(vshrq_n_u8(v0, 4), vandq_u8(vshlq_n_u8(hv, 2), top));
+                            cg[2] = vorrq_u8(vandq_u8(v1, low), vandq_u8(hv, top));
+                            cg[3] = vorrq_u8(vshrq_n_u8(v1, 4), vandq_u8(vshrq_n_u8(hv, 2), top));
                         }
-                        for (int i = 0; i < mr; i++) {
-                            acc[i][g] = vdotq_laneq_s32(acc[i][g], c0, xv[i], 0);
-                            acc[i][g] = vdotq_laneq_s32(acc[i][g], c1, xv[i], 1);
-                            acc[i][g] = vdotq_laneq_s32(acc[i][g], c2, xv[i], 2);
-                            acc[i][g] = vdotq_laneq_s32(acc[i][g], c3, xv[i], 3);
-                        }
-                        float32x4_t sv = vmulq_f32(LC_FN(h4)(u + 8 * g),
-                                                   LC_FN(i8f4)(u + (q3 ? LC_X16_Q3_SC(j) : LC_X16_Q6_SC(j)) + 16 * hh + 4 * g));
                         for (int i = 0; i < mr; i++)
-                            out[i][g] = vfmaq_f32(out[i][g], vcvtq_f32_s32(acc[i][g]), vmulq_n_f32(sv, x.dx32[i * k32 + s]));
+                            acc[i][g] = LC_FN(sdot4)(acc[i][g], vreinterpretq_s8_u8(cg[0]), vreinterpretq_s8_u8(cg[1]),
+                                                     vreinterpretq_s8_u8(cg[2]), vreinterpretq_s8_u8(cg[3]), xv[i]);
+                        float32x4_t scf, mv = vdupq_n_f32(0.0f);
+                        if (q2) { /* the file's scale | min << 4 bytes; columns 4g..4g + 3 in the low half */
+                            uint8x8_t sm = vld1_u8(u + LC_X16_Q2_SM(j) + 16 * hh + 4 * g);
+                            scf = vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vand_u8(sm, vdup_n_u8(15))))));
+                            mv = vmulq_f32(LC_FN(h4)(u + 32 + 8 * g), vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vshr_n_u8(sm, 4))))));
+                        } else {
+                            scf = LC_FN(i8f4)(u + (q3 ? LC_X16_Q3_SC(j) : LC_X16_Q6_SC(j)) + 16 * hh + 4 * g);
+                        }
+                        float32x4_t sv = vmulq_f32(LC_FN(h4)(u + 8 * g), scf);
+                        for (int i = 0; i < mr; i++) {
+                            float dx = x.dx32[i * k32 + s];
+                            out[i][g] = vfmaq_f32(out[i][g], vcvtq_f32_s32(acc[i][g]), vmulq_n_f32(sv, dx));
+                            if (q2) /* ns16 is minus the code sum: the min term added */
+                                out[i][g] = vfmaq_n_f32(out[i][g], mv, (float)x.ns16[i * k16 + 2 * s + hh] * dx);
+                        }
                     }
                 }
             }

@@ -83,9 +83,7 @@ def decode_side_by_side(
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize(
-    "qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "Q3_K", "Q2_K"]
-)
+@pytest.mark.parametrize("qtype", list(kernels.BLOCKS))
 def test_fused_decode_equals_the_layer_path(
     tmp_path: Path, qtype: str, dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

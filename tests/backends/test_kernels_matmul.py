@@ -39,7 +39,7 @@ K_QUANTS = dict(kquants.K_QUANTIZERS)  # Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
 # into panels of 16 rows at load: csrc/lc_x16_layout.h) for the types it holds.
 X16_ISAS = [isa for isa in ("avx2", "avx512vnni", "neon") if isa in kernels.runnable_isas()]
 ISAS = kernels.runnable_isas() + [f"{isa}+x16" for isa in X16_ISAS]
-X16_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+X16_TYPES = (*SIMPLE, *K_QUANTS)  # every block type has an x16 form
 
 
 def test_the_extension_is_built_where_a_compiler_is() -> None:
