@@ -1,4 +1,4 @@
-// The About dialog: opened by the ⓘ button (htmx fills it from /ui/about), closed by its button or Esc.
+// The About dialog: opened by the About (info) button (htmx fills it from /ui/about), closed by its button or Esc.
 (function () {
   "use strict";
   document.addEventListener("click", (event) => {
