@@ -10,11 +10,15 @@ from localchat.engine.sampling_inputs import build_sampling_inputs
 
 
 def build_batch(
-    scheduler_output: SchedulerOutput, requests: dict[str, Request], block_size: int
+    scheduler_output: SchedulerOutput,
+    requests: dict[str, Request],
+    block_size: int,
+    state_slots: dict[str, int] | None = None,
 ) -> BatchInputs:
     """Rows follow `num_scheduled_tokens` order (running requests first, then newly admitted ones).
 
     A row samples when this step reaches the end of its known tokens; a middle prefill chunk does not.
+    `state_slots` (hybrid models): each request's state slot, sent per row.
     """
     req_ids = list(scheduler_output.num_scheduled_tokens)
     num_reqs = len(req_ids)
@@ -66,6 +70,9 @@ def build_batch(
         max_query_len=int(query_lens.max()) if num_reqs else 0,
         max_seq_len=int(seq_lens.max()) if num_reqs else 0,
         block_size=block_size,
+        state_slots=None
+        if state_slots is None
+        else np.asarray([state_slots[r] for r in req_ids], dtype=np.int64),
         sampling=build_sampling_inputs(
             [
                 (r.sampling_params, r.all_token_ids, r.num_prompt_tokens)

@@ -14,12 +14,13 @@ from localchat.engine.block_manager import BlockManager
 from localchat.engine.config import EngineConfig
 from localchat.engine.constraint import TokenMatcher, fill_batch_bitmask
 from localchat.engine.detokenizer import Decoder, IncrementalDetokenizer
-from localchat.engine.interface import ModelRunner
+from localchat.engine.interface import ModelRunner, StateCacheSpec
 from localchat.engine.latency import ITL_BUCKETS_S, TTFT_BUCKETS_S, Histogram
 from localchat.engine.outputs import EngineStats, RequestOutput
 from localchat.engine.request import FinishReason, Request
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.scheduler import Scheduler
+from localchat.engine.state_slots import StateSlotPool
 from localchat.errors import ContextLengthExceededError, InvalidRequestError
 
 log = logging.getLogger(__name__)
@@ -46,10 +47,13 @@ class LLMEngine:
         wanted = config.max_model_len or model_max_len
         spec = runner.kv_cache_spec
         per_block = spec.bytes_per_block(config.block_size)
+        # Hybrid models: one state slot per sequence that may run, taken from the same memory budget.
+        state_spec: StateCacheSpec | None = getattr(runner, "state_cache_spec", None)
+        state_bytes = state_spec.bytes_per_slot * config.max_num_seqs if state_spec is not None else 0
         if config.kv_cache_mib is not None:
-            budget = config.kv_cache_mib * 2**20
+            budget = config.kv_cache_mib * 2**20 - state_bytes
         else:
-            budget = runner.available_kv_memory() or DEFAULT_KV_CACHE_MIB * 2**20
+            budget = (runner.available_kv_memory() or DEFAULT_KV_CACHE_MIB * 2**20) - state_bytes
             # More than every sequence at full length can never be used: don't reserve it.
             useful_tokens = config.max_num_seqs * wanted
             budget = min(budget, -(-useful_tokens // config.block_size) * per_block)
@@ -66,8 +70,28 @@ class LLMEngine:
             spec.dtype_name or f"{spec.dtype_bytes}-byte elements",
             num_blocks * per_block / 2**20,
         )
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(config, self.block_manager)
+        self.state_pool: StateSlotPool | None = None
+        self.state_bytes_per_slot = 0
+        self.prefix_caching_note = ""
+        prefix_caching = config.enable_prefix_caching
+        if state_spec is not None:
+            self.state_pool = StateSlotPool(config.max_num_seqs)
+            self.state_bytes_per_slot = state_spec.bytes_per_slot
+            runner.initialize_state_cache(config.max_num_seqs)  # type: ignore[attr-defined]
+            log.info(
+                "State cache: %d slots (max_num_seqs) of %.2f MiB for %d recurrent layers, %.0f MiB",
+                config.max_num_seqs,
+                state_spec.bytes_per_slot / 2**20,
+                state_spec.num_layers,
+                state_bytes / 2**20,
+            )
+            if prefix_caching:
+                # Reusing cached KV blocks without the recurrent state at that point would be wrong.
+                prefix_caching = False
+                self.prefix_caching_note = state_spec.prefix_caching_note
+                log.info("Prefix caching off: %s", self.prefix_caching_note)
+        self.block_manager = BlockManager(num_blocks, config.block_size, prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager, self.state_pool)
         capacity = (num_blocks - 1) * config.block_size
         self.max_model_len = min(wanted, capacity)
         if self.max_model_len < wanted:
@@ -136,7 +160,8 @@ class LLMEngine:
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
             return []
-        batch = build_batch(scheduler_output, self.scheduler.requests, self.config.block_size)
+        slots = self.state_pool.slots if self.state_pool is not None else None
+        batch = build_batch(scheduler_output, self.scheduler.requests, self.config.block_size, slots)
         assert batch.sampling is not None
         batch.sampling.token_bitmask = self._grammar_bitmask(batch.sample_req_ids)
         try:
@@ -290,4 +315,8 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             time_to_first_token=self.time_to_first_token.snapshot(),
             inter_token_latency=self.inter_token_latency.snapshot(),
+            state_slots_used=self.state_pool.num_used if self.state_pool is not None else 0,
+            state_slots_total=self.state_pool.num_slots if self.state_pool is not None else 0,
+            state_bytes_per_slot=self.state_bytes_per_slot,
+            prefix_caching_enabled=self.block_manager.enable_prefix_caching,
         )

@@ -70,6 +70,9 @@ class BatchInputs:
     # One row per sample_req_ids entry: temperatures, seeds, penalties, logit_bias and the grammar's
     # token_bitmask (engine/sampling_inputs.py). None only in batches that never sample (tests).
     sampling: SamplingInputs | None = None
+    # Hybrid models (engine/state_slots.py): int64 [num_reqs], each row's recurrent-state slot. A row
+    # whose first position is 0 starts from a zeroed state; any other continues from what it left.
+    state_slots: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -140,6 +143,18 @@ class KVCacheSpec:
         # K and V, every layer.
         per_head = self.head_dim * self.dtype_bytes + self.scale_bytes
         return 2 * self.num_layers * block_size * self.num_kv_heads * per_head
+
+
+@dataclass(frozen=True, slots=True)
+class StateCacheSpec:
+    """A hybrid model's fixed-size per-sequence state (recurrent and conv windows of its linear-attention
+    layers): what one state slot costs. Runners of such models expose it as `state_cache_spec` and take
+    `initialize_state_cache(num_slots)`; plain transformers have neither."""
+
+    num_layers: int  # layers that keep a state instead of K/V
+    bytes_per_slot: int  # every such layer's state for one sequence
+    # Why prefix reuse is off for this model (the state at a block boundary is not kept): /metrics, logs.
+    prefix_caching_note: str = "hybrid model: prefix reuse would need the recurrent state at block boundaries"
 
 
 class ModelRunner(Protocol):

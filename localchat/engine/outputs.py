@@ -43,3 +43,8 @@ class EngineStats:
     max_model_len: int
     time_to_first_token: HistogramSnapshot
     inter_token_latency: HistogramSnapshot
+    # Hybrid models' per-sequence state pool (engine/state_slots.py); 0 for plain transformers.
+    state_slots_used: int = 0
+    state_slots_total: int = 0
+    state_bytes_per_slot: int = 0
+    prefix_caching_enabled: bool = True  # off for hybrid models (no state checkpoints at block edges)

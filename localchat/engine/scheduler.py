@@ -1,6 +1,8 @@
 """Token-budget scheduler: every step hands `max_num_batched_tokens` out across running requests
 (decodes and unfinished prefills, oldest first), then admits waiting ones, chunking prefills to fit.
-Out of blocks, it preempts the newest running request (recompute later); nothing is dropped."""
+Out of blocks, it preempts the newest running request (recompute later); nothing is dropped.
+Hybrid models also need a state slot per running request (engine/state_slots.py): a request is admitted
+only when a slot and its blocks are both free, and gives both back on finish or preemption."""
 
 from __future__ import annotations
 
@@ -10,12 +12,16 @@ from localchat.engine.block_manager import BlockManager
 from localchat.engine.config import EngineConfig
 from localchat.engine.interface import CachedRequestData, NewRequestData, SchedulerOutput
 from localchat.engine.request import FinishReason, Request, RequestStatus
+from localchat.engine.state_slots import StateSlotPool
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+    def __init__(
+        self, config: EngineConfig, block_manager: BlockManager, state_pool: StateSlotPool | None = None
+    ) -> None:
         self.config = config
         self.block_manager = block_manager
+        self.state_pool = state_pool
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -38,6 +44,8 @@ class Scheduler:
         else:
             self.waiting.remove(request)
         self.block_manager.free(request)
+        if self.state_pool is not None:
+            self.state_pool.free(request.req_id)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         self._finished_since_last_step.add(request.req_id)
@@ -72,6 +80,8 @@ class Scheduler:
 
         while self.waiting and not preempted and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            if self.state_pool is not None and self.state_pool.num_free == 0:
+                break  # a hybrid model's request needs a state slot as well as blocks
             # Embedding requests pool every prompt token's hidden state: no cached prefix can stand in.
             hits = (
                 [] if request.sampling_params.embedding else self.block_manager.get_computed_blocks(request)
@@ -90,6 +100,8 @@ class Scheduler:
             if new_blocks is None:
                 request.num_computed_tokens = 0
                 break
+            if self.state_pool is not None:
+                self.state_pool.allocate(request.req_id)
             self.waiting.popleft()
             self.running.append(request)
             request.status = RequestStatus.RUNNING
@@ -125,6 +137,8 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         """Recompute-style preemption: drop its KV (cached blocks stay findable) and queue it first."""
         self.block_manager.free(request)
+        if self.state_pool is not None:
+            self.state_pool.free(request.req_id)  # recompute: the state is rebuilt from the tokens
         request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1

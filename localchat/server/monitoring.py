@@ -78,6 +78,31 @@ _METRICS = (
         "Requests preempted for lack of KV blocks.",
         lambda s, c: s.num_preemptions,
     ),
+    # Hybrid models (linear-attention layers): their per-sequence state pool; zeros for plain transformers.
+    (
+        "localchat_state_slots_used",
+        "gauge",
+        "Recurrent-state slots held by requests (hybrid models).",
+        lambda s, c: s.state_slots_used,
+    ),
+    (
+        "localchat_state_slots_total",
+        "gauge",
+        "Recurrent-state slots in the pool, one per max_num_seqs (hybrid models).",
+        lambda s, c: s.state_slots_total,
+    ),
+    (
+        "localchat_state_bytes_per_slot",
+        "gauge",
+        "Bytes of recurrent state one sequence holds (hybrid models).",
+        lambda s, c: s.state_bytes_per_slot,
+    ),
+    (
+        "localchat_prefix_caching_enabled",
+        "gauge",
+        "1 when prompt prefixes are reused; 0 for hybrid models, whose state is not kept per block.",
+        lambda s, c: int(s.prefix_caching_enabled),
+    ),
 )
 
 _HISTOGRAMS = (
