@@ -124,6 +124,8 @@ class BlockManager:
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first, so its last blocks are evicted before its first."""
+        if self.enable_prefix_caching:
+            self._adopt_orphaned_duplicates(request)
         for block_id in reversed(request.block_ids):
             block = self.blocks[block_id]
             block.ref_count -= 1
@@ -169,7 +171,34 @@ class BlockManager:
                 request.block_hashes.append(block_hash)
             request.num_registered_blocks = index + 1
             block = self.blocks[request.block_ids[index]]
+            if block.block_hash is not None:
+                continue  # already cached (a prefix hit)
+            holder_id = self.cached_blocks.get(block_hash)
+            if holder_id is not None:
+                holder = self.blocks[holder_id]
+                if holder.ref_count > 0:
+                    continue  # a running request holds the same content; free() re-checks later
+                # The cached copy is idle and would be evicted while this live copy stays unnamed, which
+                # broke the chain for every later block (a regenerated answer lost its cache). Name the
+                # live copy instead and hand the idle one out first.
+                self._uncache(holder)
+                self.free_blocks.move_to_end(holder_id, last=False)
+            self._register(block, block_hash, parent, tokens)
+
+    def _adopt_orphaned_duplicates(self, request: Request) -> None:
+        """Name this request's unnamed full blocks whose content no block names any more (the copy a
+        concurrent twin held was evicted meanwhile), so the freed chain stays findable end to end."""
+        num_full = min(request.num_registered_blocks, len(request.block_hashes))
+        for index in range(num_full):
+            block = self.blocks[request.block_ids[index]]
+            block_hash = request.block_hashes[index]
             if block.block_hash is not None or block_hash in self.cached_blocks:
-                continue  # already cached (a hit) or another block holds the same content
-            block.block_hash, block.parent_hash, block.token_ids = block_hash, parent, tokens
-            self.cached_blocks[block_hash] = block.block_id
+                continue
+            parent = request.block_hashes[index - 1] if index else None
+            start = index * self.block_size
+            tokens = tuple(request.all_token_ids[start : start + self.block_size])
+            self._register(block, block_hash, parent, tokens)
+
+    def _register(self, block: KVBlock, block_hash: int, parent: int | None, tokens: tuple[int, ...]) -> None:
+        block.block_hash, block.parent_hash, block.token_ids = block_hash, parent, tokens
+        self.cached_blocks[block_hash] = block.block_id
