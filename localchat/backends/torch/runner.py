@@ -58,7 +58,7 @@ from localchat.backends.torch.quant import pick_policy
 from localchat.backends.torch.sampler import SampleResult, new_generator, sample
 from localchat.backends.torch.threads import ThreadGovernor
 from localchat.backends.torch.weights import load_model
-from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput
+from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput, StateCacheSpec
 from localchat.errors import ModelLoadError
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
@@ -127,9 +127,23 @@ class TorchRunner:
         c = self.config
         scale_bytes = 4 if self.kv_dtype == torch.int8 else 0  # one float32 scale per token, head, K/V
         return KVCacheSpec(
-            c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.kv_dtype.itemsize, scale_bytes,
+            self._num_kv_layers, c.num_key_value_heads, c.head_dim, self.kv_dtype.itemsize, scale_bytes,
             str(self.kv_dtype).removeprefix("torch."),
         )  # fmt: skip
+
+    @property
+    def _num_kv_layers(self) -> int:
+        # Hybrid models (models/qwen3_next.py) keep K/V only for their full-attention layers.
+        return int(getattr(self.model, "num_kv_layers", self.config.num_hidden_layers))
+
+    @property
+    def state_cache_spec(self) -> StateCacheSpec | None:
+        """Hybrid models' per-sequence state (engine/state_slots.py); None for plain transformers."""
+        spec = getattr(self.model, "state_cache_spec", None)
+        return spec(self.dtype) if spec is not None else None
+
+    def initialize_state_cache(self, num_slots: int) -> None:
+        self.model.initialize_state_cache(num_slots, self.device, self.dtype)  # type: ignore[operator]
 
     @property
     def device_name(self) -> str:
@@ -167,10 +181,10 @@ class TorchRunner:
         if self.kv_dtype == torch.int8:
             self.kv_caches = [
                 Int8KVCache(self._zeros(shape, torch.int8), self._zeros(shape[:-1], torch.float32))
-                for _ in range(c.num_hidden_layers)
+                for _ in range(self._num_kv_layers)
             ]
         else:
-            self.kv_caches = [self._zeros(shape, self.kv_dtype) for _ in range(c.num_hidden_layers)]
+            self.kv_caches = [self._zeros(shape, self.kv_dtype) for _ in range(self._num_kv_layers)]
         self.block_size = block_size
 
     def prepare_decode_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
@@ -253,6 +267,8 @@ class TorchRunner:
         if self.graphs is not None and not pooled and self.graphs.can_run(batch):
             return self.graphs.run(batch)
         step = self._prepare(batch)
+        if (begin_step := getattr(self.model, "begin_step", None)) is not None:  # hybrid: bind state slots
+            begin_step(batch.state_slots, batch.query_start_loc, batch.positions, self.device)
         with self._matmul_backend(batch.num_tokens):
             hidden = self.model.hidden_states(step.input_ids, step.positions, step.meta, self.kv_caches)
         if pooled:

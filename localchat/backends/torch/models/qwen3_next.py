@@ -1,0 +1,216 @@
+"""Qwen3.5 (dense text model) and the Qwen3-Next layout: gated DeltaNet linear-attention layers
+interleaved with full attention (`layer_types`; every 4th layer is full attention in the released models).
+
+- Full-attention layers: q_proj gives each head's query and an output gate side by side; per-head
+  q/k RMSNorm; RoPE on the first `partial_rotary_factor` of head_dim; output * sigmoid(gate) before o.
+- Linear-attention layers (gated_deltanet.py): one projection to q|k|v, z, b, a; a causal conv over
+  q|k|v; the gated delta rule (decay g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)); an
+  RMSNorm gated by silu(z) per value head; out_proj. Their state sits in a slot (state_cache.py).
+- Every RMSNorm but the gated one scales by (1 + weight): `after_load` folds the 1 in.
+Qwen3.5's multimodal RoPE is plain RoPE for text (all three position streams are the token index).
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from localchat.backends.torch.attention import rope_paged_attention
+from localchat.backends.torch.gated_deltanet import (
+    conv_decode,
+    conv_prefill,
+    delta_rule_chunked,
+    delta_rule_step,
+    l2_normalize,
+)
+from localchat.backends.torch.kv_cache import KVCache
+from localchat.backends.torch.layers import empty_param, rms_norm, swiglu
+from localchat.backends.torch.models.base import DecoderLM, StepMetadata
+from localchat.backends.torch.quant import linear
+from localchat.backends.torch.state_cache import LayerStateShape, StateCache, StepRows
+from localchat.engine.interface import StateCacheSpec
+from localchat.weights.config import ModelConfig
+
+
+class HybridLayer(nn.Module):
+    """One decoder layer: a full-attention or a linear-attention mixer, then the SwiGLU MLP."""
+
+    def __init__(self, config: ModelConfig, index: int) -> None:
+        super().__init__()
+        x = config.extra
+        hidden = config.hidden_size
+        self.eps = config.rms_norm_eps
+        self.linear = x["layer_types"][index] == "linear_attention"
+        self.attn_norm = empty_param(hidden)
+        self.mlp_norm = empty_param(hidden)
+        self.gate_up = empty_param(2 * config.intermediate_size, hidden)
+        self.down = empty_param(hidden, config.intermediate_size)
+        if self.linear:
+            self.k_heads, self.v_heads = x["linear_num_key_heads"], x["linear_num_value_heads"]
+            self.dk, self.dv = x["linear_key_head_dim"], x["linear_value_head_dim"]
+            key_dim, value_dim = self.k_heads * self.dk, self.v_heads * self.dv
+            self.conv_channels = 2 * key_dim + value_dim
+            self.in_proj = empty_param(self.conv_channels + value_dim + 2 * self.v_heads, hidden)
+            self.conv = empty_param(self.conv_channels, 1, x["linear_conv_kernel_dim"])
+            self.dt_bias = empty_param(self.v_heads)
+            self.A_log = empty_param(self.v_heads)
+            self.gated_norm = empty_param(self.dv)
+            self.out = empty_param(hidden, value_dim)
+        else:
+            h, kvh, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+            self.heads, self.kv_heads, self.head_dim = h, kvh, d
+            self.qkv = empty_param((2 * h + 2 * kvh) * d, hidden)  # q and its gate per head, k, v
+            self.qk_norm = empty_param(h + kvh, d)
+            self.o = empty_param(hidden, h * d)
+
+    def state_shape(self) -> LayerStateShape:
+        width = self.conv.shape[-1] - 1
+        return LayerStateShape(self.conv_channels, width, self.v_heads, self.dk, self.dv)
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(swiglu(linear(x, self.gate_up)), self.down)
+
+    def attention(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: StepMetadata, kv_cache: KVCache
+    ) -> torch.Tensor:
+        tokens = x.shape[0]
+        h, kvh, d = self.heads, self.kv_heads, self.head_dim
+        y = linear(x, self.qkv)
+        q_gate = y[:, : 2 * h * d].view(tokens, h, 2 * d)
+        k = y[:, 2 * h * d : (2 * h + kvh) * d].view(tokens, kvh, d)
+        v = y[:, (2 * h + kvh) * d :].view(tokens, kvh, d)
+        qk = torch.cat((q_gate[..., :d], k), dim=1)
+        qk = rms_norm(qk, None, self.eps) * self.qk_norm
+        attn = rope_paged_attention(qk, v, cos, sin, kv_cache, meta)  # [T, h, d]
+        gated = attn * torch.sigmoid(q_gate[..., d:])
+        return linear(gated.reshape(tokens, h * d), self.o)
+
+    def linear_attention(self, x: torch.Tensor, rows: StepRows, cache: StateCache, slot: int) -> torch.Tensor:
+        """x [T, hidden] normed -> [T, hidden], reading and updating layer `slot`'s states in `cache`."""
+        tokens = x.shape[0]
+        nk, nv, dk, dv = self.k_heads, self.v_heads, self.dk, self.dv
+        y = linear(x, self.in_proj)
+        c = self.conv_channels
+        mixed, z = y[:, :c], y[:, c : c + nv * dv]
+        b, a = y[:, c + nv * dv : c + nv * dv + nv], y[:, c + nv * dv + nv :]
+        beta = torch.sigmoid(b.float())
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        conv_state, rec_state = cache.conv[slot], cache.recurrent[slot]
+        weight = self.conv[:, 0, :]
+        core = torch.empty(tokens, nv, dv, dtype=torch.float32, device=x.device)
+
+        def heads(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            # [n, C] after the conv -> q, k [n, nv, dk] (normalised; k heads shared by nv / nk value heads),
+            # v [n, nv, dv]
+            n = m.shape[0]
+            q = l2_normalize(m[:, : nk * dk].float().view(n, nk, dk)) * dk**-0.5
+            k = l2_normalize(m[:, nk * dk : 2 * nk * dk].float().view(n, nk, dk))
+            v = m[:, 2 * nk * dk :].view(n, nv, dv)
+            if nv != nk:
+                q, k = q.repeat_interleave(nv // nk, dim=1), k.repeat_interleave(nv // nk, dim=1)
+            return q, k, v
+
+        if rows.decode_tokens is not None:
+            idx, slots = rows.decode_tokens, rows.decode_slots
+            assert slots is not None
+            out, windows = conv_decode(mixed[idx], conv_state[slots], weight)
+            conv_state[slots] = windows.to(conv_state.dtype)
+            q, k, v = heads(out)
+            o, new_state = delta_rule_step(q, k, v, g[idx], beta[idx], rec_state[slots])
+            rec_state[slots] = new_state
+            core[idx] = o
+        for start, end, row_slot in rows.prefills:
+            out, window = conv_prefill(mixed[start:end], conv_state[row_slot], weight)
+            conv_state[row_slot] = window.to(conv_state.dtype)
+            q, k, v = heads(out)
+            o, new_state = delta_rule_chunked(q, k, v, g[start:end], beta[start:end], rec_state[row_slot])
+            rec_state[row_slot] = new_state
+            core[start:end] = o
+        normed = rms_norm(core.to(x.dtype), self.gated_norm, self.eps)
+        gated = normed.float() * F.silu(z.float().view(tokens, nv, dv))
+        return linear(gated.to(x.dtype).reshape(tokens, nv * dv), self.out)
+
+
+class Model(DecoderLM):
+    layer_class = HybridLayer
+    capturable = False  # the state slots are gathered per step: no fixed-address decode graph
+
+    def __init__(self, config: ModelConfig, device: torch.device) -> None:
+        super().__init__(config, device)
+        types = config.extra["layer_types"]
+        self.linear_layers = [i for i, t in enumerate(types) if t == "linear_attention"]
+        self.num_kv_layers = len(types) - len(self.linear_layers)
+        self.states: StateCache | None = None
+        self.rows: StepRows | None = None
+
+    @property
+    def hybrid_layers(self) -> list[HybridLayer]:
+        return [cast(HybridLayer, layer) for layer in self.layers]
+
+    def _state_shapes(self) -> list[LayerStateShape]:
+        return [self.hybrid_layers[i].state_shape() for i in self.linear_layers]
+
+    def after_load(self) -> None:
+        """(1 + weight) RMSNorms: fold the 1 in once (the gated norm inside DeltaNet is a plain scale)."""
+        with torch.no_grad():
+            self.norm.add_(1.0)
+            for layer in self.hybrid_layers:
+                layer.attn_norm.add_(1.0)
+                layer.mlp_norm.add_(1.0)
+                if not layer.linear:
+                    layer.qk_norm.add_(1.0)
+
+    def decode_plan(self) -> None:
+        return None  # the fused C decode step knows only transformer layers
+
+    def state_cache_spec(self, dtype: torch.dtype) -> StateCacheSpec:
+        shapes = self._state_shapes()
+        return StateCacheSpec(len(shapes), sum(s.bytes_per_slot(dtype) for s in shapes))
+
+    def initialize_state_cache(self, num_slots: int, device: torch.device, dtype: torch.dtype) -> None:
+        shapes = self._state_shapes()
+        self.states = StateCache(shapes, num_slots, device, dtype)
+
+    def begin_step(
+        self,
+        slots: np.ndarray | None,
+        query_start_loc: np.ndarray,
+        positions: np.ndarray,
+        device: torch.device,
+    ) -> None:
+        """Bind this step's rows to their state slots. Without slots (the runner's warm-up forward) each
+        row gets a scratch slot of its own."""
+        if slots is None:
+            slots = np.arange(len(query_start_loc) - 1, dtype=np.int64)
+            if self.states is None or self.states.num_slots < len(slots):
+                shapes = self._state_shapes()
+                self.states = StateCache(shapes, len(slots), device, self.norm.dtype)
+        self.rows = StepRows.from_batch(slots, query_start_loc, positions, device)
+        assert self.states is not None
+        self.rows.reset(self.states)
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: StepMetadata,
+        kv_caches: list[KVCache],
+    ) -> torch.Tensor:
+        assert self.rows is not None and self.states is not None, "begin_step binds the state slots"
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(positions, x.dtype)
+        kv_index = state_index = 0
+        for layer in self.hybrid_layers:
+            normed = rms_norm(x, layer.attn_norm, layer.eps)
+            if layer.linear:
+                x = x + layer.linear_attention(normed, self.rows, self.states, state_index)
+                state_index += 1
+            else:
+                x = x + layer.attention(normed, cos, sin, meta, kv_caches[kv_index])
+                kv_index += 1
+            x = x + layer.mlp(rms_norm(x, layer.mlp_norm, layer.eps))
+        return x

@@ -1,0 +1,79 @@
+"""The torch side of the hybrid cache: per-layer state tensors indexed by the engine's state slots.
+
+Each linear-attention layer owns a conv window [slots, C, K - 1] (compute dtype, as its inputs) and a
+recurrent state [slots, H, dk, dv] (float32: it accumulates over the whole sequence). `StepRows` tells
+the layers, once per step, which slot each row uses, which rows start fresh and which are decode rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class LayerStateShape:
+    conv_channels: int
+    conv_width: int  # K - 1 inputs kept
+    heads: int
+    key_dim: int
+    value_dim: int
+
+    def bytes_per_slot(self, dtype: torch.dtype) -> int:
+        conv = self.conv_channels * self.conv_width * dtype.itemsize
+        return conv + self.heads * self.key_dim * self.value_dim * 4
+
+
+class StateCache:
+    def __init__(
+        self, shapes: list[LayerStateShape], num_slots: int, device: torch.device, dtype: torch.dtype
+    ) -> None:
+        self.num_slots = num_slots
+        self.conv = [
+            torch.zeros(num_slots, s.conv_channels, s.conv_width, dtype=dtype, device=device) for s in shapes
+        ]
+        self.recurrent = [
+            torch.zeros(num_slots, s.heads, s.key_dim, s.value_dim, dtype=torch.float32, device=device)
+            for s in shapes
+        ]
+
+
+@dataclass(slots=True)
+class StepRows:
+    """One step's rows as the linear-attention layers see them."""
+
+    decode_tokens: torch.Tensor | None  # int64 [D]: token index of each one-token row
+    decode_slots: torch.Tensor | None  # int64 [D]
+    prefills: list[tuple[int, int, int]]  # (start, end, slot) of each longer row
+    fresh_slots: torch.Tensor | None  # int64: slots zeroed before the step (rows starting at position 0)
+
+    @classmethod
+    def from_batch(
+        cls, slots: np.ndarray, query_start_loc: np.ndarray, positions: np.ndarray, device: torch.device
+    ) -> StepRows:
+        lens = np.diff(query_start_loc)
+        starts = query_start_loc[:-1]
+        one = np.flatnonzero(lens == 1)
+        fresh = slots[positions[starts] == 0] if len(starts) else slots[:0]
+
+        def tensor(values: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)).to(device)
+
+        return cls(
+            decode_tokens=tensor(starts[one]) if one.size else None,
+            decode_slots=tensor(slots[one]) if one.size else None,
+            prefills=[
+                (int(starts[r]), int(starts[r] + lens[r]), int(slots[r])) for r in np.flatnonzero(lens > 1)
+            ],
+            fresh_slots=tensor(fresh) if fresh.size else None,
+        )
+
+    def reset(self, cache: StateCache) -> None:
+        """Zero the slots of rows that start a sequence (a new request, or one recomputed after preemption)."""
+        if self.fresh_slots is None:
+            return
+        for conv, rec in zip(cache.conv, cache.recurrent, strict=True):
+            conv.index_fill_(0, self.fresh_slots, 0)
+            rec.index_fill_(0, self.fresh_slots, 0)

@@ -1,0 +1,167 @@
+"""Qwen3.5 (gated DeltaNet + gated full attention) on the torch runner against transformers' reference,
+float32, tiny random weights: prompt logits (two DeltaNet chunks), chunked prefill == one shot, ragged
+batched decode with a preemption == transformers' greedy generate, and the kernels' two forms agree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer, models
+from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+from localchat.backends.torch.gated_deltanet import delta_rule_chunked, delta_rule_step
+from localchat.backends.torch.runner import TorchRunner
+from localchat.weights.loader import load_model
+from tests.helpers.torch_batch import PagedDriver
+from tests.helpers.torch_models import bundle_from_hf, fp32_runner
+
+TINY = {
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,  # two value heads per key head, as in the released models
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4,
+    "full_attention_interval": 2,
+    "max_position_embeddings": 512,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+    "tie_word_embeddings": False,
+}
+# float32 sums in another order (our triangular solve per chunk, the reference's): logits of size ~5 agree
+# to ~2e-4; a wrong state (not continued, shared, or not reset) is off by whole units.
+TOL = 5e-4
+PROMPT = [int(t) for t in np.random.default_rng(1).integers(1, 256, size=70)]  # 70: two 64-token chunks
+
+
+def tiny_qwen3_5(seed: int = 0) -> Qwen3_5ForCausalLM:
+    torch.manual_seed(seed)
+    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**TINY)).float().eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("A_log") or name.endswith("dt_bias"):
+                continue  # transformers' init: decays spread over (0.01, 16)
+            param.copy_(0.25 * torch.randn_like(param))
+    return model
+
+
+@pytest.fixture(scope="module")
+def hf() -> Qwen3_5ForCausalLM:
+    return tiny_qwen3_5()
+
+
+@pytest.fixture(scope="module")
+def runner(hf: Qwen3_5ForCausalLM) -> TorchRunner:
+    r = fp32_runner(bundle_from_hf(hf))
+    r.initialize_state_cache(4)
+    return r
+
+
+class HybridDriver(PagedDriver):
+    """PagedDriver plus the engine's part for hybrid models: a state slot per request."""
+
+    def __init__(self, runner: TorchRunner) -> None:
+        super().__init__(runner)
+        self.slot_of: dict[str, int] = {}
+
+    def build(self, schedule=None, *, every_token=False):  # type: ignore[no-untyped-def]
+        out, batch = super().build(schedule, every_token=every_token)
+        for req_id in batch.req_ids:
+            if req_id not in self.slot_of:
+                self.slot_of[req_id] = min(set(range(4)) - set(self.slot_of.values()))
+        batch.state_slots = np.array([self.slot_of[r] for r in batch.req_ids], dtype=np.int64)
+        return out, batch
+
+    def preempt(self, req_id: str) -> None:
+        super().preempt(req_id)
+        del self.slot_of[req_id]  # recompute: a fresh slot, rebuilt from the tokens
+
+
+def _reference_logits(hf: Qwen3_5ForCausalLM, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([tokens])).logits[0].float()
+
+
+def test_prompt_logits_match_transformers(hf: Qwen3_5ForCausalLM, runner: TorchRunner) -> None:
+    assert runner.model.num_kv_layers == 2  # type: ignore[attr-defined]
+    assert runner.kv_cache_spec.num_layers == 2  # K/V only for the full-attention layers
+    driver = HybridDriver(runner)
+    driver.add("a", PROMPT)
+    _, logits = driver.step_logits(every_token=True)
+    assert (logits.cpu() - _reference_logits(hf, PROMPT)).abs().max().item() < TOL
+
+
+def test_chunked_prefill_continues_from_the_state_the_last_chunk_left(
+    hf: Qwen3_5ForCausalLM, runner: TorchRunner
+) -> None:
+    driver = HybridDriver(runner)
+    driver.add("a", PROMPT)
+    rows = []
+    for size in (5, 1, 30, 34):  # a one-token chunk takes the decode path mid-prompt
+        _, logits = driver.step_logits({"a": size}, every_token=True)
+        rows.append(logits.cpu())
+    assert (torch.cat(rows) - _reference_logits(hf, PROMPT)).abs().max().item() < TOL
+
+
+def test_ragged_batched_decode_with_a_preemption_matches_generate(
+    hf: Qwen3_5ForCausalLM, runner: TorchRunner
+) -> None:
+    prompts = {"a": PROMPT[:9], "b": PROMPT, "c": PROMPT[30:33]}
+    steps = 8
+    expected = {}
+    for req_id, prompt in prompts.items():
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False)
+        expected[req_id] = out[0, len(prompt) :].tolist()
+    driver = HybridDriver(runner)
+    for req_id, prompt in prompts.items():
+        driver.add(req_id, prompt)
+    for step in range(steps):
+        if step == 4:
+            driver.preempt("b")  # comes back as a 74-token prefill next to two decode rows
+        driver.step()
+    for req_id, prompt in prompts.items():
+        assert driver.tokens(req_id)[len(prompt) :] == expected[req_id], req_id
+
+
+def test_recurrent_form_equals_chunked_form() -> None:
+    torch.manual_seed(0)
+    length, heads, dk, dv = 37, 3, 8, 5
+    q = torch.nn.functional.normalize(torch.randn(length, heads, dk), dim=-1) * dk**-0.5
+    k = torch.nn.functional.normalize(torch.randn(length, heads, dk), dim=-1)
+    v, g = torch.randn(length, heads, dv), -torch.rand(length, heads)
+    beta, state = torch.rand(length, heads), torch.randn(heads, dk, dv)
+    chunked, final = delta_rule_chunked(q, k, v, g, beta, state, chunk=16)
+    s, steps = state[None], []
+    for t in range(length):
+        o, s = delta_rule_step(q[t : t + 1], k[t : t + 1], v[t : t + 1], g[t : t + 1], beta[t : t + 1], s)
+        steps.append(o)
+    assert torch.allclose(chunked, torch.cat(steps), atol=1e-5)
+    assert torch.allclose(final, s[0], atol=1e-5)
+
+
+def test_qwen3_5_checkpoint_folder_loads_its_text_model(tmp_path: Path, hf: Qwen3_5ForCausalLM) -> None:
+    hf.save_pretrained(tmp_path)
+    vocab = {f"t{i}": i for i in range(256)}
+    (tmp_path / "tokenizer.json").write_text(Tokenizer(models.WordLevel(vocab, unk_token="t0")).to_str())
+    bundle = load_model(tmp_path)
+    assert bundle.config.model_type == "qwen3_5_text"
+    assert bundle.config.extra["layer_types"] == ["linear_attention", "full_attention"] * 2
+    r = fp32_runner(bundle)
+    spec = r.state_cache_spec
+    assert spec is not None and spec.num_layers == 2
+    # conv window 3 x (2*32 + 32) float32 + recurrent 4 x 16 x 8 float32, per linear layer
+    assert spec.bytes_per_slot == 2 * (3 * 96 * 4 + 4 * 16 * 8 * 4)
+    r.initialize_state_cache(2)
+    driver = HybridDriver(r)
+    driver.add("a", PROMPT[:20])
+    _, logits = driver.step_logits(every_token=True)
+    assert (logits.cpu() - _reference_logits(hf, PROMPT[:20])).abs().max().item() < TOL
