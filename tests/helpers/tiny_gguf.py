@@ -78,8 +78,10 @@ _ARCHITECTURES = {
     "ministral3": "mistral3",
     "deepseek_v2": "deepseek2",
     "deepseek_v3": "deepseek2",
+    "smollm3": "smollm3",
 }
-_PERMUTED = ("llama", "mistral", "mixtral", "ministral3")  # converted with llama.cpp's Llama script
+# Converted with llama.cpp's Llama script, which permutes q/k rows.
+_PERMUTED = ("llama", "mistral", "mixtral", "ministral3", "smollm3")
 GPT2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 USER_DEFINED = ["<think>", "</think>"]
 

@@ -25,6 +25,7 @@ from transformers import (
     Qwen2Config,
     Qwen3Config,
     Qwen3MoeConfig,
+    SmolLM3Config,
 )
 
 from localchat.backends import RunnerOptions
@@ -48,6 +49,7 @@ CONFIGS: dict[str, type[PretrainedConfig]] = {
     "mixtral": MixtralConfig,
     "deepseek_v2": DeepseekV2Config,
     "deepseek_v3": DeepseekV3Config,
+    "smollm3": SmolLM3Config,
 }
 # 4 experts, 2 per token, narrower than the dense MLP so a mixed-up width fails the shape check.
 TINY_MOE = {"num_experts_per_tok": 2, "moe_intermediate_size": 32}
