@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from localchat.arch import deepseek, families
+from localchat.arch import deepseek, families, qwen3_next
 from localchat.errors import UnsupportedArchitectureError
 
 if TYPE_CHECKING:
@@ -485,7 +485,26 @@ def _entries() -> list[Architecture]:
     ]
 
 
-ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in _entries()}
+def _hybrid_entries() -> list[Architecture]:
+    """Hybrid models: linear-attention layers with a per-sequence state beside full attention
+    (engine/state_slots.py)."""
+    qwen3_5_text = Architecture(
+        "qwen3_5_text",
+        "qwen3_next",
+        layer_weights=qwen3_next.QWEN3_5_LAYER_WEIGHTS,
+        hf_defaults=qwen3_next.QWEN3_5_HF_DEFAULTS,
+        extra_keys=qwen3_next.QWEN3_5_EXTRA_KEYS,
+        derive_sizes=qwen3_next.derive_sizes,
+        float32_params=qwen3_next.QWEN3_5_FLOAT32,
+    )
+    # Qwen3.5 as published (Qwen3_5ForConditionalGeneration): its text LM only, images unsupported.
+    wrapper = Architecture(
+        "qwen3_5", "qwen3_next", text_config_key="text_config", weight_prefixes=qwen3_next.QWEN3_5_PREFIXES
+    )
+    return [qwen3_5_text, wrapper]
+
+
+ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in [*_entries(), *_hybrid_entries()]}
 SUPPORTED_MODEL_TYPES = tuple(ARCHITECTURES)
 GGUF_ARCHITECTURES: dict[str, Architecture] = {a.gguf_arch: a for a in _entries() if a.gguf_arch}
 
