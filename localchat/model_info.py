@@ -93,4 +93,4 @@ def ram_hint(info: dict[str, Any], available: int | None) -> str:
     if need is None or available is None:
         return ""
     verdict = "fits your RAM" if need <= available else "needs more RAM than is free"
-    return f"~{need / GIB:.1f} GiB, {verdict}"
+    return f"~{human_bytes(need)}, {verdict}"  # GB like every other size on the Models page

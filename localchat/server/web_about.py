@@ -10,6 +10,7 @@ from litestar import Request, Response, get
 from localchat import __version__
 from localchat.logs import log_path
 from localchat.paths import data_dir
+from localchat.server.backend_words import backend_in_words
 from localchat.server.common import get_models
 from localchat.server.web_render import html, render
 
@@ -21,9 +22,6 @@ def about(request: Request[Any, Any, Any]) -> Response[str]:
     settings = request.app.state.settings
     loaded = get_models(request).loaded
     runner = loaded[0].engine.engine.runner if loaded else None
-    backend = settings.backend
-    if runner is not None and backend == "auto":
-        backend = f"auto ({type(runner).__module__})"
     return html(
         render(
             "_about.html",
@@ -31,8 +29,8 @@ def about(request: Request[Any, Any, Any]) -> Response[str]:
             data_dir=str(data_dir()),
             log_file=str(log_path()),
             model_id=", ".join(ctx.model_id for ctx in loaded) or "none loaded yet",
-            backend=backend,
-            device=getattr(runner, "device_name", "—"),
+            backend=backend_in_words(runner, settings.backend),
+            details=getattr(runner, "device_name", ""),
             desktop=request.app.state.get(DESKTOP_STATE_KEY),
             api_port=settings.port,
         )

@@ -70,7 +70,9 @@ def model_status(models: ModelManager, name: str | None = None, *, reload: bool 
 
 def _bytes_line(progress: dict[str, Any]) -> str:
     if not progress.get("total_bytes"):
-        return str(progress.get("message") or "")
+        # No size yet (the index has not answered): bytes so far if any, else what is happening.
+        done = progress.get("done_bytes")
+        return f"{human_bytes(done)} so far" if done else str(progress.get("message") or "")
     line = f"{human_bytes(progress.get('done_bytes'))} / {human_bytes(progress.get('total_bytes'))}"
     if progress.get("speed_bps"):
         line += f" · {human_bytes(progress['speed_bps'])}/s"

