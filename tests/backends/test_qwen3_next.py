@@ -36,9 +36,18 @@ TINY = {
     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
     "tie_word_embeddings": False,
 }
-# float32 sums in another order (our triangular solve per chunk, the reference's): logits of size ~5 agree
-# to ~2e-4; a wrong state (not continued, shared, or not reset) is off by whole units.
-TOL = 5e-4
+# float32 sums in another order: most logits (size ~8) agree to ~1e-5, but the in-chunk triangular solve
+# amplifies rounding at a few tokens (up to ~1.2e-3 seen, depending on which attention path ran). A wrong
+# state (not continued, shared, or not reset) is off by whole units.
+TOL = 3e-3
+MEAN_TOL = 5e-5
+
+
+def _close(ours: torch.Tensor, ref: torch.Tensor) -> bool:
+    err = (ours.cpu().float() - ref).abs()
+    return err.max().item() < TOL and err.mean().item() < MEAN_TOL
+
+
 PROMPT = [int(t) for t in np.random.default_rng(1).integers(1, 256, size=70)]  # 70: two 64-token chunks
 
 
@@ -96,7 +105,7 @@ def test_prompt_logits_match_transformers(hf: Qwen3_5ForCausalLM, runner: TorchR
     driver = HybridDriver(runner)
     driver.add("a", PROMPT)
     _, logits = driver.step_logits(every_token=True)
-    assert (logits.cpu() - _reference_logits(hf, PROMPT)).abs().max().item() < TOL
+    assert _close(logits, _reference_logits(hf, PROMPT))
 
 
 def test_chunked_prefill_continues_from_the_state_the_last_chunk_left(
@@ -108,7 +117,7 @@ def test_chunked_prefill_continues_from_the_state_the_last_chunk_left(
     for size in (5, 1, 30, 34):  # a one-token chunk takes the decode path mid-prompt
         _, logits = driver.step_logits({"a": size}, every_token=True)
         rows.append(logits.cpu())
-    assert (torch.cat(rows) - _reference_logits(hf, PROMPT)).abs().max().item() < TOL
+    assert _close(torch.cat(rows), _reference_logits(hf, PROMPT))
 
 
 def test_ragged_batched_decode_with_a_preemption_matches_generate(
@@ -164,4 +173,4 @@ def test_qwen3_5_checkpoint_folder_loads_its_text_model(tmp_path: Path, hf: Qwen
     driver = HybridDriver(r)
     driver.add("a", PROMPT[:20])
     _, logits = driver.step_logits(every_token=True)
-    assert (logits.cpu() - _reference_logits(hf, PROMPT[:20])).abs().max().item() < TOL
+    assert _close(logits, _reference_logits(hf, PROMPT[:20]))
