@@ -29,6 +29,7 @@ from localchat.model_manager import ModelManager
 from localchat.paths import data_dir
 from localchat.server import web_about, web_chat, web_models, web_sidebar
 from localchat.server.web_common import WebState, current_path
+from localchat.server.web_extras import EXAMPLE_PROMPTS
 from localchat.server.web_models import model_status
 from localchat.server.web_render import html, macro, render, ui_dir
 from localchat.store import Conversation, Store
@@ -62,6 +63,7 @@ def _page(request: Request, web: WebState, conv: Conversation | None, pick: str 
             status=model_status(models, pick or None, reload=current is None),
             defaults=web.chats.model_defaults(),
             mcp_servers=models.mcp.servers() if models.mcp is not None else [],
+            example_prompts=EXAMPLE_PROMPTS,
         )
     )
 

@@ -1,0 +1,21 @@
+// The chat page's extras (kept apart from app.js): example prompts on an empty chat, keyboard shortcuts
+// and their "?" dialog, and a banner when the server has stopped. No inline script: the CSP forbids it.
+(function () {
+  "use strict";
+
+  const $ = (selector, root = document) => root.querySelector(selector);
+
+  function sendPrompt(text) {
+    const input = $("#composer-input");
+    if (!input) return;
+    input.value = text;
+    input.dispatchEvent(new Event("input", { bubbles: true }));  // app.js resizes the box
+    input.focus();
+    if (document.documentElement.dataset.ready) input.form.requestSubmit();
+  }
+
+  document.addEventListener("click", (event) => {
+    const example = event.target.closest("[data-action=example-prompt]");
+    if (example) sendPrompt(example.dataset.prompt);
+  });
+})();
