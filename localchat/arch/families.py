@@ -1,4 +1,4 @@
-"""Registry entries for the plain-transformer families of 2025-26 (SmolLM3, ...): Llama-like layers
+"""Registry entries for the plain-transformer families of 2025-26 (SmolLM3, Gemma 4, ...): Llama-like layers
 that differ in a detail or two. Kept out of registry.py so that file stays one screen of the older
 families; `registry._entries` appends these.
 
@@ -9,6 +9,8 @@ which defines it.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from localchat.arch import gemma4
 
 if TYPE_CHECKING:
     from localchat.arch.registry import Architecture
@@ -26,4 +28,14 @@ def entries(arch: type[Architecture]) -> list[Architecture]:
             gguf_arch="smollm3",
             gguf_permuted_qk=True,
         ),
+        # Gemma 4 dense text models (arch/gemma4.py), and the multimodal checkpoints' text LM.
+        arch(
+            "gemma4_text",
+            "gemma4",
+            layer_weights=gemma4.LAYER_WEIGHTS,
+            hf_defaults=gemma4.HF_DEFAULTS,
+            extra_keys=gemma4.EXTRA_KEYS,
+            derive_sizes=gemma4.derive_sizes,
+        ),
+        arch("gemma4", "gemma4", text_config_key="text_config", weight_prefixes=gemma4.TEXT_PREFIXES),
     ]

@@ -15,6 +15,7 @@ from transformers import (
     DeepseekV3Config,
     Gemma2Config,
     Gemma3TextConfig,
+    Gemma4TextConfig,
     LlamaConfig,
     Ministral3Config,
     MinistralConfig,
@@ -50,6 +51,7 @@ CONFIGS: dict[str, type[PretrainedConfig]] = {
     "deepseek_v2": DeepseekV2Config,
     "deepseek_v3": DeepseekV3Config,
     "smollm3": SmolLM3Config,
+    "gemma4_text": Gemma4TextConfig,
 }
 # 4 experts, 2 per token, narrower than the dense MLP so a mixed-up width fails the shape check.
 TINY_MOE = {"num_experts_per_tok": 2, "moe_intermediate_size": 32}

@@ -1,0 +1,160 @@
+"""Gemma 4 (dense text model). Sizes, RoPE tables, KV sharing and what differs from Gemma 3:
+localchat/arch/gemma4.py.
+
+Layer: x + post_attn_norm(o(attention)) over attn_norm(x); then x + post_mlp_norm(GeGLU) over
+mlp_norm(x); the result times `layer_scalar`. Attention: q -> RMSNorm * q_weight -> RoPE; k likewise;
+v -> RMSNorm (no weight); unscaled scores. A global layer with `attention_k_eq_v` has no v_proj: its
+values are k_proj's output (before k's norm and RoPE).
+
+The cache is the widest head size and the largest KV head count of any layer: q, k, v are zero-padded
+to it and KV heads repeated, the output sliced back. q carries sqrt(cache width) so the cache-width
+score scale of `paged_attention` comes out as 1. Layers that share KV write the keys and values of their
+source layer (the same values at the same slots) into its cache and attend there.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from localchat.arch.gemma4 import FULL, inv_freq, kv_sources
+from localchat.backends.torch.attention import AttentionOptions, paged_attention
+from localchat.backends.torch.kv_cache import KVCache
+from localchat.backends.torch.layers import apply_rope, empty_param, rms_norm
+from localchat.backends.torch.models.base import DecoderLM, StepMetadata
+from localchat.backends.torch.quant import linear
+from localchat.weights.config import ModelConfig
+
+Shared = dict[int, tuple[torch.Tensor, torch.Tensor]]  # source layer -> this step's cache-shaped k, v
+
+
+class Gemma4Layer(nn.Module):
+    def __init__(self, config: ModelConfig, index: int) -> None:
+        super().__init__()
+        x = config.extra
+        self.kind = x["layer_types"][index]
+        self.index, self.source = index, kv_sources(config)[index]
+        h, hidden = config.num_attention_heads, config.hidden_size
+        d, kvh = x["layer_head_dims"][index], x["layer_kv_heads"][index]
+        self.heads, self.kv_heads, self.head_dim, self.eps = h, kvh, d, config.rms_norm_eps
+        self.width, self.repeat = config.head_dim, config.num_key_value_heads // kvh
+        self.q_scale = math.sqrt(config.head_dim)
+        window = config.sliding_window if self.kind != FULL else None
+        self.attn_options = AttentionOptions(window=window) if window else None
+        self.attn_norm = empty_param(hidden)
+        self.q = empty_param(h * d, hidden)
+        self.q_weight = empty_param(d)
+        owns_kv = self.source == index
+        shares_values = bool(x.get("attention_k_eq_v")) and self.kind == FULL
+        self.k = empty_param(kvh * d, hidden) if owns_kv else None
+        self.k_weight = empty_param(d) if owns_kv else None
+        self.v = empty_param(kvh * d, hidden) if owns_kv and not shares_values else None
+        self.o = empty_param(hidden, h * d)
+        self.post_attn_norm = empty_param(hidden)
+        self.mlp_norm = empty_param(hidden)
+        # `use_double_wide_mlp`: the KV-sharing layers' MLP is twice as wide.
+        inter = config.intermediate_size * (2 if x.get("use_double_wide_mlp") and not owns_kv else 1)
+        self.gate_up = empty_param(2 * inter, hidden)
+        self.down = empty_param(hidden, inter)
+        self.post_mlp_norm = empty_param(hidden)
+        self.layer_scalar = empty_param(1)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: StepMetadata,
+        kv_cache: KVCache,
+        shared: Shared | None = None,
+    ) -> torch.Tensor:
+        tokens, eps = x.shape[0], self.eps
+        h, kvh, d = self.heads, self.kv_heads, self.head_dim
+        normed = rms_norm(x, self.attn_norm, eps)
+        q = rms_norm(linear(normed, self.q).view(tokens, h, d), self.q_weight, eps)
+        q = self._pad(apply_rope(q, cos, sin)) * self.q_scale
+        if self.k is not None:
+            raw_k = linear(normed, self.k).view(tokens, kvh, d)
+            raw_v = raw_k if self.v is None else linear(normed, self.v).view(tokens, kvh, d)
+            k = apply_rope(rms_norm(raw_k, self.k_weight, eps), cos, sin)
+            k, v = self._to_cache(k), self._to_cache(rms_norm(raw_v, None, eps))
+            if shared is not None:
+                shared[self.index] = k, v
+        else:
+            assert shared is not None, "a KV-sharing layer needs its source layer's keys and values"
+            k, v = shared[self.source]
+        attn = paged_attention(q, k, v, kv_cache, meta, self.attn_options)[..., :d]
+        x = x + rms_norm(linear(attn.reshape(tokens, h * d), self.o), self.post_attn_norm, eps)
+        gate_up = linear(rms_norm(x, self.mlp_norm, eps), self.gate_up)
+        inter = gate_up.shape[-1] // 2
+        act = F.gelu(gate_up[:, :inter], approximate="tanh") * gate_up[:, inter:]
+        x = x + rms_norm(linear(act, self.down), self.post_mlp_norm, eps)
+        return x * self.layer_scalar
+
+    def _pad(self, t: torch.Tensor) -> torch.Tensor:
+        return t if t.shape[-1] == self.width else F.pad(t, (0, self.width - t.shape[-1]))
+
+    def _to_cache(self, t: torch.Tensor) -> torch.Tensor:
+        """[T, kv_heads, d] -> [T, cache kv heads, cache width]: zero-padded, heads repeated (GQA groups
+        stay the same: query head i still reads its own KV head)."""
+        t = self._pad(t)
+        return t if self.repeat == 1 else t.repeat_interleave(self.repeat, dim=1)
+
+
+class Model(DecoderLM):
+    layer_class = Gemma4Layer
+
+    def __init__(self, config: ModelConfig, device: torch.device) -> None:
+        super().__init__(config, device)
+        x = config.extra
+        # One RoPE table per layer type, at that type's head size.
+        self.inv_freqs: dict[str, torch.Tensor] = {}
+        for kind, d in zip(x["layer_types"], x["layer_head_dims"], strict=True):
+            if kind not in self.inv_freqs:
+                self.inv_freqs[kind] = torch.from_numpy(inv_freq(config, kind, d)).to(device)
+        sources = kv_sources(config)
+        owners = sorted(set(sources))
+        self.num_kv_layers = len(owners)  # the runner allocates one cache per layer that owns K/V
+        self.cache_index = [owners.index(s) for s in sources]
+        self.final_softcap: float | None = x["final_logit_softcapping"]
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = super().embed_tokens(input_ids)
+        return x * torch.tensor(math.sqrt(self.config.hidden_size), dtype=x.dtype)
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: StepMetadata,
+        kv_caches: list[KVCache],
+    ) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        tables = {kind: _cos_sin(positions, f, x.dtype) for kind, f in self.inv_freqs.items()}
+        shared: Shared = {}
+        for layer, kind, cache in zip(
+            self.layers, self.config.extra["layer_types"], self.cache_index, strict=True
+        ):
+            cos, sin = tables[kind]
+            x = layer.forward(x, cos, sin, meta, kv_caches[cache], shared)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = super().logits(hidden)
+        cap = self.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def _cos_sin(
+    positions: torch.Tensor, inv: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, 1, head_dim] in `apply_rope`'s rotate-half form (layers.Rotary's, for a given table)."""
+    freqs = positions.float()[:, None] * inv[None, :]
+    cos, sin = freqs.cos(), freqs.sin()
+    return (
+        torch.cat((cos, cos), dim=-1)[:, None, :].to(dtype),
+        torch.cat((-sin, sin), dim=-1)[:, None, :].to(dtype),
+    )
