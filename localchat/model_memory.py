@@ -4,16 +4,17 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from localchat import cpu_features
 from localchat.arch.registry import TOP_WEIGHTS, Architecture, architecture
 from localchat.errors import InsufficientMemoryError, ModelLoadError
 from localchat.weights.isq_plan import LINEAR_PARAMS, Role, isq_bytes
-from localchat.weights.x16 import loaded_block_bytes
+from localchat.weights.x16 import kernel_isa, loaded_block_bytes
 
 MIB = 2**20
 GIB = 2**30
@@ -25,6 +26,7 @@ MIN_KV_BUDGET = 256 * MIB  # without --mem the engine sizes its KV cache from wh
 # than their files' 3.4 and 2.6). Anything else (IQ*) is expanded: 2 bytes per value.
 _KERNEL_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"})
 _INT4_TYPES = frozenset({"Q4_0", "Q4_1"})
+FAST_GEMM_ISAS = frozenset({"avx512vnni", "avx2", "neon"})  # quant.FAST_GEMM_ISAS (this never imports torch)
 _LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _FLOAT = ("f16", "bf16", "f32")  # the GGUF files `--isq` quantizes (it leaves quantized tensors as they are)
 _BITS = {
@@ -62,8 +64,12 @@ def path_size(path: Path) -> int:
     return total
 
 
-def estimate(path: Path, kv_cache_mib: int | None, isq: str | None = None) -> MemoryEstimate:
-    """`isq`: the `--isq` type dense weights are quantized to at load (they are sized in that format)."""
+def estimate(
+    path: Path, kv_cache_mib: int | None, isq: str | None = None, dtype: str = "bfloat16"
+) -> MemoryEstimate:
+    """`isq`: the `--isq` type dense weights are quantized to at load (they are sized in that format);
+    `dtype`: the compute dtype (`compute_dtype`): float32 doubles what is expanded, and decides which
+    block types stay compact."""
     size = path_size(path)
     weights = size
     if path.suffix == ".gguf":
@@ -71,25 +77,45 @@ def estimate(path: Path, kv_cache_mib: int | None, isq: str | None = None) -> Me
         if isq is not None and quant in _FLOAT:
             weights = _isq_weights(path, isq, size)
         elif quant not in _FLOAT:
-            weights = _loaded_gguf_bytes(path, compact_gguf_types(), size, quant)
+            weights = _loaded_gguf_bytes(path, compact_gguf_types(dtype), size, quant, _value_bytes(dtype))
     elif isq is not None and path.is_dir():
         weights = _isq_weights(path, isq, size)
     kv = kv_cache_mib * MIB if kv_cache_mib is not None else MIN_KV_BUDGET
     return MemoryEstimate(weights, kv, RUNTIME_OVERHEAD)
 
 
-def compact_gguf_types() -> frozenset[str]:
-    """The GGUF types a load keeps in their blocks on this install (see `_KERNEL_TYPES`)."""
-    if os.environ.get("LOCALCHAT_KERNELS", "auto").strip().lower() == "off":
-        return _INT4_TYPES
-    # By name, so this module never imports the torch backend (the extension is a plain shared library).
-    built = importlib.util.find_spec("localchat.backends.torch._lckernels") is not None
-    return _KERNEL_TYPES if built else _INT4_TYPES
+def compact_gguf_types(dtype: str = "bfloat16") -> frozenset[str]:
+    """The GGUF types a load keeps in their blocks on this install (see `_KERNEL_TYPES`), as
+    quant.pick_policy decides per kernels' ISA and compute dtype (its `auto` mode): float32 compute keeps
+    blocks only on a kernel ISA with a fast many-row path (portable C and no kernels: all dense float32)."""
+    isa = kernel_isa()  # by name: this module never imports the torch backend
+    if dtype == "float32":
+        return _KERNEL_TYPES if isa in FAST_GEMM_ISAS else frozenset()
+    return _KERNEL_TYPES if isa is not None else _INT4_TYPES
 
 
-def _loaded_gguf_bytes(path: Path, compact: frozenset[str], size: int, quant: str | None) -> int:
+def compute_dtype(dtype: str, device: str = "auto", backend: str = "auto") -> str:
+    """The compute dtype a load will use, for sizing: `--dtype` when given; on the torch backend's CPU
+    path `auto` is bfloat16 or float32 by the CPU (cpu_features.py); elsewhere (MLX, a GPU) 2 bytes."""
+    if dtype != "auto":
+        return dtype
+    gpu_likely = sys.platform == "darwin" or os.path.exists("/proc/driver/nvidia/version")
+    if backend == "mlx" or device not in ("auto", "cpu") or (device == "auto" and gpu_likely):
+        return "bfloat16"
+    return cpu_features.compute_dtype(cpu_features.cpu_flags())
+
+
+def _value_bytes(dtype: str) -> int:
+    """Bytes per expanded (dequantized) value in the compute dtype."""
+    return 4 if dtype == "float32" else 2
+
+
+def _loaded_gguf_bytes(
+    path: Path, compact: frozenset[str], size: int, quant: str | None, value_bytes: int = 2
+) -> int:
     """A quantized GGUF's weights once loaded, tensor by tensor (a Q4_K_M file mixes Q4_K, Q6_K and
-    F32): compact types as stored, other quantized types as bf16. Unreadable: the filename's type."""
+    F32): compact types as stored, other quantized types at `value_bytes` a value (float tensors too,
+    when that is wider than stored). Unreadable: the filename's type."""
     try:
         from gguf import GGMLQuantizationType as Q
 
@@ -98,18 +124,20 @@ def _loaded_gguf_bytes(path: Path, compact: frozenset[str], size: int, quant: st
         total = 0
         for t in open_gguf(path).tensors:
             kind = Q(t.tensor_type)
-            dense = kind in (Q.F32, Q.F16, Q.BF16) or kind.name in compact
             dims = [int(d) for d in t.shape.tolist()]  # innermost first: [cols, rows(, experts)]
             stored = int(t.n_bytes)
             if len(dims) in (2, 3) and kind.name in compact:  # stacked experts: each its own matrix
                 experts = dims[2] if len(dims) == 3 else 1
                 stored = experts * loaded_block_bytes(kind.name, dims[1], dims[0], stored // experts)
-            total += stored if dense else int(t.n_elements) * 2
+            if kind in (Q.F32, Q.F16, Q.BF16):
+                total += max(stored, int(t.n_elements) * value_bytes) if value_bytes > 2 else stored
+            else:
+                total += stored if kind.name in compact else int(t.n_elements) * value_bytes
         return total
     except (ModelLoadError, OSError, ValueError, KeyError, TypeError):
         if quant is None or quant.upper() in compact:
             return size
-        return int(size * 16 / _BITS.get(quant, 16.0))
+        return int(size * 8 * value_bytes / _BITS.get(quant, 16.0))
 
 
 def _isq_weights(path: Path, isq: str, size: int) -> int:

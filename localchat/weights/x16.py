@@ -15,9 +15,8 @@ import importlib.util
 import os
 from functools import cache
 
-# The library's ISA ids of the kernels that read the layout (AVX-512 VNNI implies AVX2, so `auto` asks
-# for AVX2 or NEON).
-X16_ISAS = {"avx2": 1, "avx512vnni": 2, "neon": 3}
+from localchat import cpu_features
+
 # GGML type ids of the types the layout holds (the library's lc_x16_bytes sizes them)
 X16_TYPE_IDS = {
     "Q4_0": 2,
@@ -33,17 +32,27 @@ X16_TYPE_IDS = {
 }
 
 
-def x16_active() -> bool:
-    """Whether this install repacks block matrices: the layout not turned off, the kernels' ISA left to
-    choose (or AVX2 / AVX-512 VNNI / NEON by name), and the library built for a CPU that runs one of them."""
-    if os.environ.get("LOCALCHAT_KERNEL_LAYOUT", "auto").strip().lower() == "gguf":
-        return False
+def kernel_isa() -> str | None:
+    """The ISA the torch backend's kernels would run on (as kernels.load decides: LOCALCHAT_KERNELS, the
+    CPU, LOCALCHAT_EMULATE_CPU), None when they are off or not built (or a named ISA cannot run here)."""
     choice = os.environ.get("LOCALCHAT_KERNELS", "auto").strip().lower() or "auto"
-    if choice != "auto" and choice not in X16_ISAS:
-        return False
     lib = _library()
-    wanted = ("avx2", "neon") if choice == "auto" else (choice,)
-    return lib is not None and any(lib.lc_isa_supported(X16_ISAS[isa]) for isa in wanted)
+    if choice == "off" or lib is None:
+        return None
+    runnable = [
+        name
+        for i, name in enumerate(cpu_features.KERNEL_ISAS)
+        if lib.lc_isa_supported(i) and cpu_features.allowed(name)
+    ]
+    name = cpu_features.best_isa(runnable) if choice == "auto" else choice
+    return name if name in runnable else None
+
+
+def x16_active() -> bool:
+    """Whether this install repacks block matrices (cpu_features.repacks): the layout not turned off, and
+    the kernels' ISA (chosen or named) one with x16 kernels that this CPU runs."""
+    layout = os.environ.get("LOCALCHAT_KERNEL_LAYOUT", "auto").strip().lower() or "auto"
+    return cpu_features.repacks(kernel_isa(), layout)
 
 
 @cache
@@ -61,9 +70,11 @@ def _library() -> ctypes.CDLL | None:
     return lib
 
 
-def loaded_block_bytes(qtype: str, rows: int, cols: int, stored: int) -> int:
+def loaded_block_bytes(qtype: str, rows: int, cols: int, stored: int, x16: bool | None = None) -> int:
     """Bytes of a `[rows, cols]` matrix of `qtype` blocks (`stored` in the file) as the kernels hold it:
-    the library's own size of its x16 form (csrc/lc_x16_layout.h) where it repacks, else `stored`."""
-    lib = _library() if qtype in X16_TYPE_IDS and rows > 0 and x16_active() else None
+    the library's own size of its x16 form (csrc/lc_x16_layout.h) where it repacks (`x16`; None: as this
+    install does), else `stored`."""
+    x16 = x16_active() if x16 is None else x16
+    lib = _library() if qtype in X16_TYPE_IDS and rows > 0 and x16 else None
     size = -1 if lib is None else int(lib.lc_x16_bytes(X16_TYPE_IDS[qtype], rows, cols))
     return size if size >= 0 else stored  # -1: columns that do not split into its units

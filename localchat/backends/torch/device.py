@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from localchat import cpu_features
 from localchat.errors import BackendUnavailableError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -34,16 +35,9 @@ def pick_device(name: str) -> torch.device:
 
 
 def cpu_has_native_bf16() -> bool:
-    """AVX512-BF16 or AMX-BF16 (read from /proc/cpuinfo; other OSes: assume not)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return "avx512_bf16" in flags or "amx_bf16" in flags
-    except OSError:
-        pass
-    return False
+    """AVX512-BF16 or AMX-BF16 (read from /proc/cpuinfo; other OSes: assume not; LOCALCHAT_EMULATE_CPU
+    answers as the CPU it names)."""
+    return cpu_features.native_bf16(cpu_features.cpu_flags())
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -55,7 +49,7 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if device.type == "mps":
         return torch.float16
-    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    return DTYPES[cpu_features.compute_dtype(cpu_features.cpu_flags())]
 
 
 def cpu_threads(requested: int | None) -> int:

@@ -23,13 +23,14 @@ from functools import cache
 
 import torch
 
+from localchat import cpu_features
 from localchat.backends.torch.kv_cache import Int8KVCache, KVCache
 from localchat.errors import BackendUnavailableError
 
 log = logging.getLogger(__name__)
 
 KERNELS_ENV = "LOCALCHAT_KERNELS"
-ISAS = ("portable", "avx2", "avx512vnni", "neon")  # index = the library's ISA id
+ISAS = cpu_features.KERNEL_ISAS  # index = the library's ISA id
 # GGUF type -> (GGML type id, values per block, bytes per block)
 BLOCKS: dict[str, tuple[int, int, int]] = {
     "Q4_0": (2, 32, 18),
@@ -176,6 +177,11 @@ class Kernels:
         if rc:
             raise BackendUnavailableError(f"The CPU kernels cannot read {seg.qtype} rows of {cols} values.")
         return out.to(dtype)
+
+    def x16_layout(self) -> bool:
+        """Whether block matrices on these kernels are repacked into the x16 layout (cpu_features.repacks:
+        an ISA with x16 kernels, and the layout setting not `gguf`)."""
+        return cpu_features.repacks(self.name, layout_choice())
 
     def can_repack(self, qtype: str, cols: int) -> bool:
         """Whether this ISA has x16 kernels for `qtype` matrices of `cols` columns."""
@@ -385,9 +391,12 @@ def layout_choice() -> str:
 
 
 def runnable_isas() -> list[str]:
-    """The ISAs this CPU runs (empty without the extension)."""
+    """The ISAs this CPU runs (empty without the extension): what the library finds, narrowed to the
+    emulated CPU's under LOCALCHAT_EMULATE_CPU (cpu_features.py)."""
     lib = _library()
-    return [] if lib is None else [name for i, name in enumerate(ISAS) if lib.lc_isa_supported(i)]
+    if lib is None:
+        return []
+    return [name for i, name in enumerate(ISAS) if lib.lc_isa_supported(i) and cpu_features.allowed(name)]
 
 
 def isa_choice() -> str:
@@ -408,10 +417,10 @@ def load(isa: str | None = None) -> Kernels | None:
     if lib is None:
         _log_missing()
         return None
-    index = lib.lc_isa_best() if choice == "auto" else ISAS.index(choice)
-    if not lib.lc_isa_supported(index):
+    name = cpu_features.best_isa(runnable_isas()) if choice == "auto" else choice
+    if name not in runnable_isas():
         raise BackendUnavailableError(f"This CPU cannot run the {choice} kernels; use {KERNELS_ENV}=auto.")
-    return Kernels(lib, index)
+    return Kernels(lib, ISAS.index(name))
 
 
 @cache

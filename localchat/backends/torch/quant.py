@@ -286,7 +286,7 @@ def convert(weight: WeightTensor, dtype: torch.dtype, device: torch.device, poli
     packable = rows % 16 == 0 and rows > 0 and (not policy.cuda or inner_k_tiles(cols) is not None)
     if policy.kernels is not None and rows and cpu_kernels.supports(weight.dtype, cols):
         ops = policy.kernels
-        if cpu_kernels.layout_choice() == "auto" and ops.can_repack(weight.dtype, cols):
+        if ops.x16_layout() and ops.can_repack(weight.dtype, cols):
             # packed straight from the mapped file: no private copy of the blocks beside the panels (the
             # tied Q8_0 head of a 1B model is 279 MiB, an 8B's Q6_K output 431 MiB)
             view = np.ascontiguousarray(np.asarray(weight.data, dtype=np.uint8).reshape(rows, -1))
@@ -332,7 +332,7 @@ def fuse(parts: list[Loaded]) -> Loaded:
 
 def finalize(loaded: Loaded, dtype: torch.dtype, device: torch.device, policy: QuantPolicy) -> Weight:
     if isinstance(loaded, BlockMatrix):
-        if cpu_kernels.layout_choice() == "auto":  # what `convert` did not pack (--isq blocks)
+        if loaded.ops.x16_layout():  # what `convert` did not pack (--isq blocks)
             loaded.segments = [loaded.ops.repack(s, loaded.cols) for s in loaded.segments]
             loaded.call_args = None
         if policy.block_copies:
