@@ -51,9 +51,9 @@ def _close(ours: torch.Tensor, ref: torch.Tensor) -> bool:
 PROMPT = [int(t) for t in np.random.default_rng(1).integers(1, 256, size=70)]  # 70: two 64-token chunks
 
 
-def tiny_qwen3_5(seed: int = 0) -> Qwen3_5ForCausalLM:
+def tiny_qwen3_5(seed: int = 0, **overrides: object) -> Qwen3_5ForCausalLM:
     torch.manual_seed(seed)
-    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**TINY)).float().eval()
+    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**{**TINY, **overrides})).float().eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("A_log") or name.endswith("dt_bias"):
