@@ -207,6 +207,7 @@ class DesktopApp:
         try:
             from localchat.desktop_gate import DesktopGate, DesktopHooks
             from localchat.desktop_selftest import SelfTest
+            from localchat.server.security import HostCheck
 
             self.selftest_run = SelfTest(self) if self.selftest else None
             self.hooks = DesktopHooks(
@@ -221,6 +222,7 @@ class DesktopApp:
                 signin_token=signin,
                 instance_token=instance_token,
                 hooks=self.hooks,
+                hosts=HostCheck.from_settings(self.settings),
             )
             self.server = BackgroundServer(self.gate, sock, self.settings.log)
             self.server.start()

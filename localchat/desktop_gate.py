@@ -27,6 +27,7 @@ from urllib.parse import parse_qs
 from localchat.desktop_instance import FOCUS_PATH, TOKEN_HEADER
 from localchat.desktop_server import LOADING_PAGE
 from localchat.server.auth import COOKIE_NAME
+from localchat.server.security import HostCheck
 from localchat.server.web_render import SECURITY_HEADERS, ui_dir
 
 log = logging.getLogger(__name__)
@@ -98,8 +99,10 @@ class DesktopGate:
         signin_token: str,
         instance_token: str,
         hooks: DesktopHooks,
+        hosts: HostCheck | None = None,
     ) -> None:
         self.progress = Progress()
+        self.hosts = hosts or HostCheck(True)  # the window's server binds 127.0.0.1 unless it serves the API
         self.hooks = hooks
         self._build = build
         self._api_key = api_key
@@ -118,7 +121,10 @@ class DesktopGate:
             await self._lifespan(receive, send)
             return
         path = scope.get("path", "")
-        if scope["type"] == "http" and path.startswith("/desktop/"):
+        if scope["type"] == "http" and not self.hosts.allows(_header(scope, "host")):
+            # The DNS-rebinding guard first, for the gate's own routes too (the real app has its own).
+            await _respond(send, 421, b"This Host is not allowed (a guard against DNS rebinding).")
+        elif scope["type"] == "http" and path.startswith("/desktop/"):
             await self._desktop_route(scope, receive, send, path)
         elif self._app is not None:
             await self._app(scope, receive, send)
@@ -234,11 +240,14 @@ class DesktopGate:
 
     async def _signin(self, scope: Scope, send: Send) -> None:
         token = parse_qs(scope.get("query_string", b"").decode()).get("token", [""])[-1]
-        expected, self._signin_token = self._signin_token, None  # one try only, right or wrong
+        expected = self._signin_token
+        # A wrong token leaves the right one usable (else any local page could spend the window's sign-in
+        # with one bad request); guessing 24 random bytes is hopeless either way. The right one works once.
         if expected is None or not hmac.compare_digest(token.encode(), expected.encode()):
             body = b"This sign-in link was already used or is wrong. Restart localchat to sign in again."
             await _respond(send, 403, body, [(b"content-type", b"text/plain; charset=utf-8")])
             return
+        self._signin_token = None
         headers = [(b"location", b"/")]
         if self._api_key:
             # A session cookie: the key changes at every launch, so it must not outlive the window.

@@ -47,6 +47,8 @@ class BackgroundServer:
     def __init__(self, gate: DesktopGate, sock: socket.socket, log_level: str) -> None:
         import uvicorn  # here, not at the top: the window must not wait for it
 
+        from localchat.server.http_guard import GuardedH11Protocol, install_access_log_filter
+
         self.gate = gate
         self.sock = sock
         self.port: int = sock.getsockname()[1]
@@ -56,7 +58,9 @@ class BackgroundServer:
             log_config=None,  # records go to the root logger, so into the log file
             lifespan="on",
             timeout_graceful_shutdown=GRACE_S,
+            http=GuardedH11Protocol,  # header and idle-body timeouts
         )
+        install_access_log_filter()
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name="localchat-server", daemon=True)
 

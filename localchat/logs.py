@@ -5,15 +5,25 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
+import os
 from pathlib import Path
+from typing import Any
 
 from localchat.errors import LocalchatError
-from localchat.paths import data_dir
+from localchat.paths import PRIVATE_FILE, data_dir, private_dir, private_file
 
 LOG_FILE = "localchat.log"
 _MAX_BYTES = 2 * 1024 * 1024  # a few days of normal use; 3 old files kept beside it
 _BACKUPS = 3
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class _PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
+    """Each new file after a rollover is owner-only too (the logs name conversations and models)."""
+
+    def _open(self) -> Any:
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE)
+        return open(fd, self.mode, encoding=self.encoding, errors=self.errors)
 
 
 def log_path() -> Path:
@@ -34,8 +44,9 @@ def setup_logging(level: str, *, to_stderr: bool = True) -> Path | None:
         root.addHandler(stream)
     try:
         path = log_path()  # data_dir() itself may be unusable: the command then says so, not this
-        path.parent.mkdir(parents=True, exist_ok=True)
-        rotating = logging.handlers.RotatingFileHandler(
+        private_dir(path.parent)
+        private_file(path)
+        rotating = _PrivateRotatingFileHandler(
             path, maxBytes=_MAX_BYTES, backupCount=_BACKUPS, encoding="utf-8"
         )
     except (OSError, LocalchatError) as exc:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from localchat.errors import NotFoundError
+from localchat.paths import private_dir, private_file
 from localchat.store_schema import migrate
 
 # Statuses of an assistant message: still being written, finished, stopped by the user, failed.
@@ -65,6 +66,18 @@ class Message:
 
 
 @dataclass(slots=True)
+class Preset:
+    """A saved system prompt and sampling settings, applied to a chat from its settings dialog."""
+
+    name: str
+    system_prompt: str = ""
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    created_at: float = 0.0
+
+
+@dataclass(slots=True)
 class NewMessage:
     """A message to insert (import, or a user turn with its answer placeholder)."""
 
@@ -74,7 +87,7 @@ class NewMessage:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-_Row = TypeVar("_Row", "Conversation", "Message")
+_Row = TypeVar("_Row", "Conversation", "Message", "Preset")
 
 
 def _from_row(cls: type[_Row], row: sqlite3.Row) -> _Row:
@@ -93,7 +106,8 @@ def title_from(text: str, limit: int = 60) -> str:
 
 class Store:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
+        private_file(path)  # every conversation is in it: owner-only, and so its WAL and SHM files
         self.path = path
         self._lock = threading.RLock()
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10.0)
@@ -199,6 +213,37 @@ class Store:
     def delete_conversation(self, conv_id: str) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM conversations WHERE id = ?", (conv_id,))
+
+    # -- presets and app settings ----------------------------------------------------------------------
+
+    def list_presets(self) -> list[Preset]:
+        return [
+            _from_row(Preset, r) for r in self._query("SELECT * FROM presets ORDER BY name COLLATE NOCASE")
+        ]
+
+    def save_preset(self, preset: Preset) -> Preset:
+        """Create or replace the preset of that name."""
+        preset.created_at = preset.created_at or time.time()
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO presets (name, system_prompt, temperature, top_p, max_tokens, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (preset.name, preset.system_prompt, preset.temperature, preset.top_p, preset.max_tokens,
+                 preset.created_at),
+            )  # fmt: skip
+        return preset
+
+    def delete_preset(self, name: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM presets WHERE name = ?", (name,))
+
+    def get_setting(self, key: str, default: str = "") -> str:
+        rows = self._query("SELECT value FROM app_settings WHERE key = ?", (key,))
+        return str(rows[0]["value"]) if rows else default
+
+    def set_setting(self, key: str, value: str) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO app_settings (key, value) VALUES (?, ?)", (key, value))
 
     # -- messages -------------------------------------------------------------------------------------
 

@@ -26,12 +26,12 @@ from localchat.server.generation import (
     Generation,
     build_params,
     check_n,
-    check_prompt_length,
     resolve_max_tokens,
 )
 from localchat.server.logprobs import chat_logprobs
 from localchat.server.mcp_chat import McpConversation
 from localchat.server.openapi import api_operation
+from localchat.server.prompts import chat_prompt
 from localchat.server.reasoning import starts_in_reasoning
 from localchat.server.schemas import ChatCompletionRequest, decode_request
 from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, event, guarded
@@ -81,9 +81,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
     tools = plan_tools(ctx, req)
     messages = template_messages(req, ctx.tool_parser.template_call_id)
     extra = {k: v for k, v in (req.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
-    prompt_text = ctx.render_chat(messages, tools.template_tools, **extra)
-    prompt_ids = ctx.model.tokenizer.encode(prompt_text, add_special_tokens=False)
-    check_prompt_length(ctx, len(prompt_ids))
+    prompt_text, prompt_ids = await chat_prompt(ctx, messages, tools.template_tools, **extra)
     if req.max_completion_tokens is not None:
         max_tokens = resolve_max_tokens(ctx, req.max_completion_tokens, "max_completion_tokens")
     else:

@@ -28,6 +28,7 @@ from localchat.server.generation import (
 )
 from localchat.server.logprobs import completion_logprobs
 from localchat.server.openapi import api_operation
+from localchat.server.prompts import encode_text
 from localchat.server.schemas import CompletionRequest, decode_request
 from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, event, guarded
 from localchat.server.structured_input import response_constraint
@@ -36,7 +37,9 @@ MAX_PROMPTS = 16
 MAX_COMPLETION_LOGPROBS = 20
 
 
-def _prompts(ctx: ServerContext, prompt: str | list[Any] | UnsetType | None) -> list[tuple[str, list[int]]]:
+async def _prompts(
+    ctx: ServerContext, prompt: str | list[Any] | UnsetType | None
+) -> list[tuple[str, list[int]]]:
     """(text, token ids) per prompt. Accepts a string, a list of strings, token ids, or lists of ids;
     null is the start of a document (the BOS token, else the end-of-text token, as OpenAI's default)."""
     tok = ctx.model.tokenizer
@@ -59,7 +62,7 @@ def _prompts(ctx: ServerContext, prompt: str | list[Any] | UnsetType | None) -> 
     vocab = getattr(tok, "vocab_size", None)
     for item in items:
         if isinstance(item, str):
-            out.append((item, tok.encode(item)))
+            out.append((item, await encode_text(ctx, item)))
         elif (
             isinstance(item, list)
             and item
@@ -104,7 +107,7 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream
     ctx = await model_context(request, req.model)
     n = check_n(req.n)
     logprobs_k = _check_unsupported(req, n)
-    prompts = _prompts(ctx, req.prompt)
+    prompts = await _prompts(ctx, req.prompt)
     for _, ids in prompts:
         check_prompt_length(ctx, len(ids), "prompt")
     max_tokens = resolve_max_tokens(ctx, req.max_tokens if req.max_tokens is not None else 16)

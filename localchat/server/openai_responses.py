@@ -22,8 +22,9 @@ from localchat.server.common import (
     model_context,
     new_call,
 )
-from localchat.server.generation import Generation, build_params, check_prompt_length, resolve_max_tokens
+from localchat.server.generation import Generation, build_params, resolve_max_tokens
 from localchat.server.openapi import api_operation
+from localchat.server.prompts import chat_prompt
 from localchat.server.reasoning import starts_in_reasoning
 from localchat.server.responses_input import ResponsesRequest, as_chat_request, input_messages
 from localchat.server.responses_output import ResponseWriter
@@ -53,9 +54,9 @@ async def responses(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     history = ctx.responses.conversation(req.previous_response_id) if req.previous_response_id else []
     conversation = history + input_messages(req, call_id)
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    prompt_text = ctx.render_chat(system + conversation, tools.template_tools)
-    prompt_ids = ctx.model.tokenizer.encode(prompt_text, add_special_tokens=False)
-    check_prompt_length(ctx, len(prompt_ids), "input")
+    prompt_text, prompt_ids = await chat_prompt(
+        ctx, system + conversation, tools.template_tools, param="input"
+    )
     max_tokens = resolve_max_tokens(ctx, req.max_output_tokens, "max_output_tokens")
     (params,) = build_params(ctx, req, max_tokens=max_tokens, logprobs=None, n=1, constraint=constraint)
     _, created = new_call("resp")

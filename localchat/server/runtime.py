@@ -17,8 +17,10 @@ import uvicorn
 from localchat.engine.async_engine import AsyncEngine
 from localchat.engine.engine import LLMEngine
 from localchat.errors import LocalchatError
+from localchat.loopback import is_loopback_host
 from localchat.server import preflight
 from localchat.server.context import ServerContext
+from localchat.server.http_guard import GuardedH11Protocol, install_access_log_filter
 
 if TYPE_CHECKING:
     from localchat.catalog import ResolvedModel
@@ -143,7 +145,7 @@ def mcp_hub(settings: Settings) -> McpHub | None:
 
 
 def security_warning(settings: Settings) -> str | None:
-    if settings.is_loopback or settings.api_key:
+    if is_loopback_host(settings.host) or settings.api_key:
         return None
     bar = "!" * 78
     return (
@@ -209,7 +211,9 @@ def serve(
         log_level=settings.log,
         timeout_graceful_shutdown=int(settings.shutdown_timeout),
         lifespan="on",
+        http=GuardedH11Protocol,  # header and idle-body timeouts
     )
+    install_access_log_filter()  # after the Config: building it configured uvicorn's loggers
     server = _Server(config, models)
     if exit_on_startup_error:
         models.on_startup_error = server.fail

@@ -13,6 +13,7 @@ import msgspec
 from localchat.errors import InvalidRequestError
 
 T = TypeVar("T")
+MAX_JSON_DEPTH = 64
 
 _AT_PATH = re.compile(r" - at `\$\.?(.*)`$")
 _MISSING = re.compile(r"missing required field `([^`]+)`")
@@ -128,6 +129,7 @@ def decode_request(body: bytes, schema: type[T]) -> T:
         raise InvalidRequestError("The request body is empty; send a JSON object.", code="invalid_json")
     try:
         raw = msgspec.json.decode(body)
+        _check_depth(raw)
         if isinstance(raw, dict):
             _integral_floats(raw)
         return msgspec.convert(raw, type=schema)
@@ -142,12 +144,29 @@ def decode_request(body: bytes, schema: type[T]) -> T:
         raise InvalidRequestError(
             f"Invalid request{where}: {reason}.", param=param, code="invalid_type"
         ) from None
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise InvalidRequestError(
             f"We could not parse the JSON body of your request ({exc}). Send valid JSON with Content-Type: "
             "application/json.",
             code="invalid_json",
         ) from None
+
+
+def _check_depth(value: Any) -> None:
+    """Refuse JSON nested deeper than any request needs: later steps (validation, templates, copies)
+    recurse through it, and a thousand levels would end in a RecursionError (a 500)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth >= MAX_JSON_DEPTH:
+                    raise InvalidRequestError(
+                        f"The JSON body is nested more than {MAX_JSON_DEPTH} levels deep; no request needs that.",
+                        code="invalid_json",
+                    )
+                stack.append((child, depth + 1))
 
 
 def _integral_floats(raw: dict[str, Any]) -> None:

@@ -8,14 +8,22 @@ A page on any site can make the browser send "simple" requests (form or text/pla
   page can send cross-origin without a preflight;
 - when bound to loopback, the `Host` must be a loopback name or an `--allowed-host` (421 otherwise):
   the host check Jupyter and Ollama do too.
+Paths are normalized before they are compared (`//v1/chat/completions/` is the route Litestar serves
+for `/v1/chat/completions`), and a path holding a NUL byte is nobody's route (404).
+
+`Origin: null` is what a browser sends for its own form POST when the page asks for no referrer, and
+also what a sandboxed iframe or a `data:` page anywhere sends. It passes only with the browser's own
+`Sec-Fetch-Site: same-origin`, a header no page can set.
 """
 
 from __future__ import annotations
 
 import json
+import posixpath
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
+from localchat.loopback import is_loopback_host
 from localchat.server.errors import error_body
 
 if TYPE_CHECKING:
@@ -40,6 +48,32 @@ def host_name(host: str) -> str:
     return name if not rest or (rest[0] == ":" and rest[1:].isdigit()) else host
 
 
+def route_path(path: str) -> str:
+    """The path as the router matches it: repeated slashes, `.` segments and a trailing slash gone."""
+    return posixpath.normpath("/" + path.lstrip("/"))
+
+
+class HostCheck:
+    """The DNS-rebinding guard: which `Host` headers a server answers. `check`: whether it looks at all
+    (bound to loopback, or --allowed-host given, unless one of those is `*`)."""
+
+    def __init__(self, check: bool, allowed_hosts: Iterable[str] = ()) -> None:
+        extra = {host_name(h) for h in allowed_hosts if h.strip()}
+        self.check = check and ANY_HOST not in extra
+        self.allowed = LOOPBACK_HOST_NAMES | extra
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> HostCheck:
+        return cls(is_loopback_host(settings.host) or bool(settings.allowed_hosts), settings.allowed_hosts)
+
+    def allows(self, host: str) -> bool:
+        if not self.check:
+            return True
+        name = host_name(host)
+        # An address literal is nobody's DNS name, so every loopback address passes (127.0.0.2, ...).
+        return name in self.allowed or is_loopback_host(name)
+
+
 def media_type(content_type: str) -> str:
     return content_type.split(";", 1)[0].strip().lower()
 
@@ -61,10 +95,8 @@ class SecurityGate:
     ) -> None:
         self.app = app
         self.cors_origins = {o.rstrip("/").lower() for o in cors_origins}
-        self.json_paths = frozenset(json_paths)
-        extra = {host_name(h) for h in allowed_hosts if h.strip()}
-        self.check_host = check_host and ANY_HOST not in extra
-        self.allowed_hosts = LOOPBACK_HOST_NAMES | extra
+        self.json_paths = frozenset(route_path(p) for p in json_paths)
+        self.hosts = HostCheck(check_host, allowed_hosts)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         refusal = self.refusal(scope) if scope["type"] == "http" else None
@@ -72,7 +104,7 @@ class SecurityGate:
             await self.app(scope, receive, send)
             return
         status, message, code = refusal
-        type_ = "permission_error" if status == 403 else "invalid_request_error"
+        type_ = {403: "permission_error", 404: "not_found_error"}.get(status, "invalid_request_error")
         body = json.dumps(error_body(message, type_, None, code)).encode()
         await send(
             {
@@ -90,7 +122,7 @@ class SecurityGate:
         """(status, message, code) when the request must be turned away, else None."""
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         host = headers.get("host", "")
-        if self.check_host and host_name(host) not in self.allowed_hosts:
+        if not self.hosts.allows(host):
             shown = host_name(host) or "(none)"
             return (
                 421,
@@ -99,15 +131,19 @@ class SecurityGate:
                 f"--allowed-host {shown} (or LOCALCHAT_ALLOWED_HOSTS).",
                 "host_not_allowed",
             )
+        path = str(scope.get("path", ""))
+        if "\x00" in path:  # no route, file or asset has one (the static files router would fail on it)
+            return 404, f"Unknown route: {scope.get('method')} {path!r}", "not_found"
         origin = headers.get("origin")
-        if origin is not None and not self.origin_allowed(origin, scope, host):
+        same_origin_null = origin == "null" and headers.get("sec-fetch-site") == "same-origin"
+        if origin is not None and not same_origin_null and not self.origin_allowed(origin, scope, host):
             return (
                 403,
                 f"Requests from the web page origin {origin!r} are not allowed. To let that page use this "
                 "server, start it with --cors-origin " + origin + " (or LOCALCHAT_CORS_ORIGINS).",
                 "origin_not_allowed",
             )
-        if scope.get("method") == "POST" and scope.get("path") in self.json_paths:
+        if scope.get("method") == "POST" and route_path(path) in self.json_paths:
             got = media_type(headers.get("content-type", ""))
             if got != "application/json":
                 return (
@@ -136,6 +172,6 @@ def guard_app(app: Any, settings: Settings, json_paths: Collection[str]) -> None
         app.asgi_handler,
         cors_origins=settings.cors_origins,
         json_paths=json_paths,
-        check_host=settings.is_loopback or bool(settings.allowed_hosts),
+        check_host=is_loopback_host(settings.host) or bool(settings.allowed_hosts),
         allowed_hosts=settings.allowed_hosts,
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import quote
 
 import anyio.to_thread
 from litestar import Request, Response, get, post
@@ -109,6 +110,8 @@ async def pick_model(request: Request) -> Response[str]:
         web = request.app.state.get("localchat_web")
         if web is not None and not web.chats.is_generating(conv_id):
             web.store.update_settings(conv_id, model=name)
+    if form.get("open"):  # "Use in chat" on the Models page: the chat page, with the model picked
+        return html("", headers={"HX-Redirect": "/?model=" + quote(name, safe="")})
     return _status_response(models, name, False)
 
 

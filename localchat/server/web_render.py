@@ -23,9 +23,16 @@ CSP = (
 SECURITY_HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # Not no-referrer: with it Chromium sends `Origin: null` on the page's own form POST (the login),
+    # which the security gate cannot tell from a sandboxed page elsewhere. same-origin sends the
+    # Origin, and still no Referer to other sites.
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
+
+
+# The assets under /static: the same CSP (loading.html is a page), and never sniffed as something else.
+STATIC_HEADERS = {k: v for k, v in SECURITY_HEADERS.items() if k != "Cache-Control"}
 
 
 def ui_dir() -> Path:

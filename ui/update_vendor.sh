@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Re-fetch the vendored libraries from the npm registry (see VERSIONS.md). Needs npm; run from anywhere.
+# Re-fetch the vendored libraries into static/vendor/ from the npm registry (see static/vendor/VERSIONS.md).
+# Needs npm; run from anywhere. It lives outside static/ so the server never serves it.
 set -euo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
+here="$(cd "$(dirname "$0")" && pwd)/static/vendor"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 fetch() {  # fetch PACKAGE@VERSION FOLDER FILE-IN-PACKAGE LICENCE-FILES...

@@ -1,0 +1,104 @@
+"""What the server's uvicorn gets beyond its defaults, for the CLI's server and the desktop window's alike.
+
+- Clocks on slow clients. uvicorn times out an idle keep-alive connection, but not one that never
+  finishes its request: a socket that sends half a header (or nothing), or a body that stops midway,
+  would be held forever, and a few hundred of them exhaust the server's file descriptors (slowloris).
+  Here a request's head must arrive within HEAD_TIMEOUT_S of its first byte (or of the connection),
+  and its body may pause at most BODY_IDLE_S between two reads. Once a request is whole, nothing
+  ticks: an answer may stream for as long as the model writes.
+- An access log that never records a key: a client that sends `?api_key=...` is refused, yet the
+  query string would still land in the log file in clear.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+HEAD_TIMEOUT_S = 10.0
+BODY_IDLE_S = 30.0
+
+# Query parameters whose values are secrets (api_key, apikey, key, token, access_token, password...).
+_SECRET_PARAM = re.compile(
+    r"(?i)((?:^|[?&;])[^=&;]*(?:key|token|secret|password|passwd|auth)[^=&;]*=)[^&;#]*"
+)
+
+
+def redact_query(target: str) -> str:
+    """`/v1/models?api_key=sk-1&x=2` -> `/v1/models?api_key=***&x=2`."""
+    path, sep, query = target.partition("?")
+    return path + sep + _SECRET_PARAM.sub(r"\1***", query) if sep else target
+
+
+class RedactSecrets(logging.Filter):
+    """On the `uvicorn.access` logger: its third argument is the path with the query string."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) and "?" in args[2]:
+            record.args = (*args[:2], redact_query(args[2]), *args[3:])
+        return True
+
+
+def install_access_log_filter() -> None:
+    """Once per process (uvicorn configures its loggers when its Config is built: call it after)."""
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, RedactSecrets) for f in access.filters):
+        access.addFilter(RedactSecrets())
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol, plus the two clocks above. Pass it as `uvicorn.Config(http=...)`."""
+
+    head_timeout_s = HEAD_TIMEOUT_S
+    body_idle_s = BODY_IDLE_S
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._guard: asyncio.TimerHandle | None = None
+        self._guarding = ""  # "head" | "body" | ""
+        super().connection_made(transport)
+        self._set_guard("head", self.head_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._set_guard("", 0)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._follow()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._follow()
+
+    def _follow(self) -> None:
+        """Arm the clock that fits where the client is in its request."""
+        if self.transport.is_closing():
+            self._set_guard("", 0)
+        elif self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
+            # Some bytes of a head: its clock starts once and is not reset by more dribbles.
+            if self._guarding != "head":
+                self._set_guard("head", self.head_timeout_s)
+        elif self.conn.their_state is h11.SEND_BODY:
+            self._set_guard("body", self.body_idle_s)  # reset by every chunk
+        elif self._guarding != "head" or self.conn.their_state is not h11.IDLE:
+            self._set_guard("", 0)  # whole request in, or idle keep-alive (uvicorn's own timeout)
+
+    def _set_guard(self, what: str, seconds: float) -> None:
+        if self._guard is not None:
+            self._guard.cancel()
+        self._guarding = what
+        self._guard = self.loop.call_later(seconds, self._expired) if what else None
+
+    def _expired(self) -> None:
+        if self._guarding == "body" and self.flow.read_paused:
+            self._set_guard("body", self.body_idle_s)  # the app is slow to read, not the client to send
+            return
+        self._guard, self._guarding = None, ""
+        if not self.transport.is_closing():
+            self.logger.info("closing a connection whose request stalled (%s)", self.client)
+            self.transport.close()
