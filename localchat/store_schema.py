@@ -52,9 +52,27 @@ def _add_message_model(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE messages ADD COLUMN model TEXT")
 
 
+# Saved presets (a system prompt and sampling settings the settings dialog applies to a chat) and
+# app-wide UI settings (e.g. the default system prompt of new chats), as key/value text.
+_PRESETS_AND_SETTINGS = """
+CREATE TABLE IF NOT EXISTS presets (
+    name TEXT PRIMARY KEY,
+    system_prompt TEXT NOT NULL DEFAULT '',
+    temperature REAL,
+    top_p REAL,
+    max_tokens INTEGER,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS app_settings (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""
+
 MIGRATIONS: list[Migration] = [
     _INITIAL,  # 0 -> 1 (IF NOT EXISTS: databases from before versioning already hold it)
     _add_message_model,  # 1 -> 2
+    _PRESETS_AND_SETTINGS,  # 2 -> 3
 ]
 
 

@@ -3,6 +3,17 @@ saved presets (sampling + system prompt) that the settings dialog applies."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from litestar import Request, Response, post
+from litestar.di import NamedDependency
+
+from localchat.errors import InvalidRequestError
+from localchat.server.web_common import WebState, require_htmx
+from localchat.server.web_forms import parse_settings
+from localchat.server.web_render import environment, html
+from localchat.store import Preset
+
 # (title, prompt): shown as buttons on an empty chat; a click sends the prompt. Everyday tasks a small
 # local model answers well, so a first try shows what it can do.
 EXAMPLE_PROMPTS: list[tuple[str, str]] = [
@@ -11,3 +22,49 @@ EXAMPLE_PROMPTS: list[tuple[str, str]] = [
     ("Write some code", "Write a Python function that checks whether a string is a palindrome."),
     ("Plan something", "Give me a packing list for a weekend hiking trip."),
 ]
+
+DEFAULT_SYSTEM_PROMPT_KEY = "default_system_prompt"  # app_settings: the system prompt new chats start with
+MAX_PRESET_NAME = 60
+
+
+def extras_macro(name: str, *args: Any) -> str:
+    """One macro of `_extras.html` (the settings dialog's preset picker)."""
+    return str(getattr(environment().get_template("_extras.html").module, name)(*args))
+
+
+def _preset_picker(web: WebState, selected: str = "") -> Response[str]:
+    return html(extras_macro("preset_picker", web.store.list_presets(), selected))
+
+
+@post("/ui/presets", name="web:save-preset", guards=[require_htmx])
+async def save_preset(web: NamedDependency[WebState], request: Request) -> Response[str]:
+    """Save the settings dialog's system prompt and sampling fields under a name (replacing one of that name)."""
+    form = await request.form()
+    name = " ".join(str(form.get("preset_name", "")).split())[:MAX_PRESET_NAME]
+    if not name:
+        raise InvalidRequestError("Give the preset a name first.", param="preset_name")
+    settings = parse_settings(form, web.chats) or {}
+    preset = Preset(name, **{k: v for k, v in settings.items() if k != "model"})
+    await web.chats.in_store_thread(web.store.save_preset, preset)
+    return _preset_picker(web, name)
+
+
+@post("/ui/presets/delete", name="web:delete-preset", guards=[require_htmx])
+async def delete_preset(web: NamedDependency[WebState], request: Request) -> Response[str]:
+    name = str((await request.form()).get("preset", ""))
+    if not name:
+        raise InvalidRequestError("Pick the preset to delete first.", param="preset")
+    await web.chats.in_store_thread(web.store.delete_preset, name)
+    return _preset_picker(web)
+
+
+@post("/ui/default-system-prompt", name="web:default-system-prompt", guards=[require_htmx])
+async def default_system_prompt(web: NamedDependency[WebState], request: Request) -> Response[str]:
+    """The settings dialog's system prompt becomes the one every new chat starts with."""
+    settings = parse_settings({"system_prompt": (await request.form()).get("system_prompt", "")}, web.chats)
+    text = (settings or {}).get("system_prompt", "")
+    await web.chats.in_store_thread(web.store.set_setting, DEFAULT_SYSTEM_PROMPT_KEY, text)
+    return html("New chats now start with this system prompt." if text else "New chats start with none.")
+
+
+ROUTES = [save_preset, delete_preset, default_system_prompt]

@@ -18,4 +18,17 @@
     const example = event.target.closest("[data-action=example-prompt]");
     if (example) sendPrompt(example.dataset.prompt);
   });
+
+  // A preset fills the settings dialog's fields (Save, or the first message of a new chat, keeps them).
+  function applyPreset(option) {
+    if (!option || !option.value) return;
+    const fields = { "#set-system": "systemPrompt", "#set-temperature": "temperature", "#set-top-p": "topP", "#set-max-tokens": "maxTokens" };
+    for (const [selector, key] of Object.entries(fields)) {
+      const field = $(selector);
+      if (field) field.value = option.dataset[key] || "";
+    }
+  }
+  document.addEventListener("change", (event) => {
+    if (event.target.id === "preset-select") applyPreset(event.target.selectedOptions[0]);
+  });
 })();
