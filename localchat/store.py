@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from localchat.errors import NotFoundError
+from localchat.paths import private_dir, private_file
 from localchat.store_schema import migrate
 
 # Statuses of an assistant message: still being written, finished, stopped by the user, failed.
@@ -105,7 +106,8 @@ def title_from(text: str, limit: int = 60) -> str:
 
 class Store:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
+        private_file(path)  # every conversation is in it: owner-only, and so its WAL and SHM files
         self.path = path
         self._lock = threading.RLock()
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10.0)

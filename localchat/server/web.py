@@ -31,7 +31,7 @@ from localchat.server import web_about, web_chat, web_extras, web_models, web_si
 from localchat.server.web_common import WebState, current_path
 from localchat.server.web_extras import DEFAULT_SYSTEM_PROMPT_KEY, EXAMPLE_PROMPTS
 from localchat.server.web_models import model_status
-from localchat.server.web_render import html, macro, render, ui_dir
+from localchat.server.web_render import STATIC_HEADERS, html, macro, render, ui_dir
 from localchat.store import Conversation, Store
 
 log = logging.getLogger(__name__)
@@ -80,8 +80,9 @@ def model_choices(models: ModelManager, selected: str | None) -> list[tuple[str,
 
 @get("/", name="web:index", sync_to_thread=True)
 def index(request: Request, web: NamedDependency[WebState], model: FromQuery[str] = "") -> Response[str]:
-    if model:  # "Use in chat" on the Models page: load it while the page opens
-        request.app.state.models.load(model)
+    # `model`: preselected in the picker ("Use in chat" on the Models page). Only shown: a GET never
+    # loads or evicts anything (any web page can make the browser send one); the load is the POST
+    # to /ui/model that "Use in chat" makes first.
     return _page(request, web, None, model)
 
 
@@ -167,7 +168,11 @@ def create_web_router(settings: Any, *, store_path: Path | None = None) -> Route
 
     # Public: the assets hold no data, and the login page needs them before the key is known.
     static = create_static_files_router(
-        "/static", directories=[ui_dir() / "static"], name="web:static", opt={"public": True}
+        "/static",
+        directories=[ui_dir() / "static"],
+        name="web:static",
+        opt={"public": True},
+        after_request=_static_headers,
     )
     return Router(
         "/",
@@ -176,6 +181,12 @@ def create_web_router(settings: Any, *, store_path: Path | None = None) -> Route
         exception_handlers={LocalchatError: _error_response, HTTPException: _error_response},
         include_in_schema=False,
     )
+
+
+async def _static_headers(response: Response[Any]) -> Response[Any]:
+    for name, value in STATIC_HEADERS.items():
+        response.headers.setdefault(name, value)
+    return response
 
 
 def _open_store(path: Path) -> Store:
