@@ -199,8 +199,15 @@ class Settings:
     mcp_config: str | None = _opt(
         None,
         ("--mcp-config",),
-        "an mcp.json (Claude-desktop format) whose servers' tools every chat request may call",
+        "an mcp.json (Claude-desktop format); servers marked autoUse offer their tools to chats",
         metavar="FILE",
+    )
+    mcp_allow_keyless_api: bool = _opt(
+        False,
+        ("--mcp-allow-keyless-api",),
+        "let API requests without an API key run MCP tools (refused by default)",
+        parse=_bool,
+        action="store_true",
     )
     # -- engine --------------------------------------------------------------------------------------
     mem: int | None = _opt(

@@ -28,6 +28,8 @@ from localchat.engine.request import FinishReason
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import InvalidRequestError, LocalchatError
 from localchat.mcp import ui_turns
+from localchat.mcp.hub import ToolRun
+from localchat.mcp.trust import CONSENT_FILE, DENIED, ConsentStore
 from localchat.server.generation import resolve_max_tokens, resolve_sampling
 from localchat.store import (
     DONE,
@@ -58,6 +60,19 @@ _STATUS = {
     FinishReason.ERROR: ERROR,
 }
 INTERRUPTED = "The server stopped before this answer was finished. Regenerate it to try again."
+NOT_RUN = "Not run: the answer was stopped."
+DECISIONS = ("allow", "deny", "always")
+
+
+@dataclass(slots=True)
+class Approval:
+    """An MCP call the model made, waiting for the user's Allow / Deny in the web UI."""
+
+    id: str
+    server: str
+    name: str
+    arguments: str
+    decided: asyncio.Future[str]  # "allow" | "deny" | "always" | "stop"
 
 
 @dataclass(slots=True)
@@ -74,6 +89,7 @@ class Generation:
     turn_start: int = 0  # where the current model turn's text begins (after MCP tool runs)
     turns: int = 0
     stop_requested: bool = False  # Stop pressed, maybe while MCP tools ran between two model turns
+    approval: Approval | None = None  # the MCP call waiting for the user, if any
 
 
 def strip_thinking(text: str) -> str:
@@ -94,6 +110,13 @@ class ChatService:
         self._claimed: set[str] = set()  # conversations whose next answer is being set up
         self._next = 0
         self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="localchat-store")
+        self._consent: ConsentStore | None = None  # read on the first MCP call (the data dir's file)
+
+    @property
+    def consent(self) -> ConsentStore:
+        if self._consent is None:
+            self._consent = ConsentStore(self.store.path.parent / CONSENT_FILE)
+        return self._consent
 
     def close(self) -> None:
         """Finish the queued writes (the final state of answers), then stop the store thread."""
@@ -175,6 +198,24 @@ class ChatService:
             return False
         gen.stop_requested = True
         gen.ctx.engine.abort(gen.req_id)
+        if gen.approval is not None and not gen.approval.decided.done():
+            gen.approval.decided.set_result("stop")  # a pending Allow / Deny ends with the answer
+        return True
+
+    def approval(self, message_id: int) -> Approval | None:
+        """The MCP call of this answer that waits for the user's decision, if any."""
+        gen = self._by_message.get(message_id)
+        return gen.approval if gen is not None else None
+
+    def decide(self, conv_id: str, message_id: int, approval_id: str, decision: str) -> bool:
+        """The user's Allow / Deny / Always for a waiting call; False when it no longer waits."""
+        if decision not in DECISIONS:
+            raise InvalidRequestError(f"decision must be one of {', '.join(DECISIONS)}.", param="decision")
+        gen = self._by_message.get(message_id)
+        approval = gen.approval if gen is not None and gen.conversation_id == conv_id else None
+        if approval is None or approval.id != approval_id or approval.decided.done():
+            return False
+        approval.decided.set_result(decision)
         return True
 
     def is_generating(self, conv_id: str) -> bool:
@@ -191,6 +232,8 @@ class ChatService:
         gen.listeners.append(queue)  # no await since the lookup: no delta can slip between snapshot and queue
         try:
             yield ("snapshot", gen.text)
+            if gen.approval is not None:  # a tab opened while a call waits must offer the decision too
+                yield ("approval", gen.approval.id)
             while True:
                 event = await queue.get()
                 yield event
@@ -343,7 +386,16 @@ class ChatService:
     async def _run_tools(self, gen: Generation, content: str, calls: list[Any]) -> None:
         ctx = gen.ctx
         assert ctx.mcp is not None
-        runs = [await ctx.mcp.call(c.name, c.arguments) for c in calls]
+        runs = []
+        for n, call in enumerate(calls):
+            server = ctx.mcp.server_of(call.name) or ""
+            decision = "stop" if gen.stop_requested else await self._ask(gen, n, server, call)
+            if decision == "stop":
+                runs.append(ToolRun(server, NOT_RUN, True))
+            elif decision == "deny":
+                runs.append(ToolRun(server, DENIED, True, denied=True))
+            else:
+                runs.append(await ctx.mcp.call(call.name, call.arguments))
         gen.text = gen.text[: gen.turn_start] + ui_turns.transcript(content, calls, runs)
         gen.turn_start, gen.turns = len(gen.text), gen.turns + 1
         for queue in gen.listeners:
@@ -373,6 +425,25 @@ class ChatService:
         except LocalchatError as exc:
             await self._end_early(gen, status=ERROR, error=exc.message, finish_reason="error")
 
+    async def _ask(self, gen: Generation, n: int, server: str, call: Any) -> str:
+        """The user's decision on one MCP call: asked in the UI unless the tool is always allowed."""
+        if self.consent.allows(server, call.name):
+            return "allow"
+        decided: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        gen.approval = Approval(f"{gen.req_id}-{n}", server, call.name, call.arguments, decided)
+        _tell(gen, ("approval", gen.approval.id))
+        try:
+            decision = await decided
+        finally:
+            gen.approval = None
+            _tell(gen, ("approval", ""))
+        if decision == "always":
+            try:
+                await self.in_store_thread(self.consent.allow, server, call.name)
+            except OSError as exc:  # this call still runs; the next one is asked again
+                log.warning("cannot save the MCP consent (%s): %s", self.consent.path, exc)
+        return decision
+
     def _save_turn(self, conv_id: str, message_id: int, text: str) -> tuple[Conversation, list[Message]]:
         """(On the store thread.) Save the answer so far; the conversation and its messages for the next turn."""
         self.store.update_message(message_id, content=text)
@@ -398,6 +469,11 @@ class ChatService:
     def _forget(self, conv_id: str, message_id: int) -> None:
         self._active.pop(conv_id, None)
         self._by_message.pop(message_id, None)
+
+
+def _tell(gen: Generation, event: tuple[str, str]) -> None:
+    for queue in gen.listeners:
+        queue.put_nowait(event)
 
 
 def _log_failure(future: Future[object]) -> None:

@@ -1,10 +1,12 @@
 """`--mcp-config mcp.json` in the Claude-desktop format:
 
     {"mcpServers": {"files": {"command": "npx", "args": [...], "env": {...}},
-                    "search": {"url": "http://127.0.0.1:9000/mcp", "headers": {...}}}}
+                    "search": {"url": "http://127.0.0.1:9000/mcp", "headers": {...}, "autoUse": true}}}
 
 A server with `command` is started as a subprocess and spoken to over stdio; one with `url` over
 streamable HTTP. Read once at startup; a file we cannot use stops the start with a message naming it.
+`autoUse` (default false) offers the server's tools to chats; a server without it is connected and
+listed, but its tools run for nobody (see docs/mcp.md for the trust model).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class McpServerSpec:
     env: dict[str, str] = field(default_factory=dict)
     url: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    auto_use: bool = False  # "autoUse": the server's tools are offered to chats (opt-in)
 
     @property
     def transport(self) -> str:
@@ -70,4 +73,7 @@ def _server(name: str, entry: Any, where: str) -> McpServerSpec:
         raise McpConfigError(f'{where}: server {name!r}: "command" must be a string.')
     if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
         raise McpConfigError(f'{where}: server {name!r}: "url" must be an http(s) URL.')
-    return McpServerSpec(name, command, list(args), dict(env), url, dict(headers))
+    auto_use = entry.get("autoUse", False)
+    if not isinstance(auto_use, bool):
+        raise McpConfigError(f'{where}: server {name!r}: "autoUse" must be true or false.')
+    return McpServerSpec(name, command, list(args), dict(env), url, dict(headers), auto_use)

@@ -29,6 +29,7 @@ class ToolRun:
     server: str
     text: str
     is_error: bool
+    denied: bool = False  # the user said no in the web UI: the tool did not run
 
 
 @dataclass(slots=True)
@@ -118,7 +119,8 @@ class McpHub:
     # -- what requests use ---------------------------------------------------------------------------
 
     def openai_tools(self) -> list[dict[str, Any]]:
-        """The connected servers' tools as OpenAI function tools."""
+        """The tools of the connected servers that opted in to automatic use ("autoUse"), as OpenAI
+        function tools. A server without it is never offered: pasted text cannot reach its tools."""
         return [
             {
                 "type": "function",
@@ -133,7 +135,7 @@ class McpHub:
                 },
             }
             for server in self._servers
-            if server.status == "connected"
+            if server.status == "connected" and server.spec.auto_use
             for tool in server.tools
             if self._owner.get(tool.name) is server  # names are unique: the first server keeps one
         ]
@@ -148,6 +150,8 @@ class McpHub:
         if owner is None:
             return ToolRun("", f"Unknown tool {tool_name!r}.", True)
         server = owner.spec.name
+        if not owner.spec.auto_use:  # never offered, so only a forged call could name it
+            return ToolRun(server, f"MCP server {server!r} is not enabled for chats (autoUse).", True)
         if owner.client is None:
             return ToolRun(
                 server, f"MCP server {server!r} is not connected ({owner.error or owner.status}).", True
@@ -176,6 +180,7 @@ class McpHub:
                 "transport": s.spec.transport,
                 "status": s.status,
                 "error": s.error,
+                "auto_use": s.spec.auto_use,
                 "tools": [{"name": t.name, "description": t.description or ""} for t in s.tools],
             }
             for s in self._servers

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 MAX_TURNS = 6
 _BLOCKS = re.compile(
     r"<tool_call>\s*(?P<call>.*?)\s*</tool_call>\s*"
-    r'<tool_response name="[^"]*"(?P<error> error="true")?>\n(?P<result>.*?)\n</tool_response>\s*',
+    r'<tool_response name="[^"]*"(?P<error> error="true")?(?: denied="true")?>\n(?P<result>.*?)\n</tool_response>\s*',
     re.S,
 )
 
@@ -46,6 +46,7 @@ def transcript(content: str, calls: list[ParsedCall], runs: list[ToolRun]) -> st
     for call, run in zip(calls, runs, strict=True):
         body = json.dumps({"name": call.name, "arguments": _loads(call.arguments)}, ensure_ascii=False)
         error = ' error="true"' if run.is_error else ""
+        error += ' denied="true"' if run.denied else ""  # the UI shows it as "Denied", not as a failure
         # A result cannot close its own block early (it is foreign text).
         text = run.text.replace("</tool_response>", "</tool_response\u200b>")
         parts.append(

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from localchat.errors import InvalidRequestError
+from localchat.mcp.trust import check_api_caller
 from localchat.server.chat_input import template_tools
 from localchat.server.schemas import ChatCompletionRequest, Tool
 from localchat.server.structured_input import response_constraint, tool_choice_constraint
@@ -71,7 +72,10 @@ def _mcp_tools(ctx: ServerContext, req: ChatCompletionRequest) -> list[dict[str,
         return []
     if (req.n or 1) > 1 or req.logprobs:
         return []
-    return list(ctx.mcp.openai_tools())
+    tools = list(ctx.mcp.openai_tools())
+    if tools:  # the request would make the server run tools: only for a caller it trusts
+        check_api_caller(ctx.settings)
+    return tools
 
 
 async def request_constraint(

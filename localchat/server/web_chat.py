@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 from litestar import Request, Response, get, post
@@ -10,10 +11,17 @@ from litestar.params import FromPath
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 from markupsafe import escape
 
-from localchat.errors import NotFoundError
+from localchat.conversations import Approval
+from localchat.errors import InvalidRequestError, NotFoundError
 from localchat.server.web_common import WebState, require_htmx
 from localchat.server.web_forms import parse_settings
-from localchat.server.web_render import html, macro
+from localchat.server.web_render import environment, html, macro
+
+# An SSE event with empty data is never dispatched by browsers: this clears the approval slot instead.
+NO_APPROVAL = '<span class="no-approval"></span>'
+# Without the server, a browser would retry the stream every few seconds on its own; the UI's notice
+# and its Retry button take over instead (a dead server must be visible, not a frozen answer).
+STREAM_RETRY_MS = 3_600_000
 
 
 @post("/ui/chats", name="web:new-chat", guards=[require_htmx])
@@ -40,6 +48,34 @@ async def send(request: Request, web: NamedDependency[WebState], conv_id: FromPa
 )
 def stop(web: NamedDependency[WebState], conv_id: FromPath[str]) -> None:
     web.chats.stop(conv_id)
+
+
+@post(
+    "/ui/c/{conv_id:str}/m/{message_id:int}/tool-approval",
+    name="web:tool-approval",
+    guards=[require_htmx],
+    status_code=204,
+)
+async def tool_approval(
+    request: Request, web: NamedDependency[WebState], conv_id: FromPath[str], message_id: FromPath[int]
+) -> None:
+    """Allow / Deny / Always allow for an MCP call the answer waits on (the stream then clears it)."""
+    form = await request.form()
+    if not web.chats.decide(
+        conv_id, message_id, str(form.get("approval", "")), str(form.get("decision", ""))
+    ):
+        raise InvalidRequestError("This tool call is no longer waiting for a decision.")
+
+
+def approval_html(approval: Approval | None, conv_id: str, message_id: int) -> str:
+    if approval is None:
+        return NO_APPROVAL
+    try:
+        arguments = json.dumps(json.loads(approval.arguments or "{}"), indent=2, ensure_ascii=False)
+    except ValueError:
+        arguments = approval.arguments
+    module = environment().get_template("_mcp.html").module
+    return str(module.tool_approval(approval, arguments, conv_id, message_id))  # type: ignore[attr-defined]
 
 
 @post("/ui/c/{conv_id:str}/regenerate", name="web:regenerate", guards=[require_htmx])
@@ -99,10 +135,27 @@ async def stream(web: NamedDependency[WebState], message_id: FromPath[int]) -> S
                     final = ""
                 yield ServerSentEventMessage(event="done", data=final)
                 return
+            if kind == "approval":
+                approval = web.chats.approval(message_id)
+                current = approval if approval is not None and approval.id == text else None
+                yield ServerSentEventMessage(event=kind, data=approval_html(current, conv.id, message_id))
+                continue
             # The browser appends this as text into the message's hidden raw-markdown element.
-            yield ServerSentEventMessage(event=kind, data=str(escape(text)))
+            retry = STREAM_RETRY_MS if kind == "snapshot" else None
+            yield ServerSentEventMessage(event=kind, data=str(escape(text)), retry=retry)
 
     return ServerSentEvent(events(), headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
-ROUTES = [new_chat, send, stop, regenerate, message_view, edit_form, edit, save_settings, stream]
+ROUTES = [
+    new_chat,
+    send,
+    stop,
+    tool_approval,
+    regenerate,
+    message_view,
+    edit_form,
+    edit,
+    save_settings,
+    stream,
+]

@@ -1,6 +1,7 @@
 """MCP end to end on the real model: `localchat serve --mcp-config` starts a stdio MCP server written
 with the official SDK (tests/helpers/mcp_calc_server.py); the request names the server's tool in
-`tool_choice`, so constrained decoding makes SmolLM2 call it, and the server runs it and answers."""
+`tool_choice`, so constrained decoding makes SmolLM2 call it, and the server runs it and answers.
+The server opts in with "autoUse", and the caller holds the API key (MCP runs need one)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tests.helpers.live_server import REPO, LiveServer, live_server, real_backen
 pytestmark = pytest.mark.slow
 
 CALC_SERVER = REPO / "tests" / "helpers" / "mcp_calc_server.py"
+KEY = "mcp-e2e-key"
 
 
 @pytest.fixture(scope="module")
@@ -25,14 +27,17 @@ def mcp_server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         pytest.skip(why)
     config = tmp_path_factory.mktemp("mcp") / "mcp.json"
     config.write_text(
-        json.dumps({"mcpServers": {"calc": {"command": sys.executable, "args": [str(CALC_SERVER)]}}})
+        json.dumps(
+            {"mcpServers": {"calc": {"command": sys.executable, "args": [str(CALC_SERVER)], "autoUse": True}}}
+        )
     )
-    with live_server([*server_args("real", smollm2_gguf), "--mcp-config", str(config)]) as server:
+    args = [*server_args("real", smollm2_gguf), "--mcp-config", str(config)]
+    with live_server(args, api_key=KEY) as server:
         yield server
 
 
 def test_forced_mcp_call_runs_on_the_server(mcp_server):
-    client = openai.OpenAI(base_url=mcp_server.api_url, api_key="unused", max_retries=0, timeout=300)
+    client = openai.OpenAI(base_url=mcp_server.api_url, api_key=KEY, max_retries=0, timeout=300)
     model = client.models.list().data[0].id
     reply = client.chat.completions.create(
         model=model,

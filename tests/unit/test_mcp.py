@@ -1,10 +1,14 @@
 """MCP through `--mcp-config`: a stdio MCP server written for the tests with the official SDK (tests/helpers/mcp_calc_server.py), started by the
 app at startup; on the fake backend, the scripted reply is the model's call. The server runs the
-call, feeds the result back (the tool's answer scripts the model's next reply) and streams the run."""
+call, feeds the result back (the tool's answer scripts the model's next reply) and streams the run.
+Servers are offered to chats only with "autoUse": true, and the API runs their tools only for a
+caller with the API key (or with --mcp-allow-keyless-api)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -15,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from localchat.mcp import McpConfigError, load_mcp_config
+from localchat.mcp.trust import ConsentStore
 from localchat.server.mcp_chat import MAX_TURNS
 from tests.helpers.fake_app import fake_client, say
 from tests.helpers.live_server import REPO, check_chat_stream, parse_sse
@@ -31,8 +36,8 @@ def mcp_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("mcp")
     config = {
         "mcpServers": {
-            "calc": {"command": sys.executable, "args": [str(CALC_SERVER)]},
-            "broken": {"command": str(folder / "no-such-program")},
+            "calc": {"command": sys.executable, "args": [str(CALC_SERVER)], "autoUse": True},
+            "broken": {"command": str(folder / "no-such-program"), "autoUse": True},
         }
     }
     path = folder / "mcp.json"
@@ -42,7 +47,7 @@ def mcp_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def client(mcp_config: Path):
-    with fake_client(mcp_config=str(mcp_config)) as (c, ctx):
+    with fake_client(mcp_config=str(mcp_config), mcp_allow_keyless_api=True) as (c, ctx):
         c.ctx = ctx  # type: ignore[attr-defined]
         yield c
 
@@ -109,6 +114,7 @@ def test_a_failing_tool_is_an_error_result_up_to_the_turn_limit(client):
         ('{"mcpServers": {"x": {}}}', "either"),
         ('{"mcpServers": {"x": {"url": "ftp://x"}}}', "http(s)"),
         ('{"mcpServers": {"x": {"command": "a", "args": "b"}}}', "list of strings"),
+        ('{"mcpServers": {"x": {"command": "a", "autoUse": "yes"}}}', "true or false"),
     ],
 )
 def test_bad_config_files_name_the_problem(tmp_path: Path, config: str, message: str):
@@ -151,9 +157,59 @@ def http_mcp_url() -> Iterator[str]:
 
 def test_streamable_http_server(http_mcp_url: str, tmp_path: Path):
     config = tmp_path / "mcp.json"
-    config.write_text(json.dumps({"mcpServers": {"web": {"url": http_mcp_url, "headers": {"X-Test": "1"}}}}))
-    with fake_client(mcp_config=str(config)) as (c, ctx):
+    web = {"url": http_mcp_url, "headers": {"X-Test": "1"}, "autoUse": True}
+    config.write_text(json.dumps({"mcpServers": {"web": web}}))
+    with fake_client(mcp_config=str(config), api_key="sesame") as (c, ctx):  # a keyed caller may
         (server,) = ctx.mcp.servers()
         assert server["status"] == "connected" and server["transport"] == "http", server
-        message = c.post("/v1/chat/completions", json={"messages": say(ADD)}).json()["choices"][0]["message"]
+        auth = {"Authorization": "Bearer sesame"}
+        r = c.post("/v1/chat/completions", json={"messages": say(ADD)}, headers=auth)
+        message = r.json()["choices"][0]["message"]
     assert message["content"] == "The sum is 5." and message["mcp_tool_runs"][0]["server"] == "web"
+
+
+def test_a_server_without_auto_use_is_never_offered_or_run(tmp_path: Path):
+    config = tmp_path / "mcp.json"
+    config.write_text(
+        json.dumps({"mcpServers": {"calc": {"command": sys.executable, "args": [str(CALC_SERVER)]}}})
+    )
+    with fake_client(mcp_config=str(config)) as (c, ctx):
+        (server,) = ctx.mcp.servers()
+        assert server["status"] == "connected" and server["auto_use"] is False
+        assert ctx.mcp.openai_tools() == []
+        # Not offered: the model's call is plain text, nothing runs (and no key is needed for that).
+        message = c.post("/v1/chat/completions", json={"messages": say(ADD)}).json()["choices"][0]["message"]
+        assert message["content"] == ADD and "mcp_tool_runs" not in message
+        # Nor can a forged call reach it (refused before the server is spoken to).
+        run = asyncio.run(ctx.mcp.call("add", '{"a": 1, "b": 2}'))
+        assert run.is_error and "not enabled" in run.text
+
+
+def test_keyless_api_requests_are_refused_mcp_tools(mcp_config: Path):
+    with fake_client(mcp_config=str(mcp_config)) as (c, _):
+        r = c.post("/v1/chat/completions", json={"messages": say(ADD)})
+        assert r.status_code == 403, r.text
+        error = r.json()["error"]
+        assert error["code"] == "mcp_requires_api_key" and error["type"] == "permission_error"
+        assert "--mcp-allow-keyless-api" in error["message"] and "LOCALCHAT_API_KEY" in error["message"]
+        forced = {"type": "function", "function": {"name": "add"}}
+        r = c.post("/v1/chat/completions", json={"messages": say(ADD), "tool_choice": forced})
+        assert r.status_code == 403, r.text
+        # Without MCP tools the same caller still chats.
+        r = c.post("/v1/chat/completions", json={"messages": say(ADD), "tools": []})
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == ADD
+
+
+def test_always_allowed_tools_are_kept_in_a_private_file(tmp_path: Path):
+    path = tmp_path / "mcp-consent.json"
+    store = ConsentStore(path)
+    assert not store.allows("calc", "add")
+    store.allow("calc", "add")
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert json.loads(path.read_text()) == {"always_allow": {"calc": ["add"]}}
+    again = ConsentStore(path)
+    assert (
+        again.allows("calc", "add") and not again.allows("calc", "explode") and not again.allows("x", "add")
+    )
+    path.write_text("{not json")
+    assert not ConsentStore(path).allows("calc", "add")  # unreadable: ask again, never crash

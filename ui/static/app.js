@@ -59,7 +59,7 @@
 
   // Tool calls and their results (the server's MCP runs, or a model's own <tool_call> markup) are
   // collapsed blocks between the answer's markdown; their text goes in as textContent, never as HTML.
-  const TOOL_BLOCK = /<tool_call>\s*([\s\S]*?)\s*(?:<\/tool_call>|$)|<tool_response name="([^"]*)"( error="true")?>\n?([\s\S]*?)\n?(?:<\/tool_response>|$)/g;
+  const TOOL_BLOCK = /<tool_call>\s*([\s\S]*?)\s*(?:<\/tool_call>|$)|<tool_response name="([^"]*)"( error="true")?( denied="true")?>\n?([\s\S]*?)\n?(?:<\/tool_response>|$)/g;
   function toolBlock(kind, title, body) {
     const details = document.createElement("details");
     details.className = "tool-block " + kind;
@@ -93,7 +93,8 @@
     for (const m of blocks) {
       markdown(text.slice(at, m.index));
       if (m[0].startsWith("<tool_call>")) el.append(callBlock(m[1]));
-      else el.append(toolBlock(m[3] ? "tool-result failed" : "tool-result", (m[3] ? "Tool error: " : "Tool result: ") + m[2], m[4]));
+      else if (m[4]) el.append(toolBlock("tool-result failed denied", "Denied: " + m[2], m[5]));
+      else el.append(toolBlock(m[3] ? "tool-result failed" : "tool-result", (m[3] ? "Tool error: " : "Tool result: ") + m[2], m[5]));
       at = m.index + m[0].length;
     }
     markdown(text.slice(at));
@@ -289,6 +290,38 @@
   document.body.addEventListener("htmx:sendError", () => {
     $("#notice").textContent = "The server cannot be reached. Is localchat still running?";
   });
+
+  // The answer's stream broke while the answer was still being written: the server died (or the
+  // network went away). Say so, and offer Retry: it reloads the chat once the server answers again.
+  function showStreamLost(text) {
+    const notice = $("#notice");
+    const body = document.createElement("div");
+    body.className = "notice-body stream-lost";
+    const span = document.createElement("span");
+    span.textContent = text;
+    const retry = document.createElement("button");
+    retry.type = "button";
+    retry.className = "btn";
+    retry.dataset.action = "retry-stream";
+    retry.textContent = "Retry";
+    body.append(span, retry);
+    notice.replaceChildren(body);
+  }
+  document.body.addEventListener("htmx:sseError", (event) => {
+    const msg = event.target.closest?.('.msg[data-status="streaming"]');
+    if (msg && document.body.contains(msg) && !$("#notice .stream-lost")) {
+      showStreamLost("The connection to localchat broke in the middle of this answer: the server may have stopped.");
+    }
+  });
+  document.body.addEventListener("htmx:sseOpen", () => $("#notice .stream-lost")?.remove());
+  actions["retry-stream"] = async (button) => {
+    button.disabled = true;
+    try {
+      const response = await fetch(window.location.pathname, { cache: "no-store", credentials: "same-origin" });
+      if (response.ok) { window.location.reload(); return; }
+    } catch (e) { /* still down */ }
+    showStreamLost("localchat still cannot be reached. Start it again, then press Retry.");
+  };
   DARK.addEventListener("change", labelThemeButton);
   NARROW.addEventListener("change", syncSidebar);
 
