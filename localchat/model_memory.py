@@ -12,7 +12,7 @@ from pathlib import Path
 
 from localchat import cpu_features
 from localchat.arch.registry import TOP_WEIGHTS, Architecture, architecture
-from localchat.errors import InsufficientMemoryError, ModelLoadError
+from localchat.errors import InsufficientMemoryError, ModelLoadError, UnsupportedArchitectureError
 from localchat.weights.isq_plan import LINEAR_PARAMS, Role, isq_bytes
 from localchat.weights.x16 import kernel_isa, loaded_block_bytes
 
@@ -65,11 +65,16 @@ def path_size(path: Path) -> int:
 
 
 def estimate(
-    path: Path, kv_cache_mib: int | None, isq: str | None = None, dtype: str = "bfloat16"
+    path: Path,
+    kv_cache_mib: int | None,
+    isq: str | None = None,
+    dtype: str = "bfloat16",
+    max_num_seqs: int = 32,
 ) -> MemoryEstimate:
     """`isq`: the `--isq` type dense weights are quantized to at load (they are sized in that format);
     `dtype`: the compute dtype (`compute_dtype`): float32 doubles what is expanded, and decides which
-    block types stay compact."""
+    block types stay compact. Hybrid models add their state pool (one slot per `max_num_seqs`) to the
+    KV floor; with `--mem` the engine takes the pool out of that budget, so it is already counted."""
     size = path_size(path)
     weights = size
     if path.suffix == ".gguf":
@@ -80,8 +85,28 @@ def estimate(
             weights = _loaded_gguf_bytes(path, compact_gguf_types(dtype), size, quant, _value_bytes(dtype))
     elif isq is not None and path.is_dir():
         weights = _isq_weights(path, isq, size)
-    kv = kv_cache_mib * MIB if kv_cache_mib is not None else MIN_KV_BUDGET
+    kv = (
+        kv_cache_mib * MIB
+        if kv_cache_mib is not None
+        else MIN_KV_BUDGET + _state_pool(path, dtype, max_num_seqs)
+    )
     return MemoryEstimate(weights, kv, RUNTIME_OVERHEAD)
+
+
+def _state_pool(path: Path, dtype: str, max_num_seqs: int) -> int:
+    """A hybrid model folder's per-sequence state times the sequences that may run (0 for others)."""
+    if not path.is_dir():
+        return 0
+    from localchat.weights.safetensors import config_from_folder  # only folders pay for the import
+
+    try:
+        config = config_from_folder(path)
+    except (ModelLoadError, UnsupportedArchitectureError):
+        return 0  # the load itself reports it
+    arch = architecture(config.model_type)
+    if arch.state_bytes is None:
+        return 0
+    return arch.state_bytes(config, 4 if dtype == "float32" else 2) * max_num_seqs
 
 
 def compact_gguf_types(dtype: str = "bfloat16") -> frozenset[str]:

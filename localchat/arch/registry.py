@@ -264,6 +264,8 @@ class Architecture:
     float32_params: frozenset[str] = frozenset()
     # llama.cpp's `rope.scaling.yarn_log_multiplier` is this times transformers' mscale_all_dim.
     gguf_yarn_log_mul_per_mscale: float = 1.0
+    # Hybrid models: bytes of per-sequence state (config, compute dtype bytes), for the RAM estimate.
+    state_bytes: Callable[[ModelConfig, int], int] | None = None
 
     def layer_weight(self, name: str) -> tuple[str, int, int] | None:
         """The family parameter for a checkpoint name inside `model.layers.N.` (None: not this arch's)."""
@@ -496,6 +498,7 @@ def _hybrid_entries() -> list[Architecture]:
         extra_keys=qwen3_next.QWEN3_5_EXTRA_KEYS,
         derive_sizes=qwen3_next.derive_sizes,
         float32_params=qwen3_next.QWEN3_5_FLOAT32,
+        state_bytes=qwen3_next.state_bytes_per_sequence,
     )
     # Qwen3.5 as published (Qwen3_5ForConditionalGeneration): its text LM only, images unsupported.
     wrapper = Architecture(

@@ -8,6 +8,9 @@ gives different tokens from `reference`, which folds the whole sequence in one g
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -26,6 +29,7 @@ from localchat.engine.request import Request
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.scheduler import Scheduler
 from localchat.engine.state_slots import StateSlotPool
+from localchat.model_memory import MIN_KV_BUDGET, estimate
 from tests.helpers.fake_engine import drain
 
 STATE_BYTES = 1024
@@ -194,3 +198,28 @@ def test_pool_hands_out_each_slot_once(num_slots: int):
     pool.free("r0")
     pool.free("r0")  # twice is harmless
     assert pool.num_free == 1 and pool.allocate("extra") == got[0]
+
+
+def test_memory_estimate_counts_the_state_pool(tmp_path: Path) -> None:
+    config = {
+        "model_type": "qwen3_5_text",
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 8,  # every 4th full attention: 6 linear-attention layers
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 8,
+        "linear_conv_kernel_dim": 4,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    # per layer: conv window 3 x (2*32 + 32) bf16 values + recurrent 4 x 16 x 8 float32
+    per_sequence = 6 * (3 * 96 * 2 + 4 * 16 * 8 * 4)
+    assert estimate(tmp_path, None, max_num_seqs=4).kv_cache == MIN_KV_BUDGET + 4 * per_sequence
+    # --mem: the engine takes the pool out of that budget, so the estimate is the budget itself
+    assert estimate(tmp_path, 64, max_num_seqs=4).kv_cache == 64 * 2**20
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "qwen3"}))
+    assert estimate(tmp_path, None, max_num_seqs=4).kv_cache == MIN_KV_BUDGET  # no state for transformers

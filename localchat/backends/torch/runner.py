@@ -143,7 +143,7 @@ class TorchRunner:
         return spec(self.dtype) if spec is not None else None
 
     def initialize_state_cache(self, num_slots: int) -> None:
-        self.model.initialize_state_cache(num_slots, self.device, self.dtype)  # type: ignore[operator]
+        self.model.initialize_state_cache(num_slots, self.dtype, self._zeros)  # type: ignore[operator]
 
     @property
     def device_name(self) -> str:

@@ -7,10 +7,14 @@ the layers, once per step, which slot each row uses, which rows start fresh and 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+# (shape, dtype) -> a zeroed tensor on the runner's device (on CPU: lazily committed pages, as the KV pool)
+Zeros = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,16 +32,11 @@ class LayerStateShape:
 
 class StateCache:
     def __init__(
-        self, shapes: list[LayerStateShape], num_slots: int, device: torch.device, dtype: torch.dtype
+        self, shapes: list[LayerStateShape], num_slots: int, dtype: torch.dtype, zeros: Zeros
     ) -> None:
         self.num_slots = num_slots
-        self.conv = [
-            torch.zeros(num_slots, s.conv_channels, s.conv_width, dtype=dtype, device=device) for s in shapes
-        ]
-        self.recurrent = [
-            torch.zeros(num_slots, s.heads, s.key_dim, s.value_dim, dtype=torch.float32, device=device)
-            for s in shapes
-        ]
+        self.conv = [zeros((num_slots, s.conv_channels, s.conv_width), dtype) for s in shapes]
+        self.recurrent = [zeros((num_slots, s.heads, s.key_dim, s.value_dim), torch.float32) for s in shapes]
 
 
 @dataclass(slots=True)

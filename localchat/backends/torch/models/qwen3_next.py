@@ -12,6 +12,7 @@ Qwen3.5's multimodal RoPE is plain RoPE for text (all three position streams are
 
 from __future__ import annotations
 
+from functools import partial
 from typing import cast
 
 import numpy as np
@@ -31,7 +32,7 @@ from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import empty_param, rms_norm, swiglu
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.quant import linear
-from localchat.backends.torch.state_cache import LayerStateShape, StateCache, StepRows
+from localchat.backends.torch.state_cache import LayerStateShape, StateCache, StepRows, Zeros
 from localchat.engine.interface import StateCacheSpec
 from localchat.weights.config import ModelConfig
 
@@ -135,6 +136,10 @@ class HybridLayer(nn.Module):
         return linear(gated.to(x.dtype).reshape(tokens, nv * dv), self.out)
 
 
+def _device_zeros(device: torch.device, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
 class Model(DecoderLM):
     layer_class = HybridLayer
     capturable = False  # the state slots are gathered per step: no fixed-address decode graph
@@ -171,9 +176,8 @@ class Model(DecoderLM):
         shapes = self._state_shapes()
         return StateCacheSpec(len(shapes), sum(s.bytes_per_slot(dtype) for s in shapes))
 
-    def initialize_state_cache(self, num_slots: int, device: torch.device, dtype: torch.dtype) -> None:
-        shapes = self._state_shapes()
-        self.states = StateCache(shapes, num_slots, device, dtype)
+    def initialize_state_cache(self, num_slots: int, dtype: torch.dtype, zeros: Zeros) -> None:
+        self.states = StateCache(self._state_shapes(), num_slots, dtype, zeros)
 
     def begin_step(
         self,
@@ -187,8 +191,9 @@ class Model(DecoderLM):
         if slots is None:
             slots = np.arange(len(query_start_loc) - 1, dtype=np.int64)
             if self.states is None or self.states.num_slots < len(slots):
-                shapes = self._state_shapes()
-                self.states = StateCache(shapes, len(slots), device, self.norm.dtype)
+                self.states = StateCache(
+                    self._state_shapes(), len(slots), self.norm.dtype, partial(_device_zeros, device)
+                )
         self.rows = StepRows.from_batch(slots, query_start_loc, positions, device)
         assert self.states is not None
         self.rows.reset(self.states)
