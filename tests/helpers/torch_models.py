@@ -19,6 +19,7 @@ from transformers import (
     LlamaConfig,
     Ministral3Config,
     MinistralConfig,
+    Mistral4Config,
     MistralConfig,
     MixtralConfig,
     Phi3Config,
@@ -52,6 +53,7 @@ CONFIGS: dict[str, type[PretrainedConfig]] = {
     "deepseek_v3": DeepseekV3Config,
     "smollm3": SmolLM3Config,
     "gemma4_text": Gemma4TextConfig,
+    "mistral4": Mistral4Config,
 }
 # 4 experts, 2 per token, narrower than the dense MLP so a mixed-up width fails the shape check.
 TINY_MOE = {"num_experts_per_tok": 2, "moe_intermediate_size": 32}

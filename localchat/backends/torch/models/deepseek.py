@@ -98,7 +98,9 @@ class DeepseekLayer(nn.Module):
         sin: torch.Tensor,
         meta: StepMetadata,
         kv_cache: KVCache,
+        q_temperature: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """`q_temperature` [T, 1, 1]: multiplies q after RoPE (Mistral 4's per-token temperature)."""
         m, tokens = self.mla, x.shape[0]
         h, nope, width = m.heads, m.nope_dim, m.cache_dim
         normed = rms_norm(x, self.attn_norm, self.eps)
@@ -117,6 +119,8 @@ class DeepseekLayer(nn.Module):
             q, k = F.pad(q, (0, width - m.qk_dim)), F.pad(k, (0, width - m.qk_dim))
         if self.q_scale != 1.0:
             q = q * self.q_scale
+        if q_temperature is not None:
+            q = q * q_temperature
         attn = paged_attention(q, k, v, kv_cache, meta)[..., : m.v_dim]  # [T, h, v]
         x = x + linear(attn.reshape(tokens, h * m.v_dim), self.o, self.o_bias)
         normed = rms_norm(x, self.mlp_norm, self.eps)
