@@ -245,6 +245,22 @@ class Settings:
         group="engine",
         metavar="N",
     )
+    chat_max_tokens: int = _opt(
+        2048,
+        ("--chat-max-tokens",),
+        "longest answer in the web UI and terminal chat (a conversation's own setting wins)",
+        parse=int,
+        group="engine",
+        metavar="N",
+    )
+    loop_stop: int = _opt(
+        256,
+        ("--loop-stop",),
+        "end an answer once its last N tokens are one short phrase repeated; 0 disables",
+        parse=int,
+        group="engine",
+        metavar="N",
+    )
     max_queue_len: int = _opt(
         256,
         ("--max-queue-len",),
@@ -373,6 +389,10 @@ class Settings:
             raise SettingsError("--max-body-mib must be > 0.", param="max_body_mib")
         if self.max_gen_tokens < 1:
             raise SettingsError("--max-gen-tokens must be >= 1.", param="max_gen_tokens")
+        if self.chat_max_tokens < 1:
+            raise SettingsError("--chat-max-tokens must be >= 1.", param="chat_max_tokens")
+        if self.loop_stop < 0:
+            raise SettingsError("--loop-stop must be >= 0 (0 disables it).", param="loop_stop")
         if self.threads is not None and self.threads < 1:
             raise SettingsError("--threads must be >= 1.", param="threads")
         if self.shutdown_timeout < 0:

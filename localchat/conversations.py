@@ -30,7 +30,7 @@ from localchat.errors import InvalidRequestError, LocalchatError
 from localchat.mcp import ui_turns
 from localchat.mcp.hub import ToolRun
 from localchat.mcp.trust import CONSENT_FILE, DENIED, ConsentStore
-from localchat.server.generation import resolve_max_tokens, resolve_sampling
+from localchat.server.generation import resolve_chat_max_tokens, resolve_sampling
 from localchat.store import (
     DONE,
     ERROR,
@@ -140,17 +140,17 @@ class ChatService:
             return {
                 "temperature": params.temperature,
                 "top_p": params.top_p,
-                "max_tokens": settings.max_gen_tokens,
+                "max_tokens": min(settings.chat_max_tokens, settings.max_gen_tokens),
             }
         params = SamplingParams(**resolve_sampling(ctx, {}))
-        cap = min(settings.max_gen_tokens, ctx.engine.max_model_len)
+        cap = resolve_chat_max_tokens(ctx, None)
         return {"temperature": params.temperature, "top_p": params.top_p, "max_tokens": cap}
 
     def sampling_params(self, conv: Conversation, ctx: ServerContext) -> SamplingParams:
         """The same resolution as the API's (server/generation.py), with the conversation's settings
         in the place of a request's fields."""
         requested = {"temperature": conv.temperature, "top_p": conv.top_p}
-        max_tokens = resolve_max_tokens(ctx, conv.max_tokens)
+        max_tokens = resolve_chat_max_tokens(ctx, conv.max_tokens)
         return SamplingParams(**resolve_sampling(ctx, requested), max_tokens=max_tokens)
 
     # -- actions --------------------------------------------------------------------------------------

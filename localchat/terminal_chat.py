@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import httpx
 
 from localchat.chat_commands import HINT, ChatSession, Messages, message_text, parse_command, run_command
+from localchat.engine.loop_guard import LOOP_NOTE, LOOP_STOP_REASON
 from localchat.errors import LocalchatError
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ class LocalBackend:
         ctx.engine.start()
 
     def stream(self, messages: Messages) -> Iterator[str]:
-        from localchat.server.generation import build_params
+        from localchat.server.generation import build_params, resolve_chat_max_tokens
         from localchat.server.reasoning import ReasoningSplitter, starts_in_reasoning
         from localchat.server.schemas import ChatCompletionRequest, ChatMessage
 
@@ -95,7 +96,7 @@ class LocalBackend:
         prompt_text = ctx.render_chat(messages)
         ids = ctx.model.tokenizer.encode(prompt_text, add_special_tokens=False)
         req = ChatCompletionRequest(messages=[ChatMessage(role="user")])
-        (params,) = build_params(ctx, req, max_tokens=ctx.settings.max_gen_tokens, logprobs=None, n=1)
+        (params,) = build_params(ctx, req, max_tokens=resolve_chat_max_tokens(ctx, None), logprobs=None, n=1)
         outputs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         req_id = ctx.engine.submit(ids, params, outputs.put)
         splitter = ReasoningSplitter(starts_in_reasoning(prompt_text))
@@ -109,6 +110,8 @@ class LocalBackend:
                 _, content = splitter.push(out.text_delta)
                 if finished:
                     content += splitter.flush()[1]
+                    if out.stop_reason == LOOP_STOP_REASON:
+                        content += LOOP_NOTE
                 if content:
                     yield content
         finally:

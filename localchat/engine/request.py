@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from localchat.engine.constraint import TokenMatcher
+from localchat.engine.loop_guard import LOOP_STOP_REASON, is_looping
 from localchat.engine.sampling_params import SamplingParams
 
 
@@ -83,5 +84,8 @@ class Request:
             self.stop_reason = last
             return FinishReason.STOP
         if self.num_output_tokens >= params.max_tokens or self.num_tokens >= max_model_len:
+            return FinishReason.LENGTH
+        if not params.ignore_eos and is_looping(self.output_token_ids, params.loop_stop):
+            self.stop_reason = LOOP_STOP_REASON  # finish_reason "length", with the reason shown
             return FinishReason.LENGTH
         return None

@@ -38,6 +38,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit; -100 bans it
     constraint: Constraint | None = None  # a compiled grammar the output must follow
     embedding: bool = False  # prefill only; answer the pooled final hidden state instead of sampling
+    # Stop when the last this-many tokens are one short period repeated (engine/loop_guard.py); 0: never.
+    # The server sets it from --loop-stop; the library's default leaves output untouched.
+    loop_stop: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -72,6 +75,7 @@ class SamplingParams:
             raise InvalidRequestError(
                 "'stop_token_ids' must be non-negative integers.", param="stop_token_ids"
             )
+        _check_int("loop_stop", self.loop_stop, low=0)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS)
         if self.logit_bias is not None:

@@ -8,6 +8,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from localchat.engine.loop_guard import LOOP_STOP_REASON
 from localchat.engine.request import FinishReason
 from localchat.server.errors import GenerationFailedError, ShuttingDownError
 
@@ -43,6 +44,12 @@ def check_accepting(ctx: ServerContext) -> None:
 
 def new_call(prefix: str) -> tuple[str, int]:
     return f"{prefix}-{uuid.uuid4().hex}", int(time.time())
+
+
+def loop_stop_field(stop_reason: str | int | None) -> dict[str, str]:
+    """The extension field that tells an answer cut short by the loop guard (finish_reason "length")
+    from one that reached max_tokens: {"stop_reason": "repetition"}, else nothing."""
+    return {"stop_reason": LOOP_STOP_REASON} if stop_reason == LOOP_STOP_REASON else {}
 
 
 def finish_reason(reason: FinishReason | None, error: str | None) -> str:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from localchat import sampling_defaults
 from localchat.engine.async_engine import LoopSink, Sink
 from localchat.engine.outputs import RequestOutput
 from localchat.engine.request import FinishReason
@@ -24,16 +25,7 @@ if TYPE_CHECKING:
     from localchat.server.schemas import SamplingFields
 
 MAX_N = 16
-_MODEL_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-_REQUEST_KEYS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "frequency_penalty",
-    "presence_penalty",
-    "repetition_penalty",
-)
+_REQUEST_KEYS = sampling_defaults.REQUEST_KEYS
 
 
 def normalize_stop(stop: str | list[str] | dict[str, Any] | None) -> list[str]:
@@ -82,15 +74,22 @@ def check_n(n: int | None) -> int:
 
 
 def resolve_sampling(ctx: ServerContext, requested: Mapping[str, Any]) -> dict[str, Any]:
-    """The sampling fields of one request, for the API and the web UI alike: the request's own value >
-    the server's flag (--temperature, --top-k, ...) > the model's generation_config > SamplingParams'
-    own default (temperature 1.0, no top-k/min-p, no penalties). None in `requested` means "not set"."""
-    values: dict[str, Any] = {
-        k: v for k, v in ctx.model.generation_defaults.items() if k in _MODEL_DEFAULT_KEYS and v is not None
-    }
-    values.update(ctx.settings.sampling_defaults)
-    values.update({k: v for k, v in requested.items() if k in _REQUEST_KEYS and v is not None})
+    """The sampling fields of one request, for the API, the web UI and the terminal chat alike (see
+    localchat/sampling_defaults.py): the request's own value > the server's flag > the model's
+    recommendation > the built-in defaults. None in `requested` means "not set"."""
+    values = sampling_defaults.resolve(
+        requested, ctx.settings.sampling_defaults, ctx.model.generation_defaults
+    )
+    values["loop_stop"] = ctx.settings.loop_stop
     return values
+
+
+def resolve_chat_max_tokens(ctx: ServerContext, requested: int | None) -> int:
+    """An answer's limit in the web UI and the terminal chat: the conversation's own setting, else
+    --chat-max-tokens (shorter than the API's --max-gen-tokens: a person is waiting and reading)."""
+    if requested is not None:
+        return resolve_max_tokens(ctx, requested)
+    return min(ctx.settings.chat_max_tokens, ctx.settings.max_gen_tokens, ctx.engine.max_model_len)
 
 
 def build_params(
@@ -132,6 +131,7 @@ class ChoiceResult:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[Any] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
@@ -147,6 +147,7 @@ class ChoiceResult:
         self.num_output_tokens = out.num_output_tokens
         if out.finished:
             self.finish_reason, self.error, self.embedding = out.finish_reason, out.error, out.embedding
+            self.stop_reason = out.stop_reason
 
 
 class Generation:

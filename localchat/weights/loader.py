@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from localchat.errors import ModelLoadError
+from localchat.sampling_defaults import gguf_sampling_defaults
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
 from localchat.weights.tokenizer import Tokenizer
@@ -70,6 +71,7 @@ def _load_gguf(file: Path, name: str) -> ModelBundle:
         check_gguf_tensors,
         config_from_gguf,
         gguf_chat_template,
+        gguf_value,
         iter_gguf_weights,
         open_gguf,
     )
@@ -94,6 +96,7 @@ def _load_gguf(file: Path, name: str) -> ModelBundle:
         iter_weights=lambda: iter_gguf_weights(reader, config),
         tokenizer=tokenizer,
         chat_template=gguf_chat_template(reader),
+        generation_defaults=gguf_sampling_defaults(lambda key: gguf_value(reader, key)),
     )
 
 
