@@ -504,7 +504,24 @@ def _hybrid_entries() -> list[Architecture]:
     wrapper = Architecture(
         "qwen3_5", "qwen3_next", text_config_key="text_config", weight_prefixes=qwen3_next.QWEN3_5_PREFIXES
     )
-    return [qwen3_5_text, wrapper]
+    # Qwen3-Next-80B-A3B: the same hybrid stack, projections grouped per key head (sanitize splits them),
+    # every MLP a sparse MoE with a sigmoid-gated shared expert.
+    qwen3_next_arch = Architecture(
+        "qwen3_next",
+        "qwen3_next",
+        layer_weights={
+            **qwen3_next.QWEN3_5_LAYER_WEIGHTS,
+            **QWEN3_MOE_WEIGHTS,
+            **qwen3_next.QWEN3_NEXT_SHARED_WEIGHTS,
+        },
+        hf_defaults=qwen3_next.QWEN3_5_HF_DEFAULTS,
+        extra_keys=qwen3_next.QWEN3_NEXT_EXTRA_KEYS,
+        derive_sizes=qwen3_next.derive_sizes,
+        sanitize=qwen3_next.sanitize,
+        float32_params=qwen3_next.QWEN3_5_FLOAT32,
+        state_bytes=qwen3_next.state_bytes_per_sequence,
+    )
+    return [qwen3_5_text, wrapper, qwen3_next_arch]
 
 
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in [*_entries(), *_hybrid_entries()]}

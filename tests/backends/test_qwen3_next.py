@@ -43,7 +43,7 @@ TOL = 3e-3
 MEAN_TOL = 5e-5
 
 
-def _close(ours: torch.Tensor, ref: torch.Tensor) -> bool:
+def close_to(ours: torch.Tensor, ref: torch.Tensor) -> bool:
     err = (ours.cpu().float() - ref).abs()
     return err.max().item() < TOL and err.mean().item() < MEAN_TOL
 
@@ -105,7 +105,7 @@ def test_prompt_logits_match_transformers(hf: Qwen3_5ForCausalLM, runner: TorchR
     driver = HybridDriver(runner)
     driver.add("a", PROMPT)
     _, logits = driver.step_logits(every_token=True)
-    assert _close(logits, _reference_logits(hf, PROMPT))
+    assert close_to(logits, _reference_logits(hf, PROMPT))
 
 
 def test_chunked_prefill_continues_from_the_state_the_last_chunk_left(
@@ -117,7 +117,7 @@ def test_chunked_prefill_continues_from_the_state_the_last_chunk_left(
     for size in (5, 1, 30, 34):  # a one-token chunk takes the decode path mid-prompt
         _, logits = driver.step_logits({"a": size}, every_token=True)
         rows.append(logits.cpu())
-    assert _close(torch.cat(rows), _reference_logits(hf, PROMPT))
+    assert close_to(torch.cat(rows), _reference_logits(hf, PROMPT))
 
 
 def test_ragged_batched_decode_with_a_preemption_matches_generate(
@@ -173,4 +173,4 @@ def test_qwen3_5_checkpoint_folder_loads_its_text_model(tmp_path: Path, hf: Qwen
     driver = HybridDriver(r)
     driver.add("a", PROMPT[:20])
     _, logits = driver.step_logits(every_token=True)
-    assert _close(logits, _reference_logits(hf, PROMPT[:20]))
+    assert close_to(logits, _reference_logits(hf, PROMPT[:20]))

@@ -1,4 +1,4 @@
-"""Qwen3.5 (dense text model) and the Qwen3-Next layout: gated DeltaNet linear-attention layers
+"""Qwen3.5 (dense text model) and Qwen3-Next (sparse MoE MLPs with a gated shared expert): gated DeltaNet linear-attention layers
 interleaved with full attention (`layer_types`; every 4th layer is full attention in the released models).
 
 - Full-attention layers: q_proj gives each head's query and an output gate side by side; per-head
@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from localchat.arch.moe import MoeSpec
 from localchat.backends.torch.attention import rope_paged_attention
 from localchat.backends.torch.gated_deltanet import (
     conv_decode,
@@ -31,10 +32,24 @@ from localchat.backends.torch.gated_deltanet import (
 from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import empty_param, rms_norm, swiglu
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
+from localchat.backends.torch.models.moe import Expert, SparseMoe
 from localchat.backends.torch.quant import linear
 from localchat.backends.torch.state_cache import LayerStateShape, StateCache, StepRows, Zeros
 from localchat.engine.interface import StateCacheSpec
 from localchat.weights.config import ModelConfig
+
+
+class SharedExpertMoe(SparseMoe):
+    """Qwen3-Next's MLP: the routed experts plus a shared SwiGLU expert scaled by sigmoid(gate . x)."""
+
+    def __init__(self, spec: MoeSpec, hidden: int, shared_size: int) -> None:
+        super().__init__(spec, hidden)
+        self.shared = Expert(hidden, shared_size)
+        self.shared_gate = empty_param(1, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shared = linear(swiglu(linear(x, self.shared.gate_up)), self.shared.down)
+        return super().forward(x) + torch.sigmoid(linear(x, self.shared_gate)) * shared
 
 
 class HybridLayer(nn.Module):
@@ -48,8 +63,15 @@ class HybridLayer(nn.Module):
         self.linear = x["layer_types"][index] == "linear_attention"
         self.attn_norm = empty_param(hidden)
         self.mlp_norm = empty_param(hidden)
-        self.gate_up = empty_param(2 * config.intermediate_size, hidden)
-        self.down = empty_param(hidden, config.intermediate_size)
+        self.gate_up: nn.Parameter | None = empty_param(2 * config.intermediate_size, hidden)
+        self.down: nn.Parameter | None = empty_param(hidden, config.intermediate_size)
+        self.moe: SharedExpertMoe | None = None
+        if x.get("num_experts"):
+            spec = MoeSpec.from_config(config)
+            if index in spec.sparse_layers:
+                shared = int(x.get("shared_expert_intermediate_size") or 0)
+                self.moe = SharedExpertMoe(spec, hidden, shared)
+                self.gate_up = self.down = None  # no dense MLP to ask the checkpoint for
         if self.linear:
             self.k_heads, self.v_heads = x["linear_num_key_heads"], x["linear_num_value_heads"]
             self.dk, self.dv = x["linear_key_head_dim"], x["linear_value_head_dim"]
@@ -73,6 +95,9 @@ class HybridLayer(nn.Module):
         return LayerStateShape(self.conv_channels, width, self.v_heads, self.dk, self.dv)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        if self.moe is not None:
+            return self.moe.forward(x)
+        assert self.gate_up is not None and self.down is not None
         return linear(swiglu(linear(x, self.gate_up)), self.down)
 
     def attention(
