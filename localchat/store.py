@@ -273,6 +273,11 @@ class Store:
         with self._tx() as db:
             db.execute(f"UPDATE messages SET {assignments} WHERE id = ?", (*fields.values(), message_id))
 
+    def delete_message(self, conv_id: str, message_id: int) -> None:
+        """Drop one message of a conversation (the UI's per-message Delete)."""
+        with self._tx() as db:
+            db.execute("DELETE FROM messages WHERE conversation_id = ? AND id = ?", (conv_id, message_id))
+
     def truncate_after(self, conv_id: str, message_id: int, *, inclusive: bool = False) -> None:
         """Drop the messages after `message_id` (and it too when `inclusive`): edit and regenerate."""
         op = ">=" if inclusive else ">"

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Request, Response, post
+from litestar import MediaType, Request, Response, delete, get, post
 from litestar.di import NamedDependency
+from litestar.params import FromPath
 
 from localchat.errors import InvalidRequestError
 from localchat.server.web_common import WebState, require_htmx
@@ -67,4 +68,32 @@ async def default_system_prompt(web: NamedDependency[WebState], request: Request
     return html("New chats now start with this system prompt." if text else "New chats start with none.")
 
 
-ROUTES = [save_preset, delete_preset, default_system_prompt]
+@delete(
+    "/ui/c/{conv_id:str}/m/{message_id:int}",
+    name="web:delete-message",
+    guards=[require_htmx],
+    status_code=200,
+)
+async def delete_message(
+    web: NamedDependency[WebState], conv_id: FromPath[str], message_id: FromPath[int]
+) -> Response[str]:
+    """One message out of a chat (its element is swapped for nothing). Not while an answer is written:
+    the answer being streamed belongs to the turn."""
+    if web.chats.is_generating(conv_id):
+        raise InvalidRequestError("Wait for the answer to finish (or stop it) before deleting messages.")
+    message = await web.chats.in_store_thread(web.store.get_message, message_id)
+    if message.conversation_id != conv_id:
+        raise InvalidRequestError("That message is not in this conversation.", param="message_id")
+    await web.chats.in_store_thread(web.store.delete_message, conv_id, message_id)
+    return html("")
+
+
+@get("/ui/ping", name="web:ping", sync_to_thread=False, opt={"public": True})
+def ping(request: Request) -> Response[str]:
+    """What the page polls to notice a stopped server: always 200 while the server runs (unlike
+    /health, whose 503 for "no model yet" a browser logs as an error), with the server's state."""
+    status = request.app.state.models.health()[1].get("status", "ok")
+    return Response(str(status), media_type=MediaType.TEXT, headers={"Cache-Control": "no-store"})
+
+
+ROUTES = [save_preset, delete_preset, default_system_prompt, delete_message, ping]

@@ -1,13 +1,17 @@
-"""The chat page's extras in a real browser: example prompts on an empty chat."""
+"""The chat page's extras in a real browser: example prompts on an empty chat, presets and the default
+system prompt, per-message delete, keyboard shortcuts and the banner of a stopped server."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from localchat.server.web_extras import EXAMPLE_PROMPTS
-from tests.ui.actions import CHAT_URL, wait_answer
+from tests.ui.actions import CHAT_URL, send_new_chat, wait_answer
+from tests.ui.conftest import PageErrors, new_page
+from tests.ui.web_app import live_app
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
 expect = sync_api.expect
@@ -63,3 +67,52 @@ def test_presets_fill_the_settings_and_a_default_system_prompt_starts_new_chats(
     page.fill("#set-system", "")
     page.click("#default-system-save")
     expect(page.locator("#settings-status")).to_contain_text("New chats start with none")
+
+
+def test_delete_one_message_then_another(page: Any, live: Any) -> None:
+    conv_id = send_new_chat(page, "Delete me later")
+    wait_answer(page)
+    page.locator("#messages .msg.user").hover()
+    page.get_by_role("button", name="Delete message").click()
+    expect(page.locator("#messages .msg.user")).to_have_count(0)
+    assert [m.role for m in live.web.store.get_messages(conv_id)] == ["assistant"]
+    page.reload()
+    page.get_by_role("button", name="Delete answer").click()
+    expect(page.locator("#messages .msg")).to_have_count(0)
+    assert live.web.store.get_messages(conv_id) == []
+
+
+def test_keyboard_shortcuts_and_their_dialog(page: Any, live: Any) -> None:
+    page.goto("/")
+    page.locator("#chat-title").click()  # out of the message box (autofocused), where "?" is text
+    page.keyboard.press("?")
+    dialog = page.locator("#shortcuts")
+    expect(dialog).to_be_visible()
+    expect(dialog).to_contain_text("New chat")
+    page.keyboard.press("Escape")
+    expect(dialog).to_be_hidden()
+    page.get_by_role("button", name="Keyboard shortcuts (?)").click()
+    expect(dialog).to_be_visible()
+    dialog.get_by_role("button", name="Close").click()
+    expect(dialog).to_be_hidden()
+
+    send_new_chat(page, "<<slow:40>><<say:" + "word " * 80 + ">>")
+    expect(page.locator("#stop-btn")).to_be_visible()
+    page.locator("#chat-title").click()  # focus out of the message box
+    page.keyboard.press("Escape")  # Esc stops the answer from anywhere on the page
+    wait_answer(page, "stopped")
+    page.locator("#chat-title").click()
+    page.keyboard.press("/")
+    expect(page.locator("#composer-input")).to_be_focused()
+    expect(page.locator("#composer-input")).to_have_value("")  # the "/" was not typed
+
+
+def test_a_stopped_server_shows_a_banner(browser: Any, tmp_path: Path) -> None:
+    errors = PageErrors()  # the refused polls are console errors here, and expected
+    with live_app(tmp_path / "home") as app:
+        page = new_page(browser, app, errors)
+        page.goto("/")
+        page.wait_for_timeout(3500)  # one poll while the server runs: no banner
+        expect(page.locator("#server-banner")).to_have_count(0)
+    expect(page.locator("#server-banner")).to_contain_text("localchat has stopped", timeout=10_000)
+    page.context.close()
