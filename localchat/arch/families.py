@@ -1,4 +1,4 @@
-"""Registry entries for the plain-transformer families of 2025-26 (SmolLM3, Gemma 4, Mistral 4, ...): Llama-like layers
+"""Registry entries for the plain-transformer families of 2025-26 (SmolLM3, Gemma 4, Mistral 4, GLM-4.5, ...): Llama-like layers
 that differ in a detail or two. Kept out of registry.py so that file stays one screen of the older
 families; `registry._entries` appends these.
 
@@ -8,6 +8,8 @@ which defines it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from localchat.arch import deepseek, gemma4
@@ -16,6 +18,7 @@ from localchat.errors import ModelLoadError
 if TYPE_CHECKING:
     from localchat.arch.registry import Architecture
     from localchat.weights.config import ModelConfig
+    from localchat.weights.tensors import WeightTensor
 
 
 def entries(arch: type[Architecture]) -> list[Architecture]:
@@ -55,7 +58,57 @@ def entries(arch: type[Architecture]) -> list[Architecture]:
             sanitize=deepseek.sanitize,
             float32_params=registry.DEEPSEEK_FLOAT32,
         ),
+        # GLM-4.5 / 4.6 / 4.7: Llama attention (q/k/v bias, partial rotary, optional q/k norm) and DeepSeek-V3's
+        # MoE after the leading dense layers; its multi-token-prediction layers are dropped at load.
+        arch(
+            "glm4_moe",
+            "glm4_moe",
+            layer_weights={
+                **registry.LLAMA_LAYER_WEIGHTS,
+                **registry.QK_NORM_WEIGHTS,
+                **_shared_expert_moe(registry),
+            },
+            hf_defaults={"rms_norm_eps": 1e-5},
+            extra_keys={
+                **registry.DEEPSEEK_EXTRA_KEYS,
+                "o_bias": False,
+                "use_qk_norm": False,
+                "partial_rotary_factor": None,  # None: not in config.json (`_glm4_moe_sizes`)
+                "scoring_func": "sigmoid",
+                "norm_topk_prob": True,
+                "n_shared_experts": 1,
+                "first_k_dense_replace": 1,
+                "num_experts_per_tok": 8,
+            },
+            derive_sizes=_glm4_moe_sizes,
+            sanitize=_drop_mtp_layers,
+            float32_params=registry.DEEPSEEK_FLOAT32,
+        ),
     ]
+
+
+def _shared_expert_moe(registry: ModuleType) -> dict[str, tuple[str, int, int]]:
+    """DeepSeek-V3's MoE names (router, experts, selection bias, shared expert), without its attention."""
+    return {k: v for k, v in registry.DEEPSEEK_WEIGHTS.items() if k.startswith("mlp.")}
+
+
+def _glm4_moe_sizes(config: ModelConfig) -> None:
+    """transformers' Glm4MoeConfig turns half of each head when the config.json names no factor."""
+    if config.extra.get("partial_rotary_factor") is None:
+        config.partial_rotary_factor = 0.5
+
+
+def _drop_mtp_layers(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[WeightTensor]:
+    """The multi-token-prediction layers stored after the model's own (`model.layers.{num_hidden_layers}`)."""
+    for weight in weights:
+        parts = weight.name.split(".", 3)
+        if (
+            parts[:2] == ["model", "layers"]
+            and parts[2].isdigit()
+            and int(parts[2]) >= config.num_hidden_layers
+        ):
+            continue
+        yield weight
 
 
 def _mistral4_sizes(config: ModelConfig) -> None:

@@ -16,6 +16,7 @@ from transformers import (
     Gemma2Config,
     Gemma3TextConfig,
     Gemma4TextConfig,
+    Glm4MoeConfig,
     LlamaConfig,
     Ministral3Config,
     MinistralConfig,
@@ -54,6 +55,7 @@ CONFIGS: dict[str, type[PretrainedConfig]] = {
     "smollm3": SmolLM3Config,
     "gemma4_text": Gemma4TextConfig,
     "mistral4": Mistral4Config,
+    "glm4_moe": Glm4MoeConfig,
 }
 # 4 experts, 2 per token, narrower than the dense MLP so a mixed-up width fails the shape check.
 TINY_MOE = {"num_experts_per_tok": 2, "moe_intermediate_size": 32}
