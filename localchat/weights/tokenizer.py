@@ -18,6 +18,8 @@ from localchat.errors import ModelLoadError
 if TYPE_CHECKING:
     from gguf import GGUFReader
 
+# Texts longer than this are encoded without holding the GIL (see Tokenizer.encode).
+_LONG_TEXT = 16_384
 # transformers' clean_up_tokenization_spaces: drop the space before punctuation and English contractions.
 _CLEANUPS = (
     (" .", "."),
@@ -71,7 +73,12 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if self.space_prefix and text and not text.startswith(self._added):
             text = " " + text
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if len(text) > _LONG_TEXT:
+            # encode_batch lets go of the GIL while Rust works (encode holds it throughout): a long prompt
+            # tokenized on a worker thread must not stall the server's event loop for a second or more.
+            ids = self.backend.encode_batch([text], add_special_tokens=False)[0].ids
+        else:
+            ids = self.backend.encode(text, add_special_tokens=False).ids
         if add_special_tokens:
             if self.add_bos and self.bos_token_id is not None:
                 ids.insert(0, self.bos_token_id)
