@@ -1,4 +1,4 @@
-"""Registry entries for the plain-transformer families of 2025-26 (SmolLM3, Gemma 4, Mistral 4, GLM-4.5, ...): Llama-like layers
+"""Registry entries for the plain-transformer families of 2025-26 (SmolLM3, Gemma 4, Mistral 4, GLM-4.5, Llama 4): Llama-like layers
 that differ in a detail or two. Kept out of registry.py so that file stays one screen of the older
 families; `registry._entries` appends these.
 
@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from localchat.arch import deepseek, gemma4
+from localchat.arch import deepseek, gemma4, llama4
 from localchat.errors import ModelLoadError
 
 if TYPE_CHECKING:
@@ -84,6 +84,17 @@ def entries(arch: type[Architecture]) -> list[Architecture]:
             sanitize=_drop_mtp_layers,
             float32_params=registry.DEEPSEEK_FLOAT32,
         ),
+        # Llama 4 Scout / Maverick (arch/llama4.py): the text model, and the multimodal checkpoints' text LM.
+        arch(
+            "llama4_text",
+            "llama4",
+            layer_weights=llama4.LAYER_WEIGHTS,
+            hf_defaults=llama4.HF_DEFAULTS,
+            extra_keys=llama4.EXTRA_KEYS,
+            derive_sizes=llama4.derive_sizes,
+            sanitize=llama4.sanitize,
+        ),
+        arch("llama4", "llama4", text_config_key="text_config", weight_prefixes=llama4.TEXT_PREFIXES),
     ]
 
 

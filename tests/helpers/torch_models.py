@@ -17,6 +17,7 @@ from transformers import (
     Gemma3TextConfig,
     Gemma4TextConfig,
     Glm4MoeConfig,
+    Llama4TextConfig,
     LlamaConfig,
     Ministral3Config,
     MinistralConfig,
@@ -56,6 +57,7 @@ CONFIGS: dict[str, type[PretrainedConfig]] = {
     "gemma4_text": Gemma4TextConfig,
     "mistral4": Mistral4Config,
     "glm4_moe": Glm4MoeConfig,
+    "llama4_text": Llama4TextConfig,
 }
 # 4 experts, 2 per token, narrower than the dense MLP so a mixed-up width fails the shape check.
 TINY_MOE = {"num_experts_per_tok": 2, "moe_intermediate_size": 32}
