@@ -63,8 +63,10 @@ def approve(page: Any, decision: str = "Allow") -> None:
     """Wait for the card that asks before the answer's next MCP call, and decide."""
     card = page.locator(".msg.assistant .tool-approval")
     expect(card).to_be_visible(timeout=15_000)
-    card.get_by_role("button", name=decision, exact=True).click()
-    expect(card).to_have_count(0, timeout=15_000)
+    # This card's own id: the model may ask its next question (a new card) as soon as this one is answered.
+    this_card = page.locator(f'.tool-approval[data-approval="{card.get_attribute("data-approval")}"]')
+    this_card.get_by_role("button", name=decision, exact=True).click()
+    expect(this_card).to_have_count(0, timeout=15_000)
 
 
 def test_allow_runs_the_tool_and_shows_the_run_as_collapsed_blocks(mcp_page, mcp_live):
@@ -74,6 +76,8 @@ def test_allow_runs_the_tool_and_shows_the_run_as_collapsed_blocks(mcp_page, mcp
     expect(card.locator(".tool-approval-title")).to_contain_text("add")
     expect(card.locator(".tool-approval-args")).to_have_text(json.dumps({"a": 2, "b": 3}, indent=2))
     assert mcp_page.locator(".msg.assistant .tool-block.tool-result").count() == 0  # nothing ran yet
+    mcp_page.reload()  # the question outlives the tab: a reloaded page asks it again
+    expect(card).to_be_visible(timeout=15_000)
     approve(mcp_page, "Allow")
     answer = wait_answer(mcp_page)
     call, result = answer.locator(".tool-block").all()
