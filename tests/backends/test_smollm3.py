@@ -88,3 +88,17 @@ def test_gguf_matches_transformers_on_dequantized_weights(tmp_path: Path) -> Non
     for _ in range(7):
         driver.step()
     assert driver.tokens("a")[len(prompt) :] == hf_generate(hf, prompt, 8)[:8]
+
+
+def test_mlx_backend_names_the_families_it_lacks() -> None:
+    """The MLX backend has no model file for the 2026 families yet: a typed error saying so, not an
+    ImportError."""
+    from localchat.backends.mlx.models import model_class
+    from localchat.errors import UnsupportedArchitectureError
+
+    for model_type in ("smollm3", "gemma4_text", "mistral4", "glm4_moe", "llama4_text"):
+        with pytest.raises(
+            UnsupportedArchitectureError, match=f"{model_type} on the MLX backend.*Supported: .*llama"
+        ):
+            model_class(model_type)
+    assert model_class("llama").__module__.endswith("mlx.models.llama")
