@@ -69,6 +69,12 @@ QWEN3_NEXT_EXTRA_KEYS: dict[str, Any] = {
     "decoder_sparse_step": 1,
     "mlp_only_layers": [],
 }
+# Qwen3.5-MoE: Qwen3.5's layers with Qwen3-Next's MoE (always renormalised top-k); transformers' defaults.
+QWEN3_5_MOE_EXTRA_KEYS: dict[str, Any] = {
+    **QWEN3_NEXT_EXTRA_KEYS,
+    "num_experts": 256,
+    "num_experts_per_tok": 8,
+}
 QWEN3_NEXT_SHARED_WEIGHTS: dict[str, tuple[str, int, int]] = {
     "mlp.shared_expert.gate_proj.weight": ("moe.shared.gate_up", 0, 2),
     "mlp.shared_expert.up_proj.weight": ("moe.shared.gate_up", 1, 2),

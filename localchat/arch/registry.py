@@ -521,7 +521,24 @@ def _hybrid_entries() -> list[Architecture]:
         float32_params=qwen3_next.QWEN3_5_FLOAT32,
         state_bytes=qwen3_next.state_bytes_per_sequence,
     )
-    return [qwen3_5_text, wrapper, qwen3_next_arch]
+    # Qwen3.5-MoE (35B-A3B, 122B-A10B, 397B-A17B): Qwen3.5's layers, Qwen3-Next's MoE; and its wrapper.
+    qwen3_5_moe_text = Architecture(
+        "qwen3_5_moe_text",
+        "qwen3_next",
+        layer_weights=qwen3_next_arch.layer_weights,
+        hf_defaults={**qwen3_next.QWEN3_5_HF_DEFAULTS, "norm_topk_prob": True},
+        extra_keys=qwen3_next.QWEN3_5_MOE_EXTRA_KEYS,
+        derive_sizes=qwen3_next.derive_sizes,
+        float32_params=qwen3_next.QWEN3_5_FLOAT32,
+        state_bytes=qwen3_next.state_bytes_per_sequence,
+    )
+    moe_wrapper = Architecture(
+        "qwen3_5_moe",
+        "qwen3_next",
+        text_config_key="text_config",
+        weight_prefixes=qwen3_next.QWEN3_5_PREFIXES,
+    )
+    return [qwen3_5_text, wrapper, qwen3_next_arch, qwen3_5_moe_text, moe_wrapper]
 
 
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in [*_entries(), *_hybrid_entries()]}
