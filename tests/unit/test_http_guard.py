@@ -1,0 +1,112 @@
+"""The clocks on slow clients (localchat/server/http_guard.py), with short times, over real sockets to
+uvicorn on a thread: a stalled body is cut after the idle time, a body that keeps coming is not, and a
+complete request's answer may stream for longer than either clock."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+
+from localchat.server.http_guard import GuardedH11Protocol
+
+
+class QuickClocks(GuardedH11Protocol):
+    head_timeout_s = 0.6
+    body_idle_s = 0.8
+
+
+async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    size = 0
+    while True:
+        message = await receive()
+        size += len(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    for _ in range(4):  # a slow answer: 1.2 s in all, longer than both clocks
+        await send({"type": "http.response.body", "body": f"{size};".encode(), "more_body": True})
+        await asyncio.sleep(0.3)
+    await send({"type": "http.response.body", "body": b"end"})
+
+
+@pytest.fixture(scope="module")
+def port() -> Iterator[int]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, log_level="warning", http=QuickClocks, lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    yield sock.getsockname()[1]
+    server.should_exit = True
+    thread.join(10)
+
+
+def _closed_after(sock: socket.socket, limit: float) -> float:
+    started = time.monotonic()
+    sock.settimeout(limit)
+    assert sock.recv(1024) == b"", "the server answered instead of closing"
+    return time.monotonic() - started
+
+
+def test_a_stalled_body_is_cut_after_the_idle_time(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
+        assert 0.6 < _closed_after(sock, 5) < 2
+
+
+def test_a_body_that_keeps_coming_is_not_cut(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\nConnection: close\r\n\r\n")
+        for byte in b"abcdef":  # 6 pauses of 0.5 s: 3 s in all, each under the idle time
+            time.sleep(0.5)
+            sock.sendall(bytes([byte]))
+        sock.settimeout(10)
+        reply = b""
+        while chunk := sock.recv(4096):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b"end\r\n0\r\n\r\n") and b"6;" in reply
+
+
+def test_a_head_sent_byte_by_byte_is_cut_at_the_head_time(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        started = time.monotonic()
+        with pytest.raises(OSError):  # reset or broken pipe once the server has closed it
+            for byte in b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"y" * 100:
+                sock.sendall(bytes([byte]))
+                time.sleep(0.1)
+                if time.monotonic() - started > 3:
+                    break
+            sock.settimeout(3)
+            if sock.recv(1) == b"":
+                raise ConnectionResetError
+        assert time.monotonic() - started < 2
+
+
+def test_an_idle_keep_alive_connection_and_the_next_request(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.settimeout(10)
+        reply = b""
+        while not reply.endswith(b"end\r\n0\r\n\r\n"):
+            reply += sock.recv(4096)
+        time.sleep(1)  # longer than the head clock, shorter than uvicorn's keep-alive (5 s): not cut
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        again = b""
+        while chunk := sock.recv(4096):
+            again += chunk
+        assert again.startswith(b"HTTP/1.1 200")
