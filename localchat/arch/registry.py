@@ -526,7 +526,8 @@ def _hybrid_entries() -> list[Architecture]:
         "qwen3_5_moe_text",
         "qwen3_next",
         layer_weights=qwen3_next_arch.layer_weights,
-        hf_defaults={**qwen3_next.QWEN3_5_HF_DEFAULTS, "norm_topk_prob": True},
+        # No dense MLP anywhere: its configs carry no intermediate_size (0: none is built).
+        hf_defaults={**qwen3_next.QWEN3_5_HF_DEFAULTS, "norm_topk_prob": True, "intermediate_size": 0},
         extra_keys=qwen3_next.QWEN3_5_MOE_EXTRA_KEYS,
         derive_sizes=qwen3_next.derive_sizes,
         float32_params=qwen3_next.QWEN3_5_FLOAT32,
