@@ -28,7 +28,7 @@ from localchat.errors import (
     ModelNotReadyError,
     NoModelError,
 )
-from localchat.model_memory import MemoryEstimate, check_fits, estimate
+from localchat.model_memory import MemoryEstimate, check_fits, compute_dtype, estimate
 from localchat.model_targets import find_local, from_local, list_local, startup_choice
 from localchat.pulls import Pulls, pull_progress
 
@@ -98,6 +98,9 @@ class ModelManager:
         self._lock = threading.RLock()
         self._load_lock = threading.Lock()  # one load at a time: the peak is one model's load
         self.draining = False
+        # Names of the model the flags gave (--f/--w, a path as --m): not in the hub's store, so after an
+        # unload or eviction `load()` finds it here, and builds it from the flags again.
+        self._flag_names: set[str] = set()
         self.pulls = Pulls(data_dir)
         # One MCP hub for the server (--mcp-config), shared by every model; True: made from the settings.
         self.mcp: McpHub | None = mcp_hub(settings) if mcp is True else (mcp or None)
@@ -229,16 +232,17 @@ class ModelManager:
             if (running := self._tasks.get(name)) is not None:
                 return running
             target = find_local(name, self.data_dir)
-            if target is None:
+            by_flags = target is None and name in self._flag_names
+            if target is None and not by_flags:
                 raise self._unknown(name)
             task = self._tasks[name] = LoadTask(name, on_demand)
-        self._spawn(task, target)
+        self._spawn(task, target, by_flags=by_flags)
         return task
 
     def fetch_and_load(self, name: str) -> LoadTask:
         """Load `name`, pulling it first when it is not on disk (the UI's first-start "Download")."""
         with self._lock:
-            if self.lookup(name) is not None or name in self._tasks:
+            if self.lookup(name) is not None or name in self._tasks or name in self._flag_names:
                 return self.load(name)
             target = find_local(name, self.data_dir)
             task = self._tasks[name] = LoadTask(name, on_demand=False)
@@ -282,6 +286,9 @@ class ModelManager:
                 target = self._pull(task)
             task.phase = "loading"
             task.ctx = self._load(task.name, target)
+            if target is None and by_flags:
+                with self._lock:
+                    self._flag_names |= {task.name, task.ctx.model_id, *task.ctx.model_aliases}
             self._last_error = None
         except LocalchatError as exc:
             task.error = exc
@@ -313,7 +320,11 @@ class ModelManager:
 
         build = self._build or build_context
         with self._load_lock:
-            need = estimate(target.path, self.settings.mem, self.settings.isq) if target is not None else None
+            need = None
+            if target is not None:
+                st = self.settings
+                dtype = compute_dtype(st.dtype, st.device, st.backend)
+                need = estimate(target.path, st.mem, st.isq, dtype)
             victims = self._victims()
             if need is not None:
                 freeable = sum(
