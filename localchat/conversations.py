@@ -266,8 +266,8 @@ class ChatService:
         messages = self.store.get_messages(conv_id)
         if not messages:
             raise InvalidRequestError("There is nothing to regenerate in an empty conversation.")
-        if messages[-1].role == "assistant":
-            self.store.truncate_after(conv_id, messages[-1].id, inclusive=True)
+        if messages[-1].role == "assistant":  # kept as an alternative of the new answer
+            return conv, self.store.regenerate_answer(conv_id, messages[-1].id)
         (answer,) = self.store.add_messages(conv_id, [NewMessage("assistant", "", STREAMING)])
         return conv, answer
 

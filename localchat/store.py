@@ -63,6 +63,8 @@ class Message:
     tokens_per_s: float | None = None
     created_at: float = 0.0
     model: str | None = None  # the model that wrote an answer (the picker switches models mid-chat)
+    alternatives: int = 0  # earlier versions of this answer kept by Regenerate (answer_alternatives)
+    earlier_versions: int = 0  # how many of those were written before this one (its place: "2/3")
 
 
 @dataclass(slots=True)
@@ -87,7 +89,29 @@ class NewMessage:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-_Row = TypeVar("_Row", "Conversation", "Message", "Preset")
+# A message row with how many earlier versions of it Regenerate kept.
+_MESSAGE_COLUMNS = (
+    "m.*, (SELECT COUNT(*) FROM answer_alternatives a WHERE a.message_id = m.id) AS alternatives,"
+    " (SELECT COUNT(*) FROM answer_alternatives a WHERE a.message_id = m.id AND a.created_at < m.created_at)"
+    " AS earlier_versions"
+)
+
+
+@dataclass(slots=True)
+class Alternative:
+    """An earlier version of an answer, replaced by Regenerate."""
+
+    id: int
+    message_id: int
+    content: str
+    model: str | None = None
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    tokens_per_s: float | None = None
+    created_at: float = 0.0
+
+
+_Row = TypeVar("_Row", "Conversation", "Message", "Preset", "Alternative")
 
 
 def _from_row(cls: type[_Row], row: sqlite3.Row) -> _Row:
@@ -256,13 +280,15 @@ class Store:
         return [self.get_message(i) for i in ids]
 
     def get_message(self, message_id: int) -> Message:
-        rows = self._query("SELECT * FROM messages WHERE id = ?", (message_id,))
+        rows = self._query(f"SELECT {_MESSAGE_COLUMNS} FROM messages m WHERE id = ?", (message_id,))
         if not rows:
             raise NotFoundError("This message does not exist (it may have been deleted).")
         return _from_row(Message, rows[0])
 
     def get_messages(self, conv_id: str) -> list[Message]:
-        rows = self._query("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conv_id,))
+        rows = self._query(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages m WHERE conversation_id = ? ORDER BY id", (conv_id,)
+        )
         return [_from_row(Message, r) for r in rows]
 
     def update_message(self, message_id: int, **fields: Any) -> None:
@@ -277,6 +303,57 @@ class Store:
         """Drop one message of a conversation (the UI's per-message Delete)."""
         with self._tx() as db:
             db.execute("DELETE FROM messages WHERE conversation_id = ? AND id = ?", (conv_id, message_id))
+
+    def regenerate_answer(self, conv_id: str, answer_id: int) -> Message:
+        """A new (streaming) answer in place of `answer_id`, which becomes its newest alternative along
+        with the alternatives it had: nothing Regenerate replaces is lost."""
+        old = self.get_message(answer_id)
+        now = time.time()
+        with self._tx() as db:
+            (new_id,) = self._insert_messages(db, conv_id, [NewMessage("assistant", "", STREAMING)], now)
+            db.execute(
+                "UPDATE answer_alternatives SET message_id = ? WHERE message_id = ?", (new_id, answer_id)
+            )
+            if old.content.strip() and old.status != ERROR:
+                db.execute(
+                    "INSERT INTO answer_alternatives (message_id, content, model, finish_reason,"
+                    " completion_tokens, tokens_per_s, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (new_id, old.content, old.model, old.finish_reason, old.completion_tokens,
+                     old.tokens_per_s, old.created_at),
+                )  # fmt: skip
+            db.execute("DELETE FROM messages WHERE conversation_id = ? AND id = ?", (conv_id, answer_id))
+            db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conv_id))
+        return self.get_message(new_id)
+
+    def alternatives(self, message_id: int) -> list[Alternative]:
+        rows = self._query(
+            "SELECT * FROM answer_alternatives WHERE message_id = ? ORDER BY id", (message_id,)
+        )
+        return [_from_row(Alternative, r) for r in rows]
+
+    def use_alternative(self, message_id: int, alternative_id: int) -> Message:
+        """Swap an answer with one of its alternatives: the chosen version is the one the chat goes on
+        from (and the one the model sees), the other is kept in its place."""
+        current = self.get_message(message_id)
+        rows = self._query(
+            "SELECT * FROM answer_alternatives WHERE id = ? AND message_id = ?", (alternative_id, message_id)
+        )
+        if not rows:
+            raise NotFoundError("That version of the answer does not exist.")
+        alt = _from_row(Alternative, rows[0])
+        fields_ = ("content", "model", "finish_reason", "completion_tokens", "tokens_per_s", "created_at")
+        with self._tx() as db:
+            db.execute(
+                "UPDATE messages SET content = ?, model = ?, finish_reason = ?, completion_tokens = ?,"
+                " tokens_per_s = ?, created_at = ?, status = ? WHERE id = ?",
+                (*(getattr(alt, f) for f in fields_), DONE, message_id),
+            )
+            db.execute(
+                "UPDATE answer_alternatives SET content = ?, model = ?, finish_reason = ?, completion_tokens = ?,"
+                " tokens_per_s = ?, created_at = ? WHERE id = ?",
+                (*(getattr(current, f) for f in fields_), alternative_id),
+            )
+        return self.get_message(message_id)
 
     def truncate_after(self, conv_id: str, message_id: int, *, inclusive: bool = False) -> None:
         """Drop the messages after `message_id` (and it too when `inclusive`): edit and regenerate."""

@@ -69,10 +69,27 @@ CREATE TABLE IF NOT EXISTS app_settings (
 );
 """
 
+# Earlier versions of an answer that Regenerate replaced (the UI's "< 2/3 >" and Compare): kept with
+# the answer now in the conversation, and dropped with it.
+_ALTERNATIVES = """
+CREATE TABLE IF NOT EXISTS answer_alternatives (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    content TEXT NOT NULL DEFAULT '',
+    model TEXT,
+    finish_reason TEXT,
+    completion_tokens INTEGER NOT NULL DEFAULT 0,
+    tokens_per_s REAL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS alternatives_by_message ON answer_alternatives (message_id, id);
+"""
+
 MIGRATIONS: list[Migration] = [
     _INITIAL,  # 0 -> 1 (IF NOT EXISTS: databases from before versioning already hold it)
     _add_message_model,  # 1 -> 2
     _PRESETS_AND_SETTINGS,  # 2 -> 3
+    _ALTERNATIVES,  # 3 -> 4
 ]
 
 

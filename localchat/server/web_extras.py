@@ -3,6 +3,7 @@ saved presets (sampling + system prompt) that the settings dialog applies."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from litestar import MediaType, Request, Response, delete, get, post
@@ -12,8 +13,8 @@ from litestar.params import FromPath
 from localchat.errors import InvalidRequestError
 from localchat.server.web_common import WebState, require_htmx
 from localchat.server.web_forms import parse_settings
-from localchat.server.web_render import environment, html
-from localchat.store import Preset
+from localchat.server.web_render import environment, html, macro
+from localchat.store import Conversation, Message, Preset, Store
 
 # (title, prompt): shown as buttons on an empty chat; a click sends the prompt. Everyday tasks a small
 # local model answers well, so a first try shows what it can do.
@@ -96,4 +97,47 @@ def ping(request: Request) -> Response[str]:
     return Response(str(status), media_type=MediaType.TEXT, headers={"Cache-Control": "no-store"})
 
 
-ROUTES = [save_preset, delete_preset, default_system_prompt, delete_message, ping]
+def _versions(store: Store, message: Message) -> list[dict[str, Any]]:
+    """The answer and its alternatives, oldest first; `current` marks the one in the chat."""
+    versions = [{**asdict(a), "current": False} for a in store.alternatives(message.id)]
+    versions.append({**asdict(message), "current": True, "id": None})
+    return sorted(versions, key=lambda v: v["created_at"])
+
+
+def _answer_in(web: WebState, conv_id: str, message_id: int) -> Message:
+    message = web.store.get_message(message_id)
+    if message.conversation_id != conv_id or message.role != "assistant":
+        raise InvalidRequestError("That answer is not in this conversation.", param="message_id")
+    return message
+
+
+@post("/ui/c/{conv_id:str}/m/{message_id:int}/version", name="web:version", guards=[require_htmx])
+async def switch_version(
+    request: Request, web: NamedDependency[WebState], conv_id: FromPath[str], message_id: FromPath[int]
+) -> Response[str]:
+    """The previous (step -1) or next (step 1) version of an answer becomes the one in the chat."""
+    step = -1 if str((await request.form()).get("step", "1")) == "-1" else 1
+    if web.chats.is_generating(conv_id):
+        raise InvalidRequestError("Wait for the answer to finish (or stop it) before switching versions.")
+
+    def switch() -> tuple[Message, Conversation]:
+        message = _answer_in(web, conv_id, message_id)
+        versions = _versions(web.store, message)
+        at = next(i for i, v in enumerate(versions) if v["current"]) + step
+        if 0 <= at < len(versions):
+            message = web.store.use_alternative(message_id, versions[at]["id"])
+        return message, web.store.get_conversation(conv_id)
+
+    message, conv = await web.chats.in_store_thread(switch)
+    return html(macro("message", message, conv))
+
+
+@get("/ui/c/{conv_id:str}/m/{message_id:int}/compare", name="web:compare", sync_to_thread=True)
+def compare(
+    web: NamedDependency[WebState], conv_id: FromPath[str], message_id: FromPath[int]
+) -> Response[str]:
+    """Every version of an answer side by side (the Compare dialog)."""
+    return html(extras_macro("compare", _versions(web.store, _answer_in(web, conv_id, message_id))))
+
+
+ROUTES = [save_preset, delete_preset, default_system_prompt, delete_message, ping, switch_version, compare]

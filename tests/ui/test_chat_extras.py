@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from localchat.server.web_extras import EXAMPLE_PROMPTS
-from tests.ui.actions import CHAT_URL, send_new_chat, wait_answer
+from tests.ui.actions import CHAT_URL, send_new_chat, send_new_chat_keeping_settings, wait_answer
 from tests.ui.conftest import PageErrors, new_page
 from tests.ui.web_app import live_app
 
@@ -116,3 +116,37 @@ def test_a_stopped_server_shows_a_banner(browser: Any, tmp_path: Path) -> None:
         expect(page.locator("#server-banner")).to_have_count(0)
     expect(page.locator("#server-banner")).to_contain_text("localchat has stopped", timeout=10_000)
     page.context.close()
+
+
+def test_regenerate_keeps_versions_to_step_through_and_compare(page: Any, live: Any) -> None:
+    # The fake model says what the system prompt's script tells it: one script per version.
+    page.goto("/")
+    page.click("#settings-open")
+    page.fill("#set-system", "<<say:Version one>>")
+    page.click("#settings-form button[type=submit]")
+    conv_id = send_new_chat_keeping_settings(page, "Tell me something")
+    answer = wait_answer(page)
+    expect(answer.locator(".answer")).to_have_text("Version one")
+    expect(answer.locator(".versions")).to_have_count(0)  # one version: no arrows
+    live.web.store.update_settings(conv_id, system_prompt="<<say:Version two>>")
+    page.click("#messages .msg.assistant .regen")
+    answer = wait_answer(page)
+    expect(answer.locator(".answer")).to_have_text("Version two")
+    expect(answer.locator(".version-place")).to_have_text("2/2")
+
+    page.get_by_role("button", name="Previous version").click()
+    answer = wait_answer(page)
+    expect(answer.locator(".answer")).to_have_text("Version one")
+    expect(answer.locator(".version-place")).to_have_text("1/2")
+    assert live.web.store.get_messages(conv_id)[-1].content == "Version one"  # the chat goes on from it
+    expect(page.get_by_role("button", name="Previous version")).to_be_disabled()
+
+    page.get_by_role("button", name="Compare the versions").click()
+    dialog = page.locator("#compare")
+    expect(dialog).to_be_visible()
+    expect(dialog.locator(".compare-col")).to_have_count(2)
+    expect(dialog.locator(".compare-col.current .compare-text")).to_have_text("Version one")
+    expect(dialog).to_contain_text("Version two")
+    dialog.get_by_role("button", name="Close").click()
+    page.get_by_role("button", name="Next version").click()
+    expect(wait_answer(page).locator(".answer")).to_have_text("Version two")

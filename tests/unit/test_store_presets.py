@@ -58,3 +58,26 @@ def test_a_schema_2_database_gains_the_tables_and_keeps_its_chats(tmp_path: Path
         check.close()
     finally:
         store.close()
+
+
+def test_regenerate_keeps_every_version_and_any_can_come_back(tmp_path: Path) -> None:
+    store = Store(tmp_path / "c.sqlite3")
+    try:
+        conv = store.create_conversation("t", [NewMessage("user", "hi"), NewMessage("assistant", "first")])
+        first = store.get_messages(conv.id)[-1]
+        second = store.regenerate_answer(conv.id, first.id)
+        store.update_message(second.id, content="second", status="done")
+        third = store.regenerate_answer(conv.id, second.id)
+        store.update_message(third.id, content="third", status="done")
+        messages = store.get_messages(conv.id)
+        assert [m.content for m in messages] == ["hi", "third"]  # one answer in the chat
+        assert (messages[-1].alternatives, messages[-1].earlier_versions) == (2, 2)
+        assert [a.content for a in store.alternatives(third.id)] == ["first", "second"]
+        oldest = store.alternatives(third.id)[0]
+        back = store.use_alternative(third.id, oldest.id)
+        assert back.content == "first" and (back.alternatives, back.earlier_versions) == (2, 0)
+        assert sorted(a.content for a in store.alternatives(third.id)) == ["second", "third"]
+        store.delete_message(conv.id, third.id)  # the versions go with their answer
+        assert store.alternatives(third.id) == []
+    finally:
+        store.close()

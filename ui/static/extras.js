@@ -44,6 +44,7 @@
   document.addEventListener("click", (event) => {
     if (event.target.closest("#shortcuts-open")) openShortcuts();
     if (event.target.closest("[data-close-dialog]")) event.target.closest("dialog")?.close();
+    if (event.target.closest("[data-open-compare]")) $("#compare")?.showModal();  // htmx fills it
   });
   document.addEventListener("keydown", (event) => {
     if (event.defaultPrevented || event.isComposing || $("dialog[open]")) return;
