@@ -13,8 +13,8 @@ from typing import Any
 from localchat.engine.config import EngineConfig
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import LocalchatError
+from localchat.loopback import is_loopback_host
 
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 BACKEND_CHOICES = ("auto", "torch", "mlx", "fake")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # Mirrors localchat.server.tool_parsers.PARSER_CHOICES (checked by a test; the server is not imported here).
@@ -337,7 +337,7 @@ class Settings:
 
     @property
     def is_loopback(self) -> bool:
-        return self.host in LOOPBACK_HOSTS
+        return is_loopback_host(self.host)  # by address: 127.0.0.2 is loopback too
 
     @property
     def max_body_bytes(self) -> int:

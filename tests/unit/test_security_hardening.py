@@ -91,6 +91,7 @@ def test_loopback_is_decided_by_address() -> None:
         ("127.example.com", False),
     ]:
         assert is_loopback_host(host) is loopback, host
+        assert Settings.load({"host": host, "api_key": "k"}, environ={}).is_loopback is loopback, host
         # No "reachable from other machines" warning for a loopback address without a key.
         warned = security_warning(Settings.load({"host": host}, environ={})) is not None
         assert warned is not loopback, host
