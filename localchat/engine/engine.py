@@ -49,11 +49,18 @@ class LLMEngine:
         per_block = spec.bytes_per_block(config.block_size)
         # Hybrid models: one state slot per sequence that may run, taken from the same memory budget.
         state_spec: StateCacheSpec | None = getattr(runner, "state_cache_spec", None)
-        state_bytes = state_spec.bytes_per_slot * config.max_num_seqs if state_spec is not None else 0
         if config.kv_cache_mib is not None:
-            budget = config.kv_cache_mib * 2**20 - state_bytes
+            budget = config.kv_cache_mib * 2**20
         else:
-            budget = (runner.available_kv_memory() or DEFAULT_KV_CACHE_MIB * 2**20) - state_bytes
+            budget = runner.available_kv_memory() or DEFAULT_KV_CACHE_MIB * 2**20
+        num_slots = state_bytes = 0
+        if state_spec is not None:
+            # A slot can cost tens of MiB (Qwen3.5-9B: 49): the pool takes at most half the budget, so a
+            # small --mem runs fewer sequences at once instead of leaving no room for K/V.
+            num_slots = max(1, min(config.max_num_seqs, budget // 2 // state_spec.bytes_per_slot))
+            state_bytes = num_slots * state_spec.bytes_per_slot
+            budget -= state_bytes
+        if config.kv_cache_mib is None:
             # More than every sequence at full length can never be used: don't reserve it.
             useful_tokens = config.max_num_seqs * wanted
             budget = min(budget, -(-useful_tokens // config.block_size) * per_block)
@@ -75,11 +82,12 @@ class LLMEngine:
         self.prefix_caching_note = ""
         prefix_caching = config.enable_prefix_caching
         if state_spec is not None:
-            self.state_pool = StateSlotPool(config.max_num_seqs)
+            self.state_pool = StateSlotPool(num_slots)
             self.state_bytes_per_slot = state_spec.bytes_per_slot
-            runner.initialize_state_cache(config.max_num_seqs)  # type: ignore[attr-defined]
+            runner.initialize_state_cache(num_slots)  # type: ignore[attr-defined]
             log.info(
-                "State cache: %d slots (max_num_seqs) of %.2f MiB for %d recurrent layers, %.0f MiB",
+                "State cache: %d slots (max_num_seqs %d) of %.2f MiB for %d recurrent layers, %.0f MiB",
+                num_slots,
                 config.max_num_seqs,
                 state_spec.bytes_per_slot / 2**20,
                 state_spec.num_layers,

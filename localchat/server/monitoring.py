@@ -88,7 +88,7 @@ _METRICS = (
     (
         "localchat_state_slots_total",
         "gauge",
-        "Recurrent-state slots in the pool, one per max_num_seqs (hybrid models).",
+        "Recurrent-state slots in the pool: max_num_seqs, fewer if they would take over half the memory budget.",
         lambda s, c: s.state_slots_total,
     ),
     (

@@ -223,3 +223,12 @@ def test_memory_estimate_counts_the_state_pool(tmp_path: Path) -> None:
     assert estimate(tmp_path, 64, max_num_seqs=4).kv_cache == 64 * 2**20
     (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "qwen3"}))
     assert estimate(tmp_path, None, max_num_seqs=4).kv_cache == MIN_KV_BUDGET  # no state for transformers
+
+
+def test_a_small_budget_gets_fewer_state_slots_not_an_error():
+    # 1 MiB with 1 KiB slots: the pool may take half, 512 slots, whatever max_num_seqs asks for.
+    engine = _engine(StateRunner(), max_num_seqs=4096, max_num_batched_tokens=8192)
+    assert engine.state_pool is not None and engine.state_pool.num_slots == 512
+    assert engine.block_manager.num_usable_blocks > 0
+    got = _run(engine, _prompts()[:2], max_tokens=3)
+    assert got["r0"] == reference(_prompts()[0], 3)
