@@ -116,7 +116,11 @@ def _serve(settings: Settings, *, open_browser: bool) -> int:
     elif settings.backend != "fake":  # models are looked up (and fetched) in the data dir: it must work
         from localchat.paths import data_dir
 
-        data_dir()
+        home = data_dir()
+        if settings.model:  # a typo fails now with suggestions, not as a download that "did not finish"
+            from localchat.catalog import check_model_name, load_catalog
+
+            check_model_name(settings.model, load_catalog(home))
     # The server listens at once; the model is found, fetched if needed (the progress bar here, and in
     # GET /health and the web UI) and loaded in the background.
     models = ModelManager(settings, startup_progress=cli_models.ProgressPrinter(sys.stderr))

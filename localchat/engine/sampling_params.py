@@ -12,7 +12,8 @@ if TYPE_CHECKING:
     from localchat.engine.constraint import Constraint
 
 MAX_LOGPROBS = 20
-MAX_STOP_STRINGS = 16
+MAX_STOP_STRINGS = 16  # OpenAI allows 4; more is an extension (README, "Chat completions")
+MAX_TEMPERATURE = 2.0
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range; -100 bans the token
 
 
@@ -55,7 +56,8 @@ class SamplingParams:
 
     def validate(self) -> None:
         _check_int("max_tokens", self.max_tokens, low=1)
-        _check_float("temperature", self.temperature, low=0.0, high=100.0)
+        # OpenAI's range: above 2 every token is near-equally likely, never what a client meant.
+        _check_float("temperature", self.temperature, low=0.0, high=MAX_TEMPERATURE)
         if self.top_k == -1:
             self.top_k = 0
         _check_int("top_k", self.top_k, low=0)

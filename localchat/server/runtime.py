@@ -219,16 +219,23 @@ def serve(
         models.on_startup_error = server.fail
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else host}:{settings.port}/"
-    threading.Thread(target=_announce, args=(server, url, open_browser), daemon=True).start()
+    threading.Thread(target=_announce, args=(server, url, open_browser, settings.ui), daemon=True).start()
     server.run()
     return server.exit_code
 
 
-def _announce(server: uvicorn.Server, url: str, open_browser: bool) -> None:
+def _announce(server: uvicorn.Server, url: str, open_browser: bool, ui: bool = True) -> None:
     while not server.started and not server.should_exit:
         time.sleep(0.05)
     if not server.started:
         return
-    print(f"localchat is serving at {url} (OpenAI API at {url}v1)", file=sys.stderr, flush=True)
+    if ui:
+        print(f"localchat is serving at {url} (OpenAI API at {url}v1)", file=sys.stderr, flush=True)
+    else:  # no page to open at the root: name only what answers
+        print(
+            f"localchat is serving the OpenAI API at {url}v1 (no web UI: --no-ui)",
+            file=sys.stderr,
+            flush=True,
+        )
     if open_browser:
         preflight.open_browser(url)

@@ -13,6 +13,7 @@ import msgspec
 from localchat.errors import InvalidRequestError
 
 T = TypeVar("T")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 MAX_JSON_DEPTH = 64
 
 _AT_PATH = re.compile(r" - at `\$\.?(.*)`$")
@@ -112,6 +113,23 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     function_call: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false} (vLLM's extension)
+    reasoning_effort: str | None = None  # OpenAI's; mapped onto the template's thinking switch
+
+    def __post_init__(self) -> None:
+        effort = self.reasoning_effort
+        if effort is None:
+            return
+        if effort not in REASONING_EFFORTS:
+            raise InvalidRequestError(
+                f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}.",
+                param="reasoning_effort",
+            )
+        # Reasoning models here have one switch, not levels: "none"/"minimal" turn thinking off, any
+        # level turns it on. An explicit chat_template_kwargs.enable_thinking wins; templates without
+        # the switch ignore it.
+        kwargs = dict(self.chat_template_kwargs or {})
+        kwargs.setdefault("enable_thinking", effort not in ("none", "minimal"))
+        self.chat_template_kwargs = kwargs
 
 
 class CompletionRequest(SamplingFields, kw_only=True):

@@ -60,6 +60,7 @@ BAD_REQUESTS = [
     Bad("max-completion-tokens-negative", chat(max_completion_tokens=-1), param="max_completion_tokens"),
     Bad("temperature-negative", chat(temperature=-1), param="temperature"),
     Bad("temperature-string", chat(temperature="hot"), param="temperature"),
+    Bad("temperature-above-2", chat(temperature=2.5), param="temperature"),
     Bad("top-p-zero", chat(top_p=0), param="top_p"),
     Bad("top-p-above-one", chat(top_p=1.5), param="top_p"),
     Bad("top-k-negative", chat(top_k=-2), param="top_k"),

@@ -14,12 +14,28 @@ from tests.helpers.live_server import REPO
 README = (REPO / "README.md").read_text()
 
 
-def test_the_two_commands_stay_at_the_top():
+def test_the_quick_start_stays_at_the_top():
     first_block = README.split("```bash\n", 1)[1].split("```", 1)[0]
     assert first_block.splitlines() == [
-        "pip install . && localchat                         # install and run the app (downloads the default model)",
-        'pip install -e ".[test]" && python -m pytest       # install the test dependencies and run the tests',
+        "pip install torch --index-url https://download.pytorch.org/whl/cpu   # first, on Linux/Windows without an NVIDIA GPU",
+        "pip install . && localchat                         # install and run the app (offers the default model)",
+        'pip install -e ".[test]" && python -m pytest       # the tests: about 40 minutes on 2 CPU cores',
     ]
+
+
+def test_claims_a_new_user_checked():
+    """Each was wrong once (issue 35): keep the words true."""
+    # Nothing is on PyPI yet: no sentence may say releases are there, and no command may install them.
+    assert "No release is on PyPI yet" in README
+    assert "Releases are published on PyPI" not in README
+    assert not re.search(r"pip install ['\"]?localchat-app", README)
+    # The bare command offers the default model (a click in the window); it does not download it.
+    assert "downloads the default model" not in README
+    # The SDK example says how to get the SDK.
+    sdk = README.split("### The openai SDK", 1)[1].split("###", 1)[0]
+    assert "pip install openai" in sdk
+    # /health can only say shutting_down on a connection that was open: new ones are refused.
+    assert "`shutting_down` (during the drain" in README and "new connections are refused" in README
 
 
 @pytest.mark.parametrize("flag", sorted({f for s in SETTINGS_SPEC for f in s.flags}))

@@ -1,0 +1,57 @@
+"""The CLI names the real problem, once: a mistyped model name (with suggestions), a folder given to
+--f, a folder without config.json given to --m."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from localchat import cli
+from tests.helpers.live_server import free_port, live_server
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing here may reach the network
+    return tmp_path
+
+
+def _serve(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    assert cli.main(["serve", "--p", str(free_port()), *args]) == 1
+    err = capsys.readouterr().err
+    assert err.count("localchat: error:") == 1, err  # said once
+    return err
+
+
+def test_an_unknown_model_name_is_named_with_suggestions(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = _serve(capsys, "--m", "smollm2-135")
+    assert "Unknown model 'smollm2-135'" in err and "Did you mean 'smollm2-135m'" in err
+    assert "did not finish" not in err
+    err = _serve(capsys, "--m", "nosuch")
+    assert "Unknown model 'nosuch'" in err and "did not finish" not in err
+
+
+def test_a_folder_given_to_f_and_an_empty_folder_given_to_m(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = home / "somedir"
+    folder.mkdir()
+    err = _serve(capsys, "--f", str(folder))
+    assert "is a folder" in err and "no such GGUF file" not in err
+    err = _serve(capsys, "--m", str(folder))
+    assert "--m/--model" in err and "without a config.json" in err and "--w" not in err
+
+
+def test_serve_no_ui_names_the_api_and_no_page() -> None:
+    with live_server(["--backend", "fake"]) as server:  # live_server adds --no-ui
+        deadline = time.monotonic() + 10
+        while "serving" not in server.log() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    log = server.log()
+    assert f"serving the OpenAI API at http://127.0.0.1:{server.port}/v1" in log
+    assert f"serving at http://127.0.0.1:{server.port}/ " not in log
