@@ -83,6 +83,22 @@ def entries(arch: type[Architecture]) -> list[Architecture]:
             derive_sizes=_glm4_moe_sizes,
             sanitize=_drop_mtp_layers,
             float32_params=registry.DEEPSEEK_FLOAT32,
+            # llama.cpp's glm4moe: q/k rows as in the checkpoint, the norm before the MoE named
+            # post_attention_norm, the multi-token-prediction block counted in block_count.
+            gguf_arch="glm4moe",
+            gguf_block_names={
+                **registry.DEEPSEEK_GGUF_BLOCK_NAMES,
+                "post_attention_norm": "post_attention_layernorm",
+            },
+            gguf_metadata={
+                **{
+                    k: v
+                    for k, v in registry.DEEPSEEK_GGUF_METADATA.items()
+                    if k.startswith(("expert", "leading"))
+                },
+                "nextn_predict_layers": "gguf_nextn_layers",
+                "rope.dimension_count": "gguf_rope_dims",
+            },
         ),
         # Llama 4 Scout / Maverick (arch/llama4.py): the text model, and the multimodal checkpoints' text LM.
         arch(
@@ -104,9 +120,14 @@ def _shared_expert_moe(registry: ModuleType) -> dict[str, tuple[str, int, int]]:
 
 
 def _glm4_moe_sizes(config: ModelConfig) -> None:
-    """transformers' Glm4MoeConfig turns half of each head when the config.json names no factor."""
-    if config.extra.get("partial_rotary_factor") is None:
+    """transformers' Glm4MoeConfig turns half of each head when the config.json names no factor (a GGUF
+    gives the rotary dims); llama.cpp's block_count includes the multi-token-prediction layers."""
+    x = config.extra
+    if x.get("partial_rotary_factor") is None and x.get("gguf_rope_dims") is None:
         config.partial_rotary_factor = 0.5
+    if x.get("gguf_nextn_layers"):
+        config.num_hidden_layers -= int(x["gguf_nextn_layers"])
+        x["gguf_nextn_layers"] = 0  # once: ModelConfig runs this after every construction
 
 
 def _drop_mtp_layers(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[WeightTensor]:

@@ -42,6 +42,8 @@ _ROPE_EXTRA_KEYS = {
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # Files converted before llama.cpp stacked experts (early 2024 Mixtral GGUFs): one tensor per expert.
 _EXPERT_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(\d+)\.weight")
+# GLM-4.5's multi-token-prediction block (llama.cpp counts it in block_count): not run, not loaded.
+_NEXTN_RE = re.compile(r"blk\.\d+\.nextn\.")
 
 
 class _Reader(GGUFReader):
@@ -106,7 +108,7 @@ def gguf_architecture(reader: GGUFReader) -> Architecture:
 
 def hf_tensor_name(gguf_name: str, arch: Architecture) -> str | None:
     """The Hugging Face name for a llama.cpp tensor name, or None when it has no counterpart."""
-    if gguf_name in _SKIPPED:
+    if gguf_name in _SKIPPED or _NEXTN_RE.match(gguf_name):
         return None
     if match := _BLOCK_RE.fullmatch(gguf_name):
         layer, part, kind = match.groups()
@@ -165,18 +167,24 @@ def config_from_gguf(reader: GGUFReader) -> ModelConfig:
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=list(dict.fromkeys(int(e) for e in eos if e is not None)),
         torch_dtype=None,  # a GGUF mixes tensor types; the backend picks its compute dtype
-        extra=_extra(entry, get, layers, hidden // heads),
+        extra=_extra(entry, get, layers, hidden // heads, "blk.0.attn_q_norm.weight" in names),
     )
 
 
 def _extra(
-    entry: Architecture, get: Callable[[str], Any], layers: int, width_per_head: int
+    entry: Architecture,
+    get: Callable[[str], Any],
+    layers: int,
+    width_per_head: int,
+    has_qk_norm: bool = False,
 ) -> dict[str, Any]:
     """The registry's extra keys, overridden by the GGUF metadata that records them."""
     extra = {
         **entry.extra_keys,
         **{hf_key: value for key, hf_key in entry.gguf_metadata.items() if (value := get(key)) is not None},
     }
+    if "use_qk_norm" in extra:  # an option the file records by carrying the tensors (GLM-4.5)
+        extra["use_qk_norm"] = has_qk_norm
     if entry.gguf_wide_query_scale_layers == layers and extra.get("query_pre_attn_scalar") is None:
         extra["query_pre_attn_scalar"] = width_per_head  # llama.cpp's Gemma 27B rule (registry)
     return extra
