@@ -27,7 +27,7 @@ from localchat.conversations import INTERRUPTED, ChatService
 from localchat.errors import AuthenticationError, DataDirError, LocalchatError
 from localchat.model_manager import ModelManager
 from localchat.paths import data_dir
-from localchat.server import web_about, web_chat, web_extras, web_models, web_sidebar
+from localchat.server import web_about, web_chat, web_extras, web_hub, web_models, web_sidebar
 from localchat.server.web_common import WebState, current_path
 from localchat.server.web_extras import DEFAULT_SYSTEM_PROMPT_KEY, EXAMPLE_PROMPTS
 from localchat.server.web_models import model_status
@@ -146,6 +146,7 @@ ROUTES = [
     *web_models.ROUTES,
     *web_about.ROUTES,
     *web_extras.ROUTES,
+    *web_hub.ROUTES,
 ]
 
 

@@ -11,7 +11,8 @@ injection and a request log.
     hub.stop()
 
 Hub origin: GET /api/models/{repo}[/revision/{rev}] (siblings with size, blobId, lfs.sha256), GET
-/api/models/{repo}/tree/{rev}, HEAD/GET /{repo}/resolve/{rev}/{path}: LFS files answer 302 to the file
+/api/models/{repo}/tree/{rev}, GET /api/models?search=TEXT (the repos whose id contains it, most
+downloaded first, with tags and cardData.license), HEAD/GET /{repo}/resolve/{rev}/{path}: LFS files answer 302 to the file
 host with X-Repo-Commit, X-Linked-Etag, X-Linked-Size; small files answer 200 with a git-sha1 ETag.
 Errors carry X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo) like the hub; a
 token other than TOKEN gets 401 "Invalid credentials in Authorization header".
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 TOKEN = "hf_fake_token_for_tests"
 LFS_SUFFIXES = (".gguf", ".safetensors", ".bin")
@@ -77,6 +78,8 @@ class FakeRepo:
     commit: str
     files: dict[str, HubFile]
     gated: bool = False
+    license: str = "apache-2.0"  # in the API's tags and cardData, as the hub reports it
+    downloads: int = 0
 
 
 @dataclass
@@ -147,6 +150,7 @@ def _hub_file(path: str, source: bytes | Path) -> HubFile:
 
 
 _API = re.compile(r"^/api/models/([^/]+/[^/]+?)(?:/revision/([^/]+))?/?$")
+_LIST = "/api/models"
 _TREE = re.compile(r"^/api/models/([^/]+/[^/]+)/tree/([^/]+)/?$")
 _RESOLVE = re.compile(r"^/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
@@ -176,6 +180,8 @@ def _handler(hub: FakeHub, origin: str) -> type[BaseHTTPRequestHandler]:
                     self._error(401, "", message="Invalid credentials in Authorization header")
                 elif origin == "cdn":
                     self._serve_lfs(path, body)
+                elif path.rstrip("/") == _LIST:
+                    self._list(parse_qs(urlsplit(self.path).query))
                 elif api := _API.match(path):
                     self._model_info(api.group(1), api.group(2))
                 elif tree := _TREE.match(path):
@@ -198,6 +204,16 @@ def _handler(hub: FakeHub, origin: str) -> type[BaseHTTPRequestHandler]:
                 return None
             return repo
 
+        def _list(self, query: dict[str, list[str]]) -> None:
+            text = (query.get("search") or [""])[0].lower()
+            limit = int((query.get("limit") or ["50"])[0])
+            found = sorted(
+                (r for r in hub.repos.values() if text in r.repo_id.lower()), key=lambda r: -r.downloads
+            )
+            self._json([{"id": r.repo_id, "modelId": r.repo_id, "downloads": r.downloads, "likes": 0,
+                         "tags": ["gguf", f"license:{r.license}"], "cardData": {"license": r.license}}
+                        for r in found[:limit]])  # fmt: skip
+
         def _model_info(self, repo_id: str, revision: str | None) -> None:
             if (repo := self._repo(repo_id, revision)) is None:
                 return
@@ -208,7 +224,8 @@ def _handler(hub: FakeHub, origin: str) -> type[BaseHTTPRequestHandler]:
                     entry["lfs"] = {"sha256": f.sha256, "size": f.size, "pointerSize": 134}
                 siblings.append(entry)
             self._json({"id": repo.repo_id, "sha": repo.commit, "siblings": siblings,
-                        "gated": "manual" if repo.gated else False, "private": False})  # fmt: skip
+                        "gated": "manual" if repo.gated else False, "private": False,
+                        "tags": ["gguf", f"license:{repo.license}"], "cardData": {"license": repo.license}})  # fmt: skip
 
         def _tree(self, repo_id: str, revision: str) -> None:
             if (repo := self._repo(repo_id, revision)) is None:
