@@ -327,4 +327,5 @@ class LLMEngine:
             state_slots_total=self.state_pool.num_slots if self.state_pool is not None else 0,
             state_bytes_per_slot=self.state_bytes_per_slot,
             prefix_caching_enabled=self.block_manager.enable_prefix_caching,
+            max_num_seqs=self.config.max_num_seqs,
         )

@@ -48,3 +48,4 @@ class EngineStats:
     state_slots_total: int = 0
     state_bytes_per_slot: int = 0
     prefix_caching_enabled: bool = True  # off for hybrid models (no state checkpoints at block edges)
+    max_num_seqs: int = 0  # the configured bound on sequences decoded together

@@ -78,6 +78,12 @@ _METRICS = (
         "Requests preempted for lack of KV blocks.",
         lambda s, c: s.num_preemptions,
     ),
+    (
+        "localchat_max_num_seqs",
+        "gauge",
+        "Most sequences decoded together (--max-num-seqs).",
+        lambda s, c: s.max_num_seqs,
+    ),
     # Hybrid models (linear-attention layers): their per-sequence state pool; zeros for plain transformers.
     (
         "localchat_state_slots_used",

@@ -80,7 +80,7 @@ def test_hybrid_model_serves_concurrent_requests_with_state_slots(tmp_path: Path
         for prompt in PROMPTS:
             assert answers[prompt] == expected[prompt], prompt
         metrics = server.metrics()
-        assert metrics["localchat_state_slots_total"] == 2
+        assert metrics["localchat_state_slots_total"] == metrics["localchat_max_num_seqs"] == 2
         assert metrics["localchat_state_slots_used"] == 0
         assert metrics["localchat_state_bytes_per_slot"] > 0
         assert metrics["localchat_prefix_caching_enabled"] == 0
