@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from localchat.hub.search import model_card, quant_of, search_models
-from tests.ui.conftest import PageErrors, new_page
+from tests.ui.conftest import SCREENSHOTS, PageErrors, new_page
 from tests.ui.web_app import LiveApp, live_app
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
@@ -77,6 +77,8 @@ def test_models_page_searches_the_hub_and_downloads_a_quant(browser: Any, hub_ap
     expect(quants).to_have_count(2)
     expect(quants.first).to_contain_text("Q4_K_M")
     expect(quants.first).to_contain_text("3.0 KB")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "models-hub-card-wide.png"), full_page=True)
     quants.first.get_by_role("button", name="Download someorg/Tiny-Chat-GGUF:Q4_K_M").click()
     expect(quants.first.locator(".pull-done")).to_have_text("Downloaded.", timeout=20_000)
     page.fill("#hub-search", "nothing-like-this")
