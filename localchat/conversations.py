@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from localchat.engine.async_engine import LoopSink
+from localchat.engine.loop_guard import LOOP_STOP_REASON
 from localchat.engine.outputs import RequestOutput
 from localchat.engine.request import FinishReason
 from localchat.engine.sampling_params import SamplingParams
@@ -31,6 +32,7 @@ from localchat.mcp import ui_turns
 from localchat.mcp.hub import ToolRun
 from localchat.mcp.trust import CONSENT_FILE, DENIED, ConsentStore
 from localchat.server.generation import resolve_chat_max_tokens, resolve_sampling
+from localchat.server.prompts import chat_prompt
 from localchat.store import (
     DONE,
     ERROR,
@@ -300,7 +302,7 @@ class ChatService:
         history = [m for m in stored if m.id < answer.id]
         try:
             messages = _chat_messages(conv, history, ctx.tool_parser.template_call_id)
-            prompt_ids = ctx.encode_chat(messages, tools=ui_turns.mcp_tools(ctx))
+            _, prompt_ids = await chat_prompt(ctx, messages, ui_turns.mcp_tools(ctx))  # off the loop
             params = self.sampling_params(conv, ctx)
             self._next += 1
             gen = Generation(conv.id, answer.id, f"ui-{answer.id}-{self._next}", ctx)
@@ -358,7 +360,8 @@ class ChatService:
             content=gen.text,
             status=_STATUS[reason],
             error=out.error,
-            finish_reason=str(reason),
+            # The loop guard's stop is a "length" the page explains differently (engine/loop_guard.py).
+            finish_reason=LOOP_STOP_REASON if out.stop_reason == LOOP_STOP_REASON else str(reason),
             prompt_tokens=out.num_prompt_tokens,
             completion_tokens=out.num_output_tokens,
             tokens_per_s=rate,

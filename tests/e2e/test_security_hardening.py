@@ -250,7 +250,7 @@ def test_no_get_route_changes_anything(hub_server: tuple[LiveServer, Path], tmp_
 def real_server(smollm2_gguf: Path) -> Iterator[LiveServer]:
     if why := real_backend_missing():
         pytest.skip(f"real-model server not available: {why}")
-    with live_server(server_args("real", smollm2_gguf)) as srv:
+    with live_server(server_args("real", smollm2_gguf), ui=True) as srv:
         yield srv
 
 
@@ -279,21 +279,50 @@ class HealthWatch:
         self._thread.join(30)
 
 
+def _fox(chars: int) -> str:
+    return ("The quick brown fox jumps over the lazy dog. " * (chars // 45 + 1))[:chars]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("chars", [3_900_000, 500_000])
-def test_a_huge_prompt_never_stalls_other_routes(real_server: LiveServer, chars: int) -> None:
+@pytest.mark.parametrize(
+    ("route", "chars"),
+    [
+        ("/v1/chat/completions", 3_900_000),
+        ("/v1/chat/completions", 500_000),
+        ("/v1/responses", 500_000),
+        ("/v1/completions", 500_000),
+    ],
+)
+def test_a_huge_prompt_never_stalls_other_routes(real_server: LiveServer, route: str, chars: int) -> None:
     """3.9 M characters: refused by length before tokenizing. 500 k: within what the character check
     lets through for an 8 k context, so it is tokenized (a second or more), on a worker thread."""
-    text = ("The quick brown fox jumps over the lazy dog. " * (chars // 45 + 1))[:chars]
+    text = _fox(chars)
+    body: dict[str, Any] = {
+        "/v1/chat/completions": {"messages": [{"role": "user", "content": text}], "max_tokens": 1},
+        "/v1/responses": {"input": text, "max_output_tokens": 16},
+        "/v1/completions": {"prompt": text, "max_tokens": 1},
+    }[route]
     with HealthWatch(real_server.base_url + "/health") as watch:
         time.sleep(0.2)
         started = time.monotonic()
-        r = httpx.post(
-            real_server.base_url + "/v1/chat/completions",
-            json={"messages": [{"role": "user", "content": text}], "max_tokens": 1},
-            timeout=120,
-        )
+        r = httpx.post(real_server.base_url + route, json=body, timeout=120)
         took = time.monotonic() - started
         time.sleep(0.1)
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text[:300]
     assert watch.count >= 3 and watch.worst < 0.5, (watch.worst, watch.count, took)
+
+
+@pytest.mark.slow
+def test_the_web_chat_renders_long_histories_off_the_event_loop(real_server: LiveServer) -> None:
+    """The UI's own path: a conversation of two near-limit messages (~400 k characters) is rendered and
+    tokenized while /health keeps answering; the answer fails with the context error, shown in the chat."""
+    message = _fox(190_000)
+    with httpx.Client(base_url=real_server.base_url, timeout=120) as client:
+        first = client.post("/ui/chats", data={"content": message}, headers=HX)
+        conv_id = first.headers["hx-redirect"].rsplit("/", 1)[1]
+        with HealthWatch(real_server.base_url + "/health") as watch:
+            time.sleep(0.2)
+            r = client.post(f"/ui/c/{conv_id}/messages", data={"content": message}, headers=HX)
+            time.sleep(0.1)
+        assert r.status_code == 200 and "context length" in r.text, r.text[-500:]
+    assert watch.count >= 3 and watch.worst < 0.5, (watch.worst, watch.count)
