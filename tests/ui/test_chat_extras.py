@@ -146,6 +146,7 @@ def test_regenerate_keeps_versions_to_step_through_and_compare(page: Any, live: 
     expect(dialog).to_be_visible()
     expect(dialog.locator(".compare-col")).to_have_count(2)
     expect(dialog.locator(".compare-col.current .compare-text")).to_have_text("Version one")
+    expect(dialog.locator(".compare-col.current .compare-text p")).to_have_count(1)  # rendered markdown
     expect(dialog).to_contain_text("Version two")
     dialog.get_by_role("button", name="Close").click()
     page.get_by_role("button", name="Next version").click()

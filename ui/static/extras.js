@@ -32,6 +32,17 @@
     if (event.target.id === "preset-select") applyPreset(event.target.selectedOptions[0]);
   });
 
+  // The Compare dialog's versions arrive as text; they are rendered like answers (marked, whose raw-HTML
+  // escaping app.js set up, then DOMPurify).
+  const PURIFY = { USE_PROFILES: { html: true }, FORBID_TAGS: ["style", "form", "input", "button", "textarea", "select"], FORBID_ATTR: ["style"] };
+  document.body.addEventListener("htmx:afterSwap", (event) => {
+    if (event.detail.target?.id !== "compare-body") return;
+    for (const el of event.detail.target.querySelectorAll(".compare-text")) {
+      el.innerHTML = DOMPurify.sanitize(marked.parse(el.textContent, { async: false }), PURIFY);
+      el.classList.add("md");
+    }
+  });
+
   // ---- keyboard shortcuts (listed in the "?" dialog) ---------------------------------------------
 
   function typing(el) {
