@@ -16,6 +16,7 @@ from localchat.server.chat_tools import ToolPlan, plan_tools, request_constraint
 from localchat.server.common import (
     collect_or_abort,
     finish_reason,
+    loop_stop_field,
     model_context,
     new_call,
     usage,
@@ -116,7 +117,8 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
             if logprobs_k is not None
             else None
         )
-        choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": reason})
+        choice = {"index": i, "message": message, "logprobs": lp, "finish_reason": reason}
+        choices.append(choice | loop_stop_field(r.stop_reason))
     body = call.header("chat.completion") | {"choices": choices, "usage": usage_of(results, n)}
     return Response(body, media_type="application/json")
 
@@ -128,9 +130,11 @@ async def _stream(call: ChatCall, gen: Generation) -> AsyncIterator[bytes]:
     prompt_tokens = cached_tokens = 0
     completion = [0] * call.n
 
-    def chunk(index: int, delta: dict[str, Any], reason: str | None = None, logprobs: Any = None) -> bytes:
+    def chunk(
+        index: int, delta: dict[str, Any], reason: str | None = None, logprobs: Any = None, extra: Any = None
+    ) -> bytes:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
-        return event(head | {"choices": [choice]} | tail)
+        return event(head | {"choices": [choice | (extra or {})]} | tail)
 
     try:
         yield b"".join(chunk(i, {"role": "assistant", "content": ""}) for i in range(call.n))
@@ -156,7 +160,7 @@ async def _stream(call: ChatCall, gen: Generation) -> AsyncIterator[bytes]:
                 for j, delta in enumerate(deltas):
                     parts.append(chunk(index, delta, None, logprobs if j == 0 else None))
                 if reason is not None:
-                    parts.append(chunk(index, {}, reason))
+                    parts.append(chunk(index, {}, reason, extra=loop_stop_field(out.stop_reason)))
                 completion[index] = out.num_output_tokens
                 if index == 0:
                     prompt_tokens, cached_tokens = out.num_prompt_tokens, out.num_cached_tokens

@@ -13,6 +13,7 @@ from localchat.engine.sampling_params import SamplingParams
 from localchat.sampling_defaults import BUILTIN_DEFAULTS, gguf_sampling_defaults, resolve
 from localchat.server.generation import resolve_chat_max_tokens
 from tests.helpers.fake_app import fake_client, say
+from tests.helpers.live_server import parse_sse
 
 
 def test_each_field_takes_the_request_then_the_flag_then_the_model_then_the_builtin() -> None:
@@ -129,3 +130,18 @@ def test_api_answer_that_repeats_itself_stops_at_loop_stop() -> None:
         body = client.post("/v1/chat/completions", json={"messages": say(looping)}).json()
         assert body["choices"][0]["finish_reason"] == "stop"
         assert body["choices"][0]["message"]["content"] == looping
+
+
+def test_the_api_names_a_loop_stop_in_stop_reason_streamed_or_not() -> None:
+    looping = "ab" * 300
+    with fake_client(loop_stop=64) as (client, _):
+        body = client.post("/v1/chat/completions", json={"messages": say(looping)}).json()
+        assert body["choices"][0]["stop_reason"] == "repetition"
+        plain = client.post("/v1/chat/completions", json={"messages": say("short")}).json()
+        assert "stop_reason" not in plain["choices"][0]
+        with client.stream(
+            "POST", "/v1/chat/completions", json={"messages": say(looping), "stream": True}
+        ) as r:
+            events = parse_sse(r.read())
+    last = [e for e in events if isinstance(e, dict) and e["choices"]][-1]["choices"][0]
+    assert (last["finish_reason"], last["stop_reason"]) == ("length", "repetition")
