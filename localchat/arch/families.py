@@ -43,6 +43,7 @@ def entries(arch: type[Architecture]) -> list[Architecture]:
             hf_defaults=gemma4.HF_DEFAULTS,
             extra_keys=gemma4.EXTRA_KEYS,
             derive_sizes=gemma4.derive_sizes,
+            top_weights=gemma4.TOP_WEIGHTS,
         ),
         arch("gemma4", "gemma4", text_config_key="text_config", weight_prefixes=gemma4.TEXT_PREFIXES),
         # Mistral 4 (Mistral Small 4): DeepSeek-V3's checkpoint layout and MLA, a softmax router without

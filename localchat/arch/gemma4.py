@@ -16,8 +16,9 @@ What differs from Gemma 3 (transformers' modeling_gemma4):
 NOTE: the paged cache holds every layer at the widest head size and the largest KV head count
 (`derive_sizes`): narrower layers are zero-padded (zeros add nothing to q.k; the padded value dims are
 sliced off) and layers with fewer KV heads repeat them, which keeps every attention path unchanged at the
-cost of cache memory. Per-layer embeddings (Gemma 4 E2B/E4B) and the MoE block (26B-A4B) are not built:
-such checkpoints fail to load with a message saying so.
+cost of cache memory. Per-layer embeddings (E2B / E4B: a second token table with a slice per layer, mixed
+with a projection of the embedding and added after each layer's MLP) are built; the MoE block (26B-A4B)
+is not: such checkpoints fail to load with a message saying so.
 """
 
 from __future__ import annotations
@@ -51,6 +52,16 @@ LAYER_WEIGHTS: dict[str, tuple[str, int, int]] = {
     "mlp.up_proj.weight": ("gate_up", 1, 2),
     "mlp.down_proj.weight": ("down", 0, 1),
     "layer_scalar": ("layer_scalar", 0, 1),
+    # Per-layer embeddings (E2B / E4B): each layer's gate, projection and norm.
+    "per_layer_input_gate.weight": ("ple_gate", 0, 1),
+    "per_layer_projection.weight": ("ple_proj", 0, 1),
+    "post_per_layer_input_norm.weight": ("ple_post_norm", 0, 1),
+}
+# Per-layer embeddings: the token table (all layers side by side) and the projection of the embedding.
+TOP_WEIGHTS: dict[str, str] = {
+    "model.embed_tokens_per_layer.weight": "ple_embed",
+    "model.per_layer_model_projection.weight": "ple_projection",
+    "model.per_layer_projection_norm.weight": "ple_norm",
 }
 # transformers' Gemma4TextConfig defaults for keys a config.json may leave out.
 HF_DEFAULTS: dict[str, Any] = {
@@ -74,6 +85,7 @@ EXTRA_KEYS: dict[str, Any] = {
     "per_layer_config": None,
     "num_kv_shared_layers": 0,
     "hidden_size_per_layer_input": 0,
+    "vocab_size_per_layer_input": 262_144,
     "enable_moe_block": False,
     "use_double_wide_mlp": False,
     "use_bidirectional_attention": None,
@@ -130,7 +142,6 @@ def _reject_unbuilt(x: dict[str, Any]) -> None:
     missing = [
         name
         for name, on in (
-            ("per-layer embeddings (hidden_size_per_layer_input)", x.get("hidden_size_per_layer_input")),
             ("the mixture-of-experts block (enable_moe_block)", x.get("enable_moe_block")),
             ("bidirectional attention", x.get("use_bidirectional_attention") == "all"),
         )

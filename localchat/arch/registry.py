@@ -264,6 +264,9 @@ class Architecture:
     float32_params: frozenset[str] = frozenset()
     # llama.cpp's `rope.scaling.yarn_log_multiplier` is this times transformers' mscale_all_dim.
     gguf_yarn_log_mul_per_mscale: float = 1.0
+    # Checkpoint names outside the layers -> model parameters, beyond TOP_WEIGHTS (Gemma 4's per-layer
+    # embedding tables).
+    top_weights: dict[str, str] = field(default_factory=dict)
     # Hybrid models: bytes of per-sequence state (config, compute dtype bytes), for the RAM estimate.
     state_bytes: Callable[[ModelConfig, int], int] | None = None
 

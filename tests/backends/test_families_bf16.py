@@ -16,7 +16,7 @@ from tests.helpers.torch_models import bundle_from_hf, tiny_hf_model
 PROMPT = [5, 17, 99, 3, 250, 42, 7, 7, 81, 130, 64] * 2
 FAMILIES = {
     "smollm3": test_smollm3.VARIANTS["smollm3-sliding"],
-    "gemma4_text": test_gemma4.VARIANTS["gemma4-k-eq-v-shared"],
+    "gemma4_text": test_gemma4.VARIANTS["gemma4-per-layer-embeddings"],
     "mistral4": test_mistral4.VARIANTS["mistral4"],
     "glm4_moe": test_glm4_moe.VARIANTS["glm4_moe"],
     "llama4_text": test_llama4.VARIANTS["llama4"],

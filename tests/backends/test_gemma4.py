@@ -1,7 +1,7 @@
 """Gemma 4 (dense text model) against transformers (fp32), torch runner: sliding and global layers of
 different head sizes, proportional RoPE on the global ones, q/k/v norms, unscaled scores, layer scalars,
-final soft-capping; keys-as-values with fewer global KV heads, KV sharing and the double-wide MLP; the
-multimodal checkpoint's text LM; and the variants not built yet failing by name.
+final soft-capping; keys-as-values with fewer global KV heads, KV sharing and the double-wide MLP;
+per-layer embeddings (E2B / E4B); the multimodal checkpoint's text LM; the MoE variant failing by name.
 
 The parity suite's paged-cache checks (prompt + decode, ragged batch, cached prefix, chunked prefill,
 mixed steps, preemption) run here on this module's own `pair` fixture."""
@@ -54,6 +54,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "num_global_key_value_heads": 1,
         "num_kv_shared_layers": 2,
         "use_double_wide_mlp": True,
+    },
+    # E2B / E4B's shape: per-layer embeddings (8 wide per layer) and KV sharing.
+    "gemma4-per-layer-embeddings": {
+        **BASE,
+        "hidden_size_per_layer_input": 8,
+        "vocab_size_per_layer_input": 256,
+        "num_kv_shared_layers": 2,
     },
 }
 
@@ -119,8 +126,8 @@ def test_multimodal_checkpoint_runs_its_text_model(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("key", "value", "words"),
     [
-        ("hidden_size_per_layer_input", 8, "per-layer embeddings"),
         ("enable_moe_block", True, "mixture-of-experts"),
+        ("use_bidirectional_attention", "all", "bidirectional"),
     ],
 )
 def test_unbuilt_variants_fail_by_name(key: str, value: object, words: str) -> None:

@@ -104,13 +104,13 @@ def _pack_lm_head(model: DecoderLM, heads: dict[str, WeightTensor], dtype: torch
 
 
 def _target(model: DecoderLM, name: str) -> tuple[nn.Module, str, int, int] | None:
-    if name in TOP_WEIGHTS:
-        pname = TOP_WEIGHTS[name]
+    arch = architecture(model.config.model_type)
+    if name in TOP_WEIGHTS or name in arch.top_weights:
+        pname = TOP_WEIGHTS.get(name) or arch.top_weights[name]
         if pname == "lm_head" and model.lm_head is None:
             return None  # tied: the embedding serves as the LM head
         return model, pname, 0, 1
     match = LAYER_NAME.fullmatch(name)
-    arch = architecture(model.config.model_type)
     found = arch.layer_weight(match.group(2)) if match else None
     if match and found and int(match.group(1)) < len(model.layers):
         pname, part, parts = TORCH_FUSED.get(found[0], found)

@@ -25,7 +25,7 @@ from localchat.backends.torch.attention import AttentionOptions, paged_attention
 from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import apply_rope, empty_param, rms_norm
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
-from localchat.backends.torch.quant import linear
+from localchat.backends.torch.quant import embed_rows, linear
 from localchat.weights.config import ModelConfig
 
 Shared = dict[int, tuple[torch.Tensor, torch.Tensor]]  # source layer -> this step's cache-shaped k, v
@@ -61,6 +61,10 @@ class Gemma4Layer(nn.Module):
         self.down = empty_param(hidden, inter)
         self.post_mlp_norm = empty_param(hidden)
         self.layer_scalar = empty_param(1)
+        ple = int(x.get("hidden_size_per_layer_input") or 0)  # per-layer embeddings (E2B / E4B)
+        self.ple_gate = empty_param(ple, hidden) if ple else None
+        self.ple_proj = empty_param(hidden, ple) if ple else None
+        self.ple_post_norm = empty_param(hidden) if ple else None
 
     def forward(
         self,
@@ -70,7 +74,10 @@ class Gemma4Layer(nn.Module):
         meta: StepMetadata,
         kv_cache: KVCache,
         shared: Shared | None = None,
+        ple: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """`shared`: this step's keys and values by source layer; `ple` [T, ple]: this layer's slice of
+        the per-layer embeddings."""
         tokens, eps = x.shape[0], self.eps
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         normed = rms_norm(x, self.attn_norm, eps)
@@ -92,6 +99,10 @@ class Gemma4Layer(nn.Module):
         inter = gate_up.shape[-1] // 2
         act = F.gelu(gate_up[:, :inter], approximate="tanh") * gate_up[:, inter:]
         x = x + rms_norm(linear(act, self.down), self.post_mlp_norm, eps)
+        if ple is not None:
+            assert self.ple_gate is not None and self.ple_proj is not None
+            gate = F.gelu(linear(x, self.ple_gate), approximate="tanh") * ple
+            x = x + rms_norm(linear(gate, self.ple_proj), self.ple_post_norm, eps)
         return x * self.layer_scalar
 
     def _pad(self, t: torch.Tensor) -> torch.Tensor:
@@ -120,6 +131,12 @@ class Model(DecoderLM):
         self.num_kv_layers = len(owners)  # the runner allocates one cache per layer that owns K/V
         self.cache_index = [owners.index(s) for s in sources]
         self.final_softcap: float | None = x["final_logit_softcapping"]
+        self.ple_width = int(x.get("hidden_size_per_layer_input") or 0)
+        if self.ple_width:
+            layers_width = config.num_hidden_layers * self.ple_width
+            self.ple_embed = empty_param(int(x["vocab_size_per_layer_input"]), layers_width)
+            self.ple_projection = empty_param(layers_width, config.hidden_size)
+            self.ple_norm = empty_param(self.ple_width)
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = super().embed_tokens(input_ids)
@@ -134,13 +151,23 @@ class Model(DecoderLM):
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         tables = {kind: _cos_sin(positions, f, x.dtype) for kind, f in self.inv_freqs.items()}
+        ple = self.per_layer_inputs(input_ids, x) if self.ple_width else None
         shared: Shared = {}
-        for layer, kind, cache in zip(
-            self.layers, self.config.extra["layer_types"], self.cache_index, strict=True
-        ):
+        kinds = self.config.extra["layer_types"]
+        for i, (layer, kind, cache) in enumerate(zip(self.layers, kinds, self.cache_index, strict=True)):
             cos, sin = tables[kind]
-            x = layer.forward(x, cos, sin, meta, kv_caches[cache], shared)
+            x = layer.forward(x, cos, sin, meta, kv_caches[cache], shared, None if ple is None else ple[:, i])
         return x
+
+    def per_layer_inputs(self, input_ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """[T, layers, ple]: each token's row of the per-layer table (scaled by sqrt(ple)) plus the
+        RMS-normed projection of its (scaled) embedding, over sqrt(2), as transformers combines them."""
+        tokens, width = x.shape[0], self.ple_width
+        table = embed_rows(input_ids, self.ple_embed, x.dtype)
+        table = table * torch.tensor(math.sqrt(width), dtype=x.dtype)
+        projected = linear(x, self.ple_projection) * (self.config.hidden_size**-0.5)
+        projected = rms_norm(projected.view(tokens, -1, width), self.ple_norm, self.config.rms_norm_eps)
+        return (projected + table.view(tokens, -1, width)) * (2.0**-0.5)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().logits(hidden)
