@@ -1,0 +1,34 @@
+"""Encoder models (bidirectional attention, one pass, no KV cache) for embeddings and reranking:
+BERT, RoBERTa and XLM-RoBERTa with their sentence-transformers pooling, and their sequence-
+classification heads (cross-encoder rerankers)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from localchat.errors import ModelLoadError, UnsupportedArchitectureError
+
+if TYPE_CHECKING:
+    from localchat.embeddings.model import Encoder
+    from localchat.embeddings.st_config import SentenceConfig
+
+BERT_LIKE = ("bert", "roberta", "xlm-roberta", "camembert")
+
+
+def load_encoder(folder: Path, threads: int | None = None) -> tuple[Encoder, SentenceConfig]:
+    """The encoder in `folder` (config.json + model.safetensors) and its pooling settings."""
+    from localchat.embeddings.st_config import read_sentence_config
+
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"Cannot read {folder / 'config.json'}: {exc}") from exc
+    model_type = str(config.get("model_type", ""))
+    if model_type not in BERT_LIKE:
+        raise UnsupportedArchitectureError(model_type, list(BERT_LIKE))
+    from localchat.backends.torch.encoders.bert import BertEncoder
+
+    sentence = read_sentence_config(folder, default_pooling="cls")
+    return BertEncoder.from_folder(folder, config, sentence), sentence

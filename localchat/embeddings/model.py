@@ -1,0 +1,96 @@
+"""An embedding or rerank model loaded beside the chat model (`--embedding-model`): its folder, its
+tokenizer, its sentence-transformers settings and its batching engine. The API routes ask it for
+vectors (`embed`) or relevance scores (`rerank`)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from localchat.embeddings.engine import BatchingEncoder
+from localchat.embeddings.st_config import SentenceConfig
+from localchat.embeddings.text import Encoded, EncoderTokenizer
+from localchat.errors import InvalidRequestError
+
+log = logging.getLogger("localchat")
+
+
+class Encoder(Protocol):
+    """What a backend's encoder offers (localchat/backends/torch/encoders/)."""
+
+    dimension: int  # size of a sentence vector (after any Dense layers)
+    max_positions: int  # the longest input the position table allows
+    is_reranker: bool  # a sequence-classification head: `score` works, `embed` does not
+
+    def embed(self, batch: list[Encoded]) -> np.ndarray: ...  # [n, dimension] float32
+
+    def score(self, batch: list[Encoded]) -> np.ndarray: ...  # [n, 1] float32 relevance
+
+
+@dataclass(slots=True)
+class EmbeddingModel:
+    model_id: str
+    path: Path
+    encoder: Encoder
+    tokenizer: EncoderTokenizer
+    sentence: SentenceConfig
+    aliases: list[str] = field(default_factory=list)
+    engine: BatchingEncoder | None = None
+
+    def __post_init__(self) -> None:
+        if self.engine is None:
+            run = self.encoder.score if self.encoder.is_reranker else self.encoder.embed
+            self.engine = BatchingEncoder(run)
+
+    @property
+    def kind(self) -> str:
+        return "rerank" if self.encoder.is_reranker else "embedding"
+
+    def knows_model(self, name: str | None) -> bool:
+        return bool(name) and (name == self.model_id or name in self.aliases)
+
+    async def embed(self, items: list[Encoded]) -> np.ndarray:
+        if self.encoder.is_reranker:
+            raise InvalidRequestError(
+                f"{self.model_id} is a rerank model: use /v1/rerank, not /v1/embeddings.", param="model"
+            )
+        assert self.engine is not None
+        return np.stack(await self.engine.submit(items))
+
+    async def rerank(self, query: str, documents: list[str]) -> np.ndarray:
+        """One relevance score per document."""
+        if not self.encoder.is_reranker:
+            raise InvalidRequestError(
+                f"{self.model_id} is an embedding model, not a reranker (a cross-encoder).", param="model"
+            )
+        assert self.engine is not None
+        items = [self.tokenizer.encode(query, doc) for doc in documents]
+        return np.stack(await self.engine.submit(items))[:, 0]
+
+    def encode_text(self, text: str, prompt_name: str | None = None) -> Encoded:
+        return self.tokenizer.encode(self.sentence.prompt(prompt_name) + text)
+
+
+def load_embedding_model(
+    path: Path, model_id: str | None = None, threads: int | None = None
+) -> EmbeddingModel:
+    """Read a sentence-transformers (or transformers) encoder folder onto the torch backend."""
+    from localchat.backends.torch.encoders import load_encoder  # torch only when one is asked for
+
+    started = time.perf_counter()
+    encoder, sentence = load_encoder(path, threads=threads)
+    limit = min(sentence.max_seq_length or encoder.max_positions, encoder.max_positions)
+    tokenizer = EncoderTokenizer(path, limit)
+    name = model_id or path.name
+    log.info(
+        "embedding model %s (%s) loaded in %.1fs",
+        name,
+        "rerank" if encoder.is_reranker else "embedding",
+        time.perf_counter() - started,
+    )
+    return EmbeddingModel(name, path, encoder, tokenizer, sentence, aliases=[str(path)])
