@@ -88,6 +88,13 @@ class ProgressPrinter:
     def __call__(self, event: PullProgress) -> None:
         changed = event.phase != self._phase
         self._phase = event.phase
+        if event.phase == "error":
+            # The command that started the download prints the error itself ("localchat: error: ..."):
+            # once is enough. Only clear the bar it would otherwise be printed after.
+            if self.tty:
+                self.stream.write("\r\033[K")
+                self.stream.flush()
+            return
         if self.tty:
             end = "\n" if event.phase in ("done", "error", "cancelled") else ""
             self.stream.write("\r\033[K" + render(event) + end)

@@ -293,7 +293,9 @@ class ModelManager:
         except LocalchatError as exc:
             task.error = exc
             self._last_error = exc.message
-            log.error("loading %s failed: %s", task.name, exc.message)
+            # The CLI prints the start-up model's failure itself (on_startup_error): say it once.
+            printed = task is self._startup and self.on_startup_error is not None
+            (log.debug if printed else log.error)("loading %s failed: %s", task.name, exc.message)
         except Exception as exc:  # a load must fail as a message, never as a dead thread
             log.exception("loading %s failed", task.name)
             task.error = ModelLoadError(f"Loading {task.name!r} failed: {type(exc).__name__}: {exc}")

@@ -143,7 +143,10 @@ class Pulls:
                 )
             else:
                 job.error = getattr(exc, "message", None) or str(exc) or type(exc).__name__
-                log.warning("pull of %s failed: %s", job.name, job.error)
+                # With an echo (the CLI's progress bar) the caller reports the failure: say it once.
+                (log.debug if job.echo is not None else log.warning)(
+                    "pull of %s failed: %s", job.name, job.error
+                )
                 final = pull_progress(job.name, "error", job.error, job.progress)
             job.update(final, force=True)
             job.done.set()

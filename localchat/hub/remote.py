@@ -127,6 +127,7 @@ def translate(exc: Exception, repo_id: str) -> Exception:
     if isinstance(exc, httpx2.TransportError):
         return OfflineError(
             f"Cannot reach {env.endpoint()} ({type(exc).__name__}: {exc}). Check your network (and HTTPS_PROXY "
-            "if you use a proxy), or use a model already on disk (`localchat list`)."
+            "if you use a proxy), set HF_ENDPOINT to a mirror of the hub, or use a model already on disk "
+            "(`localchat list`; HF_HUB_OFFLINE=1 then makes no requests at all)."
         )
     return DownloadError(f"Talking to the hub about {repo_id} failed: {type(exc).__name__}: {exc}")

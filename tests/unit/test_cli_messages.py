@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -55,3 +58,41 @@ def test_serve_no_ui_names_the_api_and_no_page() -> None:
     log = server.log()
     assert f"serving the OpenAI API at http://127.0.0.1:{server.port}/v1" in log
     assert f"serving at http://127.0.0.1:{server.port}/ " not in log
+
+
+def test_an_offline_pull_says_so_once_and_names_the_mirror_and_offline_switches(
+    fake_hub: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    assert cli.main(["pull", "org/Other-GGUF"]) == 1
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert "Cannot reach http://127.0.0.1:9" in out
+    assert "HF_ENDPOINT" in out and "HF_HUB_OFFLINE" in out
+    assert out.count("Cannot reach") == 1, out
+
+
+def test_serve_with_a_model_it_cannot_download_says_why_once(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": "http://127.0.0.1:9",  # nothing listens there
+        "HF_HUB_CACHE": str(tmp_path / "hf"),
+        "LOCALCHAT_HOME": str(tmp_path / "home"),
+    }
+    env.pop("HF_HUB_OFFLINE", None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "localchat",
+        "serve",
+        "--m",
+        "org/Other-GGUF",
+        "--p",
+        str(free_port()),
+        "--no-ui",
+    ]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    out = done.stdout + done.stderr
+    assert out.count("Cannot reach http://127.0.0.1:9") == 1, out
+    assert "localchat: error:" in out
