@@ -44,6 +44,7 @@ def entries(arch: type[Architecture]) -> list[Architecture]:
             extra_keys=gemma4.EXTRA_KEYS,
             derive_sizes=gemma4.derive_sizes,
             top_weights=gemma4.TOP_WEIGHTS,
+            sanitize=gemma4.sanitize,
         ),
         arch("gemma4", "gemma4", text_config_key="text_config", weight_prefixes=gemma4.TEXT_PREFIXES),
         # Mistral 4 (Mistral Small 4): DeepSeek-V3's checkpoint layout and MLA, a softmax router without

@@ -17,17 +17,20 @@ NOTE: the paged cache holds every layer at the widest head size and the largest 
 (`derive_sizes`): narrower layers are zero-padded (zeros add nothing to q.k; the padded value dims are
 sliced off) and layers with fewer KV heads repeat them, which keeps every attention path unchanged at the
 cost of cache memory. Per-layer embeddings (E2B / E4B: a second token table with a slice per layer, mixed
-with a projection of the embedding and added after each layer's MLP) are built; the MoE block (26B-A4B)
-is not: such checkpoints fail to load with a message saying so.
+with a projection of the embedding and added after each layer's MLP) and the MoE block (26B-A4B: a
+softmax router over RMS-normed, scaled inputs with per-expert scales, GeGLU experts, its output normed and
+added to the dense MLP's) are built.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from localchat.errors import ModelLoadError
+from localchat.weights.tensors import WeightTensor
 
 if TYPE_CHECKING:
     from localchat.weights.config import ModelConfig
@@ -56,6 +59,17 @@ LAYER_WEIGHTS: dict[str, tuple[str, int, int]] = {
     "per_layer_input_gate.weight": ("ple_gate", 0, 1),
     "per_layer_projection.weight": ("ple_proj", 0, 1),
     "post_per_layer_input_norm.weight": ("ple_post_norm", 0, 1),
+    # The MoE block (26B-A4B), beside the dense MLP: router, stacked experts, three more norms.
+    "router.proj.weight": ("moe.router", 0, 1),
+    "router.scale": ("moe.router_scale", 0, 1),
+    "router.per_expert_scale": ("moe.expert_scale", 0, 1),
+    # The stacked experts sit at the layer's top level (`experts.gate_up_proj`); `sanitize` moves them
+    # under `moe_block.` so the expert-index pattern (`.experts.N.`) finds their index.
+    "moe_block.experts.{e}.gate_up_proj": ("moe.experts.{e}.gate_up", 0, 1),
+    "moe_block.experts.{e}.down_proj": ("moe.experts.{e}.down", 0, 1),
+    "pre_feedforward_layernorm_2.weight": ("moe.pre_norm", 0, 1),
+    "post_feedforward_layernorm_1.weight": ("mlp_post_norm", 0, 1),
+    "post_feedforward_layernorm_2.weight": ("moe.post_norm", 0, 1),
 }
 # Per-layer embeddings: the token table (all layers side by side) and the projection of the embedding.
 TOP_WEIGHTS: dict[str, str] = {
@@ -87,6 +101,9 @@ EXTRA_KEYS: dict[str, Any] = {
     "hidden_size_per_layer_input": 0,
     "vocab_size_per_layer_input": 262_144,
     "enable_moe_block": False,
+    "num_experts": None,
+    "top_k_experts": None,
+    "moe_intermediate_size": None,
     "use_double_wide_mlp": False,
     "use_bidirectional_attention": None,
     "hidden_activation": "gelu_pytorch_tanh",
@@ -132,6 +149,8 @@ def derive_sizes(config: ModelConfig) -> None:
             f"Gemma 4 KV head counts {sorted(set(x['layer_kv_heads']))} do not divide {heads} heads evenly; "
             "the model's config is damaged."
         )
+    if x.get("enable_moe_block"):  # MoeSpec's name for it (memory estimates)
+        x["num_experts_per_tok"] = x.get("top_k_experts")
     config.head_dim = max(x["layer_head_dims"])
     config.num_key_value_heads = kv_max
     config.partial_rotary_factor = 1.0
@@ -141,10 +160,7 @@ def derive_sizes(config: ModelConfig) -> None:
 def _reject_unbuilt(x: dict[str, Any]) -> None:
     missing = [
         name
-        for name, on in (
-            ("the mixture-of-experts block (enable_moe_block)", x.get("enable_moe_block")),
-            ("bidirectional attention", x.get("use_bidirectional_attention") == "all"),
-        )
+        for name, on in (("bidirectional attention", x.get("use_bidirectional_attention") == "all"),)
         if on
     ]
     if missing:
@@ -167,6 +183,16 @@ def _layer_overrides(x: dict[str, Any], types: list[str], kv_heads: int) -> dict
     if x.get("attention_k_eq_v") and x.get("num_global_key_value_heads"):
         full["num_key_value_heads"] = int(x["num_global_key_value_heads"])
     return {i: full for i, kind in enumerate(types) if kind == FULL}
+
+
+def sanitize(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[WeightTensor]:
+    """`model.layers.N.experts.*` -> `model.layers.N.moe_block.experts.*` (see LAYER_WEIGHTS)."""
+    for weight in weights:
+        head, sep, tail = weight.name.partition(".experts.")
+        if sep and head.startswith("model.layers.") and head.count(".") == 2:
+            yield WeightTensor(f"{head}.moe_block.experts.{tail}", weight.shape, weight.dtype, weight.data)
+        else:
+            yield weight
 
 
 def kv_sources(config: ModelConfig) -> list[int]:

@@ -1,7 +1,7 @@
 """Gemma 4 (dense text model) against transformers (fp32), torch runner: sliding and global layers of
 different head sizes, proportional RoPE on the global ones, q/k/v norms, unscaled scores, layer scalars,
 final soft-capping; keys-as-values with fewer global KV heads, KV sharing and the double-wide MLP;
-per-layer embeddings (E2B / E4B); the multimodal checkpoint's text LM; the MoE variant failing by name.
+per-layer embeddings (E2B / E4B); the MoE block (26B-A4B); the multimodal checkpoint's text LM.
 
 The parity suite's paged-cache checks (prompt + decode, ragged batch, cached prefix, chunked prefill,
 mixed steps, preemption) run here on this module's own `pair` fixture."""
@@ -61,6 +61,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "hidden_size_per_layer_input": 8,
         "vocab_size_per_layer_input": 256,
         "num_kv_shared_layers": 2,
+    },
+    # 26B-A4B's shape: an MoE block (4 experts, top 2) beside every dense MLP.
+    "gemma4-moe": {
+        **BASE,
+        "enable_moe_block": True,
+        "num_experts": 4,
+        "top_k_experts": 2,
+        "moe_intermediate_size": 32,
     },
 }
 
@@ -125,10 +133,7 @@ def test_multimodal_checkpoint_runs_its_text_model(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("key", "value", "words"),
-    [
-        ("enable_moe_block", True, "mixture-of-experts"),
-        ("use_bidirectional_attention", "all", "bidirectional"),
-    ],
+    [("use_bidirectional_attention", "all", "bidirectional")],
 )
 def test_unbuilt_variants_fail_by_name(key: str, value: object, words: str) -> None:
     d = {**tiny_gemma4(**BASE).config.to_dict(), key: value}

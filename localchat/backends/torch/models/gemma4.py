@@ -15,6 +15,7 @@ source layer (the same values at the same slots) into its cache and attend there
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -25,10 +26,45 @@ from localchat.backends.torch.attention import AttentionOptions, paged_attention
 from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import apply_rope, empty_param, rms_norm
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
+from localchat.backends.torch.models.moe import Expert
 from localchat.backends.torch.quant import embed_rows, linear
 from localchat.weights.config import ModelConfig
 
 Shared = dict[int, tuple[torch.Tensor, torch.Tensor]]  # source layer -> this step's cache-shaped k, v
+
+
+class Gemma4Moe(nn.Module):
+    """The MoE block beside the dense MLP: the router sees the RMS-normed input times `router_scale` and
+    hidden ** -0.5; softmax, top-k renormalised, times each chosen expert's `expert_scale`; the experts
+    (GeGLU) see the input through their own norm."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        x, hidden = config.extra, config.hidden_size
+        experts, size = int(x["num_experts"]), int(x["moe_intermediate_size"])
+        self.top_k, self.eps, self.scale = int(x["top_k_experts"]), config.rms_norm_eps, hidden**-0.5
+        self.router = empty_param(experts, hidden)
+        self.router_scale = empty_param(hidden)
+        self.expert_scale = empty_param(experts)
+        self.pre_norm = empty_param(hidden)
+        self.post_norm = empty_param(hidden)
+        self.experts = nn.ModuleList(Expert(hidden, size) for _ in range(experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden]: the layer's residual stream after attention -> the block's normed output."""
+        scores = linear(rms_norm(x, None, self.eps) * self.router_scale * self.scale, self.router)
+        weights, ids = scores.float().softmax(dim=-1).topk(self.top_k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True) * self.expert_scale.float()[ids]
+        normed = rms_norm(x, self.pre_norm, self.eps)
+        out = torch.zeros_like(x)
+        experts = cast(list[Expert], list(self.experts))
+        for e in ids.unique().tolist():  # NOTE: a host sync per layer, as in moe.py
+            rows, slot = (ids == e).nonzero(as_tuple=True)
+            gate_up = linear(normed[rows], experts[e].gate_up)
+            inter = gate_up.shape[-1] // 2
+            act = F.gelu(gate_up[:, :inter], approximate="tanh") * gate_up[:, inter:]
+            out.index_add_(0, rows, linear(act, experts[e].down) * weights[rows, slot, None].to(x.dtype))
+        return rms_norm(out, self.post_norm, self.eps)
 
 
 class Gemma4Layer(nn.Module):
@@ -61,6 +97,8 @@ class Gemma4Layer(nn.Module):
         self.down = empty_param(hidden, inter)
         self.post_mlp_norm = empty_param(hidden)
         self.layer_scalar = empty_param(1)
+        self.moe = Gemma4Moe(config) if x.get("enable_moe_block") else None
+        self.mlp_post_norm = empty_param(hidden) if self.moe is not None else None
         ple = int(x.get("hidden_size_per_layer_input") or 0)  # per-layer embeddings (E2B / E4B)
         self.ple_gate = empty_param(ple, hidden) if ple else None
         self.ple_proj = empty_param(hidden, ple) if ple else None
@@ -98,7 +136,10 @@ class Gemma4Layer(nn.Module):
         gate_up = linear(rms_norm(x, self.mlp_norm, eps), self.gate_up)
         inter = gate_up.shape[-1] // 2
         act = F.gelu(gate_up[:, :inter], approximate="tanh") * gate_up[:, inter:]
-        x = x + rms_norm(linear(act, self.down), self.post_mlp_norm, eps)
+        mlp = linear(act, self.down)
+        if self.moe is not None:  # 26B-A4B: the dense MLP's output normed, plus the MoE block's
+            mlp = rms_norm(mlp, self.mlp_post_norm, eps) + self.moe.forward(x)
+        x = x + rms_norm(mlp, self.post_mlp_norm, eps)
         if ple is not None:
             assert self.ple_gate is not None and self.ple_proj is not None
             gate = F.gelu(linear(x, self.ple_gate), approximate="tanh") * ple
@@ -131,6 +172,7 @@ class Model(DecoderLM):
         self.num_kv_layers = len(owners)  # the runner allocates one cache per layer that owns K/V
         self.cache_index = [owners.index(s) for s in sources]
         self.final_softcap: float | None = x["final_logit_softcapping"]
+        self.capturable = not x.get("enable_moe_block")  # expert dispatch syncs with the host
         self.ple_width = int(x.get("hidden_size_per_layer_input") or 0)
         if self.ple_width:
             layers_width = config.num_hidden_layers * self.ple_width
