@@ -10,7 +10,7 @@ import pytest
 
 from localchat.server.web_extras import EXAMPLE_PROMPTS
 from tests.ui.actions import CHAT_URL, send_new_chat, send_new_chat_keeping_settings, wait_answer
-from tests.ui.conftest import PageErrors, new_page
+from tests.ui.conftest import NARROW, SCREENSHOTS, PageErrors, new_page
 from tests.ui.web_app import live_app
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
@@ -148,6 +148,11 @@ def test_regenerate_keeps_versions_to_step_through_and_compare(page: Any, live: 
     expect(dialog.locator(".compare-col.current .compare-text")).to_have_text("Version one")
     expect(dialog.locator(".compare-col.current .compare-text p")).to_have_count(1)  # rendered markdown
     expect(dialog).to_contain_text("Version two")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "compare-wide.png"))
     dialog.get_by_role("button", name="Close").click()
     page.get_by_role("button", name="Next version").click()
     expect(wait_answer(page).locator(".answer")).to_have_text("Version two")
+    page.set_viewport_size(NARROW)
+    page.emulate_media(color_scheme="dark")
+    page.screenshot(path=str(SCREENSHOTS / "versions-dark-narrow.png"))
