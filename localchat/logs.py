@@ -3,6 +3,7 @@ app has no terminal to read (the About dialog shows where the file is)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import logging.handlers
 import os
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from localchat.errors import LocalchatError
-from localchat.paths import PRIVATE_FILE, data_dir, private_dir, private_file
+from localchat.paths import PRIVATE_FILE, data_dir, home_path, private_dir, private_file, unusable_data_dir
 
 LOG_FILE = "localchat.log"
 _MAX_BYTES = 2 * 1024 * 1024  # a few days of normal use; 3 old files kept beside it
@@ -43,15 +44,19 @@ def setup_logging(level: str, *, to_stderr: bool = True) -> Path | None:
         stream.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
         root.addHandler(stream)
     try:
-        path = log_path()  # data_dir() itself may be unusable: the command then says so, not this
-        private_dir(path.parent)
+        # The file first, data_dir() after: its check of the dir's modes then says what it tightened in
+        # the file too (the desktop app has no terminal).
+        home = private_dir(home_path())
+        path = private_dir(home / "logs") / LOG_FILE
         private_file(path)
         rotating = _PrivateRotatingFileHandler(
             path, maxBytes=_MAX_BYTES, backupCount=_BACKUPS, encoding="utf-8"
         )
-    except (OSError, LocalchatError) as exc:
-        logging.getLogger("localchat").warning("no log file: %s", getattr(exc, "message", exc))
+    except OSError as exc:  # the data dir itself may be unusable: the command then says so, not this
+        logging.getLogger("localchat").warning("no log file: %s", unusable_data_dir(exc).message)
         return None
     rotating.setFormatter(logging.Formatter(_FORMAT))
     root.addHandler(rotating)
+    with contextlib.suppress(OSError, LocalchatError):
+        data_dir()
     return path

@@ -88,6 +88,7 @@ def test_the_data_dir_and_its_files_become_owner_only(server: LiveServer, loose_
     assert _mode(loose_home) == 0o700 and _mode(loose_home / "logs") == 0o700
     said = re.findall(r"readable by other users", server.log())
     assert len(said) == 1, server.log()[-2000:]
+    assert "readable by other users" in (loose_home / "logs/localchat.log").read_text()  # the desktop's log
 
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
