@@ -1,6 +1,6 @@
 """`localchat --selftest`: the installers' smoke test. It drives the real window like a user would (the
-loading page, the sign-in, one chat message through the page), checks the answer rendered, closes the
-window and says what failed, if anything.
+loading page, the sign-in, one chat message through the page), checks the answer rendered, deletes
+that test chat (the user's history keeps nothing of it), closes the window and says what failed.
 
 The page's CSP forbids eval, so scripts go in through `run_js` and report back by POSTing to
 /desktop/report (same origin, signed in), never through `evaluate_js`.
@@ -39,6 +39,15 @@ ANSWER_JS = (
     + _REPORT
     % "{kind:'answer',count:all.length,status:m?m.dataset.status:null,"
     "text:a?a.textContent:'',html:a?a.innerHTML.length:0,error:e?e.textContent.trim():null}" + "})();"
+)
+
+# The test chat is the selftest's, not the user's: delete it through the UI's own route (once per page).
+CLEANUP_JS = (
+    "(function(){if(window.__lcSelftestDeleted)return;window.__lcSelftestDeleted=1;"
+    "var id=location.pathname.split('/').pop();"
+    "fetch('/ui/c/'+id,{method:'DELETE',headers:{'HX-Request':'true'}}).then(function(r){"
+    + _REPORT % "{kind:'deleted',status:r.status,path:location.pathname}"
+    + "});})();"
 )
 
 
@@ -121,6 +130,9 @@ class SelfTest:
                               30, "no About dialog with the log file")  # fmt: skip
             if not about.get("open"):
                 raise AssertionError("the About dialog did not open")
+            deleted = self._ask(CLEANUP_JS, lambda r: r.get("kind") == "deleted", 30, "no clean-up")
+            if deleted.get("status") != 200:
+                raise AssertionError(f"deleting the test chat {deleted.get('path')} failed: {deleted}")
         except AssertionError as exc:
             app.failures.append(str(exc))
         except Exception as exc:

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from localchat.store import Store
 from tests.desktop.conftest import (
     desktop_env,
     localchat,
@@ -52,8 +53,14 @@ def test_selftest_chats_through_the_window_and_frees_the_port(
     assert port_is_free(int(match.group(3)))
     log = (tmp_path / "logs" / "localchat.log").read_text()
     assert "window shown" in log and "server stopped" in log and "clean: True" in log
-    # The answer really went through the UI's own routes and is stored like any chat.
+    # The answer really went through the UI's own routes, and the test chat was deleted afterwards.
     assert "POST /ui/chats" in log
+    assert "DELETE /ui/c/" in log
+    store = Store(tmp_path / "conversations.sqlite3")
+    try:
+        assert store.list_conversations() == []
+    finally:
+        store.close()
     # Closing saved the window's geometry for the next launch.
     state = json.loads((tmp_path / "desktop.json").read_text())
     assert state["width"] >= 480 and state["height"] >= 360
