@@ -49,6 +49,8 @@ class LLMEngine:
         per_block = spec.bytes_per_block(config.block_size)
         # Hybrid models: one state slot per sequence that may run, taken from the same memory budget.
         state_spec: StateCacheSpec | None = getattr(runner, "state_cache_spec", None)
+        if state_spec is not None and state_spec.bytes_per_slot <= 0:
+            state_spec = None  # no layer keeps a state: a plain transformer
         if config.kv_cache_mib is not None:
             budget = config.kv_cache_mib * 2**20
         else:

@@ -104,10 +104,13 @@ def delta_rule_step(
     state: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """B rows of one token: q, k [B, H, dk], v [B, H, dv], g, beta [B, H], state [B, H, dk, dv] float32
-    -> (o [B, H, dv] float32, new state)."""
-    q, k, v = q.float(), k.float(), v.float()
-    s = state * g.float().exp()[..., None, None]
-    remembered = (k[..., None] * s).sum(-2)  # k^T S: [B, H, dv]
-    delta = (v - remembered) * beta.float()[..., None]
-    s = s + k[..., None] * delta[..., None, :]
-    return (q[..., None] * s).sum(-2), s
+    -> (o [B, H, dv] float32, new state). Batched matmuls over the B * H heads: each pass reads the
+    state once (the decode step is bound by reading it)."""
+    rows, heads, dk, dv = state.shape
+    q, k, v = (t.float().reshape(rows * heads, 1, -1) for t in (q, k, v))
+    s = (state * g.float().exp().reshape(rows, heads, 1, 1)).view(rows * heads, dk, dv)
+    remembered = torch.bmm(k, s)  # k^T S: [BH, 1, dv]
+    delta = (v - remembered) * beta.float().reshape(rows * heads, 1, 1)
+    s = torch.baddbmm(s, k.transpose(1, 2), delta)  # S + k delta^T
+    out = torch.bmm(q, s)
+    return out.view(rows, heads, dv), s.view(rows, heads, dk, dv)

@@ -143,11 +143,11 @@ class HybridLayer(nn.Module):
         if rows.decode_tokens is not None:
             idx, slots = rows.decode_tokens, rows.decode_slots
             assert slots is not None
-            out, windows = conv_decode(mixed[idx], conv_state[slots], weight)
-            conv_state[slots] = windows.to(conv_state.dtype)
+            out, windows = conv_decode(mixed[idx], conv_state.index_select(0, slots), weight)
+            conv_state.index_copy_(0, slots, windows.to(conv_state.dtype))
             q, k, v = heads(out)
-            o, new_state = delta_rule_step(q, k, v, g[idx], beta[idx], rec_state[slots])
-            rec_state[slots] = new_state
+            o, new_state = delta_rule_step(q, k, v, g[idx], beta[idx], rec_state.index_select(0, slots))
+            rec_state.index_copy_(0, slots, new_state)
             core[idx] = o
         for start, end, row_slot in rows.prefills:
             out, window = conv_prefill(mixed[start:end], conv_state[row_slot], weight)
@@ -197,8 +197,11 @@ class Model(DecoderLM):
     def decode_plan(self) -> None:
         return None  # the fused C decode step knows only transformer layers
 
-    def state_cache_spec(self, dtype: torch.dtype) -> StateCacheSpec:
+    def state_cache_spec(self, dtype: torch.dtype) -> StateCacheSpec | None:
+        """None when every layer is full attention (a config may list no linear layers)."""
         shapes = self._state_shapes()
+        if not shapes:
+            return None
         return StateCacheSpec(len(shapes), sum(s.bytes_per_slot(dtype) for s in shapes))
 
     def initialize_state_cache(self, num_slots: int, dtype: torch.dtype, zeros: Zeros) -> None:
