@@ -17,7 +17,6 @@ COMMANDS = {
     "rm": "delete a model localchat downloaded (one quant, or --all of its repo)",
     "verify": "re-check the sha256 of a model's files",
 }
-NO_LOADED_INFO = "—"  # the CLI cannot know what a running server has loaded
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -49,7 +48,12 @@ def run(command: str, args: dict[str, object], out: TextIO | None = None) -> int
         print(model.path, file=out)
         return 0
     if command == "list":
-        print(format_table(list_local()), file=out)
+        from localchat.paths import home_path
+        from localchat.running_server import loaded_models
+
+        port = args.get("port")
+        loaded = loaded_models(home_path(), port if isinstance(port, int) else None)
+        print(format_table(list_local(), loaded), file=out)
         return 0
     if command == "rm":
         freed = remove(
@@ -62,14 +66,19 @@ def run(command: str, args: dict[str, object], out: TextIO | None = None) -> int
     return 0 if ok else 1
 
 
-def format_table(models: list[LocalModel]) -> str:
+def format_table(models: list[LocalModel], loaded: set[str] | None = None) -> str:
+    """The models on disk; a LOADED column only when a running localchat said what it has loaded
+    (`loaded`; None: no server answered, and the CLI alone cannot know)."""
     if not models:
         return "No models yet. Get one with `localchat pull NAME` (e.g. `localchat pull qwen2.5-0.5b`)."
-    rows = [("NAME", "REPO", "QUANT", "SIZE", "WHERE", "LOADED", "STATUS")]
+    header = ["NAME", "REPO", "QUANT", "SIZE", "WHERE", *(["LOADED"] if loaded is not None else []), "STATUS"]
+    rows = [tuple(header)]
     for m in models:
         status = "complete" if m.complete else f"partial {_percent(m.partial_bytes, m.size_bytes)}"
+        names = {m.name, m.repo_id, m.path.name, m.path.stem}
+        is_loaded = ["yes" if names & loaded else "no"] if loaded is not None else []
         rows.append((m.name, m.repo_id or "—", m.quant or "—", human_bytes(m.size_bytes), f"{m.source}: {_short(m.path)}",
-                     NO_LOADED_INFO, status))  # fmt: skip
+                     *is_loaded, status))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows
