@@ -111,6 +111,9 @@ def entries(arch: type[Architecture]) -> list[Architecture]:
             extra_keys=llama4.EXTRA_KEYS,
             derive_sizes=llama4.derive_sizes,
             sanitize=llama4.sanitize,
+            gguf_arch="llama4",
+            gguf_block_names=llama4.GGUF_BLOCK_NAMES,
+            gguf_metadata=llama4.GGUF_METADATA,
         ),
         arch("llama4", "llama4", text_config_key="text_config", weight_prefixes=llama4.TEXT_PREFIXES),
     ]

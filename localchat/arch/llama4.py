@@ -35,6 +35,10 @@ LAYER_WEIGHTS: dict[str, tuple[str, int, int]] = {
     "feed_forward.router.weight": ("moe.router", 0, 1),
     "feed_forward.experts.{e}.gate_up_proj": ("moe.experts.{e}.gate_up", 0, 1),
     "feed_forward.experts.{e}.down_proj": ("moe.experts.{e}.down", 0, 1),
+    # llama.cpp's files: gate and up stacked apart, already [experts, out, in].
+    "feed_forward.experts.{e}.gate_proj.weight": ("moe.experts.{e}.gate_up", 0, 2),
+    "feed_forward.experts.{e}.up_proj.weight": ("moe.experts.{e}.gate_up", 1, 2),
+    "feed_forward.experts.{e}.down_proj.weight": ("moe.experts.{e}.down", 0, 1),
     "feed_forward.shared_expert.gate_proj.weight": ("moe.shared.gate_up", 0, 2),
     "feed_forward.shared_expert.up_proj.weight": ("moe.shared.gate_up", 1, 2),
     "feed_forward.shared_expert.down_proj.weight": ("moe.shared.down", 0, 1),
@@ -65,6 +69,36 @@ TEXT_PREFIXES: dict[str, str | None] = {
 }
 
 
+# llama.cpp's llama4 blocks (converted without the Llama q/k permutation: rows as in the checkpoint).
+GGUF_BLOCK_NAMES: dict[str, str] = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "feed_forward.gate_proj",
+    "ffn_up": "feed_forward.up_proj",
+    "ffn_down": "feed_forward.down_proj",
+    "ffn_gate_inp": "feed_forward.router",
+    "ffn_gate_exps": "feed_forward.experts.gate_proj",
+    "ffn_up_exps": "feed_forward.experts.up_proj",
+    "ffn_down_exps": "feed_forward.experts.down_proj",
+    "ffn_gate_shexp": "feed_forward.shared_expert.gate_proj",
+    "ffn_up_shexp": "feed_forward.shared_expert.up_proj",
+    "ffn_down_shexp": "feed_forward.shared_expert.down_proj",
+}
+# The converter swaps the widths: feed_forward_length is the dense layers', expert_feed_forward_length
+# the experts' (transformers' intermediate_size).
+GGUF_METADATA: dict[str, str] = {
+    "expert_count": "num_local_experts",
+    "expert_used_count": "num_experts_per_tok",
+    "interleave_moe_layer_step": "interleave_moe_layer_step",
+    "feed_forward_length": "intermediate_size_mlp",
+    "expert_feed_forward_length": "gguf_expert_width",
+}
+
+
 def uses_rope(config: ModelConfig, index: int) -> bool:
     """`no_rope_layers[i]` is 1 where layer i turns q and k; by default every 4th layer does not."""
     flags = config.extra.get("no_rope_layers")
@@ -82,7 +116,13 @@ def moe_layers(config: ModelConfig) -> frozenset[int]:
 
 
 def derive_sizes(config: ModelConfig) -> None:
-    """Serve at most one attention chunk (see the module note). Idempotent."""
+    """Serve at most one attention chunk (see the module note); a GGUF's expert width as transformers
+    names it, and its q/k norm as llama.cpp decides it (all but the 128-expert Maverick). Idempotent."""
+    x = config.extra
+    if x.get("gguf_expert_width"):
+        config.intermediate_size = int(x["gguf_expert_width"])
+        x["use_qk_norm"] = int(x.get("num_local_experts") or 0) != 128
+        x["gguf_expert_width"] = None  # once: ModelConfig runs this after every construction
     chunk = config.extra.get("attention_chunk_size")
     if chunk:
         config.max_position_embeddings = min(config.max_position_embeddings, int(chunk))
