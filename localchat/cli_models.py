@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TextIO
 
 from localchat.hub import LocalModel, PullProgress
+from localchat.pulls import cancelled_message
 
 COMMANDS = {
     "pull": "download a model (alias, ORG/REPO, ORG/REPO:QUANT or ORG/REPO:FILE); resumes, checks sha256",
@@ -39,11 +40,12 @@ def run(command: str, args: dict[str, object], out: TextIO | None = None) -> int
     out = out or sys.stdout
     if command == "pull":
         name = str(args["name"])
+        printer = ProgressPrinter(sys.stderr)
         try:
-            model = pull(name, progress=ProgressPrinter(sys.stderr))
+            model = pull(name, progress=printer)
         except KeyboardInterrupt:
-            print(f"\nlocalchat: interrupted; the partial download is kept, `localchat pull {name}` resumes it.",
-                  file=sys.stderr)  # fmt: skip
+            kept = cancelled_message({"file": printer.file}).removeprefix("Cancelled; ")
+            print(f"\nlocalchat: interrupted; {kept} (`localchat pull {name}`)", file=sys.stderr)
             return 130
         print(model.path, file=out)
         return 0
@@ -93,10 +95,13 @@ class ProgressPrinter:
         self.tty = stream.isatty() if tty is None else tty
         self._phase = ""
         self._last_line = 0.0
+        self.file: str | None = None  # the file being downloaded, when the source names one
 
     def __call__(self, event: PullProgress) -> None:
         changed = event.phase != self._phase
         self._phase = event.phase
+        if event.phase == "downloading":
+            self.file = event.file
         if event.phase == "error":
             # The command that started the download prints the error itself ("localchat: error: ..."):
             # once is enough. Only clear the bar it would otherwise be printed after.

@@ -138,9 +138,7 @@ class Pulls:
             )
         except Exception as exc:  # a pull must end in a final state whatever happened
             if job.cancel_event.is_set():
-                final = pull_progress(
-                    job.name, "cancelled", "Cancelled; the partial download is kept.", job.progress
-                )
+                final = pull_progress(job.name, "cancelled", cancelled_message(job.progress), job.progress)
             else:
                 job.error = getattr(exc, "message", None) or str(exc) or type(exc).__name__
                 # With an echo (the CLI's progress bar) the caller reports the failure: say it once.
@@ -173,3 +171,12 @@ def pull_progress(name: str, phase: str, message: str, last: dict[str, Any] | No
         "eta_s": None,
         "message": message,
     }
+
+
+def cancelled_message(progress: dict[str, Any]) -> str:
+    """What a cancelled download left. Downloads that name their file (hub files, a wheel fetched
+    directly) write a partial the next pull resumes; a wheel fetched by pip (no file name: pip keeps
+    no partial) starts over."""
+    if progress.get("file"):
+        return "Cancelled; the partial download is kept and the next pull resumes it."
+    return "Cancelled; nothing was kept, the next pull starts over."

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -12,6 +13,9 @@ from pathlib import Path
 import pytest
 
 from localchat import cli
+from localchat.cli_models import ProgressPrinter
+from localchat.hub import PullProgress
+from localchat.pulls import cancelled_message
 from tests.helpers.live_server import free_port, live_server
 
 
@@ -96,3 +100,13 @@ def test_serve_with_a_model_it_cannot_download_says_why_once(tmp_path: Path) -> 
     out = done.stdout + done.stderr
     assert out.count("Cannot reach http://127.0.0.1:9") == 1, out
     assert "localchat: error:" in out
+
+
+def test_a_cancelled_download_claims_a_kept_partial_only_when_it_wrote_one() -> None:
+    # Hub files and directly fetched wheels write a named partial the next pull resumes; pip (the
+    # default model's wheel, no file name in the progress) keeps nothing.
+    assert "kept" in cancelled_message({"file": "model-Q4_K_M.gguf"})
+    assert "nothing was kept" in cancelled_message({"file": None})
+    printer = ProgressPrinter(io.StringIO(), tty=False)
+    printer(PullProgress("downloading", "smollm2-135m", None, 0, 100, 0.0, None, "pip download"))
+    assert printer.file is None
