@@ -143,6 +143,13 @@ def test_odd_paths_and_assets(server: LiveServer) -> None:
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
 
 
+def _closed_by_server(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1024) == b""  # the server's FIN
+    except ConnectionResetError:  # or a reset, which closes it just as well
+        return True
+
+
 def test_half_open_sockets_are_closed(server: LiveServer) -> None:
     """Slowloris: sockets that send nothing, or half a head, are closed after the head timeout; one in
     the middle of its body gets the longer idle-body time; the server answers meanwhile."""
@@ -160,7 +167,7 @@ def test_half_open_sockets_are_closed(server: LiveServer) -> None:
             sock.sendall(b"x")
         assert httpx.get(server.base_url + "/health", timeout=5).status_code == 200
         for sock in silent + partial:
-            assert sock.recv(1024) in (b"", b"HTTP/1.1 408"), "expected the server to close the socket"
+            assert _closed_by_server(sock), "expected the server to close the socket"
         waited = time.monotonic() - started
         assert 9 <= waited < 15, waited
         in_body.setblocking(False)
