@@ -21,6 +21,8 @@ import os
 from collections.abc import Iterable
 from functools import cache
 
+from localchat.errors import BackendUnavailableError
+
 EMULATE_ENV = "LOCALCHAT_EMULATE_CPU"
 # The ISAs of localchat's compiled kernels, in the library's id order (kernels.ISAS).
 KERNEL_ISAS = ("portable", "avx2", "avx512vnni", "neon")
@@ -95,12 +97,15 @@ def compute_dtype(flags: Iterable[str]) -> str:
 
 
 def emulated() -> str | None:
-    """The CPU `LOCALCHAT_EMULATE_CPU` names, None when unset. An unknown name is an error."""
+    """The CPU `LOCALCHAT_EMULATE_CPU` names, None when unset. An unknown name is an error (the load
+    reports it like a bad LOCALCHAT_KERNELS)."""
     name = os.environ.get(EMULATE_ENV, "").strip().lower()
     if not name:
         return None
     if name not in EMULATED:
-        raise ValueError(f"{EMULATE_ENV}={name!r} is not a CPU; use one of {', '.join(EMULATED)}.")
+        raise BackendUnavailableError(
+            f"{EMULATE_ENV}={name!r} is not a CPU; use one of {', '.join(EMULATED)}."
+        )
     return name
 
 
