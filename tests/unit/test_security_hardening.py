@@ -9,6 +9,7 @@ import logging
 import os
 import stat
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,7 @@ def _mode(path: Path) -> int:
 
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
+@pytest.mark.usefixtures("usual_umask")
 def test_data_dir_is_created_private_and_a_loose_one_is_tightened_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -165,12 +167,22 @@ def test_data_dir_is_created_private_and_a_loose_one_is_tightened_once(
     assert len(said) == 1 and str(loose) in said[0]
 
 
+@pytest.fixture
+def usual_umask() -> Iterator[None]:
+    """022: files are 0644 and directories 0755 unless the code asks for less."""
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
 @pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
+@pytest.mark.usefixtures("usual_umask")
 def test_the_store_and_the_log_files_are_owner_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from localchat.logs import setup_logging
     from localchat.store import Store
 
-    os.umask(old := os.umask(0o022))  # the usual umask, which gives 0644 files by default
     store = Store(tmp_path / "db" / "conversations.sqlite3")
     store.list_conversations()
     try:
@@ -197,7 +209,6 @@ def test_the_store_and_the_log_files_are_owner_only(tmp_path: Path, monkeypatch:
         root.setLevel(saved[0])
         for h in saved[1]:
             root.addHandler(h)
-    assert old == os.umask(old)
 
 
 def test_desktop_sign_in_checks_host_and_a_wrong_token_burns_nothing() -> None:
