@@ -18,7 +18,8 @@ from litestar import Request, Response
 
 from localchat.server.chat_output import ChoiceDeltas, message_of
 from localchat.server.common import collect_or_abort, finish_reason, usage
-from localchat.server.generation import Generation, check_prompt_length
+from localchat.server.generation import Generation
+from localchat.server.prompts import chat_prompt
 from localchat.server.reasoning import starts_in_reasoning
 from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, event
 
@@ -40,13 +41,12 @@ class McpConversation:
     runs: list[dict[str, Any]] = field(default_factory=list)
     totals: list[int] = field(default_factory=lambda: [0, 0, 0])  # prompt, completion, cached tokens
 
-    def turn(self, index: int) -> tuple[Generation, ChoiceDeltas, bool]:
+    async def turn(self, index: int) -> tuple[Generation, ChoiceDeltas, bool]:
         final = index == MAX_TURNS - 1
         ctx = self.call.ctx
         tools = None if final else self.call.tools.template_tools
-        text = ctx.render_chat(self.messages, tools, **self.template_kwargs)
-        ids = ctx.model.tokenizer.encode(text, add_special_tokens=False)
-        check_prompt_length(ctx, len(ids))
+        # Off the event loop, like every prompt (the tools' results can make it long).
+        text, ids = await chat_prompt(ctx, self.messages, tools, **self.template_kwargs)
         # A forced call (tool_choice) binds the first turn only; later turns answer the results.
         params = self.params if index == 0 else replace(self.params, constraint=self.later_constraint)
         gen = Generation(ctx.engine, f"{self.call.id}-turn{index}", [(ids, params)])
@@ -110,7 +110,7 @@ async def respond(request: Request[Any, Any, Any], conv: McpConversation) -> Res
     message: dict[str, Any] = {}
     reason = "stop"
     for index in range(MAX_TURNS):
-        gen, output, _ = conv.turn(index)
+        gen, output, _ = await conv.turn(index)
         results = await collect_or_abort(request, gen, 1)
         if results is None:
             return Response(b"", status_code=499)
@@ -150,7 +150,7 @@ async def stream(conv: McpConversation) -> AsyncIterator[bytes]:
 
     yield chunk({"role": "assistant", "content": ""})
     for index in range(MAX_TURNS):
-        gen, output, _ = conv.turn(index)
+        gen, output, _ = await conv.turn(index)
         turn: list[dict[str, Any]] = []  # its call deltas are not sent: the server runs those calls
         reason = "stop"
         try:
