@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer, models
-from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+from transformers import Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5TextConfig
 
 from localchat.backends.torch.gated_deltanet import delta_rule_chunked, delta_rule_step
 from localchat.backends.torch.runner import TorchRunner
@@ -174,3 +174,30 @@ def test_qwen3_5_checkpoint_folder_loads_its_text_model(tmp_path: Path, hf: Qwen
     driver.add("a", PROMPT[:20])
     _, logits = driver.step_logits(every_token=True)
     assert close_to(logits, _reference_logits(hf, PROMPT[:20]))
+
+
+def test_published_qwen3_5_wrapper_runs_its_text_model(tmp_path: Path) -> None:
+    """Qwen3.5 ships as Qwen3_5ForConditionalGeneration: text LM under model.language_model, a vision
+    tower under model.visual (skipped); text-only logits match the wrapper's own (its 3-stream RoPE
+    is plain RoPE when every stream is the token index)."""
+    vision = {"depth": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "out_hidden_size": 64}
+    torch.manual_seed(0)
+    hf = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=dict(TINY), vision_config=vision)).eval()
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if not (name.endswith("A_log") or name.endswith("dt_bias")):
+                param.copy_(0.25 * torch.randn_like(param))
+    hf.save_pretrained(tmp_path)
+    vocab = {f"t{i}": i for i in range(256)}
+    (tmp_path / "tokenizer.json").write_text(Tokenizer(models.WordLevel(vocab, unk_token="t0")).to_str())
+    bundle = load_model(tmp_path)
+    assert bundle.config.model_type == "qwen3_5_text"
+    assert not any("visual" in w.name for w in bundle.iter_weights())
+    runner = fp32_runner(bundle)
+    runner.initialize_state_cache(1)
+    driver = HybridDriver(runner)
+    driver.add("a", PROMPT[:20])
+    _, logits = driver.step_logits(every_token=True)
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor([PROMPT[:20]])).logits[0].float()
+    assert close_to(logits, ref)
