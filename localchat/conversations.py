@@ -415,7 +415,7 @@ class ChatService:
             messages = _chat_messages(conv, history, call_id) + ui_turns.answer_messages(gen.text, call_id)
             # The last turn is rendered without tools, so the model answers in words.
             tools = ui_turns.mcp_tools(ctx) if gen.turns < ui_turns.MAX_TURNS - 1 else None
-            prompt_ids = ctx.encode_chat(messages, tools=tools)
+            _, prompt_ids = await chat_prompt(ctx, messages, tools)  # off the loop
             self._next += 1
             gen.req_id = f"ui-{gen.message_id}-{self._next}"
             loop = asyncio.get_running_loop()
