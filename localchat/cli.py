@@ -123,8 +123,13 @@ def _serve(settings: Settings, *, open_browser: bool) -> int:
             check_model_name(settings.model, load_catalog(home))
     # The server listens at once; the model is found, fetched if needed (the progress bar here, and in
     # GET /health and the web UI) and loaded in the background.
+    encoders = []
+    if settings.embedding_model or settings.rerank_model:  # small: loaded before listening, errors exit 1
+        from localchat.embeddings.model import load_side_models
+
+        encoders = load_side_models(settings.embedding_model, settings.rerank_model)
     models = ModelManager(settings, startup_progress=cli_models.ProgressPrinter(sys.stderr))
-    return serve(settings, models, open_browser=open_browser)
+    return serve(settings, models, open_browser=open_browser, encoders=encoders)
 
 
 def _pull_model_flag(settings: Settings) -> None:

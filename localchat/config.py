@@ -86,6 +86,21 @@ class Settings:
         group="model",
         metavar="NAME",
     )
+    embedding_model: str | None = _opt(
+        None,
+        ("--embedding-model",),
+        "an embedding model loaded beside the chat model for /v1/embeddings: a sentence-transformers "
+        "folder, a models.yaml alias or ORG/REPO (BERT, XLM-RoBERTa)",
+        group="model",
+        metavar="NAME",
+    )
+    rerank_model: str | None = _opt(
+        None,
+        ("--rerank-model",),
+        "a cross-encoder loaded beside the chat model for /v1/rerank (folder, alias or ORG/REPO)",
+        group="model",
+        metavar="NAME",
+    )
     backend: str = _opt("auto", ("--backend",), "inference backend", group="model", choices=BACKEND_CHOICES)
     device: str = _opt(
         "auto",

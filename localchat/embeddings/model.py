@@ -15,7 +15,7 @@ import numpy as np
 from localchat.embeddings.engine import BatchingEncoder
 from localchat.embeddings.st_config import SentenceConfig
 from localchat.embeddings.text import Encoded, EncoderTokenizer
-from localchat.errors import InvalidRequestError
+from localchat.errors import InvalidRequestError, ModelLoadError
 
 log = logging.getLogger("localchat")
 
@@ -62,15 +62,16 @@ class EmbeddingModel:
         assert self.engine is not None
         return np.stack(await self.engine.submit(items))
 
-    async def rerank(self, query: str, documents: list[str]) -> np.ndarray:
-        """One relevance score per document."""
+    async def rerank(self, query: str, documents: list[str]) -> tuple[np.ndarray, int]:
+        """One relevance score per document, and the tokens read."""
         if not self.encoder.is_reranker:
             raise InvalidRequestError(
                 f"{self.model_id} is an embedding model, not a reranker (a cross-encoder).", param="model"
             )
         assert self.engine is not None
         items = [self.tokenizer.encode(query, doc) for doc in documents]
-        return np.stack(await self.engine.submit(items))[:, 0]
+        scores = np.stack(await self.engine.submit(items))[:, 0]
+        return scores, sum(len(i) for i in items)
 
     def encode_text(self, text: str, prompt_name: str | None = None) -> Encoded:
         return self.tokenizer.encode(self.sentence.prompt(prompt_name) + text)
@@ -81,6 +82,9 @@ def load_embedding_model(
 ) -> EmbeddingModel:
     """Read a sentence-transformers (or transformers) encoder folder onto the torch backend."""
     from localchat.backends.torch.encoders import load_encoder  # torch only when one is asked for
+
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path} is not an encoder model folder (no config.json).")
 
     started = time.perf_counter()
     encoder, sentence = load_encoder(path, threads=threads)
@@ -94,3 +98,39 @@ def load_embedding_model(
         time.perf_counter() - started,
     )
     return EmbeddingModel(name, path, encoder, tokenizer, sentence, aliases=[str(path)])
+
+
+def resolve_encoder_path(spec: str) -> tuple[Path, str]:
+    """(folder, model id) for an --embedding-model / --rerank-model value: a local folder, else a
+    models.yaml alias or a hub repo fetched into the data dir like any other model."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path, path.name
+    from localchat.catalog import resolve_model
+    from localchat.paths import data_dir
+
+    resolved = resolve_model(model=spec, data_dir=data_dir())
+    if not resolved.path.is_dir():
+        raise ModelLoadError(
+            f"{spec} is not a safetensors model folder (GGUF encoders are not supported yet)."
+        )
+    return resolved.path, resolved.model_id
+
+
+def load_side_models(embedding: str | None, rerank: str | None) -> list[EmbeddingModel]:
+    """The models the two flags name, checked to be of the kind the flag asks for."""
+    out = []
+    for spec, kind in ((embedding, "embedding"), (rerank, "rerank")):
+        if not spec:
+            continue
+        path, model_id = resolve_encoder_path(spec)
+        model = load_embedding_model(path, model_id)
+        if model.kind != kind:
+            flag = "--embedding-model" if kind == "embedding" else "--rerank-model"
+            raise ModelLoadError(
+                f"{flag} {spec} is {'a rerank' if model.kind == 'rerank' else 'an embedding'} model, not {'a rerank' if kind == 'rerank' else 'an embedding'} model."
+            )
+        if spec != model_id:
+            model.aliases.append(spec)
+        out.append(model)
+    return out

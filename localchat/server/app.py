@@ -26,11 +26,13 @@ from localchat.server.openai_embeddings import embeddings
 from localchat.server.openai_models import get_model, list_models
 from localchat.server.openai_responses import responses
 from localchat.server.openapi import openapi_config
+from localchat.server.rerank import rerank
 from localchat.server.security import guard_app, json_post_paths
 from localchat.server.web import close_web_state, create_web_router
 
 if TYPE_CHECKING:
     from localchat.config import Settings
+    from localchat.embeddings.model import EmbeddingModel
     from localchat.server.context import ServerContext
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,7 @@ API_ROUTES = [
     completions,
     responses,
     embeddings,
+    rerank,
     list_models,
     get_model,
     health,
@@ -48,7 +51,12 @@ API_ROUTES = [
 ]
 
 
-def create_app(settings: Settings, models: ModelManager | ServerContext) -> Litestar:
+def create_app(
+    settings: Settings,
+    models: ModelManager | ServerContext,
+    encoders: list[EmbeddingModel] | None = None,
+) -> Litestar:
+    """`encoders`: the embedding and rerank models loaded beside the chat models."""
     manager = models if isinstance(models, ModelManager) else ModelManager.preloaded(settings, models)
 
     @asynccontextmanager
@@ -63,6 +71,9 @@ def create_app(settings: Settings, models: ModelManager | ServerContext) -> Lite
             if manager.mcp is not None:
                 await manager.mcp.close()
             await anyio.to_thread.run_sync(manager.shutdown, settings.shutdown_timeout)
+            for encoder in encoders or []:
+                if encoder.engine is not None:
+                    await encoder.engine.aclose()
             close_web_state(app.state)
             log.info("engines stopped")
 
@@ -78,7 +89,7 @@ def create_app(settings: Settings, models: ModelManager | ServerContext) -> Lite
         )
     app = Litestar(
         route_handlers=handlers,
-        state=State({"models": manager, "settings": settings}),
+        state=State({"models": manager, "settings": settings, "encoders": list(encoders or [])}),
         guards=[require_api_key],
         exception_handlers={Exception: handle_exception},
         cors_config=cors,

@@ -25,6 +25,7 @@ from localchat.server.http_guard import GuardedH11Protocol, install_access_log_f
 if TYPE_CHECKING:
     from localchat.catalog import ResolvedModel
     from localchat.config import Settings
+    from localchat.embeddings.model import EmbeddingModel
     from localchat.mcp import McpHub
     from localchat.model_manager import ModelManager
     from localchat.weights.bundle import ModelBundle
@@ -190,6 +191,7 @@ def serve(
     *,
     open_browser: bool = False,
     exit_on_startup_error: bool = True,
+    encoders: list[EmbeddingModel] | None = None,
 ) -> int:
     """Run the server until SIGINT/SIGTERM (exit code 0), or until the start-up model fails to load
     (exit code 1, the reason on stderr) unless `exit_on_startup_error` is off (then /health says it).
@@ -203,7 +205,7 @@ def serve(
     if (warning := security_warning(settings)) is not None:
         print(warning, file=sys.stderr, flush=True)
         log.warning("listening on %s without an API key", settings.host)
-    app = create_app(settings, models)
+    app = create_app(settings, models, encoders)
     config = uvicorn.Config(
         app,
         host=settings.host,
