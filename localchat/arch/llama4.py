@@ -100,7 +100,8 @@ GGUF_METADATA: dict[str, str] = {
 
 
 def uses_rope(config: ModelConfig, index: int) -> bool:
-    """`no_rope_layers[i]` is 1 where layer i turns q and k; by default every 4th layer does not."""
+    """`no_rope_layers[i]` is 1 where layer i turns q and k; by default every 4th layer does not (also
+    SmolLM3's rule; llama.cpp's files of both record no list and use that default)."""
     flags = config.extra.get("no_rope_layers")
     if flags:
         return bool(flags[index])

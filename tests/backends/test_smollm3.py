@@ -2,16 +2,18 @@
 layers only, and llama.cpp's `smollm3` GGUF (q/k rows permuted, no NoPE list: every 4th layer).
 
 The parity suite's paged-cache checks (prompt + decode, ragged batch, cached prefix, chunked prefill,
-mixed steps, preemption) run here on this module's own `pair` fixture; the torch runner only (the MLX
-backend has no smollm3 model file)."""
+mixed steps, preemption) run here on this module's own `pair` fixture on the torch runner; the MLX model
+file is checked on prompt and decode logits."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from localchat.backends import RunnerOptions
 from localchat.backends.torch.runner import TorchRunner
 from localchat.weights.loader import load_model
 from tests.backends.test_torch_parity import (  # noqa: F401  (collected here, on this module's `pair`)
@@ -91,14 +93,33 @@ def test_gguf_matches_transformers_on_dequantized_weights(tmp_path: Path) -> Non
 
 
 def test_mlx_backend_names_the_families_it_lacks() -> None:
-    """The MLX backend has no model file for the 2026 families yet: a typed error saying so, not an
+    """The MLX backend has no model file for the other 2026 families yet: a typed error saying so, not an
     ImportError."""
     from localchat.backends.mlx.models import model_class
     from localchat.errors import UnsupportedArchitectureError
 
-    for model_type in ("smollm3", "gemma4_text", "mistral4", "glm4_moe", "llama4_text"):
+    for model_type in ("gemma4_text", "mistral4", "glm4_moe", "llama4_text"):
         with pytest.raises(
             UnsupportedArchitectureError, match=f"{model_type} on the MLX backend.*Supported: .*llama"
         ):
             model_class(model_type)
     assert model_class("llama").__module__.endswith("mlx.models.llama")
+
+
+@pytest.mark.mlx
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_mlx_matches_transformers(variant: str) -> None:
+    """The MLX model file: prompt logits (33 tokens, past the window) and greedy decode steps."""
+    pytest.importorskip("mlx.core")
+    from localchat.backends.mlx.runner import MLXRunner
+
+    hf = tiny_hf_model("smollm3", **VARIANTS[variant])
+    runner = MLXRunner(bundle_from_hf(hf), RunnerOptions(device="cpu", dtype="float32", seed=0))
+    driver = PagedDriver(runner)  # type: ignore[arg-type]
+    driver.add("a", PROMPT * 3)
+    _, logits = driver.step_logits(every_token=True)
+    assert_close(torch.from_numpy(np.array(logits)).float(), hf_logits(hf, PROMPT * 3))
+    for _ in range(4):
+        driver.feed("a", int(np.array(logits[-1]).argmax()))
+        _, logits = driver.step_logits()
+        assert_close(torch.from_numpy(np.array(logits[0])).float(), hf_logits(hf, driver.tokens("a"))[-1])

@@ -10,21 +10,12 @@ from __future__ import annotations
 
 import torch
 
+from localchat.arch.llama4 import uses_rope  # the same NoPE rule (no_rope_layers, every 4th by default)
 from localchat.backends.torch.attention import AttentionOptions
 from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.models.llama import LlamaLayer
 from localchat.weights.config import ModelConfig
-
-
-def uses_rope(config: ModelConfig, index: int) -> bool:
-    """transformers' `no_rope_layers[i]` is 1 where layer i *does* use RoPE; llama.cpp (which records no
-    list) skips it on every 4th layer, the default interval."""
-    flags = config.extra.get("no_rope_layers")
-    if flags:
-        return bool(flags[index])
-    interval = int(config.extra.get("no_rope_layer_interval") or 4)
-    return (index + 1) % interval != 0
 
 
 class SmolLM3Layer(LlamaLayer):
