@@ -226,8 +226,10 @@ def test_settings_errors_and_export_import(page: Any, live: Any, tmp_path: Path)
     page.click("#settings-open")
     page.fill("#set-system", "You are terse.")
     page.fill("#set-max-tokens", "5")
-    # The same default as the API: the fake model has no generation_config, so 1.0.
-    expect(page.locator("#set-temperature")).to_have_attribute("placeholder", "1.0")
+    # The same default as the API: the fake model has no generation_config, so the built-in 0.8, and
+    # the answer length defaults to --chat-max-tokens.
+    expect(page.locator("#set-temperature")).to_have_attribute("placeholder", "0.8")
+    expect(page.locator("#set-max-tokens")).to_have_attribute("placeholder", "2048")
     page.click("#settings-form button[type=submit]")
     expect(page.locator("#settings")).to_be_hidden()
     conv_id = send_new_chat_keeping_settings(page, "<<say:abcdefghij>>")
