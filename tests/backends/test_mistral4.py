@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer, models
@@ -16,6 +17,7 @@ from transformers import AutoModelForCausalLM, Mistral4Config, Mistral4ForCausal
 
 from localchat.arch.deepseek import RouterSpec
 from localchat.arch.rope import attention_temperature
+from localchat.backends import RunnerOptions
 from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import ModelLoadError
 from localchat.weights.config import ModelConfig
@@ -103,3 +105,22 @@ def test_mistral_small_4_checkpoint_runs_its_text_model(tmp_path: Path) -> None:
     driver.add("a", PROMPT * 2)
     _, logits = driver.step_logits(every_token=True)
     assert_close(logits, ref)
+
+
+@pytest.mark.mlx
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_mlx_matches_transformers(variant: str) -> None:
+    """The MLX model file: prompt logits and greedy decode steps, the q temperature included."""
+    pytest.importorskip("mlx.core")
+    from localchat.backends.mlx.runner import MLXRunner
+
+    hf = tiny_hf_model("mistral4", **VARIANTS[variant])
+    runner = MLXRunner(bundle_from_hf(hf), RunnerOptions(device="cpu", dtype="float32", seed=0))
+    driver = PagedDriver(runner)  # type: ignore[arg-type]
+    driver.add("a", PROMPT * 2)
+    _, logits = driver.step_logits(every_token=True)
+    assert_close(torch.from_numpy(np.array(logits)).float(), hf_logits(hf, PROMPT * 2))
+    for _ in range(4):
+        driver.feed("a", int(np.array(logits[-1]).argmax()))
+        _, logits = driver.step_logits()
+        assert_close(torch.from_numpy(np.array(logits[0])).float(), hf_logits(hf, driver.tokens("a"))[-1])

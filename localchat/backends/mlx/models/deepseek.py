@@ -105,8 +105,15 @@ class DeepseekLayer(WithMoe):
             self.declare("down", hidden, config.intermediate_size)
 
     def __call__(
-        self, x: mx.array, rotary: Rotary, positions: mx.array, meta: AttentionMetadata, cache: LayerCache
+        self,
+        x: mx.array,
+        rotary: Rotary,
+        positions: mx.array,
+        meta: AttentionMetadata,
+        cache: LayerCache,
+        q_scale: mx.array | None = None,
     ) -> mx.array:
+        """`q_scale` [T, 1, 1]: multiplies q after RoPE (Mistral 4's per-token temperature)."""
         m, tokens = self.mla, x.shape[0]
         h, nope, width = m.heads, m.nope_dim, m.cache_dim
         assert self.q is not None and self.kv_a is not None and self.kv_b is not None and self.o is not None
@@ -127,6 +134,8 @@ class DeepseekLayer(WithMoe):
         if width > m.qk_dim:  # zeros add nothing to q.k
             q = mx.pad(q, [(0, 0), (0, 0), (0, width - m.qk_dim)])
             k = mx.pad(k, [(0, 0), (0, 0), (0, width - m.qk_dim)])
+        if q_scale is not None:
+            q = q * q_scale
         attn = paged_attention(q, k, v, cache, meta, m.softmax_scale)[..., : m.v_dim]  # [T, h, v]
         x = x + linear(attn.reshape(tokens, h * m.v_dim), self.o, self.o_bias)
         normed = mx.fast.rms_norm(x, self.mlp_norm, self.eps)
