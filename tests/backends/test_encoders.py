@@ -130,3 +130,24 @@ def test_token_types_reach_the_cross_encoder(tmp_path: Path) -> None:
     ours = encoder.score([Encoded(ids, types)])
     np.testing.assert_allclose(ours, torch.sigmoid(ref).numpy(), atol=2e-5)
     assert not np.allclose(ours, encoder.score([Encoded(ids, [0] * len(ids))]), atol=1e-4)
+
+
+def test_modernbert_matches_transformers(tmp_path: Path) -> None:
+    """Global and local (sliding-window) layers, rotary thetas per kind, GeGLU; inputs longer than the
+    window so the local mask matters."""
+    torch.manual_seed(3)
+    config = transformers.ModernBertConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48,
+        max_position_embeddings=64, local_attention=4, global_attn_every_n_layers=2, pad_token_id=0,
+    )  # fmt: skip
+    model = transformers.ModernBertModel(config).eval()
+    folder = _save(model, tmp_path / "mb", ST_MODULES, "mean_tokens")
+    encoder, _ = load_encoder(folder)
+    ref, mask = _reference(model, pad=0)
+    ids, types, ours_mask = encoder.batch_tensors(_batch())  # type: ignore[attr-defined]
+    hidden = encoder.hidden_states(ids, types, ours_mask)  # type: ignore[attr-defined]
+    for row, inp in enumerate(INPUTS):
+        torch.testing.assert_close(hidden[row, : len(inp)], ref[row, : len(inp)], atol=2e-5, rtol=1e-4)
+    m = mask.unsqueeze(-1).float()
+    expected = torch.nn.functional.normalize((ref * m).sum(1) / m.sum(1), dim=-1).numpy()
+    np.testing.assert_allclose(encoder.embed(_batch()), expected, atol=2e-5)

@@ -1,5 +1,5 @@
 """Encoder models (bidirectional attention, one pass, no KV cache) for embeddings and reranking:
-BERT, RoBERTa and XLM-RoBERTa with their sentence-transformers pooling, and their sequence-
+BERT, RoBERTa, XLM-RoBERTa and ModernBERT with their sentence-transformers pooling, and their sequence-
 classification heads (cross-encoder rerankers)."""
 
 from __future__ import annotations
@@ -26,9 +26,13 @@ def load_encoder(folder: Path, threads: int | None = None) -> tuple[Encoder, Sen
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"Cannot read {folder / 'config.json'}: {exc}") from exc
     model_type = str(config.get("model_type", ""))
+    sentence = read_sentence_config(folder, default_pooling="cls")
+    if model_type == "modernbert":
+        from localchat.backends.torch.encoders.modernbert import ModernBertEncoder
+
+        return ModernBertEncoder.from_folder(folder, config, sentence), sentence
     if model_type not in BERT_LIKE:
-        raise UnsupportedArchitectureError(model_type, list(BERT_LIKE))
+        raise UnsupportedArchitectureError(model_type, [*BERT_LIKE, "modernbert"])
     from localchat.backends.torch.encoders.bert import BertEncoder
 
-    sentence = read_sentence_config(folder, default_pooling="cls")
     return BertEncoder.from_folder(folder, config, sentence), sentence

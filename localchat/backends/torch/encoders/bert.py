@@ -31,6 +31,20 @@ _SIGMOID = "torch.nn.modules.activation.Sigmoid"
 _IDENTITY = "torch.nn.modules.linear.Identity"
 
 
+def pad_batch(batch: list[Encoded], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, type ids, mask) right-padded to the longest input."""
+    width = max(len(e) for e in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    types = torch.zeros((len(batch), width), dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.bool)
+    for i, e in enumerate(batch):
+        n = len(e)
+        ids[i, :n] = torch.tensor(e.ids)
+        types[i, :n] = torch.tensor(e.type_ids)
+        mask[i, :n] = True
+    return ids, types, mask
+
+
 class BertEncoder:
     def __init__(
         self,
@@ -89,17 +103,7 @@ class BertEncoder:
         return F.linear(x, self.w[name + ".weight"], self.w.get(name + ".bias"))
 
     def batch_tensors(self, batch: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(ids, type ids, mask) right-padded to the longest input."""
-        width = max(len(e) for e in batch)
-        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-        types = torch.zeros((len(batch), width), dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.bool)
-        for i, e in enumerate(batch):
-            n = len(e)
-            ids[i, :n] = torch.tensor(e.ids)
-            types[i, :n] = torch.tensor(e.type_ids)
-            mask[i, :n] = True
-        return ids, types, mask
+        return pad_batch(batch, self.pad_id)
 
     def hidden_states(self, ids: torch.Tensor, types: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         w = self.w
