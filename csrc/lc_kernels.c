@@ -46,7 +46,10 @@ extension modules (and Windows wants the export). Functions return 0 on success,
 /* GGML type ids, as in GGUF files. */
 enum {
     LC_Q4_0 = 2, LC_Q4_1 = 3, LC_Q5_0 = 6, LC_Q5_1 = 7, LC_Q8_0 = 8,
-    LC_Q2_K = 10, LC_Q3_K = 11, LC_Q4_K = 12, LC_Q5_K = 13, LC_Q6_K = 14
+    LC_Q2_K = 10, LC_Q3_K = 11, LC_Q4_K = 12, LC_Q5_K = 13, LC_Q6_K = 14,
+    /* i-quants and ternary types (lc_iquants.h): no x16 layout, their own matmul */
+    LC_IQ2_XXS = 16, LC_IQ2_XS = 17, LC_IQ3_XXS = 18, LC_IQ1_S = 19, LC_IQ4_NL = 20, LC_IQ3_S = 21,
+    LC_IQ2_S = 22, LC_IQ4_XS = 23, LC_IQ1_M = 29, LC_TQ1_0 = 34, LC_TQ2_0 = 35
 };
 /* Macros, not an enum: lc_impl.h tests them with #if. */
 #define LC_ISA_PORTABLE 0
@@ -66,10 +69,22 @@ static inline int64_t lc_block_bytes(int type) {
     case LC_Q3_K: return 110;
     case LC_Q4_K: return 144;
     case LC_Q5_K: return 176;
+    case LC_IQ2_XXS: return 66;
+    case LC_IQ2_XS: return 74;
+    case LC_IQ3_XXS: return 98;
+    case LC_IQ1_S: return 50;
+    case LC_IQ4_NL: return 18;
+    case LC_IQ3_S: return 110;
+    case LC_IQ2_S: return 82;
+    case LC_IQ4_XS: return 136;
+    case LC_IQ1_M: return 56;
+    case LC_TQ1_0: return 54;
+    case LC_TQ2_0: return 66;
     default: return 210;
     }
 }
-static inline int64_t lc_block_subs(int type) { return type >= LC_Q2_K ? 8 : 1; } /* K-quants: 256 values */
+/* K-quants, i-quants but IQ4_NL, TQ types: 256 values */
+static inline int64_t lc_block_subs(int type) { return type >= LC_Q2_K && type != LC_IQ4_NL ? 8 : 1; }
 /* Types whose scale changes every 16 values (the GEMMs convert their integer sums to float that often). */
 static inline int lc_scales_per16(int type) { return type == LC_Q2_K || type == LC_Q3_K || type == LC_Q6_K; }
 
@@ -160,6 +175,7 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #define LC_FN(name) name##_portable
 #define LC_ISA LC_ISA_PORTABLE
 #include "lc_impl.h"
+#include "lc_iquants.h"
 #include "lc_attention.h"
 #include "lc_fused.h"
 #undef LC_FN
@@ -173,6 +189,7 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #define LC_FN(name) name##_avx2
 #define LC_ISA LC_ISA_AVX2
 #include "lc_impl.h"
+#include "lc_iquants.h"
 #include "lc_x16_256.h"
 #include "lc_attention.h"
 #include "lc_fused.h"
@@ -185,6 +202,7 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #define LC_FN(name) name##_avx512vnni
 #define LC_ISA LC_ISA_AVX512VNNI
 #include "lc_impl.h"
+#include "lc_iquants.h"
 #include "lc_x16.h"
 #include "lc_attention.h"
 #include "lc_fused.h"
@@ -225,6 +243,9 @@ static int lc_type_ok(int type, int64_t k) {
     switch (type) {
     case LC_Q4_0: case LC_Q4_1: case LC_Q5_0: case LC_Q5_1: case LC_Q8_0: return k > 0 && k % 32 == 0;
     case LC_Q2_K: case LC_Q3_K: case LC_Q4_K: case LC_Q5_K: case LC_Q6_K: return k > 0 && k % 256 == 0;
+    case LC_IQ4_NL: return k > 0 && k % 32 == 0;
+    case LC_IQ2_XXS: case LC_IQ2_XS: case LC_IQ3_XXS: case LC_IQ1_S: case LC_IQ3_S: case LC_IQ2_S: case LC_IQ4_XS:
+    case LC_IQ1_M: case LC_TQ1_0: case LC_TQ2_0: return k > 0 && k % 256 == 0;
     default: return 0;
     }
 }
@@ -346,6 +367,15 @@ LC_EXPORT int lc_matmul(int isa, int type, const uint8_t *w, int64_t n, int64_t 
         return 0;
     }
     if (!lc_type_ok(type, k) || !lc_isa_supported(isa) || nth < 1) return -1;
+    if (lc_is_iq(type)) { /* lc_iquants.h: AVX2 / AVX-512 VNNI, else portable C (NEON too) */
+#ifdef LC_X86
+        if (isa == LC_ISA_AVX512VNNI) iq_matmul_avx512vnni(type, w, n, k, row_bytes, xq, xd, t, out, out_bf16, ldo, nth);
+        else if (isa == LC_ISA_AVX2) iq_matmul_avx2(type, w, n, k, row_bytes, xq, xd, t, out, out_bf16, ldo, nth);
+        else
+#endif
+            iq_matmul_portable(type, w, n, k, row_bytes, xq, xd, t, out, out_bf16, ldo, nth);
+        return 0;
+    }
 #ifdef LC_X86
     if (isa == LC_ISA_AVX512VNNI) {
         matmul_avx512vnni(type, w, n, k, row_bytes, xq, xd, xs, t, out, out_bf16, ldo, nth);
@@ -453,6 +483,10 @@ LC_EXPORT int lc_dequant_rows(int type, const uint8_t *w, int64_t k, int64_t row
         return 0;
     }
     if (!lc_type_ok(type, k)) return -1;
+    if (lc_is_iq(type)) {
+        lc_iq_dequant(type, w, k, row_bytes, ids, r, out, out_bf16);
+        return 0;
+    }
     dequant_portable(type, w, k, row_bytes, ids, r, out, out_bf16);
     return 0;
 }

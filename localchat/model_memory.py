@@ -23,13 +23,27 @@ MIN_KV_BUDGET = 256 * MIB  # without --mem the engine sizes its KV cache from wh
 # GGUF types the backends read in their blocks (file size once loaded): with localchat's compiled CPU
 # kernels every common type; without them only Q4_0/Q4_1 (torch's int4 kernel), the rest expanded to
 # bf16. MLX keeps these quantized too (Q3_K re-quantized to 5 bits, Q2_K to 4: 6 and 5 per weight, more
-# than their files' 3.4 and 2.6). Anything else (IQ*) is expanded: 2 bytes per value.
-_KERNEL_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"})
+# than their files' 3.4 and 2.6). The compiled kernels also read the i-quants and ternary types in place
+# (csrc/lc_iquants.h: no x16 form, so file size); anything else is expanded: 2 bytes per value.
+_CLASSIC_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
+_IQ_TYPES = {"IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"}
+_KERNEL_TYPES = frozenset(_CLASSIC_TYPES | _IQ_TYPES | {"TQ1_0", "TQ2_0"})
 _INT4_TYPES = frozenset({"Q4_0", "Q4_1"})
 FAST_GEMM_ISAS = frozenset({"avx512vnni", "avx2", "neon"})  # quant.FAST_GEMM_ISAS (this never imports torch)
 _LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _FLOAT = ("f16", "bf16", "f32")  # the GGUF files `--isq` quantizes (it leaves quantized tensors as they are)
-_BITS = {
+_BITS = {  # bits per weight of a file type (the filename's, when its tensor table is unreadable)
+    "iq1_s": 1.6,
+    "iq1_m": 1.8,
+    "iq2_xxs": 2.1,
+    "iq2_xs": 2.3,
+    "iq2_s": 2.6,
+    "iq3_xxs": 3.1,
+    "iq3_s": 3.4,
+    "iq4_xs": 4.3,
+    "iq4_nl": 4.5,
+    "tq1_0": 1.7,
+    "tq2_0": 2.1,
     "q2_k": 2.6,
     "q3_k": 3.4,
     "q4_k": 4.8,
@@ -231,7 +245,7 @@ def _gguf_tensors(path: Path) -> list[Tensor]:
 
 
 def _quant_of(filename: str) -> str | None:
-    match = re.search(r"(q\d_k|q\d_\d|f16|bf16|f32)", filename.lower())
+    match = re.search(r"(iq\d_(?:xxs|xs|s|m|nl)|tq\d_\d|q\d_k|q\d_\d|f16|bf16|f32)", filename.lower())
     return match.group(1) if match else None
 
 

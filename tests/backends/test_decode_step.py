@@ -83,7 +83,10 @@ def decode_side_by_side(
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize("qtype", list(kernels.BLOCKS))
+# every type the x16 layout holds, and the two 4-bit i-quants (tests/helpers/iquants.py encodes them)
+@pytest.mark.parametrize(
+    "qtype", [t for t in kernels.BLOCKS if t in kernels.X16_TYPES or t in ("IQ4_NL", "IQ4_XS")]
+)
 def test_fused_decode_equals_the_layer_path(
     tmp_path: Path, qtype: str, dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -302,7 +302,8 @@ def test_x16_mixed_segments_fill_their_own_output_columns(isa: str) -> None:
 
 def test_layout_choice_and_what_is_not_repacked(monkeypatch: pytest.MonkeyPatch) -> None:
     """`LOCALCHAT_KERNEL_LAYOUT`: auto or gguf, anything else refused; the portable kernels and rows that
-    do not split into the type's units keep the file's blocks, every block type repacks elsewhere."""
+    do not split into the type's units keep the file's blocks, every block type repacks elsewhere but the
+    i-quants (read in place, csrc/lc_iquants.h)."""
     from localchat.errors import BackendUnavailableError
 
     monkeypatch.setenv(kernels.LAYOUT_ENV, "gguf")
@@ -319,7 +320,8 @@ def test_layout_choice_and_what_is_not_repacked(monkeypatch: pytest.MonkeyPatch)
     for isa in X16_ISAS:
         ops = kernels.load(isa)
         assert ops is not None
-        assert all(ops.can_repack(qtype, 256) for qtype in kernels.BLOCKS)
+        assert all(ops.can_repack(qtype, 256) for qtype in kernels.X16_TYPES)
+        assert not any(ops.can_repack(qtype, 256) for qtype in kernels.IQ_TYPES)
         assert not ops.can_repack("Q4_K", 64)  # 64 values: no 256-value unit
         assert ops.repack(q4, 64).packed_rows == 16
 

@@ -43,7 +43,21 @@ BLOCKS: dict[str, tuple[int, int, int]] = {
     "Q4_K": (12, 256, 144),
     "Q5_K": (13, 256, 176),
     "Q6_K": (14, 256, 210),
+    # i-quants and ternary types (csrc/lc_iquants.h): read in place, no x16 form (`can_repack` is False)
+    "IQ2_XXS": (16, 256, 66),
+    "IQ2_XS": (17, 256, 74),
+    "IQ3_XXS": (18, 256, 98),
+    "IQ1_S": (19, 256, 50),
+    "IQ4_NL": (20, 32, 18),
+    "IQ3_S": (21, 256, 110),
+    "IQ2_S": (22, 256, 82),
+    "IQ4_XS": (23, 256, 136),
+    "IQ1_M": (29, 256, 56),
+    "TQ1_0": (34, 256, 54),
+    "TQ2_0": (35, 256, 66),
 }
+IQ_TYPES = frozenset(name for name in BLOCKS if name.startswith(("IQ", "TQ")))
+X16_TYPES = frozenset(BLOCKS) - IQ_TYPES  # the types the x16 layout holds (csrc/lc_x16_layout.h)
 
 _I, _P, _L = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
 

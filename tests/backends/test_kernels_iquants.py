@@ -1,0 +1,133 @@
+"""The GGUF i-quants and ternary types on localchat's CPU kernels (csrc/lc_iquants.h).
+
+- Dequantizing (embedding lookups) equals the `gguf` package's reference dequantizer bit for bit, on
+  random valid blocks of every type (random codes, signs, sub-scales and grid indices).
+- Matmul against the float64 product of the dequantized weights and the *same* 8-bit activations the
+  kernels use (x ~ d * q per 32 values): only float32 accumulation error remains, at most
+  (terms summed serially + a few) * 2^-24 * sum |w * x| per output (each 4-value lane is one term; the
+  integer sums are exact). A wrong grid entry, sign or scale is off by orders of magnitude more.
+- A tiny GGUF model in IQ4_XS / IQ4_NL (tests/helpers/iquants.py's encoders) keeps every matrix in blocks
+  and follows the dequantized run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from localchat.backends import RunnerOptions
+from localchat.backends.torch import kernels, quant
+from localchat.backends.torch.runner import TorchRunner
+from localchat.weights.loader import load_model
+from tests.helpers.iquants import IQ_QUANTIZERS, random_blocks
+from tests.helpers.torch_batch import PagedDriver
+from tests.helpers.torch_models import tiny_hf_model
+
+pytestmark = pytest.mark.skipif(not kernels.runnable_isas(), reason="kernels not built (no C compiler)")
+
+TYPES = sorted(kernels.IQ_TYPES)
+
+
+def reference(qtype: str, blocks: np.ndarray, cols: int) -> np.ndarray:
+    return np.asarray(dequantize(blocks, GGMLQuantizationType[qtype]), dtype=np.float32).reshape(-1, cols)
+
+
+def quantized_activations(x: torch.Tensor) -> torch.Tensor:
+    """The kernels' 8-bit activations, back as float64, in their float32 steps: d = amax / 127 per 32,
+    q = round half even of x times 1 / d, clamped to +-127."""
+    groups = x.float().reshape(x.shape[0], -1, 32)
+    d = groups.abs().amax(-1, keepdim=True) / 127
+    inv = torch.where(d > 0, 1 / torch.where(d > 0, d, 1), 0)
+    q = torch.round(groups * inv).clamp(-127, 127)
+    return (q.double() * d.double()).reshape(x.shape)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_dequantize_equals_gguf_bit_for_bit(qtype: str) -> None:
+    ops = kernels.load("portable")
+    assert ops is not None
+    cols = 512
+    blocks = random_blocks(qtype, 6, cols, seed=3)
+    seg = kernels.Segment(qtype, torch.from_numpy(blocks))
+    got = ops.dequantize_rows(seg, cols, torch.tensor([5, 0, 2]), torch.float32).numpy()
+    want = reference(qtype, blocks, cols)[[5, 0, 2]]
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), np.abs(got - want).max()
+
+
+@pytest.mark.parametrize("isa", kernels.runnable_isas())
+@pytest.mark.parametrize("qtype", TYPES)
+def test_matmul_matches_the_dequantized_product(qtype: str, isa: str) -> None:
+    """Decode (1-4 rows) and prefill shapes (a partial 4-row group, more rows than one 64-row chunk),
+    float32 and bfloat16 activations and outputs."""
+    ops = kernels.load(isa)
+    assert ops is not None
+    n, k = 37, 768
+    blocks = random_blocks(qtype, n, k, seed=7)
+    w = torch.from_numpy(reference(qtype, blocks, k)).double()
+    matrix = kernels.BlockMatrix([kernels.Segment(qtype, torch.from_numpy(blocks))], k, ops)
+    assert not ops.can_repack(qtype, k)  # no x16 form: the file's blocks are read in place
+    gen = torch.Generator().manual_seed(1)
+    for rows in (1, 3, 4, 70):
+        for dtype in (torch.float32, torch.bfloat16):
+            spread = torch.rand(rows, k // 32, 1, generator=gen).mul(4).expand(rows, k // 32, 32)
+            x = (torch.randn(rows, k, generator=gen) * spread.reshape(rows, k)).to(dtype)
+            got = ops.matmul(x, matrix).double()
+            xq = quantized_activations(x.float())
+            want = xq @ w.T
+            bound = (k / 4 + 8) * 2.0**-24 * (xq.abs() @ w.abs().T)
+            if dtype == torch.bfloat16:  # the output rounded to bfloat16 too
+                bound = bound + want.abs() * 2.0**-8 + 1e-6
+            assert ((got - want).abs() <= bound + 1e-30).all(), (rows, dtype, float((got - want).abs().max()))
+
+
+@pytest.mark.parametrize("qtype", sorted(IQ_QUANTIZERS))
+def test_tiny_gguf_in_iq4_runs_on_blocks(tmp_path: Path, qtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every matrix (linears, LM head, embedding) stays in IQ4 blocks and the run follows the dequantized
+    one (prefill on the many-row path, then one-row decode steps)."""
+    from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE, write_tiny_gguf
+
+    hf = tiny_hf_model("llama", vocab_size=TINY_VOCAB_SIZE, hidden_size=256, intermediate_size=512)
+    bundle = load_model(write_tiny_gguf(tmp_path / "tiny.gguf", hf, qtype=qtype, tokenizer_kind="gpt2"))
+    runs = []
+    for mode in ("int4", "dequant"):
+        monkeypatch.setenv(quant.QUANT_ENV, mode)
+        runs.append(TorchRunner(bundle, RunnerOptions(device="cpu", dtype="float32")))
+    model, layer = runs[0].model, runs[0].model.layers[0]
+    mats = (layer.qkv, layer.o, layer.gate_up, layer.down, model.embed, model.lm_head or model.embed)
+    assert all(isinstance(m, kernels.BlockMatrix) for m in mats)
+    assert {s.qtype for m in mats for s in m.segments} == {qtype}
+    assert not any(s.packed_rows for m in mats for s in m.segments)
+    drivers = [PagedDriver(r) for r in runs]
+    for driver in drivers:
+        driver.add("a", [5, 17, 99, 3, 250, 42, 7, 7, 81, 130, 64])
+    for _ in range(5):
+        (_, got), (_, want) = (d.step_logits() for d in drivers)
+        assert F.cosine_similarity(got[0].float(), want[0].float(), dim=0) > 0.995
+        for driver in drivers:
+            driver.feed("a", int(want[0].argmax()))
+
+
+@pytest.mark.parametrize(("qtype", "bytes_per_256"), [("IQ4_XS", 136), ("IQ4_NL", 144)])
+def test_ram_estimate_sizes_iq4_files_as_stored(
+    tmp_path: Path, qtype: str, bytes_per_256: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the kernels (on any ISA, x16 layout on or not: i-quants have no x16 form) the pre-load RAM
+    check counts an i-quant file's matrices at their stored size, not expanded to 2 bytes a value."""
+    from localchat.model_memory import compact_gguf_types, estimate
+    from tests.helpers.tiny_gguf import random_state_dict, tiny_config, write_tiny_gguf
+
+    monkeypatch.delenv(kernels.KERNELS_ENV, raising=False)
+    monkeypatch.delenv(kernels.LAYOUT_ENV, raising=False)
+    cfg = tiny_config()
+    weights = random_state_dict(cfg)
+    path = write_tiny_gguf(tmp_path / f"tiny-{qtype}.gguf", weights, cfg, qtype=qtype)
+    matrix = sum(w.size for w in weights.values() if w.ndim == 2)
+    norms = sum(w.size for w in weights.values() if w.ndim == 1)
+    assert qtype in compact_gguf_types("bfloat16")
+    assert estimate(path, 64, dtype="bfloat16").weights == matrix * bytes_per_256 // 256 + norms * 4
