@@ -151,3 +151,28 @@ def test_modernbert_matches_transformers(tmp_path: Path) -> None:
     m = mask.unsqueeze(-1).float()
     expected = torch.nn.functional.normalize((ref * m).sum(1) / m.sum(1), dim=-1).numpy()
     np.testing.assert_allclose(encoder.embed(_batch()), expected, atol=2e-5)
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen2"])
+def test_decoder_embedding_model_matches_transformers(tmp_path: Path, kind: str) -> None:
+    """Qwen3-Embedding style: a causal decoder, last-token pooled and normalised (GQA, q/k norm)."""
+    torch.manual_seed(4)
+    common = dict(
+        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=48, max_position_embeddings=64,
+    )  # fmt: skip
+    if kind == "qwen3":
+        model = transformers.Qwen3Model(transformers.Qwen3Config(head_dim=16, **common)).eval()
+    else:
+        model = transformers.Qwen2Model(transformers.Qwen2Config(**common)).eval()
+    folder = _save(model, tmp_path / kind, ST_MODULES, "lasttoken")
+    encoder, sentence = load_encoder(folder)
+    assert sentence.pooling == "lasttoken"
+    ref, mask = _reference(model, pad=0)
+    ids, types, ours_mask = encoder.batch_tensors(_batch())  # type: ignore[attr-defined]
+    hidden = encoder.hidden_states(ids, types, ours_mask)  # type: ignore[attr-defined]
+    for row, inp in enumerate(INPUTS):
+        torch.testing.assert_close(hidden[row, : len(inp)], ref[row, : len(inp)], atol=2e-5, rtol=1e-4)
+    last = ref[torch.arange(len(INPUTS)), mask.sum(1) - 1]
+    expected = torch.nn.functional.normalize(last, dim=-1).numpy()
+    np.testing.assert_allclose(encoder.embed(_batch()), expected, atol=2e-5)

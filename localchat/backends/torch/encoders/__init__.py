@@ -1,5 +1,5 @@
 """Encoder models (bidirectional attention, one pass, no KV cache) for embeddings and reranking:
-BERT, RoBERTa, XLM-RoBERTa and ModernBERT with their sentence-transformers pooling, and their sequence-
+BERT, RoBERTa, XLM-RoBERTa and ModernBERT (and Qwen2/Qwen3 decoders, last-token pooled) with their sentence-transformers pooling, and their sequence-
 classification heads (cross-encoder rerankers)."""
 
 from __future__ import annotations
@@ -31,8 +31,13 @@ def load_encoder(folder: Path, threads: int | None = None) -> tuple[Encoder, Sen
         from localchat.backends.torch.encoders.modernbert import ModernBertEncoder
 
         return ModernBertEncoder.from_folder(folder, config, sentence), sentence
+    if model_type in ("qwen2", "qwen3"):  # decoder embedding models: last-token pooling by default
+        from localchat.backends.torch.encoders.decoder import DecoderEncoder
+
+        sentence = read_sentence_config(folder, default_pooling="lasttoken")
+        return DecoderEncoder.from_folder(folder, config, sentence), sentence
     if model_type not in BERT_LIKE:
-        raise UnsupportedArchitectureError(model_type, [*BERT_LIKE, "modernbert"])
+        raise UnsupportedArchitectureError(model_type, [*BERT_LIKE, "modernbert", "qwen2", "qwen3"])
     from localchat.backends.torch.encoders.bert import BertEncoder
 
     return BertEncoder.from_folder(folder, config, sentence), sentence
