@@ -17,6 +17,7 @@ import torch
 from gguf import MODEL_ARCH, GGUFWriter, get_tensor_name_map
 from tokenizers import Tokenizer, models
 
+from localchat.backends import RunnerOptions
 from localchat.backends.torch.runner import TorchRunner
 from localchat.weights.config import ModelConfig
 from localchat.weights.loader import load_model
@@ -181,3 +182,22 @@ def test_gguf_matches_transformers_on_dequantized_weights(tmp_path: Path) -> Non
     driver.add("a", PROMPT * 2)
     _, logits = driver.step_logits(every_token=True)
     assert_close(logits, hf_logits(hf, PROMPT * 2))
+
+
+@pytest.mark.mlx
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_mlx_matches_transformers(variant: str) -> None:
+    """The MLX model file: prompt logits and greedy decode steps."""
+    pytest.importorskip("mlx.core")
+    from localchat.backends.mlx.runner import MLXRunner
+
+    hf = tiny_hf_model("llama4_text", **VARIANTS[variant])
+    runner = MLXRunner(bundle_from_hf(hf), RunnerOptions(device="cpu", dtype="float32", seed=0))
+    driver = PagedDriver(runner)  # type: ignore[arg-type]
+    driver.add("a", PROMPT * 2)
+    _, logits = driver.step_logits(every_token=True)
+    assert_close(torch.from_numpy(np.array(logits)).float(), hf_logits(hf, PROMPT * 2))
+    for _ in range(4):
+        driver.feed("a", int(np.array(logits[-1]).argmax()))
+        _, logits = driver.step_logits()
+        assert_close(torch.from_numpy(np.array(logits[0])).float(), hf_logits(hf, driver.tokens("a"))[-1])

@@ -98,7 +98,7 @@ def test_mlx_backend_names_the_families_it_lacks() -> None:
     from localchat.backends.mlx.models import model_class
     from localchat.errors import UnsupportedArchitectureError
 
-    for model_type in ("gemma4_text", "llama4_text"):
+    for model_type in ("gemma4_text", "gemma4"):
         with pytest.raises(
             UnsupportedArchitectureError, match=f"{model_type} on the MLX backend.*Supported: .*llama"
         ):
