@@ -123,6 +123,8 @@ def fake_model_bundle(name: str = "fake-model", max_model_len: int = 4096) -> Mo
 
 
 class FakeRunner:
+    supports_speculation = False  # it answers one scripted token per request (engine/speculative.py)
+
     def __init__(self, tokenizer: FakeTokenizer | None = None, kv_bytes_per_token: int = 128) -> None:
         # kv_bytes_per_token only shapes how many blocks a MiB budget buys (tests use it to force preemption).
         self.tokenizer = tokenizer or FakeTokenizer()

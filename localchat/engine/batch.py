@@ -7,6 +7,7 @@ import numpy as np
 from localchat.engine.interface import BatchInputs, SchedulerOutput
 from localchat.engine.request import Request
 from localchat.engine.sampling_inputs import build_sampling_inputs
+from localchat.engine.sampling_params import SamplingParams
 
 
 def build_batch(
@@ -19,6 +20,9 @@ def build_batch(
 
     A row samples when this step reaches the end of its known tokens; a middle prefill chunk does not.
     `state_slots` (hybrid models): each request's state slot, sent per row.
+    A row with draft tokens (`Request.spec_token_ids`, engine/speculative.py) feeds them after its last
+    token and samples at its last token and at every draft: one sampling row each, in order, whose
+    penalties and seed index see the drafts before it as if they were output already.
     """
     req_ids = list(scheduler_output.num_scheduled_tokens)
     num_reqs = len(req_ids)
@@ -30,22 +34,30 @@ def build_batch(
     logits_indices: list[int] = []
     sample_req_ids: list[str] = []
     block_lists: list[list[int]] = []
+    sampling_rows: list[tuple[SamplingParams, list[int], int]] = []
 
     offset = 0
     for row, req_id in enumerate(req_ids):
         request = requests[req_id]
         count = scheduler_output.num_scheduled_tokens[req_id]
+        drafts = request.spec_token_ids
         start = request.num_computed_tokens
         end = start + count
-        input_ids[offset : offset + count] = request.all_token_ids[start:end]
+        known_end = end - len(drafts)
+        input_ids[offset : offset + count - len(drafts)] = request.all_token_ids[start:known_end]
+        input_ids[offset + count - len(drafts) : offset + count] = drafts
         positions[offset : offset + count] = np.arange(start, end)
         offset += count
         query_start_loc[row + 1] = offset
         seq_lens[row] = end
         block_lists.append(request.block_ids)
-        if end == request.num_tokens:
-            logits_indices.append(offset - 1)
-            sample_req_ids.append(req_id)
+        if known_end == request.num_tokens:
+            params, prompt_len = request.sampling_params, request.num_prompt_tokens
+            for j in range(len(drafts) + 1):
+                logits_indices.append(offset - 1 - len(drafts) + j)
+                sample_req_ids.append(req_id)
+                tokens = request.all_token_ids + drafts[:j] if j else request.all_token_ids
+                sampling_rows.append((params, tokens, prompt_len))
 
     max_blocks = max((len(b) for b in block_lists), default=0)
     block_tables = np.zeros((num_reqs, max(max_blocks, 1)), dtype=np.int32)  # 0 = null block
@@ -73,10 +85,5 @@ def build_batch(
         state_slots=None
         if state_slots is None
         else np.asarray([state_slots[r] for r in req_ids], dtype=np.int64),
-        sampling=build_sampling_inputs(
-            [
-                (r.sampling_params, r.all_token_ids, r.num_prompt_tokens)
-                for r in (requests[req_id] for req_id in sample_req_ids)
-            ]
-        ),
+        sampling=build_sampling_inputs(sampling_rows),
     )

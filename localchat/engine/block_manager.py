@@ -91,14 +91,19 @@ class BlockManager:
         num_new_tokens: int,
         computed_blocks: list[int] | None = None,
         reserve: int = 0,
+        num_lookahead: int = 0,
     ) -> list[int] | None:
         """Give `request` blocks for its computed tokens plus `num_new_tokens` more. Returns the newly
         allocated block ids, or None (and changes nothing) when the pool cannot cover it while keeping
-        `reserve` blocks free. `computed_blocks` are prefix hits, only on a request's first allocation."""
+        `reserve` blocks free. `computed_blocks` are prefix hits, only on a request's first allocation.
+        `num_lookahead`: slots for speculative draft tokens after those; they get room but are never
+        named in the prefix cache (they are not the request's tokens unless accepted)."""
         computed_blocks = computed_blocks or []
         assert not computed_blocks or not request.block_ids
         is_admission = not request.block_ids
-        num_needed_total = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size)
+        num_needed_total = -(
+            -(request.num_computed_tokens + num_new_tokens + num_lookahead) // self.block_size
+        )
         num_new_blocks = max(0, num_needed_total - len(request.block_ids) - len(computed_blocks))
         # Hits on free (ref 0) cached blocks take those blocks out of the free pool too.
         num_revived = sum(1 for b in computed_blocks if self.blocks[b].ref_count == 0)

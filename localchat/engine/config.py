@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from localchat.engine.speculative import SpeculativeConfig
 from localchat.errors import InvalidRequestError
 
 
@@ -19,6 +20,7 @@ class EngineConfig:
     max_queue_len: int = 256  # requests waiting beyond max_num_seqs before new ones get 503
     # Blocks kept free when admitting a new request, so running ones can grow before anyone is preempted.
     watermark_fraction: float = 0.01
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # engine/speculative.py
 
     def validate(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -28,3 +30,4 @@ class EngineConfig:
             raise InvalidRequestError("prefill_chunk_size must be >= 0 (0 disables chunking)")
         if self.kv_cache_mib is not None and self.kv_cache_mib < 1:
             raise InvalidRequestError("kv_cache_mib (--mem) must be >= 1 MiB")
+        self.speculative.validate()

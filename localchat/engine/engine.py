@@ -6,6 +6,7 @@ import itertools
 import logging
 import time
 from collections import deque
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -14,12 +15,13 @@ from localchat.engine.block_manager import BlockManager
 from localchat.engine.config import EngineConfig
 from localchat.engine.constraint import TokenMatcher, fill_batch_bitmask
 from localchat.engine.detokenizer import Decoder, IncrementalDetokenizer
-from localchat.engine.interface import ModelRunner, StateCacheSpec
+from localchat.engine.interface import ModelRunner, RunnerOutput, StateCacheSpec, TokenLogprobs
 from localchat.engine.latency import ITL_BUCKETS_S, TTFT_BUCKETS_S, Histogram
 from localchat.engine.outputs import EngineStats, RequestOutput
 from localchat.engine.request import FinishReason, Request
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.scheduler import Scheduler
+from localchat.engine.speculative import accept_drafts
 from localchat.engine.state_slots import StateSlotPool
 from localchat.errors import ContextLengthExceededError, InvalidRequestError
 
@@ -108,6 +110,13 @@ class LLMEngine:
             log.warning(
                 "max_model_len %d capped to %d tokens: all the KV cache (raise --mem)", wanted, capacity
             )
+        self.spec_draft_tokens = 0  # draft tokens scored, and of which accepted (engine/speculative.py)
+        self.spec_accepted_tokens = 0
+        self.speculation_note = self._speculation_note(runner, state_spec)
+        if self.speculation_note:
+            log.warning("Speculative decoding off: %s", self.speculation_note)
+        self.scheduler.speculate = config.speculative.enabled and not self.speculation_note
+        self.scheduler.max_model_len = self.max_model_len
         # Optional runner hook: static-shape work (CUDA graphs) once the batch and context bounds are known.
         if (prepare := getattr(runner, "prepare_decode_graphs", None)) is not None:
             prepare(config.max_num_seqs, self.max_model_len)
@@ -181,15 +190,14 @@ class LLMEngine:
             return [self._fail(self.scheduler.requests[r], exc) for r in batch.req_ids]
 
         for req_id, count in scheduler_output.num_scheduled_tokens.items():
-            self.scheduler.requests[req_id].num_computed_tokens += count
+            request = self.scheduler.requests[req_id]
+            # Draft tokens' K/V count only once accepted (below); the rest are overwritten later.
+            request.num_computed_tokens += count - len(request.spec_token_ids)
         outputs: list[RequestOutput] = []
-        logprobs = runner_output.logprobs
         now = time.monotonic()
         embeddings = runner_output.embeddings or {}
         num_generated = 0
-        for i, (req_id, token_ids) in enumerate(
-            zip(runner_output.req_ids, runner_output.sampled_token_ids, strict=True)
-        ):
+        for req_id, token_ids, token_logprobs in self._rows(runner_output):
             request = self.scheduler.requests[req_id]
             if req_id in embeddings:
                 request.embedding = embeddings[req_id]
@@ -198,22 +206,26 @@ class LLMEngine:
             reason: FinishReason | None = None
             accepted = 0
             grammar_error: str | None = None
+            detok = self._detokenizers[req_id]
+            delta = ""
+            # One token at a time, so that a stop (token, string, grammar, length) inside several
+            # accepted tokens ends the output exactly where a one-token step would have.
             while reason is None and grammar_error is None and accepted < len(token_ids):
-                request.append_output_token(token_ids[accepted])
+                token_id = token_ids[accepted]
+                request.append_output_token(token_id)
                 accepted += 1
                 reason = request.check_token_stop(self.max_model_len)
-                grammar_error = self._advance_matcher(request, token_ids[accepted - 1])
+                grammar_error = self._advance_matcher(request, token_id)
                 if reason is None and request.matcher is not None and request.matcher.is_finished:
                     reason = FinishReason.STOP  # the grammar is complete: nothing may follow
+                delta += detok.push([token_id])
+                if detok.stop_hit is not None:
+                    request.stop_reason = detok.stop_hit
+                    reason = FinishReason.STOP
             token_ids = token_ids[:accepted]
+            token_logprobs = token_logprobs[:accepted]
             num_generated += accepted
             self._record_latency(request, accepted, now)
-            detok = self._detokenizers[req_id]
-            delta = detok.push(token_ids)
-            if detok.stop_hit is not None:
-                request.stop_reason = detok.stop_hit
-                reason = FinishReason.STOP
-            token_logprobs = logprobs[i] if logprobs is not None else []
             if grammar_error is not None:
                 out = self._finish(request, FinishReason.ERROR, delta, token_ids, token_logprobs)
                 out.error = grammar_error
@@ -227,6 +239,43 @@ class LLMEngine:
         return outputs
 
     # -- helpers ------------------------------------------------------------------------------------
+
+    def _rows(self, output: RunnerOutput) -> Iterator[tuple[str, list[int], list[TokenLogprobs]]]:
+        """(request, tokens it produced, their logprobs) per request. A speculative request's rows
+        (one per sampled position, consecutive) collapse to the tokens it keeps (accept_drafts), and
+        its accepted drafts' K/V become computed."""
+        logprobs = output.logprobs
+        i, num_rows = 0, len(output.req_ids)
+        while i < num_rows:
+            req_id = output.req_ids[i]
+            request = self.scheduler.requests[req_id]
+            drafts = request.spec_token_ids
+            if not drafts:
+                yield req_id, output.sampled_token_ids[i], logprobs[i] if logprobs is not None else []
+                i += 1
+                continue
+            rows = range(i, i + len(drafts) + 1)
+            i += len(rows)
+            kept = accept_drafts(drafts, [output.sampled_token_ids[r][0] for r in rows])
+            request.spec_token_ids = []
+            request.num_computed_tokens += len(kept) - 1
+            self.spec_draft_tokens += len(drafts)
+            self.spec_accepted_tokens += len(kept) - 1
+            kept_logprobs = [lp for r in rows[: len(kept)] for lp in logprobs[r]] if logprobs else []
+            yield req_id, kept, kept_logprobs
+
+    def _speculation_note(self, runner: ModelRunner, state_spec: StateCacheSpec | None) -> str:
+        """Why speculation cannot run with this model and runner ("" when it can or was not asked for)."""
+        if not self.config.speculative.enabled:
+            return ""
+        if state_spec is not None:
+            return (
+                "a hybrid model's recurrent state cannot be rolled back past rejected draft tokens "
+                "(only paged K/V can)"
+            )
+        if not getattr(runner, "supports_speculation", True):
+            return f"the {type(runner).__name__} runner cannot score draft tokens"
+        return ""
 
     def _grammar_bitmask(self, sample_req_ids: list[str]) -> np.ndarray | None:
         """The step's allowed-token mask, or None when no sampling row has a grammar (no work then)."""

@@ -98,8 +98,8 @@ class TokenLogprobs:
 
 @dataclass(slots=True)
 class RunnerOutput:
-    req_ids: list[str]  # == BatchInputs.sample_req_ids
-    sampled_token_ids: list[list[int]]  # one list per request (one token per step today)
+    req_ids: list[str]  # == BatchInputs.sample_req_ids (a speculative request: once per sampled position)
+    sampled_token_ids: list[list[int]]  # one list per row (one token each from the torch and MLX runners)
     logprobs: list[list[TokenLogprobs]] | None = None  # aligned with sampled_token_ids, when asked
     # Embedding requests (SamplingParams.embedding) whose prompt ended this step: their mean-pooled,
     # L2-normalised final hidden state (after the final norm). Their sampled_token_ids entry is empty.
@@ -120,11 +120,15 @@ class RunnerOutput:
         """Re-align to all of `req_ids` (the sampled rows plus the finished embedding rows)."""
         if not embeddings:
             return self
-        tokens = dict(zip(self.req_ids, self.sampled_token_ids, strict=True))
-        out = RunnerOutput(list(req_ids), [tokens.get(r, []) for r in req_ids], None, embeddings)
+        # Walk both in order: a speculative request owns several consecutive rows (engine/speculative.py).
+        rows = iter(range(len(self.req_ids)))
+        taken = [None if r in embeddings else next(rows) for r in req_ids]
+        out = RunnerOutput(
+            list(req_ids), [[] if i is None else self.sampled_token_ids[i] for i in taken], None, embeddings
+        )
         if self.logprobs is not None:
-            lps = dict(zip(self.req_ids, self.logprobs, strict=True))
-            out.logprobs = [lps.get(r, []) for r in req_ids]
+            logprobs = self.logprobs
+            out.logprobs = [[] if i is None else logprobs[i] for i in taken]
         return out
 
 

@@ -49,6 +49,8 @@ class Request:
     # Advanced by every accepted output token; it stays here across preemption (outputs are kept too).
     matcher: TokenMatcher | None = None
     embedding: list[float] | None = None  # the pooled vector of an embedding request, once computed
+    # Draft tokens scheduled this step after its last token (engine/speculative.py); not in all_token_ids.
+    spec_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)

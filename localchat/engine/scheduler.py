@@ -2,7 +2,9 @@
 (decodes and unfinished prefills, oldest first), then admits waiting ones, chunking prefills to fit.
 Out of blocks, it preempts the newest running request (recompute later); nothing is dropped.
 Hybrid models also need a state slot per running request (engine/state_slots.py): a request is admitted
-only when a slot and its blocks are both free, and gives both back on finish or preemption."""
+only when a slot and its blocks are both free, and gives both back on finish or preemption.
+With speculation on (engine/speculative.py), a decoding request may also get draft tokens after its
+last one while few requests run; they take budget and block room but are never prefix-cached."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from localchat.engine.block_manager import BlockManager
 from localchat.engine.config import EngineConfig
 from localchat.engine.interface import CachedRequestData, NewRequestData, SchedulerOutput
 from localchat.engine.request import FinishReason, Request, RequestStatus
+from localchat.engine.speculative import propose_ngram
 from localchat.engine.state_slots import StateSlotPool
 
 
@@ -27,6 +30,9 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self._finished_since_last_step: set[str] = set()
         self.num_preemptions = 0
+        # The engine sets these: speculation may be off for the model or the runner (engine.py).
+        self.speculate = config.speculative.enabled
+        self.max_model_len = 0
 
     @property
     def has_unfinished(self) -> bool:
@@ -59,13 +65,22 @@ class Scheduler:
         cached_reqs: list[CachedRequestData] = []
         preempted: set[str] = set()
 
+        speculate = self.speculate and len(self.running) <= self.config.speculative.max_batch
+        for request in self.running:
+            request.spec_token_ids = []
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             if chunk:
                 num_new = min(num_new, chunk)
-            while (new_blocks := self.block_manager.allocate_slots(request, num_new)) is None:
+            drafts = self._drafts(request, budget) if speculate and num_new == 1 else []
+            while (
+                new_blocks := self.block_manager.allocate_slots(request, num_new, num_lookahead=len(drafts))
+            ) is None:
+                if drafts:
+                    drafts = []  # no room to speculate: a plain decode step may still fit
+                    continue
                 victim = self.running.pop()  # newest; not yet scheduled in this step
                 self._preempt(victim)
                 preempted.add(victim.req_id)
@@ -73,9 +88,10 @@ class Scheduler:
                     break
             if new_blocks is None:
                 break
-            num_scheduled[request.req_id] = num_new
+            request.spec_token_ids = drafts
+            num_scheduled[request.req_id] = num_new + len(drafts)
             cached_reqs.append(CachedRequestData(request.req_id, new_blocks, request.num_computed_tokens))
-            budget -= num_new
+            budget -= num_new + len(drafts)
             index += 1
 
         while self.waiting and not preempted and budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -131,6 +147,20 @@ class Scheduler:
             preempted_req_ids=preempted,
         )
 
+    def _drafts(self, request: Request, budget: int) -> list[int]:
+        """Draft tokens for a decoding request, capped so none can pass max_tokens or the context."""
+        params = request.sampling_params
+        if request.num_tokens - request.num_computed_tokens != 1 or request.matcher is not None:
+            return []  # a grammar would have to be advanced over guesses: not done
+        spec = self.config.speculative
+        k = min(
+            spec.num_tokens,
+            budget - 1,
+            params.max_tokens - request.num_output_tokens - 1,
+            self.max_model_len - request.num_tokens - 1,
+        )
+        return propose_ngram(request.all_token_ids, k, spec.ngram_max, spec.ngram_min)
+
     def _watermark(self) -> int:
         return int(self.block_manager.num_usable_blocks * self.config.watermark_fraction)
 
@@ -140,6 +170,7 @@ class Scheduler:
         if self.state_pool is not None:
             self.state_pool.free(request.req_id)  # recompute: the state is rebuilt from the tokens
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
         self.num_preemptions += 1

@@ -1,0 +1,82 @@
+"""Speculative decoding, model-agnostic: a proposer guesses up to k next tokens of a running sequence,
+the target model scores them in the same step as extra query rows of that sequence (like a short
+prefill chunk after its last token), and the engine keeps the longest prefix the target agrees with.
+
+Acceptance without any runner change: every position of a speculative row is sampled as its own
+sampling row (its own penalties context and seed index), giving one target token per position. A draft
+token is kept while it equals the target's token there; the first mismatch is replaced by the target's
+token, and when all k are kept the target's token after them is a bonus. For greedy rows that is
+exactly non-speculative greedy. For sampled rows with a deterministic proposer (q one-hot at the draft
+d) it is exactly the standard rejection rule: P(accept d) = p(d) = min(1, p(d)/q(d)), and the token
+drawn on rejection is p conditioned on "not d", i.e. norm(max(0, p - q)). A proposer with a real
+distribution q (a draft model) would need the runner to see q; not done here (see docs/speculative.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from localchat.errors import InvalidRequestError
+
+SPECULATIVE_METHODS = ("off", "ngram")
+# Speculate only while at most this many sequences run. Decode is memory-bound: one step streams every
+# weight once whatever its row count, so a few extra query rows per sequence are nearly free at small
+# batch sizes. With many sequences the step turns compute-bound, and rejected rows then cost real time
+# while batching already keeps the hardware busy.
+DEFAULT_MAX_BATCH = 4
+
+
+@dataclass(slots=True)
+class SpeculativeConfig:
+    method: str = "off"  # "off" or "ngram" (prompt lookup)
+    num_tokens: int = 4  # k: draft tokens per sequence per step
+    max_batch: int = DEFAULT_MAX_BATCH
+    ngram_max: int = 4  # longest suffix matched against earlier tokens
+    ngram_min: int = 2  # shortest
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "off" and self.num_tokens > 0
+
+    def validate(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise InvalidRequestError(
+                f"speculative must be one of {', '.join(SPECULATIVE_METHODS)}, not {self.method!r}",
+                param="speculative",
+            )
+        if not 0 <= self.num_tokens <= 16:
+            raise InvalidRequestError("num_speculative_tokens must be between 0 and 16")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise InvalidRequestError("need 1 <= ngram_min <= ngram_max")
+
+
+def propose_ngram(tokens: Sequence[int], k: int, ngram_max: int = 4, ngram_min: int = 2) -> list[int]:
+    """Prompt lookup: find the latest earlier occurrence of the sequence's last n tokens (longest n
+    first) and propose the up to `k` tokens that followed it. Deterministic; [] when nothing matches."""
+    size = len(tokens)
+    if k <= 0 or size < ngram_min + 1:
+        return []
+    for n in range(min(ngram_max, size - 1), ngram_min - 1, -1):
+        suffix = list(tokens[size - n :])
+        first = suffix[0]
+        # Latest match first: recent context predicts the continuation best (an edited code block).
+        for start in range(size - n - 1, -1, -1):
+            if tokens[start] == first and list(tokens[start : start + n]) == suffix:
+                follow = list(tokens[start + n : start + n + k])
+                if follow:
+                    return follow
+    return []
+
+
+def accept_drafts(drafts: Sequence[int], target: Sequence[int]) -> list[int]:
+    """The tokens a speculative row commits: drafts while the target's token at each position agrees,
+    then the target's own token at the first disagreement (or after the last draft)."""
+    assert len(target) == len(drafts) + 1
+    out: list[int] = []
+    for draft, token in zip(drafts, target, strict=False):
+        out.append(token)
+        if token != draft:
+            return out
+    out.append(target[len(drafts)])
+    return out
