@@ -176,3 +176,40 @@ def test_decoder_embedding_model_matches_transformers(tmp_path: Path, kind: str)
     last = ref[torch.arange(len(INPUTS)), mask.sum(1) - 1]
     expected = torch.nn.functional.normalize(last, dim=-1).numpy()
     np.testing.assert_allclose(encoder.embed(_batch()), expected, atol=2e-5)
+
+
+def test_embeddinggemma_encoder_matches_transformers(tmp_path: Path) -> None:
+    """Bidirectional Gemma 3 (EmbeddingGemma): local layers see +-window, global layers everything;
+    mean pooling, then a Dense layer (the folder's 2_Dense) and normalisation."""
+    torch.manual_seed(5)
+    config = transformers.Gemma3TextConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=48, max_position_embeddings=64, sliding_window=3,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        use_bidirectional_attention=True, query_pre_attn_scalar=16, pad_token_id=0,
+    )  # fmt: skip
+    model = transformers.Gemma3TextModel(config).eval()
+    with torch.no_grad():  # random (1 + w) norms start at w = 0: give them something to get wrong
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.normal_(0, 0.5)
+    modules = [*ST_MODULES[:2], {"idx": "2", "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
+               {**ST_MODULES[2], "idx": "3"}]  # fmt: skip
+    folder = _save(model, tmp_path / "eg", modules, "mean_tokens")
+    (folder / "2_Dense").mkdir()
+    (folder / "2_Dense" / "config.json").write_text(json.dumps({"in_features": 32, "out_features": 8, "bias": False,
+        "activation_function": "torch.nn.modules.linear.Identity"}))  # fmt: skip
+    dense = torch.randn(8, 32)
+    from safetensors.torch import save_file
+
+    save_file({"linear.weight": dense}, str(folder / "2_Dense" / "model.safetensors"))
+    encoder, _ = load_encoder(folder)
+    assert encoder.dimension == 8
+    ref, mask = _reference(model, pad=0)
+    ids, types, ours_mask = encoder.batch_tensors(_batch())  # type: ignore[attr-defined]
+    hidden = encoder.hidden_states(ids, types, ours_mask)  # type: ignore[attr-defined]
+    for row, inp in enumerate(INPUTS):
+        torch.testing.assert_close(hidden[row, : len(inp)], ref[row, : len(inp)], atol=5e-5, rtol=1e-4)
+    m = mask.unsqueeze(-1).float()
+    expected = torch.nn.functional.normalize(((ref * m).sum(1) / m.sum(1)) @ dense.T, dim=-1).numpy()
+    np.testing.assert_allclose(encoder.embed(_batch()), expected, atol=5e-5)

@@ -31,13 +31,20 @@ def load_encoder(folder: Path, threads: int | None = None) -> tuple[Encoder, Sen
         from localchat.backends.torch.encoders.modernbert import ModernBertEncoder
 
         return ModernBertEncoder.from_folder(folder, config, sentence), sentence
+    if model_type == "gemma3_text" and config.get("use_bidirectional_attention"):  # EmbeddingGemma
+        from localchat.backends.torch.encoders.gemma_encoder import GemmaEncoder
+
+        sentence = read_sentence_config(folder, default_pooling="mean")
+        return GemmaEncoder.from_folder(folder, config, sentence), sentence
     if model_type in ("qwen2", "qwen3"):  # decoder embedding models: last-token pooling by default
         from localchat.backends.torch.encoders.decoder import DecoderEncoder
 
         sentence = read_sentence_config(folder, default_pooling="lasttoken")
         return DecoderEncoder.from_folder(folder, config, sentence), sentence
     if model_type not in BERT_LIKE:
-        raise UnsupportedArchitectureError(model_type, [*BERT_LIKE, "modernbert", "qwen2", "qwen3"])
+        raise UnsupportedArchitectureError(
+            model_type, [*BERT_LIKE, "modernbert", "qwen2", "qwen3", "gemma3_text (bidirectional)"]
+        )
     from localchat.backends.torch.encoders.bert import BertEncoder
 
     return BertEncoder.from_folder(folder, config, sentence), sentence
