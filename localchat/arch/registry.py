@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from localchat.arch import deepseek, families, qwen3_next
+from localchat.arch import deepseek, families, qwen3_next, ssm
 from localchat.errors import UnsupportedArchitectureError
 
 if TYPE_CHECKING:
@@ -542,7 +542,7 @@ def _hybrid_entries() -> list[Architecture]:
         text_config_key="text_config",
         weight_prefixes=qwen3_next.QWEN3_5_PREFIXES,
     )
-    return [qwen3_5_text, wrapper, qwen3_next_arch, qwen3_5_moe_text, moe_wrapper]
+    return [qwen3_5_text, wrapper, qwen3_next_arch, qwen3_5_moe_text, moe_wrapper, *ssm.entries(Architecture)]
 
 
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in [*_entries(), *_hybrid_entries()]}
