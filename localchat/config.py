@@ -90,7 +90,7 @@ class Settings:
         None,
         ("--embedding-model",),
         "an embedding model loaded beside the chat model for /v1/embeddings: a sentence-transformers "
-        "folder, a models.yaml alias or ORG/REPO (BERT, XLM-RoBERTa)",
+        "folder, a models.yaml alias or ORG/REPO (BERT, XLM-RoBERTa, ModernBERT, Qwen3-Embedding, EmbeddingGemma)",
         group="model",
         metavar="NAME",
     )

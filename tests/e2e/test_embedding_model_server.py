@@ -116,3 +116,28 @@ def test_rerank_shape_order_and_aliases(server: LiveServer) -> None:
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "documents"
         wrong = http.post("/v1/embeddings", json={"model": data["model"], "input": "x"})
         assert wrong.status_code == 400 and "rerank model" in wrong.json()["error"]["message"]
+
+
+def test_a_bad_embedding_model_stops_startup(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    folder = tmp_path / "not-a-model"
+    folder.mkdir()
+    env = {**os.environ, "LOCALCHAT_HOME": str(tmp_path / "home")}
+    cmd = [
+        sys.executable,
+        "-m",
+        "localchat",
+        "serve",
+        "--backend",
+        "fake",
+        "--p",
+        "0",
+        "--embedding-model",
+        str(folder),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 1
+    assert "not an encoder model folder (no config.json)" in done.stderr
