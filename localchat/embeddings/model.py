@@ -69,7 +69,11 @@ class EmbeddingModel:
                 f"{self.model_id} is an embedding model, not a reranker (a cross-encoder).", param="model"
             )
         assert self.engine is not None
-        items = [self.tokenizer.encode(query, doc) for doc in documents]
+        pair_text = getattr(self.encoder, "pair_text", None)
+        if pair_text is not None:  # a decoder reranker: one prompt per pair, no special tokens added
+            items = [self.tokenizer.encode(pair_text(query, doc), special=False) for doc in documents]
+        else:  # a cross-encoder: the tokenizer's pair encoding ([CLS] q [SEP] d [SEP], token types)
+            items = [self.tokenizer.encode(query, doc) for doc in documents]
         scores = np.stack(await self.engine.submit(items))[:, 0]
         return scores, sum(len(i) for i in items)
 
@@ -78,7 +82,7 @@ class EmbeddingModel:
 
 
 def load_embedding_model(
-    path: Path, model_id: str | None = None, threads: int | None = None
+    path: Path, model_id: str | None = None, threads: int | None = None, rerank: bool = False
 ) -> EmbeddingModel:
     """Read a sentence-transformers (or transformers) encoder folder onto the torch backend."""
     from localchat.backends.torch.encoders import load_encoder  # torch only when one is asked for
@@ -87,7 +91,7 @@ def load_embedding_model(
         raise ModelLoadError(f"{path} is not an encoder model folder (no config.json).")
 
     started = time.perf_counter()
-    encoder, sentence = load_encoder(path, threads=threads)
+    encoder, sentence = load_encoder(path, threads=threads, rerank=rerank)
     limit = min(sentence.max_seq_length or encoder.max_positions, encoder.max_positions)
     tokenizer = EncoderTokenizer(path, limit)
     name = model_id or path.name
@@ -124,7 +128,7 @@ def load_side_models(embedding: str | None, rerank: str | None) -> list[Embeddin
         if not spec:
             continue
         path, model_id = resolve_encoder_path(spec)
-        model = load_embedding_model(path, model_id)
+        model = load_embedding_model(path, model_id, rerank=kind == "rerank")
         if model.kind != kind:
             flag = "--embedding-model" if kind == "embedding" else "--rerank-model"
             raise ModelLoadError(

@@ -34,8 +34,8 @@ class EncoderTokenizer:
         self._tok.enable_truncation(max_length, strategy="longest_first")
         self.max_length = max_length
 
-    def encode(self, text: str, pair: str | None = None) -> Encoded:
-        enc = self._tok.encode(text, pair)
+    def encode(self, text: str, pair: str | None = None, special: bool = True) -> Encoded:
+        enc = self._tok.encode(text, pair, add_special_tokens=special)
         return Encoded(list(enc.ids), list(enc.type_ids))
 
     def encode_ids(self, ids: list[int]) -> Encoded:

@@ -213,3 +213,38 @@ def test_embeddinggemma_encoder_matches_transformers(tmp_path: Path) -> None:
     m = mask.unsqueeze(-1).float()
     expected = torch.nn.functional.normalize(((ref * m).sum(1) / m.sum(1)) @ dense.T, dim=-1).numpy()
     np.testing.assert_allclose(encoder.embed(_batch()), expected, atol=5e-5)
+
+
+def test_qwen3_reranker_scores_match_transformers(tmp_path: Path) -> None:
+    """Qwen3-Reranker style: P(yes) against no from the causal LM's next-token logits at the last token."""
+    torch.manual_seed(6)
+    config = transformers.Qwen3Config(
+        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=48, max_position_embeddings=64, tie_word_embeddings=False,
+    )  # fmt: skip
+    model = transformers.Qwen3ForCausalLM(config).eval()
+    folder = _save(model, tmp_path / "qr", None, "")
+    from tokenizers import Tokenizer, models
+
+    vocab = {f"t{i}": i for i in range(99)} | {"yes": 40, "no": 41}
+    del vocab["t40"], vocab["t41"]
+    Tokenizer(models.WordLevel(vocab, unk_token="t0")).save(str(folder / "tokenizer.json"))
+    encoder, _ = load_encoder(folder, rerank=True)
+    assert encoder.is_reranker
+    width = max(len(i) for i in INPUTS)
+    ids = torch.tensor([i + [0] * (width - len(i)) for i in INPUTS])
+    mask = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i in INPUTS])
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    last = logits[torch.arange(len(INPUTS)), mask.sum(1) - 1][:, [40, 41]]
+    expected = torch.softmax(last, dim=-1)[:, :1].numpy()
+    np.testing.assert_allclose(encoder.score(_batch()), expected, atol=2e-5)
+    # through the served model: each pair goes into the judging prompt, scored in one batch
+    from localchat.embeddings.model import load_embedding_model
+    from tests.helpers.run_async import run_async
+
+    served = load_embedding_model(folder, rerank=True)
+    scores, tokens = run_async(served.rerank("query", ["doc a", "doc b"]))
+    prompt = served.tokenizer.encode(encoder.pair_text("query", "doc a"), special=False)  # type: ignore[attr-defined]
+    assert tokens == 2 * len(prompt) and 0 < scores[0] < 1
+    np.testing.assert_allclose(scores[0], encoder.score([prompt])[0, 0], atol=1e-6)

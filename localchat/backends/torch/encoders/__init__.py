@@ -17,8 +17,11 @@ if TYPE_CHECKING:
 BERT_LIKE = ("bert", "roberta", "xlm-roberta", "camembert")
 
 
-def load_encoder(folder: Path, threads: int | None = None) -> tuple[Encoder, SentenceConfig]:
-    """The encoder in `folder` (config.json + model.safetensors) and its pooling settings."""
+def load_encoder(
+    folder: Path, threads: int | None = None, rerank: bool = False
+) -> tuple[Encoder, SentenceConfig]:
+    """The encoder in `folder` (config.json + model.safetensors) and its pooling settings. `rerank`:
+    a decoder is loaded as a yes/no reranker (Qwen3-Reranker); encoders say it by their head."""
     from localchat.embeddings.st_config import read_sentence_config
 
     try:
@@ -40,7 +43,7 @@ def load_encoder(folder: Path, threads: int | None = None) -> tuple[Encoder, Sen
         from localchat.backends.torch.encoders.decoder import DecoderEncoder
 
         sentence = read_sentence_config(folder, default_pooling="lasttoken")
-        return DecoderEncoder.from_folder(folder, config, sentence), sentence
+        return DecoderEncoder.from_folder(folder, config, sentence, rerank=rerank), sentence
     if model_type not in BERT_LIKE:
         raise UnsupportedArchitectureError(
             model_type, [*BERT_LIKE, "modernbert", "qwen2", "qwen3", "gemma3_text (bidirectional)"]

@@ -1,7 +1,9 @@
-"""Decoder embedding models (Qwen3-Embedding; gte-Qwen2 style qwen2 models): a Qwen2/Qwen3 decoder run
+"""Decoder embedding and rerank models (Qwen3-Embedding, Qwen3-Reranker; gte-Qwen2 style qwen2 models): a Qwen2/Qwen3 decoder run
 once over the whole input with causal attention, its final-normed hidden states pooled as the folder's
 sentence-transformers config says (last token for Qwen3-Embedding). No KV cache: one pass per batch,
-right padding masked out (a causal model's last real token never sees the padding after it)."""
+right padding masked out (a causal model's last real token never sees the padding after it).
+As a reranker (Qwen3-Reranker), the (query, document) pair is written into its judging prompt and the
+score is P("yes") against "no" for the next token."""
 
 from __future__ import annotations
 
@@ -22,17 +24,27 @@ from localchat.errors import ModelLoadError
 DECODERS = ("qwen2", "qwen3")
 
 
-class DecoderEncoder:
-    is_reranker = False
+RERANK_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+# Qwen3-Reranker's judging prompt, as its model card gives it.
+_RERANK_PREFIX = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
+    'Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+)
+_RERANK_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
+
+class DecoderEncoder:
     def __init__(
         self,
         config: dict[str, Any],
         tensors: dict[str, torch.Tensor],
         sentence: SentenceConfig,
         dense: DenseStack,
+        yes_no: tuple[int, int] | None = None,
     ) -> None:
         self.w = tensors
+        self.yes_no = yes_no  # token ids of "yes" and "no": a reranker
+        self.is_reranker = yes_no is not None
         self.sentence = sentence
         self.dense = dense
         self.layers = int(config["num_hidden_layers"])
@@ -55,8 +67,25 @@ class DecoderEncoder:
             raise ModelLoadError("The decoder checkpoint lacks embed_tokens.weight.")
 
     @classmethod
-    def from_folder(cls, folder: Path, config: dict[str, Any], sentence: SentenceConfig) -> DecoderEncoder:
-        return cls(config, read_tensors(folder), sentence, DenseStack(sentence.dense))
+    def from_folder(
+        cls, folder: Path, config: dict[str, Any], sentence: SentenceConfig, rerank: bool = False
+    ) -> DecoderEncoder:
+        yes_no = None
+        if rerank:
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            yes, no = tok.token_to_id("yes"), tok.token_to_id("no")
+            if yes is None or no is None:
+                raise ModelLoadError(f"{folder}: no 'yes'/'no' tokens: not a Qwen3-Reranker style model.")
+            yes_no = (yes, no)
+        return cls(config, read_tensors(folder), sentence, DenseStack(sentence.dense), yes_no)
+
+    @staticmethod
+    def pair_text(query: str, document: str) -> str:
+        """The reranker's input for one (query, document) pair."""
+        body = f"<Instruct>: {RERANK_INSTRUCTION}\n<Query>: {query}\n<Document>: {document}"
+        return _RERANK_PREFIX + body + _RERANK_SUFFIX
 
     def _rms(self, x: torch.Tensor, name: str) -> torch.Tensor:
         return F.rms_norm(x, x.shape[-1:], self.w[name], self.eps)
@@ -108,5 +137,13 @@ class DecoderEncoder:
         hidden = self.hidden_states(ids, types, mask)
         return sentence_vectors(hidden, mask, self.sentence, self.dense).float().numpy()
 
+    @torch.inference_mode()
     def score(self, batch: list[Encoded]) -> np.ndarray:
-        raise ModelLoadError("Decoder rerankers (Qwen3-Reranker) are not supported yet.")
+        if self.yes_no is None:
+            raise ModelLoadError("This model was loaded as an embedding model, not a reranker.")
+        ids, types, mask = self.batch_tensors(batch)
+        hidden = self.hidden_states(ids, types, mask)
+        last = hidden[torch.arange(hidden.shape[0]), mask.sum(1) - 1]
+        head = self.w.get("lm_head.weight", self.w["embed_tokens.weight"])
+        logits = last @ head[list(self.yes_no)].T  # [n, 2]: yes, no
+        return torch.softmax(logits, dim=-1)[:, :1].float().numpy()
