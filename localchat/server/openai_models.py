@@ -1,4 +1,5 @@
-"""GET /v1/models and /v1/models/{id}: the local models, the loaded ones marked (with context length)."""
+"""GET /v1/models and /v1/models/{id}: the local models, the loaded ones marked (with context length),
+then the embedding and rerank models loaded beside them (`type`: embedding or rerank)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from litestar import Request, get
 
 from localchat.errors import ModelNotFoundError
 from localchat.server.common import get_models
+from localchat.server.encoder_models import encoder_models
 from localchat.server.openapi import api_operation
 
 if TYPE_CHECKING:
@@ -39,7 +41,23 @@ def _cards(models: ModelManager) -> list[dict[str, Any]]:
 @get(["/v1/models", "/models"], name="openai:models", operation_class=api_operation())
 async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
     # Listing the local store reads the disk (the HF cache): off the event loop.
-    return {"object": "list", "data": await anyio.to_thread.run_sync(_cards, get_models(request))}
+    cards = await anyio.to_thread.run_sync(_cards, get_models(request))
+    return {"object": "list", "data": cards + _encoder_cards(request)}
+
+
+def _encoder_cards(request: Request[Any, Any, Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": m.model_id,
+            "object": "model",
+            "created": 0,
+            "owned_by": "localchat",
+            "loaded": True,
+            "type": m.kind,
+            "max_model_len": m.tokenizer.max_length,
+        }
+        for m in encoder_models(request)
+    ]
 
 
 @get(
@@ -53,7 +71,7 @@ async def get_model(request: Request[Any, Any, Any]) -> dict[str, Any]:
     name = str(request.path_params["model_id"]).lstrip("/")
     if (ctx := models.lookup(name or None)) is not None:
         name = ctx.model_id
-    for card in await anyio.to_thread.run_sync(_cards, models):
+    for card in await anyio.to_thread.run_sync(_cards, models) + _encoder_cards(request):
         if card["id"] == name:
             return card
     raise ModelNotFoundError(

@@ -88,6 +88,13 @@ def test_dimensions_truncate_and_renormalise(client: openai.OpenAI, minilm: Path
     assert info.value.body["param"] == "dimensions"  # type: ignore[index]
 
 
+def test_models_lists_the_side_models(client: openai.OpenAI, minilm: Path) -> None:
+    cards = {m.id: m.model_dump() for m in client.models.list().data}
+    assert cards[minilm.name]["type"] == "embedding" and cards[minilm.name]["max_model_len"] == 256
+    assert [c["type"] for c in cards.values() if c.get("type")] == ["embedding", "rerank"]
+    assert client.models.retrieve(minilm.name).id == minilm.name
+
+
 def test_chat_model_still_answers_when_named(client: openai.OpenAI) -> None:
     reply = client.embeddings.create(model="fake-model", input="abc")
     assert reply.model == "fake-model" and len(reply.data[0].embedding) != 384
