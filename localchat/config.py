@@ -12,6 +12,7 @@ from typing import Any
 
 from localchat.engine.config import EngineConfig
 from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.speculative import SPECULATIVE_METHODS, SpeculativeConfig
 from localchat.errors import LocalchatError
 from localchat.loopback import is_loopback_host
 
@@ -252,6 +253,21 @@ class Settings:
         group="engine",
         metavar="N",
     )
+    speculative: str = _opt(
+        "off",
+        ("--speculative",),
+        "speculative decoding: ngram (draft tokens looked up in the prompt and output) or off",
+        group="engine",
+        metavar="METHOD",
+    )
+    num_speculative_tokens: int = _opt(
+        4,
+        ("--num-speculative-tokens",),
+        "draft tokens per sequence per step with --speculative",
+        parse=int,
+        group="engine",
+        metavar="K",
+    )
     max_gen_tokens: int = _opt(
         4096,
         ("--max-gen-tokens",),
@@ -380,6 +396,7 @@ class Settings:
             prefill_chunk_size=self.prefill_chunk_size,
             enable_prefix_caching=self.prefix_cache,
             max_queue_len=self.max_queue_len,
+            speculative=SpeculativeConfig(self.speculative, self.num_speculative_tokens),
         )
 
     def validate(self) -> Settings:
@@ -388,6 +405,7 @@ class Settings:
             ("log", LOG_LEVELS),
             ("tool_call_parser", TOOL_CALL_PARSERS),
             ("kv_cache_dtype", KV_CACHE_DTYPES),
+            ("speculative", SPECULATIVE_METHODS),
         ):
             if getattr(self, name) not in allowed:
                 flag = "--" + name.replace("_", "-")

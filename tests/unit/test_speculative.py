@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from localchat.backends.fake import EOS_ID, FakeTokenizer
+from localchat.engine.config import EngineConfig
+from localchat.engine.engine import LLMEngine
 from localchat.engine.speculative import SpeculativeConfig, accept_drafts, propose_ngram
 from localchat.errors import InvalidRequestError
 from tests.helpers.fake_engine import fake_engine
@@ -40,10 +43,6 @@ def test_settings_are_validated() -> None:
 
 
 def test_hybrid_models_and_the_fake_runner_turn_speculation_off_with_a_reason() -> None:
-    from localchat.backends.fake import EOS_ID, FakeTokenizer
-    from localchat.engine.config import EngineConfig
-    from localchat.engine.engine import LLMEngine
-
     spec = SpeculativeConfig("ngram")
     hybrid = LLMEngine(
         StateRunner(),  # type: ignore[arg-type]
@@ -58,3 +57,17 @@ def test_hybrid_models_and_the_fake_runner_turn_speculation_off_with_a_reason() 
     assert "FakeRunner runner cannot score draft tokens" in fake.speculation_note
     assert not fake.scheduler.speculate
     assert fake_engine().speculation_note == ""  # not asked for: nothing to say
+
+
+def test_settings_reach_the_engine_config() -> None:
+    from localchat.config import Settings, SettingsError
+
+    settings = Settings.load(
+        environ={"LOCALCHAT_SPECULATIVE": "ngram", "LOCALCHAT_NUM_SPECULATIVE_TOKENS": "6"}
+    )
+    assert settings.engine_config().speculative == SpeculativeConfig("ngram", 6)
+    assert Settings.load(environ={}).engine_config().speculative == SpeculativeConfig()  # off by default
+    with pytest.raises(SettingsError, match="--speculative must be one of off, ngram"):
+        Settings.load(environ={"LOCALCHAT_SPECULATIVE": "draft"})
+    with pytest.raises(SettingsError, match="num_speculative_tokens"):
+        Settings.load(environ={"LOCALCHAT_SPECULATIVE": "ngram", "LOCALCHAT_NUM_SPECULATIVE_TOKENS": "99"})
