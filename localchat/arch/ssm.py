@@ -5,8 +5,10 @@ them in `models/lfm2.py` and `models/mamba_hybrid.py`; `entries` lists the regis
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
+
+from localchat.weights.tensors import WeightTensor
 
 if TYPE_CHECKING:
     from localchat.weights.config import ModelConfig
@@ -77,6 +79,106 @@ def lfm2_state_bytes(config: ModelConfig, dtype_bytes: int = 2) -> int:
     return layers * config.hidden_size * (int(x["conv_L_cache"]) - 1) * dtype_bytes
 
 
+# Mamba-2 mixers inside `model.layers.N.` (Granite: `mamba.`; Nemotron-H: `mixer.`), in mamba2.py's names.
+def _mamba2_weights(prefix: str) -> dict[str, tuple[str, int, int]]:
+    names = {
+        "in_proj.weight": "in_proj",
+        "in_proj.bias": "in_proj_bias",
+        "conv1d.weight": "conv",
+        "conv1d.bias": "conv_bias",
+        "dt_bias": "dt_bias",
+        "A_log": "A_log",
+        "D": "D",
+        "norm.weight": "gated_norm",
+        "out_proj.weight": "out",
+        "out_proj.bias": "out_bias",
+    }
+    return {f"{prefix}{k}": (f"mamba.{v}", 0, 1) for k, v in names.items()}
+
+
+# The decay and skip parameters stay float32 (transformers computes the scan in float32).
+MAMBA2_FLOAT32 = frozenset({"A_log", "dt_bias", "D"})
+
+GRANITE_LAYER_WEIGHTS: dict[str, tuple[str, int, int]] = {
+    **_mamba2_weights("mamba."),
+    "input_layernorm.weight": ("attn_norm", 0, 1),
+    "post_attention_layernorm.weight": ("mlp_norm", 0, 1),
+    "self_attn.q_proj.weight": ("qkv", 0, 3),
+    "self_attn.k_proj.weight": ("qkv", 1, 3),
+    "self_attn.v_proj.weight": ("qkv", 2, 3),
+    "self_attn.o_proj.weight": ("o", 0, 1),
+    "shared_mlp.input_linear.weight": ("gate_up", 0, 1),
+    "shared_mlp.output_linear.weight": ("down", 0, 1),
+    "block_sparse_moe.router.layer.weight": ("moe.router", 0, 1),
+    "block_sparse_moe.router.weight": ("moe.router", 0, 1),
+    "block_sparse_moe.experts.{e}.gate_up_proj": ("moe.experts.{e}.gate_up", 0, 1),
+    "block_sparse_moe.experts.{e}.down_proj": ("moe.experts.{e}.down", 0, 1),
+}
+# transformers' GraniteMoeHybridConfig defaults.
+GRANITE_EXTRA_KEYS: dict[str, Any] = {
+    "layer_types": [],
+    "layers_block_type": None,
+    "mamba_n_heads": 128,
+    "mamba_n_groups": 1,
+    "mamba_d_state": 256,
+    "mamba_d_head": "auto",
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_conv_bias": True,
+    "mamba_proj_bias": False,
+    "embedding_multiplier": 1.0,
+    "logits_scaling": 1.0,
+    "residual_multiplier": 1.0,
+    "attention_multiplier": 1.0,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,  # softmax over the top-k logits: the renormalised top-k probabilities
+    "shared_intermediate_size": 1024,
+    "position_embedding_type": None,
+    "block_kinds": [],
+    "ssm": {},
+}
+
+
+def granite_derive_sizes(config: ModelConfig) -> None:
+    """Layer kinds ("mamba" / "linear_attention" are Mamba-2; all layers Mamba-2 when none are listed)
+    and the Mamba-2 sizes in the shared `ssm` form."""
+    x = config.extra
+    types = x.get("layer_types") or x.get("layers_block_type") or ["mamba"] * config.num_hidden_layers
+    x["block_kinds"] = ["mamba" if t in ("mamba", "linear_attention") else "attention" for t in types]
+    heads = int(x["mamba_n_heads"])
+    inner = int(x["mamba_expand"]) * config.hidden_size
+    head_dim = inner // heads if x["mamba_d_head"] == "auto" else int(x["mamba_d_head"])
+    x["ssm"] = {
+        "heads": heads,
+        "head_dim": head_dim,
+        "groups": int(x["mamba_n_groups"]),
+        "d_state": int(x["mamba_d_state"]),
+        "conv_kernel": int(x["mamba_d_conv"]),
+        "conv_bias": bool(x["mamba_conv_bias"]),
+        "proj_bias": bool(x["mamba_proj_bias"]),
+    }
+
+
+def granite_sanitize(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[WeightTensor]:
+    """The hub's stacked experts (`block_sparse_moe.input_linear` [E, 2I, H], `output_linear`) under
+    transformers 5's names, which weights/experts.py splits per expert."""
+    for w in weights:
+        name = w.name.replace("block_sparse_moe.input_linear.weight", "block_sparse_moe.experts.gate_up_proj")
+        name = name.replace("block_sparse_moe.output_linear.weight", "block_sparse_moe.experts.down_proj")
+        yield w if name == w.name else WeightTensor(name, w.shape, w.dtype, w.data)
+
+
+def mamba2_state_bytes(config: ModelConfig, dtype_bytes: int = 2) -> int:
+    """One sequence's state over the Mamba-2 layers: the conv window (K - 1 inputs of x|B|C, compute
+    dtype) and the float32 state [heads, head_dim, d_state]."""
+    s = config.extra["ssm"]
+    layers = sum(1 for k in config.extra["block_kinds"] if k == "mamba")
+    channels = s["heads"] * s["head_dim"] + 2 * s["groups"] * s["d_state"]
+    conv = channels * (s["conv_kernel"] - 1) * dtype_bytes
+    return layers * (conv + s["heads"] * s["head_dim"] * s["d_state"] * 4)
+
+
 def entries(make: Callable[..., Any]) -> list[Any]:
     """The registry entries (`make` is registry.Architecture)."""
     lfm2 = make(
@@ -89,4 +191,14 @@ def entries(make: Callable[..., Any]) -> list[Any]:
         top_weights=LFM2_TOP_WEIGHTS,
         state_bytes=lfm2_state_bytes,
     )
-    return [lfm2]
+    granite = make(
+        "granitemoehybrid",
+        "mamba_hybrid",
+        layer_weights=GRANITE_LAYER_WEIGHTS,
+        extra_keys=GRANITE_EXTRA_KEYS,
+        derive_sizes=granite_derive_sizes,
+        sanitize=granite_sanitize,
+        float32_params=MAMBA2_FLOAT32,
+        state_bytes=mamba2_state_bytes,
+    )
+    return [lfm2, granite]
