@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from localchat.errors import ModelLoadError
 from localchat.weights.tensors import WeightTensor
 
 if TYPE_CHECKING:
@@ -135,6 +136,7 @@ GRANITE_EXTRA_KEYS: dict[str, Any] = {
     "norm_topk_prob": True,  # softmax over the top-k logits: the renormalised top-k probabilities
     "shared_intermediate_size": 1024,
     "position_embedding_type": None,
+    "time_step_limit": None,
     "block_kinds": [],
     "ssm": {},
 }
@@ -157,6 +159,7 @@ def granite_derive_sizes(config: ModelConfig) -> None:
         "conv_kernel": int(x["mamba_d_conv"]),
         "conv_bias": bool(x["mamba_conv_bias"]),
         "proj_bias": bool(x["mamba_proj_bias"]),
+        "dt_min": float((x.get("time_step_limit") or [0.0])[0]),
     }
 
 
@@ -177,6 +180,83 @@ def mamba2_state_bytes(config: ModelConfig, dtype_bytes: int = 2) -> int:
     channels = s["heads"] * s["head_dim"] + 2 * s["groups"] * s["d_state"]
     conv = channels * (s["conv_kernel"] - 1) * dtype_bytes
     return layers * (conv + s["heads"] * s["head_dim"] * s["d_state"] * 4)
+
+
+NEMOTRON_H_LAYER_WEIGHTS: dict[str, tuple[str, int, int]] = {
+    **_mamba2_weights("mixer."),
+    "norm.weight": ("attn_norm", 0, 1),
+    "mixer.q_proj.weight": ("qkv", 0, 3),
+    "mixer.k_proj.weight": ("qkv", 1, 3),
+    "mixer.v_proj.weight": ("qkv", 2, 3),
+    "mixer.o_proj.weight": ("o", 0, 1),
+    "mixer.up_proj.weight": ("up", 0, 1),
+    "mixer.down_proj.weight": ("down", 0, 1),
+}
+NEMOTRON_H_TOP_WEIGHTS = {"model.embeddings.weight": "embed", "model.norm_f.weight": "norm"}
+# The hub's checkpoints keep the model under `backbone.`; multi-token-prediction layers are not run.
+NEMOTRON_H_PREFIXES: dict[str, str | None] = {"backbone.": "model.", "mtp.": None}
+# transformers 5 writes no num_hidden_layers (the block list gives it): derive_sizes sets it.
+NEMOTRON_H_HF_DEFAULTS: dict[str, Any] = {
+    "num_hidden_layers": 0,
+    "head_dim": 128,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 21504,
+}
+# transformers' NemotronHConfig defaults.
+NEMOTRON_H_EXTRA_KEYS: dict[str, Any] = {
+    "layers_block_type": None,  # (no `layer_types` key: ModelConfig would fill it with attention layers)
+    "hybrid_override_pattern": None,
+    "mamba_num_heads": 128,
+    "mamba_head_dim": 64,
+    "ssm_state_size": 128,
+    "n_groups": 8,
+    "conv_kernel": 4,
+    "use_conv_bias": True,
+    "use_bias": False,
+    "time_step_min": 0.001,
+    "layer_norm_epsilon": 1e-5,
+    "block_kinds": [],
+    "ssm": {},
+}
+# hybrid_override_pattern's letters; "E" (MoE blocks, Nemotron 3) is not supported yet.
+_PATTERN = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+_NEMOTRON_KINDS = {
+    "mamba": "mamba",
+    "linear_attention": "mamba",
+    "attention": "attention",
+    "full_attention": "attention",
+    "mlp": "mlp",
+    "moe": "moe",
+}
+
+
+def nemotron_h_derive_sizes(config: ModelConfig) -> None:
+    """Block kinds from layers_block_type (or the older hybrid_override_pattern string), eps from
+    layer_norm_epsilon, and the Mamba-2 sizes in the shared `ssm` form."""
+    x = config.extra
+    types = x.get("layers_block_type")
+    if not types and x.get("hybrid_override_pattern"):
+        types = [_PATTERN[ch] for ch in x["hybrid_override_pattern"]]
+    if types:
+        kinds = [_NEMOTRON_KINDS[t] for t in types]
+        if "moe" in kinds:
+            raise ModelLoadError(
+                "This Nemotron-H model has mixture-of-experts blocks (Nemotron 3), which are not supported yet."
+            )
+        x["block_kinds"] = kinds
+        config.num_hidden_layers = len(kinds)
+    config.rms_norm_eps = float(x["layer_norm_epsilon"])
+    x["ssm"] = {
+        "heads": int(x["mamba_num_heads"]),
+        "head_dim": int(x["mamba_head_dim"]),
+        "groups": int(x["n_groups"]),
+        "d_state": int(x["ssm_state_size"]),
+        "conv_kernel": int(x["conv_kernel"]),
+        "conv_bias": bool(x["use_conv_bias"]),
+        "proj_bias": bool(x["use_bias"]),
+        "dt_min": float(x["time_step_min"]),
+    }
 
 
 def entries(make: Callable[..., Any]) -> list[Any]:
@@ -201,4 +281,16 @@ def entries(make: Callable[..., Any]) -> list[Any]:
         float32_params=MAMBA2_FLOAT32,
         state_bytes=mamba2_state_bytes,
     )
-    return [lfm2, granite]
+    nemotron_h = make(
+        "nemotron_h",
+        "mamba_hybrid",
+        layer_weights=NEMOTRON_H_LAYER_WEIGHTS,
+        hf_defaults=NEMOTRON_H_HF_DEFAULTS,
+        extra_keys=NEMOTRON_H_EXTRA_KEYS,
+        derive_sizes=nemotron_h_derive_sizes,
+        float32_params=MAMBA2_FLOAT32,
+        top_weights=NEMOTRON_H_TOP_WEIGHTS,
+        weight_prefixes=NEMOTRON_H_PREFIXES,
+        state_bytes=mamba2_state_bytes,
+    )
+    return [lfm2, granite, nemotron_h]

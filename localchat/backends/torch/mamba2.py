@@ -95,8 +95,12 @@ class Mamba2Mixer(nn.Module):
         eps: float,
         conv_bias: bool,
         proj_bias: bool,
+        dt_min: float = 0.0,
     ) -> None:
         super().__init__()
+        # The chunked scan clamps dt from below (Nemotron-H: time_step_min); as in transformers and
+        # mamba_ssm, the one-step update does not.
+        self.dt_min = dt_min
         self.heads, self.head_dim, self.groups, self.d_state, self.eps = heads, head_dim, groups, d_state, eps
         self.inner = heads * head_dim
         self.conv_channels = self.inner + 2 * groups * d_state
@@ -136,7 +140,8 @@ class Mamba2Mixer(nn.Module):
         b = xbc[:, inner : inner + g * n].float().view(tokens, g, n).repeat_interleave(h // g, dim=1)
         c = xbc[:, inner + g * n :].float().view(tokens, g, n).repeat_interleave(h // g, dim=1)
         dt = F.softplus(dt_raw.float() + self.dt_bias.float())
-        a = dt * -self.A_log.float().exp()
+        decay_rate = -self.A_log.float().exp()
+        a = dt * decay_rate
         core = torch.empty(tokens, h, p, dtype=torch.float32, device=x.device)
         if rows.decode_tokens is not None:
             idx, slots = rows.decode_tokens, rows.decode_slots
@@ -145,8 +150,9 @@ class Mamba2Mixer(nn.Module):
             states.index_copy_(0, slots, new)
             core[idx] = o
         for start, end, slot in rows.prefills:
+            dt_row = dt[start:end].clamp(min=self.dt_min) if self.dt_min > 0 else dt[start:end]
             o, new = ssd_chunked(
-                xs[start:end], dt[start:end], a[start:end], b[start:end], c[start:end], states[slot]
+                xs[start:end], dt_row, dt_row * decay_rate, b[start:end], c[start:end], states[slot]
             )
             states[slot] = new
             core[start:end] = o

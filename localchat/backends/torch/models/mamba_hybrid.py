@@ -51,7 +51,7 @@ class HybridBlock(nn.Module):
             s: dict[str, Any] = x["ssm"]
             self.mamba = Mamba2Mixer(
                 hidden, s["heads"], s["head_dim"], s["groups"], s["d_state"], s["conv_kernel"], self.eps,
-                s["conv_bias"], s["proj_bias"],
+                s["conv_bias"], s["proj_bias"], float(s.get("dt_min") or 0.0),
             )  # fmt: skip
         elif self.kind == "attention":
             h, kvh, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
