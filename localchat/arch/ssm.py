@@ -33,6 +33,16 @@ LFM2_LAYER_WEIGHTS: dict[str, tuple[str, int, int]] = {
     "feed_forward.w3.weight": ("gate_up", 1, 2),
     "feed_forward.w2.weight": ("down", 0, 1),
 }
+LFM2_MOE_LAYER_WEIGHTS: dict[str, tuple[str, int, int]] = {
+    **LFM2_LAYER_WEIGHTS,
+    "feed_forward.gate.weight": ("moe.router", 0, 1),
+    "feed_forward.expert_bias": ("moe.score_bias", 0, 1),
+    "feed_forward.experts.{e}.gate_up_proj": ("moe.experts.{e}.gate_up", 0, 1),
+    "feed_forward.experts.{e}.down_proj": ("moe.experts.{e}.down", 0, 1),
+    "feed_forward.experts.{e}.w1.weight": ("moe.experts.{e}.gate_up", 0, 2),
+    "feed_forward.experts.{e}.w3.weight": ("moe.experts.{e}.gate_up", 1, 2),
+    "feed_forward.experts.{e}.w2.weight": ("moe.experts.{e}.down", 0, 1),
+}
 LFM2_TOP_WEIGHTS = {"model.embedding_norm.weight": "norm"}
 # transformers' Lfm2Config defaults. `layer_types` [] (not None): derive_sizes builds it.
 LFM2_EXTRA_KEYS: dict[str, Any] = {
@@ -45,6 +55,18 @@ LFM2_EXTRA_KEYS: dict[str, Any] = {
     "block_auto_adjust_ff_dim": True,
     "block_ffn_dim_multiplier": 1.0,
     "block_multiple_of": 256,
+}
+# transformers' Lfm2MoeConfig defaults; its MLP widths are used as given (no block_* adjustment).
+LFM2_MOE_EXTRA_KEYS: dict[str, Any] = {
+    **LFM2_EXTRA_KEYS,
+    "block_auto_adjust_ff_dim": False,
+    "num_dense_layers": 2,
+    "num_experts": 32,
+    "num_experts_per_tok": 4,
+    "moe_intermediate_size": 1792,
+    "use_expert_bias": True,
+    "routed_scaling_factor": 1.0,
+    "norm_topk_prob": True,
 }
 LFM2_HF_DEFAULTS: dict[str, Any] = {"tie_word_embeddings": True, "rope_theta": 1_000_000.0}
 
@@ -61,10 +83,12 @@ def lfm2_derive_sizes(config: ModelConfig) -> None:
             "full_attention" if i in full else "conv" for i in range(config.num_hidden_layers)
         ]
     config.rms_norm_eps = float(x["norm_eps"])
+    if "num_dense_layers" in x:  # LFM2-MoE: the leading dense layers, in MoeSpec's terms
+        x["first_k_dense_replace"] = int(x["num_dense_layers"])
     if x.get("block_ff_dim") is None:
         x["block_ff_dim"] = config.intermediate_size
     size = int(x["block_ff_dim"])
-    if x.get("block_auto_adjust_ff_dim"):
+    if x.get("block_auto_adjust_ff_dim") and config.model_type == "lfm2":  # LFM2-MoE's widths are as given
         size = int(2 * size / 3)
         if x.get("block_ffn_dim_multiplier") is not None:
             size = int(x["block_ffn_dim_multiplier"] * size)
@@ -271,6 +295,17 @@ def entries(make: Callable[..., Any]) -> list[Any]:
         top_weights=LFM2_TOP_WEIGHTS,
         state_bytes=lfm2_state_bytes,
     )
+    lfm2_moe = make(
+        "lfm2_moe",
+        "lfm2",
+        layer_weights=LFM2_MOE_LAYER_WEIGHTS,
+        hf_defaults=LFM2_HF_DEFAULTS,
+        extra_keys=LFM2_MOE_EXTRA_KEYS,
+        derive_sizes=lfm2_derive_sizes,
+        float32_params=frozenset({"score_bias"}),
+        top_weights=LFM2_TOP_WEIGHTS,
+        state_bytes=lfm2_state_bytes,
+    )
     granite = make(
         "granitemoehybrid",
         "mamba_hybrid",
@@ -293,4 +328,4 @@ def entries(make: Callable[..., Any]) -> list[Any]:
         weight_prefixes=NEMOTRON_H_PREFIXES,
         state_bytes=mamba2_state_bytes,
     )
-    return [lfm2, granite, nemotron_h]
+    return [lfm2, lfm2_moe, granite, nemotron_h]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer, models
-from transformers import Lfm2Config, Lfm2ForCausalLM
+from transformers import Lfm2Config, Lfm2ForCausalLM, Lfm2MoeConfig, Lfm2MoeForCausalLM
 
 from localchat.arch.registry import architecture
 from localchat.backends.torch.runner import TorchRunner
@@ -142,3 +142,48 @@ def test_lfm2_1_2b_state_per_sequence() -> None:
     assert config.intermediate_size == 8192
     arch = architecture("lfm2")
     assert arch.state_bytes is not None and arch.state_bytes(config, 2) == 10 * 2048 * 2 * 2  # 80 KiB
+
+
+TINY_MOE = {
+    **{k: v for k, v in TINY.items() if not k.startswith("block_") and k != "full_attn_idxs"},
+    "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+    "intermediate_size": 96,  # the dense layer's, as given
+    "moe_intermediate_size": 32,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "num_dense_layers": 1,
+    "routed_scaling_factor": 1.5,
+}
+
+
+def test_lfm2_moe_matches_transformers() -> None:
+    """LFM2-MoE: layer 0 dense, then sigmoid-routed experts whose (randomised) bias steers the choice."""
+    torch.manual_seed(0)
+    hf = Lfm2MoeForCausalLM(Lfm2MoeConfig(**TINY_MOE)).float().eval()
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            base = 1.0 if name.endswith("norm.weight") else 0.0
+            param.copy_(base + 0.25 * torch.randn_like(param))
+        for name, buffer in hf.named_buffers():
+            if name.endswith("expert_bias"):
+                buffer.copy_(0.3 * torch.randn_like(buffer))
+    runner = fp32_runner(bundle_from_hf(hf))
+    assert runner.config.intermediate_size == 96
+    runner.initialize_state_cache(4)
+    driver = HybridDriver(runner)
+    driver.add("a", PROMPT)
+    _, logits = driver.step_logits(every_token=True)
+    assert close_to(logits, _reference_logits(hf, PROMPT))
+    prompts = {"b": PROMPT[:9], "c": PROMPT[30:33]}
+    expected = {}
+    for req_id, prompt in prompts.items():
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)
+        expected[req_id] = out[0, len(prompt) :].tolist()
+    driver = HybridDriver(runner)
+    for req_id, prompt in prompts.items():
+        driver.add(req_id, prompt)
+    for _ in range(6):
+        driver.step()
+    for req_id, prompt in prompts.items():
+        assert driver.tokens(req_id)[len(prompt) :] == expected[req_id], req_id

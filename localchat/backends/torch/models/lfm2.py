@@ -4,6 +4,8 @@
 - Short conv: in_proj gives B | C | x (hidden each); y = C * conv(B * x) with a depthwise causal conv of
   width `conv_L_cache` (no activation); out_proj. Its last K - 1 inputs are the per-sequence state.
 - Attention: q/k RMSNorm per head, full RoPE; the paged KV cache holds K/V of these layers only.
+- LFM2-MoE (`lfm2_moe`): the same layers; after the first `num_dense_layers` the MLP is a sparse MoE
+  with a sigmoid router whose expert bias steers only the choice.
 - The final norm is `embedding_norm` (applied after the layers, despite its name).
 """
 
@@ -14,15 +16,36 @@ from typing import cast
 import torch
 from torch import nn
 
+from localchat.arch.moe import MoeSpec
 from localchat.backends.torch.attention import rope_paged_attention
 from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import empty_param, rms_norm, swiglu
 from localchat.backends.torch.models.base import StepMetadata
+from localchat.backends.torch.models.moe import SparseMoe
 from localchat.backends.torch.models.state_model import StateModel
 from localchat.backends.torch.quant import linear
 from localchat.backends.torch.short_conv import causal_conv
 from localchat.backends.torch.state_cache import LayerStateShape, StepRows
 from localchat.weights.config import ModelConfig
+
+
+class SigmoidRouterMoe(SparseMoe):
+    """LFM2-MoE's experts: sigmoid scores; the top k chosen by score + a per-expert bias (the bias only
+    steers the choice), their scores renormalised (+ 1e-6, as the reference) and scaled."""
+
+    def __init__(self, spec: MoeSpec, hidden: int, scale: float, use_bias: bool) -> None:
+        super().__init__(spec, hidden)
+        self.scale = scale
+        self.score_bias = empty_param(spec.experts) if use_bias else None
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = torch.sigmoid(linear(x, self.router).float())
+        choice = scores if self.score_bias is None else scores + self.score_bias.float()
+        ids = choice.topk(self.top_k, dim=-1).indices
+        weights = scores.gather(1, ids)
+        if self.renormalize:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-6)
+        return (weights * self.scale).to(x.dtype), ids
 
 
 class Lfm2Layer(nn.Module):
@@ -34,8 +57,13 @@ class Lfm2Layer(nn.Module):
         self.is_conv = x["layer_types"][index] == "conv"
         self.attn_norm = empty_param(hidden)
         self.mlp_norm = empty_param(hidden)
-        self.gate_up = empty_param(2 * config.intermediate_size, hidden)
-        self.down = empty_param(hidden, config.intermediate_size)
+        self.gate_up: nn.Parameter | None = empty_param(2 * config.intermediate_size, hidden)
+        self.down: nn.Parameter | None = empty_param(hidden, config.intermediate_size)
+        self.moe: SigmoidRouterMoe | None = None
+        if config.model_type == "lfm2_moe" and index >= int(x["num_dense_layers"]):
+            scale, use_bias = float(x["routed_scaling_factor"]), bool(x["use_expert_bias"])
+            self.moe = SigmoidRouterMoe(MoeSpec.from_config(config), hidden, scale, use_bias)
+            self.gate_up = self.down = None  # no dense MLP to ask the checkpoint for
         if self.is_conv:
             self.in_proj = empty_param(3 * hidden, hidden)
             self.conv = empty_param(hidden, 1, x["conv_L_cache"])
@@ -76,6 +104,9 @@ class Lfm2Layer(nn.Module):
         return linear(attn.reshape(tokens, h * d), self.o)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        if self.moe is not None:
+            return self.moe.forward(x)
+        assert self.gate_up is not None and self.down is not None
         return linear(swiglu(linear(x, self.gate_up)), self.down)
 
 
