@@ -2,7 +2,8 @@
 
     python -m benchmarks.gemm_bench --isa avx2 --rows 16 512 [--old path/to/other/_lckernels.so]
 
-Each matrix is random GGUF blocks (tests/helpers/kquants.py for the K-quants); the dense columns are
+Each matrix is random GGUF blocks (tests/helpers/kquants.py for the K-quants, tests/helpers/iquants.py for
+the i-quants); the dense columns are
 `torch.nn.functional.linear` on its float32 and bfloat16 copies (what `LOCALCHAT_TORCH_QUANT=copies`
 runs). "new" runs the file's blocks (`LOCALCHAT_KERNEL_LAYOUT=gguf`), "new x16" the same matrix repacked
 into the x16 layout where the ISA has kernels for it (the default load). `--old` times another build of the library in the same process, alternating with this one, so
@@ -24,7 +25,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from localchat.backends.torch import kernels
-from tests.helpers import kquants
+from tests.helpers import iquants, kquants
 
 MATRICES = [
     ("Q4_K", 8192, 2048),
@@ -36,6 +37,17 @@ MATRICES = [
     ("Q5_1", 8192, 2048),
     ("Q3_K", 8192, 2048),
     ("Q2_K", 8192, 2048),
+    ("IQ4_XS", 8192, 2048),
+    ("IQ4_NL", 8192, 2048),
+    ("IQ3_XXS", 8192, 2048),
+    ("IQ3_S", 8192, 2048),
+    ("IQ2_XXS", 8192, 2048),
+    ("IQ2_XS", 8192, 2048),
+    ("IQ2_S", 8192, 2048),
+    ("IQ1_S", 8192, 2048),
+    ("IQ1_M", 8192, 2048),
+    ("TQ1_0", 8192, 2048),
+    ("TQ2_0", 8192, 2048),
 ]
 
 
@@ -43,6 +55,10 @@ def blocks(qtype: str, rows: int, cols: int) -> np.ndarray:
     values = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32)
     if qtype in kquants.K_QUANTIZERS:
         return kquants.K_QUANTIZERS[qtype](values)
+    if qtype in iquants.IQ_QUANTIZERS:
+        return iquants.IQ_QUANTIZERS[qtype](values)
+    if qtype in kernels.IQ_TYPES - {"TQ1_0", "TQ2_0"}:  # no encoder: random valid blocks time alike
+        return iquants.random_blocks(qtype, rows, cols, seed=0)
     return quantize(values, GGMLQuantizationType[qtype])
 
 

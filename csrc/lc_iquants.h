@@ -191,49 +191,82 @@ static inline __m256i LC_FN(iq4_values)(const uint8_t *qs) {
     return _mm256_shuffle_epi8(table, idx);
 }
 
-/* Row `row` of the weights times activation rows xq/xd [mr]: res[i]. IQ4 types decode in registers; the
-   others through lc_iq_dec. */
-static inline __attribute__((always_inline)) void LC_FN(iq_row)(const int type, const uint8_t *row, int64_t k,
-                                                                 const int8_t *xq, const float *xd, int mr,
+/* Sub-block s of a row in registers: 32 signed values and the scale of each 4-value lane. IQ4 types decode
+   in registers (F16C for the scale); the others through lc_iq_dec. */
+static inline __attribute__((always_inline)) void LC_FN(iq_sub)(const int type, const uint8_t *row, int64_t s,
+                                                                 __m256i *v, __m256 *lsv) {
+    if (type == LC_IQ4_NL) {
+        const uint8_t *b = row + 18 * s;
+        *v = LC_FN(iq4_values)(b + 2);
+        *lsv = _mm256_set1_ps(_cvtsh_ss(lc_u16(b)));
+    } else if (type == LC_IQ4_XS) {
+        const uint8_t *b = row + 136 * (s / 8);
+        int i = (int)(s % 8);
+        int q = ((b[4 + i / 2] >> (4 * (i % 2))) & 15) | (((lc_u16(b + 2) >> (2 * i)) & 3) << 4);
+        *v = LC_FN(iq4_values)(b + 8 + 16 * i);
+        *lsv = _mm256_set1_ps(_cvtsh_ss(lc_u16(b)) * (float)(q - 32));
+    } else {
+        int8_t vb[32];
+        float ls[8];
+        lc_iq_dec_row(type, row, s, vb, ls);
+        *v = _mm256_loadu_si256((const __m256i *)vb);
+        *lsv = _mm256_loadu_ps(ls);
+    }
+}
+
+/* Row `row` of the weights times activation rows xq/xd [mr] (a literal after inlining, so the accumulators
+   stay in registers): res[i]. Two accumulators per row (even and odd sub-blocks) halve the chain of
+   dependent FMAs a one-row step is bound by. */
+static inline __attribute__((always_inline)) void LC_FN(iq_row)(const int type, const int mr, const uint8_t *row,
+                                                                 int64_t k, const int8_t *xq, const float *xd,
                                                                  float *res) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t s = 0; s < k / 32; s++) {
-        __m256i v;
-        __m256 lsv;
-        if (type == LC_IQ4_NL) {
-            const uint8_t *b = row + 18 * s;
-            v = LC_FN(iq4_values)(b + 2);
-            lsv = _mm256_set1_ps(lc_f16(lc_u16(b)));
-        } else if (type == LC_IQ4_XS) {
-            const uint8_t *b = row + 136 * (s / 8);
-            int i = (int)(s % 8);
-            int q = ((b[4 + i / 2] >> (4 * (i % 2))) & 15) | (((lc_u16(b + 2) >> (2 * i)) & 3) << 4);
-            v = LC_FN(iq4_values)(b + 8 + 16 * i);
-            lsv = _mm256_set1_ps(lc_f16(lc_u16(b)) * (float)(q - 32));
-        } else {
-            int8_t vb[32];
-            float ls[8];
-            lc_iq_dec_row(type, row, s, vb, ls);
-            v = _mm256_loadu_si256((const __m256i *)vb);
-            lsv = _mm256_loadu_ps(ls);
-        }
+    __m256 acc[4][2];
+    for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    int64_t subs = k / 32, s = 0;
+    for (; s + 2 <= subs; s += 2) {
+        __m256i v0, v1;
+        __m256 l0, l1;
+        LC_FN(iq_sub)(type, row, s, &v0, &l0);
+        LC_FN(iq_sub)(type, row, s + 1, &v1, &l1);
         for (int i = 0; i < mr; i++) {
-            __m256i p = LC_FN(iq_dot32)(v, _mm256_loadu_si256((const __m256i *)(xq + i * k + 32 * s)));
-            __m256 f = _mm256_mul_ps(lsv, _mm256_loadu_ps(xd + i * (k / 4) + 8 * s));
-            acc[i] = _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(p), acc[i]);
+            const int8_t *x = xq + i * k + 32 * s;
+            const float *dx = xd + i * (k / 4) + 8 * s;
+            __m256i p0 = LC_FN(iq_dot32)(v0, _mm256_loadu_si256((const __m256i *)x));
+            __m256i p1 = LC_FN(iq_dot32)(v1, _mm256_loadu_si256((const __m256i *)(x + 32)));
+            acc[i][0] = _mm256_fmadd_ps(_mm256_mul_ps(l0, _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(p0), acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(_mm256_mul_ps(l1, _mm256_loadu_ps(dx + 8)), _mm256_cvtepi32_ps(p1), acc[i][1]);
         }
     }
-    for (int i = 0; i < mr; i++) res[i] = LC_FN(hsum)(acc[i]);
+    if (s < subs) { /* an odd last sub-block (IQ4_NL rows of 32 * odd values) */
+        __m256i v0;
+        __m256 l0;
+        LC_FN(iq_sub)(type, row, s, &v0, &l0);
+        for (int i = 0; i < mr; i++) {
+            __m256i p0 = LC_FN(iq_dot32)(v0, _mm256_loadu_si256((const __m256i *)(xq + i * k + 32 * s)));
+            __m256 f = _mm256_mul_ps(l0, _mm256_loadu_ps(xd + i * (k / 4) + 8 * s));
+            acc[i][0] = _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(p0), acc[i][0]);
+        }
+    }
+    for (int i = 0; i < mr; i++) res[i] = LC_FN(hsum)(_mm256_add_ps(acc[i][0], acc[i][1]));
 }
+
+#define LC_IQ_ROWS(T)                                                                                   \
+    switch (mr) {                                                                                       \
+    case 1: LC_FN(iq_row)(T, 1, row, k, xq, xd, res); break;                                            \
+    case 2: LC_FN(iq_row)(T, 2, row, k, xq, xd, res); break;                                            \
+    case 3: LC_FN(iq_row)(T, 3, row, k, xq, xd, res); break;                                            \
+    default: LC_FN(iq_row)(T, 4, row, k, xq, xd, res); break;                                           \
+    }
 
 static void LC_FN(iq_rows)(int type, const uint8_t *row, int64_t k, const int8_t *xq, const float *xd, int mr,
                            float *res) {
     switch (type) { /* the IQ4 types as literals: their decode inlines into the loop */
-    case LC_IQ4_NL: LC_FN(iq_row)(LC_IQ4_NL, row, k, xq, xd, mr, res); break;
-    case LC_IQ4_XS: LC_FN(iq_row)(LC_IQ4_XS, row, k, xq, xd, mr, res); break;
-    default: LC_FN(iq_row)(type, row, k, xq, xd, mr, res); break;
+    case LC_IQ4_NL: LC_IQ_ROWS(LC_IQ4_NL) break;
+    case LC_IQ4_XS: LC_IQ_ROWS(LC_IQ4_XS) break;
+    default: LC_IQ_ROWS(type) break;
     }
 }
+#undef LC_IQ_ROWS
 #else
 static void LC_FN(iq_rows)(int type, const uint8_t *row, int64_t k, const int8_t *xq, const float *xd, int mr,
                            float *res) {
