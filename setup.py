@@ -48,6 +48,8 @@ setup(
                 "csrc/lc_x16_layout.h",
                 "csrc/lc_step.h",
                 "csrc/lc_x16_neon.h",
+                "csrc/lc_iquants.h",
+                "csrc/lc_iq_grids.h",
             ],
             define_macros=[("Py_LIMITED_API", "0x030A0000")],
             py_limited_api=True,
