@@ -16,6 +16,10 @@ from typing import TYPE_CHECKING
 from localchat.errors import BackendUnavailableError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from localchat.embeddings.model import Encoder
+    from localchat.embeddings.st_config import SentenceConfig
     from localchat.engine.interface import ModelRunner
     from localchat.weights.loader import ModelBundle
 
@@ -63,6 +67,21 @@ def create_runner(name: str, model: ModelBundle, options: RunnerOptions | None =
             f"The {name} backend cannot be imported ({exc}). {hint}".strip()
         ) from exc
     return module.create_runner(model, options)
+
+
+def load_encoder(
+    folder: Path, threads: int | None = None, rerank: bool = False
+) -> tuple[Encoder, SentenceConfig]:
+    """An embedding or rerank encoder on the torch backend (the only one with encoders), imported by
+    name here so the embeddings layer never imports a backend itself."""
+    try:
+        module = importlib.import_module("localchat.backends.torch.encoders")
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f'Embedding models need the torch backend, which cannot be imported ({exc}). pip install "torch>=2.4"'
+        ) from exc
+    encoder, sentence = module.load_encoder(folder, threads=threads, rerank=rerank)
+    return encoder, sentence
 
 
 def load_runner(name: str, model: ModelBundle, options: RunnerOptions | None = None) -> ModelRunner:

@@ -85,7 +85,7 @@ def load_embedding_model(
     path: Path, model_id: str | None = None, threads: int | None = None, rerank: bool = False
 ) -> EmbeddingModel:
     """Read a sentence-transformers (or transformers) encoder folder onto the torch backend."""
-    from localchat.backends.torch.encoders import load_encoder  # torch only when one is asked for
+    from localchat.backends import load_encoder  # imports torch only when an encoder is asked for
 
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path} is not an encoder model folder (no config.json).")
