@@ -21,7 +21,7 @@ from localchat.engine.outputs import EngineStats, RequestOutput
 from localchat.engine.request import FinishReason, Request
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.scheduler import Scheduler
-from localchat.engine.speculative import accept_drafts
+from localchat.engine.speculative import accept_drafts, pause_after
 from localchat.engine.state_slots import StateSlotPool
 from localchat.errors import ContextLengthExceededError, InvalidRequestError
 
@@ -259,6 +259,8 @@ class LLMEngine:
             kept = accept_drafts(drafts, [output.sampled_token_ids[r][0] for r in rows])
             request.spec_token_ids = []
             request.num_computed_tokens += len(kept) - 1
+            request.spec_misses = 0 if len(kept) > 1 else request.spec_misses + 1
+            request.spec_pause = pause_after(request.spec_misses)
             self.spec_draft_tokens += len(drafts)
             self.spec_accepted_tokens += len(kept) - 1
             kept_logprobs = [lp for r in rows[: len(kept)] for lp in logprobs[r]] if logprobs else []

@@ -51,6 +51,8 @@ class Request:
     embedding: list[float] | None = None  # the pooled vector of an embedding request, once computed
     # Draft tokens scheduled this step after its last token (engine/speculative.py); not in all_token_ids.
     spec_token_ids: list[int] = field(default_factory=list)
+    spec_misses: int = 0  # draft runs in a row of which the model kept nothing
+    spec_pause: int = 0  # decode steps left before drafts are proposed again (backoff after misses)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)

@@ -152,6 +152,9 @@ class Scheduler:
         params = request.sampling_params
         if request.num_tokens - request.num_computed_tokens != 1 or request.matcher is not None:
             return []  # a grammar would have to be advanced over guesses: not done
+        if request.spec_pause > 0:
+            request.spec_pause -= 1  # its recent drafts all failed (speculative.pause_after)
+            return []
         spec = self.config.speculative
         k = min(
             spec.num_tokens,

@@ -27,6 +27,17 @@ SPECULATIVE_METHODS = ("off", "ngram")
 DEFAULT_MAX_BATCH = 4
 
 
+# After n draft runs in a row with nothing kept, a sequence proposes nothing for min(2**n, this) steps:
+# an answer that does not repeat its context stops paying for wrong guesses (chat: 0.89x -> see
+# docs/speculative.md), while one that starts copying is found again within a few steps.
+MAX_PAUSE_STEPS = 16
+
+
+def pause_after(misses: int) -> int:
+    """Steps to skip proposing after `misses` consecutive draft runs that were all rejected."""
+    return 0 if misses <= 0 else min(2**misses, MAX_PAUSE_STEPS)
+
+
 @dataclass(slots=True)
 class SpeculativeConfig:
     method: str = "off"  # "off" or "ngram" (prompt lookup)

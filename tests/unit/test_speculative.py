@@ -8,7 +8,7 @@ import pytest
 from localchat.backends.fake import EOS_ID, FakeTokenizer
 from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine
-from localchat.engine.speculative import SpeculativeConfig, accept_drafts, propose_ngram
+from localchat.engine.speculative import SpeculativeConfig, accept_drafts, pause_after, propose_ngram
 from localchat.errors import InvalidRequestError
 from tests.helpers.fake_engine import fake_engine
 from tests.unit.test_hybrid_engine import StateRunner
@@ -31,6 +31,10 @@ def test_acceptance_keeps_agreeing_drafts_then_the_target_token() -> None:
     assert accept_drafts([5, 6, 7], [5, 9, 7, 8]) == [5, 9]  # the first disagreement ends it
     assert accept_drafts([5], [4, 1]) == [4]
     assert accept_drafts([], [3]) == [3]
+
+
+def test_misses_pause_proposals_longer_each_time_up_to_a_cap() -> None:
+    assert [pause_after(n) for n in range(7)] == [0, 2, 4, 8, 16, 16, 16]
 
 
 def test_settings_are_validated() -> None:
