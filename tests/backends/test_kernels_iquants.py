@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -131,3 +132,57 @@ def test_ram_estimate_sizes_iq4_files_as_stored(
     norms = sum(w.size for w in weights.values() if w.ndim == 1)
     assert qtype in compact_gguf_types("bfloat16")
     assert estimate(path, 64, dtype="bfloat16").weights == matrix * bytes_per_256 // 256 + norms * 4
+
+
+def _iq_check(compiler: str, isa: str, folder: Path, runner: list[str], env: dict[str, str]) -> str:
+    """tests/c/iq_check.c and the library built by `compiler`, run for `isa`: its output."""
+    import os
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    library = folder / "liblc.so"
+    for args in (
+        [
+            "-O3",
+            "-fopenmp",
+            "-shared",
+            "-fPIC",
+            "-DLC_NO_PYTHON",
+            "csrc/lc_kernels.c",
+            "-o",
+            str(library),
+            "-lm",
+        ],
+        ["-O2", "tests/c/iq_check.c", f"-L{folder}", "-llc", "-lm", "-o", str(folder / "iq_check")],
+    ):
+        subprocess.run([compiler, *args], cwd=repo, check=True, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [*runner, str(folder / "iq_check"), str(kernels.ISAS.index(isa))],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "LD_LIBRARY_PATH": str(folder), **env},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr
+    assert "693 cases, all ok" in run.stdout, run.stdout[-3000:]
+    return run.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64") and shutil.which("gcc")),
+    reason="needs gcc, gcc-aarch64-linux-gnu and qemu-user (.ci/run installs them)",
+)
+def test_aarch64_build_dequantizes_the_same_bits_and_multiplies_within_bounds(tmp_path: Path) -> None:
+    """Under qemu-aarch64 (the NEON ISA: i-quants on portable C there) the C harness's matmuls stay within
+    the float32 bound of the float64 product, and its dequantized values hash the same as this machine's
+    native build (so the same as gguf.quants, which the tests above check natively)."""
+    cross, qemu, gcc = (shutil.which(c) for c in ("aarch64-linux-gnu-gcc", "qemu-aarch64", "gcc"))
+    assert cross and qemu and gcc
+    (tmp_path / "arm").mkdir()
+    (tmp_path / "x86").mkdir()
+    arm = _iq_check(cross, "neon", tmp_path / "arm", [qemu], {"QEMU_LD_PREFIX": "/usr/aarch64-linux-gnu"})
+    native = _iq_check(gcc, "portable", tmp_path / "x86", [], {})
+
+    def hashes(out: str) -> list[str]:
+        return [line for line in out.splitlines() if " dequant " in line]
+
+    assert len(hashes(arm)) == 11
+    assert hashes(arm) == hashes(native)
