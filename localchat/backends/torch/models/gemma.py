@@ -80,6 +80,9 @@ class GemmaLayer(nn.Module):
 
 class Model(DecoderLM):
     layer_class = GemmaLayer
+    # Image embeddings for the next forward: (rows of this step's flattened tokens, values [rows, hidden]).
+    # They replace those rows' token embeddings after the sqrt(hidden) scale, as transformers scatters them.
+    image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __init__(self, config: ModelConfig, device: torch.device) -> None:
         super().__init__(config, device)
@@ -111,6 +114,9 @@ class Model(DecoderLM):
         kv_caches: list[KVCache],
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        if self.image_embeds is not None:
+            rows, values = self.image_embeds
+            x = x.index_copy(0, rows, values.to(x.dtype))
         global_rope = self.rotary(positions, x.dtype)
         local_rope = global_rope if self.local_rotary is None else self.local_rotary(positions, x.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
