@@ -1,0 +1,56 @@
+"""The process group for tensor parallelism: NCCL on CUDA, gloo on CPU (the CPU-testable twin).
+
+Every collective gets a timeout so a rank that crashed is reported as an error on the others, not a
+hang. Ranks come from the caller (a spawned worker's index) or from torchrun's environment
+(MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from localchat.errors import BackendUnavailableError
+
+COLLECTIVE_TIMEOUT = timedelta(seconds=60)
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelGroup:
+    rank: int
+    world_size: int
+
+
+def init_group(
+    rank: int | None,
+    world_size: int | None,
+    device: torch.device,
+    init_method: str | None = None,
+    timeout: timedelta = COLLECTIVE_TIMEOUT,
+) -> ParallelGroup:
+    """Join (or create) the default process group; None rank/world_size: read torchrun's environment."""
+    rank = int(os.environ["RANK"]) if rank is None else rank
+    world_size = int(os.environ["WORLD_SIZE"]) if world_size is None else world_size
+    if device.type == "cuda" and world_size > torch.cuda.device_count():
+        raise BackendUnavailableError(
+            f"--tensor-parallel-size {world_size} needs {world_size} GPUs; "
+            f"this machine has {torch.cuda.device_count()}."
+        )
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend,
+        init_method=init_method or "env://",
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
+    )
+    return ParallelGroup(rank, world_size)
+
+
+def close_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

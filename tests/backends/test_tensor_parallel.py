@@ -1,0 +1,80 @@
+"""Tensor parallelism on gloo with 2 CPU processes (the CPU twin of NCCL): a sharded tiny Llama gives
+the unsharded model's logits and greedy tokens through the runner's real step path (batched ragged
+prefill, then batched decode), with KV heads split across ranks and replicated (1 KV head, 2 ranks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from localchat.backends.torch.parallel.group import close_group, init_group
+from localchat.backends.torch.parallel.shard import shard_runner
+from localchat.backends.torch.runner import TorchRunner
+from localchat.errors import BackendUnavailableError
+from tests.helpers.torch_batch import PagedDriver
+from tests.helpers.torch_models import bundle_from_hf, fp32_runner, tiny_hf_model
+
+PROMPTS = {"a": [5, 9, 17, 33, 64, 2, 100], "b": [7, 8, 9], "c": list(range(40, 61))}
+DECODE_STEPS = 5
+
+
+def _run(runner: TorchRunner) -> tuple[list[torch.Tensor], dict[str, list[int]]]:
+    """Prefill all prompts in one batch, then decode greedily; the logits of every step."""
+    driver = PagedDriver(runner, num_blocks=32, block_size=4)
+    for req_id, prompt in PROMPTS.items():
+        driver.add(req_id, prompt)
+    steps = []
+    for _ in range(DECODE_STEPS + 1):
+        req_ids, logits = driver.step_logits()
+        steps.append(logits.cpu())
+        for req_id, row in zip(req_ids, logits, strict=True):
+            driver.feed(req_id, int(row.argmax()))
+    return steps, {r: driver.tokens(r)[len(p) :] for r, p in PROMPTS.items()}
+
+
+def _runner(kv_heads: int) -> TorchRunner:
+    return fp32_runner(bundle_from_hf(tiny_hf_model("llama", num_key_value_heads=kv_heads, vocab_size=255)))
+
+
+def _worker(rank: int, world: int, init: str, out: str, kv_heads: int) -> None:
+    torch.set_num_threads(1)
+    group = init_group(rank, world, torch.device("cpu"), init_method=init)
+    try:
+        runner = _runner(kv_heads)
+        shard_runner(runner, group)
+        result = _run(runner)
+        # Each rank really holds a slice: 2 of 4 q heads, its KV heads, half the vocab rows.
+        layer = runner.model.layers[0]
+        assert (layer.heads, layer.kv_heads) == (2, max(kv_heads // world, 1))
+        assert runner.kv_caches[0].shape[1] == max(kv_heads // world, 1)
+        assert runner.model.embed.shape[0] == 128
+        if rank == 0:
+            torch.save(result, out)
+    finally:
+        close_group()
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1], ids=["kv-split", "kv-replicated"])
+def test_tp2_matches_tp1_logits_and_greedy_tokens(tmp_path: Path, kv_heads: int) -> None:
+    torch.set_num_threads(1)
+    expected_logits, expected_tokens = _run(_runner(kv_heads))
+    out = tmp_path / "rank0.pt"
+    init = f"file://{tmp_path / 'rendezvous'}"
+    mp.start_processes(_worker, args=(2, init, str(out), kv_heads), nprocs=2, join=True, start_method="spawn")
+    logits, tokens = torch.load(out)
+    assert tokens == expected_tokens
+    assert len(logits) == len(expected_logits)
+    for ours, ref in zip(logits, expected_logits, strict=True):
+        assert ours.shape == ref.shape  # vocab 255 over 2 ranks: the padded row is cut off
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_unsupported_family_is_a_clear_error() -> None:
+    from localchat.backends.torch.parallel.group import ParallelGroup
+
+    runner = fp32_runner(bundle_from_hf(tiny_hf_model("qwen3")))
+    with pytest.raises(BackendUnavailableError, match="only the Llama family"):
+        shard_runner(runner, ParallelGroup(0, 2))
