@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from localchat.arch import deepseek, gemma4, llama4
+from localchat.arch import deepseek, gemma4, gpt_oss, llama4
 from localchat.errors import ModelLoadError
 
 if TYPE_CHECKING:
@@ -116,6 +116,15 @@ def entries(arch: type[Architecture]) -> list[Architecture]:
             gguf_metadata=llama4.GGUF_METADATA,
         ),
         arch("llama4", "llama4", text_config_key="text_config", weight_prefixes=llama4.TEXT_PREFIXES),
+        # gpt-oss 20B / 120B (arch/gpt_oss.py): attention sinks, alternating windows, biased clamped experts.
+        arch(
+            "gpt_oss",
+            "gpt_oss",
+            layer_weights={**registry.LLAMA_LAYER_WEIGHTS, **gpt_oss.LAYER_WEIGHTS},
+            hf_defaults=gpt_oss.HF_DEFAULTS,
+            extra_keys=gpt_oss.EXTRA_KEYS,
+            sanitize=gpt_oss.sanitize,
+        ),
     ]
 
 

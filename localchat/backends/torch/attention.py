@@ -59,11 +59,13 @@ class AttentionOptions:
     window: int | None = None  # sliding window: the last `window` positions, the query's own included
     softcap: float | None = None  # scores -> softcap * tanh(scores / softcap), before masking
     scale: float | None = None  # score scale; None: 1 / sqrt(head_dim)
+    # gpt-oss: one learned logit per query head [heads], an extra softmax column that takes no value
+    sinks: torch.Tensor | None = None
 
     def matter(self, max_seq_len: int) -> bool:
         """False when plain causal attention computes the same (a window longer than every context)."""
         short = self.window is None or self.window >= max_seq_len
-        return not (short and self.softcap is None and self.scale is None)
+        return not (short and self.softcap is None and self.scale is None and self.sinks is None)
 
 
 @dataclass(slots=True)
@@ -248,7 +250,8 @@ def rope_paged_attention(
     all of it in one C call (csrc/lc_fused.h: rotation, cache write, attention), which at a small
     model's decode step saves more time than the attention itself takes."""
     heads = qk.shape[1] - v.shape[1]
-    if _fused_decode_ok(qk, v, cos, sin, cache, meta):
+    sinks = options is not None and options.sinks is not None  # the C kernel has no sink term
+    if not sinks and _fused_decode_ok(qk, v, cos, sin, cache, meta):
         assert isinstance(meta, AttentionMetadata) and meta.cpu_kernels is not None
         assert isinstance(cache, torch.Tensor)
         assert meta.decode_block_tables is not None and meta.decode_lens64 is not None

@@ -60,7 +60,8 @@ def _decode(
     """One query per row, all rows at once: [D, heads, d] -> [D, heads, d]."""
     assert meta.decode_block_tables is not None
     rows, heads, head_dim = q.shape
-    if meta.cpu_kernels is not None and cpu_kernels.decode_attention_ok(q, cache):
+    kernel_ok = options.sinks is None  # the C kernel has no sink term: gpt-oss decodes in torch
+    if kernel_ok and meta.cpu_kernels is not None and cpu_kernels.decode_attention_ok(q, cache):
         assert meta.decode_lens64 is not None
         tables = meta.decode_block_tables.view(rows, -1)
         scale, window, cap = _scale(options, head_dim), options.window or 0, options.softcap or 0.0
@@ -74,7 +75,12 @@ def _decode(
     grouped = q.view(rows, kv_heads, group, head_dim).transpose(0, 1).reshape(-1, group, head_dim).float()
     scores = torch.bmm(grouped, kv[0].transpose(1, 2)).mul_(_scale(options, head_dim))  # [B, group, S]
     scores = _softcap(scores, options.softcap) + meta.window_bias(options.window, kv_heads, kv.shape[2])
-    out = torch.bmm(scores.softmax(dim=-1), kv[1])  # [B, group, d]
+    if options.sinks is not None:  # batch index kv head * D + row, group index: head within the group
+        sinks = options.sinks.float().view(kv_heads, 1, group, 1).expand(kv_heads, rows, group, 1)
+        probs = _with_sinks(scores, sinks.reshape(-1, group, 1))
+    else:
+        probs = scores.softmax(dim=-1)
+    out = torch.bmm(probs, kv[1])  # [B, group, d]
     out = out.view(kv_heads, rows, group, head_dim).transpose(0, 1)
     return out.reshape(rows, heads, head_dim).to(q.dtype)
 
@@ -99,10 +105,20 @@ def _prefill(
         mask &= k_pos > q_pos - options.window
     scale = _scale(options, head_dim)
     queries = q[row.start : row.end].transpose(0, 1)  # [heads, L, d]
-    if options.softcap is None:
+    if options.softcap is None and options.sinks is None:
         out = prefill_sdpa(queries, keys, values, mask, scale)  # [heads, L, d]
     else:
         scores = torch.matmul(queries.float(), keys.float().transpose(1, 2)) * scale  # [heads, L, S]
         scores = _softcap(scores, options.softcap).masked_fill(~mask, float("-inf"))
-        out = torch.matmul(scores.softmax(dim=-1), values.float()).to(q.dtype)
+        if options.sinks is None:
+            probs = scores.softmax(dim=-1)
+        else:
+            probs = _with_sinks(scores, options.sinks.float()[:, None, None].expand(-1, q_len, 1))
+        out = torch.matmul(probs, values.float()).to(q.dtype)
     return out.transpose(0, 1)
+
+
+def _with_sinks(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """softmax over scores [..., S] with one more logit per row (`sinks` [..., 1]) in the denominator;
+    the sink's own probability is dropped (it weighs no value), as transformers' gpt-oss does."""
+    return torch.cat([scores, sinks], dim=-1).softmax(dim=-1)[..., :-1]

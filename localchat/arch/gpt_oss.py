@@ -1,0 +1,70 @@
+"""gpt-oss (20B, 120B): registry data and the checkpoint rewrite for OpenAI's open-weight MoE.
+
+Its layers alternate a 128-token sliding window and full attention, each head adds a learned "sink"
+logit to the softmax denominator, the router has a bias and takes the softmax of the top-4 logits, and
+the experts are clamped SwiGLUs with biases. transformers stores the experts stacked and transposed
+([experts, hidden, 2 * inter], gate and up interleaved column by column); `sanitize` turns them into
+one [2 * inter, hidden] matrix per expert with the gate rows first, the layout the torch family reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from localchat.weights.tensors import WeightTensor
+
+if TYPE_CHECKING:
+    from localchat.weights.config import ModelConfig
+
+LAYER_WEIGHTS: dict[str, tuple[str, int, int]] = {
+    "self_attn.sinks": ("sinks", 0, 1),
+    "mlp.router.weight": ("moe.router", 0, 1),
+    "mlp.router.bias": ("moe.router_bias", 0, 1),
+    "mlp.experts.{e}.gate_up.weight": ("moe.experts.{e}.gate_up", 0, 1),
+    "mlp.experts.{e}.gate_up.bias": ("moe.experts.{e}.gate_up_bias", 0, 1),
+    "mlp.experts.{e}.down.weight": ("moe.experts.{e}.down", 0, 1),
+    "mlp.experts.{e}.down.bias": ("moe.experts.{e}.down_bias", 0, 1),
+}
+HF_DEFAULTS: dict[str, Any] = {
+    "attention_bias": True,
+    "sliding_window": 128,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 150_000.0,
+    "num_experts_per_tok": 4,
+}
+EXTRA_KEYS: dict[str, Any] = {
+    "num_local_experts": 0,
+    "num_experts_per_tok": 4,
+    "layer_types": None,  # None: even layers slide, odd ones attend fully (sliding_window_pattern 2)
+    "sliding_window_pattern": 2,
+    "swiglu_limit": 7.0,
+    "swiglu_alpha": 1.702,
+}
+# The stacked expert tensors by their leaf name: (our per-expert name, whether it is a matrix).
+_STACKED = {
+    "gate_up_proj": ("gate_up.weight", True),
+    "gate_up_proj_bias": ("gate_up.bias", False),
+    "down_proj": ("down.weight", True),
+    "down_proj_bias": ("down.bias", False),
+}
+
+
+def sanitize(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[WeightTensor]:
+    """Stacked experts -> one weight per expert ([out, in], gate rows then up rows); others unchanged."""
+    del config
+    for weight in weights:
+        stem, _, leaf = weight.name.rpartition(".experts.")
+        if not stem or leaf not in _STACKED:
+            yield weight
+            continue
+        name, matrix = _STACKED[leaf]
+        data = np.asarray(weight.data).reshape(weight.shape)
+        for e in range(weight.shape[0]):
+            part = data[e].T if matrix else data[e]  # [in, out] -> [out, in]
+            if leaf.startswith("gate_up"):  # columns alternate gate, up: gather each half together
+                part = np.concatenate([part[0::2], part[1::2]])
+            part = np.ascontiguousarray(part)
+            yield WeightTensor(f"{stem}.experts.{e}.{name}", part.shape, weight.dtype, part)
