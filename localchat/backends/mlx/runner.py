@@ -52,7 +52,7 @@ from localchat.backends.mlx.attention import AttentionMetadata, LayerCache
 from localchat.backends.mlx.sampler import SampleResult, new_key, sample
 from localchat.backends.mlx.weights import load_model
 from localchat.backends.pooling import Pooler
-from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput
+from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput, StateCacheSpec
 from localchat.errors import BackendUnavailableError
 from localchat.weights.bundle import ModelBundle
 
@@ -129,7 +129,21 @@ class MLXRunner:
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
         c = self.config
-        return KVCacheSpec(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.dtype.size)
+        return KVCacheSpec(self._num_kv_layers, c.num_key_value_heads, c.head_dim, self.dtype.size)
+
+    @property
+    def _num_kv_layers(self) -> int:
+        # Hybrid models (models/qwen3_next.py) keep K/V only for their full-attention layers.
+        return int(getattr(self.model, "num_kv_layers", self.config.num_hidden_layers))
+
+    @property
+    def state_cache_spec(self) -> StateCacheSpec | None:
+        """Hybrid models' per-sequence state (engine/state_slots.py); None for plain transformers."""
+        spec = getattr(self.model, "state_cache_spec", None)
+        return spec(self.dtype) if spec is not None else None
+
+    def initialize_state_cache(self, num_slots: int) -> None:
+        self.model.initialize_state_cache(num_slots, self.dtype)  # type: ignore[attr-defined]
 
     @property
     def device_name(self) -> str:
@@ -151,7 +165,7 @@ class MLXRunner:
         self.kv_caches = []  # drop the old pool first: its memory is reused
         caches = [
             LayerCache(mx.zeros(shape, dtype=self.dtype), mx.zeros(shape, dtype=self.dtype))
-            for _ in range(c.num_hidden_layers)
+            for _ in range(self._num_kv_layers)
         ]
         mx.eval([a for cache in caches for a in (cache.k, cache.v)])
         self.kv_caches = caches
@@ -220,10 +234,14 @@ class MLXRunner:
         meta = AttentionMetadata.from_batch(batch)
         input_ids = mx.array(batch.input_ids.astype(np.int32))
         positions = mx.array(batch.positions.astype(np.int32))
+        if (begin_step := getattr(self.model, "begin_step", None)) is not None:  # hybrid: bind state slots
+            begin_step(batch.state_slots, batch.query_start_loc, batch.positions, self.dtype)
         hidden = self.model.hidden_states(input_ids, positions, meta, self.kv_caches)
         if pooled := self.pooler.rows(batch):
             self.pooler.add(batch, hidden, pooled)
         cache_arrays = [a for cache in self.kv_caches for a in (cache.k, cache.v)]
+        if (state_arrays := getattr(self.model, "state_arrays", None)) is not None:
+            cache_arrays += state_arrays()  # the hybrid layers' states: written this step as well
         indices = batch.logits_indices
         if len(indices) == 0:
             mx.eval(cache_arrays)

@@ -1,0 +1,106 @@
+"""Qwen3.5 (gated DeltaNet + gated full attention) on the MLX runner (CPU device, float32) against
+transformers, tiny random weights: the torch suite's checks (tests/backends/test_qwen3_next.py) on MLX -
+prompt logits over two DeltaNet chunks, chunked prefill == one shot, ragged batched decode with a
+preemption == greedy generate, and the two kernel forms agree."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+mx = pytest.importorskip("mlx.core")
+torch = pytest.importorskip("torch")
+
+from localchat.backends import RunnerOptions  # noqa: E402
+from localchat.backends.mlx.gated_deltanet import delta_rule_chunked, delta_rule_step  # noqa: E402
+from localchat.backends.mlx.runner import MLXRunner  # noqa: E402
+from tests.backends.test_qwen3_next import MEAN_TOL, PROMPT, TOL, HybridDriver, tiny_qwen3_5  # noqa: E402
+from tests.helpers.torch_models import bundle_from_hf  # noqa: E402
+
+pytestmark = pytest.mark.mlx
+
+
+@pytest.fixture(scope="module")
+def hf():  # type: ignore[no-untyped-def]
+    return tiny_qwen3_5()
+
+
+@pytest.fixture(scope="module")
+def runner(hf) -> MLXRunner:  # type: ignore[no-untyped-def]
+    r = MLXRunner(bundle_from_hf(hf), RunnerOptions(device="cpu", dtype="float32", seed=0))
+    r.initialize_state_cache(4)
+    return r
+
+
+def reference(hf, tokens: list[int]) -> np.ndarray:  # type: ignore[no-untyped-def]
+    with torch.no_grad():
+        return hf(torch.tensor([tokens])).logits[0].float().numpy()
+
+
+def assert_close(ours: object, ref: np.ndarray) -> None:
+    err = np.abs(np.array(ours) - ref)
+    assert err.max() < TOL and err.mean() < MEAN_TOL, (err.max(), err.mean())
+
+
+def test_prompt_logits_match_transformers(hf, runner: MLXRunner) -> None:  # type: ignore[no-untyped-def]
+    assert runner.kv_cache_spec.num_layers == 2  # K/V only for the full-attention layers
+    spec = runner.state_cache_spec
+    # conv window 3 x (2*32 + 32) float32 + recurrent 4 x 16 x 8 float32, per linear layer
+    assert (
+        spec is not None and spec.num_layers == 2 and spec.bytes_per_slot == 2 * (3 * 96 * 4 + 4 * 16 * 8 * 4)
+    )
+    driver = HybridDriver(runner)  # type: ignore[arg-type]
+    driver.add("a", PROMPT)
+    _, logits = driver.step_logits(every_token=True)
+    assert_close(logits, reference(hf, PROMPT))
+
+
+def test_chunked_prefill_continues_from_the_state_the_last_chunk_left(hf, runner: MLXRunner) -> None:  # type: ignore[no-untyped-def]
+    driver = HybridDriver(runner)  # type: ignore[arg-type]
+    driver.add("a", PROMPT)
+    rows = []
+    for size in (5, 1, 30, 34):  # a one-token chunk takes the decode path mid-prompt
+        _, logits = driver.step_logits({"a": size}, every_token=True)
+        rows.append(np.array(logits))
+    assert_close(np.concatenate(rows), reference(hf, PROMPT))
+
+
+def test_ragged_batched_decode_with_a_preemption_matches_generate(hf, runner: MLXRunner) -> None:  # type: ignore[no-untyped-def]
+    prompts = {"a": PROMPT[:9], "b": PROMPT, "c": PROMPT[30:33]}
+    steps = 8
+    expected = {}
+    for req_id, prompt in prompts.items():
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False)
+        expected[req_id] = out[0, len(prompt) :].tolist()
+    driver = HybridDriver(runner)  # type: ignore[arg-type]
+    for req_id, prompt in prompts.items():
+        driver.add(req_id, prompt)
+    for step in range(steps):
+        if step == 4:
+            driver.preempt("b")  # comes back as a 74-token prefill next to two decode rows
+        driver.step()
+    for req_id, prompt in prompts.items():
+        assert driver.tokens(req_id)[len(prompt) :] == expected[req_id], req_id
+
+
+def test_recurrent_form_equals_chunked_form() -> None:
+    rng = np.random.default_rng(0)
+    length, heads, dk, dv = 37, 3, 8, 5
+
+    def unit(shape: tuple[int, ...]) -> np.ndarray:
+        x = rng.standard_normal(shape).astype(np.float32)
+        return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+    q, k = mx.array(unit((length, heads, dk)) * dk**-0.5), mx.array(unit((length, heads, dk)))
+    v = mx.array(rng.standard_normal((length, heads, dv)).astype(np.float32))
+    g = mx.array(-rng.random((length, heads)).astype(np.float32))
+    beta = mx.array(rng.random((length, heads)).astype(np.float32))
+    state = mx.array(rng.standard_normal((heads, dk, dv)).astype(np.float32))
+    chunked, final = delta_rule_chunked(q, k, v, g, beta, state, chunk=16)
+    s, steps = state[None], []
+    for t in range(length):
+        o, s = delta_rule_step(q[t : t + 1], k[t : t + 1], v[t : t + 1], g[t : t + 1], beta[t : t + 1], s)
+        steps.append(o)
+    assert mx.allclose(chunked, mx.concatenate(steps), atol=1e-5).item()
+    assert mx.allclose(final, s[0], atol=1e-5).item()
