@@ -5,6 +5,7 @@ logit to the softmax denominator, the router has a bias and takes the softmax of
 the experts are clamped SwiGLUs with biases. transformers stores the experts stacked and transposed
 ([experts, hidden, 2 * inter], gate and up interleaved column by column); `sanitize` turns them into
 one [2 * inter, hidden] matrix per expert with the gate rows first, the layout the torch family reads.
+The hub's checkpoints ship the expert matrices in MXFP4 (weights/mxfp4.py): dequantized here, at load.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from localchat.errors import ModelLoadError
+from localchat.weights.mxfp4 import dequantize_mxfp4
 from localchat.weights.tensors import WeightTensor
 
 if TYPE_CHECKING:
@@ -53,10 +56,20 @@ _STACKED = {
 
 
 def sanitize(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[WeightTensor]:
-    """Stacked experts -> one weight per expert ([out, in], gate rows then up rows); others unchanged."""
+    """Stacked experts -> one weight per expert ([out, in], gate rows then up rows); MXFP4 experts (the
+    hub's `*_blocks` + `*_scales`, each pair in either order) dequantized on the way; others unchanged."""
     del config
+    parts: dict[str, dict[str, WeightTensor]] = {}  # MXFP4 tensor stem -> the halves seen so far
     for weight in weights:
         stem, _, leaf = weight.name.rpartition(".experts.")
+        if stem and leaf.endswith(("_blocks", "_scales")):
+            base, _, kind = weight.name.rpartition("_")
+            pair = parts.setdefault(base, {})
+            pair[kind] = weight
+            if len(pair) == 2:
+                del parts[base]
+                yield from _mxfp4_experts(base, pair["blocks"], pair["scales"])
+            continue
         if not stem or leaf not in _STACKED:
             yield weight
             continue
@@ -64,7 +77,26 @@ def sanitize(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[W
         data = np.asarray(weight.data).reshape(weight.shape)
         for e in range(weight.shape[0]):
             part = data[e].T if matrix else data[e]  # [in, out] -> [out, in]
-            if leaf.startswith("gate_up"):  # columns alternate gate, up: gather each half together
-                part = np.concatenate([part[0::2], part[1::2]])
-            part = np.ascontiguousarray(part)
-            yield WeightTensor(f"{stem}.experts.{e}.{name}", part.shape, weight.dtype, part)
+            yield _expert(f"{stem}.experts.{e}.{name}", part, weight.dtype, leaf.startswith("gate_up"))
+    if parts:
+        raise ModelLoadError(f"MXFP4 tensors without their blocks or scales: {sorted(parts)}")
+
+
+def _mxfp4_experts(base: str, blocks: WeightTensor, scales: WeightTensor) -> Iterator[WeightTensor]:
+    """`...experts.gate_up_proj` blocks [E, out, G, 16] + scales [E, out, G] -> float32 per expert; the
+    hub stores these already [out, in] (transformers transposes after dequantizing)."""
+    stem, _, leaf = base.rpartition(".experts.")
+    if leaf not in _STACKED or not _STACKED[leaf][1]:
+        raise ModelLoadError(f"Unexpected MXFP4 tensor {base}")
+    name = _STACKED[leaf][0]
+    codes, exps = np.asarray(blocks.data), np.asarray(scales.data)
+    for e in range(codes.shape[0]):  # one expert at a time: float32 of all of them would not fit
+        part = dequantize_mxfp4(codes[e], exps[e])
+        yield _expert(f"{stem}.experts.{e}.{name}", part, "F32", leaf.startswith("gate_up"))
+
+
+def _expert(name: str, part: np.ndarray, dtype: str, interleaved: bool) -> WeightTensor:
+    if interleaved:  # gate and up alternate along the output axis: gather each half together
+        part = np.concatenate([part[0::2], part[1::2]])
+    part = np.ascontiguousarray(part)
+    return WeightTensor(name, part.shape, dtype, part)

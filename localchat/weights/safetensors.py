@@ -114,12 +114,17 @@ def _read_header(path: Path) -> SafetensorsFile:
     header.pop("__metadata__", None)
     for name, info in header.items():
         dtype = info.get("dtype") if isinstance(info, dict) else None
-        if dtype not in _DTYPES:
+        if dtype not in _DTYPES and not _mxfp4_part(name, dtype):
             raise ModelLoadError(
                 f"{path.name}: tensor {name} has dtype {dtype}; only F32, F16 and BF16 "
                 "safetensors are supported (for quantized models use a GGUF file)."
             )
     return SafetensorsFile(path=path, header=header, data_start=8 + length)
+
+
+def _mxfp4_part(name: str, dtype: object) -> bool:
+    """gpt-oss's MXFP4 experts: uint8 codes and scales, dequantized by the family's sanitize."""
+    return dtype == "U8" and name.endswith(("_blocks", "_scales"))
 
 
 def checkpoint_prefixes(folder: Path) -> dict[str, str | None]:
@@ -139,7 +144,7 @@ def iter_safetensors_weights(
             name = renamed(stored, prefixes or {})
             if name is None:
                 continue
-            np_dtype, dtype = _DTYPES[info["dtype"]]
+            np_dtype, dtype = _DTYPES.get(info["dtype"], (np.uint8, "U8"))  # U8: MXFP4 parts only
             begin, end = info["data_offsets"]
             shape = tuple(int(d) for d in info["shape"])
             raw = mapped[file.data_start + begin : file.data_start + end]

@@ -194,6 +194,8 @@ def paged_attention(
         from localchat.backends.torch.triton_attention import triton_paged_attention
 
         assert isinstance(cache, torch.Tensor), "the runner keeps int8 KV caches off the Triton path"
+        if options is not None and options.sinks is not None:
+            raise NotImplementedError("attention sinks (gpt-oss) are not in the Triton kernels yet")
         return triton_paged_attention(q, k, v, cache, meta, options)
     write_kv(k, v, cache, meta.slot_mapping)
     if options is not None and options.matter(meta.max_seq_len):
