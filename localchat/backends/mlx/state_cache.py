@@ -37,7 +37,8 @@ class StateCache:
         mx.eval(self.arrays())
 
     def arrays(self) -> list[mx.array]:
-        return [*self.conv, *self.recurrent]
+        # A conv-only layer (LFM2) has an empty recurrent array: MLX's CPU kernels fault on empty scatters.
+        return [a for a in (*self.conv, *self.recurrent) if a.size]
 
 
 @dataclass(slots=True)
@@ -72,6 +73,5 @@ class StepRows:
         """Zero the slots of rows that start a sequence (a new request, or one recomputed after preemption)."""
         if self.fresh_slots is None:
             return
-        for arrays in (cache.conv, cache.recurrent):
-            for a in arrays:
-                a[self.fresh_slots] = mx.zeros((self.fresh_slots.size, *a.shape[1:]), dtype=a.dtype)
+        for a in cache.arrays():
+            a[self.fresh_slots] = mx.zeros((self.fresh_slots.size, *a.shape[1:]), dtype=a.dtype)

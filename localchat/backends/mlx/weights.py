@@ -85,8 +85,9 @@ def load_model(
 
 
 def _target(model: DecoderLM, name: str) -> tuple[Any, str, int, int] | None:
-    if name in TOP_WEIGHTS:
-        attr = TOP_WEIGHTS[name]
+    top = architecture(model.config.model_type).top_weights  # a family's own names (LFM2's final norm)
+    if name in TOP_WEIGHTS or name in top:
+        attr = TOP_WEIGHTS.get(name) or top[name]
         if attr == "lm_head" and model.config.tie_word_embeddings:
             return None  # tied: the embedding serves as the LM head
         return model, attr, 0, 1
