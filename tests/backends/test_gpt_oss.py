@@ -51,7 +51,7 @@ TINY: dict[str, Any] = {
         "beta_fast": 32.0,
         "beta_slow": 1.0,
         "truncate": False,
-        "original_max_position_embeddings": 16,
+        "original_max_position_embeddings": 128,  # x factor = max_position_embeddings
     },
     "bos_token_id": 1,
     "eos_token_id": 2,
