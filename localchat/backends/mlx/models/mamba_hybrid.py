@@ -47,7 +47,7 @@ class HybridBlock(Layer):
                 s["conv_bias"],
                 s["proj_bias"],
                 float(s.get("dt_min") or 0.0),
-            )  # fmt: skip  (the mixer declares its own arrays)
+            )  # the mixer declares its own arrays
         elif self.kind == "attention":
             h, kvh, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
             self.heads, self.kv_heads, self.head_dim = h, kvh, d
