@@ -35,6 +35,8 @@ class RunnerOptions:
     cuda_graphs: bool = True  # torch on CUDA: replay captured graphs for decode steps
     isq: str | None = None  # torch: "q4" | "q8_0" | "q4_k" | "q4_0" quantizes unquantized weights at load
     kv_cache_dtype: str = "auto"  # auto (the compute dtype) | bf16 | int8 (torch only)
+    tensor_parallel_size: int = 1  # torch: ranks sharing each layer (backends/torch/parallel)
+    device_ids: tuple[int, ...] | None = None  # torch with tensor parallelism: rank i's CUDA device
 
 
 def resolve_backend(name: str) -> str:
@@ -57,6 +59,10 @@ def resolve_backend(name: str) -> str:
 def create_runner(name: str, model: ModelBundle, options: RunnerOptions | None = None) -> ModelRunner:
     name = resolve_backend(name)
     options = options or RunnerOptions()
+    if options.tensor_parallel_size > 1 and name != "torch":
+        raise BackendUnavailableError(
+            f"--tensor-parallel-size {options.tensor_parallel_size} needs the torch backend, not {name}."
+        )
     try:
         module = importlib.import_module(
             f"localchat.backends.{name}.runner" if name != "fake" else "localchat.backends.fake"

@@ -5,15 +5,19 @@ prefill, then batched decode), with KV heads split across ranks and replicated (
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from localchat.backends import RunnerOptions, create_runner
+from localchat.backends.torch.parallel.driver import ParallelRunner
 from localchat.backends.torch.parallel.group import close_group, init_group
 from localchat.backends.torch.parallel.shard import shard_runner
 from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
+from localchat.weights.bundle import ModelBundle
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import bundle_from_hf, fp32_runner, tiny_hf_model
 
@@ -78,3 +82,39 @@ def test_unsupported_family_is_a_clear_error() -> None:
     runner = fp32_runner(bundle_from_hf(tiny_hf_model("qwen3")))
     with pytest.raises(BackendUnavailableError, match="only the Llama family"):
         shard_runner(runner, ParallelGroup(0, 2))
+
+
+def _tiny_bundle() -> ModelBundle:
+    """The workers' loader (a real server's workers reload the model from its path)."""
+    return bundle_from_hf(tiny_hf_model("llama", num_key_value_heads=2, vocab_size=255))
+
+
+def test_parallel_runner_drives_a_spawned_worker_and_reports_its_death() -> None:
+    """The driver/worker split behind `--tp 2`: rank 0's runner forwards each step to a spawned worker;
+    greedy tokens equal TP=1; shutdown ends the worker; a dead worker is an error, not a hang."""
+    torch.set_num_threads(1)
+    _, expected_tokens = _run(_runner(2))
+    options = RunnerOptions(device="cpu", dtype="float32", num_threads=1, tensor_parallel_size=2)
+    runner = ParallelRunner(_tiny_bundle(), options, load=_tiny_bundle)
+    _, tokens = _run(cast(TorchRunner, runner))
+    assert tokens == expected_tokens
+    runner.shutdown()
+    worker = runner.context.processes[0]
+    worker.join(timeout=10)
+    assert worker.exitcode == 0
+
+    runner = ParallelRunner(_tiny_bundle(), options, load=_tiny_bundle)
+    try:
+        worker = runner.context.processes[0]
+        worker.kill()
+        worker.join(timeout=10)
+        with pytest.raises(BackendUnavailableError, match="worker rank 1 exited"):
+            runner.initialize_kv_cache(8, 4)
+    finally:
+        runner.shutdown()
+
+
+def test_tensor_parallel_needs_the_torch_backend() -> None:
+    options = RunnerOptions(tensor_parallel_size=2)
+    with pytest.raises(BackendUnavailableError, match="needs the torch backend, not mlx"):
+        create_runner("mlx", _tiny_bundle(), options)

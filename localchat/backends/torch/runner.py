@@ -58,7 +58,14 @@ from localchat.backends.torch.quant import pick_policy
 from localchat.backends.torch.sampler import SampleResult, new_generator, sample
 from localchat.backends.torch.threads import ThreadGovernor
 from localchat.backends.torch.weights import load_model
-from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput, StateCacheSpec
+from localchat.engine.interface import (
+    BatchInputs,
+    KVCacheSpec,
+    ModelRunner,
+    RunnerOutput,
+    SchedulerOutput,
+    StateCacheSpec,
+)
 from localchat.errors import ModelLoadError
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
@@ -70,7 +77,11 @@ CPU_KV_FRACTION = 0.25  # of MemAvailable; pages become resident only as the poo
 GPU_KV_FRACTION = 0.90  # of free device memory after the warm-up forward
 
 
-def create_runner(model: ModelBundle, options: RunnerOptions) -> TorchRunner:
+def create_runner(model: ModelBundle, options: RunnerOptions) -> ModelRunner:
+    if options.tensor_parallel_size > 1:
+        from localchat.backends.torch.parallel.driver import ParallelRunner  # imports this module
+
+        return ParallelRunner(model, options)
     return TorchRunner(model, options)
 
 

@@ -1,0 +1,171 @@
+"""Driver/worker split for tensor parallelism.
+
+Rank 0 (the localchat process) owns the engine, scheduler, HTTP server and tokenizer; it holds a
+`ParallelRunner`, which forwards every runner call that runs the model (KV setup, warm-up, steps,
+shutdown) to the workers as plain data (the step's SchedulerOutput and BatchInputs: numpy arrays and
+lists) over a gloo control group, then runs the same call on its own shard. Workers (`worker_main`)
+loop on those messages, running the same forward on their shard; their sampled tokens are discarded
+(rank 0's are the answer). The collectives inside the forward join the ranks.
+
+Workers are started here with torch.multiprocessing (spawn, daemonic: they die with the server) or
+by torchrun (see docs/parallel.md). A worker that exits is reported before the next step, and a
+collective that waits on a dead rank times out (group.py) rather than hanging.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import socket
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException
+
+from localchat.backends import RunnerOptions
+from localchat.backends.torch.device import pick_device
+from localchat.backends.torch.runner import TorchRunner
+from localchat.errors import BackendUnavailableError
+from localchat.weights.bundle import ModelBundle
+
+from .group import ParallelGroup, close_group, init_group
+from .shard import shard_runner
+
+log = logging.getLogger(__name__)
+
+# The methods that run the model (or collectives) and so must run on every rank, in the same order.
+FORWARDED = frozenset(
+    {"available_kv_memory", "initialize_kv_cache", "prepare_decode_graphs", "execute_model", "compute_logits"}
+)
+SHUTDOWN = "shutdown"
+# Workers wait on the control group between requests, so its timeout is an idle limit, not a
+# deadline: a dead driver closes the connection, which wakes them with an error anyway.
+CONTROL_TIMEOUT = timedelta(days=7)
+
+BundleLoader = Callable[[], ModelBundle]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank_device(options: RunnerOptions, rank: int) -> RunnerOptions:
+    """Each rank's device: cuda:<device_ids[rank]> (or cuda:<rank>) on CUDA, the CPU otherwise."""
+    device = pick_device(options.device)
+    if device.type == "cuda":
+        ids = options.device_ids or tuple(range(options.tensor_parallel_size))
+        if len(ids) != options.tensor_parallel_size:
+            raise BackendUnavailableError(
+                f"--device-ids names {len(ids)} GPUs for --tensor-parallel-size {options.tensor_parallel_size}."
+            )
+        return _replace_device(options, f"cuda:{ids[rank]}")
+    if device.type != "cpu":
+        raise BackendUnavailableError(f"--tensor-parallel-size needs CUDA or the CPU, not {device.type}.")
+    return _replace_device(options, "cpu")
+
+
+def _replace_device(options: RunnerOptions, device: str) -> RunnerOptions:
+    from dataclasses import replace
+
+    return replace(options, device=device)
+
+
+def _sharded_runner(bundle: ModelBundle, options: RunnerOptions, group: ParallelGroup) -> TorchRunner:
+    runner = TorchRunner(bundle, options)
+    shard_runner(runner, group)
+    return runner
+
+
+def worker_main(index: int, world: int, init_method: str, load: BundleLoader, options: RunnerOptions) -> None:
+    """One worker rank: join the group, load and shard the model, then run whatever rank 0 sends.
+    `index`: torch.multiprocessing's process number, from 0; rank 0 is the driver."""
+    rank = index + 1
+    options = _rank_device(options, rank)
+    group = init_group(rank, world, pick_device(options.device), init_method=init_method)
+    control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+    try:
+        runner = _sharded_runner(load(), options, group)
+        while True:
+            message: list[Any] = [None]
+            dist.broadcast_object_list(message, src=0, group=control)
+            name, args = message[0]
+            if name == SHUTDOWN:
+                runner.shutdown()
+                return
+            getattr(runner, name)(*args)
+    finally:
+        close_group()
+
+
+class ParallelRunner:
+    """Rank 0's runner: the `ModelRunner` the engine sees, with the workers behind it."""
+
+    def __init__(self, bundle: ModelBundle, options: RunnerOptions, load: BundleLoader | None = None) -> None:
+        world = options.tensor_parallel_size
+        options = _rank_device(options, 0)
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        # The workers reload the model themselves: a bundle's weight reader does not cross processes.
+        load = load or functools.partial(_load_from_path, str(bundle.path), bundle.name)
+        self.context = mp.start_processes(
+            worker_main,
+            args=(world, init_method, load, options),
+            nprocs=world - 1,
+            join=False,
+            daemon=True,
+            start_method="spawn",
+        )
+        self.group = init_group(0, world, pick_device(options.device), init_method=init_method)
+        self._control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+        self.runner = _sharded_runner(bundle, options, self.group)
+        self._closed = False
+
+    def _send(self, name: str, args: tuple[Any, ...]) -> None:
+        for index, process in enumerate(self.context.processes):
+            if not process.is_alive():
+                raise BackendUnavailableError(
+                    f"tensor-parallel worker rank {index + 1} exited (code {process.exitcode}); "
+                    "restart localchat."
+                )
+        dist.broadcast_object_list([(name, args)], src=0, group=self._control)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "runner":  # not set yet (a failed __init__): no recursion through __getattr__
+            raise AttributeError(name)
+        attr = getattr(self.runner, name)
+        if name not in FORWARDED:
+            return attr  # properties and calls that touch no collective (kv_cache_spec, device_name, ...)
+
+        def forwarded(*args: Any) -> Any:
+            self._send(name, args)
+            return attr(*args)
+
+        return forwarded
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._send(SHUTDOWN, ())
+        except (RuntimeError, BackendUnavailableError) as exc:
+            log.warning("tensor-parallel shutdown: %s", exc)
+        self.runner.shutdown()
+        try:
+            self.context.join(timeout=30)
+        except ProcessException as exc:  # a worker that died before: already reported
+            log.warning("tensor-parallel shutdown: %s", exc)
+        for process in self.context.processes:
+            if process.is_alive():
+                process.terminate()
+        close_group()
+
+
+def _load_from_path(path: str, name: str) -> ModelBundle:
+    from localchat.weights.loader import load_model
+
+    return load_model(path, name)
