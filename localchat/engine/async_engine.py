@@ -15,7 +15,7 @@ from typing import Any
 from localchat.backends.memory import trim_heap
 from localchat.engine.engine import LLMEngine
 from localchat.engine.outputs import EngineStats, RequestOutput
-from localchat.engine.request import FinishReason
+from localchat.engine.request import FinishReason, ImageInput
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import ContextLengthExceededError, EngineDeadError, InvalidRequestError, QueueFullError
 
@@ -46,6 +46,7 @@ class _Add:
     params: SamplingParams
     sink: Sink
     arrival_time: float  # time.monotonic() at submit: the queue wait counts in time to first token
+    images: tuple[ImageInput, ...] = ()
 
 
 @dataclass(slots=True)
@@ -88,7 +89,12 @@ class AsyncEngine:
     # -- callers' side (any thread) ------------------------------------------------------------------
 
     def submit(
-        self, prompt_token_ids: list[int], params: SamplingParams, sink: Sink, req_id: str | None = None
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        sink: Sink,
+        req_id: str | None = None,
+        images: tuple[ImageInput, ...] = (),
     ) -> str:
         """Queue a request; `sink` is called on the engine thread with each output. Raises at once for
         a prompt that cannot fit, a full queue, or an engine that is stopping."""
@@ -107,19 +113,23 @@ class AsyncEngine:
             if req_id is None:
                 self._next_id += 1
                 req_id = f"req-{self._next_id}"
-        self._inbox.put(_Add(req_id, list(prompt_token_ids), params, sink, time.monotonic()))
+        self._inbox.put(_Add(req_id, list(prompt_token_ids), params, sink, time.monotonic(), tuple(images)))
         return req_id
 
     def abort(self, req_id: str) -> None:
         self._inbox.put(_Abort(req_id))
 
     async def generate(
-        self, prompt_token_ids: list[int], params: SamplingParams, req_id: str | None = None
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        req_id: str | None = None,
+        images: tuple[ImageInput, ...] = (),
     ) -> AsyncIterator[RequestOutput]:
         """Stream one request's outputs. Leaving the loop early (client gone) aborts the request."""
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        req_id = self.submit(prompt_token_ids, params, LoopSink(loop, outputs.put_nowait), req_id)
+        req_id = self.submit(prompt_token_ids, params, LoopSink(loop, outputs.put_nowait), req_id, images)
         finished = False
         try:
             while not finished:
@@ -184,7 +194,11 @@ class AsyncEngine:
             if command.req_id in self._sinks:
                 raise InvalidRequestError(f"Request id {command.req_id!r} is already in use.")
             self.engine.add_request(
-                command.prompt_token_ids, command.params, command.req_id, command.arrival_time
+                command.prompt_token_ids,
+                command.params,
+                command.req_id,
+                command.arrival_time,
+                images=command.images,
             )
             self._sinks[command.req_id] = command.sink
         except Exception as exc:

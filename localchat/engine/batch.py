@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from localchat.engine.interface import BatchInputs, SchedulerOutput
+from localchat.engine.interface import BatchInputs, ImageSlice, SchedulerOutput
 from localchat.engine.request import Request
 from localchat.engine.sampling_inputs import build_sampling_inputs
 from localchat.engine.sampling_params import SamplingParams
+from localchat.vision.placement import chunk_rows
 
 
 def build_batch(
@@ -35,6 +36,7 @@ def build_batch(
     sample_req_ids: list[str] = []
     block_lists: list[list[int]] = []
     sampling_rows: list[tuple[SamplingParams, list[int], int]] = []
+    image_slices: list[ImageSlice] = []
 
     offset = 0
     for row, req_id in enumerate(req_ids):
@@ -47,6 +49,10 @@ def build_batch(
         input_ids[offset : offset + count - len(drafts)] = request.all_token_ids[start:known_end]
         input_ids[offset + count - len(drafts) : offset + count] = drafts
         positions[offset : offset + count] = np.arange(start, end)
+        for image in request.images:
+            token_rows, embed_rows = chunk_rows(list(image.placeholders), start, known_end)
+            if token_rows:
+                image_slices.append(ImageSlice(image, [offset + r for r in token_rows], embed_rows))
         offset += count
         query_start_loc[row + 1] = offset
         seq_lens[row] = end
@@ -86,4 +92,5 @@ def build_batch(
         if state_slots is None
         else np.asarray([state_slots[r] for r in req_ids], dtype=np.int64),
         sampling=build_sampling_inputs(sampling_rows),
+        image_slices=image_slices,
     )

@@ -28,10 +28,12 @@ class KVBlock:
     block_hash: int | None = None
     parent_hash: int | None = None
     token_ids: tuple[int, ...] | None = None  # checked on a hit: a hash match alone is not trusted
+    image_hashes: tuple[str, ...] = ()  # pictures whose placeholders lie in the block, checked likewise
 
     def reset(self) -> None:
         self.ref_count = 0
         self.block_hash = self.parent_hash = self.token_ids = None
+        self.image_hashes = ()
 
 
 class BlockManager:
@@ -74,12 +76,12 @@ class BlockManager:
         num_full = (request.num_tokens - 1) // self.block_size
         parent: int | None = None
         for index in range(num_full):
-            block_hash, tokens = self._block_key(request, index, parent)
+            block_hash, tokens, images = self._block_key(request, index, parent)
             block_id = self.cached_blocks.get(block_hash)
             if block_id is None:
                 break
             block = self.blocks[block_id]
-            if block.token_ids != tokens or block.parent_hash != parent:
+            if block.token_ids != tokens or block.parent_hash != parent or block.image_hashes != images:
                 break  # hash collision: treat as a miss
             hits.append(block_id)
             parent = block_hash
@@ -162,16 +164,23 @@ class BlockManager:
             del self.cached_blocks[block.block_hash]
         block.reset()
 
-    def _block_key(self, request: Request, index: int, parent: int | None) -> tuple[int, tuple[int, ...]]:
+    def _block_key(
+        self, request: Request, index: int, parent: int | None
+    ) -> tuple[int, tuple[int, ...], tuple[str, ...]]:
+        """(hash, token ids, image hashes) of a full block. Image placeholders are the same token id for
+        every picture, so the pictures' content hashes are folded in: another picture never reuses the
+        block, the same picture does. Text-only blocks hash as before."""
         start = index * self.block_size
         tokens = tuple(request.all_token_ids[start : start + self.block_size])
-        return hash((parent, tokens)), tokens
+        images = request.image_hashes_in(start, start + self.block_size) if request.images else ()
+        block_hash = hash((parent, tokens, images)) if images else hash((parent, tokens))
+        return block_hash, tokens, images
 
     def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
         num_full = min(num_tokens // self.block_size, len(request.block_ids))
         for index in range(request.num_registered_blocks, num_full):
             parent = request.block_hashes[index - 1] if index else None
-            block_hash, tokens = self._block_key(request, index, parent)
+            block_hash, tokens, images = self._block_key(request, index, parent)
             if index == len(request.block_hashes):
                 request.block_hashes.append(block_hash)
             request.num_registered_blocks = index + 1
@@ -188,7 +197,7 @@ class BlockManager:
                 # live copy instead and hand the idle one out first.
                 self._uncache(holder)
                 self.free_blocks.move_to_end(holder_id, last=False)
-            self._register(block, block_hash, parent, tokens)
+            self._register(block, block_hash, parent, tokens, images)
 
     def _adopt_orphaned_duplicates(self, request: Request) -> None:
         """Name this request's unnamed full blocks whose content no block names any more (the copy a
@@ -200,10 +209,17 @@ class BlockManager:
             if block.block_hash is not None or block_hash in self.cached_blocks:
                 continue
             parent = request.block_hashes[index - 1] if index else None
-            start = index * self.block_size
-            tokens = tuple(request.all_token_ids[start : start + self.block_size])
-            self._register(block, block_hash, parent, tokens)
+            _, tokens, images = self._block_key(request, index, parent)
+            self._register(block, block_hash, parent, tokens, images)
 
-    def _register(self, block: KVBlock, block_hash: int, parent: int | None, tokens: tuple[int, ...]) -> None:
+    def _register(
+        self,
+        block: KVBlock,
+        block_hash: int,
+        parent: int | None,
+        tokens: tuple[int, ...],
+        images: tuple[str, ...] = (),
+    ) -> None:
         block.block_hash, block.parent_hash, block.token_ids = block_hash, parent, tokens
+        block.image_hashes = images
         self.cached_blocks[block_hash] = block.block_id

@@ -18,7 +18,7 @@ from localchat.engine.detokenizer import Decoder, IncrementalDetokenizer
 from localchat.engine.interface import ModelRunner, RunnerOutput, StateCacheSpec, TokenLogprobs
 from localchat.engine.latency import ITL_BUCKETS_S, TTFT_BUCKETS_S, Histogram
 from localchat.engine.outputs import EngineStats, RequestOutput
-from localchat.engine.request import FinishReason, Request
+from localchat.engine.request import FinishReason, ImageInput, Request
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.scheduler import Scheduler
 from localchat.engine.speculative import accept_drafts, pause_after
@@ -138,8 +138,10 @@ class LLMEngine:
         params: SamplingParams,
         req_id: str | None = None,
         arrival_time: float | None = None,
+        images: tuple[ImageInput, ...] = (),
     ) -> str:
-        """Queue a request. `arrival_time` (time.monotonic()) is when the caller submitted it, for TTFT."""
+        """Queue a request. `arrival_time` (time.monotonic()) is when the caller submitted it, for TTFT.
+        `images`: pictures whose placeholder tokens are in the prompt (the runner scatters their rows)."""
         if not prompt_token_ids:
             raise InvalidRequestError("The prompt is empty.", param="prompt")
         if len(prompt_token_ids) >= self.max_model_len:
@@ -148,6 +150,7 @@ class LLMEngine:
         if req_id in self.scheduler.requests:
             raise InvalidRequestError(f"Request id {req_id!r} is already in use.")
         request = Request(req_id, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids)
+        request.images = tuple(images)
         if arrival_time is not None:
             request.arrival_time = arrival_time
         if params.constraint is not None:

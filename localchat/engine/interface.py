@@ -11,8 +11,16 @@ from typing import Protocol
 
 import numpy as np
 
+from localchat.engine.request import ImageInput
 from localchat.engine.sampling_inputs import SamplingInputs
 from localchat.engine.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class ImageSlice:
+    image: ImageInput
+    token_rows: list[int]  # indices into the step's flat input_ids
+    embed_rows: list[int]  # rows of the image's embeddings that go there
 
 
 @dataclass(slots=True)
@@ -73,6 +81,9 @@ class BatchInputs:
     # Hybrid models (engine/state_slots.py): int64 [num_reqs], each row's recurrent-state slot. A row
     # whose first position is 0 starts from a zeroed state; any other continues from what it left.
     state_slots: np.ndarray | None = None
+    # Pictures with placeholders in this step's tokens: (image, token indices in the flat batch, the
+    # matching rows of the image's embeddings). A prefill chunk may carry part of an image.
+    image_slices: list[ImageSlice] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

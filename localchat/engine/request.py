@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from localchat.engine.constraint import TokenMatcher
 from localchat.engine.loop_guard import LOOP_STOP_REASON, is_looping
@@ -25,6 +26,17 @@ class FinishReason(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ImageInput:
+    """One picture of a prompt: the prompt positions of its placeholder tokens (the runner scatters the
+    image's embedding rows there), its preprocessed pixels (a numpy array; the engine never reads them) and
+    its content hash, which names it in the encoder cache and in prefix-cache block hashes."""
+
+    placeholders: tuple[int, ...]
+    content_hash: str
+    pixels: Any = None
 
 
 @dataclass(slots=True, eq=False)
@@ -53,6 +65,15 @@ class Request:
     spec_token_ids: list[int] = field(default_factory=list)
     spec_misses: int = 0  # draft runs in a row of which the model kept nothing
     spec_pause: int = 0  # decode steps left before drafts are proposed again (backoff after misses)
+    images: tuple[ImageInput, ...] = ()  # pictures whose placeholders sit in the prompt
+
+    def image_hashes_in(self, start: int, end: int) -> tuple[str, ...]:
+        """Content hashes of the images with a placeholder in token positions [start, end)."""
+        return tuple(
+            image.content_hash
+            for image in self.images
+            if any(start <= pos < end for pos in image.placeholders)
+        )
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)
