@@ -142,6 +142,21 @@ class Settings:
         group="model",
         choices=KV_CACHE_DTYPES,
     )
+    tensor_parallel_size: int = _opt(
+        1,
+        ("--tensor-parallel-size", "--tp"),
+        "torch: shard each layer across N processes (NCCL on CUDA, gloo on CPU; Llama family; docs/parallel.md)",
+        parse=int,
+        group="model",
+        metavar="N",
+    )
+    device_ids: str = _opt(
+        "",
+        ("--device-ids",),
+        "torch with --tensor-parallel-size: the CUDA devices of ranks 0, 1, ... (default 0..N-1)",
+        group="model",
+        metavar="IDS",
+    )
     seed: int = _opt(
         0,
         ("--seed",),
@@ -415,6 +430,15 @@ class Settings:
         if self.isq is not None and self.isq not in ISQ_CHOICES:
             raise SettingsError(
                 f"--isq must be one of {', '.join(ISQ_CHOICES)}, got {self.isq!r}.", param="isq"
+            )
+        if self.tensor_parallel_size < 1:
+            raise SettingsError(
+                f"--tensor-parallel-size must be at least 1, got {self.tensor_parallel_size}.",
+                param="tensor_parallel_size",
+            )
+        if not all(part.strip().isdigit() for part in _list(self.device_ids)):
+            raise SettingsError(
+                f"--device-ids takes GPU numbers like 0,1, got {self.device_ids!r}.", param="device_ids"
             )
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"--port must be in [0, 65535], got {self.port}.", param="port")

@@ -85,6 +85,8 @@ def build_context(
         cuda_graphs=settings.cuda_graphs,
         isq=settings.isq,
         kv_cache_dtype=settings.kv_cache_dtype,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        device_ids=tuple(int(i) for i in settings.device_ids.split(",") if i.strip()) or None,
     )
     runner = load_runner(settings.backend, bundle, options)
     preflight.check_kv_budget(settings, runner.kv_cache_spec, bundle.config.max_position_embeddings)
