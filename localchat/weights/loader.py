@@ -41,6 +41,7 @@ def load_model(path: str | Path, name: str | None = None) -> ModelBundle:
 
 
 def _load_folder(folder: Path, name: str) -> ModelBundle:
+    from localchat.weights.hf_quant import dequantized_stream, quant_method
     from localchat.weights.safetensors import (
         checkpoint_prefixes,
         config_from_folder,
@@ -51,7 +52,10 @@ def _load_folder(folder: Path, name: str) -> ModelBundle:
 
     config = config_from_folder(folder)
     prefixes = checkpoint_prefixes(folder)  # a multimodal wrapper's text LM: its names inside
-    files = safetensors_files(folder)  # parses every header now, so a broken file fails the load
+    raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    method = quant_method(raw)  # GPTQ / AWQ / FP8: dequantized while streaming (hf_quant)
+    qconfig = raw.get("quantization_config") or {}
+    files = safetensors_files(folder, method is not None)  # parses every header now: a broken file fails
     defaults = generation_defaults(folder, config)
     tokenizer = Tokenizer.from_hf_folder(folder)
     return ModelBundle(
@@ -59,7 +63,11 @@ def _load_folder(folder: Path, name: str) -> ModelBundle:
         path=folder,
         format="safetensors",
         config=config,
-        iter_weights=lambda: iter_safetensors_weights(files, prefixes),
+        iter_weights=lambda: (
+            iter_safetensors_weights(files, prefixes)
+            if method is None
+            else dequantized_stream(iter_safetensors_weights(files, prefixes), method, qconfig)
+        ),
         tokenizer=tokenizer,
         chat_template=folder_chat_template(folder),
         generation_defaults=defaults,

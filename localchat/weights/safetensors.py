@@ -19,6 +19,7 @@ import numpy as np
 from localchat.arch.registry import ARCHITECTURES, SUPPORTED_MODEL_TYPES
 from localchat.errors import ModelLoadError, UnsupportedArchitectureError
 from localchat.weights.config import ModelConfig
+from localchat.weights.hf_quant import QUANT_STORAGE
 from localchat.weights.tensors import WeightTensor
 
 # safetensors dtype -> (numpy dtype of the raw view, WeightTensor dtype). bf16 travels as uint16 bits.
@@ -77,8 +78,9 @@ def generation_defaults(folder: Path, config: ModelConfig) -> dict[str, Any]:
     return {key: raw[key] for key in _GENERATION_KEYS if raw.get(key) is not None}
 
 
-def safetensors_files(folder: Path) -> list[SafetensorsFile]:
-    """The folder's weight files (sharded through model.safetensors.index.json, or single), headers parsed."""
+def safetensors_files(folder: Path, quantized: bool = False) -> list[SafetensorsFile]:
+    """The folder's weight files (sharded through model.safetensors.index.json, or single), headers parsed;
+    `quantized` (a quantization_config, see hf_quant) admits int32/int8/fp8 storage too."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         weight_map = _read_json(index).get("weight_map") or {}
@@ -97,10 +99,10 @@ def safetensors_files(folder: Path) -> list[SafetensorsFile]:
         raise ModelLoadError(
             f"{folder} lacks weight shard(s) {', '.join(missing)}; the download is incomplete."
         )
-    return [_read_header(folder / n) for n in names]
+    return [_read_header(folder / n, quantized) for n in names]
 
 
-def _read_header(path: Path) -> SafetensorsFile:
+def _read_header(path: Path, quantized: bool = False) -> SafetensorsFile:
     try:
         with path.open("rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))
@@ -114,7 +116,11 @@ def _read_header(path: Path) -> SafetensorsFile:
     header.pop("__metadata__", None)
     for name, info in header.items():
         dtype = info.get("dtype") if isinstance(info, dict) else None
-        if dtype not in _DTYPES and not _mxfp4_part(name, dtype):
+        if (
+            dtype not in _DTYPES
+            and not _mxfp4_part(name, dtype)
+            and not (quantized and dtype in QUANT_STORAGE)
+        ):
             raise ModelLoadError(
                 f"{path.name}: tensor {name} has dtype {dtype}; only F32, F16 and BF16 "
                 "safetensors are supported (for quantized models use a GGUF file)."
@@ -144,7 +150,9 @@ def iter_safetensors_weights(
             name = renamed(stored, prefixes or {})
             if name is None:
                 continue
-            np_dtype, dtype = _DTYPES.get(info["dtype"], (np.uint8, "U8"))  # U8: MXFP4 parts only
+            np_dtype, dtype = _DTYPES.get(info["dtype"], (np.uint8, "U8"))  # U8: MXFP4 parts
+            if info["dtype"] in QUANT_STORAGE:  # a quantized checkpoint's parts, for hf_quant
+                np_dtype, dtype = QUANT_STORAGE[info["dtype"]], info["dtype"]
             begin, end = info["data_offsets"]
             shape = tuple(int(d) for d in info["shape"])
             raw = mapped[file.data_start + begin : file.data_start + end]
