@@ -2,7 +2,8 @@
 attention (`layer_types`), as localchat/backends/torch/models/qwen3_next.py computes it (read its
 docstring for the layer). The DeltaNet states live in state slots (state_cache.py), not the KV cache.
 
-Qwen3-Next and Qwen3.5-MoE (sparse MoE MLPs) are torch-only so far.
+Qwen3-Next and Qwen3.5-MoE: every MLP a sparse MoE (softmax top-k) plus a shared SwiGLU expert scaled
+by sigmoid(gate . x).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import cast
 import mlx.core as mx
 import numpy as np
 
+from localchat.arch.moe import MoeSpec
 from localchat.backends.mlx.attention import AttentionMetadata, LayerCache, paged_attention
 from localchat.backends.mlx.gated_deltanet import (
     conv_decode,
@@ -21,15 +23,34 @@ from localchat.backends.mlx.gated_deltanet import (
     l2_normalize,
 )
 from localchat.backends.mlx.layers import Rotary, project, silu
-from localchat.backends.mlx.models.base import DecoderLM, Layer
+from localchat.backends.mlx.models.base import DecoderLM
+from localchat.backends.mlx.models.moe import Expert, SparseMoe, WithMoe
 from localchat.backends.mlx.quant import Weight, linear
 from localchat.backends.mlx.state_cache import LayerStateShape, StateCache, StepRows
 from localchat.engine.interface import StateCacheSpec
-from localchat.errors import UnsupportedArchitectureError
 from localchat.weights.config import ModelConfig
 
 
-class HybridLayer(Layer):
+class SharedExpertMoe(SparseMoe):
+    """Qwen3-Next's MLP: the routed experts plus a shared SwiGLU expert scaled by sigmoid(gate . x)."""
+
+    def __init__(self, spec: MoeSpec, hidden: int, shared_size: int) -> None:
+        super().__init__(spec, hidden)
+        self.shared = Expert(hidden, shared_size)
+        self.shared_gate: Weight | None = None
+        self.declare("shared_gate", 1, hidden)
+
+    def missing(self) -> list[str]:
+        return super().missing() + [f"shared.{name}" for name in self.shared.missing()]
+
+    def forward(self, x: mx.array) -> mx.array:
+        assert self.shared.down is not None and self.shared_gate is not None
+        gate, up = mx.split(project(x, self.shared.gate_up), 2, axis=-1)
+        shared = linear(silu(gate) * up, self.shared.down)
+        return super().forward(x) + mx.sigmoid(linear(x, self.shared_gate)) * shared
+
+
+class HybridLayer(WithMoe):
     """One decoder layer: a full-attention or a linear-attention mixer, then the SwiGLU MLP."""
 
     def __init__(self, config: ModelConfig, index: int) -> None:
@@ -47,6 +68,14 @@ class HybridLayer(Layer):
         self.declare("gate_up.0", inter, hidden)
         self.declare("gate_up.1", inter, hidden)
         self.declare("down", hidden, inter)
+        self.moe: SharedExpertMoe | None = None
+        if x.get("num_experts"):
+            spec = MoeSpec.from_config(config)
+            if index in spec.sparse_layers:
+                shared = int(x.get("shared_expert_intermediate_size") or 0)
+                self.moe = SharedExpertMoe(spec, hidden, shared)
+                for key in ("gate_up.0", "gate_up.1", "down"):  # no dense MLP to ask the checkpoint for
+                    del self.shapes[key]
         if self.linear:
             self.k_heads, self.v_heads = x["linear_num_key_heads"], x["linear_num_value_heads"]
             self.dk, self.dv = x["linear_key_head_dim"], x["linear_value_head_dim"]
@@ -83,6 +112,8 @@ class HybridLayer(Layer):
         return LayerStateShape(self.conv_channels, self.kernel - 1, self.v_heads, self.dk, self.dv)
 
     def mlp(self, x: mx.array) -> mx.array:
+        if self.moe is not None:
+            return self.moe.forward(x)
         assert self.down is not None
         gate, up = mx.split(project(x, self.gate_up), 2, axis=-1)
         return linear(silu(gate) * up, self.down)
@@ -159,11 +190,6 @@ class Model(DecoderLM):
     layer_class = HybridLayer
 
     def __init__(self, config: ModelConfig) -> None:
-        if config.extra.get("num_experts"):
-            raise UnsupportedArchitectureError(
-                f"{config.model_type} (sparse MoE hybrid) on the MLX backend (use --backend torch)",
-                ["qwen3_5_text"],
-            )
         super().__init__(config)
         types = config.extra["layer_types"]
         self.linear_layers = [i for i, t in enumerate(types) if t == "linear_attention"]
