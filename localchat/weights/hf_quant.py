@@ -1,11 +1,13 @@
-"""Hugging Face quantized safetensors checkpoints (issue #34): GPTQ, AWQ (GEMM packing) and FP8
-(float8_e4m3fn weights with a per-tensor or 128x128-block `weight_scale_inv`).
+"""Hugging Face quantized safetensors checkpoints (issue #34): GPTQ, AWQ (GEMM packing), FP8
+(float8_e4m3fn weights with a per-tensor or block-wise `weight_scale_inv`) and compressed-tensors
+(symmetric pack-quantized W4A16, int-quantized W8A8 int8, float-quantized FP8).
 
 config.json's `quantization_config` names the method. Each quantized linear arrives as several tensors
-(`qweight`, `qzeros`, `scales`, optional `g_idx`; or `weight` + `weight_scale_inv`), so the stream is
-buffered per module until its parts are complete, then dequantized to float32 (`weight` [out, in]); the
-backend casts it to its compute dtype. No compact CPU block format is kept yet: GPTQ/AWQ zero points are
-per output column and groups run along the input, which none of the GGUF block types match exactly.
+(`qweight`, `qzeros`, `scales`, optional `g_idx`; `weight` + `weight_scale_inv`; `weight_packed` +
+`weight_scale`), so the stream is buffered per module until its parts are complete, then dequantized to
+float32 (`weight` [out, in]); the backend casts it to its compute dtype. No compact CPU block format is
+kept yet: GPTQ/AWQ zero points are per output column over input groups, and fp16 group scales, which
+no GGUF block type reproduces bit-exactly (Q4_0 stores one fp16 scale per 32 and no zero).
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from localchat.weights.tensors import WeightTensor
 log = logging.getLogger(__name__)
 
 # Storage dtypes quantized checkpoints add to F32/F16/BF16: packed int32 codes, fp8 bytes, int8.
-QUANT_STORAGE = {"I32": np.int32, "F8_E4M3": np.uint8, "I8": np.int8}
-METHODS = ("gptq", "awq", "fp8")
+QUANT_STORAGE = {"I32": np.int32, "F8_E4M3": np.uint8, "I8": np.int8, "I64": np.int64}
+METHODS = ("gptq", "awq", "fp8", "compressed-tensors")
+# compressed-tensors parts; activation scales (W8A8 static input_scale) are dropped: we compute in bf16/f32.
+_CT_PARTS = ("weight_packed", "weight_shape", "weight_scale", "weight_zero_point", "input_scale")
 _GPTQ_PARTS = ("qweight", "qzeros", "scales", "g_idx")
 # AutoAWQ's GEMM layout puts output column ORDER[i] in nibble i of each int32; UNDO inverts it.
 _AWQ_UNDO = np.array([0, 4, 1, 5, 2, 6, 3, 7])
@@ -40,6 +44,18 @@ def quant_method(raw_config: dict[str, Any]) -> str | None:
             f"quantization_config.quant_method {method!r} is not supported; localchat reads "
             f"{', '.join(METHODS)} safetensors checkpoints (or use a GGUF file)."
         )
+    if method == "compressed-tensors":
+        for group in (qc.get("config_groups") or {}).values():
+            weights = (group or {}).get("weights") or {}
+            if not weights.get("symmetric", True):
+                raise ModelLoadError(
+                    "compressed-tensors with asymmetric weights (zero points) is not supported."
+                )
+            if weights.get("type", "int") == "int" and int(weights.get("num_bits", 8)) not in (4, 8):
+                raise ModelLoadError(
+                    f"compressed-tensors {weights.get('num_bits')}-bit ints are not supported."
+                )
+        return method
     bits = int(qc.get("bits", 4 if method != "fp8" else 8))
     if method in ("gptq", "awq") and bits != 4:
         raise ModelLoadError(f"{method.upper()} with {bits} bits is not supported; only 4-bit.")
@@ -124,6 +140,42 @@ def dequantize_fp8(
     return w * np.repeat(np.repeat(s, bo, axis=0), bi, axis=1)[:rows, :cols]
 
 
+def unpack_ct(packed: np.ndarray, shape: tuple[int, int], bits: int) -> np.ndarray:
+    """compressed-tensors pack-quantized: 32/bits signed codes per int32 along the input, lowest bits first,
+    each stored plus 2^(bits-1). Returns int32 codes [out, in]."""
+    words = np.asarray(packed).view(np.uint32)
+    per, mask = 32 // bits, (1 << bits) - 1
+    codes = np.stack([(words >> (bits * i)) & mask for i in range(per)], axis=2).reshape(words.shape[0], -1)
+    return codes[:, : shape[1]].astype(np.int32) - (1 << (bits - 1))
+
+
+def scale_weight(values: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """values [out, in] times a compressed-tensors scale: scalar (tensor), [out, 1] (channel),
+    [out, in/g] (group) or [out/b, in/b] (block)."""
+    s = np.asarray(scale, dtype=np.float32)
+    rows, cols = values.shape
+    if s.size == 1:
+        return values * s.reshape(())
+    reps_r, reps_c = -(-rows // s.shape[0]), -(-cols // s.shape[1])
+    return values * np.repeat(np.repeat(s, reps_r, axis=0), reps_c, axis=1)[:rows, :cols]
+
+
+def _ct_weight(parts: dict[str, np.ndarray], bits: int) -> np.ndarray:
+    if "weight_packed" in parts:
+        shape = tuple(int(d) for d in parts["weight_shape"])
+        codes = unpack_ct(parts["weight_packed"], (shape[0], shape[1]), bits)
+        return scale_weight(codes.astype(np.float32), parts["weight_scale"])
+    raw = parts["weight"]
+    values = E4M3FN[raw.view(np.uint8)] if raw.dtype == np.uint8 else raw.astype(np.float32)
+    return scale_weight(values, parts["weight_scale"])
+
+
+def _ct_bits(qconfig: dict[str, Any]) -> int:
+    for group in (qconfig.get("config_groups") or {}).values():
+        return int(((group or {}).get("weights") or {}).get("num_bits", 4))
+    return 4
+
+
 def dequantized_stream(
     tensors: Iterator[WeightTensor], method: str, qconfig: dict[str, Any]
 ) -> Iterator[WeightTensor]:
@@ -134,11 +186,24 @@ def dequantized_stream(
     offset = 0 if str(qconfig.get("checkpoint_format", "gptq")) == "gptq_v2" else 1
     bo, bi = (int(v) for v in qconfig.get("weight_block_size") or (128, 128))
     pending: dict[str, dict[str, np.ndarray]] = {}
+    done: set[str] = set()  # compressed-tensors modules already yielded: later scales are dropped
     log.info(
         "%s checkpoint: quantized linears are dequantized at load (float32, then the compute dtype)", method
     )
     for t in tensors:
         module, _, part = t.name.rpartition(".")
+        if method == "compressed-tensors" and (
+            part in _CT_PARTS or (part == "weight" and t.dtype in QUANT_STORAGE)
+        ):
+            parts = pending.setdefault(module, {})
+            parts[part] = np.asarray(t.data) if t.dtype in QUANT_STORAGE else t.dequantize()
+            if "weight_scale" in parts and (
+                "weight" in parts or {"weight_packed", "weight_shape"} <= parts.keys()
+            ):
+                done.add(module)
+                yield _dense(module, _ct_weight(parts, _ct_bits(qconfig)))
+                parts.clear()
+            continue
         if method == "fp8" and (part == "weight_scale_inv" or (part == "weight" and t.dtype == "F8_E4M3")):
             parts = pending.setdefault(module, {})
             parts[part] = t.dequantize() if part == "weight_scale_inv" else np.asarray(t.data)
@@ -157,7 +222,9 @@ def dequantized_stream(
             raise ModelLoadError(f"Tensor {t.name} ({t.dtype}) is not part of a {method} linear layer.")
         yield t
     for module, parts in pending.items():
-        if method == "gptq" and {"qweight", "qzeros", "scales"} <= parts.keys():  # no g_idx saved
+        if method == "compressed-tensors" and (module in done or set(parts) <= {"input_scale"}):
+            continue  # activation scales (W8A8) of an already yielded or unquantized layer: unused
+        elif method == "gptq" and {"qweight", "qzeros", "scales"} <= parts.keys():  # no g_idx saved
             yield _dense(module, _gptq_or_awq(method, parts, group, offset))
         else:
             raise ModelLoadError(f"Quantized layer {module} lacks {sorted(parts)} counterpart tensors.")

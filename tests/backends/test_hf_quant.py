@@ -95,6 +95,44 @@ def fp8_parts(w: np.ndarray, block: int | None) -> tuple[dict[str, torch.Tensor]
     return {"weight": q, "weight_scale_inv": scale_inv.float()}, (q.float() * full).numpy()
 
 
+def ct_int_parts(w: np.ndarray, bits: int, group: int | None) -> tuple[dict[str, torch.Tensor], np.ndarray]:
+    """compressed-tensors symmetric ints: 4-bit pack-quantized by group, or 8-bit int-quantized per channel."""
+    top = 2 ** (bits - 1) - 1
+    cols = w.reshape(w.shape[0], -1, group or w.shape[1])
+    scale = (np.abs(cols).max(axis=2) / top).astype(np.float16)  # [out, in/group]
+    q = np.clip(np.round(cols / scale.astype(np.float32)[..., None]), -top - 1, top).astype(np.int64)
+    values = (q * scale.astype(np.float32)[..., None]).reshape(w.shape)
+    q = q.reshape(w.shape)
+    if bits == 8:
+        parts = {"weight": q.astype(np.int8), "weight_scale": scale, "input_scale": np.ones(1, np.float32)}
+    else:
+        parts = {
+            "weight_packed": pack_nibbles((q + 8).T, axis=0).T,  # along the input, offset to unsigned
+            "weight_shape": np.array(w.shape, np.int64),
+            "weight_scale": scale,
+        }
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in parts.items()}, values
+
+
+def ct_fp8_parts(w: np.ndarray) -> tuple[dict[str, torch.Tensor], np.ndarray]:
+    t = torch.from_numpy(w)
+    scale = t.abs().amax(dim=1, keepdim=True) / 448  # per output channel
+    q = (t / scale).to(torch.float8_e4m3fn)
+    return {"weight": q, "weight_scale": scale.to(torch.bfloat16)}, (
+        q.float() * scale.to(torch.bfloat16).float()
+    ).numpy()
+
+
+def ct_config(fmt: str, kind: str, bits: int, strategy: str, group: int | None = None) -> dict[str, Any]:
+    weights = {"num_bits": bits, "type": kind, "symmetric": True, "strategy": strategy, "group_size": group}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": fmt,
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
+        "ignore": ["lm_head"],
+    }
+
+
 def write_quantized(
     tmp: Path,
     quantizer: Callable[[np.ndarray], tuple[dict[str, torch.Tensor], np.ndarray]],
@@ -136,6 +174,9 @@ CASES: dict[
     ),
     "fp8-block32": (lambda w: fp8_parts(w, 32), {"quant_method": "fp8", "weight_block_size": [32, 32]}),
     "fp8-per-tensor": (lambda w: fp8_parts(w, None), {"quant_method": "fp8"}),
+    "ct-w4a16-g32": (lambda w: ct_int_parts(w, 4, 32), ct_config("pack-quantized", "int", 4, "group", 32)),
+    "ct-w8a8-int8": (lambda w: ct_int_parts(w, 8, None), ct_config("int-quantized", "int", 8, "channel")),
+    "ct-fp8-channel": (ct_fp8_parts, ct_config("float-quantized", "float", 8, "channel")),
 }
 
 
