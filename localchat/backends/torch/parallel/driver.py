@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import signal
 import socket
+import sys
+import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -85,6 +88,9 @@ def worker_main(index: int, world: int, init_method: str, load: BundleLoader, op
     """One worker rank: join the group, load and shard the model, then run whatever rank 0 sends.
     `index`: torch.multiprocessing's process number, from 0; rank 0 is the driver."""
     rank = index + 1
+    # Ctrl-C (or a SIGINT the server's process group gets) is the driver's to handle: it tells the
+    # workers to stop, and they are daemonic, so they never outlive it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     options = _rank_device(options, rank)
     group = init_group(rank, world, pick_device(options.device), init_method=init_method)
     control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
@@ -98,6 +104,14 @@ def worker_main(index: int, world: int, init_method: str, load: BundleLoader, op
                 runner.shutdown()
                 return
             getattr(runner, name)(*args)
+    except BaseException:
+        # Printed here: the driver only sees the closed connection; the cause is this rank's.
+        print(
+            f"tensor-parallel worker rank {rank} failed:\n{traceback.format_exc()}",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise
     finally:
         close_group()
 
