@@ -1,7 +1,7 @@
 """LFM2 (Liquid) on MLX: short-convolution layers interleaved with GQA attention (`layer_types`), each
 followed by a SwiGLU MLP, as localchat/backends/torch/models/lfm2.py computes it (read its docstring).
 The conv windows live in state slots; the paged KV cache holds the attention layers' K/V only.
-LFM2-MoE is torch-only so far.
+LFM2-MoE: after `num_dense_layers` the MLP is a sparse MoE with a sigmoid router.
 """
 
 from __future__ import annotations
@@ -10,18 +10,40 @@ from typing import cast
 
 import mlx.core as mx
 
+from localchat.arch.moe import MoeSpec
 from localchat.backends.mlx.attention import AttentionMetadata, LayerCache, paged_attention
 from localchat.backends.mlx.layers import Rotary, project, silu
-from localchat.backends.mlx.models.base import Layer
+from localchat.backends.mlx.models.moe import SparseMoe, WithMoe
 from localchat.backends.mlx.models.state_model import StateModel
 from localchat.backends.mlx.quant import Weight, linear
 from localchat.backends.mlx.short_conv import causal_conv
 from localchat.backends.mlx.state_cache import LayerStateShape, StepRows
-from localchat.errors import UnsupportedArchitectureError
 from localchat.weights.config import ModelConfig
 
 
-class Lfm2Layer(Layer):
+class SigmoidRouterMoe(SparseMoe):
+    """LFM2-MoE's experts: sigmoid scores; the top k chosen by score + a per-expert bias (the bias only
+    steers the choice), their scores renormalised (+ 1e-6, as the reference) and scaled."""
+
+    def __init__(self, spec: MoeSpec, hidden: int, scale: float, use_bias: bool) -> None:
+        super().__init__(spec, hidden)
+        self.scale = scale
+        self.score_bias: mx.array | None = None
+        if use_bias:
+            self.declare("score_bias", spec.experts)
+
+    def route(self, x: mx.array) -> tuple[mx.array, mx.array]:
+        assert self.router is not None
+        scores = mx.sigmoid(linear(x, self.router).astype(mx.float32))
+        choice = scores if self.score_bias is None else scores + self.score_bias.astype(mx.float32)
+        ids = mx.argpartition(-choice, kth=self.top_k - 1, axis=-1)[:, : self.top_k]
+        weights = mx.take_along_axis(scores, ids, axis=-1)
+        if self.renormalize:
+            weights = weights / (weights.sum(axis=-1, keepdims=True) + 1e-6)
+        return weights * self.scale, ids
+
+
+class Lfm2Layer(WithMoe):
     def __init__(self, config: ModelConfig, index: int) -> None:
         super().__init__(config, index)
         x = config.extra
@@ -37,6 +59,12 @@ class Lfm2Layer(Layer):
         self.declare("gate_up.0", inter, hidden)
         self.declare("gate_up.1", inter, hidden)
         self.declare("down", hidden, inter)
+        self.moe: SigmoidRouterMoe | None = None
+        if config.model_type == "lfm2_moe" and index >= int(x["num_dense_layers"]):
+            scale, use_bias = float(x["routed_scaling_factor"]), bool(x["use_expert_bias"])
+            self.moe = SigmoidRouterMoe(MoeSpec.from_config(config), hidden, scale, use_bias)
+            for key in ("gate_up.0", "gate_up.1", "down"):  # no dense MLP to ask the checkpoint for
+                del self.shapes[key]
         if self.is_conv:
             self.kernel = int(x["conv_L_cache"])
             self.in_proj: Weight | None = None
@@ -90,6 +118,8 @@ class Lfm2Layer(Layer):
         return linear(attn.reshape(tokens, h * d), self.o)
 
     def mlp(self, x: mx.array) -> mx.array:
+        if self.moe is not None:
+            return self.moe.forward(x)
         assert self.down is not None
         gate, up = mx.split(project(x, self.gate_up), 2, axis=-1)
         return linear(silu(gate) * up, self.down)
@@ -99,10 +129,6 @@ class Model(StateModel):
     layer_class = Lfm2Layer
 
     def __init__(self, config: ModelConfig) -> None:
-        if config.model_type != "lfm2":
-            raise UnsupportedArchitectureError(
-                f"{config.model_type} on the MLX backend (use --backend torch)", ["lfm2", "qwen3_5_text"]
-            )
         super().__init__(config)
         self.num_kv_layers = sum(1 for layer in self.lfm2_layers if not layer.is_conv)
 
