@@ -38,6 +38,7 @@ import mmap
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,6 +58,7 @@ from localchat.backends.torch.onednn_caches import bound_matmul_caches
 from localchat.backends.torch.quant import pick_policy
 from localchat.backends.torch.sampler import SampleResult, new_generator, sample
 from localchat.backends.torch.threads import ThreadGovernor
+from localchat.backends.torch.vision.images import load_image_embedder
 from localchat.backends.torch.weights import load_model
 from localchat.engine.interface import (
     BatchInputs,
@@ -110,6 +112,8 @@ class TorchRunner:
         )
         with torch.inference_mode(), _device_memory_errors(self.device, model.name):
             self.model = load_model(model.config, model.iter_weights(), self.device, self.dtype, self.quant)
+            # The vision tower of a multimodal checkpoint (Gemma 3): images reach the model through it.
+            self.images = load_image_embedder(model.path, self.device, self.dtype)
         # "triton" on CUDA (see kernel_choice.py), else "torch"; both take every layer's AttentionOptions.
         self.attention = attention_kernel(self.device)
         if self.attention == "triton" and self.kv_dtype != self.dtype:
@@ -275,13 +279,22 @@ class TorchRunner:
     def _logits(self, batch: BatchInputs) -> torch.Tensor:
         assert self.kv_caches and batch.block_size == self.block_size, "initialize_kv_cache first"
         pooled = self.pooler.rows(batch)  # embedding rows need the hidden states: never a graph then
-        if self.graphs is not None and not pooled and self.graphs.can_run(batch):
+        # A step carrying image rows never replays a graph: the graph would skip the scatter.
+        if self.graphs is not None and not pooled and not batch.image_slices and self.graphs.can_run(batch):
             return self.graphs.run(batch)
         step = self._prepare(batch)
         if (begin_step := getattr(self.model, "begin_step", None)) is not None:  # hybrid: bind state slots
             begin_step(batch.state_slots, batch.query_start_loc, batch.positions, self.device)
-        with self._matmul_backend(batch.num_tokens):
-            hidden = self.model.hidden_states(step.input_ids, step.positions, step.meta, self.kv_caches)
+        hooked: Any = self.model  # only models with the image hook (models/gemma.py) get a tower
+        if batch.image_slices:
+            assert self.images is not None, "image input reached a model without a vision tower"
+            hooked.image_embeds = self.images.step_embeds(batch.image_slices)
+        try:
+            with self._matmul_backend(batch.num_tokens):
+                hidden = self.model.hidden_states(step.input_ids, step.positions, step.meta, self.kv_caches)
+        finally:
+            if batch.image_slices:
+                hooked.image_embeds = None
         if pooled:
             self.pooler.add(batch, hidden, pooled)
         if step.logits_indices is not None:

@@ -1,0 +1,61 @@
+"""The runner's side of image input: the vision tower of a multimodal checkpoint, an encoder cache by
+content hash (a picture is encoded once, however many prefill chunks or turns carry it), and per step the
+(rows, values) that the text model scatters over its placeholder embeddings."""
+
+from __future__ import annotations
+
+import json
+import logging
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from localchat.backends.torch.vision.gemma3 import Gemma3Vision, load_gemma3_vision
+from localchat.engine.interface import ImageSlice
+from localchat.vision.encoder_cache import EncoderCache
+
+log = logging.getLogger(__name__)
+
+
+class ImageEmbedder:
+    def __init__(self, vision: Gemma3Vision, device: torch.device, dtype: torch.dtype) -> None:
+        self.vision = vision.to(device)
+        self.device = device
+        self.dtype = dtype
+        self.cache: EncoderCache[torch.Tensor] = EncoderCache()
+
+    def step_embeds(self, slices: list[ImageSlice]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(flat token rows, embedding rows) for this step's image slices; None when it has none."""
+        if not slices:
+            return None
+        rows: list[int] = []
+        values: list[torch.Tensor] = []
+        for part in slices:
+            embeds = self.cache.get_or_encode(part.image.content_hash, partial(self._encode, part))
+            rows.extend(part.token_rows)
+            values.append(embeds[part.embed_rows])
+        return torch.tensor(rows, device=self.device), torch.cat(values)
+
+    def _encode(self, part: ImageSlice) -> torch.Tensor:
+        pixels = torch.from_numpy(np.ascontiguousarray(part.image.pixels, dtype=np.float32))[None]
+        return self.vision.encode(pixels.to(self.device, self.dtype))[0]
+
+
+def vision_config(path: Path) -> dict[str, object] | None:
+    """The config.json of a multimodal safetensors folder whose tower localchat runs (Gemma 3), else None."""
+    config_file = path / "config.json" if path.is_dir() else None
+    if config_file is None or not config_file.is_file():
+        return None
+    config = json.loads(config_file.read_text())
+    if config.get("model_type") != "gemma3" or "vision_config" not in config:
+        return None
+    return dict(config)
+
+
+def load_image_embedder(path: Path, device: torch.device, dtype: torch.dtype) -> ImageEmbedder | None:
+    if vision_config(path) is None:
+        return None
+    log.info("loading the vision tower of %s", path)
+    return ImageEmbedder(load_gemma3_vision(path, dtype), device, dtype)

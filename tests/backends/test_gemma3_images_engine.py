@@ -1,0 +1,81 @@
+"""Images through the engine and the torch runner (#29) on a tiny random Gemma 3 folder, fp32: a request
+carrying a picture decodes greedily as transformers does on the same pixels, also when chunked prefill
+splits the image's run; another picture gives other tokens; the same picture again hits the encoder cache
+and the prefix cache, another one hits neither past its first image block."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from localchat.engine.config import EngineConfig
+from localchat.engine.engine import LLMEngine
+from localchat.engine.request import ImageInput
+from localchat.engine.sampling_params import SamplingParams
+from localchat.vision.gemma3_preprocess import ImageSpec, content_hash, decode, preprocess
+from localchat.weights.loader import load_model
+from tests.backends.test_gemma3_vision import _hf_logits, _pictures, saved  # noqa: F401 (fixture)
+from tests.helpers.torch_models import fp32_runner
+
+PROMPT = [5, 17, 297, 299, 299, 299, 299, 298, 42, 7]
+NEW = 5
+
+
+def _engine(folder: Path, chunk: int) -> LLMEngine:
+    bundle = load_model(folder)
+    cfg = EngineConfig(kv_cache_mib=4, block_size=4, prefill_chunk_size=chunk)
+    return LLMEngine(fp32_runner(bundle), bundle.tokenizer, cfg, eos_token_ids=[], model_max_len=64)
+
+
+def _generate(engine: LLMEngine, image: ImageInput, prompt: list[int] = PROMPT) -> tuple[list[int], int]:
+    """Greedy tokens and the prompt tokens that came from the prefix cache."""
+    params = SamplingParams(max_tokens=NEW, temperature=0.0)
+    req_id = engine.add_request(list(prompt), params, images=(image,))
+    tokens: list[int] = []
+    cached = 0
+    while engine.has_unfinished:
+        for out in engine.step():
+            if out.req_id == req_id:
+                tokens += out.new_token_ids
+                cached = out.num_cached_tokens
+    return tokens, cached
+
+
+def _hf_greedy(hf: torch.nn.Module, pixels: np.ndarray) -> list[int]:
+    tokens = list(PROMPT)
+    for _ in range(NEW):
+        tokens.append(int(_hf_logits(hf, tokens, torch.from_numpy(pixels)[None])[-1].argmax()))
+    return tokens[len(PROMPT) :]
+
+
+@pytest.mark.parametrize("chunk", [0, 5])
+def test_greedy_with_an_image_matches_transformers(
+    saved: tuple[torch.nn.Module, Path],  # noqa: F811
+    tmp_path: Path,
+    chunk: int,
+) -> None:
+    hf, folder = saved
+    spec = ImageSpec.from_folder(folder, 56)
+    pictures = [(preprocess(decode(b), spec), content_hash(b)) for b in _pictures(tmp_path)]
+    images = [ImageInput((3, 4, 5, 6), h, pixels) for pixels, h in pictures]
+    engine = _engine(folder, chunk)
+    first, _ = _generate(engine, images[0])
+    assert first == _hf_greedy(hf, pictures[0][0])
+    embedder = engine.runner.images  # type: ignore[attr-defined]
+    # encoded once; the second prefill chunk takes its rows from the encoder cache
+    assert (embedder.cache.misses, embedder.cache.hits) == (1, 1 if chunk else 0)
+    again, cached = _generate(engine, images[0])  # the same picture again
+    assert again == first
+    assert cached == 8  # both full blocks of the 10-token prompt, image included
+    # another first token: the prefix cache misses, the encoder cache does not
+    hits = embedder.cache.hits
+    _generate(engine, images[0], [6, *PROMPT[1:]])
+    assert (embedder.cache.misses, embedder.cache.hits) == (1, hits + 1 + (1 if chunk else 0))
+    second, cached = _generate(engine, images[1])
+    assert second == _hf_greedy(hf, pictures[1][0])
+    assert second != first
+    assert cached == 0  # both full blocks hold part of the other picture: they never serve this one
+    assert embedder.cache.misses == 2
