@@ -99,6 +99,8 @@ def estimate(
             weights = _loaded_gguf_bytes(path, compact_gguf_types(dtype), size, quant, _value_bytes(dtype))
     elif isq is not None and path.is_dir():
         weights = _isq_weights(path, isq, size)
+    elif path.is_dir():
+        weights = _hf_quant_weights(path, _value_bytes(dtype), size)
     kv = (
         kv_cache_mib * MIB
         if kv_cache_mib is not None
@@ -177,6 +179,27 @@ def _loaded_gguf_bytes(
         if quant is None or quant.upper() in compact:
             return size
         return int(size * 8 * value_bytes / _BITS.get(quant, 16.0))
+
+
+def _hf_quant_weights(folder: Path, value_bytes: int, size: int) -> int:
+    """A GPTQ / AWQ / FP8 / compressed-tensors folder is dequantized at load (weights/hf_quant.py): sized
+    as expanded. `size` for a dense folder, or when unreadable (the load then says what is wrong)."""
+    import json
+
+    from localchat.weights.hf_quant import loaded_weight_bytes, quant_method
+    from localchat.weights.safetensors import safetensors_files
+
+    try:
+        raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        if quant_method(raw) is None:
+            return size
+        headers = [f.header for f in safetensors_files(folder, quantized=True)]
+        qc = raw["quantization_config"]
+        groups = list((qc.get("config_groups") or {}).values())
+        bits = int(((groups[0] or {}).get("weights") or {}).get("num_bits", 4)) if groups else 4
+        return loaded_weight_bytes(headers, value_bytes, bits)
+    except (ModelLoadError, OSError, ValueError, KeyError, TypeError, AttributeError):
+        return size
 
 
 def _isq_weights(path: Path, isq: str, size: int) -> int:

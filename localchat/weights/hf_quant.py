@@ -247,3 +247,23 @@ def _gptq_or_awq(method: str, parts: dict[str, np.ndarray], group: int, offset: 
 def _dense(module: str, values: np.ndarray) -> WeightTensor:
     values = np.ascontiguousarray(values, dtype=np.float32)
     return WeightTensor(name=f"{module}.weight", shape=tuple(values.shape), dtype="F32", data=values)
+
+
+# Values per stored element of a quantized weight part; the other parts (zeros, scales, g_idx) vanish at load.
+_EXPANSION = {"qweight": 8, "weight_packed": 0, "weight": 1}
+
+
+def loaded_weight_bytes(headers: list[dict[str, Any]], value_bytes: int, bits: int = 4) -> int:
+    """Bytes the weights take once dequantized (`value_bytes` per value), from safetensors headers:
+    what the pre-load RAM check counts for a quantized folder instead of its (4x-8x smaller) file size."""
+    total = 0
+    for header in headers:
+        for name, info in header.items():
+            part = name.rpartition(".")[2]
+            begin, end = info["data_offsets"]
+            count = int(np.prod([int(d) for d in info["shape"]], dtype=np.int64))
+            if info["dtype"] not in QUANT_STORAGE:
+                total += 0 if part in _CT_PARTS or part == "weight_scale_inv" else int(end) - int(begin)
+            elif part in _EXPANSION:
+                total += count * (_EXPANSION[part] or 32 // bits) * value_bytes
+    return total

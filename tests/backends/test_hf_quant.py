@@ -202,3 +202,16 @@ def test_unknown_quant_method_is_refused(tmp_path: Path) -> None:
     write_quantized(tmp_path, lambda w: fp8_parts(w, None), {"quant_method": "bitsandbytes"})
     with pytest.raises(ModelLoadError, match="bitsandbytes"):
         load_model(tmp_path)
+
+
+@pytest.mark.parametrize("case", ["gptq-g32", "awq-g32", "ct-w4a16-g32", "fp8-block32"])
+def test_ram_check_sizes_quantized_folders_as_dequantized(tmp_path: Path, case: str) -> None:
+    """The pre-load RAM check must count what the load makes (float32 here), not the 4x-8x smaller files."""
+    from localchat.model_memory import estimate, path_size
+
+    quantizer, qconfig = CASES[case]
+    hf = write_quantized(tmp_path, quantizer, qconfig)
+    dense = sum(p.numel() * 4 for p in hf.state_dict().values())
+    weights = estimate(tmp_path, kv_cache_mib=1, dtype="float32").weights
+    assert path_size(tmp_path) < dense
+    assert dense <= weights < dense * 1.05
