@@ -5,15 +5,29 @@ update rule): per value head a float32 matrix state S [dk, dv], a depthwise caus
 q|k|v before it. Prefill rows take the chunked form (one lower-triangular solve per chunk), decode rows
 the one-step recurrent form batched over rows.
 
-MLX runs `linalg.solve_triangular` on its CPU stream only; on Metal the solve is routed there (unified
-memory: no copy), everything else stays on the default stream.
+MLX runs `linalg.solve_triangular` on a CPU stream only; on Metal the solve is routed to one (unified
+memory: no copy), everything else stays on the current stream. Streams are thread-local since mlx 0.31.2
+(runner.py), so the CPU stream is made per thread: the engine thread cannot use the main thread's.
 """
 
 from __future__ import annotations
 
+import threading
+
 import mlx.core as mx
 
 CHUNK = 64
+_streams = threading.local()
+
+
+def _cpu_stream() -> mx.Stream | None:
+    """None (the current stream) on the CPU device, else this thread's own CPU stream."""
+    if mx.default_device() == mx.cpu:
+        return None
+    stream = getattr(_streams, "cpu", None)
+    if stream is None:
+        stream = _streams.cpu = mx.new_stream(mx.Device(mx.cpu))
+    return stream
 
 
 def l2_normalize(x: mx.array, eps: float = 1e-6) -> mx.array:
@@ -73,7 +87,7 @@ def delta_rule_chunked(
     # The in-chunk writes depend on each other through S: (I + A) U = beta * V with A strictly lower.
     system = mx.tril((kb @ k.swapaxes(-1, -2)) * decay, -1) + mx.eye(chunk)
     rhs = mx.concatenate([v * beta[..., None], kb * mx.exp(cum)[..., None]], axis=-1)
-    solved = mx.linalg.solve_triangular(system, rhs, upper=False, stream=mx.cpu)
+    solved = mx.linalg.solve_triangular(system, rhs, upper=False, stream=_cpu_stream())
     values, decayed_keys = solved[..., :dv], solved[..., dv:]  # U [H,N,C,dv], W [H,N,C,dk]
     scores = (q @ k.swapaxes(-1, -2)) * decay  # inclusive of the diagonal
     q_decayed = q * mx.exp(cum)[..., None]

@@ -214,7 +214,11 @@ class Model(DecoderLM):
             if not layer.linear:
                 assert layer.q_norm is not None and layer.k_norm is not None
                 layer.q_norm, layer.k_norm = layer.q_norm + 1.0, layer.k_norm + 1.0
-        mx.eval(self.norm, [a for layer in self.hybrid_layers for a in (layer.attn_norm, layer.mlp_norm)])
+        # Evaluated here, on the loading thread: no pending work may stay bound to its stream (runner.py).
+        layers = self.hybrid_layers
+        folded = [self.norm, *(y.attn_norm for y in layers), *(y.mlp_norm for y in layers)]
+        folded += [n for y in layers if not y.linear for n in (y.q_norm, y.k_norm)]
+        mx.eval(folded)
 
     def state_cache_spec(self, dtype: mx.Dtype) -> StateCacheSpec | None:
         """None when every layer is full attention (a config may list no linear layers)."""
