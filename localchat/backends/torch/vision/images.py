@@ -4,7 +4,6 @@ content hash (a picture is encoded once, however many prefill chunks or turns ca
 
 from __future__ import annotations
 
-import json
 import logging
 from functools import partial
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 from localchat.backends.torch.vision.gemma3 import Gemma3Vision, load_gemma3_vision
 from localchat.engine.interface import ImageSlice
 from localchat.vision.encoder_cache import EncoderCache
+from localchat.vision.model_info import vision_config
 
 log = logging.getLogger(__name__)
 
@@ -41,17 +41,6 @@ class ImageEmbedder:
     def _encode(self, part: ImageSlice) -> torch.Tensor:
         pixels = torch.from_numpy(np.ascontiguousarray(part.image.pixels, dtype=np.float32))[None]
         return self.vision.encode(pixels.to(self.device, self.dtype))[0]
-
-
-def vision_config(path: Path) -> dict[str, object] | None:
-    """The config.json of a multimodal safetensors folder whose tower localchat runs (Gemma 3), else None."""
-    config_file = path / "config.json" if path.is_dir() else None
-    if config_file is None or not config_file.is_file():
-        return None
-    config = json.loads(config_file.read_text())
-    if config.get("model_type") != "gemma3" or "vision_config" not in config:
-        return None
-    return dict(config)
 
 
 def load_image_embedder(path: Path, device: torch.device, dtype: torch.dtype) -> ImageEmbedder | None:

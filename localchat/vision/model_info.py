@@ -1,0 +1,26 @@
+"""Whether a model folder takes images, read from its config.json alone (no torch): the server can say so
+in its model info and refuse pictures for text-only models before anything reaches the engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+# Multimodal families whose vision tower localchat runs (backends/torch/vision/).
+SUPPORTED = frozenset({"gemma3"})
+
+
+def vision_config(path: Path) -> dict[str, Any] | None:
+    """The config.json of a multimodal safetensors folder of a supported family, else None."""
+    config_file = path / "config.json"
+    if not path.is_dir() or not config_file.is_file():
+        return None
+    config = json.loads(config_file.read_text())
+    if not isinstance(config, dict) or config.get("model_type") not in SUPPORTED:
+        return None
+    return config if "vision_config" in config else None
+
+
+def takes_images(path: Path) -> bool:
+    return vision_config(path) is not None
