@@ -27,7 +27,9 @@ NARROW = {"width": 390, "height": 780}
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"
 
 
-@pytest.fixture(scope="session")
+# Package scope, not session: Playwright's sync API keeps an asyncio loop running in the main thread while
+# it is open, so a session-wide browser made every later test's asyncio.run() fail (tests/unit runs after).
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
     if not Path(CHROMIUM).exists():

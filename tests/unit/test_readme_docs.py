@@ -19,7 +19,7 @@ def test_the_quick_start_stays_at_the_top():
     assert first_block.splitlines() == [
         "pip install torch --index-url https://download.pytorch.org/whl/cpu   # first, on Linux/Windows without an NVIDIA GPU",
         "pip install . && localchat                         # install and run the app (offers the default model)",
-        'pip install -e ".[test]" && python -m pytest       # the tests: about 40 minutes on 2 CPU cores',
+        'pip install -e ".[test]" && python -m pytest       # the tests: about 25 minutes on 2 CPU cores',
     ]
 
 
