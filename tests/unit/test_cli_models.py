@@ -22,6 +22,15 @@ def test_packaged_catalog_default_entry():
     assert entry.repo_id == "HuggingFaceTB/SmolLM2-135M-Instruct" and entry.description
 
 
+def test_every_packaged_entry_names_an_architecture_localchat_runs():
+    """A catalog entry users can pull must load: its model_type is one the registry knows."""
+    from localchat.arch.registry import SUPPORTED_MODEL_TYPES
+
+    entries = catalog.load_catalog().values()
+    unknown = {e.alias: e.architecture for e in entries if e.architecture not in SUPPORTED_MODEL_TYPES}
+    assert unknown == {}
+
+
 def test_user_catalog_extends_the_packaged_one(tmp_path):
     (tmp_path / "models.yaml").write_text(
         "models:\n  tiny:\n    repo_id: someone/tiny-model\n    file: tiny.gguf\n    description: test\n"
