@@ -47,6 +47,7 @@ class CatalogEntry:
     size_gb: float | None = None  # approximate download size, for listings when `size` is unknown
     tool_call: str | None = None  # tool-call format: hermes | llama3_json | mistral
     reasoning: bool = False  # writes <think>...</think> before answering
+    draft: str | None = None  # the alias of a smaller model with its vocabulary (--speculative draft)
 
     @classmethod
     def from_dict(cls, alias: str, d: dict[str, Any]) -> CatalogEntry:
@@ -74,6 +75,7 @@ class CatalogEntry:
             size_gb=d.get("size_gb", round(d["size"] / 1e9, 2) if d.get("size") else None),
             tool_call=d.get("tool_call"),
             reasoning=bool(d.get("reasoning", False)),
+            draft=d.get("draft"),
         )
 
 

@@ -271,9 +271,18 @@ class Settings:
     speculative: str = _opt(
         "off",
         ("--speculative",),
-        "speculative decoding: ngram (draft tokens looked up in the prompt and output) or off",
+        "speculative decoding: ngram (draft tokens looked up in the prompt and output), draft (a small "
+        "model with the same vocabulary guesses them: --draft-model) or off",
         group="engine",
         metavar="METHOD",
+    )
+    draft_model: str | None = _opt(
+        None,
+        ("--draft-model",),
+        "the draft model of --speculative draft: a models.yaml name, GGUF file or model folder "
+        "(default: the models.yaml entry's draft)",
+        group="engine",
+        metavar="NAME|PATH",
     )
     num_speculative_tokens: int = _opt(
         4,

@@ -15,6 +15,7 @@ from localchat.engine.block_manager import BlockManager
 from localchat.engine.config import EngineConfig
 from localchat.engine.constraint import TokenMatcher, fill_batch_bitmask
 from localchat.engine.detokenizer import Decoder, IncrementalDetokenizer
+from localchat.engine.draft_model import DraftModelProposer
 from localchat.engine.interface import ModelRunner, RunnerOutput, StateCacheSpec, TokenLogprobs
 from localchat.engine.latency import ITL_BUCKETS_S, TTFT_BUCKETS_S, Histogram
 from localchat.engine.outputs import EngineStats, RequestOutput
@@ -40,7 +41,12 @@ class LLMEngine:
         *,
         eos_token_ids: list[int],
         model_max_len: int,
+        draft_runner: ModelRunner | None = None,
+        vocab_size: int | None = None,
     ) -> None:
+        """`draft_runner`: the draft model of `--speculative draft`, loaded on the same backend and
+        checked to share the tokenizer (localchat/weights/draft_vocab.py); `vocab_size`: the target's
+        embedding rows (draft ids past it are never proposed)."""
         config.validate()
         self.runner = runner
         self.tokenizer = tokenizer
@@ -112,10 +118,16 @@ class LLMEngine:
             )
         self.spec_draft_tokens = 0  # draft tokens scored, and of which accepted (engine/speculative.py)
         self.spec_accepted_tokens = 0
-        self.speculation_note = self._speculation_note(runner, state_spec)
+        self.sequence_passes = 0  # target passes that produced tokens for a sequence, summed over sequences
+        self.speculation_note = self._speculation_note(runner, state_spec, draft_runner)
         if self.speculation_note:
             log.warning("Speculative decoding off: %s", self.speculation_note)
         self.scheduler.speculate = config.speculative.enabled and not self.speculation_note
+        self.draft: DraftModelProposer | None = None
+        if self.scheduler.speculate and config.speculative.method == "draft":
+            assert draft_runner is not None
+            self.draft = self._draft_proposer(draft_runner, num_blocks, vocab_size)
+            self.scheduler.proposer = self.draft
         self.scheduler.max_model_len = self.max_model_len
         # Optional runner hook: static-shape work (CUDA graphs) once the batch and context bounds are known.
         if (prepare := getattr(runner, "prepare_decode_graphs", None)) is not None:
@@ -228,6 +240,7 @@ class LLMEngine:
             token_ids = token_ids[:accepted]
             token_logprobs = token_logprobs[:accepted]
             num_generated += accepted
+            self.sequence_passes += 1
             self._record_latency(request, accepted, now)
             if grammar_error is not None:
                 out = self._finish(request, FinishReason.ERROR, delta, token_ids, token_logprobs)
@@ -269,10 +282,42 @@ class LLMEngine:
             kept_logprobs = [lp for r in rows[: len(kept)] for lp in logprobs[r]] if logprobs else []
             yield req_id, kept, kept_logprobs
 
-    def _speculation_note(self, runner: ModelRunner, state_spec: StateCacheSpec | None) -> str:
+    def _draft_proposer(
+        self, draft_runner: ModelRunner, num_blocks: int, vocab_size: int | None
+    ) -> DraftModelProposer:
+        """The draft's own paged cache: as many tokens as the target's pool, at most what the sequences
+        that may speculate at once can fill (the draft's bytes per token are smaller than the target's)."""
+        config = self.config
+        per_block = draft_runner.kv_cache_spec.bytes_per_block(config.block_size)
+        blocks_for_batch = config.speculative.max_batch * -(-self.max_model_len // config.block_size)
+        draft_blocks = min(num_blocks - 1, blocks_for_batch) + 1
+        log.info(
+            "Draft model KV cache: %d blocks of %d tokens, %.0f MiB",
+            draft_blocks - 1,
+            config.block_size,
+            draft_blocks * per_block / 2**20,
+        )
+        return DraftModelProposer(
+            draft_runner,
+            num_blocks=draft_blocks,
+            block_size=config.block_size,
+            max_model_len=self.max_model_len,
+            max_batch=config.speculative.max_batch,
+            token_limit=vocab_size or 2**62,
+            prefill_chunk_size=config.prefill_chunk_size,
+        )
+
+    def _speculation_note(
+        self, runner: ModelRunner, state_spec: StateCacheSpec | None, draft_runner: ModelRunner | None
+    ) -> str:
         """Why speculation cannot run with this model and runner ("" when it can or was not asked for)."""
         if not self.config.speculative.enabled:
             return ""
+        if self.config.speculative.method == "draft" and draft_runner is None:
+            return "--speculative draft needs a draft model (--draft-model, or a models.yaml entry's draft)"
+        draft_state: StateCacheSpec | None = getattr(draft_runner, "state_cache_spec", None)
+        if draft_state is not None and draft_state.bytes_per_slot > 0:
+            return "the draft model is a hybrid model, whose recurrent state cannot be rolled back"
         if state_spec is not None:
             return (
                 "a hybrid model's recurrent state cannot be rolled back past rejected draft tokens "
@@ -328,6 +373,8 @@ class LLMEngine:
         if reason != FinishReason.STOP or detok.stop_hit is None:
             delta += detok.flush()
         self.scheduler.finish_request(request, reason)
+        if self.draft is not None:
+            self.draft.release(request.req_id)
         self.requests_finished_total += 1
         out = self._output(request, token_ids or [], delta, logprobs)
         out.finished, out.finish_reason, out.stop_reason = True, reason, request.stop_reason
@@ -384,4 +431,8 @@ class LLMEngine:
             state_bytes_per_slot=self.state_bytes_per_slot,
             prefix_caching_enabled=self.block_manager.enable_prefix_caching,
             max_num_seqs=self.config.max_num_seqs,
+            speculative_method=self.config.speculative.method if self.scheduler.speculate else "off",
+            spec_draft_tokens_total=self.spec_draft_tokens,
+            spec_accepted_tokens_total=self.spec_accepted_tokens,
+            sequence_passes_total=self.sequence_passes,
         )

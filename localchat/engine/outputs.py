@@ -49,3 +49,23 @@ class EngineStats:
     state_bytes_per_slot: int = 0
     prefix_caching_enabled: bool = True  # off for hybrid models (no state checkpoints at block edges)
     max_num_seqs: int = 0  # the configured bound on sequences decoded together
+    # Speculative decoding (engine/speculative.py): the method in use, draft tokens scored and kept, and
+    # target passes that gave a sequence tokens (generation_tokens_total over it: tokens per pass).
+    speculative_method: str = "off"
+    spec_draft_tokens_total: int = 0
+    spec_accepted_tokens_total: int = 0
+    sequence_passes_total: int = 0
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        return (
+            self.spec_accepted_tokens_total / self.spec_draft_tokens_total
+            if self.spec_draft_tokens_total
+            else 0.0
+        )
+
+    @property
+    def tokens_per_target_pass(self) -> float:
+        return (
+            self.generation_tokens_total / self.sequence_passes_total if self.sequence_passes_total else 0.0
+        )

@@ -14,7 +14,7 @@ from localchat.engine.block_manager import BlockManager
 from localchat.engine.config import EngineConfig
 from localchat.engine.interface import CachedRequestData, NewRequestData, SchedulerOutput
 from localchat.engine.request import FinishReason, Request, RequestStatus
-from localchat.engine.speculative import propose_ngram
+from localchat.engine.speculative import NgramProposer, Proposer
 from localchat.engine.state_slots import StateSlotPool
 
 
@@ -32,6 +32,7 @@ class Scheduler:
         self.num_preemptions = 0
         # The engine sets these: speculation may be off for the model or the runner (engine.py).
         self.speculate = config.speculative.enabled
+        self.proposer: Proposer = NgramProposer(config.speculative)  # the engine may set a draft model's
         self.max_model_len = 0
 
     @property
@@ -68,13 +69,14 @@ class Scheduler:
         speculate = self.speculate and len(self.running) <= self.config.speculative.max_batch
         for request in self.running:
             request.spec_token_ids = []
+        proposals = self._propose() if speculate else {}
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             if chunk:
                 num_new = min(num_new, chunk)
-            drafts = self._drafts(request, budget) if speculate and num_new == 1 else []
+            drafts = proposals.get(request.req_id, [])[: max(0, budget - 1)] if num_new == 1 else []
             while (
                 new_blocks := self.block_manager.allocate_slots(request, num_new, num_lookahead=len(drafts))
             ) is None:
@@ -147,22 +149,24 @@ class Scheduler:
             preempted_req_ids=preempted,
         )
 
-    def _drafts(self, request: Request, budget: int) -> list[int]:
-        """Draft tokens for a decoding request, capped so none can pass max_tokens or the context."""
-        params = request.sampling_params
-        if request.num_tokens - request.num_computed_tokens != 1 or request.matcher is not None:
-            return []  # a grammar would have to be advanced over guesses: not done
-        if request.spec_pause > 0:
-            request.spec_pause -= 1  # its recent drafts all failed (speculative.pause_after)
-            return []
-        spec = self.config.speculative
-        k = min(
-            spec.num_tokens,
-            budget - 1,
-            params.max_tokens - request.num_output_tokens - 1,
-            self.max_model_len - request.num_tokens - 1,
-        )
-        return propose_ngram(request.all_token_ids, k, spec.ngram_max, spec.ngram_min)
+    def _propose(self) -> dict[str, list[int]]:
+        """Draft tokens for the decoding requests that may speculate this step, asked of the proposer
+        all at once; each capped so that none can pass max_tokens or the context."""
+        wanted: list[tuple[Request, int]] = []
+        for request in self.running:
+            if request.num_tokens - request.num_computed_tokens != 1 or request.matcher is not None:
+                continue  # a grammar would have to be advanced over guesses: not done
+            if request.spec_pause > 0:
+                request.spec_pause -= 1  # its recent drafts all failed (speculative.pause_after)
+                continue
+            k = min(
+                self.config.speculative.num_tokens,
+                request.sampling_params.max_tokens - request.num_output_tokens - 1,
+                self.max_model_len - request.num_tokens - 1,
+            )
+            if k > 0:
+                wanted.append((request, k))
+        return self.proposer.propose(wanted, set(self.requests)) if wanted else {}
 
     def _watermark(self) -> int:
         return int(self.block_manager.num_usable_blocks * self.config.watermark_fraction)

@@ -9,17 +9,23 @@ token, and when all k are kept the target's token after them is a bonus. For gre
 exactly non-speculative greedy. For sampled rows with a deterministic proposer (q one-hot at the draft
 d) it is exactly the standard rejection rule: P(accept d) = p(d) = min(1, p(d)/q(d)), and the token
 drawn on rejection is p conditioned on "not d", i.e. norm(max(0, p - q)). A proposer with a real
-distribution q (a draft model) would need the runner to see q; not done here (see docs/speculative.md).
+distribution q would need the runner to see q; the draft model (engine/draft_model.py) proposes
+greedily, so its q is one-hot too and the same rule is exact.
+
+Proposers: `NgramProposer` here, `DraftModelProposer` in engine/draft_model.py. The scheduler asks one
+per step for every sequence that may speculate, all at once (a draft model batches them).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
+from localchat.engine.request import Request
 from localchat.errors import InvalidRequestError
 
-SPECULATIVE_METHODS = ("off", "ngram")
+SPECULATIVE_METHODS = ("off", "ngram", "draft")
 # Speculate only while at most this many sequences run. Decode is memory-bound: one step streams every
 # weight once whatever its row count, so a few extra query rows per sequence are nearly free at small
 # batch sizes. With many sequences the step turns compute-bound, and rejected rows then cost real time
@@ -40,7 +46,7 @@ def pause_after(misses: int) -> int:
 
 @dataclass(slots=True)
 class SpeculativeConfig:
-    method: str = "off"  # "off" or "ngram" (prompt lookup)
+    method: str = "off"  # "off", "ngram" (prompt lookup) or "draft" (a draft model the engine is given)
     num_tokens: int = 4  # k: draft tokens per sequence per step
     max_batch: int = DEFAULT_MAX_BATCH
     ngram_max: int = 4  # longest suffix matched against earlier tokens
@@ -91,3 +97,22 @@ def accept_drafts(drafts: Sequence[int], target: Sequence[int]) -> list[int]:
             return out
     out.append(target[len(drafts)])
     return out
+
+
+class Proposer(Protocol):
+    def propose(self, wanted: list[tuple[Request, int]], live: set[str]) -> dict[str, list[int]]:
+        """Up to k draft tokens for each (request, k); requests left out get none. `live`: the ids of
+        every request the engine holds (a stateful proposer frees what the others left behind)."""
+        ...
+
+
+class NgramProposer:
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.config = config
+
+    def propose(self, wanted: list[tuple[Request, int]], live: set[str]) -> dict[str, list[int]]:
+        spec = self.config
+        return {
+            request.req_id: propose_ngram(request.all_token_ids, k, spec.ngram_max, spec.ngram_min)
+            for request, k in wanted
+        }

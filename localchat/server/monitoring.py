@@ -103,6 +103,31 @@ _METRICS = (
         "Bytes of recurrent state one sequence holds (hybrid models).",
         lambda s, c: s.state_bytes_per_slot,
     ),
+    # Speculative decoding (docs/speculative.md): zeros when it is off.
+    (
+        "localchat_spec_draft_tokens_total",
+        "counter",
+        "Draft tokens the model scored (speculative decoding).",
+        lambda s, c: s.spec_draft_tokens_total,
+    ),
+    (
+        "localchat_spec_accepted_tokens_total",
+        "counter",
+        "Draft tokens the model agreed with and kept.",
+        lambda s, c: s.spec_accepted_tokens_total,
+    ),
+    (
+        "localchat_spec_acceptance_rate",
+        "gauge",
+        "Accepted over scored draft tokens, since start.",
+        lambda s, c: s.spec_acceptance_rate,
+    ),
+    (
+        "localchat_tokens_per_target_pass",
+        "gauge",
+        "Tokens a sequence got per pass of the model over it, since start (1 without speculation).",
+        lambda s, c: s.tokens_per_target_pass,
+    ),
     (
         "localchat_prefix_caching_enabled",
         "gauge",

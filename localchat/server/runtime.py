@@ -97,6 +97,9 @@ def build_context(
         runner.device_name,
         time.perf_counter() - loaded,
     )
+    from localchat.server.draft_model import load_draft_runner
+
+    draft_runner = load_draft_runner(settings, bundle, model_id, options, target, progress)
     tokenizer = bundle.tokenizer
     engine = LLMEngine(
         runner,
@@ -104,6 +107,8 @@ def build_context(
         settings.engine_config(),
         eos_token_ids=bundle.config.eos_token_ids or list(tokenizer.eos_token_ids),
         model_max_len=bundle.config.max_position_embeddings,
+        draft_runner=draft_runner,
+        vocab_size=bundle.config.vocab_size,
     )
     template = ChatTemplate(
         bundle.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token

@@ -71,7 +71,12 @@ def test_settings_reach_the_engine_config() -> None:
     )
     assert settings.engine_config().speculative == SpeculativeConfig("ngram", 6)
     assert Settings.load(environ={}).engine_config().speculative == SpeculativeConfig()  # off by default
-    with pytest.raises(SettingsError, match="--speculative must be one of off, ngram"):
-        Settings.load(environ={"LOCALCHAT_SPECULATIVE": "draft"})
+    with pytest.raises(SettingsError, match="--speculative must be one of off, ngram, draft"):
+        Settings.load(environ={"LOCALCHAT_SPECULATIVE": "eagle"})
+    drafted = Settings.load(
+        environ={"LOCALCHAT_SPECULATIVE": "draft", "LOCALCHAT_DRAFT_MODEL": "qwen2.5-0.5b"}
+    )
+    assert drafted.draft_model == "qwen2.5-0.5b"
+    assert drafted.engine_config().speculative == SpeculativeConfig("draft", 4)
     with pytest.raises(SettingsError, match="num_speculative_tokens"):
         Settings.load(environ={"LOCALCHAT_SPECULATIVE": "ngram", "LOCALCHAT_NUM_SPECULATIVE_TOKENS": "99"})
