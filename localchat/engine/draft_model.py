@@ -33,6 +33,11 @@ from localchat.engine.sampling_params import SamplingParams
 log = logging.getLogger(__name__)
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
+# A shadow this few tokens behind catches up one token per pass rather than in one multi-row pass: on
+# CPU a pass of 3+ rows takes another kernel path that costs several one-row passes (Qwen2.5-0.5B Q4_K_M,
+# 2 cores: 1 row 10 ms, 2 rows 14-25 ms, 3 rows 68 ms). Usually the gap is 1 or 2 (the target's own
+# token, plus the bonus token when every draft was kept).
+SINGLE_ROW_GAP = 4
 
 
 @dataclass(slots=True, eq=False)
@@ -74,7 +79,7 @@ class DraftModelProposer:
         holds; shadows of the others are freed first."""
         for req_id in [r for r in self.shadows if r not in live]:
             self._free(req_id)
-        ready: list[tuple[_Shadow, int]] = []
+        ready: list[tuple[_Shadow, int]] = []  # shadows that get drafts this step, and their k
         scheduled: dict[str, int] = {}
         new_reqs: list[NewRequestData] = []
         cached_reqs: list[CachedRequestData] = []
@@ -85,49 +90,56 @@ class DraftModelProposer:
             shadow = self._sync(request)
             hits = self._prefix_hits(shadow)
             mirror = shadow.request
-            num_new = min(mirror.num_tokens - mirror.num_computed_tokens, self.chunk)
+            gap = mirror.num_tokens - mirror.num_computed_tokens
+            # A short gap goes one token per pass, like the drafts after it; a prompt in chunks.
+            num_new = 1 if gap <= SINGLE_ROW_GAP and not hits else min(gap, self.chunk)
             catching_up = mirror.num_computed_tokens + num_new < mirror.num_tokens
-            blocks = self._allocate(shadow, num_new, hits, 0 if catching_up else k - 1, wanted_ids)
+            lookahead = gap - num_new + k - 1 if gap <= SINGLE_ROW_GAP else 0 if catching_up else k - 1
+            blocks = self._allocate(shadow, num_new, hits, lookahead, wanted_ids)
             if blocks is None:
                 continue
             scheduled[request.req_id] = num_new
             if shadow.known:
-                cached_reqs.append(
-                    CachedRequestData(request.req_id, blocks, shadow.request.num_computed_tokens)
-                )
+                cached_reqs.append(CachedRequestData(request.req_id, blocks, mirror.num_computed_tokens))
             else:
                 shadow.known = True
                 new_reqs.append(
                     NewRequestData(
                         request.req_id,
-                        shadow.request.prompt_token_ids,
+                        mirror.prompt_token_ids,
                         [],
                         GREEDY,
-                        list(shadow.request.block_ids),
-                        shadow.request.num_computed_tokens,
+                        list(mirror.block_ids),
+                        mirror.num_computed_tokens,
                     )
                 )
-            if not catching_up:
+            if gap <= SINGLE_ROW_GAP or not catching_up:
                 ready.append((shadow, k))
         if not scheduled:
             return {}
         first = self._run(scheduled, new_reqs, cached_reqs)
         for req_id, count in scheduled.items():
             self.shadows[req_id].request.num_computed_tokens += count
-        drafts = {shadow.request.req_id: [first[shadow.request.req_id]] for shadow, _ in ready}
-        self._decode_drafts(ready, drafts)
+        drafts = {
+            s.request.req_id: [first[s.request.req_id]] if s.request.req_id in first else [] for s, _ in ready
+        }
+        self._decode(ready, drafts)
         for shadow, _ in ready:
             shadow.fed = drafts[shadow.request.req_id][:-1]
         return {req_id: self._usable(tokens) for req_id, tokens in drafts.items()}
 
-    def _decode_drafts(self, ready: list[tuple[_Shadow, int]], drafts: dict[str, list[int]]) -> None:
-        """Passes 2..k: each still-short row feeds its latest draft and gets the next one."""
+    def _decode(self, ready: list[tuple[_Shadow, int]], drafts: dict[str, list[int]]) -> None:
+        """One token per row per pass until each row has its k drafts: the rest of its committed tokens
+        first (no draft yet), then its latest draft, which gives the next one."""
         while active := [s for s, k in ready if len(drafts[s.request.req_id]) < k]:
             committed = {s.request.req_id: s.request.num_tokens for s in active}
             for shadow in active:
-                # The drafts so far stand after the committed tokens (for build_batch); the latest is fed.
-                shadow.request.all_token_ids.extend(drafts[shadow.request.req_id])
-                shadow.request.num_computed_tokens = shadow.request.num_tokens - 1
+                mirror = shadow.request
+                if mirror.num_computed_tokens == mirror.num_tokens:
+                    # The drafts so far stand after the committed tokens (for build_batch); the latest
+                    # is fed. Taken back right after the pass.
+                    mirror.all_token_ids.extend(drafts[mirror.req_id])
+                    mirror.num_computed_tokens = mirror.num_tokens - 1
             try:
                 tokens = self._run(
                     {s.request.req_id: 1 for s in active},
@@ -136,10 +148,15 @@ class DraftModelProposer:
                 )
             finally:
                 for shadow in active:
-                    del shadow.request.all_token_ids[committed[shadow.request.req_id] :]
-                    shadow.request.num_computed_tokens = shadow.request.num_tokens
+                    mirror = shadow.request
+                    if mirror.num_tokens > committed[mirror.req_id]:
+                        del mirror.all_token_ids[committed[mirror.req_id] :]
+                        mirror.num_computed_tokens = mirror.num_tokens
+                    else:
+                        mirror.num_computed_tokens += 1  # a committed token caught up
             for shadow in active:
-                drafts[shadow.request.req_id].append(tokens[shadow.request.req_id])
+                if (token := tokens.get(shadow.request.req_id)) is not None:
+                    drafts[shadow.request.req_id].append(token)
 
     def _run(
         self, scheduled: dict[str, int], new_reqs: list[NewRequestData], cached: list[CachedRequestData]
