@@ -17,6 +17,7 @@ computed count rolls back to the agreeing prefix; the rest is overwritten).
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 
 from localchat.engine.batch import build_batch
@@ -32,7 +33,7 @@ from localchat.engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=1, logprobs=0)  # logprobs: the draft's confidence
 # A shadow this few tokens behind catches up one token per pass rather than in one multi-row pass: on
 # CPU a pass of 3+ rows takes another kernel path that costs several one-row passes (Qwen2.5-0.5B Q4_K_M,
 # 2 cores: 1 row 10 ms, 2 rows 14-25 ms, 3 rows 68 ms). Usually the gap is 1 or 2 (the target's own
@@ -61,6 +62,7 @@ class DraftModelProposer:
         max_batch: int,
         token_limit: int,
         prefill_chunk_size: int = 512,
+        p_min: float = 0.0,
     ) -> None:
         self.runner = runner
         runner.initialize_kv_cache(num_blocks, block_size)
@@ -69,6 +71,7 @@ class DraftModelProposer:
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=True)
         self.block_size = block_size
         self.token_limit = token_limit
+        self.log_p_min = math.log(p_min) if p_min > 0 else -math.inf
         self.chunk = prefill_chunk_size or max_model_len
         self.shadows: dict[str, _Shadow] = {}
         self._forgotten: set[str] = set()  # shadows freed since the runner's last call
@@ -120,18 +123,34 @@ class DraftModelProposer:
         first = self._run(scheduled, new_reqs, cached_reqs)
         for req_id, count in scheduled.items():
             self.shadows[req_id].request.num_computed_tokens += count
-        drafts = {
-            s.request.req_id: [first[s.request.req_id]] if s.request.req_id in first else [] for s, _ in ready
-        }
-        self._decode(ready, drafts)
+        drafts: dict[str, list[int]] = {s.request.req_id: [] for s, _ in ready}
+        done: set[str] = set()
+        self._take(first, drafts, done)
+        self._decode(ready, drafts, done)
         for shadow, _ in ready:
             shadow.fed = drafts[shadow.request.req_id][:-1]
         return {req_id: self._usable(tokens) for req_id, tokens in drafts.items()}
 
-    def _decode(self, ready: list[tuple[_Shadow, int]], drafts: dict[str, list[int]]) -> None:
-        """One token per row per pass until each row has its k drafts: the rest of its committed tokens
-        first (no draft yet), then its latest draft, which gives the next one."""
-        while active := [s for s, k in ready if len(drafts[s.request.req_id]) < k]:
+    def _take(
+        self, sampled: dict[str, tuple[int, float]], drafts: dict[str, list[int]], done: set[str]
+    ) -> None:
+        """Add each row's new draft, unless the draft model gives it less than `p_min`: then the row
+        stops drafting (llama.cpp's --draft-p-min). A doubtful guess costs a draft pass and a target
+        row, and is likely rejected."""
+        for req_id, (token, logprob) in sampled.items():
+            if req_id not in drafts:
+                continue
+            if logprob < self.log_p_min:
+                done.add(req_id)
+            else:
+                drafts[req_id].append(token)
+
+    def _decode(self, ready: list[tuple[_Shadow, int]], drafts: dict[str, list[int]], done: set[str]) -> None:
+        """One token per row per pass until each row has its k drafts (or stopped): the rest of its
+        committed tokens first (no draft yet), then its latest draft, which gives the next one."""
+        while active := [
+            s for s, k in ready if len(drafts[s.request.req_id]) < k and s.request.req_id not in done
+        ]:
             committed = {s.request.req_id: s.request.num_tokens for s in active}
             for shadow in active:
                 mirror = shadow.request
@@ -154,14 +173,13 @@ class DraftModelProposer:
                         mirror.num_computed_tokens = mirror.num_tokens
                     else:
                         mirror.num_computed_tokens += 1  # a committed token caught up
-            for shadow in active:
-                if (token := tokens.get(shadow.request.req_id)) is not None:
-                    drafts[shadow.request.req_id].append(token)
+            self._take(tokens, drafts, done)
 
     def _run(
         self, scheduled: dict[str, int], new_reqs: list[NewRequestData], cached: list[CachedRequestData]
-    ) -> dict[str, int]:
-        """One draft forward pass; the greedy token of each row that reached its last token."""
+    ) -> dict[str, tuple[int, float]]:
+        """One draft forward pass; the greedy token of each row that reached its last token, with its
+        logprob."""
         out = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached,
@@ -174,7 +192,12 @@ class DraftModelProposer:
         batch = build_batch(out, requests, self.block_size)
         result = self.runner.execute_model(out, batch)
         self.passes += 1
-        return {r: t[0] for r, t in zip(result.req_ids, result.sampled_token_ids, strict=True) if t}
+        logprobs = result.logprobs or [[] for _ in result.req_ids]
+        return {
+            r: (t[0], lp[0].logprob if lp else 0.0)
+            for r, t, lp in zip(result.req_ids, result.sampled_token_ids, logprobs, strict=True)
+            if t
+        }
 
     def _sync(self, request: Request) -> _Shadow:
         """The request's shadow with its committed tokens caught up, and its computed count rolled back

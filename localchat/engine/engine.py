@@ -305,6 +305,7 @@ class LLMEngine:
             max_batch=config.speculative.max_batch,
             token_limit=vocab_size or 2**62,
             prefill_chunk_size=config.prefill_chunk_size,
+            p_min=config.speculative.draft_p_min,
         )
 
     def _speculation_note(

@@ -31,6 +31,9 @@ SPECULATIVE_METHODS = ("off", "ngram", "draft")
 # batch sizes. With many sequences the step turns compute-bound, and rejected rows then cost real time
 # while batching already keeps the hardware busy.
 DEFAULT_MAX_BATCH = 4
+# llama.cpp's default for its --draft-p-min. On the 2-core box with the Qwen2.5-Coder pair it is what
+# turned the draft from a loss into a win (docs/speculative.md).
+DEFAULT_DRAFT_P_MIN = 0.75
 
 
 # After n draft runs in a row with nothing kept, a sequence proposes nothing for min(2**n, this) steps:
@@ -51,6 +54,9 @@ class SpeculativeConfig:
     max_batch: int = DEFAULT_MAX_BATCH
     ngram_max: int = 4  # longest suffix matched against earlier tokens
     ngram_min: int = 2  # shortest
+    # Draft model: stop a sequence's drafts at the first guess the draft gives less than this
+    # probability (engine/draft_model.py); 0 always drafts k.
+    draft_p_min: float = DEFAULT_DRAFT_P_MIN
 
     @property
     def enabled(self) -> bool:
@@ -64,6 +70,8 @@ class SpeculativeConfig:
             )
         if not 0 <= self.num_tokens <= 16:
             raise InvalidRequestError("num_speculative_tokens must be between 0 and 16")
+        if not 0.0 <= self.draft_p_min < 1.0:
+            raise InvalidRequestError("draft_p_min must be in [0, 1)")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise InvalidRequestError("need 1 <= ngram_min <= ngram_max")
 

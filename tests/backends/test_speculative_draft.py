@@ -54,9 +54,17 @@ def near_draft(target_hf: torch.nn.Module) -> ModelBundle:
 
 
 def make_engine(
-    target: ModelBundle, draft: ModelBundle | None, max_batch: int = 4, k: int = 4, **config: object
+    target: ModelBundle,
+    draft: ModelBundle | None,
+    max_batch: int = 4,
+    k: int = 4,
+    p_min: float = 0.0,
+    **config: object,
 ) -> LLMEngine:
-    spec = SpeculativeConfig("draft" if draft else "off", num_tokens=k, max_batch=max_batch)
+    # p_min 0 by default: tiny random models spread their mass, so almost no guess would pass 0.75.
+    spec = SpeculativeConfig(
+        "draft" if draft else "off", num_tokens=k, max_batch=max_batch, draft_p_min=p_min
+    )
     cfg = EngineConfig(kv_cache_mib=16, block_size=4, speculative=spec, **config)  # type: ignore[arg-type]
     return LLMEngine(
         fp32_runner(target),
@@ -110,6 +118,20 @@ def test_the_target_as_its_own_draft_is_almost_always_accepted(target: ModelBund
     assert engine.spec_accepted_tokens >= 0.95 * engine.spec_draft_tokens > 0
     # k=4, nearly all kept: about five tokens per target pass after the first.
     assert engine.stats().tokens_per_target_pass > 3.5
+
+
+def test_doubtful_drafts_are_not_proposed(target: ModelBundle, near_draft: ModelBundle) -> None:
+    """With p_min, a row stops drafting at the first guess the draft gives less than p_min: fewer
+    drafts are scored, a larger share of them kept, and the output is unchanged."""
+    params = [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)] * 4
+    every = make_engine(target, near_draft)
+    confident = make_engine(target, near_draft, p_min=0.05)
+    assert [summary(o) for o in run(confident, prompts()[:4], params)] == [
+        summary(o) for o in run(every, prompts()[:4], params)
+    ]
+    assert 0 < confident.spec_draft_tokens < every.spec_draft_tokens
+    rate = confident.spec_accepted_tokens / confident.spec_draft_tokens
+    assert rate > every.spec_accepted_tokens / every.spec_draft_tokens
 
 
 def test_stop_strings_end_where_they_would_without_speculation(
