@@ -7,37 +7,51 @@ from __future__ import annotations
 from typing import Any
 
 from localchat.server.reasoning import ReasoningSplitter
-from localchat.server.tool_parsers import CallDelta, ToolCallStream
+from localchat.server.tool_parsers import CallDelta, HarmonyOutput, ToolCallStream
+from localchat.server.tool_parsers.stream import Event
 
 
 class ChoiceDeltas:
     def __init__(self, in_reasoning: bool, tools: ToolCallStream | None) -> None:
         self._reasoning = ReasoningSplitter(in_reasoning)
         self._tools = tools
+        # harmony (gpt-oss) marks reasoning, content and calls alike: one reader splits all three
+        self._harmony = (
+            HarmonyOutput(tools.parser, tools.names, tools.max_calls)
+            if tools is not None and tools.parser.keeps_special_tokens
+            else None
+        )
 
     @property
     def num_calls(self) -> int:
+        if self._harmony is not None:
+            return self._harmony.num_calls
         return self._tools.num_calls if self._tools is not None else 0
 
     def push(self, text: str) -> list[dict[str, Any]]:
+        if self._harmony is not None:
+            return self._deltas(*self._harmony.push(text))
         reasoning, content = self._reasoning.push(text)
-        return self._deltas(reasoning, content, final=False)
+        return self._deltas(reasoning, self._call_events(content, final=False))
 
     def flush(self) -> list[dict[str, Any]]:
+        if self._harmony is not None:
+            return self._deltas(*self._harmony.flush())
         reasoning, content = self._reasoning.flush()
-        return self._deltas(reasoning, content, final=True)
+        return self._deltas(reasoning, self._call_events(content, final=True))
 
-    def _deltas(self, reasoning: str, content: str, final: bool) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        if reasoning:
-            out.append({"reasoning_content": reasoning, "reasoning": reasoning})
+    def _call_events(self, content: str, final: bool) -> list[Event]:
         if self._tools is None:
-            if content:
-                out.append({"content": content})
-            return out
+            return [content] if content else []
         events = self._tools.push(content) if content else []
         if final:
             events += self._tools.flush()
+        return events
+
+    def _deltas(self, reasoning: str, events: list[Event]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if reasoning:
+            out.append({"reasoning_content": reasoning, "reasoning": reasoning})
         for e in events:
             if isinstance(e, str):
                 out.append({"content": e})

@@ -58,7 +58,9 @@ def plan_tools(ctx: ServerContext, req: ChatCompletionRequest) -> ToolPlan:
     tools = template_tools(req)
     choice = req.tool_choice if req.tool_choice is not None else "auto"
     if tools is None:
-        return ToolPlan(None, None, "none" if choice == "none" else choice)
+        # harmony output needs its reader even without tools: its channels hold the reasoning
+        parser = ctx.tool_parser if ctx.tool_parser.keeps_special_tokens else None
+        return ToolPlan(None, parser, "none" if choice == "none" else choice)
     names = {t["function"]["name"] for t in tools}
     max_calls = 1 if req.parallel_tool_calls is False else None
     mcp_names = names if mcp_tools else set()
@@ -88,7 +90,7 @@ async def request_constraint(
     """What the output must follow: a forced call (`tool_choice` "required" or named), wrapped in the
     model's own tool-call markup; else `response_format`'s grammar; else nothing."""
     forced = plan.choice == "required" or isinstance(plan.choice, dict)
-    if plan.parser is not None and plan.template_tools and forced:
+    if plan.parser is not None and plan.parser.can_force and plan.template_tools and forced:
         # NOTE: one call unless parallel calls are asked for explicitly: given the choice, small models
         # repeat the same call until max_tokens.
         parallel = parallel_tool_calls is True and plan.choice == "required"

@@ -111,7 +111,8 @@ def build_params(
         stop_token_ids=stop_ids,
         logprobs=logprobs,
         ignore_eos=bool(req.ignore_eos),
-        skip_special_tokens=req.skip_special_tokens is not False,
+        # harmony's channel and call markers are special tokens: its reader needs them
+        skip_special_tokens=req.skip_special_tokens is not False and not ctx.tool_parser.keeps_special_tokens,
         include_stop_str_in_output=bool(req.include_stop_str_in_output),
         logit_bias=parse_logit_bias(ctx, req.logit_bias),
         constraint=constraint,

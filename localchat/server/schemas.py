@@ -129,6 +129,8 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
         # the switch ignore it.
         kwargs = dict(self.chat_template_kwargs or {})
         kwargs.setdefault("enable_thinking", effort not in ("none", "minimal"))
+        # Templates with levels (gpt-oss: "Reasoning: low|medium|high") read reasoning_effort.
+        kwargs.setdefault("reasoning_effort", effort if effort in ("low", "medium", "high") else "low")
         self.chat_template_kwargs = kwargs
 
 

@@ -31,11 +31,13 @@ def _kwargs(body: str) -> dict | None:
 
 
 def test_reasoning_effort_sets_the_thinking_switch_unless_the_request_set_it() -> None:
-    assert _kwargs('{"messages": [], "reasoning_effort": "minimal"}') == {"enable_thinking": False}
-    assert _kwargs('{"messages": [], "reasoning_effort": "none"}') == {"enable_thinking": False}
-    assert _kwargs('{"messages": [], "reasoning_effort": "high"}') == {"enable_thinking": True}
+    off = {"enable_thinking": False, "reasoning_effort": "low"}  # gpt-oss has no "off": its lowest level
+    assert _kwargs('{"messages": [], "reasoning_effort": "minimal"}') == off
+    assert _kwargs('{"messages": [], "reasoning_effort": "none"}') == off
+    high = {"enable_thinking": True, "reasoning_effort": "high"}
+    assert _kwargs('{"messages": [], "reasoning_effort": "high"}') == high
     both = '{"messages": [], "reasoning_effort": "low", "chat_template_kwargs": {"enable_thinking": false}}'
-    assert _kwargs(both) == {"enable_thinking": False}
+    assert _kwargs(both) == {"enable_thinking": False, "reasoning_effort": "low"}
     assert _kwargs('{"messages": []}') is None
     with fake_client() as (client, _):
         bad = client.post("/v1/chat/completions", json={"messages": say("x"), "reasoning_effort": "max"})

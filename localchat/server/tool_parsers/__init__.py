@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from localchat.server.tool_parsers.base import ToolParser
+from localchat.server.tool_parsers.harmony import HarmonyOutput, HarmonyParser
 from localchat.server.tool_parsers.hermes import HermesParser
 from localchat.server.tool_parsers.json_fallback import JsonParser
 from localchat.server.tool_parsers.llama3 import Llama3Parser
@@ -11,12 +12,13 @@ from localchat.server.tool_parsers.mistral import MistralParser
 from localchat.server.tool_parsers.stream import CallDelta, ParsedCall, ParsedOutput, ToolCallStream, parse
 
 PARSERS: dict[str, type[ToolParser]] = {
-    p.name: p for p in (HermesParser, Llama3Parser, MistralParser, JsonParser)
+    p.name: p for p in (HermesParser, Llama3Parser, MistralParser, HarmonyParser, JsonParser)
 }
 PARSER_CHOICES = ("auto", *PARSERS)
 
 # What a template writes when it teaches the model a format, first match wins.
 _TEMPLATE_HINTS = (
+    ("<|channel|>", "harmony"),  # gpt-oss
     ("<tool_call>", "hermes"),
     ("[TOOL_CALLS]", "mistral"),
     ("<|python_tag|>", "llama3"),
@@ -41,6 +43,8 @@ __all__ = [
     "PARSERS",
     "PARSER_CHOICES",
     "CallDelta",
+    "HarmonyOutput",
+    "HarmonyParser",
     "JsonParser",
     "ParsedCall",
     "ParsedOutput",

@@ -20,6 +20,10 @@ class ToolParser:
     forced_prefix: ClassVar[str] = ""
     forced_suffix: ClassVar[str] = ""
     arguments_key: ClassVar[str] = "arguments"
+    # The format's markup is special tokens, so the output is decoded with them (harmony).
+    keeps_special_tokens: ClassVar[bool] = False
+    # tool_choice "required" / named can be enforced with forced_prefix + JSON + forced_suffix.
+    can_force: ClassVar[bool] = True
 
     def new_call_id(self) -> str:
         return f"call_{uuid.uuid4().hex[:24]}"
