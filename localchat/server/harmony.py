@@ -10,7 +10,8 @@ a body sent to `functions.NAME` is a call's arguments; one sent to a built-in to
 
 Streaming invariant as in reasoning.ReasoningSplitter: a tail that could begin a marker is held back
 until the next delta decides it, so any cut into deltas yields the same pieces. The text must keep its
-special tokens (decoded with skip_special_tokens off), since the markers are special tokens.
+special tokens (decoded with skip_special_tokens off), since the markers are special tokens; any
+other special-token-shaped piece (`<|endoftext|>`, the EOS the engine decodes too) is dropped.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ MARKERS = (*_ENDS, _START, _CHANNEL, _CONSTRAIN, _MESSAGE)
 REASONING_CHANNEL = "analysis"
 FUNCTIONS = "functions."
 _RECIPIENT = re.compile(r"\bto=(\S+)")
+_SPECIAL = re.compile(r"<\|[A-Za-z0-9_]+\|>")  # special-token shaped: <|endoftext|>, <|im_end|>
+_MAX_SPECIAL = 48
+_SPECIAL_PREFIX = re.compile(r"<\|[A-Za-z0-9_]*\|?")
 
 Kind = Literal["reasoning", "content", "call", "arguments"]
 
@@ -63,7 +67,11 @@ class HarmonyReader:
             buf = buf[at:]
             marker = next((m for m in MARKERS if buf.startswith(m)), None)
             if marker is None:
-                if any(m.startswith(buf) for m in MARKERS):  # a marker cut at the delta's end
+                other = _SPECIAL.match(buf)
+                if other is not None:  # another special token (an EOS decoded into the text): dropped
+                    buf = buf[other.end() :]
+                    continue
+                if len(buf) < _MAX_SPECIAL and _SPECIAL_PREFIX.fullmatch(buf):  # cut at the delta's end
                     self._held = buf
                     break
                 self._text("<|", out)  # not a marker: plain text

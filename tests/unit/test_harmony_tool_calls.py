@@ -31,7 +31,7 @@ TWO_CALLS = (
 ANSWER = (
     "<|channel|>analysis<|message|>The tool said 21C. Answer briefly.<|end|>"
     "<|start|>assistant<|channel|>commentary<|message|>Checked. <|end|>"
-    "<|start|>assistant<|channel|>final<|message|>It is 21 °C in Paris <|>.<|return|>"
+    "<|start|>assistant<|channel|>final<|message|>It is 21 °C in Paris <|>.<|return|><|endoftext|>"
 )
 BUILTIN = (
     '<|channel|>analysis to=browser.search code<|message|>{"query":"x"}<|call|>'
