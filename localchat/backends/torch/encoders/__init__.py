@@ -1,5 +1,5 @@
 """Encoder models (bidirectional attention, one pass, no KV cache) for embeddings and reranking:
-BERT, RoBERTa, XLM-RoBERTa and ModernBERT (and Qwen2/Qwen3 decoders, last-token pooled) with their sentence-transformers pooling, and their sequence-
+BERT, RoBERTa, XLM-RoBERTa, nomic-bert and ModernBERT (and Qwen2/Qwen3 decoders, last-token pooled) with their sentence-transformers pooling, and their sequence-
 classification heads (cross-encoder rerankers)."""
 
 from __future__ import annotations
@@ -34,6 +34,11 @@ def load_encoder(
         from localchat.backends.torch.encoders.modernbert import ModernBertEncoder
 
         return ModernBertEncoder.from_folder(folder, config, sentence), sentence
+    if model_type == "nomic_bert":  # nomic-embed-text: rotary, SwiGLU, mean pooling
+        from localchat.backends.torch.encoders.nomic_bert import NomicBertEncoder
+
+        sentence = read_sentence_config(folder, default_pooling="mean")
+        return NomicBertEncoder.from_folder(folder, config, sentence), sentence
     if model_type == "gemma3_text" and config.get("use_bidirectional_attention"):  # EmbeddingGemma
         from localchat.backends.torch.encoders.gemma_encoder import GemmaEncoder
 
@@ -46,7 +51,8 @@ def load_encoder(
         return DecoderEncoder.from_folder(folder, config, sentence, rerank=rerank), sentence
     if model_type not in BERT_LIKE:
         raise UnsupportedArchitectureError(
-            model_type, [*BERT_LIKE, "modernbert", "qwen2", "qwen3", "gemma3_text (bidirectional)"]
+            model_type,
+            [*BERT_LIKE, "nomic_bert", "modernbert", "qwen2", "qwen3", "gemma3_text (bidirectional)"],
         )
     from localchat.backends.torch.encoders.bert import BertEncoder
 
