@@ -9,6 +9,7 @@ Tensors are renamed to the native names at load, the fused Wqkv split into q, k 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,12 @@ _RENAMES = (
     (r"\.norm1\.", ".post_attention_layernorm."),
     (r"\.norm2\.", ".post_mlp_layernorm."),
 )
-_GATE_ACTIVATIONS = {"swiglu": F.silu, "silu": F.silu, "geglu": F.gelu, "gelu": F.gelu}
+_GATE_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "swiglu": F.silu,
+    "silu": F.silu,
+    "geglu": F.gelu,
+    "gelu": F.gelu,
+}
 
 
 def native_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
