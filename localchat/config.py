@@ -240,6 +240,30 @@ class Settings:
         parse=_bool,
         action="store_true",
     )
+    allow_image_urls: bool = _opt(
+        False,
+        ("--allow-image-urls",),
+        "let chat requests name http(s) image URLs, which the server then fetches (off: no outbound requests)",
+        parse=_bool,
+        action="store_true",
+    )
+    allow_local_image_files: bool = _opt(
+        False,
+        ("--allow-local-image-files",),
+        "let chat requests name file:// images on this machine (off: the API reads no local files)",
+        parse=_bool,
+        action="store_true",
+    )
+    max_images_per_request: int = _opt(
+        8, ("--max-images-per-request",), "most pictures one chat request may carry", parse=int, metavar="N"
+    )
+    max_image_mib: int = _opt(
+        20,
+        ("--max-image-mib",),
+        "largest image file a chat request may carry, in MiB",
+        parse=int,
+        metavar="MIB",
+    )
     # -- engine --------------------------------------------------------------------------------------
     mem: int | None = _opt(
         None,

@@ -36,6 +36,7 @@ _INTEGER_FIELDS = frozenset(
 class ContentPart(msgspec.Struct):
     type: str
     text: str | None = None
+    image_url: dict[str, Any] | str | None = None  # {"url": ..., "detail": ...} (#29)
 
 
 class FunctionCall(msgspec.Struct):

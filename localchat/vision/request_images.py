@@ -1,0 +1,150 @@
+"""The pictures of one chat request, for the API and the web UI alike: `prepare_images` reads every image
+part of the messages (data:/file:/http(s) URLs under the server's limits, or bytes the UI already holds),
+refuses what the model or the settings do not allow, decodes and preprocesses each picture, and gives the
+messages the chat template reads. After the prompt is rendered, `expand` writes the image token runs into
+the text, and `inputs` pairs each picture with its run in the token ids as an engine ImageInput.
+
+Image parts accepted in a message's content list:
+  {"type": "image_url", "image_url": {"url": URL}}  (or "image_url": URL)
+  {"type": "image_bytes", "data": bytes}             (in-process callers: the web UI's stored files)
+Blocking (file reads, fetches, decoding): call it on a worker thread."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from localchat.engine.request import ImageInput
+from localchat.vision.content import ImageInputError, ImageLimits, check_size, read_image_url
+from localchat.vision.gemma3_preprocess import content_hash, decode, preprocess
+from localchat.vision.prompt_images import ImagePrompt
+
+IMAGE_PART_TYPES = frozenset({"image_url", "image_bytes"})
+VISION_HINT = "load a vision model such as a Gemma 3 safetensors folder (e.g. google/gemma-3-4b-it)"
+
+
+class ImageRequestError(ImageInputError):
+    """A 400 naming the request field at fault (`param`, e.g. messages[1].content[0])."""
+
+    def __init__(self, message: str, param: str, code: str = "invalid_image") -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class Picture:
+    content_hash: str
+    pixels: np.ndarray  # [3, size, size] float32, the model's preprocessing applied
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedImages:
+    messages: list[dict[str, Any]]  # for the chat template: image parts as {"type": "image"}
+    pictures: list[Picture] = field(default_factory=list)
+    prompt: ImagePrompt | None = None  # None when the request carries no picture
+
+    def expand(self, prompt_text: str) -> str:
+        """The rendered prompt with each picture's full run of image tokens, as the model's processor writes it."""
+        return self.prompt.tokens.expand(prompt_text) if self.prompt is not None else prompt_text
+
+    def inputs(self, token_ids: list[int]) -> tuple[ImageInput, ...]:
+        """Each picture with the positions of its image tokens in the expanded prompt's token ids."""
+        if self.prompt is None:
+            return ()
+        try:
+            runs = self.prompt.tokens.placeholders(token_ids)
+        except ValueError as exc:
+            raise ImageInputError(str(exc)) from exc
+        if len(runs) != len(self.pictures):
+            raise ImageInputError(
+                f"the rendered prompt has {len(runs)} image slots for {len(self.pictures)} images "
+                "(does the model's chat template place images?)"
+            )
+        return tuple(
+            ImageInput(run, p.content_hash, p.pixels) for run, p in zip(runs, self.pictures, strict=True)
+        )
+
+
+def has_images(messages: list[dict[str, Any]]) -> bool:
+    return any(_is_image(part) for _, _, part in _parts(messages))
+
+
+def prepare_images(
+    messages: list[dict[str, Any]], model_path: Path | None, model_id: str, limits: ImageLimits
+) -> PreparedImages:
+    """`messages`: template messages whose content may be a list of text and image parts.
+    `model_path`: the loaded model's folder (None or a GGUF file: a model without vision).
+    ImageRequestError (a 400) for a picture the model or the limits refuse, or one that is not an image."""
+    found = [(i, j, part) for i, j, part in _parts(messages) if _is_image(part)]
+    if not found:
+        return PreparedImages(messages)
+    first = f"messages[{found[0][0]}].content[{found[0][1]}]"
+    prompt = ImagePrompt.from_folder(model_path) if model_path is not None else None
+    if prompt is None:
+        raise ImageRequestError(
+            f"model {model_id} does not take images; {VISION_HINT}", first, "model_not_multimodal"
+        )
+    if len(found) > limits.max_images:
+        raise ImageRequestError(
+            f"at most {limits.max_images} images per request on this server (got {len(found)}); "
+            "raise it with --max-images-per-request",
+            first,
+            "too_many_images",
+        )
+    pictures = []
+    for i, j, part in found:
+        where = f"messages[{i}].content[{j}]"
+        try:
+            data = _part_bytes(part, limits)
+            image = decode(data)
+        except ImageInputError as exc:
+            raise ImageRequestError(f"{where}: {exc}", where) from exc
+        except ValueError as exc:  # decode: not PNG/JPEG/WebP/GIF
+            raise ImageRequestError(
+                f"{where}: not a readable image (PNG, JPEG, WebP or GIF): {exc}", where
+            ) from exc
+        pictures.append(Picture(content_hash(data), preprocess(image, prompt.spec)))
+    return PreparedImages(_template_messages(messages), pictures, prompt)
+
+
+def _parts(messages: list[dict[str, Any]]) -> list[tuple[int, int, dict[str, Any]]]:
+    return [
+        (i, j, part)
+        for i, message in enumerate(messages)
+        if isinstance(message.get("content"), list)
+        for j, part in enumerate(message["content"])
+        if isinstance(part, dict)
+    ]
+
+
+def _is_image(part: dict[str, Any]) -> bool:
+    return part.get("type") in IMAGE_PART_TYPES
+
+
+def _part_bytes(part: dict[str, Any], limits: ImageLimits) -> bytes:
+    if part.get("type") == "image_bytes":
+        data = part.get("data")
+        if not isinstance(data, bytes):
+            raise ImageInputError("an image_bytes part needs its data as bytes")
+        check_size(len(data), limits)
+        return data
+    image_url = part.get("image_url")
+    url = image_url.get("url") if isinstance(image_url, dict) else image_url
+    if not isinstance(url, str) or not url:
+        raise ImageInputError('an image_url part needs {"image_url": {"url": "data:image/png;base64,..."}}')
+    return read_image_url(url, limits)
+
+
+def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            parts = [{"type": "image"} if isinstance(p, dict) and _is_image(p) else p for p in content]
+            message = {**message, "content": parts}
+        out.append(message)
+    return out
