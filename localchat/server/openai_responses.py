@@ -55,7 +55,11 @@ async def responses(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     conversation = history + input_messages(req, call_id)
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     prompt_text, prompt_ids = await chat_prompt(
-        ctx, system + conversation, tools.template_tools, param="input"
+        ctx,
+        system + conversation,
+        tools.template_tools,
+        param="input",
+        **(chat_req.chat_template_kwargs or {}),
     )
     max_tokens = resolve_max_tokens(ctx, req.max_output_tokens, "max_output_tokens")
     (params,) = build_params(ctx, req, max_tokens=max_tokens, logprobs=None, n=1, constraint=constraint)

@@ -29,6 +29,7 @@ class ResponsesRequest(SamplingFields, kw_only=True):
     store: bool | None = None
     metadata: dict[str, Any] | None = None
     user: str | None = None
+    reasoning: dict[str, Any] | None = None  # {"effort": ...}: as chat's reasoning_effort
 
 
 def input_messages(req: ResponsesRequest, call_id: Callable[[str], str]) -> list[dict[str, Any]]:
@@ -82,25 +83,39 @@ def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
         )
     content = item.get("content")
     if isinstance(content, list):
-        texts = []
-        for j, part in enumerate(content):
-            if (
-                not isinstance(part, dict)
-                or part.get("type") not in _TEXT_PARTS
-                or not isinstance(part.get("text"), str)
-            ):
-                raise InvalidRequestError(
-                    f"{where}.content[{j}] must be a text part ({{'type': 'input_text', 'text': ...}}); "
-                    "this model reads only text.",
-                    param=f"{where}.content[{j}]",
-                )
-            texts.append(part["text"])
-        content = "\n".join(texts)
-    if not isinstance(content, str):
+        content = _parts(content, where)
+    if not isinstance(content, (str, list)):
         raise InvalidRequestError(
             f"{where}.content must be a string or a list of text parts.", param=f"{where}.content"
         )
     return {"role": role, "content": content}
+
+
+def _parts(content: list[Any], where: str) -> str | list[dict[str, Any]]:
+    """Text parts joined into one string; with an input_image, the chat form's text and image_url parts
+    (the vision code reads the pictures and refuses them for a text-only model)."""
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "input_image" and isinstance(part.get("image_url"), str):
+            parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+        elif kind == "input_image":
+            raise InvalidRequestError(
+                f"{where}.content[{j}] needs an image_url (a data:image/...;base64 URL); file_id is not "
+                "supported.",
+                param=f"{where}.content[{j}]",
+            )
+        else:
+            raise InvalidRequestError(
+                f"{where}.content[{j}] must be a text part ({{'type': 'input_text', 'text': ...}}) or, for "
+                "vision models, an input_image part.",
+                param=f"{where}.content[{j}]",
+            )
+    if all(p["type"] == "text" for p in parts):
+        return "\n".join(p["text"] for p in parts)
+    return parts
 
 
 def _field(item: dict[str, Any], key: str, where: str) -> str:
@@ -143,6 +158,7 @@ def as_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         tool_choice=choice,
         parallel_tool_calls=req.parallel_tool_calls,
         response_format=response_format(req.text),
+        reasoning_effort=(req.reasoning or {}).get("effort"),  # checked, and made template kwargs, there
     )
 
 

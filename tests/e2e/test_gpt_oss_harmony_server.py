@@ -148,6 +148,11 @@ def test_gpt_oss_folder_answers_in_channels_through_the_server(tmp_path: Path) -
         low = prompt_tokens(hi, reasoning_effort="low")
         assert prompt_tokens(hi, reasoning_effort="high") == low + 1
         assert prompt_tokens(hi) == low + 3  # the template's default, "medium"
+        answer = client.responses.create(
+            model=model, input="Hi", reasoning={"effort": "high"}, max_output_tokens=4
+        )
+        assert answer.usage is not None and answer.usage.input_tokens == low + 1
+        assert [item.type for item in answer.output][:1] == ["reasoning"]
 
         call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
 
