@@ -53,19 +53,26 @@ def _message(i: int, m: ChatMessage, call_id: Callable[[str], str] = str) -> dic
     return out
 
 
-def _content(content: Any, where: str) -> str | None:
+def _content(content: Any, where: str) -> str | list[dict[str, Any]] | None:
+    """A string; or, when the parts hold a picture, the list of text and image_url parts (the vision
+    code reads the pictures and refuses them for a text-only model)."""
     if content is None or isinstance(content, str):
         return content
-    texts = []
+    parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
-        if part.type != "text" or part.text is None:
+        if part.type == "text" and part.text is not None:
+            parts.append({"type": "text", "text": part.text})
+        elif part.type == "image_url":
+            parts.append({"type": "image_url", "image_url": part.image_url})
+        else:
             raise InvalidRequestError(
-                f"{where}.content[{j}] is a {part.type!r} part; this model reads only text parts "
-                '({"type": "text", "text": "..."}).',
+                f"{where}.content[{j}] is a {part.type!r} part; messages take text parts "
+                '({"type": "text", "text": "..."}) and, for vision models, image_url parts.',
                 param=f"{where}.content[{j}]",
             )
-        texts.append(part.text)
-    return "\n".join(texts)
+    if all(p["type"] == "text" for p in parts):
+        return "\n".join(p["text"] for p in parts)
+    return parts
 
 
 def _arguments(arguments: str | dict[str, Any] | None) -> dict[str, Any] | str:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from localchat import sampling_defaults
 from localchat.engine.async_engine import LoopSink, Sink
 from localchat.engine.outputs import RequestOutput
-from localchat.engine.request import FinishReason
+from localchat.engine.request import FinishReason, ImageInput
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import ContextLengthExceededError, InvalidRequestError
 from localchat.server.structured_input import parse_logit_bias
@@ -157,7 +157,11 @@ class Generation:
     requests' KV blocks at the engine's next step."""
 
     def __init__(
-        self, engine: AsyncEngine, call_id: str, jobs: list[tuple[list[int], SamplingParams]]
+        self,
+        engine: AsyncEngine,
+        call_id: str,
+        jobs: list[tuple[list[int], SamplingParams]],
+        images: tuple[ImageInput, ...] = (),  # the pictures of the prompt (every job shares it)
     ) -> None:
         self._engine = engine
         self._loop = asyncio.get_running_loop()
@@ -166,7 +170,10 @@ class Generation:
         try:
             for i, (prompt_ids, params) in enumerate(jobs):
                 req_id = f"{call_id}-{i}"
-                engine.submit(prompt_ids, params, self._sink(i), req_id)
+                if images:
+                    engine.submit(prompt_ids, params, self._sink(i), req_id, images=images)
+                else:
+                    engine.submit(prompt_ids, params, self._sink(i), req_id)
                 # Safe after submit: outputs reach the queue through this (the loop's) thread.
                 self._open[i] = req_id
         except BaseException:

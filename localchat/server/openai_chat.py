@@ -9,6 +9,7 @@ from typing import Any
 from litestar import Request, Response, post
 from litestar.response import Stream
 
+from localchat.errors import InvalidRequestError
 from localchat.server import mcp_chat
 from localchat.server.chat_input import chat_logprobs_k, template_messages
 from localchat.server.chat_output import ChoiceDeltas, message_of
@@ -32,11 +33,12 @@ from localchat.server.generation import (
 from localchat.server.logprobs import chat_logprobs
 from localchat.server.mcp_chat import McpConversation
 from localchat.server.openapi import api_operation
-from localchat.server.prompts import chat_prompt
 from localchat.server.reasoning import starts_in_reasoning
 from localchat.server.schemas import ChatCompletionRequest, decode_request
 from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, event, guarded
 from localchat.server.structured_input import response_constraint
+from localchat.vision.chat_prompt import chat_prompt_with_images
+from localchat.vision.request_images import has_images
 
 # Keywords render() owns; chat_template_kwargs may not override them.
 _RESERVED_TEMPLATE_KWARGS = frozenset(
@@ -82,7 +84,15 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
     tools = plan_tools(ctx, req)
     messages = template_messages(req, ctx.tool_parser.template_call_id)
     extra = {k: v for k, v in (req.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
-    prompt_text, prompt_ids = await chat_prompt(ctx, messages, tools.template_tools, **extra)
+    if tools.mcp_names and has_images(messages):
+        raise InvalidRequestError(
+            "Pictures and MCP tools in one request are not supported yet; send the picture without MCP tools.",
+            param="messages",
+        )
+    # Pictures are read, checked and paired with their image tokens here, off the event loop.
+    prompt_text, prompt_ids, images = await chat_prompt_with_images(
+        ctx, messages, tools.template_tools, **extra
+    )
     if req.max_completion_tokens is not None:
         max_tokens = resolve_max_tokens(ctx, req.max_completion_tokens, "max_completion_tokens")
     else:
@@ -99,7 +109,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
         if req.stream:
             return Stream(guarded(mcp_chat.stream(conv)), media_type="text/event-stream", headers=SSE_HEADERS)
         return await mcp_chat.respond(request, conv)
-    gen = Generation(ctx.engine, call_id, [(prompt_ids, p) for p in params])
+    gen = Generation(ctx.engine, call_id, [(prompt_ids, p) for p in params], images)
     if req.stream:
         return Stream(guarded(_stream(call, gen)), media_type="text/event-stream", headers=SSE_HEADERS)
     results = await collect_or_abort(request, gen, n)

@@ -1,8 +1,10 @@
 """GET /v1/models and /v1/models/{id}: the local models, the loaded ones marked (with context length),
-then the embedding and rerank models loaded beside them (`type`: embedding or rerank)."""
+then the embedding and rerank models loaded beside them (`type`: embedding or rerank). A chat model's card
+says whether it takes images (`vision`), read from its config.json."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
@@ -12,6 +14,7 @@ from localchat.errors import ModelNotFoundError
 from localchat.server.common import get_models
 from localchat.server.encoder_models import encoder_models
 from localchat.server.openapi import api_operation
+from localchat.vision.model_info import takes_images
 
 if TYPE_CHECKING:
     from localchat.model_manager import ModelManager
@@ -26,6 +29,7 @@ def _cards(models: ModelManager) -> list[dict[str, Any]]:
             "owned_by": "localchat",
             "loaded": True,
             "max_model_len": ctx.engine.max_model_len,
+            "vision": takes_images(ctx.model.path),
         }
         for ctx in reversed(models.loaded)  # the current model first
     ]
@@ -34,7 +38,7 @@ def _cards(models: ModelManager) -> list[dict[str, Any]]:
         if getattr(local, "complete", True) and str(local.name) not in seen:
             seen.add(str(local.name))
             cards.append({"id": str(local.name), "object": "model", "created": 0, "owned_by": "localchat"})
-            cards[-1]["loaded"] = False
+            cards[-1] |= {"loaded": False, "vision": takes_images(Path(local.path))}
     return cards
 
 

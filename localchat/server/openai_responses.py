@@ -24,12 +24,12 @@ from localchat.server.common import (
 )
 from localchat.server.generation import Generation, build_params, resolve_max_tokens
 from localchat.server.openapi import api_operation
-from localchat.server.prompts import chat_prompt
 from localchat.server.reasoning import starts_in_reasoning
 from localchat.server.responses_input import ResponsesRequest, as_chat_request, input_messages
 from localchat.server.responses_output import ResponseWriter
 from localchat.server.schemas import decode_request
 from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, guarded
+from localchat.vision.chat_prompt import chat_prompt_with_images
 
 _encode = msgspec.json.Encoder().encode
 
@@ -54,7 +54,7 @@ async def responses(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     history = ctx.responses.conversation(req.previous_response_id) if req.previous_response_id else []
     conversation = history + input_messages(req, call_id)
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    prompt_text, prompt_ids = await chat_prompt(
+    prompt_text, prompt_ids, images = await chat_prompt_with_images(
         ctx,
         system + conversation,
         tools.template_tools,
@@ -74,7 +74,7 @@ async def responses(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
         if req.store is not False:
             ctx.responses.put(response_id, conversation + writer.conversation_turn(call_id))
 
-    gen = Generation(ctx.engine, response_id, [(prompt_ids, params)])
+    gen = Generation(ctx.engine, response_id, [(prompt_ids, params)], images)
     if req.stream:
         events = _stream(writer, deltas, gen, remember)
         return Stream(guarded(events), media_type="text/event-stream", headers=SSE_HEADERS)

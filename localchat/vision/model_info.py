@@ -23,4 +23,8 @@ def vision_config(path: Path) -> dict[str, Any] | None:
 
 
 def takes_images(path: Path) -> bool:
-    return vision_config(path) is not None
+    """For listings (/v1/models, the model picker): an unreadable config.json counts as no vision."""
+    try:
+        return vision_config(path) is not None
+    except (OSError, ValueError):
+        return False
