@@ -165,3 +165,31 @@ def is_harmony_template(template_source: str | None) -> bool:
     return (
         bool(template_source) and _CHANNEL in (template_source or "") and _MESSAGE in (template_source or "")
     )
+
+
+class HarmonyThinkText:
+    """Harmony output rewritten in the `<think>reasoning</think>answer` form that stored answers use
+    (the web UI and the terminal chat read that form), incrementally."""
+
+    def __init__(self) -> None:
+        self._splitter = HarmonySplitter()
+        self._thinking = False
+
+    def push(self, text: str) -> str:
+        return self._text(*self._splitter.push(text))
+
+    def flush(self) -> str:
+        out = self._text(*self._splitter.flush())
+        if self._thinking:  # an answer cut off while thinking still closes its block
+            self._thinking = False
+            out += "</think>"
+        return out
+
+    def _text(self, reasoning: str, content: str) -> str:
+        out = ""
+        if reasoning and not self._thinking:
+            out, self._thinking = "<think>", True
+        out += reasoning
+        if content and self._thinking:
+            out, self._thinking = out + "</think>", False
+        return out + content

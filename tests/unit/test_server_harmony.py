@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from localchat.server.harmony import HarmonySplitter, split_harmony
+from localchat.server.harmony import HarmonySplitter, HarmonyThinkText, split_harmony
 
 FULL = (
     "<|channel|>analysis<|message|>User asks 2+2. Easy.<|end|>"
@@ -49,3 +49,17 @@ def test_one_character_at_a_time_streams_the_body_and_holds_only_marker_prefixes
     assert [r for r, _ in outs if r][:3] == ["U", "s", "e"]  # reasoning streams as it comes
     assert "".join(c for _, c in outs) == "2 + 2 = 4."
     assert all("<|" not in r + c for r, c in outs)
+
+
+def test_think_text_form_for_stored_answers_the_same_for_any_cut() -> None:
+    expected = "<think>User asks 2+2. Easy.</think>2 + 2 = 4."
+    assert "".join(_think_pieces([FULL])) == expected
+    assert "".join(_think_pieces(list(FULL))) == expected
+    assert "".join(_think_pieces(["<|channel|>analysis<|message|>still thinking"])) == (
+        "<think>still thinking</think>"
+    )
+
+
+def _think_pieces(pieces: list[str]) -> list[str]:
+    think = HarmonyThinkText()
+    return [think.push(p) for p in pieces] + [think.flush()]
