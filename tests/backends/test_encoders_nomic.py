@@ -24,11 +24,11 @@ MODULES = [
 ]
 
 
-def _model() -> torch.nn.Module:
+def _model(vocab_size: int = 99) -> torch.nn.Module:
     torch.manual_seed(7)
     config = transformers.NomicBertConfig(
-        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
-        max_position_embeddings=64, rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+        vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=48, max_position_embeddings=64, rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
     )  # fmt: skip
     model = transformers.NomicBertModel(config).eval()
     with torch.no_grad():  # random LayerNorms are identity; make them matter (and the token types)
