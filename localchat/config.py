@@ -481,6 +481,10 @@ class Settings:
             raise SettingsError("--max-gen-tokens must be >= 1.", param="max_gen_tokens")
         if self.chat_max_tokens < 1:
             raise SettingsError("--chat-max-tokens must be >= 1.", param="chat_max_tokens")
+        if self.max_images_per_request < 1:
+            raise SettingsError("--max-images-per-request must be >= 1.", param="max_images_per_request")
+        if self.max_image_mib < 1:
+            raise SettingsError("--max-image-mib must be >= 1.", param="max_image_mib")
         if self.loop_stop < 0:
             raise SettingsError("--loop-stop must be >= 0 (0 disables it).", param="loop_stop")
         if self.threads is not None and self.threads < 1:

@@ -5,8 +5,10 @@ template parts and the pairing with image-token runs; the encoder cache keyed by
 from __future__ import annotations
 
 import base64
+import http.server
 import io
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +140,34 @@ def test_encoder_cache_hits_by_content_hash_and_evicts_lru() -> None:
     cache.get_or_encode("c", lambda: enc("c"))  # evicts "a", the least recently used
     cache.get_or_encode("a", lambda: enc("a"))
     assert calls == ["a", "b", "c", "a"] and (cache.hits, cache.misses) == (1, 4) and len(cache) == 2
+
+
+def test_http_urls_are_fetched_only_when_allowed_and_capped() -> None:
+    body = _image(4)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path != "/a.png":
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert read_image_url(f"{base}/a.png", ImageLimits(allow_urls=True)) == body
+        with pytest.raises(ImageInputError, match="--allow-image-urls"):
+            read_image_url(f"{base}/a.png", ImageLimits())
+        with pytest.raises(ImageInputError, match="--max-image-mib"):
+            read_image_url(f"{base}/a.png", ImageLimits(allow_urls=True, max_bytes=10))
+        with pytest.raises(ImageInputError, match="could not fetch the image"):
+            read_image_url(f"{base}/missing.png", ImageLimits(allow_urls=True))
+    finally:
+        server.shutdown()
