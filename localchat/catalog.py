@@ -48,6 +48,7 @@ class CatalogEntry:
     tool_call: str | None = None  # tool-call format: hermes | llama3_json | mistral
     reasoning: bool = False  # writes <think>...</think> before answering
     draft: str | None = None  # the alias of a smaller model with its vocabulary (--speculative draft)
+    type: str = "chat"  # chat | embedding | rerank (embedding/rerank: --embedding-model, --rerank-model)
 
     @classmethod
     def from_dict(cls, alias: str, d: dict[str, Any]) -> CatalogEntry:
@@ -76,6 +77,7 @@ class CatalogEntry:
             tool_call=d.get("tool_call"),
             reasoning=bool(d.get("reasoning", False)),
             draft=d.get("draft"),
+            type=str(d.get("type", "chat")),
         )
 
 

@@ -23,7 +23,12 @@ SAFETENSORS_EXTRAS = frozenset({
     "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
     "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
     "chat_template.jinja", "chat_template.json", "model.safetensors.index.json",
+    # sentence-transformers (embedding and rerank models): pooling, prompts, WordPiece/SentencePiece vocab
+    "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json", "vocab.txt",
+    "sentencepiece.bpe.model",
 })  # fmt: skip
+# The module folders sentence-transformers reads (1_Pooling, 2_Dense, 2_Normalize), not onnx/ or openvino/.
+_ST_MODULE_FILE = re.compile(r"\d+_(Pooling|Dense|Normalize)/(config\.json|model\.safetensors)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +102,8 @@ def pick(
     if kind == "gguf":
         return _pick_quant(repo_id, files, quant)
     if kind == "safetensors" and quant is None:
-        paths = tuple(sorted(_safetensors_files(files)))
+        # top-level files first: the model's folder is that of paths[0] (not 1_Pooling/)
+        paths = tuple(sorted(_safetensors_files(files), key=lambda p: ("/" in p, p)))
         return Selection("safetensors", None, paths, sum(files[p] for p in paths))
     if kind == "safetensors":
         raise ModelNotFoundError(
@@ -115,7 +121,8 @@ def _safetensors_files(files: dict[str, int]) -> list[str]:
     weights = [p for p in top if p.endswith(".safetensors")]
     if any(p.startswith("model") for p in weights):
         weights = [p for p in weights if p.startswith("model")]
-    return [p for p in top if p in SAFETENSORS_EXTRAS] + weights
+    modules = [p for p in files if _ST_MODULE_FILE.fullmatch(p)]
+    return [p for p in top if p in SAFETENSORS_EXTRAS] + weights + modules
 
 
 def _pick_quant(repo_id: str, files: dict[str, int], quant: str | None) -> Selection:
