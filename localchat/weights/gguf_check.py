@@ -118,8 +118,10 @@ def _expected_size(cur: _Cursor) -> int:
         else:
             _skip_value(cur, value_type, depth=0)
     ends = [_tensor_end(cur) for _ in range(tensor_count)]
+    if not ends:  # a vocabulary-only file ends with its header: no padding to an empty data section
+        return cur.offset
     data_start = -(-cur.offset // alignment) * alignment
-    return data_start + max(ends, default=0)
+    return data_start + max(ends)
 
 
 def _skip_value(cur: _Cursor, value_type: int, depth: int) -> None:

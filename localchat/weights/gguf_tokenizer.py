@@ -8,7 +8,6 @@ Control tokens become special added tokens, user-defined ones plain added tokens
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,99 +17,17 @@ from tokenizers import Tokenizer as BackendTokenizer
 
 from localchat.errors import ModelLoadError
 from localchat.weights.gguf import gguf_value
-
-log = logging.getLogger(__name__)
+from localchat.weights.gguf_pretokenizers import (
+    PRE_TOKENIZERS,
+    PreTokenizer,
+    UnsupportedTokenizerError,
+    pre_tokenizer_for,
+)
+from localchat.weights.tokenizer_unigram import unigram_backend
+from localchat.weights.tokenizer_wordpiece import wordpiece_backend
 
 # llama.cpp's token types (tokenizer.ggml.token_type).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
-
-# Split regexes, as written in the original models' tokenizer.json files.
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_LLAMA3 = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2 = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_TEKKEN = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
-    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_GPT4O = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_DEEPSEEK_CODER = [r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"]
-# DeepSeek LLM / DeepSeek-V2(-Lite): runs of cased letters (Latin, Greek, Cyrillic, ... written as code
-# point ranges) with an optional leading space, ASCII and full-width punctuation runs, CJK runs and
-# digit runs, each a piece of its own (llama.cpp's split list for the `deepseek-llm` pre-tokenizer).
-# Escaped: some of these letters would change under an editor's NFC normalization.
-_DEEPSEEK_LLM_LETTERS = (
-    "A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293"
-    "\u0295-\u02af\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386"
-    "\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f"
-    "\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba"
-    "\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a"
-    "\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d"
-    "\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4"
-    "\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3"
-    "\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107"
-    "\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d"
-    "\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184"
-    "\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d"
-    "\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e"
-    "\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a"
-    "\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb"
-    "\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943"
-)
-_DEEPSEEK_LLM = [
-    r"[\r\n]",
-    r"\s?[" + _DEEPSEEK_LLM_LETTERS + "]+",
-    "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
-    r"\s+$",
-    "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+",
-    r"\p{N}+",
-]
-_DEEPSEEK_V3 = [
-    r"\p{N}{1,3}",
-    r"[一-龥぀-ゟ゠-ヿ]+",
-    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
-    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-]
-
-
-@dataclass(frozen=True, slots=True)
-class _PreTokenizer:
-    splits: list[str]  # applied in order; every piece, matched or not, stays a piece
-    ignore_merges: bool = False  # a word that is a whole token is taken as is (Llama 3, Tekken)
-    nfc: bool = False  # Qwen2's tokenizer.json normalizes to NFC first
-
-
-_STARCODER = _PreTokenizer([r"\p{N}", _GPT2])  # each digit on its own, then GPT-2's split
-_PRE_TOKENIZERS: dict[str, _PreTokenizer] = {
-    **dict.fromkeys(
-        ("default", "gpt2", "gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4"), _PreTokenizer([_GPT2])
-    ),
-    **dict.fromkeys(
-        ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"), _STARCODER
-    ),
-    **dict.fromkeys(
-        ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"),
-        _PreTokenizer([_LLAMA3], ignore_merges=True),
-    ),
-    **dict.fromkeys(("dbrx", "smaug-bpe"), _PreTokenizer([_LLAMA3])),
-    "qwen2": _PreTokenizer([_QWEN2], nfc=True),
-    **dict.fromkeys(("deepseek-r1-qwen", "stablelm2", "megrez"), _PreTokenizer([_QWEN2])),
-    "tekken": _PreTokenizer([_TEKKEN], ignore_merges=True),
-    **dict.fromkeys(("gpt-4o", "llama4"), _PreTokenizer([_GPT4O])),
-    "deepseek-llm": _PreTokenizer(_DEEPSEEK_LLM),
-    "deepseek-coder": _PreTokenizer(_DEEPSEEK_CODER),
-    "deepseek-v3": _PreTokenizer(_DEEPSEEK_V3),
-}
 
 
 @dataclass(slots=True)
@@ -130,6 +47,12 @@ class GGUFVocab:
     add_bos: bool | None  # None: the file does not say
     add_eos: bool | None
     add_space_prefix: bool | None
+    sep_id: int | None = None
+    add_sep: bool | None = None
+    lowercase: bool | None = None  # BERT's normalizer options
+    strip_accents: bool | None = None
+    charsmap: bytes | None = None  # SentencePiece's precompiled normalization map (Unigram)
+    remove_extra_whitespaces: bool | None = None
 
     @classmethod
     def read(cls, reader: GGUFReader) -> GGUFVocab:
@@ -157,7 +80,33 @@ class GGUFVocab:
             add_bos=get("add_bos_token"),
             add_eos=get("add_eos_token"),
             add_space_prefix=get("add_space_prefix"),
+            sep_id=get("seperator_token_id"),
+            add_sep=get("add_sep_token"),
+            lowercase=get("normalizer.lowercase"),
+            strip_accents=get("normalizer.strip_accents"),
+            charsmap=_charsmap(reader),
+            remove_extra_whitespaces=get("remove_extra_whitespaces"),
         )
+
+    def tokenizer_settings(self) -> dict[str, Any]:
+        """The special-token facts localchat's Tokenizer takes, with llama.cpp's defaults per type."""
+        if self.model == "bert":  # [CLS] text [SEP]; the ids llama.cpp assumes when the file names none
+            cls_token, sep = self.token(_first(self.bos_id, 101)), self.token(_first(self.sep_id, 102))
+            add_sep = self.add_sep is not False
+            return {
+                "bos_token": cls_token,
+                "eos_tokens": [sep] if sep else [],
+                "add_bos": self.add_bos is not False,
+                "add_eos": add_sep,
+            }
+        eos = self.token(self.eos_id)
+        return {
+            "bos_token": self.token(self.bos_id),
+            "eos_tokens": [eos] if eos else [],
+            "add_bos": self.default_add_bos(),
+            "add_eos": bool(self.add_eos) if self.model != "t5" else self.add_eos is not False,
+            "space_prefix": self.model == "llama" and self.add_space_prefix is not False,
+        }
 
     def token(self, token_id: int | None) -> str | None:
         return self.tokens[token_id] if token_id is not None and 0 <= token_id < len(self.tokens) else None
@@ -166,7 +115,20 @@ class GGUFVocab:
         """What llama.cpp does for a file without add_bos_token: SentencePiece and Llama 3 vocabularies add BOS."""
         if self.add_bos is not None:
             return bool(self.add_bos)
-        return self.model == "llama" or _PRE_TOKENIZERS.get(self.pre or "") is _PRE_TOKENIZERS["llama3"]
+        if self.model in ("llama", "gemma4"):
+            return True
+        return self.model == "gpt2" and pre_tokenizer_for(self.pre).add_bos
+
+
+def _first(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def _charsmap(reader: GGUFReader) -> bytes | None:
+    field = reader.fields.get("tokenizer.ggml.precompiled_charsmap")
+    if field is None or not field.data:
+        return None
+    return b"".join(field.parts[i].tobytes() for i in field.data)
 
 
 def byte_level_alphabet() -> dict[int, str]:
@@ -182,18 +144,39 @@ def byte_level_alphabet() -> dict[int, str]:
 def build_backend(vocab: GGUFVocab) -> BackendTokenizer:
     if vocab.model == "gpt2":
         backend = _byte_level_bpe(vocab)
+    elif (
+        vocab.model == "gemma4"
+    ):  # llama.cpp reads it as BPE with the gemma4 pre-tokenizer, whatever `pre` says
+        backend = _utf8_bpe(vocab, PRE_TOKENIZERS["gemma4"])
     elif vocab.model == "llama":
         backend = _sentencepiece_bpe(vocab)
+    elif vocab.model == "bert":
+        unk = vocab.token(_first(vocab.unk_id, 100)) or "[UNK]"
+        lowercase = vocab.lowercase is not False
+        backend = wordpiece_backend(
+            vocab.tokens, vocab.token_types, unk, lowercase=lowercase, strip_accents=vocab.strip_accents
+        )
+    elif vocab.model == "t5":
+        backend = unigram_backend(vocab)
     else:
-        raise ModelLoadError(
-            f"GGUF tokenizer type {vocab.model!r} is not supported (supported: 'gpt2' byte-level BPE, "
-            "'llama' SentencePiece)."
+        raise UnsupportedTokenizerError(
+            f"GGUF tokenizer type {vocab.model!r} (tokenizer.ggml.model) is not supported. Supported: "
+            "'gpt2' and 'gemma4' (BPE), 'llama' (SentencePiece BPE), 'bert' (WordPiece), 't5' (Unigram). "
+            "Use the model's safetensors folder (its tokenizer.json) instead."
         )
     _add_special_tokens(backend, vocab)
     return backend
 
 
 def _byte_level_bpe(vocab: GGUFVocab) -> BackendTokenizer:
+    pre = pre_tokenizer_for(vocab.pre)
+    if not pre.byte_level:
+        return _utf8_bpe(vocab, pre)
+    if vocab.merges is None:
+        raise UnsupportedTokenizerError(
+            f"The GGUF BPE vocabulary (pre-tokenizer {vocab.pre!r}) has no merges (tokenizer.ggml.merges); "
+            "localchat cannot rebuild it. Use the model's safetensors folder (its tokenizer.json)."
+        )
     alphabet = set(byte_level_alphabet().values())
     spelling = byte_level_alphabet()
     ids: dict[str, int] = {}
@@ -202,14 +185,13 @@ def _byte_level_bpe(vocab: GGUFVocab) -> BackendTokenizer:
         if kind not in (CONTROL, USER_DEFINED) and not set(token) <= alphabet:
             token = "".join(spelling[b] for b in token.encode("utf-8"))
         ids[token] = index
-    merges = _split_merges(vocab.merges or [])
-    pre = _PRE_TOKENIZERS.get(vocab.pre or "default")
-    if pre is None:
-        log.warning("Unknown GGUF pre-tokenizer %r; splitting text like GPT-2.", vocab.pre)
-        pre = _PRE_TOKENIZERS["default"]
     backend = BackendTokenizer(
         models.BPE(
-            vocab=ids, merges=merges, fuse_unk=False, byte_fallback=False, ignore_merges=pre.ignore_merges
+            vocab=ids,
+            merges=_split_merges(vocab.merges),
+            fuse_unk=False,
+            byte_fallback=False,
+            ignore_merges=pre.ignore_merges,
         )
     )
     if pre.nfc:
@@ -219,6 +201,23 @@ def _byte_level_bpe(vocab: GGUFVocab) -> BackendTokenizer:
         [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     )
     backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+def _utf8_bpe(vocab: GGUFVocab, pre: PreTokenizer) -> BackendTokenizer:
+    """SentencePiece-shaped BPE (Gemma 4): tokens are raw UTF-8 with spaces spelt "▁", merges run over
+    whole lines, and a character without a token falls back to its <0xXX> byte tokens."""
+    ids = {token: index for index, token in enumerate(vocab.tokens)}
+    backend = BackendTokenizer(
+        models.BPE(vocab=ids, merges=_split_merges(vocab.merges or []), fuse_unk=False, byte_fallback=True)
+    )
+    backend.normalizer = normalizers.Replace(" ", "▁")
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.splits]
+    )
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
     return backend
 
 

@@ -142,15 +142,7 @@ class Tokenizer:
         from localchat.weights.gguf_tokenizer import GGUFVocab, build_backend
 
         vocab = GGUFVocab.read(reader)
-        eos = vocab.token(vocab.eos_id)
-        return cls(
-            build_backend(vocab),
-            bos_token=vocab.token(vocab.bos_id),
-            eos_tokens=[eos] if eos else [],
-            add_bos=vocab.default_add_bos(),
-            add_eos=bool(vocab.add_eos),
-            space_prefix=vocab.model == "llama" and vocab.add_space_prefix is not False,
-        )
+        return cls(build_backend(vocab), **vocab.tokenizer_settings())
 
 
 def _read_json(path: Path) -> dict[str, Any]:
