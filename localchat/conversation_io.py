@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from localchat.attachments.kinds import image_kind
 from localchat.errors import InvalidRequestError
-from localchat.store import DONE, Conversation, Message, NewMessage, Store, title_from
+from localchat.store import (
+    DONE,
+    Attachment,
+    Conversation,
+    Message,
+    NewAttachment,
+    NewMessage,
+    Store,
+    title_from,
+)
 
 FORMAT = "localchat.conversation"
 VERSION = 1
@@ -18,7 +31,14 @@ _SETTINGS = ("system_prompt", "temperature", "top_p", "max_tokens")
 _THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.S)
 
 
-def to_json(conv: Conversation, messages: list[Message]) -> dict[str, Any]:
+MAX_IMPORT_ATTACHMENTS = 1_000
+
+
+def to_json(
+    conv: Conversation, messages: list[Message], read_image: Callable[[Attachment], bytes] | None = None
+) -> dict[str, Any]:
+    """The conversation as JSON; with `read_image`, its pictures go in too (base64), so an import on
+    another machine restores them."""
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -41,6 +61,11 @@ def to_json(conv: Conversation, messages: list[Message]) -> dict[str, Any]:
                     if m.role == "assistant"
                     else {}
                 ),
+                **(
+                    {"attachments": [_attachment_json(a, read_image) for a in m.attachments]}
+                    if m.attachments
+                    else {}
+                ),
             }
             for m in messages
         ],
@@ -58,6 +83,8 @@ def to_markdown(conv: Conversation, messages: list[Message]) -> str:
             quoted = "\n".join("> " + ln for ln in think.group(1).strip().splitlines())
             lines += ["> **Thinking**", ">", quoted, ""]
             content = _THINK.sub("", content, count=1)
+        if m.attachments:
+            lines += ["*Attached: " + ", ".join(a.name for a in m.attachments) + "*", ""]
         lines += [content.strip(), ""]
         if m.error:
             lines += [f"*Error: {m.error}*", ""]
@@ -81,6 +108,15 @@ def import_json(store: Store, raw: bytes | str) -> Conversation:
         raise InvalidRequestError(f"The conversation has more than {MAX_IMPORT_MESSAGES:,} messages.")
     messages: list[NewMessage] = []
     system_prompt = ""
+    attached = sum(
+        len(i["attachments"])
+        for i in raw_messages
+        if isinstance(i, dict) and isinstance(i.get("attachments"), list)
+    )
+    if attached > MAX_IMPORT_ATTACHMENTS:
+        raise InvalidRequestError(
+            f"The conversation has more than {MAX_IMPORT_ATTACHMENTS:,} attached files."
+        )
     for i, item in enumerate(raw_messages):
         if (
             not isinstance(item, dict)
@@ -100,7 +136,9 @@ def import_json(store: Store, raw: bytes | str) -> Conversation:
             "error": item["error"] if isinstance(item.get("error"), str) else None,
         }
         status = str(item["status"]) if item.get("status") in ("done", "stopped", "error") else DONE
-        messages.append(NewMessage(item["role"], item["content"], status, extra))
+        raw_attachments: list[Any] = item["attachments"] if isinstance(item.get("attachments"), list) else []
+        attachments = [_attachment_from(store, a, i) for a in raw_attachments]
+        messages.append(NewMessage(item["role"], item["content"], status, extra, attachments))
     settings: dict[str, Any] = data["settings"] if isinstance(data.get("settings"), dict) else {}
     clean = _settings(settings)
     clean.setdefault("system_prompt", system_prompt)
@@ -112,6 +150,49 @@ def import_json(store: Store, raw: bytes | str) -> Conversation:
     )
     model = data.get("model") if isinstance(data.get("model"), str) else ""
     return store.create_conversation(title.strip()[:200], messages, model=model, **clean)
+
+
+def _attachment_json(a: Attachment, read_image: Callable[[Attachment], bytes] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": a.kind, "name": a.name, "media_type": a.media_type, "size": a.size}
+    if a.kind == "document":
+        out.update(text=a.text or "", truncated=a.truncated)
+    elif read_image is not None:
+        try:
+            out["data"] = base64.b64encode(read_image(a)).decode("ascii")
+        except OSError:
+            out["missing"] = True  # the file is gone from the data dir: the export says so, and goes on
+    return out
+
+
+def _attachment_from(store: Store, raw: object, i: int) -> NewAttachment:
+    """An exported attachment back into the store (a picture's file written again, by its hash)."""
+    where = f"Message {i + 1}'s attachment"
+    if (
+        not isinstance(raw, dict)
+        or not isinstance(raw.get("name"), str)
+        or raw.get("kind") not in ("image", "document")
+    ):
+        raise InvalidRequestError(f"{where} needs a `kind` (image or document) and a `name`.")
+    name = raw["name"][:255]
+    if raw["kind"] == "document":
+        if not isinstance(raw.get("text"), str):
+            raise InvalidRequestError(f"{where} {name} needs its `text`.")
+        media_type = (
+            raw["media_type"] if raw.get("media_type") in ("application/pdf", "text/plain") else "text/plain"
+        )
+        size = _int(raw.get("size"))
+        return NewAttachment(
+            "document", name, media_type, size, text=raw["text"], truncated=raw.get("truncated") is True
+        )
+    try:
+        data = base64.b64decode(str(raw.get("data", "")), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidRequestError(f"{where} {name} has no valid base64 `data` ({exc}).") from exc
+    kind = image_kind(data)
+    if kind is None:
+        raise InvalidRequestError(f"{where} {name} is not a PNG, JPEG, GIF or WebP picture.")
+    sha256 = store.files.save(data, kind.ext)
+    return NewAttachment("image", name, kind.media_type, len(data), sha256=sha256)
 
 
 def _settings(raw: dict[str, Any]) -> dict[str, Any]:

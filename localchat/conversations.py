@@ -22,6 +22,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from localchat.attachments.kinds import AttachmentError
+from localchat.attachments.prepare import AttachmentRules, Upload, prepare
+from localchat.attachments.text import context_block
 from localchat.engine.async_engine import LoopSink
 from localchat.engine.loop_guard import LOOP_STOP_REASON
 from localchat.engine.outputs import RequestOutput
@@ -32,7 +35,6 @@ from localchat.mcp import ui_turns
 from localchat.mcp.hub import ToolRun
 from localchat.mcp.trust import CONSENT_FILE, DENIED, ConsentStore
 from localchat.server.generation import resolve_chat_max_tokens, resolve_sampling
-from localchat.server.prompts import chat_prompt
 from localchat.store import (
     DONE,
     ERROR,
@@ -40,10 +42,14 @@ from localchat.store import (
     STREAMING,
     Conversation,
     Message,
+    NewAttachment,
     NewMessage,
     Store,
     title_from,
 )
+from localchat.vision.chat_prompt import chat_prompt_with_images
+from localchat.vision.content import ImageLimits
+from localchat.vision.model_info import takes_images
 
 if TYPE_CHECKING:
     from localchat.model_manager import ModelManager
@@ -51,6 +57,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# A conversation's picture bytes by hash; None when the model does not see images.
+Pictures = dict[str, bytes] | None
 
 SAVE_INTERVAL_S = 0.5
 MAX_MESSAGE_CHARS = 200_000
@@ -163,16 +171,21 @@ class ChatService:
         text: str,
         settings: dict[str, Any] | None = None,
         model: str | None = None,
+        uploads: list[Upload] | None = None,
     ) -> tuple[Conversation, list[Message]]:
-        """Add a user message and start its answer; a new conversation when `conv_id` is None. `model`
-        (the header's picker) switches the conversation to that model; it must be loaded (else 503)."""
-        text = _check_text(text)
+        """Add a user message (with its attached files) and start its answer; a new conversation when
+        `conv_id` is None. `model` (the header's picker) switches the conversation to that model; it must
+        be loaded (else 503)."""
+        text = text if uploads and not text.strip() else _check_text(text)
         with self._claim(conv_id):
             if conv_id is not None:
                 model = model or (await self.in_store_thread(self.store.get_conversation, conv_id)).model
             ctx = self.models.ready_context(model or None)
+            attachments = await self._attach(ctx, uploads or [])
             values = {**(settings or {}), "model": ctx.model_id}
-            conv, user, answer = await self.in_store_thread(self._add_turn, conv_id, text, values)
+            conv, user, answer = await self.in_store_thread(
+                self._add_turn, conv_id, text, values, attachments
+            )
             return conv, [user, await self._start(conv, answer, ctx)]
 
     async def regenerate(self, conv_id: str) -> Message:
@@ -246,22 +259,67 @@ class ChatService:
 
     # -- store work (on the store thread) -------------------------------------------------------------
 
+    async def _attach(self, ctx: ServerContext, uploads: list[Upload]) -> list[NewAttachment]:
+        """The uploaded files checked and kept (pictures as files, documents as text), off the loop."""
+        if not uploads:
+            return []
+        limits = ImageLimits.from_settings(ctx.settings)
+
+        def work() -> list[NewAttachment]:
+            rules = AttachmentRules(
+                ctx.model_id,
+                takes_images(ctx.model.path),
+                ctx.engine.max_model_len,
+                limits.max_images,
+                limits.max_bytes,
+                lambda text: len(ctx.model.tokenizer.encode(text, add_special_tokens=False)),
+            )
+            return prepare(uploads, self.store.files, rules)
+
+        try:
+            return await asyncio.to_thread(work)
+        except AttachmentError as exc:
+            raise InvalidRequestError(str(exc), param="files") from exc
+
     def _add_turn(
-        self, conv_id: str | None, text: str, settings: dict[str, Any]
+        self,
+        conv_id: str | None,
+        text: str,
+        settings: dict[str, Any],
+        attachments: list[NewAttachment] | None = None,
     ) -> tuple[Conversation, Message, Message]:
         if conv_id is None:
-            conv = self.store.create_conversation(title_from(text), **settings)
+            title = title_from(text) if text.strip() else (attachments or [NewAttachment("", "", "")])[0].name
+            conv = self.store.create_conversation(title or "New chat", **settings)
         else:
             self.store.get_conversation(conv_id)  # NotFoundError for a deleted conversation
             conv = self.store.update_settings(conv_id, **settings)
         user, answer = self.store.add_messages(
-            conv.id, [NewMessage("user", text), NewMessage("assistant", "", STREAMING)]
+            conv.id,
+            [NewMessage("user", text, attachments=attachments or ()), NewMessage("assistant", "", STREAMING)],
         )
         return conv, user, answer
 
-    def _begin_answer(self, conv_id: str, answer_id: int, model_id: str) -> list[Message]:
-        self.store.update_message(answer_id, model=model_id)
-        return self.store.get_messages(conv_id)
+    def _begin_answer(
+        self, conv_id: str, answer_id: int, ctx: ServerContext
+    ) -> tuple[list[Message], Pictures]:
+        self.store.update_message(answer_id, model=ctx.model_id)
+        messages = self.store.get_messages(conv_id)
+        return messages, self._pictures(messages, ctx)
+
+    def _pictures(self, messages: list[Message], ctx: ServerContext) -> Pictures:
+        """(On the store thread.) The bytes of the conversation's pictures by hash, for a model that sees
+        images; None for one that does not (its prompt names the pictures instead)."""
+        if not any(a.kind == "image" for m in messages for a in m.attachments):
+            return {}
+        if not takes_images(ctx.model.path):
+            return None
+        return {
+            a.sha256: self.store.read_image(a)
+            for m in messages
+            for a in m.attachments
+            if a.kind == "image" and a.sha256 is not None
+        }
 
     def _replace_answer(self, conv_id: str) -> tuple[Conversation, Message]:
         conv = self.store.get_conversation(conv_id)
@@ -298,11 +356,22 @@ class ChatService:
             self._claimed.discard(conv_id or "")
 
     async def _start(self, conv: Conversation, answer: Message, ctx: ServerContext) -> Message:
-        stored = await self.in_store_thread(self._begin_answer, conv.id, answer.id, ctx.model_id)
+        try:
+            stored, pictures = await self.in_store_thread(self._begin_answer, conv.id, answer.id, ctx)
+        except OSError as exc:  # a picture file of the conversation cannot be read
+            await self.in_store_thread(
+                self.store.update_message,
+                answer.id,
+                status=ERROR,
+                error=f"A picture could not be read: {exc}",
+            )
+            return await self.in_store_thread(self.store.get_message, answer.id)
         history = [m for m in stored if m.id < answer.id]
         try:
-            messages = _chat_messages(conv, history, ctx.tool_parser.template_call_id)
-            _, prompt_ids = await chat_prompt(ctx, messages, ui_turns.mcp_tools(ctx))  # off the loop
+            messages = _chat_messages(conv, history, ctx.tool_parser.template_call_id, pictures)
+            _, prompt_ids, images = await chat_prompt_with_images(
+                ctx, messages, ui_turns.mcp_tools(ctx)
+            )  # off the loop
             params = self.sampling_params(conv, ctx)
             self._next += 1
             gen = Generation(conv.id, answer.id, f"ui-{answer.id}-{self._next}", ctx)
@@ -318,6 +387,7 @@ class ChatService:
                 params,
                 LoopSink(loop, self._on_output, (gen,)),
                 gen.req_id,
+                images,
             )
         except LocalchatError as exc:
             self._forget(conv.id, answer.id)
@@ -407,15 +477,16 @@ class ChatService:
             await self._end_early(gen, status=STOPPED, error=None, finish_reason="abort")
             return
         try:
-            conv, stored = await self.in_store_thread(
-                self._save_turn, gen.conversation_id, gen.message_id, gen.text
+            conv, stored, pictures = await self.in_store_thread(
+                self._save_turn, gen.conversation_id, gen.message_id, gen.text, ctx
             )
             history = [m for m in stored if m.id < gen.message_id]
             call_id = ctx.tool_parser.template_call_id
-            messages = _chat_messages(conv, history, call_id) + ui_turns.answer_messages(gen.text, call_id)
+            messages = _chat_messages(conv, history, call_id, pictures)
+            messages += ui_turns.answer_messages(gen.text, call_id)
             # The last turn is rendered without tools, so the model answers in words.
             tools = ui_turns.mcp_tools(ctx) if gen.turns < ui_turns.MAX_TURNS - 1 else None
-            _, prompt_ids = await chat_prompt(ctx, messages, tools)  # off the loop
+            _, prompt_ids, images = await chat_prompt_with_images(ctx, messages, tools)  # off the loop
             self._next += 1
             gen.req_id = f"ui-{gen.message_id}-{self._next}"
             loop = asyncio.get_running_loop()
@@ -424,8 +495,11 @@ class ChatService:
                 self.sampling_params(conv, ctx),
                 LoopSink(loop, self._on_output, (gen,)),
                 gen.req_id,
+                images,
             )
-        except LocalchatError as exc:
+        except (LocalchatError, OSError) as exc:
+            if isinstance(exc, OSError):
+                exc = LocalchatError(f"A picture could not be read: {exc}")
             await self._end_early(gen, status=ERROR, error=exc.message, finish_reason="error")
 
     async def _ask(self, gen: Generation, n: int, server: str, call: Any) -> str:
@@ -447,10 +521,14 @@ class ChatService:
                 log.warning("cannot save the MCP consent (%s): %s", self.consent.path, exc)
         return decision
 
-    def _save_turn(self, conv_id: str, message_id: int, text: str) -> tuple[Conversation, list[Message]]:
-        """(On the store thread.) Save the answer so far; the conversation and its messages for the next turn."""
+    def _save_turn(
+        self, conv_id: str, message_id: int, text: str, ctx: ServerContext
+    ) -> tuple[Conversation, list[Message], Pictures]:
+        """(On the store thread.) Save the answer so far; the conversation, its messages and pictures for
+        the next turn."""
         self.store.update_message(message_id, content=text)
-        return self.store.get_conversation(conv_id), self.store.get_messages(conv_id)
+        messages = self.store.get_messages(conv_id)
+        return self.store.get_conversation(conv_id), messages, self._pictures(messages, ctx)
 
     async def _end_early(
         self, gen: Generation, *, status: str, error: str | None, finish_reason: str
@@ -502,7 +580,10 @@ def _check_text(text: str) -> str:
 
 
 def _chat_messages(
-    conv: Conversation, history: list[Message], call_id: Callable[[str], str] = str
+    conv: Conversation,
+    history: list[Message],
+    call_id: Callable[[str], str] = str,
+    pictures: Pictures = None,
 ) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     if conv.system_prompt.strip():
@@ -514,5 +595,23 @@ def _chat_messages(
                 continue  # a failed or empty answer is not part of what the model said
             messages += ui_turns.answer_messages(content, call_id)
         else:
-            messages.append({"role": m.role, "content": m.content})
+            messages.append({"role": m.role, "content": _user_content(m, pictures)})
     return messages
+
+
+def _user_content(m: Message, pictures: Pictures) -> str | list[dict[str, Any]]:
+    """A user message as the model reads it: its documents (fenced, under their file names), its words,
+    and its pictures as image parts for a model that sees them (named in words for one that does not)."""
+    blocks = [context_block(a.name, a.text or "", a.truncated) for a in m.attachments if a.kind == "document"]
+    images = [a for a in m.attachments if a.kind == "image"]
+    if pictures is None:
+        blocks += [f"[Picture {a.name}: not shown, this model does not see images]" for a in images]
+        images = []
+    text = "\n\n".join([*blocks, m.content] if m.content.strip() else blocks)
+    if not images or pictures is None:
+        return text
+    found = [pictures.get(a.sha256 or "") for a in images]
+    parts: list[dict[str, Any]] = [
+        {"type": "image_bytes", "data": data} for data in found if data is not None
+    ]
+    return [*parts, {"type": "text", "text": text}] if text else parts

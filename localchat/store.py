@@ -12,14 +12,19 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+from localchat.attachments.files import AttachmentFiles
 from localchat.errors import NotFoundError
 from localchat.paths import private_dir, private_file
 from localchat.store_schema import migrate
+
+ATTACHMENTS_DIR = "attachments"  # beside the database: pictures attached in the web UI
+# The file extension of each stored picture format (attachments/<sha256>.<ext>).
+IMAGE_EXTENSIONS = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp"}
 
 # Statuses of an assistant message: still being written, finished, stopped by the user, failed.
 STREAMING, DONE, STOPPED, ERROR = "streaming", "done", "stopped", "error"
@@ -65,6 +70,39 @@ class Message:
     model: str | None = None  # the model that wrote an answer (the picker switches models mid-chat)
     alternatives: int = 0  # earlier versions of this answer kept by Regenerate (answer_alternatives)
     earlier_versions: int = 0  # how many of those were written before this one (its place: "2/3")
+    attachments: list[Attachment] = field(default_factory=list)  # files the user attached
+
+
+@dataclass(slots=True)
+class Attachment:
+    """A file attached to a message: a picture (bytes in the attachments folder, by hash) or a document
+    (the text the model reads)."""
+
+    id: int
+    message_id: int
+    kind: str  # "image" | "document"
+    name: str
+    media_type: str
+    size: int = 0
+    sha256: str | None = None
+    text: str | None = None
+    truncated: bool = False
+
+    @property
+    def file_name(self) -> str:
+        """A picture's file in the attachments folder."""
+        return f"{self.sha256}.{IMAGE_EXTENSIONS.get(self.media_type, 'bin')}"
+
+
+@dataclass(slots=True)
+class NewAttachment:
+    kind: str
+    name: str
+    media_type: str
+    size: int = 0
+    sha256: str | None = None  # a picture already saved by AttachmentFiles
+    text: str | None = None
+    truncated: bool = False
 
 
 @dataclass(slots=True)
@@ -87,6 +125,7 @@ class NewMessage:
     content: str
     status: str = DONE
     extra: dict[str, Any] = field(default_factory=dict)
+    attachments: Sequence[NewAttachment] = ()
 
 
 # A message row with how many earlier versions of it Regenerate kept.
@@ -111,12 +150,14 @@ class Alternative:
     created_at: float = 0.0
 
 
-_Row = TypeVar("_Row", "Conversation", "Message", "Preset", "Alternative")
+_Row = TypeVar("_Row", "Conversation", "Message", "Preset", "Alternative", "Attachment")
 
 
 def _from_row(cls: type[_Row], row: sqlite3.Row) -> _Row:
-    # Only the columns the dataclass knows: a migration may add a column before the code reads it.
-    return cls(**{f.name: row[f.name] for f in fields(cls)})
+    # Only the columns the dataclass knows: a migration may add a column before the code reads it
+    # (and fields that are not columns, e.g. a message's attachments, are filled in afterwards).
+    columns = set(row.keys())
+    return cls(**{f.name: row[f.name] for f in fields(cls) if f.name in columns})
 
 
 def title_from(text: str, limit: int = 60) -> str:
@@ -133,6 +174,7 @@ class Store:
         private_dir(path.parent)
         private_file(path)  # every conversation is in it: owner-only, and so its WAL and SHM files
         self.path = path
+        self.files = AttachmentFiles(path.parent / ATTACHMENTS_DIR)
         self._lock = threading.RLock()
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10.0)
         self._db.row_factory = sqlite3.Row
@@ -235,7 +277,8 @@ class Store:
         return self.get_conversation(conv_id)
 
     def delete_conversation(self, conv_id: str) -> None:
-        with self._tx() as db:
+        """Delete it, its messages, and the picture files no other message still uses."""
+        with self._dropping_files("m.conversation_id = ?", (conv_id,)) as db:
             db.execute("DELETE FROM conversations WHERE id = ?", (conv_id,))
 
     # -- presets and app settings ----------------------------------------------------------------------
@@ -283,13 +326,60 @@ class Store:
         rows = self._query(f"SELECT {_MESSAGE_COLUMNS} FROM messages m WHERE id = ?", (message_id,))
         if not rows:
             raise NotFoundError("This message does not exist (it may have been deleted).")
-        return _from_row(Message, rows[0])
+        return self._with_attachments([_from_row(Message, rows[0])], "a.message_id = ?", (message_id,))[0]
 
     def get_messages(self, conv_id: str) -> list[Message]:
         rows = self._query(
             f"SELECT {_MESSAGE_COLUMNS} FROM messages m WHERE conversation_id = ? ORDER BY id", (conv_id,)
         )
-        return [_from_row(Message, r) for r in rows]
+        messages = [_from_row(Message, r) for r in rows]
+        where = "a.message_id IN (SELECT id FROM messages WHERE conversation_id = ?)"
+        return self._with_attachments(messages, where, (conv_id,))
+
+    def _with_attachments(self, messages: list[Message], where: str, args: tuple[Any, ...]) -> list[Message]:
+        by_message: dict[int, list[Attachment]] = {}
+        for row in self._query(f"SELECT * FROM attachments a WHERE {where} ORDER BY a.id", args):
+            attachment = _from_row(Attachment, row)
+            attachment.truncated = bool(attachment.truncated)
+            by_message.setdefault(attachment.message_id, []).append(attachment)
+        for m in messages:
+            m.attachments = by_message.get(m.id, [])
+        return messages
+
+    def image_attachment(self, sha256: str) -> Attachment:
+        """A stored picture by its hash (the UI's thumbnails); NotFoundError when no message has it."""
+        rows = self._query("SELECT * FROM attachments WHERE sha256 = ? AND kind = 'image' LIMIT 1", (sha256,))
+        if not rows:
+            raise NotFoundError("This picture does not exist (its message may have been deleted).")
+        return _from_row(Attachment, rows[0])
+
+    def read_image(self, attachment: Attachment) -> bytes:
+        assert attachment.sha256 is not None
+        return self.files.read(attachment.sha256, attachment.file_name.rsplit(".", 1)[1])
+
+    @contextmanager
+    def _dropping_files(self, where: str, args: tuple[Any, ...]) -> Iterator[sqlite3.Connection]:
+        """A transaction that deletes messages (those `where` matches, on messages m): afterwards the
+        picture files they used that no remaining message uses are deleted too."""
+        with self._tx() as db:
+            used = db.execute(
+                "SELECT DISTINCT a.sha256, a.media_type FROM attachments a JOIN messages m ON m.id ="
+                f" a.message_id WHERE a.sha256 IS NOT NULL AND {where}",
+                args,
+            ).fetchall()
+            yield db
+            orphans = [
+                Attachment(0, 0, "image", "", row["media_type"], sha256=row["sha256"])
+                for row in used
+                if db.execute(
+                    "SELECT 1 FROM attachments WHERE sha256 = ? LIMIT 1", (row["sha256"],)
+                ).fetchone()
+                is None
+            ]
+        for orphan in orphans:  # after the commit: a crash in between leaves a stray file, never a hole
+            assert orphan.sha256 is not None
+            with suppress(OSError):  # a file that cannot be removed now is only wasted space
+                self.files.delete(orphan.sha256, orphan.file_name.rsplit(".", 1)[1])
 
     def update_message(self, message_id: int, **fields: Any) -> None:
         unknown = set(fields) - set(_MESSAGE_UPDATES)
@@ -301,7 +391,7 @@ class Store:
 
     def delete_message(self, conv_id: str, message_id: int) -> None:
         """Drop one message of a conversation (the UI's per-message Delete)."""
-        with self._tx() as db:
+        with self._dropping_files("m.conversation_id = ? AND m.id = ?", (conv_id, message_id)) as db:
             db.execute("DELETE FROM messages WHERE conversation_id = ? AND id = ?", (conv_id, message_id))
 
     def regenerate_answer(self, conv_id: str, answer_id: int) -> Message:
@@ -358,7 +448,7 @@ class Store:
     def truncate_after(self, conv_id: str, message_id: int, *, inclusive: bool = False) -> None:
         """Drop the messages after `message_id` (and it too when `inclusive`): edit and regenerate."""
         op = ">=" if inclusive else ">"
-        with self._tx() as db:
+        with self._dropping_files(f"m.conversation_id = ? AND m.id {op} ?", (conv_id, message_id)) as db:
             db.execute(f"DELETE FROM messages WHERE conversation_id = ? AND id {op} ?", (conv_id, message_id))
 
     def fail_interrupted(self, message: str) -> int:
@@ -382,4 +472,19 @@ class Store:
             )
             assert cursor.lastrowid is not None
             ids.append(cursor.lastrowid)
+            for a in m.attachments:
+                db.execute(
+                    "INSERT INTO attachments (message_id, kind, name, media_type, size, sha256, text, truncated)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        cursor.lastrowid,
+                        a.kind,
+                        a.name,
+                        a.media_type,
+                        a.size,
+                        a.sha256,
+                        a.text,
+                        int(a.truncated),
+                    ),
+                )
         return ids

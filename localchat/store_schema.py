@@ -85,11 +85,30 @@ CREATE TABLE IF NOT EXISTS answer_alternatives (
 CREATE INDEX IF NOT EXISTS alternatives_by_message ON answer_alternatives (message_id, id);
 """
 
+# Files attached to a message in the web UI. A picture's bytes live in <data dir>/attachments/<sha256>.<ext>
+# (never as base64 rows); a document keeps the text the model reads (already cut to the model's context).
+_ATTACHMENTS = """
+CREATE TABLE IF NOT EXISTS attachments (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    kind TEXT NOT NULL CHECK (kind IN ('image', 'document')),
+    name TEXT NOT NULL,
+    media_type TEXT NOT NULL,
+    size INTEGER NOT NULL DEFAULT 0,
+    sha256 TEXT,
+    text TEXT,
+    truncated INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS attachments_by_message ON attachments (message_id, id);
+CREATE INDEX IF NOT EXISTS attachments_by_hash ON attachments (sha256);
+"""
+
 MIGRATIONS: list[Migration] = [
     _INITIAL,  # 0 -> 1 (IF NOT EXISTS: databases from before versioning already hold it)
     _add_message_model,  # 1 -> 2
     _PRESETS_AND_SETTINGS,  # 2 -> 3
     _ALTERNATIVES,  # 3 -> 4
+    _ATTACHMENTS,  # 4 -> 5
 ]
 
 

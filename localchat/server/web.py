@@ -27,12 +27,21 @@ from localchat.conversations import INTERRUPTED, ChatService
 from localchat.errors import AuthenticationError, DataDirError, LocalchatError
 from localchat.model_manager import ModelManager
 from localchat.paths import data_dir
-from localchat.server import web_about, web_chat, web_extras, web_hub, web_models, web_sidebar
+from localchat.server import (
+    web_about,
+    web_attachments,
+    web_chat,
+    web_extras,
+    web_hub,
+    web_models,
+    web_sidebar,
+)
 from localchat.server.web_common import WebState, current_path
 from localchat.server.web_extras import DEFAULT_SYSTEM_PROMPT_KEY, EXAMPLE_PROMPTS
 from localchat.server.web_models import model_status
 from localchat.server.web_render import STATIC_HEADERS, html, macro, render, ui_dir
 from localchat.store import Conversation, Store
+from localchat.vision.model_info import takes_images
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +56,7 @@ _init_lock = threading.Lock()
 
 def _page(request: Request, web: WebState, conv: Conversation | None, pick: str = "") -> Response[str]:
     models = request.app.state.models
+    settings = request.app.state.settings
     current = models.lookup(None)
     model_id = (
         pick or (conv.model if conv and conv.model else None) or (current.model_id if current else None)
@@ -66,16 +76,27 @@ def _page(request: Request, web: WebState, conv: Conversation | None, pick: str 
             example_prompts=EXAMPLE_PROMPTS,
             presets=web.store.list_presets(),
             default_system_prompt=web.store.get_setting(DEFAULT_SYSTEM_PROMPT_KEY),
+            # The composer checks attachments against these before sending (readable errors, no 413).
+            max_body_bytes=settings.max_body_bytes,
+            max_images=settings.max_images_per_request,
+            max_image_bytes=settings.max_image_mib * 2**20,
         )
     )
 
 
-def model_choices(models: ModelManager, selected: str | None) -> list[tuple[str, bool]]:
-    """(name, loaded) for the header's picker: the loaded models, then the other local ones."""
-    loaded = [ctx.model_id for ctx in reversed(models.loaded)]
-    local = [str(m.name) for m in models.local_models() if getattr(m, "complete", True)]
-    names = list(dict.fromkeys([*loaded, *local, *([selected] if selected else [])]))
-    return [(name, name in loaded) for name in names]
+def model_choices(models: ModelManager, selected: str | None) -> list[tuple[str, bool, bool]]:
+    """(name, loaded, sees images) for the header's picker: the loaded models, then the other local ones."""
+    paths = {ctx.model_id: ctx.model.path for ctx in reversed(models.loaded)}
+    loaded = list(paths)
+    local = [m for m in models.local_models() if getattr(m, "complete", True)]
+    for m in local:
+        paths.setdefault(str(m.name), m.path)
+    names = list(dict.fromkeys([*loaded, *(str(m.name) for m in local), *([selected] if selected else [])]))
+    return [(name, name in loaded, name in paths and _sees_images(paths[name])) for name in names]
+
+
+def _sees_images(path: Any) -> bool:
+    return isinstance(path, Path) and takes_images(path)
 
 
 @get("/", name="web:index", sync_to_thread=True)
@@ -143,6 +164,7 @@ ROUTES = [
     login,
     *web_sidebar.ROUTES,
     *web_chat.ROUTES,
+    *web_attachments.ROUTES,
     *web_models.ROUTES,
     *web_about.ROUTES,
     *web_extras.ROUTES,

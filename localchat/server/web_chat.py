@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 from litestar import Request, Response, get, post
+from litestar.datastructures import UploadFile
 from litestar.di import NamedDependency
 from litestar.params import FromPath
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 from markupsafe import escape
 
+from localchat.attachments.prepare import Upload
 from localchat.conversations import Approval
 from localchat.errors import InvalidRequestError, NotFoundError
 from localchat.server.web_common import WebState, require_htmx
@@ -28,7 +31,9 @@ STREAM_RETRY_MS = 3_600_000
 async def new_chat(request: Request, web: NamedDependency[WebState]) -> Response[str]:
     form = await request.form()
     model = str(form.get("model", "")) or None  # the header's picker
-    conv, _ = await web.chats.send(None, str(form.get("content", "")), parse_settings(form, web.chats), model)
+    conv, _ = await web.chats.send(
+        None, str(form.get("content", "")), parse_settings(form, web.chats), model, await uploads(form)
+    )
     # A full load of the new chat's page: its URL, title, sidebar entry and the answer's stream at once.
     return html("", headers={"HX-Redirect": f"/c/{conv.id}"})
 
@@ -38,9 +43,16 @@ async def send(request: Request, web: NamedDependency[WebState], conv_id: FromPa
     form = await request.form()
     model = str(form.get("model", "")) or None  # the header's picker
     conv, messages = await web.chats.send(
-        conv_id, str(form.get("content", "")), parse_settings(form, web.chats), model
+        conv_id, str(form.get("content", "")), parse_settings(form, web.chats), model, await uploads(form)
     )
     return html("".join(macro("message", m, conv) for m in messages))
+
+
+async def uploads(form: Any) -> list[Upload]:
+    """The composer's attached files (`files` parts; an empty part is a file input left empty)."""
+    found = [item for item in form.getall("files") if isinstance(item, UploadFile)] if "files" in form else []
+    out = [Upload(item.filename or "file", await item.read()) for item in found]
+    return [u for u in out if u.data or u.name != "file"]
 
 
 @post(

@@ -80,7 +80,7 @@ def export(web: NamedDependency[WebState], conv_id: FromPath[str], fmt: FromPath
     if fmt == "md":
         content, media_type = to_markdown(conv, messages), "text/markdown; charset=utf-8"
     elif fmt == "json":
-        content, media_type = to_json(conv, messages), "application/json"
+        content, media_type = to_json(conv, messages, web.store.read_image), "application/json"
     else:
         raise NotFoundError("Export as `md` or `json`.")
     disposition = f'attachment; filename="{stem}.{fmt}"'

@@ -245,7 +245,8 @@
       event.preventDefault();
       const form = el.form;
       const busy = document.body.classList.contains("busy");
-      if (!el.value.trim() || (busy && form.id === "composer")) return;
+      const attached = form.id === "composer" && $("#attach-input")?.files.length;
+      if ((!el.value.trim() && !attached) || (busy && form.id === "composer")) return;
       form.requestSubmit();
       return;
     }
