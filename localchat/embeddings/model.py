@@ -84,17 +84,24 @@ class EmbeddingModel:
 def load_embedding_model(
     path: Path, model_id: str | None = None, threads: int | None = None, rerank: bool = False
 ) -> EmbeddingModel:
-    """Read a sentence-transformers (or transformers) encoder folder onto the torch backend."""
+    """Read a sentence-transformers (or transformers) encoder folder, or a llama.cpp `bert` /
+    `nomic-bert` GGUF file, onto the torch backend."""
     from localchat.backends import load_encoder  # imports torch only when an encoder is asked for
 
-    if not (path / "config.json").is_file():
-        raise ModelLoadError(f"{path} is not an encoder model folder (no config.json).")
+    is_gguf = path.is_file() and path.suffix == ".gguf"
+    if not is_gguf and not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path} is not an encoder model folder (no config.json) nor a .gguf file.")
 
     started = time.perf_counter()
     encoder, sentence = load_encoder(path, threads=threads, rerank=rerank)
     limit = min(sentence.max_seq_length or encoder.max_positions, encoder.max_positions)
-    tokenizer = EncoderTokenizer(path, limit)
-    name = model_id or path.name
+    if is_gguf:
+        from localchat.embeddings.gguf_text import gguf_encoder_tokenizer
+
+        tokenizer = gguf_encoder_tokenizer(path, limit)
+    else:
+        tokenizer = EncoderTokenizer(path, limit)
+    name = model_id or (path.stem if is_gguf else path.name)
     log.info(
         "embedding model %s (%s) loaded in %.1fs",
         name,
@@ -108,16 +115,14 @@ def resolve_encoder_path(spec: str) -> tuple[Path, str]:
     """(folder, model id) for an --embedding-model / --rerank-model value: a local folder, else a
     models.yaml alias or a hub repo fetched into the data dir like any other model."""
     path = Path(spec).expanduser()
-    if path.is_dir():
-        return path, path.name
+    if path.is_dir() or (path.is_file() and path.suffix == ".gguf"):
+        return path, path.stem if path.is_file() else path.name
     from localchat.catalog import resolve_model
     from localchat.paths import data_dir
 
     resolved = resolve_model(model=spec, data_dir=data_dir())
-    if not resolved.path.is_dir():
-        raise ModelLoadError(
-            f"{spec} is not a safetensors model folder (GGUF encoders are not supported yet)."
-        )
+    if not (resolved.path.is_dir() or resolved.path.suffix == ".gguf"):
+        raise ModelLoadError(f"{spec} is neither a safetensors model folder nor a GGUF file.")
     return resolved.path, resolved.model_id
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from localchat.errors import ModelLoadError
 
@@ -28,7 +29,17 @@ class EncoderTokenizer:
         path = folder / "tokenizer.json"
         if not path.is_file():
             raise ModelLoadError(f"{folder} has no tokenizer.json (needed for embedding models).")
-        self._tok = Tokenizer.from_file(str(path))
+        self._setup(Tokenizer.from_file(str(path)), max_length)
+
+    @classmethod
+    def from_backend(cls, tokenizer: Any, max_length: int) -> EncoderTokenizer:
+        """A `tokenizers.Tokenizer` built elsewhere (from a GGUF vocabulary: embeddings/gguf_text.py)."""
+        self = cls.__new__(cls)
+        self._setup(tokenizer, max_length)
+        return self
+
+    def _setup(self, tokenizer: Any, max_length: int) -> None:
+        self._tok = tokenizer
         self._tok.no_padding()  # the engine pads per batch
         # NOTE: longest_first: for pairs, trim the longer text first (what sentence-transformers does).
         self._tok.enable_truncation(max_length, strategy="longest_first")

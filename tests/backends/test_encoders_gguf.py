@@ -103,3 +103,28 @@ def test_nomic_bert_gguf_matches_transformers(tmp_path: Path, minilm_folder: Pat
     assert sentence.pooling == "mean" and encoder.max_positions == 2048
     items = [EncoderTokenizer(folder, 128).encode(t) for t in TEXTS]
     np.testing.assert_allclose(encoder.embed(items), _expected(model, items, "mean_tokens"), atol=2e-5)
+
+
+def test_gguf_embedding_model_with_its_own_wordpiece(tmp_path: Path, minilm_folder: Path) -> None:  # noqa: F811
+    """`--embedding-model file.gguf`: the encoder and the GGUF's own WordPiece tokenizer (llama.cpp's
+    phantom-space vocabulary read back) give the ids and vectors of the HF folder it came from."""
+    pytest.importorskip("localchat.weights.tokenizer_wordpiece", reason="GGUF WordPiece not in this tree")
+    from localchat.embeddings.model import load_side_models
+
+    torch.manual_seed(12)
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                     intermediate_size=64, max_position_embeddings=128)  # fmt: skip
+    model = transformers.BertModel(config, add_pooling_layer=False).eval()
+    folder = tmp_path / "bert"
+    model.save_pretrained(folder, safe_serialization=True)
+    _with_tokenizer(folder, minilm_folder, "mean_tokens")
+    gguf_path = convert(folder, tmp_path / "tiny-bert.gguf", "f32")
+    (served,) = load_side_models(str(gguf_path), None)
+    assert served.model_id == "tiny-bert" and served.kind == "embedding"
+    hf = EncoderTokenizer(folder, 128)
+    texts = [*TEXTS, "Unbelievably well-tokenized naïve café words"]
+    for text in texts:
+        assert served.tokenizer.encode(text) == hf.encode(text)
+    assert served.tokenizer.encode("query", "a document") == hf.encode("query", "a document")
+    items = [served.encode_text(t) for t in texts]
+    np.testing.assert_allclose(served.encoder.embed(items), _expected(model, items, "mean_tokens"), atol=2e-5)

@@ -24,6 +24,10 @@ def load_encoder(
     a decoder is loaded as a yes/no reranker (Qwen3-Reranker); encoders say it by their head."""
     from localchat.embeddings.st_config import read_sentence_config
 
+    if folder.is_file() and folder.suffix == ".gguf":  # llama.cpp's bert / nomic-bert layout
+        from localchat.backends.torch.encoders.gguf_encoder import load_gguf_encoder
+
+        return load_gguf_encoder(folder)
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
