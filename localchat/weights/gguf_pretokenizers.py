@@ -23,8 +23,9 @@ class PreTokenizer:
     ignore_merges: bool = False  # a word that is a whole token is taken as is (Llama 3, Tekken)
     nfc: bool = False  # Qwen2's tokenizer.json normalizes to NFC first
     add_bos: bool = False  # llama.cpp's default when the file has no add_bos_token
-    # SentencePiece-shaped BPE (Gemma 4): raw UTF-8 tokens, spaces spelt "▁", byte fallback.
+    # False: raw UTF-8 tokens with <0xXX> byte fallback instead of GPT-2's byte alphabet (Gemma 4, Jina zh).
     byte_level: bool = True
+    escape_spaces: bool = False  # spaces spelt "▁" before splitting (SentencePiece-shaped BPE)
 
 
 _CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
@@ -149,7 +150,7 @@ _QWEN2_PLAIN = PreTokenizer((QWEN2,))
 _DEEPSEEK_V3 = PreTokenizer((r"\p{N}{1,3}", _CJK_KANA, _DEEPSEEK_V3_WORDS))
 _GPT4O_PRE = PreTokenizer((_GPT4O,))
 _LLAMA3_SPLIT = PreTokenizer((LLAMA3,))
-_SPM_SHAPED = PreTokenizer((_NEWLINE_RUNS,), byte_level=False)
+_SPM_SHAPED = PreTokenizer((_NEWLINE_RUNS,), byte_level=False, escape_spaces=True)
 _BAILING = PreTokenizer((_BAILINGMOE,))
 _TINY_AYA = PreTokenizer((_DIGITS_BY_THREE, _GPT4O))
 

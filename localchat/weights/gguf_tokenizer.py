@@ -205,19 +205,19 @@ def _byte_level_bpe(vocab: GGUFVocab) -> BackendTokenizer:
 
 
 def _utf8_bpe(vocab: GGUFVocab, pre: PreTokenizer) -> BackendTokenizer:
-    """SentencePiece-shaped BPE (Gemma 4): tokens are raw UTF-8 with spaces spelt "▁", merges run over
-    whole lines, and a character without a token falls back to its <0xXX> byte tokens."""
+    """BPE over raw UTF-8 (Gemma 4: spaces spelt "▁", merges run over whole lines): a character without
+    a token falls back to its <0xXX> byte tokens."""
     ids = {token: index for index, token in enumerate(vocab.tokens)}
     backend = BackendTokenizer(
         models.BPE(vocab=ids, merges=_split_merges(vocab.merges or []), fuse_unk=False, byte_fallback=True)
     )
-    backend.normalizer = normalizers.Replace(" ", "▁")
+    if pre.escape_spaces:
+        backend.normalizer = normalizers.Replace(" ", "▁")
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.splits]
     )
-    backend.decoder = decoders.Sequence(
-        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-    )
+    steps = [decoders.ByteFallback(), decoders.Fuse()]
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), *steps] if pre.escape_spaces else steps)
     return backend
 
 
