@@ -111,6 +111,13 @@ class EngineDeadError(LocalchatError):
     code = "engine_dead"
 
 
+class ModelFailedError(EngineDeadError):
+    """The model can no longer run (a tensor-parallel worker died): unavailable until a restart."""
+
+    status = 503
+    code = "model_failed"
+
+
 class ModelNotReadyError(LocalchatError):
     """The model a request needs is being downloaded or loaded; the API answers 503 with Retry-After."""
 

@@ -203,6 +203,8 @@ class ModelManager:
             current = loaded[-1]
             if not current.engine.is_running:
                 return 503, {"status": "error", "detail": "the engine is not running"}
+            if (failure := current.engine.failure) is not None:
+                return 503, {"status": "error", "model": current.model_id, "detail": failure}
             return 200, {"status": "ok", "model": current.model_id, "loaded": [c.model_id for c in loaded]}
         if task is not None:
             phase = task.phase  # read once: status and progress must describe the same moment

@@ -17,7 +17,13 @@ from localchat.engine.engine import LLMEngine
 from localchat.engine.outputs import EngineStats, RequestOutput
 from localchat.engine.request import FinishReason, ImageInput
 from localchat.engine.sampling_params import SamplingParams
-from localchat.errors import ContextLengthExceededError, EngineDeadError, InvalidRequestError, QueueFullError
+from localchat.errors import (
+    ContextLengthExceededError,
+    EngineDeadError,
+    InvalidRequestError,
+    ModelFailedError,
+    QueueFullError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +85,13 @@ class AsyncEngine:
     def num_in_flight(self) -> int:
         return self._in_flight
 
+    @property
+    def failure(self) -> str | None:
+        """Why the model cannot run any more (e.g. a tensor-parallel worker died), else None. Runners
+        that can fail for good expose a `failure` string (backends/torch/parallel/driver.py)."""
+        failure = getattr(self.engine.runner, "failure", None)
+        return failure if isinstance(failure, str) else None
+
     def stats(self) -> EngineStats:
         return self._stats  # a snapshot the engine thread replaces after every step
 
@@ -105,6 +118,8 @@ class AsyncEngine:
         with self._lock:
             if not self._accepting or not self.is_running:
                 raise EngineDeadError("The engine is not running (shutting down or stopped).")
+            if (failure := self.failure) is not None:
+                raise ModelFailedError(failure)
             if self._in_flight >= self.max_in_flight:
                 raise QueueFullError(
                     f"The server is busy ({self._in_flight} requests in flight). Retry shortly."
@@ -178,8 +193,11 @@ class AsyncEngine:
             try:
                 outputs = self.engine.step()
             except Exception:  # a bug must cost the requests in flight, never the engine thread
-                log.exception("engine step failed")
-                self._fail_all("Internal engine error; the request was stopped.")
+                if (failure := self.failure) is not None:  # logged where it was found
+                    self._fail_all(failure)
+                else:
+                    log.exception("engine step failed")
+                    self._fail_all("Internal engine error; the request was stopped.")
                 outputs = []
             # Stats first: a caller woken by its last output must already see the blocks it freed.
             self._stats = self.engine.stats()

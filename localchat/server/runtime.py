@@ -23,6 +23,7 @@ from localchat.server.context import ServerContext
 from localchat.server.http_guard import GuardedH11Protocol, install_access_log_filter
 
 if TYPE_CHECKING:
+    from localchat.backends import RunnerOptions
     from localchat.catalog import ResolvedModel
     from localchat.config import Settings
     from localchat.embeddings.model import EmbeddingModel
@@ -60,24 +61,11 @@ def load_bundle(
     return bundle, resolved.model_id, aliases
 
 
-def build_context(
-    settings: Settings,
-    progress: Callable[[str], None] | None = None,
-    target: ResolvedModel | None = None,
-    mcp: McpHub | None = None,
-) -> ServerContext:
-    """Load a model (`target`, else the one the flags name) and build its engine (not started yet).
-    `mcp`: the server's MCP hub, shared by all its models (else one is made from --mcp-config)."""
-    from localchat.backends import RunnerOptions, load_runner, resolve_backend
-    from localchat.server.tool_parsers import pick_parser
-    from localchat.weights.chat_template import ChatTemplate
+def runner_options(settings: Settings) -> RunnerOptions:
+    """The runner's options from the settings (also a torchrun worker rank's, which serves no HTTP)."""
+    from localchat.backends import RunnerOptions
 
-    if mcp is None and settings.mcp_config:  # read before the model loads: a bad file fails fast
-        mcp = mcp_hub(settings)
-    started = time.perf_counter()
-    bundle, model_id, aliases = load_bundle(settings, progress, target)
-    loaded = time.perf_counter()
-    options = RunnerOptions(
+    return RunnerOptions(
         device=settings.device,
         dtype=settings.dtype,
         seed=settings.seed,
@@ -88,6 +76,26 @@ def build_context(
         tensor_parallel_size=settings.tensor_parallel_size,
         device_ids=tuple(int(i) for i in settings.device_ids.split(",") if i.strip()) or None,
     )
+
+
+def build_context(
+    settings: Settings,
+    progress: Callable[[str], None] | None = None,
+    target: ResolvedModel | None = None,
+    mcp: McpHub | None = None,
+) -> ServerContext:
+    """Load a model (`target`, else the one the flags name) and build its engine (not started yet).
+    `mcp`: the server's MCP hub, shared by all its models (else one is made from --mcp-config)."""
+    from localchat.backends import load_runner, resolve_backend
+    from localchat.server.tool_parsers import pick_parser
+    from localchat.weights.chat_template import ChatTemplate
+
+    if mcp is None and settings.mcp_config:  # read before the model loads: a bad file fails fast
+        mcp = mcp_hub(settings)
+    started = time.perf_counter()
+    bundle, model_id, aliases = load_bundle(settings, progress, target)
+    loaded = time.perf_counter()
+    options = runner_options(settings)
     runner = load_runner(settings.backend, bundle, options)
     preflight.check_kv_budget(settings, runner.kv_cache_spec, bundle.config.max_position_embeddings)
     log.info(

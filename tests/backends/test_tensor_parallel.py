@@ -4,6 +4,7 @@ prefill, then batched decode), with KV heads split across ranks and replicated (
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import cast
 
@@ -12,14 +13,14 @@ import torch
 import torch.multiprocessing as mp
 
 from localchat.backends import RunnerOptions, create_runner
-from localchat.backends.torch.parallel.driver import ParallelRunner
-from localchat.backends.torch.parallel.group import close_group, init_group
-from localchat.backends.torch.parallel.shard import shard_runner
+from localchat.backends.torch.parallel.driver import ParallelRunner, rank_options
+from localchat.backends.torch.parallel.group import ParallelGroup, close_group, init_group
+from localchat.backends.torch.parallel.shard import sharded_runner
 from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
 from localchat.weights.bundle import ModelBundle
 from tests.helpers.torch_batch import PagedDriver
-from tests.helpers.torch_models import bundle_from_hf, fp32_runner, tiny_hf_model
+from tests.helpers.torch_models import bundle_from_hf, exact_weights, fp32_runner, tiny_hf_model
 
 PROMPTS = {"a": [5, 9, 17, 33, 64, 2, 100], "b": [7, 8, 9], "c": list(range(40, 61))}
 DECODE_STEPS = 5
@@ -40,15 +41,22 @@ def _run(runner: TorchRunner) -> tuple[list[torch.Tensor], dict[str, list[int]]]
 
 
 def _runner(kv_heads: int) -> TorchRunner:
-    return fp32_runner(bundle_from_hf(tiny_hf_model("llama", num_key_value_heads=kv_heads, vocab_size=255)))
+    return fp32_runner(_hf_bundle(kv_heads))
+
+
+def _hf_bundle(kv_heads: int) -> ModelBundle:
+    return bundle_from_hf(tiny_hf_model("llama", num_key_value_heads=kv_heads, vocab_size=255))
+
+
+EXACT = RunnerOptions(device="cpu", dtype="float32", num_threads=1)
 
 
 def _worker(rank: int, world: int, init: str, out: str, kv_heads: int) -> None:
     torch.set_num_threads(1)
     group = init_group(rank, world, torch.device("cpu"), init_method=init)
     try:
-        runner = _runner(kv_heads)
-        shard_runner(runner, group)
+        with exact_weights():
+            runner = sharded_runner(_hf_bundle(kv_heads), EXACT, group)
         result = _run(runner)
         # Each rank really holds a slice: 2 of 4 q heads, its KV heads, half the vocab rows.
         layer = runner.model.layers[0]
@@ -77,16 +85,31 @@ def test_tp2_matches_tp1_logits_and_greedy_tokens(tmp_path: Path, kv_heads: int)
 
 
 def test_unsupported_family_is_a_clear_error() -> None:
-    from localchat.backends.torch.parallel.group import ParallelGroup
-
-    runner = fp32_runner(bundle_from_hf(tiny_hf_model("qwen3")))
+    bundle = bundle_from_hf(tiny_hf_model("qwen3"))
     with pytest.raises(BackendUnavailableError, match="only the Llama family"):
-        shard_runner(runner, ParallelGroup(0, 2))
+        sharded_runner(bundle, EXACT, ParallelGroup(0, 2))
+
+
+def test_sizes_that_do_not_split_the_heads_name_the_ones_that_do() -> None:
+    """Checked from the config, before any weight is read: the message lists the sizes that work."""
+    bundle = _hf_bundle(2)  # 4 heads, 2 KV heads
+    with pytest.raises(
+        BackendUnavailableError, match=r"--tensor-parallel-size 3 does not split.*work for it: 1, 2, 4"
+    ):
+        sharded_runner(bundle, EXACT, ParallelGroup(0, 3))
+
+
+def test_device_ids_must_name_one_gpu_per_rank() -> None:
+    options = RunnerOptions(device="cuda", tensor_parallel_size=2, device_ids=(0,))
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA to pick the cuda device")
+    with pytest.raises(BackendUnavailableError, match="names 1 GPUs for --tensor-parallel-size 2"):
+        rank_options(options, 0)
 
 
 def _tiny_bundle() -> ModelBundle:
     """The workers' loader (a real server's workers reload the model from its path)."""
-    return bundle_from_hf(tiny_hf_model("llama", num_key_value_heads=2, vocab_size=255))
+    return _hf_bundle(2)
 
 
 def test_parallel_runner_drives_a_spawned_worker_and_reports_its_death() -> None:
@@ -99,16 +122,23 @@ def test_parallel_runner_drives_a_spawned_worker_and_reports_its_death() -> None
     _, tokens = _run(cast(TorchRunner, runner))
     assert tokens == expected_tokens
     runner.shutdown()
+    assert runner.context is not None  # spawned here, not by torchrun
     worker = runner.context.processes[0]
     worker.join(timeout=10)
     assert worker.exitcode == 0
 
     runner = ParallelRunner(_tiny_bundle(), options, load=_tiny_bundle)
     try:
+        assert runner.context is not None
         worker = runner.context.processes[0]
         worker.kill()
         worker.join(timeout=10)
-        with pytest.raises(BackendUnavailableError, match="worker rank 1 exited"):
+        # The watchdog sees the death with no step running (an idle server's /health reads it).
+        deadline = time.monotonic() + 5
+        while runner.failure is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert runner.failure is not None and "worker rank 1 died" in runner.failure
+        with pytest.raises(BackendUnavailableError, match="worker rank 1 died"):
             runner.initialize_kv_cache(8, 4)
     finally:
         runner.shutdown()

@@ -14,28 +14,31 @@ collective that waits on a dead rank times out (group.py) rather than hanging.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import signal
 import socket
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
+from multiprocessing.connection import wait
 from typing import Any
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.multiprocessing.spawn import ProcessException
+from torch.multiprocessing.spawn import ProcessContext, ProcessException
 
 from localchat.backends import RunnerOptions
 from localchat.backends.torch.device import pick_device
-from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
 from localchat.weights.bundle import ModelBundle
 
-from .group import ParallelGroup, close_group, init_group
-from .shard import shard_runner
+from .group import ParallelGroup, close_group, init_group, torchrun_rank
+from .shard import sharded_runner
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +60,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank_device(options: RunnerOptions, rank: int) -> RunnerOptions:
+def rank_options(options: RunnerOptions, rank: int) -> RunnerOptions:
     """Each rank's device: cuda:<device_ids[rank]> (or cuda:<rank>) on CUDA, the CPU otherwise."""
     device = pick_device(options.device)
     if device.type == "cuda":
@@ -78,24 +81,24 @@ def _replace_device(options: RunnerOptions, device: str) -> RunnerOptions:
     return replace(options, device=device)
 
 
-def _sharded_runner(bundle: ModelBundle, options: RunnerOptions, group: ParallelGroup) -> TorchRunner:
-    runner = TorchRunner(bundle, options)
-    shard_runner(runner, group)
-    return runner
-
-
 def worker_main(index: int, world: int, init_method: str, load: BundleLoader, options: RunnerOptions) -> None:
-    """One worker rank: join the group, load and shard the model, then run whatever rank 0 sends.
-    `index`: torch.multiprocessing's process number, from 0; rank 0 is the driver."""
+    """One spawned worker rank: join the group, load and shard the model, then run whatever rank 0
+    sends. `index`: torch.multiprocessing's process number, from 0; rank 0 is the driver."""
     rank = index + 1
     # Ctrl-C (or a SIGINT the server's process group gets) is the driver's to handle: it tells the
     # workers to stop, and they are daemonic, so they never outlive it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    options = _rank_device(options, rank)
+    options = rank_options(options, rank)
     group = init_group(rank, world, pick_device(options.device), init_method=init_method)
+    worker_loop(group, load, options)
+
+
+def worker_loop(group: ParallelGroup, load: BundleLoader, options: RunnerOptions) -> None:
+    """A worker rank in a joined group (spawned, or started by torchrun): serve rank 0's calls until
+    it says shutdown. `options` already name this rank's device."""
     control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
     try:
-        runner = _sharded_runner(load(), options, group)
+        runner = sharded_runner(load(), options, group)
         while True:
             message: list[Any] = [None]
             dist.broadcast_object_list(message, src=0, group=control)
@@ -107,7 +110,7 @@ def worker_main(index: int, world: int, init_method: str, load: BundleLoader, op
     except BaseException:
         # Printed here: the driver only sees the closed connection; the cause is this rank's.
         print(
-            f"tensor-parallel worker rank {rank} failed:\n{traceback.format_exc()}",
+            f"tensor-parallel worker rank {group.rank} failed:\n{traceback.format_exc()}",
             file=sys.stderr,
             flush=True,
         )
@@ -117,34 +120,64 @@ def worker_main(index: int, world: int, init_method: str, load: BundleLoader, op
 
 
 class ParallelRunner:
-    """Rank 0's runner: the `ModelRunner` the engine sees, with the workers behind it."""
+    """Rank 0's runner: the `ModelRunner` the engine sees, with the workers behind it.
+
+    `failure` is None while every rank is up, else why the model cannot run any more (a worker died,
+    a collective failed); the engine reads it to fail requests with that message and /health shows it.
+    Spawned workers are watched by a thread, so a death is logged and reported within a second even
+    while the server is idle; torchrun's workers live on other machines, so theirs shows at the next
+    step (the collective fails when the peer's connection closes)."""
 
     def __init__(self, bundle: ModelBundle, options: RunnerOptions, load: BundleLoader | None = None) -> None:
         world = options.tensor_parallel_size
-        options = _rank_device(options, 0)
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
-        # The workers reload the model themselves: a bundle's weight reader does not cross processes.
-        load = load or functools.partial(_load_from_path, str(bundle.path), bundle.name)
-        self.context = mp.start_processes(
-            worker_main,
-            args=(world, init_method, load, options),
-            nprocs=world - 1,
-            join=False,
-            daemon=True,
-            start_method="spawn",
-        )
-        self.group = init_group(0, world, pick_device(options.device), init_method=init_method)
-        self._control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
-        self.runner = _sharded_runner(bundle, options, self.group)
+        options = rank_options(options, 0)
+        device = pick_device(options.device)
+        self.failure: str | None = None
         self._closed = False
+        self.context: ProcessContext | None = None
+        if torchrun_rank(world) is not None:  # started by torchrun: the workers are already running
+            self.group = init_group(None, None, device)
+        else:
+            init_method = f"tcp://127.0.0.1:{_free_port()}"
+            # The workers reload the model themselves: a bundle's weight reader does not cross processes.
+            load = load or functools.partial(_load_from_path, str(bundle.path), bundle.name)
+            self.context = mp.start_processes(
+                worker_main,
+                args=(world, init_method, load, options),
+                nprocs=world - 1,
+                join=False,
+                daemon=True,
+                start_method="spawn",
+            )
+            threading.Thread(target=self._watch_workers, name="localchat-tp-watchdog", daemon=True).start()
+            self.group = init_group(0, world, device, init_method=init_method)
+        self._control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+        self.runner = sharded_runner(bundle, options, self.group)
+        # The server stops engines without closing their runners; at exit the workers are told to stop
+        # (torchrun's on other nodes then exit 0 instead of failing on the closed connection).
+        atexit.register(self.shutdown)
+
+    def _watch_workers(self) -> None:
+        assert self.context is not None
+        processes = self.context.processes
+        died = wait([p.sentinel for p in processes])
+        if self._closed:
+            return
+        rank = 1 + next(i for i, p in enumerate(processes) if p.sentinel in died)
+        code = processes[rank - 1].exitcode
+        self._fail(
+            f"The tensor-parallel worker rank {rank} died (exit code {code}); the model cannot run. "
+            "Restart localchat."
+        )
+
+    def _fail(self, message: str) -> None:
+        if self.failure is None:
+            self.failure = message
+            log.error("%s", message)
 
     def _send(self, name: str, args: tuple[Any, ...]) -> None:
-        for index, process in enumerate(self.context.processes):
-            if not process.is_alive():
-                raise BackendUnavailableError(
-                    f"tensor-parallel worker rank {index + 1} exited (code {process.exitcode}); "
-                    "restart localchat."
-                )
+        if self.failure is not None:
+            raise BackendUnavailableError(self.failure)
         dist.broadcast_object_list([(name, args)], src=0, group=self._control)
 
     def __getattr__(self, name: str) -> Any:
@@ -155,10 +188,29 @@ class ParallelRunner:
             return attr  # properties and calls that touch no collective (kv_cache_spec, device_name, ...)
 
         def forwarded(*args: Any) -> Any:
-            self._send(name, args)
-            return attr(*args)
+            try:
+                self._send(name, args)
+                return attr(*args)
+            except BackendUnavailableError:
+                raise
+            except Exception as exc:
+                if self._worker_died() or isinstance(exc, dist.DistError):
+                    self._fail(
+                        f"A tensor-parallel collective failed ({exc}); a worker rank is gone or "
+                        "unreachable. Restart every rank."
+                    )
+                    raise BackendUnavailableError(str(self.failure)) from exc
+                raise  # a bug on this rank's side: the engine fails the step's requests, as with one rank
 
         return forwarded
+
+    def _worker_died(self) -> bool:
+        """After a failed call: did a worker die (the watchdog names it; give it a moment to see the
+        exit)?"""
+        deadline = time.monotonic() + 2.0
+        while self.failure is None and self.context is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.failure is not None
 
     def shutdown(self) -> None:
         if self._closed:
@@ -169,13 +221,14 @@ class ParallelRunner:
         except (RuntimeError, BackendUnavailableError) as exc:
             log.warning("tensor-parallel shutdown: %s", exc)
         self.runner.shutdown()
-        try:
-            self.context.join(timeout=30)
-        except ProcessException as exc:  # a worker that died before: already reported
-            log.warning("tensor-parallel shutdown: %s", exc)
-        for process in self.context.processes:
-            if process.is_alive():
-                process.terminate()
+        if self.context is not None:
+            try:
+                self.context.join(timeout=30)
+            except ProcessException as exc:  # a worker that died before: already reported
+                log.warning("tensor-parallel shutdown: %s", exc)
+            for process in self.context.processes:
+                if process.is_alive():
+                    process.terminate()
         close_group()
 
 

@@ -1,0 +1,140 @@
+"""One rank's slice of a Llama-family checkpoint, cut from the weight stream before anything is loaded.
+
+Each `WeightTensor` is sliced as it arrives, so a rank converts (and puts on its device) only its part:
+GGUF blocks stay blocks. Column-parallel weights (q/k/v, gate/up, the vocab rows of the embedding and
+LM head) keep whole rows, and a quantized row is a run of whole blocks, so their slice is a row range
+of the file's bytes. Row-parallel weights (o, down) are cut along the input dim: when the cut falls
+on block boundaries the slice is a byte range of every row (still blocks); otherwise that tensor is
+dequantized a few rows at a time and only this rank's columns are kept (never the whole float tensor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from localchat.weights.config import ModelConfig
+from localchat.weights.tensors import WeightTensor
+
+from .group import ParallelGroup
+
+DEQUANT_ROWS = 256  # rows dequantized at a time when a row-parallel cut splits GGUF blocks
+LAYER = "model.layers."
+
+
+@dataclass(frozen=True, slots=True)
+class RankSlice:
+    """Which rows/columns of each weight rank `rank` keeps (see shard.py for the layout)."""
+
+    rank: int
+    world: int
+    heads: int  # q heads on this rank
+    kv_heads: int  # KV heads on this rank (replicated when the model has fewer than ranks)
+    kv_first: int  # the first KV head it keeps
+    mlp: int  # MLP columns on this rank
+    vocab_start: int
+    vocab_rows: int  # real vocab rows (the last rank's may be fewer than `vocab_padded`)
+    vocab_padded: int
+
+    @staticmethod
+    def of(config: ModelConfig, group: ParallelGroup) -> RankSlice:
+        rank, world = group.rank, group.world_size
+        kvh = config.num_key_value_heads
+        local_kv = max(kvh // world, 1)
+        # Replicated KV heads (kvh < world): rank r's q heads all read KV head r // (world // kvh).
+        kv_first = rank * local_kv if kvh >= world else rank // (world // kvh)
+        padded = -(-config.vocab_size // world)
+        start = rank * padded
+        return RankSlice(
+            rank,
+            world,
+            config.num_attention_heads // world,
+            local_kv,
+            kv_first,
+            config.intermediate_size // world,
+            start,
+            max(0, min(config.vocab_size - start, padded)),
+            padded,
+        )
+
+    def local_config(self, config: ModelConfig) -> ModelConfig:
+        """The config a rank's model is built from: its heads, MLP width and (padded) vocab slice."""
+        return replace(
+            config,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            intermediate_size=self.mlp,
+            vocab_size=self.vocab_padded,
+        )
+
+
+def shard_weights(
+    weights: Iterable[WeightTensor], config: ModelConfig, part: RankSlice
+) -> Iterator[WeightTensor]:
+    d = config.head_dim
+    q = (part.rank * part.heads * d, part.heads * d)
+    kv = (part.kv_first * d, part.kv_heads * d)
+    mlp = (part.rank * part.mlp, part.mlp)
+    for w in weights:
+        name = w.name
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+            yield _vocab_rows(w, part)
+        elif not name.startswith(LAYER):
+            yield w  # the final norm: replicated
+        elif ".q_proj." in name:
+            yield _rows(w, *q)
+        elif ".k_proj." in name or ".v_proj." in name:
+            yield _rows(w, *kv)
+        elif ".gate_proj." in name or ".up_proj." in name:
+            yield _rows(w, *mlp)
+        elif name.endswith("o_proj.weight"):
+            yield _columns(w, *q)
+        elif name.endswith("down_proj.weight"):
+            yield _columns(w, *mlp)
+        elif name.endswith(("o_proj.bias", "down_proj.bias")):
+            # Added after the all-reduce's sum: on rank 0 only, zeros elsewhere.
+            yield w if part.rank == 0 else replace(w, data=np.zeros_like(w.data))
+        else:
+            yield w  # norms: replicated
+
+
+def _rows(w: WeightTensor, start: int, count: int) -> WeightTensor:
+    """Rows [start, start + count): whole rows of blocks for a quantized matrix, a vector's range."""
+    return replace(w, shape=(count, *w.shape[1:]), data=w.data[start : start + count])
+
+
+def _vocab_rows(w: WeightTensor, part: RankSlice) -> WeightTensor:
+    mine = w.data[part.vocab_start : part.vocab_start + part.vocab_rows]
+    if part.vocab_rows < part.vocab_padded:
+        # Zero padding so every rank's logits part is the same size; zero bytes are zero weights in
+        # every GGUF block type too (scale 0).
+        pad = np.zeros((part.vocab_padded - part.vocab_rows, *mine.shape[1:]), dtype=mine.dtype)
+        mine = np.concatenate((mine, pad))
+    return replace(w, shape=(part.vocab_padded, *w.shape[1:]), data=mine)
+
+
+def _columns(w: WeightTensor, start: int, count: int) -> WeightTensor:
+    """Input columns [start, start + count) of every row."""
+    shape = (w.shape[0], count)
+    if not w.is_quantized:
+        return replace(w, shape=shape, data=w.data[:, start : start + count])
+    block, block_bytes = _block_geometry(w.dtype)
+    if start % block == 0 and count % block == 0:
+        first, size = start // block * block_bytes, count // block * block_bytes
+        return replace(w, shape=shape, data=w.data[:, first : first + size])
+    # The cut splits blocks: dequantize a few rows at a time, keep this rank's float32 columns.
+    chunks = [
+        replace(w, shape=(len(rows), w.shape[1]), data=rows).dequantize()[:, start : start + count]
+        for rows in (w.data[i : i + DEQUANT_ROWS] for i in range(0, w.shape[0], DEQUANT_ROWS))
+    ]
+    return WeightTensor(w.name, shape, "F32", np.concatenate(chunks))
+
+
+def _block_geometry(qtype: str) -> tuple[int, int]:
+    """(values per block, bytes per block) of a GGUF block type."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    values, size = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]]
+    return int(values), int(size)
