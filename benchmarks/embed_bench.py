@@ -11,11 +11,13 @@ sentence-transformers is not a localchat dependency: `pip install sentence-trans
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -63,10 +65,42 @@ def _free_port() -> int:
 
 
 def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    """VmRSS of `pid` and its descendants (a server may run its engine in a child process)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    tree, grew = {pid}, True
+    while grew:
+        more = {child for child, parent in parents.items() if parent in tree} - tree
+        tree |= more
+        grew = bool(more)
+    total = 0
+    for p in tree:
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+        except OSError:
+            continue
+        total += next((int(x.split()[1]) for x in status.splitlines() if x.startswith("VmRSS:")), 0)
+    return total / 1024
+
+
+def _post(port: int, path: str, body: dict[str, object]) -> None:
+    """POST, retried while the server answers 503 (the model is still loading)."""
+    deadline = time.monotonic() + 300
+    while True:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        try:
+            urllib.request.urlopen(req, timeout=300).read()
+            return
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def _served_rss(chat: Path, embedding: Path | None) -> float:
@@ -96,11 +130,11 @@ def _served_rss(chat: Path, embedding: Path | None) -> float:
                 time.sleep(0.5)
         else:
             raise RuntimeError("the server did not start")
-        if embedding is not None:  # one request so the encoder's first pass is counted
-            body = b'{"model": "%s", "input": ["warm up"]}' % embedding.name.encode()
-            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/embeddings", data=body,
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
-            urllib.request.urlopen(req, timeout=60).read()
+        _post(
+            port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+        )
+        if embedding is not None:  # one request each, so loads done on first use are counted
+            _post(port, "/v1/embeddings", {"model": embedding.name, "input": ["warm up"]})
         return _rss_mib(proc.pid)
     finally:
         proc.terminate()
