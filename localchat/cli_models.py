@@ -75,8 +75,11 @@ def format_table(models: list[LocalModel], loaded: set[str] | None = None) -> st
         return "No models yet. Get one with `localchat pull NAME` (e.g. `localchat pull qwen2.5-0.5b`)."
     header = ["NAME", "REPO", "QUANT", "SIZE", "WHERE", *(["LOADED"] if loaded is not None else []), "STATUS"]
     rows = [tuple(header)]
+    kinds = _model_kinds()
     for m in models:
         status = "complete" if m.complete else f"partial {_percent(m.partial_bytes, m.size_bytes)}"
+        if kinds.get(m.name, "chat") != "chat":  # embedding / rerank models are not chat models
+            status += f" ({kinds[m.name]})"
         names = {m.name, m.repo_id, m.path.name, m.path.stem}
         is_loaded = ["yes" if names & loaded else "no"] if loaded is not None else []
         rows.append((m.name, m.repo_id or "—", m.quant or "—", human_bytes(m.size_bytes), f"{m.source}: {_short(m.path)}",
@@ -85,6 +88,18 @@ def format_table(models: list[LocalModel], loaded: set[str] | None = None) -> st
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows
     )
+
+
+def _model_kinds() -> dict[str, str]:
+    """alias -> catalog type (chat, embedding, rerank); empty when the catalog cannot be read."""
+    from localchat.catalog import load_catalog
+    from localchat.errors import ModelLoadError
+    from localchat.paths import data_dir
+
+    try:
+        return {alias: entry.type for alias, entry in load_catalog(data_dir()).items()}
+    except (ModelLoadError, OSError):
+        return {}
 
 
 class ProgressPrinter:

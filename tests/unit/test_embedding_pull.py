@@ -71,3 +71,16 @@ def test_pull_an_embedding_entry_and_load_it(fake_hub: FakeHub, tmp_path: Path) 
     assert model.kind == "embedding" and model.sentence.pooling == "mean" and model.sentence.normalize
     vector = model.encoder.embed([model.encode_text("a cat sleeps")])
     assert vector.shape == (1, 16) and np.isclose(np.linalg.norm(vector), 1.0, atol=1e-5)
+
+
+def test_list_marks_embedding_and_rerank_models() -> None:
+    from localchat.cli_models import format_table
+    from localchat.hub import LocalModel
+
+    rows = format_table([
+        LocalModel("smollm2-135m", None, "Q4_1", "gguf", Path("/m/SmolLM2-135M-Instruct.Q4_1.gguf")),
+        LocalModel("all-minilm-l6-v2", "sentence-transformers/all-MiniLM-L6-v2", None, "safetensors", Path("/m/a")),
+        LocalModel("bge-reranker-v2-m3", "BAAI/bge-reranker-v2-m3", None, "safetensors", Path("/m/b")),
+    ]).splitlines()  # fmt: skip
+    assert rows[1].endswith("complete")
+    assert rows[2].endswith("complete (embedding)") and rows[3].endswith("complete (rerank)")
