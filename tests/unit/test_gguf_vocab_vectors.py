@@ -141,3 +141,28 @@ def test_unknown_pre_tokenizer_is_a_typed_load_error(tmp_path: Path) -> None:
     path = write_tiny_gguf(tmp_path / "x.gguf", embed, cfg, "F32", "gpt2", pre="no-such-split")
     with pytest.raises(UnsupportedTokenizerError, match=r"'no-such-split'.*safetensors"):
         Tokenizer.from_gguf(open_gguf(path))
+
+
+def test_unigram_matches_sentencepiece_itself(vocab_dir: Path) -> None:
+    """No llama.cpp vectors for the Unigram vocabulary: the sentencepiece library, given the same pieces,
+    scores and normalization map, is the reference, on every test text llama.cpp has."""
+    spm = pytest.importorskip("sentencepiece")
+    from localchat.weights.gguf_tokenizer import GGUFVocab
+    from tests.helpers.spm_proto import UNIGRAM, model_proto
+
+    reader = open_gguf(vocab_dir / "ggml-vocab-nomic-bert-moe.gguf")
+    vocab = GGUFVocab.read(reader)
+    assert vocab.model == "t5" and vocab.scores is not None and vocab.unk_id is not None
+    proto = model_proto(
+        list(zip(vocab.tokens, vocab.scores, vocab.token_types, strict=True)),
+        model_type=UNIGRAM,
+        unk_id=vocab.unk_id,
+        charsmap=vocab.charsmap,
+        add_dummy_prefix=vocab.add_space_prefix is not False,
+        remove_extra_whitespaces=vocab.remove_extra_whitespaces is not False,
+    )
+    reference = spm.SentencePieceProcessor(model_proto=proto)
+    ours = Tokenizer.from_gguf(reader)
+    texts = {text for name in WITH_VECTORS for text, _ in read_vectors(vocab_dir / f"ggml-vocab-{name}.gguf")}
+    wrong = [t for t in sorted(texts) if ours.encode(t, add_special_tokens=False) != reference.encode(t)]
+    assert len(texts) >= 50 and not wrong, wrong[:3]
