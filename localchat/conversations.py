@@ -614,4 +614,5 @@ def _user_content(m: Message, pictures: Pictures) -> str | list[dict[str, Any]]:
     parts: list[dict[str, Any]] = [
         {"type": "image_bytes", "data": data} for data in found if data is not None
     ]
-    return [*parts, {"type": "text", "text": text}] if text else parts
+    # The words first, then the pictures: the order OpenAI clients send them in most often.
+    return [{"type": "text", "text": text}, *parts] if text else parts

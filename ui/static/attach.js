@@ -14,7 +14,6 @@
   const maxImages = Number(form.dataset.maxImages) || 8;
   const maxImageBytes = Number(form.dataset.maxImageBytes) || 20 * 2 ** 20;
   let files = [];
-  let urls = [];
 
   const mib = (n) => (n / 2 ** 20).toFixed(1) + " MiB";
   const isImage = (file) => IMAGE_TYPES.includes(file.type);
@@ -28,8 +27,6 @@
   }
 
   function render() {
-    urls.forEach((url) => URL.revokeObjectURL(url));
-    urls = [];
     list.replaceChildren();
     list.hidden = files.length === 0;
     files.forEach((file, i) => {
@@ -37,9 +34,10 @@
       li.className = "attach-item" + (isImage(file) ? " image" : " document");
       if (isImage(file)) {
         const img = document.createElement("img");
-        const url = URL.createObjectURL(file);
-        urls.push(url);
-        img.src = url;
+        // A data: URL, which the page's CSP allows for pictures (blob: URLs it does not).
+        const reader = new FileReader();
+        reader.onload = () => { img.src = reader.result; };
+        reader.readAsDataURL(file);
         img.alt = file.name;
         img.className = "thumb";
         li.append(img);
