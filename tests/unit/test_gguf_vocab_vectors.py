@@ -128,11 +128,26 @@ def test_every_pre_tokenizer_regex_compiles() -> None:
             assert "".join(p for p, _ in split.pre_tokenize_str("It's 12345 Hello, 世界!\n")), name
 
 
-def test_digit_grouping_counts_threes_from_the_right() -> None:
+def _pieces(name: str, text: str) -> list[str]:
     from tokenizers import Regex, pre_tokenizers
 
-    split = pre_tokenizers.Split(Regex(PRE_TOKENIZERS["tiny_aya"].splits[0]), behavior="isolated")
-    assert [p for p, _ in split.pre_tokenize_str("x1234567")] == ["x", "1", "234", "567"]
+    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_TOKENIZERS[name].splits]
+    return [piece for piece, _ in pre_tokenizers.Sequence(splits).pre_tokenize_str(text)]
+
+
+def test_splits_llama_cpp_does_in_cpp() -> None:
+    """Patterns llama.cpp hard-codes in unicode.cpp, written here as regexes (no vectors upstream)."""
+    assert _pieces("tiny_aya", "x1234567") == ["x", "1", "234", "567"]  # threes from the right
+    assert _pieces("afmoe", "x 1234567 日本abc") == ["x", " ", "1", "234", "567", " ", "日本", "abc"]
+    assert _pieces("kimi-k2", "Hello世界abc It's 12345") == [
+        "Hello",
+        "世界",
+        "abc",
+        " It's",
+        " ",
+        "123",
+        "45",
+    ]
 
 
 def test_unknown_pre_tokenizer_is_a_typed_load_error(tmp_path: Path) -> None:
