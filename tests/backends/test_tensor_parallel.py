@@ -13,8 +13,9 @@ import torch
 import torch.multiprocessing as mp
 
 from localchat.backends import RunnerOptions, create_runner
-from localchat.backends.torch.parallel.driver import ParallelRunner, rank_options
+from localchat.backends.torch.parallel.driver import ParallelRunner
 from localchat.backends.torch.parallel.group import ParallelGroup, close_group, init_group
+from localchat.backends.torch.parallel.memory import check_shard_fits
 from localchat.backends.torch.parallel.shard import sharded_runner
 from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
@@ -99,12 +100,18 @@ def test_sizes_that_do_not_split_the_heads_name_the_ones_that_do() -> None:
         sharded_runner(bundle, EXACT, ParallelGroup(0, 3))
 
 
-def test_device_ids_must_name_one_gpu_per_rank() -> None:
-    options = RunnerOptions(device="cuda", tensor_parallel_size=2, device_ids=(0,))
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA to pick the cuda device")
+def test_more_ranks_than_gpus_says_what_to_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-rank device check, with this machine's GPU count given (CI has none)."""
+    from localchat.backends.torch.parallel import driver
+
+    monkeypatch.setattr(driver, "pick_device", lambda name: torch.device("cuda"))
+    monkeypatch.setattr(driver, "device_count", lambda: 1)
+    options = RunnerOptions(device="cuda", tensor_parallel_size=2)
+    assert driver.rank_options(options, 0).device == "cuda:0"
+    with pytest.raises(BackendUnavailableError, match="rank 1 needs a GPU of its own but this machine has 1"):
+        driver.rank_options(options, 1)
     with pytest.raises(BackendUnavailableError, match="names 1 GPUs for --tensor-parallel-size 2"):
-        rank_options(options, 0)
+        driver.rank_options(RunnerOptions(device="cuda", tensor_parallel_size=2, device_ids=(0,)), 0)
 
 
 def _tiny_bundle() -> ModelBundle:
@@ -148,3 +155,16 @@ def test_tensor_parallel_needs_the_torch_backend() -> None:
     options = RunnerOptions(tensor_parallel_size=2)
     with pytest.raises(BackendUnavailableError, match="needs the torch backend, not mlx"):
         create_runner("mlx", _tiny_bundle(), options)
+
+
+def test_a_slice_too_big_for_its_gpu_says_what_to_change() -> None:
+    """The per-rank memory check (run on CUDA ranks before loading), with the free memory given."""
+    gib = 2**30
+    check_shard_fits(1, "cuda:1", 2, total_bytes=16 * gib, free_bytes=10 * gib, sizes=[1, 2, 4, 8])  # fits
+    with pytest.raises(
+        BackendUnavailableError,
+        match=r"rank 1's slice .* needs about 8.8 GiB but cuda:1 has 6.0 GiB free\. Use --tensor-parallel-size 4",
+    ):
+        check_shard_fits(1, "cuda:1", 2, total_bytes=16 * gib, free_bytes=6 * gib, sizes=[1, 2, 4, 8])
+    with pytest.raises(BackendUnavailableError, match="Use more GPUs"):
+        check_shard_fits(0, "cuda:0", 2, total_bytes=16 * gib, free_bytes=1 * gib, sizes=[1, 2])

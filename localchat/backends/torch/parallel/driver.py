@@ -37,7 +37,7 @@ from localchat.backends.torch.device import pick_device
 from localchat.errors import BackendUnavailableError
 from localchat.weights.bundle import ModelBundle
 
-from .group import ParallelGroup, close_group, init_group, torchrun_rank
+from .group import ParallelGroup, close_group, init_group, torchrun_local_rank, torchrun_rank
 from .shard import sharded_runner
 
 log = logging.getLogger(__name__)
@@ -61,18 +61,35 @@ def _free_port() -> int:
 
 
 def rank_options(options: RunnerOptions, rank: int) -> RunnerOptions:
-    """Each rank's device: cuda:<device_ids[rank]> (or cuda:<rank>) on CUDA, the CPU otherwise."""
+    """Each rank's device: on CUDA, `--device-ids`' entry for the rank's index on its machine (the rank
+    itself, or torchrun's LOCAL_RANK across machines), default cuda:<index>; the CPU otherwise."""
     device = pick_device(options.device)
     if device.type == "cuda":
-        ids = options.device_ids or tuple(range(options.tensor_parallel_size))
-        if len(ids) != options.tensor_parallel_size:
+        local = torchrun_local_rank()
+        index = rank if local is None else local
+        ids = options.device_ids or tuple(range(options.tensor_parallel_size if local is None else index + 1))
+        if local is None and len(ids) != options.tensor_parallel_size:
             raise BackendUnavailableError(
-                f"--device-ids names {len(ids)} GPUs for --tensor-parallel-size {options.tensor_parallel_size}."
+                f"--device-ids names {len(ids)} GPUs for --tensor-parallel-size "
+                f"{options.tensor_parallel_size}: name one per rank."
             )
-        return _replace_device(options, f"cuda:{ids[rank]}")
+        count = device_count()
+        if index >= len(ids) or ids[index] >= count:
+            raise BackendUnavailableError(
+                f"--tensor-parallel-size {options.tensor_parallel_size}: rank {rank} needs a GPU of its own "
+                f"but this machine has {count}. Lower --tensor-parallel-size, fix --device-ids, or run "
+                "the other ranks on more machines with torchrun (docs/parallel.md)."
+            )
+        return _replace_device(options, f"cuda:{ids[index]}")
     if device.type != "cpu":
         raise BackendUnavailableError(f"--tensor-parallel-size needs CUDA or the CPU, not {device.type}.")
     return _replace_device(options, "cpu")
+
+
+def device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def _replace_device(options: RunnerOptions, device: str) -> RunnerOptions:

@@ -35,11 +35,6 @@ def init_group(
     """Join (or create) the default process group; None rank/world_size: read torchrun's environment."""
     rank = int(os.environ["RANK"]) if rank is None else rank
     world_size = int(os.environ["WORLD_SIZE"]) if world_size is None else world_size
-    if device.type == "cuda" and world_size > torch.cuda.device_count():
-        raise BackendUnavailableError(
-            f"--tensor-parallel-size {world_size} needs {world_size} GPUs; "
-            f"this machine has {torch.cuda.device_count()}."
-        )
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
         backend,
@@ -63,6 +58,11 @@ def torchrun_rank(tensor_parallel_size: int) -> int | None:
             f"{tensor_parallel_size}: make them equal (torchrun's --nnodes x --nproc-per-node = --tp)."
         )
     return int(os.environ["RANK"])
+
+
+def torchrun_local_rank() -> int | None:
+    """torchrun's LOCAL_RANK (this process's index on its machine), None outside torchrun."""
+    return int(os.environ["LOCAL_RANK"]) if "RANK" in os.environ and "LOCAL_RANK" in os.environ else None
 
 
 def close_group() -> None:

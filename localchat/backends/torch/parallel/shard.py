@@ -1,4 +1,4 @@
-"""Cut a loaded Llama-family model down to one rank's slice (Megatron-style tensor parallelism).
+"""One rank's slice of a Llama-family model (Megatron-style tensor parallelism).
 
 Per layer: q heads split evenly across ranks; KV heads too, or replicated when there are fewer KV
 heads than ranks (each rank keeps the one its q heads read). qkv and gate|up are column-parallel
@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from localchat.backends import RunnerOptions
 from localchat.backends.torch.attention import paged_attention, rope_paged_attention
+from localchat.backends.torch.device import pick_device
 from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import add_rms_norm, apply_rope, rms_norm
 from localchat.backends.torch.models import model_class
@@ -34,6 +35,7 @@ from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
 
 from .group import ParallelGroup
+from .memory import check_device_memory
 from .shard_weights import RankSlice, shard_weights
 
 
@@ -133,6 +135,7 @@ def sharded_runner(bundle: ModelBundle, options: RunnerOptions, group: ParallelG
     config, world = bundle.config, group.world_size
     check_supported(config, world)
     part = RankSlice.of(config, group)
+    check_device_memory(bundle.path, pick_device(options.device), group.rank, world, valid_sizes(config))
     local = replace(
         bundle,
         config=part.local_config(config),
