@@ -57,8 +57,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-# A conversation's picture bytes by hash; None when the model does not see images.
-Pictures = dict[str, bytes] | None
+# The bytes of the pictures the model is shown, by attachment id; None when the model does not see images.
+Pictures = dict[int, bytes] | None
 
 SAVE_INTERVAL_S = 0.5
 MAX_MESSAGE_CHARS = 200_000
@@ -308,18 +308,20 @@ class ChatService:
         return messages, self._pictures(messages, ctx)
 
     def _pictures(self, messages: list[Message], ctx: ServerContext) -> Pictures:
-        """(On the store thread.) The bytes of the conversation's pictures by hash, for a model that sees
-        images; None for one that does not (its prompt names the pictures instead)."""
-        if not any(a.kind == "image" for m in messages for a in m.attachments):
+        """(On the store thread.) The bytes of the conversation's newest pictures (as many as a request may
+        carry: older ones are named instead) for a model that sees images; None for one that does not
+        (its prompt names the pictures instead)."""
+        images = [a for m in messages for a in m.attachments if a.kind == "image" and a.sha256]
+        if not images:
             return {}
         if not takes_images(ctx.model.path):
             return None
-        return {
-            a.sha256: self.store.read_image(a)
-            for m in messages
-            for a in m.attachments
-            if a.kind == "image" and a.sha256 is not None
-        }
+        newest = images[len(images) - max(ctx.settings.max_images_per_request, 0) :]
+        by_hash: dict[str, bytes] = {}
+        for a in newest:
+            if a.sha256 not in by_hash:
+                by_hash[a.sha256 or ""] = self.store.read_image(a)
+        return {a.id: by_hash[a.sha256 or ""] for a in newest}
 
     def _replace_answer(self, conv_id: str) -> tuple[Conversation, Message]:
         conv = self.store.get_conversation(conv_id)
@@ -607,12 +609,14 @@ def _user_content(m: Message, pictures: Pictures) -> str | list[dict[str, Any]]:
     if pictures is None:
         blocks += [f"[Picture {a.name}: not shown, this model does not see images]" for a in images]
         images = []
+    else:
+        blocks += [
+            f"[Picture {a.name}: an earlier picture, not shown again]" for a in images if a.id not in pictures
+        ]
+        images = [a for a in images if a.id in pictures]
     text = "\n\n".join([*blocks, m.content] if m.content.strip() else blocks)
     if not images or pictures is None:
         return text
-    found = [pictures.get(a.sha256 or "") for a in images]
-    parts: list[dict[str, Any]] = [
-        {"type": "image_bytes", "data": data} for data in found if data is not None
-    ]
+    parts: list[dict[str, Any]] = [{"type": "image_bytes", "data": pictures[a.id]} for a in images]
     # The words first, then the pictures: the order OpenAI clients send them in most often.
     return [{"type": "text", "text": text}, *parts] if text else parts

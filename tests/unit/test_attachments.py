@@ -157,3 +157,37 @@ def test_export_carries_pictures_and_documents_and_import_restores_them(tmp_path
     bad["messages"][0]["attachments"][0]["data"] = "PHN2Zz48L3N2Zz4="  # base64 of "<svg></svg>"
     with pytest.raises(Exception, match="not a PNG, JPEG, GIF or WebP"):
         import_json(other, json.dumps(bad))
+
+
+def test_the_prompt_shows_the_newest_pictures_and_names_the_rest(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from localchat.conversations import ChatService, _chat_messages
+
+    store = Store(tmp_path / "c.sqlite3")
+    red, blue = png(), png((0, 0, 200))
+    first = prepare([Upload("red.png", red), Upload("notes.txt", b"hello")], store.files, RULES)
+    second = prepare([Upload("blue.png", blue)], store.files, RULES)
+    conv = store.create_conversation(
+        "pics", [NewMessage("user", "one", attachments=first), NewMessage("user", "two", attachments=second)]
+    )
+    history = store.get_messages(conv.id)
+    folder = tmp_path / "vlm"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "gemma3", "vision_config": {}}))
+    ctx = SimpleNamespace(
+        settings=SimpleNamespace(max_images_per_request=1), model=SimpleNamespace(path=folder)
+    )
+    pictures = ChatService(store, None)._pictures(history, ctx)  # type: ignore[arg-type]
+    one, two = _chat_messages(conv, history, pictures=pictures)
+    # Only one picture per request here: the newest is shown, the older one is named.
+    assert (
+        one["content"]
+        == "File: notes.txt\n```\nhello\n```\n\n[Picture red.png: an earlier picture, not shown again]\n\none"
+    )
+    assert two["content"] == [{"type": "text", "text": "two"}, {"type": "image_bytes", "data": blue}]
+    ctx.model.path = tmp_path  # a text-only model: every picture is named
+    pictures = ChatService(store, None)._pictures(history, ctx)  # type: ignore[arg-type]
+    assert pictures is None
+    _, two = _chat_messages(conv, history, pictures=pictures)
+    assert two["content"] == "[Picture blue.png: not shown, this model does not see images]\n\ntwo"
