@@ -38,7 +38,11 @@ def _chat_and_metrics(args: list[str]) -> tuple[str, dict[str, float]]:
 
 def test_a_draft_model_server_answers_like_plain_decoding(tmp_path: Path) -> None:
     cfg = tiny_config()
-    model = write_tiny_gguf(tmp_path / "tiny.gguf", random_state_dict(cfg, seed=3), cfg, qtype="F32")
+    weights = random_state_dict(cfg, seed=3)
+    # A sharp output layer: the draft is sure of its guesses (a random model spreads its mass, and the
+    # draft stops at any guess under p_min = 0.75).
+    weights["lm_head.weight"] *= 100
+    model = write_tiny_gguf(tmp_path / "tiny.gguf", weights, cfg, qtype="F32")
     args = [*server_args("torch", model), "--device", "cpu", "--threads", "1"]
     plain, plain_metrics = _chat_and_metrics(args)
     assert plain and plain_metrics["localchat_spec_draft_tokens_total"] == 0
