@@ -80,3 +80,16 @@ def test_settings_reach_the_engine_config() -> None:
     assert drafted.engine_config().speculative == SpeculativeConfig("draft", 4)
     with pytest.raises(SettingsError, match="num_speculative_tokens"):
         Settings.load(environ={"LOCALCHAT_SPECULATIVE": "ngram", "LOCALCHAT_NUM_SPECULATIVE_TOKENS": "99"})
+
+
+def test_every_packaged_draft_names_a_smaller_entry_of_its_family() -> None:
+    from localchat.catalog import load_catalog
+
+    catalog = load_catalog()
+    drafted = {alias: entry for alias, entry in catalog.items() if entry.draft}
+    assert drafted  # the Qwen entries name theirs
+    for alias, entry in drafted.items():
+        draft = catalog[entry.draft]  # type: ignore[index]
+        assert draft.architecture == entry.architecture, alias
+        assert draft.size_gb is not None and entry.size_gb is not None
+        assert draft.size_gb < entry.size_gb / 2, alias
