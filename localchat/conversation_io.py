@@ -107,6 +107,7 @@ def import_json(store: Store, raw: bytes | str) -> Conversation:
     if len(raw_messages) > MAX_IMPORT_MESSAGES:
         raise InvalidRequestError(f"The conversation has more than {MAX_IMPORT_MESSAGES:,} messages.")
     messages: list[NewMessage] = []
+    pictures: dict[int, tuple[bytes, str]] = {}  # written only once the whole file has been checked
     system_prompt = ""
     attached = sum(
         len(i["attachments"])
@@ -137,7 +138,7 @@ def import_json(store: Store, raw: bytes | str) -> Conversation:
         }
         status = str(item["status"]) if item.get("status") in ("done", "stopped", "error") else DONE
         raw_attachments: list[Any] = item["attachments"] if isinstance(item.get("attachments"), list) else []
-        attachments = [_attachment_from(store, a, i) for a in raw_attachments]
+        attachments = [a for raw in raw_attachments if (a := _attachment_from(raw, i, pictures)) is not None]
         messages.append(NewMessage(item["role"], item["content"], status, extra, attachments))
     settings: dict[str, Any] = data["settings"] if isinstance(data.get("settings"), dict) else {}
     clean = _settings(settings)
@@ -149,6 +150,10 @@ def import_json(store: Store, raw: bytes | str) -> Conversation:
         else title_from(first_user)
     )
     model = data.get("model") if isinstance(data.get("model"), str) else ""
+    for m in messages:
+        for attachment in m.attachments:
+            if (picture := pictures.get(id(attachment))) is not None:
+                attachment.sha256 = store.files.save(*picture)
     return store.create_conversation(title.strip()[:200], messages, model=model, **clean)
 
 
@@ -164,8 +169,9 @@ def _attachment_json(a: Attachment, read_image: Callable[[Attachment], bytes] | 
     return out
 
 
-def _attachment_from(store: Store, raw: object, i: int) -> NewAttachment:
-    """An exported attachment back into the store (a picture's file written again, by its hash)."""
+def _attachment_from(raw: object, i: int, pictures: dict[int, tuple[bytes, str]]) -> NewAttachment | None:
+    """An exported attachment, checked; a picture's bytes wait in `pictures` (by the attachment's id())
+    until the whole import is valid. None for a picture the export says was missing."""
     where = f"Message {i + 1}'s attachment"
     if (
         not isinstance(raw, dict)
@@ -184,6 +190,8 @@ def _attachment_from(store: Store, raw: object, i: int) -> NewAttachment:
         return NewAttachment(
             "document", name, media_type, size, text=raw["text"], truncated=raw.get("truncated") is True
         )
+    if raw.get("missing") is True and "data" not in raw:
+        return None
     try:
         data = base64.b64decode(str(raw.get("data", "")), validate=True)
     except (binascii.Error, ValueError) as exc:
@@ -191,8 +199,9 @@ def _attachment_from(store: Store, raw: object, i: int) -> NewAttachment:
     kind = image_kind(data)
     if kind is None:
         raise InvalidRequestError(f"{where} {name} is not a PNG, JPEG, GIF or WebP picture.")
-    sha256 = store.files.save(data, kind.ext)
-    return NewAttachment("image", name, kind.media_type, len(data), sha256=sha256)
+    attachment = NewAttachment("image", name, kind.media_type, len(data))
+    pictures[id(attachment)] = (data, kind.ext)
+    return attachment
 
 
 def _settings(raw: dict[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,7 @@ files, the store's schema 5 (migration, cleanup on delete) and export/import wit
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import sqlite3
@@ -155,8 +156,12 @@ def test_export_carries_pictures_and_documents_and_import_restores_them(tmp_path
 
     bad = json.loads(exported)
     bad["messages"][0]["attachments"][0]["data"] = "PHN2Zz48L3N2Zz4="  # base64 of "<svg></svg>"
+    bad["messages"][0]["attachments"].insert(
+        0, {"kind": "image", "name": "new.png", "data": base64.b64encode(png((1, 2, 3))).decode()}
+    )
     with pytest.raises(Exception, match="not a PNG, JPEG, GIF or WebP"):
         import_json(other, json.dumps(bad))
+    assert len(list((tmp_path / "b" / "attachments").iterdir())) == 1, "a refused import writes no file"
 
 
 def test_the_prompt_shows_the_newest_pictures_and_names_the_rest(tmp_path: Path) -> None:
