@@ -1,4 +1,4 @@
-"""One rank's slice of a Llama-family model (Megatron-style tensor parallelism).
+"""One rank's slice of a Llama-layout model, dense or MoE (Megatron-style tensor parallelism).
 
 Per layer: q heads split evenly across ranks; KV heads too, or replicated when there are fewer KV
 heads than ranks (each rank keeps the one its q heads read). qkv and gate|up are column-parallel
@@ -19,15 +19,14 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
+from localchat.arch.registry import architecture
 from localchat.backends import RunnerOptions
 from localchat.backends.torch.attention import paged_attention, rope_paged_attention
 from localchat.backends.torch.device import pick_device
 from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import add_rms_norm, apply_rope, rms_norm
-from localchat.backends.torch.models import model_class
-from localchat.backends.torch.models.base import StepMetadata
+from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.models.llama import LlamaLayer
-from localchat.backends.torch.models.llama import Model as LlamaModel
 from localchat.backends.torch.quant import embed_rows, linear
 from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
@@ -36,7 +35,7 @@ from localchat.weights.config import ModelConfig
 
 from .group import ParallelGroup
 from .memory import check_device_memory
-from .shard_weights import RankSlice, shard_weights
+from .shard_weights import RankSlice, expert_size, shard_weights
 
 
 def _all_reduce(x: torch.Tensor) -> torch.Tensor:
@@ -73,8 +72,8 @@ class ParallelLlamaLayer(LlamaLayer):
         return x + _all_reduce(self.mlp(normed))
 
 
-class ParallelLlama(LlamaModel):
-    """Vocab-parallel embedding and LM head around the sharded layers."""
+class ParallelLlama(DecoderLM):
+    """Vocab-parallel embedding and LM head around the sharded layers (mixed into the family's class)."""
 
     vocab_start: int
     vocab_rows: int  # real rows of this rank's vocab slice (the last one may be padded)
@@ -95,12 +94,30 @@ class ParallelLlama(LlamaModel):
         return torch.cat(parts, dim=-1)[:, : self.vocab_size]
 
 
+# Families whose layers are Llama's forward (attention + an `mlp` block) with these MLPs: dense SwiGLU
+# or a sparse MoE whose experts are cut like the dense MLP (every rank holds every expert's slice).
+SHARDED_FAMILIES = ("llama", "qwen3", "mixtral", "qwen3_moe")
+
+
 def _unsupported(config: ModelConfig, world: int) -> BackendUnavailableError:
     return BackendUnavailableError(
-        f"--tensor-parallel-size {world}: only the Llama family (Llama, Mistral, Qwen2, SmolLM2) "
-        f"is sharded so far, not {config.model_type!r} (MoE, hybrid-state and other layouts run "
-        "on one device: drop --tensor-parallel-size)."
+        f"--tensor-parallel-size {world}: only the Llama family (Llama, Mistral, Qwen2, SmolLM2), "
+        f"Qwen3, Mixtral and Qwen3-MoE are sharded so far, not {config.model_type!r} (hybrid-state "
+        "and other layouts run on one device: drop --tensor-parallel-size)."
     )
+
+
+_CLASSES: dict[tuple[type, type], type] = {}
+
+
+def _parallel_class(cls: type, parallel: type) -> type:
+    """`cls` with the tensor-parallel forward mixed in (same fields: instances switch class in place)."""
+    if issubclass(cls, parallel):
+        return cls
+    key = (cls, parallel)
+    if key not in _CLASSES:
+        _CLASSES[key] = type(f"Parallel{cls.__name__}", (parallel, cls), {})
+    return _CLASSES[key]
 
 
 def valid_sizes(config: ModelConfig, most: int = 64) -> list[int]:
@@ -111,20 +128,23 @@ def valid_sizes(config: ModelConfig, most: int = 64) -> list[int]:
         for n in range(1, most + 1)
         if not config.num_attention_heads % n
         and not config.intermediate_size % n
+        and not expert_size(config) % n
         and not (kvh % n and n % kvh)
     ]
 
 
 def check_supported(config: ModelConfig, world: int) -> None:
     """A clear error, before any weight is read, for what this slice does not shard."""
-    if model_class(config.model_type) is not LlamaModel:
+    arch = architecture(config.model_type)
+    if arch.family not in SHARDED_FAMILIES or arch.sanitize is not None:
         raise _unsupported(config, world)
     h, kvh, inter = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
-    if h % world or inter % world or (kvh % world and world % kvh):
+    if h % world or inter % world or expert_size(config) % world or (kvh % world and world % kvh):
         sizes = ", ".join(str(n) for n in valid_sizes(config))
         raise BackendUnavailableError(
             f"--tensor-parallel-size {world} does not split this model: it must divide the attention "
-            f"heads ({h}) and the MLP width ({inter}), and divide or be a multiple of the KV heads "
+            f"heads ({h}) and the MLP width ({inter}; experts' {expert_size(config)}), and divide or be a "
+            f"multiple of the KV heads "
             f"({kvh}). Sizes that work for it: {sizes}."
         )
 
@@ -143,11 +163,13 @@ def sharded_runner(bundle: ModelBundle, options: RunnerOptions, group: ParallelG
     )
     runner = TorchRunner(local, options)
     model = runner.model
-    if type(model) is not LlamaModel or any(type(layer) is not LlamaLayer for layer in model.layers):
+    # The parallel forwards replace Llama's: a family that overrides them is not covered.
+    llama_layers = all(type(layer).forward is LlamaLayer.forward for layer in model.layers)
+    if not llama_layers or type(model).forward is not DecoderLM.forward:
         raise _unsupported(config, world)
     for layer in model.layers:
-        layer.__class__ = ParallelLlamaLayer  # same fields, the forward with the all-reduces
-    model.__class__ = ParallelLlama
+        layer.__class__ = _parallel_class(type(layer), ParallelLlamaLayer)  # + the all-reduces
+    model.__class__ = _parallel_class(type(model), ParallelLlama)
     assert isinstance(model, ParallelLlama)
     model.vocab_start, model.vocab_rows, model.vocab_size = (
         part.vocab_start,

@@ -10,18 +10,26 @@ dequantized a few rows at a time and only this rank's columns are kept (never th
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from localchat.arch.registry import architecture
 from localchat.weights.config import ModelConfig
+from localchat.weights.experts import split_experts
 from localchat.weights.tensors import WeightTensor
 
 from .group import ParallelGroup
 
 DEQUANT_ROWS = 256  # rows dequantized at a time when a row-parallel cut splits GGUF blocks
-LAYER = "model.layers."
+LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
+
+
+def expert_size(config: ModelConfig) -> int:
+    """Each expert's intermediate width (MoE models; the MLP width otherwise), as moe.py reads it."""
+    return int(config.extra.get("moe_intermediate_size") or config.intermediate_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +41,8 @@ class RankSlice:
     heads: int  # q heads on this rank
     kv_heads: int  # KV heads on this rank (replicated when the model has fewer than ranks)
     kv_first: int  # the first KV head it keeps
-    mlp: int  # MLP columns on this rank
+    mlp_size: int  # the dense MLP's full width
+    expert_size: int  # each expert's full width (MoE)
     vocab_start: int
     vocab_rows: int  # real vocab rows (the last rank's may be fewer than `vocab_padded`)
     vocab_padded: int
@@ -53,7 +62,8 @@ class RankSlice:
             config.num_attention_heads // world,
             local_kv,
             kv_first,
-            config.intermediate_size // world,
+            config.intermediate_size,
+            expert_size(config),
             start,
             max(0, min(config.vocab_size - start, padded)),
             padded,
@@ -61,43 +71,61 @@ class RankSlice:
 
     def local_config(self, config: ModelConfig) -> ModelConfig:
         """The config a rank's model is built from: its heads, MLP width and (padded) vocab slice."""
+        extra = dict(config.extra)
+        if "moe_intermediate_size" in extra:
+            extra["moe_intermediate_size"] = self.expert_size // self.world
         return replace(
             config,
             num_attention_heads=self.heads,
             num_key_value_heads=self.kv_heads,
-            intermediate_size=self.mlp,
+            intermediate_size=self.mlp_size // self.world,
             vocab_size=self.vocab_padded,
+            extra=extra,
         )
 
 
 def shard_weights(
     weights: Iterable[WeightTensor], config: ModelConfig, part: RankSlice
 ) -> Iterator[WeightTensor]:
+    """The rank's slice of every weight, classified by the parameter the registry maps it to (so
+    Mixtral's and Qwen3-MoE's experts are cut like the dense MLP, along their intermediate dim)."""
+    arch = architecture(config.model_type)
     d = config.head_dim
     q = (part.rank * part.heads * d, part.heads * d)
     kv = (part.kv_first * d, part.kv_heads * d)
-    mlp = (part.rank * part.mlp, part.mlp)
-    for w in weights:
+    for w in split_experts(weights):  # stacked experts -> one weight each (load_model's split: a no-op then)
         name = w.name
         if name in ("model.embed_tokens.weight", "lm_head.weight"):
             yield _vocab_rows(w, part)
-        elif not name.startswith(LAYER):
-            yield w  # the final norm: replicated
-        elif ".q_proj." in name:
-            yield _rows(w, *q)
-        elif ".k_proj." in name or ".v_proj." in name:
-            yield _rows(w, *kv)
-        elif ".gate_proj." in name or ".up_proj." in name:
-            yield _rows(w, *mlp)
-        elif name.endswith("o_proj.weight"):
+            continue
+        match = LAYER_NAME.fullmatch(name)
+        found = arch.layer_weight(match.group(2)) if match else None
+        if found is None:
+            yield w  # the final norm, buffers: replicated (load_model judges unknown names)
+            continue
+        pname, index, parts = found
+        leaf = pname.rpartition(".")[2]
+        width = part.expert_size if pname.startswith("moe.") else part.mlp_size
+        mlp = (part.rank * width // part.world, width // part.world)
+        if leaf in ("qkv", "qkv_bias"):
+            yield _rows(w, *(q if index == 0 else kv))
+        elif leaf == "gate_up":
+            yield _rows(w, *mlp) if parts == 2 else _gate_up_rows(w, width, *mlp)
+        elif leaf == "o":
             yield _columns(w, *q)
-        elif name.endswith("down_proj.weight"):
+        elif leaf == "down":
             yield _columns(w, *mlp)
-        elif name.endswith(("o_proj.bias", "down_proj.bias")):
+        elif leaf in ("o_bias", "down_bias"):
             # Added after the all-reduce's sum: on rank 0 only, zeros elsewhere.
             yield w if part.rank == 0 else replace(w, data=np.zeros_like(w.data))
         else:
-            yield w  # norms: replicated
+            yield w  # norms, the router: replicated
+
+
+def _gate_up_rows(w: WeightTensor, width: int, start: int, count: int) -> WeightTensor:
+    """A fused [gate; up] matrix: the rank's rows of each half."""
+    data = np.concatenate((w.data[start : start + count], w.data[width + start : width + start + count]))
+    return replace(w, shape=(2 * count, *w.shape[1:]), data=data)
 
 
 def _rows(w: WeightTensor, start: int, count: int) -> WeightTensor:
