@@ -79,7 +79,7 @@ class ModelManager:
         startup_progress: Callable[[Any], None] | None = None,
         mcp: McpHub | bool | None = True,
     ) -> None:
-        from localchat.backends.memory import mem_available
+        from localchat.host_memory import mem_available
         from localchat.server.runtime import mcp_hub
 
         self.settings = settings

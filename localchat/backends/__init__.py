@@ -93,7 +93,7 @@ def load_encoder(
 def load_runner(name: str, model: ModelBundle, options: RunnerOptions | None = None) -> ModelRunner:
     """`create_runner`, then release the bundle's weight source and trim the heap. Measured on the dev
     box (SmolLM2-135M Q4_1, torch): resident memory after load 826 -> 627 MiB."""
-    from localchat.backends.memory import trim_heap
+    from localchat.host_memory import trim_heap
 
     runner = create_runner(name, model, options)
     model.release_weights()

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from localchat.backends.memory import trim_heap
 from localchat.engine.engine import LLMEngine
 from localchat.engine.outputs import EngineStats, RequestOutput
 from localchat.engine.request import FinishReason, ImageInput
@@ -24,6 +23,7 @@ from localchat.errors import (
     ModelFailedError,
     QueueFullError,
 )
+from localchat.host_memory import trim_heap
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ async def _name(request: Request[Any, Any, Any]) -> ModelName:
 
 @get("/api/models", name="models:list")
 async def list_all(request: Request[Any, Any, Any], q: FromQuery[str] = "") -> dict[str, Any]:
-    from localchat.backends.memory import mem_available
+    from localchat.host_memory import mem_available
 
     models = get_models(request)
     available = mem_available()

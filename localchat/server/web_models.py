@@ -27,7 +27,7 @@ def _models(request: Request) -> ModelManager:
 
 
 def _available() -> int | None:
-    from localchat.backends.memory import mem_available
+    from localchat.host_memory import mem_available
 
     return mem_available()
 

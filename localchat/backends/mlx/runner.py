@@ -47,13 +47,13 @@ import mlx.core as mx
 import numpy as np
 
 from localchat.backends import RunnerOptions
-from localchat.backends.memory import mem_available
 from localchat.backends.mlx.attention import AttentionMetadata, LayerCache
 from localchat.backends.mlx.sampler import SampleResult, new_key, sample
 from localchat.backends.mlx.weights import load_model
 from localchat.backends.pooling import Pooler
 from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput, StateCacheSpec
 from localchat.errors import BackendUnavailableError
+from localchat.host_memory import mem_available
 from localchat.weights.bundle import ModelBundle
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}

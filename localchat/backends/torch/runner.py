@@ -45,7 +45,6 @@ import torch
 
 from localchat.arch.moe import ffn_width
 from localchat.backends import RunnerOptions
-from localchat.backends.memory import mem_available
 from localchat.backends.pooling import Pooler
 from localchat.backends.torch.attention import AttentionMetadata
 from localchat.backends.torch.cuda_graphs import DecodeGraphs
@@ -69,6 +68,7 @@ from localchat.engine.interface import (
     StateCacheSpec,
 )
 from localchat.errors import ModelLoadError
+from localchat.host_memory import mem_available
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
 

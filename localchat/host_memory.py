@@ -1,4 +1,4 @@
-"""Host memory facts shared by the backends (no torch, no mlx here)."""
+"""Host memory facts shared by the engine, the backends and the model manager (no torch, no mlx)."""
 
 from __future__ import annotations
 
