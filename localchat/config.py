@@ -18,7 +18,7 @@ from localchat.loopback import is_loopback_host
 
 BACKEND_CHOICES = ("auto", "torch", "mlx", "fake")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-# Mirrors localchat.server.tool_parsers.PARSER_CHOICES (checked by a test; the server is not imported here).
+# Mirrors localchat.serving.tool_parsers.PARSER_CHOICES (checked by a test; the server is not imported here).
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3", "mistral", "harmony", "json")
 ISQ_CHOICES = ("q4", "q8_0", "q4_k", "q4_0")
 KV_CACHE_DTYPES = ("auto", "bf16", "int8")

@@ -34,7 +34,7 @@ from localchat.errors import InvalidRequestError, LocalchatError
 from localchat.mcp import ui_turns
 from localchat.mcp.hub import ToolRun
 from localchat.mcp.trust import CONSENT_FILE, DENIED, ConsentStore
-from localchat.server.generation import resolve_chat_max_tokens, resolve_sampling
+from localchat.serving.generation import resolve_chat_max_tokens, resolve_sampling
 from localchat.store import (
     DONE,
     ERROR,
@@ -53,7 +53,7 @@ from localchat.vision.model_info import takes_images
 
 if TYPE_CHECKING:
     from localchat.model_manager import ModelManager
-    from localchat.server.context import ServerContext
+    from localchat.serving.context import ServerContext
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -157,7 +157,7 @@ class ChatService:
         return {"temperature": params.temperature, "top_p": params.top_p, "max_tokens": cap}
 
     def sampling_params(self, conv: Conversation, ctx: ServerContext) -> SamplingParams:
-        """The same resolution as the API's (server/generation.py), with the conversation's settings
+        """The same resolution as the API's (serving/generation.py), with the conversation's settings
         in the place of a request's fields."""
         requested = {"temperature": conv.temperature, "top_p": conv.top_p}
         max_tokens = resolve_chat_max_tokens(ctx, conv.max_tokens)

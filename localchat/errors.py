@@ -233,3 +233,12 @@ class DatabaseSchemaError(LocalchatError):
     status = 500
     type = "server_error"
     code = "database_schema"
+
+
+class ShuttingDownError(LocalchatError):
+    """SIGINT/SIGTERM arrived: in-flight requests finish, new ones are turned away."""
+
+    status = 503
+    type = "server_busy"
+    code = "shutting_down"
+    retry_after_s = 5

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from localchat.engine.config import EngineConfig
-from localchat.engine.engine import LLMEngine
 from localchat.engine.interface import TokenLogprobs
 from localchat.engine.sampling_params import SamplingParams
 
@@ -46,19 +45,14 @@ class LLM:
         kv_cache_dtype: str = "auto",
     ) -> None:
         from localchat.backends import RunnerOptions, load_runner
+        from localchat.serving.assembly import engine_for
         from localchat.weights.chat_template import ChatTemplate
         from localchat.weights.loader import load_model
 
         self.model = load_model(model)
         options = RunnerOptions(device=device, dtype=dtype, seed=seed, kv_cache_dtype=kv_cache_dtype)
         self.runner = load_runner(backend, self.model, options)
-        self.engine = LLMEngine(
-            self.runner,
-            self.model.tokenizer,
-            engine_config or EngineConfig(),
-            eos_token_ids=self.model.config.eos_token_ids or self.model.tokenizer.eos_token_ids,
-            model_max_len=self.model.config.max_position_embeddings,
-        )
+        self.engine = engine_for(self.model, self.runner, engine_config or EngineConfig())
         self.tokenizer = self.model.tokenizer
         self.template = ChatTemplate(self.model.chat_template)
 

@@ -5,7 +5,7 @@ background threads, one load at a time, while `/health` and the UI show the prog
 `context_for(name)`: a loaded model answers at once; a local model that is not loaded is loaded and
 the request waits (Ollama's behaviour), evicting the least recently used idle model beyond
 `--max-loaded-models`; while the start-up model (or one the UI asked for) is still getting ready,
-requests get 503 with its progress. Engines are built through `server.runtime`, never here: no
+requests get 503 with its progress. Engines are built through `serving.assembly`, never here: no
 torch or mlx in this layer.
 """
 
@@ -35,11 +35,11 @@ from localchat.pulls import Pulls, pull_progress
 if TYPE_CHECKING:
     from localchat.config import Settings
     from localchat.mcp import McpHub
-    from localchat.server.context import ServerContext
+    from localchat.serving.context import ServerContext
 
 log = logging.getLogger(__name__)
 
-Builder = Callable[..., "ServerContext"]  # build_context(settings, target=...) from server.runtime
+Builder = Callable[..., "ServerContext"]  # build_context(settings, target=...) from serving.assembly
 
 
 @dataclass(slots=True)
@@ -80,7 +80,7 @@ class ModelManager:
         mcp: McpHub | bool | None = True,
     ) -> None:
         from localchat.host_memory import mem_available
-        from localchat.server.runtime import mcp_hub
+        from localchat.serving.assembly import mcp_hub
 
         self.settings = settings
         if data_dir is None and settings.home:
@@ -182,7 +182,7 @@ class ModelManager:
         raise ModelNotReadyError(self.load(name).describe())
 
     def check_accepting(self) -> None:
-        from localchat.server.errors import ShuttingDownError
+        from localchat.errors import ShuttingDownError
 
         if self.draining:
             raise ShuttingDownError("The server is shutting down and takes no new requests.")
@@ -320,7 +320,7 @@ class ModelManager:
         return from_local(job.result)
 
     def _load(self, name: str, target: ResolvedModel | None) -> ServerContext:
-        from localchat.server.runtime import build_context
+        from localchat.serving.assembly import build_context
 
         build = self._build or build_context
         with self._load_lock:

@@ -18,7 +18,7 @@ from localchat.errors import LocalchatError
 
 if TYPE_CHECKING:
     from localchat.config import Settings
-    from localchat.server.context import ServerContext
+    from localchat.serving.context import ServerContext
 
 
 class ChatError(LocalchatError):
@@ -88,9 +88,9 @@ class LocalBackend:
         ctx.engine.start()
 
     def stream(self, messages: Messages) -> Iterator[str]:
-        from localchat.server.generation import build_params, resolve_chat_max_tokens
-        from localchat.server.reasoning import ReasoningSplitter, starts_in_reasoning
-        from localchat.server.schemas import ChatCompletionRequest, ChatMessage
+        from localchat.serving.generation import build_params, resolve_chat_max_tokens
+        from localchat.serving.reasoning import ReasoningSplitter, starts_in_reasoning
+        from localchat.serving.schemas import ChatCompletionRequest, ChatMessage
 
         ctx = self.ctx
         prompt_text = ctx.render_chat(messages)
@@ -125,7 +125,7 @@ class LocalBackend:
 def make_backend(settings: Settings) -> Backend:
     if settings.url:
         return RemoteBackend(settings)
-    from localchat.server.runtime import build_context
+    from localchat.serving.assembly import build_context
 
     return LocalBackend(build_context(settings, progress=lambda m: print(m, file=sys.stderr, flush=True)))
 

@@ -10,11 +10,11 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from localchat.server.tool_parsers import ParsedCall, parse
+from localchat.serving.tool_parsers import ParsedCall, parse
 
 if TYPE_CHECKING:
     from localchat.mcp.hub import ToolRun
-    from localchat.server.context import ServerContext
+    from localchat.serving.context import ServerContext
 
 MAX_TURNS = 6
 _BLOCKS = re.compile(

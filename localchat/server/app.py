@@ -33,7 +33,7 @@ from localchat.server.web import close_web_state, create_web_router
 if TYPE_CHECKING:
     from localchat.config import Settings
     from localchat.embeddings.model import EmbeddingModel
-    from localchat.server.context import ServerContext
+    from localchat.serving.context import ServerContext
 
 log = logging.getLogger(__name__)
 

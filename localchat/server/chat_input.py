@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from localchat.errors import InvalidRequestError
-from localchat.server.schemas import ChatCompletionRequest, ChatMessage, Tool
+from localchat.serving.schemas import ChatCompletionRequest, ChatMessage, Tool
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from localchat.server.reasoning import ReasoningSplitter
-from localchat.server.tool_parsers import CallDelta, HarmonyOutput, ToolCallStream
-from localchat.server.tool_parsers.stream import Event
+from localchat.serving.reasoning import ReasoningSplitter
+from localchat.serving.tool_parsers import CallDelta, HarmonyOutput, ToolCallStream
+from localchat.serving.tool_parsers.stream import Event
 
 
 class ChoiceDeltas:

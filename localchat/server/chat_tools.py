@@ -11,13 +11,13 @@ import msgspec
 from localchat.errors import InvalidRequestError
 from localchat.mcp.trust import check_api_caller
 from localchat.server.chat_input import template_tools
-from localchat.server.schemas import ChatCompletionRequest, Tool
-from localchat.server.structured_input import response_constraint, tool_choice_constraint
-from localchat.server.tool_parsers import ToolCallStream, ToolParser
+from localchat.serving.schemas import ChatCompletionRequest, Tool
+from localchat.serving.structured_input import response_constraint, tool_choice_constraint
+from localchat.serving.tool_parsers import ToolCallStream, ToolParser
 
 if TYPE_CHECKING:
     from localchat.engine.constraint import Constraint
-    from localchat.server.context import ServerContext
+    from localchat.serving.context import ServerContext
 
 
 @dataclass(slots=True)

@@ -10,14 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from localchat.engine.loop_guard import LOOP_STOP_REASON
 from localchat.engine.request import FinishReason
-from localchat.server.errors import GenerationFailedError, ShuttingDownError
+from localchat.errors import ShuttingDownError
+from localchat.server.errors import GenerationFailedError
 
 if TYPE_CHECKING:
     from litestar import Request
 
     from localchat.model_manager import ModelManager
-    from localchat.server.context import ServerContext
-    from localchat.server.generation import ChoiceResult, Generation
+    from localchat.serving.context import ServerContext
+    from localchat.serving.generation import ChoiceResult, Generation
 
 
 def get_models(request: Request[Any, Any, Any]) -> ModelManager:

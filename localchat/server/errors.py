@@ -14,15 +14,6 @@ from localchat.errors import LocalchatError
 log = logging.getLogger(__name__)
 
 
-class ShuttingDownError(LocalchatError):
-    """SIGINT/SIGTERM arrived: in-flight requests finish, new ones are turned away."""
-
-    status = 503
-    type = "server_busy"
-    code = "shutting_down"
-    retry_after_s = 5
-
-
 _HTTP_TYPES = {
     400: ("invalid_request_error", "invalid_request"),
     401: ("authentication_error", "invalid_api_key"),

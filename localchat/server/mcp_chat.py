@@ -18,10 +18,10 @@ from litestar import Request, Response
 
 from localchat.server.chat_output import ChoiceDeltas, message_of
 from localchat.server.common import collect_or_abort, finish_reason, usage
-from localchat.server.generation import Generation
-from localchat.server.prompts import chat_prompt
-from localchat.server.reasoning import starts_in_reasoning
 from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, event
+from localchat.serving.generation import Generation
+from localchat.serving.prompts import chat_prompt
+from localchat.serving.reasoning import starts_in_reasoning
 
 if TYPE_CHECKING:
     from localchat.engine.constraint import Constraint

@@ -25,8 +25,8 @@ from localchat.errors import InvalidRequestError, NotFoundError
 from localchat.model_info import catalog_models, local_models
 from localchat.pulls import PullJob
 from localchat.server.common import get_models
-from localchat.server.schemas import decode_request
 from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, event
+from localchat.serving.schemas import decode_request
 
 
 class ModelName(msgspec.Struct):

@@ -23,20 +23,20 @@ from localchat.server.common import (
     usage,
     usage_of,
 )
-from localchat.server.context import ServerContext
-from localchat.server.generation import (
+from localchat.server.mcp_chat import McpConversation
+from localchat.server.openapi import api_operation
+from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, event, guarded
+from localchat.serving.context import ServerContext
+from localchat.serving.generation import (
     Generation,
     build_params,
     check_n,
     resolve_max_tokens,
 )
-from localchat.server.logprobs import chat_logprobs
-from localchat.server.mcp_chat import McpConversation
-from localchat.server.openapi import api_operation
-from localchat.server.reasoning import starts_in_reasoning
-from localchat.server.schemas import ChatCompletionRequest, decode_request
-from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, event, guarded
-from localchat.server.structured_input import response_constraint
+from localchat.serving.logprobs import chat_logprobs
+from localchat.serving.reasoning import starts_in_reasoning
+from localchat.serving.schemas import ChatCompletionRequest, decode_request
+from localchat.serving.structured_input import response_constraint
 from localchat.vision.chat_prompt import chat_prompt_with_images
 from localchat.vision.request_images import has_images
 

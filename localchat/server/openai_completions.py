@@ -18,20 +18,20 @@ from localchat.server.common import (
     usage,
     usage_of,
 )
-from localchat.server.context import ServerContext
-from localchat.server.generation import (
+from localchat.server.openapi import api_operation
+from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, event, guarded
+from localchat.serving.context import ServerContext
+from localchat.serving.generation import (
     Generation,
     build_params,
     check_n,
     check_prompt_length,
     resolve_max_tokens,
 )
-from localchat.server.logprobs import completion_logprobs
-from localchat.server.openapi import api_operation
-from localchat.server.prompts import encode_text
-from localchat.server.schemas import CompletionRequest, decode_request
-from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, event, guarded
-from localchat.server.structured_input import response_constraint
+from localchat.serving.logprobs import completion_logprobs
+from localchat.serving.prompts import encode_text
+from localchat.serving.schemas import CompletionRequest, decode_request
+from localchat.serving.structured_input import response_constraint
 
 MAX_PROMPTS = 16
 MAX_COMPLETION_LOGPROBS = 20

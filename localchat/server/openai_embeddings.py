@@ -20,11 +20,11 @@ from localchat.engine.request import FinishReason
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import InvalidRequestError
 from localchat.server.common import collect_or_abort, model_context, new_call
-from localchat.server.context import ServerContext
 from localchat.server.encoder_models import pick_encoder
-from localchat.server.generation import Generation, check_prompt_length
 from localchat.server.openapi import api_operation
-from localchat.server.schemas import decode_request
+from localchat.serving.context import ServerContext
+from localchat.serving.generation import Generation, check_prompt_length
+from localchat.serving.schemas import decode_request
 
 MAX_INPUTS = 256
 MAX_SIDE_INPUTS = 2048  # a dedicated embedding model batches them into a few passes

@@ -22,13 +22,13 @@ from localchat.server.common import (
     model_context,
     new_call,
 )
-from localchat.server.generation import Generation, build_params, resolve_max_tokens
 from localchat.server.openapi import api_operation
-from localchat.server.reasoning import starts_in_reasoning
 from localchat.server.responses_input import ResponsesRequest, as_chat_request, input_messages
 from localchat.server.responses_output import ResponseWriter
-from localchat.server.schemas import decode_request
 from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, guarded
+from localchat.serving.generation import Generation, build_params, resolve_max_tokens
+from localchat.serving.reasoning import starts_in_reasoning
+from localchat.serving.schemas import decode_request
 from localchat.vision.chat_prompt import chat_prompt_with_images
 
 _encode = msgspec.json.Encoder().encode

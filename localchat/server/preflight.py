@@ -1,6 +1,7 @@
-"""Checks that turn a server that cannot work into a one-line message at startup: the port is free
-(checked before the model loads, which takes seconds to minutes), and the KV cache holds a useful
-context. Plus opening the browser, which fails quietly on headless machines."""
+"""A check that turns a server that cannot work into a one-line message at startup: the port is free
+(checked before the model loads, which takes seconds to minutes; the KV budget is checked where the
+engine is assembled, in `serving.assembly`). Plus opening the browser, which fails quietly on headless
+machines."""
 
 from __future__ import annotations
 
@@ -8,14 +9,9 @@ import errno
 import socket
 import sys
 import webbrowser
-from typing import TYPE_CHECKING
 
-from localchat.config import MIN_CONTEXT_TOKENS, SettingsError
+from localchat.config import SettingsError
 from localchat.errors import LocalchatError
-
-if TYPE_CHECKING:
-    from localchat.config import Settings
-    from localchat.engine.interface import KVCacheSpec
 
 # Windows reports these as WSA codes.
 _IN_USE = {errno.EADDRINUSE, 10048}
@@ -59,23 +55,6 @@ def _bind_error(host: str, port: int, exc: OSError) -> LocalchatError:
             param="host",
         )
     return PortUnavailableError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pass --p PORT.")
-
-
-def check_kv_budget(settings: Settings, spec: KVCacheSpec, model_max_len: int) -> None:
-    """Refuse a `--mem` whose KV cache cannot hold a useful context for this model."""
-    if settings.mem is None:  # sized from free memory, and capped with a log line
-        return
-    wanted = min(MIN_CONTEXT_TOKENS, model_max_len)
-    blocks = -(-wanted // settings.block_size) + 1  # +1: the engine's null block
-    per_block = spec.bytes_per_block(settings.block_size)
-    needed_mib = -(-blocks * per_block // 2**20)
-    if settings.mem < needed_mib:
-        raise SettingsError(
-            f"--mem {settings.mem} MiB cannot hold {wanted} tokens of this model's KV cache "
-            f"({per_block / 2**20:.2f} MiB per {settings.block_size}-token block); the smallest that works is "
-            f"--mem {needed_mib} (or leave --mem out to size it from free memory).",
-            param="mem",
-        )
 
 
 def open_browser(url: str) -> None:

@@ -14,7 +14,7 @@ from localchat.errors import InvalidRequestError
 from localchat.server.common import new_call
 from localchat.server.encoder_models import require_reranker
 from localchat.server.openapi import api_operation
-from localchat.server.schemas import decode_request
+from localchat.serving.schemas import decode_request
 
 MAX_DOCUMENTS = 1024
 

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from localchat.errors import InvalidRequestError
-from localchat.server.schemas import ChatCompletionRequest, FunctionDef, SamplingFields, Tool
+from localchat.serving.schemas import ChatCompletionRequest, FunctionDef, SamplingFields, Tool
 
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 _TEXT_PARTS = ("input_text", "output_text", "text")

@@ -1,6 +1,6 @@
 """Forced tool calls (`tool_choice` "required" or a named function) as a grammar.
 
-The tool-call parsers (localchat/server/tool_parsers) define each format's three strings; the output is
+The tool-call parsers (localchat/serving/tool_parsers) define each format's three strings; the output is
 then always `forced_prefix + {"name": NAME, ARGUMENTS_KEY: <arguments valid for that tool>} +
 forced_suffix`, repeated for parallel calls, and nothing else.
 """

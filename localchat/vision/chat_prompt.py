@@ -10,13 +10,13 @@ import anyio.to_thread
 
 from localchat.engine.request import ImageInput
 from localchat.errors import InvalidRequestError
-from localchat.server.generation import check_prompt_length
-from localchat.server.prompts import check_prompt_chars
+from localchat.serving.generation import check_prompt_length
+from localchat.serving.prompts import check_prompt_chars
 from localchat.vision.content import ImageInputError, ImageLimits
 from localchat.vision.request_images import ImageRequestError, prepare_images
 
 if TYPE_CHECKING:
-    from localchat.server.context import ServerContext
+    from localchat.serving.context import ServerContext
 
 ChatPromptWithImages = tuple[str, list[int], tuple[ImageInput, ...]]
 

@@ -15,7 +15,7 @@ import pytest
 
 from localchat.config import MIN_CONTEXT_TOKENS
 from localchat.engine.interface import KVCacheSpec
-from localchat.server.preflight import check_kv_budget
+from localchat.serving.assembly import check_kv_budget
 from tests.helpers.fake_app import fake_settings
 from tests.helpers.live_server import REPO, free_port, live_server
 

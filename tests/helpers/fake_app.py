@@ -10,8 +10,8 @@ from litestar.testing import TestClient
 
 from localchat.config import Settings
 from localchat.server.app import create_app
-from localchat.server.context import ServerContext
-from localchat.server.runtime import build_context
+from localchat.serving.assembly import build_context
+from localchat.serving.context import ServerContext
 
 # Litestar's TestClient addresses the app as http://testserver.local; the server's DNS-rebinding guard
 # answers only loopback names unless told otherwise.

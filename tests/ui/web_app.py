@@ -17,8 +17,8 @@ from litestar import Litestar
 
 from localchat.config import Settings
 from localchat.server.app import create_app
-from localchat.server.context import ServerContext
-from localchat.server.runtime import build_context
+from localchat.serving.assembly import build_context
+from localchat.serving.context import ServerContext
 
 
 def fake_app(home: Path, **settings: Any) -> tuple[Litestar, ServerContext]:

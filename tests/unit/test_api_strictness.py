@@ -3,7 +3,7 @@ OpenAI's 4, documented), and reasoning_effort mapped onto the reasoning models' 
 
 from __future__ import annotations
 
-from localchat.server.schemas import ChatCompletionRequest, decode_request
+from localchat.serving.schemas import ChatCompletionRequest, decode_request
 from tests.helpers.fake_app import fake_client, say
 from tests.helpers.live_server import REPO
 

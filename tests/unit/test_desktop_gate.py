@@ -43,7 +43,7 @@ def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness
     def build(progress: Progress) -> Any:
         # A load that takes as long as the test wants, reporting progress like the model fetch does.
         from localchat.server.app import create_app
-        from localchat.server.runtime import build_context
+        from localchat.serving.assembly import build_context
 
         progress.model = "fake-model"
         progress.say("Fetching smollm2-135m (105 MiB) from PyPI ...")

@@ -15,7 +15,7 @@ from localchat.errors import InsufficientMemoryError
 from localchat.model_manager import ModelManager
 from localchat.model_memory import GIB, MIB, check_fits, compact_gguf_types, estimate
 from localchat.server.app import create_app
-from localchat.server.runtime import build_context
+from localchat.serving.assembly import build_context
 from tests.helpers.fake_app import fake_settings, say
 
 

@@ -11,7 +11,7 @@ from localchat.engine.loop_guard import CHECK_EVERY, is_looping
 from localchat.engine.request import FinishReason, Request
 from localchat.engine.sampling_params import SamplingParams
 from localchat.sampling_defaults import BUILTIN_DEFAULTS, gguf_sampling_defaults, resolve
-from localchat.server.generation import resolve_chat_max_tokens
+from localchat.serving.generation import resolve_chat_max_tokens
 from tests.helpers.fake_app import fake_client, say
 from tests.helpers.live_server import parse_sse
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from localchat.server.reasoning import ReasoningSplitter, split_reasoning, starts_in_reasoning
+from localchat.serving.reasoning import ReasoningSplitter, split_reasoning, starts_in_reasoning
 
 CASES = [
     ("<think>plan</think>\n\nanswer", False, "plan", "answer"),

@@ -254,7 +254,7 @@ def test_web_ui_is_mounted_unless_no_ui():
     import importlib.util
 
     from localchat.server.app import create_app
-    from localchat.server.runtime import build_context
+    from localchat.serving.assembly import build_context
     from tests.helpers.fake_app import fake_settings
 
     def paths(ui: bool) -> set[str]:

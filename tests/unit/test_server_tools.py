@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from localchat.server.chat_input import template_messages
-from localchat.server.schemas import ChatCompletionRequest, decode_request
-from localchat.server.tool_parsers import PARSERS
+from localchat.serving.schemas import ChatCompletionRequest, decode_request
+from localchat.serving.tool_parsers import PARSERS
 from localchat.weights.chat_template import ChatTemplate
 from tests.helpers.fake_app import fake_client, say
 from tests.helpers.live_server import check_chat_stream, parse_sse

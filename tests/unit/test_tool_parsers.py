@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from localchat.server.tool_parsers import PARSER_CHOICES, PARSERS, ToolCallStream, parse, pick_parser
-from localchat.server.tool_parsers.stream import CallDelta, collect
+from localchat.serving.tool_parsers import PARSER_CHOICES, PARSERS, ToolCallStream, parse, pick_parser
+from localchat.serving.tool_parsers.stream import CallDelta, collect
 
 TEMPLATES = Path(__file__).parents[1] / "data" / "chat_templates"
 NAMES = {"get_weather", "get_time"}

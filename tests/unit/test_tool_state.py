@@ -8,8 +8,8 @@ import pytest
 from localchat.errors import NotFoundError
 from localchat.mcp.hub import ToolRun
 from localchat.mcp.ui_turns import answer_messages, transcript
-from localchat.server.responses_store import ResponseStore
-from localchat.server.tool_parsers import ParsedCall
+from localchat.serving.responses_store import ResponseStore
+from localchat.serving.tool_parsers import ParsedCall
 
 
 def test_response_store_keeps_the_most_recently_used():

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from litestar.testing import TestClient
 
-from localchat.server.context import ServerContext
+from localchat.serving.context import ServerContext
 from localchat.store import DONE, ERROR, STOPPED
 from tests.ui.web_app import fake_app, web_state
 

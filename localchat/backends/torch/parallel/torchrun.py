@@ -25,7 +25,7 @@ def worker_rank(settings: Settings) -> int | None:
 
 def serve_worker(settings: Settings, rank: int) -> int:
     """Run worker `rank` until rank 0 shuts down (exit code 0) or the group breaks (an exception)."""
-    from localchat.server.runtime import load_bundle, runner_options
+    from localchat.serving.assembly import load_bundle, runner_options
 
     options = rank_options(runner_options(settings), rank)
     group = init_group(None, None, pick_device(options.device))

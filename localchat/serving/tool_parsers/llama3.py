@@ -3,7 +3,7 @@ sometimes after `<|python_tag|>` (a special token, so usually already dropped fr
 
 from __future__ import annotations
 
-from localchat.server.tool_parsers.base import ToolParser
+from localchat.serving.tool_parsers.base import ToolParser
 
 
 class Llama3Parser(ToolParser):

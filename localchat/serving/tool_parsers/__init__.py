@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from localchat.server.tool_parsers.base import ToolParser
-from localchat.server.tool_parsers.harmony import HarmonyOutput, HarmonyParser
-from localchat.server.tool_parsers.hermes import HermesParser
-from localchat.server.tool_parsers.json_fallback import JsonParser
-from localchat.server.tool_parsers.llama3 import Llama3Parser
-from localchat.server.tool_parsers.mistral import MistralParser
-from localchat.server.tool_parsers.stream import CallDelta, ParsedCall, ParsedOutput, ToolCallStream, parse
+from localchat.serving.tool_parsers.base import ToolParser
+from localchat.serving.tool_parsers.harmony import HarmonyOutput, HarmonyParser
+from localchat.serving.tool_parsers.hermes import HermesParser
+from localchat.serving.tool_parsers.json_fallback import JsonParser
+from localchat.serving.tool_parsers.llama3 import Llama3Parser
+from localchat.serving.tool_parsers.mistral import MistralParser
+from localchat.serving.tool_parsers.stream import CallDelta, ParsedCall, ParsedOutput, ToolCallStream, parse
 
 PARSERS: dict[str, type[ToolParser]] = {
     p.name: p for p in (HermesParser, Llama3Parser, MistralParser, HarmonyParser, JsonParser)

@@ -5,8 +5,8 @@ markers are special tokens: a model that speaks harmony is decoded with its spec
 from __future__ import annotations
 
 from localchat.server.harmony import HarmonyReader, Piece
-from localchat.server.tool_parsers.base import ToolParser
-from localchat.server.tool_parsers.stream import CallDelta, Event
+from localchat.serving.tool_parsers.base import ToolParser
+from localchat.serving.tool_parsers.stream import CallDelta, Event
 
 
 class HarmonyParser(ToolParser):

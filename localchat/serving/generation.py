@@ -16,13 +16,13 @@ from localchat.engine.outputs import RequestOutput
 from localchat.engine.request import FinishReason, ImageInput
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import ContextLengthExceededError, InvalidRequestError
-from localchat.server.structured_input import parse_logit_bias
+from localchat.serving.structured_input import parse_logit_bias
 
 if TYPE_CHECKING:
     from localchat.engine.async_engine import AsyncEngine
     from localchat.engine.constraint import Constraint
-    from localchat.server.context import ServerContext
-    from localchat.server.schemas import SamplingFields
+    from localchat.serving.context import ServerContext
+    from localchat.serving.schemas import SamplingFields
 
 MAX_N = 16
 _REQUEST_KEYS = sampling_defaults.REQUEST_KEYS

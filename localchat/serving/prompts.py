@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 
 from localchat.errors import InvalidRequestError
-from localchat.server.generation import check_prompt_length
+from localchat.serving.generation import check_prompt_length
 
 if TYPE_CHECKING:
-    from localchat.server.context import ServerContext
+    from localchat.serving.context import ServerContext
 
 # No tokenizer we load averages anywhere near this many characters per token (English text is ~4,
 # code ~3; even runs of spaces merge into tokens of at most a few dozen), so a longer text cannot fit.

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from localchat.server.tool_parsers.base import ToolParser
+from localchat.serving.tool_parsers.base import ToolParser
 
 
 class JsonParser(ToolParser):

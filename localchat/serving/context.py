@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from localchat import __version__
-from localchat.server.logprobs import TokenTexts
-from localchat.server.responses_store import ResponseStore
-from localchat.server.tool_parsers import JsonParser, ToolParser
+from localchat.serving.logprobs import TokenTexts
+from localchat.serving.responses_store import ResponseStore
+from localchat.serving.tool_parsers import JsonParser, ToolParser
 
 if TYPE_CHECKING:
     from localchat.config import Settings

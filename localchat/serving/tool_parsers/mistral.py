@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 
-from localchat.server.tool_parsers.base import ToolParser
+from localchat.serving.tool_parsers.base import ToolParser
 
 
 class MistralParser(ToolParser):

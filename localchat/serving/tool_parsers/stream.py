@@ -13,8 +13,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from localchat.server.tool_parsers.base import ToolParser
-from localchat.server.tool_parsers.json_scan import JsonSyntaxError, value_end
+from localchat.serving.tool_parsers.base import ToolParser
+from localchat.serving.tool_parsers.json_scan import JsonSyntaxError, value_end
 
 _HEADER = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 _SEPARATORS = " \t\r\n,;[]"

@@ -9,7 +9,7 @@ from typing import Any
 
 from localchat.engine.constraint import Constraint
 from localchat.errors import InvalidRequestError
-from localchat.server.context import ServerContext
+from localchat.serving.context import ServerContext
 from localchat.structured.grammar import json_object_constraint, json_schema_constraint
 from localchat.structured.tool_grammar import tool_call_constraint
 from localchat.structured.vocabulary import grammar_tokenizer

@@ -4,7 +4,7 @@ of the reply (naming one of the request's tools) counts too."""
 
 from __future__ import annotations
 
-from localchat.server.tool_parsers.base import ToolParser
+from localchat.serving.tool_parsers.base import ToolParser
 
 
 class HermesParser(ToolParser):
