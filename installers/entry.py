@@ -2,7 +2,7 @@
 
 import sys
 
-from localchat.cli import main
+from localchat.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,6 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from localchat.cli import main
+from localchat.cli.main import main
 
 sys.exit(main())

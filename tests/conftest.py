@@ -16,7 +16,7 @@ def smollm2_gguf() -> Path:
     override = os.environ.get("LOCALCHAT_TEST_GGUF")
     if override:  # before importing the app's fetcher: the GPU machine runs tests without its deps
         return Path(override)
-    from localchat.default_model import ensure_default_model
+    from localchat.models.default_model import ensure_default_model
 
     return ensure_default_model(REPO / ".models")
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from localchat.catalog import CatalogEntry, load_catalog
 from localchat.errors import LocalchatError
 from localchat.hub import cache, env, ledger
 from localchat.hub.files import Selection, gguf_groups, pick, quant_of, repo_format, split_total
 from localchat.hub.records import LocalModel
 from localchat.hub.spec import ModelSpec, canonical_name, parse
+from localchat.models.catalog import CatalogEntry, load_catalog
 
 _SHARD = re.compile(r"-\d{5}-of-(\d{5})\.safetensors$")
 

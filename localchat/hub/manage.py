@@ -7,12 +7,12 @@ import re
 import shutil
 from pathlib import Path
 
-from localchat.catalog import load_catalog
 from localchat.errors import ModelNotFoundError, ModelNotOwnedError
 from localchat.hub import cache, env, ledger
 from localchat.hub.download import CHUNK, Digest
 from localchat.hub.local import find_local, list_local
 from localchat.hub.records import LocalModel
+from localchat.models.catalog import load_catalog
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _SHA1 = re.compile(r"^[0-9a-f]{40}$")

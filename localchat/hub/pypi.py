@@ -32,7 +32,7 @@ from localchat.hub.progress import ProgressTracker
 from localchat.hub.records import LocalModel
 
 if TYPE_CHECKING:
-    from localchat.catalog import CatalogEntry
+    from localchat.models.catalog import CatalogEntry
 
 _HREF = re.compile(r"<a\s[^>]*href=[\"']([^\"']+)[\"'][^>]*>\s*([^<]+?)\s*</a>", re.IGNORECASE)
 JSON_ACCEPT = (

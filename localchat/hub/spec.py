@@ -6,8 +6,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from localchat.catalog import CatalogEntry, load_catalog
 from localchat.errors import ModelNotFoundError
+from localchat.models.catalog import CatalogEntry, load_catalog
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 _HUB_PREFIXES = ("hf.co/", "huggingface.co/", "https://huggingface.co/", "https://hf.co/")

@@ -15,7 +15,7 @@ from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 
 from localchat import __version__
-from localchat.model_manager import ModelManager
+from localchat.models.manager import ModelManager
 from localchat.server.auth import require_api_key
 from localchat.server.errors import handle_exception
 from localchat.server.model_routes import MODEL_ROUTES

@@ -16,7 +16,7 @@ from localchat.server.errors import GenerationFailedError
 if TYPE_CHECKING:
     from litestar import Request
 
-    from localchat.model_manager import ModelManager
+    from localchat.models.manager import ModelManager
     from localchat.serving.context import ServerContext
     from localchat.serving.generation import ChoiceResult, Generation
 

@@ -22,8 +22,8 @@ from litestar.params import FromQuery
 from litestar.response import Stream
 
 from localchat.errors import InvalidRequestError, NotFoundError
-from localchat.model_info import catalog_models, local_models
-from localchat.pulls import PullJob
+from localchat.models.info import catalog_models, local_models
+from localchat.models.pulls import PullJob
 from localchat.server.common import get_models
 from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, event
 from localchat.serving.schemas import decode_request

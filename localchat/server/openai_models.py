@@ -17,7 +17,7 @@ from localchat.server.openapi import api_operation
 from localchat.vision.model_info import takes_images
 
 if TYPE_CHECKING:
-    from localchat.model_manager import ModelManager
+    from localchat.models.manager import ModelManager
 
 
 def _cards(models: ModelManager) -> list[dict[str, Any]]:

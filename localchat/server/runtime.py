@@ -21,7 +21,7 @@ from localchat.server.http_guard import GuardedH11Protocol, install_access_log_f
 if TYPE_CHECKING:
     from localchat.config import Settings
     from localchat.embeddings.model import EmbeddingModel
-    from localchat.model_manager import ModelManager
+    from localchat.models.manager import ModelManager
     from localchat.serving.context import ServerContext
 
 log = logging.getLogger("localchat")
@@ -78,7 +78,7 @@ def serve(
     """Run the server until SIGINT/SIGTERM (exit code 0), or until the start-up model fails to load
     (exit code 1, the reason on stderr) unless `exit_on_startup_error` is off (then /health says it).
     `models`: the manager, or one already built context (it becomes the manager's only model)."""
-    from localchat.model_manager import ModelManager
+    from localchat.models.manager import ModelManager
     from localchat.server.app import create_app
 
     if not isinstance(models, ModelManager):

@@ -23,9 +23,10 @@ from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 
-from localchat.conversations import INTERRUPTED, ChatService
+from localchat.chats.conversations import INTERRUPTED, ChatService
+from localchat.chats.store import Conversation, Store
 from localchat.errors import AuthenticationError, DataDirError, LocalchatError
-from localchat.model_manager import ModelManager
+from localchat.models.manager import ModelManager
 from localchat.paths import data_dir
 from localchat.server import (
     web_about,
@@ -40,7 +41,6 @@ from localchat.server.web_common import WebState, current_path
 from localchat.server.web_extras import DEFAULT_SYSTEM_PROMPT_KEY, EXAMPLE_PROMPTS
 from localchat.server.web_models import model_status
 from localchat.server.web_render import STATIC_HEADERS, html, macro, render, ui_dir
-from localchat.store import Conversation, Store
 from localchat.vision.model_info import takes_images
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from localchat.server.backend_words import backend_in_words
 from localchat.server.common import get_models
 from localchat.server.web_render import html, render
 
-DESKTOP_STATE_KEY = "desktop_hooks"  # set on the app's state by localchat.desktop
+DESKTOP_STATE_KEY = "desktop_hooks"  # set on the app's state by localchat.desktop.app
 
 
 @get("/ui/about", name="web:about", sync_to_thread=False)

@@ -14,7 +14,7 @@ from litestar.response import ServerSentEvent, ServerSentEventMessage
 from markupsafe import escape
 
 from localchat.attachments.prepare import Upload
-from localchat.conversations import Approval
+from localchat.chats.conversations import Approval
 from localchat.errors import InvalidRequestError, NotFoundError
 from localchat.server.web_common import WebState, require_htmx
 from localchat.server.web_forms import parse_settings

@@ -11,8 +11,8 @@ from litestar.connection import ASGIConnection
 from litestar.exceptions import PermissionDeniedException
 from litestar.handlers import BaseRouteHandler
 
-from localchat.conversations import ChatService
-from localchat.store import Store
+from localchat.chats.conversations import ChatService
+from localchat.chats.store import Store
 
 
 @dataclass(slots=True)

@@ -10,7 +10,7 @@ from localchat.errors import InvalidRequestError
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from localchat.conversations import ChatService
+    from localchat.chats.conversations import ChatService
 
 MAX_SYSTEM_PROMPT_CHARS = 50_000
 _LABELS = {"temperature": "Temperature", "top_p": "Top P", "max_tokens": "Max tokens"}

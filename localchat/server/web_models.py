@@ -12,11 +12,11 @@ import anyio.to_thread
 from litestar import Request, Response, get, post
 from litestar.params import FromQuery
 
-from localchat.catalog import DEFAULT_ALIAS
 from localchat.errors import InvalidRequestError
-from localchat.model_info import catalog_models, human_bytes, local_models, ram_hint
-from localchat.model_manager import ModelManager
-from localchat.pulls import FINAL_PHASES, PullJob
+from localchat.models.catalog import DEFAULT_ALIAS
+from localchat.models.info import catalog_models, human_bytes, local_models, ram_hint
+from localchat.models.manager import ModelManager
+from localchat.models.pulls import FINAL_PHASES, PullJob
 from localchat.server.web_common import require_htmx
 from localchat.server.web_render import html, render
 from localchat.server.web_render import models_macro as macro

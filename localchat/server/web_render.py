@@ -13,7 +13,7 @@ from litestar import Response
 from litestar.enums import MediaType
 from markupsafe import Markup
 
-from localchat.model_info import human_bytes
+from localchat.models.info import human_bytes
 
 # htmx runs with allowEval off, so no 'unsafe-eval'; nothing inline, so no 'unsafe-inline' either.
 CSP = (

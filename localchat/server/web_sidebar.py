@@ -10,7 +10,7 @@ from litestar.datastructures import UploadFile
 from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery
 
-from localchat.conversation_io import import_json, to_json, to_markdown
+from localchat.chats.conversation_io import import_json, to_json, to_markdown
 from localchat.errors import InvalidRequestError, NotFoundError
 from localchat.server.web_common import WebState, conv_id_from, require_htmx
 from localchat.server.web_render import html, macro

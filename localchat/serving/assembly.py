@@ -16,11 +16,11 @@ from localchat.serving.draft_model import load_draft_runner
 
 if TYPE_CHECKING:
     from localchat.backends import RunnerOptions
-    from localchat.catalog import ResolvedModel
     from localchat.config import Settings
     from localchat.engine.config import EngineConfig
     from localchat.engine.interface import KVCacheSpec, ModelRunner
     from localchat.mcp import McpHub
+    from localchat.models.catalog import ResolvedModel
     from localchat.weights.bundle import ModelBundle
 
 log = logging.getLogger("localchat")
@@ -53,7 +53,7 @@ def load_bundle(
         from localchat.backends.fake import fake_model_bundle
 
         return fake_model_bundle(), target.model_id if target else "fake-model", []
-    from localchat.catalog import resolve_model
+    from localchat.models.catalog import resolve_model
     from localchat.paths import data_dir
     from localchat.weights.loader import load_model
 
@@ -136,8 +136,8 @@ def _catalog_tool_format(settings: Settings) -> str | None:
     """The `tool_call` field of the models.yaml entry the model was named by, if any."""
     if not settings.model or settings.backend == "fake":
         return None
-    from localchat.catalog import load_catalog
     from localchat.errors import LocalchatError
+    from localchat.models.catalog import load_catalog
     from localchat.paths import data_dir
 
     try:

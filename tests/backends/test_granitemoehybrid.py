@@ -16,7 +16,7 @@ from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
 from localchat.arch.registry import architecture
 from localchat.backends.torch.mamba2 import ssd_chunked, ssd_step
 from localchat.backends.torch.runner import TorchRunner
-from localchat.model_memory import MIN_KV_BUDGET, estimate
+from localchat.models.memory import MIN_KV_BUDGET, estimate
 from localchat.weights.config import ModelConfig
 from localchat.weights.loader import load_model
 from tests.backends.test_qwen3_next import HybridDriver

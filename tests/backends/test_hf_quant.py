@@ -207,7 +207,7 @@ def test_unknown_quant_method_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize("case", ["gptq-g32", "awq-g32", "ct-w4a16-g32", "fp8-block32"])
 def test_ram_check_sizes_quantized_folders_as_dequantized(tmp_path: Path, case: str) -> None:
     """The pre-load RAM check must count what the load makes (float32 here), not the 4x-8x smaller files."""
-    from localchat.model_memory import estimate, path_size
+    from localchat.models.memory import estimate, path_size
 
     quantizer, qconfig = CASES[case]
     hf = write_quantized(tmp_path, quantizer, qconfig)

@@ -120,7 +120,7 @@ def test_ram_estimate_sizes_iq4_files_as_stored(
 ) -> None:
     """With the kernels (on any ISA, x16 layout on or not: i-quants have no x16 form) the pre-load RAM
     check counts an i-quant file's matrices at their stored size, not expanded to 2 bytes a value."""
-    from localchat.model_memory import compact_gguf_types, estimate
+    from localchat.models.memory import compact_gguf_types, estimate
     from tests.helpers.tiny_gguf import random_state_dict, tiny_config, write_tiny_gguf
 
     monkeypatch.delenv(kernels.KERNELS_ENV, raising=False)

@@ -14,7 +14,7 @@ from localchat.backends import RunnerOptions
 from localchat.backends.torch import kernels
 from localchat.backends.torch.kernels import BlockMatrix
 from localchat.backends.torch.runner import TorchRunner
-from localchat.model_memory import compact_gguf_types, estimate
+from localchat.models.memory import compact_gguf_types, estimate
 from localchat.weights.loader import load_model
 from tests.helpers.tiny_gguf import random_state_dict, tiny_config, write_tiny_gguf
 

@@ -26,7 +26,7 @@ from localchat.backends.torch.isq import quantize_weight
 from localchat.backends.torch.kernels import BlockMatrix
 from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
-from localchat.model_memory import estimate
+from localchat.models.memory import estimate
 from localchat.weights.block_quantize import quantize_q4_0, quantize_q4_k, quantize_q5_0, quantize_q8_0
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.isq_plan import BLOCK_TYPES, block_type, is_head

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from localchat.store import Store
+from localchat.chats.store import Store
 from tests.desktop.conftest import (
     desktop_env,
     localchat,
@@ -151,7 +151,7 @@ def test_missing_pywebview_names_the_package_to_install(tmp_path: Path) -> None:
     # The import fails for real (a None entry in sys.modules), as it does where pywebview is absent.
     code = (
         "import sys; sys.modules['webview'] = None\n"
-        "from localchat.desktop import gui_problem; print(gui_problem())"
+        "from localchat.desktop.app import gui_problem; print(gui_problem())"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], env=desktop_env(tmp_path, "offscreen"), capture_output=True, text=True

@@ -207,7 +207,7 @@ def _fill(path: str, ids: dict[str, str]) -> str:
 
 
 def test_no_get_route_changes_anything(hub_server: tuple[LiveServer, Path], tmp_path: Path) -> None:
-    from localchat.model_manager import ModelManager
+    from localchat.models.manager import ModelManager
     from localchat.server.app import create_app
     from tests.helpers.fake_app import fake_settings
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from localchat.store import title_from
+from localchat.chats.store import title_from
 from tests.ui.actions import (
     CHAT_URL,
     send_new_chat,

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from localchat.conversations import INTERRUPTED
+from localchat.chats.conversations import INTERRUPTED
 from tests.helpers.live_server import REPO, free_port
 from tests.ui.actions import send_new_chat
 from tests.ui.conftest import WIDE

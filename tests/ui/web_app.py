@@ -64,7 +64,7 @@ def live_app(home: Path, *, preload: bool = True, **settings: Any) -> Iterator[L
     if preload:
         app, ctx = fake_app(home, **settings)
     else:
-        from localchat.model_manager import ModelManager
+        from localchat.models.manager import ModelManager
 
         config = Settings(**{"home": str(home), "mem": 16, "log": "warning", **settings})
         app, ctx = create_app(config, ModelManager(config)), None

@@ -15,9 +15,9 @@ from PIL import Image
 from localchat.attachments.kinds import AttachmentError, document_kind, image_kind
 from localchat.attachments.prepare import AttachmentRules, Upload, prepare
 from localchat.attachments.text import TRUNCATION_NOTE, context_block, extract_text, fit
-from localchat.conversation_io import import_json, to_json
-from localchat.store import NewMessage, Store
-from localchat.store_schema import MIGRATIONS, schema_version
+from localchat.chats.conversation_io import import_json, to_json
+from localchat.chats.store import NewMessage, Store
+from localchat.chats.store_schema import MIGRATIONS, schema_version
 from tests.helpers.tiny_pdf import tiny_pdf
 
 
@@ -167,7 +167,7 @@ def test_export_carries_pictures_and_documents_and_import_restores_them(tmp_path
 def test_the_prompt_shows_the_newest_pictures_and_names_the_rest(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from localchat.conversations import ChatService, _chat_messages
+    from localchat.chats.conversations import ChatService, _chat_messages
 
     store = Store(tmp_path / "c.sqlite3")
     red, blue = png(), png((0, 0, 200))

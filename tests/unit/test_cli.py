@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from localchat import __version__, cli
+from localchat import __version__
+from localchat.cli import main as cli
 from localchat.config import SETTINGS_SPEC, Settings, SettingsError
 from localchat.server.runtime import security_warning
 from tests.helpers.live_server import REPO, free_port
@@ -179,13 +180,15 @@ def test_main_exit_codes_and_messages(capsys, monkeypatch):
 
 
 def test_bare_localchat_opens_the_desktop_app_and_ui_server_the_browser(monkeypatch):
-    import localchat.desktop
+    import localchat.desktop.app
 
     calls = []
     monkeypatch.setattr(cli, "_serve", lambda settings, open_browser: calls.append(open_browser) or 0)
     desktop = []
     monkeypatch.setattr(
-        localchat.desktop, "run_desktop", lambda settings, selftest, fallback: desktop.append(selftest) or 0
+        localchat.desktop.app,
+        "run_desktop",
+        lambda settings, selftest, fallback: desktop.append(selftest) or 0,
     )
     assert cli.main([]) == 0
     assert cli.main(["--selftest", "--backend", "fake"]) == 0

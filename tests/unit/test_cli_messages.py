@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from localchat import cli
-from localchat.cli_models import ProgressPrinter
+from localchat.cli import main as cli
+from localchat.cli.models import ProgressPrinter
 from localchat.hub import PullProgress
-from localchat.pulls import cancelled_message
+from localchat.models.pulls import cancelled_message
 from tests.helpers.live_server import free_port, live_server
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from localchat import catalog
 from localchat.errors import ModelNotFoundError
+from localchat.models import catalog
 
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

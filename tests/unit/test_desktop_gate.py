@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from localchat.config import Settings
-from localchat.desktop_gate import LOADING_PAGE, DesktopGate, DesktopHooks, Progress
-from localchat.desktop_server import BackgroundServer, bind_socket
+from localchat.desktop.gate import LOADING_PAGE, DesktopGate, DesktopHooks, Progress
+from localchat.desktop.server import BackgroundServer, bind_socket
 from localchat.errors import ModelLoadError
 
 KEY = "per-launch-key"

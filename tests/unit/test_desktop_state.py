@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from localchat.desktop_instance import INFO_FILE, InstanceLock, focus_running
-from localchat.desktop_state import STATE_FILE, DesktopState
+from localchat.desktop.instance import INFO_FILE, InstanceLock, focus_running
+from localchat.desktop.state import STATE_FILE, DesktopState
 from localchat.logs import setup_logging
 
 

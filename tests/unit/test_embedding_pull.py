@@ -74,7 +74,7 @@ def test_pull_an_embedding_entry_and_load_it(fake_hub: FakeHub, tmp_path: Path) 
 
 
 def test_list_marks_embedding_and_rerank_models() -> None:
-    from localchat.cli_models import format_table
+    from localchat.cli.models import format_table
     from localchat.hub import LocalModel
 
     rows = format_table([

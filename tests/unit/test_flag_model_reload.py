@@ -8,7 +8,7 @@ from pathlib import Path
 
 from litestar.testing import TestClient
 
-from localchat.model_manager import ModelManager
+from localchat.models.manager import ModelManager
 from localchat.server.app import create_app
 from tests.helpers.fake_app import fake_settings, say
 

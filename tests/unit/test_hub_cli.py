@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from localchat import cli
-from localchat.cli_models import ProgressPrinter, format_table, render
+from localchat.cli import main as cli
+from localchat.cli.models import ProgressPrinter, format_table, render
 from localchat.hub import PullProgress
 from localchat.hub.records import LocalModel
 from tests.helpers.fake_hub import FakeHub

@@ -29,7 +29,7 @@ from localchat.engine.request import Request
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.scheduler import Scheduler
 from localchat.engine.state_slots import StateSlotPool
-from localchat.model_memory import MIN_KV_BUDGET, estimate
+from localchat.models.memory import MIN_KV_BUDGET, estimate
 from tests.helpers.fake_engine import drain
 
 STATE_BYTES = 1024

@@ -12,8 +12,8 @@ import pytest
 from litestar.testing import TestClient
 
 from localchat.errors import InsufficientMemoryError
-from localchat.model_manager import ModelManager
-from localchat.model_memory import GIB, MIB, check_fits, compact_gguf_types, estimate
+from localchat.models.manager import ModelManager
+from localchat.models.memory import GIB, MIB, check_fits, compact_gguf_types, estimate
 from localchat.server.app import create_app
 from localchat.serving.assembly import build_context
 from tests.helpers.fake_app import fake_settings, say

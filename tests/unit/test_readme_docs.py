@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from localchat.cli import COMMANDS
+from localchat.cli.main import COMMANDS
 from localchat.config import SETTINGS_SPEC
 from localchat.server.app import API_ROUTES
 from tests.helpers.live_server import REPO

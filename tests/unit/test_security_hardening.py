@@ -19,7 +19,7 @@ from litestar.testing import TestClient
 from localchat import paths
 from localchat.config import Settings
 from localchat.loopback import is_loopback_host
-from localchat.model_manager import ModelManager
+from localchat.models.manager import ModelManager
 from localchat.server.app import create_app
 from localchat.server.http_guard import RedactSecrets, redact_query
 from localchat.server.runtime import security_warning
@@ -180,8 +180,8 @@ def usual_umask() -> Iterator[None]:
 @pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
 @pytest.mark.usefixtures("usual_umask")
 def test_the_store_and_the_log_files_are_owner_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localchat.chats.store import Store
     from localchat.logs import setup_logging
-    from localchat.store import Store
 
     store = Store(tmp_path / "db" / "conversations.sqlite3")
     store.list_conversations()
@@ -214,8 +214,8 @@ def test_the_store_and_the_log_files_are_owner_only(tmp_path: Path, monkeypatch:
 def test_desktop_sign_in_checks_host_and_a_wrong_token_burns_nothing() -> None:
     import httpx
 
-    from localchat.desktop_gate import DesktopGate, DesktopHooks
-    from localchat.desktop_server import BackgroundServer, bind_socket
+    from localchat.desktop.gate import DesktopGate, DesktopHooks
+    from localchat.desktop.server import BackgroundServer, bind_socket
 
     hooks = DesktopHooks(focus=lambda: None, set_serve_api=lambda _: None)
     never = threading.Event()

@@ -83,7 +83,7 @@ def test_settings_reach_the_engine_config() -> None:
 
 
 def test_every_packaged_draft_names_a_smaller_entry_of_its_family() -> None:
-    from localchat.catalog import load_catalog
+    from localchat.models.catalog import load_catalog
 
     catalog = load_catalog()
     drafted = {alias: entry for alias, entry in catalog.items() if entry.draft}

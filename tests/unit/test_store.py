@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from localchat import store_schema
+from localchat.chats import store_schema
+from localchat.chats.store import DONE, ERROR, STREAMING, NewMessage, Store, title_from
+from localchat.chats.store_schema import schema_version
 from localchat.errors import DatabaseSchemaError, NotFoundError
-from localchat.store import DONE, ERROR, STREAMING, NewMessage, Store, title_from
-from localchat.store_schema import schema_version
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -137,7 +137,7 @@ _WRITER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from localchat.store import NewMessage, Store
+    from localchat.chats.store import NewMessage, Store
     store = Store(Path(sys.argv[1]))
     i = 0
     while True:

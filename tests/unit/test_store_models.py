@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from localchat.store import NewMessage, Store
+from localchat.chats.store import NewMessage, Store
 
 
 def test_old_databases_gain_the_model_column(tmp_path: Path) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from localchat import store_schema
-from localchat.store import NewMessage, Preset, Store
+from localchat.chats import store_schema
+from localchat.chats.store import NewMessage, Preset, Store
 
 
 def test_presets_and_settings_round_trip(tmp_path: Path) -> None:

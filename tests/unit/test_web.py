@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from litestar.testing import TestClient
 
+from localchat.chats.store import DONE, ERROR, STOPPED
 from localchat.serving.context import ServerContext
-from localchat.store import DONE, ERROR, STOPPED
 from tests.ui.web_app import fake_app, web_state
 
 HX = {"HX-Request": "true"}

@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from localchat.desktop import DesktopApp
+    from localchat.desktop.app import DesktopApp
 
 LOAD_TIMEOUT_S = 240.0  # a first launch may fetch and load the default model
 ANSWER_TIMEOUT_S = 120.0

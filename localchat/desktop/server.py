@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from localchat.errors import LocalchatError
 
 if TYPE_CHECKING:
-    from localchat.desktop_gate import DesktopGate
+    from localchat.desktop.gate import DesktopGate
 
 log = logging.getLogger(__name__)
 

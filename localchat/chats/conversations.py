@@ -25,17 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from localchat.attachments.kinds import AttachmentError
 from localchat.attachments.prepare import AttachmentRules, Upload, prepare
 from localchat.attachments.text import context_block
-from localchat.engine.async_engine import LoopSink
-from localchat.engine.loop_guard import LOOP_STOP_REASON
-from localchat.engine.outputs import RequestOutput
-from localchat.engine.request import FinishReason
-from localchat.engine.sampling_params import SamplingParams
-from localchat.errors import InvalidRequestError, LocalchatError
-from localchat.mcp import ui_turns
-from localchat.mcp.hub import ToolRun
-from localchat.mcp.trust import CONSENT_FILE, DENIED, ConsentStore
-from localchat.serving.generation import resolve_chat_max_tokens, resolve_sampling
-from localchat.store import (
+from localchat.chats.store import (
     DONE,
     ERROR,
     STOPPED,
@@ -47,12 +37,22 @@ from localchat.store import (
     Store,
     title_from,
 )
+from localchat.engine.async_engine import LoopSink
+from localchat.engine.loop_guard import LOOP_STOP_REASON
+from localchat.engine.outputs import RequestOutput
+from localchat.engine.request import FinishReason
+from localchat.engine.sampling_params import SamplingParams
+from localchat.errors import InvalidRequestError, LocalchatError
+from localchat.mcp import ui_turns
+from localchat.mcp.hub import ToolRun
+from localchat.mcp.trust import CONSENT_FILE, DENIED, ConsentStore
+from localchat.serving.generation import resolve_chat_max_tokens, resolve_sampling
 from localchat.vision.chat_prompt import chat_prompt_with_images
 from localchat.vision.content import ImageLimits
 from localchat.vision.model_info import takes_images
 
 if TYPE_CHECKING:
-    from localchat.model_manager import ModelManager
+    from localchat.models.manager import ModelManager
     from localchat.serving.context import ServerContext
 
 log = logging.getLogger(__name__)

@@ -22,16 +22,16 @@ from ctypes.util import find_library
 from typing import TYPE_CHECKING, Any
 
 # Only light imports up here: the window should not wait for the web stack (see _start_server).
-from localchat.desktop_instance import InstanceLock, focus_running
-from localchat.desktop_server import LOADING_PAGE, BackgroundServer, bind_socket
-from localchat.desktop_state import MIN_HEIGHT, MIN_WIDTH, DesktopState
+from localchat.desktop.instance import InstanceLock, focus_running
+from localchat.desktop.server import LOADING_PAGE, BackgroundServer, bind_socket
+from localchat.desktop.state import MIN_HEIGHT, MIN_WIDTH, DesktopState
 from localchat.paths import data_dir
 
 if TYPE_CHECKING:
     from localchat.config import Settings
-    from localchat.desktop_gate import ASGIApp, Progress
-    from localchat.desktop_selftest import SelfTest
-    from localchat.model_manager import ModelManager
+    from localchat.desktop.gate import ASGIApp, Progress
+    from localchat.desktop.selftest import SelfTest
+    from localchat.models.manager import ModelManager
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class DesktopApp:
     def _build(self, progress: Progress) -> ASGIApp:
         """The real app around a model manager: it answers at once, and finds, fetches and loads the
         model in the background, reporting that on its own /health, which the loading page polls."""
-        from localchat.model_manager import ModelManager
+        from localchat.models.manager import ModelManager
         from localchat.server.app import create_app
         from localchat.server.web_about import DESKTOP_STATE_KEY
 
@@ -205,8 +205,8 @@ class DesktopApp:
     def _start_server(self, sock: socket.socket, signin: str, instance_token: str) -> None:
         """On a thread, while Qt starts: the web stack's imports take a second or two."""
         try:
-            from localchat.desktop_gate import DesktopGate, DesktopHooks
-            from localchat.desktop_selftest import SelfTest
+            from localchat.desktop.gate import DesktopGate, DesktopHooks
+            from localchat.desktop.selftest import SelfTest
             from localchat.server.security import HostCheck
 
             self.selftest_run = SelfTest(self) if self.selftest else None

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localchat.errors import LocalchatError
-from localchat.model_memory import GIB, MIN_KV_BUDGET, RUNTIME_OVERHEAD
+from localchat.models.memory import GIB, MIN_KV_BUDGET, RUNTIME_OVERHEAD
 
 if TYPE_CHECKING:
-    from localchat.model_manager import ModelManager
+    from localchat.models.manager import ModelManager
 
 
 def _plain(value: Any) -> Any:
@@ -55,7 +55,7 @@ def ram_needed(entry: Any) -> int | None:
 
 
 def catalog_models(models: ModelManager, available: int | None, query: str = "") -> list[dict[str, Any]]:
-    from localchat.catalog import load_catalog
+    from localchat.models.catalog import load_catalog
 
     try:
         catalog = load_catalog(models.data_dir)

@@ -1,6 +1,6 @@
 """The model manager: the loaded engines of a server, and the one model getting ready.
 
-The server listens before any model is loaded: models are fetched (`localchat.pulls`) and loaded on
+The server listens before any model is loaded: models are fetched (`localchat.models.pulls`) and loaded on
 background threads, one load at a time, while `/health` and the UI show the progress. A request asks
 `context_for(name)`: a loaded model answers at once; a local model that is not loaded is loaded and
 the request waits (Ollama's behaviour), evicting the least recently used idle model beyond
@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localchat.catalog import DEFAULT_ALIAS, ResolvedModel
 from localchat.errors import (
     LocalchatError,
     ModelLoadError,
@@ -28,9 +27,10 @@ from localchat.errors import (
     ModelNotReadyError,
     NoModelError,
 )
-from localchat.model_memory import MemoryEstimate, check_fits, compute_dtype, estimate
-from localchat.model_targets import find_local, from_local, list_local, startup_choice
-from localchat.pulls import Pulls, pull_progress
+from localchat.models.catalog import DEFAULT_ALIAS, ResolvedModel
+from localchat.models.memory import MemoryEstimate, check_fits, compute_dtype, estimate
+from localchat.models.pulls import Pulls, pull_progress
+from localchat.models.targets import find_local, from_local, list_local, startup_choice
 
 if TYPE_CHECKING:
     from localchat.config import Settings

@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from localchat.desktop_instance import INFO_FILE
+from localchat.desktop.instance import INFO_FILE
 
 DEFAULT_PORT = 8000
 TIMEOUT_S = 0.5  # `list` must not hang on a port that does not answer

@@ -11,8 +11,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from localchat.attachments.kinds import image_kind
-from localchat.errors import InvalidRequestError
-from localchat.store import (
+from localchat.chats.store import (
     DONE,
     Attachment,
     Conversation,
@@ -22,6 +21,7 @@ from localchat.store import (
     Store,
     title_from,
 )
+from localchat.errors import InvalidRequestError
 
 FORMAT = "localchat.conversation"
 VERSION = 1

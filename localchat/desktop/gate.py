@@ -24,8 +24,8 @@ from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import parse_qs
 
-from localchat.desktop_instance import FOCUS_PATH, TOKEN_HEADER
-from localchat.desktop_server import LOADING_PAGE
+from localchat.desktop.instance import FOCUS_PATH, TOKEN_HEADER
+from localchat.desktop.server import LOADING_PAGE
 from localchat.server.auth import COOKIE_NAME
 from localchat.server.security import HostCheck
 from localchat.server.web_render import SECURITY_HEADERS, ui_dir

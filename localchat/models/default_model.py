@@ -15,11 +15,11 @@ def ensure_default_model(
     directory: Path | None = None, progress: Callable[[str], None] | None = None
 ) -> Path:
     """The local path of the default GGUF, fetched (sha256-checked, atomically stored) if missing."""
-    from localchat.catalog import DEFAULT_ALIAS, load_catalog
     from localchat.hub.progress import ProgressTracker
     from localchat.hub.pull import pull_from_sources
     from localchat.hub.records import PullProgress
     from localchat.hub.spec import spec_for_entry
+    from localchat.models.catalog import DEFAULT_ALIAS, load_catalog
 
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     last_message = ""
@@ -47,5 +47,5 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":  # python -m localchat.default_model [DIR]
+if __name__ == "__main__":  # python -m localchat.models.default_model [DIR]
     sys.exit(main(sys.argv[1:]))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
-from localchat.chat_commands import HINT, ChatSession, Messages, message_text, parse_command, run_command
+from localchat.cli.chat_commands import HINT, ChatSession, Messages, message_text, parse_command, run_command
 from localchat.engine.loop_guard import LOOP_NOTE, LOOP_STOP_REASON
 from localchat.errors import LocalchatError
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localchat.catalog import DEFAULT_ALIAS, ResolvedModel
 from localchat.errors import LocalchatError
+from localchat.models.catalog import DEFAULT_ALIAS, ResolvedModel
 
 if TYPE_CHECKING:
     from localchat.config import Settings

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TextIO
 
 from localchat.hub import LocalModel, PullProgress
-from localchat.pulls import cancelled_message
+from localchat.models.pulls import cancelled_message
 
 COMMANDS = {
     "pull": "download a model (alias, ORG/REPO, ORG/REPO:QUANT or ORG/REPO:FILE); resumes, checks sha256",
@@ -50,8 +50,8 @@ def run(command: str, args: dict[str, object], out: TextIO | None = None) -> int
         print(model.path, file=out)
         return 0
     if command == "list":
+        from localchat.cli.running_server import loaded_models
         from localchat.paths import home_path
-        from localchat.running_server import loaded_models
 
         port = args.get("port")
         loaded = loaded_models(home_path(), port if isinstance(port, int) else None)
@@ -92,8 +92,8 @@ def format_table(models: list[LocalModel], loaded: set[str] | None = None) -> st
 
 def _model_kinds() -> dict[str, str]:
     """alias -> catalog type (chat, embedding, rerank); empty when the catalog cannot be read."""
-    from localchat.catalog import load_catalog
     from localchat.errors import ModelLoadError
+    from localchat.models.catalog import load_catalog
     from localchat.paths import data_dir
 
     try:

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from localchat.attachments.files import AttachmentFiles
+from localchat.chats.store_schema import migrate
 from localchat.errors import NotFoundError
 from localchat.paths import private_dir, private_file
-from localchat.store_schema import migrate
 
 ATTACHMENTS_DIR = "attachments"  # beside the database: pictures attached in the web UI
 # The file extension of each stored picture format (attachments/<sha256>.<ext>).

@@ -19,7 +19,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from localchat import __version__, cli_models
+from localchat import __version__
+from localchat.cli import models as cli_models
 from localchat.config import SETTINGS_SPEC, Settings, SettingsError
 from localchat.errors import LocalchatError
 from localchat.logs import setup_logging
@@ -102,7 +103,7 @@ def parse_mode(
 
 
 def _serve(settings: Settings, *, open_browser: bool) -> int:
-    from localchat.model_manager import ModelManager
+    from localchat.models.manager import ModelManager
     from localchat.server.preflight import check_port
     from localchat.server.runtime import serve
 
@@ -115,7 +116,7 @@ def _serve(settings: Settings, *, open_browser: bool) -> int:
             return serve_worker(settings, rank)
     check_port(settings.host, settings.port)  # a taken port fails now, not after the browser opened
     if settings.file or settings.weights:  # a mistyped path fails now, not as a /health error later
-        from localchat.catalog import resolve_model
+        from localchat.models.catalog import resolve_model
 
         resolve_model(file=settings.file, weights=settings.weights)
     elif settings.backend != "fake":  # models are looked up (and fetched) in the data dir: it must work
@@ -123,7 +124,7 @@ def _serve(settings: Settings, *, open_browser: bool) -> int:
 
         home = data_dir()
         if settings.model:  # a typo fails now with suggestions, not as a download that "did not finish"
-            from localchat.catalog import check_model_name, load_catalog
+            from localchat.models.catalog import check_model_name, load_catalog
 
             check_model_name(settings.model, load_catalog(home))
     # The server listens at once; the model is found, fetched if needed (the progress bar here, and in
@@ -141,9 +142,9 @@ def _pull_model_flag(settings: Settings) -> None:
     """`--m ORG/REPO[:QUANT]` or an alias that is not on disk yet: pull it first, with the progress bar."""
     if settings.model is None or settings.backend == "fake" or settings.url:
         return
-    from localchat.catalog import load_catalog
     from localchat.hub import find_local, pull
     from localchat.hub.spec import is_repo_name
+    from localchat.models.catalog import load_catalog
     from localchat.paths import data_dir
 
     name = settings.model
@@ -166,13 +167,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "serve":
             return _serve(settings, open_browser=False)
         if command == "chat":
-            from localchat.terminal_chat import run_chat
+            from localchat.cli.terminal_chat import run_chat
 
             _pull_model_flag(settings)
             return run_chat(settings)
         if mode == "ui-server":
             return _serve(settings, open_browser=settings.open_browser)
-        from localchat.desktop import run_desktop
+        from localchat.desktop.app import run_desktop
 
         return run_desktop(
             settings, selftest=mode == "selftest", fallback=lambda s: _serve(s, open_browser=s.open_browser)
