@@ -116,7 +116,7 @@ def _serve(settings: Settings, *, open_browser: bool) -> int:
             return serve_worker(settings, rank)
     check_port(settings.host, settings.port)  # a taken port fails now, not after the browser opened
     if settings.file or settings.weights:  # a mistyped path fails now, not as a /health error later
-        from localchat.models.catalog import resolve_model
+        from localchat.models.resolve import resolve_model
 
         resolve_model(file=settings.file, weights=settings.weights)
     elif settings.backend != "fake":  # models are looked up (and fetched) in the data dir: it must work
@@ -124,7 +124,8 @@ def _serve(settings: Settings, *, open_browser: bool) -> int:
 
         home = data_dir()
         if settings.model:  # a typo fails now with suggestions, not as a download that "did not finish"
-            from localchat.models.catalog import check_model_name, load_catalog
+            from localchat.models.catalog import load_catalog
+            from localchat.models.resolve import check_model_name
 
             check_model_name(settings.model, load_catalog(home))
     # The server listens at once; the model is found, fetched if needed (the progress bar here, and in

@@ -117,7 +117,7 @@ def resolve_encoder_path(spec: str) -> tuple[Path, str]:
     path = Path(spec).expanduser()
     if path.is_dir() or (path.is_file() and path.suffix == ".gguf"):
         return path, path.stem if path.is_file() else path.name
-    from localchat.models.catalog import resolve_model
+    from localchat.models.resolve import resolve_model
     from localchat.paths import data_dir
 
     resolved = resolve_model(model=spec, data_dir=data_dir())

