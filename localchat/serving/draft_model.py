@@ -12,9 +12,9 @@ from localchat.config import SettingsError
 
 if TYPE_CHECKING:
     from localchat.backends import RunnerOptions
-    from localchat.catalog import ResolvedModel
     from localchat.config import Settings
     from localchat.engine.interface import ModelRunner
+    from localchat.models.catalog import ResolvedModel
     from localchat.weights.bundle import ModelBundle
 
 log = logging.getLogger("localchat")
@@ -24,8 +24,8 @@ def draft_model_name(settings: Settings, target: ResolvedModel | None) -> str | 
     """--draft-model, else the `draft` of the catalog entry the target was named by."""
     if settings.draft_model:
         return settings.draft_model
-    from localchat.catalog import load_catalog
     from localchat.errors import LocalchatError
+    from localchat.models.catalog import load_catalog
     from localchat.paths import data_dir
 
     names = [
@@ -57,7 +57,7 @@ def load_draft_runner(
     from dataclasses import replace
 
     from localchat.backends import load_runner
-    from localchat.catalog import resolve_model
+    from localchat.models.resolve import resolve_model
     from localchat.paths import data_dir
     from localchat.weights.draft_vocab import check_draft_vocabulary
     from localchat.weights.loader import load_model
