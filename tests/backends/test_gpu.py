@@ -81,7 +81,8 @@ def test_int4_cuda_linear_matches_dequantized_blocks(qtype: str, kernel: str, ro
     """Each 4-bit CUDA form (and both kept, routed by rows), a decode-sized and a prefill-sized step, and
     an empty one (a prefill chunk that samples nothing: tinygemm refused it, 'invalid argument', on an H200)."""
     from localchat.backends.torch.quant import QuantPolicy, convert, finalize, linear
-    from localchat.backends.torch.quant_cuda import Int4CudaWeight, TritonInt4Weight
+    from localchat.backends.torch.quant_cuda import Int4CudaWeight
+    from localchat.backends.torch.triton_int4_weight import TritonInt4Weight
     from tests.backends.test_torch_quant import random_blocks
 
     weight = random_blocks(qtype, rows=256, cols=512)

@@ -74,7 +74,7 @@ def test_row_buckets_are_few_then_many() -> None:
 def test_gguf_blocks_load_into_the_triton_form_and_match_their_values(qtype: str) -> None:
     """The CUDA load path (policy.cuda, Triton kernel) on CPU tensors: GGUF scale/min -> scale/zero."""
     from localchat.backends.torch.quant import QuantPolicy, convert, finalize, linear
-    from localchat.backends.torch.quant_cuda import TritonInt4Weight
+    from localchat.backends.torch.triton_int4_weight import TritonInt4Weight
     from tests.backends.test_torch_quant import random_blocks
 
     weight = random_blocks(qtype, rows=48, cols=256)

@@ -28,10 +28,8 @@ ALLOWED_CYCLE_EDGES: set[tuple[str, str]] = {
     ("localchat.backends.torch.parallel.driver", "localchat.backends.torch.parallel.shard"),
     ("localchat.backends.torch.parallel.driver", "localchat.backends.torch.runner"),
     ("localchat.backends.torch.parallel.shard", "localchat.backends.torch.runner"),
-    ("localchat.backends.torch.quant_cuda", "localchat.backends.torch.triton_int4"),
     ("localchat.backends.torch.runner", "localchat.backends.torch.parallel.driver"),
     ("localchat.backends.torch.triton_attention", "localchat.backends.torch.attention"),
-    ("localchat.backends.torch.triton_int4", "localchat.backends.torch.quant_cuda"),
     ("localchat.backends.torch.windowed_attention", "localchat.backends.torch.attention"),
 }
 

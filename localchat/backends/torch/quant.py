@@ -75,7 +75,6 @@ from localchat.backends.torch import kernels as cpu_kernels
 from localchat.backends.torch.kernels import BlockMatrix, Segment
 from localchat.backends.torch.quant_cuda import (
     Int4CudaWeight,
-    TritonInt4Weight,
     cuda_int4_available,
     cuda_int4_kernel,
     cuda_int4_linear,
@@ -85,6 +84,7 @@ from localchat.backends.torch.quant_cuda import (
     pack_triton,
     quantize_q4,
 )
+from localchat.backends.torch.triton_int4_weight import TritonInt4Weight
 from localchat.errors import BackendUnavailableError
 from localchat.weights.tensors import WeightTensor
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from localchat.backends.torch.triton_int4_weight import TritonInt4Weight
 from localchat.errors import BackendUnavailableError
 
 GROUP_SIZE = 32
@@ -35,19 +36,6 @@ TRITON_FROM_ROWS = 32
 # "both" keeps two 4-bit forms (~9 bits a weight): only while they take at most this share of free
 # GPU memory, so the KV cache keeps the rest; otherwise tinygemm alone.
 BOTH_FORMS_MAX_FREE_FRACTION = 0.5
-
-
-@dataclass(slots=True)
-class TritonInt4Weight:
-    """A linear's matrix `[out, in]` as 4-bit codes with bf16 group scales/zeros (module docstring)."""
-
-    codes: torch.Tensor  # uint8 [out, in / 2]
-    scale: torch.Tensor  # bf16 [out, in / 32]
-    zero: torch.Tensor  # bf16 [out, in / 32]
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.codes.shape[0], self.codes.shape[1] * 2)
 
 
 @dataclass(slots=True)

@@ -6,7 +6,7 @@ on an H200, a 2048-row step through Llama-3-8B's gate|up matrix took 16.5 ms aga
 them on the tensor cores (`tl.dot`): the same step takes 1.8 ms, while every step still reads only the
 4-bit form.
 
-Layout (`TritonInt4Weight`, in quant_cuda.py, which imports no Triton): `codes` uint8 [out, in / 2], byte
+Layout (`TritonInt4Weight`, in triton_int4_weight.py, which imports no Triton): `codes` uint8 [out, in / 2], byte
 j of a row holding code 2j in its low nibble and code 2j+1 in its high one; `scale` and `zero` bf16
 [out, in / 32]; a weight is `(q - 8) * scale + zero`, the same rule (and the same bf16 rounding) as the
 tinygemm path, so every GGUF Q4_0/Q4_1 and `--isq q4` matrix maps onto it unchanged.
@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from localchat.backends.torch.quant_cuda import TritonInt4Weight
+from localchat.backends.torch.triton_int4_weight import TritonInt4Weight
 
 
 @triton.jit
