@@ -1,33 +1,36 @@
 """Registry entries for the plain-transformer families of 2025-26 (SmolLM3, Gemma 4, Mistral 4, GLM-4.5, Llama 4): Llama-like layers
 that differ in a detail or two. Kept out of registry.py so that file stays one screen of the older
 families; `registry._entries` appends these.
-
-`entries` takes the `Architecture` class as an argument: this module is imported by registry.py,
-which defines it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from types import ModuleType
 from typing import TYPE_CHECKING
 
 from localchat.arch import deepseek, gemma4, gpt_oss, llama4
+from localchat.arch.architecture import (
+    DEEPSEEK_EXTRA_KEYS,
+    DEEPSEEK_FLOAT32,
+    DEEPSEEK_GGUF_BLOCK_NAMES,
+    DEEPSEEK_GGUF_METADATA,
+    DEEPSEEK_WEIGHTS,
+    LLAMA_LAYER_WEIGHTS,
+    QK_NORM_WEIGHTS,
+    Architecture,
+)
 from localchat.errors import ModelLoadError
 
 if TYPE_CHECKING:
-    from localchat.arch.registry import Architecture
     from localchat.weights.config import ModelConfig
     from localchat.weights.tensors import WeightTensor
 
 
-def entries(arch: type[Architecture]) -> list[Architecture]:
-    from localchat.arch import registry  # defined by the time registry.py calls this
-
+def entries() -> list[Architecture]:
     return [
         # SmolLM3: Llama's layer with no RoPE on every 4th layer (`no_rope_layers`; llama.cpp's smollm3
         # records no list and assumes that interval); with use_sliding_window only those layers slide.
-        arch(
+        Architecture(
             "smollm3",
             "smollm3",
             hf_defaults={"rope_theta": 2_000_000.0, "tie_word_embeddings": True, "use_sliding_window": False},
@@ -36,7 +39,7 @@ def entries(arch: type[Architecture]) -> list[Architecture]:
             gguf_permuted_qk=True,
         ),
         # Gemma 4 dense text models (arch/gemma4.py), and the multimodal checkpoints' text LM.
-        arch(
+        Architecture(
             "gemma4_text",
             "gemma4",
             layer_weights=gemma4.LAYER_WEIGHTS,
@@ -46,33 +49,33 @@ def entries(arch: type[Architecture]) -> list[Architecture]:
             top_weights=gemma4.TOP_WEIGHTS,
             sanitize=gemma4.sanitize,
         ),
-        arch("gemma4", "gemma4", text_config_key="text_config", weight_prefixes=gemma4.TEXT_PREFIXES),
+        Architecture("gemma4", "gemma4", text_config_key="text_config", weight_prefixes=gemma4.TEXT_PREFIXES),
         # Mistral 4 (Mistral Small 4): DeepSeek-V3's checkpoint layout and MLA, a softmax router without
         # bias, Ministral 3's q temperature (`llama_4_scaling_beta` among the rope settings). Published
         # inside Mistral3ForConditionalGeneration: the `mistral3` entry runs its text LM.
-        arch(
+        Architecture(
             "mistral4",
             "mistral4",
-            layer_weights=registry.DEEPSEEK_WEIGHTS,
+            layer_weights=DEEPSEEK_WEIGHTS,
             hf_defaults={"scoring_func": "softmax", "norm_topk_prob": True, "routed_scaling_factor": 1.0},
-            extra_keys={**registry.DEEPSEEK_EXTRA_KEYS, "llama_4_scaling_beta": None},
+            extra_keys={**DEEPSEEK_EXTRA_KEYS, "llama_4_scaling_beta": None},
             derive_sizes=_mistral4_sizes,
             sanitize=deepseek.sanitize,
-            float32_params=registry.DEEPSEEK_FLOAT32,
+            float32_params=DEEPSEEK_FLOAT32,
         ),
         # GLM-4.5 / 4.6 / 4.7: Llama attention (q/k/v bias, partial rotary, optional q/k norm) and DeepSeek-V3's
         # MoE after the leading dense layers; its multi-token-prediction layers are dropped at load.
-        arch(
+        Architecture(
             "glm4_moe",
             "glm4_moe",
             layer_weights={
-                **registry.LLAMA_LAYER_WEIGHTS,
-                **registry.QK_NORM_WEIGHTS,
-                **_shared_expert_moe(registry),
+                **LLAMA_LAYER_WEIGHTS,
+                **QK_NORM_WEIGHTS,
+                **_shared_expert_moe(),
             },
             hf_defaults={"rms_norm_eps": 1e-5},
             extra_keys={
-                **registry.DEEPSEEK_EXTRA_KEYS,
+                **DEEPSEEK_EXTRA_KEYS,
                 "o_bias": False,
                 "use_qk_norm": False,
                 "partial_rotary_factor": None,  # None: not in config.json (`_glm4_moe_sizes`)
@@ -84,26 +87,22 @@ def entries(arch: type[Architecture]) -> list[Architecture]:
             },
             derive_sizes=_glm4_moe_sizes,
             sanitize=_drop_mtp_layers,
-            float32_params=registry.DEEPSEEK_FLOAT32,
+            float32_params=DEEPSEEK_FLOAT32,
             # llama.cpp's glm4moe: q/k rows as in the checkpoint, the norm before the MoE named
             # post_attention_norm, the multi-token-prediction block counted in block_count.
             gguf_arch="glm4moe",
             gguf_block_names={
-                **registry.DEEPSEEK_GGUF_BLOCK_NAMES,
+                **DEEPSEEK_GGUF_BLOCK_NAMES,
                 "post_attention_norm": "post_attention_layernorm",
             },
             gguf_metadata={
-                **{
-                    k: v
-                    for k, v in registry.DEEPSEEK_GGUF_METADATA.items()
-                    if k.startswith(("expert", "leading"))
-                },
+                **{k: v for k, v in DEEPSEEK_GGUF_METADATA.items() if k.startswith(("expert", "leading"))},
                 "nextn_predict_layers": "gguf_nextn_layers",
                 "rope.dimension_count": "gguf_rope_dims",
             },
         ),
         # Llama 4 Scout / Maverick (arch/llama4.py): the text model, and the multimodal checkpoints' text LM.
-        arch(
+        Architecture(
             "llama4_text",
             "llama4",
             layer_weights=llama4.LAYER_WEIGHTS,
@@ -115,12 +114,12 @@ def entries(arch: type[Architecture]) -> list[Architecture]:
             gguf_block_names=llama4.GGUF_BLOCK_NAMES,
             gguf_metadata=llama4.GGUF_METADATA,
         ),
-        arch("llama4", "llama4", text_config_key="text_config", weight_prefixes=llama4.TEXT_PREFIXES),
+        Architecture("llama4", "llama4", text_config_key="text_config", weight_prefixes=llama4.TEXT_PREFIXES),
         # gpt-oss 20B / 120B (arch/gpt_oss.py): attention sinks, alternating windows, biased clamped experts.
-        arch(
+        Architecture(
             "gpt_oss",
             "gpt_oss",
-            layer_weights={**registry.LLAMA_LAYER_WEIGHTS, **gpt_oss.LAYER_WEIGHTS},
+            layer_weights={**LLAMA_LAYER_WEIGHTS, **gpt_oss.LAYER_WEIGHTS},
             hf_defaults=gpt_oss.HF_DEFAULTS,
             extra_keys=gpt_oss.EXTRA_KEYS,
             sanitize=gpt_oss.sanitize,
@@ -128,9 +127,9 @@ def entries(arch: type[Architecture]) -> list[Architecture]:
     ]
 
 
-def _shared_expert_moe(registry: ModuleType) -> dict[str, tuple[str, int, int]]:
+def _shared_expert_moe() -> dict[str, tuple[str, int, int]]:
     """DeepSeek-V3's MoE names (router, experts, selection bias, shared expert), without its attention."""
-    return {k: v for k, v in registry.DEEPSEEK_WEIGHTS.items() if k.startswith("mlp.")}
+    return {k: v for k, v in DEEPSEEK_WEIGHTS.items() if k.startswith("mlp.")}
 
 
 def _glm4_moe_sizes(config: ModelConfig) -> None:

@@ -284,7 +284,7 @@ def nemotron_h_derive_sizes(config: ModelConfig) -> None:
 
 
 def entries(make: Callable[..., Any]) -> list[Any]:
-    """The registry entries (`make` is registry.Architecture)."""
+    """The registry entries (`make` is architecture.Architecture)."""
     lfm2 = make(
         "lfm2",
         "lfm2",

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localchat import cpu_features
-from localchat.arch.registry import TOP_WEIGHTS, Architecture, architecture
+from localchat.arch.architecture import TOP_WEIGHTS, Architecture
+from localchat.arch.registry import architecture
 from localchat.errors import InsufficientMemoryError, ModelLoadError, UnsupportedArchitectureError
 from localchat.weights.isq_plan import LINEAR_PARAMS, Role, isq_bytes
 from localchat.weights.x16 import kernel_isa, loaded_block_bytes

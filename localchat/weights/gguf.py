@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, ReaderTensor
 
-from localchat.arch.registry import ARCHITECTURES, GGUF_ARCHITECTURES, SUPPORTED_MODEL_TYPES, Architecture
+from localchat.arch.architecture import Architecture
+from localchat.arch.registry import ARCHITECTURES, GGUF_ARCHITECTURES, SUPPORTED_MODEL_TYPES
 from localchat.errors import ModelLoadError, UnsupportedArchitectureError
 from localchat.weights.config import ModelConfig
 from localchat.weights.gguf_check import check_gguf_layout

@@ -13,7 +13,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from localchat.arch.registry import TOP_WEIGHTS, architecture
+from localchat.arch.architecture import TOP_WEIGHTS
+from localchat.arch.registry import architecture
 from localchat.backends.mlx.models import model_class
 from localchat.backends.mlx.models.base import DecoderLM
 from localchat.backends.mlx.quant import (

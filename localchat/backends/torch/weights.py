@@ -13,7 +13,8 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from localchat.arch.registry import TOP_WEIGHTS, architecture
+from localchat.arch.architecture import TOP_WEIGHTS
+from localchat.arch.registry import architecture
 from localchat.backends.torch.models import model_class
 from localchat.backends.torch.models.base import DecoderLM
 from localchat.backends.torch.quant import Loaded, QuantPolicy, Weight, convert, finalize, fuse, pack_head
