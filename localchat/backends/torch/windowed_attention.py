@@ -16,7 +16,7 @@ import math
 import torch
 
 from localchat.backends.torch import kernels as cpu_kernels
-from localchat.backends.torch.attention import (
+from localchat.backends.torch.attention_meta import (
     AttentionMetadata,
     AttentionOptions,
     PrefillRow,
