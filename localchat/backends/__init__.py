@@ -56,6 +56,14 @@ def resolve_backend(name: str) -> str:
     return "torch"
 
 
+# Each backend's module with `create_runner(model, options)`, imported by name when first asked for.
+_ENTRY_MODULES = {
+    "torch": "localchat.backends.torch.entry",
+    "mlx": "localchat.backends.mlx.runner",
+    "fake": "localchat.backends.fake",
+}
+
+
 def create_runner(name: str, model: ModelBundle, options: RunnerOptions | None = None) -> ModelRunner:
     name = resolve_backend(name)
     options = options or RunnerOptions()
@@ -64,9 +72,7 @@ def create_runner(name: str, model: ModelBundle, options: RunnerOptions | None =
             f"--tensor-parallel-size {options.tensor_parallel_size} needs the torch backend, not {name}."
         )
     try:
-        module = importlib.import_module(
-            f"localchat.backends.{name}.runner" if name != "fake" else "localchat.backends.fake"
-        )
+        module = importlib.import_module(_ENTRY_MODULES[name])
     except ImportError as exc:
         hint = {"torch": 'pip install "torch>=2.4"', "mlx": 'pip install "localchat-app[mlx]"'}.get(name, "")
         raise BackendUnavailableError(

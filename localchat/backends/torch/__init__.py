@@ -1,1 +1,1 @@
-"""PyTorch backend: paged-KV model runner for CUDA, MPS and CPU. Entry point: `runner.create_runner`."""
+"""PyTorch backend: paged-KV model runner for CUDA, MPS and CPU. Entry point: `entry.create_runner`."""

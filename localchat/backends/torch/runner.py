@@ -62,7 +62,6 @@ from localchat.backends.torch.weights import load_model
 from localchat.engine.interface import (
     BatchInputs,
     KVCacheSpec,
-    ModelRunner,
     RunnerOutput,
     SchedulerOutput,
     StateCacheSpec,
@@ -77,14 +76,6 @@ bound_matmul_caches()  # before any matmul runs: oneDNN reads its cache sizes on
 
 CPU_KV_FRACTION = 0.25  # of MemAvailable; pages become resident only as the pool fills
 GPU_KV_FRACTION = 0.90  # of free device memory after the warm-up forward
-
-
-def create_runner(model: ModelBundle, options: RunnerOptions) -> ModelRunner:
-    if options.tensor_parallel_size > 1:
-        from localchat.backends.torch.parallel.driver import ParallelRunner  # imports this module
-
-        return ParallelRunner(model, options)
-    return TorchRunner(model, options)
 
 
 @dataclass(slots=True)
