@@ -15,18 +15,6 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "localchat"
 SERVER = "localchat.server"
 SERVER_IMPORTERS = ("localchat.server", "localchat.cli", "localchat.desktop")
 
-# Cycle edges still to break (importer -> imported). This list may only shrink: a new cycle fails the
-# test, and so does an entry that is no longer part of a cycle (delete it then).
-ALLOWED_CYCLE_EDGES: set[tuple[str, str]] = {
-    ("localchat.backends.torch.decode_step", "localchat.backends.torch.models.llama"),
-    ("localchat.backends.torch.models.base", "localchat.backends.torch.decode_step"),
-    ("localchat.backends.torch.models.llama", "localchat.backends.torch.models.base"),
-    ("localchat.backends.torch.parallel.driver", "localchat.backends.torch.parallel.shard"),
-    ("localchat.backends.torch.parallel.driver", "localchat.backends.torch.runner"),
-    ("localchat.backends.torch.parallel.shard", "localchat.backends.torch.runner"),
-    ("localchat.backends.torch.runner", "localchat.backends.torch.parallel.driver"),
-}
-
 
 @dataclass
 class ImportGraph:
@@ -186,12 +174,12 @@ def test_the_engine_imports_no_backend() -> None:
     assert offenders == [], "the engine talks to a runner through engine.interface:\n" + "\n".join(offenders)
 
 
-def test_no_import_cycles_beyond_the_allowlist() -> None:
-    found = cycle_edges(build_graph())
-    new = sorted(f"{a} -> {b}" for a, b in found - ALLOWED_CYCLE_EDGES)
-    gone = sorted(f"{a} -> {b}" for a, b in ALLOWED_CYCLE_EDGES - found)
-    assert new == [], "these imports close a cycle between modules:\n" + "\n".join(new)
-    assert gone == [], "no longer in a cycle: delete from ALLOWED_CYCLE_EDGES:\n" + "\n".join(gone)
+def test_no_import_cycles() -> None:
+    found = sorted(f"{a} -> {b}" for a, b in cycle_edges(build_graph()))
+    assert found == [], (
+        "these imports close a cycle between modules (move what both sides need into a module of its own):\n"
+        + "\n".join(found)
+    )
 
 
 def test_the_checker_sees_a_cycle_and_a_function_local_import() -> None:

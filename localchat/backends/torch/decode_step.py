@@ -17,6 +17,7 @@ import ctypes
 import math
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -25,9 +26,11 @@ from localchat.backends.torch import kernels as cpu_kernels
 from localchat.backends.torch.attention import AttentionMetadata
 from localchat.backends.torch.kernels import BlockMatrix, Kernels
 from localchat.backends.torch.kv_cache import KVCache
-from localchat.backends.torch.models.llama import LlamaLayer
 from localchat.backends.torch.quant import DENSE_FROM_ROWS
 from localchat.errors import BackendUnavailableError
+
+if TYPE_CHECKING:
+    from localchat.backends.torch.models.llama import LlamaLayer
 
 STEP_ENV = "LOCALCHAT_DECODE_STEP"
 STEP_MODES = ("fused", "layers")  # fused: one C call where it applies; layers: the per-layer Python path
@@ -152,7 +155,7 @@ class FusedDecode:
 def plan(layers: nn.ModuleList, dtype: torch.dtype) -> FusedDecode | None:
     """The fused form of `layers` (norm weights in `dtype`), or None where any layer is not a plain
     LlamaLayer on block matrices of one ISA (subclasses change the layer: q/k norms, scaled queries)."""
-    llama = [layer for layer in layers if type(layer) is LlamaLayer]
+    llama = [cast("LlamaLayer", layer) for layer in layers if type(layer).__dict__.get("FUSED_DECODE", False)]
     if not llama or len(llama) != len(layers) or dtype not in (torch.float32, torch.bfloat16):
         return None
     first = llama[0]

@@ -6,20 +6,19 @@ architecture differs (embedding scale, logit soft-capping, ...).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 from torch import nn
 
+from localchat.backends.torch import decode_step
 from localchat.backends.torch.attention import AttentionMetadata
+from localchat.backends.torch.decode_step import FusedDecode
 from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
 from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import Rotary, empty_param, rms_norm
 from localchat.backends.torch.quant import embed_rows, linear
 from localchat.weights.config import ModelConfig
-
-if TYPE_CHECKING:
-    from localchat.backends.torch.decode_step import FusedDecode
 
 # The CPU path's metadata, or the Triton kernels' on CUDA: layers pass it through to `paged_attention`.
 StepMetadata = AttentionMetadata | TritonAttentionMetadata
@@ -91,9 +90,6 @@ class DecoderLM(nn.Module):
         """The layers as one C call for decode steps (decode_step.py), planned on first use: the weights
         are in place by then. None where the layers or their weights do not fit that step."""
         if self.fused_decode is False:
-            # imported here: decode_step reads models.llama, which imports this module
-            from localchat.backends.torch import decode_step
-
             self.fused_decode = decode_step.plan(self.layers, self.norm.dtype)
         assert self.fused_decode is not True
         return self.fused_decode

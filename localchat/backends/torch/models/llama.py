@@ -23,6 +23,10 @@ from localchat.weights.config import ModelConfig
 
 
 class LlamaLayer(nn.Module):
+    # decode_step.plan runs layers of exactly this class as one C call; a subclass changes the layer (q/k
+    # norms, scaled queries, experts), so the flag is read from the class's own namespace, not inherited.
+    FUSED_DECODE = True
+
     def __init__(self, config: ModelConfig, index: int) -> None:
         super().__init__()
         h, kvh, d, hidden = (
