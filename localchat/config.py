@@ -13,7 +13,7 @@ from typing import Any
 from localchat.engine.config import EngineConfig
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.speculative import SPECULATIVE_METHODS, SpeculativeConfig
-from localchat.errors import LocalchatError
+from localchat.errors import BackendUnavailableError, LocalchatError
 from localchat.loopback import is_loopback_host
 
 BACKEND_CHOICES = ("auto", "torch", "mlx", "fake")
@@ -571,3 +571,82 @@ def _specs() -> tuple[SettingSpec, ...]:
 
 
 SETTINGS_SPEC = _specs()
+
+
+@dataclass(frozen=True, slots=True)
+class BackendVariable:
+    """A torch backend tuning variable (docs/backends.md). Environment only, and read when the backend
+    asks rather than once at start-up, so one process (and its tests) can change it between loads."""
+
+    env: str
+    default: str
+    choices: tuple[str, ...]  # empty: checked where it is used (LOCALCHAT_KERNELS names an ISA)
+    noun: str  # "X='v' is not <noun>"
+    help: str
+
+
+BACKEND_VARIABLES: tuple[BackendVariable, ...] = (
+    BackendVariable(
+        "LOCALCHAT_KERNELS", "auto", (), "an ISA", "the CPU kernels' ISA: auto, off, or one ISA by name"
+    ),
+    BackendVariable(
+        "LOCALCHAT_KERNEL_LAYOUT",
+        "auto",
+        ("auto", "gguf"),
+        "a layout",
+        "auto: x16 panels where the ISA has their kernels; gguf: the file's blocks as stored",
+    ),
+    BackendVariable(
+        "LOCALCHAT_KERNEL_ACTIVATIONS",
+        "auto",
+        ("auto", "q8", "precise"),
+        "an activation mode",
+        "how the kernels round activations (auto: precise for small models, q8 for bigger ones)",
+    ),
+    BackendVariable(
+        "LOCALCHAT_TORCH_QUANT",
+        "auto",
+        ("auto", "int4", "dequant", "copies"),
+        "a quantization mode",
+        "the torch weight mode for quantized matrices",
+    ),
+    BackendVariable(
+        "LOCALCHAT_DECODE_STEP",
+        "fused",
+        ("fused", "layers"),
+        "a choice",
+        "fused: one C call per decode step where it applies; layers: the per-layer path",
+    ),
+    BackendVariable(
+        "LOCALCHAT_TORCH_ATTENTION",
+        "auto",
+        ("auto", "torch", "triton"),
+        "an attention kernel",
+        "auto: Triton on CUDA, else the CPU kernels; torch: plain PyTorch",
+    ),
+    BackendVariable(
+        "LOCALCHAT_CUDA_INT4",
+        "auto",
+        ("auto", "both", "triton", "tinygemm"),
+        "a choice",
+        "the CUDA 4-bit kernel(s): both forms where memory allows, Triton's, or torch's tinygemm",
+    ),
+)
+_BACKEND_BY_ENV = {v.env: v for v in BACKEND_VARIABLES}
+
+
+def backend_variable(env: str, environ: Mapping[str, str] | None = None) -> str:
+    """One backend variable's value (trimmed, lower case, the default when unset or empty), refused with
+    the accepted values when it is not one of them."""
+    var = _BACKEND_BY_ENV[env]
+    value = (os.environ if environ is None else environ).get(env, "").strip().lower() or var.default
+    if var.choices and value not in var.choices:
+        raise BackendUnavailableError(
+            f"{env}={value!r} is not {var.noun}; use one of {', '.join(var.choices)}."
+        )
+    return value
+
+
+def backend_choices(env: str) -> tuple[str, ...]:
+    """The values a backend variable accepts (its table entry's)."""
+    return _BACKEND_BY_ENV[env].choices

@@ -21,7 +21,7 @@ from typing import Any
 
 from localchat import __version__
 from localchat.cli import models as cli_models
-from localchat.config import SETTINGS_SPEC, Settings, SettingsError
+from localchat.config import BACKEND_VARIABLES, SETTINGS_SPEC, Settings, SettingsError
 from localchat.errors import LocalchatError
 from localchat.logs import setup_logging
 from localchat.paths import is_in_data_dir, unusable_data_dir
@@ -60,12 +60,19 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
         groups[spec.group].add_argument(*spec.flags, **kwargs)
 
 
+def _backend_variables_help() -> str:
+    lines = [f"  {v.env}={'|'.join(v.choices) or v.default}: {v.help}" for v in BACKEND_VARIABLES]
+    return "torch backend tuning (environment variables, docs/backends.md):\n" + "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     _add_setting_flags(common)
     parser = argparse.ArgumentParser(
         prog="localchat",
         description="A local LLM chat app: OpenAI-compatible server, web UI and terminal chat.",
+        epilog=_backend_variables_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # keeps the epilog's one line per variable
         parents=[common],
         allow_abbrev=False,
     )

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
-import os
 from functools import cache
 
 from localchat import cpu_features
+from localchat.config import backend_variable
 
 # GGML type ids of the types the layout holds (the library's lc_x16_bytes sizes them)
 X16_TYPE_IDS = {
@@ -35,7 +35,7 @@ X16_TYPE_IDS = {
 def kernel_isa() -> str | None:
     """The ISA the torch backend's kernels would run on (as kernels.load decides: LOCALCHAT_KERNELS, the
     CPU, LOCALCHAT_EMULATE_CPU), None when they are off or not built (or a named ISA cannot run here)."""
-    choice = os.environ.get("LOCALCHAT_KERNELS", "auto").strip().lower() or "auto"
+    choice = backend_variable("LOCALCHAT_KERNELS")
     lib = _library()
     if choice == "off" or lib is None:
         return None
@@ -51,7 +51,7 @@ def kernel_isa() -> str | None:
 def x16_active() -> bool:
     """Whether this install repacks block matrices (cpu_features.repacks): the layout not turned off, and
     the kernels' ISA (chosen or named) one with x16 kernels that this CPU runs."""
-    layout = os.environ.get("LOCALCHAT_KERNEL_LAYOUT", "auto").strip().lower() or "auto"
+    layout = backend_variable("LOCALCHAT_KERNEL_LAYOUT")
     return cpu_features.repacks(kernel_isa(), layout)
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -27,13 +26,16 @@ from localchat.backends.torch.attention import AttentionMetadata
 from localchat.backends.torch.kernels import BlockMatrix, Kernels
 from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.quant import DENSE_FROM_ROWS
+from localchat.config import backend_choices, backend_variable
 from localchat.errors import BackendUnavailableError
 
 if TYPE_CHECKING:
     from localchat.backends.torch.models.llama import LlamaLayer
 
 STEP_ENV = "LOCALCHAT_DECODE_STEP"
-STEP_MODES = ("fused", "layers")  # fused: one C call where it applies; layers: the per-layer Python path
+STEP_MODES = backend_choices(
+    STEP_ENV
+)  # fused: one C call where it applies; layers: the per-layer Python path
 MAX_SEGMENTS = 4  # csrc/lc_step.h's LC_STEP_MAX_SEG
 
 _Seg4 = ctypes.c_int64 * MAX_SEGMENTS
@@ -67,12 +69,7 @@ class _Layer(ctypes.Structure):
 
 
 def step_mode() -> str:
-    mode = os.environ.get(STEP_ENV, "fused").strip().lower() or "fused"
-    if mode not in STEP_MODES:
-        raise BackendUnavailableError(
-            f"{STEP_ENV}={mode!r} is not a choice; use one of {', '.join(STEP_MODES)}."
-        )
-    return mode
+    return backend_variable(STEP_ENV)
 
 
 @dataclass(slots=True)

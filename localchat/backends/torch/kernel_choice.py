@@ -24,13 +24,14 @@ from functools import cache
 import torch
 
 from localchat.backends.torch import kernels as cpu_kernels
+from localchat.config import backend_variable
 from localchat.errors import BackendUnavailableError
 
 log = logging.getLogger(__name__)
 
 
 def attention_kernel(device: torch.device) -> str:
-    choice = os.environ.get("LOCALCHAT_TORCH_ATTENTION", "auto")
+    choice = backend_variable("LOCALCHAT_TORCH_ATTENTION")
     has_triton = importlib.util.find_spec("triton") is not None
     if choice == "torch":
         return "torch"
@@ -70,7 +71,7 @@ def one_step_choice(device: torch.device) -> Iterator[None]:
 
 
 def _read_choice() -> cpu_kernels.Kernels | None:
-    if os.environ.get("LOCALCHAT_TORCH_ATTENTION", "auto") == "torch":
+    if backend_variable("LOCALCHAT_TORCH_ATTENTION") == "torch":
         return None
     return _kernels_for(cpu_kernels.isa_choice())
 

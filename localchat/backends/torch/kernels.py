@@ -17,7 +17,6 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import logging
-import os
 from dataclasses import dataclass
 from functools import cache
 
@@ -25,6 +24,7 @@ import torch
 
 from localchat import cpu_features
 from localchat.backends.torch.kv_cache import Int8KVCache, KVCache
+from localchat.config import backend_choices, backend_variable
 from localchat.errors import BackendUnavailableError
 
 log = logging.getLogger(__name__)
@@ -64,10 +64,8 @@ _I, _P, _L = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
 
 X16 = 0x100  # type flag: a segment in the x16 layout (csrc/lc_x16_layout.h)
 LAYOUT_ENV = "LOCALCHAT_KERNEL_LAYOUT"
-LAYOUTS = (
-    "auto",
-    "gguf",
-)  # auto: x16 where the ISA has its kernels (AVX2, AVX-512 VNNI, NEON); gguf: as stored
+# auto: x16 where the ISA has its kernels (AVX2, AVX-512 VNNI, NEON); gguf: as stored
+LAYOUTS = backend_choices(LAYOUT_ENV)
 
 
 @dataclass(slots=True)
@@ -396,12 +394,7 @@ def _library() -> ctypes.CDLL | None:
 def layout_choice() -> str:
     """`LOCALCHAT_KERNEL_LAYOUT`: `auto` repacks block matrices into the x16 layout where the kernels
     read it (AVX2, AVX-512 VNNI, NEON; every block type), `gguf` keeps the file's blocks as they are."""
-    choice = os.environ.get(LAYOUT_ENV, "auto").strip().lower() or "auto"
-    if choice not in LAYOUTS:
-        raise BackendUnavailableError(
-            f"{LAYOUT_ENV}={choice!r} is not a layout; use one of {', '.join(LAYOUTS)}."
-        )
-    return choice
+    return backend_variable(LAYOUT_ENV)
 
 
 def runnable_isas() -> list[str]:
@@ -415,7 +408,7 @@ def runnable_isas() -> list[str]:
 
 def isa_choice() -> str:
     """`LOCALCHAT_KERNELS` as given: auto, off, or one ISA by name."""
-    return os.environ.get(KERNELS_ENV, "auto").strip().lower() or "auto"
+    return backend_variable(KERNELS_ENV)
 
 
 def load(isa: str | None = None) -> Kernels | None:

@@ -61,7 +61,6 @@ memory) or `dequant` (all dense, the reference path).
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -85,11 +84,12 @@ from localchat.backends.torch.quant_cuda import (
     quantize_q4,
 )
 from localchat.backends.torch.triton_int4_weight import TritonInt4Weight
+from localchat.config import backend_choices, backend_variable
 from localchat.errors import BackendUnavailableError
 from localchat.weights.tensors import WeightTensor
 
 QUANT_ENV = "LOCALCHAT_TORCH_QUANT"
-QUANT_MODES = ("auto", "int4", "dequant", "copies")
+QUANT_MODES = backend_choices(QUANT_ENV)  # auto, int4, dequant, copies
 INT4_TYPES = ("Q4_0", "Q4_1")
 GROUP_SIZE = 32
 # Rows from which the dense copy is used: the int4 kernel ties a dense GEMM at 16-32 rows (1-2 threads).
@@ -106,7 +106,7 @@ FAST_GEMM_ISAS = ("avx512vnni", "avx2", "neon")
 ACTIVATIONS_ENV = "LOCALCHAT_KERNEL_ACTIVATIONS"
 # q8: 8 bits per 32 activations (llama.cpp's numerics); precise: plus the 8-bit residual (lc_linear);
 # auto: precise for small models, q8 for the rest
-ACTIVATION_MODES = ("auto", "q8", "precise")
+ACTIVATION_MODES = backend_choices(ACTIVATIONS_ENV)  # auto, q8, precise
 # A small model: its linears would take at most this much in bf16 (~0.5B parameters). `auto` rounds its
 # activations precisely: SmolLM2-135M answered "What is the capital of France?" with "L'Etoile, la
 # Marseillaise, la femme, ..." on q8 activations and "The capital of France is Paris." on precise ones, as
@@ -149,11 +149,7 @@ def pick_policy(
     """The env's mode, narrowed to what this device/dtype runs fast; `dense_bytes` estimates the dense
     copies (the model's linears in `dtype`), `available` the free RAM (None: unknown); `isq`: "q4",
     "q8_0", "q4_k" or "q4_0" to quantize unquantized linears at load."""
-    activations = os.environ.get(ACTIVATIONS_ENV, "auto").strip().lower() or "auto"
-    if activations not in ACTIVATION_MODES:
-        raise BackendUnavailableError(
-            f"{ACTIVATIONS_ENV}={activations!r} is not an activation mode; use one of {', '.join(ACTIVATION_MODES)}."
-        )
+    activations = backend_variable(ACTIVATIONS_ENV)
     policy = _pick_mode(device, dtype, dense_bytes, available, isq)
     if activations == "auto":
         activations = "precise" if dense_bytes <= SMALL_MODEL_BYTES else "q8"
@@ -165,11 +161,7 @@ def pick_policy(
 def _pick_mode(
     device: torch.device, dtype: torch.dtype, dense_bytes: int, available: int | None, isq: str | None
 ) -> QuantPolicy:
-    mode = os.environ.get(QUANT_ENV, "auto").strip().lower() or "auto"
-    if mode not in QUANT_MODES:
-        raise BackendUnavailableError(
-            f"{QUANT_ENV}={mode!r} is not a quantization mode; use one of {', '.join(QUANT_MODES)}."
-        )
+    mode = backend_variable(QUANT_ENV)
     if isq in isq_blocks.BLOCK_TYPES:
         return _block_isq_policy(isq, device, mode)
     on_cuda = dtype == torch.bfloat16 and cuda_int4_available(device)

@@ -18,17 +18,16 @@ before the codes are chosen. Both CPU (bf16) and CUDA run the result through the
 from __future__ import annotations
 
 import importlib.util
-import os
 from dataclasses import dataclass
 
 import torch
 
 from localchat.backends.torch.triton_int4_weight import TritonInt4Weight
-from localchat.errors import BackendUnavailableError
+from localchat.config import backend_choices, backend_variable
 
 GROUP_SIZE = 32
 CUDA_INT4_ENV = "LOCALCHAT_CUDA_INT4"
-CUDA_INT4_KERNELS = ("both", "triton", "tinygemm")
+CUDA_INT4_KERNELS = tuple(c for c in backend_choices(CUDA_INT4_ENV) if c != "auto")  # both, triton, tinygemm
 # "both": steps of this many rows or more take the Triton kernel, fewer take tinygemm. Measured on an
 # H200 (benchmarks/gpu_int4_bench.py, an 8B layer's four matrices): 1 row 0.09 ms tinygemm / 0.41 Triton,
 # 16 rows 0.27 / 0.38, 64 rows 1.00 / 0.44, 2048 rows 30.7 / 3.4.
@@ -80,11 +79,7 @@ def cuda_int4_kernel(four_bit_bytes: int, free_bytes: int | None) -> str:
     (torch's). auto takes both forms where Triton is installed (CUDA builds of PyTorch ship it) and
     twice the model's 4-bit linears (`four_bit_bytes`) fit in BOTH_FORMS_MAX_FREE_FRACTION of the free
     GPU memory; otherwise tinygemm, the faster one-row kernel (decode)."""
-    choice = os.environ.get(CUDA_INT4_ENV, "auto").strip().lower() or "auto"
-    if choice not in ("auto", *CUDA_INT4_KERNELS):
-        raise BackendUnavailableError(
-            f"{CUDA_INT4_ENV}={choice!r} is not a choice; use auto, {', '.join(CUDA_INT4_KERNELS)}."
-        )
+    choice = backend_variable(CUDA_INT4_ENV)
     if choice != "auto":
         return choice
     fits = free_bytes is None or 2 * four_bit_bytes <= free_bytes * BOTH_FORMS_MAX_FREE_FRACTION
