@@ -1,4 +1,4 @@
-"""The pre-load RAM estimate (model_memory.py) against what the torch backend really holds, per compute
+"""The pre-load RAM estimate (models/memory.py) against what the torch backend really holds, per compute
 dtype and kernels' ISA: on this CPU here, and on the others through test_other_cpus.py, which reruns
 this file with LOCALCHAT_EMULATE_CPU set (float32 compute on portable C or without the kernels expands
 every matrix to 4 bytes a value: an estimate at bf16's 2 was half of it)."""

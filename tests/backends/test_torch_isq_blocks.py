@@ -220,7 +220,7 @@ def _runtime_weight_bytes(runner: TorchRunner) -> int:
 def test_memory_estimate_is_what_the_isq_model_holds(
     tmp_path: Path, isq: str, model_type: str, hidden: int
 ) -> None:
-    """The pre-load RAM check (model_memory.py) sizes a safetensors folder exactly as the backend
+    """The pre-load RAM check (models/memory.py) sizes a safetensors folder exactly as the backend
     quantizes it (stacked MoE experts each a matrix, the router dense; phi3's fused q|k|v): an estimate
     that ignored --isq would be the bf16 size, ~2-3.5x more."""
     moe = TINY_MOE if model_type == "qwen3_moe" else {}
