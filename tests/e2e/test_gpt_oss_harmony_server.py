@@ -21,7 +21,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, GptOssConfig, PreTrainedTokenizerFast
 
-from localchat.server.harmony import split_harmony
+from localchat.serving.harmony import split_harmony
 from tests.backends.test_gpt_oss import TINY
 from tests.helpers.live_server import live_server
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localchat import catalog, hub
+from localchat import hub
+from localchat.models import catalog
 from tests.helpers.fake_hub import FakeHub
 
 transformers = pytest.importorskip("transformers")

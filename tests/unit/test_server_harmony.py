@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from localchat.server.harmony import HarmonySplitter, HarmonyThinkText, split_harmony
+from localchat.serving.harmony import HarmonySplitter, HarmonyThinkText, split_harmony
 
 FULL = (
     "<|channel|>analysis<|message|>User asks 2+2. Easy.<|end|>"

@@ -1,10 +1,10 @@
-"""gpt-oss's harmony format: calls are messages addressed `to=functions.NAME` (see server/harmony.py),
+"""gpt-oss's harmony format: calls are messages addressed `to=functions.NAME` (see serving/harmony.py),
 not JSON in markup, so one reader splits the whole output into reasoning, content and calls. The
 markers are special tokens: a model that speaks harmony is decoded with its special tokens kept."""
 
 from __future__ import annotations
 
-from localchat.server.harmony import HarmonyReader, Piece
+from localchat.serving.harmony import HarmonyReader, Piece
 from localchat.serving.tool_parsers.base import ToolParser
 from localchat.serving.tool_parsers.stream import CallDelta, Event
 
