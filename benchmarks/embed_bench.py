@@ -166,7 +166,7 @@ def main() -> None:
             print(f"{name:<22} {batch:>5} {_rate(run, batch, args.seconds):>12.1f}")
     if args.no_rss:
         return
-    from localchat.default_model import ensure_default_model
+    from localchat.models.default_model import ensure_default_model
 
     chat = ensure_default_model(REPO / ".models")
     print(f"\n{'localchat serve (torch, CPU)':<42} {'RSS MiB':>8}")
