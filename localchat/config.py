@@ -145,7 +145,7 @@ class Settings:
     tensor_parallel_size: int = _opt(
         1,
         ("--tensor-parallel-size", "--tp"),
-        "torch: shard each layer across N processes (NCCL on CUDA, gloo on CPU; Llama family; docs/parallel.md)",
+        "torch: shard each layer across N processes (NCCL on CUDA, gloo on CPU; Llama, Mistral, Qwen2/3, Mixtral, Qwen3-MoE; docs/parallel.md)",
         parse=int,
         group="model",
         metavar="N",

@@ -18,6 +18,7 @@ from localchat.errors import BackendUnavailableError
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from localchat.config import Settings
     from localchat.embeddings.model import Encoder
     from localchat.embeddings.st_config import SentenceConfig
     from localchat.engine.interface import ModelRunner
@@ -94,6 +95,19 @@ def load_encoder(
         ) from exc
     encoder, sentence = module.load_encoder(folder, threads=threads, rerank=rerank)
     return encoder, sentence
+
+
+def serve_torchrun_worker(settings: Settings) -> int | None:
+    """Under torchrun, ranks >= 1 run rank 0's steps instead of serving HTTP: their exit code, or None
+    on rank 0 (and outside torchrun), which goes on to serve."""
+    try:
+        module = importlib.import_module("localchat.backends.torch.parallel.torchrun")
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f'--tensor-parallel-size needs the torch backend, which cannot be imported ({exc}). pip install "torch>=2.4"'
+        ) from exc
+    rank: int | None = module.worker_rank(settings)
+    return None if rank is None else int(module.serve_worker(settings, rank))
 
 
 def load_runner(name: str, model: ModelBundle, options: RunnerOptions | None = None) -> ModelRunner:

@@ -117,10 +117,10 @@ def _serve(settings: Settings, *, open_browser: bool) -> int:
     if settings.ui is False and open_browser:
         raise SettingsError("--ui-server needs the web UI; drop --no-ui.", param="ui")
     if settings.tensor_parallel_size > 1:  # under torchrun, ranks >= 1 serve rank 0's steps, not HTTP
-        from localchat.backends.torch.parallel.torchrun import serve_worker, worker_rank
+        from localchat.backends import serve_torchrun_worker
 
-        if (rank := worker_rank(settings)) is not None:
-            return serve_worker(settings, rank)
+        if (exit_code := serve_torchrun_worker(settings)) is not None:
+            return exit_code
     check_port(settings.host, settings.port)  # a taken port fails now, not after the browser opened
     if settings.file or settings.weights:  # a mistyped path fails now, not as a /health error later
         from localchat.models.resolve import resolve_model
