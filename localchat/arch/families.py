@@ -122,7 +122,11 @@ def entries() -> list[Architecture]:
             layer_weights={**LLAMA_LAYER_WEIGHTS, **gpt_oss.LAYER_WEIGHTS},
             hf_defaults=gpt_oss.HF_DEFAULTS,
             extra_keys=gpt_oss.EXTRA_KEYS,
+            derive_sizes=gpt_oss.derive_sizes,
             sanitize=gpt_oss.sanitize,
+            gguf_arch="gpt-oss",
+            gguf_block_names=gpt_oss.GGUF_BLOCK_NAMES,
+            gguf_metadata=gpt_oss.GGUF_METADATA,
         ),
     ]
 

@@ -6,6 +6,11 @@ the experts are clamped SwiGLUs with biases. transformers stores the experts sta
 ([experts, hidden, 2 * inter], gate and up interleaved column by column); `sanitize` turns them into
 one [2 * inter, hidden] matrix per expert with the gate rows first, the layout the torch family reads.
 The hub's checkpoints ship the expert matrices in MXFP4 (weights/mxfp4.py): dequantized here, at load.
+
+llama.cpp's `gpt-oss` GGUF files store the experts stacked [experts, out, in] with gate and up apart
+(`ffn_gate_exps`, `ffn_up_exps`, MXFP4 blocks when converted from the hub's checkpoint) and their biases
+stacked [experts, out]; the loader fuses gate|up like any split pair. The file records neither the
+layer pattern (llama.cpp: even layers slide) nor yarn's `truncate` (gpt-oss's rope does not truncate).
 """
 
 from __future__ import annotations
@@ -24,13 +29,40 @@ if TYPE_CHECKING:
 
 LAYER_WEIGHTS: dict[str, tuple[str, int, int]] = {
     "self_attn.sinks": ("sinks", 0, 1),
+    "self_attn.sinks.weight": ("sinks", 0, 1),  # its name in a GGUF (attn_sinks.weight)
     "mlp.router.weight": ("moe.router", 0, 1),
     "mlp.router.bias": ("moe.router_bias", 0, 1),
     "mlp.experts.{e}.gate_up.weight": ("moe.experts.{e}.gate_up", 0, 1),
     "mlp.experts.{e}.gate_up.bias": ("moe.experts.{e}.gate_up_bias", 0, 1),
     "mlp.experts.{e}.down.weight": ("moe.experts.{e}.down", 0, 1),
     "mlp.experts.{e}.down.bias": ("moe.experts.{e}.down_bias", 0, 1),
+    # llama.cpp's files: gate and up apart (fused here in that order), per-expert biases alike.
+    "mlp.experts.{e}.gate_proj.weight": ("moe.experts.{e}.gate_up", 0, 2),
+    "mlp.experts.{e}.up_proj.weight": ("moe.experts.{e}.gate_up", 1, 2),
+    "mlp.experts.{e}.down_proj.weight": ("moe.experts.{e}.down", 0, 1),
+    "mlp.experts.{e}.gate_proj.bias": ("moe.experts.{e}.gate_up_bias", 0, 2),
+    "mlp.experts.{e}.up_proj.bias": ("moe.experts.{e}.gate_up_bias", 1, 2),
+    "mlp.experts.{e}.down_proj.bias": ("moe.experts.{e}.down_bias", 0, 1),
 }
+GGUF_BLOCK_NAMES: dict[str, str] = {
+    "attn_norm": "input_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_sinks": "self_attn.sinks",
+    "ffn_gate_inp": "mlp.router",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+}
+GGUF_METADATA: dict[str, str] = {
+    "expert_count": "num_local_experts",
+    "expert_used_count": "num_experts_per_tok",
+}
+# The stacked biases of a GGUF ([experts, out]; split_experts splits only 3-D matrices).
+_GGUF_STACKED_BIASES = ("gate_proj.bias", "up_proj.bias", "down_proj.bias")
 HF_DEFAULTS: dict[str, Any] = {
     "attention_bias": True,
     "sliding_window": 128,
@@ -70,6 +102,11 @@ def sanitize(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[W
                 del parts[base]
                 yield from _mxfp4_experts(base, pair["blocks"], pair["scales"])
             continue
+        if stem and leaf in _GGUF_STACKED_BIASES and len(weight.shape) == 2:
+            data = np.asarray(weight.data).reshape(weight.shape)
+            for e in range(weight.shape[0]):
+                yield WeightTensor(f"{stem}.experts.{e}.{leaf}", (weight.shape[1],), weight.dtype, data[e])
+            continue
         if not stem or leaf not in _STACKED:
             yield weight
             continue
@@ -80,6 +117,14 @@ def sanitize(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[W
             yield _expert(f"{stem}.experts.{e}.{name}", part, weight.dtype, leaf.startswith("gate_up"))
     if parts:
         raise ModelLoadError(f"MXFP4 tensors without their blocks or scales: {sorted(parts)}")
+
+
+def derive_sizes(config: ModelConfig) -> None:
+    """gpt-oss's yarn interpolates without rounding its band to whole dims (transformers: truncate
+    false, in every published config); a GGUF does not record it, so it is set where absent."""
+    scaling = config.rope_scaling
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "yarn":
+        scaling.setdefault("truncate", False)
 
 
 def _mxfp4_experts(base: str, blocks: WeightTensor, scales: WeightTensor) -> Iterator[WeightTensor]:
