@@ -47,6 +47,7 @@ from localchat.mcp import ui_turns
 from localchat.mcp.hub import ToolRun
 from localchat.mcp.trust import CONSENT_FILE, DENIED, ConsentStore
 from localchat.serving.generation import resolve_chat_max_tokens, resolve_sampling
+from localchat.serving.harmony import HarmonyThinkText
 from localchat.vision.chat_prompt import chat_prompt_with_images
 from localchat.vision.content import ImageLimits
 from localchat.vision.model_info import takes_images
@@ -100,6 +101,8 @@ class Generation:
     turns: int = 0
     stop_requested: bool = False  # Stop pressed, maybe while MCP tools ran between two model turns
     approval: Approval | None = None  # the MCP call waiting for the user, if any
+    # gpt-oss (harmony): the model turn's channels rewritten as the `<think>` form answers are stored in
+    harmony: HarmonyThinkText | None = None
 
 
 def strip_thinking(text: str) -> str:
@@ -161,7 +164,12 @@ class ChatService:
         in the place of a request's fields."""
         requested = {"temperature": conv.temperature, "top_p": conv.top_p}
         max_tokens = resolve_chat_max_tokens(ctx, conv.max_tokens)
-        return SamplingParams(**resolve_sampling(ctx, requested), max_tokens=max_tokens)
+        return SamplingParams(
+            **resolve_sampling(ctx, requested),
+            max_tokens=max_tokens,
+            # harmony's channel markers are special tokens: its reader needs them in the text
+            skip_special_tokens=not ctx.tool_parser.keeps_special_tokens,
+        )
 
     # -- actions --------------------------------------------------------------------------------------
 
@@ -377,6 +385,7 @@ class ChatService:
             params = self.sampling_params(conv, ctx)
             self._next += 1
             gen = Generation(conv.id, answer.id, f"ui-{answer.id}-{self._next}", ctx)
+            gen.harmony = _harmony_reader(ctx)
             # A template that opens the reasoning block itself (e.g. DeepSeek-R1) leaves the model inside it.
             tail = ctx.model.tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False)
             if tail.rstrip().endswith("<think>"):
@@ -402,10 +411,13 @@ class ChatService:
         now = time.monotonic()
         if out.new_token_ids and gen.first_token_at is None:
             gen.first_token_at = now
-        if out.text_delta:
-            gen.text += out.text_delta
+        delta = out.text_delta
+        if gen.harmony is not None:
+            delta = gen.harmony.push(delta) + (gen.harmony.flush() if out.finished else "")
+        if delta:
+            gen.text += delta
             for queue in gen.listeners:
-                queue.put_nowait(("delta", out.text_delta))
+                queue.put_nowait(("delta", delta))
         if out.finished:
             self._finish(gen, out, now)
         elif now - gen.saved_at >= SAVE_INTERVAL_S:
@@ -491,6 +503,7 @@ class ChatService:
             _, prompt_ids, images = await chat_prompt_with_images(ctx, messages, tools)  # off the loop
             self._next += 1
             gen.req_id = f"ui-{gen.message_id}-{self._next}"
+            gen.harmony = _harmony_reader(ctx)
             loop = asyncio.get_running_loop()
             ctx.engine.submit(
                 prompt_ids,
@@ -552,6 +565,11 @@ class ChatService:
     def _forget(self, conv_id: str, message_id: int) -> None:
         self._active.pop(conv_id, None)
         self._by_message.pop(message_id, None)
+
+
+def _harmony_reader(ctx: ServerContext) -> HarmonyThinkText | None:
+    """A fresh reader per model turn for a model whose output keeps its special tokens (harmony)."""
+    return HarmonyThinkText() if ctx.tool_parser.keeps_special_tokens else None
 
 
 def _tell(gen: Generation, event: tuple[str, str]) -> None:

@@ -89,6 +89,7 @@ class LocalBackend:
 
     def stream(self, messages: Messages) -> Iterator[str]:
         from localchat.serving.generation import build_params, resolve_chat_max_tokens
+        from localchat.serving.harmony import HarmonySplitter
         from localchat.serving.reasoning import ReasoningSplitter, starts_in_reasoning
         from localchat.serving.schemas import ChatCompletionRequest, ChatMessage
 
@@ -99,7 +100,12 @@ class LocalBackend:
         (params,) = build_params(ctx, req, max_tokens=resolve_chat_max_tokens(ctx, None), logprobs=None, n=1)
         outputs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         req_id = ctx.engine.submit(ids, params, outputs.put)
-        splitter = ReasoningSplitter(starts_in_reasoning(prompt_text))
+        # Only the answer is shown: `<think>` reasoning, or gpt-oss's analysis channel, stays hidden.
+        splitter: ReasoningSplitter | HarmonySplitter = (
+            HarmonySplitter()
+            if ctx.tool_parser.keeps_special_tokens
+            else ReasoningSplitter(starts_in_reasoning(prompt_text))
+        )
         finished = False
         try:
             while not finished:
