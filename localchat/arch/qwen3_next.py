@@ -83,6 +83,56 @@ QWEN3_NEXT_SHARED_WEIGHTS: dict[str, tuple[str, int, int]] = {
 }
 _GROUPED = re.compile(r"(.*\.linear_attn\.)in_proj_(qkvz|ba)\.weight")
 
+# llama.cpp's qwen35 / qwen35moe / qwen3next blocks -> names inside `model.layers.N.`. `ssm_a` holds
+# -exp(A_log) and has no suffix; `ssm_dt.bias` is dt_bias; `gguf_sanitize` turns them back.
+QWEN35_GGUF_BLOCK_NAMES: dict[str, str] = {
+    "attn_norm": "input_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_qkv": "linear_attn.in_proj_qkv",
+    "attn_gate": "linear_attn.in_proj_z",
+    "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_alpha": "linear_attn.in_proj_a",
+    "ssm_ba": "linear_attn.in_proj_ba",  # Qwen3-Next: b|a stay grouped per key head, as in its checkpoint
+    "ssm_a": "linear_attn.A_log",
+    "ssm_dt": "linear_attn.dt",
+    "ssm_conv1d": "linear_attn.conv1d",
+    "ssm_norm": "linear_attn.norm",
+    "ssm_out": "linear_attn.out_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+}
+# `{arch}.<key>` -> config key. `gguf_ssm_inner_size` (always written) also tells sanitize the tensors are
+# in llama.cpp's form.
+QWEN35_GGUF_METADATA: dict[str, str] = {
+    "ssm.conv_kernel": "linear_conv_kernel_dim",
+    "ssm.state_size": "linear_key_head_dim",
+    "ssm.group_count": "linear_num_key_heads",
+    "ssm.time_step_rank": "linear_num_value_heads",
+    "ssm.inner_size": "gguf_ssm_inner_size",
+    "attention.recurrent_layers": "gguf_recurrent_layers",
+    "full_attention_interval": "full_attention_interval",
+    "nextn_predict_layers": "gguf_nextn_layers",
+    "expert_count": "num_experts",
+    "expert_used_count": "num_experts_per_tok",
+    "expert_feed_forward_length": "moe_intermediate_size",
+    "expert_shared_feed_forward_length": "shared_expert_intermediate_size",
+}
+
 # Qwen3_5ForConditionalGeneration: the text LM under model.language_model; vision tower and the
 # multi-token-prediction head are not run.
 QWEN3_5_PREFIXES: dict[str, str | None] = {
@@ -96,8 +146,18 @@ QWEN3_5_PREFIXES: dict[str, str | None] = {
 
 
 def derive_sizes(config: ModelConfig) -> None:
-    """Every `full_attention_interval`-th layer is full attention when the config lists no layer_types."""
+    """Every `full_attention_interval`-th layer is full attention when the config lists no layer_types.
+    A GGUF gives the value head width as the inner size, the layer kinds as a recurrent flag per block,
+    and counts its multi-token-prediction blocks (not run) in block_count."""
     x = config.extra
+    if x.get("gguf_nextn_layers"):
+        config.num_hidden_layers -= int(x["gguf_nextn_layers"])
+        x["gguf_nextn_layers"] = 0  # once: ModelConfig runs this after every construction
+    if x.get("gguf_ssm_inner_size"):
+        x["linear_value_head_dim"] = int(x["gguf_ssm_inner_size"]) // int(x["linear_num_value_heads"])
+    if not x.get("layer_types") and x.get("gguf_recurrent_layers"):
+        flags = x["gguf_recurrent_layers"][: config.num_hidden_layers]
+        x["layer_types"] = ["linear_attention" if f else "full_attention" for f in flags]
     if not x.get("layer_types"):
         interval = int(x.get("full_attention_interval") or 4)
         x["layer_types"] = [
@@ -106,10 +166,20 @@ def derive_sizes(config: ModelConfig) -> None:
         ]
 
 
+def sanitize_qwen3_5(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[WeightTensor]:
+    """Qwen3.5 and Qwen3.5-MoE: only a GGUF needs rewriting (llama.cpp also tiles their value heads)."""
+    if config.extra.get("gguf_ssm_inner_size"):
+        return _from_gguf(config, weights, tiled_value_heads=True)
+    return iter(weights)
+
+
 def sanitize(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[WeightTensor]:
     """Qwen3-Next's DeltaNet projections are grouped per key head ([q, k, v..., z...] and [b..., a...]
-    for each); split them into Qwen3.5's in_proj_qkv / z / b / a rows, the layout the model files read."""
+    for each); split them into Qwen3.5's in_proj_qkv / z / b / a rows, the layout the model files read.
+    (llama.cpp's converter splits q|k|v|z itself but keeps b|a grouped.)"""
     x = config.extra
+    if x.get("gguf_ssm_inner_size"):
+        weights = _from_gguf(config, weights, tiled_value_heads=False)
     nk, dk, dv = x["linear_num_key_heads"], x["linear_key_head_dim"], x["linear_value_head_dim"]
     r = x["linear_num_value_heads"] // nk  # value heads per key head
     group = 2 * dk + 2 * r * dv
@@ -138,6 +208,70 @@ def sanitize(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[W
             yield WeightTensor(
                 f"{prefix}{name}.weight", (len(index), *weight.shape[1:]), weight.dtype, data[index]
             )
+
+
+def _from_gguf(
+    config: ModelConfig, weights: Iterable[WeightTensor], tiled_value_heads: bool
+) -> Iterator[WeightTensor]:
+    """Undo what llama.cpp's converter did to a checkpoint: A_log stored as -exp(A_log), dt_bias as
+    `ssm_dt.bias`, the conv kernel squeezed to [channels, K], every RMSNorm weight but the gated one
+    stored as 1 + w, and (qwen35 / qwen35moe) value heads reordered from grouped per key head
+    [k0: v0..v(r-1), k1: ...] to tiled [v0: k0..k(nk-1), v1: ...]. Multi-token-prediction blocks
+    (counted in block_count, not run) are dropped."""
+    x = config.extra
+    heads = (int(x["linear_num_key_heads"]), int(x["linear_num_value_heads"]))
+    key_dim = heads[0] * int(x["linear_key_head_dim"])
+    dv = int(x["linear_value_head_dim"])
+    for w in weights:
+        parts = w.name.split(".")
+        if parts[:2] == ["model", "layers"] and int(parts[2]) >= config.num_hidden_layers:
+            continue
+        name = w.name
+        if name.endswith("linear_attn.A_log"):
+            w = WeightTensor(name, w.shape, "F32", np.log(-w.dequantize()).astype(np.float32))
+        elif name.endswith("linear_attn.dt.bias"):
+            w = WeightTensor(name.replace("dt.bias", "dt_bias"), w.shape, w.dtype, w.data)
+        elif name.endswith("linear_attn.conv1d.weight") and len(w.shape) == 2:
+            w = WeightTensor(name, (w.shape[0], 1, w.shape[1]), w.dtype, np.asarray(w.data)[:, None, :])
+        elif name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+            w = WeightTensor(name, w.shape, "F32", w.dequantize() - np.float32(1.0))
+        yield _untile(w, heads, dv, key_dim) if tiled_value_heads and heads[0] != heads[1] else w
+
+
+def _grouped_order(heads: tuple[int, int], width: int) -> np.ndarray:
+    """For each position in grouped order (key head k, its j-th value head, d), its tiled position."""
+    nk, nv = heads
+    tiled_head = np.arange(nv // nk)[None, :] * nk + np.arange(nk)[:, None]  # [nk, r]
+    return (tiled_head[:, :, None] * width + np.arange(width)[None, None, :]).reshape(-1)
+
+
+def _untile(w: WeightTensor, heads: tuple[int, int], dv: int, key_dim: int) -> WeightTensor:
+    """One tensor's value heads back in grouped order: rows, or out_proj's input columns."""
+    if w.name.endswith(("in_proj_qkv.weight", "conv1d.weight")):  # q and k rows stay
+        index = np.concatenate((np.arange(2 * key_dim), 2 * key_dim + _grouped_order(heads, dv)))
+    elif w.name.endswith("in_proj_z.weight"):
+        index = _grouped_order(heads, dv)
+    elif w.name.endswith(("in_proj_b.weight", "in_proj_a.weight", "A_log", "dt_bias")):
+        index = _grouped_order(heads, 1)
+    elif w.name.endswith("linear_attn.out_proj.weight"):
+        return _untile_columns(w, heads, dv)
+    else:
+        return w
+    return WeightTensor(w.name, w.shape, w.dtype, np.asarray(w.data)[index])
+
+
+def _untile_columns(w: WeightTensor, heads: tuple[int, int], dv: int) -> WeightTensor:
+    """Quantized rows move whole blocks when a value head is whole blocks wide; otherwise the tensor is
+    dequantized (F32) first."""
+    if not w.is_quantized:
+        return WeightTensor(w.name, w.shape, w.dtype, np.asarray(w.data)[:, _grouped_order(heads, dv)])
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[w.dtype]]
+    if dv % block:
+        return WeightTensor(w.name, w.shape, "F32", w.dequantize()[:, _grouped_order(heads, dv)])
+    blocks = np.asarray(w.data).reshape(w.shape[0], -1, nbytes)[:, _grouped_order(heads, dv // block)]
+    return WeightTensor(w.name, w.shape, w.dtype, blocks.reshape(w.shape[0], -1))
 
 
 def state_bytes_per_sequence(config: ModelConfig, dtype_bytes: int = 2) -> int:

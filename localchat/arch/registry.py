@@ -251,8 +251,12 @@ def _hybrid_entries() -> list[Architecture]:
         hf_defaults=qwen3_next.QWEN3_5_HF_DEFAULTS,
         extra_keys=qwen3_next.QWEN3_5_EXTRA_KEYS,
         derive_sizes=qwen3_next.derive_sizes,
+        sanitize=qwen3_next.sanitize_qwen3_5,
         float32_params=qwen3_next.QWEN3_5_FLOAT32,
         state_bytes=qwen3_next.state_bytes_per_sequence,
+        gguf_arch="qwen35",
+        gguf_block_names=qwen3_next.QWEN35_GGUF_BLOCK_NAMES,
+        gguf_metadata=qwen3_next.QWEN35_GGUF_METADATA,
     )
     # Qwen3.5 as published (Qwen3_5ForConditionalGeneration): its text LM only, images unsupported.
     wrapper = Architecture(
@@ -274,6 +278,9 @@ def _hybrid_entries() -> list[Architecture]:
         sanitize=qwen3_next.sanitize,
         float32_params=qwen3_next.QWEN3_5_FLOAT32,
         state_bytes=qwen3_next.state_bytes_per_sequence,
+        gguf_arch="qwen3next",
+        gguf_block_names=qwen3_next.QWEN35_GGUF_BLOCK_NAMES,
+        gguf_metadata=qwen3_next.QWEN35_GGUF_METADATA,
     )
     # Qwen3.5-MoE (35B-A3B, 122B-A10B, 397B-A17B): Qwen3.5's layers, Qwen3-Next's MoE; and its wrapper.
     qwen3_5_moe_text = Architecture(
@@ -284,8 +291,12 @@ def _hybrid_entries() -> list[Architecture]:
         hf_defaults={**qwen3_next.QWEN3_5_HF_DEFAULTS, "norm_topk_prob": True, "intermediate_size": 0},
         extra_keys=qwen3_next.QWEN3_5_MOE_EXTRA_KEYS,
         derive_sizes=qwen3_next.derive_sizes,
+        sanitize=qwen3_next.sanitize_qwen3_5,
         float32_params=qwen3_next.QWEN3_5_FLOAT32,
         state_bytes=qwen3_next.state_bytes_per_sequence,
+        gguf_arch="qwen35moe",
+        gguf_block_names=qwen3_next.QWEN35_GGUF_BLOCK_NAMES,
+        gguf_metadata=qwen3_next.QWEN35_GGUF_METADATA,
     )
     moe_wrapper = Architecture(
         "qwen3_5_moe",
@@ -298,7 +309,7 @@ def _hybrid_entries() -> list[Architecture]:
 
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in [*_entries(), *_hybrid_entries()]}
 SUPPORTED_MODEL_TYPES = tuple(ARCHITECTURES)
-GGUF_ARCHITECTURES: dict[str, Architecture] = {a.gguf_arch: a for a in _entries() if a.gguf_arch}
+GGUF_ARCHITECTURES: dict[str, Architecture] = {a.gguf_arch: a for a in ARCHITECTURES.values() if a.gguf_arch}
 
 
 def architecture(model_type: str) -> Architecture:

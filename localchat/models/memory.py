@@ -111,13 +111,18 @@ def estimate(
 
 
 def _state_pool(path: Path, dtype: str, max_num_seqs: int) -> int:
-    """A hybrid model folder's per-sequence state times the sequences that may run (0 for others)."""
-    if not path.is_dir():
-        return 0
-    from localchat.weights.safetensors import config_from_folder  # only folders pay for the import
-
+    """A hybrid model's per-sequence state times the sequences that may run (0 for others)."""
     try:
-        config = config_from_folder(path)
+        if path.suffix == ".gguf" and path.is_file():
+            from localchat.weights.gguf import config_from_gguf, open_gguf
+
+            config = config_from_gguf(open_gguf(path))  # the metadata only; tensors stay unread
+        elif path.is_dir():
+            from localchat.weights.safetensors import config_from_folder  # only folders pay for the import
+
+            config = config_from_folder(path)
+        else:
+            return 0
     except (ModelLoadError, UnsupportedArchitectureError):
         return 0  # the load itself reports it
     arch = architecture(config.model_type)

@@ -31,6 +31,7 @@ _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
     "output": "lm_head",
+    "token_embd_norm": "model.embedding_norm",  # LFM2's final norm (its checkpoint's name)
 }
 # Tensors llama.cpp adds that have no HF counterpart; their content is read into the config instead.
 _SKIPPED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
@@ -40,7 +41,8 @@ _ROPE_EXTRA_KEYS = {
     "yarn_beta_fast": "beta_fast",
     "yarn_beta_slow": "beta_slow",
 }
-_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# A part may have one dotted step (LFM2's `shortconv.conv`) and no suffix (the hybrids' bare `ssm_a`).
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.([A-Za-z_]\w*(?:\.(?!weight$|bias$)[A-Za-z_]\w*)?)(?:\.(weight|bias))?")
 # Files converted before llama.cpp stacked experts (early 2024 Mixtral GGUFs): one tensor per expert.
 _EXPERT_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(\d+)\.weight")
 # GLM-4.5's multi-token-prediction block (llama.cpp counts it in block_count): not run, not loaded.
@@ -114,7 +116,8 @@ def hf_tensor_name(gguf_name: str, arch: Architecture) -> str | None:
     if match := _BLOCK_RE.fullmatch(gguf_name):
         layer, part, kind = match.groups()
         if part in arch.gguf_block_names:
-            return f"model.layers.{layer}.{arch.gguf_block_names[part]}.{kind}"
+            stem = f"model.layers.{layer}.{arch.gguf_block_names[part]}"
+            return f"{stem}.{kind}" if kind else stem
     elif match := _EXPERT_RE.fullmatch(gguf_name):
         layer, part, expert = match.groups()
         if part in arch.gguf_expert_names:
@@ -155,7 +158,7 @@ def config_from_gguf(reader: GGUFReader) -> ModelConfig:
         intermediate_size=ffn,
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=int(get("attention.head_count_kv") or heads),
+        num_key_value_heads=_kv_heads(get("attention.head_count_kv"), heads),
         head_dim=head_dim,
         rms_norm_eps=_f32(get("attention.layer_norm_rms_epsilon", 1e-6)),
         rope_theta=theta,
@@ -170,6 +173,13 @@ def config_from_gguf(reader: GGUFReader) -> ModelConfig:
         torch_dtype=None,  # a GGUF mixes tensor types; the backend picks its compute dtype
         extra=_extra(entry, get, layers, hidden // heads, "blk.0.attn_q_norm.weight" in names),
     )
+
+
+def _kv_heads(value: Any, heads: int) -> int:
+    """Hybrids write one count per layer (0 for the layers without attention): the attention layers'."""
+    if isinstance(value, list):
+        return max((int(v) for v in value), default=0) or heads
+    return int(value or heads)
 
 
 def _extra(

@@ -1,0 +1,218 @@
+"""GGUF files of the hybrid families, written by llama.cpp's own convert_hf_to_gguf.py from a tiny random
+transformers model, loaded by localchat's real loader and run on the torch runner: the f32 file gives
+transformers' prompt logits (float32 tolerance) and its greedy tokens (one-shot and chunked prefill,
+ragged batched decode with a preemption); a q8_0 file of the same model stays close (bounds below).
+
+The converter reads a tokenizer from the folder: a tiny byte-level BPE one, whose pre-tokenizer hash no
+release knows, so the converter's hash lookup is answered with "qwen2" (the tensors and metadata, the
+subject here, are untouched)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from localchat.arch.registry import architecture
+from localchat.backends.torch.runner import TorchRunner
+from localchat.models.memory import estimate
+from localchat.weights.bundle import ModelBundle
+from localchat.weights.loader import load_model
+from tests.backends.test_qwen3_next import HybridDriver
+from tests.helpers.llama_convert import ensure_converter
+from tests.helpers.torch_models import fp32_runner
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow  # runs llama.cpp's converter twice per family (a few seconds each)
+
+VOCAB = 320  # the tokenizer has 300; the converter pads the rest as llama.cpp does
+PROMPT = [int(t) for t in np.random.default_rng(1).integers(1, VOCAB, size=70)]  # two 64-token chunks
+# float32 sums in another order (the DeltaNet chunk solve amplifies rounding at a few tokens, see
+# test_qwen3_next.py); a wrong tensor transform is off by whole units.
+TOL = 3e-3
+
+_CONVERT = """
+import sys
+sys.path[:0] = [{root!r}, {root!r} + "/gguf-py"]
+from conversion.base import TextModel
+TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
+import convert_hf_to_gguf
+sys.argv = ["convert_hf_to_gguf.py", *sys.argv[1:]]
+convert_hf_to_gguf.main()
+"""
+
+
+def _save_with_tokenizer(model: Any, folder: Path) -> Path:
+    model.save_pretrained(folder)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(["The quick brown fox jumps over the lazy dog. Hello world!"] * 4, trainer)
+    tok.save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _convert(folder: Path, out: Path, outtype: str, *flags: str) -> Path:
+    script = _CONVERT.format(root=str(ensure_converter()))
+    cmd = [sys.executable, "-c", script, str(folder), "--outfile", str(out), "--outtype", outtype, *flags]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def _randomized(model: torch.nn.Module, keep: tuple[str, ...] = ()) -> torch.nn.Module:
+    """Weights large enough that every layer matters (keeping the decay parameters' own init)."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if not name.endswith(keep):
+                param.copy_(0.25 * torch.randn_like(param))
+    return model.float().eval()
+
+
+def tiny_qwen3_5() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.Qwen3_5TextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4,  # llama.cpp tiles these (converter)
+        linear_key_head_dim=16, linear_value_head_dim=32,  # a value head is one Q8_0 block
+        linear_conv_kernel_dim=4, full_attention_interval=2, max_position_embeddings=512,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    return _randomized(transformers.Qwen3_5ForCausalLM(config), keep=("A_log", "dt_bias"))
+
+
+FAMILIES: dict[str, tuple[Callable[[], torch.nn.Module], str, tuple[str, ...]]] = {
+    # name: (tiny model, the file's general.architecture, converter flags)
+    "qwen35": (tiny_qwen3_5, "qwen35", ("--no-mtp",)),
+}
+
+
+class Converted:
+    def __init__(self, hf: torch.nn.Module, f32: Path, q8: Path) -> None:
+        self.hf, self.f32, self.q8 = hf, f32, q8
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def converted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Converted:
+    build, _, flags = FAMILIES[request.param]
+    hf = build()
+    tmp = tmp_path_factory.mktemp(request.param)
+    folder = _save_with_tokenizer(hf, tmp / "hf")
+    f32 = _convert(folder, tmp / "f32.gguf", "f32", *flags)
+    q8 = _convert(folder, tmp / "q8_0.gguf", "q8_0", *flags)
+    return Converted(hf, f32, q8)
+
+
+def _runner(path: Path) -> TorchRunner:
+    runner = fp32_runner(load_model(path))
+    runner.initialize_state_cache(4)
+    return runner
+
+
+def _reference_logits(hf: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([tokens])).logits[0].float()
+
+
+def _greedy(hf: Any, prompt: list[int], steps: int) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False)
+    return [int(t) for t in out[0, len(prompt) :]]
+
+
+PROMPTS = {"a": PROMPT[:9], "b": PROMPT, "c": PROMPT[30:33]}
+
+
+def _batched_decode(runner: TorchRunner, steps: int) -> dict[str, list[int]]:
+    """Three ragged rows decoded together; "b" is preempted at step 4 and comes back as a prefill."""
+    driver = HybridDriver(runner)
+    for req_id, prompt in PROMPTS.items():
+        driver.add(req_id, prompt)
+    for step in range(steps):
+        if step == 4:
+            driver.preempt("b")
+        driver.step()
+    return {r: driver.tokens(r)[len(p) :] for r, p in PROMPTS.items()}
+
+
+def test_f32_gguf_matches_transformers(converted: Converted) -> None:
+    bundle: ModelBundle = load_model(converted.f32)
+    assert bundle.format == "gguf"
+    runner = fp32_runner(bundle)
+    runner.initialize_state_cache(4)
+    ref = _reference_logits(converted.hf, PROMPT)
+    driver = HybridDriver(runner)
+    driver.add("a", PROMPT)
+    _, logits = driver.step_logits(every_token=True)
+    assert (logits.cpu().float() - ref).abs().max().item() < TOL
+    chunked = HybridDriver(runner)
+    chunked.add("a", PROMPT)
+    rows = [chunked.step_logits({"a": size}, every_token=True)[1].cpu() for size in (5, 1, 30, 34)]
+    assert (torch.cat(rows).float() - ref).abs().max().item() < TOL
+    steps = 8
+    expected = {r: _greedy(converted.hf, p, steps) for r, p in PROMPTS.items()}
+    assert _batched_decode(runner, steps) == expected
+
+
+def test_q8_0_gguf_runs_its_rounded_weights_and_stays_close(converted: Converted) -> None:
+    """Q8_0 rounds every matrix to 8 bits per 32 values. Each tensor, back in the checkpoint's layout,
+    is the checkpoint's within that rounding (so every transform also holds on quantized rows), the
+    runner on the file equals transformers holding the very same rounded weights (logits and greedy
+    tokens), and against the unrounded model the greedy choice over the prompt stays the same at
+    >= 90% of the positions (a random tiny model amplifies rounding: logits move by ~0.1 on average)."""
+    bundle = load_model(converted.q8)
+    arch = architecture(bundle.config.model_type)
+    reference = converted.hf.state_dict()
+    rounded = {}
+    for w in arch.sanitize(bundle.config, bundle.iter_weights()) if arch.sanitize else bundle.iter_weights():
+        ref = reference[w.name].float().numpy()
+        got = w.dequantize().reshape(ref.shape)
+        assert np.abs(got - ref).max() <= np.abs(ref).max() / 127, w.name
+        rounded[w.name] = torch.from_numpy(got)
+    assert any(w.dtype == "Q8_0" for w in bundle.iter_weights())
+    twin = copy.deepcopy(converted.hf)
+    missing, unexpected = twin.load_state_dict(rounded, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    runner = fp32_runner(bundle)
+    runner.initialize_state_cache(4)
+    driver = HybridDriver(runner)
+    driver.add("a", PROMPT)
+    _, logits = driver.step_logits(every_token=True)
+    assert (logits.cpu().float() - _reference_logits(twin, PROMPT)).abs().max().item() < TOL
+    steps = 8
+    assert _batched_decode(runner, steps) == {r: _greedy(twin, p, steps) for r, p in PROMPTS.items()}
+    unrounded = _reference_logits(converted.hf, PROMPT)
+    same_choice = (logits.cpu().argmax(-1) == unrounded.argmax(-1)).float().mean().item()
+    assert same_choice >= 0.9 and (logits.cpu() - unrounded).abs().mean().item() < 0.2
+
+
+def test_gguf_state_memory_is_counted_like_the_folders(converted: Converted) -> None:
+    """The RAM estimate adds one state slot per sequence for a GGUF hybrid, the bytes the runner's
+    slots take (float32 compute: the conv window in float32 too)."""
+    config = load_model(converted.f32).config
+    per_sequence = architecture(config.model_type).state_bytes(config, 4)  # type: ignore[misc]
+    assert per_sequence > 0
+    runner = fp32_runner(load_model(converted.f32))
+    assert runner.state_cache_spec is not None and runner.state_cache_spec.bytes_per_slot == per_sequence
+    plain = estimate(converted.f32, None, dtype="float32", max_num_seqs=1)
+    pooled = estimate(converted.f32, None, dtype="float32", max_num_seqs=5)
+    assert pooled.kv_cache - plain.kv_cache == 4 * per_sequence
