@@ -101,7 +101,7 @@ def estimate(
     elif isq is not None and path.is_dir():
         weights = _isq_weights(path, isq, size)
     elif path.is_dir():
-        weights = _hf_quant_weights(path, _value_bytes(dtype), size)
+        weights = _hf_quant_weights(path, _value_bytes(dtype), size, "Q4_1" in compact_gguf_types(dtype))
     kv = (
         kv_cache_mib * MIB
         if kv_cache_mib is not None
@@ -187,12 +187,14 @@ def _loaded_gguf_bytes(
         return int(size * 8 * value_bytes / _BITS.get(quant, 16.0))
 
 
-def _hf_quant_weights(folder: Path, value_bytes: int, size: int) -> int:
+def _hf_quant_weights(folder: Path, value_bytes: int, size: int, blocks: bool = False) -> int:
     """A GPTQ / AWQ / FP8 / compressed-tensors folder is dequantized at load (weights/hf_quant.py): sized
-    as expanded. `size` for a dense folder, or when unreadable (the load then says what is wrong)."""
+    as expanded, except int4 linears that stay GGUF blocks where the kernels keep Q4_1 (`blocks`; with
+    the kernels present, see compact_gguf_types): ~4.5-5 bits a weight. `size` for a dense folder, or
+    when unreadable (the load then says what is wrong)."""
     import json
 
-    from localchat.weights.hf_quant import loaded_weight_bytes, quant_method
+    from localchat.weights.hf_quant import compact_int4, loaded_weight_bytes, quant_method
     from localchat.weights.safetensors import safetensors_files
 
     try:
@@ -203,7 +205,8 @@ def _hf_quant_weights(folder: Path, value_bytes: int, size: int) -> int:
         qc = raw["quantization_config"]
         groups = list((qc.get("config_groups") or {}).values())
         bits = int(((groups[0] or {}).get("weights") or {}).get("num_bits", 4)) if groups else 4
-        return loaded_weight_bytes(headers, value_bytes, bits)
+        compact = blocks and kernel_isa() is not None and compact_int4(raw)
+        return loaded_weight_bytes(headers, value_bytes, bits, compact)
     except (ModelLoadError, OSError, ValueError, KeyError, TypeError, AttributeError):
         return size
 

@@ -4,10 +4,19 @@
 
 config.json's `quantization_config` names the method. Each quantized linear arrives as several tensors
 (`qweight`, `qzeros`, `scales`, optional `g_idx`; `weight` + `weight_scale_inv`; `weight_packed` +
-`weight_scale`), so the stream is buffered per module until its parts are complete, then dequantized to
-float32 (`weight` [out, in]); the backend casts it to its compute dtype. No compact CPU block format is
-kept yet: GPTQ/AWQ zero points are per output column over input groups, and fp16 group scales, which
-no GGUF block type reproduces bit-exactly (Q4_0 stores one fp16 scale per 32 and no zero).
+`weight_scale`), so the stream is buffered per module until its parts are complete.
+
+4-bit GPTQ, AWQ and compressed-tensors W4A16 linears whose groups are whole 32-value blocks (group size
+a multiple of 32, or one group per row) are handed over compact (`RepackedLinear`, hf_quant_blocks.py):
+GGUF blocks that localchat's CPU kernels run. GPTQ/AWQ's w = s (q - z) (fp16 s, integer z per group and
+output) becomes Q4_1's d q + m with d = s exactly and m = -s z rounded once to fp16: each value moves by
+at most half an fp16 ulp of s z (s z itself is exact in float32: 11 x 4 significant bits). Symmetric
+compressed-tensors (w = s q, q in -8..7) is Q4_0 bit for bit: d = s, stored code q + 8. GPTQ act-order
+(`g_idx` not sorted) keeps its groups by reordering the input columns once here (`order`); the backend
+reorders the activations the same way (one index_select per matmul). A backend that does not run the
+blocks (no kernels, CUDA, MPS, MLX) calls `dequantize()`: the exact float32 values, as before.
+Everything else (8-bit GPTQ, groups that split a block, FP8, W8A8) is dequantized here to float32
+(`weight` [out, in]); the backend casts it to its compute dtype.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from localchat.errors import ModelLoadError
+from localchat.weights.hf_quant_blocks import BLOCK, repack_int4
 from localchat.weights.tensors import WeightTensor
 
 log = logging.getLogger(__name__)
@@ -31,6 +41,9 @@ _CT_PARTS = ("weight_packed", "weight_shape", "weight_scale", "weight_zero_point
 _GPTQ_PARTS = ("qweight", "qzeros", "scales", "g_idx")
 # AutoAWQ's GEMM layout puts output column ORDER[i] in nibble i of each int32; UNDO inverts it.
 _AWQ_UNDO = np.array([0, 4, 1, 5, 2, 6, 3, 7])
+# The linears handed over compact: a decoder layer's own projections, which every family's load maps by
+# name (experts and fused checkpoint matrices, which families may split or restack, stay dequantized).
+_COMPACT_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def quant_method(raw_config: dict[str, Any]) -> str | None:
@@ -85,13 +98,21 @@ def dequantize_gptq(
 ) -> np.ndarray:
     """GPTQ: qweight [in/8, out] packed along in, qzeros [groups, out/8] packed along out, scales
     [groups, out]. v1 checkpoints store zero - 1 (`zero_offset` 1). Returns float32 [out, in]."""
-    codes = unpack_int4(qweight, axis=0)  # [in, out]
-    zeros = unpack_int4(qzeros, axis=1) + zero_offset  # [groups, out]
-    n_in = codes.shape[0]
-    groups = np.arange(n_in) // group_size if g_idx is None else np.asarray(g_idx, dtype=np.int64)
+    codes, zeros, groups = gptq_codes(qweight, qzeros, g_idx, group_size, zero_offset)
     s = np.asarray(scales, dtype=np.float32)
     w = (codes - zeros[groups]).astype(np.float32) * s[groups]
     return np.ascontiguousarray(w.T)
+
+
+def gptq_codes(
+    qweight: np.ndarray, qzeros: np.ndarray, g_idx: np.ndarray | None, group_size: int, zero_offset: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """GPTQ's codes [in, out], zeros [groups, out] and each input column's group [in]."""
+    codes = unpack_int4(qweight, axis=0)
+    zeros = unpack_int4(qzeros, axis=1) + zero_offset
+    n_in = codes.shape[0]
+    groups = np.arange(n_in) // group_size if g_idx is None else np.asarray(g_idx, dtype=np.int64)
+    return codes, zeros, groups
 
 
 def dequantize_awq(
@@ -99,16 +120,17 @@ def dequantize_awq(
 ) -> np.ndarray:
     """AWQ GEMM: qweight [in, out/8] and qzeros [groups, out/8] packed along out in AWQ's interleaved
     nibble order, zeros stored as is. Returns float32 [out, in]."""
-
-    def columns(packed: np.ndarray) -> np.ndarray:
-        codes = unpack_int4(packed, axis=1)
-        rows, cols = codes.shape
-        return codes.reshape(rows, cols // 8, 8)[:, :, _AWQ_UNDO].reshape(rows, cols)
-
-    codes, zeros = columns(qweight), columns(qzeros)
+    codes, zeros = awq_columns(qweight), awq_columns(qzeros)
     groups = np.arange(codes.shape[0]) // group_size
     w = (codes - zeros[groups]).astype(np.float32) * np.asarray(scales, dtype=np.float32)[groups]
     return np.ascontiguousarray(w.T)
+
+
+def awq_columns(packed: np.ndarray) -> np.ndarray:
+    """AWQ GEMM int32 words [rows, cols/8] -> codes [rows, cols] in output column order."""
+    codes = unpack_int4(packed, axis=1)
+    rows, cols = codes.shape
+    return codes.reshape(rows, cols // 8, 8)[:, :, _AWQ_UNDO].reshape(rows, cols)
 
 
 def _e4m3fn_table() -> np.ndarray:
@@ -189,9 +211,7 @@ def dequantized_stream(
     bo, bi = (int(v) for v in qconfig.get("weight_block_size") or (128, 128))
     pending: dict[str, dict[str, np.ndarray]] = {}
     done: set[str] = set()  # compressed-tensors modules already yielded: later scales are dropped
-    log.info(
-        "%s checkpoint: quantized linears are dequantized at load (float32, then the compute dtype)", method
-    )
+    tally: dict[str, int] = {}  # linears by the form handed over, for the log line
     for t in tensors:
         module, _, part = t.name.rpartition(".")
         if method == "compressed-tensors" and (
@@ -203,7 +223,7 @@ def dequantized_stream(
                 "weight" in parts or {"weight_packed", "weight_shape"} <= parts.keys()
             ):
                 done.add(module)
-                yield _dense(module, _ct_weight(parts, _ct_bits(qconfig)))
+                yield _counted(tally, _ct_compact(module, parts, _ct_bits(qconfig)), module, parts, qconfig)
                 parts.clear()
             continue
         if method == "fp8" and (part == "weight_scale_inv" or (part == "weight" and t.dtype == "F8_E4M3")):
@@ -218,7 +238,9 @@ def dequantized_stream(
             parts[part] = np.asarray(t.data) if t.dtype == "I32" else t.dequantize()
             if {"qweight", "qzeros", "scales"} <= parts.keys() and ("g_idx" in parts or method == "awq"):
                 del pending[module]
-                yield _dense(module, _gptq_or_awq(method, parts, group, offset))
+                yield _counted(
+                    tally, _int4_compact(method, module, parts, group, offset), module, parts, qconfig
+                )
             continue
         if t.dtype in QUANT_STORAGE:
             raise ModelLoadError(f"Tensor {t.name} ({t.dtype}) is not part of a {method} linear layer.")
@@ -227,9 +249,90 @@ def dequantized_stream(
         if method == "compressed-tensors" and (module in done or set(parts) <= {"input_scale"}):
             continue  # activation scales (W8A8) of an already yielded or unquantized layer: unused
         elif method == "gptq" and {"qweight", "qzeros", "scales"} <= parts.keys():  # no g_idx saved
-            yield _dense(module, _gptq_or_awq(method, parts, group, offset))
+            yield _counted(tally, _int4_compact(method, module, parts, group, offset), module, parts, qconfig)
         else:
             raise ModelLoadError(f"Quantized layer {module} lacks {sorted(parts)} counterpart tensors.")
+    _log_tally(method, tally)
+
+
+def _counted(
+    tally: dict[str, int],
+    compact: WeightTensor | None,
+    module: str,
+    parts: dict[str, np.ndarray],
+    qconfig: dict[str, Any],
+) -> WeightTensor:
+    """`compact`, else the module dequantized to float32; counted by form in `tally`."""
+    if compact is None:
+        tally["dense"] = tally.get("dense", 0) + 1
+        return _dense(module, _dequantized(parts, qconfig))
+    kind = getattr(compact, "qtype", "") + (
+        " act-order" if getattr(compact, "order", None) is not None else ""
+    )
+    tally[kind] = tally.get(kind, 0) + 1
+    return compact
+
+
+def _log_tally(method: str, tally: dict[str, int]) -> None:
+    compact = {k: v for k, v in tally.items() if k != "dense"}
+    if compact:
+        log.info(
+            "%s checkpoint: %s int4 linears handed over as GGUF blocks (%s): kept compact on localchat's "
+            "CPU kernels, dequantized (exactly, float32) by backends without them",
+            method,
+            sum(compact.values()),
+            ", ".join(f"{v} {k}" for k, v in sorted(compact.items())),
+        )
+    if tally.get("dense"):
+        log.info(
+            "%s checkpoint: %s quantized linears dequantized at load (float32, then the compute dtype): "
+            "no compact form for them (8-bit, FP8, a group size that is not a multiple of %s, or a fused or "
+            "expert matrix)",
+            method,
+            tally["dense"],
+            BLOCK,
+        )
+
+
+def _compactable(module: str) -> bool:
+    return ".layers." in module and ".experts." not in module and module.endswith(_COMPACT_LINEARS)
+
+
+def _int4_compact(
+    method: str, module: str, parts: dict[str, np.ndarray], group: int, offset: int
+) -> WeightTensor | None:
+    """A GPTQ / AWQ linear as blocks (hf_quant_blocks.py), None where it has no such form."""
+    if not _compactable(module):
+        return None
+    if method == "awq":
+        codes, zeros = awq_columns(parts["qweight"]), awq_columns(parts["qzeros"])
+        groups = np.arange(codes.shape[0]) // group
+    else:
+        g_idx = parts.get("g_idx")
+        idx = None if g_idx is None else g_idx.astype(np.int64)
+        codes, zeros, groups = gptq_codes(parts["qweight"], parts["qzeros"], idx, group, offset)
+    return repack_int4(f"{module}.weight", codes.T, np.asarray(parts["scales"]).T, zeros.T, groups)
+
+
+def _ct_compact(module: str, parts: dict[str, np.ndarray], bits: int) -> WeightTensor | None:
+    """Symmetric pack-quantized W4A16 by group or channel as Q4_0 blocks, None where it has no such form."""
+    if bits != 4 or "weight_packed" not in parts or not _compactable(module):
+        return None
+    rows, cols = (int(d) for d in parts["weight_shape"])
+    scale = np.asarray(parts["weight_scale"], dtype=np.float32)
+    if scale.ndim != 2 or scale.shape[0] != rows or cols % scale.shape[1]:
+        return None
+    codes = unpack_ct(parts["weight_packed"], (rows, cols), bits) + 8  # stored q + 8: Q4_0's code
+    return repack_int4(f"{module}.weight", codes, scale, None, np.arange(cols) // (cols // scale.shape[1]))
+
+
+def _dequantized(parts: dict[str, np.ndarray], qconfig: dict[str, Any]) -> np.ndarray:
+    method = str(qconfig.get("quant_method", "")).lower()
+    if method == "compressed-tensors":
+        return _ct_weight(parts, _ct_bits(qconfig))
+    group = int(qconfig.get("group_size", 128))
+    offset = 0 if str(qconfig.get("checkpoint_format", "gptq")) == "gptq_v2" else 1
+    return _gptq_or_awq(method, parts, group if group > 0 else 1 << 30, offset)
 
 
 def _gptq_or_awq(method: str, parts: dict[str, np.ndarray], group: int, offset: int) -> np.ndarray:
@@ -253,19 +356,47 @@ def _dense(module: str, values: np.ndarray) -> WeightTensor:
 
 # Values per stored element of a quantized weight part; the other parts (zeros, scales, g_idx) vanish at load.
 _EXPANSION = {"qweight": 8, "weight_packed": 0, "weight": 1}
+# Bytes per 32 values of the blocks a compact part becomes: GPTQ/AWQ Q4_1, compressed-tensors Q4_0.
+_COMPACT_BLOCK_BYTES = {"qweight": 20, "weight_packed": 18}
 
 
-def loaded_weight_bytes(headers: list[dict[str, Any]], value_bytes: int, bits: int = 4) -> int:
-    """Bytes the weights take once dequantized (`value_bytes` per value), from safetensors headers:
-    what the pre-load RAM check counts for a quantized folder instead of its (4x-8x smaller) file size."""
+def compact_int4(raw_config: dict[str, Any]) -> bool:
+    """Whether the folder's int4 linears are handed over as blocks (`repack_int4`): 4-bit GPTQ / AWQ /
+    compressed-tensors whose groups are whole 32-value blocks (per-group sizes checked again at load)."""
+    qc = raw_config.get("quantization_config") or {}
+    method = str(qc.get("quant_method", "")).lower()
+    if method in ("gptq", "awq"):
+        group = int(qc.get("group_size", 128))
+        return int(qc.get("bits", 4)) == 4 and (group <= 0 or group % BLOCK == 0)
+    if method != "compressed-tensors":
+        return False
+    for group_config in (qc.get("config_groups") or {}).values():
+        weights = (group_config or {}).get("weights") or {}
+        size = weights.get("group_size")
+        if int(weights.get("num_bits", 8)) != 4:
+            return False
+        if weights.get("strategy") != "channel" and not (isinstance(size, int) and size % BLOCK == 0):
+            return False
+    return True
+
+
+def loaded_weight_bytes(
+    headers: list[dict[str, Any]], value_bytes: int, bits: int = 4, compact: bool = False
+) -> int:
+    """Bytes the weights take once loaded, from safetensors headers: what the pre-load RAM check counts
+    for a quantized folder instead of its (4x-8x smaller) file size. Dequantized parts at `value_bytes`
+    per value; with `compact` (`compact_int4`, and a backend that keeps the blocks) the int4 layer
+    linears at their blocks' 4.5 (Q4_0) or 5 (Q4_1) bits per weight."""
     total = 0
     for header in headers:
         for name, info in header.items():
-            part = name.rpartition(".")[2]
+            module, _, part = name.rpartition(".")
             begin, end = info["data_offsets"]
             count = int(np.prod([int(d) for d in info["shape"]], dtype=np.int64))
             if info["dtype"] not in QUANT_STORAGE:
                 total += 0 if part in _CT_PARTS or part == "weight_scale_inv" else int(end) - int(begin)
+            elif compact and bits == 4 and part in _COMPACT_BLOCK_BYTES and _compactable(module):
+                total += count * 8 * _COMPACT_BLOCK_BYTES[part] // BLOCK
             elif part in _EXPANSION:
                 total += count * (_EXPANSION[part] or 32 // bits) * value_bytes
     return total

@@ -61,9 +61,11 @@ memory) or `dequant` (all dense, the reference path).
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import cache
 
 import numpy as np
 import torch
@@ -86,7 +88,10 @@ from localchat.backends.torch.quant_cuda import (
 from localchat.backends.torch.triton_int4_weight import TritonInt4Weight
 from localchat.config import backend_choices, backend_variable
 from localchat.errors import BackendUnavailableError
+from localchat.weights.hf_quant_blocks import RepackedLinear
 from localchat.weights.tensors import WeightTensor
+
+log = logging.getLogger(__name__)
 
 QUANT_ENV = "LOCALCHAT_TORCH_QUANT"
 QUANT_MODES = backend_choices(QUANT_ENV)  # auto, int4, dequant, copies
@@ -265,15 +270,37 @@ class SplitQ8Weight:
         return self.high.shape
 
 
-Loaded = torch.Tensor | Int4Parts | BlockMatrix  # what `convert` returns
+@dataclass(slots=True)
+class PermutedWeight:
+    """A block matrix stored with its input columns reordered (GPTQ act-order, weights/hf_quant_blocks.py):
+    `linear` reorders the activations to match, one index_select per call."""
+
+    order: torch.Tensor  # int64 [in]: stored column j multiplies input column order[j]
+    matrix: BlockMatrix
+    dtype: torch.dtype  # the compute dtype, for a dense form when fused with a differently ordered part
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.matrix.shape
+
+
+Loaded = torch.Tensor | Int4Parts | BlockMatrix | PermutedWeight  # what `convert` returns
 Weight = (
-    torch.Tensor | Int4Weight | SplitQ8Weight | Int4CudaWeight | TritonInt4Weight | BlockMatrix
+    torch.Tensor
+    | Int4Weight
+    | SplitQ8Weight
+    | Int4CudaWeight
+    | TritonInt4Weight
+    | BlockMatrix
+    | PermutedWeight
 )  # what `linear` takes
 
 
 def convert(weight: WeightTensor, dtype: torch.dtype, device: torch.device, policy: QuantPolicy) -> Loaded:
     """A weight in its runtime form: GGUF blocks for our kernels, `Int4Parts` where torch's int4 kernel
     applies, else a dense tensor."""
+    if isinstance(weight, RepackedLinear):
+        return _repacked(weight, dtype, device, policy)
     rows = weight.shape[0] if len(weight.shape) == 2 else 0
     cols = weight.shape[1] if rows else 0
     packable = rows % 16 == 0 and rows > 0 and (not policy.cuda or inner_k_tiles(cols) is not None)
@@ -303,8 +330,35 @@ def convert(weight: WeightTensor, dtype: torch.dtype, device: torch.device, poli
     return to_tensor(weight, dtype, device)
 
 
+def _repacked(
+    weight: RepackedLinear, dtype: torch.dtype, device: torch.device, policy: QuantPolicy
+) -> Loaded:
+    """A GPTQ / AWQ / compressed-tensors int4 linear: its blocks on our kernels, else (no kernels, CUDA,
+    `dequant`) its exact values densely, as before the repack."""
+    blocks = weight.blocks()
+    if policy.kernels is None or not cpu_kernels.supports(blocks.dtype, blocks.shape[1]):
+        _log_dense_int4()
+        return to_tensor(WeightTensor(weight.name, weight.shape, "F32", weight.dequantize()), dtype, device)
+    matrix = convert(blocks, dtype, device, policy)
+    if weight.order is None or not isinstance(matrix, BlockMatrix):
+        return matrix
+    return PermutedWeight(torch.from_numpy(weight.order), matrix, dtype)
+
+
+@cache
+def _log_dense_int4() -> None:
+    log.info(
+        "GPTQ/AWQ/compressed-tensors int4 linears are dequantized to the compute dtype: localchat's CPU "
+        "kernels do not run this load (%s off or not built, another device, or %s=dequant)",
+        cpu_kernels.KERNELS_ENV,
+        QUANT_ENV,
+    )
+
+
 def fuse(parts: list[Loaded]) -> Loaded:
     """Stack matrices along `out` (q|k|v, gate|up); dense as soon as one part is dense."""
+    if any(isinstance(p, PermutedWeight) for p in parts):
+        return _fuse_permuted(parts)
     if all(isinstance(p, BlockMatrix) for p in parts):
         blocks = [p for p in parts if isinstance(p, BlockMatrix)]
         return BlockMatrix(cpu_kernels.merge_segments(blocks), blocks[0].cols, blocks[0].ops)
@@ -323,7 +377,25 @@ def fuse(parts: list[Loaded]) -> Loaded:
     )
 
 
+def _fuse_permuted(parts: list[Loaded]) -> Loaded:
+    """Act-order parts (q|k|v, gate|up share their input, so GPTQ gives them one order) stay blocks under
+    that order; parts in different orders, or beside plain ones, become one dense matrix."""
+    permuted = [p for p in parts if isinstance(p, PermutedWeight)]
+    first = permuted[0]
+    if len(permuted) == len(parts) and all(torch.equal(p.order, first.order) for p in permuted):
+        merged = fuse([p.matrix for p in permuted])
+        assert isinstance(merged, BlockMatrix)
+        return PermutedWeight(first.order, merged, first.dtype)
+    dense = [p if isinstance(p, torch.Tensor) else _dense(p, first.dtype, torch.device("cpu")) for p in parts]
+    return torch.cat(dense)
+
+
 def finalize(loaded: Loaded, dtype: torch.dtype, device: torch.device, policy: QuantPolicy) -> Weight:
+    if isinstance(loaded, PermutedWeight):
+        matrix = finalize(loaded.matrix, dtype, device, policy)
+        assert isinstance(matrix, BlockMatrix)
+        loaded.matrix = matrix
+        return loaded
     if isinstance(loaded, BlockMatrix):
         if loaded.ops.x16_layout():  # what `convert` did not pack (--isq blocks)
             loaded.segments = [loaded.ops.repack(s, loaded.cols) for s in loaded.segments]
@@ -350,6 +422,8 @@ def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) ->
     """x [T, in] @ weight [out, in].T (+ bias) -> [T, out]."""
     if isinstance(weight, torch.Tensor):
         return F.linear(x, weight, bias)
+    if isinstance(weight, PermutedWeight):
+        return linear(x.index_select(-1, weight.order), weight.matrix, bias)
     if isinstance(weight, BlockMatrix):
         if weight.dense is not None and x.shape[0] >= DENSE_FROM_ROWS:
             return F.linear(x, weight.dense, bias)
@@ -458,7 +532,14 @@ def _pack(rows: int, cols: int, codes: Callable[[int, int], torch.Tensor]) -> to
     return packed
 
 
-def _dense(parts: Int4Parts | BlockMatrix, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _dense(
+    parts: Int4Parts | BlockMatrix | PermutedWeight, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    if isinstance(parts, PermutedWeight):
+        stored = _dense(parts.matrix, dtype, device)
+        values = torch.empty_like(stored)
+        values[:, parts.order.to(device)] = stored
+        return values
     if isinstance(parts, BlockMatrix):
         rows = [parts.ops.dequantize_rows(s, parts.cols, torch.arange(s.rows), dtype) for s in parts.segments]
         return torch.cat(rows).to(device)
