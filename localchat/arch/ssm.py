@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from localchat.errors import ModelLoadError
 from localchat.weights.tensors import WeightTensor
 
@@ -69,6 +71,30 @@ LFM2_MOE_EXTRA_KEYS: dict[str, Any] = {
     "norm_topk_prob": True,
 }
 LFM2_HF_DEFAULTS: dict[str, Any] = {"tie_word_embeddings": True, "rope_theta": 1_000_000.0}
+# llama.cpp's lfm2 blocks -> names inside `model.layers.N.` (its final norm is `token_embd_norm`).
+LFM2_GGUF_BLOCK_NAMES: dict[str, str] = {
+    "attn_norm": "operator_norm",
+    "ffn_norm": "ffn_norm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.out_proj",
+    "attn_q_norm": "self_attn.q_layernorm",
+    "attn_k_norm": "self_attn.k_layernorm",
+    "shortconv.conv": "conv.conv",
+    "shortconv.in_proj": "conv.in_proj",
+    "shortconv.out_proj": "conv.out_proj",
+    "ffn_gate": "feed_forward.w1",
+    "ffn_up": "feed_forward.w3",
+    "ffn_down": "feed_forward.w2",
+}
+# The per-layer KV head counts (0: a conv layer) give the layer kinds; feed_forward_length is already
+# the adjusted MLP width.
+LFM2_GGUF_METADATA: dict[str, str] = {
+    "attention.head_count_kv": "gguf_kv_heads",
+    "shortconv.l_cache": "conv_L_cache",
+    "attention.layer_norm_rms_epsilon": "norm_eps",
+}
 
 
 def lfm2_derive_sizes(config: ModelConfig) -> None:
@@ -76,6 +102,9 @@ def lfm2_derive_sizes(config: ModelConfig) -> None:
     nominal one (2/3 of it, times the multiplier, rounded up to a multiple). Idempotent: the nominal
     width is kept in `block_ff_dim`, as a config may be rebuilt from the derived one."""
     x = config.extra
+    if isinstance(x.get("gguf_kv_heads"), list):  # a GGUF
+        x["layer_types"] = ["full_attention" if h else "conv" for h in x["gguf_kv_heads"]]
+        x["block_auto_adjust_ff_dim"] = False
     if not x.get("layer_types"):
         idxs = x.get("full_attn_idxs")
         full = set(range(config.num_hidden_layers) if idxs is None else idxs)
@@ -95,6 +124,14 @@ def lfm2_derive_sizes(config: ModelConfig) -> None:
             multiple = int(x["block_multiple_of"])
             size = multiple * ((size + multiple - 1) // multiple)
     config.intermediate_size = size
+
+
+def lfm2_sanitize(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[WeightTensor]:
+    """llama.cpp stores the short conv's kernel squeezed to [channels, K]: back to [channels, 1, K]."""
+    for w in weights:
+        if w.name.endswith("conv.conv.weight") and len(w.shape) == 2:
+            w = WeightTensor(w.name, (w.shape[0], 1, w.shape[1]), w.dtype, np.asarray(w.data)[:, None, :])
+        yield w
 
 
 def lfm2_state_bytes(config: ModelConfig, dtype_bytes: int = 2) -> int:
@@ -292,8 +329,12 @@ def entries(make: Callable[..., Any]) -> list[Any]:
         hf_defaults=LFM2_HF_DEFAULTS,
         extra_keys=LFM2_EXTRA_KEYS,
         derive_sizes=lfm2_derive_sizes,
+        sanitize=lfm2_sanitize,
         top_weights=LFM2_TOP_WEIGHTS,
         state_bytes=lfm2_state_bytes,
+        gguf_arch="lfm2",
+        gguf_block_names=LFM2_GGUF_BLOCK_NAMES,
+        gguf_metadata=LFM2_GGUF_METADATA,
     )
     lfm2_moe = make(
         "lfm2_moe",

@@ -26,6 +26,7 @@ from localchat.arch.registry import architecture
 from localchat.backends.torch.runner import TorchRunner
 from localchat.models.memory import estimate
 from localchat.weights.bundle import ModelBundle
+from localchat.weights.gguf import gguf_value, open_gguf
 from localchat.weights.loader import load_model
 from tests.backends.test_qwen3_next import HybridDriver
 from tests.helpers.llama_convert import ensure_converter
@@ -100,26 +101,33 @@ def tiny_qwen3_5() -> torch.nn.Module:
     return _randomized(transformers.Qwen3_5ForCausalLM(config), keep=("A_log", "dt_bias"))
 
 
+def tiny_lfm2() -> torch.nn.Module:
+    from tests.backends.test_lfm2 import tiny_lfm2 as build
+
+    return build(vocab_size=VOCAB)
+
+
 FAMILIES: dict[str, tuple[Callable[[], torch.nn.Module], str, tuple[str, ...]]] = {
     # name: (tiny model, the file's general.architecture, converter flags)
     "qwen35": (tiny_qwen3_5, "qwen35", ("--no-mtp",)),
+    "lfm2": (tiny_lfm2, "lfm2", ()),
 }
 
 
 class Converted:
-    def __init__(self, hf: torch.nn.Module, f32: Path, q8: Path) -> None:
-        self.hf, self.f32, self.q8 = hf, f32, q8
+    def __init__(self, hf: torch.nn.Module, gguf_arch: str, f32: Path, q8: Path) -> None:
+        self.hf, self.gguf_arch, self.f32, self.q8 = hf, gguf_arch, f32, q8
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def converted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Converted:
-    build, _, flags = FAMILIES[request.param]
+    build, gguf_arch, flags = FAMILIES[request.param]
     hf = build()
     tmp = tmp_path_factory.mktemp(request.param)
     folder = _save_with_tokenizer(hf, tmp / "hf")
     f32 = _convert(folder, tmp / "f32.gguf", "f32", *flags)
     q8 = _convert(folder, tmp / "q8_0.gguf", "q8_0", *flags)
-    return Converted(hf, f32, q8)
+    return Converted(hf, gguf_arch, f32, q8)
 
 
 def _runner(path: Path) -> TorchRunner:
@@ -155,6 +163,7 @@ def _batched_decode(runner: TorchRunner, steps: int) -> dict[str, list[int]]:
 
 
 def test_f32_gguf_matches_transformers(converted: Converted) -> None:
+    assert gguf_value(open_gguf(converted.f32), "general.architecture") == converted.gguf_arch
     bundle: ModelBundle = load_model(converted.f32)
     assert bundle.format == "gguf"
     runner = fp32_runner(bundle)
