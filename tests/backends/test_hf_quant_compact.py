@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import torch.multiprocessing as mp
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 from safetensors.torch import save_file
@@ -30,6 +31,9 @@ from localchat.weights.hf_quant_blocks import RepackedLinear, repack_int4
 from localchat.weights.loader import load_model
 from localchat.weights.safetensors import safetensors_files
 from tests.backends.test_hf_quant import awq_parts, ct_config, ct_int_parts, gptq_parts
+from tests.backends.test_tensor_parallel import _run as tp_run
+from tests.backends.test_tensor_parallel_quant import _runner as tp_runner
+from tests.backends.test_tensor_parallel_quant import _worker as tp_worker
 from tests.backends.test_torch_parity import PROMPT, _tiny_tokenizer_json
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import fp32_runner, tiny_hf_model
@@ -261,3 +265,21 @@ def test_ram_estimate_counts_compact_int4(tmp_path: Path) -> None:
     assert expanded - blocks == values * 2 - values * 20 // 32  # bf16 values -> Q4_1's 20 bytes per 32
     est = memory.estimate(tmp_path, kv_cache_mib=0, dtype="bfloat16")
     assert est.weights == blocks
+
+
+def test_tensor_parallel_ranks_cut_the_exact_values(tmp_path: Path) -> None:
+    """Tensor-parallel ranks (gloo, 2 CPU processes) cut an act-order GPTQ folder's exact float32 values
+    (shard_weights.py: blocks in reordered columns are not cut): TP=2 gives TP=1's logits and tokens."""
+    folder = tmp_path / "model"
+    write_checkpoint(folder, *CASES["gptq-g32-act-order"])
+    torch.set_num_threads(1)
+    expected_logits, expected_tokens = tp_run(tp_runner(str(folder), True))
+    out = tmp_path / "rank0.pt"
+    init = f"file://{tmp_path / 'rendezvous'}"
+    mp.start_processes(
+        tp_worker, args=(2, init, str(folder), True, str(out)), nprocs=2, join=True, start_method="spawn"
+    )
+    (logits, tokens), _, _ = torch.load(out, weights_only=False)
+    assert tokens == expected_tokens
+    for ours, ref in zip(logits, expected_logits, strict=True):
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)

@@ -19,6 +19,7 @@ import numpy as np
 from localchat.arch.registry import architecture
 from localchat.weights.config import ModelConfig
 from localchat.weights.experts import split_experts
+from localchat.weights.hf_quant_blocks import RepackedLinear
 from localchat.weights.tensors import WeightTensor
 
 from .group import ParallelGroup
@@ -94,6 +95,8 @@ def shard_weights(
     q = (part.rank * part.heads * d, part.heads * d)
     kv = (part.kv_first * d, part.kv_heads * d)
     for w in split_experts(weights):  # stacked experts -> one weight each (load_model's split: a no-op then)
+        if isinstance(w, RepackedLinear):  # hf_quant's int4 blocks: ranks cut the exact values
+            w = WeightTensor(w.name, w.shape, "F32", w.dequantize())
         name = w.name
         if name in ("model.embed_tokens.weight", "lm_head.weight"):
             yield _vocab_rows(w, part)
