@@ -92,18 +92,22 @@ def test_gguf_matches_transformers_on_dequantized_weights(tmp_path: Path) -> Non
     assert driver.tokens("a")[len(prompt) :] == hf_generate(hf, prompt, 8)[:8]
 
 
-def test_mlx_backend_names_the_families_it_lacks() -> None:
-    """The MLX backend has no model file for the other 2026 families yet: a typed error saying so, not an
-    ImportError."""
-    from localchat.backends.mlx.models import model_class
+def test_mlx_backend_names_the_families_it_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every registered family has an MLX model file; one without (here: made to look so) is a typed
+    error saying so, not an ImportError."""
+    from localchat.arch.registry import ARCHITECTURES
+    from localchat.backends.mlx import models
     from localchat.errors import UnsupportedArchitectureError
 
+    assert all(models._built(a.family) for a in ARCHITECTURES.values())
+    built = models._built
+    monkeypatch.setattr(models, "_built", lambda family: family != "gemma4" and built(family))
     for model_type in ("gemma4_text", "gemma4"):
         with pytest.raises(
             UnsupportedArchitectureError, match=f"{model_type} on the MLX backend.*Supported: .*llama"
         ):
-            model_class(model_type)
-    assert model_class("llama").__module__.endswith("mlx.models.llama")
+            models.model_class(model_type)
+    assert models.model_class("llama").__module__.endswith("mlx.models.llama")
 
 
 @pytest.mark.mlx

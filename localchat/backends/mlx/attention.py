@@ -16,7 +16,9 @@ SDPA with a padding mask; rows with several query tokens (prefill, chunks) are a
 A layer may pass a sliding `window` (transformers' convention: the query at position p sees keys
 p - window < k <= p) and a logit `softcap` (scores -> softcap * tanh(scores / softcap)); without them
 the code path is the one above. Soft-capped scores need explicit float32 math (SDPA has no hook
-between scores and softmax). Blocks out of the window stay allocated.
+between scores and softmax). Blocks out of the window stay allocated. Attention `sinks` (gpt-oss: a
+learned logit per query head that joins the softmax denominator and weighs no value) go to SDPA's own
+`sinks` argument.
 """
 
 from __future__ import annotations
@@ -115,15 +117,18 @@ def paged_attention(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: mx.array | None = None,
 ) -> mx.array:
-    """q [T, heads, d], k/v [T, kv_heads, d] (this step) -> [T, heads, d]. Writes k/v into the cache."""
+    """q [T, heads, d], k/v [T, kv_heads, d] (this step) -> [T, heads, d]. Writes k/v into the cache.
+    `sinks` [heads]: per-head logits added to each softmax's denominator (not with `softcap`)."""
+    assert sinks is None or softcap is None, "soft-capped attention has no sink term"
     cache.k[meta.slot_mapping] = k
     cache.v[meta.slot_mapping] = v
     pieces = []
     if meta.decode_block_tables is not None:
-        pieces.append(_decode(q, cache, meta, scale, window, softcap))
+        pieces.append(_decode(q, cache, meta, scale, window, softcap, sinks))
     pieces.extend(
-        _prefill(q, k, v, cache, row, meta.block_size, scale, window, softcap) for row in meta.prefills
+        _prefill(q, k, v, cache, row, meta.block_size, scale, window, softcap, sinks) for row in meta.prefills
     )
     out = pieces[0] if len(pieces) == 1 else mx.concatenate(pieces)
     return out if meta.restore_order is None else out[meta.restore_order]
@@ -143,6 +148,7 @@ def _decode(
     scale: float,
     window: int | None,
     softcap: float | None,
+    sinks: mx.array | None,
 ) -> mx.array:
     """One query per row, all rows at once: gather each row's blocks, mask the padding."""
     tables = meta.decode_block_tables
@@ -159,7 +165,7 @@ def _decode(
     else:
         # SDPA handles grouped-query heads itself (head i reads KV head i // group): no K/V repeat.
         out = mx.fast.scaled_dot_product_attention(
-            q[:, :, None, :], keys, values, scale=scale, mask=mask
+            q[:, :, None, :], keys, values, scale=scale, mask=mask, sinks=sinks
         )  # [D, heads, 1, d]
     return out.reshape(rows, heads, head_dim)
 
@@ -174,6 +180,7 @@ def _prefill(
     scale: float,
     window: int | None,
     softcap: float | None,
+    sinks: mx.array | None,
 ) -> mx.array:
     if row.block_ids is None:
         keys, values = k[row.start : row.end], v[row.start : row.end]  # [L, kv_heads, d]
@@ -187,7 +194,9 @@ def _prefill(
     if window is None and softcap is None:
         # NOTE: MLX's "causal" mask aligns the last query with the last key (query i sees keys <= i + S - L),
         # which is exactly "position p sees positions <= p" for new tokens that end the row's context.
-        out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask="causal")
+        out = mx.fast.scaled_dot_product_attention(
+            queries, keys, values, scale=scale, mask="causal", sinks=sinks
+        )
         return out[0].transpose(1, 0, 2)
     # The row's queries are the last L positions of its context: p = seq_len - L + i.
     q_pos = mx.arange(row.seq_len - (row.end - row.start), row.seq_len)[:, None]
@@ -196,7 +205,7 @@ def _prefill(
     if window is not None:
         mask = mask & (k_pos > q_pos - window)
     if softcap is None:
-        out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+        out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
     else:
         out = _capped_attention(queries, keys, values, scale, softcap, mask)
     return out[0].transpose(1, 0, 2)  # [L, heads, d]

@@ -46,9 +46,13 @@ def load_model(
         "lm_head": (config.vocab_size, config.hidden_size),
         "norm": (config.hidden_size,),
     }
+    top_shapes |= getattr(model, "top_shapes", {})  # a family's own top-level arrays (Gemma 4's)
+    tables = {"embed", *getattr(model, "token_tables", ())}  # looked up by rows, kept [rows, width]
     pending: dict[tuple[int, str], dict[int, Weight | Embedding]] = {}
     arch = architecture(config.model_type)
-    stream = arch.sanitize(config, weights) if arch.sanitize else weights  # a family's own layout fixes
+    # A family's own layout fixes; a model class may take some tensors itself first (gpt-oss's MXFP4).
+    sanitize = getattr(model, "sanitize", None) or arch.sanitize
+    stream = sanitize(config, weights) if sanitize else weights
     for weight in split_experts(stream):
         target = _target(model, weight.name)
         if target is None:
@@ -60,7 +64,9 @@ def load_model(
             raise ModelLoadError(
                 f"Weight {weight.name!r} has shape {tuple(weight.shape)}, expected {expected} from the config."
             )
-        value = _convert(attr, weight, mx.float32 if attr in arch.float32_params else dtype, dense_from_rows)
+        value = _convert(
+            attr in tables, weight, mx.float32 if attr in arch.float32_params else dtype, dense_from_rows
+        )
         _evaluate(value)
         if parts == 1:
             setattr(owner, attr, value)
@@ -133,8 +139,8 @@ def _missing(model: DecoderLM) -> list[str]:
     return names
 
 
-def _convert(attr: str, weight: WeightTensor, dtype: mx.Dtype, dense_from_rows: int) -> Weight | Embedding:
-    if attr == "embed":
+def _convert(table: bool, weight: WeightTensor, dtype: mx.Dtype, dense_from_rows: int) -> Weight | Embedding:
+    if table:
         return to_embedding(weight, dtype, dense_from_rows)
     return to_weight(weight, dtype, dense_from_rows) if len(weight.shape) == 2 else to_dense(weight, dtype)
 

@@ -1,0 +1,135 @@
+"""gpt-oss on the MLX runner (CPU device, float32) against transformers' GptOssForCausalLM, tiny random
+weights (tests/backends/test_gpt_oss.py's model: a 4-token window on layer 0, sinks large enough to take
+real probability mass, YaRN, biased router, clamped-SwiGLU experts stored stacked and interleaved), through
+the MLX parity suite's checks at its 1e-4 bound: prompt + decode logits, ragged batch, cached prefix,
+chunked prefill (7/6/9-token chunks), mixed steps, greedy decode with a preemption == generate. Every
+prompt (3 to 33 tokens, most past 4) is longer than the window, so the window matters; so do the sinks.
+The hub's MXFP4 experts stay MXFP4 on MLX (`mx.gather_qmm`, mode "mxfp4") and match transformers running
+the same experts dequantized by its own converter."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+mx = pytest.importorskip("mlx.core")
+torch = pytest.importorskip("torch")
+
+from localchat.backends.mlx.runner import MLXRunner  # noqa: E402
+from localchat.weights.loader import load_model  # noqa: E402
+from tests.backends.test_gpt_oss import _mxfp4_experts, _tiny_tokenizer_json, tiny_gpt_oss  # noqa: E402
+from tests.backends.test_mlx_parity import (  # noqa: E402, F401  (collected here, on this module's `pair`)
+    PROMPT,
+    Driver,
+    assert_close,
+    hf_logits,
+    mlx_runner,
+    test_batch_of_different_lengths,
+    test_chunked_prefill,
+    test_greedy_generation_matches_generate,
+    test_logits_rows_follow_logits_indices,
+    test_mixed_prefill_and_decode,
+    test_prefill_over_cached_prefix,
+    test_prompt_and_greedy_decode_logits,
+)
+from tests.helpers.torch_models import bundle_from_hf  # noqa: E402
+
+pytestmark = pytest.mark.mlx
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[Any, MLXRunner]:
+    hf = tiny_gpt_oss()
+    return hf, mlx_runner(bundle_from_hf(hf))
+
+
+def test_windows_alternate(pair: tuple[Any, MLXRunner]) -> None:
+    _, runner = pair
+    assert [layer.window for layer in runner.model.layers] == [4, None]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("part", ["sinks", "window"])
+def test_sinks_and_window_matter(part: str) -> None:
+    """Without the sinks (or the window) the logits move: each is really applied on MLX."""
+    hf = tiny_gpt_oss()
+    runner = mlx_runner(bundle_from_hf(hf))
+    for layer in runner.model.layers:
+        if part == "sinks":
+            layer.sinks = None  # type: ignore[attr-defined]
+        else:
+            layer.window = None  # type: ignore[attr-defined]
+    driver = Driver(runner)  # type: ignore[arg-type]
+    driver.add("a", PROMPT * 2)
+    _, logits = driver.step_logits(every_token=True)
+    assert np.abs(logits - hf_logits(hf, PROMPT * 2)).max() > 1e-3
+
+
+def test_mxfp4_experts_stay_mxfp4_and_match_transformers(tmp_path: Path) -> None:
+    """The hub's form (expert matrices as MXFP4 blocks + e8m0 scales): kept packed on MLX, logits equal
+    transformers running the same experts dequantized by its own converter; the packed words and scales
+    dequantize (MLX's mxfp4 mode) to exactly the arch module's float32 experts."""
+    from safetensors.torch import save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from localchat.backends.mlx.models.gpt_oss import Mxfp4Stack
+    from localchat.weights.mxfp4 import dequantize_mxfp4
+
+    hf: Any = tiny_gpt_oss()
+    parts = _mxfp4_experts(hf)
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if f"{name}_blocks" in parts:
+                param.copy_(
+                    convert_moe_packed_tensors(
+                        parts[f"{name}_blocks"], parts[f"{name}_scales"], dtype=torch.float32
+                    )
+                )
+    state = {k: v for k, v in hf.state_dict().items() if f"{k}_blocks" not in parts} | parts
+    save_file(
+        {k: v.contiguous() for k, v in state.items()},
+        str(tmp_path / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
+    config = hf.config.to_dict() | {"quantization_config": {"quant_method": "mxfp4"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "tokenizer.json").write_text(_tiny_tokenizer_json())
+    runner = mlx_runner(load_model(tmp_path))
+    moe = runner.model.layers[0].moe  # type: ignore[attr-defined]
+    down = moe.matrices["down"]
+    assert isinstance(down, Mxfp4Stack) and isinstance(moe.matrices["gate_up"], Mxfp4Stack)
+    assert down.packed.dtype == mx.uint32 and down.scales.dtype == mx.uint8
+    blocks = parts["model.layers.0.mlp.experts.down_proj_blocks"].numpy()
+    scales = parts["model.layers.0.mlp.experts.down_proj_scales"].numpy()
+    unpacked = mx.dequantize(
+        down.packed, down.scales, None, group_size=32, bits=4, mode="mxfp4", dtype=mx.float32
+    )
+    assert np.array_equal(np.array(unpacked), dequantize_mxfp4(blocks, scales))
+
+    driver = Driver(runner)  # type: ignore[arg-type]
+    prompt = PROMPT * 3  # 33 tokens: the sorted expert path (33 x 4 pairs) and the window
+    driver.add("a", prompt)
+    _, logits = driver.step_logits(every_token=True)
+    assert_close(logits, hf_logits(hf, prompt))
+    for _ in range(4):  # decode steps take the unsorted path
+        driver.feed("a", int(logits[-1].argmax()))
+        _, logits = driver.step_logits()
+        assert_close(logits[0], hf_logits(hf, driver.tokens("a"))[-1])
+
+
+def test_small_chunks_take_the_decode_path_mid_prompt(pair: tuple[Any, MLXRunner]) -> None:
+    """A 22-token prompt in chunks of 3, 1, 1, 2, 15: one-token chunks run as decode rows (the windowed
+    decode mask), the rest as prefills over the cached blocks."""
+    hf, runner = pair
+    driver = Driver(runner, block_size=4)  # type: ignore[arg-type]
+    prompt = PROMPT * 2
+    driver.add("a", prompt)
+    ref = hf_logits(hf, prompt)
+    done = 0
+    for chunk in (3, 1, 1, 2, 15):
+        _, logits = driver.step_logits({"a": chunk}, every_token=True)
+        assert_close(logits, ref[done : done + chunk])
+        done += chunk
