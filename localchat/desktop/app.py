@@ -140,7 +140,7 @@ class DesktopApp:
         model in the background, reporting that on its own /health, which the loading page polls."""
         from localchat.models.manager import ModelManager
         from localchat.server.app import create_app
-        from localchat.server.web_about import DESKTOP_STATE_KEY
+        from localchat.server.web.about import DESKTOP_STATE_KEY
 
         progress.say("Starting the server…")
         self.models = ModelManager(self.settings)

@@ -28,7 +28,7 @@ from localchat.desktop.instance import FOCUS_PATH, TOKEN_HEADER
 from localchat.desktop.server import LOADING_PAGE
 from localchat.server.auth import COOKIE_NAME
 from localchat.server.security import HostCheck
-from localchat.server.web_render import SECURITY_HEADERS, ui_dir
+from localchat.server.web.render import SECURITY_HEADERS, ui_dir
 
 log = logging.getLogger(__name__)
 

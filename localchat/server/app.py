@@ -20,15 +20,15 @@ from localchat.server.auth import require_api_key
 from localchat.server.errors import handle_exception
 from localchat.server.model_routes import MODEL_ROUTES
 from localchat.server.monitoring import health, metrics
-from localchat.server.openai_chat import chat_completions
-from localchat.server.openai_completions import completions
-from localchat.server.openai_embeddings import embeddings
-from localchat.server.openai_models import get_model, list_models
-from localchat.server.openai_responses import responses
+from localchat.server.openai.chat import chat_completions
+from localchat.server.openai.completions import completions
+from localchat.server.openai.embeddings import embeddings
+from localchat.server.openai.models import get_model, list_models
+from localchat.server.openai.rerank import rerank
+from localchat.server.openai.responses import responses
 from localchat.server.openapi import openapi_config
-from localchat.server.rerank import rerank
 from localchat.server.security import guard_app, json_post_paths
-from localchat.server.web import close_web_state, create_web_router
+from localchat.server.web.router import close_web_state, create_web_router
 
 if TYPE_CHECKING:
     from localchat.config import Settings

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from localchat.server.web_extras import EXAMPLE_PROMPTS
+from localchat.server.web.extras import EXAMPLE_PROMPTS
 from tests.ui.actions import CHAT_URL, send_new_chat, send_new_chat_keeping_settings, wait_answer
 from tests.ui.conftest import NARROW, SCREENSHOTS, PageErrors, new_page
 from tests.ui.web_app import live_app

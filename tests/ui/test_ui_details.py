@@ -9,8 +9,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from localchat.server.web_models import _bytes_line, pull_view
-from localchat.server.web_render import models_macro
+from localchat.server.web.models import _bytes_line, pull_view
+from localchat.server.web.render import models_macro
 from tests.ui.conftest import PageErrors, new_page
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")

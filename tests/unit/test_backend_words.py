@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from localchat.server.backend_words import backend_in_words
+from localchat.server.web.backend_words import backend_in_words
 
 
 def runner(module: str, device_name: str, kernels: str | None = None) -> Any:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from localchat.server.chat_output import ChoiceDeltas, message_of
-from localchat.server.chat_tools import ToolPlan
+from localchat.server.openai.chat_output import ChoiceDeltas, message_of
+from localchat.server.openai.chat_tools import ToolPlan
 from localchat.serving.tool_parsers import HarmonyParser, pick_parser
 
 # Recorded shapes of gpt-oss replies (the text after the prompt's `<|start|>assistant`).

@@ -20,7 +20,7 @@ import pytest
 
 from localchat.mcp import McpConfigError, load_mcp_config
 from localchat.mcp.trust import ConsentStore
-from localchat.server.mcp_chat import MAX_TURNS
+from localchat.server.openai.mcp_chat import MAX_TURNS
 from tests.helpers.fake_app import fake_client, say
 from tests.helpers.live_server import REPO, check_chat_stream, parse_sse
 

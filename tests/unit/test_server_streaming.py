@@ -128,7 +128,7 @@ def test_error_after_stream_start_is_one_error_event_then_done(monkeypatch):
 
 
 def test_keepalive_comments_while_waiting(client, monkeypatch):
-    monkeypatch.setattr("localchat.server.openai_chat.KEEPALIVE_S", 0.02)
+    monkeypatch.setattr("localchat.server.openai.chat.KEEPALIVE_S", 0.02)
     raw, _ = stream(client, messages=say("ab", slow_ms=150))
     assert b"\n: keep-alive\n\n" in raw or raw.startswith(b": keep-alive")
     assert check_chat_stream(parse_sse(raw))["texts"] == ["ab"]

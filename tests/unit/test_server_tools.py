@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from localchat.server.chat_input import template_messages
+from localchat.server.openai.chat_input import template_messages
 from localchat.serving.schemas import ChatCompletionRequest, decode_request
 from localchat.serving.tool_parsers import PARSERS
 from localchat.weights.chat_template import ChatTemplate

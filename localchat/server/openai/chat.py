@@ -10,10 +10,6 @@ from litestar import Request, Response, post
 from litestar.response import Stream
 
 from localchat.errors import InvalidRequestError
-from localchat.server import mcp_chat
-from localchat.server.chat_input import chat_logprobs_k, template_messages
-from localchat.server.chat_output import ChoiceDeltas, message_of
-from localchat.server.chat_tools import ToolPlan, plan_tools, request_constraint
 from localchat.server.common import (
     collect_or_abort,
     finish_reason,
@@ -23,7 +19,11 @@ from localchat.server.common import (
     usage,
     usage_of,
 )
-from localchat.server.mcp_chat import McpConversation
+from localchat.server.openai import mcp_chat
+from localchat.server.openai.chat_input import chat_logprobs_k, template_messages
+from localchat.server.openai.chat_output import ChoiceDeltas, message_of
+from localchat.server.openai.chat_tools import ToolPlan, plan_tools, request_constraint
+from localchat.server.openai.mcp_chat import McpConversation
 from localchat.server.openapi import api_operation
 from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, event, guarded
 from localchat.serving.context import ServerContext

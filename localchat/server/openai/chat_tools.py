@@ -10,7 +10,7 @@ import msgspec
 
 from localchat.errors import InvalidRequestError
 from localchat.mcp.trust import check_api_caller
-from localchat.server.chat_input import template_tools
+from localchat.server.openai.chat_input import template_tools
 from localchat.serving.schemas import ChatCompletionRequest, Tool
 from localchat.serving.structured_input import response_constraint, tool_choice_constraint
 from localchat.serving.tool_parsers import ToolCallStream, ToolParser

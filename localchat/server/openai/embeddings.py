@@ -20,7 +20,7 @@ from localchat.engine.request import FinishReason
 from localchat.engine.sampling_params import SamplingParams
 from localchat.errors import InvalidRequestError
 from localchat.server.common import collect_or_abort, model_context, new_call
-from localchat.server.encoder_models import pick_encoder
+from localchat.server.openai.encoder_models import pick_encoder
 from localchat.server.openapi import api_operation
 from localchat.serving.context import ServerContext
 from localchat.serving.generation import Generation, check_prompt_length

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from litestar import Request, Response
 
-from localchat.server.chat_output import ChoiceDeltas, message_of
 from localchat.server.common import collect_or_abort, finish_reason, usage
+from localchat.server.openai.chat_output import ChoiceDeltas, message_of
 from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, event
 from localchat.serving.generation import Generation
 from localchat.serving.prompts import chat_prompt
@@ -26,7 +26,7 @@ from localchat.serving.reasoning import starts_in_reasoning
 if TYPE_CHECKING:
     from localchat.engine.constraint import Constraint
     from localchat.engine.sampling_params import SamplingParams
-    from localchat.server.openai_chat import ChatCall
+    from localchat.server.openai.chat import ChatCall
 
 MAX_TURNS = 6
 

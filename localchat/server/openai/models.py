@@ -12,7 +12,7 @@ from litestar import Request, get
 
 from localchat.errors import ModelNotFoundError
 from localchat.server.common import get_models
-from localchat.server.encoder_models import encoder_models
+from localchat.server.openai.encoder_models import encoder_models
 from localchat.server.openapi import api_operation
 from localchat.vision.model_info import takes_images
 

@@ -12,7 +12,7 @@ from litestar import Request, Response, post
 
 from localchat.errors import InvalidRequestError
 from localchat.server.common import new_call
-from localchat.server.encoder_models import require_reranker
+from localchat.server.openai.encoder_models import require_reranker
 from localchat.server.openapi import api_operation
 from localchat.serving.schemas import decode_request
 

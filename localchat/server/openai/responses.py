@@ -14,17 +14,17 @@ from litestar.response import Stream
 
 from localchat.engine.outputs import RequestOutput
 from localchat.errors import InvalidRequestError
-from localchat.server.chat_output import ChoiceDeltas
-from localchat.server.chat_tools import plan_tools, request_constraint
 from localchat.server.common import (
     collect_or_abort,
     finish_reason,
     model_context,
     new_call,
 )
+from localchat.server.openai.chat_output import ChoiceDeltas
+from localchat.server.openai.chat_tools import plan_tools, request_constraint
+from localchat.server.openai.responses_input import ResponsesRequest, as_chat_request, input_messages
+from localchat.server.openai.responses_output import ResponseWriter
 from localchat.server.openapi import api_operation
-from localchat.server.responses_input import ResponsesRequest, as_chat_request, input_messages
-from localchat.server.responses_output import ResponseWriter
 from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, guarded
 from localchat.serving.generation import Generation, build_params, resolve_max_tokens
 from localchat.serving.reasoning import starts_in_reasoning

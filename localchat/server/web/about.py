@@ -10,9 +10,9 @@ from litestar import Request, Response, get
 from localchat import __version__
 from localchat.logs import log_path
 from localchat.paths import data_dir
-from localchat.server.backend_words import backend_in_words
 from localchat.server.common import get_models
-from localchat.server.web_render import html, render
+from localchat.server.web.backend_words import backend_in_words
+from localchat.server.web.render import html, render
 
 DESKTOP_STATE_KEY = "desktop_hooks"  # set on the app's state by localchat.desktop.app
 

@@ -10,7 +10,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath
 
 from localchat.errors import NotFoundError
-from localchat.server.web_common import WebState
+from localchat.server.web.common import WebState
 
 _NAME = re.compile(r"([0-9a-f]{64})\.(png|jpg|gif|webp)")
 

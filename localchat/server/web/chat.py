@@ -16,9 +16,9 @@ from markupsafe import escape
 from localchat.attachments.prepare import Upload
 from localchat.chats.conversations import Approval
 from localchat.errors import InvalidRequestError, NotFoundError
-from localchat.server.web_common import WebState, require_htmx
-from localchat.server.web_forms import parse_settings
-from localchat.server.web_render import environment, html, macro
+from localchat.server.web.common import WebState, require_htmx
+from localchat.server.web.forms import parse_settings
+from localchat.server.web.render import environment, html, macro
 
 # An SSE event with empty data is never dispatched by browsers: this clears the approval slot instead.
 NO_APPROVAL = '<span class="no-approval"></span>'

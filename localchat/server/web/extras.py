@@ -12,9 +12,9 @@ from litestar.params import FromPath
 
 from localchat.chats.store import Conversation, Message, Preset, Store
 from localchat.errors import InvalidRequestError
-from localchat.server.web_common import WebState, require_htmx
-from localchat.server.web_forms import parse_settings
-from localchat.server.web_render import environment, html, macro
+from localchat.server.web.common import WebState, require_htmx
+from localchat.server.web.forms import parse_settings
+from localchat.server.web.render import environment, html, macro
 
 # (title, prompt): shown as buttons on an empty chat; a click sends the prompt. Everyday tasks a small
 # local model answers well, so a first try shows what it can do.

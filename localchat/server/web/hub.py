@@ -14,8 +14,8 @@ from markupsafe import Markup
 
 from localchat.errors import InvalidRequestError
 from localchat.hub.search import model_card, search_models
-from localchat.server.web_models import key_of, pull_view
-from localchat.server.web_render import environment, html, models_macro
+from localchat.server.web.models import key_of, pull_view
+from localchat.server.web.render import environment, html, models_macro
 
 
 def hub_macro(name: str, *args: Any) -> str:

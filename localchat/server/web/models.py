@@ -17,9 +17,9 @@ from localchat.models.catalog import DEFAULT_ALIAS
 from localchat.models.info import catalog_models, human_bytes, local_models, ram_hint
 from localchat.models.manager import ModelManager
 from localchat.models.pulls import FINAL_PHASES, PullJob
-from localchat.server.web_common import require_htmx
-from localchat.server.web_render import html, render
-from localchat.server.web_render import models_macro as macro
+from localchat.server.web.common import require_htmx
+from localchat.server.web.render import html, render
+from localchat.server.web.render import models_macro as macro
 
 
 def _models(request: Request) -> ModelManager:

@@ -37,7 +37,7 @@ STATIC_HEADERS = {k: v for k, v in SECURITY_HEADERS.items() if k != "Cache-Contr
 
 def ui_dir() -> Path:
     """`ui/` at the top of a checkout (editable installs), else `localchat/ui` inside an installed wheel."""
-    checkout = Path(__file__).resolve().parents[2] / "ui"
+    checkout = Path(__file__).resolve().parents[3] / "ui"
     if (checkout / "templates").is_dir():
         return checkout
     packaged = Path(str(resources.files("localchat"))) / "ui"

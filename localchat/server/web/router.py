@@ -2,7 +2,7 @@
 
 Everything the server writes into HTML goes through autoescaped Jinja2 templates; model output is
 rendered as markdown in the browser, through DOMPurify (see ui/static/app.js). This module holds the
-pages, the login and the router factory; web_sidebar.py and web_chat.py hold the htmx endpoints.
+pages, the login and the router factory; sidebar.py and chat.py hold the htmx endpoints.
 """
 
 from __future__ import annotations
@@ -28,19 +28,17 @@ from localchat.chats.store import Conversation, Store
 from localchat.errors import AuthenticationError, DataDirError, LocalchatError
 from localchat.models.manager import ModelManager
 from localchat.paths import data_dir
-from localchat.server import (
-    web_about,
-    web_attachments,
-    web_chat,
-    web_extras,
-    web_hub,
-    web_models,
-    web_sidebar,
-)
-from localchat.server.web_common import WebState, current_path
-from localchat.server.web_extras import DEFAULT_SYSTEM_PROMPT_KEY, EXAMPLE_PROMPTS
-from localchat.server.web_models import model_status
-from localchat.server.web_render import STATIC_HEADERS, html, macro, render, ui_dir
+from localchat.server.web import about as web_about
+from localchat.server.web import attachments as web_attachments
+from localchat.server.web import chat as web_chat
+from localchat.server.web import extras as web_extras
+from localchat.server.web import hub as web_hub
+from localchat.server.web import models as web_models
+from localchat.server.web import sidebar as web_sidebar
+from localchat.server.web.common import WebState, current_path
+from localchat.server.web.extras import DEFAULT_SYSTEM_PROMPT_KEY, EXAMPLE_PROMPTS
+from localchat.server.web.models import model_status
+from localchat.server.web.render import STATIC_HEADERS, html, macro, render, ui_dir
 from localchat.vision.model_info import takes_images
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ from litestar.params import FromPath, FromQuery
 
 from localchat.chats.conversation_io import import_json, to_json, to_markdown
 from localchat.errors import InvalidRequestError, NotFoundError
-from localchat.server.web_common import WebState, conv_id_from, require_htmx
-from localchat.server.web_render import html, macro
+from localchat.server.web.common import WebState, conv_id_from, require_htmx
+from localchat.server.web.render import html, macro
 
 
 @get("/ui/conversations", name="web:conversations", sync_to_thread=True)
