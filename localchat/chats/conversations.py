@@ -48,6 +48,7 @@ from localchat.mcp.hub import ToolRun
 from localchat.mcp.trust import CONSENT_FILE, DENIED, ConsentStore
 from localchat.serving.generation import resolve_chat_max_tokens, resolve_sampling
 from localchat.serving.harmony import HarmonyThinkText
+from localchat.serving.tool_parsers import ParsedCall
 from localchat.vision.chat_prompt import chat_prompt_with_images
 from localchat.vision.content import ImageLimits
 from localchat.vision.model_info import takes_images
@@ -379,13 +380,12 @@ class ChatService:
         history = [m for m in stored if m.id < answer.id]
         try:
             messages = _chat_messages(conv, history, ctx.tool_parser.template_call_id, pictures)
-            _, prompt_ids, images = await chat_prompt_with_images(
-                ctx, messages, ui_turns.mcp_tools(ctx)
-            )  # off the loop
+            tools = ui_turns.mcp_tools(ctx)
+            _, prompt_ids, images = await chat_prompt_with_images(ctx, messages, tools)  # off the loop
             params = self.sampling_params(conv, ctx)
             self._next += 1
             gen = Generation(conv.id, answer.id, f"ui-{answer.id}-{self._next}", ctx)
-            gen.harmony = _harmony_reader(ctx)
+            gen.harmony = _harmony_reader(ctx, tools)
             # A template that opens the reasoning block itself (e.g. DeepSeek-R1) leaves the model inside it.
             tail = ctx.model.tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False)
             if tail.rstrip().endswith("<think>"):
@@ -431,7 +431,7 @@ class ChatService:
 
     def _finish(self, gen: Generation, out: RequestOutput, now: float) -> None:
         if out.finish_reason == FinishReason.STOP and gen.turns < ui_turns.MAX_TURNS - 1:
-            content, calls = ui_turns.find_calls(gen.ctx, gen.text[gen.turn_start :])
+            content, calls = _turn_calls(gen)
             if calls:  # the server runs the MCP calls, then the model goes on with their results
                 asyncio.get_running_loop().create_task(self._run_tools(gen, content, calls))
                 return
@@ -503,7 +503,7 @@ class ChatService:
             _, prompt_ids, images = await chat_prompt_with_images(ctx, messages, tools)  # off the loop
             self._next += 1
             gen.req_id = f"ui-{gen.message_id}-{self._next}"
-            gen.harmony = _harmony_reader(ctx)
+            gen.harmony = _harmony_reader(ctx, tools)
             loop = asyncio.get_running_loop()
             ctx.engine.submit(
                 prompt_ids,
@@ -567,9 +567,22 @@ class ChatService:
         self._by_message.pop(message_id, None)
 
 
-def _harmony_reader(ctx: ServerContext) -> HarmonyThinkText | None:
-    """A fresh reader per model turn for a model whose output keeps its special tokens (harmony)."""
-    return HarmonyThinkText() if ctx.tool_parser.keeps_special_tokens else None
+def _harmony_reader(ctx: ServerContext, tools: list[dict[str, Any]] | None) -> HarmonyThinkText | None:
+    """A fresh reader per model turn for a model whose output keeps its special tokens (harmony); calls
+    to the offered MCP tools are kept aside for `_turn_calls`."""
+    if not ctx.tool_parser.keeps_special_tokens:
+        return None
+    return HarmonyThinkText({t["function"]["name"] for t in tools or ()})
+
+
+def _turn_calls(gen: Generation) -> tuple[str, list[ParsedCall]]:
+    """(the model turn's text without its calls, the MCP calls it made)."""
+    turn = gen.text[gen.turn_start :]
+    if gen.harmony is None:
+        return ui_turns.find_calls(gen.ctx, turn)
+    # harmony calls are messages to `functions.NAME`, read as they streamed: the text already lacks them
+    parser = gen.ctx.tool_parser
+    return turn, [ParsedCall(parser.new_call_id(), name, args) for name, args in gen.harmony.calls]
 
 
 def _tell(gen: Generation, event: tuple[str, str]) -> None:

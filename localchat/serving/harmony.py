@@ -17,6 +17,7 @@ other special-token-shaped piece (`<|endoftext|>`, the EOS the engine decodes to
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Literal
 
@@ -169,27 +170,42 @@ def is_harmony_template(template_source: str | None) -> bool:
 
 class HarmonyThinkText:
     """Harmony output rewritten in the `<think>reasoning</think>answer` form that stored answers use
-    (the web UI and the terminal chat read that form), incrementally."""
+    (the web UI and the terminal chat read that form), incrementally. A call to one of `call_names` is
+    kept aside in `calls` (name, arguments) instead of being written; any other call's arguments are
+    text of the answer, as HarmonySplitter has them."""
 
-    def __init__(self) -> None:
-        self._splitter = HarmonySplitter()
+    def __init__(self, call_names: Collection[str] = ()) -> None:
+        self._reader = HarmonyReader()
+        self._call_names = frozenset(call_names)
         self._thinking = False
+        self._in_call = False  # the open call is one of call_names: its arguments go to `calls`
+        self.calls: list[tuple[str, str]] = []
 
     def push(self, text: str) -> str:
-        return self._text(*self._splitter.push(text))
+        return self._text(self._reader.push(text))
 
     def flush(self) -> str:
-        out = self._text(*self._splitter.flush())
+        out = self._text(self._reader.flush())
         if self._thinking:  # an answer cut off while thinking still closes its block
             self._thinking = False
             out += "</think>"
         return out
 
-    def _text(self, reasoning: str, content: str) -> str:
+    def _text(self, pieces: list[Piece]) -> str:
         out = ""
-        if reasoning and not self._thinking:
-            out, self._thinking = "<think>", True
-        out += reasoning
-        if content and self._thinking:
-            out, self._thinking = out + "</think>", False
-        return out + content
+        for p in pieces:
+            if p.kind == "call":
+                self._in_call = p.text in self._call_names
+                if self._in_call:
+                    self.calls.append((p.text, ""))
+                continue
+            if p.kind == "arguments" and self._in_call:
+                name, arguments = self.calls[-1]
+                self.calls[-1] = (name, arguments + p.text)
+                continue
+            reasoning = p.kind == "reasoning"
+            if reasoning != self._thinking:
+                out += "<think>" if reasoning else "</think>"
+                self._thinking = reasoning
+            out += p.text
+        return out

@@ -6,6 +6,8 @@ harmony marker reaches the page, the stream or the store. The fake backend speak
 from __future__ import annotations
 
 import html
+import json
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,3 +112,27 @@ def test_harmony_answers_are_decoded_with_their_special_tokens(tmp_path: Path) -
             chats = web_state(c.app).chats
             conv = web_state(c.app).store.create_conversation("t")
             assert chats.sampling_params(conv, ctx).skip_special_tokens is skips
+
+
+def test_a_harmony_call_to_an_mcp_tool_runs_and_the_answer_goes_on(tmp_path: Path) -> None:
+    calc = Path(__file__).resolve().parents[1] / "helpers" / "mcp_calc_server.py"
+    config = tmp_path / "mcp.json"
+    servers = {"calc": {"command": sys.executable, "args": [str(calc)], "autoUse": True}}
+    config.write_text(json.dumps({"mcpServers": servers}))
+    call = (
+        "<|channel|>analysis<|message|>Add them.<|end|>"
+        '<|start|>assistant to=functions.add<|channel|>commentary json<|message|>{"a": 2, "b": 3}'
+    )
+    app, _ = fake_app(tmp_path / "home", tool_call_parser="harmony", mcp_config=str(config))
+    with TestClient(app) as client:
+        client.get("/ui/conversations")
+        web_state(client.app).chats.consent.allow("calc", "add")  # no Allow / Deny to press here
+        conv_id = _new_chat(client, f"<<say:{call}>>")
+        answer = _wait_done(client, conv_id)[1]
+    # The call left the text; its canonical block and result follow the thinking; the tool's result
+    # (the calc server answers with a fake-model script) makes the next turn's answer.
+    assert answer.status == DONE
+    assert answer.content.startswith("<think>Add them.</think>\n\n<tool_call>\n"), answer.content
+    assert '{"name": "add", "arguments": {"a": 2, "b": 3}}' in answer.content
+    assert answer.content.endswith("</tool_response>\n\nThe sum is 5.")
+    assert "<|" not in answer.content
