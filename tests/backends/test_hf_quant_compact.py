@@ -283,3 +283,15 @@ def test_tensor_parallel_ranks_cut_the_exact_values(tmp_path: Path) -> None:
     assert tokens == expected_tokens
     for ours, ref in zip(logits, expected_logits, strict=True):
         torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_compute_takes_the_blocks_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bfloat16 (the default on CPUs with native bf16): act-order blocks give the dense bf16 run's tokens."""
+    write_checkpoint(tmp_path, *CASES["gptq-g32-act-order"])
+    options = RunnerOptions(device="cpu", dtype="bfloat16")
+    monkeypatch.setenv("LOCALCHAT_TORCH_QUANT", "dequant")
+    _, dense_tokens = run(TorchRunner(load_model(tmp_path), options))
+    monkeypatch.setenv("LOCALCHAT_TORCH_QUANT", "auto")
+    compact = TorchRunner(load_model(tmp_path), options)
+    assert all(isinstance(w, PermutedWeight) for w in linears(compact))
+    assert run(compact)[1] == dense_tokens
