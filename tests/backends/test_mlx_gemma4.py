@@ -7,6 +7,7 @@ Prompts of 11 and 22 tokens are longer than the 8-token window, so the window ma
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ mx = pytest.importorskip("mlx.core")
 torch = pytest.importorskip("torch")
 
 from localchat.backends.mlx.runner import MLXRunner  # noqa: E402
+from localchat.weights.loader import load_model  # noqa: E402
 from tests.backends.test_gemma4 import BASE, VARIANTS, tiny_gemma4  # noqa: E402
 from tests.backends.test_mlx_parity import (  # noqa: E402, F401  (collected here, on this module's `pair`)
     PROMPT,
@@ -92,3 +94,33 @@ def test_small_chunks_take_the_decode_path_mid_prompt(pair: tuple[Any, MLXRunner
         _, logits = driver.step_logits({"a": chunk}, every_token=True)
         assert_close(logits, ref[done : done + chunk])
         done += chunk
+
+
+def test_multimodal_checkpoint_runs_its_text_model(tmp_path: Path) -> None:
+    """Gemma4ForConditionalGeneration's files on MLX: the text LM under model.language_model, towers
+    skipped, per-layer embeddings (a token table of their own) loaded from the folder."""
+    from tokenizers import Tokenizer, models
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    text = tiny_gemma4(**VARIANTS["gemma4-per-layer-embeddings"]).config.to_dict()
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+    vision |= {"num_key_value_heads": 2, "head_dim": 16}
+    torch.manual_seed(0)
+    hf = Gemma4ForConditionalGeneration(
+        Gemma4Config(text_config=text, vision_config=vision, audio_config=None)
+    )
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            base, scale = (1.0, 0.2) if name.endswith("norm.weight") else (0.0, 0.15)
+            param.copy_(base + scale * torch.randn_like(param))
+    hf.eval().save_pretrained(tmp_path)
+    vocab = {f"t{i}": i for i in range(256)}
+    (tmp_path / "tokenizer.json").write_text(Tokenizer(models.WordLevel(vocab, unk_token="t0")).to_str())
+    bundle = load_model(tmp_path)
+    assert bundle.config.model_type == "gemma4_text"
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor([PROMPT * 2])).logits[0].float().numpy()
+    driver = Driver(mlx_runner(bundle))  # type: ignore[arg-type]
+    driver.add("a", PROMPT * 2)
+    _, logits = driver.step_logits(every_token=True)
+    assert_close(logits, ref)

@@ -40,8 +40,11 @@ class TableRotary(Rotary):
     still, Gemma 4's proportional RoPE on the global layers)."""
 
     def __init__(self, inv: np.ndarray) -> None:  # no config: the table is the layer type's
-        with np.errstate(divide="ignore"):  # a zero frequency is an infinite period: angle 0
-            self.periods = mx.array(1.0 / inv.astype(np.float64), dtype=mx.float32)
+        # A still pair gets the largest finite period (angle ~1e-39 x position, i.e. 0): no inf reaches
+        # the kernel, whose fast math need not honour it.
+        still = np.float64(np.finfo(np.float32).max)
+        periods = 1.0 / np.where(inv > 0, inv, 1.0).astype(np.float64)
+        self.periods = mx.array(np.where(inv > 0, periods, still), dtype=mx.float32)
         self.dims, self.scale, self.long = 2 * len(inv), 1.0, None
 
 
