@@ -146,14 +146,21 @@ def _top_p(logits: torch.Tensor, ps: list[float]) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose mass reaches p (always at least one)."""
     if all(p >= 1.0 for p in ps):
         return logits
-    ordered, order = logits.sort(dim=-1, descending=True)
+    # After top-k (or a grammar) few tokens are left: order only those, not the whole vocabulary (a 152k
+    # vocabulary's sort took ~8 ms of a ~90 ms decode step); masked tokens have no mass to add.
+    candidates = int((logits != float("-inf")).sum(dim=-1).max())
+    if 0 < candidates < logits.shape[1]:
+        ordered, order = torch.topk(logits, candidates, dim=-1)
+    else:
+        ordered, order = logits.sort(dim=-1, descending=True)
     probs = ordered.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
     # p = 1 keeps everything: the float cumsum may reach 1.0 before the tail, so never compare against it.
     limits = torch.tensor([p if p < 1.0 else float("inf") for p in ps], device=logits.device)
     drop = mass_before >= limits[:, None]
     drop[:, 0] = False
-    return logits.masked_fill(torch.zeros_like(drop).scatter_(1, order, drop), float("-inf"))
+    mask = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device).scatter_(1, order, drop)
+    return logits.masked_fill(mask, float("-inf"))
 
 
 def _logprobs(raw: torch.Tensor, tokens: list[int], num_logprobs: np.ndarray) -> list[TokenLogprobs | None]:
