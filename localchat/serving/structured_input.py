@@ -11,6 +11,7 @@ from localchat.engine.constraint import Constraint
 from localchat.errors import InvalidRequestError
 from localchat.serving.context import ServerContext
 from localchat.structured.grammar import json_object_constraint, json_schema_constraint
+from localchat.structured.harmony_grammar import harmony_call_constraint
 from localchat.structured.tool_grammar import tool_call_constraint
 from localchat.structured.vocabulary import grammar_tokenizer
 
@@ -53,6 +54,20 @@ async def tool_choice_constraint(
         lambda: tool_call_constraint(
             _grammar_tokenizer(ctx), tools, tool_choice, prefix, suffix, arguments_key, parallel=parallel
         )
+    )
+
+
+async def harmony_choice_constraint(
+    ctx: ServerContext, tools: list[dict[str, Any]], tool_choice: str | dict[str, Any]
+) -> Constraint:
+    """A forced call in gpt-oss's harmony format: its header's markers are the tokenizer's own tokens."""
+    tokenizer = ctx.model.tokenizer
+
+    def is_token(marker: str) -> bool:
+        return tokenizer.token_to_id(marker) is not None
+
+    return await asyncio.to_thread(
+        lambda: harmony_call_constraint(_grammar_tokenizer(ctx), tools, tool_choice, is_token)
     )
 
 

@@ -12,7 +12,11 @@ from localchat.errors import InvalidRequestError
 from localchat.mcp.trust import check_api_caller
 from localchat.server.openai.chat_input import template_tools
 from localchat.serving.schemas import ChatCompletionRequest, Tool
-from localchat.serving.structured_input import response_constraint, tool_choice_constraint
+from localchat.serving.structured_input import (
+    harmony_choice_constraint,
+    response_constraint,
+    tool_choice_constraint,
+)
 from localchat.serving.tool_parsers import ToolCallStream, ToolParser
 
 if TYPE_CHECKING:
@@ -90,6 +94,9 @@ async def request_constraint(
     """What the output must follow: a forced call (`tool_choice` "required" or named), wrapped in the
     model's own tool-call markup; else `response_format`'s grammar; else nothing."""
     forced = plan.choice == "required" or isinstance(plan.choice, dict)
+    if plan.parser is not None and plan.parser.keeps_special_tokens and plan.template_tools and forced:
+        # harmony: a call is a message addressed to the function, its header written in special tokens
+        return await harmony_choice_constraint(ctx, plan.template_tools, plan.choice)
     if plan.parser is not None and plan.parser.can_force and plan.template_tools and forced:
         # NOTE: one call unless parallel calls are asked for explicitly: given the choice, small models
         # repeat the same call until max_tokens.

@@ -148,7 +148,8 @@ def _skeleton(
         "output": [],
         "parallel_tool_calls": req.parallel_tool_calls is not False,
         "previous_response_id": req.previous_response_id,
-        "reasoning": {"effort": None, "summary": None},
+        # the effort asked for (it reaches the chat template); no summaries are written
+        "reasoning": {"effort": (req.reasoning or {}).get("effort"), "summary": None},
         "store": req.store is not False,
         "temperature": temperature,
         "text": req.text or {"format": {"type": "text"}},

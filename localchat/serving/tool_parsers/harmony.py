@@ -12,7 +12,7 @@ from localchat.serving.tool_parsers.stream import CallDelta, Event
 class HarmonyParser(ToolParser):
     name = "harmony"
     keeps_special_tokens = True
-    # A forced call would need a grammar over the header's special tokens; "required" acts as "auto".
+    # A forced call is not prefix + JSON + suffix here: structured/harmony_grammar.py writes its header.
     can_force = False
 
 
