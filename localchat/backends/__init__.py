@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 from localchat.errors import BackendUnavailableError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
-    from localchat.config import Settings
     from localchat.embeddings.model import Encoder
     from localchat.embeddings.st_config import SentenceConfig
     from localchat.engine.interface import ModelRunner
@@ -97,17 +97,21 @@ def load_encoder(
     return encoder, sentence
 
 
-def serve_torchrun_worker(settings: Settings) -> int | None:
+def serve_torchrun_worker(
+    tensor_parallel_size: int, options: RunnerOptions, load: Callable[[], ModelBundle]
+) -> int | None:
     """Under torchrun, ranks >= 1 run rank 0's steps instead of serving HTTP: their exit code, or None
-    on rank 0 (and outside torchrun), which goes on to serve."""
+    on rank 0 (and outside torchrun), which goes on to serve. The caller (the CLI) builds the runner
+    options and the model loader from its settings, so the backend never reaches up into the app layer;
+    `load` runs only on a worker rank."""
     try:
         module = importlib.import_module("localchat.backends.torch.parallel.torchrun")
     except ImportError as exc:
         raise BackendUnavailableError(
             f'--tensor-parallel-size needs the torch backend, which cannot be imported ({exc}). pip install "torch>=2.4"'
         ) from exc
-    rank: int | None = module.worker_rank(settings)
-    return None if rank is None else int(module.serve_worker(settings, rank))
+    rank: int | None = module.worker_rank(tensor_parallel_size)
+    return None if rank is None else int(module.serve_worker(rank, options, load))
 
 
 def load_runner(name: str, model: ModelBundle, options: RunnerOptions | None = None) -> ModelRunner:

@@ -1,6 +1,6 @@
 """The import layering of `localchat`, read from the source with `ast` (function-local imports count):
-nothing below the HTTP layer imports `localchat.server`, the engine knows no backend, and modules
-import each other without cycles. Imports under `if TYPE_CHECKING:` never run, so they make no cycle,
+nothing below the HTTP layer imports `localchat.server`, the engine knows no backend, no backend imports
+the layers above it, and modules import each other without cycles. Imports under `if TYPE_CHECKING:` never run, so they make no cycle,
 but they still count for the layering rules."""
 
 from __future__ import annotations
@@ -14,6 +14,15 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "localchat"
 # Who may import the HTTP layer: itself, the command line and the desktop shell that start it.
 SERVER = "localchat.server"
 SERVER_IMPORTERS = ("localchat.server", "localchat.cli", "localchat.desktop")
+# The layers above the backends: the app layer, the HTTP server, the model lifecycle, chats, CLI, desktop.
+APP_LAYERS = (
+    "localchat.serving",
+    "localchat.server",
+    "localchat.models",
+    "localchat.chats",
+    "localchat.cli",
+    "localchat.desktop",
+)
 
 
 @dataclass
@@ -172,6 +181,20 @@ def test_the_engine_imports_no_backend() -> None:
         if target.startswith("localchat.backends")
     )
     assert offenders == [], "the engine talks to a runner through engine.interface:\n" + "\n".join(offenders)
+
+
+def test_backends_import_no_app_layer() -> None:
+    """A backend runs what the layers above hand it (a bundle, runner options): it never imports them
+    to build those itself (the torchrun worker gets its model loader and options from the CLI)."""
+    graph = build_graph()
+    offenders = sorted(
+        f"{module} -> {target}"
+        for module in graph.modules
+        if module.startswith("localchat.backends")
+        for target in graph.all_imports(module)
+        if any(target == layer or target.startswith(layer + ".") for layer in APP_LAYERS)
+    )
+    assert offenders == [], "pass what the backend needs in from the caller:\n" + "\n".join(offenders)
 
 
 def test_no_import_cycles() -> None:
