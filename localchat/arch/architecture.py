@@ -262,6 +262,13 @@ class Architecture:
     top_weights: dict[str, str] = field(default_factory=dict)
     # Hybrid models: bytes of per-sequence state (config, compute dtype bytes), for the RAM estimate.
     state_bytes: Callable[[ModelConfig, int], int] | None = None
+    # Families whose GGUF metadata the common reader cannot express (per-layer arrays, one RoPE table per
+    # layer type): config.json's keys from `{arch}.<key>` metadata, tensor shapes (HF order) and the values
+    # of a small float tensor (rope_freqs); the loader adds model_type and the token ids.
+    gguf_hf_config: (
+        Callable[[Callable[[str], Any], dict[str, tuple[int, ...]], Callable[[str], Any]], dict[str, Any]]
+        | None
+    ) = None
 
     def layer_weight(self, name: str) -> tuple[str, int, int] | None:
         """The family parameter for a checkpoint name inside `model.layers.N.` (None: not this arch's)."""

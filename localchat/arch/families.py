@@ -48,6 +48,9 @@ def entries() -> list[Architecture]:
             derive_sizes=gemma4.derive_sizes,
             top_weights=gemma4.TOP_WEIGHTS,
             sanitize=gemma4.sanitize,
+            gguf_arch="gemma4",
+            gguf_block_names=gemma4.GGUF_BLOCK_NAMES,
+            gguf_hf_config=gemma4.hf_config_from_gguf,
         ),
         Architecture("gemma4", "gemma4", text_config_key="text_config", weight_prefixes=gemma4.TEXT_PREFIXES),
         # Mistral 4 (Mistral Small 4): DeepSeek-V3's checkpoint layout and MLA, a softmax router without
@@ -56,12 +59,18 @@ def entries() -> list[Architecture]:
         Architecture(
             "mistral4",
             "mistral4",
-            layer_weights=DEEPSEEK_WEIGHTS,
+            layer_weights={**DEEPSEEK_WEIGHTS, **MISTRAL4_GGUF_EXPERTS},
             hf_defaults={"scoring_func": "softmax", "norm_topk_prob": True, "routed_scaling_factor": 1.0},
             extra_keys={**DEEPSEEK_EXTRA_KEYS, "llama_4_scaling_beta": None},
             derive_sizes=_mistral4_sizes,
             sanitize=deepseek.sanitize,
             float32_params=DEEPSEEK_FLOAT32,
+            # llama.cpp's mistral4: DeepSeek-V2's tensors and keys, gate|up stacked in one tensor; its
+            # converter writes no q temperature (llama_4_scaling_beta), so a file runs without one.
+            gguf_arch="mistral4",
+            gguf_block_names={**DEEPSEEK_GGUF_BLOCK_NAMES, "ffn_gate_up_exps": "mlp.experts.gate_up_proj"},
+            gguf_metadata={**DEEPSEEK_GGUF_METADATA, "attention.temperature_scale": "llama_4_scaling_beta"},
+            gguf_yarn_log_mul_per_mscale=0.1,
         ),
         # GLM-4.5 / 4.6 / 4.7: Llama attention (q/k/v bias, partial rotary, optional q/k norm) and DeepSeek-V3's
         # MoE after the leading dense layers; its multi-token-prediction layers are dropped at load.
@@ -129,6 +138,10 @@ def entries() -> list[Architecture]:
             gguf_metadata=gpt_oss.GGUF_METADATA,
         ),
     ]
+
+
+# A mistral4 GGUF's stacked gate|up tensor, split per expert (its name keeps the file's `.weight`).
+MISTRAL4_GGUF_EXPERTS = {"mlp.experts.{e}.gate_up_proj.weight": ("moe.experts.{e}.gate_up", 0, 1)}
 
 
 def _shared_expert_moe() -> dict[str, tuple[str, int, int]]:

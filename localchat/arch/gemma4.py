@@ -24,7 +24,7 @@ added to the dense MLP's) are built.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -70,6 +70,39 @@ LAYER_WEIGHTS: dict[str, tuple[str, int, int]] = {
     "pre_feedforward_layernorm_2.weight": ("moe.pre_norm", 0, 1),
     "post_feedforward_layernorm_1.weight": ("mlp_post_norm", 0, 1),
     "post_feedforward_layernorm_2.weight": ("moe.post_norm", 0, 1),
+    # A GGUF's names for the scalar and the stacked experts carry a `.weight` the checkpoint's lack.
+    "layer_scalar.weight": ("layer_scalar", 0, 1),
+    "moe_block.experts.{e}.gate_up_proj.weight": ("moe.experts.{e}.gate_up", 0, 1),
+    "moe_block.experts.{e}.down_proj.weight": ("moe.experts.{e}.down", 0, 1),
+}
+# llama.cpp's gemma4 blocks -> names inside `model.layers.N.`. Its converter keeps the norm weights as they
+# are (Gemma 4 multiplies by the weight itself) and the q/k rows in the checkpoint's order.
+GGUF_BLOCK_NAMES: dict[str, str] = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "layer_output_scale": "layer_scalar",
+    "inp_gate": "per_layer_input_gate",
+    "proj": "per_layer_projection",
+    "post_norm": "post_per_layer_input_norm",
+    "ffn_gate_inp": "router.proj",
+    "ffn_gate_inp.scale": "router.scale",  # suffix-less tensors: the whole name is the part
+    "ffn_down_exps.scale": "router.per_expert_scale",
+    "ffn_gate_up_exps": "experts.gate_up_proj",
+    "ffn_down_exps": "experts.down_proj",
+    "pre_ffw_norm_2": "pre_feedforward_layernorm_2",
+    "post_ffw_norm_1": "post_feedforward_layernorm_1",
+    "post_ffw_norm_2": "post_feedforward_layernorm_2",
 }
 # Per-layer embeddings: the token table (all layers side by side) and the projection of the embedding.
 TOP_WEIGHTS: dict[str, str] = {
@@ -230,3 +263,66 @@ def inv_freq(config: ModelConfig, layer_type: str, head_dim: int) -> np.ndarray:
     table = np.zeros(head_dim // 2, dtype=np.float32)
     table[:turned] = np.float32(1.0) / np.power(np.float64(base), exponents).astype(np.float32)
     return (table / np.float32(factor)).astype(np.float32)
+
+
+def hf_config_from_gguf(
+    get: Callable[[str], Any], shapes: dict[str, tuple[int, ...]], values: Callable[[str], Any]
+) -> dict[str, Any]:
+    """config.json's keys from llama.cpp's gemma4 metadata: layer kinds from the sliding-window flags, the
+    global layers' head size and KV heads from the unsuffixed keys (the sliding ones from `*_swa`), the
+    double-wide MLP from per-layer widths, keys-as-values from global layers without attn_v, and the
+    proportional RoPE's turning share from rope_freqs (1 for a turning pair, 1e30 for a still one)."""
+    layers = int(get("block_count"))
+    types = [SLIDING if flag else FULL for flag in get("attention.sliding_window_pattern")][:layers]
+    kv, ffn = get("attention.head_count_kv"), get("feed_forward_length")
+    kv_per_layer = [int(n) for n in kv] if isinstance(kv, list) else [int(kv)] * layers
+    ffn_per_layer = [int(n) for n in ffn] if isinstance(ffn, list) else [int(ffn)] * layers
+    head_full = int(get("attention.key_length"))
+    head_swa = int(get("attention.key_length_swa") or head_full)
+    shared = int(get("attention.shared_kv_layers") or 0)
+    full = [i for i, kind in enumerate(types) if kind == FULL]
+    computing = [i for i in full if i < layers - shared]  # KV-sharing layers store no k or v at all
+    k_eq_v = bool(computing) and all(f"blk.{i}.attn_v.weight" not in shapes for i in computing)
+    freqs = values("rope_freqs.weight")
+    turning = head_full // 2 if freqs is None else int((np.asarray(freqs) < 1e29).sum())
+    experts = int(get("expert_count") or 0)
+    keys: dict[str, Any] = {
+        "vocab_size": shapes["token_embd.weight"][0],
+        "hidden_size": int(get("embedding_length")),
+        "intermediate_size": ffn_per_layer[0],
+        "use_double_wide_mlp": ffn_per_layer != [ffn_per_layer[0]] * layers,
+        "num_hidden_layers": layers,
+        "num_attention_heads": int(get("attention.head_count")),
+        "num_key_value_heads": kv_per_layer[types.index(SLIDING)] if SLIDING in types else kv_per_layer[0],
+        "head_dim": head_swa,
+        "layer_types": types,
+        "per_layer_config": {
+            i: {"head_dim": head_full, "num_key_value_heads": kv_per_layer[i]} for i in full
+        },
+        "attention_k_eq_v": k_eq_v,
+        "num_kv_shared_layers": shared,
+        "sliding_window": get("attention.sliding_window"),
+        "final_logit_softcapping": get("final_logit_softcapping"),
+        "rms_norm_eps": float(str(np.float32(get("attention.layer_norm_rms_epsilon") or 1e-6))),
+        "max_position_embeddings": int(get("context_length") or HF_DEFAULTS["max_position_embeddings"]),
+        "tie_word_embeddings": "output.weight" not in shapes,
+        "rope_parameters": {
+            SLIDING: {"rope_type": "default", "rope_theta": float(get("rope.freq_base_swa") or 10_000.0)},
+            FULL: {
+                "rope_type": "proportional",
+                "partial_rotary_factor": 2 * turning / head_full,
+                "rope_theta": float(get("rope.freq_base") or 1_000_000.0),
+            },
+        },
+        "hidden_size_per_layer_input": int(get("embedding_length_per_layer_input") or 0),
+        "enable_moe_block": experts > 0,
+    }
+    if "per_layer_token_embd.weight" in shapes:
+        keys["vocab_size_per_layer_input"] = shapes["per_layer_token_embd.weight"][0]
+    if experts:
+        keys |= {
+            "num_experts": experts,
+            "top_k_experts": int(get("expert_used_count")),
+            "moe_intermediate_size": int(get("expert_feed_forward_length")),
+        }
+    return keys

@@ -32,6 +32,10 @@ _GLOBAL_NAMES = {
     "output_norm": "model.norm",
     "output": "lm_head",
     "token_embd_norm": "model.embedding_norm",  # LFM2's final norm (its checkpoint's name)
+    # Gemma 4's per-layer embeddings (E2B / E4B).
+    "per_layer_token_embd": "model.embed_tokens_per_layer",
+    "per_layer_model_proj": "model.per_layer_model_projection",
+    "per_layer_proj_norm": "model.per_layer_projection_norm",
 }
 # Tensors llama.cpp adds that have no HF counterpart; their content is read into the config instead.
 _SKIPPED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
@@ -138,6 +142,8 @@ def config_from_gguf(reader: GGUFReader) -> ModelConfig:
     def get(key: str, default: Any = None) -> Any:
         return gguf_value(reader, f"{arch}.{key}", default)
 
+    if entry.gguf_hf_config is not None:
+        return _config_from_family_reader(reader, entry, get)
     try:
         hidden = int(get("embedding_length"))
         heads = int(get("attention.head_count"))
@@ -180,6 +186,33 @@ def _kv_heads(value: Any, heads: int) -> int:
     if isinstance(value, list):
         return max((int(v) for v in value), default=0) or heads
     return int(value or heads)
+
+
+def _config_from_family_reader(
+    reader: GGUFReader, entry: Architecture, get: Callable[..., Any]
+) -> ModelConfig:
+    """The family's own reading of its metadata (`Architecture.gguf_hf_config`), as a config.json."""
+    assert entry.gguf_hf_config is not None
+    tensors = {t.name: t for t in reader.tensors}
+    shapes = {n: tuple(int(d) for d in reversed(t.shape.tolist())) for n, t in tensors.items()}
+
+    def values(name: str) -> np.ndarray | None:
+        tensor = tensors.get(name)
+        return None if tensor is None else np.asarray(tensor.data, dtype=np.float32).reshape(-1)
+
+    eos = [gguf_value(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    try:
+        keys = entry.gguf_hf_config(get, shapes, values)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:  # a key missing or of the wrong kind
+        raise ModelLoadError(
+            f"GGUF metadata for {entry.gguf_arch!r} lacks or garbles a model setting ({exc!r}); the file is "
+            "damaged or from a converter localchat does not know."
+        ) from exc
+    tokens = {
+        "bos_token_id": gguf_value(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": list(dict.fromkeys(int(e) for e in eos if e is not None)),
+    }
+    return ModelConfig.from_hf_dict({**keys, **tokens, "model_type": entry.model_type, "torch_dtype": None})
 
 
 def _extra(
