@@ -55,11 +55,6 @@ class ModelNotFoundError(NotFoundError):
     code = "model_not_found"
 
 
-class PayloadTooLargeError(InvalidRequestError):
-    status = 413
-    code = "payload_too_large"
-
-
 class QueueFullError(LocalchatError):
     """The waiting queue is full; the API answers 503 with Retry-After."""
 

@@ -187,16 +187,6 @@ class McpHub:
         ]
 
 
-def _unusable(tool: Any) -> str | None:
-    """Why a tool cannot be offered as an OpenAI function (the chat route would refuse it), or None."""
-    if not _TOOL_NAME.match(tool.name):
-        return "its name is not a valid function name"
-    schema = tool.input_schema or {}
-    if schema.get("type", "object") != "object" or not isinstance(schema.get("properties", {}), dict):
-        return "its input schema is not a JSON Schema object"
-    return None
-
-
 def _client(spec: McpServerSpec, stack: contextlib.AsyncExitStack) -> Any:
     from mcp import Client, StdioServerParameters
 

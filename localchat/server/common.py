@@ -25,11 +25,6 @@ def get_models(request: Request[Any, Any, Any]) -> ModelManager:
     return request.app.state.models
 
 
-def get_ctx(request: Request[Any, Any, Any]) -> ServerContext:
-    """The current model's context (the most recently used loaded model); 503 while none is ready."""
-    return get_models(request).current()
-
-
 async def model_context(request: Request[Any, Any, Any], name: str | None) -> ServerContext:
     """The context for a request's `model`: loaded if needed (the request waits), 404 if unknown,
     503 with progress while the start-up model is getting ready or the server is shutting down."""

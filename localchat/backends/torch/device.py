@@ -34,12 +34,6 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-def cpu_has_native_bf16() -> bool:
-    """AVX512-BF16 or AMX-BF16 (read from /proc/cpuinfo; other OSes: assume not; LOCALCHAT_EMULATE_CPU
-    answers as the CPU it names)."""
-    return cpu_features.native_bf16(cpu_features.cpu_flags())
-
-
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     if name != "auto":
         if name not in DTYPES:
