@@ -4,7 +4,8 @@ real probability mass, YaRN, biased router, clamped-SwiGLU experts stored stacke
 the MLX parity suite's checks at its 1e-4 bound: prompt + decode logits, ragged batch, cached prefix,
 chunked prefill (7/6/9-token chunks), mixed steps, greedy decode with a preemption == generate. Every
 prompt (3 to 33 tokens, most past 4) is longer than the window, so the window matters; so do the sinks.
-The hub's MXFP4 experts stay MXFP4 on MLX (`mx.gather_qmm`, mode "mxfp4") and match transformers running
+The hub's MXFP4 experts, and those of a GGUF written by llama.cpp's converter from them, stay MXFP4 on MLX
+(`mx.gather_qmm`, mode "mxfp4"), unpack bit for bit to the reference values and match transformers running
 the same experts dequantized by its own converter."""
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def test_mxfp4_experts_stay_mxfp4_and_match_transformers(tmp_path: Path) -> None
     from safetensors.torch import save_file
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-    from localchat.backends.mlx.models.gpt_oss import Mxfp4Stack
+    from localchat.backends.mlx.mxfp4 import Mxfp4Stack
     from localchat.weights.mxfp4 import dequantize_mxfp4
 
     hf: Any = tiny_gpt_oss()
@@ -133,3 +134,41 @@ def test_small_chunks_take_the_decode_path_mid_prompt(pair: tuple[Any, MLXRunner
         _, logits = driver.step_logits({"a": chunk}, every_token=True)
         assert_close(logits, ref[done : done + chunk])
         done += chunk
+
+
+@pytest.mark.slow  # runs llama.cpp's converter
+def test_gguf_mxfp4_experts_stay_mxfp4_and_match_transformers(tmp_path: Path) -> None:
+    """llama.cpp's gpt-oss file converted from the hub's MXFP4 experts (GGML MXFP4 blocks, gate and up
+    apart): packed for MLX with the nibbles reshuffled, equal bit for bit to gguf's own dequantizer, and
+    transformers' logits and greedy tokens."""
+    from localchat.backends.mlx.mxfp4 import Mxfp4Stack
+    from tests.backends.test_gpt_oss_gguf import PROMPT as GGUF_PROMPT
+    from tests.backends.test_gpt_oss_gguf import mxfp4_model, tiny_model
+    from tests.backends.test_mlx_parity import hf_generate
+    from tests.helpers.gpt_oss_gguf import convert_gpt_oss, save_folder
+
+    hf = tiny_model(seed=3)
+    path = convert_gpt_oss(save_folder(hf, tmp_path / "hf", mxfp4_model(hf)), tmp_path / "tiny-mxfp4.gguf")
+    bundle = load_model(path)
+    files = {w.name: w for w in bundle.iter_weights() if ".experts." in w.name}
+    runner = mlx_runner(bundle)
+    moe = runner.model.layers[1].moe  # type: ignore[attr-defined]
+    assert all(isinstance(m, Mxfp4Stack) for m in moe.matrices.values())
+    for name, parts in (("gate_up", ("gate", "up")), ("down", ("down",))):
+        ref = np.concatenate(
+            [files[f"model.layers.1.mlp.experts.{p}_proj.weight"].dequantize() for p in parts], axis=1
+        )
+        w = moe.matrices[name]
+        ours = mx.dequantize(w.packed, w.scales, None, group_size=32, bits=4, mode="mxfp4", dtype=mx.float32)
+        assert np.array_equal(np.array(ours), ref.reshape(ours.shape))
+
+    prompt = GGUF_PROMPT * 2  # 24 tokens, past the 4-token window
+    driver = Driver(runner)  # type: ignore[arg-type]
+    driver.add("a", prompt)
+    _, logits = driver.step_logits(every_token=True)
+    assert_close(logits, hf_logits(hf, prompt))
+    expected = hf_generate(hf, prompt, 8)
+    for _ in expected:
+        driver.feed("a", int(logits[-1].argmax()))
+        _, logits = driver.step_logits()
+    assert driver.tokens("a")[len(prompt) :] == expected

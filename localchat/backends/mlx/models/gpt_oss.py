@@ -5,19 +5,17 @@ Llama-shaped attention with q/k/v/o biases, a learned sink logit per head in eve
 `sinks`), a sliding window on the layers `layer_types` names; every MLP is a mixture of clamped-SwiGLU
 experts with biases behind a biased router (softmax over the top-k logits).
 
-Experts shipped in MXFP4 (the hub's `*_blocks` + e8m0 `*_scales`) stay MXFP4: MLX's "mxfp4" quantization
-is the same format (e2m1 codes, low nibble first, one power-of-two scale per 32 inputs), so the blocks,
-viewed as uint32 words, and the scales go to `mx.gather_qmm` as they are (bit-exact with the arch
-module's dequantizer, tests/backends/test_mlx_gpt_oss.py). Only the gate/up rows, interleaved in the
-file, are reordered (gate rows first). Other checkpoints' experts load dense, one by one, and are stacked.
+Experts shipped in MXFP4 stay MXFP4, in MLX's own "mxfp4" quantization (localchat/backends/mlx/mxfp4.py:
+the same e2m1 codes and e8m0 scales), run by `mx.gather_qmm`: the hub's `*_blocks` + `*_scales` as they
+are (gate/up rows, interleaved in the file, reordered gate first), and llama.cpp's GGUF MXFP4 blocks with
+their nibbles reshuffled (gate and up, stored apart, stacked). Other experts load dense, one by one, and
+are stacked.
 """
 
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
@@ -39,21 +37,15 @@ from localchat.backends.mlx.models.moe import (
     _parts,
     _stack,
 )
+from localchat.backends.mlx.mxfp4 import Mxfp4Stack, from_ggml, gather, stack
 from localchat.backends.mlx.quant import linear
 from localchat.errors import ModelLoadError
 from localchat.weights.config import ModelConfig
 from localchat.weights.tensors import WeightTensor
 
-MXFP4_TENSOR = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up|down)_proj_(blocks|scales)")
-MXFP4_GROUP = 32  # inputs per e8m0 scale
-
-
-@dataclass(slots=True)
-class Mxfp4Stack:
-    """Every expert's matrix [out, in] in MLX's mxfp4 layout."""
-
-    packed: mx.array  # uint32 [experts, out, in / 8]: 8 e2m1 codes per word, low nibble first
-    scales: mx.array  # uint8 [experts, out, in / 32]: e8m0 exponents
+# The hub's MXFP4 experts and llama.cpp's (a GGUF's gate, up and down, stacked, in MXFP4 blocks).
+HUB_MXFP4 = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up|down)_proj_(blocks|scales)")
+GGUF_EXPERTS = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate|up|down)_proj\.weight")
 
 
 class GptOssExpert(Expert):
@@ -128,46 +120,23 @@ class GptOssMoe(SparseMoe):
 
     def _matmul(self, name: str, x: mx.array, ids: mx.array, is_sorted: bool) -> mx.array:
         w = self.matrices[name]
-        if not isinstance(w, Mxfp4Stack):
-            return _gather(x, w, ids, is_sorted)
-        return mx.gather_qmm(
-            x,
-            w.packed,
-            w.scales,
-            None,
-            rhs_indices=ids,
-            transpose=True,
-            group_size=MXFP4_GROUP,
-            bits=4,
-            mode="mxfp4",
-            sorted_indices=is_sorted,
-        )
+        return gather(x, w, ids, is_sorted) if isinstance(w, Mxfp4Stack) else _gather(x, w, ids, is_sorted)
 
-    def take_mxfp4(self, name: str, blocks: WeightTensor, scales: WeightTensor) -> None:
-        """A checkpoint's stacked MXFP4 matrix: blocks uint8 [experts, out, in / 32, 16], scales uint8
-        [experts, out, in / 32]; gate_up's rows alternate gate and up (reordered: gate rows first)."""
-        assert sys.byteorder == "little", "the uint32 view below assumes little-endian words"
+    def take_mxfp4(self, name: str, codes: np.ndarray, exponents: np.ndarray) -> None:
+        """Every expert's `name` matrix packed: codes uint8 [experts, out, in / 32, 16] in MLX's nibble
+        order, exponents uint8 [experts, out, in / 32]."""
         out, cols = self.matrix_shapes[name]
-        groups = cols // MXFP4_GROUP
-        experts = len(self.experts)
+        experts, groups = len(self.experts), cols // 32
         if (
-            tuple(blocks.shape) != (experts, out, groups, MXFP4_GROUP // 2)
-            or tuple(scales.shape) != (experts, out, groups)
-            or cols % MXFP4_GROUP
+            codes.shape != (experts, out, groups, 16)
+            or exponents.shape != (experts, out, groups)
+            or cols % 32
         ):
             raise ModelLoadError(
-                f"MXFP4 {name} blocks {tuple(blocks.shape)} / scales {tuple(scales.shape)} do not match the "
-                f"config's {experts} experts of [{out}, {cols}]."
+                f"MXFP4 {name} experts {codes.shape[:2]} with {exponents.shape[-1]} scales a row do not "
+                f"match the config's {experts} experts of [{out}, {cols}]."
             )
-        codes = np.asarray(blocks.data, dtype=np.uint8).reshape(blocks.shape)
-        exps = np.asarray(scales.data, dtype=np.uint8).reshape(scales.shape)
-        if name == "gate_up":
-            codes = np.concatenate([codes[:, 0::2], codes[:, 1::2]], axis=1)
-            exps = np.concatenate([exps[:, 0::2], exps[:, 1::2]], axis=1)
-        words = np.ascontiguousarray(codes).reshape(experts, out, -1).view(np.uint32)
-        stack = Mxfp4Stack(mx.array(words), mx.array(np.ascontiguousarray(exps)))
-        mx.eval(stack.packed, stack.scales)
-        self.mxfp4[name] = stack
+        self.mxfp4[name] = stack(codes, exponents)
 
 
 def _stacked_arrays(weight: Stacked | Mxfp4Stack) -> list[mx.array]:
@@ -220,28 +189,52 @@ class Model(DecoderLM):
     layer_class = GptOssLayer
 
     def sanitize(self, config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[WeightTensor]:
-        """The loader's stream: MXFP4 expert tensors are taken here, the rest goes through the
-        family's own rewrite (arch/gpt_oss.py, which would dequantize them)."""
+        """The loader's stream: MXFP4 expert tensors are taken here, packed; the rest goes through the
+        family's own rewrite (arch/gpt_oss.py, which would unpack them)."""
         return gpt_oss.sanitize(config, self._take_mxfp4(weights))
 
     def _take_mxfp4(self, weights: Iterable[WeightTensor]) -> Iterator[WeightTensor]:
-        halves: dict[tuple[int, str], dict[str, WeightTensor]] = {}  # (layer, matrix) -> blocks, scales
+        waiting: dict[tuple[int, str], dict[str, WeightTensor]] = {}  # (layer, matrix) -> its pieces
         for weight in weights:
-            match = MXFP4_TENSOR.fullmatch(weight.name)
-            if match is None:
+            needs: tuple[str, ...]  # the pieces that make the matrix
+            if (hub := HUB_MXFP4.fullmatch(weight.name)) is not None:
+                index, name, piece = int(hub[1]), hub[2], hub[3]
+                needs = ("blocks", "scales")
+            elif (gguf := GGUF_EXPERTS.fullmatch(weight.name)) is not None and weight.dtype == "MXFP4":
+                index, piece = int(gguf[1]), gguf[2]
+                name, needs = ("down", ("down",)) if piece == "down" else ("gate_up", ("gate", "up"))
+            else:
                 yield weight
                 continue
-            index, name, kind = int(match[1]), match[2], match[3]
             if index >= len(self.layers):
                 raise ModelLoadError(
                     f"Unexpected weight {weight.name!r}: the config has {len(self.layers)} layers."
                 )
-            pair = halves.setdefault((index, name), {})
-            pair[kind] = weight
-            if len(pair) == 2:
-                del halves[(index, name)]
-                layer = self.layers[index]
-                assert isinstance(layer, GptOssLayer) and isinstance(layer.moe, GptOssMoe)
-                layer.moe.take_mxfp4(name, pair["blocks"], pair["scales"])
-        if halves:
-            raise ModelLoadError(f"MXFP4 tensors without their blocks or scales: {sorted(halves)}")
+            pieces = waiting.setdefault((index, name), {})
+            pieces[piece] = weight
+            if len(pieces) == len(needs):
+                del waiting[(index, name)]
+                moe = self.layers[index].moe  # type: ignore[attr-defined]
+                assert isinstance(moe, GptOssMoe)
+                moe.take_mxfp4(name, *(_hub(name, pieces) if needs[0] == "blocks" else _gguf(pieces, needs)))
+        if waiting:
+            raise ModelLoadError(f"MXFP4 experts with a part missing: {sorted(waiting)}")
+
+
+def _hub(name: str, pieces: dict[str, WeightTensor]) -> tuple[np.ndarray, np.ndarray]:
+    """The hub's blocks [E, out, G, 16] and scales [E, out, G]; gate_up's rows alternate gate and up."""
+    blocks, scales = pieces["blocks"], pieces["scales"]
+    codes = np.asarray(blocks.data, dtype=np.uint8).reshape(blocks.shape)
+    exponents = np.asarray(scales.data, dtype=np.uint8).reshape(scales.shape)
+    if name == "gate_up":  # gate rows first, then up rows
+        codes = np.concatenate([codes[:, 0::2], codes[:, 1::2]], axis=1)
+        exponents = np.concatenate([exponents[:, 0::2], exponents[:, 1::2]], axis=1)
+    return codes, exponents
+
+
+def _gguf(pieces: dict[str, WeightTensor], order: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """A GGUF's stacked [E, out, in] MXFP4 tensors (gate and up apart) -> one matrix, rows in `order`."""
+    parts = [from_ggml(pieces[p].data, pieces[p].shape[0], pieces[p].shape[1]) for p in order]
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate([c for c, _ in parts], axis=1), np.concatenate([e for _, e in parts], axis=1)
