@@ -1,5 +1,5 @@
-/* The GGUF i-quants (IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M) and the ternary
-TQ1_0/TQ2_0: matmul straight from their blocks (nothing dequantized to a dense copy).
+/* The GGUF i-quants (IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M), the ternary
+TQ1_0/TQ2_0 and MXFP4 (lc_mxfp4.h): matmul straight from their blocks (nothing dequantized to a dense copy).
 
 Every one of them is, per 32 weights, signed integer values times a float scale that changes at most
 every 4 values, so one decoded form serves them all: v[32] int8 and ls[8] (one per 4-value lane), weight
@@ -10,7 +10,7 @@ as `gguf.quants.dequantize` does, and reproduces it bit for bit. Dot products ta
 lc_quantize (8 bits per value, one scale per 32) with exact integer sums per lane.
 
 Included once per ISA (LC_FN names its functions): portable C decodes a row and runs plain loops; AVX2 and
-AVX-512 VNNI decode IQ4_NL/IQ4_XS in registers (the 16-entry nonlinear table through vpshufb) and take the
+AVX-512 VNNI decode IQ4_NL/IQ4_XS/MXFP4 in registers (the 16-entry nonlinear table through vpshufb) and take the
 rest from the scalar decoder into a 32-value buffer, with vector dot products for all. */
 
 #ifndef LC_IQ_COMMON
@@ -18,7 +18,8 @@ rest from the scalar decoder into a 32-value buffer, with vector dot products fo
 #include "lc_iq_grids.h"
 
 static inline int lc_is_iq(int type) {
-    return (type >= LC_IQ2_XXS && type <= LC_IQ4_XS) || type == LC_IQ1_M || type == LC_TQ1_0 || type == LC_TQ2_0;
+    return (type >= LC_IQ2_XXS && type <= LC_IQ4_XS) || type == LC_IQ1_M || type == LC_TQ1_0 || type == LC_TQ2_0 ||
+           type == LC_MXFP4;
 }
 
 static inline uint32_t lc_u32(const uint8_t *p) {
@@ -54,6 +55,13 @@ static void lc_iq_dec(int type, const uint8_t *b, int s, int8_t *v, float *ls) {
         sc[0] = sc[1] = d;
         break;
     }
+    case LC_MXFP4: /* lc_mxfp4.h */
+        for (int j = 0; j < 16; j++) {
+            v[j] = lc_mxfp4_values[b[1 + j] & 15];
+            v[j + 16] = lc_mxfp4_values[b[1 + j] >> 4];
+        }
+        sc[0] = sc[1] = lc_e8m0_half(b[0]);
+        break;
     case LC_IQ2_XXS: {
         const uint8_t *q = b + 2 + 8 * s;
         uint32_t aux = lc_u32(q + 4);
@@ -158,7 +166,7 @@ static void lc_iq_dec(int type, const uint8_t *b, int s, int8_t *v, float *ls) {
 
 /* Sub-block `s` of a row: its block and the sub-block's index within it. */
 static inline void lc_iq_dec_row(int type, const uint8_t *row, int64_t s, int8_t *v, float *ls) {
-    if (type == LC_IQ4_NL) lc_iq_dec(type, row + 18 * s, 0, v, ls);
+    if (type == LC_IQ4_NL || type == LC_MXFP4) lc_iq_dec(type, row + lc_block_bytes(type) * s, 0, v, ls);
     else lc_iq_dec(type, row + lc_block_bytes(type) * (s / 8), (int)(s % 8), v, ls);
 }
 
@@ -187,9 +195,10 @@ static inline __m256i LC_FN(iq_dot32)(__m256i v, __m256i x) {
 #endif
 }
 
-/* IQ4_NL / IQ4_XS: 16 bytes of nibbles (values j and j + 16 share byte j) -> 32 signed values in order. */
-static inline __m256i LC_FN(iq4_values)(const uint8_t *qs) {
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lc_iq4nl_values));
+/* IQ4_NL / IQ4_XS / MXFP4: 16 bytes of nibbles (values j and j + 16 share byte j) -> 32 signed values in
+   order, looked up in the type's 16 values. */
+static inline __m256i LC_FN(iq4_values)(const uint8_t *qs, const int8_t *values) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)values));
     __m128i q = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(15);
     __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), mask), _mm_and_si128(q, mask));
     return _mm256_shuffle_epi8(table, idx);
@@ -201,13 +210,17 @@ static inline __attribute__((always_inline)) void LC_FN(iq_sub)(const int type, 
                                                                  __m256i *v, __m256 *lsv) {
     if (type == LC_IQ4_NL) {
         const uint8_t *b = row + 18 * s;
-        *v = LC_FN(iq4_values)(b + 2);
+        *v = LC_FN(iq4_values)(b + 2, lc_iq4nl_values);
         *lsv = _mm256_set1_ps(_cvtsh_ss(lc_u16(b)));
+    } else if (type == LC_MXFP4) {
+        const uint8_t *b = row + 17 * s;
+        *v = LC_FN(iq4_values)(b + 1, lc_mxfp4_values);
+        *lsv = _mm256_set1_ps(lc_e8m0_half(b[0]));
     } else if (type == LC_IQ4_XS) {
         const uint8_t *b = row + 136 * (s / 8);
         int i = (int)(s % 8);
         int q = ((b[4 + i / 2] >> (4 * (i % 2))) & 15) | (((lc_u16(b + 2) >> (2 * i)) & 3) << 4);
-        *v = LC_FN(iq4_values)(b + 8 + 16 * i);
+        *v = LC_FN(iq4_values)(b + 8 + 16 * i, lc_iq4nl_values);
         *lsv = _mm256_set1_ps(_cvtsh_ss(lc_u16(b)) * (float)(q - 32));
     } else {
         int8_t vb[32];
@@ -267,6 +280,7 @@ static void LC_FN(iq_rows)(int type, const uint8_t *row, int64_t k, const int8_t
     switch (type) { /* the IQ4 types as literals: their decode inlines into the loop */
     case LC_IQ4_NL: LC_IQ_ROWS(LC_IQ4_NL) break;
     case LC_IQ4_XS: LC_IQ_ROWS(LC_IQ4_XS) break;
+    case LC_MXFP4: LC_IQ_ROWS(LC_MXFP4) break;
     default: LC_IQ_ROWS(type) break;
     }
 }

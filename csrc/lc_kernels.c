@@ -49,7 +49,8 @@ enum {
     LC_Q2_K = 10, LC_Q3_K = 11, LC_Q4_K = 12, LC_Q5_K = 13, LC_Q6_K = 14,
     /* i-quants and ternary types (lc_iquants.h): no x16 layout, their own matmul */
     LC_IQ2_XXS = 16, LC_IQ2_XS = 17, LC_IQ3_XXS = 18, LC_IQ1_S = 19, LC_IQ4_NL = 20, LC_IQ3_S = 21,
-    LC_IQ2_S = 22, LC_IQ4_XS = 23, LC_IQ1_M = 29, LC_TQ1_0 = 34, LC_TQ2_0 = 35
+    LC_IQ2_S = 22, LC_IQ4_XS = 23, LC_IQ1_M = 29, LC_TQ1_0 = 34, LC_TQ2_0 = 35,
+    LC_MXFP4 = 39 /* lc_mxfp4.h: run by the i-quant kernels */
 };
 /* Macros, not an enum: lc_impl.h tests them with #if. */
 #define LC_ISA_PORTABLE 0
@@ -80,11 +81,14 @@ static inline int64_t lc_block_bytes(int type) {
     case LC_IQ1_M: return 56;
     case LC_TQ1_0: return 54;
     case LC_TQ2_0: return 66;
+    case LC_MXFP4: return 17;
     default: return 210;
     }
 }
 /* K-quants, i-quants but IQ4_NL, TQ types: 256 values */
-static inline int64_t lc_block_subs(int type) { return type >= LC_Q2_K && type != LC_IQ4_NL ? 8 : 1; }
+static inline int64_t lc_block_subs(int type) {
+    return type >= LC_Q2_K && type != LC_IQ4_NL && type != LC_MXFP4 ? 8 : 1;
+}
 /* Types whose scale changes every 16 values (the GEMMs convert their integer sums to float that often). */
 static inline int lc_scales_per16(int type) { return type == LC_Q2_K || type == LC_Q3_K || type == LC_Q6_K; }
 
@@ -172,6 +176,8 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
    lane's sum of codes. */
 #define LC_XS(k) ((k) / 16 + (k) / 4)
 
+#include "lc_mxfp4.h"
+
 #define LC_FN(name) name##_portable
 #define LC_ISA LC_ISA_PORTABLE
 #include "lc_impl.h"
@@ -243,7 +249,7 @@ static int lc_type_ok(int type, int64_t k) {
     switch (type) {
     case LC_Q4_0: case LC_Q4_1: case LC_Q5_0: case LC_Q5_1: case LC_Q8_0: return k > 0 && k % 32 == 0;
     case LC_Q2_K: case LC_Q3_K: case LC_Q4_K: case LC_Q5_K: case LC_Q6_K: return k > 0 && k % 256 == 0;
-    case LC_IQ4_NL: return k > 0 && k % 32 == 0;
+    case LC_IQ4_NL: case LC_MXFP4: return k > 0 && k % 32 == 0;
     case LC_IQ2_XXS: case LC_IQ2_XS: case LC_IQ3_XXS: case LC_IQ1_S: case LC_IQ3_S: case LC_IQ2_S: case LC_IQ4_XS:
     case LC_IQ1_M: case LC_TQ1_0: case LC_TQ2_0: return k > 0 && k % 256 == 0;
     default: return 0;

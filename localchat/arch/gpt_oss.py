@@ -5,7 +5,8 @@ logit to the softmax denominator, the router has a bias and takes the softmax of
 the experts are clamped SwiGLUs with biases. transformers stores the experts stacked and transposed
 ([experts, hidden, 2 * inter], gate and up interleaved column by column); `sanitize` turns them into
 one [2 * inter, hidden] matrix per expert with the gate rows first, the layout the torch family reads.
-The hub's checkpoints ship the expert matrices in MXFP4 (weights/mxfp4.py): dequantized here, at load.
+The hub's checkpoints ship the expert matrices in MXFP4: repacked here into GGML's MXFP4 blocks
+(weights/mxfp4.py), which the torch backend's CPU kernels run in place and other paths dequantize.
 
 llama.cpp's `gpt-oss` GGUF files store the experts stacked [experts, out, in] with gate and up apart
 (`ffn_gate_exps`, `ffn_up_exps`, MXFP4 blocks when converted from the hub's checkpoint) and their biases
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from localchat.errors import ModelLoadError
-from localchat.weights.mxfp4 import dequantize_mxfp4
+from localchat.weights.mxfp4 import BLOCK, to_ggml_blocks
 from localchat.weights.tensors import WeightTensor
 
 if TYPE_CHECKING:
@@ -89,7 +90,8 @@ _STACKED = {
 
 def sanitize(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[WeightTensor]:
     """Stacked experts -> one weight per expert ([out, in], gate rows then up rows); MXFP4 experts (the
-    hub's `*_blocks` + `*_scales`, each pair in either order) dequantized on the way; others unchanged."""
+    hub's `*_blocks` + `*_scales`, each pair in either order) repacked into GGML MXFP4 blocks on the way;
+    a GGUF's stacked expert biases split per expert; others unchanged."""
     del config
     parts: dict[str, dict[str, WeightTensor]] = {}  # MXFP4 tensor stem -> the halves seen so far
     for weight in weights:
@@ -128,16 +130,18 @@ def derive_sizes(config: ModelConfig) -> None:
 
 
 def _mxfp4_experts(base: str, blocks: WeightTensor, scales: WeightTensor) -> Iterator[WeightTensor]:
-    """`...experts.gate_up_proj` blocks [E, out, G, 16] + scales [E, out, G] -> float32 per expert; the
-    hub stores these already [out, in] (transformers transposes after dequantizing)."""
+    """`...experts.gate_up_proj` blocks [E, out, G, 16] + scales [E, out, G] -> per expert one MXFP4
+    matrix [out, G * 32] of GGML blocks (uint8 [out, G * 17]); the hub stores these already [out, in]
+    (transformers transposes after dequantizing)."""
     stem, _, leaf = base.rpartition(".experts.")
     if leaf not in _STACKED or not _STACKED[leaf][1]:
         raise ModelLoadError(f"Unexpected MXFP4 tensor {base}")
     name = _STACKED[leaf][0]
     codes, exps = np.asarray(blocks.data), np.asarray(scales.data)
-    for e in range(codes.shape[0]):  # one expert at a time: float32 of all of them would not fit
-        part = dequantize_mxfp4(codes[e], exps[e])
-        yield _expert(f"{stem}.experts.{e}.{name}", part, "F32", leaf.startswith("gate_up"))
+    for e in range(codes.shape[0]):  # one expert at a time: a copy of all of them would double the memory
+        part = to_ggml_blocks(codes[e], exps[e])
+        weight = _expert(f"{stem}.experts.{e}.{name}", part, "MXFP4", leaf.startswith("gate_up"))
+        yield WeightTensor(weight.name, (part.shape[0], codes.shape[2] * BLOCK), "MXFP4", weight.data)
 
 
 def _expert(name: str, part: np.ndarray, dtype: str, interleaved: bool) -> WeightTensor:

@@ -25,10 +25,11 @@ MIN_KV_BUDGET = 256 * MIB  # without --mem the engine sizes its KV cache from wh
 # kernels every common type; without them only Q4_0/Q4_1 (torch's int4 kernel), the rest expanded to
 # bf16. MLX keeps these quantized too (Q3_K re-quantized to 5 bits, Q2_K to 4: 6 and 5 per weight, more
 # than their files' 3.4 and 2.6). The compiled kernels also read the i-quants and ternary types in place
-# (csrc/lc_iquants.h: no x16 form, so file size); anything else is expanded: 2 bytes per value.
+# (csrc/lc_iquants.h: no x16 form, so file size), and MXFP4 (gpt-oss's experts, csrc/lc_mxfp4.h); anything
+# else is expanded: 2 bytes per value.
 _CLASSIC_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
 _IQ_TYPES = {"IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"}
-_KERNEL_TYPES = frozenset(_CLASSIC_TYPES | _IQ_TYPES | {"TQ1_0", "TQ2_0"})
+_KERNEL_TYPES = frozenset(_CLASSIC_TYPES | _IQ_TYPES | {"TQ1_0", "TQ2_0", "MXFP4"})
 _INT4_TYPES = frozenset({"Q4_0", "Q4_1"})
 FAST_GEMM_ISAS = frozenset({"avx512vnni", "avx2", "neon"})  # quant.FAST_GEMM_ISAS (this never imports torch)
 _LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")

@@ -1,7 +1,12 @@
 """MXFP4 (OCP microscaling FP4) as gpt-oss checkpoints ship their experts: `*_blocks` uint8
 [..., groups, 16] holding two 4-bit e2m1 codes per byte (low nibble first) and `*_scales` uint8
-[..., groups], one e8m0 power of two (biased by 127) per 32 values. Dequantized at load to float32;
-the backend then casts to its compute dtype (no packed FP4 kernel: the experts take bf16/f32 memory).
+[..., groups], one e8m0 power of two (biased by 127) per 32 values.
+
+At load they are repacked into GGML's MXFP4 blocks (`to_ggml_blocks`), the form llama.cpp's converter
+writes into a GGUF: per 32 values the same exponent byte, then 16 bytes whose byte j holds value j (low
+nibble) and value j + 16 (high); the codes are unchanged, only their order within a block moves. Backends
+then treat them like a GGUF's MXFP4 tensors: localchat's CPU kernels run them in place (4.25 bits a
+weight), anything else dequantizes them (`WeightTensor.dequantize`, which gives `dequantize_mxfp4`'s values).
 """
 
 from __future__ import annotations
@@ -26,3 +31,14 @@ def dequantize_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     exponents = np.asarray(scales, dtype=np.int32)[..., None, None] - 127
     values = np.ldexp(values, exponents)
     return values.reshape(*blocks.shape[:-2], -1)
+
+
+def to_ggml_blocks(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """blocks uint8 [..., G, 16], scales uint8 [..., G] -> GGML MXFP4 blocks uint8 [..., G * 17]."""
+    blocks = np.asarray(blocks, dtype=np.uint8)
+    if blocks.shape[:-1] != scales.shape or blocks.shape[-1] != BLOCK // 2:
+        raise ValueError(f"MXFP4 blocks {blocks.shape} do not match scales {scales.shape}")
+    codes = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], BLOCK)  # in order
+    packed = codes[..., :16] | (codes[..., 16:] << 4)
+    out = np.concatenate([np.asarray(scales, dtype=np.uint8)[..., None], packed], axis=-1)
+    return out.reshape(*blocks.shape[:-2], -1)

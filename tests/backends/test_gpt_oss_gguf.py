@@ -3,17 +3,23 @@ convert_hf_to_gguf.py loads on the torch backend and matches transformers (fp32 
 
 Two files: one from float experts (the converter splits gate|up and their biases, transposes, and stores
 them F32) and one from the hub's MXFP4 experts (repacked into GGML MXFP4 blocks). The file's chat
-template is the folder's harmony one, so the server's harmony reader is chosen for it."""
+template is the folder's harmony one, so the server's harmony reader is chosen for it. The MXFP4 experts
+stay in their blocks on localchat's CPU kernels and track the dequantized run, and the hub folder's
+MXFP4 tensors repack at load into the very bytes the converter wrote."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from localchat.arch import gpt_oss
+from localchat.backends.torch import kernels
 from localchat.backends.torch.runner import TorchRunner
 from localchat.weights.bundle import ModelBundle
+from localchat.weights.experts import split_experts
 from localchat.weights.loader import load_model
 from tests.backends.test_gpt_oss import TINY, _mxfp4_experts, tiny_gpt_oss
 from tests.backends.test_torch_parity import GREEDY, assert_close, hf_generate, hf_logits
@@ -110,3 +116,35 @@ def test_chat_template_is_harmony(float_file: tuple[torch.nn.Module, Path]) -> N
     template = bundle.chat_template or ""
     assert "<|channel|>" in template
     assert pick_parser(template_source=template).name == "harmony"
+
+
+def test_hub_blocks_repack_to_the_bytes_llama_cpp_writes(mxfp4_file: tuple[torch.nn.Module, Path]) -> None:
+    """The safetensors folder's MXFP4 experts, repacked at load (arch/gpt_oss.py), are byte for byte the
+    blocks llama.cpp's converter stored in the GGUF (gate and up rows de-interleaved alike)."""
+    _, path = mxfp4_file
+    from_hub = {w.name: w for w in load_model(path.parent / "hf").iter_weights()}
+    sanitized = {w.name: w for w in gpt_oss.sanitize(load_model(path).config, from_hub.values())}
+    gguf = {w.name: w for w in split_experts(load_model(path).iter_weights())}
+    for layer in range(2):
+        for e in range(6):
+            ours = sanitized[f"model.layers.{layer}.mlp.experts.{e}.gate_up.weight"]
+            gate, up = (gguf[f"model.layers.{layer}.mlp.experts.{e}.{p}_proj.weight"] for p in ("gate", "up"))
+            assert ours.dtype == gate.dtype == "MXFP4"
+            assert np.array_equal(ours.data, np.concatenate([gate.data, up.data]))
+            down = sanitized[f"model.layers.{layer}.mlp.experts.{e}.down.weight"]
+            assert np.array_equal(
+                down.data, gguf[f"model.layers.{layer}.mlp.experts.{e}.down_proj.weight"].data
+            )
+
+
+@pytest.mark.skipif(not kernels.runnable_isas(), reason="kernels not built (no C compiler)")
+def test_mxfp4_gguf_experts_stay_compact(
+    mxfp4_file: tuple[torch.nn.Module, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.backends.test_kernels_mxfp4 import assert_tracks, compact_and_dequantized, expert_matrices
+
+    compact, exact = compact_and_dequantized(mxfp4_file[1], monkeypatch)
+    mats = expert_matrices(compact)
+    assert all(isinstance(m, kernels.BlockMatrix) for m in mats)
+    assert {s.qtype for m in mats for s in m.segments} == {"MXFP4"}
+    assert_tracks(compact, exact, PROMPT * 2)

@@ -1,7 +1,7 @@
 /* The i-quant kernels (csrc/lc_iquants.h) from C, for CPUs the test machine lacks:
    tests/backends/test_kernels_iquants.py cross-compiles this file and the library for aarch64 and runs it
    under qemu-aarch64 (there the NEON ISA runs the portable C i-quant path), and runs it natively too.
-   For random blocks of every i-quant and ternary type it prints a hash of the dequantized values (the
+   For random blocks of every i-quant and ternary type and MXFP4 it prints a hash of the dequantized values (the
    test compares it across machines: dequantizing must give the same bits everywhere, and on x86 it is
    checked against gguf.quants), and checks lc_linear against the float64 product of those dequantized
    values with the same 8-bit activations (float32 summation error only). Usage: iq_check ISA */
@@ -20,10 +20,12 @@ int lc_dequant_rows(int type, const uint8_t *w, int64_t k, int64_t row_bytes, co
 static uint32_t rng = 777u;
 static uint32_t next(void) { return rng = rng * 1664525u + 1013904223u; }
 
-/* type id, values per block, bytes per block, where its f16 scale sits (-1: IQ1_M's split scale) */
-static const int TYPES[11][4] = {{16, 256, 66, 0},  {17, 256, 74, 0},  {18, 256, 98, 0}, {19, 256, 50, 0},
-                                 {20, 32, 18, 0},   {21, 256, 110, 0}, {22, 256, 82, 0}, {23, 256, 136, 0},
-                                 {29, 256, 56, -1}, {34, 256, 54, 52}, {35, 256, 66, 64}};
+/* type id, values per block, bytes per block, where its f16 scale sits (-1: IQ1_M's split scale, -2:
+   MXFP4's e8m0 exponent byte) */
+#define NTYPES 12
+static const int TYPES[NTYPES][4] = {{16, 256, 66, 0},  {17, 256, 74, 0},  {18, 256, 98, 0}, {19, 256, 50, 0},
+                                     {20, 32, 18, 0},   {21, 256, 110, 0}, {22, 256, 82, 0}, {23, 256, 136, 0},
+                                     {29, 256, 56, -1}, {34, 256, 54, 52}, {35, 256, 66, 64}, {39, 32, 17, -2}};
 
 /* A normal f16 in [2^-10, 2^-6), either sign. */
 static uint16_t rand_f16(void) { return (uint16_t)(((5 + next() % 4) << 10) | (next() & 0x3FF) | (next() & 0x8000)); }
@@ -31,7 +33,8 @@ static uint16_t rand_f16(void) { return (uint16_t)(((5 + next() % 4) << 10) | (n
 static void fill_block(const int *t, uint8_t *b) {
     for (int i = 0; i < t[2]; i++) b[i] = (uint8_t)(next() >> 24);
     uint16_t h = rand_f16();
-    if (t[3] >= 0) memcpy(b + t[3], &h, 2);
+    if (t[3] == -2) b[0] = (uint8_t)(118 + next() % 8); /* 2^-9 .. 2^-2 */
+    else if (t[3] >= 0) memcpy(b + t[3], &h, 2);
     else /* IQ1_M: the scale's four nibbles on top of the four 16-bit words at byte 48 */
         for (int i = 0; i < 4; i++) b[49 + 2 * i] = (uint8_t)((b[49 + 2 * i] & 0x0F) | (((h >> (4 * i)) & 15) << 4));
 }
@@ -39,7 +42,7 @@ static void fill_block(const int *t, uint8_t *b) {
 int main(int argc, char **argv) {
     int isa = argc > 1 ? atoi(argv[1]) : 0, bad = 0, cases = 0;
     const int64_t n = 9, k = 512;
-    for (int ti = 0; ti < 11; ti++) {
+    for (int ti = 0; ti < NTYPES; ti++) {
         const int *t = TYPES[ti];
         int64_t row_bytes = k / t[1] * t[2];
         uint8_t *w = malloc((size_t)(n * row_bytes));

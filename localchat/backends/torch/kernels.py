@@ -55,9 +55,12 @@ BLOCKS: dict[str, tuple[int, int, int]] = {
     "IQ1_M": (29, 256, 56),
     "TQ1_0": (34, 256, 54),
     "TQ2_0": (35, 256, 66),
+    # gpt-oss's experts (csrc/lc_mxfp4.h): the i-quant kernels read it in place too
+    "MXFP4": (39, 32, 17),
 }
 IQ_TYPES = frozenset(name for name in BLOCKS if name.startswith(("IQ", "TQ")))
-X16_TYPES = frozenset(BLOCKS) - IQ_TYPES  # the types the x16 layout holds (csrc/lc_x16_layout.h)
+# the types the x16 layout holds (csrc/lc_x16_layout.h)
+X16_TYPES = frozenset(BLOCKS) - IQ_TYPES - {"MXFP4"}
 
 _I, _P, _L = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
 

@@ -3,12 +3,12 @@ projection calls.
 
 With localchat's compiled CPU kernels (kernels.py, csrc/; the default on CPU with bfloat16) every GGUF
 matrix of a type they read (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, the i-quants IQ1_S to
-IQ4_XS and the ternary TQ1_0/TQ2_0: kernels.BLOCKS) stays in the file's blocks
+IQ4_XS, the ternary TQ1_0/TQ2_0 and MXFP4: kernels.BLOCKS) stays in the file's blocks
 (`BlockMatrix`): linears, the LM head, and the token embedding, whose rows are dequantized on lookup.
 One form serves every step size, so there are no dense copies; memory is the file's size. Activations
 are rounded to 8 bits per 32 values for the integer dot products (bound in test_kernels_matmul.py), or
 with `LOCALCHAT_KERNEL_ACTIVATIONS=precise` also their 8-bit residual (~15 bits, twice the integer work;
-test_kernels_precise.py). Other GGUF types (F16, MXFP4, ...) are dequantized to the compute dtype.
+test_kernels_precise.py). Other GGUF types (F16, ...) are dequantized to the compute dtype.
 Small models (SMALL_MODEL_BYTES, ~0.5B parameters) get precise activations in `auto`. Their Q4_0/Q4_1
 linears used to take torch's int4 kernel (below) with bf16 copies; since a decode step's layers run as
 one C call on block matrices (decode_step.py), the blocks decode SmolLM2-135M ~2x faster in two thirds of
