@@ -272,3 +272,23 @@ def test_mlx_runs_the_gemma4_gguf(
     driver.add("a", prompt)
     _, logits = driver.step_logits(every_token=True)
     assert_close(torch.from_numpy(np.array(logits)).float(), hf_logits(hf, prompt))
+
+
+def test_gemma4_gguf_without_its_layer_kinds_is_a_load_error(tmp_path: Path) -> None:
+    """A gemma4 file lacking the per-layer metadata is refused by name, not a TypeError mid-load."""
+    from gguf import GGUFWriter
+
+    from localchat.errors import ModelLoadError
+
+    path = tmp_path / "damaged.gguf"
+    writer = GGUFWriter(path, "gemma4")
+    writer.add_block_count(2)
+    writer.add_embedding_length(64)
+    writer.add_head_count(4)
+    writer.add_tensor("token_embd.weight", np.zeros((VOCAB, 64), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError, match="gemma4"):
+        load_model(path)
