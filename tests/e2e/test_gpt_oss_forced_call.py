@@ -51,6 +51,18 @@ def test_forced_calls_on_a_gpt_oss_folder(tmp_path: Path) -> None:
                 "tool_calls",
             )
         assert ask("required").message.tool_calls[0].function.name in {"get_time", "get_weather"}
+        # The markers are the vocabulary's special tokens, one token each, not their text spelled in bytes
+        # (this tokenizer has one token per byte otherwise): three markers, the header's text and "{}" (the
+        # stop token is not counted). Spelled in bytes, the markers alone would be 35 tokens.
+        header = "commentary to=functions.get_time json"
+        usage = client.chat.completions.create(
+            model=model,
+            messages=hi,
+            tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "get_time"}},
+            max_tokens=80,
+        ).usage
+        assert usage is not None and usage.completion_tokens == 3 + len(header) + len("{}")
 
         response = client.responses.create(
             model=model,
