@@ -175,6 +175,12 @@ GRANITE_LAYER_WEIGHTS: dict[str, tuple[str, int, int]] = {
     "block_sparse_moe.router.weight": ("moe.router", 0, 1),
     "block_sparse_moe.experts.{e}.gate_up_proj": ("moe.experts.{e}.gate_up", 0, 1),
     "block_sparse_moe.experts.{e}.down_proj": ("moe.experts.{e}.down", 0, 1),
+    # llama.cpp's converter splits the fused gate|up matrices (the shared MLP's and each expert's).
+    "shared_mlp.gate_proj.weight": ("gate_up", 0, 2),
+    "shared_mlp.up_proj.weight": ("gate_up", 1, 2),
+    "block_sparse_moe.experts.{e}.gate_proj.weight": ("moe.experts.{e}.gate_up", 0, 2),
+    "block_sparse_moe.experts.{e}.up_proj.weight": ("moe.experts.{e}.gate_up", 1, 2),
+    "block_sparse_moe.experts.{e}.down_proj.weight": ("moe.experts.{e}.down", 0, 1),
 }
 # transformers' GraniteMoeHybridConfig defaults.
 GRANITE_EXTRA_KEYS: dict[str, Any] = {
@@ -207,6 +213,10 @@ def granite_derive_sizes(config: ModelConfig) -> None:
     """Layer kinds ("mamba" / "linear_attention" are Mamba-2; all layers Mamba-2 when none are listed)
     and the Mamba-2 sizes in the shared `ssm` form."""
     x = config.extra
+    if (kinds := _gguf_block_kinds(x)) is not None:
+        x["layer_types"] = kinds
+        x["mamba_d_head"] = int(x["gguf_ssm_inner_size"]) // int(x["mamba_n_heads"])
+        x["position_embedding_type"] = "rope" if x.get("gguf_use_rope") else None
     types = x.get("layer_types") or x.get("layers_block_type") or ["mamba"] * config.num_hidden_layers
     x["block_kinds"] = ["mamba" if t in ("mamba", "linear_attention") else "attention" for t in types]
     heads = int(x["mamba_n_heads"])
@@ -231,6 +241,105 @@ def granite_sanitize(config: ModelConfig, weights: Iterable[WeightTensor]) -> It
         name = w.name.replace("block_sparse_moe.input_linear.weight", "block_sparse_moe.experts.gate_up_proj")
         name = name.replace("block_sparse_moe.output_linear.weight", "block_sparse_moe.experts.down_proj")
         yield w if name == w.name else WeightTensor(name, w.shape, w.dtype, w.data)
+
+
+# llama.cpp's Mamba-2 tensors (`ssm_a` holds -exp(A_log), `ssm_a` / `ssm_d` are [H, 1], the gated norm
+# [groups, inner / groups], the conv squeezed; `mamba2_gguf_sanitize` turns them back).
+def _mamba2_gguf_names(prefix: str) -> dict[str, str]:
+    names = {"ssm_in": "in_proj", "ssm_conv1d": "conv1d", "ssm_dt": "dt", "ssm_a": "A_log", "ssm_d": "D",
+             "ssm_norm": "norm", "ssm_out": "out_proj"}  # fmt: skip
+    return {k: f"{prefix}{v}" for k, v in names.items()}
+
+
+# The per-layer KV head counts (0: no attention) give the layer kinds; the inner size gives the head width.
+_MAMBA2_GGUF_METADATA = {"attention.head_count_kv": "gguf_kv_heads", "ssm.inner_size": "gguf_ssm_inner_size"}
+GRANITE_GGUF_BLOCK_NAMES: dict[str, str] = {
+    **_mamba2_gguf_names("mamba."),
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate_inp": "block_sparse_moe.router.layer",
+    "ffn_gate_exps": "block_sparse_moe.experts.gate_proj",
+    "ffn_up_exps": "block_sparse_moe.experts.up_proj",
+    "ffn_down_exps": "block_sparse_moe.experts.down_proj",
+    "ffn_gate_shexp": "shared_mlp.gate_proj",
+    "ffn_up_shexp": "shared_mlp.up_proj",
+    "ffn_down_shexp": "shared_mlp.output_linear",
+    "ffn_gate": "shared_mlp.gate_proj",  # a model without experts: the shared MLP is the MLP
+    "ffn_up": "shared_mlp.up_proj",
+    "ffn_down": "shared_mlp.output_linear",
+}
+GRANITE_GGUF_METADATA: dict[str, str] = {
+    **_MAMBA2_GGUF_METADATA,
+    "ssm.conv_kernel": "mamba_d_conv",
+    "ssm.state_size": "mamba_d_state",
+    "ssm.group_count": "mamba_n_groups",
+    "ssm.time_step_rank": "mamba_n_heads",
+    "attention.scale": "attention_multiplier",
+    "embedding_scale": "embedding_multiplier",
+    "residual_scale": "residual_multiplier",
+    "logit_scale": "logits_scaling",
+    "expert_count": "num_local_experts",
+    "expert_used_count": "num_experts_per_tok",
+    "expert_shared_feed_forward_length": "shared_intermediate_size",
+    "rope.scaling.finetuned": "gguf_use_rope",  # llama.cpp's granitehybrid turns RoPE on by this flag
+}
+NEMOTRON_H_GGUF_BLOCK_NAMES: dict[str, str] = {
+    **_mamba2_gguf_names("mixer."),
+    "attn_norm": "norm",
+    "attn_q": "mixer.q_proj",
+    "attn_k": "mixer.k_proj",
+    "attn_v": "mixer.v_proj",
+    "attn_output": "mixer.o_proj",
+    "ffn_up": "mixer.up_proj",
+    "ffn_down": "mixer.down_proj",
+}
+# The per-layer MLP widths (0: no MLP) give the MLP blocks.
+NEMOTRON_H_GGUF_METADATA: dict[str, str] = {
+    **_MAMBA2_GGUF_METADATA,
+    "feed_forward_length": "gguf_ff_lengths",
+    "ssm.conv_kernel": "conv_kernel",
+    "ssm.state_size": "ssm_state_size",
+    "ssm.group_count": "n_groups",
+    "ssm.time_step_rank": "mamba_num_heads",
+    "attention.layer_norm_epsilon": "layer_norm_epsilon",
+}
+
+
+def mamba2_gguf_sanitize(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[WeightTensor]:
+    """A GGUF's Mamba-2 tensors back in the checkpoint's form: A_log = log(-A), A and D as [H], dt_bias,
+    the conv kernel [C, 1, K], the gated norm flat; the hub layout's stacked experts (granite_sanitize)."""
+    if not config.extra.get("gguf_ssm_inner_size"):
+        yield from (granite_sanitize(config, weights) if config.model_type == "granitemoehybrid" else weights)
+        return
+    for w in weights:
+        name = w.name
+        if name.endswith((".mamba.A_log", ".mixer.A_log")):
+            w = WeightTensor(
+                name, (w.shape[0],), "F32", np.log(-w.dequantize()).reshape(-1).astype(np.float32)
+            )
+        elif name.endswith((".mamba.D", ".mixer.D")):
+            w = WeightTensor(name, (w.shape[0],), "F32", w.dequantize().reshape(-1))
+        elif name.endswith(".dt.bias"):
+            w = WeightTensor(name.removesuffix(".dt.bias") + ".dt_bias", w.shape, w.dtype, w.data)
+        elif name.endswith("conv1d.weight") and len(w.shape) == 2:
+            w = WeightTensor(name, (w.shape[0], 1, w.shape[1]), w.dtype, np.asarray(w.data)[:, None, :])
+        elif name.endswith((".mamba.norm.weight", ".mixer.norm.weight")) and len(w.shape) == 2:
+            w = WeightTensor(name, (w.shape[0] * w.shape[1],), "F32", w.dequantize().reshape(-1))
+        yield w
+
+
+def _gguf_block_kinds(x: dict[str, Any]) -> list[str] | None:
+    """A GGUF's layer kinds from its per-layer counts (attention: KV heads; Nemotron-H's MLP: a width)."""
+    kv = x.get("gguf_kv_heads")
+    if not isinstance(kv, list):
+        return None
+    ff = x.get("gguf_ff_lengths")
+    ff = ff if isinstance(ff, list) else [0] * len(kv)
+    return ["attention" if h else "mlp" if f else "mamba" for h, f in zip(kv, ff, strict=True)]
 
 
 def mamba2_state_bytes(config: ModelConfig, dtype_bytes: int = 2) -> int:
@@ -296,6 +405,9 @@ def nemotron_h_derive_sizes(config: ModelConfig) -> None:
     """Block kinds from layers_block_type (or the older hybrid_override_pattern string), eps from
     layer_norm_epsilon, and the Mamba-2 sizes in the shared `ssm` form."""
     x = config.extra
+    if (kinds := _gguf_block_kinds(x)) is not None:
+        x["layers_block_type"] = kinds
+        x["mamba_head_dim"] = int(x["gguf_ssm_inner_size"]) // int(x["mamba_num_heads"])
     types = x.get("layers_block_type")
     if not types and x.get("hybrid_override_pattern"):
         types = [_PATTERN[ch] for ch in x["hybrid_override_pattern"]]
@@ -353,9 +465,13 @@ def entries(make: Callable[..., Any]) -> list[Any]:
         layer_weights=GRANITE_LAYER_WEIGHTS,
         extra_keys=GRANITE_EXTRA_KEYS,
         derive_sizes=granite_derive_sizes,
-        sanitize=granite_sanitize,
+        sanitize=mamba2_gguf_sanitize,
         float32_params=MAMBA2_FLOAT32,
         state_bytes=mamba2_state_bytes,
+        gguf_arch="granitehybrid",
+        gguf_block_names=GRANITE_GGUF_BLOCK_NAMES,
+        gguf_metadata=GRANITE_GGUF_METADATA,
+        gguf_permuted_qk=True,  # converted with llama.cpp's Llama script
     )
     nemotron_h = make(
         "nemotron_h",
@@ -368,5 +484,10 @@ def entries(make: Callable[..., Any]) -> list[Any]:
         top_weights=NEMOTRON_H_TOP_WEIGHTS,
         weight_prefixes=NEMOTRON_H_PREFIXES,
         state_bytes=mamba2_state_bytes,
+        sanitize=mamba2_gguf_sanitize,
+        gguf_arch="nemotron_h",
+        gguf_block_names=NEMOTRON_H_GGUF_BLOCK_NAMES,
+        gguf_metadata=NEMOTRON_H_GGUF_METADATA,
+        gguf_permuted_qk=True,  # converted with llama.cpp's Llama script (its attention has no RoPE)
     )
     return [lfm2, lfm2_moe, granite, nemotron_h]

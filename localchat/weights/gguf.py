@@ -148,7 +148,7 @@ def config_from_gguf(reader: GGUFReader) -> ModelConfig:
         hidden = int(get("embedding_length"))
         heads = int(get("attention.head_count"))
         layers = int(get("block_count"))
-        ffn = int(get("feed_forward_length"))
+        ffn = _largest(get("feed_forward_length"))
     except TypeError as exc:  # int(None): a required key is missing
         raise ModelLoadError(f"GGUF metadata for {arch!r} lacks a required model size ({exc}).") from exc
     names = {t.name for t in reader.tensors}
@@ -179,6 +179,11 @@ def config_from_gguf(reader: GGUFReader) -> ModelConfig:
         torch_dtype=None,  # a GGUF mixes tensor types; the backend picks its compute dtype
         extra=_extra(entry, get, layers, hidden // heads, "blk.0.attn_q_norm.weight" in names),
     )
+
+
+def _largest(value: Any) -> int:
+    """A size some hybrids write per layer (Nemotron-H's MLP width, 0 where a layer has none)."""
+    return max((int(v) for v in value), default=0) if isinstance(value, list) else int(value)
 
 
 def _kv_heads(value: Any, heads: int) -> int:
