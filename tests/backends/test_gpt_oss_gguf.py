@@ -148,3 +148,23 @@ def test_mxfp4_gguf_experts_stay_compact(
     assert all(isinstance(m, kernels.BlockMatrix) for m in mats)
     assert {s.qtype for m in mats for s in m.segments} == {"MXFP4"}
     assert_tracks(compact, exact, PROMPT * 2)
+
+
+@pytest.mark.skipif(not kernels.runnable_isas(), reason="kernels not built (no C compiler)")
+def test_ram_estimate_counts_mxfp4_experts_as_stored(
+    mxfp4_file: tuple[torch.nn.Module, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the kernels the pre-load RAM check sizes MXFP4 experts at 17 bytes per 32 weights (the rest
+    of this file is F32 and stays so in bfloat16's estimate), not expanded to 2 bytes a weight."""
+    from gguf import GGMLQuantizationType
+
+    from localchat.models.memory import compact_gguf_types, estimate
+    from localchat.weights.gguf import open_gguf
+
+    monkeypatch.delenv(kernels.KERNELS_ENV, raising=False)
+    path = mxfp4_file[1]
+    tensors = open_gguf(path).tensors
+    mxfp4 = [t for t in tensors if t.tensor_type == GGMLQuantizationType.MXFP4]
+    assert mxfp4 and "MXFP4" in compact_gguf_types("bfloat16")
+    assert estimate(path, 64, dtype="bfloat16").weights == sum(int(t.n_bytes) for t in tensors)
+    assert sum(int(t.n_bytes) for t in mxfp4) * 32 == sum(int(t.n_elements) for t in mxfp4) * 17
