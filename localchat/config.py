@@ -56,6 +56,7 @@ def _meta(
     metavar: str | None = None,
     choices: tuple[str, ...] | None = None,
     action: str | None = None,
+    env_aliases: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     return {
         "flags": flags,
@@ -65,6 +66,7 @@ def _meta(
         "metavar": metavar,
         "choices": choices,
         "action": action,
+        "env_aliases": env_aliases,
     }
 
 
@@ -265,13 +267,15 @@ class Settings:
         metavar="MIB",
     )
     # -- engine --------------------------------------------------------------------------------------
-    mem: int | None = _opt(
+    # Named like the EngineConfig field it sets; --mem and LOCALCHAT_MEM still work (users' scripts).
+    kv_cache_mib: int | None = _opt(
         None,
-        ("--mem",),
+        ("--kv-cache-mib", "--mem"),
         "KV cache size in MiB (default: measured free memory)",
         parse=int,
         group="engine",
         metavar="MIB",
+        env_aliases=("LOCALCHAT_MEM",),
     )
     max_num_seqs: int = _opt(
         32, ("--max-num-seqs",), "requests decoded together", parse=int, group="engine", metavar="N"
@@ -279,7 +283,7 @@ class Settings:
     max_model_len: int | None = _opt(
         None,
         ("--max-model-len",),
-        "context length (default: the model's, capped by --mem)",
+        "context length (default: the model's, capped by --kv-cache-mib)",
         parse=int,
         group="engine",
         metavar="N",
@@ -351,13 +355,15 @@ class Settings:
     block_size: int = _opt(
         16, ("--block-size",), "tokens per KV cache block", parse=int, group="engine", metavar="N"
     )
-    prefix_cache: bool = _opt(
+    # Named like the EngineConfig field it sets; --no-prefix-cache and LOCALCHAT_PREFIX_CACHE still work.
+    enable_prefix_caching: bool = _opt(
         True,
-        ("--no-prefix-cache",),
+        ("--no-enable-prefix-caching", "--no-prefix-cache"),
         "disable prefix caching",
         parse=_bool,
         group="engine",
         action="store_false",
+        env_aliases=("LOCALCHAT_PREFIX_CACHE",),
     )
     # -- default sampling (a request's own fields win) -----------------------------------------------
     temperature: float | None = _opt(
@@ -438,11 +444,11 @@ class Settings:
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
             block_size=self.block_size,
-            kv_cache_mib=self.mem,
+            kv_cache_mib=self.kv_cache_mib,
             max_num_seqs=self.max_num_seqs,
             max_model_len=self.max_model_len,
             prefill_chunk_size=self.prefill_chunk_size,
-            enable_prefix_caching=self.prefix_cache,
+            enable_prefix_caching=self.enable_prefix_caching,
             max_queue_len=self.max_queue_len,
             speculative=SpeculativeConfig(self.speculative, self.num_speculative_tokens),
         )
@@ -524,12 +530,12 @@ class Settings:
         for spec in SETTINGS_SPEC:
             if spec.name in cli:
                 values[spec.name] = cli[spec.name]
-            elif spec.env in environ:
+            elif env := next((e for e in (spec.env, *spec.env_aliases) if e in environ), None):
                 try:
-                    values[spec.name] = spec.parse(environ[spec.env])
+                    values[spec.name] = spec.parse(environ[env])
                 except ValueError as exc:
                     raise SettingsError(
-                        f"{spec.env}={environ[spec.env]!r} is not valid: {exc}", param=spec.name
+                        f"{env}={environ[env]!r} is not valid: {exc}", param=spec.name
                     ) from None
         return cls(**values).validate()
 
@@ -546,6 +552,7 @@ class SettingSpec:
     metavar: str | None
     choices: tuple[str, ...] | None
     action: str | None
+    env_aliases: tuple[str, ...] = ()  # older names of `env`, still read (the new name wins)
 
 
 def _specs() -> tuple[SettingSpec, ...]:
@@ -565,6 +572,7 @@ def _specs() -> tuple[SettingSpec, ...]:
                 meta["metavar"],
                 meta["choices"],
                 meta["action"],
+                meta["env_aliases"],
             )
         )
     return tuple(out)

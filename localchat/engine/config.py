@@ -29,5 +29,5 @@ class EngineConfig:
         if self.prefill_chunk_size < 0:
             raise InvalidRequestError("prefill_chunk_size must be >= 0 (0 disables chunking)")
         if self.kv_cache_mib is not None and self.kv_cache_mib < 1:
-            raise InvalidRequestError("kv_cache_mib (--mem) must be >= 1 MiB")
+            raise InvalidRequestError("kv_cache_mib (--kv-cache-mib) must be >= 1 MiB")
         self.speculative.validate()

@@ -66,7 +66,7 @@ class LLMEngine:
         num_slots = state_bytes = 0
         if state_spec is not None:
             # A slot can cost tens of MiB (Qwen3.5-9B: 49): the pool takes at most half the budget, so a
-            # small --mem runs fewer sequences at once instead of leaving no room for K/V.
+            # small --kv-cache-mib runs fewer sequences at once instead of leaving no room for K/V.
             num_slots = max(1, min(config.max_num_seqs, budget // 2 // state_spec.bytes_per_slot))
             state_bytes = num_slots * state_spec.bytes_per_slot
             budget -= state_bytes
@@ -114,7 +114,9 @@ class LLMEngine:
         self.max_model_len = min(wanted, capacity)
         if self.max_model_len < wanted:
             log.warning(
-                "max_model_len %d capped to %d tokens: all the KV cache (raise --mem)", wanted, capacity
+                "max_model_len %d capped to %d tokens: all the KV cache (raise --kv-cache-mib)",
+                wanted,
+                capacity,
             )
         self.spec_draft_tokens = 0  # draft tokens scored, and of which accepted (engine/speculative.py)
         self.spec_accepted_tokens = 0

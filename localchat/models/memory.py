@@ -20,7 +20,9 @@ from localchat.weights.x16 import kernel_isa, loaded_block_bytes
 MIB = 2**20
 GIB = 2**30
 RUNTIME_OVERHEAD = 400 * MIB  # torch + tokenizer + engine bookkeeping, measured ~350 MiB on SmolLM2-135M
-MIN_KV_BUDGET = 256 * MIB  # without --mem the engine sizes its KV cache from what is left: count a floor
+MIN_KV_BUDGET = (
+    256 * MIB
+)  # without --kv-cache-mib the engine sizes its KV cache from what is left: count a floor
 # GGUF types the backends read in their blocks (file size once loaded): with localchat's compiled CPU
 # kernels every common type; without them only Q4_0/Q4_1 (torch's int4 kernel), the rest expanded to
 # bf16. MLX keeps these quantized too (Q3_K re-quantized to 5 bits, Q2_K to 4: 6 and 5 per weight, more
@@ -90,7 +92,7 @@ def estimate(
     """`isq`: the `--isq` type dense weights are quantized to at load (they are sized in that format);
     `dtype`: the compute dtype (`compute_dtype`): float32 doubles what is expanded, and decides which
     block types stay compact. Hybrid models add their state pool (one slot per `max_num_seqs`) to the
-    KV floor; with `--mem` the engine takes the pool out of that budget, so it is already counted."""
+    KV floor; with `--kv-cache-mib` the engine takes the pool out of that budget, so it is already counted."""
     size = path_size(path)
     weights = size
     if path.suffix == ".gguf":
@@ -292,7 +294,7 @@ def check_fits(name: str, need: MemoryEstimate, available: int | None, freeable:
     raise InsufficientMemoryError(
         f"Model {name!r} needs about {need.total / GIB:.1f} GiB of RAM (weights {need.weights / GIB:.1f}, "
         f"KV cache {need.kv_cache / GIB:.1f}, runtime {need.overhead / GIB:.1f}) but only "
-        f"{room / GIB:.1f} GiB is free. Close other programs, unload a model, lower --mem, or pick a "
+        f"{room / GIB:.1f} GiB is free. Close other programs, unload a model, lower --kv-cache-mib, or pick a "
         "smaller model or quant.",
         param="model",
     )

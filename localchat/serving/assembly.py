@@ -159,17 +159,17 @@ def mcp_hub(settings: Settings) -> McpHub | None:
 
 
 def check_kv_budget(settings: Settings, spec: KVCacheSpec, model_max_len: int) -> None:
-    """Refuse a `--mem` whose KV cache cannot hold a useful context for this model."""
-    if settings.mem is None:  # sized from free memory, and capped with a log line
+    """Refuse a `--kv-cache-mib` whose KV cache cannot hold a useful context for this model."""
+    if settings.kv_cache_mib is None:  # sized from free memory, and capped with a log line
         return
     wanted = min(MIN_CONTEXT_TOKENS, model_max_len)
     blocks = -(-wanted // settings.block_size) + 1  # +1: the engine's null block
     per_block = spec.bytes_per_block(settings.block_size)
     needed_mib = -(-blocks * per_block // 2**20)
-    if settings.mem < needed_mib:
+    if settings.kv_cache_mib < needed_mib:
         raise SettingsError(
-            f"--mem {settings.mem} MiB cannot hold {wanted} tokens of this model's KV cache "
+            f"--kv-cache-mib {settings.kv_cache_mib} MiB cannot hold {wanted} tokens of this model's KV cache "
             f"({per_block / 2**20:.2f} MiB per {settings.block_size}-token block); the smallest that works is "
-            f"--mem {needed_mib} (or leave --mem out to size it from free memory).",
-            param="mem",
+            f"--kv-cache-mib {needed_mib} (or leave --kv-cache-mib out to size it from free memory).",
+            param="kv_cache_mib",
         )

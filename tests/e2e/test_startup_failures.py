@@ -93,11 +93,13 @@ def test_max_model_len_below_a_useful_minimum_is_refused():
 
 def test_mem_too_small_for_the_model_names_the_smallest_value():
     spec = KVCacheSpec(num_layers=30, num_kv_heads=3, head_dim=64, dtype_bytes=4)  # SmolLM2-135M, fp32
-    with pytest.raises(Exception, match=r"--mem 1 MiB .* smallest that works is --mem 12\b") as info:
-        check_kv_budget(fake_settings(mem=1), spec, model_max_len=8192)
-    assert info.value.param == "mem"  # type: ignore[attr-defined]
-    check_kv_budget(fake_settings(mem=12), spec, model_max_len=8192)  # 12 MiB holds 17 blocks of 16
-    check_kv_budget(fake_settings(mem=None), spec, model_max_len=8192)  # sized from free memory
+    with pytest.raises(
+        Exception, match=r"--kv-cache-mib 1 MiB .* smallest that works is --kv-cache-mib 12\b"
+    ) as info:
+        check_kv_budget(fake_settings(kv_cache_mib=1), spec, model_max_len=8192)
+    assert info.value.param == "kv_cache_mib"  # type: ignore[attr-defined]
+    check_kv_budget(fake_settings(kv_cache_mib=12), spec, model_max_len=8192)  # 12 MiB holds 17 blocks of 16
+    check_kv_budget(fake_settings(kv_cache_mib=None), spec, model_max_len=8192)  # sized from free memory
 
 
 @pytest.mark.slow
@@ -107,7 +109,7 @@ def test_mem_too_small_for_the_real_model_is_refused_at_startup(smollm2_gguf: Pa
         "--mem", "1", env={"LOCALCHAT_HOME": str(tmp_path)}, timeout=300,
     )  # fmt: skip
     err = _clean_failure(run)
-    assert "--mem 1 MiB" in err and "smallest that works is --mem 12" in err
+    assert "--kv-cache-mib 1 MiB" in err and "smallest that works is --kv-cache-mib 12" in err
 
 
 def test_no_browser_says_where_to_open_the_ui(tmp_path):

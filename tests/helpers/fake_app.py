@@ -19,7 +19,7 @@ TEST_CLIENT_HOST = "testserver.local"
 
 
 def fake_settings(**overrides: Any) -> Settings:
-    base = {"backend": "fake", "mem": 2, "ui": False, "allowed_hosts": [TEST_CLIENT_HOST]}
+    base = {"backend": "fake", "kv_cache_mib": 2, "ui": False, "allowed_hosts": [TEST_CLIENT_HOST]}
     return Settings.load({**base, **overrides}, environ={})
 
 

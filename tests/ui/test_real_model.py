@@ -31,7 +31,9 @@ def _torch_backend_missing() -> bool:
 def test_real_smollm2_answers_in_the_browser(
     browser: Any, smollm2_gguf: Path, tmp_path: Path, page_errors: Any
 ) -> None:
-    with live_app(tmp_path, backend="torch", file=str(smollm2_gguf), mem=64, max_model_len=2048) as live:
+    with live_app(
+        tmp_path, backend="torch", file=str(smollm2_gguf), kv_cache_mib=64, max_model_len=2048
+    ) as live:
         page = new_page(browser, live, page_errors)
         page.goto("/")
         expect(page.locator("#model-select option:checked")).to_contain_text("SmolLM2")

@@ -25,7 +25,7 @@ def fake_app(home: Path, **settings: Any) -> tuple[Litestar, ServerContext]:
     options: dict[str, Any] = {
         "backend": "fake",
         "home": str(home),
-        "mem": 16,
+        "kv_cache_mib": 16,
         "log": "warning",
         "allowed_hosts": ["testserver.local"],  # Litestar's TestClient's Host (the DNS-rebinding guard)
         **settings,
@@ -66,7 +66,7 @@ def live_app(home: Path, *, preload: bool = True, **settings: Any) -> Iterator[L
     else:
         from localchat.models.manager import ModelManager
 
-        config = Settings(**{"home": str(home), "mem": 16, "log": "warning", **settings})
+        config = Settings(**{"home": str(home), "kv_cache_mib": 16, "log": "warning", **settings})
         app, ctx = create_app(config, ModelManager(config)), None
     port = _free_port()
     server = uvicorn.Server(

@@ -115,7 +115,7 @@ def test_env_vars_and_precedence():
         "LOCALCHAT_PREFIX_CACHE": "false",
     }
     _, _, s = cli.parse_settings(["serve"], environ=env)
-    assert (s.port, s.cors_origins, s.ui, s.temperature, s.mem, s.prefix_cache) == (
+    assert (s.port, s.cors_origins, s.ui, s.temperature, s.kv_cache_mib, s.enable_prefix_caching) == (
         9100,
         ["http://a", "http://b"],
         False,
@@ -247,3 +247,25 @@ def test_isq_choices_parse_from_flag_and_environment(isq):
 def test_an_unknown_isq_type_is_refused_naming_the_choices():
     with pytest.raises(SettingsError, match="--isq must be one of q4, q8_0, q4_k, q4_0, got 'q2_k'"):
         Settings.load({"isq": "q2_k"}, environ={})
+
+
+def test_engine_named_settings_keep_their_old_flags_and_variables():
+    """kv_cache_mib and enable_prefix_caching are named like the EngineConfig fields they set; the older
+    --mem / --no-prefix-cache and LOCALCHAT_MEM / LOCALCHAT_PREFIX_CACHE still work (users' scripts)."""
+    for argv in (
+        ["--kv-cache-mib", "48", "--no-enable-prefix-caching"],
+        ["--mem", "48", "--no-prefix-cache"],
+    ):
+        _, _, s = cli.parse_settings(["serve", *argv], environ={})
+        assert (s.kv_cache_mib, s.enable_prefix_caching) == (48, False)
+        assert (s.engine_config().kv_cache_mib, s.engine_config().enable_prefix_caching) == (48, False)
+    for env in (
+        {"LOCALCHAT_KV_CACHE_MIB": "24", "LOCALCHAT_ENABLE_PREFIX_CACHING": "0"},
+        {"LOCALCHAT_MEM": "24", "LOCALCHAT_PREFIX_CACHE": "0"},
+    ):
+        _, _, s = cli.parse_settings(["serve"], environ=env)
+        assert (s.kv_cache_mib, s.enable_prefix_caching) == (24, False)
+    both = {"LOCALCHAT_KV_CACHE_MIB": "24", "LOCALCHAT_MEM": "99"}  # the engine's name wins
+    assert cli.parse_settings(["serve"], environ=both)[2].kv_cache_mib == 24
+    with pytest.raises(SettingsError, match="LOCALCHAT_MEM='lots' is not valid"):
+        cli.parse_settings(["serve"], environ={"LOCALCHAT_MEM": "lots"})

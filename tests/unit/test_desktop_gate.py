@@ -50,7 +50,7 @@ def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness
         release.wait(30)
         if failure:
             raise failure[0]
-        settings = Settings.load({"backend": "fake", "mem": 2, "api_key": KEY}, environ={})
+        settings = Settings.load({"backend": "fake", "kv_cache_mib": 2, "api_key": KEY}, environ={})
         return create_app(settings, build_context(settings))
 
     focused: list[bool] = []

@@ -110,4 +110,4 @@ def test_memory_estimate_and_refusal(tmp_path: Path, monkeypatch: pytest.MonkeyP
     with pytest.raises(InsufficientMemoryError) as info:
         check_fits("m", need, available=512 * MIB)
     assert info.value.status == 507 and "'m' needs about 1.4 GiB" in info.value.message
-    assert "--mem" in info.value.message and "0.5 GiB is free" in info.value.message
+    assert "--kv-cache-mib" in info.value.message and "0.5 GiB is free" in info.value.message

@@ -98,7 +98,7 @@ class Built(Exception):
 def test_the_model_manager_checks_a_load_at_its_isq_size(tmp_path: Path) -> None:
     dense = _write_bf16_folder(tmp_path / "m")
     settings = fake_settings(isq="q4_0")
-    quantized = estimate(tmp_path / "m", settings.mem, "q4_0")
+    quantized = estimate(tmp_path / "m", settings.kv_cache_mib, "q4_0")
     room = quantized.total + (dense - quantized.weights) // 2  # fits quantized, not dense
 
     def build(*args: object, **kwargs: object) -> None:

@@ -218,7 +218,7 @@ def test_health_shows_the_start_up_download_then_the_load(
     if why := real_backend_missing():
         pytest.skip(why)
     hub.faults["tiny-Q4_0.gguf"] = Fault(throttle_bps=len(tiny_bytes) // 2)  # ~2 s of download
-    settings = fake_settings(backend="torch", dtype="float32", model=f"{TINY}:Q4_0", mem=16)
+    settings = fake_settings(backend="torch", dtype="float32", model=f"{TINY}:Q4_0", kv_cache_mib=16)
     with TestClient(create_app(settings, ModelManager(settings)), timeout=60) as client:
         seen: list[dict[str, Any]] = []
         refused = None
