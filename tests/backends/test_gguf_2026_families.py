@@ -204,6 +204,12 @@ def _model_and_folder(
     return folders[name]
 
 
+def _gguf(folder: Path, outtype: str) -> Path:
+    """The folder converted once per module run (the torch and MLX tests share the f32 file)."""
+    out = folder.with_suffix(f".{outtype}.gguf")
+    return out if out.is_file() else convert(folder, out, outtype)
+
+
 def _run(path: Path, prompt: list[int]) -> tuple[torch.Tensor, list[int], str]:
     """Prompt logits and NEW_TOKENS greedy tokens from localchat's loader and torch runner (float32)."""
     bundle = load_model(path)
@@ -221,7 +227,7 @@ def test_f32_gguf_matches_transformers(
     name: str, folders: dict[str, tuple[torch.nn.Module, Path]], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     hf, folder = _model_and_folder(name, folders, tmp_path_factory.mktemp("folders"))
-    path = convert(folder, folder.with_suffix(".f32.gguf"), "f32")
+    path = _gguf(folder, "f32")
     prompt = PROMPT * 2
     logits, tokens, model_type = _run(path, prompt)
     assert model_type == load_model(folder).config.model_type  # the same registry entry as the folder
@@ -234,7 +240,7 @@ def test_q8_0_gguf_stays_close(
     name: str, folders: dict[str, tuple[torch.nn.Module, Path]], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     hf, folder = _model_and_folder(name, folders, tmp_path_factory.mktemp("folders"))
-    path = convert(folder, folder.with_suffix(".q8_0.gguf"), "q8_0")
+    path = _gguf(folder, "q8_0")
     bundle = load_model(path)
     assert any(w.dtype == "Q8_0" for w in bundle.iter_weights())
     prompt = PROMPT * 2
@@ -256,16 +262,18 @@ def test_gguf_records_what_the_folder_says(tmp_path: Path) -> None:
 
 
 @pytest.mark.mlx
-def test_mlx_runs_the_gemma4_gguf(
-    folders: dict[str, tuple[torch.nn.Module, Path]], tmp_path_factory: pytest.TempPathFactory
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_mlx_runs_the_f32_gguf(
+    name: str, folders: dict[str, tuple[torch.nn.Module, Path]], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """The MLX backend reads GGUF files through the same loader and names: Gemma 4's file there too."""
+    """The MLX backend reads GGUF files through the same loader and names (its model files may rewrite
+    the tensors their own way): prompt logits as transformers'."""
     pytest.importorskip("mlx.core")
     from localchat.backends import RunnerOptions
     from localchat.backends.mlx.runner import MLXRunner
 
-    hf, folder = _model_and_folder("gemma4", folders, tmp_path_factory.mktemp("folders"))
-    path = convert(folder, folder.with_suffix(".mlx.gguf"), "f32")
+    hf, folder = _model_and_folder(name, folders, tmp_path_factory.mktemp("folders"))
+    path = _gguf(folder, "f32")
     runner = MLXRunner(load_model(path), RunnerOptions(device="cpu", dtype="float32", seed=0))
     driver = PagedDriver(runner)  # type: ignore[arg-type]
     prompt = PROMPT * 2
