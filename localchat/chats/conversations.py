@@ -88,7 +88,10 @@ class Approval:
 
 
 @dataclass(slots=True)
-class Generation:
+class ActiveAnswer:
+    """An answer the web UI is generating into a stored conversation (serving.generation.Generation is
+    an API request's choices)."""
+
     conversation_id: str
     message_id: int
     req_id: str
@@ -119,8 +122,8 @@ class ChatService:
     def __init__(self, store: Store, models: ModelManager) -> None:
         self.store = store
         self.models = models
-        self._active: dict[str, Generation] = {}  # by conversation id
-        self._by_message: dict[int, Generation] = {}
+        self._active: dict[str, ActiveAnswer] = {}  # by conversation id
+        self._by_message: dict[int, ActiveAnswer] = {}
         self._claimed: set[str] = set()  # conversations whose next answer is being set up
         self._next = 0
         self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="localchat-store")
@@ -384,7 +387,7 @@ class ChatService:
             _, prompt_ids, images = await chat_prompt_with_images(ctx, messages, tools)  # off the loop
             params = self.sampling_params(conv, ctx)
             self._next += 1
-            gen = Generation(conv.id, answer.id, f"ui-{answer.id}-{self._next}", ctx)
+            gen = ActiveAnswer(conv.id, answer.id, f"ui-{answer.id}-{self._next}", ctx)
             gen.harmony = _harmony_reader(ctx, tools)
             # A template that opens the reasoning block itself (e.g. DeepSeek-R1) leaves the model inside it.
             tail = ctx.model.tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False)
@@ -407,7 +410,7 @@ class ChatService:
             )
         return await self.in_store_thread(self.store.get_message, answer.id)
 
-    def _on_output(self, gen: Generation, out: RequestOutput) -> None:
+    def _on_output(self, gen: ActiveAnswer, out: RequestOutput) -> None:
         now = time.monotonic()
         if out.new_token_ids and gen.first_token_at is None:
             gen.first_token_at = now
@@ -429,7 +432,7 @@ class ChatService:
                 completion_tokens=out.num_output_tokens,
             )
 
-    def _finish(self, gen: Generation, out: RequestOutput, now: float) -> None:
+    def _finish(self, gen: ActiveAnswer, out: RequestOutput, now: float) -> None:
         if out.finish_reason == FinishReason.STOP and gen.turns < ui_turns.MAX_TURNS - 1:
             content, calls = _turn_calls(gen)
             if calls:  # the server runs the MCP calls, then the model goes on with their results
@@ -455,7 +458,7 @@ class ChatService:
         loop = asyncio.get_running_loop()
         saved.add_done_callback(lambda _: _call_soon(loop, self._finished, gen))
 
-    def _finished(self, gen: Generation) -> None:
+    def _finished(self, gen: ActiveAnswer) -> None:
         self._forget(gen.conversation_id, gen.message_id)
         for queue in gen.listeners:
             queue.put_nowait(("done", ""))
@@ -470,7 +473,7 @@ class ChatService:
         future.add_done_callback(_log_failure)
         return future
 
-    async def _run_tools(self, gen: Generation, content: str, calls: list[Any]) -> None:
+    async def _run_tools(self, gen: ActiveAnswer, content: str, calls: list[Any]) -> None:
         ctx = gen.ctx
         assert ctx.mcp is not None
         runs = []
@@ -517,7 +520,7 @@ class ChatService:
                 exc = LocalchatError(f"A picture could not be read: {exc}")
             await self._end_early(gen, status=ERROR, error=exc.message, finish_reason="error")
 
-    async def _ask(self, gen: Generation, n: int, server: str, call: Any) -> str:
+    async def _ask(self, gen: ActiveAnswer, n: int, server: str, call: Any) -> str:
         """The user's decision on one MCP call: asked in the UI unless the tool is always allowed."""
         if self.consent.allows(server, call.name):
             return "allow"
@@ -546,7 +549,7 @@ class ChatService:
         return self.store.get_conversation(conv_id), messages, self._pictures(messages, ctx)
 
     async def _end_early(
-        self, gen: Generation, *, status: str, error: str | None, finish_reason: str
+        self, gen: ActiveAnswer, *, status: str, error: str | None, finish_reason: str
     ) -> None:
         await asyncio.wrap_future(
             self._write(
@@ -575,7 +578,7 @@ def _harmony_reader(ctx: ServerContext, tools: list[dict[str, Any]] | None) -> H
     return HarmonyThinkText({t["function"]["name"] for t in tools or ()})
 
 
-def _turn_calls(gen: Generation) -> tuple[str, list[ParsedCall]]:
+def _turn_calls(gen: ActiveAnswer) -> tuple[str, list[ParsedCall]]:
     """(the model turn's text without its calls, the MCP calls it made)."""
     turn = gen.text[gen.turn_start :]
     if gen.harmony is None:
@@ -585,7 +588,7 @@ def _turn_calls(gen: Generation) -> tuple[str, list[ParsedCall]]:
     return turn, [ParsedCall(parser.new_call_id(), name, args) for name, args in gen.harmony.calls]
 
 
-def _tell(gen: Generation, event: tuple[str, str]) -> None:
+def _tell(gen: ActiveAnswer, event: tuple[str, str]) -> None:
     for queue in gen.listeners:
         queue.put_nowait(event)
 

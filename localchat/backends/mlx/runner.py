@@ -49,7 +49,7 @@ import numpy as np
 from localchat.backends import RunnerOptions
 from localchat.backends.mlx.attention import AttentionMetadata, LayerCache
 from localchat.backends.mlx.sampler import SampleResult, new_key, sample
-from localchat.backends.mlx.weights import load_model
+from localchat.backends.mlx.weights import load_decoder
 from localchat.backends.pooling import Pooler
 from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput, StateCacheSpec
 from localchat.errors import BackendUnavailableError
@@ -115,7 +115,7 @@ class MLXRunner:
         _check_kv_cache_dtype(options.kv_cache_dtype, self.dtype)
         self.config = model.config
         dense_from_rows = CPU_DENSE_FROM_ROWS if self.device == mx.cpu else 0
-        self.model = load_model(model.config, model.iter_weights(), self.dtype, dense_from_rows)
+        self.model = load_decoder(model.config, model.iter_weights(), self.dtype, dense_from_rows)
         self.key = new_key(options.seed)  # unseeded rows' draws: split once per step that needs them
         self.pooler = Pooler(
             lambda h: np.array(

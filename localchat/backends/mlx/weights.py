@@ -36,10 +36,11 @@ IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.attn\.masked_bias|\.attn\.bias)$"
 LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
 
-def load_model(
+def load_decoder(
     config: ModelConfig, weights: Iterable[WeightTensor], dtype: mx.Dtype, dense_from_rows: int = 0
 ) -> DecoderLM:
-    """`dense_from_rows`: quantized matrices run as transient dense GEMMs for steps of that many rows."""
+    """The MLX decoder built from a bundle's weights (`weights.loader.load_model` reads the file).
+    `dense_from_rows`: quantized matrices run as transient dense GEMMs for steps of that many rows."""
     model = model_class(config.model_type)(config)
     top_shapes = {
         "embed": (config.vocab_size, config.hidden_size),

@@ -58,7 +58,7 @@ from localchat.backends.torch.quant import pick_policy
 from localchat.backends.torch.sampler import SampleResult, new_generator, sample
 from localchat.backends.torch.threads import ThreadGovernor
 from localchat.backends.torch.vision.images import load_image_embedder
-from localchat.backends.torch.weights import load_model
+from localchat.backends.torch.weights import load_decoder
 from localchat.engine.interface import (
     BatchInputs,
     KVCacheSpec,
@@ -102,7 +102,7 @@ class TorchRunner:
             self.device, self.dtype, _linear_bytes(model.config, self.dtype), mem_available(), options.isq
         )
         with torch.inference_mode(), _device_memory_errors(self.device, model.name):
-            self.model = load_model(model.config, model.iter_weights(), self.device, self.dtype, self.quant)
+            self.model = load_decoder(model.config, model.iter_weights(), self.device, self.dtype, self.quant)
             # The vision tower of a multimodal checkpoint (Gemma 3): images reach the model through it.
             self.images = load_image_embedder(model.path, self.device, self.dtype)
         # "triton" on CUDA (see kernel_choice.py), else "torch"; both take every layer's AttentionOptions.

@@ -32,13 +32,14 @@ IGNORED = re.compile(r"rotary_emb\.inv_freq$")  # buffers some old checkpoints s
 LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
 
-def load_model(
+def load_decoder(
     config: ModelConfig,
     weights: Iterable[WeightTensor],
     device: torch.device,
     dtype: torch.dtype,
     policy: QuantPolicy | None = None,
 ) -> DecoderLM:
+    """The torch decoder built from a bundle's weights (`weights.loader.load_model` reads the file)."""
     policy = policy or QuantPolicy()
     cls = model_class(config.model_type)
     with torch.device("meta"):
