@@ -1,4 +1,4 @@
-"""Every repository path the docs name exists, so docs/architecture.md, README.md and DEVELOPERS.md
+"""Every repository path the docs name exists, so docs/, README.md, DEVELOPERS.md and CHANGELOG.md
 follow the code when files move. A path is a word that starts with a top-level folder of the checkout
 (`localchat/...`, `tests/...`, `csrc/...`, `benchmarks/...`); docs/architecture.md also names files
 relative to `localchat/` (`engine/engine.py`, `backends/torch/...`). Globs (`test_tp*.py`) and brace
