@@ -175,12 +175,6 @@ GRANITE_LAYER_WEIGHTS: dict[str, tuple[str, int, int]] = {
     "block_sparse_moe.router.weight": ("moe.router", 0, 1),
     "block_sparse_moe.experts.{e}.gate_up_proj": ("moe.experts.{e}.gate_up", 0, 1),
     "block_sparse_moe.experts.{e}.down_proj": ("moe.experts.{e}.down", 0, 1),
-    # llama.cpp's converter splits the fused gate|up matrices (the shared MLP's and each expert's).
-    "shared_mlp.gate_proj.weight": ("gate_up", 0, 2),
-    "shared_mlp.up_proj.weight": ("gate_up", 1, 2),
-    "block_sparse_moe.experts.{e}.gate_proj.weight": ("moe.experts.{e}.gate_up", 0, 2),
-    "block_sparse_moe.experts.{e}.up_proj.weight": ("moe.experts.{e}.gate_up", 1, 2),
-    "block_sparse_moe.experts.{e}.down_proj.weight": ("moe.experts.{e}.down", 0, 1),
 }
 # transformers' GraniteMoeHybridConfig defaults.
 GRANITE_EXTRA_KEYS: dict[str, Any] = {
@@ -315,9 +309,20 @@ def mamba2_gguf_sanitize(config: ModelConfig, weights: Iterable[WeightTensor]) -
     if not config.extra.get("gguf_ssm_inner_size"):
         yield from (granite_sanitize(config, weights) if config.model_type == "granitemoehybrid" else weights)
         return
+    waiting: dict[str, WeightTensor] = {}  # a gate matrix until its up matrix arrives
     for w in weights:
         name = w.name
-        if name.endswith((".mamba.A_log", ".mixer.A_log")):
+        if (split := _split_part(name)) is not None:
+            fused_name, is_gate = split
+            other = waiting.pop(fused_name, None)
+            if other is None:
+                waiting[fused_name] = w
+                continue
+            yield _rows_joined(fused_name, *((w, other) if is_gate else (other, w)))
+            continue
+        if name.endswith(".block_sparse_moe.experts.down_proj.weight"):
+            w = WeightTensor(name.removesuffix(".weight"), w.shape, w.dtype, w.data)
+        elif name.endswith((".mamba.A_log", ".mixer.A_log")):
             w = WeightTensor(
                 name, (w.shape[0],), "F32", np.log(-w.dequantize()).reshape(-1).astype(np.float32)
             )
@@ -330,6 +335,40 @@ def mamba2_gguf_sanitize(config: ModelConfig, weights: Iterable[WeightTensor]) -
         elif name.endswith((".mamba.norm.weight", ".mixer.norm.weight")) and len(w.shape) == 2:
             w = WeightTensor(name, (w.shape[0] * w.shape[1],), "F32", w.dequantize().reshape(-1))
         yield w
+
+
+# Granite's gate|up matrices, which llama.cpp's converter splits: gate suffix -> (up suffix, fused name).
+_GRANITE_SPLIT = {
+    "shared_mlp.gate_proj.weight": ("shared_mlp.up_proj.weight", "shared_mlp.input_linear.weight"),
+    "block_sparse_moe.experts.gate_proj.weight": (
+        "block_sparse_moe.experts.up_proj.weight",
+        "block_sparse_moe.experts.gate_up_proj",
+    ),
+}
+
+
+def _split_part(name: str) -> tuple[str, bool] | None:
+    """(the fused matrix's name, whether this is its gate part) for one of Granite's split matrices."""
+    for gate, (up, fused) in _GRANITE_SPLIT.items():
+        for suffix, is_gate in ((gate, True), (up, False)):
+            if name.endswith(suffix):
+                return name.removesuffix(suffix) + fused, is_gate
+    return None
+
+
+def _rows_joined(name: str, gate: WeightTensor, up: WeightTensor) -> WeightTensor:
+    """gate rows then up rows, per expert for stacked [E, I, H] tensors. Quantized rows are joined as
+    they are (whole rows of blocks); two different types are dequantized first."""
+    if gate.dtype != up.dtype:
+        gate, up = (WeightTensor(t.name, t.shape, "F32", t.dequantize()) for t in (gate, up))
+    experts = gate.shape[0] if len(gate.shape) == 3 else 1
+    a = np.asarray(gate.data).reshape(experts, gate.shape[-2], -1)
+    b = np.asarray(up.data).reshape(experts, up.shape[-2], -1)
+    rows = gate.shape[-2] + up.shape[-2]
+    shape = (*gate.shape[:-2], rows, gate.shape[-1])
+    data = np.concatenate((a, b), axis=1)
+    data = data.reshape(shape) if not gate.is_quantized else data.reshape(experts * rows, -1)
+    return WeightTensor(name, shape, gate.dtype, data)
 
 
 def _gguf_block_kinds(x: dict[str, Any]) -> list[str] | None:

@@ -263,7 +263,6 @@ _HF_ALIASES = {
 }
 # Matrices llama.cpp splits that transformers keeps fused (gate rows first): parts -> transformers' name.
 _FUSED = {
-    ("shared_mlp.gate_proj.weight", "shared_mlp.up_proj.weight"): "shared_mlp.input_linear.weight",
     ("experts.gate_proj.weight", "experts.up_proj.weight"): "experts.gate_up_proj",
     ("experts.down_proj.weight",): "experts.down_proj",
 }
