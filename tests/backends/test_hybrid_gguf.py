@@ -359,7 +359,8 @@ def test_gguf_state_memory_is_counted_like_the_folders(converted: Converted) -> 
 @pytest.mark.mlx
 def test_mlx_runs_the_f32_gguf_like_transformers(converted: Converted) -> None:
     """The MLX backend loads through the same names and sanitize: the f32 file's prompt logits and
-    greedy decode on MLX's CPU device equal transformers'."""
+    greedy decode on MLX's CPU device equal transformers'; on the q8_0 file it gives the torch runner's
+    logits (both run the same rounded weights)."""
     pytest.importorskip("mlx.core")
     from localchat.backends import RunnerOptions
     from localchat.backends.mlx.runner import MLXRunner
@@ -373,3 +374,13 @@ def test_mlx_runs_the_f32_gguf_like_transformers(converted: Converted) -> None:
     assert np.abs(np.array(logits) - ref).max() < TOL
     steps = 8
     assert _batched_decode(runner, steps) == {r: _greedy(converted.hf, p, steps) for r, p in PROMPTS.items()}  # type: ignore[arg-type]
+    quantized = MLXRunner(load_model(converted.q8), RunnerOptions(device="cpu", dtype="float32", seed=0))
+    torch_runner = _runner(converted.q8)
+    rows = []
+    for r in (quantized, torch_runner):
+        r.initialize_state_cache(4)
+        one = HybridDriver(r)  # type: ignore[arg-type]
+        one.add("a", PROMPT)
+        out = one.step_logits(every_token=True)[1]
+        rows.append(out.cpu().numpy() if isinstance(out, torch.Tensor) else np.array(out))
+    assert np.abs(rows[0] - rows[1]).max() < TOL
