@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LOADING_PAGE = "/static/loading.html"  # where the window starts (ui/static/loading.html)
+LOADING_PAGE = "/static/loading.html"  # where the window starts (localchat/ui/static/loading.html)
 # An answer still streaming at quit gets this long to notice its abort before connections are cut.
 GRACE_S = 2
 

@@ -1,4 +1,4 @@
-"""Templates and HTML responses for the web UI: where `ui/` lives, the Jinja2 environment (autoescaped),
+"""Templates and HTML responses for the web UI: where `localchat/ui/` lives, the Jinja2 environment (autoescaped),
 and the security headers every page carries."""
 
 from __future__ import annotations
@@ -36,14 +36,11 @@ STATIC_HEADERS = {k: v for k, v in SECURITY_HEADERS.items() if k != "Cache-Contr
 
 
 def ui_dir() -> Path:
-    """`ui/` at the top of a checkout (editable installs), else `localchat/ui` inside an installed wheel."""
-    checkout = Path(__file__).resolve().parents[3] / "ui"
-    if (checkout / "templates").is_dir():
-        return checkout
+    """The web UI's templates and static files, package data of `localchat` (a checkout and a wheel alike)."""
     packaged = Path(str(resources.files("localchat"))) / "ui"
-    if (packaged / "templates").is_dir():
-        return packaged
-    raise FileNotFoundError(f"The web UI files are missing: looked in {checkout} and {packaged}.")
+    if not (packaged / "templates").is_dir():
+        raise FileNotFoundError(f"The web UI files are missing from {packaged}: reinstall localchat.")
+    return packaged
 
 
 def _tokens_per_s(value: float | None) -> str:

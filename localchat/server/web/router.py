@@ -1,7 +1,7 @@
 """The web UI: pages under `/`, htmx partials and the answer stream under `/ui/...`, assets under `/static`.
 
 Everything the server writes into HTML goes through autoescaped Jinja2 templates; model output is
-rendered as markdown in the browser, through DOMPurify (see ui/static/app.js). This module holds the
+rendered as markdown in the browser, through DOMPurify (see localchat/ui/static/app.js). This module holds the
 pages, the login and the router factory; sidebar.py and chat.py hold the htmx endpoints.
 """
 
