@@ -7,8 +7,10 @@ import contextlib
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from localchat import cpu_features
 from localchat.arch.architecture import TOP_WEIGHTS, Architecture
@@ -172,10 +174,15 @@ def _loaded_gguf_bytes(
         from localchat.weights.gguf import open_gguf
 
         total = 0
-        for t in open_gguf(path).tensors:
+        reader = open_gguf(path)
+        expanded = _expanded_at_load(reader)
+        for t in reader.tensors:
             kind = Q(t.tensor_type)
             dims = [int(d) for d in t.shape.tolist()]  # innermost first: [cols, rows(, experts)]
             stored = int(t.n_bytes)
+            if kind not in (Q.F32, Q.F16, Q.BF16) and expanded(t.name):
+                total += int(t.n_elements) * value_bytes
+                continue
             if len(dims) in (2, 3) and kind.name in compact:  # stacked experts: each its own matrix
                 experts = dims[2] if len(dims) == 3 else 1
                 stored = experts * loaded_block_bytes(kind.name, dims[1], dims[0], stored // experts)
@@ -188,6 +195,31 @@ def _loaded_gguf_bytes(
         if quant is None or quant.upper() in compact:
             return size
         return int(size * 8 * value_bytes / _BITS.get(quant, 16.0))
+
+
+def _expanded_at_load(reader: Any) -> Callable[[str], bool]:
+    """Which tensors of a hybrid's GGUF the torch loader expands whatever their type: the recurrent
+    layers' projections (DeltaNet, Mamba-2, short conv) are not among the matrices run in blocks."""
+    from localchat.weights.gguf import gguf_architecture, hf_tensor_name
+
+    try:
+        entry = gguf_architecture(reader)
+    except (ModelLoadError, UnsupportedArchitectureError):
+        return lambda name: False
+    if entry.state_bytes is None:
+        return lambda name: False
+
+    def expanded(gguf_name: str) -> bool:
+        try:
+            match = _LAYER_NAME.fullmatch(hf_tensor_name(gguf_name, entry) or "")
+        except ModelLoadError:
+            return False
+        found = entry.layer_weight(match.group(2)) if match else None
+        if found is None:  # a matrix the family's sanitize splits first (Qwen3-Next's grouped b|a)
+            return match is not None and ".linear_attn." in f".{match.group(2)}"
+        return found[0].rpartition(".")[2] not in LINEAR_PARAMS
+
+    return expanded
 
 
 def _hf_quant_weights(folder: Path, value_bytes: int, size: int, blocks: bool = False) -> int:

@@ -384,3 +384,38 @@ def test_mlx_runs_the_f32_gguf_like_transformers(converted: Converted) -> None:
         out = one.step_logits(every_token=True)[1]
         rows.append(out.cpu().numpy() if isinstance(out, torch.Tensor) else np.array(out))
     assert np.abs(rows[0] - rows[1]).max() < TOL
+
+
+def test_estimate_sizes_the_recurrent_projections_as_the_loader_expands_them(converted: Converted) -> None:
+    """The torch loader runs attention, MLP and expert matrices in their GGUF blocks but expands the
+    recurrent layers' projections (DeltaNet / Mamba-2 / short-conv in and out; Nemotron-H's relu² up)
+    to the compute dtype: the RAM estimate counts those at 2 bytes a value, the rest as stored."""
+    from localchat.models import memory
+
+    reader = open_gguf(converted.q8)
+    recurrent = (
+        "attn_qkv",
+        "attn_gate",
+        "ssm_alpha",
+        "ssm_beta",
+        "ssm_in",
+        "ssm_ba",
+        "ssm_out",
+        "shortconv.",
+    )
+    if converted.gguf_arch == "nemotron_h":
+        recurrent += ("ffn_up",)  # its relu² MLP's up matrix runs dense too
+    expected = 0
+    for t in reader.tensors:
+        block = t.tensor_type.name == "Q8_0"
+        part = t.name.split(".", 2)[-1] if t.name.startswith("blk.") else t.name
+        if block and part.startswith(recurrent):
+            expected += int(t.n_elements) * 2
+        elif block:
+            rows, cols = int(t.shape[1]), int(t.shape[0])
+            experts = int(t.shape[2]) if len(t.shape) == 3 else 1
+            expected += experts * memory.loaded_block_bytes("Q8_0", rows, cols, int(t.n_bytes) // experts)
+        else:
+            expected += int(t.n_bytes)
+    got = memory._loaded_gguf_bytes(converted.q8, frozenset({"Q8_0"}), 0, None, 2)
+    assert got == expected
