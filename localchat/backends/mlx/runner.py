@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -49,6 +50,7 @@ import numpy as np
 from localchat.backends import RunnerOptions
 from localchat.backends.mlx.attention import AttentionMetadata, LayerCache
 from localchat.backends.mlx.sampler import SampleResult, new_key, sample
+from localchat.backends.mlx.vision.images import load_image_embedder
 from localchat.backends.mlx.weights import load_decoder
 from localchat.backends.pooling import Pooler
 from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput, StateCacheSpec
@@ -116,6 +118,8 @@ class MLXRunner:
         self.config = model.config
         dense_from_rows = CPU_DENSE_FROM_ROWS if self.device == mx.cpu else 0
         self.model = load_decoder(model.config, model.iter_weights(), self.dtype, dense_from_rows)
+        # The vision tower of a multimodal checkpoint (Gemma 3): images reach the model through it.
+        self.images = load_image_embedder(model.path, self.dtype)
         self.key = new_key(options.seed)  # unseeded rows' draws: split once per step that needs them
         self.pooler = Pooler(
             lambda h: np.array(
@@ -236,7 +240,15 @@ class MLXRunner:
         positions = mx.array(batch.positions.astype(np.int32))
         if (begin_step := getattr(self.model, "begin_step", None)) is not None:  # hybrid: bind state slots
             begin_step(batch.state_slots, batch.query_start_loc, batch.positions, self.dtype)
-        hidden = self.model.hidden_states(input_ids, positions, meta, self.kv_caches)
+        hooked: Any = self.model  # only models with the image hook (models/gemma.py) get a tower
+        if batch.image_slices:
+            assert self.images is not None, "image input reached a model without a vision tower"
+            hooked.image_embeds = self.images.step_embeds(batch.image_slices)
+        try:
+            hidden = self.model.hidden_states(input_ids, positions, meta, self.kv_caches)
+        finally:
+            if batch.image_slices:
+                hooked.image_embeds = None
         if pooled := self.pooler.rows(batch):
             self.pooler.add(batch, hidden, pooled)
         cache_arrays = [a for cache in self.kv_caches for a in (cache.k, cache.v)]

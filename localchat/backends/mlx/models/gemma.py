@@ -70,6 +70,9 @@ class GemmaLayer(Layer):
 
 class Model(DecoderLM):
     layer_class = GemmaLayer
+    # Image embeddings for the next forward: (rows of this step's flattened tokens, values [rows, hidden]).
+    # They replace those rows' token embeddings after the sqrt(hidden) scale, as transformers scatters them.
+    image_embeds: tuple[mx.array, mx.array] | None = None
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -103,6 +106,9 @@ class Model(DecoderLM):
         self, input_ids: mx.array, positions: mx.array, meta: AttentionMetadata, caches: list[LayerCache]
     ) -> mx.array:
         x = self.embed_tokens(input_ids)
+        if self.image_embeds is not None:
+            rows, values = self.image_embeds
+            x[rows] = values.astype(x.dtype)
         for layer, cache in zip(self.layers, caches, strict=True):
             assert isinstance(layer, GemmaLayer)
             x = layer(x, self.local_rotary if layer.sliding else self.rotary, positions, meta, cache)

@@ -1,0 +1,1 @@
+"""Vision towers on MLX (the twins of localchat/backends/torch/vision/)."""

@@ -1,0 +1,52 @@
+"""The MLX runner's side of image input, as localchat/backends/torch/vision/images.py on torch: the
+vision tower of a multimodal checkpoint, an encoder cache by content hash (a picture is encoded once,
+however many prefill chunks or turns carry it), and per step the (rows, values) that the text model
+scatters over its placeholder embeddings."""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from localchat.backends.mlx.vision.gemma3 import Gemma3Vision, load_gemma3_vision
+from localchat.engine.interface import ImageSlice
+from localchat.vision.encoder_cache import EncoderCache
+from localchat.vision.model_info import vision_config
+
+log = logging.getLogger(__name__)
+
+
+class ImageEmbedder:
+    def __init__(self, vision: Gemma3Vision, dtype: mx.Dtype) -> None:
+        self.vision = vision
+        self.dtype = dtype
+        self.cache: EncoderCache[mx.array] = EncoderCache()
+
+    def step_embeds(self, slices: list[ImageSlice]) -> tuple[mx.array, mx.array] | None:
+        """(flat token rows, embedding rows) for this step's image slices; None when it has none."""
+        if not slices:
+            return None
+        rows: list[int] = []
+        values: list[mx.array] = []
+        for part in slices:
+            embeds = self.cache.get_or_encode(part.image.content_hash, partial(self._encode, part))
+            rows.extend(part.token_rows)
+            values.append(embeds[mx.array(part.embed_rows, dtype=mx.int32)])
+        return mx.array(rows, dtype=mx.int32), mx.concatenate(values)
+
+    def _encode(self, part: ImageSlice) -> mx.array:
+        pixels = mx.array(np.ascontiguousarray(part.image.pixels, dtype=np.float32))[None]
+        embeds = self.vision.encode(pixels.astype(self.dtype))[0]
+        mx.eval(embeds)  # cached: computed once, not re-traced by every step that reads it
+        return embeds
+
+
+def load_image_embedder(path: Path, dtype: mx.Dtype) -> ImageEmbedder | None:
+    if vision_config(path) is None:
+        return None
+    log.info("loading the vision tower of %s", path)
+    return ImageEmbedder(load_gemma3_vision(path, dtype), dtype)

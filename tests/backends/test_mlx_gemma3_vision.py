@@ -1,0 +1,113 @@
+"""Gemma 3's vision tower + projector on MLX (localchat.backends.mlx.vision) and the MLX runner's image
+path against transformers, on the tiny random Gemma3ForConditionalGeneration of the torch suite
+(tests/backends/test_gemma3_vision.py), float32 on MLX's CPU device: real PNG files go through
+localchat's preprocessing; the image embeddings match get_image_features; an image prompt run through
+the runner's execute path (image slices as the engine builds them, whole or split by chunked prefill in
+the middle of the image's run) gives transformers' logits and greedy tokens, and the picture is encoded
+once (the encoder cache)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+mx = pytest.importorskip("mlx.core")
+torch = pytest.importorskip("torch")
+
+from localchat.backends.mlx.vision.gemma3 import load_gemma3_vision  # noqa: E402
+from localchat.engine.interface import ImageSlice  # noqa: E402
+from localchat.engine.request import ImageInput  # noqa: E402
+from localchat.vision.gemma3_preprocess import ImageSpec, content_hash, decode, preprocess  # noqa: E402
+from localchat.vision.placement import chunk_rows  # noqa: E402
+from localchat.weights.loader import load_model  # noqa: E402
+from tests.backends.test_gemma3_multimodal import TEXT  # noqa: E402
+from tests.backends.test_gemma3_vision import VISION, _hf_logits, _pictures  # noqa: E402
+from tests.backends.test_mlx_parity import Driver, mlx_runner  # noqa: E402
+
+pytestmark = pytest.mark.mlx
+
+PROMPT = [5, 17, 297, 299, 299, 299, 299, 298, 42, 7]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    """The torch suite's model: the same seed, config and weight scale (large enough that the picture
+    moves the logits)."""
+    from tokenizers import Tokenizer, models
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = Gemma3Config(
+        text_config=TEXT, vision_config=VISION, mm_tokens_per_image=4, image_token_index=299
+    )
+    hf = Gemma3ForConditionalGeneration(config)
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            param.copy_((0.3 if name.endswith("norm.weight") else 0.15) * torch.randn_like(param))
+    folder = tmp_path_factory.mktemp("gemma3v-mlx")
+    hf.eval().save_pretrained(folder)
+    vocab = {f"t{i}": i for i in range(300)}
+    (folder / "tokenizer.json").write_text(Tokenizer(models.WordLevel(vocab, unk_token="t0")).to_str())
+    return hf, folder
+
+
+def test_image_embeddings_match_transformers(saved: tuple[Any, Path], tmp_path: Path) -> None:
+    hf, folder = saved
+    vision = load_gemma3_vision(folder)
+    spec = ImageSpec.from_folder(folder, vision.image_size)
+    pixels = np.stack([preprocess(decode(b), spec) for b in _pictures(tmp_path)])
+    ours = np.array(vision.encode(mx.array(pixels)))
+    with torch.no_grad():
+        theirs = hf.model.get_image_features(pixel_values=torch.from_numpy(pixels)).pooler_output.numpy()
+    assert ours.shape == (2, 4, TEXT["hidden_size"])
+    err = np.abs(ours - theirs).max()
+    print(f"mlx gemma3 vision max abs err fp32: {err:.2e}")
+    assert err < 1e-4
+    assert np.abs(ours[0] - ours[1]).max() > 1e-2  # different pictures, different embeddings
+
+
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_image_prompt_logits_and_greedy_tokens_match(
+    saved: tuple[Any, Path], tmp_path: Path, chunk: int | None
+) -> None:
+    """chunk=5 splits the image's four placeholders (positions 3-6) two and two across the steps."""
+    hf, folder = saved
+    data = _pictures(tmp_path)[0]
+    pixels = preprocess(decode(data), ImageSpec.from_folder(folder, 56))
+    runner = mlx_runner(load_model(folder))
+    assert runner.images is not None
+    image = ImageInput(tuple(i for i, t in enumerate(PROMPT) if t == 299), content_hash(data), pixels)
+    driver = Driver(runner)  # type: ignore[arg-type]
+    driver.add("a", PROMPT)
+    rows_logits = []
+    for start, end in [(0, len(PROMPT))] if chunk is None else [(0, chunk), (chunk, len(PROMPT))]:
+        out, batch = driver.build({"a": end - start}, every_token=True)
+        token_rows, embed_rows = chunk_rows(list(image.placeholders), start, end)
+        batch.image_slices = [ImageSlice(image, token_rows, embed_rows)]  # as engine/batch.py builds them
+        rows_logits.append(np.array(runner.compute_logits(out, batch)))
+    assert (runner.images.cache.misses, runner.images.cache.hits) == (1, 0 if chunk is None else 1)
+    ours = np.concatenate(rows_logits)
+    torch_pixels = torch.from_numpy(pixels)[None]
+    theirs = _hf_logits(hf, PROMPT, torch_pixels)
+    err = np.abs(ours - theirs).max()
+    print(f"mlx gemma3 image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
+    assert err < 1e-4
+    for _ in range(3):  # greedy decode after the image: no image rows in these steps
+        driver.feed("a", int(ours[-1].argmax()))
+        _, logits = driver.step_logits()
+        ours = logits
+        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), torch_pixels)[-1].argmax())
+    # the picture matters: without its embeddings the prompt's last logits differ
+    assert np.abs(theirs[-1] - _hf_logits(hf, PROMPT, torch.zeros_like(torch_pixels))[-1]).max() > 1e-3
+
+
+def test_a_text_only_gemma3_has_no_tower(saved: tuple[Any, Path], tmp_path: Path) -> None:
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    Gemma3ForCausalLM(Gemma3TextConfig(**TEXT)).save_pretrained(tmp_path)
+    (tmp_path / "tokenizer.json").write_bytes((saved[1] / "tokenizer.json").read_bytes())
+    assert mlx_runner(load_model(tmp_path)).images is None
