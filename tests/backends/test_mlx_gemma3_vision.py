@@ -111,3 +111,17 @@ def test_a_text_only_gemma3_has_no_tower(saved: tuple[Any, Path], tmp_path: Path
     Gemma3ForCausalLM(Gemma3TextConfig(**TEXT)).save_pretrained(tmp_path)
     (tmp_path / "tokenizer.json").write_bytes((saved[1] / "tokenizer.json").read_bytes())
     assert mlx_runner(load_model(tmp_path)).images is None
+
+
+def test_a_gguf_with_a_paired_mmproj_is_refused_with_the_fix(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A GGUF + llama.cpp mmproj pair takes pictures on the server's side (localchat.vision.mmproj), but
+    the MLX tower reads safetensors folders only: the load says which backend runs the pair."""
+    from localchat.backends.mlx.vision import images
+    from localchat.errors import BackendUnavailableError
+
+    paired = {"model_type": "gemma3", "vision_config": {}, "mmproj": str(tmp_path / "mmproj-x.gguf")}
+    monkeypatch.setattr(images, "vision_config", lambda path: paired)
+    with pytest.raises(BackendUnavailableError, match=r"mmproj-x\.gguf.*--backend torch"):
+        images.load_image_embedder(tmp_path / "x.gguf", mx.float32)

@@ -14,6 +14,7 @@ import numpy as np
 
 from localchat.backends.mlx.vision.gemma3 import Gemma3Vision, load_gemma3_vision
 from localchat.engine.interface import ImageSlice
+from localchat.errors import BackendUnavailableError
 from localchat.vision.encoder_cache import EncoderCache
 from localchat.vision.model_info import vision_config
 
@@ -46,7 +47,15 @@ class ImageEmbedder:
 
 
 def load_image_embedder(path: Path, dtype: mx.Dtype) -> ImageEmbedder | None:
-    if vision_config(path) is None:
+    config = vision_config(path)
+    if config is None:
         return None
+    if "mmproj" in config:
+        # The server takes pictures for the pair, so loading the text model alone would leave them nowhere.
+        raise BackendUnavailableError(
+            f"{path.name} has a vision projector paired ({Path(config['mmproj']).name}); the MLX backend "
+            "runs Gemma 3's vision tower from a safetensors folder only. Use --backend torch for this GGUF "
+            "with its mmproj, or move the mmproj file out of the model's folder to chat without images."
+        )
     log.info("loading the vision tower of %s", path)
     return ImageEmbedder(load_gemma3_vision(path, dtype), dtype)
