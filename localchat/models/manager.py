@@ -32,6 +32,7 @@ from localchat.host_memory import mem_available
 from localchat.models.catalog import DEFAULT_ALIAS, ResolvedModel
 from localchat.models.memory import MemoryEstimate, check_fits, compute_dtype, estimate
 from localchat.models.pulls import Pulls, pull_progress
+from localchat.models.side_memory import SideModelMemory, side_model_memory
 from localchat.models.targets import find_local, from_local, list_local, startup_choice
 from localchat.serving.assembly import build_context, mcp_hub
 
@@ -92,6 +93,8 @@ class ModelManager:
         self.on_startup_error: Callable[[LocalchatError], None] | None = None  # the CLI exits with it
         self._loaded: OrderedDict[str, ServerContext] = OrderedDict()  # least recently used first
         self._estimates: dict[str, MemoryEstimate] = {}
+        # The embedding/rerank models beside the chat models: counted in the memory check, never evicted.
+        self.side_models: list[SideModelMemory] = []
         self._tasks: dict[str, LoadTask] = {}
         self._startup: LoadTask | None = None
         self._last_error: str | None = None
@@ -111,6 +114,10 @@ class ModelManager:
         manager = cls(settings, mcp=ctx.mcp or False, **kwargs)
         manager._loaded[ctx.model_id] = ctx
         return manager
+
+    def count_side_models(self, models: list[tuple[str, str, Path]]) -> None:
+        """Size the side models (model id, "embedding" or "rerank", path) from their tensor tables."""
+        self.side_models = [side_model_memory(model_id, kind, path) for model_id, kind, path in models]
 
     # -- life cycle (the app's lifespan) ---------------------------------------------------------------
 
@@ -330,7 +337,7 @@ class ModelManager:
                 freeable = sum(
                     self._estimates[c.model_id].total for c in victims if c.model_id in self._estimates
                 )
-                check_fits(name, need, self._available(), freeable)
+                check_fits(name, need, self._available(), freeable, self.side_models)
             for ctx in victims:  # in-flight requests on them finish first (shutdown drains)
                 with self._lock:
                     self._drop(ctx)

@@ -7,7 +7,7 @@ import contextlib
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from localchat import cpu_features
 from localchat.arch.architecture import TOP_WEIGHTS, Architecture
 from localchat.arch.registry import architecture
 from localchat.errors import InsufficientMemoryError, ModelLoadError, UnsupportedArchitectureError
+from localchat.models.side_memory import SideModelMemory, side_models_note
 from localchat.weights.isq_plan import LINEAR_PARAMS, Role, isq_bytes
 from localchat.weights.x16 import kernel_isa, loaded_block_bytes
 
@@ -316,17 +317,24 @@ def _quant_of(filename: str) -> str | None:
     return match.group(1) if match else None
 
 
-def check_fits(name: str, need: MemoryEstimate, available: int | None, freeable: int = 0) -> None:
-    """Raise when `need` exceeds the free RAM plus what unloading other models would give back."""
+def check_fits(
+    name: str,
+    need: MemoryEstimate,
+    available: int | None,
+    freeable: int = 0,
+    side: Sequence[SideModelMemory] = (),
+) -> None:
+    """Raise when `need` exceeds the free RAM plus what unloading other models would give back. `side`:
+    the embedding/rerank models beside the chat models, never unloaded for one (side_memory.py)."""
     if available is None:
         return  # unknown platform: let the load try
-    room = available + freeable
+    room = max(0, available + freeable - sum(m.file_backed for m in side))
     if need.total <= room:
         return
     raise InsufficientMemoryError(
         f"Model {name!r} needs about {need.total / GIB:.1f} GiB of RAM (weights {need.weights / GIB:.1f}, "
         f"KV cache {need.kv_cache / GIB:.1f}, runtime {need.overhead / GIB:.1f}) but only "
         f"{room / GIB:.1f} GiB is free. Close other programs, unload a model, lower --kv-cache-mib, or pick a "
-        "smaller model or quant.",
+        "smaller model or quant." + side_models_note(side),
         param="model",
     )

@@ -58,6 +58,7 @@ def create_app(
 ) -> Litestar:
     """`encoders`: the embedding and rerank models loaded beside the chat models."""
     manager = models if isinstance(models, ModelManager) else ModelManager.preloaded(settings, models)
+    manager.count_side_models([(e.model_id, e.kind, e.path) for e in encoders or []])
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:

@@ -49,6 +49,8 @@ async def list_all(request: Request[Any, Any, Any], q: FromQuery[str] = "") -> d
 
     models = get_models(request)
     available = mem_available()
+    if available is not None:  # the side models' mapped weights: free to the OS, not to a chat model
+        available = max(0, available - sum(m.file_backed for m in models.side_models))
 
     def collect() -> dict[str, Any]:  # reads the disk (HF cache, catalog): off the event loop
         return {
@@ -58,6 +60,7 @@ async def list_all(request: Request[Any, Any, Any], q: FromQuery[str] = "") -> d
             "catalog": catalog_models(models, available, q[:200]),
             "pulls": [job.progress for job in models.pulls.jobs()],
             "ram_available_bytes": available,
+            "side_models": [m.as_json() for m in models.side_models],  # never evicted
         }
 
     return await anyio.to_thread.run_sync(collect)
