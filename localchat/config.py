@@ -81,6 +81,14 @@ class Settings:
         None, ("--w", "--weights"), "a safetensors model folder", group="model", metavar="DIR"
     )
     file: str | None = _opt(None, ("--f", "--file"), "a GGUF model file", group="model", metavar="FILE")
+    mmproj: str | None = _opt(
+        None,
+        ("--mmproj",),
+        "llama.cpp's vision projector (mmproj-*.gguf) for a GGUF model; without it, the only mmproj*.gguf "
+        "beside the model file is paired",
+        group="model",
+        metavar="FILE",
+    )
     model: str | None = _opt(
         None,
         ("--m", "--model"),

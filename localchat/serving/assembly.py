@@ -64,7 +64,7 @@ def load_bundle(
         data_dir=data_dir(),
         progress=progress,
     )
-    bundle = load_model(resolved.path)
+    bundle = load_model(resolved.path, mmproj=settings.mmproj)
     aliases = [a for a in (*resolved.aliases, bundle.name, str(resolved.path)) if a != resolved.model_id]
     return bundle, resolved.model_id, aliases
 

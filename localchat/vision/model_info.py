@@ -7,12 +7,19 @@ import json
 from pathlib import Path
 from typing import Any
 
+from localchat.errors import ModelLoadError
+
 # Multimodal families whose vision tower localchat runs (backends/torch/vision/).
 SUPPORTED = frozenset({"gemma3"})
 
 
 def vision_config(path: Path) -> dict[str, Any] | None:
-    """The config.json of a multimodal safetensors folder of a supported family, else None."""
+    """The config.json of a multimodal safetensors folder of a supported family (for a GGUF file: the same
+    dict built from its paired mmproj), else None."""
+    if path.suffix.lower() == ".gguf" and path.is_file():
+        from localchat.vision.mmproj import paired_vision_config  # a text GGUF + llama.cpp's mmproj
+
+        return paired_vision_config(path)
     config_file = path / "config.json"
     if not path.is_dir() or not config_file.is_file():
         return None
@@ -26,5 +33,5 @@ def takes_images(path: Path) -> bool:
     """For listings (/v1/models, the model picker): an unreadable config.json counts as no vision."""
     try:
         return vision_config(path) is not None
-    except (OSError, ValueError):
+    except (OSError, ValueError, ModelLoadError):  # a mismatched mmproj too: the load says why
         return False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from localchat.errors import ModelLoadError
@@ -11,12 +12,15 @@ from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
 from localchat.weights.tokenizer import Tokenizer
 
+log = logging.getLogger(__name__)
+
 # Tokens chat templates close a turn with; generation must stop there even when the file's EOS differs.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|end_of_turn|>", "<|eom_id|>")
 
 
-def load_model(path: str | Path, name: str | None = None) -> ModelBundle:
-    """Read config, tokenizer and chat template now; weights stay on disk until `iter_weights()`."""
+def load_model(path: str | Path, name: str | None = None, mmproj: str | Path | None = None) -> ModelBundle:
+    """Read config, tokenizer and chat template now; weights stay on disk until `iter_weights()`.
+    `mmproj`: llama.cpp's vision projector for a GGUF (else the only mmproj*.gguf beside it is paired)."""
     source = Path(path).expanduser()
     if source.is_dir():
         if not (source / "config.json").is_file():
@@ -27,6 +31,7 @@ def load_model(path: str | Path, name: str | None = None) -> ModelBundle:
         bundle = _load_folder(source, name or source.name)
     elif source.suffix.lower() == ".gguf":
         bundle = _load_gguf(source, name or source.stem)
+        _pair_vision_projector(source, mmproj)
     elif not source.exists():
         raise ModelLoadError(
             f"{source} does not exist. Expected a Hugging Face model folder or a .gguf file."
@@ -106,6 +111,21 @@ def _load_gguf(file: Path, name: str) -> ModelBundle:
         chat_template=gguf_chat_template(reader),
         generation_defaults=gguf_sampling_defaults(lambda key: gguf_value(reader, key)),
     )
+
+
+def _pair_vision_projector(file: Path, mmproj: str | Path | None) -> None:
+    """Check the paired mmproj against the text model now, so a wrong one fails the load by name."""
+    from localchat.vision.mmproj import pair_mmproj, paired_vision_config
+
+    paired = pair_mmproj(file, mmproj)
+    if paired is None:
+        return
+    if paired_vision_config(file) is None:
+        log.info(
+            "%s is beside %s, but its projector kind is not one localchat runs: text only", paired, file.name
+        )
+    else:
+        log.info("vision projector %s paired with %s", paired, file.name)
 
 
 def folder_chat_template(folder: Path) -> str | None:

@@ -56,10 +56,11 @@ def _tokenizer() -> Tokenizer:
     return tok
 
 
-def _write_folder(folder: Path) -> torch.nn.Module:
+def _write_folder(folder: Path, **text: Any) -> torch.nn.Module:
+    """`text`: text_config overrides (the GGUF tests set what llama.cpp's gemma3 arch fixes)."""
     torch.manual_seed(0)
     config = Gemma3Config(
-        text_config={**TEXT, "sliding_window": 64},  # every layer sees the picture
+        text_config={**TEXT, "sliding_window": 64, **text},  # every layer sees the picture
         vision_config=VISION,
         mm_tokens_per_image=TOKENS_PER_IMAGE,
         image_token_index=299,

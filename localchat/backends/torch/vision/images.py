@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from localchat.backends.torch.vision.gemma3 import Gemma3Vision, load_gemma3_vision
+from localchat.backends.torch.vision.gemma3_mmproj import load_gemma3_mmproj
 from localchat.engine.interface import ImageSlice
 from localchat.vision.encoder_cache import EncoderCache
 from localchat.vision.model_info import vision_config
@@ -44,7 +45,11 @@ class ImageEmbedder:
 
 
 def load_image_embedder(path: Path, device: torch.device, dtype: torch.dtype) -> ImageEmbedder | None:
-    if vision_config(path) is None:
+    config = vision_config(path)
+    if config is None:
         return None
+    if "mmproj" in config:  # a GGUF with llama.cpp's projector file beside it
+        log.info("loading the vision tower of %s from %s", path, config["mmproj"])
+        return ImageEmbedder(load_gemma3_mmproj(config, Path(config["mmproj"]), dtype), device, dtype)
     log.info("loading the vision tower of %s", path)
     return ImageEmbedder(load_gemma3_vision(path, dtype), device, dtype)

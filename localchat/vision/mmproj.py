@@ -1,0 +1,145 @@
+"""llama.cpp's vision projector files (`mmproj-*.gguf`: `clip.*` metadata, `v.*` / `mm.*` tensors) paired
+with a text GGUF, without torch. A Gemma 3 GGUF with its mmproj is a vision model: its pairing (an explicit
+--mmproj, else the only `mmproj*.gguf` beside the model file) gives the same config dict a Gemma 3
+safetensors folder's config.json gives (localchat.vision.model_info), so the prompt and runner sides
+treat both alike."""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from localchat.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+# Projector kinds whose tower localchat runs, by the text architecture they feed.
+PROJECTORS = {"gemma3": "gemma3"}
+
+# --mmproj choices made at load time, by model file: listings and the prompt side find them here.
+_explicit: dict[Path, Path] = {}
+
+
+class MmprojMismatchError(ModelLoadError):
+    """An mmproj that cannot feed the text model it is paired with."""
+
+    code = "mmproj_mismatch"
+
+
+def is_mmproj_name(name: str) -> bool:
+    """How llama.cpp's converter and the hub repos name projector files."""
+    lower = name.lower()
+    return lower.endswith(".gguf") and "mmproj" in lower
+
+
+def pair_mmproj(model_file: Path, explicit: str | Path | None = None) -> Path | None:
+    """The projector for a text GGUF: `explicit` (remembered for later lookups), else exactly one
+    `mmproj*.gguf` in the model's folder; None when there is none or several (then which one is unclear)."""
+    model_file = model_file.expanduser().resolve()
+    if explicit is not None:
+        chosen = Path(explicit).expanduser().resolve()
+        if not chosen.is_file():
+            raise ModelLoadError(f"--mmproj {chosen} does not exist. Give the path of an mmproj-*.gguf file.")
+        _explicit[model_file] = chosen
+        return chosen
+    if model_file in _explicit:
+        return _explicit[model_file]
+    found = sorted(p for p in model_file.parent.glob("*.gguf") if is_mmproj_name(p.name))
+    return found[0] if len(found) == 1 else None
+
+
+def _reader(path: Path) -> Any:
+    from localchat.weights.gguf import open_gguf  # the gguf package's reader, with our error handling
+
+    return open_gguf(path)
+
+
+def _value(reader: Any, key: str, default: Any = None) -> Any:
+    from localchat.weights.gguf import gguf_value
+
+    return gguf_value(reader, key, default)
+
+
+@lru_cache(maxsize=16)
+def _mmproj_metadata(path: Path, mtime_ns: int) -> dict[str, Any]:
+    reader = _reader(path)
+    keys = ("clip.projector_type", "clip.vision.projection_dim", "clip.vision.image_size",
+            "clip.vision.patch_size", "clip.vision.embedding_length", "clip.vision.feed_forward_length",
+            "clip.vision.block_count", "clip.vision.attention.head_count",
+            "clip.vision.attention.layer_norm_epsilon", "clip.vision.projector.scale_factor",
+            "clip.vision.image_mean", "clip.vision.image_std")  # fmt: skip
+    meta = {key: _value(reader, key) for key in keys}
+    if not _value(reader, "clip.has_vision_encoder", False) or meta["clip.projector_type"] is None:
+        raise ModelLoadError(f"{path} is not a vision projector (no clip.* vision metadata).")
+    return meta
+
+
+@lru_cache(maxsize=16)
+def _text_metadata(path: Path, mtime_ns: int) -> tuple[str, int, int | None]:
+    """(architecture, hidden size, id of <image_soft_token>) of a text GGUF."""
+    reader = _reader(path)
+    arch = str(_value(reader, "general.architecture", ""))
+    hidden = int(_value(reader, f"{arch}.embedding_length", 0))
+    tokens = _value(reader, "tokenizer.ggml.tokens", []) or []
+    image_token = tokens.index("<image_soft_token>") if "<image_soft_token>" in tokens else None
+    return arch, hidden, image_token
+
+
+def mmproj_metadata(path: Path) -> dict[str, Any]:
+    return _mmproj_metadata(path, path.stat().st_mtime_ns)
+
+
+def gguf_vision_config(model_file: Path, mmproj: Path) -> dict[str, Any]:
+    """The config.json-shaped dict (model_type, vision_config, text_config, mm_tokens_per_image,
+    image_token_index) of a text GGUF + its mmproj; MmprojMismatchError when they do not fit."""
+    meta = mmproj_metadata(mmproj)
+    arch, hidden, image_token = _text_metadata(model_file, model_file.stat().st_mtime_ns)
+    kind = str(meta["clip.projector_type"])
+    if PROJECTORS.get(kind) != arch:
+        raise MmprojMismatchError(
+            f"The vision projector {mmproj.name} is of kind {kind!r}, but the model {model_file.name} is "
+            f"{arch!r}: localchat pairs {', '.join(f'{k} projectors with {a}' for k, a in PROJECTORS.items())}. "
+            "Use the mmproj file published with this model (--mmproj PATH)."
+        )
+    if int(meta["clip.vision.projection_dim"] or 0) != hidden:
+        raise MmprojMismatchError(
+            f"The vision projector {mmproj.name} writes embeddings of width "
+            f"{meta['clip.vision.projection_dim']}, but the model {model_file.name} has hidden size {hidden}. "
+            "Use the mmproj file published with this model (--mmproj PATH)."
+        )
+    if image_token is None:
+        raise MmprojMismatchError(f"{model_file.name} has no <image_soft_token> in its vocabulary.")
+    size, patch = int(meta["clip.vision.image_size"]), int(meta["clip.vision.patch_size"])
+    scale = int(meta["clip.vision.projector.scale_factor"] or 4)  # llama.cpp's default for Gemma 3
+    eps = meta["clip.vision.attention.layer_norm_epsilon"]
+    return {
+        "model_type": arch,
+        "mm_tokens_per_image": (size // patch // scale) ** 2,
+        "image_token_index": image_token,
+        "text_config": {"hidden_size": hidden},
+        "vision_config": {
+            "hidden_size": int(meta["clip.vision.embedding_length"]),
+            "intermediate_size": int(meta["clip.vision.feed_forward_length"]),
+            "num_hidden_layers": int(meta["clip.vision.block_count"]),
+            "num_attention_heads": int(meta["clip.vision.attention.head_count"]),
+            "image_size": size,
+            "patch_size": patch,
+            "layer_norm_eps": float(eps) if eps is not None else 1e-6,
+        },
+        "mmproj": str(mmproj),
+    }
+
+
+def paired_vision_config(model_file: Path) -> dict[str, Any] | None:
+    """The vision config of a text GGUF whose mmproj is paired, else None. A projector found beside the
+    model (not named by --mmproj) whose kind localchat does not run leaves the model text-only: a
+    Qwen2.5-VL or LLaVA GGUF still chats; a wrong projector of a kind we run is an error."""
+    model_file = model_file.expanduser().resolve()
+    mmproj = pair_mmproj(model_file)
+    if mmproj is None:
+        return None
+    if model_file not in _explicit and mmproj_metadata(mmproj)["clip.projector_type"] not in PROJECTORS:
+        return None
+    return gguf_vision_config(model_file, mmproj)

@@ -1,0 +1,143 @@
+"""Gemma 3 as llama.cpp publishes it: a text GGUF plus its `mmproj-*.gguf` vision projector, both written
+by llama.cpp's converter from the tiny random Gemma3ForConditionalGeneration the vision tests use. The
+mmproj, paired automatically (the only one beside the model) or by --mmproj, gives transformers' image
+embeddings, and the GGUF text model with them transformers' logits and greedy tokens for an image
+prompt. An mmproj for another model is refused by a typed error naming both."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from localchat.backends.torch.vision.gemma3_mmproj import load_gemma3_mmproj
+from localchat.vision.gemma3_preprocess import ImageSpec, decode, preprocess
+from localchat.vision.mmproj import MmprojMismatchError, gguf_vision_config, pair_mmproj
+from localchat.vision.model_info import takes_images, vision_config
+from localchat.vision.placement import chunk_rows
+from localchat.weights.loader import load_model
+from tests.e2e.test_vision_server import TOKENS_PER_IMAGE, _write_folder
+from tests.helpers.gemma3_gguf_vision import write_gguf_pair
+from tests.helpers.torch_batch import PagedDriver
+from tests.helpers.torch_models import fp32_runner
+
+pytestmark = pytest.mark.slow
+
+Pair = tuple[Any, Path, Path, Path]  # (transformers model, folder, text GGUF, mmproj GGUF)
+
+
+def round_projection_to_f16(hf: Any, folder: Path) -> None:
+    """llama.cpp's converter keeps the projector matrix in f16 whatever --outtype says: weights already
+    f16-exact make the f32 GGUF pair the same model as the folder, so the comparison can be tight."""
+    with torch.no_grad():
+        weight = hf.model.multi_modal_projector.mm_input_projection_weight
+        weight.copy_(weight.half().float())
+    hf.save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Pair:
+    folder = tmp_path_factory.mktemp("gemma3v-folder")
+    hf = _write_folder(folder, query_pre_attn_scalar=16)  # llama.cpp's gemma3 scales by head_dim**-0.5
+    round_projection_to_f16(hf, folder)
+    model, mmproj = write_gguf_pair(folder, tmp_path_factory.mktemp("gemma3v-gguf"), TOKENS_PER_IMAGE)
+    return hf, folder, model, mmproj
+
+
+def _pixels(tmp_path: Path) -> torch.Tensor:
+    rng = np.random.default_rng(3)
+    pictures = []
+    for i, shape in enumerate(((40, 70, 3), (90, 33, 3))):
+        path = tmp_path / f"p{i}.png"
+        Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), "RGB").save(path)
+        pictures.append(preprocess(decode(path.read_bytes()), ImageSpec(size=56)))
+    return torch.from_numpy(np.stack(pictures))
+
+
+def test_the_only_mmproj_beside_the_model_is_paired(pair: Pair) -> None:
+    _, _, model, mmproj = pair
+    assert pair_mmproj(model) == mmproj.resolve()
+    config = vision_config(model)
+    assert config is not None and takes_images(model)
+    assert config["mm_tokens_per_image"] == TOKENS_PER_IMAGE and config["image_token_index"] == 299
+    assert config["vision_config"]["image_size"] == 56 and config["vision_config"]["patch_size"] == 14
+
+
+def test_mmproj_embeddings_match_transformers(pair: Pair, tmp_path: Path) -> None:
+    hf, _, model, mmproj = pair
+    vision = load_gemma3_mmproj(gguf_vision_config(model, mmproj), mmproj)
+    pixels = _pixels(tmp_path)
+    ours = vision.encode(pixels)
+    with torch.no_grad():
+        theirs = hf.model.get_image_features(pixel_values=pixels).pooler_output
+    err = (ours - theirs).abs().max().item()
+    print(f"gemma3 mmproj image embeddings max abs err fp32: {err:.2e}")
+    assert ours.shape == theirs.shape and err < 1e-4
+    assert (ours[0] - ours[1]).abs().max().item() > 1e-2
+
+
+def test_gguf_with_mmproj_answers_an_image_prompt_as_transformers(pair: Pair, tmp_path: Path) -> None:
+    hf, _, model, mmproj = pair
+    bundle = load_model(model)
+    vision = load_gemma3_mmproj(gguf_vision_config(model, mmproj), mmproj)
+    pixels = _pixels(tmp_path)[:1]
+    embeds = vision.encode(pixels)[0]
+    prompt = [2, 3, 5, 7, 297, 299, 299, 299, 299, 298, 4, 3, 6]
+    placeholders = [i for i, t in enumerate(prompt) if t == 299]
+    runner = fp32_runner(bundle)
+    text_model: Any = runner.model
+    driver = PagedDriver(runner)
+    driver.add("a", prompt)
+    rows, picked = chunk_rows(placeholders, 0, len(prompt))
+    text_model.image_embeds = (torch.tensor(rows), embeds[picked])
+    _, logits = driver.step_logits({"a": len(prompt)}, every_token=True)
+    text_model.image_embeds = None
+    with torch.no_grad():
+        theirs = hf(input_ids=torch.tensor([prompt]), pixel_values=pixels).logits[0].float().numpy()
+    ours = logits.cpu().numpy()
+    err = np.abs(ours - theirs).max()
+    print(f"gemma3 GGUF + mmproj image prompt logits max abs err fp32: {err:.2e}")
+    assert err < 1e-3
+    for _ in range(4):
+        driver.feed("a", int(ours[-1].argmax()))
+        _, step = driver.step_logits()
+        ours = step.cpu().numpy()
+        with torch.no_grad():
+            ref = hf(input_ids=torch.tensor([driver.tokens("a")]), pixel_values=pixels).logits[0, -1]
+        assert int(ours[0].argmax()) == int(ref.argmax())
+
+
+@pytest.mark.parametrize(
+    ("model_type", "hidden", "named"),
+    [("llama", 64, ("'gemma3'", "'llama'")), ("gemma3_text", 32, ("width 64", "hidden size 32"))],
+)
+def test_a_mismatched_mmproj_is_a_typed_error(
+    pair: Pair,
+    tmp_path: Path,
+    model_type: str,
+    hidden: int,
+    named: tuple[str, str],
+) -> None:
+    """An mmproj given for another model (another architecture, or a Gemma 3 of another width) is
+    refused at load naming both files and what differs; found beside it, the same."""
+    from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE, write_tiny_gguf
+    from tests.helpers.torch_models import tiny_hf_model
+
+    _, _, _, mmproj = pair
+    hf = tiny_hf_model(model_type, vocab_size=TINY_VOCAB_SIZE, hidden_size=hidden, head_dim=16)
+    other = write_tiny_gguf(tmp_path / "other.gguf", hf, qtype="F32")
+    with pytest.raises(MmprojMismatchError) as info:
+        load_model(other, mmproj=mmproj)
+    message = info.value.message
+    assert "other.gguf" in message and mmproj.name in message and all(n in message for n in named)
+    beside = tmp_path / "beside"
+    beside.mkdir()
+    (beside / "other.gguf").write_bytes(other.read_bytes())
+    (beside / mmproj.name).write_bytes(mmproj.read_bytes())
+    with pytest.raises(MmprojMismatchError):
+        load_model(beside / "other.gguf")
+    assert not takes_images(beside / "other.gguf")
