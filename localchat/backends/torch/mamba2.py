@@ -20,6 +20,7 @@ from torch import nn
 
 from localchat.backends.torch.layers import empty_param
 from localchat.backends.torch.quant import linear
+from localchat.backends.torch.recurrent_kernels import use_triton_recurrent
 from localchat.backends.torch.short_conv import causal_conv
 from localchat.backends.torch.state_cache import LayerStateShape, StepRows
 
@@ -143,20 +144,28 @@ class Mamba2Mixer(nn.Module):
         decay_rate = -self.A_log.float().exp()
         a = dt * decay_rate
         core = torch.empty(tokens, h, p, dtype=torch.float32, device=x.device)
+        skip = self.D.float()[:, None]  # the D term, added per row kind (the decode kernel adds its own)
         if rows.decode_tokens is not None:
             idx, slots = rows.decode_tokens, rows.decode_slots
             assert slots is not None
-            o, new = ssd_step(xs[idx], dt[idx], a[idx], b[idx], c[idx], states.index_select(0, slots))
-            states.index_copy_(0, slots, new)
-            core[idx] = o
+            if use_triton_recurrent(x.device):
+                # imports Triton: CUDA (or its interpreter)
+                from localchat.backends.torch import triton_recurrent
+
+                core[idx] = triton_recurrent.ssd_step(  # with the D skip
+                    xbc[idx], dt_raw[idx], self.dt_bias, self.A_log, self.D, states, slots, g
+                )
+            else:
+                o, new = ssd_step(xs[idx], dt[idx], a[idx], b[idx], c[idx], states.index_select(0, slots))
+                states.index_copy_(0, slots, new)
+                core[idx] = o + xs[idx] * skip
         for start, end, slot in rows.prefills:
             dt_row = dt[start:end].clamp(min=self.dt_min) if self.dt_min > 0 else dt[start:end]
             o, new = ssd_chunked(
                 xs[start:end], dt_row, dt_row * decay_rate, b[start:end], c[start:end], states[slot]
             )
             states[slot] = new
-            core[start:end] = o
-        core = core + xs * self.D.float()[:, None]
+            core[start:end] = o + xs[start:end] * skip
         # RMSNorm per group of y * silu(z) (the gate before the norm), then the norm's scale.
         gated = (core.reshape(tokens, inner) * F.silu(z.float())).view(tokens, g, inner // g)
         normed = gated * torch.rsqrt(gated.pow(2).mean(-1, keepdim=True) + self.eps)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from localchat.backends.torch.recurrent_kernels import use_triton_recurrent
 from localchat.backends.torch.state_cache import StepRows
 
 
@@ -42,9 +43,14 @@ def causal_conv(
     if rows.decode_tokens is not None:
         idx, slots = rows.decode_tokens, rows.decode_slots
         assert slots is not None
-        y, new = conv_step(x[idx], windows.index_select(0, slots), weight, bias)
-        windows.index_copy_(0, slots, new.to(windows.dtype))
-        out[idx] = y
+        if use_triton_recurrent(x.device):
+            from localchat.backends.torch import triton_recurrent  # imports Triton: CUDA (or its interpreter)
+
+            out[idx] = triton_recurrent.conv_step(x[idx], windows, slots, weight, bias, silu=False)
+        else:
+            y, new = conv_step(x[idx], windows.index_select(0, slots), weight, bias)
+            windows.index_copy_(0, slots, new.to(windows.dtype))
+            out[idx] = y
     for start, end, slot in rows.prefills:
         y, new = conv_row(x[start:end], windows[slot], weight, bias)
         windows[slot] = new.to(windows.dtype)

@@ -34,6 +34,7 @@ from localchat.backends.torch.layers import empty_param, rms_norm, swiglu
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.models.moe import Expert, SparseMoe
 from localchat.backends.torch.quant import linear
+from localchat.backends.torch.recurrent_kernels import use_triton_recurrent
 from localchat.backends.torch.state_cache import LayerStateShape, StateCache, StepRows, Zeros
 from localchat.engine.interface import StateCacheSpec
 from localchat.weights.config import ModelConfig
@@ -143,12 +144,19 @@ class HybridLayer(nn.Module):
         if rows.decode_tokens is not None:
             idx, slots = rows.decode_tokens, rows.decode_slots
             assert slots is not None
-            out, windows = conv_decode(mixed[idx], conv_state.index_select(0, slots), weight)
-            conv_state.index_copy_(0, slots, windows.to(conv_state.dtype))
-            q, k, v = heads(out)
-            o, new_state = delta_rule_step(q, k, v, g[idx], beta[idx], rec_state.index_select(0, slots))
-            rec_state.index_copy_(0, slots, new_state)
-            core[idx] = o
+            if use_triton_recurrent(x.device):
+                # imports Triton: CUDA (or its interpreter)
+                from localchat.backends.torch import triton_recurrent
+
+                out = triton_recurrent.conv_step(mixed[idx], conv_state, slots, weight, None, silu=True)
+                core[idx] = triton_recurrent.delta_rule_step(out, g[idx], beta[idx], rec_state, slots, nk)
+            else:
+                out, windows = conv_decode(mixed[idx], conv_state.index_select(0, slots), weight)
+                conv_state.index_copy_(0, slots, windows.to(conv_state.dtype))
+                q, k, v = heads(out)
+                o, new_state = delta_rule_step(q, k, v, g[idx], beta[idx], rec_state.index_select(0, slots))
+                rec_state.index_copy_(0, slots, new_state)
+                core[idx] = o
         for start, end, row_slot in rows.prefills:
             out, window = conv_prefill(mixed[start:end], conv_state[row_slot], weight)
             conv_state[row_slot] = window.to(conv_state.dtype)
