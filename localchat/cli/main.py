@@ -147,7 +147,7 @@ def _serve(settings: Settings, *, open_browser: bool) -> int:
     if settings.embedding_model or settings.rerank_model:  # small: loaded before listening, errors exit 1
         from localchat.embeddings.model import load_side_models
 
-        encoders = load_side_models(settings.embedding_model, settings.rerank_model)
+        encoders = load_side_models(settings.embedding_model, settings.rerank_model, settings.threads)
     models = ModelManager(settings, startup_progress=cli_models.ProgressPrinter(sys.stderr))
     return serve(settings, models, open_browser=open_browser, encoders=encoders)
 

@@ -126,14 +126,16 @@ def resolve_encoder_path(spec: str) -> tuple[Path, str]:
     return resolved.path, resolved.model_id
 
 
-def load_side_models(embedding: str | None, rerank: str | None) -> list[EmbeddingModel]:
-    """The models the two flags name, checked to be of the kind the flag asks for."""
+def load_side_models(
+    embedding: str | None, rerank: str | None, threads: int | None = None
+) -> list[EmbeddingModel]:
+    """The models the two flags name, checked to be of the kind the flag asks for; `threads`: --threads."""
     out = []
     for spec, kind in ((embedding, "embedding"), (rerank, "rerank")):
         if not spec:
             continue
         path, model_id = resolve_encoder_path(spec)
-        model = load_embedding_model(path, model_id, rerank=kind == "rerank")
+        model = load_embedding_model(path, model_id, threads=threads, rerank=kind == "rerank")
         if model.kind != kind:
             flag = "--embedding-model" if kind == "embedding" else "--rerank-model"
             raise ModelLoadError(

@@ -21,7 +21,17 @@ def load_encoder(
     folder: Path, threads: int | None = None, rerank: bool = False
 ) -> tuple[Encoder, SentenceConfig]:
     """The encoder in `folder` (config.json + model.safetensors) and its pooling settings. `rerank`:
-    a decoder is loaded as a yes/no reranker (Qwen3-Reranker); encoders say it by their head."""
+    a decoder is loaded as a yes/no reranker (Qwen3-Reranker); encoders say it by their head.
+    `threads` (--threads): its passes run with that many intra-op threads; None: torch's count."""
+    encoder, sentence = _load_encoder(folder, rerank)
+    if threads:
+        from localchat.backends.torch.encoders.threads import WithThreads
+
+        encoder = WithThreads(encoder, threads)
+    return encoder, sentence
+
+
+def _load_encoder(folder: Path, rerank: bool) -> tuple[Encoder, SentenceConfig]:
     from localchat.embeddings.st_config import read_sentence_config
 
     if folder.is_file() and folder.suffix == ".gguf":  # llama.cpp's bert / nomic-bert layout
