@@ -1,8 +1,8 @@
 """The hybrid layers' Triton decode kernels (triton_recurrent.py: causal conv window, gated DeltaNet and
 Mamba-2 one-token updates), run by Triton's interpreter on CPU tensors against the torch recurrent forms:
 several rows on scattered slots over consecutive steps, states written in place for those slots only;
-then a tiny Qwen3.5 and a tiny Granite 4.0-H (Mamba-2) decode through the layer code with the kernels
-forced on, against the same models on the torch forms. Speed needs a GPU."""
+then a tiny Qwen3.5, Granite 4.0-H (Mamba-2) and LFM2 (short conv) decode through the layer code with
+the kernels forced on, against the same models on the torch forms. Speed needs a GPU."""
 
 from __future__ import annotations
 
@@ -195,3 +195,12 @@ def test_mamba2_decode_with_the_kernels_matches_the_torch_forms(monkeypatch: pyt
 
     calls = _decode_both_ways(monkeypatch, tiny_granite(), {"a": PROMPT[:9], "b": PROMPT[20:25]})
     assert calls == {"conv_step": 3 * 2, "ssd_step": 3 * 2}  # 3 steps x 2 Mamba-2 layers
+
+
+def test_lfm2_short_conv_decode_with_the_kernel_matches_the_torch_form(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.backends.test_lfm2 import PROMPT, tiny_lfm2
+
+    calls = _decode_both_ways(monkeypatch, tiny_lfm2(), {"a": PROMPT[:9], "b": PROMPT[20:25]})
+    assert calls == {"conv_step": 3 * 2}  # 3 steps x 2 short-conv layers
