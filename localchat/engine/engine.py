@@ -243,6 +243,7 @@ class LLMEngine:
             token_logprobs = token_logprobs[:accepted]
             num_generated += accepted
             self.sequence_passes += 1
+            request.num_target_passes += 1
             self._record_latency(request, accepted, now)
             if grammar_error is not None:
                 out = self._finish(request, FinishReason.ERROR, delta, token_ids, token_logprobs)
@@ -281,6 +282,8 @@ class LLMEngine:
             request.spec_pause = pause_after(request.spec_misses)
             self.spec_draft_tokens += len(drafts)
             self.spec_accepted_tokens += len(kept) - 1
+            request.spec_draft_tokens += len(drafts)
+            request.spec_accepted_tokens += len(kept) - 1
             kept_logprobs = [lp for r in rows[: len(kept)] for lp in logprobs[r]] if logprobs else []
             yield req_id, kept, kept_logprobs
 
@@ -362,6 +365,9 @@ class LLMEngine:
             num_output_tokens=request.num_output_tokens,
             logprobs=logprobs or [],
             embedding=request.embedding,
+            spec_draft_tokens=request.spec_draft_tokens,
+            spec_accepted_tokens=request.spec_accepted_tokens,
+            num_target_passes=request.num_target_passes,
         )
 
     def _finish(

@@ -23,6 +23,11 @@ class RequestOutput:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     error: str | None = None  # set with finish_reason ERROR
     embedding: list[float] | None = None  # an embedding request's pooled vector (when finished)
+    # Speculative decoding so far for this request (0 without it): draft tokens scored, of which accepted,
+    # and target passes that gave it tokens (num_output_tokens over it: tokens per pass).
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    num_target_passes: int = 0
 
 
 @dataclass(slots=True)

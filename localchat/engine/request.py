@@ -65,6 +65,11 @@ class Request:
     spec_token_ids: list[int] = field(default_factory=list)
     spec_misses: int = 0  # draft runs in a row of which the model kept nothing
     spec_pause: int = 0  # decode steps left before drafts are proposed again (backoff after misses)
+    # This request's share of the engine's speculation counters (the UI's per-message stats): draft tokens
+    # scored, of which accepted, and target passes that gave it tokens.
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    num_target_passes: int = 0
     images: tuple[ImageInput, ...] = ()  # pictures whose placeholders sit in the prompt
 
     def image_hashes_in(self, start: int, end: int) -> tuple[str, ...]:
