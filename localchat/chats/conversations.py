@@ -452,6 +452,9 @@ class ChatService:
             prompt_tokens=out.num_prompt_tokens,
             completion_tokens=out.num_output_tokens,
             tokens_per_s=rate,
+            spec_draft_tokens=out.spec_draft_tokens,
+            spec_accepted_tokens=out.spec_accepted_tokens,
+            target_passes=out.num_target_passes,
         )
         # The answer stays active until its final state is on disk: a tab that reloads it on "done", or a
         # regenerate right after, must read the finished message.

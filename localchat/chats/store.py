@@ -38,6 +38,9 @@ _MESSAGE_UPDATES = (
     "completion_tokens",
     "tokens_per_s",
     "model",
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
+    "target_passes",
 )
 
 
@@ -71,6 +74,19 @@ class Message:
     alternatives: int = 0  # earlier versions of this answer kept by Regenerate (answer_alternatives)
     earlier_versions: int = 0  # how many of those were written before this one (its place: "2/3")
     attachments: list[Attachment] = field(default_factory=list)  # files the user attached
+    # Speculative decoding (0 without it): draft tokens scored, of which accepted, and the target model's
+    # passes that gave tokens (completion_tokens over it: tokens per pass).
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    target_passes: int = 0
+
+    @property
+    def spec_acceptance(self) -> float:
+        return self.spec_accepted_tokens / self.spec_draft_tokens if self.spec_draft_tokens else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.completion_tokens / self.target_passes if self.target_passes else 0.0
 
 
 @dataclass(slots=True)

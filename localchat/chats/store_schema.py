@@ -103,12 +103,21 @@ CREATE INDEX IF NOT EXISTS attachments_by_message ON attachments (message_id, id
 CREATE INDEX IF NOT EXISTS attachments_by_hash ON attachments (sha256);
 """
 
+# Speculative decoding's share of an answer (the UI's per-message stats; 0: written without it): draft
+# tokens the model scored, of which it accepted, and its passes over the weights that gave tokens.
+_SPECULATION_STATS = """
+ALTER TABLE messages ADD COLUMN spec_draft_tokens INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE messages ADD COLUMN spec_accepted_tokens INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE messages ADD COLUMN target_passes INTEGER NOT NULL DEFAULT 0;
+"""
+
 MIGRATIONS: list[Migration] = [
     _INITIAL,  # 0 -> 1 (IF NOT EXISTS: databases from before versioning already hold it)
     _add_message_model,  # 1 -> 2
     _PRESETS_AND_SETTINGS,  # 2 -> 3
     _ALTERNATIVES,  # 3 -> 4
     _ATTACHMENTS,  # 4 -> 5
+    _SPECULATION_STATS,  # 5 -> 6
 ]
 
 
