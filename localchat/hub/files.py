@@ -2,7 +2,7 @@
 
 Works on plain (path, size) pairs, so the same rules pick from the hub's file list and from a local
 snapshot. GGUF repos hold one file per quant (`*-Q4_K_M.gguf`), sometimes split
-(`*-00001-of-00003.gguf`), sometimes vision projectors (`mmproj-*.gguf`, never picked).
+(`*-00001-of-00003.gguf`), sometimes vision projectors (`mmproj-*.gguf`: never the model, but pulled with it, f16 first).
 """
 
 from __future__ import annotations
@@ -138,8 +138,7 @@ def _pick_quant(repo_id: str, files: dict[str, int], quant: str | None) -> Selec
         wanted = quant.upper() if quant.upper() in by_quant else None
     if wanted is None:
         raise UnknownQuantError(repo_id, quant or DEFAULT_QUANT, available_quants(files))
-    parts = by_quant[wanted]
-    return Selection("gguf", quant_of(parts[0]), tuple(parts), sum(files[p] for p in parts))
+    return gguf_selection(files, by_quant[wanted])
 
 
 def _pick_file(repo_id: str, files: dict[str, int], file: str) -> Selection:
@@ -157,4 +156,23 @@ def _pick_file(repo_id: str, files: dict[str, int], file: str) -> Selection:
     if not is_chat_gguf(path):
         raise ModelNotFoundError(f"{path} in {repo_id} is not a chat model GGUF file.", param="model")
     parts = next(parts for parts in gguf_groups(files).values() if path in parts)
-    return Selection("gguf", quant_of(path), tuple(parts), sum(files[p] for p in parts))
+    return gguf_selection(files, parts)
+
+
+def vision_projector(files: dict[str, int], model_path: str) -> str | None:
+    """The mmproj to pull with a GGUF: of those in its folder, the f16 one, else the only one (several
+    in other precisions and no f16: none, rather than a guess)."""
+    folder = model_path.rpartition("/")[0]
+    found = sorted(
+        p for p in files
+        if p.rpartition("/")[0] == folder and p.lower().endswith(".gguf") and not is_chat_gguf(p)
+    )  # fmt: skip
+    f16 = [p for p in found if quant_of(p) == "F16"]
+    return f16[0] if f16 else (found[0] if len(found) == 1 else None)
+
+
+def gguf_selection(files: dict[str, int], parts: list[str]) -> Selection:
+    """The model's parts, then its vision projector when the repo has one (the loader pairs it)."""
+    projector = vision_projector(files, parts[0])
+    paths = (*parts, projector) if projector else tuple(parts)
+    return Selection("gguf", quant_of(parts[0]), paths, sum(files[p] for p in paths))

@@ -8,7 +8,16 @@ from pathlib import Path
 
 from localchat.errors import LocalchatError
 from localchat.hub import cache, env, ledger
-from localchat.hub.files import Selection, gguf_groups, pick, quant_of, repo_format, split_total
+from localchat.hub.files import (
+    Selection,
+    gguf_groups,
+    gguf_selection,
+    is_chat_gguf,
+    pick,
+    quant_of,
+    repo_format,
+    split_total,
+)
 from localchat.hub.records import LocalModel
 from localchat.hub.spec import ModelSpec, canonical_name, parse
 from localchat.models.catalog import CatalogEntry, load_catalog
@@ -91,9 +100,7 @@ def _snapshot_models(hub_cache: Path, repo_id: str, commit: str, owned: set[str]
     selections: list[Selection] = []
     if kind == "gguf":
         for parts in gguf_groups(sizes).values():
-            selections.append(
-                Selection("gguf", quant_of(parts[0]), tuple(parts), sum(sizes[p] for p in parts))
-            )
+            selections.append(gguf_selection(sizes, parts))  # with its projector, as pulled
     elif kind == "safetensors":
         selections.append(pick(repo_id, sizes))
     models = []
@@ -151,7 +158,7 @@ def _complete(selection: Selection, files: dict[str, Path]) -> bool:
     if not all(p in files for p in selection.paths):
         return False
     if selection.format == "gguf":
-        return len(selection.paths) == split_total(selection.paths[0])
+        return sum(is_chat_gguf(p) for p in selection.paths) == split_total(selection.paths[0])  # + mmproj
     shards = [p for p in selection.paths if p.endswith(".safetensors")]
     totals = {int(m.group(1)) for p in shards if (m := _SHARD.search(p))}
     # Sharded weights (model-00001-of-00004.safetensors): every shard must be there.

@@ -18,6 +18,10 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _SHA1 = re.compile(r"^[0-9a-f]{40}$")
 
 
+def _shared(link: Path, shared: set[str]) -> bool:
+    return any(link.as_posix().endswith("/" + path) for path in shared)
+
+
 def remove(name: str, *, data_dir: Path | None = None, whole_repo: bool = False, force: bool = False) -> int:
     """Delete one local model (or, `whole_repo`, every file of its repo); returns the bytes freed.
 
@@ -36,8 +40,17 @@ def remove(name: str, *, data_dir: Path | None = None, whole_repo: bool = False,
     hub_cache = env.hub_cache_dir()
     records = ledger.load(data_dir)
     owned = ledger.owned_etags(records, model.repo_id)
+    # a file another local model of the repo also lists (their shared mmproj) stays
+    shared = {
+        f.path
+        for m in records.values()
+        if m.repo_id == model.repo_id and m.name != model.name
+        for f in m.files
+    }
     links = (
-        _repo_links(hub_cache, model.repo_id) if whole_repo else [p for p in model.files if p.is_symlink()]
+        _repo_links(hub_cache, model.repo_id)
+        if whole_repo
+        else [p for p in model.files if p.is_symlink() and not _shared(p, shared)]
     )
     foreign = sorted({p.name for p in links if _etag(p) not in owned})
     if foreign and not force:

@@ -36,8 +36,9 @@ def is_mmproj_name(name: str) -> bool:
 
 def pair_mmproj(model_file: Path, explicit: str | Path | None = None) -> Path | None:
     """The projector for a text GGUF: `explicit` (remembered for later lookups), else exactly one
-    `mmproj*.gguf` in the model's folder; None when there is none or several (then which one is unclear)."""
-    model_file = model_file.expanduser().resolve()
+    `mmproj*.gguf` in the model's folder; None when there is none or several (then which one is unclear).
+    The folder is the path's own, links unresolved: a pulled model is a link into the HF cache's blobs."""
+    model_file = model_file.expanduser().absolute()
     if explicit is not None:
         chosen = Path(explicit).expanduser().resolve()
         if not chosen.is_file():
@@ -136,7 +137,7 @@ def paired_vision_config(model_file: Path) -> dict[str, Any] | None:
     """The vision config of a text GGUF whose mmproj is paired, else None. A projector found beside the
     model (not named by --mmproj) whose kind localchat does not run leaves the model text-only: a
     Qwen2.5-VL or LLaVA GGUF still chats; a wrong projector of a kind we run is an error."""
-    model_file = model_file.expanduser().resolve()
+    model_file = model_file.expanduser().absolute()
     mmproj = pair_mmproj(model_file)
     if mmproj is None:
         return None

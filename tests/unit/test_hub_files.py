@@ -37,22 +37,40 @@ def test_quant_of_file_names(path: str, quant: str | None) -> None:
     assert quant_of(path) == quant
 
 
-def test_default_is_q4_k_m_with_every_split_part_and_never_a_projector() -> None:
+def test_default_is_q4_k_m_with_every_split_part_then_the_projector() -> None:
+    """The vision projector is never the model, but comes with it (the loader pairs it)."""
     chosen = pick("Qwen/Qwen2.5-7B-Instruct-GGUF", QWEN)
     assert chosen.quant == "Q4_K_M" and chosen.format == "gguf"
+    assert chosen.main_path == "qwen2.5-7b-instruct-q4_k_m-00001-of-00002.gguf"
     assert chosen.paths == (
         "qwen2.5-7b-instruct-q4_k_m-00001-of-00002.gguf",
         "qwen2.5-7b-instruct-q4_k_m-00002-of-00002.gguf",
+        "mmproj-qwen2.5-f16.gguf",
     )
-    assert chosen.size == 4_680_000_000
+    assert chosen.size == 4_680_000_000 + 600_000_000
+
+
+def test_the_f16_projector_is_preferred_else_the_only_one_else_none() -> None:
+    from localchat.hub.files import vision_projector
+
+    model = "gemma-3-4b-it-Q4_K_M.gguf"
+    several = {model: 1, "mmproj-model-bf16.gguf": 1, "mmproj-model-f16.gguf": 1, "mmproj-model-f32.gguf": 1}
+    assert vision_projector(several, model) == "mmproj-model-f16.gguf"
+    assert vision_projector({model: 1, "mmproj-model-bf16.gguf": 1}, model) == "mmproj-model-bf16.gguf"
+    assert vision_projector({model: 1, "mmproj-a-bf16.gguf": 1, "mmproj-a-f32.gguf": 1}, model) is None
+    assert vision_projector({model: 1, "sub/mmproj-f16.gguf": 1}, model) is None  # another folder's
+    assert pick("r", {model: 5, "README.md": 1}).paths == (model,)
 
 
 def test_quant_is_case_insensitive_and_file_names_work() -> None:
     assert pick("r", QWEN, quant="q8_0").paths[2].endswith("00003-of-00003.gguf")
-    assert pick("r", QWEN, quant="iq4_xs").paths == ("qwen2.5-7b-instruct-iq4_xs.gguf",)
+    assert pick("r", QWEN, quant="iq4_xs").paths == (
+        "qwen2.5-7b-instruct-iq4_xs.gguf",
+        "mmproj-qwen2.5-f16.gguf",
+    )
     assert pick("r", QWEN, file="QWEN2.5-7B-INSTRUCT-IQ4_XS.gguf").quant == "IQ4_XS"
     second_part = pick("r", QWEN, file="qwen2.5-7b-instruct-q8_0-00002-of-00003.gguf")
-    assert len(second_part.paths) == 3  # naming any part fetches the whole model
+    assert len(second_part.paths) == 4  # naming any part fetches the whole model (+ the projector)
 
 
 def test_unknown_quant_lists_what_the_repo_has_with_sizes() -> None:

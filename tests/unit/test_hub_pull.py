@@ -32,8 +32,8 @@ REPO = "org/Model-GGUF"
 
 @pytest.fixture
 def repo(fake_hub: FakeHub):
-    fake_hub.add_repo(REPO, {"model-Q4_K_M.gguf": Q4, "model-Q8_0.gguf": Q8, "mmproj-model-f16.gguf": b"proj" * 9,
-                             "README.md": b"# model\n"})  # fmt: skip
+    # no mmproj here: these tests count one model file (test_hub_mmproj.py pulls one with its projector)
+    fake_hub.add_repo(REPO, {"model-Q4_K_M.gguf": Q4, "model-Q8_0.gguf": Q8, "README.md": b"# model\n"})
     return fake_hub
 
 
