@@ -9,6 +9,10 @@ one loaded model serve both): median tok/s of each and their ratio.
 `--compare-kv-dtype N`: two engines on the same file in one process, `--kv-cache-dtype auto` and
 `int8`, N alternating rounds of single-stream decode and the 16-request run: median tok/s of each, their
 ratio, and KV MiB per 1k tokens and blocks in `--mem`.
+
+`--speculative ngram [--num-speculative-tokens K]`: speculative decoding with n-gram lookup
+(docs/speculative.md); adds the drafted tokens, accepted share and tokens per target pass of the
+single stream and of the 16-request run.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.workload import CONCURRENT_PROMPTS, long_chat_messages
 from localchat import LLM, SamplingParams
 from localchat.engine.config import EngineConfig
+from localchat.engine.outputs import RequestOutput
+from localchat.engine.speculative import SpeculativeConfig
 
 
 def peak_rss_mib() -> float:
@@ -40,21 +46,30 @@ def current_rss_mib() -> float | None:
         return None
 
 
-def single_stream(llm: LLM, new_tokens: int) -> tuple[int, float, float]:
-    """Returns (prompt tokens, prefill tok/s, decode tok/s) for one request, ignoring EOS."""
+def single_stream(llm: LLM, new_tokens: int) -> tuple[int, float, float, RequestOutput]:
+    """Returns (prompt tokens, prefill tok/s, decode tok/s, its final output) for one request, ignoring
+    EOS."""
     ids = llm.apply_chat_template(long_chat_messages())
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     engine.add_request(ids, params)
     start = time.perf_counter()
     first = None
+    last: RequestOutput | None = None
     while engine.has_unfinished:
         outs = engine.step()
         if first is None and any(o.new_token_ids for o in outs):
             first = time.perf_counter()
+        last = next((o for o in outs if o.finished), last)
     end = time.perf_counter()
-    assert first is not None
-    return len(ids), len(ids) / (first - start), (new_tokens - 1) / (end - first)
+    assert first is not None and last is not None
+    return len(ids), len(ids) / (first - start), (new_tokens - 1) / (end - first), last
+
+
+def speculation_cell(drafted: int, accepted: int, tokens: int, passes: int) -> str:
+    share = accepted / drafted if drafted else 0.0
+    per_pass = tokens / passes if passes else 0.0
+    return f"{drafted} drafted, {share:.0%} accepted, {per_pass:.2f} tokens/pass"
 
 
 def concurrent(llm: LLM, max_tokens: int) -> tuple[int, float, float, float]:
@@ -141,6 +156,13 @@ def compare_kv_dtype(model: str, args: argparse.Namespace, rounds: int) -> None:
     print(f"| int8 / auto | {ratio[0]:.2f} | {ratio[1]:.2f} | {mem:.2f} | {1 / mem:.2f} |")
 
 
+def speculative_row(llm: LLM, args: argparse.Namespace) -> str:
+    if args.speculative == "off":
+        return "off"
+    note = llm.engine.speculation_note
+    return f"off: {note}" if note else f"{args.speculative}, k={args.num_speculative_tokens}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -158,6 +180,8 @@ def main() -> None:
     )
     parser.add_argument("--compare-cpu-attention", type=int, metavar="ROUNDS", help="see the docstring")
     parser.add_argument("--compare-kv-dtype", type=int, metavar="ROUNDS", help="see the docstring")
+    parser.add_argument("--speculative", choices=["off", "ngram"], default="off", help="see the docstring")
+    parser.add_argument("--num-speculative-tokens", type=int, default=4, help="draft tokens per step")
     args = parser.parse_args()
     if args.threads:
         # Read by the backends when they size their thread pools (before any of them is imported).
@@ -172,7 +196,10 @@ def main() -> None:
         backend=args.backend,
         device=args.device,
         dtype=args.dtype,
-        engine_config=EngineConfig(kv_cache_mib=args.mem),
+        engine_config=EngineConfig(
+            kv_cache_mib=args.mem,
+            speculative=SpeculativeConfig(args.speculative, args.num_speculative_tokens),
+        ),
     )
     load_s = time.perf_counter() - t0
     llm.generate("Warm up.", SamplingParams(temperature=0, max_tokens=8))  # first-call allocations
@@ -181,25 +208,46 @@ def main() -> None:
         compare_cpu_attention(llm, args.decode_tokens, args.compare_cpu_attention)
         return
     loaded_rss = current_rss_mib()
-    prompt_len, prefill, decode = single_stream(llm, args.decode_tokens)
+    prompt_len, prefill, decode, out = single_stream(llm, args.decode_tokens)
     llm.engine.block_manager.reset_prefix_cache()
+    spec_rows = []
+    if args.speculative != "off":
+        counts = (
+            out.spec_draft_tokens,
+            out.spec_accepted_tokens,
+            out.num_output_tokens,
+            out.num_target_passes,
+        )
+        spec_rows = [("speculation, single stream", speculation_cell(*counts))]
     batch_rows = []
     if not args.single_only:
+        before = llm.engine.stats()
         tokens, agg, ttft_p50, ttft_max = concurrent(llm, args.max_tokens)
+        after = llm.engine.stats()
         batch_rows = [
             (f"16 requests, aggregate ({tokens} tokens)", f"{agg:.1f} tok/s"),
             ("16 requests, TTFT p50 / max", f"{ttft_p50 * 1000:.0f} / {ttft_max * 1000:.0f} ms"),
         ]
+        if args.speculative != "off":  # this run's share of the engine's totals
+            cell = speculation_cell(
+                after.spec_draft_tokens_total - before.spec_draft_tokens_total,
+                after.spec_accepted_tokens_total - before.spec_accepted_tokens_total,
+                after.generation_tokens_total - before.generation_tokens_total,
+                after.sequence_passes_total - before.sequence_passes_total,
+            )
+            spec_rows.append(("speculation, 16 requests", cell))
 
     device = llm.runner.device_name
     rows = [
         ("model", Path(args.model).name),
         ("backend / device", f"{args.backend} / {device}"),
         ("threads", str(args.threads or "backend default")),
+        ("speculative", speculative_row(llm, args)),
         ("load time", f"{load_s:.1f} s"),
         (f"prefill ({prompt_len}-token chat prompt)", f"{prefill:.0f} tok/s"),
         (f"decode, single stream ({args.decode_tokens} tokens)", f"{decode:.1f} tok/s"),
         *batch_rows,
+        *spec_rows,
         ("RSS after load and warm-up", "n/a" if loaded_rss is None else f"{loaded_rss:.0f} MiB"),
         ("peak RSS", f"{peak_rss_mib():.0f} MiB"),
     ]
