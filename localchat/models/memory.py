@@ -104,6 +104,7 @@ def estimate(
             weights = _isq_weights(path, isq, size)
         elif quant not in _FLOAT:
             weights = _loaded_gguf_bytes(path, compact_gguf_types(dtype), size, quant, _value_bytes(dtype))
+        weights += _vision_projector_bytes(path, dtype)
     elif isq is not None and path.is_dir():
         weights = _isq_weights(path, isq, size)
     elif path.is_dir():
@@ -114,6 +115,18 @@ def estimate(
         else MIN_KV_BUDGET + _state_pool(path, dtype, max_num_seqs)
     )
     return MemoryEstimate(weights, kv, RUNTIME_OVERHEAD)
+
+
+def _vision_projector_bytes(path: Path, dtype: str) -> int:
+    """The mmproj paired with a GGUF (localchat.vision.mmproj), loaded at the compute dtype: its f16
+    file's size scaled by bytes per value over 2."""
+    from localchat.vision.mmproj import pair_mmproj
+
+    try:
+        mmproj = pair_mmproj(path)
+    except ModelLoadError:
+        return 0
+    return 0 if mmproj is None else mmproj.stat().st_size * _value_bytes(dtype) // 2
 
 
 def _state_pool(path: Path, dtype: str, max_num_seqs: int) -> int:

@@ -67,6 +67,20 @@ def test_the_only_mmproj_beside_the_model_is_paired(pair: Pair) -> None:
     assert config["vision_config"]["image_size"] == 56 and config["vision_config"]["patch_size"] == 14
 
 
+def test_the_ram_estimate_counts_the_paired_mmproj(pair: Pair, tmp_path: Path) -> None:
+    from localchat.models.memory import estimate
+
+    _, _, model, mmproj = pair
+    alone = tmp_path / model.name
+    alone.write_bytes(model.read_bytes())
+    size = mmproj.stat().st_size
+    assert estimate(model, 64).weights - estimate(alone, 64).weights == size  # bf16: as stored in f16
+    assert (
+        estimate(model, 64, dtype="float32").weights - estimate(alone, 64, dtype="float32").weights
+        == 2 * size
+    )
+
+
 def test_mmproj_embeddings_match_transformers(pair: Pair, tmp_path: Path) -> None:
     hf, _, model, mmproj = pair
     vision = load_gemma3_mmproj(gguf_vision_config(model, mmproj), mmproj)
