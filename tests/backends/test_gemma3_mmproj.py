@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 from localchat.backends.torch.vision.gemma3_mmproj import load_gemma3_mmproj
+from localchat.errors import ModelLoadError
 from localchat.vision.gemma3_preprocess import ImageSpec, decode, preprocess
 from localchat.vision.mmproj import MmprojMismatchError, gguf_vision_config, pair_mmproj
 from localchat.vision.model_info import takes_images, vision_config
@@ -65,6 +66,21 @@ def test_the_only_mmproj_beside_the_model_is_paired(pair: Pair) -> None:
     assert config is not None and takes_images(model)
     assert config["mm_tokens_per_image"] == TOKENS_PER_IMAGE and config["image_token_index"] == 299
     assert config["vision_config"]["image_size"] == 56 and config["vision_config"]["patch_size"] == 14
+
+
+def test_mmproj_named_by_the_setting_is_paired_from_anywhere(pair: Pair, tmp_path: Path) -> None:
+    """--mmproj (load_model's `mmproj`): the projector need not sit beside the model."""
+    _, _, model, mmproj = pair
+    (tmp_path / "model").mkdir()
+    (tmp_path / "proj").mkdir()
+    alone, elsewhere = tmp_path / "model" / model.name, tmp_path / "proj" / "vision.gguf"
+    alone.write_bytes(model.read_bytes())
+    elsewhere.write_bytes(mmproj.read_bytes())
+    assert not takes_images(alone)
+    load_model(alone, mmproj=elsewhere)
+    assert takes_images(alone) and pair_mmproj(alone) == elsewhere
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_model(alone, mmproj=tmp_path / "missing.gguf")
 
 
 def test_the_ram_estimate_counts_the_paired_mmproj(pair: Pair, tmp_path: Path) -> None:
