@@ -1,7 +1,7 @@
 """The tokenizer of a GGUF embedding model: the file's vocabulary rebuilt as a `tokenizers` backend by
 localchat/weights/gguf_tokenizer.py (WordPiece for llama.cpp's `bert` vocabularies), with BERT's
-[CLS] text [SEP] (and [CLS] a [SEP] b [SEP], token types 0/1, for pairs) added the way the HF
-tokenizer of the same model adds them."""
+[CLS] text [SEP] (and [CLS] a [SEP] b [SEP], token types 0/1, for pairs; XLM-R's <s> a </s></s> b </s> for its Unigram
+vocabulary) added the way the HF tokenizer of the same model adds them."""
 
 from __future__ import annotations
 
@@ -30,9 +30,12 @@ def gguf_encoder_tokenizer(path: Path, max_length: int) -> EncoderTokenizer:
     if cls_id is None or sep_id is None:
         raise ModelLoadError(f"{path.name} names no [CLS]/[SEP] tokens; it cannot be used as an encoder.")
     cls, sep = (tokens[int(cls_id)], int(cls_id)), (tokens[int(sep_id)], int(sep_id))
+    # XLM-R (the `t5` Unigram vocabulary) joins a pair as <s> a </s></s> b </s>, all token type 0
+    xlmr = vocab.model == "t5"
+    pair = f"{sep[0]}:0 $B:0 {sep[0]}:0" if xlmr else f"$B:1 {sep[0]}:1"
     backend.post_processor = processors.TemplateProcessing(
         single=f"{cls[0]}:0 $A:0 {sep[0]}:0",
-        pair=f"{cls[0]}:0 $A:0 {sep[0]}:0 $B:1 {sep[0]}:1",
+        pair=f"{cls[0]}:0 $A:0 {sep[0]}:0 {pair}",
         special_tokens=[cls, sep],
     )
     return EncoderTokenizer.from_backend(backend, max_length)
