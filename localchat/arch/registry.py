@@ -46,6 +46,16 @@ MULTIMODAL_TEXT_PREFIXES: dict[str, str | None] = {
     "model.vision_tower.": None,
     "model.multi_modal_projector.": None,
 }
+# Qwen2.5-VL / Qwen3-VL checkpoints: the text LM under either layout; the tower (`visual.`) is loaded apart.
+QWEN_VL_PREFIXES: dict[str, str | None] = {
+    "model.language_model.": "model.",
+    "language_model.model.": "model.",
+    "language_model.lm_head.": "lm_head.",
+    "model.visual.": None,
+    "visual.": None,
+}
+# M-RoPE's split of the rotary frequencies over (temporal, height, width), from the rope settings.
+MROPE_KEYS = {"mrope_section": None, "mrope_interleaved": False}
 # transformers' Gemma3TextConfig defaults (the Gemma 3 1B sizes): the text_config of a Gemma 3 4B/12B/27B
 # config.json lists only the keys that differ from them.
 GEMMA3_TEXT_DEFAULTS = {
@@ -88,6 +98,25 @@ def _entries() -> list[Architecture]:
             layer_weights={**LLAMA_LAYER_WEIGHTS, **QK_NORM_WEIGHTS},
             hf_defaults=qwen_defaults,
             gguf_arch="qwen3",
+        ),
+        # Qwen2.5-VL / Qwen3-VL (…ForConditionalGeneration): the text LM with M-RoPE, the vision tower in
+        # backends/<lib>/vision/qwen_vl.py. A hub config.json of Qwen2.5-VL keeps the text keys at the top.
+        Architecture(
+            "qwen2_5_vl", "qwen2_vl", text_config_key="text_config", weight_prefixes=QWEN_VL_PREFIXES
+        ),
+        Architecture(
+            "qwen2_5_vl_text",
+            "qwen2_vl",
+            hf_defaults={**qwen_defaults, "attention_bias": True},
+            extra_keys={"o_bias": False, **MROPE_KEYS},
+        ),
+        Architecture("qwen3_vl", "qwen3_vl", text_config_key="text_config", weight_prefixes=QWEN_VL_PREFIXES),
+        Architecture(
+            "qwen3_vl_text",
+            "qwen3_vl",
+            layer_weights={**LLAMA_LAYER_WEIGHTS, **QK_NORM_WEIGHTS},
+            hf_defaults=qwen_defaults,
+            extra_keys=MROPE_KEYS,
         ),
         Architecture(
             "qwen3_moe",

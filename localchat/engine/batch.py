@@ -8,6 +8,7 @@ from localchat.engine.interface import BatchInputs, ImageSlice, SchedulerOutput
 from localchat.engine.request import Request
 from localchat.engine.sampling_inputs import build_sampling_inputs
 from localchat.engine.sampling_params import SamplingParams
+from localchat.vision.mrope import mrope_positions, uses_mrope
 from localchat.vision.placement import chunk_rows
 
 
@@ -37,6 +38,7 @@ def build_batch(
     block_lists: list[list[int]] = []
     sampling_rows: list[tuple[SamplingParams, list[int], int]] = []
     image_slices: list[ImageSlice] = []
+    mrope_rows: list[tuple[int, Request, int, int]] = []  # (offset, request, start, end)
 
     offset = 0
     for row, req_id in enumerate(req_ids):
@@ -49,6 +51,8 @@ def build_batch(
         input_ids[offset : offset + count - len(drafts)] = request.all_token_ids[start:known_end]
         input_ids[offset + count - len(drafts) : offset + count] = drafts
         positions[offset : offset + count] = np.arange(start, end)
+        if request.images and uses_mrope(request.images):
+            mrope_rows.append((offset, request, start, end))
         for image in request.images:
             token_rows, embed_rows = chunk_rows(list(image.placeholders), start, known_end)
             if token_rows:
@@ -75,6 +79,11 @@ def build_batch(
         block_tables[rows, positions // block_size].astype(np.int64) * block_size + positions % block_size
     )
     query_lens = np.diff(query_start_loc)
+    rope_positions = None
+    if mrope_rows:  # 3-D positions for rows whose pictures have them; others repeat their 1-D ones
+        rope_positions = np.broadcast_to(positions, (3, num_tokens)).copy()
+        for at, request, start, end in mrope_rows:
+            rope_positions[:, at : at + end - start] = mrope_positions(request.images, start, end)
     return BatchInputs(
         req_ids=req_ids,
         input_ids=input_ids,
@@ -93,4 +102,5 @@ def build_batch(
         else np.asarray([state_slots[r] for r in req_ids], dtype=np.int64),
         sampling=build_sampling_inputs(sampling_rows),
         image_slices=image_slices,
+        rope_positions=rope_positions,
     )

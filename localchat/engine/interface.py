@@ -84,6 +84,9 @@ class BatchInputs:
     # Pictures with placeholders in this step's tokens: (image, token indices in the flat batch, the
     # matching rows of the image's embeddings). A prefill chunk may carry part of an image.
     image_slices: list[ImageSlice] = field(default_factory=list)
+    # M-RoPE models with pictures in the batch (vision/mrope.py): int64 [3, num_tokens], each token's
+    # rotary (temporal, height, width) positions; None otherwise: `positions` turn the rotary.
+    rope_positions: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -37,6 +37,9 @@ class ImageInput:
     placeholders: tuple[int, ...]
     content_hash: str
     pixels: Any = None
+    # M-RoPE models (Qwen2.5-VL, Qwen3-VL): the image's token grid (frames, rows, columns) after the
+    # spatial merge, which gives its tokens 3-D positions (localchat/vision/mrope.py); None elsewhere.
+    grid: tuple[int, int, int] | None = None
 
 
 @dataclass(slots=True, eq=False)

@@ -20,7 +20,9 @@ import numpy as np
 from localchat.engine.request import ImageInput
 from localchat.vision.content import ImageInputError, ImageLimits, check_size, read_image_url
 from localchat.vision.gemma3_preprocess import content_hash, decode, preprocess
+from localchat.vision.model_info import vision_config
 from localchat.vision.prompt_images import ImagePrompt
+from localchat.vision.qwen_vl_prompt import QWEN_VL_TYPES, QwenImagePrompt
 
 IMAGE_PART_TYPES = frozenset({"image_url", "image_bytes"})
 VISION_HINT = "load a vision model such as a Gemma 3 safetensors folder (e.g. google/gemma-3-4b-it)"
@@ -39,22 +41,35 @@ class ImageRequestError(ImageInputError):
 class Picture:
     content_hash: str
     pixels: np.ndarray  # [3, size, size] float32, the model's preprocessing applied
+    grid: tuple[int, int, int] | None = None  # Qwen-VL: the merged token grid (QwenImagePrompt)
 
 
 @dataclass(frozen=True, slots=True)
 class PreparedImages:
     messages: list[dict[str, Any]]  # for the chat template: image parts as {"type": "image"}
     pictures: list[Picture] = field(default_factory=list)
-    prompt: ImagePrompt | None = None  # None when the request carries no picture
+    prompt: ImagePrompt | QwenImagePrompt | None = None  # None when the request carries no picture
 
     def expand(self, prompt_text: str) -> str:
         """The rendered prompt with each picture's full run of image tokens, as the model's processor writes it."""
+        if isinstance(self.prompt, QwenImagePrompt):  # a pad run per picture, sized by its grid
+            try:
+                return self.prompt.expand(prompt_text, [p.grid or (1, 1, 1) for p in self.pictures])
+            except ValueError as exc:
+                raise ImageInputError(str(exc)) from exc
         return self.prompt.tokens.expand(prompt_text) if self.prompt is not None else prompt_text
 
     def inputs(self, token_ids: list[int]) -> tuple[ImageInput, ...]:
         """Each picture with the positions of its image tokens in the expanded prompt's token ids."""
         if self.prompt is None:
             return ()
+        if isinstance(self.prompt, QwenImagePrompt):
+            try:
+                return self.prompt.inputs(
+                    token_ids, [(p.content_hash, p.pixels, p.grid or (1, 1, 1)) for p in self.pictures]
+                )
+            except ValueError as exc:
+                raise ImageInputError(str(exc)) from exc
         try:
             runs = self.prompt.tokens.placeholders(token_ids)
         except ValueError as exc:
@@ -83,7 +98,7 @@ def prepare_images(
     if not found:
         return PreparedImages(messages)
     first = f"messages[{found[0][0]}].content[{found[0][1]}]"
-    prompt = ImagePrompt.from_folder(model_path) if model_path is not None else None
+    prompt = _image_prompt(model_path) if model_path is not None else None
     if prompt is None:
         raise ImageRequestError(
             f"model {model_id} does not take images; {VISION_HINT}", first, "model_not_multimodal"
@@ -107,8 +122,22 @@ def prepare_images(
             raise ImageRequestError(
                 f"{where}: not a readable image (PNG, JPEG, WebP or GIF): {exc}", where
             ) from exc
-        pictures.append(Picture(content_hash(data), preprocess(image, prompt.spec)))
+        if isinstance(prompt, QwenImagePrompt):
+            try:
+                pixels, grid = prompt.preprocess(image)
+            except ValueError as exc:  # an aspect ratio past 200
+                raise ImageRequestError(f"{where}: {exc}", where) from exc
+            pictures.append(Picture(content_hash(data), pixels, grid))
+        else:
+            pictures.append(Picture(content_hash(data), preprocess(image, prompt.spec)))
     return PreparedImages(_template_messages(messages), pictures, prompt)
+
+
+def _image_prompt(path: Path) -> ImagePrompt | QwenImagePrompt | None:
+    config = vision_config(path)
+    if config is not None and config.get("model_type") in QWEN_VL_TYPES:
+        return QwenImagePrompt.from_config(path, config)
+    return ImagePrompt.from_folder(path)
 
 
 def _parts(messages: list[dict[str, Any]]) -> list[tuple[int, int, dict[str, Any]]]:

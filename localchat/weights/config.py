@@ -77,7 +77,7 @@ class ModelConfig:
             scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
         if scaling is not None and "rope_type" not in scaling and "type" in scaling:
             scaling = {**scaling, "rope_type": scaling["type"]}
-        if scaling is not None and scaling.get("rope_type") in (None, "default"):
+        if scaling is not None and scaling.get("rope_type") in (None, "default", "mrope"):  # mrope: default's
             scaling = None
         if scaling is not None and d.get("original_max_position_embeddings"):
             # Phi-3 keeps the pretraining length at the top level; like transformers, it wins.

@@ -49,6 +49,8 @@ def config_from_folder(folder: Path) -> ModelConfig:
     arch = ARCHITECTURES[model_type]
     if arch.text_config_key is not None:  # a multimodal wrapper: run its text LM
         text = raw.get(arch.text_config_key) or {}
+        if not text and "hidden_size" in raw and f"{model_type}_text" in ARCHITECTURES:
+            text = {**raw, "model_type": f"{model_type}_text"}  # Qwen2.5-VL's hub files: text keys on top
         inherited: dict[str, Any] = {
             k: raw[k]
             for k in ("bos_token_id", "eos_token_id", "tie_word_embeddings", "torch_dtype", "dtype")

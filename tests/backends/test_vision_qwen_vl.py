@@ -78,3 +78,71 @@ def test_tower_equals_get_image_features(saved: tuple[str, Any, Path], tmp_path:
 def _deepstack(output: object) -> list[Any]:
     features = getattr(output, "deepstack_features", None)
     return list(features) if features else []
+
+
+def _hf_greedy(hf: Any, prompt: list[int], ref: Any, new: int) -> list[int]:
+    """transformers' greedy tokens, a full forward per token (its own 3-D positions each time)."""
+    tokens = list(prompt)
+    for _ in range(new):
+        ids = torch.tensor([tokens])
+        with torch.no_grad():
+            logits = hf(
+                input_ids=ids,
+                pixel_values=ref["pixel_values"],
+                image_grid_thw=ref["image_grid_thw"],
+                mm_token_type_ids=(ids == tiny.IMAGE).int(),
+            ).logits[0, -1]
+        tokens.append(int(logits.argmax()))
+    return tokens[len(prompt) :]
+
+
+@pytest.mark.parametrize("chunk", [0, 7])
+def test_engine_greedy_equals_transformers(saved: tuple[str, Any, Path], tmp_path: Path, chunk: int) -> None:
+    """Through LLMEngine + TorchRunner: M-RoPE positions, the scatter (and DeepStack), a prefill chunk
+    boundary inside the image's run, then the same picture again from the prefix cache."""
+    from localchat.engine.config import EngineConfig
+    from localchat.engine.engine import LLMEngine
+    from localchat.engine.sampling_params import SamplingParams
+    from localchat.vision.gemma3_preprocess import content_hash
+    from localchat.vision.qwen_vl_prompt import QwenImagePrompt
+    from localchat.weights.loader import load_model
+    from tests.helpers.torch_models import fp32_runner
+
+    kind, hf, folder = saved
+    config = __import__("json").loads((folder / "config.json").read_text())
+    prompt_side = QwenImagePrompt.from_config(folder, config)
+    bundle = load_model(folder)
+    engine = LLMEngine(
+        fp32_runner(bundle),
+        bundle.tokenizer,
+        EngineConfig(kv_cache_mib=4, block_size=4, prefill_chunk_size=chunk),
+        eos_token_ids=[],
+        model_max_len=128,
+    )
+
+    def generate(path: Path) -> tuple[list[int], list[int], int]:
+        pixels, grid = prompt_side.preprocess(Image.open(path))
+        count = grid[0] * grid[1] * grid[2]
+        prompt = [1, 3, 5, tiny.START, *[tiny.IMAGE] * count, tiny.END, 7, 9, 2, 1, 4]
+        image = prompt_side.inputs(prompt, [(content_hash(path.read_bytes()), pixels, grid)])
+        req = engine.add_request(prompt, SamplingParams(max_tokens=6, temperature=0.0), images=image)
+        tokens: list[int] = []
+        cached = 0
+        while engine.has_unfinished:
+            for out in engine.step():
+                if out.req_id == req:
+                    tokens += out.new_token_ids
+                    cached = out.num_cached_tokens
+        return prompt, tokens, cached
+
+    answers = []
+    for path in tiny.pictures(tmp_path):
+        prompt, ours, _ = generate(path)
+        ref = tiny.image_processor(kind)(Image.open(path), return_tensors="pt")
+        assert ours == _hf_greedy(hf, prompt, ref, 6), path.name
+        _, repeat, cached = generate(path)  # a second turn: the prefix cache holds the picture's blocks
+        assert repeat == ours and cached >= len(prompt) - 4
+        answers.append(ours)
+    assert answers[0] != answers[1]
+    if chunk:  # the image's run starts at 4 and crosses the chunk boundary at 7
+        assert engine.runner.images.cache.hits >= 1  # type: ignore[attr-defined]

@@ -271,7 +271,8 @@ class TorchRunner:
         assert self.kv_caches and batch.block_size == self.block_size, "initialize_kv_cache first"
         pooled = self.pooler.rows(batch)  # embedding rows need the hidden states: never a graph then
         # A step carrying image rows never replays a graph: the graph would skip the scatter.
-        if self.graphs is not None and not pooled and not batch.image_slices and self.graphs.can_run(batch):
+        plain = not batch.image_slices and batch.rope_positions is None  # M-RoPE rows: no graph either
+        if self.graphs is not None and not pooled and plain and self.graphs.can_run(batch):
             return self.graphs.run(batch)
         step = self._prepare(batch)
         if (begin_step := getattr(self.model, "begin_step", None)) is not None:  # hybrid: bind state slots
@@ -301,7 +302,8 @@ class TorchRunner:
         all_tokens = len(indices) == batch.num_tokens and bool((indices == np.arange(len(indices))).all())
         return _Step(
             input_ids=to_device(batch.input_ids),
-            positions=to_device(batch.positions),
+            # M-RoPE (vision/mrope.py): [3, T] rotary positions; the KV slots still follow `positions`.
+            positions=to_device(batch.positions if batch.rope_positions is None else batch.rope_positions),
             meta=self._metadata(batch),
             logits_indices=None if all_tokens else to_device(indices),
         )

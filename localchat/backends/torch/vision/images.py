@@ -13,6 +13,7 @@ import torch
 
 from localchat.backends.torch.vision.gemma3 import Gemma3Vision, load_gemma3_vision
 from localchat.backends.torch.vision.gemma3_mmproj import load_gemma3_mmproj
+from localchat.backends.torch.vision.qwen_vl import QwenVisionTower, encode_image, load_qwen_vision
 from localchat.engine.interface import ImageSlice
 from localchat.vision.encoder_cache import EncoderCache
 from localchat.vision.model_info import vision_config
@@ -21,7 +22,9 @@ log = logging.getLogger(__name__)
 
 
 class ImageEmbedder:
-    def __init__(self, vision: Gemma3Vision, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self, vision: Gemma3Vision | QwenVisionTower, device: torch.device, dtype: torch.dtype
+    ) -> None:
         self.vision = vision.to(device)
         self.device = device
         self.dtype = dtype
@@ -40,6 +43,12 @@ class ImageEmbedder:
         return torch.tensor(rows, device=self.device), torch.cat(values)
 
     def _encode(self, part: ImageSlice) -> torch.Tensor:
+        if isinstance(self.vision, QwenVisionTower):  # patches + the merged grid -> the patch grid
+            assert part.image.grid is not None, "a Qwen-VL picture carries its grid"
+            t, h, w = part.image.grid
+            return encode_image(
+                self.vision, part.image.pixels, (t, h * self.vision.merge, w * self.vision.merge)
+            )
         pixels = torch.from_numpy(np.ascontiguousarray(part.image.pixels, dtype=np.float32))[None]
         return self.vision.encode(pixels.to(self.device, self.dtype))[0]
 
@@ -52,4 +61,6 @@ def load_image_embedder(path: Path, device: torch.device, dtype: torch.dtype) ->
         log.info("loading the vision tower of %s from %s", path, config["mmproj"])
         return ImageEmbedder(load_gemma3_mmproj(config, Path(config["mmproj"]), dtype), device, dtype)
     log.info("loading the vision tower of %s", path)
+    if config.get("model_type") in ("qwen2_5_vl", "qwen3_vl"):
+        return ImageEmbedder(load_qwen_vision(path, dtype), device, dtype)
     return ImageEmbedder(load_gemma3_vision(path, dtype), device, dtype)
