@@ -33,9 +33,10 @@ class KernelBuild(build_ext):
 setup(
     ext_modules=[
         Extension(
-            "localchat.backends.torch._lckernels",
+            "localchat._lckernels",
             sources=["csrc/lc_kernels.c"],
             depends=[
+                "csrc/lc_kernels.h",
                 "csrc/lc_impl.h",
                 "csrc/lc_decode.h",
                 "csrc/lc_decode_x86.h",

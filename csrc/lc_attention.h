@@ -26,13 +26,7 @@ static inline const float *LC_FN(att_row)(const void *base, int bf16, int64_t i,
     return buf;
 }
 
-/* Cache element types (kernels.py mirrors them). */
-#ifndef LC_KV_TYPES
-#define LC_KV_TYPES
-#define LC_KV_F32 0
-#define LC_KV_BF16 1
-#define LC_KV_INT8 2
-#endif
+/* Cache element types: LC_KV_F32, LC_KV_BF16, LC_KV_INT8 (lc_kernels.h). */
 
 /* Slots [slot, slot + n) of one K or V head as float32 rows [n, d]: consecutive slots are contiguous
    memory, so a whole chunk converts in one vectorized pass (a float32 cache is read in place). */

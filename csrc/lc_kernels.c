@@ -37,26 +37,11 @@ extension modules (and Windows wants the export). Functions return 0 on success,
 
 #ifdef _MSC_VER
 #define LC_THREAD __declspec(thread)
-#define LC_EXPORT __declspec(dllexport)
 #else
 #define LC_THREAD _Thread_local
-#define LC_EXPORT __attribute__((visibility("default")))
 #endif
 
-/* GGML type ids, as in GGUF files. */
-enum {
-    LC_Q4_0 = 2, LC_Q4_1 = 3, LC_Q5_0 = 6, LC_Q5_1 = 7, LC_Q8_0 = 8,
-    LC_Q2_K = 10, LC_Q3_K = 11, LC_Q4_K = 12, LC_Q5_K = 13, LC_Q6_K = 14,
-    /* i-quants and ternary types (lc_iquants.h): no x16 layout, their own matmul */
-    LC_IQ2_XXS = 16, LC_IQ2_XS = 17, LC_IQ3_XXS = 18, LC_IQ1_S = 19, LC_IQ4_NL = 20, LC_IQ3_S = 21,
-    LC_IQ2_S = 22, LC_IQ4_XS = 23, LC_IQ1_M = 29, LC_TQ1_0 = 34, LC_TQ2_0 = 35,
-    LC_MXFP4 = 39 /* lc_mxfp4.h: run by the i-quant kernels */
-};
-/* Macros, not an enum: lc_impl.h tests them with #if. */
-#define LC_ISA_PORTABLE 0
-#define LC_ISA_AVX2 1
-#define LC_ISA_AVX512VNNI 2
-#define LC_ISA_NEON 3 /* aarch64 with the dot product (Armv8.2 sdot): x16 kernels; the rest is portable C */
+#include "lc_kernels.h" /* every export's declaration, the type and ISA ids */
 
 /* bytes per block and 32-value sub-blocks per block of a type */
 static inline int64_t lc_block_bytes(int type) {

@@ -9,23 +9,7 @@ intermediates, so the result is the Python path's to the last bit (tests/backend
 The layer is the Llama layout (models/llama.py's LlamaLayer): x + o(attention(rope(q, k), v)) over
 RMSNorm(x), then x + down(silu(gate) * up) over RMSNorm(x), with optional q|k|v and o biases. */
 
-#define LC_STEP_MAX_SEG 4 /* typed row segments per matrix (a fused q|k|v of three types needs 3) */
-
-/* One matrix's segments, as lc_linear takes them (decode_step.py's _Matrix mirrors this struct). */
-typedef struct {
-    int32_t nseg;
-    int32_t types[LC_STEP_MAX_SEG];
-    uint64_t ptrs[LC_STEP_MAX_SEG];
-    int64_t rows[LC_STEP_MAX_SEG];
-    int64_t row_bytes[LC_STEP_MAX_SEG];
-} lc_step_matrix;
-
-/* One layer's weights (decode_step.py's _Layer). Norm weights and biases are in the compute type;
-   a bias address of 0 means none. */
-typedef struct {
-    uint64_t attn_norm, mlp_norm, qkv_bias, o_bias;
-    lc_step_matrix qkv, o, gate_up, down;
-} lc_step_layer;
+/* lc_step_matrix and lc_step_layer are in lc_kernels.h (localchat/kernels/step.py mirrors them). */
 
 /* The intermediates of one step, per thread, grown on demand. */
 static LC_THREAD void *lc_step_buf;

@@ -30,7 +30,7 @@ column c = weight row p * 16 + c, f16 values, and "nibble codes" = 4 chunks of 6
         the high bits in a second region 2 KiB on, one core streamed Q6_K from DRAM at half speed).
 Included once by lc_kernels.c (plain C: packing runs at load, unpacking only for embedding lookups). */
 
-#define LC_X16 0x100 /* type flag: the matrix is in this layout */
+/* LC_X16, the type flag of a matrix in this layout, is in lc_kernels.h. */
 
 /* What the x16 kernels read of a step's quantized activations (lc_x16_summaries makes them). */
 typedef struct {

@@ -14,21 +14,20 @@ from __future__ import annotations
 
 from typing import Literal
 
+from localchat.kernels.blocks import BLOCKS
 from localchat.weights.x16 import loaded_block_bytes
 
 BLOCK_TYPES = {"q8_0": "Q8_0", "q4_k": "Q4_K", "q4_0": "Q4_0"}  # --isq value -> GGUF type
 HEAD_TYPE = "Q8_0"
 FALLBACK = {"Q4_K": "Q5_0"}  # for rows that do not split into Q4_K's 256s (llama.cpp's choice too)
-# GGUF type -> (values per block, bytes per block)
-BLOCK_SHAPES = {"Q8_0": (32, 34), "Q4_K": (256, 144), "Q5_0": (32, 22), "Q4_0": (32, 18)}
 INT4_GROUP, INT4_ROWS = 32, 16  # torch's int4 pack: groups along `in`, `out` a multiple of 16
 INT4_BITS = 4 + 2 * 16 / INT4_GROUP  # codes + bf16 scale and zero per group
 HEAD_NAMES = ("embed_tokens.weight", "lm_head.weight")
 # The layer parameters (last part of the registry's parameter path) the backend runs through `linear`:
-# the matrices `--isq` quantizes. Others (MoE routers, norms) stay as stored.
-LINEAR_PARAMS = frozenset(
-    {"qkv", "o", "gate_up", "down", "q", "q_a", "kv_a", "kv_b"}
-)  # the last 4: DeepSeek MLA
+# the matrices `--isq` quantizes and a GGUF keeps in its blocks. Others (MoE routers, norms) stay as stored.
+# q, q_a, kv_a, kv_b: DeepSeek MLA; in_proj, out: the recurrent layers' projections (gated DeltaNet,
+# Mamba-2, LFM2's short conv); up: Nemotron-H's relu² MLP.
+LINEAR_PARAMS = frozenset({"qkv", "o", "gate_up", "down", "q", "q_a", "kv_a", "kv_b", "in_proj", "out", "up"})
 Role = Literal["linear", "head", "other"]
 
 
@@ -44,7 +43,7 @@ def block_type(qtype: str, shape: tuple[int, ...], head: bool) -> str | None:
         return None
     want = HEAD_TYPE if head else qtype
     for candidate in (want, FALLBACK.get(want, want), HEAD_TYPE):
-        if shape[1] % BLOCK_SHAPES[candidate][0] == 0:
+        if shape[1] % BLOCKS[candidate].values == 0:
             return candidate
     return None
 
@@ -61,7 +60,7 @@ def isq_bytes(isq: str, role: Role, shape: tuple[int, ...], dense_bytes: int) ->
         qtype = block_type(BLOCK_TYPES[isq], shape, head)
         if qtype is None:
             return dense_bytes
-        values, size = BLOCK_SHAPES[qtype]
+        values, size = BLOCKS[qtype].values, BLOCKS[qtype].size
         return loaded_block_bytes(qtype, shape[0], shape[1], shape[0] * (shape[1] // values) * size)
     int4 = isq == "q4" and len(shape) == 2 and not head
     if int4 and shape[0] % INT4_ROWS == 0 and shape[1] % INT4_GROUP == 0:

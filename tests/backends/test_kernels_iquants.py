@@ -153,7 +153,7 @@ def _iq_check(compiler: str, isa: str, folder: Path, runner: list[str], env: dic
             str(library),
             "-lm",
         ],
-        ["-O2", "tests/c/iq_check.c", f"-L{folder}", "-llc", "-lm", "-o", str(folder / "iq_check")],
+        ["-O2", "-Icsrc", "tests/c/iq_check.c", f"-L{folder}", "-llc", "-lm", "-o", str(folder / "iq_check")],
     ):
         subprocess.run([compiler, *args], cwd=repo, check=True, capture_output=True, text=True, timeout=300)
     run = subprocess.run(

@@ -1,4 +1,4 @@
-"""localchat's CPU kernels (csrc/, localchat/backends/torch/kernels.py): matmul straight from GGUF blocks.
+"""localchat's CPU kernels (csrc/, localchat/kernels/, localchat/backends/torch/kernels.py): matmul straight from GGUF blocks.
 
 Reference: the `gguf` package's dequantizer, multiplied in float64. The kernels round each 32 values of
 the activations to 8 bits (x ~ d * q, d = amax / 127, q = round(x / d)), so two bounds:
@@ -45,9 +45,7 @@ X16_TYPES = (*SIMPLE, *K_QUANTS)  # every block type has an x16 form
 def test_the_extension_is_built_where_a_compiler_is() -> None:
     """CI installs with a compiler: a silently missing extension would only leave the slow path."""
     if shutil.which("cc") or shutil.which("gcc"):
-        assert "portable" in ISAS, (
-            "localchat/backends/torch/_lckernels was not built (pip install -e . builds it)"
-        )
+        assert "portable" in ISAS, "localchat/_lckernels was not built (pip install -e . builds it)"
     if not ISAS:
         pytest.skip("no C compiler: the extension is optional")
 

@@ -34,7 +34,16 @@ def build_and_run(compiler: str, isa: str, folder: Path, runner: list[str], env:
             str(library),
             "-lm",
         ],
-        ["-O2", "tests/c/x16_check.c", f"-L{folder}", "-llc", "-lm", "-o", str(folder / "x16_check")],
+        [
+            "-O2",
+            "-Icsrc",
+            "tests/c/x16_check.c",
+            f"-L{folder}",
+            "-llc",
+            "-lm",
+            "-o",
+            str(folder / "x16_check"),
+        ],
     ):
         subprocess.run([compiler, *args], cwd=REPO, check=True, capture_output=True, text=True, timeout=300)
     run = subprocess.run(

@@ -11,11 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int lc_linear(int isa, const void *x, int x_bf16, int64_t t, int64_t k, int nseg, const int *types,
-              const uint64_t *ptrs, const int64_t *rows, const int64_t *row_bytes, int precise, void *out,
-              int out_bf16, int64_t ldo, int nth);
-int lc_dequant_rows(int type, const uint8_t *w, int64_t k, int64_t row_bytes, const int64_t *ids, int64_t r,
-                    void *out, int out_bf16);
+#include "lc_kernels.h" /* the library's API, as it builds it (cc -Icsrc) */
 
 static uint32_t rng = 777u;
 static uint32_t next(void) { return rng = rng * 1664525u + 1013904223u; }

@@ -14,6 +14,8 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "localchat"
 # Who may import the HTTP layer: itself, the command line and the desktop shell that start it.
 SERVER = "localchat.server"
 SERVER_IMPORTERS = ("localchat.server", "localchat.cli", "localchat.desktop")
+# The C library's one binding: below the backends, which both import it.
+KERNELS = "localchat.kernels"
 # The layers above the backends: the app layer, the HTTP server, the model lifecycle, chats, CLI, desktop.
 APP_LAYERS = (
     "localchat.serving",
@@ -195,6 +197,28 @@ def test_backends_import_no_app_layer() -> None:
         if any(target == layer or target.startswith(layer + ".") for layer in APP_LAYERS)
     )
     assert offenders == [], "pass what the backend needs in from the caller:\n" + "\n".join(offenders)
+
+
+def test_the_kernel_binding_sits_below_the_backends() -> None:
+    """`localchat.kernels` (the C library's ctypes binding and block table) is shared by the torch
+    backend, the MLX backend and the memory estimate: it imports no backend and no layer above them."""
+    graph = build_graph()
+    above = ("localchat.backends", "localchat.engine", *APP_LAYERS)
+    offenders = sorted(
+        f"{module} -> {target}"
+        for module in graph.modules
+        if module == KERNELS or module.startswith(KERNELS + ".")
+        for target in graph.all_imports(module)
+        if any(target == layer or target.startswith(layer + ".") for layer in above)
+    )
+    assert offenders == [], (
+        "the kernel binding takes addresses and sizes, never backend objects:\n" + "\n".join(offenders)
+    )
+    users = {
+        module for module in graph.modules for target in graph.runtime[module] if target.startswith(KERNELS)
+    }
+    assert any(u.startswith("localchat.backends.torch") for u in users)
+    assert any(u.startswith("localchat.backends.mlx") for u in users)
 
 
 def test_no_import_cycles() -> None:

@@ -16,7 +16,7 @@ from localchat.models.memory import compact_gguf_types, estimate
 from localchat.weights.x16 import x16_active
 from tests.helpers.tiny_gguf import random_state_dict, tiny_config, write_tiny_gguf
 
-KERNELS_BUILT = importlib.util.find_spec("localchat.backends.torch._lckernels") is not None
+KERNELS_BUILT = importlib.util.find_spec("localchat._lckernels") is not None
 
 
 # bytes per 256 values in the file and in the x16 layout (K-quants' 6-bit scales and mins spread to bytes)

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-# GGUF type -> (values per block, bytes per block, MLX bits).
-EXACT_TYPES = {"Q5_0": (32, 22, 5), "Q5_1": (32, 24, 5), "Q4_K": (256, 144, 4), "Q5_K": (256, 176, 5)}
+from localchat.kernels.blocks import BLOCKS
+
+# GGUF type -> MLX bits (the block geometry is localchat/kernels/blocks.py's).
+EXACT_TYPES = {"Q5_0": 5, "Q5_1": 5, "Q4_K": 4, "Q5_K": 5}
 
 Affine = tuple[np.ndarray, np.ndarray, np.ndarray, int]  # codes uint8 [rows, n], scales, biases, bits
 
@@ -31,7 +33,7 @@ def _f16(raw: np.ndarray) -> np.ndarray:
 
 def decode_affine(dtype: str, data: np.ndarray) -> Affine:
     """uint8 [rows, bytes_per_row] blocks -> codes [rows, values], scales/biases float32 [rows, values / 32]."""
-    _, nbytes, bits = EXACT_TYPES[dtype]
+    nbytes, bits = BLOCKS[dtype].size, EXACT_TYPES[dtype]
     rows = data.shape[0]
     blocks = np.ascontiguousarray(data).reshape(rows, -1, nbytes)
     if dtype in ("Q5_0", "Q5_1"):

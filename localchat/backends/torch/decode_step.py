@@ -13,7 +13,6 @@ rotary, other layer classes, or `LOCALCHAT_DECODE_STEP=layers` (for comparisons)
 
 from __future__ import annotations
 
-import ctypes
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
@@ -28,44 +27,18 @@ from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.quant import DENSE_FROM_ROWS
 from localchat.config import backend_choices, backend_variable
 from localchat.errors import BackendUnavailableError
+from localchat.kernels import step as c_step
+from localchat.kernels.step import MAX_SEGMENTS, StepLayer, StepMatrix
 
 if TYPE_CHECKING:
+    import ctypes
+
     from localchat.backends.torch.models.llama import LlamaLayer
 
 STEP_ENV = "LOCALCHAT_DECODE_STEP"
 STEP_MODES = backend_choices(
     STEP_ENV
 )  # fused: one C call where it applies; layers: the per-layer Python path
-MAX_SEGMENTS = 4  # csrc/lc_step.h's LC_STEP_MAX_SEG
-
-_Seg4 = ctypes.c_int64 * MAX_SEGMENTS
-
-
-class _Matrix(ctypes.Structure):
-    """lc_step_matrix: one matrix's typed row segments."""
-
-    _fields_ = [
-        ("nseg", ctypes.c_int32),
-        ("types", ctypes.c_int32 * MAX_SEGMENTS),
-        ("ptrs", ctypes.c_uint64 * MAX_SEGMENTS),
-        ("rows", _Seg4),
-        ("row_bytes", _Seg4),
-    ]
-
-
-class _Layer(ctypes.Structure):
-    """lc_step_layer: addresses of the norm weights and biases (0: none), then the four matrices."""
-
-    _fields_ = [
-        ("attn_norm", ctypes.c_uint64),
-        ("mlp_norm", ctypes.c_uint64),
-        ("qkv_bias", ctypes.c_uint64),
-        ("o_bias", ctypes.c_uint64),
-        ("qkv", _Matrix),
-        ("o", _Matrix),
-        ("gate_up", _Matrix),
-        ("down", _Matrix),
-    ]
 
 
 def step_mode() -> str:
@@ -77,7 +50,7 @@ class FusedDecode:
     """One model's layers as lc_decode_layers arguments, built once (the weights never move)."""
 
     ops: Kernels
-    layers: ctypes.Array[_Layer]
+    layers: ctypes.Array[StepLayer]
     dtype: torch.dtype  # of the norm weights and biases: the step's activations must match
     heads: int
     kv_heads: int
@@ -123,7 +96,7 @@ class FusedDecode:
         tables = meta.decode_block_tables.view(rows, -1)
         # the score scale as attention.rope_paged_attention computes it
         rc = self.ops.lib.lc_decode_layers(
-            self.ops.isa, len(self.layers), ctypes.addressof(self.layers), self._cache_args(kv_caches),
+            self.ops.isa, len(self.layers), c_step.address(self.layers), self._cache_args(kv_caches),
             cpu_kernels.KV_BF16 if cache.dtype == torch.bfloat16 else cpu_kernels.KV_F32, cache.shape[2],
             x.data_ptr(), int(x.dtype == torch.bfloat16), rows, self.hidden, self.heads, self.kv_heads,
             self.head_dim, self.inter, self.eps, cos.data_ptr(), sin.data_ptr(), meta.slot_mapping.data_ptr(),
@@ -140,13 +113,13 @@ class FusedDecode:
     def _cache_args(self, kv_caches: list[KVCache]) -> int:
         # The runner replaces its cache list, never edits it: the list object identifies the addresses.
         if self.caches is None or self.caches[0] is not kv_caches:
-            addresses = (ctypes.c_uint64 * len(kv_caches))(*(c.data_ptr() for c in kv_caches))  # type: ignore[union-attr]
+            addresses = c_step.cache_table([c.data_ptr() for c in kv_caches])  # type: ignore[union-attr]
             if not all(isinstance(c, torch.Tensor) and c.is_contiguous() for c in kv_caches):
                 raise BackendUnavailableError(
                     "The fused decode step needs contiguous KV caches (internal error)."
                 )
             self.caches = (kv_caches, addresses)
-        return ctypes.addressof(self.caches[1])
+        return c_step.address(self.caches[1])
 
 
 def plan(layers: nn.ModuleList, dtype: torch.dtype) -> FusedDecode | None:
@@ -159,7 +132,7 @@ def plan(layers: nn.ModuleList, dtype: torch.dtype) -> FusedDecode | None:
     if not isinstance(first.qkv, BlockMatrix):
         return None
     ops, window = first.qkv.ops, _window(first)
-    structs: list[_Layer] = []
+    structs: list[StepLayer] = []
     keep: list[torch.Tensor] = []
     for layer in llama:
         options = layer.attn_options
@@ -181,11 +154,11 @@ def plan(layers: nn.ModuleList, dtype: torch.dtype) -> FusedDecode | None:
             return None
         keep += present
         addresses = (0 if t is None else t.data_ptr() for t in tensors)
-        structs.append(_Layer(*addresses, *(_matrix(m) for m in blocks)))
+        structs.append(StepLayer(*addresses, *(_matrix(m) for m in blocks)))
         hidden, inter = blocks[1].shape[0], blocks[3].shape[1]
     return FusedDecode(
         ops=ops,
-        layers=(_Layer * len(structs))(*structs),
+        layers=c_step.layer_table(structs),
         dtype=dtype,
         heads=first.heads,
         kv_heads=first.kv_heads,
@@ -202,13 +175,11 @@ def _window(layer: LlamaLayer) -> int:
     return layer.attn_options.window or 0 if layer.attn_options is not None else 0
 
 
-def _matrix(matrix: BlockMatrix) -> _Matrix:
-    n = len(matrix.segments)
-    pad = [0] * (MAX_SEGMENTS - n)
-    return _Matrix(
-        n,
-        (ctypes.c_int32 * MAX_SEGMENTS)(*[s.type_id for s in matrix.segments], *pad),
-        (ctypes.c_uint64 * MAX_SEGMENTS)(*[s.data.data_ptr() for s in matrix.segments], *pad),
-        _Seg4(*[s.rows for s in matrix.segments], *pad),
-        _Seg4(*[s.row_bytes for s in matrix.segments], *pad),
+def _matrix(matrix: BlockMatrix) -> StepMatrix:
+    segments = matrix.segments
+    return c_step.step_matrix(
+        [s.type_id for s in segments],
+        [s.data.data_ptr() for s in segments],
+        [s.rows for s in segments],
+        [s.row_bytes for s in segments],
     )

@@ -1,4 +1,4 @@
-"""localchat's compiled CPU kernels (csrc/), through ctypes: matmul straight from GGUF blocks.
+"""localchat's compiled CPU kernels (csrc/) on torch tensors: matmul straight from GGUF blocks.
 
 Activations are quantized per 32 values to 8 bits (scale amax / 127, round to nearest even) and
 multiplied with the weights' integer codes by integer dot products (AVX-512 VNNI, AVX2, ARM NEON's sdot on
@@ -6,7 +6,7 @@ aarch64, or portable C, picked at run time from the CPU's features; `neon` runs 
 csrc/lc_x16_neon.h, and portable C for the rest), so one compact form of each weight serves 1-row decode
 steps and many-row prefill steps alike; nothing is dequantized to a dense copy. The math of every block
 type is in csrc/lc_decode.h. Tensors cross as `data_ptr()` integers: the library has a plain C ABI and
-does not depend on the torch version.
+does not depend on the torch version. localchat/kernels/ binds it (library.py) and holds the block table.
 
 `LOCALCHAT_KERNELS`: `auto` (the best ISA this CPU runs), `off` (the pure-torch path, as when the
 extension is missing), or one ISA by name (`portable`, `avx2`, `avx512vnni`, `neon`) for tests and comparisons.
@@ -14,59 +14,32 @@ extension is missing), or one ISA by name (`portable`, `avx2`, `avx512vnni`, `ne
 
 from __future__ import annotations
 
-import ctypes
-import importlib.util
 import logging
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
 import torch
 
 from localchat import cpu_features
 from localchat.backends.torch.kv_cache import Int8KVCache, KVCache
-from localchat.config import backend_choices, backend_variable
+from localchat.config import backend_choices
 from localchat.errors import BackendUnavailableError
+from localchat.kernels import library
+from localchat.kernels.blocks import BLOCKS, IQ_TYPES, X16_TYPES, supports
+from localchat.kernels.library import ISAS, KERNELS_ENV, LAYOUT_ENV, isa_choice, layout_choice, runnable_isas
+
+if TYPE_CHECKING:
+    from ctypes import CDLL
+
+__all__ = [
+    "BLOCKS", "IQ_TYPES", "ISAS", "KERNELS_ENV", "LAYOUT_ENV", "X16_TYPES", "BlockMatrix", "Kernels", "Segment",
+    "isa_choice", "layout_choice", "load", "runnable_isas", "supports",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
-KERNELS_ENV = "LOCALCHAT_KERNELS"
-ISAS = cpu_features.KERNEL_ISAS  # index = the library's ISA id
-# GGUF type -> (GGML type id, values per block, bytes per block)
-BLOCKS: dict[str, tuple[int, int, int]] = {
-    "Q4_0": (2, 32, 18),
-    "Q4_1": (3, 32, 20),
-    "Q5_0": (6, 32, 22),
-    "Q5_1": (7, 32, 24),
-    "Q8_0": (8, 32, 34),
-    "Q2_K": (10, 256, 84),
-    "Q3_K": (11, 256, 110),
-    "Q4_K": (12, 256, 144),
-    "Q5_K": (13, 256, 176),
-    "Q6_K": (14, 256, 210),
-    # i-quants and ternary types (csrc/lc_iquants.h): read in place, no x16 form (`can_repack` is False)
-    "IQ2_XXS": (16, 256, 66),
-    "IQ2_XS": (17, 256, 74),
-    "IQ3_XXS": (18, 256, 98),
-    "IQ1_S": (19, 256, 50),
-    "IQ4_NL": (20, 32, 18),
-    "IQ3_S": (21, 256, 110),
-    "IQ2_S": (22, 256, 82),
-    "IQ4_XS": (23, 256, 136),
-    "IQ1_M": (29, 256, 56),
-    "TQ1_0": (34, 256, 54),
-    "TQ2_0": (35, 256, 66),
-    # gpt-oss's experts (csrc/lc_mxfp4.h): the i-quant kernels read it in place too
-    "MXFP4": (39, 32, 17),
-}
-IQ_TYPES = frozenset(name for name in BLOCKS if name.startswith(("IQ", "TQ")))
-# the types the x16 layout holds (csrc/lc_x16_layout.h)
-X16_TYPES = frozenset(BLOCKS) - IQ_TYPES - {"MXFP4"}
-
-_I, _P, _L = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
-
-
-X16 = 0x100  # type flag: a segment in the x16 layout (csrc/lc_x16_layout.h)
-LAYOUT_ENV = "LOCALCHAT_KERNEL_LAYOUT"
+X16 = 0x100  # type flag: a segment in the x16 layout (csrc/lc_kernels.h's LC_X16)
 # auto: x16 where the ISA has its kernels (AVX2, AVX-512 VNNI, NEON); gguf: as stored
 LAYOUTS = backend_choices(LAYOUT_ENV)
 
@@ -113,13 +86,11 @@ class BlockMatrix:
 
     def segment_args(self) -> tuple[object, ...]:
         if self.call_args is None:
-            n = len(self.segments)
-            self.call_args = (
-                n,
-                (ctypes.c_int * n)(*(s.type_id for s in self.segments)),
-                (ctypes.c_uint64 * n)(*(s.data.data_ptr() for s in self.segments)),
-                (ctypes.c_int64 * n)(*(s.rows for s in self.segments)),
-                (ctypes.c_int64 * n)(*(s.row_bytes for s in self.segments)),
+            self.call_args = library.segment_args(
+                [s.type_id for s in self.segments],
+                [s.data.data_ptr() for s in self.segments],
+                [s.rows for s in self.segments],
+                [s.row_bytes for s in self.segments],
             )
         return self.call_args
 
@@ -155,7 +126,7 @@ class Kernels:
     """The loaded library, bound to one ISA. `precise`: activations at ~15 bits, the 8-bit form plus its
     8-bit residual (lc_linear; twice the integer dot products), for every matrix these kernels run."""
 
-    def __init__(self, lib: ctypes.CDLL, isa: int, precise: bool = False) -> None:
+    def __init__(self, lib: CDLL, isa: int, precise: bool = False) -> None:
         self.lib, self.isa, self.precise = lib, isa, precise
         self.name = ISAS[isa]
 
@@ -350,70 +321,6 @@ def decode_attention_ok(q: torch.Tensor, cache: KVCache) -> bool:
     )
 
 
-def supports(qtype: str, cols: int) -> bool:
-    return qtype in BLOCKS and cols % BLOCKS[qtype][1] == 0
-
-
-@cache
-def _library() -> ctypes.CDLL | None:
-    spec = importlib.util.find_spec("localchat.backends.torch._lckernels")
-    if spec is None or spec.origin is None:
-        return None
-    try:
-        lib = ctypes.CDLL(spec.origin)
-    except OSError as exc:
-        log.warning("localchat's CPU kernels failed to load (%s); using the pure-torch path.", exc)
-        return None
-    lib.lc_isa_supported.argtypes, lib.lc_isa_supported.restype = [_I], _I
-    lib.lc_isa_best.argtypes, lib.lc_isa_best.restype = [], _I
-    lib.lc_quantize.argtypes = [_I, _P, _I, _L, _L, _L, _P, _P, _P, _I]
-    lib.lc_quantize.restype = _I
-    lib.lc_matmul.argtypes = [_I, _I, _P, _L, _L, _L, _P, _P, _P, _L, _P, _I, _L, _I]
-    lib.lc_matmul.restype = _I
-    lib.lc_linear.argtypes = [_I, _P, _I, _L, _L, _I, _P, _P, _P, _P, _I, _P, _I, _L, _I]
-    lib.lc_linear.restype = _I
-    lib.lc_dequant_rows.argtypes = [_I, _P, _L, _L, _P, _L, _P, _I]
-    lib.lc_dequant_rows.restype = _I
-    lib.lc_x16_supported.argtypes, lib.lc_x16_supported.restype = [_I, _I, _L], _I
-    lib.lc_x16_bytes.argtypes, lib.lc_x16_bytes.restype = [_I, _L, _L], _L
-    lib.lc_x16_repack.argtypes, lib.lc_x16_repack.restype = [_I, _P, _L, _L, _L, _P, _I], _I
-    lib.lc_decode_attention.argtypes = [_I, _P, _I, _L, _L, _L, _L, _P, _I, _P, _L, _P, _L, _P, _L]
-    lib.lc_decode_attention.argtypes += [ctypes.c_float, _L, ctypes.c_float, _P, _I, _I]
-    lib.lc_decode_attention.restype = _I
-    _F = ctypes.c_float
-    lib.lc_rms_norm.argtypes, lib.lc_rms_norm.restype = [_I, _P, _P, _I, _L, _L, _P, _F, _P, _I], _I
-    lib.lc_swiglu.argtypes, lib.lc_swiglu.restype = [_I, _P, _I, _L, _L, _P, _I], _I
-    lib.lc_decode_rope_attention.argtypes = [_I, _P, _L, _P, _L, _I, _L, _L, _L, _L, _P, _P, _P, _P, _I, _L]
-    lib.lc_decode_rope_attention.argtypes += [_P, _L, _P, _L, _F, _L, _F, _P, _I]
-    lib.lc_decode_rope_attention.restype = _I
-    # isa, nlayers, layers, caches, cache_type, num_slots, x, bf16, rows, hidden, heads, kv_heads, d, inter, eps,
-    # cos, sin, slots, tables, max_blocks, seq_lens, block_size, scale, window, precise, nth
-    lib.lc_decode_layers.argtypes = [_I, _I, _P, _P, _I, _L, _P, _I, _L, _L, _L, _L, _L, _L, _F]
-    lib.lc_decode_layers.argtypes += [_P, _P, _P, _P, _L, _P, _L, _F, _L, _I, _I]
-    lib.lc_decode_layers.restype = _I
-    return lib
-
-
-def layout_choice() -> str:
-    """`LOCALCHAT_KERNEL_LAYOUT`: `auto` repacks block matrices into the x16 layout where the kernels
-    read it (AVX2, AVX-512 VNNI, NEON; every block type), `gguf` keeps the file's blocks as they are."""
-    return backend_variable(LAYOUT_ENV)
-
-
-def runnable_isas() -> list[str]:
-    """The ISAs this CPU runs (empty without the extension): what the library finds, narrowed to the
-    emulated CPU's under LOCALCHAT_EMULATE_CPU (cpu_features.py)."""
-    lib = _library()
-    if lib is None:
-        return []
-    return [name for i, name in enumerate(ISAS) if lib.lc_isa_supported(i) and cpu_features.allowed(name)]
-
-
-def isa_choice() -> str:
-    """`LOCALCHAT_KERNELS` as given: auto, off, or one ISA by name."""
-    return backend_variable(KERNELS_ENV)
-
-
 def load(isa: str | None = None) -> Kernels | None:
     """The kernels for `isa` (default: from `LOCALCHAT_KERNELS`), None when off or not built."""
     choice = (isa or isa_choice()).strip().lower() or "auto"
@@ -423,7 +330,7 @@ def load(isa: str | None = None) -> Kernels | None:
         raise BackendUnavailableError(
             f"{KERNELS_ENV}={choice!r} is not a choice; use auto, off or one of {', '.join(ISAS)}."
         )
-    lib = _library()
+    lib = library.library()
     if lib is None:
         _log_missing()
         return None
