@@ -146,3 +146,85 @@ def test_engine_greedy_equals_transformers(saved: tuple[str, Any, Path], tmp_pat
     assert answers[0] != answers[1]
     if chunk:  # the image's run starts at 4 and crosses the chunk boundary at 7
         assert engine.runner.images.cache.hits >= 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_prompt_logits_equal_transformers(
+    saved: tuple[str, Any, Path], tmp_path: Path, chunk: int | None
+) -> None:
+    """Every prompt token's logits with a picture (whole, or split inside the image run by a chunk)."""
+    from localchat.engine.interface import ImageSlice
+    from localchat.vision.gemma3_preprocess import content_hash
+    from localchat.vision.mrope import mrope_positions
+    from localchat.vision.placement import chunk_rows
+    from localchat.vision.qwen_vl_prompt import QwenImagePrompt
+    from localchat.weights.loader import load_model
+    from tests.helpers.torch_batch import PagedDriver
+    from tests.helpers.torch_models import fp32_runner
+
+    kind, hf, folder = saved
+    config = __import__("json").loads((folder / "config.json").read_text())
+    prompt_side = QwenImagePrompt.from_config(folder, config)
+    path = tiny.pictures(tmp_path)[0]
+    pixels, grid = prompt_side.preprocess(Image.open(path))
+    count = grid[0] * grid[1] * grid[2]
+    prompt = [1, 3, 5, tiny.START, *[tiny.IMAGE] * count, tiny.END, 7, 9, 2, 1, 4]
+    (image,) = prompt_side.inputs(prompt, [(content_hash(path.read_bytes()), pixels, grid)])
+    driver = PagedDriver(fp32_runner(load_model(folder)))
+    driver.add("a", prompt)
+    pieces = []
+    for start, end in [(0, len(prompt))] if chunk is None else [(0, chunk), (chunk, len(prompt))]:
+        out, batch = driver.build({"a": end - start}, every_token=True)
+        rows, picked = chunk_rows(list(image.placeholders), start, end)
+        batch.image_slices = [ImageSlice(image, rows, picked)] if rows else []
+        batch.rope_positions = mrope_positions([image], start, end)
+        pieces.append(driver.runner.compute_logits(out, batch).numpy())
+    ours = np.concatenate(pieces)
+    ref = tiny.image_processor(kind)(Image.open(path), return_tensors="pt")
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        theirs = hf(
+            input_ids=ids,
+            pixel_values=ref["pixel_values"],
+            image_grid_thw=ref["image_grid_thw"],
+            mm_token_type_ids=(ids == tiny.IMAGE).int(),
+        ).logits[0]
+    err = float(np.abs(ours - theirs.numpy()).max())
+    print(f"{kind} image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
+    assert err < 1e-4
+    # the positions matter: with 1-D positions (no M-RoPE) the logits leave transformers'
+    plain = PagedDriver(driver.runner)
+    plain.add("b", prompt)
+    out, batch = plain.build(every_token=True)
+    batch.image_slices = [ImageSlice(image, list(image.placeholders), list(range(count)))]
+    flat = plain.runner.compute_logits(out, batch).numpy()
+    assert float(np.abs(flat - theirs.numpy()).max()) > 1e-3
+
+
+def test_mrope_positions_equal_get_rope_index(saved: tuple[str, Any, Path], tmp_path: Path) -> None:
+    """Two pictures of different grids with text between and after: localchat's positions (any span)
+    equal transformers' get_rope_index."""
+    from localchat.vision.mrope import mrope_positions
+    from localchat.vision.qwen_vl_prompt import QwenImagePrompt
+
+    kind, hf, folder = saved
+    config = __import__("json").loads((folder / "config.json").read_text())
+    prompt_side = QwenImagePrompt.from_config(folder, config)
+    paths = tiny.pictures(tmp_path)
+    prepared = [(p.name, *prompt_side.preprocess(Image.open(p))) for p in paths]
+    prompt = [1, 3]
+    for _, _, grid in prepared:
+        prompt += [tiny.START, *[tiny.IMAGE] * (grid[1] * grid[2]), tiny.END, 5, 6]
+    images = prompt_side.inputs(prompt, prepared)
+    refs = [tiny.image_processor(kind)(Image.open(p), return_tensors="pt") for p in paths]
+    ids = torch.tensor([prompt])
+    theirs, _ = hf.model.get_rope_index(
+        ids,
+        mm_token_type_ids=(ids == tiny.IMAGE).int(),
+        image_grid_thw=torch.cat([r["image_grid_thw"] for r in refs]),
+    )
+    assert np.array_equal(mrope_positions(images, 0, len(prompt)), theirs[:, 0].numpy())
+    assert np.array_equal(mrope_positions(images, 5, 17), theirs[:, 0, 5:17].numpy())
+    # past the prompt (decode): index + the delta transformers keeps
+    last = int(theirs[:, 0, -1].max())
+    assert (mrope_positions(images, len(prompt), len(prompt) + 2) == [[last + 1, last + 2]] * 3).all()
