@@ -11,6 +11,7 @@ from typing import Any
 from localchat.engine.config import EngineConfig
 from localchat.engine.interface import TokenLogprobs
 from localchat.engine.sampling_params import SamplingParams
+from localchat.serving.chat_render import chat_tokens
 
 Messages = list[dict[str, Any]]
 SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -63,16 +64,7 @@ class LLM:
     def apply_chat_template(
         self, messages: Messages, tools: list[dict] | None = None, **kwargs: Any
     ) -> list[int]:
-        text = self.template.render(
-            messages,
-            tools=tools,
-            add_generation_prompt=True,
-            bos_token=self.tokenizer.bos_token or "",
-            eos_token=self.tokenizer.eos_token or "",
-            **kwargs,
-        )
-        # The template already wrote any BOS it wants; encode without adding another.
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return chat_tokens(self.template, self.tokenizer, messages, tools, **kwargs)[1]
 
     def generate(
         self, prompts: str | Sequence[str] | Sequence[list[int]], params: SamplingParams | None = None

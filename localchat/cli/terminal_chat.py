@@ -94,8 +94,7 @@ class LocalBackend:
         from localchat.serving.schemas import ChatCompletionRequest, ChatMessage
 
         ctx = self.ctx
-        prompt_text = ctx.render_chat(messages)
-        ids = ctx.model.tokenizer.encode(prompt_text, add_special_tokens=False)
+        prompt_text, ids = ctx.chat_tokens(messages)
         req = ChatCompletionRequest(messages=[ChatMessage(role="user")])
         (params,) = build_params(ctx, req, max_tokens=resolve_chat_max_tokens(ctx, None), logprobs=None, n=1)
         outputs: queue.SimpleQueue[Any] = queue.SimpleQueue()

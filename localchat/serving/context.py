@@ -1,7 +1,7 @@
 """What every route handler needs, created once per app: the engine, the model and its template.
 
 Handlers get it from the model manager (`server/common.py: model_context`), one per loaded model.
-Chat prompts are built here so the API and the web UI tokenize conversations the same way.
+Chat prompts come from `serving/chat_render.py`, so every caller tokenizes conversations the same way.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from localchat import __version__
+from localchat.serving.chat_render import chat_tokens
 from localchat.serving.logprobs import TokenTexts
 from localchat.serving.responses_store import ResponseStore
 from localchat.serving.tool_parsers import JsonParser, ToolParser
@@ -54,23 +55,16 @@ class ServerContext:
         # An empty or missing `model` means the one loaded model (lenient, like most local servers).
         return not name or name == self.model_id or name in self.model_aliases
 
-    def render_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **kwargs: Any
-    ) -> str:
-        tokenizer = self.model.tokenizer
-        return self.template.render(
-            messages,
-            tools=tools,
-            add_generation_prompt=True,
-            bos_token=tokenizer.bos_token or "",
-            eos_token=tokenizer.eos_token or "",
-            **kwargs,
-        )
+    def chat_tokens(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> tuple[str, list[int]]:
+        """(prompt text, token ids) of a conversation; keywords as `serving.chat_render.chat_tokens`."""
+        return chat_tokens(self.template, self.model.tokenizer, messages, tools, **kwargs)
 
     def encode_chat(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **kwargs: Any
     ) -> list[int]:
-        # The template already wrote any BOS it wants; encode without adding another.
-        return self.model.tokenizer.encode(
-            self.render_chat(messages, tools, **kwargs), add_special_tokens=False
-        )
+        return self.chat_tokens(messages, tools, **kwargs)[1]

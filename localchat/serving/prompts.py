@@ -47,10 +47,9 @@ def _chat(
     param: str,
     **kw: Any,
 ) -> tuple[str, list[int]]:
-    text = ctx.render_chat(messages, tools, **kw)
-    check_prompt_chars(ctx, len(text), param)
-    # The template already wrote any BOS it wants; encode without adding another.
-    ids = ctx.model.tokenizer.encode(text, add_special_tokens=False)
+    text, ids = ctx.chat_tokens(
+        messages, tools, check_text=lambda text: check_prompt_chars(ctx, len(text), param), **kw
+    )
     check_prompt_length(ctx, len(ids), param)
     return text, ids
 

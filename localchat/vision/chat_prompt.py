@@ -33,10 +33,13 @@ def _build(
         prepared = prepare_images(messages, ctx.model.path, ctx.model_id, limits)
     except ImageRequestError as exc:
         raise InvalidRequestError(str(exc), param=exc.param, code=exc.code) from exc
-    text = prepared.expand(ctx.render_chat(prepared.messages, tools, **kw))
-    check_prompt_chars(ctx, len(text), param)
-    # The template already wrote any BOS it wants; encode without adding another.
-    ids = ctx.model.tokenizer.encode(text, add_special_tokens=False)
+    text, ids = ctx.chat_tokens(
+        prepared.messages,
+        tools,
+        expand=prepared.expand,
+        check_text=lambda text: check_prompt_chars(ctx, len(text), param),
+        **kw,
+    )
     check_prompt_length(ctx, len(ids), param)
     try:
         images = prepared.inputs(ids)

@@ -14,7 +14,7 @@ import pytest
 from litestar.testing import TestClient
 
 from localchat.chats.store import DONE, ERROR, STOPPED
-from localchat.serving.context import ServerContext
+from localchat.serving import chat_render
 from tests.ui.web_app import fake_app, web_state
 
 HX = {"HX-Request": "true"}
@@ -242,13 +242,13 @@ def test_history_sent_to_the_model_drops_thinking_and_failed_answers(
     conv_id = _new_chat(client, "<<say:<think>secret</think>visible>>", system_prompt="S")
     _wait_done(client, conv_id)
     seen: list[list[dict[str, Any]]] = []
-    original = ServerContext.render_chat
+    original = chat_render.render_chat
 
-    def spy(self: ServerContext, messages: list[dict[str, Any]], *args: Any, **kwargs: Any) -> str:
+    def spy(template: Any, tokenizer: Any, messages: list[dict[str, Any]], *args: Any, **kwargs: Any) -> str:
         seen.append(messages)
-        return original(self, messages, *args, **kwargs)
+        return original(template, tokenizer, messages, *args, **kwargs)
 
-    monkeypatch.setattr(ServerContext, "render_chat", spy)  # the prompt is rendered on a worker thread
+    monkeypatch.setattr(chat_render, "render_chat", spy)  # the prompt is rendered on a worker thread
     client.post(f"/ui/c/{conv_id}/messages", data={"content": "next"}, headers=HX)
     _wait_done(client, conv_id)
     assert seen[-1] == [
