@@ -55,6 +55,9 @@ QWEN3_5_EXTRA_KEYS: dict[str, Any] = {
     "linear_value_head_dim": 128,
     "linear_num_key_heads": 16,
     "linear_num_value_heads": 32,
+    # M-RoPE's split over (temporal, height, width) for Qwen3.5's pictures (backends/torch/mrope.py).
+    "mrope_section": None,
+    "mrope_interleaved": False,
 }
 # transformers' defaults; real configs give rope_theta and partial_rotary_factor (0.25) in rope_parameters.
 QWEN3_5_HF_DEFAULTS: dict[str, Any] = {"head_dim": 256, "rope_theta": 10_000.0}

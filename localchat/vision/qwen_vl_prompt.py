@@ -16,7 +16,8 @@ from localchat.engine.request import ImageInput
 from localchat.vision.qwen_vl_preprocess import QwenImageSpec, preprocess_qwen
 
 IMAGE_PAD = "<|image_pad|>"
-QWEN_VL_TYPES = frozenset({"qwen2_5_vl", "qwen3_vl"})
+# Qwen3.5 (and its MoE) carry Qwen3-VL's tower without DeepStack.
+QWEN_VL_TYPES = frozenset({"qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe"})
 
 
 @dataclass(frozen=True, slots=True)

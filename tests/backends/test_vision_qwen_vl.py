@@ -51,6 +51,7 @@ def test_preprocessing_equals_transformers(saved: tuple[str, Any, Path], tmp_pat
 def test_tower_equals_get_image_features(saved: tuple[str, Any, Path], tmp_path: Path) -> None:
     kind, hf, folder = saved
     tower = load_qwen_vision(folder)
+    assert tower is not None
     outs = []
     for path in tiny.pictures(tmp_path):
         ref = tiny.image_processor(kind)(Image.open(path), return_tensors="pt")
@@ -141,7 +142,11 @@ def test_engine_greedy_equals_transformers(saved: tuple[str, Any, Path], tmp_pat
         ref = tiny.image_processor(kind)(Image.open(path), return_tensors="pt")
         assert ours == _hf_greedy(hf, prompt, ref, 6), path.name
         _, repeat, cached = generate(path)  # a second turn: the prefix cache holds the picture's blocks
-        assert repeat == ours and cached >= len(prompt) - 4
+        assert repeat == ours
+        if engine.prefix_caching_note:  # Qwen3.5's hybrid layers: no prefix reuse, the encoding is cached
+            assert cached == 0 and engine.runner.images.cache.hits >= 1  # type: ignore[attr-defined]
+        else:
+            assert cached >= len(prompt) - 4
         answers.append(ours)
     assert answers[0] != answers[1]
     if chunk:  # the image's run starts at 4 and crosses the chunk boundary at 7

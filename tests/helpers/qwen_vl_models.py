@@ -49,7 +49,26 @@ VISION: dict[str, Any] = {
     "spatial_merge_size": 2,
     "temporal_patch_size": 2,
 }
-KINDS = ("qwen2_5_vl", "qwen3_vl")
+KINDS = ("qwen2_5_vl", "qwen3_vl", "qwen3_5")
+# Qwen3.5's hybrid text model (gated DeltaNet + full attention every 2nd layer), M-RoPE on half of head_dim.
+QWEN3_5_TEXT: dict[str, Any] = {
+    **TEXT,
+    "num_hidden_layers": 4,
+    "head_dim": 32,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4,
+    "full_attention_interval": 2,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+        "mrope_section": [3, 3, 2],
+        "mrope_interleaved": True,
+    },
+}
 
 
 def patch_size(kind: str) -> int:
@@ -86,6 +105,12 @@ def build(kind: str) -> Any:
             text_config={**TEXT, "rope_parameters": rope}, vision_config=vision, **ids
         )
         hf: Any = Qwen2_5_VLForConditionalGeneration(config)
+    elif kind == "qwen3_5":
+        from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+        vision = {**VISION, "patch_size": 16, "num_position_embeddings": 36}
+        config = Qwen3_5Config(text_config=QWEN3_5_TEXT, vision_config=vision, **ids)
+        hf = Qwen3_5ForConditionalGeneration(config)
     else:
         rope = {
             "rope_type": "default",
@@ -104,7 +129,16 @@ def build(kind: str) -> Any:
         hf = Qwen3VLForConditionalGeneration(config)
     with torch.no_grad():  # weights large enough that the picture moves the logits
         for name, param in hf.named_parameters():
-            if name.endswith("norm.weight") or name.endswith("ln_q.weight"):
+            if name.endswith("A_log") or name.endswith("dt_bias"):
+                continue  # transformers' init: decays spread over (0.01, 16)
+            if (
+                kind == "qwen3_5"
+                and name.endswith("norm.weight")
+                and ".visual." not in name
+                and "linear_attn" not in name
+            ):
+                param.copy_(0.1 * torch.randn_like(param))  # Qwen3.5's text norms are (1 + weight)
+            elif name.endswith("norm.weight") or name.endswith("ln_q.weight"):
                 param.copy_(1 + 0.1 * torch.randn_like(param))
             else:
                 param.copy_(0.15 * torch.randn_like(param))

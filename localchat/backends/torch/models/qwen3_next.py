@@ -33,6 +33,7 @@ from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import empty_param, rms_norm, swiglu
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.models.moe import Expert, SparseMoe
+from localchat.backends.torch.mrope import MRotary
 from localchat.backends.torch.quant import linear
 from localchat.backends.torch.recurrent_kernels import use_triton_recurrent
 from localchat.backends.torch.state_cache import LayerStateShape, StateCache, StepRows, Zeros
@@ -176,9 +177,14 @@ def _device_zeros(device: torch.device, shape: tuple[int, ...], dtype: torch.dty
 class Model(DecoderLM):
     layer_class = HybridLayer
     capturable = False  # the state slots are gathered per step: no fixed-address decode graph
+    # Qwen3.5's pictures (backends/torch/vision/qwen_vl.py): (rows of this step's tokens, values) written
+    # over the placeholder embeddings; set and cleared by the runner around one step.
+    image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __init__(self, config: ModelConfig, device: torch.device) -> None:
         super().__init__(config, device)
+        if config.extra.get("mrope_section"):  # [3, T] positions of a step with pictures (mrope.py)
+            self.rotary = MRotary(config, device)
         types = config.extra["layer_types"]
         self.linear_layers = [i for i, t in enumerate(types) if t == "linear_attention"]
         self.num_kv_layers = len(types) - len(self.linear_layers)
@@ -243,6 +249,9 @@ class Model(DecoderLM):
     ) -> torch.Tensor:
         assert self.rows is not None and self.states is not None, "begin_step binds the state slots"
         x = self.embed_tokens(input_ids)
+        if self.image_embeds is not None:
+            rows, values = self.image_embeds
+            x = x.index_copy(0, rows, values.to(x.dtype))
         cos, sin = self.rotary(positions, x.dtype)
         kv_index = state_index = 0
         for layer in self.hybrid_layers:

@@ -17,6 +17,7 @@ from localchat.backends.torch.vision.qwen_vl import QwenVisionTower, encode_imag
 from localchat.engine.interface import ImageSlice
 from localchat.vision.encoder_cache import EncoderCache
 from localchat.vision.model_info import vision_config
+from localchat.vision.qwen_vl_prompt import QWEN_VL_TYPES
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,10 @@ def load_image_embedder(path: Path, device: torch.device, dtype: torch.dtype) ->
         log.info("loading the vision tower of %s from %s", path, config["mmproj"])
         return ImageEmbedder(load_gemma3_mmproj(config, Path(config["mmproj"]), dtype), device, dtype)
     log.info("loading the vision tower of %s", path)
-    if config.get("model_type") in ("qwen2_5_vl", "qwen3_vl"):
-        return ImageEmbedder(load_qwen_vision(path, dtype), device, dtype)
+    if config.get("model_type") in QWEN_VL_TYPES:
+        tower = load_qwen_vision(path, dtype)
+        if tower is None:  # a text-only export of a multimodal config: it still runs text
+            log.warning("%s names a vision tower but holds none of its weights: images unsupported", path)
+            return None
+        return ImageEmbedder(tower, device, dtype)
     return ImageEmbedder(load_gemma3_vision(path, dtype), device, dtype)

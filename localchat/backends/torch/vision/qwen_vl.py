@@ -257,8 +257,9 @@ class QwenVisionTower(nn.Module):
         return x.view(-1, unit, x.shape[-1])[order].reshape(-1, x.shape[-1])
 
 
-def load_qwen_vision(folder: Path, dtype: torch.dtype = torch.float32) -> QwenVisionTower:
-    """The tower of a Qwen2.5-VL / Qwen3-VL (/ Qwen3.5) safetensors folder, its weights in `dtype`."""
+def load_qwen_vision(folder: Path, dtype: torch.dtype = torch.float32) -> QwenVisionTower | None:
+    """The tower of a Qwen2.5-VL / Qwen3-VL / Qwen3.5 safetensors folder, its weights in `dtype`; None
+    when the folder holds no tower weights."""
     config = json.loads((folder / "config.json").read_text())
     qwen3 = config["model_type"] != "qwen2_5_vl"
     tower = QwenVisionTower(config["vision_config"], qwen3)
@@ -270,6 +271,8 @@ def load_qwen_vision(folder: Path, dtype: torch.dtype = torch.float32) -> QwenVi
                     if name.startswith(prefix):
                         state[name.removeprefix(prefix)] = f.get_tensor(name)
                         break
+    if not state:
+        return None
     conv = state.pop("patch_embed.proj.weight")
     state["patch_embed.weight"] = conv.reshape(conv.shape[0], -1)
     if "patch_embed.proj.bias" in state:
