@@ -14,8 +14,12 @@ at most half an fp16 ulp of s z (s z itself is exact in float32: 11 x 4 signific
 compressed-tensors (w = s q, q in -8..7) is Q4_0 bit for bit: d = s, stored code q + 8. GPTQ act-order
 (`g_idx` not sorted) keeps its groups by reordering the input columns once here (`order`); the backend
 reorders the activations the same way (one index_select per matmul). A backend that does not run the
-blocks (no kernels, CUDA, MPS, MLX) calls `dequantize()`: the exact float32 values, as before.
-Everything else (8-bit GPTQ, groups that split a block, FP8, W8A8) is dequantized here to float32
+blocks (no kernels, CUDA, MPS) calls `dequantize()`: the exact float32 values, as before.
+FP8 (`quant_method: fp8`, per tensor or per block) and compressed-tensors 8-bit layer linears (FP8, int8
+W8A8) whose scales hold over 32 values are handed over as `Q8Linear` (hf_q8_blocks.py): Q8_0 blocks made
+when a backend asks for them (the CPU kernels; MLX as 8-bit groups of 32), within about 0.4-0.8% RMS of
+the fp8 values, exact for int8 with fp16-representable scales.
+Everything else (8-bit GPTQ, groups that split a block, experts) is dequantized here to float32
 (`weight` [out, in]); the backend casts it to its compute dtype.
 """
 
@@ -28,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from localchat.errors import ModelLoadError
+from localchat.weights.hf_q8_blocks import E4M3FN, Q8_0_BYTES, q8_linear
 from localchat.weights.hf_quant_blocks import BLOCK, repack_int4
 from localchat.weights.tensors import WeightTensor
 
@@ -133,21 +138,6 @@ def awq_columns(packed: np.ndarray) -> np.ndarray:
     return codes.reshape(rows, cols // 8, 8)[:, :, _AWQ_UNDO].reshape(rows, cols)
 
 
-def _e4m3fn_table() -> np.ndarray:
-    """All 256 float8_e4m3fn values: 4 exponent bits (bias 7), 3 mantissa bits, 0x7f/0xff NaN, no inf."""
-    code = np.arange(256)
-    sign = np.where(code & 0x80, -1.0, 1.0)
-    exp, man = (code >> 3) & 0xF, code & 0x7
-    normal = (1 + man / 8) * np.exp2(exp - 7.0)
-    subnormal = man / 8 * np.exp2(-6.0)
-    table = sign * np.where(exp == 0, subnormal, normal)
-    table[(code & 0x7F) == 0x7F] = np.nan
-    return table.astype(np.float32)
-
-
-E4M3FN = _e4m3fn_table()
-
-
 def dequantize_fp8(
     weight: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int] = (128, 128)
 ) -> np.ndarray:
@@ -231,7 +221,8 @@ def dequantized_stream(
             parts[part] = t.dequantize() if part == "weight_scale_inv" else np.asarray(t.data)
             if len(parts) == 2:
                 del pending[module]
-                yield _dense(module, dequantize_fp8(parts["weight"], parts["weight_scale_inv"], (bo, bi)))
+                compact = _fp8_compact(module, parts, (bo, bi))
+                yield _counted(tally, compact, module, parts, qconfig)
             continue
         if method in ("gptq", "awq") and part in _GPTQ_PARTS:
             parts = pending.setdefault(module, {})
@@ -277,8 +268,8 @@ def _log_tally(method: str, tally: dict[str, int]) -> None:
     compact = {k: v for k, v in tally.items() if k != "dense"}
     if compact:
         log.info(
-            "%s checkpoint: %s int4 linears handed over as GGUF blocks (%s): kept compact on localchat's "
-            "CPU kernels, dequantized (exactly, float32) by backends without them",
+            "%s checkpoint: %s quantized linears handed over as GGUF blocks (%s): kept compact on "
+            "localchat's CPU kernels, dequantized (exactly, float32) by backends without them",
             method,
             sum(compact.values()),
             ", ".join(f"{v} {k}" for k, v in sorted(compact.items())),
@@ -286,8 +277,8 @@ def _log_tally(method: str, tally: dict[str, int]) -> None:
     if tally.get("dense"):
         log.info(
             "%s checkpoint: %s quantized linears dequantized at load (float32, then the compute dtype): "
-            "no compact form for them (8-bit, FP8, a group size that is not a multiple of %s, or a fused or "
-            "expert matrix)",
+            "no compact form for them (8-bit GPTQ, a group or scale block that is not a multiple of %s, or "
+            "a fused or expert matrix)",
             method,
             tally["dense"],
             BLOCK,
@@ -314,9 +305,26 @@ def _int4_compact(
     return repack_int4(f"{module}.weight", codes.T, np.asarray(parts["scales"]).T, zeros.T, groups)
 
 
+def _fp8_compact(module: str, parts: dict[str, np.ndarray], block: tuple[int, int]) -> WeightTensor | None:
+    """An FP8 linear (`weight_scale_inv` per tensor or per block) as Q8_0 (hf_q8_blocks.py), None where
+    it has no such form."""
+    if not _compactable(module):
+        return None
+    scale = np.asarray(parts["weight_scale_inv"], dtype=np.float32)
+    rows, cols = parts["weight"].shape
+    if scale.size > 1 and scale.shape != (-(-rows // block[0]), -(-cols // block[1])):
+        return None  # dequantize_fp8 names the mismatch
+    return q8_linear(f"{module}.weight", parts["weight"], scale, block)
+
+
 def _ct_compact(module: str, parts: dict[str, np.ndarray], bits: int) -> WeightTensor | None:
-    """Symmetric pack-quantized W4A16 by group or channel as Q4_0 blocks, None where it has no such form."""
-    if bits != 4 or "weight_packed" not in parts or not _compactable(module):
+    """Symmetric pack-quantized W4A16 by group or channel as Q4_0 blocks, float-quantized FP8 and
+    int-quantized int8 (W8A8) as Q8_0; None where it has no such form."""
+    if not _compactable(module):
+        return None
+    if bits == 8 and "weight" in parts:
+        return _ct_q8(module, parts)
+    if bits != 4 or "weight_packed" not in parts:
         return None
     rows, cols = (int(d) for d in parts["weight_shape"])
     scale = np.asarray(parts["weight_scale"], dtype=np.float32)
@@ -326,10 +334,24 @@ def _ct_compact(module: str, parts: dict[str, np.ndarray], bits: int) -> WeightT
     return repack_int4(f"{module}.weight", codes, scale, None, np.arange(cols) // (cols // scale.shape[1]))
 
 
+def _ct_q8(module: str, parts: dict[str, np.ndarray]) -> WeightTensor | None:
+    """compressed-tensors 8-bit (fp8 bytes or int8) with a scale per tensor, channel, group or block."""
+    codes = parts["weight"]
+    scale = np.asarray(parts["weight_scale"], dtype=np.float32)
+    rows, cols = codes.shape
+    if scale.size > 1 and scale.ndim != 2:
+        return None
+    reps = (1, 1) if scale.size == 1 else (-(-rows // scale.shape[0]), -(-cols // scale.shape[1]))
+    return q8_linear(f"{module}.weight", codes, scale, reps)
+
+
 def _dequantized(parts: dict[str, np.ndarray], qconfig: dict[str, Any]) -> np.ndarray:
     method = str(qconfig.get("quant_method", "")).lower()
     if method == "compressed-tensors":
         return _ct_weight(parts, _ct_bits(qconfig))
+    if method == "fp8":
+        bo, bi = (int(v) for v in qconfig.get("weight_block_size") or (128, 128))
+        return dequantize_fp8(parts["weight"], parts["weight_scale_inv"], (bo, bi))
     group = int(qconfig.get("group_size", 128))
     offset = 0 if str(qconfig.get("checkpoint_format", "gptq")) == "gptq_v2" else 1
     return _gptq_or_awq(method, parts, group if group > 0 else 1 << 30, offset)
@@ -360,24 +382,37 @@ _EXPANSION = {"qweight": 8, "weight_packed": 0, "weight": 1}
 _COMPACT_BLOCK_BYTES = {"qweight": 20, "weight_packed": 18}
 
 
-def compact_int4(raw_config: dict[str, Any]) -> bool:
-    """Whether the folder's int4 linears are handed over as blocks (`repack_int4`): 4-bit GPTQ / AWQ /
-    compressed-tensors whose groups are whole 32-value blocks (per-group sizes checked again at load)."""
+def compact_blocks(raw_config: dict[str, Any]) -> bool:
+    """Whether the folder's layer linears are handed over as blocks: 4-bit GPTQ / AWQ / compressed-tensors
+    whose groups are whole 32-value blocks (`repack_int4`), FP8 and compressed-tensors 8-bit (FP8, int8)
+    whose scales are constant over 32 values (`q8_linear`); per-tensor sizes are checked again at load."""
     qc = raw_config.get("quantization_config") or {}
     method = str(qc.get("quant_method", "")).lower()
     if method in ("gptq", "awq"):
         group = int(qc.get("group_size", 128))
         return int(qc.get("bits", 4)) == 4 and (group <= 0 or group % BLOCK == 0)
+    if method == "fp8":
+        block = qc.get("weight_block_size")
+        return not block or int(block[-1]) % BLOCK == 0
     if method != "compressed-tensors":
         return False
     for group_config in (qc.get("config_groups") or {}).values():
         weights = (group_config or {}).get("weights") or {}
-        size = weights.get("group_size")
-        if int(weights.get("num_bits", 8)) != 4:
+        strategy, size = weights.get("strategy"), weights.get("group_size")
+        if int(weights.get("num_bits", 8)) not in (4, 8):
             return False
-        if weights.get("strategy") != "channel" and not (isinstance(size, int) and size % BLOCK == 0):
+        if strategy == "block":
+            structure = weights.get("block_structure") or [0, 0]
+            if int(structure[-1]) % BLOCK:
+                return False
+        elif strategy not in ("channel", "tensor") and not (isinstance(size, int) and size % BLOCK == 0):
             return False
+        if strategy == "tensor" and int(weights.get("num_bits", 8)) == 4:
+            return False  # W4A16 per tensor is not a layout _ct_compact takes
     return True
+
+
+compact_int4 = compact_blocks  # the name models/memory.py imported first
 
 
 def loaded_weight_bytes(
@@ -385,8 +420,9 @@ def loaded_weight_bytes(
 ) -> int:
     """Bytes the weights take once loaded, from safetensors headers: what the pre-load RAM check counts
     for a quantized folder instead of its (4x-8x smaller) file size. Dequantized parts at `value_bytes`
-    per value; with `compact` (`compact_int4`, and a backend that keeps the blocks) the int4 layer
-    linears at their blocks' 4.5 (Q4_0) or 5 (Q4_1) bits per weight."""
+    per value; with `compact` (`compact_blocks`, and a backend that keeps the blocks) the int4 layer
+    linears at their blocks' 4.5 (Q4_0) or 5 (Q4_1) bits per weight, the 8-bit (FP8, int8) ones at Q8_0's
+    8.5."""
     total = 0
     for header in headers:
         for name, info in header.items():
@@ -397,6 +433,8 @@ def loaded_weight_bytes(
                 total += 0 if part in _CT_PARTS or part == "weight_scale_inv" else int(end) - int(begin)
             elif compact and bits == 4 and part in _COMPACT_BLOCK_BYTES and _compactable(module):
                 total += count * 8 * _COMPACT_BLOCK_BYTES[part] // BLOCK
+            elif compact and part == "weight" and info["dtype"] in ("F8_E4M3", "I8") and _compactable(module):
+                total += count * Q8_0_BYTES // BLOCK
             elif part in _EXPANSION:
                 total += count * (_EXPANSION[part] or 32 // bits) * value_bytes
     return total

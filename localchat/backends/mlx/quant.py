@@ -7,7 +7,8 @@ scale and bias are GGUF's per-32 sub-block values). Q6_K, Q3_K and Q2_K have sca
 group-32 form: they are re-quantized to min/max groups of 32 (each value within half a step of its group's
 range), Q6_K to 8 bits (8.5 bits per weight instead of 6.56), Q3_K to 5 (6 instead of 3.44), Q2_K to 4
 (5 instead of 2.63), against 16 dequantized. Other quantized types (IQ*) are dequantized to the compute
-dtype.
+dtype. Hugging Face GPTQ / AWQ / compressed-tensors int4 and FP8 / int8 linears arrive as Q4_1 / Q4_0 /
+Q8_0 blocks (weights/hf_quant.py; their error against the checkpoint is stated there) and map the same way.
 
 | GGUF block | value | MLX q (unsigned) | scale | bias |
 |---|---|---|---|---|
@@ -36,6 +37,7 @@ import mlx.core as mx
 import numpy as np
 
 from localchat.backends.mlx.gguf_blocks import EXACT_TYPES, decode_affine, pack_codes
+from localchat.weights.hf_quant_blocks import RepackedLinear
 from localchat.weights.tensors import WeightTensor
 
 GROUP_SIZE = 32
@@ -111,8 +113,18 @@ def gguf_blocks_to_affine(dtype: str, data: np.ndarray) -> tuple[np.ndarray, np.
     return np.ascontiguousarray(packed).view(np.uint32).reshape(rows, -1), d, bias, bits
 
 
+def _as_blocks(weight: WeightTensor) -> WeightTensor:
+    """A Hugging Face GPTQ / AWQ / compressed-tensors / FP8 linear handed over as GGUF blocks
+    (weights/hf_quant.py) as those blocks: Q4_1 / Q4_0 / Q8_0, all native here. Act-order ones (columns
+    reordered) stay as they are, dequantized exactly."""
+    if isinstance(weight, RepackedLinear) and weight.order is None:
+        return weight.blocks()
+    return weight
+
+
 def to_weight(weight: WeightTensor, dtype: mx.Dtype, dense_from_rows: int = 0) -> Weight:
     """A linear layer's matrix, never aliasing the memory-mapped file: quantized where MLX can."""
+    weight = _as_blocks(weight)
     if weight.dtype in NATIVE_TYPES:
         return _to_quantized(weight, dtype, dense_from_rows)
     if weight.dtype in REQUANTIZED and weight.shape[-1] % GROUP_SIZE == 0:
@@ -121,6 +133,7 @@ def to_weight(weight: WeightTensor, dtype: mx.Dtype, dense_from_rows: int = 0) -
 
 
 def to_embedding(weight: WeightTensor, dtype: mx.Dtype, dense_from_rows: int = 0) -> Embedding:
+    weight = _as_blocks(weight)
     if weight.dtype in NATIVE_TYPES:
         return _to_quantized(weight, dtype, dense_from_rows)
     if weight.dtype in REQUANTIZED and weight.shape[-1] % GROUP_SIZE == 0:

@@ -335,11 +335,10 @@ def _repacked(
 ) -> Loaded:
     """A GPTQ / AWQ / compressed-tensors int4 linear: its blocks on our kernels, else (no kernels, CUDA,
     `dequant`) its exact values densely, as before the repack."""
-    blocks = weight.blocks()
-    if policy.kernels is None or not cpu_kernels.supports(blocks.dtype, blocks.shape[1]):
+    if policy.kernels is None or not cpu_kernels.supports(weight.qtype, weight.shape[1]):
         _log_dense_int4()
         return to_tensor(WeightTensor(weight.name, weight.shape, "F32", weight.dequantize()), dtype, device)
-    matrix = convert(blocks, dtype, device, policy)
+    matrix = convert(weight.blocks(), dtype, device, policy)  # FP8's Q8_0 is made here (hf_q8_blocks.py)
     if weight.order is None or not isinstance(matrix, BlockMatrix):
         return matrix
     return PermutedWeight(torch.from_numpy(weight.order), matrix, dtype)
@@ -348,8 +347,9 @@ def _repacked(
 @cache
 def _log_dense_int4() -> None:
     log.info(
-        "GPTQ/AWQ/compressed-tensors int4 linears are dequantized to the compute dtype: localchat's CPU "
-        "kernels do not run this load (%s off or not built, another device, or %s=dequant)",
+        "GPTQ/AWQ/compressed-tensors int4 linears are dequantized to the compute dtype (FP8 / int8 ones "
+        "too): localchat's CPU kernels do not run this load (%s off or not built, another device, or "
+        "%s=dequant)",
         cpu_kernels.KERNELS_ENV,
         QUANT_ENV,
     )
