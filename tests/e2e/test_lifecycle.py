@@ -8,11 +8,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 import pytest
 
+from tests.helpers.deadline import wait_until
 from tests.helpers.live_server import REPO, check_chat_stream, live_server, parse_sse
 
 pytestmark = pytest.mark.slow
@@ -35,14 +35,17 @@ def test_signal_lets_in_flight_requests_finish_then_exits_0(sig):
 
         reader = threading.Thread(target=stream)
         reader.start()
-        deadline = time.monotonic() + 10
-        while server.metrics()["localchat_requests_running"] < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_until(lambda: server.metrics()["localchat_requests_running"] >= 1, 10, "the stream is running")
         server.proc.send_signal(sig)
-        time.sleep(0.3)
-        with pytest.raises(httpx.HTTPError):  # no new connections once shutdown began
-            httpx.get(server.base_url + "/health", timeout=2)
+
+        def refused() -> bool:
+            try:
+                httpx.get(server.base_url + "/health", timeout=2)
+            except httpx.HTTPError:
+                return True
+            return False
+
+        wait_until(refused, 10, "no new connections once shutdown began")
         reader.join(30)
         assert server.proc.wait(30) == 0, server.log()
         # The in-flight stream ran to its natural end, not cut off.

@@ -13,6 +13,7 @@ import pytest
 from localchat.embeddings.engine import BatchingEncoder
 from localchat.embeddings.text import Encoded
 from localchat.errors import QueueFullError
+from tests.helpers.deadline import async_wait_until
 from tests.helpers.run_async import run_async
 
 
@@ -28,8 +29,10 @@ class Recorder:
         self.fail_tag = fail_tag
         self.gate = threading.Event()
         self.gate.set()
+        self.calls = 0  # passes the worker has taken, counted before the gate
 
     def __call__(self, batch: list[Encoded]) -> np.ndarray:
+        self.calls += 1
         self.gate.wait(5)
         self.passes.append([len(e) for e in batch])
         if self.fail_tag is not None and any(e.ids[0] == self.fail_tag for e in batch):
@@ -44,7 +47,7 @@ def test_concurrent_requests_share_one_pass_sorted_longest_first() -> None:
     async def main() -> list[list[np.ndarray]]:
         rec.gate.clear()  # hold the first pass so the others queue up behind it
         first = asyncio.ensure_future(engine.submit([_item(1, 9)]))
-        await asyncio.sleep(0.05)
+        await async_wait_until(lambda: rec.calls == 1, 5, "the first pass is taken")
         rest = [asyncio.ensure_future(engine.submit([_item(n, n) for n in (3, 7, 5)])) for _ in range(3)]
         await asyncio.sleep(0.05)
         rec.gate.set()
@@ -96,7 +99,7 @@ def test_full_queue_is_refused_with_503() -> None:
     async def main() -> None:
         rec.gate.clear()
         running = asyncio.ensure_future(engine.submit([_item(2)]))
-        await asyncio.sleep(0.05)  # taken by the worker: the queue is empty again
+        await async_wait_until(lambda: rec.calls == 1, 5, "taken by the worker: the queue is empty again")
         waiting = asyncio.ensure_future(engine.submit([_item(2)] * 3))
         await asyncio.sleep(0.01)
         with pytest.raises(QueueFullError) as info:
@@ -124,7 +127,7 @@ def test_cancelled_request_is_skipped() -> None:
     async def main() -> None:
         rec.gate.clear()
         first = asyncio.ensure_future(engine.submit([_item(1)]))
-        await asyncio.sleep(0.05)
+        await async_wait_until(lambda: rec.calls == 1, 5, "the first pass is taken")
         gone = asyncio.ensure_future(engine.submit([_item(5)]))
         await asyncio.sleep(0.01)
         gone.cancel()

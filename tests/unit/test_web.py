@@ -15,6 +15,7 @@ from litestar.testing import TestClient
 
 from localchat.chats.store import DONE, ERROR, STOPPED
 from localchat.serving import chat_render
+from tests.helpers.deadline import wait_until
 from tests.ui.web_app import fake_app, web_state
 
 HX = {"HX-Request": "true"}
@@ -45,10 +46,7 @@ def _new_chat(client: TestClient, content: str, **form: str) -> str:
 
 
 def _wait_done(client: TestClient, conv_id: str, timeout: float = 10) -> Any:
-    deadline = time.monotonic() + timeout
-    while _chats(client).is_generating(conv_id):
-        assert time.monotonic() < deadline, "the answer did not finish"
-        time.sleep(0.02)
+    wait_until(lambda: not _chats(client).is_generating(conv_id), timeout, "the answer finished")
     return _store(client).get_messages(conv_id)
 
 
@@ -120,17 +118,14 @@ def test_stream_of_a_finished_answer_is_just_done(client: TestClient) -> None:
 def test_stop_aborts_and_frees_the_kv_blocks(client: TestClient) -> None:
     conv_id = _new_chat(client, "<<slow:20>><<say:" + "long answer " * 40 + ">>")
     engine = client.app.state.models.current().engine
-    deadline = time.monotonic() + 5
-    while engine.stats().kv_blocks_used == 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    time.sleep(0.1)
+    wait_until(lambda: engine.stats().kv_blocks_used > 0, 5, "the answer holds KV blocks")
+    time.sleep(0.1)  # a few tokens into the answer, so the stop leaves a partial one
     assert client.post(f"/ui/c/{conv_id}/stop", headers=HX).status_code == 204
     answer = _wait_done(client, conv_id)[1]
     assert answer.status == STOPPED and 0 < len(answer.content) < len("long answer " * 40)
-    time.sleep(0.05)
-    stats = engine.stats()
-    assert (stats.num_running, stats.kv_blocks_used) == (0, 0)
+    wait_until(
+        lambda: (engine.stats().num_running, engine.stats().kv_blocks_used) == (0, 0), 5, "blocks freed"
+    )
     assert "Stopped." in client.get(f"/c/{conv_id}").text
 
 
