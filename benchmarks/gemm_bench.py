@@ -5,15 +5,15 @@
 Each matrix is random GGUF blocks (tests/helpers/kquants.py for the K-quants, tests/helpers/iquants.py for
 the i-quants); the dense columns are
 `torch.nn.functional.linear` on its float32 and bfloat16 copies (what `LOCALCHAT_TORCH_QUANT=copies`
-runs). "new" runs the file's blocks (`LOCALCHAT_KERNEL_LAYOUT=gguf`), "new x16" the same matrix repacked
-into the x16 layout where the ISA has kernels for it (the default load). `--old` times another build of the library in the same process, alternating with this one, so
+runs). "new" runs the file's blocks (`LOCALCHAT_KERNEL_LAYOUT=gguf`: the i-quants' own kernels, the
+portable C reference for the legacy and K-quant types), "new x16" the same matrix repacked into the x16
+layout where the ISA has kernels for it (the default load). `--old` times another build of the library in the same process, alternating with this one, so
 the box's load hits both alike. Reports the median of `--reps` alternating rounds.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import statistics
 import time
 from collections.abc import Callable
@@ -25,6 +25,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from localchat.backends.torch import kernels
+from localchat.kernels import library
 from tests.helpers import iquants, kquants
 
 MATRICES = [
@@ -64,11 +65,7 @@ def blocks(qtype: str, rows: int, cols: int) -> np.ndarray:
 
 def other_build(path: str, like: kernels.Kernels) -> kernels.Kernels:
     """Another build of the library, with this one's ctypes signatures, bound to the same ISA."""
-    lib = ctypes.CDLL(path)
-    for name in ("lc_isa_supported", "lc_linear", "lc_quantize", "lc_matmul", "lc_dequant_rows"):
-        fn, ref = getattr(lib, name), getattr(like.lib, name)
-        fn.argtypes, fn.restype = ref.argtypes, ref.restype
-    return kernels.Kernels(lib, like.isa)
+    return kernels.Kernels(library.bind(path), like.isa)
 
 
 def seconds(fn: Callable[[], object], budget: float = 0.3) -> float:

@@ -1,4 +1,5 @@
-/* Block decoders shared by every ISA variant (included once per target so gcc vectorizes them for it).
+/* Block decoders of the GGUF-layout reference (lc_impl.h's portable matmul and dequant; lc_x16_layout.h
+packs from them too).
 
 Each GGUF block type is decoded, 32 weights at a time, into one common form the dot kernels read:
   codes[32]  unsigned 8-bit codes,
@@ -12,7 +13,6 @@ dx * sum_lanes(lscale * int_dot(codes, xq)) + sum_halves(minc * dx * sx): intege
 
 #define LC_SUB 32 /* codes per decoded sub-block */
 
-#if LC_ISA == LC_ISA_PORTABLE
 static inline void LC_FN(dec_q4_0)(const uint8_t *b, uint8_t *c, float *ls, float *mc) {
     float d = lc_f16(lc_u16(b));
     const uint8_t *qs = b + 2;
@@ -20,9 +20,7 @@ static inline void LC_FN(dec_q4_0)(const uint8_t *b, uint8_t *c, float *ls, floa
     for (int l = 0; l < 8; l++) ls[l] = d;
     mc[0] = mc[1] = -8.0f * d;
 }
-#endif
 
-#if LC_ISA == LC_ISA_PORTABLE
 static inline void LC_FN(dec_q4_1)(const uint8_t *b, uint8_t *c, float *ls, float *mc) {
     float d = lc_f16(lc_u16(b)), m = lc_f16(lc_u16(b + 2));
     const uint8_t *qs = b + 4;
@@ -30,9 +28,7 @@ static inline void LC_FN(dec_q4_1)(const uint8_t *b, uint8_t *c, float *ls, floa
     for (int l = 0; l < 8; l++) ls[l] = d;
     mc[0] = mc[1] = m;
 }
-#endif
 
-#if LC_ISA == LC_ISA_PORTABLE /* x86: lc_decode_x86.h spreads the high bits in registers */
 static inline void LC_FN(dec_q5_0)(const uint8_t *b, uint8_t *c, float *ls, float *mc) {
     float d = lc_f16(lc_u16(b));
     uint32_t qh = (uint32_t)b[2] | ((uint32_t)b[3] << 8) | ((uint32_t)b[4] << 16) | ((uint32_t)b[5] << 24);
@@ -56,16 +52,13 @@ static inline void LC_FN(dec_q5_1)(const uint8_t *b, uint8_t *c, float *ls, floa
     for (int l = 0; l < 8; l++) ls[l] = d;
     mc[0] = mc[1] = m;
 }
-#endif
 
-#if LC_ISA == LC_ISA_PORTABLE
 static inline void LC_FN(dec_q8_0)(const uint8_t *b, uint8_t *c, float *ls, float *mc) {
     float d = lc_f16(lc_u16(b));
     for (int j = 0; j < 32; j++) c[j] = b[2 + j] ^ 0x80; /* two's complement q + 128 */
     for (int l = 0; l < 8; l++) ls[l] = d;
     mc[0] = mc[1] = -128.0f * d;
 }
-#endif
 
 #ifndef LC_SCALE_MIN_K4
 #define LC_SCALE_MIN_K4
@@ -80,7 +73,6 @@ static inline void lc_scale_min_k4(int j, const uint8_t *s, int *sc, int *m) {
 #endif
 
 /* Super-blocks of 256: decode sub-block `i` (0..7) of block `b`. */
-#if LC_ISA == LC_ISA_PORTABLE
 static inline void LC_FN(dec_q4_k)(const uint8_t *b, int i, uint8_t *c, float *ls, float *mc) {
     float d = lc_f16(lc_u16(b)), dmin = lc_f16(lc_u16(b + 2));
     int sc, m;
@@ -91,9 +83,7 @@ static inline void LC_FN(dec_q4_k)(const uint8_t *b, int i, uint8_t *c, float *l
     for (int l = 0; l < 8; l++) ls[l] = d * (float)sc;
     mc[0] = mc[1] = -dmin * (float)m;
 }
-#endif
 
-#if LC_ISA == LC_ISA_PORTABLE
 static inline void LC_FN(dec_q5_k)(const uint8_t *b, int i, uint8_t *c, float *ls, float *mc) {
     float d = lc_f16(lc_u16(b)), dmin = lc_f16(lc_u16(b + 2));
     int sc, m;
@@ -104,9 +94,7 @@ static inline void LC_FN(dec_q5_k)(const uint8_t *b, int i, uint8_t *c, float *l
     for (int l = 0; l < 8; l++) ls[l] = d * (float)sc;
     mc[0] = mc[1] = -dmin * (float)m;
 }
-#endif
 
-#if LC_ISA == LC_ISA_PORTABLE
 static inline void LC_FN(dec_q6_k)(const uint8_t *b, int i, uint8_t *c, float *ls, float *mc) {
     int n = i / 4, k = i % 4;
     const uint8_t *ql = b + 64 * n + (k & 1) * 32, *qh = b + 128 + 32 * n;
@@ -119,12 +107,10 @@ static inline void LC_FN(dec_q6_k)(const uint8_t *b, int i, uint8_t *c, float *l
     for (int l = 0; l < 4; l++) { ls[l] = s0; ls[l + 4] = s1; }
     mc[0] = -32.0f * s0; mc[1] = -32.0f * s1;
 }
-#endif
 
 /* Q2_K: 16 scale bytes (low nibble scale, high nibble min, per 16 values), 64 bytes of 2-bit codes, d,
    dmin. Sub-block i (32 values) is codes bytes 32 * (i / 4).. shifted by 2 * (i % 4); weight =
-   d * (sc & 15) * q - dmin * (sc >> 4). (x86: lc_decode_x86.h decodes it in registers.) */
-#if LC_ISA == LC_ISA_PORTABLE
+   d * (sc & 15) * q - dmin * (sc >> 4). */
 static inline void LC_FN(dec_q2_k)(const uint8_t *b, int i, uint8_t *c, float *ls, float *mc) {
     const uint8_t *sc = b + 2 * i, *q = b + 16 + 32 * (i / 4);
     float d = lc_f16(lc_u16(b + 80)), dmin = lc_f16(lc_u16(b + 82));
@@ -135,7 +121,6 @@ static inline void LC_FN(dec_q2_k)(const uint8_t *b, int i, uint8_t *c, float *l
         mc[h] = -dmin * (float)(sc[h] >> 4);
     }
 }
-#endif
 
 /* Q3_K: 32 bytes of high bits, 64 bytes of low 2-bit codes, 12 bytes of 6-bit scales (per 16 values,
    stored + 32), d. Value l of sub-block i: low bits as in Q2_K, high bit l's bit i; weight =
@@ -145,7 +130,6 @@ static inline int LC_FN(q3k_scale)(const uint8_t *sb, int j) {
     return (((sb[j % 8] >> (4 * (j / 8))) & 15) | (((sb[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
 }
 
-#if LC_ISA == LC_ISA_PORTABLE
 static inline void LC_FN(dec_q3_k)(const uint8_t *b, int i, uint8_t *c, float *ls, float *mc) {
     const uint8_t *hm = b, *q = b + 32 + 32 * (i / 4);
     float d = lc_f16(lc_u16(b + 108));
@@ -157,11 +141,7 @@ static inline void LC_FN(dec_q3_k)(const uint8_t *b, int i, uint8_t *c, float *l
         mc[h] = -4.0f * s;
     }
 }
-#endif
 
-#if LC_ISA != LC_ISA_PORTABLE
-#include "lc_decode_x86.h"
-#endif
 
 /* Decode one row of `k` weights (row bytes `w`) into codes[k], lscale[k / 4], minc[k / 16]. */
 static void LC_FN(decode_row)(int type, const uint8_t *w, int64_t k, uint8_t *c, float *ls, float *mc) {

@@ -56,7 +56,7 @@ static inline int64_t LC_FN(swiglu_row_bf16)(const uint16_t *g, const uint16_t *
     for (; j + 16 <= inter; j += 16) {
         __m512 gv = LC_FN(att_bf16x16)(g + j), uv = LC_FN(att_bf16x16)(u + j);
         __m512 act = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), LC_FN(att_exp16)(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
-        act = _mm512_castsi512_ps(_mm512_slli_epi32(LC_FN(bf16_bits16)(act), 16)); /* lc_x16.h */
+        act = _mm512_castsi512_ps(_mm512_slli_epi32(LC_FN(bf16_bits16)(act), 16)); /* lc_x16_avx512.h */
         _mm256_storeu_si256((__m256i *)(o + j), _mm512_cvtepi32_epi16(LC_FN(bf16_bits16)(_mm512_mul_ps(act, uv))));
     }
     return j;

@@ -181,7 +181,7 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #define LC_ISA LC_ISA_AVX2
 #include "lc_impl.h"
 #include "lc_iquants.h"
-#include "lc_x16_256.h"
+#include "lc_x16_avx2.h"
 #include "lc_attention.h"
 #include "lc_fused.h"
 #undef LC_FN
@@ -194,7 +194,7 @@ static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #define LC_ISA LC_ISA_AVX512VNNI
 #include "lc_impl.h"
 #include "lc_iquants.h"
-#include "lc_x16.h"
+#include "lc_x16_avx512.h"
 #include "lc_attention.h"
 #include "lc_fused.h"
 #undef LC_FN
@@ -285,7 +285,7 @@ LC_EXPORT int lc_quantize(int isa, const void *x, int x_bf16, int64_t t, int64_t
 }
 
 /* Whether matrices of `type` and k columns can be repacked into the x16 layout for `isa` (its kernels:
-   AVX-512 VNNI, lc_x16.h; AVX2, lc_x16_256.h; NEON, lc_x16_neon.h). */
+   AVX-512 VNNI, lc_x16_avx512.h; AVX2, lc_x16_avx2.h; NEON, lc_x16_neon.h). */
 LC_EXPORT int lc_x16_supported(int isa, int type, int64_t k) {
     return isa != LC_ISA_PORTABLE && lc_isa_supported(isa) && lc_x16_type_ok(type) &&
            lc_type_ok(type, k);
@@ -367,16 +367,8 @@ LC_EXPORT int lc_matmul(int isa, int type, const uint8_t *w, int64_t n, int64_t 
             iq_matmul_portable(type, w, n, k, row_bytes, xq, xd, t, out, out_bf16, ldo, nth);
         return 0;
     }
-#ifdef LC_X86
-    if (isa == LC_ISA_AVX512VNNI) {
-        matmul_avx512vnni(type, w, n, k, row_bytes, xq, xd, xs, t, out, out_bf16, ldo, nth);
-        return 0;
-    }
-    if (isa == LC_ISA_AVX2) {
-        matmul_avx2(type, w, n, k, row_bytes, xq, xd, xs, t, out, out_bf16, ldo, nth);
-        return 0;
-    }
-#endif
+    /* Legacy and K-quant blocks as stored: the portable reference on every ISA (the SIMD ISAs read these
+       types in the x16 layout; LOCALCHAT_KERNEL_LAYOUT=gguf keeps them here). */
     matmul_portable(type, w, n, k, row_bytes, xq, xd, xs, t, out, out_bf16, ldo, nth);
     return 0;
 }

@@ -2,7 +2,7 @@
 of codes is four 16-byte loads of 4 columns x 4 codes, and one vdotq_laneq_s32 adds those codes times 4
 activation bytes (a lane of one 16-byte activation load) into the 4 columns' int32 sums. sdot is signed x
 signed: 4-bit and 6-bit codes are small non-negative int8 values and Q8_0's stored q + 128 goes back to
-q, so the offsets are those of the AVX2 kernel (lc_x16_256.h) without its int16 pair sums. Panel by
+q, so the offsets are those of the AVX2 kernel (lc_x16_avx2.h) without its int16 pair sums. Panel by
 panel, LC_X16_MRN activation rows per pass. Included by lc_kernels.c for the NEON variant (aarch64). */
 
 #define LC_X16_MRN 2

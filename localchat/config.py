@@ -610,7 +610,7 @@ BACKEND_VARIABLES: tuple[BackendVariable, ...] = (
         "auto",
         ("auto", "gguf"),
         "a layout",
-        "auto: x16 panels where the ISA has their kernels; gguf: the file's blocks as stored",
+        "auto: x16 panels where the ISA has their kernels; gguf: the file's blocks on the portable C reference",
     ),
     BackendVariable(
         "LOCALCHAT_KERNEL_ACTIVATIONS",

@@ -28,7 +28,7 @@ EMULATE_ENV = "LOCALCHAT_EMULATE_CPU"
 KERNEL_ISAS = ("portable", "avx2", "avx512vnni", "neon")
 # Which `auto` picks when several run: the widest first.
 _PREFERENCE = ("neon", "avx512vnni", "avx2", "portable")
-# ISAs with kernels for the x16 layout (csrc/lc_x16.h, lc_x16_256.h, lc_x16_neon.h); portable C has none.
+# ISAs with kernels for the x16 layout (csrc/lc_x16_avx512.h, lc_x16_avx2.h, lc_x16_neon.h); portable C has none.
 X16_ISAS = frozenset({"avx2", "avx512vnni", "neon"})
 
 _AVX2 = frozenset({"avx2", "fma"})

@@ -14,6 +14,7 @@ from functools import cache
 
 from localchat import cpu_features
 from localchat.config import backend_variable
+from localchat.errors import BackendUnavailableError, InsufficientMemoryError
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +22,9 @@ MODULE = "localchat._lckernels"
 KERNELS_ENV = "LOCALCHAT_KERNELS"
 LAYOUT_ENV = "LOCALCHAT_KERNEL_LAYOUT"
 ISAS = cpu_features.KERNEL_ISAS  # index = the library's ISA id (LC_ISA_* in csrc/lc_kernels.h)
+
+# csrc/lc_kernels.h's results
+OK, EINVAL, ENOMEM = 0, -1, -2
 
 _I, _P, _L, _F = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
@@ -160,3 +164,16 @@ def segment_args(
         (ctypes.c_int64 * n)(*rows),
         (ctypes.c_int64 * n)(*row_bytes),
     )
+
+
+def check(rc: int, rejected: str) -> None:
+    """Raise the typed error for a kernel call's result `rc`: out of memory for its scratch buffers (the call
+    wrote nothing) or `rejected`, the message for arguments it refused (a bug on our side)."""
+    if rc == OK:
+        return
+    if rc == ENOMEM:
+        raise InsufficientMemoryError(
+            "The CPU kernels could not grow their scratch buffers (out of memory). Free some RAM, or run fewer "
+            "sequences at once (--max-num-seqs) or a smaller model."
+        )
+    raise BackendUnavailableError(rejected)

@@ -143,10 +143,10 @@ def test_k_quants(qtype: str, isa: str, rows: int, out_features: int) -> None:
     check(qtype, isa, rows, out_features, 512, torch.float32)
 
 
-# The many-row path (5+ rows: lc_gemm256.h on AVX2, lc_gemm512.h on AVX-512, 4 x 2 tiles in portable C)
-# for every type: row counts that leave 1 or 2 rows in the last register block (3 rows on AVX2, 4 on
-# AVX-512), output rows that are no multiple of a tile (16 / 32 rows), and for the 32-value formats K / 16
-# scales per row that are no multiple of the 8 x 8 transpose (K = 96, 160, 288).
+# The many-row paths (5+ rows: the file's blocks in 4 x 2 tiles of the portable C reference, on every
+# ISA; `isa+x16` the x16 kernels' passes over several activation rows) for every type: row counts that leave
+# 1 or 2 rows in the last tile, output rows that are no multiple of a tile (16 rows), and for the 32-value
+# formats K / 16 scales per row that are no 8-multiple (K = 96, 160, 288).
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", [*SIMPLE, *K_QUANTS])
 @pytest.mark.parametrize(("rows", "out_features", "index"), [(5, 17, 0), (7, 33, 1), (8, 16, 2), (12, 47, 3)])

@@ -109,7 +109,7 @@ def test_policy_picks_the_kernels_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Non
     assert quant.FAST_GEMM_ISAS == ("avx512vnni", "avx2", "neon")
     # --isq q4 matrices run on torch's int4 kernel, so they keep their copies where RAM allows
     assert quant.pick_policy(cpu, torch.bfloat16, 100, 1000, isq="q4").dense_copy
-    if "avx2" in kernels.runnable_isas():  # AVX2's GEMM (lc_gemm256.h): no copies in auto either
+    if "avx2" in kernels.runnable_isas():  # AVX2's x16 GEMM (lc_x16_avx2.h): no copies in auto either
         monkeypatch.setenv(kernels.KERNELS_ENV, "avx2")
         assert not quant.pick_policy(cpu, torch.bfloat16, 100, 1000).block_copies
     monkeypatch.setenv(kernels.KERNELS_ENV, "portable")  # portable C's tiles are slow: copies in auto

@@ -27,6 +27,7 @@ from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.quant import DENSE_FROM_ROWS
 from localchat.config import backend_choices, backend_variable
 from localchat.errors import BackendUnavailableError
+from localchat.kernels import library as c_library
 from localchat.kernels import step as c_step
 from localchat.kernels.step import MAX_SEGMENTS, StepLayer, StepMatrix
 
@@ -103,11 +104,11 @@ class FusedDecode:
             tables.data_ptr(), tables.shape[1], meta.decode_lens64.data_ptr(), meta.block_size,
             1 / math.sqrt(self.head_dim), self.window, int(self.ops.precise), torch.get_num_threads(),
         )  # fmt: skip
-        if rc:
-            raise BackendUnavailableError(
-                f"The CPU kernels rejected a {rows}-row decode step over a cache {tuple(cache.shape)} "
-                "(internal error)."
-            )
+        c_library.check(
+            rc,
+            f"The CPU kernels rejected a {rows}-row decode step over a cache {tuple(cache.shape)} "
+            "(internal error).",
+        )
         return x
 
     def _cache_args(self, kv_caches: list[KVCache]) -> int:

@@ -5,6 +5,9 @@ once per unit of one scale (32 values; 16 for Q6_K). Steps of 1-2 rows read one 
 integer chains per row (even and odd code groups: vpdpbusd's latency stays hidden); more rows read two
 panels per pass, so each broadcast feeds two vpdpbusd. Included by lc_kernels.c for the AVX-512 variant. */
 
+#ifndef LC_PF /* prefetch distance in bytes: the panels stream from memory once */
+#define LC_PF 4096
+#endif
 #define LC_X16_MR 6        /* activation rows per pass over a panel (pair) */
 #define LC_X16_ONE_PANEL 2 /* steps of up to this many rows read one panel per pass */
 #ifndef LC_X16_EXPAND_ROWS /* steps of this many rows expand lc_x16_expands' codes once per panel (pair) */
