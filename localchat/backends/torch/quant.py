@@ -15,7 +15,7 @@ one C call on block matrices (decode_step.py), the blocks decode SmolLM2-135M ~2
 the memory. `LOCALCHAT_TORCH_QUANT=copies` keeps bf16 copies of the block matrices for many-row steps
 (SmolLM2: prefill ~2.5x faster for ~210 MB; 1B Q4_K_M: ~1.5x faster, peak RSS ~3x; the README's
 Benchmarks); `auto` does that where RAM allows only on the portable C kernels, whose many-row path is the
-slow one (AVX2, AVX-512 VNNI and NEON have GEMMs: csrc/lc_gemm256.h, csrc/lc_gemm512.h, the x16 kernels).
+slow one (AVX2, AVX-512 VNNI and NEON read the x16 layout at every row count: csrc/lc_x16_avx512.h, lc_x16_avx2.h, lc_x16_neon.h).
 
 With float32 compute (CPUs without native bf16) `auto` (on the AVX2/AVX-512 kernels) and `int4` put every
 GGUF matrix, Q4_0/Q4_1 included, on our kernels (float32 activations in and out): a dense float32 copy
@@ -104,9 +104,9 @@ _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
 # Rows packed per converter call: slices made of whole row tiles of the layout (64 rows today) pack to
 # the same bytes as one call (test_torch_quant.py checks).
 PACK_ROWS = 4096
-# Kernel ISAs whose many-row (prefill, batch) path is worth more than dense copies: csrc/lc_gemm512.h,
-# and csrc/lc_gemm256.h (AVX2: on par with a dense float32 GEMM on AVX2, at a fraction of the memory);
-# NEON's is the x16 kernel (csrc/lc_x16_neon.h, its only many-row path: the GGUF blocks run portable C).
+# Kernel ISAs whose many-row (prefill, batch) path is worth more than dense copies: their x16 kernels
+# (csrc/lc_x16_avx512.h, lc_x16_avx2.h, lc_x16_neon.h; AVX2's on par with a dense float32 GEMM at a
+# fraction of the memory). The file's blocks as stored run portable C on every ISA.
 FAST_GEMM_ISAS = ("avx512vnni", "avx2", "neon")
 ACTIVATIONS_ENV = "LOCALCHAT_KERNEL_ACTIVATIONS"
 # q8: 8 bits per 32 activations (llama.cpp's numerics); precise: plus the 8-bit residual (lc_linear);
