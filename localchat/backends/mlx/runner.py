@@ -237,7 +237,9 @@ class MLXRunner:
         assert self.kv_caches and batch.block_size == self.block_size, "initialize_kv_cache first"
         meta = AttentionMetadata.from_batch(batch)
         input_ids = mx.array(batch.input_ids.astype(np.int32))
-        positions = mx.array(batch.positions.astype(np.int32))
+        # M-RoPE (vision/mrope.py): [3, T] rotary positions when a row has pictures; K/V follow `positions`.
+        rope = batch.positions if batch.rope_positions is None else batch.rope_positions
+        positions = mx.array(rope.astype(np.int32))
         if (begin_step := getattr(self.model, "begin_step", None)) is not None:  # hybrid: bind state slots
             begin_step(batch.state_slots, batch.query_start_loc, batch.positions, self.dtype)
         hooked: Any = self.model  # only models with the image hook (models/gemma.py) get a tower

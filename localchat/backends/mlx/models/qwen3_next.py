@@ -25,6 +25,7 @@ from localchat.backends.mlx.gated_deltanet import (
 from localchat.backends.mlx.layers import Rotary, project, silu
 from localchat.backends.mlx.models.base import DecoderLM
 from localchat.backends.mlx.models.moe import Expert, SparseMoe, WithMoe
+from localchat.backends.mlx.mrope import MRotary
 from localchat.backends.mlx.quant import Weight, linear
 from localchat.backends.mlx.state_cache import LayerStateShape, StateCache, StepRows
 from localchat.engine.interface import StateCacheSpec
@@ -189,8 +190,14 @@ class HybridLayer(WithMoe):
 class Model(DecoderLM):
     layer_class = HybridLayer
 
+    # Qwen3.5's pictures (backends/mlx/vision/qwen_vl.py): (rows of this step's tokens, values) written over
+    # the placeholder embeddings; set and cleared by the runner around one step.
+    image_embeds: tuple[mx.array, mx.array] | None = None
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
+        if config.extra.get("mrope_section"):  # [3, T] positions of a step with pictures
+            self.rotary = MRotary(config)
         types = config.extra["layer_types"]
         self.linear_layers = [i for i, t in enumerate(types) if t == "linear_attention"]
         self.num_kv_layers = len(types) - len(self.linear_layers)
@@ -252,6 +259,9 @@ class Model(DecoderLM):
     ) -> mx.array:
         assert self.rows is not None and self.states is not None, "begin_step binds the state slots"
         x = self.embed_tokens(input_ids)
+        if self.image_embeds is not None:
+            rows, values = self.image_embeds
+            x[rows] = values.astype(x.dtype)
         kv_index = state_index = 0
         for layer in self.hybrid_layers:
             normed = mx.fast.rms_norm(x, layer.attn_norm, layer.eps)

@@ -13,16 +13,18 @@ import mlx.core as mx
 import numpy as np
 
 from localchat.backends.mlx.vision.gemma3 import Gemma3Vision, load_gemma3_vision
+from localchat.backends.mlx.vision.qwen_vl import QwenVision, load_qwen_vision
 from localchat.engine.interface import ImageSlice
 from localchat.errors import BackendUnavailableError
 from localchat.vision.encoder_cache import EncoderCache
 from localchat.vision.model_info import vision_config
+from localchat.vision.qwen_vl_prompt import QWEN_VL_TYPES
 
 log = logging.getLogger(__name__)
 
 
 class ImageEmbedder:
-    def __init__(self, vision: Gemma3Vision, dtype: mx.Dtype) -> None:
+    def __init__(self, vision: Gemma3Vision | QwenVision, dtype: mx.Dtype) -> None:
         self.vision = vision
         self.dtype = dtype
         self.cache: EncoderCache[mx.array] = EncoderCache()
@@ -40,8 +42,15 @@ class ImageEmbedder:
         return mx.array(rows, dtype=mx.int32), mx.concatenate(values)
 
     def _encode(self, part: ImageSlice) -> mx.array:
-        pixels = mx.array(np.ascontiguousarray(part.image.pixels, dtype=np.float32))[None]
-        embeds = self.vision.encode(pixels.astype(self.dtype))[0]
+        pixels = mx.array(np.ascontiguousarray(part.image.pixels, dtype=np.float32))
+        if isinstance(self.vision, QwenVision):  # patches + the merged grid -> the patch grid
+            assert part.image.grid is not None, "a Qwen-VL picture carries its grid"
+            t, h, w = part.image.grid
+            embeds = self.vision.encode(
+                pixels.astype(self.dtype), (t, h * self.vision.merge, w * self.vision.merge)
+            )
+        else:
+            embeds = self.vision.encode(pixels[None].astype(self.dtype))[0]
         mx.eval(embeds)  # cached: computed once, not re-traced by every step that reads it
         return embeds
 
@@ -58,4 +67,10 @@ def load_image_embedder(path: Path, dtype: mx.Dtype) -> ImageEmbedder | None:
             "with its mmproj, or move the mmproj file out of the model's folder to chat without images."
         )
     log.info("loading the vision tower of %s", path)
+    if config.get("model_type") in QWEN_VL_TYPES:
+        tower = load_qwen_vision(path, dtype)
+        if tower is None:  # a text-only export of a multimodal config: it still runs text
+            log.warning("%s names a vision tower but holds none of its weights: images unsupported", path)
+            return None
+        return ImageEmbedder(tower, dtype)
     return ImageEmbedder(load_gemma3_vision(path, dtype), dtype)
