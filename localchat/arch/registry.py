@@ -219,6 +219,11 @@ def _entries() -> list[Architecture]:
             text_config_key="text_config",
             weight_prefixes=MULTIMODAL_TEXT_PREFIXES,
         ),
+        # LLaVA 1.5 and its fine-tunes (LlavaForConditionalGeneration): the text LM (llama / mistral) runs
+        # as its own family, the CLIP tower + MLP projector in backends/<lib>/vision/llava.py.
+        Architecture(
+            "llava", "llama", text_config_key="text_config", weight_prefixes=MULTIMODAL_TEXT_PREFIXES
+        ),
         # Gemma 3 4B / 12B / 27B (Gemma3ForConditionalGeneration): its gemma3_text LM only, images
         # unsupported. GGUF files of them are `gemma3` text models (the vision tower is a separate mmproj).
         Architecture(

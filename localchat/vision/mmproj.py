@@ -16,7 +16,11 @@ from localchat.errors import ModelLoadError
 log = logging.getLogger(__name__)
 
 # Projector kinds whose tower localchat runs, by the text architecture they feed.
-PROJECTORS = {"gemma3": "gemma3"}
+# `mlp`: LLaVA 1.5 and its fine-tunes (CLIP tower + 2-layer MLP), written by llama.cpp's
+# convert_image_encoder_to_gguf.py; their text models are llama GGUFs.
+PROJECTORS = {"gemma3": "gemma3", "mlp": "llama"}
+# The placeholder token each kind's prompt repeats per image row.
+IMAGE_TOKENS = {"gemma3": "<image_soft_token>", "mlp": "<image>"}
 
 # --mmproj choices made at load time, by model file: listings and the prompt side find them here.
 _explicit: dict[Path, Path] = {}
@@ -70,22 +74,25 @@ def _mmproj_metadata(path: Path, mtime_ns: int) -> dict[str, Any]:
             "clip.vision.patch_size", "clip.vision.embedding_length", "clip.vision.feed_forward_length",
             "clip.vision.block_count", "clip.vision.attention.head_count",
             "clip.vision.attention.layer_norm_epsilon", "clip.vision.projector.scale_factor",
-            "clip.vision.image_mean", "clip.vision.image_std")  # fmt: skip
+            "clip.vision.image_mean", "clip.vision.image_std", "clip.use_gelu",
+            "clip.vision.feature_layer")  # fmt: skip
     meta = {key: _value(reader, key) for key in keys}
+    # the projector's matrices' shapes (ne order: input width first): the output width is the text's
+    meta["tensors"] = {t.name: [int(d) for d in t.shape] for t in reader.tensors if t.name.startswith("mm.")}
     if not _value(reader, "clip.has_vision_encoder", False) or meta["clip.projector_type"] is None:
         raise ModelLoadError(f"{path} is not a vision projector (no clip.* vision metadata).")
     return meta
 
 
 @lru_cache(maxsize=16)
-def _text_metadata(path: Path, mtime_ns: int) -> tuple[str, int, int | None]:
-    """(architecture, hidden size, id of <image_soft_token>) of a text GGUF."""
+def _text_metadata(path: Path, mtime_ns: int) -> tuple[str, int, dict[str, int]]:
+    """(architecture, hidden size, ids of the image placeholder tokens it has) of a text GGUF."""
     reader = _reader(path)
     arch = str(_value(reader, "general.architecture", ""))
     hidden = int(_value(reader, f"{arch}.embedding_length", 0))
     tokens = _value(reader, "tokenizer.ggml.tokens", []) or []
-    image_token = tokens.index("<image_soft_token>") if "<image_soft_token>" in tokens else None
-    return arch, hidden, image_token
+    markers = set(IMAGE_TOKENS.values())
+    return arch, hidden, {token: i for i, token in enumerate(tokens) if token in markers}
 
 
 def mmproj_metadata(path: Path) -> dict[str, Any]:
@@ -96,7 +103,7 @@ def gguf_vision_config(model_file: Path, mmproj: Path) -> dict[str, Any]:
     """The config.json-shaped dict (model_type, vision_config, text_config, mm_tokens_per_image,
     image_token_index) of a text GGUF + its mmproj; MmprojMismatchError when they do not fit."""
     meta = mmproj_metadata(mmproj)
-    arch, hidden, image_token = _text_metadata(model_file, model_file.stat().st_mtime_ns)
+    arch, hidden, image_tokens = _text_metadata(model_file, model_file.stat().st_mtime_ns)
     kind = str(meta["clip.projector_type"])
     if PROJECTORS.get(kind) != arch:
         raise MmprojMismatchError(
@@ -104,14 +111,22 @@ def gguf_vision_config(model_file: Path, mmproj: Path) -> dict[str, Any]:
             f"{arch!r}: localchat pairs {', '.join(f'{k} projectors with {a}' for k, a in PROJECTORS.items())}. "
             "Use the mmproj file published with this model (--mmproj PATH)."
         )
-    if int(meta["clip.vision.projection_dim"] or 0) != hidden:
+    width = meta["tensors"]["mm.2.weight"][-1] if kind == "mlp" else meta["clip.vision.projection_dim"]
+    if int(width or 0) != hidden:
         raise MmprojMismatchError(
             f"The vision projector {mmproj.name} writes embeddings of width "
-            f"{meta['clip.vision.projection_dim']}, but the model {model_file.name} has hidden size {hidden}. "
+            f"{width}, but the model {model_file.name} has hidden size {hidden}. "
             "Use the mmproj file published with this model (--mmproj PATH)."
         )
+    image_token = image_tokens.get(IMAGE_TOKENS[kind])
     if image_token is None:
-        raise MmprojMismatchError(f"{model_file.name} has no <image_soft_token> in its vocabulary.")
+        raise MmprojMismatchError(
+            f"{model_file.name} has no {IMAGE_TOKENS[kind]} token in its vocabulary, so a prompt cannot "
+            "mark where a picture goes. Use a GGUF converted from the transformers checkpoint (it keeps "
+            "the token)."
+        )
+    if kind == "mlp":
+        return _llava_config(meta, hidden, image_token, mmproj)
     size, patch = int(meta["clip.vision.image_size"]), int(meta["clip.vision.patch_size"])
     scale = int(meta["clip.vision.projector.scale_factor"] or 4)  # llama.cpp's default for Gemma 3
     eps = meta["clip.vision.attention.layer_norm_epsilon"]
@@ -136,11 +151,52 @@ def gguf_vision_config(model_file: Path, mmproj: Path) -> dict[str, Any]:
 def paired_vision_config(model_file: Path) -> dict[str, Any] | None:
     """The vision config of a text GGUF whose mmproj is paired, else None. A projector found beside the
     model (not named by --mmproj) whose kind localchat does not run leaves the model text-only: a
-    Qwen2.5-VL or LLaVA GGUF still chats; a wrong projector of a kind we run is an error."""
+    Qwen2.5-VL GGUF still chats, and so does a LLaVA GGUF whose vocabulary has no `<image>` token (the
+    legacy conversions); a wrong projector of a kind we run is an error."""
     model_file = model_file.expanduser().absolute()
     mmproj = pair_mmproj(model_file)
     if mmproj is None:
         return None
-    if model_file not in _explicit and mmproj_metadata(mmproj)["clip.projector_type"] not in PROJECTORS:
+    kind = mmproj_metadata(mmproj)["clip.projector_type"]
+    if model_file not in _explicit and kind not in PROJECTORS:
         return None
+    if model_file not in _explicit and kind == "mlp":
+        tokens = _text_metadata(model_file, model_file.stat().st_mtime_ns)[2]
+        if IMAGE_TOKENS[kind] not in tokens:
+            log.warning("%s has no <image> token: %s is not paired, images unsupported", model_file, mmproj)
+            return None
     return gguf_vision_config(model_file, mmproj)
+
+
+def _llava_config(meta: dict[str, Any], hidden: int, image_token: int, mmproj: Path) -> dict[str, Any]:
+    """A LlavaForConditionalGeneration-shaped config: llama.cpp's converter keeps only the tower's layers
+    up to the feature layer (the last one stored, unless it records `feature_layer`, indices into
+    [embeddings, layer 1, ...]) and drops the CLS row."""
+    blocks = int(meta["clip.vision.block_count"])
+    layers = meta["clip.vision.feature_layer"] or [blocks]
+    eps = meta["clip.vision.attention.layer_norm_epsilon"]
+    preprocessing = {
+        key: [float(v) for v in meta[f"clip.vision.{key}"]]
+        for key in ("image_mean", "image_std")
+        if meta[f"clip.vision.{key}"]
+    }
+    return {
+        "model_type": "llava",
+        "image_token_index": image_token,
+        "vision_feature_layer": [int(i) for i in layers],
+        "vision_feature_select_strategy": "default",
+        "projector_hidden_act": "gelu",
+        "text_config": {"hidden_size": hidden},
+        "vision_config": {
+            "hidden_size": int(meta["clip.vision.embedding_length"]),
+            "intermediate_size": int(meta["clip.vision.feed_forward_length"]),
+            "num_hidden_layers": blocks,
+            "num_attention_heads": int(meta["clip.vision.attention.head_count"]),
+            "image_size": int(meta["clip.vision.image_size"]),
+            "patch_size": int(meta["clip.vision.patch_size"]),
+            "layer_norm_eps": float(eps) if eps is not None else 1e-5,
+            "hidden_act": "gelu" if meta["clip.use_gelu"] else "quick_gelu",
+        },
+        "preprocessing": preprocessing,
+        "mmproj": str(mmproj),
+    }

@@ -17,7 +17,7 @@ from localchat.backends.torch.attention import (
 )
 from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import add_rms_norm, apply_rope, empty_param, rms_norm, swiglu
-from localchat.backends.torch.models.base import DecoderLM
+from localchat.backends.torch.models.qwen_vl import VisionLanguage
 from localchat.backends.torch.quant import linear
 from localchat.weights.config import ModelConfig
 
@@ -87,5 +87,8 @@ class LlamaLayer(nn.Module):
         return qk
 
 
-class Model(DecoderLM):
+class Model(VisionLanguage):
+    """Also the text model of LLaVA-style checkpoints and GGUFs: image rows scattered over the
+    placeholder tokens' embeddings when a step carries any (VisionLanguage); otherwise the plain path."""
+
     layer_class = LlamaLayer

@@ -13,9 +13,12 @@ import torch
 
 from localchat.backends.torch.vision.gemma3 import Gemma3Vision, load_gemma3_vision
 from localchat.backends.torch.vision.gemma3_mmproj import load_gemma3_mmproj
+from localchat.backends.torch.vision.llava import LlavaVision, load_llava_vision
+from localchat.backends.torch.vision.llava_mmproj import load_llava_mmproj
 from localchat.backends.torch.vision.qwen_vl import QwenVisionTower, encode_image, load_qwen_vision
 from localchat.engine.interface import ImageSlice
 from localchat.vision.encoder_cache import EncoderCache
+from localchat.vision.llava_prompt import LLAVA_TYPES
 from localchat.vision.model_info import vision_config
 from localchat.vision.qwen_vl_prompt import QWEN_VL_TYPES
 
@@ -24,7 +27,10 @@ log = logging.getLogger(__name__)
 
 class ImageEmbedder:
     def __init__(
-        self, vision: Gemma3Vision | QwenVisionTower, device: torch.device, dtype: torch.dtype
+        self,
+        vision: Gemma3Vision | QwenVisionTower | LlavaVision,
+        device: torch.device,
+        dtype: torch.dtype,
     ) -> None:
         self.vision = vision.to(device)
         self.device = device
@@ -60,6 +66,8 @@ def load_image_embedder(path: Path, device: torch.device, dtype: torch.dtype) ->
         return None
     if "mmproj" in config:  # a GGUF with llama.cpp's projector file beside it
         log.info("loading the vision tower of %s from %s", path, config["mmproj"])
+        if config.get("model_type") in LLAVA_TYPES:
+            return ImageEmbedder(load_llava_mmproj(config, Path(config["mmproj"]), dtype), device, dtype)
         return ImageEmbedder(load_gemma3_mmproj(config, Path(config["mmproj"]), dtype), device, dtype)
     log.info("loading the vision tower of %s", path)
     if config.get("model_type") in QWEN_VL_TYPES:
@@ -68,4 +76,6 @@ def load_image_embedder(path: Path, device: torch.device, dtype: torch.dtype) ->
             log.warning("%s names a vision tower but holds none of its weights: images unsupported", path)
             return None
         return ImageEmbedder(tower, device, dtype)
+    if config.get("model_type") in LLAVA_TYPES:
+        return ImageEmbedder(load_llava_vision(path, dtype), device, dtype)
     return ImageEmbedder(load_gemma3_vision(path, dtype), device, dtype)

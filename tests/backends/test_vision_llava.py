@@ -1,0 +1,212 @@
+"""LLaVA-style image input (#29: CLIP ViT tower + 2-layer MLP projector) against transformers on a tiny
+random LlavaForConditionalGeneration, fp32: the preprocessing equals transformers' Pillow CLIP / LLaVA
+processors bit for bit on real PNG and JPEG files, the tower's embeddings equal get_image_features, and an
+image prompt's logits and greedy tokens equal transformers', also with a prefill chunk boundary inside
+the image's run and on a second turn from the prefix cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from transformers.models.clip import CLIPImageProcessorPil
+from transformers.models.llava import LlavaImageProcessorPil
+
+from localchat.backends.torch.vision.llava import LlavaVision, load_llava_vision
+from localchat.engine.request import ImageInput
+from localchat.vision.clip_preprocess import ClipImageSpec, preprocess_clip
+from localchat.vision.llava_prompt import LlavaImagePrompt
+from localchat.vision.model_info import vision_config
+from localchat.vision.placement import chunk_rows
+from localchat.weights.loader import load_model
+from tests.helpers import llava_models as tiny
+from tests.helpers.torch_batch import PagedDriver
+from tests.helpers.torch_models import fp32_runner
+
+pytestmark = pytest.mark.slow
+
+PROMPT = [1, 3, *[tiny.IMAGE] * tiny.TOKENS_PER_IMAGE, 5, 6, 7, 8, 4]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Path]:
+    folder = tmp_path_factory.mktemp("llava")
+    return tiny.write_folder(folder), folder
+
+
+def _odd_pictures(folder: Path) -> list[Path]:
+    rng = np.random.default_rng(2)
+    out = []
+    for name, array, mode in (
+        ("rgba.png", rng.integers(0, 256, (33, 80, 4), dtype=np.uint8), "RGBA"),  # composited on white
+        ("gray.png", rng.integers(0, 256, (100, 57), dtype=np.uint8), "L"),
+        ("small.jpg", rng.integers(0, 256, (20, 30, 3), dtype=np.uint8), "RGB"),  # upscaled
+    ):
+        path = folder / name
+        Image.fromarray(array, mode).save(path)
+        out.append(path)
+    return out
+
+
+def test_preprocessing_equals_transformers(saved: tuple[torch.nn.Module, Path], tmp_path: Path) -> None:
+    _, folder = saved
+    spec = ClipImageSpec.from_folder(folder, tiny.IMAGE_SIZE)
+    theirs_clip = CLIPImageProcessorPil(**tiny.PREPROCESSOR)
+    padded = LlavaImageProcessorPil(**tiny.PREPROCESSOR, do_pad=True)
+    padded_spec = ClipImageSpec.from_dict({**tiny.PREPROCESSOR, "do_pad": True}, tiny.IMAGE_SIZE)
+    for path in [*tiny.pictures(tmp_path), *_odd_pictures(tmp_path)]:
+        ours = preprocess_clip(Image.open(path), spec)
+        theirs = theirs_clip(Image.open(path), return_tensors="np")["pixel_values"][0]
+        assert ours.shape == (3, tiny.IMAGE_SIZE, tiny.IMAGE_SIZE)
+        assert ours.dtype == theirs.dtype and np.array_equal(ours, theirs), path.name  # bit for bit
+        ours = preprocess_clip(Image.open(path), padded_spec)
+        theirs = padded(Image.open(path), return_tensors="np")["pixel_values"][0]
+        assert np.array_equal(ours, theirs), f"{path.name} padded to a square"
+
+
+def _pixels(folder: Path, path: Path) -> torch.Tensor:
+    return torch.from_numpy(preprocess_clip(Image.open(path), ClipImageSpec.from_folder(folder, 56)))[None]
+
+
+@pytest.mark.parametrize(
+    ("layer", "strategy"), [(-2, "default"), (-1, "full"), ([-3, -1], "default")], ids=str
+)
+def test_image_features_equal_transformers(tmp_path: Path, layer: int | list[int], strategy: str) -> None:
+    folder = tmp_path / "m"
+    hf = tiny.write_folder(folder, vision_feature_layer=layer, vision_feature_select_strategy=strategy)
+    vision = load_llava_vision(folder)
+    pixels = torch.cat([_pixels(folder, p) for p in tiny.pictures(tmp_path)])
+    ours = vision.encode(pixels)
+    with torch.no_grad():
+        theirs = hf.model.get_image_features(
+            pixel_values=pixels, vision_feature_layer=layer, vision_feature_select_strategy=strategy
+        ).pooler_output
+    theirs = torch.stack(list(theirs))
+    rows = tiny.TOKENS_PER_IMAGE + (strategy == "full")
+    assert ours.shape == theirs.shape == (2, rows, tiny.TEXT["hidden_size"])
+    err = (ours - theirs).abs().max().item()
+    print(f"llava features max abs err fp32 (layer {layer}, {strategy}): {err:.2e}")
+    assert err < 1e-5
+    assert (ours[0] - ours[1]).abs().max().item() > 1e-2  # different pictures, different embeddings
+
+
+def test_vision_config_and_prompt_side(saved: tuple[torch.nn.Module, Path]) -> None:
+    _, folder = saved
+    config = vision_config(folder)
+    assert config is not None and config["model_type"] == "llava"
+    prompt = LlavaImagePrompt.from_config(folder, config)
+    assert prompt.tokens_per_image == tiny.TOKENS_PER_IMAGE and prompt.image_token_id == tiny.IMAGE
+    assert prompt.expand("USER: <image>\nhi") == "USER: " + "<image>" * tiny.TOKENS_PER_IMAGE + "\nhi"
+    assert prompt.placeholders(PROMPT) == [tuple(range(2, 2 + tiny.TOKENS_PER_IMAGE))]
+    with pytest.raises(ValueError, match="consecutive"):
+        prompt.placeholders(PROMPT[:5])
+
+
+def _hf_logits(hf: torch.nn.Module, tokens: list[int], pixels: torch.Tensor) -> np.ndarray:
+    with torch.no_grad():
+        return hf(input_ids=torch.tensor([tokens]), pixel_values=pixels).logits[0].float().numpy()
+
+
+@pytest.mark.parametrize("chunk", [None, 9])
+def test_image_prompt_logits_and_greedy_tokens(
+    saved: tuple[torch.nn.Module, Path], tmp_path: Path, chunk: int | None
+) -> None:
+    """The embeddings scattered at the placeholders of a prefill (whole, or split by chunked prefill in
+    the middle of the image's run) give transformers' logits and greedy tokens."""
+    hf, folder = saved
+    vision = load_llava_vision(folder)
+    pixels = _pixels(folder, tiny.pictures(tmp_path)[0])
+    embeds = vision.encode(pixels)[0]  # encoded once, whole
+    placeholders = [i for i, t in enumerate(PROMPT) if t == tiny.IMAGE]
+    runner = fp32_runner(load_model(folder))
+    model: Any = runner.model
+    driver = PagedDriver(runner)
+    driver.add("a", PROMPT)
+    rows_logits = []
+    for start, end in [(0, len(PROMPT))] if chunk is None else [(0, chunk), (chunk, len(PROMPT))]:
+        rows, picked = chunk_rows(placeholders, start, end)
+        model.image_embeds = (torch.tensor(rows), embeds[picked])
+        _, logits = driver.step_logits({"a": end - start}, every_token=True)
+        rows_logits.append(logits.cpu().numpy())
+    model.image_embeds = None
+    ours = np.concatenate(rows_logits)
+    theirs = _hf_logits(hf, PROMPT, pixels)
+    err = np.abs(ours - theirs).max()
+    print(f"llava image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
+    assert err < 1e-4
+    for _ in range(3):  # greedy decode after the image
+        driver.feed("a", int(ours[-1].argmax()))
+        _, logits = driver.step_logits()
+        ours = logits.cpu().numpy()
+        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), pixels)[-1].argmax())
+    # the picture matters: without its embeddings the prompt's last logits differ
+    assert np.abs(theirs[-1] - _hf_logits(hf, PROMPT, torch.zeros_like(pixels))[-1]).max() > 1e-3
+
+
+def hf_greedy(hf: torch.nn.Module, prompt: list[int], pixels: torch.Tensor, new: int) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(new):
+        tokens.append(int(_hf_logits(hf, tokens, pixels)[-1].argmax()))
+    return tokens[len(prompt) :]
+
+
+def engine_answers(model_path: Path, pictures: list[Path], chunk: int, new: int = 6) -> list[list[int]]:
+    """Through LLMEngine + TorchRunner (the runner's own tower and encoder cache): each picture twice,
+    the second time from the prefix cache; asserts both turns agree."""
+    from localchat.engine.config import EngineConfig
+    from localchat.engine.engine import LLMEngine
+    from localchat.engine.sampling_params import SamplingParams
+    from localchat.vision.gemma3_preprocess import content_hash
+
+    config = vision_config(model_path)
+    assert config is not None
+    prompt_side = LlavaImagePrompt.from_config(model_path, config)
+    bundle = load_model(model_path)
+    runner = fp32_runner(bundle)
+    assert isinstance(runner.images.vision, LlavaVision)  # type: ignore[union-attr]
+    engine = LLMEngine(
+        runner,
+        bundle.tokenizer,
+        EngineConfig(kv_cache_mib=4, block_size=4, prefill_chunk_size=chunk),
+        eos_token_ids=[],
+        model_max_len=128,
+    )
+    answers = []
+    for path in pictures:
+        runs = prompt_side.placeholders(PROMPT)
+        turns = []
+        for _ in range(2):
+            image = (
+                ImageInput(
+                    runs[0], content_hash(path.read_bytes()), prompt_side.preprocess(Image.open(path))
+                ),
+            )
+            req = engine.add_request(PROMPT, SamplingParams(max_tokens=new, temperature=0.0), images=image)
+            tokens: list[int] = []
+            cached = 0
+            while engine.has_unfinished:
+                for out in engine.step():
+                    if out.req_id == req:
+                        tokens += out.new_token_ids
+                        cached = out.num_cached_tokens
+            turns.append((tokens, cached))
+        assert turns[1][0] == turns[0][0] and turns[1][1] >= len(PROMPT) - 4  # the picture's blocks reused
+        answers.append(turns[0][0])
+    assert runner.images.cache.misses == len(pictures)  # type: ignore[union-attr]
+    return answers
+
+
+@pytest.mark.parametrize("chunk", [0, 7])
+def test_engine_greedy_equals_transformers(
+    saved: tuple[torch.nn.Module, Path], tmp_path: Path, chunk: int
+) -> None:
+    hf, folder = saved
+    pictures = tiny.pictures(tmp_path)
+    answers = engine_answers(folder, pictures, chunk)
+    for path, ours in zip(pictures, answers, strict=True):
+        assert ours == hf_greedy(hf, PROMPT, _pixels(folder, path), 6), path.name
+    assert answers[0] != answers[1]
