@@ -167,6 +167,24 @@ class Settings:
         group="model",
         metavar="IDS",
     )
+    pipeline_parallel_size: int = _opt(
+        1,
+        ("--pipeline-parallel-size", "--pp"),
+        "torch: split the layers into N contiguous stages, one process each (NCCL on CUDA, gloo on CPU; "
+        "also for models --tp cannot split; docs/parallel.md)",
+        parse=int,
+        group="model",
+        metavar="N",
+    )
+    gpu_layers: int | None = _opt(
+        None,
+        ("--gpu-layers",),
+        "torch: run the last N layers (and the LM head) on the GPU and the rest on the CPU, in one process "
+        "(like llama.cpp's --n-gpu-layers)",
+        parse=int,
+        group="model",
+        metavar="N",
+    )
     seed: int = _opt(
         0,
         ("--seed",),
@@ -483,6 +501,18 @@ class Settings:
                 f"--tensor-parallel-size must be at least 1, got {self.tensor_parallel_size}.",
                 param="tensor_parallel_size",
             )
+        if self.pipeline_parallel_size < 1:
+            raise SettingsError(
+                f"--pipeline-parallel-size must be at least 1, got {self.pipeline_parallel_size}.",
+                param="pipeline_parallel_size",
+            )
+        if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
+            raise SettingsError(
+                "--tensor-parallel-size and --pipeline-parallel-size do not combine yet: use one of them.",
+                param="pipeline_parallel_size",
+            )
+        if self.gpu_layers is not None and self.gpu_layers < 0:
+            raise SettingsError(f"--gpu-layers must be >= 0, got {self.gpu_layers}.", param="gpu_layers")
         if not all(part.strip().isdigit() for part in _list(self.device_ids)):
             raise SettingsError(
                 f"--device-ids takes GPU numbers like 0,1, got {self.device_ids!r}.", param="device_ids"

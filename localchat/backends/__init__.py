@@ -38,6 +38,8 @@ class RunnerOptions:
     kv_cache_dtype: str = "auto"  # auto (the compute dtype) | bf16 | int8 (torch only)
     tensor_parallel_size: int = 1  # torch: ranks sharing each layer (backends/torch/parallel)
     device_ids: tuple[int, ...] | None = None  # torch with tensor parallelism: rank i's CUDA device
+    pipeline_parallel_size: int = 1  # torch: ranks each holding a run of layers (backends/torch/parallel)
+    gpu_layers: int | None = None  # torch: the last N layers on CUDA, the rest on the CPU, one process
 
 
 def resolve_backend(name: str) -> str:
@@ -72,6 +74,12 @@ def create_runner(name: str, model: ModelBundle, options: RunnerOptions | None =
         raise BackendUnavailableError(
             f"--tensor-parallel-size {options.tensor_parallel_size} needs the torch backend, not {name}."
         )
+    if options.pipeline_parallel_size > 1 and name != "torch":
+        raise BackendUnavailableError(
+            f"--pipeline-parallel-size {options.pipeline_parallel_size} needs the torch backend, not {name}."
+        )
+    if options.gpu_layers is not None and name != "torch":
+        raise BackendUnavailableError(f"--gpu-layers needs the torch backend, not {name}.")
     try:
         module = importlib.import_module(_ENTRY_MODULES[name])
     except ImportError as exc:

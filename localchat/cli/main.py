@@ -116,15 +116,14 @@ def _serve(settings: Settings, *, open_browser: bool) -> int:
 
     if settings.ui is False and open_browser:
         raise SettingsError("--ui-server needs the web UI; drop --no-ui.", param="ui")
-    if settings.tensor_parallel_size > 1:  # under torchrun, ranks >= 1 serve rank 0's steps, not HTTP
+    world = settings.tensor_parallel_size * settings.pipeline_parallel_size
+    if world > 1:  # under torchrun, ranks >= 1 serve rank 0's steps, not HTTP
         from localchat.backends import serve_torchrun_worker
         from localchat.serving.assembly import load_bundle, runner_options
 
         # The worker's options and model come from here, the app layer: the backend never imports it.
         options = runner_options(settings)
-        exit_code = serve_torchrun_worker(
-            settings.tensor_parallel_size, options, lambda: load_bundle(settings)[0]
-        )
+        exit_code = serve_torchrun_worker(world, options, lambda: load_bundle(settings)[0])
         if exit_code is not None:
             return exit_code
     check_port(settings.host, settings.port)  # a taken port fails now, not after the browser opened

@@ -83,6 +83,8 @@ def runner_options(settings: Settings) -> RunnerOptions:
         kv_cache_dtype=settings.kv_cache_dtype,
         tensor_parallel_size=settings.tensor_parallel_size,
         device_ids=tuple(int(i) for i in settings.device_ids.split(",") if i.strip()) or None,
+        pipeline_parallel_size=settings.pipeline_parallel_size,
+        gpu_layers=settings.gpu_layers,
     )
 
 

@@ -73,6 +73,10 @@ def load_draft_runner(
     bundle = load_model(resolved.path)
     check_draft_vocabulary(target_bundle.tokenizer, bundle.tokenizer, target_id, resolved.model_id)
     # One rank: the draft is small, and its passes are latency-bound.
-    runner = load_runner(settings.backend, bundle, replace(options, tensor_parallel_size=1))
+    runner = load_runner(
+        settings.backend,
+        bundle,
+        replace(options, tensor_parallel_size=1, pipeline_parallel_size=1, gpu_layers=None),
+    )
     log.info("draft model %s ready on %s", resolved.model_id, runner.device_name)
     return runner

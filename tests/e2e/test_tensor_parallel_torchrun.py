@@ -110,4 +110,4 @@ def test_torchrun_world_must_equal_tp(tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode == 1
-    assert "WORLD_SIZE" in done.stderr and "--tensor-parallel-size is 2" in done.stderr
+    assert "WORLD_SIZE" in done.stderr and "--pipeline-parallel-size is 2" in done.stderr

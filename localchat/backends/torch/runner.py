@@ -53,6 +53,7 @@ from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
 from localchat.backends.torch.kernel_choice import attention_kernel, graph_mode, one_step_choice
 from localchat.backends.torch.kv_cache import Int8KVCache, KVCache, kv_element_dtype
 from localchat.backends.torch.layers import rms_norm
+from localchat.backends.torch.models.base import DecoderLM
 from localchat.backends.torch.onednn_caches import bound_matmul_caches
 from localchat.backends.torch.quant import pick_policy
 from localchat.backends.torch.sampler import SampleResult, new_generator, sample
@@ -102,7 +103,7 @@ class TorchRunner:
             self.device, self.dtype, _linear_bytes(model.config, self.dtype), mem_available(), options.isq
         )
         with torch.inference_mode(), _device_memory_errors(self.device, model.name):
-            self.model = load_decoder(model.config, model.iter_weights(), self.device, self.dtype, self.quant)
+            self.model = self._load_decoder(model)
             # The vision tower of a multimodal checkpoint (Gemma 3): images reach the model through it.
             self.images = load_image_embedder(model.path, self.device, self.dtype)
         # "triton" on CUDA (see kernel_choice.py), else "torch"; both take every layer's AttentionOptions.
@@ -127,6 +128,10 @@ class TorchRunner:
         self.block_size = 0
         # See the module docstring: torch's bf16 GEMV beats oneDNN for one-row matmuls on CPU.
         self._native_gemv = self.device.type == "cpu" and self.dtype == torch.bfloat16
+
+    def _load_decoder(self, model: ModelBundle) -> DecoderLM:
+        """The bundle's decoder on this runner's device (a pipeline stage loads only its layers)."""
+        return load_decoder(model.config, model.iter_weights(), self.device, self.dtype, self.quant)
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:

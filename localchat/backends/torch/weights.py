@@ -7,7 +7,7 @@ meta parameter; fused matrices hold their parts only until the last one arrives.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 import torch
@@ -38,12 +38,17 @@ def load_decoder(
     device: torch.device,
     dtype: torch.dtype,
     policy: QuantPolicy | None = None,
+    prepare: Callable[[DecoderLM], None] | None = None,
 ) -> DecoderLM:
-    """The torch decoder built from a bundle's weights (`weights.loader.load_model` reads the file)."""
+    """The torch decoder built from a bundle's weights (`weights.loader.load_model` reads the file).
+    `prepare`: called on the empty (meta) model before any weight arrives (a pipeline stage drops the
+    layers and head it does not hold)."""
     policy = policy or QuantPolicy()
     cls = model_class(config.model_type)
     with torch.device("meta"):
         model = cls(config, device)
+    if prepare is not None:
+        prepare(model)
     pending: dict[tuple[nn.Module, str], dict[int, Loaded]] = {}
     heads: dict[str, WeightTensor] = {}  # the embedding and LM head as stored (for `_pack_lm_head`)
     arch = architecture(config.model_type)

@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -39,6 +39,9 @@ from localchat.weights.bundle import ModelBundle
 
 from .group import ParallelGroup, close_group, init_group, torchrun_local_rank, torchrun_rank
 from .shard import sharded_runner
+
+if TYPE_CHECKING:
+    from localchat.backends.torch.runner import TorchRunner
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,37 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def world_size(options: RunnerOptions) -> int:
+    """Ranks in the group: tensor-parallel slices times pipeline stages."""
+    return options.tensor_parallel_size * options.pipeline_parallel_size
+
+
+def _kind(options: RunnerOptions) -> str:
+    return "pipeline-parallel" if options.pipeline_parallel_size > 1 else "tensor-parallel"
+
+
+def _flag(options: RunnerOptions) -> str:
+    return "--pipeline-parallel-size" if options.pipeline_parallel_size > 1 else "--tensor-parallel-size"
+
+
+def _size_flag(options: RunnerOptions) -> str:
+    return f"{_flag(options)} {world_size(options)}"
+
+
+def rank_runner(bundle: ModelBundle, options: RunnerOptions, group: ParallelGroup) -> TorchRunner:
+    """This rank's runner: its tensor-parallel slice, or its pipeline stage."""
+    if options.tensor_parallel_size > 1 and options.pipeline_parallel_size > 1:
+        raise BackendUnavailableError(
+            f"--tensor-parallel-size {options.tensor_parallel_size} with --pipeline-parallel-size "
+            f"{options.pipeline_parallel_size}: the two do not combine yet; use one of them."
+        )
+    if options.pipeline_parallel_size > 1:
+        from .pipeline import pipeline_runner
+
+        return pipeline_runner(bundle, options, group)
+    return sharded_runner(bundle, options, group)
+
+
 def rank_options(options: RunnerOptions, rank: int) -> RunnerOptions:
     """Each rank's device: on CUDA, `--device-ids`' entry for the rank's index on its machine (the rank
     itself, or torchrun's LOCAL_RANK across machines), default cuda:<index>; the CPU otherwise."""
@@ -67,22 +101,22 @@ def rank_options(options: RunnerOptions, rank: int) -> RunnerOptions:
     if device.type == "cuda":
         local = torchrun_local_rank()
         index = rank if local is None else local
-        ids = options.device_ids or tuple(range(options.tensor_parallel_size if local is None else index + 1))
-        if local is None and len(ids) != options.tensor_parallel_size:
+        world = world_size(options)
+        ids = options.device_ids or tuple(range(world if local is None else index + 1))
+        if local is None and len(ids) != world:
             raise BackendUnavailableError(
-                f"--device-ids names {len(ids)} GPUs for --tensor-parallel-size "
-                f"{options.tensor_parallel_size}: name one per rank."
+                f"--device-ids names {len(ids)} GPUs for {_size_flag(options)}: name one per rank."
             )
         count = device_count()
         if index >= len(ids) or ids[index] >= count:
             raise BackendUnavailableError(
-                f"--tensor-parallel-size {options.tensor_parallel_size}: rank {rank} needs a GPU of its own "
-                f"but this machine has {count}. Lower --tensor-parallel-size, fix --device-ids, or run "
+                f"{_size_flag(options)}: rank {rank} needs a GPU of its own but this machine has {count}. "
+                f"Lower {_flag(options)}, fix --device-ids, or run "
                 "the other ranks on more machines with torchrun (docs/parallel.md)."
             )
         return _replace_device(options, f"cuda:{ids[index]}")
     if device.type != "cpu":
-        raise BackendUnavailableError(f"--tensor-parallel-size needs CUDA or the CPU, not {device.type}.")
+        raise BackendUnavailableError(f"{_flag(options)} needs CUDA or the CPU, not {device.type}.")
     return _replace_device(options, "cpu")
 
 
@@ -115,7 +149,7 @@ def worker_loop(group: ParallelGroup, load: BundleLoader, options: RunnerOptions
     it says shutdown. `options` already name this rank's device."""
     control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
     try:
-        runner = sharded_runner(load(), options, group)
+        runner = rank_runner(load(), options, group)
         while True:
             message: list[Any] = [None]
             dist.broadcast_object_list(message, src=0, group=control)
@@ -127,7 +161,7 @@ def worker_loop(group: ParallelGroup, load: BundleLoader, options: RunnerOptions
     except BaseException:
         # Printed here: the driver only sees the closed connection; the cause is this rank's.
         print(
-            f"tensor-parallel worker rank {group.rank} failed:\n{traceback.format_exc()}",
+            f"{_kind(options)} worker rank {group.rank} failed:\n{traceback.format_exc()}",
             file=sys.stderr,
             flush=True,
         )
@@ -146,7 +180,8 @@ class ParallelRunner:
     step (the collective fails when the peer's connection closes)."""
 
     def __init__(self, bundle: ModelBundle, options: RunnerOptions, load: BundleLoader | None = None) -> None:
-        world = options.tensor_parallel_size
+        world = world_size(options)
+        self.kind = _kind(options)
         options = rank_options(options, 0)
         device = pick_device(options.device)
         self.failure: str | None = None
@@ -169,7 +204,7 @@ class ParallelRunner:
             threading.Thread(target=self._watch_workers, name="localchat-tp-watchdog", daemon=True).start()
             self.group = init_group(0, world, device, init_method=init_method)
         self._control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
-        self.runner = sharded_runner(bundle, options, self.group)
+        self.runner = rank_runner(bundle, options, self.group)
         # The server stops engines without closing their runners; at exit the workers are told to stop
         # (torchrun's on other nodes then exit 0 instead of failing on the closed connection).
         atexit.register(self.shutdown)
@@ -183,7 +218,7 @@ class ParallelRunner:
         rank = 1 + next(i for i, p in enumerate(processes) if p.sentinel in died)
         code = processes[rank - 1].exitcode
         self._fail(
-            f"The tensor-parallel worker rank {rank} died (exit code {code}); the model cannot run. "
+            f"The {self.kind} worker rank {rank} died (exit code {code}); the model cannot run. "
             "Restart localchat."
         )
 
@@ -213,7 +248,7 @@ class ParallelRunner:
             except Exception as exc:
                 if self._worker_died() or isinstance(exc, dist.DistError):
                     self._fail(
-                        f"A tensor-parallel collective failed ({exc}); a worker rank is gone or "
+                        f"A {self.kind} collective failed ({exc}); a worker rank is gone or "
                         "unreachable. Restart every rank."
                     )
                     raise BackendUnavailableError(str(self.failure)) from exc
@@ -236,13 +271,13 @@ class ParallelRunner:
         try:
             self._send(SHUTDOWN, ())
         except (RuntimeError, BackendUnavailableError) as exc:
-            log.warning("tensor-parallel shutdown: %s", exc)
+            log.warning("%s shutdown: %s", self.kind, exc)
         self.runner.shutdown()
         if self.context is not None:
             try:
                 self.context.join(timeout=30)
             except ProcessException as exc:  # a worker that died before: already reported
-                log.warning("tensor-parallel shutdown: %s", exc)
+                log.warning("%s shutdown: %s", self.kind, exc)
             for process in self.context.processes:
                 if process.is_alive():
                     process.terminate()

@@ -48,14 +48,15 @@ def init_group(
 
 def torchrun_rank(tensor_parallel_size: int) -> int | None:
     """This process's rank when torchrun started it (its RANK/WORLD_SIZE environment), else None.
-    torchrun's world must be exactly the --tensor-parallel-size ranks: one process per rank."""
+    torchrun's world must be exactly the ranks asked for (--tp x --pp): one process per rank."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return None
     world = int(os.environ["WORLD_SIZE"])
     if world != tensor_parallel_size:
         raise BackendUnavailableError(
-            f"torchrun started {world} processes (WORLD_SIZE) but --tensor-parallel-size is "
-            f"{tensor_parallel_size}: make them equal (torchrun's --nnodes x --nproc-per-node = --tp)."
+            f"torchrun started {world} processes (WORLD_SIZE) but --tensor-parallel-size x "
+            f"--pipeline-parallel-size is {tensor_parallel_size}: make them equal (torchrun's --nnodes x "
+            "--nproc-per-node = --tp x --pp)."
         )
     return int(os.environ["RANK"])
 

@@ -1,5 +1,6 @@
-"""Does a rank's slice fit its GPU? Checked before loading, so a model too big for N devices is one
-message that says what to change, not an out-of-memory traceback on some rank halfway through."""
+"""Does a rank's slice (tensor parallelism) or stage (pipeline, --gpu-layers) fit its GPU? Checked
+before loading, so a model too big for N devices is one message that says what to change, not an
+out-of-memory traceback on some rank halfway through."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from pathlib import Path
 
 import torch
 
+from localchat.arch.moe import ffn_width
 from localchat.errors import BackendUnavailableError
+from localchat.weights.config import ModelConfig
 
 HEADROOM = 1.1  # the slice plus ~10% for the runtime and warm-up before the KV pool is sized
 
@@ -41,3 +44,66 @@ def check_device_memory(path: Path, device: torch.device, rank: int, world: int,
         return  # CPU ranks share the machine's RAM and the file's page cache
     free, _ = torch.cuda.mem_get_info(device)
     check_shard_fits(rank, str(device), world, checkpoint_bytes(path), free, sizes)
+
+
+# --- pipeline stages (`--pipeline-parallel-size`, `--gpu-layers`): a run of layers, not 1/N of each ---
+
+MIN_KV_TOKENS = 2048  # a stage must also hold K/V for at least one conversation of this length
+KV_ELEMENT_BYTES = 2  # bf16/fp16 K/V on GPUs
+
+
+def _layer_params(config: ModelConfig) -> int:
+    c = config
+    attention = c.hidden_size * c.head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)
+    return attention + 3 * c.hidden_size * ffn_width(c)
+
+
+def stage_bytes(
+    config: ModelConfig, layers: int, first: bool, last: bool, total_bytes: int
+) -> tuple[int, int]:
+    """(weights, K/V per token) of a stage holding `layers` layers: the checkpoint's bytes per parameter
+    times the stage's parameters (its layers, the embedding on the first stage, the LM head on the last,
+    the embedding there too when tied)."""
+    table = config.vocab_size * config.hidden_size
+    total_params = config.num_hidden_layers * _layer_params(config) + table * (
+        1 if config.tie_word_embeddings else 2
+    )
+    per_param = total_bytes / max(total_params, 1)
+    params = layers * _layer_params(config)
+    params += table if first or (last and config.tie_word_embeddings) else 0
+    params += table if last and not config.tie_word_embeddings else 0
+    kv_per_token = 2 * layers * config.num_key_value_heads * config.head_dim * KV_ELEMENT_BYTES
+    return int(params * per_param), kv_per_token
+
+
+def check_stage_bytes(
+    config: ModelConfig,
+    index: int,
+    layers: range,
+    last: bool,
+    device: str,
+    flag: str,
+    total_bytes: int,
+    free: int,
+) -> None:
+    """Raise when a stage's weights (+10%) and K/V for MIN_KV_TOKENS exceed `free` bytes on `device`."""
+    weights, kv = stage_bytes(config, len(layers), index == 0, last, total_bytes)
+    need = weights * HEADROOM + kv * MIN_KV_TOKENS
+    if need <= free:
+        return
+    raise BackendUnavailableError(
+        f"{flag}: stage {index} (layers {layers.start}-{layers.stop - 1}) needs about {need / 2**30:.1f} GiB "
+        f"({weights / 2**30:.1f} GiB of weights + K/V for {MIN_KV_TOKENS} tokens) but {device} has "
+        f"{free / 2**30:.1f} GiB free. Use more stages (a larger --pipeline-parallel-size), fewer "
+        "--gpu-layers, a smaller quantization, or free memory on that GPU."
+    )
+
+
+def check_stage_fits(
+    path: Path, config: ModelConfig, index: int, layers: range, last: bool, device: torch.device, flag: str
+) -> None:
+    """Before loading: does this CUDA stage's share fit its GPU? (CPU stages share the machine's RAM.)"""
+    if device.type != "cuda":
+        return
+    free, _ = torch.cuda.mem_get_info(device)
+    check_stage_bytes(config, index, layers, last, str(device), flag, checkpoint_bytes(path), free)

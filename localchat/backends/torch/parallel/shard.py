@@ -102,8 +102,9 @@ SHARDED_FAMILIES = ("llama", "qwen3", "mixtral", "qwen3_moe")
 def _unsupported(config: ModelConfig, world: int) -> BackendUnavailableError:
     return BackendUnavailableError(
         f"--tensor-parallel-size {world}: only the Llama family (Llama, Mistral, Qwen2, SmolLM2), "
-        f"Qwen3, Mixtral and Qwen3-MoE are sharded so far, not {config.model_type!r} (hybrid-state "
-        "and other layouts run on one device: drop --tensor-parallel-size)."
+        f"Qwen3, Mixtral and Qwen3-MoE are sharded so far, not {config.model_type!r}: split its layers "
+        f"instead with --pipeline-parallel-size {world} (DeepSeek, Phi-3, ...), or drop "
+        "--tensor-parallel-size (hybrid-state models run on one device)."
     )
 
 
@@ -145,7 +146,8 @@ def check_supported(config: ModelConfig, world: int) -> None:
             f"--tensor-parallel-size {world} does not split this model: it must divide the attention "
             f"heads ({h}) and the MLP width ({inter}; experts' {expert_size(config)}), and divide or be a "
             f"multiple of the KV heads "
-            f"({kvh}). Sizes that work for it: {sizes}."
+            f"({kvh}). Sizes that work for it: {sizes}. Or split the layers instead, which needs no "
+            f"divisible heads: --pipeline-parallel-size {world}."
         )
 
 

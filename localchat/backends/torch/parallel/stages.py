@@ -1,0 +1,255 @@
+"""Pipeline stages: a decoder cut into contiguous runs of layers, each run a `StageRunner` of its own.
+
+The first stage holds the embedding, the last the final norm and LM head (and the embedding again when
+it is the tied LM head); every stage holds only its layers' weights and K/V. A step runs stage after
+stage, one batch in flight (no micro-batches): a stage that is not first takes its input hidden
+states from the stage before (`Link.receive`), one that is not last hands its output on
+(`Link.send`). The last stage computes the logits and samples; `Results` brings its output to the
+stage the engine talks to. The links are torch.distributed send/recv between ranks (pipeline.py) or
+a device-to-device copy inside one process (device_split.py, `--gpu-layers`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from localchat.arch.architecture import TOP_WEIGHTS
+from localchat.arch.registry import architecture
+from localchat.backends import RunnerOptions
+from localchat.backends.torch.kernel_choice import one_step_choice
+from localchat.backends.torch.models import model_class
+from localchat.backends.torch.models.base import DecoderLM, StepMetadata
+from localchat.backends.torch.runner import TorchRunner
+from localchat.backends.torch.weights import load_decoder
+from localchat.engine.interface import BatchInputs, RunnerOutput, SchedulerOutput
+from localchat.errors import BackendUnavailableError
+from localchat.weights.bundle import ModelBundle
+from localchat.weights.config import ModelConfig
+from localchat.weights.tensors import WeightTensor
+
+LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
+# Models whose layers run as DecoderLM's loop; a vision-language model runs it for text-only steps
+# (steps with images are refused: their rows and DeepStack sums would need to travel between stages).
+PLAIN_LOOPS = ("DecoderLM.hidden_states", "VisionLanguage.hidden_states")
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlan:
+    index: int  # this stage's position, from 0
+    stages: int
+    layers: range  # the model's layer indices this stage holds
+
+    @property
+    def first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def last(self) -> bool:
+        return self.index == self.stages - 1
+
+
+def split_layers(num_layers: int, stages: int) -> list[range]:
+    """Contiguous runs balanced by layer count (sizes differ by at most one). The earlier stages take
+    the extra layers: the last one also runs the LM head, the largest matmul of a decode step."""
+    base, extra = divmod(num_layers, stages)
+    runs, start = [], 0
+    for i in range(stages):
+        count = base + (1 if i < extra else 0)
+        runs.append(range(start, start + count))
+        start += count
+    return runs
+
+
+def check_stageable(config: ModelConfig, flag: str) -> None:
+    """A clear error, before any weight is read, for models this layer split does not cover."""
+    cls = model_class(config.model_type)
+    hybrid = hasattr(cls, "begin_step") or ("layer_types" in config.extra and _stateful(config))
+    if cls.hidden_states.__qualname__ not in PLAIN_LOOPS or hybrid:
+        raise BackendUnavailableError(
+            f"{flag}: {config.model_type!r} runs its layers its own way (per-layer inputs, shared K/V or "
+            "recurrent state slots), which the layer split does not cover yet; run it on one device "
+            "(drop the flag)."
+        )
+
+
+def _stateful(config: ModelConfig) -> bool:
+    return any(t not in ("full_attention", "sliding_attention") for t in config.extra["layer_types"])
+
+
+class Link(Protocol):
+    """Hidden states from one stage to the next."""
+
+    def receive(self, tokens: int, hidden: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor: ...
+
+    def send(self, x: torch.Tensor) -> None: ...
+
+
+class Results(Protocol):
+    """The last stage's answer (a RunnerOutput, or logits) to the stage the engine talks to."""
+
+    def deliver(self, value: Any, empty: Any) -> Any:
+        """On the last stage: what its call returns (`value`, or `empty` once sent elsewhere)."""
+        ...
+
+    def collect(self, empty: Any) -> Any:
+        """On the other stages: the last stage's value (where the engine reads it), else `empty`."""
+        ...
+
+
+class StageModel(DecoderLM):
+    """Mixed into the family's class: take the input from the stage before, hand the output on."""
+
+    inbound: Link | None
+    outbound: Link | None
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.inbound is None:
+            return super().embed_tokens(input_ids)
+        return self.inbound.receive(
+            input_ids.shape[0], self.config.hidden_size, self.norm.dtype, input_ids.device
+        )
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: StepMetadata,
+        kv_caches: list[Any],
+    ) -> torch.Tensor:
+        x = super().hidden_states(input_ids, positions, meta, kv_caches)
+        if self.outbound is not None:
+            self.outbound.send(x)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.outbound is not None:  # not the last stage: it has no head
+            return hidden.new_empty((hidden.shape[0], 0))
+        return super().logits(hidden)
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def _stage_class(cls: type) -> type:
+    if cls not in _CLASSES:
+        _CLASSES[cls] = type(f"Stage{cls.__name__}", (StageModel, cls), {})
+    return _CLASSES[cls]
+
+
+def stage_weights(
+    weights: Iterable[WeightTensor], config: ModelConfig, plan: StagePlan
+) -> Iterator[WeightTensor]:
+    """The stage's part of the checkpoint: its layers renumbered from 0, the embedding on the first
+    stage (and the last when it is the tied LM head), the final norm and LM head on the last."""
+    arch = architecture(config.model_type)
+    keep_embed = plan.first or (plan.last and config.tie_word_embeddings)
+    for w in weights:
+        match = LAYER_NAME.fullmatch(w.name)
+        if match:
+            index = int(match.group(1))
+            if index in plan.layers:
+                yield replace(w, name=f"model.layers.{index - plan.layers.start}.{match.group(2)}")
+            continue
+        pname = TOP_WEIGHTS.get(w.name) or arch.top_weights.get(w.name)
+        if pname == "embed":
+            if keep_embed:
+                yield w
+        elif pname in ("norm", "lm_head"):
+            if plan.last:
+                yield w
+        else:
+            yield w  # anything else: load_decoder judges it
+
+
+def _prepare(plan: StagePlan, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> Any:
+    """Cut the empty model down to the stage before any weight arrives."""
+    norm_dtype = torch.float32 if "norm" in architecture(config.model_type).float32_params else dtype
+
+    def prepare(model: DecoderLM) -> None:
+        model.layers = nn.ModuleList(list(model.layers)[plan.layers.start : plan.layers.stop])
+        hidden = config.hidden_size
+        if not (plan.first or (plan.last and config.tie_word_embeddings)):
+            model.embed = nn.Parameter(
+                torch.empty(0, hidden, dtype=dtype, device=device), requires_grad=False
+            )
+        if not plan.last:
+            # Never applied: its dtype is the hidden states' (embed_rows, Link.receive read it).
+            model.norm = nn.Parameter(
+                torch.ones(hidden, dtype=norm_dtype, device=device), requires_grad=False
+            )
+            model.lm_head = None
+
+    return prepare
+
+
+class StageRunner(TorchRunner):
+    """A TorchRunner over one stage's layers; the engine talks to the first stage's runner."""
+
+    def __init__(
+        self,
+        bundle: ModelBundle,
+        options: RunnerOptions,
+        plan: StagePlan,
+        inbound: Link | None,
+        outbound: Link | None,
+        results: Results,
+    ) -> None:
+        self.plan = plan
+        super().__init__(bundle, options)
+        model = self.model
+        model.__class__ = _stage_class(type(model))
+        assert isinstance(model, StageModel)
+        model.inbound, model.outbound = inbound, outbound
+        model.num_kv_layers = len(model.layers)  # type: ignore[assignment]  # this stage's K/V only
+        model.fused_decode = None if outbound is not None or inbound is not None else model.fused_decode
+        self.graph_mode = None  # a decode graph would capture the sends and receives
+        self.results = results
+
+    def _load_decoder(self, model: ModelBundle) -> DecoderLM:
+        config = model.config
+        weights = stage_weights(model.iter_weights(), config, self.plan)
+        prepare = _prepare(self.plan, config, self.dtype, self.device)
+        return load_decoder(config, weights, self.device, self.dtype, self.quant, prepare=prepare)
+
+    def kv_bytes_per_token(self) -> int:
+        return self.kv_cache_spec.bytes_per_block(1)
+
+    def execute_model(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> RunnerOutput:
+        _text_only(batch)
+        empty_output = RunnerOutput(req_ids=[], sampled_token_ids=[])
+        idle = scheduler_output.is_empty or batch.num_tokens == 0  # every stage skips it alike
+        if self.plan.last:
+            output = super().execute_model(scheduler_output, batch)
+            return output if idle else self.results.deliver(output, empty_output)
+        if idle:
+            return empty_output
+        self._run_stage(batch)
+        return self.results.collect(empty_output)
+
+    def compute_logits(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> torch.Tensor:
+        _text_only(batch)
+        empty = torch.empty(0)
+        if self.plan.last:
+            return self.results.deliver(super().compute_logits(scheduler_output, batch).cpu(), empty)
+        self._run_stage(batch)
+        return self.results.collect(empty)
+
+    def _run_stage(self, batch: BatchInputs) -> None:
+        """This stage's layers (the model sends their output on); no head, no sampling, no pooling."""
+        with torch.inference_mode(), one_step_choice(self.device):
+            self._logits(batch)
+
+
+def _text_only(batch: BatchInputs) -> None:
+    """Checked on every stage before anything runs, so all refuse the step alike (no stage waits)."""
+    if batch.image_slices or batch.rope_positions is not None:
+        raise BackendUnavailableError(
+            "Images are not supported with --pipeline-parallel-size or --gpu-layers yet: send text only, "
+            "or run the model on one device."
+        )
