@@ -26,7 +26,10 @@ from localchat.vision.prompt_images import ImagePrompt
 from localchat.vision.qwen_vl_prompt import QWEN_VL_TYPES, QwenImagePrompt
 
 IMAGE_PART_TYPES = frozenset({"image_url", "image_bytes"})
-VISION_HINT = "load a vision model such as a Gemma 3 safetensors folder (e.g. google/gemma-3-4b-it)"
+VISION_HINT = (
+    "load a vision model such as a Gemma 3 or Qwen2.5-VL safetensors folder "
+    "(e.g. google/gemma-3-4b-it, Qwen/Qwen2.5-VL-3B-Instruct)"
+)
 
 
 class ImageRequestError(ImageInputError):
