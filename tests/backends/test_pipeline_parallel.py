@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import replace
 from typing import cast
 
 import pytest
@@ -184,3 +185,24 @@ def test_tp_sizes_that_do_not_split_the_heads_name_pp_as_the_fix() -> None:
     with pytest.raises(BackendUnavailableError, match="--pipeline-parallel-size 2 "):
         check_supported(family_bundle("deepseek_v2").config, 2)
     check_pipeline(family_bundle("deepseek_v2").config, 2)
+
+
+def test_cpu_gpu_split_through_the_engine() -> None:
+    """The engine on the split runner (cpu/cpu): KV sized from the stages' budgets, chunked prefills,
+    prefix-cache hits and batched decode give the one-device engine's greedy tokens."""
+    from localchat.backends.fake import FakeTokenizer
+    from localchat.engine.config import EngineConfig
+    from localchat.engine.engine import LLMEngine
+    from tests.backends.test_runner_invariance import generate
+
+    bundle = family_bundle("qwen3")
+    config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=128, prefill_chunk_size=16)
+    prompts = [[5 + i for i in range(21)], [7, 8, 9], [5 + i for i in range(18)] + [200], [40] * 6]
+    with exact_weights():
+        plain = create_runner(bundle, EXACT)
+        split = split_runner(bundle, replace(EXACT, gpu_layers=2), devices=("cpu", "cpu"))
+    tokenizer = FakeTokenizer()
+    expected = generate(LLMEngine(plain, tokenizer, config, eos_token_ids=[2], model_max_len=256), prompts, 6)
+    engine = LLMEngine(split, tokenizer, config, eos_token_ids=[2], model_max_len=256)
+    assert generate(engine, prompts, 6) == expected
+    assert "layers 0-0 on cpu" in split.device_name and "layers 1-2 on cpu" in split.device_name
