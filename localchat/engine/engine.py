@@ -6,7 +6,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from localchat.engine.outputs import EngineStats, RequestOutput
 from localchat.engine.request import FinishReason, ImageInput, Request
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.scheduler import Scheduler
-from localchat.engine.speculative import accept_drafts, pause_after
+from localchat.engine.speculative import Proposer, accept_drafts, pause_after
 from localchat.engine.state_slots import StateSlotPool
 from localchat.errors import ContextLengthExceededError, InvalidRequestError
 
@@ -43,10 +43,12 @@ class LLMEngine:
         model_max_len: int,
         draft_runner: ModelRunner | None = None,
         vocab_size: int | None = None,
+        proposer: Proposer | None = None,
     ) -> None:
         """`draft_runner`: the draft model of `--speculative draft`, loaded on the same backend and
         checked to share the tokenizer (localchat/weights/draft_vocab.py); `vocab_size`: the target's
-        embedding rows (draft ids past it are never proposed)."""
+        embedding rows (draft ids past it are never proposed); `proposer`: a proposer built beside the
+        runner (`--speculative eagle`: the runner's EAGLE-3 head)."""
         config.validate()
         self.runner = runner
         self.tokenizer = tokenizer
@@ -121,7 +123,7 @@ class LLMEngine:
         self.spec_draft_tokens = 0  # draft tokens scored, and of which accepted (engine/speculative.py)
         self.spec_accepted_tokens = 0
         self.sequence_passes = 0  # target passes that produced tokens for a sequence, summed over sequences
-        self.speculation_note = self._speculation_note(runner, state_spec, draft_runner)
+        self.speculation_note = self._speculation_note(runner, state_spec, draft_runner, proposer)
         if self.speculation_note:
             log.warning("Speculative decoding off: %s", self.speculation_note)
         self.scheduler.speculate = config.speculative.enabled and not self.speculation_note
@@ -130,6 +132,10 @@ class LLMEngine:
             assert draft_runner is not None
             self.draft = self._draft_proposer(draft_runner, num_blocks, vocab_size)
             self.scheduler.proposer = self.draft
+        self._release: Callable[[str], None] | None = getattr(self.draft, "release", None)
+        if self.scheduler.speculate and config.speculative.method == "eagle" and proposer is not None:
+            self.scheduler.proposer = proposer
+            self._release = getattr(proposer, "release", None)
         self.scheduler.max_model_len = self.max_model_len
         # Optional runner hook: static-shape work (CUDA graphs) once the batch and context bounds are known.
         if (prepare := getattr(runner, "prepare_decode_graphs", None)) is not None:
@@ -314,13 +320,19 @@ class LLMEngine:
         )
 
     def _speculation_note(
-        self, runner: ModelRunner, state_spec: StateCacheSpec | None, draft_runner: ModelRunner | None
+        self,
+        runner: ModelRunner,
+        state_spec: StateCacheSpec | None,
+        draft_runner: ModelRunner | None,
+        proposer: Proposer | None = None,
     ) -> str:
         """Why speculation cannot run with this model and runner ("" when it can or was not asked for)."""
         if not self.config.speculative.enabled:
             return ""
         if self.config.speculative.method == "draft" and draft_runner is None:
             return "--speculative draft needs a draft model (--draft-model, or a models.yaml entry's draft)"
+        if self.config.speculative.method == "eagle" and proposer is None:
+            return "--speculative eagle needs an EAGLE-3 head (--draft-model FOLDER) on the torch backend"
         draft_state: StateCacheSpec | None = getattr(draft_runner, "state_cache_spec", None)
         if draft_state is not None and draft_state.bytes_per_slot > 0:
             return "the draft model is a hybrid model, whose recurrent state cannot be rolled back"
@@ -382,8 +394,8 @@ class LLMEngine:
         if reason != FinishReason.STOP or detok.stop_hit is None:
             delta += detok.flush()
         self.scheduler.finish_request(request, reason)
-        if self.draft is not None:
-            self.draft.release(request.req_id)
+        if self._release is not None:
+            self._release(request.req_id)
         self.requests_finished_total += 1
         out = self._output(request, token_ids or [], delta, logprobs)
         out.finished, out.finish_reason, out.stop_reason = True, reason, request.stop_reason

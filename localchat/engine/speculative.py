@@ -12,7 +12,8 @@ drawn on rejection is p conditioned on "not d", i.e. norm(max(0, p - q)). A prop
 distribution q would need the runner to see q; the draft model (engine/draft_model.py) proposes
 greedily, so its q is one-hot too and the same rule is exact.
 
-Proposers: `NgramProposer` here, `DraftModelProposer` in engine/draft_model.py. The scheduler asks one
+Proposers: `NgramProposer` here, `DraftModelProposer` in engine/draft_model.py, and the EAGLE-3 head's
+(backends/torch/eagle3_proposer.py; the engine is handed it). The scheduler asks one
 per step for every sequence that may speculate, all at once (a draft model batches them).
 """
 
@@ -25,7 +26,7 @@ from typing import Protocol
 from localchat.engine.request import Request
 from localchat.errors import InvalidRequestError
 
-SPECULATIVE_METHODS = ("off", "ngram", "draft")
+SPECULATIVE_METHODS = ("off", "ngram", "draft", "eagle")
 # Speculate only while at most this many sequences run. Decode is memory-bound: one step streams every
 # weight once whatever its row count, so a few extra query rows per sequence are nearly free at small
 # batch sizes. With many sequences the step turns compute-bound, and rejected rows then cost real time
@@ -49,7 +50,9 @@ def pause_after(misses: int) -> int:
 
 @dataclass(slots=True)
 class SpeculativeConfig:
-    method: str = "off"  # "off", "ngram" (prompt lookup) or "draft" (a draft model the engine is given)
+    # "off", "ngram" (prompt lookup), "draft" (a draft model the engine is given) or "eagle" (an EAGLE-3
+    # head reading the target's hidden states: backends/torch/eagle3_proposer.py, given as a proposer)
+    method: str = "off"
     num_tokens: int = 4  # k: draft tokens per sequence per step
     max_batch: int = DEFAULT_MAX_BATCH
     ngram_max: int = 4  # longest suffix matched against earlier tokens

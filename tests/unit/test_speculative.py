@@ -39,7 +39,7 @@ def test_misses_pause_proposals_longer_each_time_up_to_a_cap() -> None:
 
 def test_settings_are_validated() -> None:
     with pytest.raises(InvalidRequestError, match="speculative must be one of"):
-        SpeculativeConfig("eagle").validate()
+        SpeculativeConfig("medusa").validate()
     with pytest.raises(InvalidRequestError, match="num_speculative_tokens"):
         SpeculativeConfig("ngram", num_tokens=99).validate()
     assert not SpeculativeConfig("ngram", num_tokens=0).enabled
@@ -71,8 +71,10 @@ def test_settings_reach_the_engine_config() -> None:
     )
     assert settings.engine_config().speculative == SpeculativeConfig("ngram", 6)
     assert Settings.load(environ={}).engine_config().speculative == SpeculativeConfig()  # off by default
-    with pytest.raises(SettingsError, match="--speculative must be one of off, ngram, draft"):
-        Settings.load(environ={"LOCALCHAT_SPECULATIVE": "eagle"})
+    with pytest.raises(SettingsError, match="--speculative must be one of off, ngram, draft, eagle"):
+        Settings.load(environ={"LOCALCHAT_SPECULATIVE": "medusa"})
+    eagle = Settings.load(environ={"LOCALCHAT_SPECULATIVE": "eagle", "LOCALCHAT_DRAFT_MODEL": "/heads/e3"})
+    assert eagle.engine_config().speculative == SpeculativeConfig("eagle", 4)
     drafted = Settings.load(
         environ={"LOCALCHAT_SPECULATIVE": "draft", "LOCALCHAT_DRAFT_MODEL": "qwen2.5-0.5b"}
     )

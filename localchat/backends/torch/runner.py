@@ -38,7 +38,7 @@ import mmap
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -71,6 +71,9 @@ from localchat.errors import ModelLoadError
 from localchat.host_memory import mem_available
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
+
+if TYPE_CHECKING:
+    from localchat.backends.torch.eagle3_proposer import Eagle3Proposer, HiddenTaps
 
 log = logging.getLogger(__name__)
 bound_matmul_caches()  # before any matmul runs: oneDNN reads its cache sizes once
@@ -128,6 +131,7 @@ class TorchRunner:
         self.block_size = 0
         # See the module docstring: torch's bf16 GEMV beats oneDNN for one-row matmuls on CPU.
         self._native_gemv = self.device.type == "cpu" and self.dtype == torch.bfloat16
+        self.hidden_taps: HiddenTaps | None = None  # set by eagle3_proposer: layer inputs for the head
 
     def _load_decoder(self, model: ModelBundle) -> DecoderLM:
         """The bundle's decoder on this runner's device (a pipeline stage loads only its layers)."""
@@ -252,6 +256,13 @@ class TorchRunner:
         output = RunnerOutput.one_token_each(sample_ids, result.token_ids, result.logprobs)
         return output.with_embeddings(batch.sample_req_ids, embeddings)
 
+    def eagle3_proposer(self, head_path: str, target_name: str, token_limit: int) -> Eagle3Proposer:
+        """`--speculative eagle`: load the EAGLE-3 head at `head_path`, check it against this model, and
+        start keeping the hidden states it reads."""
+        from localchat.backends.torch.eagle3_proposer import attach_eagle3
+
+        return attach_eagle3(self, head_path, target_name, token_limit)
+
     def compute_logits(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> torch.Tensor:
         """Like `execute_model` but returns the float32 logits [num_sampled, vocab] (tests, debugging)."""
         self._update_states(scheduler_output)
@@ -277,7 +288,9 @@ class TorchRunner:
         pooled = self.pooler.rows(batch)  # embedding rows need the hidden states: never a graph then
         # A step carrying image rows never replays a graph: the graph would skip the scatter.
         plain = not batch.image_slices and batch.rope_positions is None  # M-RoPE rows: no graph either
-        if self.graphs is not None and not pooled and plain and self.graphs.can_run(batch):
+        # EAGLE-3: text steps run the layers one by one (no graph, no fused decode) to keep their inputs.
+        taps = self.hidden_taps if plain else None
+        if self.graphs is not None and taps is None and not pooled and plain and self.graphs.can_run(batch):
             return self.graphs.run(batch)
         step = self._prepare(batch)
         if (begin_step := getattr(self.model, "begin_step", None)) is not None:  # hybrid: bind state slots
@@ -288,7 +301,14 @@ class TorchRunner:
             hooked.image_embeds = self.images.step_embeds(batch.image_slices)
         try:
             with self._matmul_backend(batch.num_tokens):
-                hidden = self.model.hidden_states(step.input_ids, step.positions, step.meta, self.kv_caches)
+                if taps is not None:
+                    hidden = taps.hidden_states(
+                        self.model, batch, step.input_ids, step.positions, step.meta, self.kv_caches
+                    )
+                else:
+                    hidden = self.model.hidden_states(
+                        step.input_ids, step.positions, step.meta, self.kv_caches
+                    )
         finally:
             if batch.image_slices:
                 hooked.image_embeds = None
