@@ -6,6 +6,7 @@ the image's run and on a second turn from the prefix cache."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -210,3 +211,82 @@ def test_engine_greedy_equals_transformers(
     for path, ours in zip(pictures, answers, strict=True):
         assert ours == hf_greedy(hf, PROMPT, _pixels(folder, path), 6), path.name
     assert answers[0] != answers[1]
+
+
+# --- GGUF + llama.cpp's `mlp` mmproj -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gguf_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Path, Path, Path]:
+    from tests.helpers.llava_gguf import round_to_f16, write_gguf_pair
+
+    folder = tmp_path_factory.mktemp("llava-f16-exact")
+    hf = tiny.write_folder(folder)
+    round_to_f16(hf)
+    hf.save_pretrained(folder)
+    model, mmproj = write_gguf_pair(folder, tmp_path_factory.mktemp("llava-gguf"))
+    return hf, folder, model, mmproj
+
+
+def test_mmproj_pairs_and_gives_transformers_features(
+    gguf_pair: tuple[torch.nn.Module, Path, Path, Path], tmp_path: Path
+) -> None:
+    from localchat.backends.torch.vision.llava_mmproj import load_llava_mmproj
+
+    hf, folder, model, mmproj = gguf_pair
+    config = vision_config(model)  # the only mmproj beside the model: paired
+    assert config is not None and config["model_type"] == "llava" and config["mmproj"] == str(mmproj)
+    assert config["image_token_index"] == tiny.IMAGE
+    assert config["vision_config"]["num_hidden_layers"] == tiny.VISION["num_hidden_layers"] - 1
+    prompt = LlavaImagePrompt.from_config(model, config)
+    assert prompt.tokens_per_image == tiny.TOKENS_PER_IMAGE and prompt.spec.pad_to_square
+    vision = load_llava_mmproj(config, mmproj)
+    pixels = torch.cat([_pixels(folder, p) for p in tiny.pictures(tmp_path)])
+    ours = vision.encode(pixels)
+    with torch.no_grad():
+        theirs = torch.stack(list(hf.model.get_image_features(pixel_values=pixels).pooler_output))
+    err = (ours - theirs).abs().max().item()
+    print(f"llava mmproj features max abs err fp32: {err:.2e}")
+    assert ours.shape == theirs.shape and err < 1e-5
+
+
+@pytest.mark.parametrize("chunk", [0, 7])
+def test_gguf_pair_greedy_equals_transformers(
+    gguf_pair: tuple[torch.nn.Module, Path, Path, Path], tmp_path: Path, chunk: int
+) -> None:
+    """The text GGUF with the paired mmproj through the engine: transformers' greedy tokens (the same
+    pixels go to both), a chunk boundary inside the image's run, the second turn from the prefix cache."""
+    hf, _, model, _ = gguf_pair
+    pictures = tiny.pictures(tmp_path)
+    answers = engine_answers(model, pictures, chunk)
+    config = vision_config(model)
+    assert config is not None
+    prompt_side = LlavaImagePrompt.from_config(model, config)
+    for path, ours in zip(pictures, answers, strict=True):
+        pixels = torch.from_numpy(prompt_side.preprocess(Image.open(path)))[None]
+        assert ours == hf_greedy(hf, PROMPT, pixels, 6), path.name
+    assert answers[0] != answers[1]
+
+
+def test_mismatched_or_tokenless_pairs(
+    gguf_pair: tuple[torch.nn.Module, Path, Path, Path], tmp_path: Path
+) -> None:
+    """A llama GGUF of another width with the mmproj: a typed error naming both widths. One of the same
+    width without an <image> token (the legacy LLaVA conversions) with the mmproj beside it: text-only;
+    named by --mmproj: an error saying why."""
+    from localchat.vision.mmproj import MmprojMismatchError, gguf_vision_config
+    from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE, write_tiny_gguf
+    from tests.helpers.torch_models import tiny_hf_model
+
+    _, _, _, mmproj = gguf_pair
+    narrow = tiny_hf_model("llama", vocab_size=TINY_VOCAB_SIZE, hidden_size=32, head_dim=16)
+    with pytest.raises(MmprojMismatchError, match=r"width 64.*hidden size 32"):
+        load_model(write_tiny_gguf(tmp_path / "narrow.gguf", narrow, qtype="F32"), mmproj=mmproj)
+    beside = tmp_path / "legacy"
+    beside.mkdir()
+    same = tiny_hf_model("llama", vocab_size=TINY_VOCAB_SIZE, hidden_size=64, head_dim=16)
+    legacy = write_tiny_gguf(beside / "legacy.gguf", same, qtype="F32")
+    shutil.copy(mmproj, beside / mmproj.name)
+    assert vision_config(legacy) is None  # paired only when the vocabulary can mark the picture
+    with pytest.raises(MmprojMismatchError, match="no <image> token"):
+        gguf_vision_config(legacy, beside / mmproj.name)
