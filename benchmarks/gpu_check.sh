@@ -15,7 +15,9 @@
 # Everything printed also goes to $OUT/gpu_check.log when $OUT is set (the device tool's output folder).
 # Arguments pick parts (default: tests attention bench): tests, gputests (test_gpu.py alone), attention,
 # bench, int4 (the 4-bit matmuls across step sizes), q4 (the 8B 4-bit benchmark under each 4-bit kernel),
-# profile (where a decode step's time goes, bf16 and 4-bit; PROFILE_QUANTS narrows it).
+# profile (where a decode step's time goes, bf16 and 4-bit; PROFILE_QUANTS narrows it), gpu-layers
+# (the CPU + GPU layer split: its test, then decode/prefill speed as layers move to the GPU), pp and tp
+# (PP=2 / TP=2 over NCCL against one device; they need two GPUs and say so on one).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 parts=" ${*:-tests attention bench} "
@@ -80,6 +82,20 @@ if want profile; then
     timeout 90 python3 benchmarks/gpu_step_profile.py --shape llama3-8b --quant "$quant" --prompt 2048
   done
 fi
+if want gpu-layers; then
+  echo "== --gpu-layers: the CPU + GPU split against the CPU, then its speed (${SECONDS}s) =="
+  timeout 120 python3 -m pytest -q -rfEs -p no:cacheprovider -o addopts="" tests/backends/test_gpu_parallel.py -k gpu_layers
+  tests_rc=$((tests_rc || $?))
+  timeout 240 python3 benchmarks/gpu_layers_bench.py --shape llama3.2-1b --layers 16 12 8 4 0
+fi
+for mode in pp tp; do
+  if want $mode; then
+    flag=$([ $mode = pp ] && echo pipeline_parallel_size || echo tensor_parallel_size)
+    echo "== $mode=2 over NCCL against one device ($(python3 -c 'import torch; print(torch.cuda.device_count())') GPUs; skipped below 2) (${SECONDS}s) =="
+    timeout 150 python3 -m pytest -q -rfEs -p no:cacheprovider -o addopts="" tests/backends/test_gpu_parallel.py -k "nccl and $flag"
+    tests_rc=$((tests_rc || $?))
+  fi
+done
 if want bench; then
   echo "== benchmark: bf16 (with transformers) (${SECONDS}s) =="
   timeout 170 python3 benchmarks/gpu_bench.py --shape llama3-8b --quant bf16 --peer --new-tokens 128

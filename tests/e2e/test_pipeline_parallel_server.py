@@ -7,6 +7,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.helpers.live_server import live_server, server_args
 from tests.helpers.tiny_gguf import random_state_dict, tiny_config, write_tiny_gguf
@@ -18,14 +19,12 @@ def _answers(args: list[str]) -> tuple[str, str, str]:
     """(a chat answer, the same streamed, the server's device line) through the openai client."""
     with live_server(args) as server:
         client = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=120)
-        messages = [{"role": "user", "content": "Say something about pipelines."}]
-        reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0)  # type: ignore[arg-type]
+        messages: list[ChatCompletionMessageParam] = [
+            {"role": "user", "content": "Say something about pipelines."}
+        ]
+        reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0)
         stream = client.chat.completions.create(
-            model="tiny",
-            messages=messages,  # type: ignore[arg-type]
-            max_tokens=12,
-            temperature=0,
-            stream=True,
+            model="tiny", messages=messages, max_tokens=12, temperature=0, stream=True
         )
         streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
         log = server.log()

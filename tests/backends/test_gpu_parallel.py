@@ -1,0 +1,71 @@
+"""Layer splits and tensor parallelism on real GPUs (skipped elsewhere; `benchmarks/gpu_check.sh
+gpu-layers`, `pp` and `tp` run them): `--gpu-layers` on one GPU (its CPU stage, the copy to cuda, the
+GPU stage's warm-up and KV sizing), and PP=2 / TP=2 over NCCL where the machine has two GPUs."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+from typing import cast
+
+import pytest
+import torch
+
+from localchat.backends import RunnerOptions
+from localchat.backends.torch.parallel.device_split import SplitRunner, split_runner
+from localchat.backends.torch.parallel.driver import ParallelRunner
+from localchat.backends.torch.runner import TorchRunner
+from tests.backends.test_pipeline_parallel import chunked_and_preempted, family_bundle, ragged_then_decode
+from tests.helpers.torch_models import exact_weights, fp32_runner
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+FP32_CUDA = RunnerOptions(device="cuda", dtype="float32")
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+
+
+def _reference(family: str) -> tuple[list[torch.Tensor], dict[str, list[int]], dict[str, list[int]]]:
+    torch.backends.cuda.matmul.allow_tf32 = False  # float32 on both devices, compared within 1e-4
+    runner = fp32_runner(family_bundle(family))  # the CPU
+    logits, tokens = ragged_then_decode(runner)
+    return logits, tokens, chunked_and_preempted(runner)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+def test_gpu_layers_split_on_cuda_matches_the_cpu(family: str) -> None:
+    expected_logits, expected_tokens, expected_chunked = _reference(family)
+    with exact_weights():
+        runner = split_runner(family_bundle(family), replace(FP32_CUDA, gpu_layers=1))
+    assert isinstance(runner, SplitRunner)
+    first, last = runner.stages
+    assert (first.device.type, last.device.type) == ("cpu", "cuda")
+    assert last.model.norm.device.type == "cuda" and first.model.embed.device.type == "cpu"
+    budget = runner.available_kv_memory()  # the GPU stage's warm-up forward runs alone
+    assert budget is not None and budget > 0
+    logits, tokens = ragged_then_decode(cast(TorchRunner, runner))
+    assert first.kv_caches[0].device.type == "cpu" and last.kv_caches[0].device.type == "cuda"
+    assert tokens == expected_tokens
+    for ours, ref in zip(logits, expected_logits, strict=True):
+        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+    assert chunked_and_preempted(cast(TorchRunner, runner)) == expected_chunked
+
+
+@two_gpus
+@pytest.mark.parametrize("flag", ["pipeline_parallel_size", "tensor_parallel_size"])
+def test_two_ranks_over_nccl_match_one_device(flag: str) -> None:
+    expected_logits, expected_tokens, expected_chunked = _reference("llama")
+    options = replace(FP32_CUDA, **{flag: 2})  # type: ignore[arg-type]
+    with exact_weights():
+        runner = ParallelRunner(
+            family_bundle("llama"), options, load=functools.partial(family_bundle, "llama")
+        )
+    try:
+        logits, tokens = ragged_then_decode(cast(TorchRunner, runner))
+        assert tokens == expected_tokens
+        for ours, ref in zip(logits, expected_logits, strict=True):
+            torch.testing.assert_close(ours.cpu(), ref, rtol=1e-4, atol=1e-4)
+        assert chunked_and_preempted(cast(TorchRunner, runner)) == expected_chunked
+    finally:
+        runner.shutdown()
