@@ -189,17 +189,18 @@ def _loaded_gguf_bytes(
 
         total = 0
         reader = open_gguf(path)
-        expanded = _expanded_at_load(reader)
+        held_as = _held_at_load(reader)
         for t in reader.tensors:
             kind = Q(t.tensor_type)
             dims = [int(d) for d in t.shape.tolist()]  # innermost first: [cols, rows(, experts)]
             stored = int(t.n_bytes)
-            if kind not in (Q.F32, Q.F16, Q.BF16) and expanded(t.name):
+            slices = held_as(t.name, kind.name) if kind not in (Q.F32, Q.F16, Q.BF16) else 1
+            if slices == 0:
                 total += int(t.n_elements) * value_bytes
                 continue
             if len(dims) in (2, 3) and kind.name in compact:  # stacked experts: each its own matrix
-                experts = dims[2] if len(dims) == 3 else 1
-                stored = experts * loaded_block_bytes(kind.name, dims[1], dims[0], stored // experts)
+                parts = (dims[2] if len(dims) == 3 else 1) * slices
+                stored = parts * loaded_block_bytes(kind.name, dims[1] // slices, dims[0], stored // parts)
             if kind in (Q.F32, Q.F16, Q.BF16):
                 total += max(stored, int(t.n_elements) * value_bytes) if value_bytes > 2 else stored
             else:
@@ -211,29 +212,56 @@ def _loaded_gguf_bytes(
         return int(size * 8 * value_bytes / _BITS.get(quant, 16.0))
 
 
-def _expanded_at_load(reader: Any) -> Callable[[str], bool]:
-    """Which tensors of a hybrid's GGUF the torch loader expands whatever their type: the recurrent
-    layers' projections (DeltaNet, Mamba-2, short conv) are not among the matrices run in blocks."""
-    from localchat.weights.gguf import gguf_architecture, hf_tensor_name
+def _held_at_load(reader: Any) -> Callable[[str, str], int]:
+    """How the torch loader holds a quantized tensor (name, type) of a hybrid's GGUF: 0 expanded to the
+    compute dtype, else in its blocks as that many equal row slices. Expanded: what it does not run through
+    `linear` (LINEAR_PARAMS; the recurrent layers' projections are among those it keeps in blocks), and a
+    qwen35 / qwen35moe `ssm_out` whose value heads move by columns narrower than its blocks
+    (arch/qwen3_next.py dequantizes that one tensor to reorder it). Qwen3-Next's grouped b|a is held as
+    its two halves (its sanitize splits the rows into in_proj's b and a parts)."""
+    from localchat.weights.gguf import config_from_gguf, gguf_architecture, hf_tensor_name
 
     try:
         entry = gguf_architecture(reader)
     except (ModelLoadError, UnsupportedArchitectureError):
-        return lambda name: False
+        return lambda name, qtype: 1
     if entry.state_bytes is None:
-        return lambda name: False
+        return lambda name, qtype: 1
+    head_width = _moved_column_width(config_from_gguf(reader), entry)
 
-    def expanded(gguf_name: str) -> bool:
+    def held_as(gguf_name: str, qtype: str) -> int:
         try:
             match = _LAYER_NAME.fullmatch(hf_tensor_name(gguf_name, entry) or "")
         except ModelLoadError:
-            return False
+            return 1
         found = entry.layer_weight(match.group(2)) if match else None
-        if found is None:  # a matrix the family's sanitize splits first (Qwen3-Next's grouped b|a)
-            return match is not None and ".linear_attn." in f".{match.group(2)}"
-        return found[0].rpartition(".")[2] not in LINEAR_PARAMS
+        if found is None:  # Qwen3-Next's grouped b|a
+            return 2 if match is not None and match.group(2).endswith("in_proj_ba.weight") else 1
+        leaf = found[0].rpartition(".")[2]
+        if leaf == "out" and head_width and head_width % _block_values(qtype):
+            return 0
+        return 1 if leaf in LINEAR_PARAMS else 0
 
-    return expanded
+    return held_as
+
+
+def _moved_column_width(config: Any, entry: Architecture) -> int | None:
+    """qwen35 / qwen35moe with fewer key than value heads: the value head width by which `ssm_out`'s
+    input columns are put back in grouped order at load (None: its columns stay where they are)."""
+    from localchat.arch.qwen3_next import sanitize_qwen3_5
+
+    x = config.extra
+    if entry.sanitize is not sanitize_qwen3_5 or x.get("linear_num_key_heads") == x.get(
+        "linear_num_value_heads"
+    ):
+        return None
+    return int(x["linear_value_head_dim"])
+
+
+def _block_values(qtype: str) -> int:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    return int(GGML_QUANT_SIZES[GGMLQuantizationType[qtype]][0])
 
 
 def _hf_quant_weights(folder: Path, value_bytes: int, size: int, blocks: bool = False) -> int:
