@@ -326,7 +326,8 @@ class Settings:
         "off",
         ("--speculative",),
         "speculative decoding: ngram (draft tokens looked up in the prompt and output), draft (a small "
-        "model with the same vocabulary guesses them: --draft-model) or off",
+        "model with the same vocabulary guesses them: --draft-model), eagle (an EAGLE-3 head reading the "
+        "target's hidden states: --draft-model FOLDER; torch) or off",
         group="engine",
         metavar="METHOD",
     )
@@ -334,7 +335,7 @@ class Settings:
         None,
         ("--draft-model",),
         "the draft model of --speculative draft: a models.yaml name, GGUF file or model folder "
-        "(default: the models.yaml entry's draft)",
+        "(default: the models.yaml entry's draft); with --speculative eagle, the EAGLE-3 head's folder",
         group="engine",
         metavar="NAME|PATH",
     )

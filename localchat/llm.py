@@ -4,7 +4,7 @@ caller's thread (no server, no engine thread)."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +44,32 @@ class LLM:
         engine_config: EngineConfig | None = None,
         seed: int = 0,
         kv_cache_dtype: str = "auto",
+        speculative: str | None = None,
+        draft_model: str | Path | None = None,
     ) -> None:
+        """`speculative` (off, ngram, draft, eagle) overrides `engine_config.speculative.method`, as the
+        server's --speculative; `draft_model`: the draft model (a models.yaml name, GGUF file or folder)
+        of `draft`, or the EAGLE-3 head's folder of `eagle` (docs/speculative.md)."""
         from localchat.backends import RunnerOptions, load_runner
         from localchat.serving.assembly import engine_for
+        from localchat.serving.draft_model import draft_runner_for, eagle_proposer_for
         from localchat.weights.chat_template import ChatTemplate
         from localchat.weights.loader import load_model
 
         self.model = load_model(model)
         options = RunnerOptions(device=device, dtype=dtype, seed=seed, kv_cache_dtype=kv_cache_dtype)
         self.runner = load_runner(backend, self.model, options)
-        self.engine = engine_for(self.model, self.runner, engine_config or EngineConfig())
+        config = engine_config or EngineConfig()
+        if speculative is not None:
+            config = replace(config, speculative=replace(config.speculative, method=speculative))
+        config.validate()
+        draft = str(draft_model) if draft_model else None
+        method, name = config.speculative.method, self.model.name
+        draft_runner = (
+            draft_runner_for(draft, backend, self.model, name, options) if method == "draft" else None
+        )
+        proposer = eagle_proposer_for(draft, self.runner, self.model, name) if method == "eagle" else None
+        self.engine = engine_for(self.model, self.runner, config, draft_runner, proposer)
         self.tokenizer = self.model.tokenizer
         self.template = ChatTemplate(self.model.chat_template)
 

@@ -12,13 +12,14 @@ from localchat.config import MIN_CONTEXT_TOKENS, SettingsError
 from localchat.engine.async_engine import AsyncEngine
 from localchat.engine.engine import LLMEngine
 from localchat.serving.context import ServerContext
-from localchat.serving.draft_model import load_draft_runner
+from localchat.serving.draft_model import load_draft_runner, load_eagle_proposer
 
 if TYPE_CHECKING:
     from localchat.backends import RunnerOptions
     from localchat.config import Settings
     from localchat.engine.config import EngineConfig
     from localchat.engine.interface import KVCacheSpec, ModelRunner
+    from localchat.engine.speculative import Proposer
     from localchat.mcp import McpHub
     from localchat.models.catalog import ResolvedModel
     from localchat.weights.bundle import ModelBundle
@@ -27,9 +28,14 @@ log = logging.getLogger("localchat")
 
 
 def engine_for(
-    bundle: ModelBundle, runner: ModelRunner, config: EngineConfig, draft_runner: ModelRunner | None = None
+    bundle: ModelBundle,
+    runner: ModelRunner,
+    config: EngineConfig,
+    draft_runner: ModelRunner | None = None,
+    proposer: Proposer | None = None,
 ) -> LLMEngine:
-    """The engine that drives `runner` for `bundle` (the server's and the `LLM` library API's)."""
+    """The engine that drives `runner` for `bundle` (the server's and the `LLM` library API's).
+    `draft_runner` / `proposer`: what --speculative draft / eagle loaded (serving/draft_model.py)."""
     tokenizer = bundle.tokenizer
     return LLMEngine(
         runner,
@@ -39,6 +45,7 @@ def engine_for(
         model_max_len=bundle.config.max_position_embeddings,
         draft_runner=draft_runner,
         vocab_size=bundle.config.vocab_size,
+        proposer=proposer,
     )
 
 
@@ -116,7 +123,8 @@ def build_context(
         time.perf_counter() - loaded,
     )
     draft_runner = load_draft_runner(settings, bundle, model_id, options, target, progress)
-    engine = engine_for(bundle, runner, settings.engine_config(), draft_runner)
+    proposer = load_eagle_proposer(settings, runner, bundle, model_id)
+    engine = engine_for(bundle, runner, settings.engine_config(), draft_runner, proposer)
     tokenizer = bundle.tokenizer
     template = ChatTemplate(
         bundle.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token

@@ -1,11 +1,13 @@
 """Loading the draft model of `--speculative draft` beside the target: which model (--draft-model, else
 the target's models.yaml `draft`), its vocabulary checked against the target's, and its own runner on
-the same backend (engine/draft_model.py runs it)."""
+the same backend (engine/draft_model.py runs it). `--speculative eagle`: the EAGLE-3 head folder named by
+--draft-model, attached to the target's runner (torch only)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localchat.config import SettingsError
@@ -14,6 +16,7 @@ if TYPE_CHECKING:
     from localchat.backends import RunnerOptions
     from localchat.config import Settings
     from localchat.engine.interface import ModelRunner
+    from localchat.engine.speculative import Proposer
     from localchat.models.catalog import ResolvedModel
     from localchat.weights.bundle import ModelBundle
 
@@ -54,6 +57,19 @@ def load_draft_runner(
     is named or its vocabulary is not the target's."""
     if settings.speculative != "draft" or settings.backend == "fake":
         return None
+    name = draft_model_name(settings, target)
+    return draft_runner_for(name, settings.backend, target_bundle, target_id, options, progress)
+
+
+def draft_runner_for(
+    name: str | None,
+    backend: str,
+    target_bundle: ModelBundle,
+    target_id: str,
+    options: RunnerOptions,
+    progress: Callable[[str], None] | None = None,
+) -> ModelRunner:
+    """Load the draft model `name` on `backend` after checking its vocabulary against the target's."""
     from dataclasses import replace
 
     from localchat.backends import load_runner
@@ -62,7 +78,6 @@ def load_draft_runner(
     from localchat.weights.draft_vocab import check_draft_vocabulary
     from localchat.weights.loader import load_model
 
-    name = draft_model_name(settings, target)
     if not name:
         raise SettingsError(
             f"--speculative draft needs a draft model: pass --draft-model NAME|PATH (a smaller model with "
@@ -73,10 +88,39 @@ def load_draft_runner(
     bundle = load_model(resolved.path)
     check_draft_vocabulary(target_bundle.tokenizer, bundle.tokenizer, target_id, resolved.model_id)
     # One rank: the draft is small, and its passes are latency-bound.
-    runner = load_runner(
-        settings.backend,
-        bundle,
-        replace(options, tensor_parallel_size=1, pipeline_parallel_size=1, gpu_layers=None),
-    )
+    runner = load_runner(backend, bundle, replace(options, tensor_parallel_size=1))
     log.info("draft model %s ready on %s", resolved.model_id, runner.device_name)
     return runner
+
+
+def load_eagle_proposer(
+    settings: Settings, runner: ModelRunner, target_bundle: ModelBundle, target_id: str
+) -> Proposer | None:
+    """The EAGLE-3 head's proposer, or None unless --speculative eagle."""
+    if settings.speculative != "eagle" or settings.backend == "fake":
+        return None
+    return eagle_proposer_for(settings.draft_model, runner, target_bundle, target_id)
+
+
+def eagle_proposer_for(
+    head: str | None, runner: ModelRunner, target_bundle: ModelBundle, target_id: str
+) -> Proposer:
+    """Attach the EAGLE-3 head in folder `head` to the target's runner. Typed errors: no head named, a
+    runner that cannot feed one, a head trained for another target (Eagle3LoadError)."""
+    if not head:
+        raise SettingsError(
+            "--speculative eagle needs an EAGLE-3 head: pass --draft-model FOLDER (the head's config.json "
+            "and .safetensors, e.g. a vLLM / SpecForge / speculators export for this target), or use "
+            "--speculative draft or ngram.",
+            param="draft_model",
+        )
+    attach = getattr(runner, "eagle3_proposer", None)
+    if attach is None:
+        raise SettingsError(
+            f"--speculative eagle runs on the torch backend only: the {type(runner).__name__} runner "
+            "cannot hand an EAGLE-3 head the target's hidden states. Use --speculative draft or ngram.",
+            param="speculative",
+        )
+    proposer: Proposer = attach(str(Path(head).expanduser()), target_id, target_bundle.config.vocab_size)
+    log.info("EAGLE-3 head %s attached to %s", head, target_id)
+    return proposer
