@@ -206,3 +206,39 @@ def test_cpu_gpu_split_through_the_engine() -> None:
     engine = LLMEngine(split, tokenizer, config, eos_token_ids=[2], model_max_len=256)
     assert generate(engine, prompts, 6) == expected
     assert "layers 0-0 on cpu" in split.device_name and "layers 1-2 on cpu" in split.device_name
+
+
+def test_a_stage_too_big_for_its_gpu_says_what_to_change() -> None:
+    """The per-stage estimate (run on CUDA stages before loading), with the free memory given: a
+    Llama-3-8B shape in 16 GiB splits into stages whose weights sum to the file, each with K/V for its
+    16 layers only (half the per-token K/V of the whole model)."""
+    from localchat.backends.torch.parallel.memory import check_stage_bytes, stage_bytes
+    from localchat.weights.config import ModelConfig
+
+    config = ModelConfig.from_hf_dict(
+        {
+            "model_type": "llama",
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "vocab_size": 128256,
+        }
+    )
+    gib = 2**30
+    first, kv_first = stage_bytes(config, 16, True, False, 16 * gib)
+    last, kv_last = stage_bytes(config, 16, False, True, 16 * gib)
+    assert abs(first + last - 16 * gib) < 2**20 and first == last  # the embedding and the head weigh the same
+    assert kv_first == kv_last == 16 * 2 * 8 * 128 * 2  # its layers' K and V, 2-byte elements
+    check_stage_bytes(
+        config, 1, range(16, 32), True, "cuda:1", "--pipeline-parallel-size 2", 16 * gib, 10 * gib
+    )
+    with pytest.raises(
+        BackendUnavailableError,
+        match=r"stage 1 \(layers 16-31\) needs about 8\.9 GiB \(8\.0 GiB of weights \+ K/V for 2048 tokens\) "
+        r"but cuda:1 has 6\.0 GiB free\. Use more stages",
+    ):
+        check_stage_bytes(
+            config, 1, range(16, 32), True, "cuda:1", "--pipeline-parallel-size 2", 16 * gib, 6 * gib
+        )
