@@ -57,7 +57,7 @@ SECONDS=0
 if want tests; then
   echo "== gpu tests, parity and invariance on CUDA =="
   LOCALCHAT_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -rfEs -p no:cacheprovider -o addopts="" "${deselect[@]}" \
-    tests/backends/test_gpu.py tests/backends/test_torch_parity.py \
+    -m "not mlx" tests/backends/test_gpu.py tests/backends/test_parity.py \
     "tests/backends/test_runner_invariance.py::test_batch_invariance_and_preemption_tiny[torch]"
   tests_rc=$?
   echo "(tests: ${SECONDS}s)"

@@ -21,7 +21,7 @@ from localchat.weights.config import ModelConfig
 from localchat.weights.loader import load_model
 from localchat.weights.tensors import WeightTensor
 from tests.backends.test_moe import ATOL, BACKENDS, hf_logits, hf_state, prompt_logits, runner_for
-from tests.backends.test_torch_parity import _tiny_tokenizer_json
+from tests.helpers.parity import tiny_tokenizer_json
 from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE, write_tiny_gguf
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import (
@@ -166,7 +166,7 @@ def test_hub_folder_loads_through_safetensors(tmp_path: Path, backend: str, vari
         names = set(f.keys())
     assert "model.layers.1.mlp.experts.3.gate_proj.weight" in names
     assert ("model.layers.1.mlp.gate.e_score_correction_bias" in names) == (variant == "deepseek_v3")
-    (tmp_path / "tokenizer.json").write_text(_tiny_tokenizer_json())
+    (tmp_path / "tokenizer.json").write_text(tiny_tokenizer_json())
     runner = runner_for(backend, load_model(tmp_path))
     assert np.abs(prompt_logits(runner, PROMPT) - hf_logits(hf, PROMPT)).max() < ATOL
 

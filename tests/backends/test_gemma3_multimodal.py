@@ -150,7 +150,7 @@ def test_hub_config_and_in_memory_names(saved: tuple[torch.nn.Module, Path], tmp
 @pytest.mark.mlx
 def test_mlx_loads_the_hub_layout(saved: tuple[torch.nn.Module, Path], tmp_path: Path) -> None:
     pytest.importorskip("mlx.core")
-    from tests.backends.test_mlx_parity import Driver, mlx_runner
+    from tests.helpers.parity import Driver, mlx_runner
 
     hf, folder = saved
     folder = copy_of(folder, tmp_path)

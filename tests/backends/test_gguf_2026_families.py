@@ -26,8 +26,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from tokenizers.pre_tokenizers import ByteLevel
 
 from localchat.weights.loader import load_model
-from tests.backends.test_torch_parity import GREEDY, PROMPT, assert_close, hf_generate, hf_logits
 from tests.helpers.llama_convert import ensure_converter
+from tests.helpers.parity import GREEDY, PROMPT, assert_close, hf_generate, hf_logits
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import MINISTRAL3_ROPE, TINY_DEEPSEEK, fp32_runner, tiny_hf_model
 

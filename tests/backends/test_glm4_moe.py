@@ -21,11 +21,7 @@ from localchat.backends.torch.runner import TorchRunner
 from localchat.weights.config import ModelConfig
 from localchat.weights.loader import load_model
 from tests.backends.test_moe import hf_state
-from tests.backends.test_torch_parity import (  # noqa: F401  (collected here, on this module's `pair`)
-    PROMPT,
-    _tiny_tokenizer_json,
-    assert_close,
-    hf_logits,
+from tests.backends.test_parity import (  # noqa: F401  (collected here, on this module's `pair`)
     test_batch_of_different_lengths,
     test_chunked_prefill,
     test_greedy_generation_matches_generate,
@@ -33,6 +29,7 @@ from tests.backends.test_torch_parity import (  # noqa: F401  (collected here, o
     test_prefill_over_cached_prefix,
     test_prompt_and_greedy_decode_logits,
 )
+from tests.helpers.parity import PROMPT, assert_close, hf_logits, tiny_tokenizer_json
 from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE, _add_tensor, _write_hparams, _write_tokenizer
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import bundle_from_hf, fp32_runner, tiny_hf_model
@@ -84,7 +81,7 @@ def test_hub_folder_with_an_mtp_layer(tmp_path: Path) -> None:
     assert "model.layers.1.mlp.experts.3.gate_proj.weight" in state
     state |= {k.replace("layers.1.", "layers.2."): v.clone() for k, v in state.items() if ".layers.1." in k}
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    (tmp_path / "tokenizer.json").write_text(_tiny_tokenizer_json())
+    (tmp_path / "tokenizer.json").write_text(tiny_tokenizer_json())
     driver = PagedDriver(fp32_runner(load_model(tmp_path)))
     driver.add("a", PROMPT * 2)
     _, logits = driver.step_logits(every_token=True)

@@ -18,17 +18,14 @@ from transformers import AutoModelForCausalLM, GptOssConfig
 from localchat.backends.torch.runner import TorchRunner
 from localchat.weights.config import ModelConfig
 from localchat.weights.loader import load_model
-from tests.backends.test_torch_parity import (  # noqa: F401  (collected here, on this module's `pair`)
-    PROMPT,
-    _tiny_tokenizer_json,
-    assert_close,
-    hf_logits,
+from tests.backends.test_parity import (  # noqa: F401  (collected here, on this module's `pair`)
     test_batch_of_different_lengths,
     test_chunked_prefill,
     test_greedy_generation_matches_generate,
     test_mixed_prefill_and_decode,
     test_prompt_and_greedy_decode_logits,
 )
+from tests.helpers.parity import PROMPT, assert_close, hf_logits, tiny_tokenizer_json
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import bundle_from_hf, fp32_runner
 
@@ -144,7 +141,7 @@ def test_hub_folder_with_mxfp4_experts(tmp_path: Path) -> None:
     )
     config = hf.config.to_dict() | {"quantization_config": {"quant_method": "mxfp4"}}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    (tmp_path / "tokenizer.json").write_text(_tiny_tokenizer_json())
+    (tmp_path / "tokenizer.json").write_text(tiny_tokenizer_json())
     driver = PagedDriver(fp32_runner(load_model(tmp_path)))
     driver.add("a", PROMPT * 2)
     _, logits = driver.step_logits(every_token=True)

@@ -22,8 +22,8 @@ from localchat.weights.bundle import ModelBundle
 from localchat.weights.experts import split_experts
 from localchat.weights.loader import load_model
 from tests.backends.test_gpt_oss import TINY, _mxfp4_experts, tiny_gpt_oss
-from tests.backends.test_torch_parity import GREEDY, assert_close, hf_generate, hf_logits
 from tests.helpers.gpt_oss_gguf import VOCAB_SIZE, convert_gpt_oss, save_folder
+from tests.helpers.parity import GREEDY, assert_close, hf_generate, hf_logits
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import fp32_runner
 

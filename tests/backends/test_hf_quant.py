@@ -15,13 +15,7 @@ from safetensors.torch import save_file
 
 from localchat.errors import ModelLoadError
 from localchat.weights.loader import load_model
-from tests.backends.test_torch_parity import (
-    PROMPT,
-    _tiny_tokenizer_json,
-    assert_close,
-    hf_generate,
-    hf_logits,
-)
+from tests.helpers.parity import PROMPT, assert_close, hf_generate, hf_logits, tiny_tokenizer_json
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import fp32_runner, tiny_hf_model
 
@@ -156,7 +150,7 @@ def write_quantized(
     config = json.loads((tmp / "config.json").read_text())
     config["quantization_config"] = qconfig
     (tmp / "config.json").write_text(json.dumps(config))
-    (tmp / "tokenizer.json").write_text(_tiny_tokenizer_json())
+    (tmp / "tokenizer.json").write_text(tiny_tokenizer_json())
     return hf
 
 

@@ -34,7 +34,7 @@ from tests.backends.test_hf_quant import awq_parts, ct_config, ct_int_parts, gpt
 from tests.backends.test_tensor_parallel import _run as tp_run
 from tests.backends.test_tensor_parallel_quant import _runner as tp_runner
 from tests.backends.test_tensor_parallel_quant import _worker as tp_worker
-from tests.backends.test_torch_parity import PROMPT, _tiny_tokenizer_json
+from tests.helpers.parity import PROMPT, tiny_tokenizer_json
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import fp32_runner, tiny_hf_model
 
@@ -91,7 +91,7 @@ def write_checkpoint(tmp: Path, quantizer: Quantizer, qconfig: dict[str, Any]) -
     config = json.loads((tmp / "config.json").read_text())
     config["quantization_config"] = qconfig
     (tmp / "config.json").write_text(json.dumps(config))
-    (tmp / "tokenizer.json").write_text(_tiny_tokenizer_json())
+    (tmp / "tokenizer.json").write_text(tiny_tokenizer_json())
 
 
 def compact_runner(folder: Path, monkeypatch: pytest.MonkeyPatch) -> TorchRunner:

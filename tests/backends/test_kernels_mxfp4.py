@@ -95,8 +95,9 @@ def hub_folder(folder: Path) -> torch.nn.Module:
     model holding the same experts dequantized. 64 wide, so a row is two MXFP4 blocks."""
     from safetensors.torch import save_file
 
-    from tests.backends.test_gpt_oss import _tiny_tokenizer_json, tiny_gpt_oss
+    from tests.backends.test_gpt_oss import tiny_gpt_oss
     from tests.backends.test_gpt_oss_gguf import mxfp4_model
+    from tests.helpers.parity import tiny_tokenizer_json
 
     hf = tiny_gpt_oss()
     state = mxfp4_model(hf)
@@ -107,7 +108,7 @@ def hub_folder(folder: Path) -> torch.nn.Module:
     hf_config: Any = hf.config
     config = hf_config.to_dict() | {"quantization_config": {"quant_method": "mxfp4"}}
     (folder / "config.json").write_text(json.dumps(config))
-    (folder / "tokenizer.json").write_text(_tiny_tokenizer_json())
+    (folder / "tokenizer.json").write_text(tiny_tokenizer_json())
     return hf
 
 

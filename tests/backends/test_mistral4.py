@@ -22,10 +22,7 @@ from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import ModelLoadError
 from localchat.weights.config import ModelConfig
 from localchat.weights.loader import load_model
-from tests.backends.test_torch_parity import (  # noqa: F401  (collected here, on this module's `pair`)
-    PROMPT,
-    assert_close,
-    hf_logits,
+from tests.backends.test_parity import (  # noqa: F401  (collected here, on this module's `pair`)
     test_batch_of_different_lengths,
     test_chunked_prefill,
     test_greedy_generation_matches_generate,
@@ -33,6 +30,7 @@ from tests.backends.test_torch_parity import (  # noqa: F401  (collected here, o
     test_prefill_over_cached_prefix,
     test_prompt_and_greedy_decode_logits,
 )
+from tests.helpers.parity import PROMPT, assert_close, hf_logits
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import (
     MINISTRAL3_ROPE,

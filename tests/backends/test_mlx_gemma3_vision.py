@@ -25,7 +25,7 @@ from localchat.vision.placement import chunk_rows  # noqa: E402
 from localchat.weights.loader import load_model  # noqa: E402
 from tests.backends.test_gemma3_multimodal import TEXT  # noqa: E402
 from tests.backends.test_gemma3_vision import VISION, _hf_logits, _pictures  # noqa: E402
-from tests.backends.test_mlx_parity import Driver, mlx_runner  # noqa: E402
+from tests.helpers.parity import Driver, mlx_runner  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 

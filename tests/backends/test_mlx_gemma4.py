@@ -19,12 +19,7 @@ torch = pytest.importorskip("torch")
 from localchat.backends.mlx.runner import MLXRunner  # noqa: E402
 from localchat.weights.loader import load_model  # noqa: E402
 from tests.backends.test_gemma4 import BASE, VARIANTS, tiny_gemma4  # noqa: E402
-from tests.backends.test_mlx_parity import (  # noqa: E402, F401  (collected here, on this module's `pair`)
-    PROMPT,
-    Driver,
-    assert_close,
-    hf_logits,
-    mlx_runner,
+from tests.backends.test_parity import (  # noqa: E402, F401  (collected here, on this module's `pair`)
     test_batch_of_different_lengths,
     test_chunked_prefill,
     test_greedy_generation_matches_generate,
@@ -33,6 +28,8 @@ from tests.backends.test_mlx_parity import (  # noqa: E402, F401  (collected her
     test_prefill_over_cached_prefix,
     test_prompt_and_greedy_decode_logits,
 )
+from tests.helpers.parity import PROMPT, Driver, assert_close, mlx_runner  # noqa: E402
+from tests.helpers.parity import hf_logits_np as hf_logits  # noqa: E402
 from tests.helpers.torch_models import bundle_from_hf  # noqa: E402
 
 pytestmark = pytest.mark.mlx

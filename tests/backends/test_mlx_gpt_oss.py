@@ -22,13 +22,8 @@ torch = pytest.importorskip("torch")
 
 from localchat.backends.mlx.runner import MLXRunner  # noqa: E402
 from localchat.weights.loader import load_model  # noqa: E402
-from tests.backends.test_gpt_oss import _mxfp4_experts, _tiny_tokenizer_json, tiny_gpt_oss  # noqa: E402
-from tests.backends.test_mlx_parity import (  # noqa: E402, F401  (collected here, on this module's `pair`)
-    PROMPT,
-    Driver,
-    assert_close,
-    hf_logits,
-    mlx_runner,
+from tests.backends.test_gpt_oss import _mxfp4_experts, tiny_gpt_oss  # noqa: E402
+from tests.backends.test_parity import (  # noqa: E402, F401  (collected here, on this module's `pair`)
     test_batch_of_different_lengths,
     test_chunked_prefill,
     test_greedy_generation_matches_generate,
@@ -37,6 +32,14 @@ from tests.backends.test_mlx_parity import (  # noqa: E402, F401  (collected her
     test_prefill_over_cached_prefix,
     test_prompt_and_greedy_decode_logits,
 )
+from tests.helpers.parity import (  # noqa: E402
+    PROMPT,
+    Driver,
+    assert_close,
+    mlx_runner,
+    tiny_tokenizer_json,
+)
+from tests.helpers.parity import hf_logits_np as hf_logits  # noqa: E402
 from tests.helpers.torch_models import bundle_from_hf  # noqa: E402
 
 pytestmark = pytest.mark.mlx
@@ -97,7 +100,7 @@ def test_mxfp4_experts_stay_mxfp4_and_match_transformers(tmp_path: Path) -> None
     )
     config = hf.config.to_dict() | {"quantization_config": {"quant_method": "mxfp4"}}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    (tmp_path / "tokenizer.json").write_text(_tiny_tokenizer_json())
+    (tmp_path / "tokenizer.json").write_text(tiny_tokenizer_json())
     runner = mlx_runner(load_model(tmp_path))
     moe = runner.model.layers[0].moe  # type: ignore[attr-defined]
     down = moe.matrices["down"]
@@ -144,8 +147,8 @@ def test_gguf_mxfp4_experts_stay_mxfp4_and_match_transformers(tmp_path: Path) ->
     from localchat.backends.mlx.mxfp4 import Mxfp4Stack
     from tests.backends.test_gpt_oss_gguf import PROMPT as GGUF_PROMPT
     from tests.backends.test_gpt_oss_gguf import mxfp4_model, tiny_model
-    from tests.backends.test_mlx_parity import hf_generate
     from tests.helpers.gpt_oss_gguf import convert_gpt_oss, save_folder
+    from tests.helpers.parity import hf_generate
 
     hf = tiny_model(seed=3)
     path = convert_gpt_oss(save_folder(hf, tmp_path / "hf", mxfp4_model(hf)), tmp_path / "tiny-mxfp4.gguf")

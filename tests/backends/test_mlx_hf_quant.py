@@ -23,8 +23,15 @@ from localchat.weights.hf_quant_blocks import RepackedLinear  # noqa: E402
 from localchat.weights.loader import load_model  # noqa: E402
 from tests.backends.test_hf_fp8_compact import CASES, Q8_ATOL, SEED, write_folder  # noqa: E402
 from tests.backends.test_hf_quant import ct_config, ct_int_parts, gptq_parts  # noqa: E402
-from tests.backends.test_mlx_parity import ATOL, GREEDY, Driver, hf_generate, hf_logits, mlx_runner  # noqa: E402
-from tests.backends.test_torch_parity import PROMPT  # noqa: E402
+from tests.helpers.parity import (  # noqa: E402
+    ATOL,
+    GREEDY,
+    PROMPT,
+    Driver,
+    hf_generate,
+    mlx_runner,
+)
+from tests.helpers.parity import hf_logits_np as hf_logits  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 

@@ -23,7 +23,7 @@ from localchat.weights.config import ModelConfig
 from localchat.weights.experts import split_experts
 from localchat.weights.loader import load_model
 from localchat.weights.tensors import WeightTensor
-from tests.backends.test_torch_parity import _tiny_tokenizer_json
+from tests.helpers.parity import tiny_tokenizer_json
 from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE, write_tiny_gguf
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import TINY_MOE, fp32_runner, tiny_hf_model
@@ -167,7 +167,7 @@ def test_hub_folder_with_per_expert_names(tmp_path: Path, backend: str, model_ty
         "mixtral": "model.layers.0.block_sparse_moe.experts.3.w1.weight",
     }
     assert expert_names[model_type] in names
-    (tmp_path / "tokenizer.json").write_text(_tiny_tokenizer_json())
+    (tmp_path / "tokenizer.json").write_text(tiny_tokenizer_json())
     runner = runner_for(backend, load_model(tmp_path))
     assert np.abs(prompt_logits(runner, PROMPT) - hf_logits(hf, PROMPT)).max() < ATOL
 

@@ -16,12 +16,7 @@ import torch
 from localchat.backends import RunnerOptions
 from localchat.backends.torch.runner import TorchRunner
 from localchat.weights.loader import load_model
-from tests.backends.test_torch_parity import (  # noqa: F401  (collected here, on this module's `pair`)
-    GREEDY,
-    PROMPT,
-    assert_close,
-    hf_generate,
-    hf_logits,
+from tests.backends.test_parity import (  # noqa: F401  (collected here, on this module's `pair`)
     test_batch_of_different_lengths,
     test_chunked_prefill,
     test_greedy_generation_matches_generate,
@@ -29,6 +24,7 @@ from tests.backends.test_torch_parity import (  # noqa: F401  (collected here, o
     test_prefill_over_cached_prefix,
     test_prompt_and_greedy_decode_logits,
 )
+from tests.helpers.parity import GREEDY, PROMPT, assert_close, hf_generate, hf_logits
 from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE, write_tiny_gguf
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import bundle_from_hf, fp32_runner, tiny_hf_model
