@@ -10,6 +10,9 @@ one loaded model serve both): median tok/s of each and their ratio.
 `int8`, N alternating rounds of single-stream decode and the 16-request run: median tok/s of each, their
 ratio, and KV MiB per 1k tokens and blocks in `--mem`.
 
+`--json`: one JSON object instead of the table (machine-readable numbers; benchmarks/perf_report.py
+reads it).
+
 `--speculative ngram [--num-speculative-tokens K]`: speculative decoding with n-gram lookup
 (docs/speculative.md); adds the drafted tokens, accepted share and tokens per target pass of the
 single stream and of the 16-request run.
@@ -18,6 +21,7 @@ single stream and of the 16-request run.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import sys
@@ -182,6 +186,7 @@ def main() -> None:
     parser.add_argument("--compare-kv-dtype", type=int, metavar="ROUNDS", help="see the docstring")
     parser.add_argument("--speculative", choices=["off", "ngram"], default="off", help="see the docstring")
     parser.add_argument("--num-speculative-tokens", type=int, default=4, help="draft tokens per step")
+    parser.add_argument("--json", action="store_true", help="print one JSON object, not the table")
     args = parser.parse_args()
     if args.threads:
         # Read by the backends when they size their thread pools (before any of them is imported).
@@ -220,10 +225,18 @@ def main() -> None:
         )
         spec_rows = [("speculation, single stream", speculation_cell(*counts))]
     batch_rows = []
+    numbers: dict[str, float | int | None] = {}
     if not args.single_only:
         before = llm.engine.stats()
         tokens, agg, ttft_p50, ttft_max = concurrent(llm, args.max_tokens)
         after = llm.engine.stats()
+        numbers |= {
+            "batch_requests": 16,
+            "batch_tokens": tokens,
+            "batch_tok_s": agg,
+            "batch_ttft_p50_ms": ttft_p50 * 1000,
+            "batch_ttft_max_ms": ttft_max * 1000,
+        }
         batch_rows = [
             (f"16 requests, aggregate ({tokens} tokens)", f"{agg:.1f} tok/s"),
             ("16 requests, TTFT p50 / max", f"{ttft_p50 * 1000:.0f} / {ttft_max * 1000:.0f} ms"),
@@ -238,6 +251,24 @@ def main() -> None:
             spec_rows.append(("speculation, 16 requests", cell))
 
     device = llm.runner.device_name
+    if args.json:
+        result = {
+            "model": Path(args.model).name,
+            "backend": args.backend,
+            "device": device,
+            "threads": args.threads,
+            "speculative": speculative_row(llm, args),
+            "load_s": load_s,
+            "prompt_tokens": prompt_len,
+            "prefill_tok_s": prefill,
+            "decode_tokens": args.decode_tokens,
+            "decode_tok_s": decode,
+            **numbers,
+            "rss_after_load_mib": loaded_rss,
+            "peak_rss_mib": peak_rss_mib(),
+        }
+        print(json.dumps(result))
+        return
     rows = [
         ("model", Path(args.model).name),
         ("backend / device", f"{args.backend} / {device}"),
