@@ -122,7 +122,8 @@ def test_a_killed_pipeline_worker_is_reported() -> None:
         runner.shutdown()
 
 
-@pytest.mark.parametrize("family", ["llama", "llama-tied", "qwen3_moe"])
+# Beyond the PP families: Phi-3, GLM-4 MoE and DeepSeek-V3 (in-process, so cheap to cover).
+@pytest.mark.parametrize("family", ["llama", "llama-tied", "qwen3_moe", "phi3", "glm4_moe", "deepseek_v3"])
 def test_cpu_gpu_split_wiring_matches_one_device(family: str) -> None:
     """`--gpu-layers 1` with the device pair given as cpu/cpu: two stages in one process, the handoff
     between them, each stage's own KV pool; the same logits and tokens as the whole model."""
