@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from localchat.attachments.files import AttachmentFiles
 from localchat.attachments.kinds import MAX_ATTACHMENTS, AttachmentError, document_kind, image_kind, is_svg
 from localchat.attachments.text import chars_per_token, document_budget_tokens, extract_text, fit
-from localchat.chats.store import NewAttachment
+from localchat.chats.records import NewAttachment
 
 
 @dataclass(frozen=True, slots=True)

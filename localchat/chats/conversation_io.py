@@ -11,16 +11,16 @@ from datetime import datetime, timezone
 from typing import Any
 
 from localchat.attachments.kinds import image_kind
-from localchat.chats.store import (
+from localchat.chats.records import (
     DONE,
     Attachment,
     Conversation,
     Message,
     NewAttachment,
     NewMessage,
-    Store,
     title_from,
 )
+from localchat.chats.store import Store
 from localchat.errors import InvalidRequestError
 
 FORMAT = "localchat.conversation"

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from localchat.attachments.kinds import AttachmentError
 from localchat.attachments.prepare import AttachmentRules, Upload, prepare
 from localchat.attachments.text import context_block
-from localchat.chats.store import (
+from localchat.chats.records import (
     DONE,
     ERROR,
     STOPPED,
@@ -34,9 +34,9 @@ from localchat.chats.store import (
     Message,
     NewAttachment,
     NewMessage,
-    Store,
     title_from,
 )
+from localchat.chats.store import Store
 from localchat.engine.async_engine import LoopSink
 from localchat.engine.loop_guard import LOOP_STOP_REASON
 from localchat.engine.outputs import RequestOutput

@@ -13,21 +13,27 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from localchat.attachments.files import AttachmentFiles
+from localchat.chats.records import (
+    DONE,
+    ERROR,
+    STREAMING,
+    Alternative,
+    Attachment,
+    Conversation,
+    Message,
+    NewMessage,
+    Preset,
+    from_row,
+)
 from localchat.chats.store_schema import migrate
 from localchat.errors import NotFoundError
 from localchat.paths import private_dir, private_file
 
 ATTACHMENTS_DIR = "attachments"  # beside the database: pictures attached in the web UI
-# The file extension of each stored picture format (attachments/<sha256>.<ext>).
-IMAGE_EXTENSIONS = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp"}
-
-# Statuses of an assistant message: still being written, finished, stopped by the user, failed.
-STREAMING, DONE, STOPPED, ERROR = "streaming", "done", "stopped", "error"
 _CONVERSATION_SETTINGS = ("system_prompt", "temperature", "top_p", "max_tokens", "model")
 _MESSAGE_UPDATES = (
     "content",
@@ -43,146 +49,12 @@ _MESSAGE_UPDATES = (
     "target_passes",
 )
 
-
-@dataclass(slots=True)
-class Conversation:
-    id: str
-    title: str
-    model: str = ""
-    system_prompt: str = ""
-    temperature: float | None = None  # None: the model's default
-    top_p: float | None = None
-    max_tokens: int | None = None
-    created_at: float = 0.0
-    updated_at: float = 0.0
-
-
-@dataclass(slots=True)
-class Message:
-    id: int
-    conversation_id: str
-    role: str
-    content: str
-    status: str = DONE
-    error: str | None = None
-    finish_reason: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    tokens_per_s: float | None = None
-    created_at: float = 0.0
-    model: str | None = None  # the model that wrote an answer (the picker switches models mid-chat)
-    alternatives: int = 0  # earlier versions of this answer kept by Regenerate (answer_alternatives)
-    earlier_versions: int = 0  # how many of those were written before this one (its place: "2/3")
-    attachments: list[Attachment] = field(default_factory=list)  # files the user attached
-    # Speculative decoding (0 without it): draft tokens scored, of which accepted, and the target model's
-    # passes that gave tokens (completion_tokens over it: tokens per pass).
-    spec_draft_tokens: int = 0
-    spec_accepted_tokens: int = 0
-    target_passes: int = 0
-
-    @property
-    def spec_acceptance(self) -> float:
-        return self.spec_accepted_tokens / self.spec_draft_tokens if self.spec_draft_tokens else 0.0
-
-    @property
-    def tokens_per_pass(self) -> float:
-        return self.completion_tokens / self.target_passes if self.target_passes else 0.0
-
-
-@dataclass(slots=True)
-class Attachment:
-    """A file attached to a message: a picture (bytes in the attachments folder, by hash) or a document
-    (the text the model reads)."""
-
-    id: int
-    message_id: int
-    kind: str  # "image" | "document"
-    name: str
-    media_type: str
-    size: int = 0
-    sha256: str | None = None
-    text: str | None = None
-    truncated: bool = False
-
-    @property
-    def file_name(self) -> str:
-        """A picture's file in the attachments folder."""
-        return f"{self.sha256}.{IMAGE_EXTENSIONS.get(self.media_type, 'bin')}"
-
-
-@dataclass(slots=True)
-class NewAttachment:
-    kind: str
-    name: str
-    media_type: str
-    size: int = 0
-    sha256: str | None = None  # a picture already saved by AttachmentFiles
-    text: str | None = None
-    truncated: bool = False
-
-
-@dataclass(slots=True)
-class Preset:
-    """A saved system prompt and sampling settings, applied to a chat from its settings dialog."""
-
-    name: str
-    system_prompt: str = ""
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = None
-    created_at: float = 0.0
-
-
-@dataclass(slots=True)
-class NewMessage:
-    """A message to insert (import, or a user turn with its answer placeholder)."""
-
-    role: str
-    content: str
-    status: str = DONE
-    extra: dict[str, Any] = field(default_factory=dict)
-    attachments: Sequence[NewAttachment] = ()
-
-
 # A message row with how many earlier versions of it Regenerate kept.
 _MESSAGE_COLUMNS = (
     "m.*, (SELECT COUNT(*) FROM answer_alternatives a WHERE a.message_id = m.id) AS alternatives,"
     " (SELECT COUNT(*) FROM answer_alternatives a WHERE a.message_id = m.id AND a.created_at < m.created_at)"
     " AS earlier_versions"
 )
-
-
-@dataclass(slots=True)
-class Alternative:
-    """An earlier version of an answer, replaced by Regenerate."""
-
-    id: int
-    message_id: int
-    content: str
-    model: str | None = None
-    finish_reason: str | None = None
-    completion_tokens: int = 0
-    tokens_per_s: float | None = None
-    created_at: float = 0.0
-
-
-_Row = TypeVar("_Row", "Conversation", "Message", "Preset", "Alternative", "Attachment")
-
-
-def _from_row(cls: type[_Row], row: sqlite3.Row) -> _Row:
-    # Only the columns the dataclass knows: a migration may add a column before the code reads it
-    # (and fields that are not columns, e.g. a message's attachments, are filled in afterwards).
-    columns = set(row.keys())
-    return cls(**{f.name: row[f.name] for f in fields(cls) if f.name in columns})
-
-
-def title_from(text: str, limit: int = 60) -> str:
-    """A conversation title from its first message: the first non-empty line, shortened on a word."""
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    if len(line) <= limit:
-        return line or "New chat"
-    cut = line[:limit].rsplit(" ", 1)[0] or line[:limit]
-    return cut.rstrip() + "…"
 
 
 class Store:
@@ -259,7 +131,7 @@ class Store:
         rows = self._query("SELECT * FROM conversations WHERE id = ?", (conv_id,))
         if not rows:
             raise NotFoundError("This conversation does not exist (it may have been deleted).")
-        return _from_row(Conversation, rows[0])
+        return from_row(Conversation, rows[0])
 
     def list_conversations(self, query: str = "", limit: int = 200) -> list[Conversation]:
         """Newest first; `query` matches the title or any message text, case-insensitively."""
@@ -273,7 +145,7 @@ class Store:
                 " ORDER BY updated_at DESC LIMIT ?2",
                 (pattern, limit),
             )
-        return [_from_row(Conversation, r) for r in rows]
+        return [from_row(Conversation, r) for r in rows]
 
     def rename_conversation(self, conv_id: str, title: str) -> Conversation:
         with self._tx() as db:
@@ -301,7 +173,7 @@ class Store:
 
     def list_presets(self) -> list[Preset]:
         return [
-            _from_row(Preset, r) for r in self._query("SELECT * FROM presets ORDER BY name COLLATE NOCASE")
+            from_row(Preset, r) for r in self._query("SELECT * FROM presets ORDER BY name COLLATE NOCASE")
         ]
 
     def save_preset(self, preset: Preset) -> Preset:
@@ -342,20 +214,20 @@ class Store:
         rows = self._query(f"SELECT {_MESSAGE_COLUMNS} FROM messages m WHERE id = ?", (message_id,))
         if not rows:
             raise NotFoundError("This message does not exist (it may have been deleted).")
-        return self._with_attachments([_from_row(Message, rows[0])], "a.message_id = ?", (message_id,))[0]
+        return self._with_attachments([from_row(Message, rows[0])], "a.message_id = ?", (message_id,))[0]
 
     def get_messages(self, conv_id: str) -> list[Message]:
         rows = self._query(
             f"SELECT {_MESSAGE_COLUMNS} FROM messages m WHERE conversation_id = ? ORDER BY id", (conv_id,)
         )
-        messages = [_from_row(Message, r) for r in rows]
+        messages = [from_row(Message, r) for r in rows]
         where = "a.message_id IN (SELECT id FROM messages WHERE conversation_id = ?)"
         return self._with_attachments(messages, where, (conv_id,))
 
     def _with_attachments(self, messages: list[Message], where: str, args: tuple[Any, ...]) -> list[Message]:
         by_message: dict[int, list[Attachment]] = {}
         for row in self._query(f"SELECT * FROM attachments a WHERE {where} ORDER BY a.id", args):
-            attachment = _from_row(Attachment, row)
+            attachment = from_row(Attachment, row)
             attachment.truncated = bool(attachment.truncated)
             by_message.setdefault(attachment.message_id, []).append(attachment)
         for m in messages:
@@ -367,7 +239,7 @@ class Store:
         rows = self._query("SELECT * FROM attachments WHERE sha256 = ? AND kind = 'image' LIMIT 1", (sha256,))
         if not rows:
             raise NotFoundError("This picture does not exist (its message may have been deleted).")
-        return _from_row(Attachment, rows[0])
+        return from_row(Attachment, rows[0])
 
     def read_image(self, attachment: Attachment) -> bytes:
         assert attachment.sha256 is not None
@@ -435,7 +307,7 @@ class Store:
         rows = self._query(
             "SELECT * FROM answer_alternatives WHERE message_id = ? ORDER BY id", (message_id,)
         )
-        return [_from_row(Alternative, r) for r in rows]
+        return [from_row(Alternative, r) for r in rows]
 
     def use_alternative(self, message_id: int, alternative_id: int) -> Message:
         """Swap an answer with one of its alternatives: the chosen version is the one the chat goes on
@@ -446,7 +318,7 @@ class Store:
         )
         if not rows:
             raise NotFoundError("That version of the answer does not exist.")
-        alt = _from_row(Alternative, rows[0])
+        alt = from_row(Alternative, rows[0])
         fields_ = ("content", "model", "finish_reason", "completion_tokens", "tokens_per_s", "created_at")
         with self._tx() as db:
             db.execute(

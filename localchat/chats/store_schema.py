@@ -2,7 +2,7 @@
 
 MIGRATIONS[i] upgrades a database from version i to i + 1. To change the schema, append one entry
 (e.g. `"ALTER TABLE messages ADD COLUMN rating INTEGER"`, or a function for a change SQL cannot say
-alone) and add the field to the matching dataclass in store.py; never edit an entry that has shipped:
+alone) and add the field to the matching dataclass in records.py; never edit an entry that has shipped:
 users' databases already ran it.
 """
 

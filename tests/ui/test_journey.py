@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from localchat.chats.store import title_from
+from localchat.chats.records import title_from
 from tests.helpers.deadline import wait_until
 from tests.ui.actions import (
     CHAT_URL,

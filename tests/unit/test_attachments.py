@@ -16,7 +16,8 @@ from localchat.attachments.kinds import AttachmentError, document_kind, image_ki
 from localchat.attachments.prepare import AttachmentRules, Upload, prepare
 from localchat.attachments.text import TRUNCATION_NOTE, context_block, extract_text, fit
 from localchat.chats.conversation_io import import_json, to_json
-from localchat.chats.store import NewMessage, Store
+from localchat.chats.records import NewMessage
+from localchat.chats.store import Store
 from localchat.chats.store_schema import MIGRATIONS, schema_version
 from tests.helpers.tiny_pdf import tiny_pdf
 

@@ -17,7 +17,7 @@ import pytest
 from litestar.testing import TestClient
 
 from localchat.chats.conversations import _chat_messages
-from localchat.chats.store import DONE
+from localchat.chats.records import DONE
 from tests.ui.web_app import fake_app, web_state
 
 HX = {"HX-Request": "true"}

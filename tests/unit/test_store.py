@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from localchat.chats import store_schema
-from localchat.chats.store import DONE, ERROR, STREAMING, NewMessage, Store, title_from
+from localchat.chats.records import DONE, ERROR, STREAMING, NewMessage, title_from
+from localchat.chats.store import Store
 from localchat.chats.store_schema import schema_version
 from localchat.errors import DatabaseSchemaError, NotFoundError
 
@@ -137,7 +138,8 @@ _WRITER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from localchat.chats.store import NewMessage, Store
+    from localchat.chats.records import NewMessage
+    from localchat.chats.store import Store
     store = Store(Path(sys.argv[1]))
     i = 0
     while True:

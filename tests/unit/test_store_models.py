@@ -6,7 +6,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from localchat.chats.store import NewMessage, Store
+from localchat.chats.records import NewMessage
+from localchat.chats.store import Store
 
 
 def test_old_databases_gain_the_model_column(tmp_path: Path) -> None:

@@ -7,7 +7,8 @@ import sqlite3
 from pathlib import Path
 
 from localchat.chats import store_schema
-from localchat.chats.store import NewMessage, Preset, Store
+from localchat.chats.records import NewMessage, Preset
+from localchat.chats.store import Store
 
 
 def test_presets_and_settings_round_trip(tmp_path: Path) -> None:

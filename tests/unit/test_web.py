@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from litestar.testing import TestClient
 
-from localchat.chats.store import DONE, ERROR, STOPPED
+from localchat.chats.records import DONE, ERROR, STOPPED
 from localchat.serving import chat_render
 from tests.helpers.deadline import wait_until
 from tests.ui.web_app import fake_app, web_state

@@ -12,7 +12,7 @@ import pytest
 from litestar.testing import TestClient
 
 from localchat.attachments.prepare import AttachmentRules, Upload, prepare
-from localchat.chats.store import NewMessage
+from localchat.chats.records import NewMessage
 from tests.helpers.tiny_pdf import tiny_pdf
 from tests.ui.web_app import fake_app, web_state
 from tests.unit.test_attachments import png

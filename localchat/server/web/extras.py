@@ -10,7 +10,8 @@ from litestar import MediaType, Request, Response, delete, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath
 
-from localchat.chats.store import Conversation, Message, Preset, Store
+from localchat.chats.records import Conversation, Message, Preset
+from localchat.chats.store import Store
 from localchat.errors import InvalidRequestError
 from localchat.server.web.common import WebState, require_htmx
 from localchat.server.web.forms import parse_settings

@@ -24,7 +24,8 @@ from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 
 from localchat.chats.conversations import INTERRUPTED, ChatService
-from localchat.chats.store import Conversation, Store
+from localchat.chats.records import Conversation
+from localchat.chats.store import Store
 from localchat.errors import AuthenticationError, DataDirError, LocalchatError
 from localchat.models.manager import ModelManager
 from localchat.paths import data_dir
