@@ -286,3 +286,82 @@ def test_mismatched_or_tokenless_pairs(gguf_pair: tuple[Any, Path, Path, Path], 
     assert vision_config(legacy) is None  # paired only when the vocabulary can mark the picture
     with pytest.raises(MmprojMismatchError, match="no <image> token"):
         gguf_vision_config(legacy, beside / mmproj.name)
+
+
+# --- MLX: the same tower and the MLX runner's image path (float32 on MLX's CPU device) -------------------
+
+
+@pytest.mark.mlx
+@pytest.mark.parametrize("source", ["folder", "gguf"])
+def test_mlx_features_equal_transformers(
+    saved: tuple[Any, Path], gguf_pair: tuple[Any, Path, Path, Path], tmp_path: Path, source: str
+) -> None:
+    mx = pytest.importorskip("mlx.core")
+    from localchat.backends.mlx.vision.llava import load_llava_mmproj, load_llava_vision
+
+    hf, folder = saved[0], saved[1]
+    if source == "gguf":
+        hf, folder, model, mmproj = gguf_pair
+        config = vision_config(model)
+        assert config is not None
+        vision = load_llava_mmproj(config, mmproj)
+    else:
+        vision = load_llava_vision(folder)
+    pixels = torch.cat([_pixels(folder, p) for p in tiny.pictures(tmp_path)])
+    ours = np.array(vision.encode(mx.array(pixels.numpy())))
+    with torch.no_grad():
+        theirs = torch.stack(list(hf.model.get_image_features(pixel_values=pixels).pooler_output)).numpy()
+    err = np.abs(ours - theirs).max()
+    print(f"mlx llava features max abs err fp32 ({source}): {err:.2e}")
+    assert ours.shape == theirs.shape and err < 1e-4
+    assert np.abs(ours[0] - ours[1]).max() > 1e-2
+
+
+@pytest.mark.mlx
+@pytest.mark.parametrize(("source", "chunk"), [("folder", None), ("folder", 9), ("gguf", 9)])
+def test_mlx_image_prompt_logits_and_greedy_tokens(
+    saved: tuple[Any, Path],
+    gguf_pair: tuple[Any, Path, Path, Path],
+    tmp_path: Path,
+    source: str,
+    chunk: int | None,
+) -> None:
+    """Through the MLX runner's compute_logits with image slices as engine/batch.py builds them (chunk=9
+    splits the image's run at positions 2-17): transformers' logits and greedy tokens; the picture is
+    encoded once."""
+    pytest.importorskip("mlx.core")
+    from localchat.engine.interface import ImageSlice
+    from localchat.vision.gemma3_preprocess import content_hash
+    from tests.helpers.parity import Driver, mlx_runner
+
+    hf, folder = saved
+    path = tiny.pictures(tmp_path)[0]
+    model_path: Path = folder
+    if source == "gguf":
+        hf, folder, model_path, _ = gguf_pair
+    config = vision_config(model_path)
+    assert config is not None
+    pixels = LlavaImagePrompt.from_config(model_path, config).preprocess(Image.open(path))
+    runner = mlx_runner(load_model(model_path))
+    assert runner.images is not None
+    image = ImageInput(tuple(range(2, 2 + tiny.TOKENS_PER_IMAGE)), content_hash(path.read_bytes()), pixels)
+    driver = Driver(runner)
+    driver.add("a", PROMPT)
+    rows_logits = []
+    for start, end in [(0, len(PROMPT))] if chunk is None else [(0, chunk), (chunk, len(PROMPT))]:
+        out, batch = driver.build({"a": end - start}, every_token=True)
+        token_rows, embed_rows = chunk_rows(list(image.placeholders), start, end)
+        batch.image_slices = [ImageSlice(image, token_rows, embed_rows)]
+        rows_logits.append(np.array(runner.compute_logits(out, batch)))
+    assert (runner.images.cache.misses, runner.images.cache.hits) == (1, 0 if chunk is None else 1)
+    ours = np.concatenate(rows_logits)
+    torch_pixels = torch.from_numpy(pixels)[None]
+    theirs = _hf_logits(hf, PROMPT, torch_pixels)
+    err = np.abs(ours - theirs).max()
+    print(f"mlx llava image prompt logits max abs err fp32 ({source}, chunk={chunk}): {err:.2e}")
+    assert err < 1e-4
+    for _ in range(3):  # greedy decode after the image: no image rows in these steps
+        driver.feed("a", int(ours[-1].argmax()))
+        _, logits = driver.step_logits()
+        ours = logits
+        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), torch_pixels)[-1].argmax())

@@ -10,7 +10,8 @@ import mlx.core as mx
 
 from localchat.backends.mlx.attention import AttentionMetadata, LayerCache, paged_attention
 from localchat.backends.mlx.layers import Rotary, project, silu
-from localchat.backends.mlx.models.base import DecoderLM, Layer
+from localchat.backends.mlx.models.base import Layer
+from localchat.backends.mlx.models.qwen_vl import VisionLanguage
 from localchat.backends.mlx.quant import Weight, linear
 from localchat.weights.config import ModelConfig
 
@@ -78,5 +79,8 @@ class LlamaLayer(Layer):
         return q, k
 
 
-class Model(DecoderLM):
+class Model(VisionLanguage):
+    """Also the text model of LLaVA-style checkpoints and GGUFs: image rows written over the placeholder
+    tokens' embeddings when a step carries any (VisionLanguage)."""
+
     layer_class = LlamaLayer

@@ -13,10 +13,12 @@ import mlx.core as mx
 import numpy as np
 
 from localchat.backends.mlx.vision.gemma3 import Gemma3Vision, load_gemma3_vision
+from localchat.backends.mlx.vision.llava import LlavaVision, load_llava_mmproj, load_llava_vision
 from localchat.backends.mlx.vision.qwen_vl import QwenVision, load_qwen_vision
 from localchat.engine.interface import ImageSlice
 from localchat.errors import BackendUnavailableError
 from localchat.vision.encoder_cache import EncoderCache
+from localchat.vision.llava_prompt import LLAVA_TYPES
 from localchat.vision.model_info import vision_config
 from localchat.vision.qwen_vl_prompt import QWEN_VL_TYPES
 
@@ -24,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 class ImageEmbedder:
-    def __init__(self, vision: Gemma3Vision | QwenVision, dtype: mx.Dtype) -> None:
+    def __init__(self, vision: Gemma3Vision | QwenVision | LlavaVision, dtype: mx.Dtype) -> None:
         self.vision = vision
         self.dtype = dtype
         self.cache: EncoderCache[mx.array] = EncoderCache()
@@ -59,11 +61,14 @@ def load_image_embedder(path: Path, dtype: mx.Dtype) -> ImageEmbedder | None:
     config = vision_config(path)
     if config is None:
         return None
+    if "mmproj" in config and config.get("model_type") in LLAVA_TYPES:  # llama.cpp's `mlp` projector
+        log.info("loading the vision tower of %s from %s", path, config["mmproj"])
+        return ImageEmbedder(load_llava_mmproj(config, Path(config["mmproj"]), dtype), dtype)
     if "mmproj" in config:
         # The server takes pictures for the pair, so loading the text model alone would leave them nowhere.
         raise BackendUnavailableError(
             f"{path.name} has a vision projector paired ({Path(config['mmproj']).name}); the MLX backend "
-            "runs Gemma 3's vision tower from a safetensors folder only. Use --backend torch for this GGUF "
+            "runs Gemma 3's vision tower from a safetensors folder only (and LLaVA's mmproj). Use --backend torch for this GGUF "
             "with its mmproj, or move the mmproj file out of the model's folder to chat without images."
         )
     log.info("loading the vision tower of %s", path)
@@ -73,4 +78,6 @@ def load_image_embedder(path: Path, dtype: mx.Dtype) -> ImageEmbedder | None:
             log.warning("%s names a vision tower but holds none of its weights: images unsupported", path)
             return None
         return ImageEmbedder(tower, dtype)
+    if config.get("model_type") in LLAVA_TYPES:
+        return ImageEmbedder(load_llava_vision(path, dtype), dtype)
     return ImageEmbedder(load_gemma3_vision(path, dtype), dtype)
