@@ -167,27 +167,31 @@ static void LC_FN(rows)(int type, const uint8_t *w, int64_t n0, int64_t n1, int6
     }
 }
 
-static void LC_FN(matmul)(int type, const uint8_t *w, int64_t n, int64_t k, int64_t row_bytes,
-                          const int8_t *xq, const float *xd, const float *xs, int64_t t, void *out,
-                          int out_bf16, int64_t ldo, int nth) {
+/* LC_ENOMEM when a thread's decode buffer cannot grow (that thread skips its tiles: out is then unusable). */
+static int LC_FN(matmul)(int type, const uint8_t *w, int64_t n, int64_t k, int64_t row_bytes,
+                         const int8_t *xq, const float *xd, const float *xs, int64_t t, void *out,
+                         int out_bf16, int64_t ldo, int nth) {
     /* Weight rows are decoded once per tile and reused by every activation row (the tile stays in L2). */
     int64_t tile = t <= LC_TILE_MR ? 4 : LC_TILE_N;
     int64_t tiles = (n + tile - 1) / tile;
+    int failed = 0;
 #ifdef _OPENMP
-#pragma omp parallel num_threads(nth)
+#pragma omp parallel num_threads(nth) reduction(| : failed)
 #endif
     {
-        uint8_t *c;
-        float *ls, *mc;
-        lc_scratch(tile * k, &c, &ls, &mc);
+        uint8_t *c = NULL;
+        float *ls = NULL, *mc = NULL;
+        int ok = lc_scratch(tile * k, &c, &ls, &mc) == LC_OK;
+        failed |= !ok;
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
         for (int64_t i = 0; i < tiles; i++) {
             int64_t n0 = i * tile, n1 = n0 + tile < n ? n0 + tile : n;
-            LC_FN(rows)(type, w, n0, n1, k, row_bytes, xq, xd, xs, t, out, out_bf16, ldo, c, ls, mc);
+            if (ok) LC_FN(rows)(type, w, n0, n1, k, row_bytes, xq, xd, xs, t, out, out_bf16, ldo, c, ls, mc);
         }
     }
+    return failed ? LC_ENOMEM : LC_OK;
 }
 
 static void LC_FN(dequant)(int type, const uint8_t *w, int64_t k, int64_t row_bytes, const int64_t *ids,

@@ -11,6 +11,7 @@ extension modules (and Windows wants the export). Functions return 0 on success,
 #endif
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,8 +135,9 @@ static inline void lc_store(void *out, int out_bf16, int64_t i, float v) {
     else ((float *)out)[i] = v;
 }
 
-/* *buf grown to at least `need` bytes (old contents dropped; NULL and size 0 when out of memory). The
-   per-thread buffers below use it: grown on demand and kept, as the thread pool is long-lived. */
+/* The one way a scratch buffer grows: *buf afterwards holds at least `need` bytes (old contents dropped),
+   or is NULL with size 0 when memory ran out, and the caller returns LC_ENOMEM without writing anything.
+   Every per-thread buffer uses it: grown on demand and kept, as the thread pool is long-lived. */
 static void *lc_grow(void **buf, size_t *size, size_t need) {
     if (need > *size) {
         free(*buf);
@@ -145,16 +147,24 @@ static void *lc_grow(void **buf, size_t *size, size_t need) {
     return *buf;
 }
 
-/* Per-thread decode buffers. */
-static LC_THREAD void *lc_buf;
-static LC_THREAD size_t lc_buf_size;
+/* A per-thread scratch buffer: the pointer and its size. */
+#define LC_SCRATCH(name)                                                                                         \
+    static LC_THREAD void *name;                                                                                 \
+    static LC_THREAD size_t name##_size
 
-static void lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
+/* Per-thread decode buffers of the GGUF-layout reference (each OpenMP thread its own). */
+LC_SCRATCH(lc_buf);
+
+/* Codes, lane scales and offsets for `weights` decoded weights in the calling thread's buffer; LC_ENOMEM
+   (and nothing pointed to) when it cannot grow. */
+static int lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
     size_t need = (size_t)weights + (size_t)weights + (size_t)weights / 4 + 256; /* codes, k/4 + k/16 floats */
     uint8_t *buf = (uint8_t *)lc_grow(&lc_buf, &lc_buf_size, need);
+    if (!buf) return LC_ENOMEM;
     *c = buf;
     *ls = (float *)(buf + ((weights + 63) & ~(int64_t)63));
     *mc = *ls + weights / 4;
+    return LC_OK;
 }
 
 /* Floats per activation row in xs: an offset sum per 16 values, then (as int32) minus each 4-value
@@ -309,14 +319,13 @@ LC_EXPORT int lc_x16_repack(int type, const uint8_t *w, int64_t n, int64_t k, in
 }
 
 /* Per-thread activation summaries of the x16 kernels (the caller's thread), grown by lc_grow. */
-static LC_THREAD void *lc_xsums;
-static LC_THREAD size_t lc_xsums_size;
+LC_SCRATCH(lc_xsums);
 
 /* The x16 kernels' per-16 and per-32 activation sums and scales, from lc_quantize's outputs. */
 static int lc_x16_summaries(int64_t t, int64_t k, const int8_t *xq, const float *xd, const float *xs,
                             lc_x16_sums *x) {
     size_t need = (size_t)t * (size_t)(k / 16 + 3 * (k / 32)) * 4 + 64;
-    if (!lc_grow(&lc_xsums, &lc_xsums_size, need)) return -1;
+    if (!lc_grow(&lc_xsums, &lc_xsums_size, need)) return LC_ENOMEM;
     int32_t *ns16 = (int32_t *)lc_xsums, *ns32 = ns16 + t * (k / 16);
     float *dx32 = (float *)(ns32 + t * (k / 32)), *fs32 = dx32 + t * (k / 32);
     for (int64_t i = 0; i < t; i++) {
@@ -347,7 +356,7 @@ LC_EXPORT int lc_matmul(int isa, int type, const uint8_t *w, int64_t n, int64_t 
     if (type & LC_X16) {
         if (!lc_x16_supported(isa, type & ~LC_X16, k) || nth < 1 || t < 0) return -1;
         lc_x16_sums x;
-        if (lc_x16_summaries(t, k, xq, xd, xs, &x)) return -1;
+        if (lc_x16_summaries(t, k, xq, xd, xs, &x)) return LC_ENOMEM;
 #ifdef LC_X86
         if (isa == LC_ISA_AVX512VNNI) x16_matmul_avx512vnni(type & ~LC_X16, w, n, k, x, t, out, out_bf16, ldo, nth);
         else x16_matmul_avx2(type & ~LC_X16, w, n, k, x, t, out, out_bf16, ldo, nth);
@@ -369,24 +378,17 @@ LC_EXPORT int lc_matmul(int isa, int type, const uint8_t *w, int64_t n, int64_t 
     }
     /* Legacy and K-quant blocks as stored: the portable reference on every ISA (the SIMD ISAs read these
        types in the x16 layout; LOCALCHAT_KERNEL_LAYOUT=gguf keeps them here). */
-    matmul_portable(type, w, n, k, row_bytes, xq, xd, xs, t, out, out_bf16, ldo, nth);
-    return 0;
+    return matmul_portable(type, w, n, k, row_bytes, xq, xd, xs, t, out, out_bf16, ldo, nth);
 }
 
-/* Per-thread activation buffers of lc_linear (the caller's thread), grown on demand. */
-static LC_THREAD void *lc_act;
-static LC_THREAD size_t lc_act_size;
+/* Per-thread activation buffers of lc_linear (the caller's thread), grown by lc_grow. */
+LC_SCRATCH(lc_act);
 
 /* Grows lc_act to hold `rows` quantized activation rows of k (xd, xs, then xq: lc_quantize's outputs)
    plus `extra` bytes after them, and points xd/xs/xq into it. */
 static int lc_act_rows(int64_t rows, int64_t k, size_t extra, float **xd, float **xs, int8_t **xq) {
     size_t need = (size_t)rows * (size_t)(k + (k / 4 + LC_XS(k)) * 4) + extra + 128;
-    if (need > lc_act_size) {
-        free(lc_act);
-        lc_act = malloc(need);
-        lc_act_size = lc_act ? need : 0;
-        if (!lc_act) return -1;
-    }
+    if (!lc_grow(&lc_act, &lc_act_size, need)) return LC_ENOMEM;
     *xd = (float *)lc_act;
     *xs = *xd + rows * (k / 4);
     *xq = (int8_t *)(*xs + rows * LC_XS(k));
@@ -401,9 +403,9 @@ static int lc_segments(int isa, int64_t t, int64_t k, int nseg, const int *types
     size_t item = out_bf16 ? 2 : 4;
     for (int i = 0; i < nseg; i++) {
         char *dst = (char *)out + first * item;
-        if (lc_matmul(isa, types[i], (const uint8_t *)(uintptr_t)ptrs[i], rows[i], k, row_bytes[i], xq, xd, xs, t,
-                      dst, out_bf16, ldo, nth))
-            return -1;
+        int rc = lc_matmul(isa, types[i], (const uint8_t *)(uintptr_t)ptrs[i], rows[i], k, row_bytes[i], xq, xd, xs,
+                           t, dst, out_bf16, ldo, nth);
+        if (rc) return rc;
         first += rows[i];
     }
     return 0;
@@ -425,14 +427,15 @@ LC_EXPORT int lc_linear(int isa, const void *x, int x_bf16, int64_t t, int64_t k
     float *xd, *xs;
     int8_t *xq;
     if (!precise) {
-        if (lc_act_rows(t, k, 0, &xd, &xs, &xq) || lc_quantize(isa, x, x_bf16, t, k, k, xq, xd, xs, nth)) return -1;
+        int rc = lc_act_rows(t, k, 0, &xd, &xs, &xq);
+        if (rc || (rc = lc_quantize(isa, x, x_bf16, t, k, k, xq, xd, xs, nth))) return rc;
         return lc_segments(isa, t, k, nseg, types, ptrs, rows, row_bytes, xq, xd, xs, out, out_bf16, ldo, nth);
     }
     int64_t n = 0;
     for (int i = 0; i < nseg; i++) n += rows[i];
     int64_t cap = t < LC_PRECISE_ROWS ? t : LC_PRECISE_ROWS, a = 2 * cap; /* activation rows per round */
     /* after the activation rows: the residuals [cap, k] and both rows' outputs [a, n], float32 */
-    if (lc_act_rows(a, k, (size_t)(cap * k + a * n) * 4, &xd, &xs, &xq)) return -1;
+    if (lc_act_rows(a, k, (size_t)(cap * k + a * n) * 4, &xd, &xs, &xq)) return LC_ENOMEM;
     float *res = (float *)(xq + a * k), *y = res + cap * k;
     for (int64_t r0 = 0; r0 < t; r0 += cap) {
         int64_t m = t - r0 < cap ? t - r0 : cap;
@@ -442,7 +445,8 @@ LC_EXPORT int lc_linear(int isa, const void *x, int x_bf16, int64_t t, int64_t k
         /* the residual rows right after the rows: one call serves both (one-row steps stay on the
            few-row path, which decodes each weight block once for every row) */
         if (lc_quantize(isa, res, 0, m, k, k, xq + m * k, xd + m * (k / 4), xs + m * LC_XS(k), nth)) return -1;
-        if (lc_segments(isa, 2 * m, k, nseg, types, ptrs, rows, row_bytes, xq, xd, xs, y, 0, n, nth)) return -1;
+        int rc = lc_segments(isa, 2 * m, k, nseg, types, ptrs, rows, row_bytes, xq, xd, xs, y, 0, n, nth);
+        if (rc) return rc;
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < n; j++)
                 lc_store(out, out_bf16, (r0 + i) * ldo + j, y[i * n + j] + y[(m + i) * n + j]);
@@ -457,7 +461,7 @@ LC_EXPORT int lc_dequant_rows(int type, const uint8_t *w, int64_t k, int64_t row
         type &= ~LC_X16;
         if (!lc_x16_type_ok(type) || !lc_type_ok(type, k)) return -1;
         float *row = (float *)malloc((size_t)k * sizeof(float));
-        if (!row) return -1;
+        if (!row) return LC_ENOMEM;
         for (int64_t i = 0; i < r; i++) {
             lc_x16_row(type, w, k, ids[i], row);
             for (int64_t j = 0; j < k; j++) lc_store(out, out_bf16, i * k + j, row[j]);
@@ -474,9 +478,8 @@ LC_EXPORT int lc_dequant_rows(int type, const uint8_t *w, int64_t k, int64_t row
     return 0;
 }
 
-/* Per-thread partial softmax results of lc_decode_attention (the caller's thread), grown on demand. */
-static LC_THREAD float *lc_att;
-static LC_THREAD size_t lc_att_size;
+/* Per-thread partial softmax results of lc_decode_attention (the caller's thread), grown by lc_grow. */
+LC_SCRATCH(lc_att);
 
 /* Decode attention over the paged KV cache (csrc/lc_attention.h), one query token per row:
    q [rows, heads, d] -> out [rows, heads, d] (each float32, or bfloat16 if *_bf16); cache
@@ -514,15 +517,10 @@ LC_EXPORT int lc_decode_attention(int isa, const void *q, int q_bf16, int64_t ro
     if (pairs > 0 && pairs < 2 * (int64_t)nth) parts = (2 * (int64_t)nth + pairs - 1) / pairs;
     if (parts > longest / LC_ATT_MIN_PART) parts = longest / LC_ATT_MIN_PART > 1 ? longest / LC_ATT_MIN_PART : 1;
     size_t need = (size_t)(pairs * parts * (heads / kv_heads) * (d + 2)) * sizeof(float) + 64;
-    if (need > lc_att_size) {
-        free(lc_att);
-        lc_att = (float *)malloc(need);
-        lc_att_size = lc_att ? need : 0;
-        if (!lc_att) return -1;
-    }
+    if (!lc_grow(&lc_att, &lc_att_size, need)) return LC_ENOMEM;
 #define LC_ATT_ARGS                                                                                              \
     q, q_bf16, rows, heads, kv_heads, d, cache, cache_type, scales, num_slots, tables, max_blocks, seq_lens, block_size, \
-        scale, window, softcap, out, out_bf16, nth, parts, lc_att
+        scale, window, softcap, out, out_bf16, nth, parts, (float *)lc_att
 #ifdef LC_X86
     if (isa == LC_ISA_AVX512VNNI) {
         decode_attention_avx512vnni(LC_ATT_ARGS);
@@ -567,9 +565,8 @@ LC_EXPORT int lc_swiglu(int isa, const void *gate_up, int bf16, int64_t rows, in
     return 0;
 }
 
-/* Per-thread rotated queries of lc_decode_rope_attention (the caller's thread), grown on demand. */
-static LC_THREAD void *lc_rq;
-static LC_THREAD size_t lc_rq_size;
+/* Per-thread rotated queries of lc_decode_rope_attention (the caller's thread), grown by lc_grow. */
+LC_SCRATCH(lc_rq);
 
 /* A decode step's attention for one layer from the projections: RoPE on q and k (lc_fused.h's
    rope_write; qk [rows, heads + kv_heads, d] and v [rows, kv_heads, d] in the compute type, row
@@ -588,12 +585,7 @@ LC_EXPORT int lc_decode_rope_attention(int isa, const void *qk, int64_t qk_strid
     for (int64_t r = 0; r < rows; r++)
         if (slots[r] < 0 || slots[r] >= num_slots) return -1;
     size_t need = (size_t)(rows * heads * d) * (bf16 ? 2 : 4) + 64;
-    if (need > lc_rq_size) {
-        free(lc_rq);
-        lc_rq = malloc(need);
-        lc_rq_size = lc_rq ? need : 0;
-        if (!lc_rq) return -1;
-    }
+    if (!lc_grow(&lc_rq, &lc_rq_size, need)) return LC_ENOMEM;
     LC_DISPATCH(rope_write, qk, qk_stride, v, v_stride, bf16, rows, heads, kv_heads, d, cos, sin, slots, cache,
                 cache_type == LC_KV_BF16, num_slots, lc_rq);
     return lc_decode_attention(isa, lc_rq, bf16, rows, heads, kv_heads, d, cache, cache_type, NULL, num_slots,

@@ -5,8 +5,10 @@ signature that changes on one side and not the other stops the build instead of 
 time. localchat/kernels/library.py sets the same signatures for ctypes, in the same order, and
 localchat/kernels/step.py mirrors the structs below (their sizes are asserted on both sides).
 
-Every function returns LC_OK on success, LC_EINVAL on a bad argument or shape, LC_ENOMEM when a scratch
-buffer cannot grow (nothing is written then); lc_x16_bytes returns a size or -1. */
+Every function returns LC_OK on success, LC_EINVAL on a bad argument or shape, or LC_ENOMEM when a
+scratch buffer cannot grow (all of them grow through lc_grow: no write through a NULL buffer; the outputs
+are unusable then, and the Python side raises InsufficientMemoryError); lc_x16_bytes returns a size or -1,
+and the lc_isa_* / lc_openmp / lc_x16_supported queries 0 or 1. */
 #ifndef LC_KERNELS_H
 #define LC_KERNELS_H
 

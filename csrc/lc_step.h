@@ -12,8 +12,7 @@ RMSNorm(x), then x + down(silu(gate) * up) over RMSNorm(x), with optional q|k|v 
 /* lc_step_matrix and lc_step_layer are in lc_kernels.h (localchat/kernels/step.py mirrors them). */
 
 /* The intermediates of one step, per thread, grown on demand. */
-static LC_THREAD void *lc_step_buf;
-static LC_THREAD size_t lc_step_size;
+LC_SCRATCH(lc_step_buf);
 
 static int64_t lc_step_rows(const lc_step_matrix *m) {
     if (m->nseg < 1 || m->nseg > LC_STEP_MAX_SEG) return -1;
@@ -42,8 +41,8 @@ static void lc_step_add(void *out, const void *a, int bf16, int64_t rows, int64_
    token per row: caches[i] is layer i's cache [2, kv_heads, num_slots, d] of cache_type (float32 or
    bfloat16), cos/sin [rows, d] in the compute type, slots [rows] where this step's k and v go, tables
    [rows, max_blocks] and seq_lens [rows] as lc_decode_attention takes them. inter: the MLP's width;
-   window > 0: attend to the last `window` positions only. Returns -1 on a bad shape or argument (x may be
-   partly updated then). */
+   window > 0: attend to the last `window` positions only. Returns LC_EINVAL on a bad shape or argument,
+   LC_ENOMEM when a buffer cannot grow (x may be partly updated then). */
 LC_EXPORT int lc_decode_layers(int isa, int nlayers, const lc_step_layer *layers, const uint64_t *caches,
                                int cache_type, int64_t num_slots, void *x, int bf16, int64_t rows, int64_t hidden,
                                int64_t heads, int64_t kv_heads, int64_t d, int64_t inter, float eps,
@@ -61,12 +60,7 @@ LC_EXPORT int lc_decode_layers(int isa, int nlayers, const lc_step_layer *layers
     /* normed | qkv | attention | residual sum | gate_up | activation | down, each [rows, width] */
     int64_t widths = hidden + nqkv + natt + hidden + 2 * inter + inter + hidden;
     size_t item = bf16 ? 2 : 4, need = (size_t)(rows * widths) * item + 7 * 64;
-    if (need > lc_step_size) {
-        free(lc_step_buf);
-        lc_step_buf = malloc(need);
-        lc_step_size = lc_step_buf ? need : 0;
-        if (!lc_step_buf) return -1;
-    }
+    if (!lc_grow(&lc_step_buf, &lc_step_buf_size, need)) return LC_ENOMEM;
     char *at = (char *)lc_step_buf;
     void *bufs[7];
     const int64_t w7[7] = {hidden, nqkv, natt, hidden, 2 * inter, inter, hidden};
@@ -80,22 +74,23 @@ LC_EXPORT int lc_decode_layers(int isa, int nlayers, const lc_step_layer *layers
     for (int i = 0; i < nlayers; i++) {
         const lc_step_layer *L = &layers[i];
         const void *attn_norm = (const void *)(uintptr_t)L->attn_norm, *mlp_norm = (const void *)(uintptr_t)L->mlp_norm;
-        if (lc_rms_norm(isa, x, NULL, bf16, rows, hidden, attn_norm, eps, normed, nth) ||
-            lc_step_linear(isa, normed, bf16, rows, hidden, &L->qkv, precise, qkv, nqkv, nth))
-            return -1;
+        int rc; /* a refused call (LC_EINVAL) or a buffer that could not grow (LC_ENOMEM) stops the step */
+        if ((rc = lc_rms_norm(isa, x, NULL, bf16, rows, hidden, attn_norm, eps, normed, nth)) ||
+            (rc = lc_step_linear(isa, normed, bf16, rows, hidden, &L->qkv, precise, qkv, nqkv, nth)))
+            return rc;
         if (L->qkv_bias) lc_step_add(qkv, qkv, bf16, rows, nqkv, (const void *)(uintptr_t)L->qkv_bias, 0);
-        if (lc_decode_rope_attention(isa, qkv, nqkv, v, nqkv, bf16, rows, heads, kv_heads, d, cos, sin, slots,
-                                     (void *)(uintptr_t)caches[i], cache_type, num_slots, tables, max_blocks,
-                                     seq_lens, block_size, scale, window, 0.0f, att, nth) ||
-            lc_step_linear(isa, att, bf16, rows, natt, &L->o, precise, sum, hidden, nth))
-            return -1;
+        if ((rc = lc_decode_rope_attention(isa, qkv, nqkv, v, nqkv, bf16, rows, heads, kv_heads, d, cos, sin, slots,
+                                           (void *)(uintptr_t)caches[i], cache_type, num_slots, tables, max_blocks,
+                                           seq_lens, block_size, scale, window, 0.0f, att, nth)) ||
+            (rc = lc_step_linear(isa, att, bf16, rows, natt, &L->o, precise, sum, hidden, nth)))
+            return rc;
         if (L->o_bias) lc_step_add(sum, sum, bf16, rows, hidden, (const void *)(uintptr_t)L->o_bias, 0);
         /* sum = x + o(...) (the residual), normed = RMSNorm(sum) */
-        if (lc_rms_norm(isa, x, sum, bf16, rows, hidden, mlp_norm, eps, normed, nth) ||
-            lc_step_linear(isa, normed, bf16, rows, hidden, &L->gate_up, precise, gu, 2 * inter, nth) ||
-            lc_swiglu(isa, gu, bf16, rows, inter, act, nth) ||
-            lc_step_linear(isa, act, bf16, rows, inter, &L->down, precise, down, hidden, nth))
-            return -1;
+        if ((rc = lc_rms_norm(isa, x, sum, bf16, rows, hidden, mlp_norm, eps, normed, nth)) ||
+            (rc = lc_step_linear(isa, normed, bf16, rows, hidden, &L->gate_up, precise, gu, 2 * inter, nth)) ||
+            (rc = lc_swiglu(isa, gu, bf16, rows, inter, act, nth)) ||
+            (rc = lc_step_linear(isa, act, bf16, rows, inter, &L->down, precise, down, hidden, nth)))
+            return rc;
         /* x = sum + down, rounded as the torch path's `x + mlp(normed)` */
         lc_step_add(x, sum, bf16, rows, hidden, down, hidden);
     }

@@ -41,26 +41,51 @@ typedef struct {
     const float *fs32;   /* [t, k / 32] scale * code sum */
 } lc_x16_sums;
 
+/* One unit of each type (16 columns x 32 or 256 values), as the table above draws it: the kernels read
+   these fields at the offsets below, and the sizes are asserted against the GGUF bytes they hold. */
+typedef uint8_t lc_x16_chunk[64]; /* 4 codes (or bit fields) of 16 columns */
+typedef struct { uint16_t d[16]; lc_x16_chunk q[4]; } lc_x16_q4_0;
+typedef struct { uint16_t d[16], m[16]; lc_x16_chunk q[4]; } lc_x16_q4_1;
+typedef struct { uint16_t d[16]; lc_x16_chunk q[4], qh; } lc_x16_q5_0;
+typedef struct { uint16_t d[16], m[16]; lc_x16_chunk q[4], qh; } lc_x16_q5_1;
+typedef struct { uint16_t d[16]; lc_x16_chunk q[8]; } lc_x16_q8_0;
+typedef struct { uint8_t sm[2][16]; lc_x16_chunk q[2]; } lc_x16_q2_32; /* 32 values of Q2_K */
+typedef struct { uint16_t d[16], dmin[16]; lc_x16_q2_32 sub[8]; } lc_x16_q2_k;
+typedef struct { int8_t sc[2][16]; lc_x16_chunk ql[2], qh; } lc_x16_q3_32;
+typedef struct { uint16_t d[16]; lc_x16_q3_32 sub[8]; } lc_x16_q3_k;
+typedef struct { uint16_t d[16], dmin[16]; uint8_t sc[8][16], min[8][16]; lc_x16_chunk q[8][4]; } lc_x16_q4_k;
+typedef struct { lc_x16_chunk ql[4], qh; } lc_x16_q5_32;
+typedef struct { uint16_t d[16], dmin[16]; uint8_t sc[8][16], min[8][16]; lc_x16_q5_32 sub[8]; } lc_x16_q5_k;
+typedef struct { int8_t sc[2][16]; lc_x16_chunk ql[4], qh[2]; } lc_x16_q6_32;
+typedef struct { uint16_t d[16]; lc_x16_q6_32 sub[8]; } lc_x16_q6_k;
+
+/* The file's bytes per block times 16, except Q3_K, Q4_K and Q5_K (their 6-bit scales spread to bytes). */
+_Static_assert(sizeof(lc_x16_q4_0) == 16 * 18, "Q4_0 unit");
+_Static_assert(sizeof(lc_x16_q4_1) == 16 * 20, "Q4_1 unit");
+_Static_assert(sizeof(lc_x16_q5_0) == 16 * 22, "Q5_0 unit");
+_Static_assert(sizeof(lc_x16_q5_1) == 16 * 24, "Q5_1 unit");
+_Static_assert(sizeof(lc_x16_q8_0) == 16 * 34, "Q8_0 unit");
+_Static_assert(sizeof(lc_x16_q2_k) == 16 * 84, "Q2_K unit");
+_Static_assert(sizeof(lc_x16_q3_k) == 16 * 114, "Q3_K unit: 110 bytes per 256 values in the file");
+_Static_assert(sizeof(lc_x16_q4_k) == 16 * 148, "Q4_K unit: 144 bytes per 256 values in the file");
+_Static_assert(sizeof(lc_x16_q5_k) == 16 * 180, "Q5_K unit: 176 bytes per 256 values in the file");
+_Static_assert(sizeof(lc_x16_q6_k) == 16 * 210, "Q6_K unit");
+
+/* Byte offsets in a unit (the kernels add them to a unit's address); j: 32 values (0..7) of a K-quant. */
+#define LC_X16_AT(unit, field) ((int64_t)offsetof(unit, field))
+#define LC_X16_SUB(unit, part, j, field) (LC_X16_AT(unit, sub) + (int64_t)sizeof(part) * (j) + LC_X16_AT(part, field))
 /* Where a 32-value unit's nibble codes start (Q4_0, Q4_1, Q5_0, Q5_1); Q5_0/Q5_1's fifth bits follow them. */
-#define LC_X16_LEGACY_Q(type) ((type) == LC_Q4_1 || (type) == LC_Q5_1 ? 64 : 32)
-
-/* Q5_K unit offsets of 32 values j (0..7): the low 4 bits as nibble codes, then the fifth bits. */
-#define LC_X16_Q5_QL(j) (320 + 320 * (j))
-#define LC_X16_Q5_QH(j) (576 + 320 * (j))
-
-/* Q2_K unit offsets of 32 values j (0..7): their two scale | min rows and 2-bit chunks. */
-#define LC_X16_Q2_SM(j) (64 + 160 * (j))
-#define LC_X16_Q2_Q(j) (96 + 160 * (j))
-
-/* Q3_K unit offsets of 32 values j (0..7): their two scale rows, low 2-bit chunks and third bits. */
-#define LC_X16_Q3_SC(j) (32 + 224 * (j))
-#define LC_X16_Q3_QL(j) (64 + 224 * (j))
-#define LC_X16_Q3_QH(j) (192 + 224 * (j))
-
-/* Q6_K unit offsets of 32 values j (0..7): their two scale rows, low nibbles and high-bit chunks. */
-#define LC_X16_Q6_SC(j) (32 + 416 * (j))
-#define LC_X16_Q6_QL(j) (64 + 416 * (j))
-#define LC_X16_Q6_QH(j) (320 + 416 * (j))
+#define LC_X16_LEGACY_Q(type) ((type) == LC_Q4_1 || (type) == LC_Q5_1 ? LC_X16_AT(lc_x16_q4_1, q) : LC_X16_AT(lc_x16_q4_0, q))
+#define LC_X16_Q5_QL(j) LC_X16_SUB(lc_x16_q5_k, lc_x16_q5_32, j, ql)
+#define LC_X16_Q5_QH(j) LC_X16_SUB(lc_x16_q5_k, lc_x16_q5_32, j, qh)
+#define LC_X16_Q2_SM(j) LC_X16_SUB(lc_x16_q2_k, lc_x16_q2_32, j, sm)
+#define LC_X16_Q2_Q(j) LC_X16_SUB(lc_x16_q2_k, lc_x16_q2_32, j, q)
+#define LC_X16_Q3_SC(j) LC_X16_SUB(lc_x16_q3_k, lc_x16_q3_32, j, sc)
+#define LC_X16_Q3_QL(j) LC_X16_SUB(lc_x16_q3_k, lc_x16_q3_32, j, ql)
+#define LC_X16_Q3_QH(j) LC_X16_SUB(lc_x16_q3_k, lc_x16_q3_32, j, qh)
+#define LC_X16_Q6_SC(j) LC_X16_SUB(lc_x16_q6_k, lc_x16_q6_32, j, sc)
+#define LC_X16_Q6_QL(j) LC_X16_SUB(lc_x16_q6_k, lc_x16_q6_32, j, ql)
+#define LC_X16_Q6_QH(j) LC_X16_SUB(lc_x16_q6_k, lc_x16_q6_32, j, qh)
 
 static inline int lc_x16_type_ok(int type) {
     return type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q5_0 || type == LC_Q5_1 || type == LC_Q8_0 ||
@@ -76,8 +101,7 @@ static inline int lc_x16_expands(int type) {
 
 /* The calling thread's buffer for codes expanded to bytes (`need` bytes, lc_grow), or NULL when out of
    memory (the kernels then extract codes as they go). */
-static LC_THREAD void *lc_x16_xc;
-static LC_THREAD size_t lc_x16_xc_size;
+LC_SCRATCH(lc_x16_xc);
 
 static inline uint8_t *lc_x16_expand_buffer(size_t need) { return (uint8_t *)lc_grow(&lc_x16_xc, &lc_x16_xc_size, need); }
 
@@ -85,16 +109,16 @@ static inline int64_t lc_x16_unit(int type) { return type >= LC_Q2_K ? 256 : 32;
 
 static inline int64_t lc_x16_unit_bytes(int type) {
     switch (type) {
-    case LC_Q4_0: return 16 * 18;
-    case LC_Q4_1: return 16 * 20;
-    case LC_Q5_0: return 16 * 22;
-    case LC_Q5_1: return 16 * 24;
-    case LC_Q8_0: return 16 * 34;
-    case LC_Q2_K: return 16 * 84;
-    case LC_Q3_K: return 16 * 114;
-    case LC_Q4_K: return 16 * 148;
-    case LC_Q5_K: return 16 * 180;
-    default: return 16 * 210; /* LC_Q6_K */
+    case LC_Q4_0: return sizeof(lc_x16_q4_0);
+    case LC_Q4_1: return sizeof(lc_x16_q4_1);
+    case LC_Q5_0: return sizeof(lc_x16_q5_0);
+    case LC_Q5_1: return sizeof(lc_x16_q5_1);
+    case LC_Q8_0: return sizeof(lc_x16_q8_0);
+    case LC_Q2_K: return sizeof(lc_x16_q2_k);
+    case LC_Q3_K: return sizeof(lc_x16_q3_k);
+    case LC_Q4_K: return sizeof(lc_x16_q4_k);
+    case LC_Q5_K: return sizeof(lc_x16_q5_k);
+    default: return sizeof(lc_x16_q6_k);
     }
 }
 
