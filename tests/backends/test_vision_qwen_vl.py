@@ -97,6 +97,19 @@ def _hf_greedy(hf: Any, prompt: list[int], ref: Any, new: int) -> list[int]:
     return tokens[len(prompt) :]
 
 
+@pytest.fixture(scope="module")
+def moe_saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any, Path]:
+    folder = tmp_path_factory.mktemp("qwen3_5_moe")
+    return "qwen3_5_moe", tiny.write_folder("qwen3_5_moe", folder), folder
+
+
+def test_qwen3_5_moe_engine_greedy_equals_transformers(
+    moe_saved: tuple[str, Any, Path], tmp_path: Path
+) -> None:
+    """Qwen3.5-MoE's wrapper: the same tower and hybrid text path with sparse experts."""
+    test_engine_greedy_equals_transformers(moe_saved, tmp_path, 7)
+
+
 @pytest.mark.parametrize("chunk", [0, 7])
 def test_engine_greedy_equals_transformers(saved: tuple[str, Any, Path], tmp_path: Path, chunk: int) -> None:
     """Through LLMEngine + TorchRunner: M-RoPE positions, the scatter (and DeepStack), a prefill chunk

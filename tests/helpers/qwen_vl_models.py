@@ -111,6 +111,14 @@ def build(kind: str) -> Any:
         vision = {**VISION, "patch_size": 16, "num_position_embeddings": 36}
         config = Qwen3_5Config(text_config=QWEN3_5_TEXT, vision_config=vision, **ids)
         hf = Qwen3_5ForConditionalGeneration(config)
+    elif kind == "qwen3_5_moe":  # not in KINDS: one engine test
+        from transformers import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
+
+        vision = {**VISION, "patch_size": 16, "num_position_embeddings": 36}
+        moe = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+        text = {**QWEN3_5_TEXT, **moe, "shared_expert_intermediate_size": 32}
+        config = Qwen3_5MoeConfig(text_config=text, vision_config=vision, **ids)
+        hf = Qwen3_5MoeForConditionalGeneration(config)
     else:
         rope = {
             "rope_type": "default",
