@@ -45,8 +45,10 @@ def test_the_block_table_is_ggufs() -> None:
         member = GGMLQuantizationType[name]
         assert block.type_id == int(member)
         assert (block.values, block.size) == GGML_QUANT_SIZES[member]
-    assert blocks.X16_TYPES | blocks.IQ_TYPES | blocks.OTHER_TYPES == set(blocks.BLOCKS)
-    assert blocks.supports("Q4_K", 512) and not blocks.supports("Q4_K", 288) and not blocks.supports("F16", 64)
+    assert set(blocks.BLOCKS) == blocks.X16_TYPES | blocks.IQ_TYPES | blocks.OTHER_TYPES
+    assert (
+        blocks.supports("Q4_K", 512) and not blocks.supports("Q4_K", 288) and not blocks.supports("F16", 64)
+    )
 
 
 def test_the_step_structs_have_the_headers_sizes() -> None:
@@ -61,7 +63,9 @@ def test_the_library_sizes_the_x16_form_of_every_x16_type() -> None:
     for name in blocks.X16_TYPES:
         block = blocks.BLOCKS[name]
         stored = 16 * (1024 // block.values) * block.size
-        assert lib.lc_x16_bytes(block.type_id, 16, 1024) >= stored  # one whole panel: the stored bytes or more
+        assert (
+            lib.lc_x16_bytes(block.type_id, 16, 1024) >= stored
+        )  # one whole panel: the stored bytes or more
     assert lib.lc_x16_bytes(blocks.BLOCKS["IQ4_XS"].type_id, 16, 1024) == -1  # read in place, never repacked
 
 
