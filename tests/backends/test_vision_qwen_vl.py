@@ -246,3 +246,32 @@ def test_mrope_positions_equal_get_rope_index(saved: tuple[str, Any, Path], tmp_
     # past the prompt (decode): index + the delta transformers keeps
     last = int(theirs[:, 0, -1].max())
     assert (mrope_positions(images, len(prompt), len(prompt) + 2) == [[last + 1, last + 2]] * 3).all()
+
+
+def test_hub_layout_config_loads(tmp_path: Path) -> None:
+    """Qwen2.5-VL's hub config.json keeps the text keys at the top level with rope_scaling
+    {"type": "mrope", ...} and its preprocessor_config.json min/max_pixels: the same model loads from it."""
+    import json
+    import shutil
+
+    from localchat.vision.model_info import takes_images
+    from localchat.vision.qwen_vl_prompt import QwenImagePrompt
+    from localchat.weights.loader import load_model
+
+    folder = tmp_path / "hub"
+    tiny.write_folder("qwen2_5_vl", folder)
+    config = json.loads((folder / "config.json").read_text())
+    text = config.pop("text_config")
+    rope = text.pop("rope_parameters")
+    flat = {**text, **config, "model_type": "qwen2_5_vl", "rope_theta": rope["rope_theta"]}
+    flat["rope_scaling"] = {"type": "mrope", "mrope_section": rope["mrope_section"]}
+    (folder / "config.json").write_text(json.dumps(flat))
+    pixels = {"min_pixels": tiny.MIN_PIXELS, "max_pixels": tiny.MAX_PIXELS, "patch_size": 14, "merge_size": 2}
+    (folder / "preprocessor_config.json").write_text(json.dumps(pixels))
+    bundle = load_model(folder)
+    assert bundle.config.model_type == "qwen2_5_vl_text"
+    assert bundle.config.extra["mrope_section"] == [2, 3, 3] and bundle.config.rope_scaling is None
+    assert takes_images(folder)
+    spec = QwenImagePrompt.from_config(folder, flat).spec
+    assert (spec.min_pixels, spec.max_pixels, spec.patch_size) == (tiny.MIN_PIXELS, tiny.MAX_PIXELS, 14)
+    shutil.rmtree(folder)
