@@ -154,17 +154,16 @@ def test_16_value_k_quants_are_requantized_within_half_a_step(qtype: str, bits: 
 
 
 def test_other_types_and_dense_weights_are_dense() -> None:
-    """IQ4_NL (a table-indexed type with no affine form) is dequantized; so are float weights."""
+    """MXFP4 (a table-indexed type with no affine form, not re-quantized) is dequantized; so are float
+    weights. (The i-quants are re-quantized: test_mlx_iquants.py.)"""
     rng = np.random.default_rng(4)
     values = rng.standard_normal((8, 256)).astype(np.float32)
-    blocks = rng.integers(
-        0, 256, size=(8, 8, 18), dtype=np.uint8
-    )  # 8 blocks of 32: d, then 16 bytes of indices
-    blocks[..., 0:2] = np.frombuffer(np.float16(0.25).tobytes(), dtype=np.uint8)
+    blocks = rng.integers(0, 256, size=(8, 8, 17), dtype=np.uint8)  # 8 blocks of 32: e8m0, 16 bytes of codes
+    blocks[..., 0] = 126  # scale 2^-2 (as ggml reads it)
     blocks = blocks.reshape(8, -1)
-    weight = to_weight(WeightTensor("w", (8, 256), "IQ4_NL", blocks), mx.float32)
+    weight = to_weight(WeightTensor("w", (8, 256), "MXFP4", blocks), mx.float32)
     assert isinstance(weight, DenseWeight) and weight.shape == (8, 256)
-    np.testing.assert_array_equal(np.array(weight.wt).T, dequantize(blocks, GGMLQuantizationType.IQ4_NL))
+    np.testing.assert_array_equal(np.array(weight.wt).T, dequantize(blocks, GGMLQuantizationType.MXFP4))
     bf16 = (values.view(np.uint32) >> 16).astype(np.uint16)
     dense = to_weight(WeightTensor("w", (8, 256), "BF16", bf16), mx.float32)
     assert isinstance(dense, DenseWeight)

@@ -6,8 +6,10 @@ floats. So do Q5_0, Q5_1, Q4_K and Q5_K (localchat/backends/mlx/gguf_blocks.py: 
 scale and bias are GGUF's per-32 sub-block values). Q6_K, Q3_K and Q2_K have scales per 16 values and no
 group-32 form: they are re-quantized to min/max groups of 32 (each value within half a step of its group's
 range), Q6_K to 8 bits (8.5 bits per weight instead of 6.56), Q3_K to 5 (6 instead of 3.44), Q2_K to 4
-(5 instead of 2.63), against 16 dequantized. Other quantized types (IQ*) are dequantized to the compute
-dtype. Hugging Face GPTQ / AWQ / compressed-tensors int4 and FP8 / int8 linears arrive as Q4_1 / Q4_0 /
+(5 instead of 2.63), against 16 dequantized. The i-quants (codebook grids, no affine form) are re-quantized
+the same way, each to the fewest bits whose error stays within 5% of the type's own (table at
+REQUANTIZED); the ternary TQ1_0 / TQ2_0 ({-d, 0, d}) map exactly onto 2-bit groups (scale d, bias -d).
+Other quantized types are dequantized to the compute dtype. Hugging Face GPTQ / AWQ / compressed-tensors int4 and FP8 / int8 linears arrive as Q4_1 / Q4_0 /
 Q8_0 blocks (weights/hf_quant.py; their error against the checkpoint is stated there) and map the same way.
 
 | GGUF block | value | MLX q (unsigned) | scale | bias |
@@ -46,7 +48,30 @@ NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0", *EXACT_TYPES)
 # keep the added error small beside the type's own. Relative RMS error against the original weights
 # (random normal, tests/helpers/kquants.py's encoders): Q3_K 0.181 as stored, 0.186 at 5 bits (4: 0.198);
 # Q2_K 0.329 as stored, 0.335 at 4 bits. Q6_K at 8 stays within a quarter of its own step.
-REQUANTIZED = {"Q6_K": 8, "Q3_K": 5, "Q2_K": 4}
+# i-quants (llama-quantize on normal weights, a flat importance matrix; own error -> with the re-quantization,
+# and at one bit fewer): IQ4_NL / IQ4_XS 0.075 -> 0.077 at 6 bits (5: 0.082); IQ3_S 0.137 -> 0.143 at 5
+# (4: 0.160); IQ3_XXS 0.182 -> 0.188 at 5 (4: 0.195); IQ2_S 0.249 -> 0.259 at 4 (3: 0.298); IQ2_XS 0.300
+# -> 0.308 at 4; IQ2_XXS 0.344 -> 0.347 at 4; IQ1_M 0.451 -> 0.469 at 3; IQ1_S 0.485 -> 0.491 at 4 (3:
+# 0.513). docs/backends.md has the table.
+REQUANTIZED = {
+    "Q6_K": 8,
+    "Q3_K": 5,
+    "Q2_K": 4,
+    "IQ4_NL": 6,
+    "IQ4_XS": 6,
+    "IQ3_S": 5,
+    "IQ3_XXS": 5,
+    "IQ2_S": 4,
+    "IQ2_XS": 4,
+    "IQ2_XXS": 4,
+    "IQ1_M": 3,
+    "IQ1_S": 4,
+    "TQ1_0": 2,
+    "TQ2_0": 2,
+}
+# values d (t - 1), t in 0..2 (TQ2_0's 2-bit field also admits 3): 2-bit codes t, scale d, bias -d, exactly.
+# (byte offset of the fp16 d in the 256-value block, block bytes)
+TERNARY = {"TQ1_0": (52, 54), "TQ2_0": (64, 66)}
 # GGUF type -> (bytes per 32-value block, bits per value in MLX).
 _BLOCKS = {"Q4_0": (18, 4), "Q4_1": (20, 4), "Q8_0": (34, 8)}
 
@@ -153,9 +178,13 @@ def _requantized(weight: WeightTensor, dtype: mx.Dtype, dense_from_rows: int) ->
     bits = REQUANTIZED[weight.dtype]
     values = weight.dequantize().astype(np.float32)
     groups = values.reshape(values.shape[0], -1, GROUP_SIZE)
-    low, high = groups.min(-1), groups.max(-1)
-    scale = (high - low) / np.float32(2**bits - 1)
-    safe = np.where(scale > 0, scale, np.float32(1))
+    if weight.dtype in TERNARY:  # min/max would put 0 between two levels: scale d, bias -d instead
+        scale = np.repeat(_ternary_scales(weight), 256 // GROUP_SIZE, axis=1)
+        low = -scale
+    else:
+        low, high = groups.min(-1), groups.max(-1)
+        scale = (high - low) / np.float32(2**bits - 1)
+    safe = np.where(scale != 0, scale, np.float32(1))  # a ternary d may be negative
     codes = np.clip(np.rint((groups - low[..., None]) / safe[..., None]), 0, 2**bits - 1).astype(np.uint8)
     packed = pack_codes(codes.reshape(values.shape[0], -1), bits)
     return QuantizedWeight(
@@ -165,6 +194,13 @@ def _requantized(weight: WeightTensor, dtype: mx.Dtype, dense_from_rows: int) ->
         bits,
         dense_from_rows=dense_from_rows,
     )
+
+
+def _ternary_scales(weight: WeightTensor) -> np.ndarray:
+    """TQ1_0 / TQ2_0: each 256-value block's d, float32 [rows, blocks]."""
+    at, size = TERNARY[weight.dtype]
+    blocks = np.ascontiguousarray(weight.data).reshape(weight.shape[0], -1, size)
+    return blocks[..., at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
 
 
 def to_dense(weight: WeightTensor, dtype: mx.Dtype) -> mx.array:
