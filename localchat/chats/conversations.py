@@ -14,17 +14,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from localchat.attachments.kinds import AttachmentError
 from localchat.attachments.prepare import AttachmentRules, Upload, prepare
-from localchat.attachments.text import context_block
+from localchat.chats.active_answer import ActiveAnswer, Approval, harmony_reader, tell, turn_calls
+from localchat.chats.history import Pictures, chat_messages
 from localchat.chats.records import (
     DONE,
     ERROR,
@@ -47,8 +46,6 @@ from localchat.mcp import ui_turns
 from localchat.mcp.hub import ToolRun
 from localchat.mcp.trust import CONSENT_FILE, DENIED, ConsentStore
 from localchat.serving.generation import resolve_chat_max_tokens, resolve_sampling
-from localchat.serving.harmony import HarmonyThinkText
-from localchat.serving.tool_parsers import ParsedCall
 from localchat.vision.chat_prompt import chat_prompt_with_images
 from localchat.vision.content import ImageLimits
 from localchat.vision.model_info import takes_images
@@ -59,12 +56,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-# The bytes of the pictures the model is shown, by attachment id; None when the model does not see images.
-Pictures = dict[int, bytes] | None
 
 SAVE_INTERVAL_S = 0.5
 MAX_MESSAGE_CHARS = 200_000
-_THINK_BLOCK = re.compile(r"<think>.*?(</think>|$)", re.S)
 _STATUS = {
     FinishReason.STOP: DONE,
     FinishReason.LENGTH: DONE,
@@ -74,44 +68,6 @@ _STATUS = {
 INTERRUPTED = "The server stopped before this answer was finished. Regenerate it to try again."
 NOT_RUN = "Not run: the answer was stopped."
 DECISIONS = ("allow", "deny", "always")
-
-
-@dataclass(slots=True)
-class Approval:
-    """An MCP call the model made, waiting for the user's Allow / Deny in the web UI."""
-
-    id: str
-    server: str
-    name: str
-    arguments: str
-    decided: asyncio.Future[str]  # "allow" | "deny" | "always" | "stop"
-
-
-@dataclass(slots=True)
-class ActiveAnswer:
-    """An answer the web UI is generating into a stored conversation (serving.generation.Generation is
-    an API request's choices)."""
-
-    conversation_id: str
-    message_id: int
-    req_id: str
-    ctx: ServerContext  # the model writing the answer (stop aborts there; tool calls continue there)
-    text: str = ""
-    started_at: float = field(default_factory=time.monotonic)
-    first_token_at: float | None = None
-    saved_at: float = field(default_factory=time.monotonic)
-    listeners: list[asyncio.Queue[tuple[str, str]]] = field(default_factory=list)
-    turn_start: int = 0  # where the current model turn's text begins (after MCP tool runs)
-    turns: int = 0
-    stop_requested: bool = False  # Stop pressed, maybe while MCP tools ran between two model turns
-    approval: Approval | None = None  # the MCP call waiting for the user, if any
-    # gpt-oss (harmony): the model turn's channels rewritten as the `<think>` form answers are stored in
-    harmony: HarmonyThinkText | None = None
-
-
-def strip_thinking(text: str) -> str:
-    """The answer without its `<think>` part: reasoning is not sent back to the model."""
-    return _THINK_BLOCK.sub("", text).strip()
 
 
 class ChatService:
@@ -382,13 +338,13 @@ class ChatService:
             return await self.in_store_thread(self.store.get_message, answer.id)
         history = [m for m in stored if m.id < answer.id]
         try:
-            messages = _chat_messages(conv, history, ctx.tool_parser.template_call_id, pictures)
+            messages = chat_messages(conv, history, ctx.tool_parser.template_call_id, pictures)
             tools = ui_turns.mcp_tools(ctx)
             _, prompt_ids, images = await chat_prompt_with_images(ctx, messages, tools)  # off the loop
             params = self.sampling_params(conv, ctx)
             self._next += 1
             gen = ActiveAnswer(conv.id, answer.id, f"ui-{answer.id}-{self._next}", ctx)
-            gen.harmony = _harmony_reader(ctx, tools)
+            gen.harmony = harmony_reader(ctx, tools)
             # A template that opens the reasoning block itself (e.g. DeepSeek-R1) leaves the model inside it.
             tail = ctx.model.tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False)
             if tail.rstrip().endswith("<think>"):
@@ -434,7 +390,7 @@ class ChatService:
 
     def _finish(self, gen: ActiveAnswer, out: RequestOutput, now: float) -> None:
         if out.finish_reason == FinishReason.STOP and gen.turns < ui_turns.MAX_TURNS - 1:
-            content, calls = _turn_calls(gen)
+            content, calls = turn_calls(gen)
             if calls:  # the server runs the MCP calls, then the model goes on with their results
                 asyncio.get_running_loop().create_task(self._run_tools(gen, content, calls))
                 return
@@ -502,14 +458,14 @@ class ChatService:
             )
             history = [m for m in stored if m.id < gen.message_id]
             call_id = ctx.tool_parser.template_call_id
-            messages = _chat_messages(conv, history, call_id, pictures)
+            messages = chat_messages(conv, history, call_id, pictures)
             messages += ui_turns.answer_messages(gen.text, call_id)
             # The last turn is rendered without tools, so the model answers in words.
             tools = ui_turns.mcp_tools(ctx) if gen.turns < ui_turns.MAX_TURNS - 1 else None
             _, prompt_ids, images = await chat_prompt_with_images(ctx, messages, tools)  # off the loop
             self._next += 1
             gen.req_id = f"ui-{gen.message_id}-{self._next}"
-            gen.harmony = _harmony_reader(ctx, tools)
+            gen.harmony = harmony_reader(ctx, tools)
             loop = asyncio.get_running_loop()
             ctx.engine.submit(
                 prompt_ids,
@@ -529,12 +485,12 @@ class ChatService:
             return "allow"
         decided: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         gen.approval = Approval(f"{gen.req_id}-{n}", server, call.name, call.arguments, decided)
-        _tell(gen, ("approval", gen.approval.id))
+        tell(gen, ("approval", gen.approval.id))
         try:
             decision = await decided
         finally:
             gen.approval = None
-            _tell(gen, ("approval", ""))
+            tell(gen, ("approval", ""))
         if decision == "always":
             try:
                 await self.in_store_thread(self.consent.allow, server, call.name)
@@ -573,29 +529,6 @@ class ChatService:
         self._by_message.pop(message_id, None)
 
 
-def _harmony_reader(ctx: ServerContext, tools: list[dict[str, Any]] | None) -> HarmonyThinkText | None:
-    """A fresh reader per model turn for a model whose output keeps its special tokens (harmony); calls
-    to the offered MCP tools are kept aside for `_turn_calls`."""
-    if not ctx.tool_parser.keeps_special_tokens:
-        return None
-    return HarmonyThinkText({t["function"]["name"] for t in tools or ()})
-
-
-def _turn_calls(gen: ActiveAnswer) -> tuple[str, list[ParsedCall]]:
-    """(the model turn's text without its calls, the MCP calls it made)."""
-    turn = gen.text[gen.turn_start :]
-    if gen.harmony is None:
-        return ui_turns.find_calls(gen.ctx, turn)
-    # harmony calls are messages to `functions.NAME`, read as they streamed: the text already lacks them
-    parser = gen.ctx.tool_parser
-    return turn, [ParsedCall(parser.new_call_id(), name, args) for name, args in gen.harmony.calls]
-
-
-def _tell(gen: ActiveAnswer, event: tuple[str, str]) -> None:
-    for queue in gen.listeners:
-        queue.put_nowait(event)
-
-
 def _log_failure(future: Future[object]) -> None:
     if not future.cancelled() and (exc := future.exception()) is not None:
         log.error("saving an answer failed: %s", exc, exc_info=exc)
@@ -616,44 +549,3 @@ def _check_text(text: str) -> str:
             f"The message is longer than {MAX_MESSAGE_CHARS:,} characters.", param="content"
         )
     return text
-
-
-def _chat_messages(
-    conv: Conversation,
-    history: list[Message],
-    call_id: Callable[[str], str] = str,
-    pictures: Pictures = None,
-) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = []
-    if conv.system_prompt.strip():
-        messages.append({"role": "system", "content": conv.system_prompt})
-    for m in history:
-        if m.role == "assistant":
-            content = strip_thinking(m.content)
-            if m.status == ERROR or not content:
-                continue  # a failed or empty answer is not part of what the model said
-            messages += ui_turns.answer_messages(content, call_id)
-        else:
-            messages.append({"role": m.role, "content": _user_content(m, pictures)})
-    return messages
-
-
-def _user_content(m: Message, pictures: Pictures) -> str | list[dict[str, Any]]:
-    """A user message as the model reads it: its documents (fenced, under their file names), its words,
-    and its pictures as image parts for a model that sees them (named in words for one that does not)."""
-    blocks = [context_block(a.name, a.text or "", a.truncated) for a in m.attachments if a.kind == "document"]
-    images = [a for a in m.attachments if a.kind == "image"]
-    if pictures is None:
-        blocks += [f"[Picture {a.name}: not shown, this model does not see images]" for a in images]
-        images = []
-    else:
-        blocks += [
-            f"[Picture {a.name}: an earlier picture, not shown again]" for a in images if a.id not in pictures
-        ]
-        images = [a for a in images if a.id in pictures]
-    text = "\n\n".join([*blocks, m.content] if m.content.strip() else blocks)
-    if not images or pictures is None:
-        return text
-    parts: list[dict[str, Any]] = [{"type": "image_bytes", "data": pictures[a.id]} for a in images]
-    # The words first, then the pictures: the order OpenAI clients send them in most often.
-    return [{"type": "text", "text": text}, *parts] if text else parts

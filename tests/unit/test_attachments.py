@@ -168,7 +168,8 @@ def test_export_carries_pictures_and_documents_and_import_restores_them(tmp_path
 def test_the_prompt_shows_the_newest_pictures_and_names_the_rest(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from localchat.chats.conversations import ChatService, _chat_messages
+    from localchat.chats.conversations import ChatService
+    from localchat.chats.history import chat_messages
 
     store = Store(tmp_path / "c.sqlite3")
     red, blue = png(), png((0, 0, 200))
@@ -185,7 +186,7 @@ def test_the_prompt_shows_the_newest_pictures_and_names_the_rest(tmp_path: Path)
         settings=SimpleNamespace(max_images_per_request=1), model=SimpleNamespace(path=folder)
     )
     pictures = ChatService(store, None)._pictures(history, ctx)  # type: ignore[arg-type]
-    one, two = _chat_messages(conv, history, pictures=pictures)
+    one, two = chat_messages(conv, history, pictures=pictures)
     # Only one picture per request here: the newest is shown, the older one is named.
     assert (
         one["content"]
@@ -195,5 +196,5 @@ def test_the_prompt_shows_the_newest_pictures_and_names_the_rest(tmp_path: Path)
     ctx.model.path = tmp_path  # a text-only model: every picture is named
     pictures = ChatService(store, None)._pictures(history, ctx)  # type: ignore[arg-type]
     assert pictures is None
-    _, two = _chat_messages(conv, history, pictures=pictures)
+    _, two = chat_messages(conv, history, pictures=pictures)
     assert two["content"] == "[Picture blue.png: not shown, this model does not see images]\n\ntwo"

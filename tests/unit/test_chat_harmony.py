@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from litestar.testing import TestClient
 
-from localchat.chats.conversations import _chat_messages
+from localchat.chats.history import chat_messages
 from localchat.chats.records import DONE
 from tests.ui.web_app import fake_app, web_state
 
@@ -80,7 +80,7 @@ def test_harmony_answer_is_stored_as_thinking_and_answer(client: TestClient[Any]
     assert "|&gt;" not in shown and "|>" not in shown
     # The next prompt carries the answer only, as for a `<think>` model: reasoning is not sent back.
     conv = web_state(client.app).store.get_conversation(conv_id)
-    history = _chat_messages(conv, [user, answer])
+    history = chat_messages(conv, [user, answer])
     assert history[-1] == {"role": "assistant", "content": "Hello **there**!"}
 
 
