@@ -11,27 +11,18 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from localchat.engine.config import EngineConfig
-from localchat.engine.sampling_params import SamplingParams
-from localchat.engine.speculative import SPECULATIVE_METHODS, SpeculativeConfig
-from localchat.errors import BackendUnavailableError, LocalchatError
+from localchat.engine.speculative import SpeculativeConfig
+from localchat.errors import BackendUnavailableError
 from localchat.loopback import is_loopback_host
-
-BACKEND_CHOICES = ("auto", "torch", "mlx", "fake")
-LOG_LEVELS = ("debug", "info", "warning", "error")
-# Mirrors localchat.serving.tool_parsers.PARSER_CHOICES (checked by a test; the server is not imported here).
-TOOL_CALL_PARSERS = ("auto", "hermes", "llama3", "mistral", "harmony", "json")
-ISQ_CHOICES = ("q4", "q8_0", "q4_k", "q4_0")
-KV_CACHE_DTYPES = ("auto", "bf16", "int8")
-# A context shorter than this cannot hold a chat template, a question and a reply: refused at startup.
-MIN_CONTEXT_TOKENS = 256
-
-
-class SettingsError(LocalchatError):
-    """A flag or LOCALCHAT_* variable holds a value we cannot use."""
-
-    status = 400
-    type = "invalid_settings"
-    code = "invalid_setting"
+from localchat.settings_rules import (
+    BACKEND_CHOICES,
+    ISQ_CHOICES,
+    KV_CACHE_DTYPES,
+    LOG_LEVELS,
+    TOOL_CALL_PARSERS,
+    SettingsError,
+    check_settings,
+)
 
 
 def _bool(text: str) -> bool:
@@ -481,83 +472,7 @@ class Settings:
         )
 
     def validate(self) -> Settings:
-        for name, allowed in (
-            ("backend", BACKEND_CHOICES),
-            ("log", LOG_LEVELS),
-            ("tool_call_parser", TOOL_CALL_PARSERS),
-            ("kv_cache_dtype", KV_CACHE_DTYPES),
-            ("speculative", SPECULATIVE_METHODS),
-        ):
-            if getattr(self, name) not in allowed:
-                flag = "--" + name.replace("_", "-")
-                raise SettingsError(
-                    f"{flag} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}.", param=name
-                )
-        if self.isq is not None and self.isq not in ISQ_CHOICES:
-            raise SettingsError(
-                f"--isq must be one of {', '.join(ISQ_CHOICES)}, got {self.isq!r}.", param="isq"
-            )
-        if self.tensor_parallel_size < 1:
-            raise SettingsError(
-                f"--tensor-parallel-size must be at least 1, got {self.tensor_parallel_size}.",
-                param="tensor_parallel_size",
-            )
-        if self.pipeline_parallel_size < 1:
-            raise SettingsError(
-                f"--pipeline-parallel-size must be at least 1, got {self.pipeline_parallel_size}.",
-                param="pipeline_parallel_size",
-            )
-        if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
-            raise SettingsError(
-                "--tensor-parallel-size and --pipeline-parallel-size do not combine yet: use one of them.",
-                param="pipeline_parallel_size",
-            )
-        if self.gpu_layers is not None and self.gpu_layers < 0:
-            raise SettingsError(f"--gpu-layers must be >= 0, got {self.gpu_layers}.", param="gpu_layers")
-        if not all(part.strip().isdigit() for part in _list(self.device_ids)):
-            raise SettingsError(
-                f"--device-ids takes GPU numbers like 0,1, got {self.device_ids!r}.", param="device_ids"
-            )
-        if not 0 <= self.port <= 65535:
-            raise SettingsError(f"--port must be in [0, 65535], got {self.port}.", param="port")
-        if self.max_body_mib <= 0:
-            raise SettingsError("--max-body-mib must be > 0.", param="max_body_mib")
-        if self.max_gen_tokens < 1:
-            raise SettingsError("--max-gen-tokens must be >= 1.", param="max_gen_tokens")
-        if self.chat_max_tokens < 1:
-            raise SettingsError("--chat-max-tokens must be >= 1.", param="chat_max_tokens")
-        if self.max_images_per_request < 1:
-            raise SettingsError("--max-images-per-request must be >= 1.", param="max_images_per_request")
-        if self.max_image_mib < 1:
-            raise SettingsError("--max-image-mib must be >= 1.", param="max_image_mib")
-        if self.loop_stop < 0:
-            raise SettingsError("--loop-stop must be >= 0 (0 disables it).", param="loop_stop")
-        if self.threads is not None and self.threads < 1:
-            raise SettingsError("--threads must be >= 1.", param="threads")
-        if self.shutdown_timeout < 0:
-            raise SettingsError("--shutdown-timeout must be >= 0.", param="shutdown_timeout")
-        if self.max_loaded_models < 1:
-            raise SettingsError("--max-loaded-models must be >= 1.", param="max_loaded_models")
-        if self.max_model_len is not None and self.max_model_len < MIN_CONTEXT_TOKENS:
-            raise SettingsError(
-                f"--max-model-len {self.max_model_len} is too short for a chat; the smallest that works is "
-                f"--max-model-len {MIN_CONTEXT_TOKENS} (or leave it out to use the model's own).",
-                param="max_model_len",
-            )
-        if self.max_queue_len < 0:
-            raise SettingsError("--max-queue-len must be >= 0.", param="max_queue_len")
-        if sum(x is not None for x in (self.weights, self.file, self.model)) > 1 and not self.url:
-            raise SettingsError("Pass only one of --w/--weights, --f/--file and --m/--model.", param="model")
-        try:
-            self.engine_config().validate()
-        except LocalchatError as exc:
-            raise SettingsError(exc.message, param=exc.param) from None
-        try:  # a bad default would otherwise fail every request that leaves the field out
-            defaults: dict[str, Any] = dict(self.sampling_defaults)
-            SamplingParams(**defaults)
-        except LocalchatError as exc:
-            flag = f"--{(exc.param or 'sampling').replace('_', '-')}"
-            raise SettingsError(f"{flag}: {exc.message}", param=exc.param) from None
+        check_settings(self)
         return self
 
     @classmethod

@@ -8,11 +8,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from localchat.config import MIN_CONTEXT_TOKENS, SettingsError
+from localchat.config import SettingsError
 from localchat.engine.async_engine import AsyncEngine
 from localchat.engine.engine import LLMEngine
 from localchat.serving.context import ServerContext
 from localchat.serving.draft_model import load_draft_runner, load_eagle_proposer
+from localchat.settings_rules import MIN_CONTEXT_TOKENS
 
 if TYPE_CHECKING:
     from localchat.backends import RunnerOptions

@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from localchat.config import MIN_CONTEXT_TOKENS
 from localchat.engine.interface import KVCacheSpec
 from localchat.serving.assembly import check_kv_budget
+from localchat.settings_rules import MIN_CONTEXT_TOKENS
 from tests.helpers.fake_app import fake_settings
 from tests.helpers.live_server import REPO, free_port, live_server
 
