@@ -19,16 +19,24 @@ SMOL_HIDDEN, SMOL_VOCAB = 576, 49152
 HEADS, KV_HEADS, HEAD_DIM, FFN, DRAFT_VOCAB = 2, 1, 32, 64, 512
 
 
-def smollm2_head(folder: Path) -> Path:
+def random_eagle_head(
+    folder: Path,
+    hidden: int,
+    vocab: int,
+    aux_layers: list[int] | None = None,
+    target_hidden: int | None = None,
+) -> Path:
+    """A random EAGLE-3 head in vLLM's layout over a DRAFT_VOCAB-token draft vocabulary (d2t, t2d), without
+    its own embedding; `target_hidden`: the hidden size it claims to read (default: `hidden`)."""
     gen = torch.Generator().manual_seed(0)
 
     def rand(*shape: int) -> torch.Tensor:
         return 0.05 * torch.randn(*shape, generator=gen)
 
-    h = SMOL_HIDDEN
-    targets = torch.randperm(SMOL_VOCAB, generator=gen)[:DRAFT_VOCAB].sort().values
+    h, th = hidden, target_hidden or hidden
+    targets = torch.randperm(vocab, generator=gen)[:DRAFT_VOCAB].sort().values
     tensors = {
-        "fc.weight": rand(h, 3 * h),
+        "fc.weight": rand(h, 3 * th),
         "midlayer.input_layernorm.weight": torch.ones(h),
         "midlayer.hidden_norm.weight": torch.ones(h),
         "midlayer.self_attn.q_proj.weight": rand(HEADS * HEAD_DIM, 2 * h),
@@ -42,10 +50,10 @@ def smollm2_head(folder: Path) -> Path:
         "norm.weight": torch.ones(h),
         "lm_head.weight": rand(DRAFT_VOCAB, h),
         "d2t": targets - torch.arange(DRAFT_VOCAB),
-        "t2d": torch.zeros(SMOL_VOCAB, dtype=torch.bool).index_fill(0, targets, True),
+        "t2d": torch.zeros(vocab, dtype=torch.bool).index_fill(0, targets, True),
     }
     folder.mkdir()
-    config = {
+    config: dict[str, object] = {
         "architectures": ["LlamaForCausalLMEagle3"],
         "hidden_size": h,
         "intermediate_size": FFN,
@@ -54,9 +62,12 @@ def smollm2_head(folder: Path) -> Path:
         "head_dim": HEAD_DIM,
         "num_hidden_layers": 1,
         "rms_norm_eps": 1e-5,
-        "vocab_size": SMOL_VOCAB,
+        "vocab_size": vocab,
         "draft_vocab_size": DRAFT_VOCAB,
+        "target_hidden_size": th,
     }
+    if aux_layers is not None:
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": aux_layers}
     (folder / "config.json").write_text(json.dumps(config))
     save_file(tensors, str(folder / "model.safetensors"))
     return folder
@@ -68,7 +79,10 @@ def test_llm_takes_the_speculative_settings(smollm2_gguf: Path, tmp_path: Path) 
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     plain = LLM(smollm2_gguf, backend="torch").chat(messages, params).token_ids
     eagle = LLM(
-        smollm2_gguf, backend="torch", speculative="eagle", draft_model=smollm2_head(tmp_path / "head")
+        smollm2_gguf,
+        backend="torch",
+        speculative="eagle",
+        draft_model=random_eagle_head(tmp_path / "head", SMOL_HIDDEN, SMOL_VOCAB),
     )
     assert eagle.chat(messages, params).token_ids == plain
     stats = eagle.engine.stats()
