@@ -243,3 +243,20 @@ def test_a_stage_too_big_for_its_gpu_says_what_to_change() -> None:
         check_stage_bytes(
             config, 1, range(16, 32), True, "cuda:1", "--pipeline-parallel-size 2", 16 * gib, 6 * gib
         )
+
+
+def test_pp3_passes_through_a_middle_stage() -> None:
+    """3 stages of one layer each: rank 1 receives from rank 0 and sends to rank 2, which samples."""
+    torch.set_num_threads(1)
+    reference = fp32_runner(family_bundle("qwen3"))
+    expected = chunked_and_preempted(reference)
+    options = replace(PP2, pipeline_parallel_size=3)
+    with exact_weights():
+        runner = ParallelRunner(
+            family_bundle("qwen3"), options, load=functools.partial(family_bundle, "qwen3")
+        )
+    try:
+        assert list(cast(StageRunner, runner.runner).plan.layers) == [0]
+        assert chunked_and_preempted(cast(TorchRunner, runner)) == expected
+    finally:
+        runner.shutdown()

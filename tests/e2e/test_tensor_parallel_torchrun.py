@@ -1,6 +1,6 @@
 """Two "nodes" on 127.0.0.1: `torchrun --nnodes 2 --node-rank {0,1} --nproc-per-node 1 -m localchat
-serve --tp 2`. Rank 0 serves HTTP and the engine, rank 1 only runs the steps it is sent; the greedy
-chat answer equals `--tp 1`'s, and stopping rank 0 ends rank 1 cleanly."""
+serve --tp 2` (and `--pp 2`). Rank 0 serves HTTP and the engine, rank 1 only runs the steps it is
+sent; the greedy chat answer equals `--tp 1`'s, and stopping rank 0 ends rank 1 cleanly."""
 
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ def _torchrun(node_rank: int, master_port: int, serve_args: list[str], log: Path
     return subprocess.Popen(cmd, cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
 
 
-def test_two_torchrun_nodes_answer_like_one_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flag", ["--tp", "--pp"])  # --pp: node 0 holds layer 0, node 1 layer 1
+def test_two_torchrun_nodes_answer_like_one_rank(tmp_path: Path, flag: str) -> None:
     cfg = tiny_config()
     model = write_tiny_gguf(tmp_path / "tiny.gguf", random_state_dict(cfg, seed=3), cfg, qtype="F32")
     args = [*server_args("torch", model), "--device", "cpu", "--threads", "1"]
@@ -64,7 +65,7 @@ def test_two_torchrun_nodes_answer_like_one_rank(tmp_path: Path) -> None:
         expected = client.post("/v1/chat/completions", json=CHAT).json()["choices"][0]["message"]["content"]
 
     port = free_port()
-    serve_args = [*args, "--tp", "2", "--p", str(port), "--no-ui"]
+    serve_args = [*args, flag, "2", "--p", str(port), "--no-ui"]
     logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
     master_port = free_port()
     nodes = [_torchrun(rank, master_port, serve_args, logs[rank]) for rank in (0, 1)]
