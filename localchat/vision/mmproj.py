@@ -75,7 +75,7 @@ def _mmproj_metadata(path: Path, mtime_ns: int) -> dict[str, Any]:
             "clip.vision.block_count", "clip.vision.attention.head_count",
             "clip.vision.attention.layer_norm_epsilon", "clip.vision.projector.scale_factor",
             "clip.vision.image_mean", "clip.vision.image_std", "clip.use_gelu",
-            "clip.vision.feature_layer")  # fmt: skip
+            "clip.vision.feature_layer", "clip.vision.image_grid_pinpoints")  # fmt: skip
     meta = {key: _value(reader, key) for key in keys}
     # the projector's matrices' shapes (ne order: input width first): the output width is the text's
     meta["tensors"] = {t.name: [int(d) for d in t.shape] for t in reader.tensors if t.name.startswith("mm.")}
@@ -111,7 +111,15 @@ def gguf_vision_config(model_file: Path, mmproj: Path) -> dict[str, Any]:
             f"{arch!r}: localchat pairs {', '.join(f'{k} projectors with {a}' for k, a in PROJECTORS.items())}. "
             "Use the mmproj file published with this model (--mmproj PATH)."
         )
-    width = meta["tensors"]["mm.2.weight"][-1] if kind == "mlp" else meta["clip.vision.projection_dim"]
+    if kind == "mlp" and meta["clip.vision.image_grid_pinpoints"]:
+        raise MmprojMismatchError(
+            f"The vision projector {mmproj.name} is LLaVA-NeXT's (1.6: pictures tiled over a grid of "
+            "resolutions); localchat runs LLaVA 1.5-style projectors only so far. Load the model without "
+            "--mmproj to chat with it without images."
+        )
+    width = (
+        meta["tensors"].get("mm.2.weight", [0])[-1] if kind == "mlp" else meta["clip.vision.projection_dim"]
+    )
     if int(width or 0) != hidden:
         raise MmprojMismatchError(
             f"The vision projector {mmproj.name} writes embeddings of width "
@@ -164,6 +172,11 @@ def paired_vision_config(model_file: Path) -> dict[str, Any] | None:
         tokens = _text_metadata(model_file, model_file.stat().st_mtime_ns)[2]
         if IMAGE_TOKENS[kind] not in tokens:
             log.warning("%s has no <image> token: %s is not paired, images unsupported", model_file, mmproj)
+            return None
+        if mmproj_metadata(mmproj)["clip.vision.image_grid_pinpoints"]:
+            log.warning(
+                "%s is a LLaVA-NeXT projector (not run yet): %s chats without images", mmproj, model_file
+            )
             return None
     return gguf_vision_config(model_file, mmproj)
 
