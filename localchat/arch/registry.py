@@ -99,8 +99,15 @@ def _entries() -> list[Architecture]:
             hf_defaults=qwen_defaults,
             gguf_arch="qwen3",
         ),
-        # Qwen2.5-VL / Qwen3-VL (…ForConditionalGeneration): the text LM with M-RoPE, the vision tower in
+        # Qwen2-VL / Qwen2.5-VL / Qwen3-VL (…ForConditionalGeneration): the text LM with M-RoPE, the vision tower in
         # backends/<lib>/vision/qwen_vl.py. A hub config.json of Qwen2.5-VL keeps the text keys at the top.
+        Architecture("qwen2_vl", "qwen2_vl", text_config_key="text_config", weight_prefixes=QWEN_VL_PREFIXES),
+        Architecture(
+            "qwen2_vl_text",
+            "qwen2_vl",
+            hf_defaults={**qwen_defaults, "attention_bias": True},
+            extra_keys={"o_bias": False, **MROPE_KEYS},
+        ),
         Architecture(
             "qwen2_5_vl", "qwen2_vl", text_config_key="text_config", weight_prefixes=QWEN_VL_PREFIXES
         ),

@@ -17,7 +17,7 @@ from localchat.vision.qwen_vl_preprocess import QwenImageSpec, preprocess_qwen
 
 IMAGE_PAD = "<|image_pad|>"
 # Qwen3.5 (and its MoE) carry Qwen3-VL's tower without DeepStack.
-QWEN_VL_TYPES = frozenset({"qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe"})
+QWEN_VL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe"})
 
 
 @dataclass(frozen=True, slots=True)

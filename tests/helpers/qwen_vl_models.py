@@ -49,7 +49,7 @@ VISION: dict[str, Any] = {
     "spatial_merge_size": 2,
     "temporal_patch_size": 2,
 }
-KINDS = ("qwen2_5_vl", "qwen3_vl", "qwen3_5")
+KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")
 # Qwen3.5's hybrid text model (gated DeltaNet + full attention every 2nd layer), M-RoPE on half of head_dim.
 QWEN3_5_TEXT: dict[str, Any] = {
     **TEXT,
@@ -72,11 +72,11 @@ QWEN3_5_TEXT: dict[str, Any] = {
 
 
 def patch_size(kind: str) -> int:
-    return 14 if kind == "qwen2_5_vl" else 16
+    return 14 if kind in ("qwen2_vl", "qwen2_5_vl") else 16
 
 
 def image_processor(kind: str) -> Qwen2VLImageProcessorPil:
-    mean = None if kind == "qwen2_5_vl" else [0.5, 0.5, 0.5]
+    mean = None if kind in ("qwen2_vl", "qwen2_5_vl") else [0.5, 0.5, 0.5]
     extra = {} if mean is None else {"image_mean": mean, "image_std": mean}
     return Qwen2VLImageProcessorPil(
         patch_size=patch_size(kind), size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}, **extra
@@ -98,13 +98,22 @@ def build(kind: str) -> Any:
         "vision_start_token_id": START,
         "vision_end_token_id": END,
     }
-    if kind == "qwen2_5_vl":
+    config: Any
+    hf: Any
+    vision: dict[str, Any]
+    rope: dict[str, Any]
+    if kind == "qwen2_vl":
+        from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+        rope = {"rope_type": "default", "type": "mrope", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
+        vision = {"depth": 3, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2}
+        config = Qwen2VLConfig(text_config={**TEXT, "rope_parameters": rope}, vision_config=vision, **ids)
+        hf = Qwen2VLForConditionalGeneration(config)
+    elif kind == "qwen2_5_vl":
         rope = {"rope_type": "default", "type": "mrope", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
         vision = {**VISION, "patch_size": 14, "window_size": 56, "fullatt_block_indexes": [1, 3]}
-        config: Any = Qwen2_5_VLConfig(
-            text_config={**TEXT, "rope_parameters": rope}, vision_config=vision, **ids
-        )
-        hf: Any = Qwen2_5_VLForConditionalGeneration(config)
+        config = Qwen2_5_VLConfig(text_config={**TEXT, "rope_parameters": rope}, vision_config=vision, **ids)
+        hf = Qwen2_5_VLForConditionalGeneration(config)
     elif kind == "qwen3_5":
         from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 

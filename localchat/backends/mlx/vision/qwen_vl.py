@@ -22,7 +22,9 @@ _PREFIXES = ("model.visual.", "visual.")
 class QwenVision:
     def __init__(self, config: dict[str, Any], weights: dict[str, mx.array]) -> None:
         vision = config["vision_config"]
-        self.qwen3 = config["model_type"] != "qwen2_5_vl"
+        # Qwen2-VL: LayerNorm, quick-gelu MLP, no windows; its width is embed_dim, the text's hidden_size.
+        self.qwen2 = config["model_type"] == "qwen2_vl"
+        self.qwen3 = config["model_type"] not in ("qwen2_vl", "qwen2_5_vl")
         self.heads = int(vision["num_heads"])
         self.depth = int(vision["depth"])
         self.patch = int(vision.get("patch_size", 16 if self.qwen3 else 14))
@@ -30,7 +32,7 @@ class QwenVision:
         self.window = int(vision.get("window_size", 0))
         self.full_layers = frozenset(int(i) for i in vision.get("fullatt_block_indexes", ()))
         self.deepstack = [int(i) for i in vision.get("deepstack_visual_indexes", ())] if self.qwen3 else []
-        self.hidden = int(vision["hidden_size"])
+        self.hidden = int(vision["embed_dim"] if self.qwen2 else vision["hidden_size"])
         head_dim = self.hidden // self.heads
         theta = float((vision.get("rope_parameters") or {}).get("rope_theta", 10000.0))
         spatial = head_dim // 2
@@ -129,7 +131,10 @@ class QwenVision:
     def _block(self, x: mx.array, at: str, cos: mx.array, sin: mx.array, bounds: list[int]) -> mx.array:
         x = x + self._attention(self._norm(x, at + "norm1."), at + "attn.", cos, sin, bounds)
         h = self._norm(x, at + "norm2.")
-        if self.qwen3:
+        if self.qwen2:
+            inner = self._linear(h, at + "mlp.fc1.")
+            mlp = self._linear(inner * mx.sigmoid(1.702 * inner), at + "mlp.fc2.")
+        elif self.qwen3:
             mlp = self._linear(
                 mlx.nn.gelu_approx(self._linear(h, at + "mlp.linear_fc1.")), at + "mlp.linear_fc2."
             )
@@ -155,7 +160,11 @@ class QwenVision:
 
     def _merger25(self, x: mx.array) -> mx.array:
         grouped = self.hidden * self.merge * self.merge
-        h = mx.fast.rms_norm(x, self.w["merger.ln_q.weight"], 1e-6).reshape(-1, grouped)
+        if self.qwen2:
+            h = mx.fast.layer_norm(x, self.w["merger.ln_q.weight"], self.w["merger.ln_q.bias"], 1e-6)
+        else:
+            h = mx.fast.rms_norm(x, self.w["merger.ln_q.weight"], 1e-6)
+        h = h.reshape(-1, grouped)
         h = mlx.nn.gelu(self._linear(h, "merger.mlp.0."))
         return self._linear(h, "merger.mlp.2.")
 
@@ -169,7 +178,7 @@ class QwenVision:
         return self._linear(mlx.nn.gelu(self._linear(h, at + "linear_fc1.")), at + "linear_fc2.")
 
     def _norm(self, x: mx.array, at: str) -> mx.array:
-        if self.qwen3:
+        if self.qwen3 or self.qwen2:
             return mx.fast.layer_norm(x, self.w[at + "weight"], self.w[at + "bias"], 1e-6)
         return mx.fast.rms_norm(x, self.w[at + "weight"], 1e-6)
 

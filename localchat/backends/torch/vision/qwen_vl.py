@@ -93,13 +93,26 @@ class _GeluMLP(nn.Module):  # Qwen3-VL's block MLP
         return self.linear_fc2(F.gelu(self.linear_fc1(x), approximate="tanh"))
 
 
+class _QuickGeluMLP(nn.Module):  # Qwen2-VL's block MLP
+    def __init__(self, hidden: int, inner: int) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(hidden, inner), nn.Linear(inner, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x)
+        return self.fc2(h * torch.sigmoid(1.702 * h))
+
+
 class _Block(nn.Module):
-    def __init__(self, hidden: int, inner: int, heads: int, qwen3: bool) -> None:
+    def __init__(self, hidden: int, inner: int, heads: int, qwen3: bool, qwen2: bool = False) -> None:
         super().__init__()
         self.norm1: nn.Module
         self.norm2: nn.Module
         self.mlp: nn.Module
-        if qwen3:
+        if qwen2:
+            self.norm1, self.norm2 = nn.LayerNorm(hidden, eps=1e-6), nn.LayerNorm(hidden, eps=1e-6)
+            self.mlp = _QuickGeluMLP(hidden, inner)
+        elif qwen3:
             self.norm1, self.norm2 = nn.LayerNorm(hidden, eps=1e-6), nn.LayerNorm(hidden, eps=1e-6)
             self.mlp = _GeluMLP(hidden, inner)
         else:
@@ -115,12 +128,13 @@ class _Block(nn.Module):
 
 
 class _Merger25(nn.Module):
-    """Qwen2.5-VL: RMSNorm per patch, then each group of merge^2 patches concatenated through an MLP."""
+    """Qwen2.5-VL: RMSNorm per patch (Qwen2-VL: LayerNorm), then each group of merge^2 patches concatenated
+    through an MLP."""
 
-    def __init__(self, hidden: int, out: int, merge: int) -> None:
+    def __init__(self, hidden: int, out: int, merge: int, layer_norm: bool = False) -> None:
         super().__init__()
         self.grouped = hidden * merge * merge
-        self.ln_q = _RMSNorm(hidden)
+        self.ln_q: nn.Module = nn.LayerNorm(hidden, eps=1e-6) if layer_norm else _RMSNorm(hidden)
         self.mlp = nn.Sequential(
             nn.Linear(self.grouped, self.grouped), nn.GELU(), nn.Linear(self.grouped, out)
         )
@@ -150,9 +164,12 @@ class _Merger3(nn.Module):
 
 
 class QwenVisionTower(nn.Module):
-    def __init__(self, vision: dict[str, Any], qwen3: bool) -> None:
+    def __init__(self, vision: dict[str, Any], qwen3: bool, qwen2: bool = False) -> None:
+        """qwen2: Qwen2-VL's tower (LayerNorm, quick-gelu MLP, no windows); its config names the width
+        embed_dim and the text model's width hidden_size."""
         super().__init__()
-        hidden, heads = int(vision["hidden_size"]), int(vision["num_heads"])
+        hidden = int(vision["embed_dim"] if qwen2 else vision["hidden_size"])
+        heads = int(vision["num_heads"])
         self.qwen3 = qwen3
         self.patch = int(vision.get("patch_size", 16 if qwen3 else 14))
         self.temporal = int(vision.get("temporal_patch_size", 2))
@@ -161,8 +178,9 @@ class QwenVisionTower(nn.Module):
         self.window = int(vision.get("window_size", 0))
         self.full_layers = frozenset(int(i) for i in vision.get("fullatt_block_indexes", ()))
         self.deepstack = [int(i) for i in vision.get("deepstack_visual_indexes", ())] if qwen3 else []
-        out = int(vision["out_hidden_size"])
-        depth, inner = int(vision["depth"]), int(vision["intermediate_size"])
+        out = int(vision["hidden_size"] if qwen2 else vision["out_hidden_size"])
+        depth = int(vision["depth"])
+        inner = hidden * int(vision.get("mlp_ratio", 4)) if qwen2 else int(vision["intermediate_size"])
         head_dim = hidden // heads
         theta = float((vision.get("rope_parameters") or {}).get("rope_theta", 10000.0))
         spatial = head_dim // 2  # half the rotated dims turn with the row, half with the column
@@ -171,7 +189,7 @@ class QwenVisionTower(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         patch_dim = self.in_channels * self.temporal * self.patch * self.patch
         self.patch_embed = nn.Linear(patch_dim, hidden, bias=qwen3)  # the Conv3d, flattened
-        self.blocks = nn.ModuleList(_Block(hidden, inner, heads, qwen3) for _ in range(depth))
+        self.blocks = nn.ModuleList(_Block(hidden, inner, heads, qwen3, qwen2) for _ in range(depth))
         self.merger: nn.Module
         if qwen3:
             self.pos_embed = nn.Embedding(int(vision["num_position_embeddings"]), hidden)
@@ -181,7 +199,7 @@ class QwenVisionTower(nn.Module):
                 _Merger3(hidden, out, self.merge, post_shuffle_norm=True) for _ in self.deepstack
             )
         else:
-            self.merger = _Merger25(hidden, out, self.merge)
+            self.merger = _Merger25(hidden, out, self.merge, layer_norm=qwen2)
 
     @property
     def stacked(self) -> int:
@@ -261,8 +279,10 @@ def load_qwen_vision(folder: Path, dtype: torch.dtype = torch.float32) -> QwenVi
     """The tower of a Qwen2.5-VL / Qwen3-VL / Qwen3.5 safetensors folder, its weights in `dtype`; None
     when the folder holds no tower weights."""
     config = json.loads((folder / "config.json").read_text())
-    qwen3 = config["model_type"] != "qwen2_5_vl"
-    tower = QwenVisionTower(config["vision_config"], qwen3)
+    kind = config["model_type"]
+    tower = QwenVisionTower(
+        config["vision_config"], kind not in ("qwen2_vl", "qwen2_5_vl"), kind == "qwen2_vl"
+    )
     state: dict[str, torch.Tensor] = {}
     for path in sorted(folder.glob("*.safetensors")):
         with safe_open(str(path), "pt") as f:
