@@ -104,11 +104,12 @@ class FusedDecode:
             tables.data_ptr(), tables.shape[1], meta.decode_lens64.data_ptr(), meta.block_size,
             1 / math.sqrt(self.head_dim), self.window, int(self.ops.precise), torch.get_num_threads(),
         )  # fmt: skip
-        c_library.check(
-            rc,
-            f"The CPU kernels rejected a {rows}-row decode step over a cache {tuple(cache.shape)} "
-            "(internal error).",
-        )
+        if rc:
+            c_library.check(
+                rc,
+                f"The CPU kernels rejected a {rows}-row decode step over a cache {tuple(cache.shape)} "
+                "(internal error).",
+            )
         return x
 
     def _cache_args(self, kv_caches: list[KVCache]) -> int:

@@ -144,7 +144,8 @@ class Kernels:
             self.isa, x.data_ptr(), bf16, rows, cols, *weight.segment_args(), int(weight.precise),
             out.data_ptr(), bf16, out_features, torch.get_num_threads(),
         )  # fmt: skip
-        library.check(rc, f"The CPU kernels rejected a {weight.shape} matmul (internal error).")
+        if rc:  # format the message only on failure: these calls run per layer
+            library.check(rc, f"The CPU kernels rejected a {weight.shape} matmul (internal error).")
         return out
 
     def dequantize_rows(self, seg: Segment, cols: int, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -157,7 +158,8 @@ class Kernels:
             seg.type_id, seg.data.data_ptr(), cols, seg.row_bytes, ids.data_ptr(), ids.numel(),
             out.data_ptr(), int(out.dtype == torch.bfloat16),
         )  # fmt: skip
-        library.check(rc, f"The CPU kernels cannot read {seg.qtype} rows of {cols} values.")
+        if rc:
+            library.check(rc, f"The CPU kernels cannot read {seg.qtype} rows of {cols} values.")
         return out.to(dtype)
 
     def x16_layout(self) -> bool:
@@ -184,7 +186,8 @@ class Kernels:
         rc = self.lib.lc_x16_repack(
             tid, address, rows, cols, row_bytes, data.data_ptr(), torch.get_num_threads()
         )
-        library.check(rc, f"The CPU kernels cannot repack {qtype} rows of {cols} values.")
+        if rc:
+            library.check(rc, f"The CPU kernels cannot repack {qtype} rows of {cols} values.")
         return Segment(qtype, data, rows)
 
     def decode_attention(
@@ -216,11 +219,12 @@ class Kernels:
             tables.shape[1], seq_lens.data_ptr(), block_size, scale, window, softcap,
             out.data_ptr(), int(out.dtype == torch.bfloat16), torch.get_num_threads(),
         )  # fmt: skip
-        library.check(
-            rc,
-            f"The CPU decode-attention kernel rejected q {tuple(q.shape)} over a cache "
-            f"{tuple(cache.shape)} (internal error).",
-        )
+        if rc:
+            library.check(
+                rc,
+                f"The CPU decode-attention kernel rejected q {tuple(q.shape)} over a cache "
+                f"{tuple(cache.shape)} (internal error).",
+            )
         return out
 
     def rms_norm(
@@ -236,7 +240,8 @@ class Kernels:
             int(x.dtype == torch.bfloat16), x.numel() // n, n, None if weight is None else weight.data_ptr(),
             eps, out.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
-        library.check(rc, f"The CPU RMSNorm kernel rejected {tuple(x.shape)} (internal error).")
+        if rc:
+            library.check(rc, f"The CPU RMSNorm kernel rejected {tuple(x.shape)} (internal error).")
         return out
 
     def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -248,7 +253,8 @@ class Kernels:
             self.isa, gate_up.data_ptr(), int(gate_up.dtype == torch.bfloat16), rows, inter, out.data_ptr(),
             torch.get_num_threads(),
         )  # fmt: skip
-        library.check(rc, f"The CPU SwiGLU kernel rejected {tuple(gate_up.shape)} (internal error).")
+        if rc:
+            library.check(rc, f"The CPU SwiGLU kernel rejected {tuple(gate_up.shape)} (internal error).")
         return out
 
     def decode_rope_attention(
@@ -280,11 +286,12 @@ class Kernels:
             tables.shape[1], seq_lens.data_ptr(), block_size, scale, window, softcap, out.data_ptr(),
             torch.get_num_threads(),
         )  # fmt: skip
-        library.check(
-            rc,
-            f"The CPU decode-attention kernel rejected qk {tuple(qk.shape)} over a cache "
-            f"{tuple(cache.shape)} (internal error).",
-        )
+        if rc:
+            library.check(
+                rc,
+                f"The CPU decode-attention kernel rejected qk {tuple(qk.shape)} over a cache "
+                f"{tuple(cache.shape)} (internal error).",
+            )
         return out
 
 
