@@ -8,10 +8,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from localchat.backends import RunnerOptions, load_runner
 from localchat.engine.config import EngineConfig
 from localchat.engine.interface import TokenLogprobs
 from localchat.engine.sampling_params import SamplingParams
+from localchat.serving.assembly import engine_for
 from localchat.serving.chat_render import chat_tokens
+from localchat.serving.draft_model import draft_runner_for, eagle_proposer_for
 
 Messages = list[dict[str, Any]]
 SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -50,9 +53,6 @@ class LLM:
         """`speculative` (off, ngram, draft, eagle) overrides `engine_config.speculative.method`, as the
         server's --speculative; `draft_model`: the draft model (a models.yaml name, GGUF file or folder)
         of `draft`, or the EAGLE-3 head's folder of `eagle` (docs/speculative.md)."""
-        from localchat.backends import RunnerOptions, load_runner
-        from localchat.serving.assembly import engine_for
-        from localchat.serving.draft_model import draft_runner_for, eagle_proposer_for
         from localchat.weights.chat_template import ChatTemplate
         from localchat.weights.loader import load_model
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from localchat.errors import BackendUnavailableError
+from localchat.host_memory import trim_heap
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -125,8 +126,6 @@ def serve_torchrun_worker(
 def load_runner(name: str, model: ModelBundle, options: RunnerOptions | None = None) -> ModelRunner:
     """`create_runner`, then release the bundle's weight source and trim the heap. Measured on the dev
     box (SmolLM2-135M Q4_1, torch): resident memory after load 826 -> 627 MiB."""
-    from localchat.host_memory import trim_heap
-
     runner = create_runner(name, model, options)
     model.release_weights()
     trim_heap()

@@ -23,8 +23,12 @@ from localchat import __version__
 from localchat.cli import models as cli_models
 from localchat.config import BACKEND_VARIABLES, SETTINGS_SPEC, Settings, SettingsError
 from localchat.errors import LocalchatError
+from localchat.hub import find_local, pull
+from localchat.hub.spec import is_repo_name
 from localchat.logs import setup_logging
-from localchat.paths import is_in_data_dir, unusable_data_dir
+from localchat.models.catalog import load_catalog
+from localchat.paths import data_dir, is_in_data_dir, unusable_data_dir
+from localchat.server.preflight import check_port
 
 GROUP_TITLES = {
     "model": "model",
@@ -111,7 +115,6 @@ def parse_mode(
 
 def _serve(settings: Settings, *, open_browser: bool) -> int:
     from localchat.models.manager import ModelManager
-    from localchat.server.preflight import check_port
     from localchat.server.runtime import serve
 
     if settings.ui is False and open_browser:
@@ -155,11 +158,6 @@ def _pull_model_flag(settings: Settings) -> None:
     """`--m ORG/REPO[:QUANT]` or an alias that is not on disk yet: pull it first, with the progress bar."""
     if settings.model is None or settings.backend == "fake" or settings.url:
         return
-    from localchat.hub import find_local, pull
-    from localchat.hub.spec import is_repo_name
-    from localchat.models.catalog import load_catalog
-    from localchat.paths import data_dir
-
     name = settings.model
     if (name in load_catalog(data_dir()) or is_repo_name(name)) and find_local(name) is None:
         pull(name, progress=cli_models.ProgressPrinter(sys.stderr))

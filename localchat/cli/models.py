@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from localchat.hub import LocalModel, PullProgress
+from localchat.errors import ModelLoadError
+from localchat.hub import LocalModel, PullProgress, list_local, pull, remove, verify
+from localchat.models.catalog import load_catalog
 from localchat.models.pulls import cancelled_message
 
 COMMANDS = {
@@ -35,8 +37,6 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
 
 
 def run(command: str, args: dict[str, object], out: TextIO | None = None) -> int:
-    from localchat.hub import list_local, pull, remove, verify
-
     out = out or sys.stdout
     if command == "pull":
         name = str(args["name"])
@@ -92,8 +92,6 @@ def format_table(models: list[LocalModel], loaded: set[str] | None = None) -> st
 
 def _model_kinds() -> dict[str, str]:
     """alias -> catalog type (chat, embedding, rerank); empty when the catalog cannot be read."""
-    from localchat.errors import ModelLoadError
-    from localchat.models.catalog import load_catalog
     from localchat.paths import data_dir
 
     try:

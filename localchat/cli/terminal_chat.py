@@ -15,6 +15,8 @@ import httpx
 from localchat.cli.chat_commands import HINT, ChatSession, Messages, message_text, parse_command, run_command
 from localchat.engine.loop_guard import LOOP_NOTE, LOOP_STOP_REASON
 from localchat.errors import LocalchatError
+from localchat.serving.harmony import HarmonySplitter
+from localchat.serving.reasoning import ReasoningSplitter, starts_in_reasoning
 
 if TYPE_CHECKING:
     from localchat.config import Settings
@@ -89,8 +91,6 @@ class LocalBackend:
 
     def stream(self, messages: Messages) -> Iterator[str]:
         from localchat.serving.generation import build_params, resolve_chat_max_tokens
-        from localchat.serving.harmony import HarmonySplitter
-        from localchat.serving.reasoning import ReasoningSplitter, starts_in_reasoning
         from localchat.serving.schemas import ChatCompletionRequest, ChatMessage
 
         ctx = self.ctx

@@ -12,6 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
+from localchat.backends import load_encoder  # imports torch only when an encoder is asked for
 from localchat.embeddings.engine import BatchingEncoder
 from localchat.embeddings.st_config import SentenceConfig
 from localchat.embeddings.text import Encoded, EncoderTokenizer
@@ -86,8 +87,6 @@ def load_embedding_model(
 ) -> EmbeddingModel:
     """Read a sentence-transformers (or transformers) encoder folder, or a llama.cpp `bert` /
     `nomic-bert` GGUF file, onto the torch backend."""
-    from localchat.backends import load_encoder  # imports torch only when an encoder is asked for
-
     is_gguf = path.is_file() and path.suffix == ".gguf"
     if not is_gguf and not (path / "config.json").is_file():
         raise ModelLoadError(f"{path} is not an encoder model folder (no config.json) nor a .gguf file.")

@@ -19,6 +19,7 @@ from urllib.parse import urljoin, urlsplit
 from localchat.errors import ChecksumMismatchError, DownloadCancelledError, DownloadError
 from localchat.hub import env
 from localchat.hub.progress import ProgressTracker
+from localchat.hub.remote import translate
 from localchat.hub.sink import Sink
 
 CHUNK = 1 << 20
@@ -113,8 +114,6 @@ def download(
 def _raise_if_final(exc: Exception, repo_id: str) -> None:
     """A 4xx from the hub (gone, gated, refused) is not worth retrying: raise it as our error."""
     from huggingface_hub.errors import HfHubHTTPError
-
-    from localchat.hub.remote import translate
 
     if isinstance(exc, HfHubHTTPError):
         raise translate(exc, repo_id) from exc

@@ -19,7 +19,7 @@ from localchat.hub.files import (
     split_total,
 )
 from localchat.hub.records import LocalModel
-from localchat.hub.spec import ModelSpec, canonical_name, parse
+from localchat.hub.spec import ModelSpec, canonical_name, parse, spec_for_entry
 from localchat.models.catalog import CatalogEntry, load_catalog
 
 _SHARD = re.compile(r"-\d{5}-of-(\d{5})\.safetensors$")
@@ -171,8 +171,6 @@ def _blob_etag(snapshot_file: Path) -> str:
 
 def _aliases_by_file(catalog: dict[str, CatalogEntry]) -> dict[tuple[str, str], str]:
     """(repo, file name) -> alias, so `list` shows catalog models by their alias."""
-    from localchat.hub.spec import spec_for_entry
-
     out = {}
     for entry in catalog.values():
         spec = spec_for_entry(entry)

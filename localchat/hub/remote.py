@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from localchat import __version__
 from localchat.errors import (
     DownloadError,
     GatedRepoError,
@@ -46,8 +47,6 @@ def auth_headers() -> dict[str, str]:
     the endpoint it read at import time, a request we neither want nor can point anywhere.
     """
     from huggingface_hub import __version__ as hf_version
-
-    from localchat import __version__
 
     headers = {"user-agent": f"localchat/{__version__}; hf_hub/{hf_version}"}
     if token := env.token():

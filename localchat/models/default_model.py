@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from localchat.errors import LocalchatError
 from localchat.paths import data_dir, models_dir
 
 
@@ -37,8 +38,6 @@ def ensure_default_model(
 
 
 def main(argv: list[str]) -> int:
-    from localchat.errors import LocalchatError
-
     try:
         print(ensure_default_model(Path(argv[0]) if argv else None))
     except LocalchatError as exc:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localchat.errors import LocalchatError
+from localchat.models.catalog import load_catalog
 from localchat.models.memory import GIB, MIN_KV_BUDGET, RUNTIME_OVERHEAD
 
 if TYPE_CHECKING:
@@ -55,8 +56,6 @@ def ram_needed(entry: Any) -> int | None:
 
 
 def catalog_models(models: ModelManager, available: int | None, query: str = "") -> list[dict[str, Any]]:
-    from localchat.models.catalog import load_catalog
-
     try:
         catalog = load_catalog(models.data_dir)
     except LocalchatError:

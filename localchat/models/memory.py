@@ -14,10 +14,20 @@ from typing import Any
 
 from localchat import cpu_features
 from localchat.arch.architecture import TOP_WEIGHTS, Architecture
+from localchat.arch.qwen3_next import sanitize_qwen3_5
 from localchat.arch.registry import architecture
 from localchat.errors import InsufficientMemoryError, ModelLoadError, UnsupportedArchitectureError
 from localchat.models.side_memory import SideModelMemory, side_models_note
+from localchat.vision.mmproj import pair_mmproj
+from localchat.weights.gguf import config_from_gguf, gguf_architecture, hf_tensor_name, open_gguf
+from localchat.weights.hf_quant import compact_int4, loaded_weight_bytes, quant_method
 from localchat.weights.isq_plan import LINEAR_PARAMS, Role, isq_bytes
+from localchat.weights.safetensors import (
+    checkpoint_prefixes,
+    config_from_folder,
+    renamed,
+    safetensors_files,
+)
 from localchat.weights.x16 import kernel_isa, loaded_block_bytes
 
 MIB = 2**20
@@ -120,8 +130,6 @@ def estimate(
 def _vision_projector_bytes(path: Path, dtype: str) -> int:
     """The mmproj paired with a GGUF (localchat.vision.mmproj), loaded at the compute dtype: its f16
     file's size scaled by bytes per value over 2."""
-    from localchat.vision.mmproj import pair_mmproj
-
     try:
         mmproj = pair_mmproj(path)
     except ModelLoadError:
@@ -219,8 +227,6 @@ def _held_at_load(reader: Any) -> Callable[[str, str], int]:
     qwen35 / qwen35moe `ssm_out` whose value heads move by columns narrower than its blocks
     (arch/qwen3_next.py dequantizes that one tensor to reorder it). Qwen3-Next's grouped b|a is held as
     its two halves (its sanitize splits the rows into in_proj's b and a parts)."""
-    from localchat.weights.gguf import config_from_gguf, gguf_architecture, hf_tensor_name
-
     try:
         entry = gguf_architecture(reader)
     except (ModelLoadError, UnsupportedArchitectureError):
@@ -248,8 +254,6 @@ def _held_at_load(reader: Any) -> Callable[[str, str], int]:
 def _moved_column_width(config: Any, entry: Architecture) -> int | None:
     """qwen35 / qwen35moe with fewer key than value heads: the value head width by which `ssm_out`'s
     input columns are put back in grouped order at load (None: its columns stay where they are)."""
-    from localchat.arch.qwen3_next import sanitize_qwen3_5
-
     x = config.extra
     if entry.sanitize is not sanitize_qwen3_5 or x.get("linear_num_key_heads") == x.get(
         "linear_num_value_heads"
@@ -270,9 +274,6 @@ def _hf_quant_weights(folder: Path, value_bytes: int, size: int, blocks: bool = 
     the kernels present, see compact_gguf_types): ~4.5-5 bits a weight. `size` for a dense folder, or
     when unreadable (the load then says what is wrong)."""
     import json
-
-    from localchat.weights.hf_quant import compact_int4, loaded_weight_bytes, quant_method
-    from localchat.weights.safetensors import safetensors_files
 
     try:
         raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -315,13 +316,6 @@ def _role(name: str | None, arch: Architecture) -> Role:
 
 
 def _safetensors_tensors(folder: Path) -> list[Tensor]:
-    from localchat.weights.safetensors import (
-        checkpoint_prefixes,
-        config_from_folder,
-        renamed,
-        safetensors_files,
-    )
-
     arch = architecture(config_from_folder(folder).model_type)
     prefixes = checkpoint_prefixes(folder)
     out: list[Tensor] = []
@@ -336,8 +330,6 @@ def _safetensors_tensors(folder: Path) -> list[Tensor]:
 
 def _gguf_tensors(path: Path) -> list[Tensor]:
     from gguf import GGMLQuantizationType as Q
-
-    from localchat.weights.gguf import gguf_architecture, hf_tensor_name, open_gguf
 
     reader = open_gguf(path)
     arch = gguf_architecture(reader)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from localchat import hub
 from localchat.errors import LocalchatError
 from localchat.models.catalog import DEFAULT_ALIAS, ResolvedModel
 
@@ -33,8 +34,6 @@ def from_local(local: Any) -> ResolvedModel:
 
 def find_local(name: str, data_dir: Path | None) -> ResolvedModel | None:
     """A complete local model by name (alias, repo id, `ORG/REPO:QUANT`), or None. Never downloads."""
-    from localchat import hub
-
     local = hub.find_local(name, data_dir=data_dir)
     if local is None or not getattr(local, "complete", True):
         return None
@@ -43,8 +42,6 @@ def find_local(name: str, data_dir: Path | None) -> ResolvedModel | None:
 
 def list_local(data_dir: Path | None) -> list[Any]:
     """The hub's local models (complete and partial); [] if the store cannot be read."""
-    from localchat import hub
-
     try:
         return list(hub.list_local(data_dir=data_dir))
     except (LocalchatError, OSError) as exc:  # a broken cache or data dir must not take the API down

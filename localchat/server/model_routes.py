@@ -21,7 +21,9 @@ from litestar import Request, Response, delete, get, post
 from litestar.params import FromQuery
 from litestar.response import Stream
 
+from localchat import hub
 from localchat.errors import InvalidRequestError, NotFoundError
+from localchat.host_memory import mem_available
 from localchat.models.info import catalog_models, local_models
 from localchat.models.pulls import PullJob
 from localchat.server.common import get_models
@@ -45,8 +47,6 @@ async def _name(request: Request[Any, Any, Any]) -> ModelName:
 
 @get("/api/models", name="models:list")
 async def list_all(request: Request[Any, Any, Any], q: FromQuery[str] = "") -> dict[str, Any]:
-    from localchat.host_memory import mem_available
-
     models = get_models(request)
     available = mem_available()
     if available is not None:  # the side models' mapped weights: free to the OS, not to a chat model
@@ -128,8 +128,6 @@ async def unload(request: Request[Any, Any, Any]) -> dict[str, Any]:
 
 @delete("/api/models/{name:path}", name="models:delete", status_code=200)
 async def remove(request: Request[Any, Any, Any], whole_repo: FromQuery[bool] = False) -> dict[str, Any]:
-    from localchat import hub
-
     name = str(request.path_params["name"]).lstrip("/")
     models = get_models(request)
     await anyio.to_thread.run_sync(models.unload, name)

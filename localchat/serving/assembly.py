@@ -8,20 +8,22 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from localchat.backends import RunnerOptions, load_runner, resolve_backend
 from localchat.config import SettingsError
 from localchat.engine.async_engine import AsyncEngine
 from localchat.engine.engine import LLMEngine
+from localchat.errors import LocalchatError
+from localchat.mcp import McpHub, load_mcp_config
 from localchat.serving.context import ServerContext
 from localchat.serving.draft_model import load_draft_runner, load_eagle_proposer
+from localchat.serving.tool_parsers import pick_parser
 from localchat.settings_rules import MIN_CONTEXT_TOKENS
 
 if TYPE_CHECKING:
-    from localchat.backends import RunnerOptions
     from localchat.config import Settings
     from localchat.engine.config import EngineConfig
     from localchat.engine.interface import KVCacheSpec, ModelRunner
     from localchat.engine.speculative import Proposer
-    from localchat.mcp import McpHub
     from localchat.models.catalog import ResolvedModel
     from localchat.weights.bundle import ModelBundle
 
@@ -79,8 +81,6 @@ def load_bundle(
 
 def runner_options(settings: Settings) -> RunnerOptions:
     """The runner's options from the settings (also a torchrun worker rank's, which serves no HTTP)."""
-    from localchat.backends import RunnerOptions
-
     return RunnerOptions(
         device=settings.device,
         dtype=settings.dtype,
@@ -104,8 +104,6 @@ def build_context(
 ) -> ServerContext:
     """Load a model (`target`, else the one the flags name) and build its engine (not started yet).
     `mcp`: the server's MCP hub, shared by all its models (else one is made from --mcp-config)."""
-    from localchat.backends import load_runner, resolve_backend
-    from localchat.serving.tool_parsers import pick_parser
     from localchat.weights.chat_template import ChatTemplate
 
     if mcp is None and settings.mcp_config:  # read before the model loads: a bad file fails fast
@@ -147,7 +145,6 @@ def _catalog_tool_format(settings: Settings) -> str | None:
     """The `tool_call` field of the models.yaml entry the model was named by, if any."""
     if not settings.model or settings.backend == "fake":
         return None
-    from localchat.errors import LocalchatError
     from localchat.models.catalog import load_catalog
     from localchat.paths import data_dir
 
@@ -164,8 +161,6 @@ def mcp_hub(settings: Settings) -> McpHub | None:
     """The MCP hub --mcp-config describes (not started), or None."""
     if not settings.mcp_config:
         return None
-    from localchat.mcp import McpHub, load_mcp_config
-
     return McpHub(load_mcp_config(settings.mcp_config))
 
 

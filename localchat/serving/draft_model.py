@@ -10,7 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from localchat.backends import load_runner
 from localchat.config import SettingsError
+from localchat.errors import LocalchatError
 
 if TYPE_CHECKING:
     from localchat.backends import RunnerOptions
@@ -27,7 +29,6 @@ def draft_model_name(settings: Settings, target: ResolvedModel | None) -> str | 
     """--draft-model, else the `draft` of the catalog entry the target was named by."""
     if settings.draft_model:
         return settings.draft_model
-    from localchat.errors import LocalchatError
     from localchat.models.catalog import load_catalog
     from localchat.paths import data_dir
 
@@ -72,7 +73,6 @@ def draft_runner_for(
     """Load the draft model `name` on `backend` after checking its vocabulary against the target's."""
     from dataclasses import replace
 
-    from localchat.backends import load_runner
     from localchat.models.resolve import resolve_model
     from localchat.paths import data_dir
     from localchat.weights.draft_vocab import check_draft_vocabulary

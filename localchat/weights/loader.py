@@ -8,8 +8,17 @@ from pathlib import Path
 
 from localchat.errors import ModelLoadError
 from localchat.sampling_defaults import gguf_sampling_defaults
+from localchat.vision.mmproj import pair_mmproj, paired_vision_config
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
+from localchat.weights.hf_quant import dequantized_stream, quant_method
+from localchat.weights.safetensors import (
+    checkpoint_prefixes,
+    config_from_folder,
+    generation_defaults,
+    iter_safetensors_weights,
+    safetensors_files,
+)
 from localchat.weights.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -46,15 +55,6 @@ def load_model(path: str | Path, name: str | None = None, mmproj: str | Path | N
 
 
 def _load_folder(folder: Path, name: str) -> ModelBundle:
-    from localchat.weights.hf_quant import dequantized_stream, quant_method
-    from localchat.weights.safetensors import (
-        checkpoint_prefixes,
-        config_from_folder,
-        generation_defaults,
-        iter_safetensors_weights,
-        safetensors_files,
-    )
-
     config = config_from_folder(folder)
     prefixes = checkpoint_prefixes(folder)  # a multimodal wrapper's text LM: its names inside
     raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -115,8 +115,6 @@ def _load_gguf(file: Path, name: str) -> ModelBundle:
 
 def _pair_vision_projector(file: Path, mmproj: str | Path | None) -> None:
     """Check the paired mmproj against the text model now, so a wrong one fails the load by name."""
-    from localchat.vision.mmproj import pair_mmproj, paired_vision_config
-
     paired = pair_mmproj(file, mmproj)
     if paired is None:
         return

@@ -12,7 +12,9 @@ import anyio.to_thread
 from litestar import Request, Response, get, post
 from litestar.params import FromQuery
 
+from localchat import hub
 from localchat.errors import InvalidRequestError
+from localchat.host_memory import mem_available
 from localchat.models.catalog import DEFAULT_ALIAS
 from localchat.models.info import catalog_models, human_bytes, local_models, ram_hint
 from localchat.models.manager import ModelManager
@@ -27,8 +29,6 @@ def _models(request: Request) -> ModelManager:
 
 
 def _available() -> int | None:
-    from localchat.host_memory import mem_available
-
     return mem_available()
 
 
@@ -231,8 +231,6 @@ async def unload(request: Request) -> Response[str]:
 
 @post("/ui/models/delete", name="web:delete-model", guards=[require_htmx])
 async def delete_model(request: Request) -> Response[str]:
-    from localchat import hub
-
     models, name = _models(request), await _form_name(request)
     await anyio.to_thread.run_sync(models.unload, name)
     await anyio.to_thread.run_sync(lambda: hub.remove(name, data_dir=models.data_dir))
