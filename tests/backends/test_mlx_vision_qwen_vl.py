@@ -25,8 +25,8 @@ from localchat.engine.sampling_params import SamplingParams  # noqa: E402
 from localchat.vision.gemma3_preprocess import content_hash  # noqa: E402
 from localchat.vision.qwen_vl_prompt import QwenImagePrompt  # noqa: E402
 from localchat.weights.loader import load_model  # noqa: E402
-from tests.backends.test_mlx_parity import mlx_runner  # noqa: E402
 from tests.helpers import qwen_vl_models as tiny  # noqa: E402
+from tests.helpers.parity import mlx_runner  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 
