@@ -30,8 +30,8 @@ class VisionLanguage(DecoderLM):
         meta: StepMetadata,
         kv_caches: list[KVCache],
     ) -> torch.Tensor:
-        if self.image_embeds is None and positions.dim() == 1:  # text only: the plain (fused) path
-            return super().hidden_states(input_ids, positions, meta, kv_caches)
+        if self.image_embeds is None:  # no image rows (decode after a picture too): the plain (fused) path,
+            return super().hidden_states(input_ids, positions, meta, kv_caches)  # MRotary takes [3, T]
         x = self.embed_tokens(input_ids)
         stacked: list[torch.Tensor] = []
         rows: torch.Tensor | None = None
