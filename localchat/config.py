@@ -161,8 +161,8 @@ class Settings:
     pipeline_parallel_size: int = _opt(
         1,
         ("--pipeline-parallel-size", "--pp"),
-        "torch: split the layers into N contiguous stages, one process each (NCCL on CUDA, gloo on CPU; "
-        "also for models --tp cannot split; docs/parallel.md)",
+        "torch: split the layers into N contiguous stages, one process each (with --tp, each stage sharded; "
+        "NCCL on CUDA, gloo on CPU; also for models --tp cannot split; docs/parallel.md)",
         parse=int,
         group="model",
         metavar="N",

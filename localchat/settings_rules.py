@@ -60,11 +60,6 @@ def check_settings(s: Settings) -> None:
             f"--pipeline-parallel-size must be at least 1, got {s.pipeline_parallel_size}.",
             param="pipeline_parallel_size",
         )
-    if s.tensor_parallel_size > 1 and s.pipeline_parallel_size > 1:
-        raise SettingsError(
-            "--tensor-parallel-size and --pipeline-parallel-size do not combine yet: use one of them.",
-            param="pipeline_parallel_size",
-        )
     if s.gpu_layers is not None and s.gpu_layers < 0:
         raise SettingsError(f"--gpu-layers must be >= 0, got {s.gpu_layers}.", param="gpu_layers")
     if not all(part.strip().isdigit() for part in _list(s.device_ids)):

@@ -170,8 +170,6 @@ def test_the_kv_budget_is_the_tighter_devices_in_tokens() -> None:
 def test_refusals_say_what_to_change() -> None:
     with pytest.raises(BackendUnavailableError, match="at least one layer per stage; this model has 3"):
         check_pipeline(family_bundle("llama").config, 4)
-    with pytest.raises(BackendUnavailableError, match="do not combine yet"):
-        create_runner(family_bundle("llama"), RunnerOptions(tensor_parallel_size=2, pipeline_parallel_size=2))
     gemma = bundle_from_hf(tiny_hf_model("gemma2"))
     with pytest.raises(BackendUnavailableError, match="runs its layers its own way"):
         check_pipeline(gemma.config, 2)
@@ -258,5 +256,30 @@ def test_pp3_passes_through_a_middle_stage() -> None:
     try:
         assert list(cast(StageRunner, runner.runner).plan.layers) == [0]
         assert chunked_and_preempted(cast(TorchRunner, runner)) == expected
+    finally:
+        runner.shutdown()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+def test_tp2_by_pp2_in_four_processes(family: str) -> None:
+    """TP x PP: ranks 0-1 hold layers 0-1, ranks 2-3 layer 2, each pair splitting its stage's heads,
+    MLP (experts) and vocab; hidden states go rank 0 -> 2 and 1 -> 3; logits and tokens as one device."""
+    torch.set_num_threads(1)
+    bundle = family_bundle(family)
+    reference = fp32_runner(bundle)
+    expected_logits, expected_tokens = ragged_then_decode(reference)
+    expected_chunked = chunked_and_preempted(reference)
+    options = replace(PP2, tensor_parallel_size=2)
+    with exact_weights():
+        runner = ParallelRunner(bundle, options, load=functools.partial(family_bundle, family))
+    try:
+        stage = cast(StageRunner, runner.runner)
+        assert list(stage.plan.layers) == [0, 1] and stage.model.layers[0].heads == 2  # 2 of 4 heads
+        logits, tokens = ragged_then_decode(cast(TorchRunner, runner))
+        assert tokens == expected_tokens
+        for ours, ref in zip(logits, expected_logits, strict=True):
+            assert ours.shape == ref.shape
+            torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+        assert chunked_and_preempted(cast(TorchRunner, runner)) == expected_chunked
     finally:
         runner.shutdown()

@@ -13,11 +13,6 @@ from localchat.weights.bundle import ModelBundle
 
 def create_runner(model: ModelBundle, options: RunnerOptions) -> ModelRunner:
     tp, pp = options.tensor_parallel_size, options.pipeline_parallel_size
-    if tp > 1 and pp > 1:
-        raise BackendUnavailableError(
-            f"--tensor-parallel-size {tp} with --pipeline-parallel-size {pp}: the two do not combine yet; "
-            "use one of them (--pipeline-parallel-size also runs models whose heads --tp cannot split)."
-        )
     if options.gpu_layers is not None:
         if tp > 1 or pp > 1:
             raise BackendUnavailableError(

@@ -81,12 +81,7 @@ def _size_flag(options: RunnerOptions) -> str:
 
 
 def rank_runner(bundle: ModelBundle, options: RunnerOptions, group: ParallelGroup) -> TorchRunner:
-    """This rank's runner: its tensor-parallel slice, or its pipeline stage."""
-    if options.tensor_parallel_size > 1 and options.pipeline_parallel_size > 1:
-        raise BackendUnavailableError(
-            f"--tensor-parallel-size {options.tensor_parallel_size} with --pipeline-parallel-size "
-            f"{options.pipeline_parallel_size}: the two do not combine yet; use one of them."
-        )
+    """This rank's runner: its tensor-parallel slice, its pipeline stage, or its slice of a stage."""
     if options.pipeline_parallel_size > 1:
         from .pipeline import pipeline_runner
 

@@ -43,14 +43,16 @@ class RankLink:
 
 
 class RankResults:
-    """The last rank's answer to rank 0 (pickled over a gloo group: it works beside NCCL too)."""
+    """The last rank's answer to rank 0 (pickled over a gloo group: it works beside NCCL too). Under
+    TP x PP every rank of the last stage has the answer; its first (`sends`) passes it on."""
 
-    def __init__(self, rank: int, last: int) -> None:
-        self.rank, self.last = rank, last
+    def __init__(self, rank: int, last: int, sends: bool = True) -> None:
+        self.rank, self.last, self.sends = rank, last, sends
         self.group = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)  # every rank, same order
 
     def deliver(self, value: Any, empty: Any) -> Any:
-        dist.send_object_list([value], dst=0, group=self.group)
+        if self.sends:
+            dist.send_object_list([value], dst=0, group=self.group)
         return empty
 
     def collect(self, empty: Any) -> Any:
@@ -91,14 +93,33 @@ def check_pipeline(config: ModelConfig, stages: int) -> None:
 
 
 def pipeline_runner(bundle: ModelBundle, options: RunnerOptions, group: ParallelGroup) -> PipelineStageRunner:
-    """Rank `group.rank`'s stage: its run of layers (split_layers), loaded from the checkpoint alone."""
+    """Rank `group.rank`'s stage: its run of layers (split_layers), loaded from the checkpoint alone.
+    With --tp T too, ranks s*T .. s*T+T-1 form stage s and shard its layers (shard.py) among them;
+    each sends to the rank of the same place in the next stage (the hidden states are whole on all)."""
     config, rank, world = bundle.config, group.rank, group.world_size
-    check_pipeline(config, world)
-    runs = split_layers(config.num_hidden_layers, world)
-    plan = StagePlan(rank, world, runs[rank])
-    results = RankResults(rank, world - 1)
-    device = pick_device(options.device)
-    check_stage_fits(bundle.path, config, rank, plan.layers, plan.last, device, f"{FLAG} {world}")
-    inbound = None if plan.first else RankLink(rank - 1)
-    outbound = None if plan.last else RankLink(rank + 1)
-    return PipelineStageRunner(bundle, options, plan, inbound, outbound, results)
+    tp = options.tensor_parallel_size
+    stages = world // tp
+    stage, place = divmod(rank, tp)
+    check_pipeline(config, stages)
+    # Every rank creates every stage's group, in the same order (torch.distributed's rule).
+    tp_groups = (
+        [dist.new_group(ranks=[s * tp + i for i in range(tp)]) for s in range(stages)] if tp > 1 else []
+    )
+    runs = split_layers(config.num_hidden_layers, stages)
+    plan = StagePlan(stage, stages, runs[stage])
+    results = RankResults(rank, (stages - 1) * tp, sends=place == 0)
+    inbound = None if plan.first else RankLink(rank - tp)
+    outbound = None if plan.last else RankLink(rank + tp)
+    if tp == 1:
+        device = pick_device(options.device)
+        check_stage_fits(bundle.path, config, rank, plan.layers, plan.last, device, f"{FLAG} {world}")
+        return PipelineStageRunner(bundle, options, plan, inbound, outbound, results)
+
+    def stage_runner(local: ModelBundle, local_options: RunnerOptions) -> PipelineStageRunner:
+        return PipelineStageRunner(local, local_options, plan, inbound, outbound, results)
+
+    from .shard import sharded_runner  # the TP slice of the stage (its memory check is TP's)
+
+    runner = sharded_runner(bundle, options, ParallelGroup(place, tp), tp_groups[stage], stage_runner)
+    assert isinstance(runner, PipelineStageRunner)
+    return runner

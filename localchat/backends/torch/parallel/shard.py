@@ -14,7 +14,9 @@ mappings and everything else in a step's batch are the engine's, the same on eve
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,13 +40,15 @@ from .memory import check_device_memory
 from .shard_weights import RankSlice, expert_size, shard_weights
 
 
-def _all_reduce(x: torch.Tensor) -> torch.Tensor:
-    dist.all_reduce(x)
+def _all_reduce(x: torch.Tensor, group: Any = None) -> torch.Tensor:
+    dist.all_reduce(x, group=group)
     return x
 
 
 class ParallelLlamaLayer(LlamaLayer):
     """LlamaLayer over this rank's heads and MLP columns, with the two all-reduces of a TP layer."""
+
+    tp_group: Any = None  # the ranks sharing this layer (None: all of them; a stage's under TP x PP)
 
     def forward(
         self,
@@ -67,9 +71,9 @@ class ParallelLlamaLayer(LlamaLayer):
             qk = apply_rope(qk, cos, sin)
             attn = paged_attention(qk[:, :h] * q_scale, qk[:, h:], v, kv_cache, meta, self.attn_options)
         # o_bias is zero on ranks other than 0 (shard_weights.py), so the sum adds it once.
-        attn_out = _all_reduce(linear(attn.reshape(tokens, h * d), self.o, self.o_bias))
+        attn_out = _all_reduce(linear(attn.reshape(tokens, h * d), self.o, self.o_bias), self.tp_group)
         x, normed = add_rms_norm(x, attn_out, self.mlp_norm, self.eps)
-        return x + _all_reduce(self.mlp(normed))
+        return x + _all_reduce(self.mlp(normed), self.tp_group)
 
 
 class ParallelLlama(DecoderLM):
@@ -79,18 +83,19 @@ class ParallelLlama(DecoderLM):
     vocab_rows: int  # real rows of this rank's vocab slice (the last one may be padded)
     vocab_size: int
     world_size: int
+    tp_group: Any = None
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         local = input_ids - self.vocab_start
         mine = (local >= 0) & (local < self.vocab_rows)
         rows = embed_rows(torch.where(mine, local, 0), self.embed, self.norm.dtype)
-        return _all_reduce(rows * mine[:, None].to(rows.dtype))
+        return _all_reduce(rows * mine[:, None].to(rows.dtype), self.tp_group)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         x = rms_norm(hidden, self.norm, self.config.rms_norm_eps)
         part = linear(x, self.embed if self.lm_head is None else self.lm_head).contiguous()
         parts = [torch.empty_like(part) for _ in range(self.world_size)]
-        dist.all_gather(parts, part)
+        dist.all_gather(parts, part, group=self.tp_group)
         return torch.cat(parts, dim=-1)[:, : self.vocab_size]
 
 
@@ -112,12 +117,17 @@ _CLASSES: dict[tuple[type, type], type] = {}
 
 
 def _parallel_class(cls: type, parallel: type) -> type:
-    """`cls` with the tensor-parallel forward mixed in (same fields: instances switch class in place)."""
+    """`cls` with the tensor-parallel forward mixed in (same fields: instances switch class in place).
+    A pipeline stage's model keeps its hand-offs outermost (receive before the vocab-parallel lookup)."""
     if issubclass(cls, parallel):
         return cls
     key = (cls, parallel)
     if key not in _CLASSES:
-        _CLASSES[key] = type(f"Parallel{cls.__name__}", (parallel, cls), {})
+        bases = cls.__bases__
+        if bases[0].__name__ == "StageModel":  # stages.py's mixin: (StageModel, family)
+            _CLASSES[key] = type(f"Parallel{cls.__name__}", (bases[0], parallel, *bases[1:]), {})
+        else:
+            _CLASSES[key] = type(f"Parallel{cls.__name__}", (parallel, cls), {})
     return _CLASSES[key]
 
 
@@ -151,9 +161,17 @@ def check_supported(config: ModelConfig, world: int) -> None:
         )
 
 
-def sharded_runner(bundle: ModelBundle, options: RunnerOptions, group: ParallelGroup) -> TorchRunner:
+def sharded_runner(
+    bundle: ModelBundle,
+    options: RunnerOptions,
+    group: ParallelGroup,
+    tp_group: Any = None,
+    make_runner: Callable[[ModelBundle, RunnerOptions], TorchRunner] = TorchRunner,
+) -> TorchRunner:
     """A TorchRunner holding rank `group.rank`'s slice: the checkpoint is cut as it streams in
-    (shard_weights.py), so the rank loads, converts and keeps only its part (GGUF blocks included)."""
+    (shard_weights.py), so the rank loads, converts and keeps only its part (GGUF blocks included).
+    Under TP x PP: `group` is the rank's place in its stage, `tp_group` the stage's ranks, and
+    `make_runner` builds the stage's runner."""
     config, world = bundle.config, group.world_size
     check_supported(config, world)
     part = RankSlice.of(config, group)
@@ -163,7 +181,7 @@ def sharded_runner(bundle: ModelBundle, options: RunnerOptions, group: ParallelG
         config=part.local_config(config),
         iter_weights=lambda: shard_weights(bundle.iter_weights(), config, part),
     )
-    runner = TorchRunner(local, options)
+    runner = make_runner(local, options)
     model = runner.model
     # The parallel forwards replace Llama's: a family that overrides them is not covered.
     llama_layers = all(type(layer).forward is LlamaLayer.forward for layer in model.layers)
@@ -171,6 +189,7 @@ def sharded_runner(bundle: ModelBundle, options: RunnerOptions, group: ParallelG
         raise _unsupported(config, world)
     for layer in model.layers:
         layer.__class__ = _parallel_class(type(layer), ParallelLlamaLayer)  # + the all-reduces
+        layer.tp_group = tp_group
     model.__class__ = _parallel_class(type(model), ParallelLlama)
     assert isinstance(model, ParallelLlama)
     model.vocab_start, model.vocab_rows, model.vocab_size = (
@@ -179,6 +198,7 @@ def sharded_runner(bundle: ModelBundle, options: RunnerOptions, group: ParallelG
         config.vocab_size,
     )
     model.world_size = world
+    model.tp_group = tp_group
     model.fused_decode = None  # the one-call C decode step has no place for the all-reduces
     runner.graph_mode = None  # CUDA graphs around NCCL calls are not captured in this slice
     runner.config = replace(runner.config, vocab_size=config.vocab_size)  # the logits are gathered whole
