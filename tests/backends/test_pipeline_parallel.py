@@ -154,6 +154,8 @@ def test_gpu_layers_without_a_gpu_is_a_clear_error(monkeypatch: pytest.MonkeyPat
         create_runner(family_bundle("llama"), options)
     with pytest.raises(BackendUnavailableError, match="--device is 'cpu'"):
         create_runner(family_bundle("llama"), RunnerOptions(device="cpu", gpu_layers=1))
+    with pytest.raises(BackendUnavailableError, match="does not combine with --tensor-parallel-size"):
+        create_runner(family_bundle("llama"), RunnerOptions(gpu_layers=1, pipeline_parallel_size=2))
 
 
 def test_the_kv_budget_is_the_tighter_devices_in_tokens() -> None:
