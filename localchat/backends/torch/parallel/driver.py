@@ -38,6 +38,7 @@ from localchat.errors import BackendUnavailableError
 from localchat.weights.bundle import ModelBundle
 
 from .group import ParallelGroup, close_group, init_group, torchrun_local_rank, torchrun_rank
+from .pipeline import pipeline_runner
 from .shard import sharded_runner
 
 if TYPE_CHECKING:
@@ -83,8 +84,6 @@ def _size_flag(options: RunnerOptions) -> str:
 def rank_runner(bundle: ModelBundle, options: RunnerOptions, group: ParallelGroup) -> TorchRunner:
     """This rank's runner: its tensor-parallel slice, its pipeline stage, or its slice of a stage."""
     if options.pipeline_parallel_size > 1:
-        from .pipeline import pipeline_runner
-
         return pipeline_runner(bundle, options, group)
     return sharded_runner(bundle, options, group)
 

@@ -22,6 +22,7 @@ from localchat.weights.config import ModelConfig
 
 from .group import COLLECTIVE_TIMEOUT, ParallelGroup
 from .memory import check_stage_fits
+from .shard import sharded_runner
 from .stages import StagePlan, StageRunner, check_stageable, split_layers
 
 FLAG = "--pipeline-parallel-size"
@@ -118,8 +119,7 @@ def pipeline_runner(bundle: ModelBundle, options: RunnerOptions, group: Parallel
     def stage_runner(local: ModelBundle, local_options: RunnerOptions) -> PipelineStageRunner:
         return PipelineStageRunner(local, local_options, plan, inbound, outbound, results)
 
-    from .shard import sharded_runner  # the TP slice of the stage (its memory check is TP's)
-
+    # The TP slice of the stage (its memory check is TP's).
     runner = sharded_runner(bundle, options, ParallelGroup(place, tp), tp_groups[stage], stage_runner)
     assert isinstance(runner, PipelineStageRunner)
     return runner
