@@ -8,7 +8,7 @@ from pathlib import Path
 from localchat.vision.model_info import takes_images
 
 
-def test_gemma3_with_a_vision_config_takes_images_text_models_do_not(tmp_path: Path) -> None:
+def test_supported_families_with_a_vision_config_take_images_others_do_not(tmp_path: Path) -> None:
     def folder(name: str, config: dict[str, object]) -> Path:
         path = tmp_path / name
         path.mkdir()
@@ -17,5 +17,10 @@ def test_gemma3_with_a_vision_config_takes_images_text_models_do_not(tmp_path: P
 
     assert takes_images(folder("g3", {"model_type": "gemma3", "vision_config": {"image_size": 896}}))
     assert not takes_images(folder("g3text", {"model_type": "gemma3_text"}))
-    assert not takes_images(folder("llava", {"model_type": "llava", "vision_config": {}}))  # no tower yet
+    assert takes_images(folder("llava", {"model_type": "llava", "vision_config": {}}))
+    assert takes_images(folder("qwen25vl", {"model_type": "qwen2_5_vl", "vision_config": {}}))
+    assert not takes_images(
+        folder("llavanext", {"model_type": "llava_next", "vision_config": {}})
+    )  # no tiling
+    assert not takes_images(folder("q35text", {"model_type": "qwen3_5"}))  # text-only checkpoint
     assert not takes_images(tmp_path / "model.gguf")
