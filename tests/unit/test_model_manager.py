@@ -55,6 +55,12 @@ def test_listens_before_the_model_is_loaded_then_serves(tmp_path: Path) -> None:
         error = chat.json()["error"]
         assert error["code"] == "model_loading" and "'fake-model' is loading" in error["message"]
         assert c.get("/metrics").text.strip().endswith("localchat_models_loaded 0")
+        # A client that lists models once at connect must see the start-up model while it loads.
+        loading_cards = c.get("/v1/models").json()["data"]
+        assert [(m["id"], m["loaded"], m["status"]) for m in loading_cards] == [
+            ("fake-model", False, "loading")
+        ]
+        assert c.get("/v1/models/fake-model").json()["status"] == "loading"
 
         gate.set()
         assert wait_health(c, "ok") == {"status": "ok", "model": "fake-model", "loaded": ["fake-model"]}

@@ -1,6 +1,8 @@
 """GET /v1/models and /v1/models/{id}: the local models, the loaded ones marked (with context length),
 then the embedding and rerank models loaded beside them (`type`: embedding or rerank). A chat model's card
-says whether it takes images (`vision`), read from its config.json."""
+says whether it takes images (`vision`), read from its config.json. A model still downloading or loading
+(the start-up model from `--f`/`--w` included) is listed with its `status`, so a client that reads the list
+once at connect (Open WebUI, Dify) sees it before it is ready."""
 
 from __future__ import annotations
 
@@ -34,6 +36,12 @@ def _cards(models: ModelManager) -> list[dict[str, Any]]:
         for ctx in reversed(models.loaded)  # the current model first
     ]
     seen = {card["id"] for card in cards}
+    for task in models.loading():
+        if task.name not in seen:
+            seen.add(task.name)
+            status = "downloading" if task.phase == "downloading" else "loading"
+            cards.append({"id": task.name, "object": "model", "created": 0, "owned_by": "localchat"})
+            cards[-1] |= {"loaded": False, "status": status}
     for local in models.local_models():
         if getattr(local, "complete", True) and str(local.name) not in seen:
             seen.add(str(local.name))
