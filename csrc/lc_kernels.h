@@ -68,9 +68,31 @@ typedef struct {
     lc_step_matrix qkv, o, gate_up, down;
 } lc_step_layer;
 
-/* step.py's StepMatrix and StepLayer assert these sizes too. */
+#define LC_STEP_MAX_AUX 8 /* layer inputs one step can copy out (an EAGLE-3 head reads three) */
+
+/* lc_decode_layers' arguments, one struct passed by pointer (26 positional ones were easy to misorder).
+   Addresses are uint64_t as in lc_step_layer; lc_step.h says what each array holds. */
+typedef struct {
+    uint64_t layers;                 /* const lc_step_layer [nlayers] */
+    uint64_t caches;                 /* const uint64_t [nlayers]: each layer's KV cache */
+    uint64_t x;                      /* [rows, hidden], updated in place */
+    uint64_t cos, sin;               /* [rows, d] in the compute type */
+    uint64_t slots;                  /* int64 [rows] */
+    uint64_t tables;                 /* int64 [rows, max_blocks] */
+    uint64_t seq_lens;               /* int64 [rows] */
+    uint64_t aux;                    /* [rows, naux * hidden] in the compute type, or 0 when naux is 0 */
+    int64_t num_slots, rows, hidden, heads, kv_heads, d, inter, max_blocks, block_size, window;
+    float eps, scale;
+    int32_t isa, nlayers, cache_type, bf16, precise, nth;
+    int32_t naux;                    /* 0..LC_STEP_MAX_AUX */
+    int32_t aux_layers[LC_STEP_MAX_AUX]; /* 0..nlayers; nlayers: the last layer's output */
+    int32_t reserved;                /* zero: pads the struct to a multiple of 8 on every ABI */
+} lc_step_args;
+
+/* step.py's StepMatrix, StepLayer and StepArgs assert these sizes too. */
 _Static_assert(sizeof(lc_step_matrix) == 120, "lc_step_matrix: localchat/kernels/step.py mirrors 120 bytes");
 _Static_assert(sizeof(lc_step_layer) == 512, "lc_step_layer: localchat/kernels/step.py mirrors 512 bytes");
+_Static_assert(sizeof(lc_step_args) == 224, "lc_step_args: localchat/kernels/step.py mirrors 224 bytes");
 
 /* CPU features and the build. */
 LC_EXPORT int lc_isa_supported(int isa);
@@ -112,11 +134,7 @@ LC_EXPORT int lc_decode_rope_attention(int isa, const void *qk, int64_t qk_strid
                                        int cache_type, int64_t num_slots, const int64_t *tables, int64_t max_blocks,
                                        const int64_t *seq_lens, int64_t block_size, float scale, int64_t window,
                                        float softcap, void *out, int nth);
-LC_EXPORT int lc_decode_layers(int isa, int nlayers, const lc_step_layer *layers, const uint64_t *caches,
-                               int cache_type, int64_t num_slots, void *x, int bf16, int64_t rows, int64_t hidden,
-                               int64_t heads, int64_t kv_heads, int64_t d, int64_t inter, float eps, const void *cos,
-                               const void *sin, const int64_t *slots, const int64_t *tables, int64_t max_blocks,
-                               const int64_t *seq_lens, int64_t block_size, float scale, int64_t window, int precise,
-                               int nth);
+LC_EXPORT int lc_decode_layers(const lc_step_args *args);
+LC_EXPORT int64_t lc_step_args_bytes(void); /* sizeof(lc_step_args): library.py refuses a stale build */
 
 #endif

@@ -41,14 +41,40 @@ static void lc_step_add(void *out, const void *a, int bf16, int64_t rows, int64_
    token per row: caches[i] is layer i's cache [2, kv_heads, num_slots, d] of cache_type (float32 or
    bfloat16), cos/sin [rows, d] in the compute type, slots [rows] where this step's k and v go, tables
    [rows, max_blocks] and seq_lens [rows] as lc_decode_attention takes them. inter: the MLP's width;
-   window > 0: attend to the last `window` positions only. Returns LC_EINVAL on a bad shape or argument,
-   LC_ENOMEM when a buffer cannot grow (x may be partly updated then). */
-LC_EXPORT int lc_decode_layers(int isa, int nlayers, const lc_step_layer *layers, const uint64_t *caches,
-                               int cache_type, int64_t num_slots, void *x, int bf16, int64_t rows, int64_t hidden,
-                               int64_t heads, int64_t kv_heads, int64_t d, int64_t inter, float eps,
-                               const void *cos, const void *sin, const int64_t *slots, const int64_t *tables,
-                               int64_t max_blocks, const int64_t *seq_lens, int64_t block_size, float scale,
-                               int64_t window, int precise, int nth) {
+   window > 0: attend to the last `window` positions only. naux > 0: the input of layer aux_layers[a]
+   (nlayers: the last layer's output) goes to columns [a * hidden, (a + 1) * hidden) of aux [rows,
+   naux * hidden], as torch.cat of those states would lay them out (an EAGLE-3 head reads them). Returns
+   LC_EINVAL on a bad shape or argument, LC_ENOMEM when a buffer cannot grow (x may be partly updated
+   then). */
+
+/* aux's columns for every aux layer `layer` names: a copy of x [rows, hidden] (the layer's input). */
+static void lc_step_keep(const lc_step_args *a, int layer, const void *x, size_t item) {
+    size_t width = (size_t)a->hidden * item, stride = (size_t)a->naux * width;
+    for (int j = 0; j < a->naux; j++) {
+        if (a->aux_layers[j] != layer) continue;
+        char *out = (char *)(uintptr_t)a->aux + (size_t)j * width;
+        for (int64_t r = 0; r < a->rows; r++)
+            memcpy(out + (size_t)r * stride, (const char *)x + (size_t)r * width, width);
+    }
+}
+
+LC_EXPORT int lc_decode_layers(const lc_step_args *a) {
+    if (!a) return -1;
+    const int isa = a->isa, nlayers = a->nlayers, cache_type = a->cache_type, bf16 = a->bf16, precise = a->precise,
+              nth = a->nth;
+    const int64_t num_slots = a->num_slots, rows = a->rows, hidden = a->hidden, heads = a->heads,
+                  kv_heads = a->kv_heads, d = a->d, inter = a->inter, max_blocks = a->max_blocks,
+                  block_size = a->block_size, window = a->window;
+    const float eps = a->eps, scale = a->scale;
+    const lc_step_layer *layers = (const lc_step_layer *)(uintptr_t)a->layers;
+    const uint64_t *caches = (const uint64_t *)(uintptr_t)a->caches;
+    void *x = (void *)(uintptr_t)a->x;
+    const void *cos = (const void *)(uintptr_t)a->cos, *sin = (const void *)(uintptr_t)a->sin;
+    const int64_t *slots = (const int64_t *)(uintptr_t)a->slots, *tables = (const int64_t *)(uintptr_t)a->tables,
+                  *seq_lens = (const int64_t *)(uintptr_t)a->seq_lens;
+    if (!layers || !caches || !x || a->naux < 0 || a->naux > LC_STEP_MAX_AUX || (a->naux && !a->aux)) return -1;
+    for (int j = 0; j < a->naux; j++)
+        if (a->aux_layers[j] < 0 || a->aux_layers[j] > nlayers) return -1;
     int64_t nqkv = (heads + 2 * kv_heads) * d, natt = heads * d;
     if (nlayers < 0 || rows < 1 || hidden < 1 || kv_heads < 1 || d < 1 || inter < 1) return -1;
     for (int i = 0; i < nlayers; i++) {
@@ -73,6 +99,7 @@ LC_EXPORT int lc_decode_layers(int isa, int nlayers, const lc_step_layer *layers
     const char *v = (const char *)qkv + (size_t)((heads + kv_heads) * d) * item;
     for (int i = 0; i < nlayers; i++) {
         const lc_step_layer *L = &layers[i];
+        if (a->naux) lc_step_keep(a, i, x, item);
         const void *attn_norm = (const void *)(uintptr_t)L->attn_norm, *mlp_norm = (const void *)(uintptr_t)L->mlp_norm;
         int rc; /* a refused call (LC_EINVAL) or a buffer that could not grow (LC_ENOMEM) stops the step */
         if ((rc = lc_rms_norm(isa, x, NULL, bf16, rows, hidden, attn_norm, eps, normed, nth)) ||
@@ -94,5 +121,8 @@ LC_EXPORT int lc_decode_layers(int isa, int nlayers, const lc_step_layer *layers
         /* x = sum + down, rounded as the torch path's `x + mlp(normed)` */
         lc_step_add(x, sum, bf16, rows, hidden, down, hidden);
     }
+    if (a->naux) lc_step_keep(a, nlayers, x, item);
     return 0;
 }
+
+LC_EXPORT int64_t lc_step_args_bytes(void) { return (int64_t)sizeof(lc_step_args); }

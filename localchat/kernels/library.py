@@ -15,6 +15,7 @@ from functools import cache
 from localchat import cpu_features
 from localchat.config import backend_variable
 from localchat.errors import BackendUnavailableError, InsufficientMemoryError
+from localchat.kernels.step import StepArgs
 
 log = logging.getLogger(__name__)
 
@@ -50,39 +51,8 @@ SIGNATURES: dict[str, tuple[list[type], type]] = {
         [_I, _P, _L, _P, _L, _I, _L, _L, _L, _L, _P, _P, _P, _P, _I, _L, _P, _L, _P, _L, _F, _L, _F, _P, _I],
         _I,
     ),
-    # isa, nlayers, layers, caches, cache_type, num_slots, x, bf16, rows, hidden, heads, kv_heads, d, inter,
-    # eps, cos, sin, slots, tables, max_blocks, seq_lens, block_size, scale, window, precise, nth
-    "lc_decode_layers": (
-        [
-            _I,
-            _I,
-            _P,
-            _P,
-            _I,
-            _L,
-            _P,
-            _I,
-            _L,
-            _L,
-            _L,
-            _L,
-            _L,
-            _L,
-            _F,
-            _P,
-            _P,
-            _P,
-            _P,
-            _L,
-            _P,
-            _L,
-            _F,
-            _L,
-            _I,
-            _I,
-        ],
-        _I,
-    ),
+    "lc_decode_layers": ([_P], _I),  # one lc_step_args (kernels/step.py's StepArgs) by address
+    "lc_step_args_bytes": ([], _L),
 }
 
 
@@ -93,6 +63,8 @@ def bind(path: str) -> ctypes.CDLL:
     for name, (argtypes, restype) in SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, restype
+    if lib.lc_step_args_bytes() != ctypes.sizeof(StepArgs):  # a build from other sources than this binding
+        raise AttributeError(f"{path}: lc_step_args is not the size localchat/kernels/step.py expects")
     return lib
 
 

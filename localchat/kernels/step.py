@@ -1,7 +1,8 @@
 """The fused decode step's layer table (csrc/lc_step.h's structs), mirrored field for field in ctypes.
 
-The torch backend's decode_step.py fills one `StepLayer` per decoder layer with tensor addresses and hands
-the array to `lc_decode_layers`. The C side `_Static_assert`s the same sizes.
+The torch backend's decode_step.py fills one `StepLayer` per decoder layer with tensor addresses, and one
+`StepArgs` (every argument of the call) that it hands to `lc_decode_layers` by pointer. The C side
+`_Static_assert`s the same sizes.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import ctypes
 from collections.abc import Sequence
 
 MAX_SEGMENTS = 4  # LC_STEP_MAX_SEG: typed row segments per matrix (a fused q|k|v of three types needs 3)
+MAX_AUX = 8  # LC_STEP_MAX_AUX: layer inputs one step can copy out (an EAGLE-3 head reads three)
 
 _Seg = ctypes.c_int64 * MAX_SEGMENTS
 
@@ -41,8 +43,43 @@ class StepLayer(ctypes.Structure):
     ]
 
 
+_U64, _I64, _I32, _F32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+
+
+class StepArgs(ctypes.Structure):
+    """lc_step_args: every argument of lc_decode_layers (addresses as integers; lc_kernels.h says what each
+    holds). `aux`/`naux`/`aux_layers`: the inputs of those layers copied out, concatenated per row."""
+
+    _fields_ = [
+        *(
+            (name, _U64)
+            for name in ("layers", "caches", "x", "cos", "sin", "slots", "tables", "seq_lens", "aux")
+        ),
+        *(
+            (name, _I64)
+            for name in (
+                "num_slots",
+                "rows",
+                "hidden",
+                "heads",
+                "kv_heads",
+                "d",
+                "inter",
+                "max_blocks",
+                "block_size",
+                "window",
+            )
+        ),
+        ("eps", _F32),
+        ("scale", _F32),
+        *((name, _I32) for name in ("isa", "nlayers", "cache_type", "bf16", "precise", "nth", "naux")),
+        ("aux_layers", _I32 * MAX_AUX),
+        ("reserved", _I32),
+    ]
+
+
 # csrc/lc_kernels.h _Static_asserts the same sizes: a field added on one side only fails here.
-assert ctypes.sizeof(StepMatrix) == 120 and ctypes.sizeof(StepLayer) == 512
+assert ctypes.sizeof(StepMatrix) == 120 and ctypes.sizeof(StepLayer) == 512 and ctypes.sizeof(StepArgs) == 224
 
 
 def step_matrix(
@@ -69,5 +106,5 @@ def cache_table(addresses: Sequence[int]) -> ctypes.Array[ctypes.c_uint64]:
     return (ctypes.c_uint64 * len(addresses))(*addresses)
 
 
-def address(array: ctypes.Array[StepLayer] | ctypes.Array[ctypes.c_uint64]) -> int:
+def address(array: ctypes.Array[StepLayer] | ctypes.Array[ctypes.c_uint64] | StepArgs) -> int:
     return ctypes.addressof(array)

@@ -37,7 +37,7 @@ def test_every_declared_export_has_a_signature_of_its_arity() -> None:
     assert len(found) >= 15  # the parse found the header's declarations
     assert set(found) == set(library.SIGNATURES)
     assert {name: len(args) for name, (args, _) in library.SIGNATURES.items()} == found
-    assert found["lc_decode_layers"] == 26
+    assert found["lc_decode_layers"] == 1  # one lc_step_args by pointer
 
 
 def test_the_block_table_is_ggufs() -> None:
@@ -53,7 +53,18 @@ def test_the_block_table_is_ggufs() -> None:
 
 def test_the_step_structs_have_the_headers_sizes() -> None:
     assert ctypes.sizeof(step.StepMatrix) == 120 and ctypes.sizeof(step.StepLayer) == 512
-    assert "_Static_assert(sizeof(lc_step_matrix) == 120" in HEADER.read_text()
+    assert ctypes.sizeof(step.StepArgs) == 224
+    text = HEADER.read_text()
+    assert "_Static_assert(sizeof(lc_step_matrix) == 120" in text
+    assert "_Static_assert(sizeof(lc_step_args) == 224" in text
+    assert f"#define LC_STEP_MAX_AUX {step.MAX_AUX} " in text
+
+
+@needs_library
+def test_the_library_was_built_with_the_bindings_step_args() -> None:
+    """A build from older sources (26 positional arguments) would read garbage from one pointer: bind refuses it."""
+    lib = library.library()
+    assert lib is not None and lib.lc_step_args_bytes() == ctypes.sizeof(step.StepArgs)
 
 
 @needs_library

@@ -29,7 +29,7 @@ from localchat.config import backend_choices, backend_variable
 from localchat.errors import BackendUnavailableError
 from localchat.kernels import library as c_library
 from localchat.kernels import step as c_step
-from localchat.kernels.step import MAX_SEGMENTS, StepLayer, StepMatrix
+from localchat.kernels.step import MAX_SEGMENTS, StepArgs, StepLayer, StepMatrix
 
 if TYPE_CHECKING:
     import ctypes
@@ -61,6 +61,7 @@ class FusedDecode:
     eps: float
     window: int
     keep: list[torch.Tensor]  # the norm and bias tensors whose addresses `layers` holds
+    args: StepArgs  # the call's arguments: the model's shape set once, each step's addresses per call
     caches: tuple[list[KVCache], ctypes.Array[ctypes.c_uint64]] | None = None
 
     def takes(self, x: torch.Tensor, cos: torch.Tensor, meta: object, kv_caches: list[KVCache]) -> bool:
@@ -95,15 +96,23 @@ class FusedDecode:
         cache = kv_caches[0]
         assert isinstance(cache, torch.Tensor)
         tables = meta.decode_block_tables.view(rows, -1)
-        # the score scale as attention.rope_paged_attention computes it
-        rc = self.ops.lib.lc_decode_layers(
-            self.ops.isa, len(self.layers), c_step.address(self.layers), self._cache_args(kv_caches),
-            cpu_kernels.KV_BF16 if cache.dtype == torch.bfloat16 else cpu_kernels.KV_F32, cache.shape[2],
-            x.data_ptr(), int(x.dtype == torch.bfloat16), rows, self.hidden, self.heads, self.kv_heads,
-            self.head_dim, self.inter, self.eps, cos.data_ptr(), sin.data_ptr(), meta.slot_mapping.data_ptr(),
-            tables.data_ptr(), tables.shape[1], meta.decode_lens64.data_ptr(), meta.block_size,
-            1 / math.sqrt(self.head_dim), self.window, int(self.ops.precise), torch.get_num_threads(),
-        )  # fmt: skip
+        args = self.args
+        args.caches = self._cache_args(kv_caches)
+        args.cache_type = cpu_kernels.KV_BF16 if cache.dtype == torch.bfloat16 else cpu_kernels.KV_F32
+        args.num_slots = cache.shape[2]
+        args.x = x.data_ptr()
+        args.bf16 = int(x.dtype == torch.bfloat16)
+        args.rows = rows
+        args.cos = cos.data_ptr()
+        args.sin = sin.data_ptr()
+        args.slots = meta.slot_mapping.data_ptr()
+        args.tables = tables.data_ptr()
+        args.max_blocks = tables.shape[1]
+        args.seq_lens = meta.decode_lens64.data_ptr()
+        args.block_size = meta.block_size
+        args.precise = int(self.ops.precise)
+        args.nth = torch.get_num_threads()
+        rc = self.ops.lib.lc_decode_layers(c_step.address(args))
         if rc:
             c_library.check(
                 rc,
@@ -158,9 +167,23 @@ def plan(layers: nn.ModuleList, dtype: torch.dtype) -> FusedDecode | None:
         addresses = (0 if t is None else t.data_ptr() for t in tensors)
         structs.append(StepLayer(*addresses, *(_matrix(m) for m in blocks)))
         hidden, inter = blocks[1].shape[0], blocks[3].shape[1]
+    table = c_step.layer_table(structs)
+    args = StepArgs(
+        layers=c_step.address(table),
+        nlayers=len(structs),
+        isa=ops.isa,
+        hidden=hidden,
+        heads=first.heads,
+        kv_heads=first.kv_heads,
+        d=first.head_dim,
+        inter=inter,
+        eps=first.eps,
+        scale=1 / math.sqrt(first.head_dim),  # the score scale as attention.rope_paged_attention computes it
+        window=window,
+    )
     return FusedDecode(
         ops=ops,
-        layers=c_step.layer_table(structs),
+        layers=table,
         dtype=dtype,
         heads=first.heads,
         kv_heads=first.kv_heads,
@@ -170,6 +193,7 @@ def plan(layers: nn.ModuleList, dtype: torch.dtype) -> FusedDecode | None:
         eps=first.eps,
         window=window,
         keep=keep,
+        args=args,
     )
 
 
