@@ -10,7 +10,9 @@ from typing import Any
 from localchat.errors import ModelLoadError
 
 # Multimodal families whose vision tower localchat runs (backends/torch/vision/).
-SUPPORTED = frozenset({"gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "llava"})
+SUPPORTED = frozenset(
+    {"gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "llava", "mistral3"}
+)
 
 
 def vision_config(path: Path) -> dict[str, Any] | None:

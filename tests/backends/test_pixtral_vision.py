@@ -1,0 +1,238 @@
+"""Mistral Small 3.x image input (#29: the Pixtral tower with 2-D RoPE + Mistral 3's patch merger and
+projector) against transformers on a tiny random Mistral3ForConditionalGeneration, fp32: preprocessing
+equals transformers' Pillow Pixtral processor bit for bit on real PNG / JPEG files of several shapes and
+modes, the prompt expansion is PixtralProcessor's rows of [IMG] + [IMG_BREAK] ending [IMG_END], the
+embeddings equal get_image_features, and an image prompt's logits and greedy tokens equal transformers',
+also with a prefill chunk boundary inside the image's run and through the engine with the prefix cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from transformers.models.pixtral import PixtralImageProcessorPil
+
+from localchat.backends.torch.vision.pixtral import PixtralVision, load_pixtral_vision
+from localchat.engine.request import ImageInput
+from localchat.vision.model_info import vision_config
+from localchat.vision.pixtral_prompt import PixtralImagePrompt
+from localchat.vision.placement import chunk_rows
+from localchat.weights.loader import load_model
+from tests.helpers import pixtral_models as tiny
+from tests.helpers.torch_batch import PagedDriver
+from tests.helpers.torch_models import fp32_runner
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    folder = tmp_path_factory.mktemp("mistral3")
+    return tiny.write_folder(folder), folder
+
+
+def _prompt_side(folder: Path) -> PixtralImagePrompt:
+    config = vision_config(folder)
+    assert config is not None
+    return PixtralImagePrompt.from_config(folder, config)
+
+
+def image_run(rows: int, columns: int) -> list[int]:
+    """PixtralProcessor's token run for a grid: each row's [IMG]s then [IMG_BREAK], the last [IMG_END]."""
+    run = ([tiny.IMG] * columns + [tiny.IMG_BREAK]) * rows
+    return [*run[:-1], tiny.IMG_END]
+
+
+def prompt_for(rows: int, columns: int) -> list[int]:
+    """<s>[INST][the picture's run] what is in this picture ?[/INST]"""
+    return [1, 3, *image_run(rows, columns), 20, 21, 22, 23, 24, 25, 4]
+
+
+def _odd_pictures(folder: Path) -> list[Path]:
+    rng = np.random.default_rng(2)
+    out = []
+    for name, array, mode in (
+        ("rgba.png", rng.integers(0, 256, (33, 80, 4), dtype=np.uint8), "RGBA"),  # composited on white
+        ("gray.png", rng.integers(0, 256, (100, 57), dtype=np.uint8), "L"),
+        ("tiny.jpg", rng.integers(0, 256, (5, 9, 3), dtype=np.uint8), "RGB"),  # rounded up to one unit
+        ("square.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8), "RGB"),  # at the limit exactly
+    ):
+        path = folder / name
+        Image.fromarray(array, mode).save(path)
+        out.append(path)
+    return out
+
+
+def test_preprocessing_equals_transformers(saved: tuple[Any, Path], tmp_path: Path) -> None:
+    """PixtralProcessor hands its image processor patch_size x spatial_merge_size as the patch: the
+    same unit our spec reads from the model's config."""
+    _, folder = saved
+    prompt = _prompt_side(folder)
+    assert prompt.spec.unit == tiny.UNIT and prompt.spec.longest_edge == tiny.LONGEST_EDGE
+    theirs_processor = PixtralImageProcessorPil(**{**tiny.PREPROCESSOR, "patch_size": tiny.UNIT})
+    shapes = set()
+    for path in [*tiny.pictures(tmp_path), *_odd_pictures(tmp_path)]:
+        ours = prompt.preprocess(Image.open(path))
+        theirs = theirs_processor(Image.open(path), return_tensors="np")
+        assert tuple(theirs["image_sizes"][0]) == ours.shape[1:], path.name
+        assert ours.dtype == theirs["pixel_values"].dtype
+        assert np.array_equal(ours, theirs["pixel_values"][0]), path.name  # bit for bit
+        assert ours.shape[1] % tiny.UNIT == 0 and ours.shape[2] % tiny.UNIT == 0
+        assert max(ours.shape[1:]) <= tiny.LONGEST_EDGE
+        shapes.add(ours.shape)
+    assert len(shapes) >= 4  # each picture keeps its own aspect: no fixed square
+
+
+def test_prompt_expansion_and_placeholders(saved: tuple[Any, Path]) -> None:
+    _, folder = saved
+    prompt = _prompt_side(folder)
+    assert prompt.image_token_id == tiny.IMG
+    # PixtralProcessor.replace_image_token for a 32 x 24 picture (unit 8): 4 rows of 3
+    expected = ("[IMG]" * 3 + "[IMG_BREAK]") * 3 + "[IMG]" * 3 + "[IMG_END]"
+    assert prompt.tokens(4, 3) == expected
+    pixels = np.zeros((3, 32, 24), dtype=np.float32)
+    assert prompt.grid(pixels) == (4, 3)
+    text = prompt.expand("<s>[INST][IMG] what[IMG] and[/INST]", [(4, 3), (1, 2)])
+    assert text == f"<s>[INST]{expected} what[IMG][IMG][IMG_END] and[/INST]"
+    with pytest.raises(ValueError, match="2 image slots for 1 images"):
+        prompt.expand("[IMG][IMG]", [(1, 1)])
+    tokens = [1, 3, *image_run(4, 3), 20, *image_run(1, 2), 4]
+    runs = prompt.placeholders(tokens, [(4, 3), (1, 2)])
+    assert [len(r) for r in runs] == [12, 2]
+    assert all(tokens[i] == tiny.IMG for run in runs for i in run)
+    assert runs[0][0] == 2 and runs[0][-1] == 2 + 4 * 4 - 2 and runs[1] == (19, 20)
+    with pytest.raises(ValueError, match="image tokens where its images need"):
+        prompt.placeholders(tokens[:-6], [(4, 3), (1, 2)])
+
+
+def _pixels(folder: Path, path: Path) -> torch.Tensor:
+    return torch.from_numpy(_prompt_side(folder).preprocess(Image.open(path)))[None]
+
+
+def _hf_features(hf: Any, pixels: torch.Tensor) -> torch.Tensor:
+    sizes = torch.tensor([list(pixels.shape[-2:])] * pixels.shape[0])
+    with torch.no_grad():
+        out = hf.model.get_image_features(pixel_values=pixels, image_sizes=sizes).pooler_output
+    return torch.stack(list(out))
+
+
+@pytest.mark.parametrize("layer", [-1, -2, 1])
+def test_image_features_equal_transformers(tmp_path: Path, layer: int) -> None:
+    folder = tmp_path / "m"
+    hf = tiny.write_folder(folder, vision_feature_layer=layer)
+    vision = load_pixtral_vision(folder)
+    for path in tiny.pictures(tmp_path):
+        pixels = _pixels(folder, path)
+        ours, theirs = vision.encode(pixels), _hf_features(hf, pixels)
+        rows, columns = pixels.shape[-2] // tiny.UNIT, pixels.shape[-1] // tiny.UNIT
+        assert ours.shape == theirs.shape == (1, rows * columns, tiny.TEXT["hidden_size"])
+        err = (ours - theirs).abs().max().item()
+        print(f"pixtral features max abs err fp32 (layer {layer}, {path.name}): {err:.2e}")
+        assert err < 1e-5
+    # two same-sized pictures in one batch are encoded independently
+    rng = np.random.default_rng(3)
+    pair = torch.from_numpy(rng.standard_normal((2, 3, 16, 24)).astype(np.float32))
+    ours, theirs = vision.encode(pair), _hf_features(hf, pair)
+    assert (ours - theirs).abs().max().item() < 1e-5 and (ours[0] - ours[1]).abs().max().item() > 1e-2
+
+
+def _hf_logits(hf: Any, tokens: list[int], pixels: torch.Tensor) -> np.ndarray:
+    sizes = torch.tensor([list(pixels.shape[-2:])])
+    with torch.no_grad():
+        out = hf(input_ids=torch.tensor([tokens]), pixel_values=pixels, image_sizes=sizes)
+    return out.logits[0].float().numpy()
+
+
+@pytest.mark.parametrize("chunk", [None, 9])
+def test_image_prompt_logits_and_greedy_tokens(
+    saved: tuple[Any, Path], tmp_path: Path, chunk: int | None
+) -> None:
+    """The embeddings scattered at the [IMG] positions of a prefill (whole, or split by chunked prefill
+    in the middle of the image's rows) give transformers' logits and greedy tokens."""
+    hf, folder = saved
+    pixels = _pixels(folder, tiny.pictures(tmp_path)[0])  # 32 x 40: 4 rows of 5
+    rows, columns = _prompt_side(folder).grid(pixels[0].numpy())
+    prompt = prompt_for(rows, columns)
+    embeds = load_pixtral_vision(folder).encode(pixels)[0]  # encoded once, whole
+    placeholders = list(_prompt_side(folder).placeholders(prompt, [(rows, columns)])[0])
+    runner = fp32_runner(load_model(folder))
+    model: Any = runner.model
+    driver = PagedDriver(runner)
+    driver.add("a", prompt)
+    rows_logits = []
+    for start, end in [(0, len(prompt))] if chunk is None else [(0, chunk), (chunk, len(prompt))]:
+        token_rows, picked = chunk_rows(placeholders, start, end)
+        model.image_embeds = (torch.tensor(token_rows), embeds[picked])
+        _, logits = driver.step_logits({"a": end - start}, every_token=True)
+        rows_logits.append(logits.cpu().numpy())
+    model.image_embeds = None
+    ours = np.concatenate(rows_logits)
+    theirs = _hf_logits(hf, prompt, pixels)
+    err = np.abs(ours - theirs).max()
+    print(f"pixtral image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
+    assert err < 1e-4
+    for _ in range(3):  # greedy decode after the image
+        driver.feed("a", int(ours[-1].argmax()))
+        _, logits = driver.step_logits()
+        ours = logits.cpu().numpy()
+        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), pixels)[-1].argmax())
+    # the picture matters: without its embeddings the prompt's last logits differ
+    assert np.abs(theirs[-1] - _hf_logits(hf, prompt, torch.zeros_like(pixels))[-1]).max() > 1e-3
+
+
+def hf_greedy(hf: Any, prompt: list[int], pixels: torch.Tensor, new: int) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(new):
+        tokens.append(int(_hf_logits(hf, tokens, pixels)[-1].argmax()))
+    return tokens[len(prompt) :]
+
+
+@pytest.mark.parametrize("chunk", [0, 7])
+def test_engine_greedy_equals_transformers(saved: tuple[Any, Path], tmp_path: Path, chunk: int) -> None:
+    """Through LLMEngine + TorchRunner (the runner's own tower and encoder cache): each picture twice,
+    the second time from the prefix cache; greedy tokens equal transformers', one encode per picture."""
+    from localchat.engine.config import EngineConfig
+    from localchat.engine.engine import LLMEngine
+    from localchat.engine.sampling_params import SamplingParams
+    from localchat.vision.gemma3_preprocess import content_hash
+
+    hf, folder = saved
+    side = _prompt_side(folder)
+    bundle = load_model(folder)
+    runner = fp32_runner(bundle)
+    assert isinstance(runner.images.vision, PixtralVision)  # type: ignore[union-attr]
+    engine = LLMEngine(
+        runner,
+        bundle.tokenizer,
+        EngineConfig(kv_cache_mib=4, block_size=4, prefill_chunk_size=chunk),
+        eos_token_ids=[],
+        model_max_len=128,
+    )
+    pictures = tiny.pictures(tmp_path)
+    answers = []
+    for path in pictures:
+        pixels = side.preprocess(Image.open(path))
+        grid = side.grid(pixels)
+        prompt = prompt_for(*grid)
+        turns = []
+        for _ in range(2):
+            run = side.placeholders(prompt, [grid])[0]
+            image = (ImageInput(run, content_hash(path.read_bytes()), pixels),)
+            req = engine.add_request(prompt, SamplingParams(max_tokens=6, temperature=0.0), images=image)
+            tokens: list[int] = []
+            cached = 0
+            while engine.has_unfinished:
+                for out in engine.step():
+                    if out.req_id == req:
+                        tokens += out.new_token_ids
+                        cached = out.num_cached_tokens
+            turns.append((tokens, cached))
+        assert turns[1][0] == turns[0][0] and turns[1][1] >= len(prompt) - 4  # the picture's blocks reused
+        assert turns[0][0] == hf_greedy(hf, prompt, torch.from_numpy(pixels)[None], 6), path.name
+        answers.append(turns[0][0])
+    assert runner.images.cache.misses == len(pictures)  # type: ignore[union-attr]
+    assert answers[0] != answers[1]
