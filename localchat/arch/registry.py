@@ -54,6 +54,13 @@ QWEN_VL_PREFIXES: dict[str, str | None] = {
     "model.visual.": None,
     "visual.": None,
 }
+# SmolVLM / Idefics3 checkpoints (hub files and transformers 5 alike): the text LM under `model.text_model.`,
+# the tower and connector loaded apart.
+SMOLVLM_PREFIXES: dict[str, str | None] = {
+    "model.text_model.": "model.",
+    "model.vision_model.": None,
+    "model.connector.": None,
+}
 # M-RoPE's split of the rotary frequencies over (temporal, height, width), from the rope settings.
 MROPE_KEYS = {"mrope_section": None, "mrope_interleaved": False}
 # transformers' Gemma3TextConfig defaults (the Gemma 3 1B sizes): the text_config of a Gemma 3 4B/12B/27B
@@ -231,6 +238,10 @@ def _entries() -> list[Architecture]:
         Architecture(
             "llava", "llama", text_config_key="text_config", weight_prefixes=MULTIMODAL_TEXT_PREFIXES
         ),
+        # SmolVLM / Idefics3 (SmolVLMForConditionalGeneration, Idefics3ForConditionalGeneration): the Llama
+        # text LM; the SigLIP tower + pixel-shuffle connector run in backends/<lib>/vision/smolvlm.py.
+        Architecture("smolvlm", "llama", text_config_key="text_config", weight_prefixes=SMOLVLM_PREFIXES),
+        Architecture("idefics3", "llama", text_config_key="text_config", weight_prefixes=SMOLVLM_PREFIXES),
         # Gemma 3 4B / 12B / 27B (Gemma3ForConditionalGeneration): its gemma3_text LM only, images
         # unsupported. GGUF files of them are `gemma3` text models (the vision tower is a separate mmproj).
         Architecture(

@@ -14,6 +14,8 @@ SUPPORTED = frozenset(
     {"gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "llava", "mistral3"}
 )
 
+SUPPORTED |= {"smolvlm", "idefics3"}  # SmolVLM / Idefics3: backends/torch/vision/smolvlm.py
+
 
 def vision_config(path: Path) -> dict[str, Any] | None:
     """The config.json of a multimodal safetensors folder of a supported family (for a GGUF file: the same

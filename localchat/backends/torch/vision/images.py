@@ -17,12 +17,14 @@ from localchat.backends.torch.vision.llava import LlavaVision, load_llava_vision
 from localchat.backends.torch.vision.llava_mmproj import load_llava_mmproj
 from localchat.backends.torch.vision.pixtral import PixtralVision, load_pixtral_vision
 from localchat.backends.torch.vision.qwen_vl import QwenVisionTower, encode_image, load_qwen_vision
+from localchat.backends.torch.vision.smolvlm import SmolVLMVision, load_smolvlm_vision
 from localchat.engine.interface import ImageSlice
 from localchat.vision.encoder_cache import EncoderCache
 from localchat.vision.llava_prompt import LLAVA_TYPES
 from localchat.vision.model_info import vision_config
 from localchat.vision.pixtral_prompt import PIXTRAL_TYPES
 from localchat.vision.qwen_vl_prompt import QWEN_VL_TYPES
+from localchat.vision.smolvlm_prompt import SMOLVLM_TYPES
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +32,7 @@ log = logging.getLogger(__name__)
 class ImageEmbedder:
     def __init__(
         self,
-        vision: Gemma3Vision | QwenVisionTower | LlavaVision | PixtralVision,
+        vision: Gemma3Vision | QwenVisionTower | LlavaVision | SmolVLMVision | PixtralVision,
         device: torch.device,
         dtype: torch.dtype,
     ) -> None:
@@ -82,4 +84,6 @@ def load_image_embedder(path: Path, device: torch.device, dtype: torch.dtype) ->
         return ImageEmbedder(load_llava_vision(path, dtype), device, dtype)
     if config.get("model_type") in PIXTRAL_TYPES:  # a picture at its own size: [1, 3, H, W]
         return ImageEmbedder(load_pixtral_vision(path, dtype), device, dtype)
+    if config.get("model_type") in SMOLVLM_TYPES:  # a picture's tiles: [1, tiles, 3, S, S]
+        return ImageEmbedder(load_smolvlm_vision(path, dtype), device, dtype)
     return ImageEmbedder(load_gemma3_vision(path, dtype), device, dtype)

@@ -1,0 +1,251 @@
+"""SmolVLM / Idefics3 image input (#29: SigLIP tower per tile + pixel-shuffle connector) against
+transformers on tiny random SmolVLMForConditionalGeneration / Idefics3ForConditionalGeneration, fp32:
+the tiling and pixel values equal transformers' Pillow processors bit for bit on real PNG / JPEG files, the
+prompt expansion (row/col markers, global image) equals the processor's token ids, the tower's rows equal
+get_image_features, and an image prompt's logits and greedy tokens equal transformers', also with a
+prefill chunk boundary inside a picture's tiles and on a second turn from the prefix cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from tokenizers import Tokenizer
+from transformers import Idefics3Processor, PreTrainedTokenizerFast
+from transformers.models.idefics3 import Idefics3ImageProcessorPil
+from transformers.models.smolvlm import SmolVLMImageProcessorPil
+from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
+
+from localchat.backends.torch.vision.smolvlm import SmolVLMVision, load_smolvlm_vision
+from localchat.vision.model_info import takes_images, vision_config
+from localchat.vision.placement import chunk_rows
+from localchat.vision.smolvlm_preprocess import SmolVLMImageSpec, preprocess_smolvlm
+from localchat.vision.smolvlm_prompt import SmolVLMImagePrompt, image_text
+from localchat.weights.loader import load_model
+from tests.helpers import smolvlm_models as tiny
+from tests.helpers.torch_batch import PagedDriver
+from tests.helpers.torch_models import fp32_runner
+
+pytestmark = pytest.mark.slow
+
+KINDS = ["smolvlm", "idefics3"]
+QUESTION = "what is in this picture ?"
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Any, Path]]:
+    out = {}
+    for kind in KINDS:
+        folder = tmp_path_factory.mktemp(kind)
+        out[kind] = (tiny.write_folder(folder, kind), folder)
+    return out
+
+
+def _odd_pictures(folder: Path) -> list[Path]:
+    rng = np.random.default_rng(2)
+    out = []
+    for name, array, mode in (
+        ("rgba.png", rng.integers(0, 256, (33, 80, 4), dtype=np.uint8), "RGBA"),  # composited on white
+        ("gray.png", rng.integers(0, 256, (100, 57), dtype=np.uint8), "L"),
+        ("small.jpg", rng.integers(0, 256, (20, 30, 3), dtype=np.uint8), "RGB"),  # upscaled
+        ("square.png", rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), "RGB"),
+    ):
+        path = folder / name
+        Image.fromarray(array, mode).save(path)
+        out.append(path)
+    return out
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"do_image_splitting": False}, {"size": {"longest_edge": tiny.TILE}}],
+    ids=["split", "no-split", "one-tile"],
+)
+def test_preprocessing_equals_transformers(tmp_path: Path, settings: dict[str, Any]) -> None:
+    raw = {**tiny.PREPROCESSOR, **settings}
+    spec = SmolVLMImageSpec.from_dict(raw, tiny.TILE)
+    processors = [SmolVLMImageProcessorPil(**raw), Idefics3ImageProcessorPil(**raw)]
+    tiles_seen = set()
+    for path in [*tiny.pictures(tmp_path), *_odd_pictures(tmp_path)]:
+        ours, (rows, cols) = preprocess_smolvlm(Image.open(path), spec)
+        tiles_seen.add((rows, cols))
+        for processor in processors:
+            theirs = processor(Image.open(path), return_tensors="np", return_row_col_info=True)
+            assert (rows, cols) == (theirs["rows"][0][0], theirs["cols"][0][0]), path.name
+            pixels = theirs["pixel_values"][0]
+            assert ours.dtype == pixels.dtype and np.array_equal(ours, pixels), path.name  # bit for bit
+    if not settings:  # the wide and the tall picture are cut differently
+        assert {(2, 3), (3, 3), (3, 2)} <= tiles_seen
+    else:
+        assert tiles_seen == {(0, 0)}
+
+
+def _chat_text(pictures: int) -> str:
+    return "<|im_start|>User:" + "<image>" * pictures + QUESTION + "<end_of_utterance>\nAssistant:"
+
+
+def test_prompt_expansion_equals_the_processor(saved: dict[str, tuple[Any, Path]], tmp_path: Path) -> None:
+    _, folder = saved["smolvlm"]
+    config = vision_config(folder)
+    assert config is not None and takes_images(folder)
+    prompt = SmolVLMImagePrompt.from_config(folder, config)
+    assert prompt.per_tile == tiny.TOKENS_PER_TILE and prompt.image_token_id == tiny.IMAGE
+    for rows, cols in [(0, 0), (2, 3)]:  # SmolVLM's own prompt string
+        theirs = get_image_prompt_string(
+            rows, cols, tiny.TOKENS_PER_TILE, "<fake_token_around_image>", "<image>", "<global-img>"
+        )
+        assert image_text(rows, cols, tiny.TOKENS_PER_TILE) == theirs
+    paths = tiny.pictures(tmp_path)
+    processor = Idefics3Processor(
+        Idefics3ImageProcessorPil(**tiny.PREPROCESSOR),
+        PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json")),
+        image_seq_len=tiny.TOKENS_PER_TILE,
+    )
+    text = _chat_text(2)
+    theirs = processor(text=text, images=[Image.open(p) for p in paths])["input_ids"][0]
+    prepared = [prompt.preprocess(Image.open(p)) for p in paths]
+    expanded = prompt.expand(text, [tiles for _, tiles in prepared])
+    ids = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(expanded).ids
+    assert ids == list(theirs)
+    images = prompt.inputs(ids, [(str(i), px, tiles) for i, (px, tiles) in enumerate(prepared)])
+    sizes = [(rows * cols + 1) * tiny.TOKENS_PER_TILE for _, (rows, cols) in prepared]
+    assert [len(image.placeholders) for image in images] == sizes
+    assert all(ids[p] == tiny.IMAGE for image in images for p in image.placeholders)
+    with pytest.raises(ValueError, match="image slots"):
+        prompt.expand(text, [(0, 0)])
+    with pytest.raises(ValueError, match="image tokens"):  # a prompt cut inside the second picture
+        prompt.inputs(ids[:-60], [(str(i), px, tiles) for i, (px, tiles) in enumerate(prepared)])
+
+
+def _pixels(folder: Path, path: Path) -> tuple[torch.Tensor, tuple[int, int]]:
+    config = vision_config(folder)
+    assert config is not None
+    pixels, tiles = SmolVLMImagePrompt.from_config(folder, config).preprocess(Image.open(path))
+    return torch.from_numpy(pixels)[None], tiles
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_image_features_equal_transformers(
+    saved: dict[str, tuple[Any, Path]], tmp_path: Path, kind: str
+) -> None:
+    hf, folder = saved[kind]
+    vision = load_smolvlm_vision(folder)
+    for path in tiny.pictures(tmp_path):
+        pixels, _ = _pixels(folder, path)
+        ours = vision.encode(pixels)[0]
+        with torch.no_grad():
+            theirs = hf.model.get_image_features(pixel_values=pixels).pooler_output[0]
+        err = (ours - theirs).abs().max().item()
+        print(f"{kind} image features max abs err fp32: {err:.2e}")
+        assert ours.shape == theirs.shape and err < 1e-5
+
+
+def _prompt_ids(folder: Path, tiles: list[tuple[int, int]]) -> list[int]:
+    config = vision_config(folder)
+    assert config is not None
+    text = SmolVLMImagePrompt.from_config(folder, config).expand(_chat_text(len(tiles)), tiles)
+    return list(Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text).ids)
+
+
+def _hf_logits(hf: Any, tokens: list[int], pixels: torch.Tensor) -> np.ndarray:
+    with torch.no_grad():
+        return hf(input_ids=torch.tensor([tokens]), pixel_values=pixels).logits[0].float().numpy()
+
+
+@pytest.mark.parametrize(("kind", "chunk"), [("smolvlm", None), ("smolvlm", 45), ("idefics3", 45)])
+def test_image_prompt_logits_and_greedy_tokens(
+    saved: dict[str, tuple[Any, Path]], tmp_path: Path, kind: str, chunk: int | None
+) -> None:
+    """The tiles' rows scattered at the placeholders of a prefill (whole, or split by chunked prefill
+    inside the picture, between row markers) give transformers' logits and greedy tokens."""
+    hf, folder = saved[kind]
+    vision = load_smolvlm_vision(folder)
+    pixels, tiles = _pixels(folder, tiny.pictures(tmp_path)[0])
+    prompt = _prompt_ids(folder, [tiles])
+    embeds = vision.encode(pixels)[0]  # encoded once, whole
+    placeholders = [i for i, t in enumerate(prompt) if t == tiny.IMAGE]
+    assert len(placeholders) == embeds.shape[0]
+    runner = fp32_runner(load_model(folder))
+    model: Any = runner.model
+    driver = PagedDriver(runner)
+    driver.add("a", prompt)
+    rows_logits = []
+    for start, end in [(0, len(prompt))] if chunk is None else [(0, chunk), (chunk, len(prompt))]:
+        rows, picked = chunk_rows(placeholders, start, end)
+        model.image_embeds = (torch.tensor(rows), embeds[picked])
+        _, logits = driver.step_logits({"a": end - start}, every_token=True)
+        rows_logits.append(logits.cpu().numpy())
+    model.image_embeds = None
+    ours = np.concatenate(rows_logits)
+    theirs = _hf_logits(hf, prompt, pixels)
+    err = np.abs(ours - theirs).max()
+    print(f"{kind} image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
+    assert err < 1e-4
+    for _ in range(3):  # greedy decode after the picture
+        driver.feed("a", int(ours[-1].argmax()))
+        _, logits = driver.step_logits()
+        ours = logits.cpu().numpy()
+        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), pixels)[-1].argmax())
+    # the picture matters: with other pixels the prompt's last logits differ (not zeros: transformers
+    # drops all-zero tiles as batch padding)
+    assert np.abs(theirs[-1] - _hf_logits(hf, prompt, torch.full_like(pixels, 0.5))[-1]).max() > 1e-3
+
+
+def hf_greedy(hf: Any, prompt: list[int], pixels: torch.Tensor, new: int) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(new):
+        tokens.append(int(_hf_logits(hf, tokens, pixels)[-1].argmax()))
+    return tokens[len(prompt) :]
+
+
+@pytest.mark.parametrize("chunk", [0, 13])
+def test_engine_greedy_equals_transformers(
+    saved: dict[str, tuple[Any, Path]], tmp_path: Path, chunk: int
+) -> None:
+    """Through LLMEngine + TorchRunner (the runner's own tower and encoder cache): each picture twice, the
+    second time from the prefix cache, gives transformers' greedy tokens; the two pictures' answers differ."""
+    from localchat.engine.config import EngineConfig
+    from localchat.engine.engine import LLMEngine
+    from localchat.engine.sampling_params import SamplingParams
+    from localchat.vision.gemma3_preprocess import content_hash
+
+    hf, folder = saved["smolvlm"]
+    config = vision_config(folder)
+    assert config is not None
+    prompt_side = SmolVLMImagePrompt.from_config(folder, config)
+    bundle = load_model(folder)
+    runner = fp32_runner(bundle)
+    assert isinstance(runner.images.vision, SmolVLMVision)  # type: ignore[union-attr]
+    engine = LLMEngine(
+        runner,
+        bundle.tokenizer,
+        EngineConfig(kv_cache_mib=4, block_size=4, prefill_chunk_size=chunk),
+        eos_token_ids=[],
+        model_max_len=512,
+    )
+    answers = []
+    pictures = tiny.pictures(tmp_path)
+    for path in pictures:
+        pixels, tiles = prompt_side.preprocess(Image.open(path))
+        prompt = _prompt_ids(folder, [tiles])
+        turns = []
+        for _ in range(2):
+            images = prompt_side.inputs(prompt, [(content_hash(path.read_bytes()), pixels, tiles)])
+            req = engine.add_request(prompt, SamplingParams(max_tokens=6, temperature=0.0), images=images)
+            tokens: list[int] = []
+            cached = 0
+            while engine.has_unfinished:
+                for out in engine.step():
+                    if out.req_id == req:
+                        tokens += out.new_token_ids
+                        cached = out.num_cached_tokens
+            turns.append((tokens, cached))
+        assert turns[1][0] == turns[0][0] and turns[1][1] >= len(prompt) - 4  # the picture's blocks reused
+        assert turns[0][0] == hf_greedy(hf, prompt, torch.from_numpy(pixels)[None], 6), path.name
+        answers.append(turns[0][0])
+    assert runner.images.cache.misses == len(pictures)  # type: ignore[union-attr]
+    assert answers[0] != answers[1]
