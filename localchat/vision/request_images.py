@@ -22,6 +22,7 @@ from localchat.vision.content import ImageInputError, ImageLimits, check_size, r
 from localchat.vision.gemma3_preprocess import content_hash, decode, preprocess
 from localchat.vision.llava_prompt import LLAVA_TYPES, LlavaImagePrompt
 from localchat.vision.model_info import vision_config
+from localchat.vision.pixtral_prompt import PIXTRAL_TYPES, PixtralImagePrompt
 from localchat.vision.prompt_images import ImagePrompt
 from localchat.vision.qwen_vl_prompt import QWEN_VL_TYPES, QwenImagePrompt
 
@@ -52,7 +53,9 @@ class Picture:
 class PreparedImages:
     messages: list[dict[str, Any]]  # for the chat template: image parts as {"type": "image"}
     pictures: list[Picture] = field(default_factory=list)
-    prompt: ImagePrompt | QwenImagePrompt | LlavaImagePrompt | None = None  # None: the request has no picture
+    prompt: ImagePrompt | QwenImagePrompt | LlavaImagePrompt | PixtralImagePrompt | None = (
+        None  # None: the request has no picture
+    )
 
     def expand(self, prompt_text: str) -> str:
         """The rendered prompt with each picture's full run of image tokens, as the model's processor writes it."""
@@ -63,6 +66,11 @@ class PreparedImages:
                 raise ImageInputError(str(exc)) from exc
         if isinstance(self.prompt, LlavaImagePrompt):
             return self.prompt.expand(prompt_text)
+        if isinstance(self.prompt, PixtralImagePrompt):  # rows of [IMG] per picture, sized by its pixels
+            try:
+                return self.prompt.expand(prompt_text, [self.prompt.grid(p.pixels) for p in self.pictures])
+            except ValueError as exc:
+                raise ImageInputError(str(exc)) from exc
         return self.prompt.tokens.expand(prompt_text) if self.prompt is not None else prompt_text
 
     def inputs(self, token_ids: list[int]) -> tuple[ImageInput, ...]:
@@ -79,6 +87,10 @@ class PreparedImages:
         try:
             if isinstance(self.prompt, LlavaImagePrompt):
                 runs = self.prompt.placeholders(token_ids)
+            elif isinstance(self.prompt, PixtralImagePrompt):
+                runs = self.prompt.placeholders(
+                    token_ids, [self.prompt.grid(p.pixels) for p in self.pictures]
+                )
             else:
                 runs = self.prompt.tokens.placeholders(token_ids)
         except ValueError as exc:
@@ -137,19 +149,21 @@ def prepare_images(
             except ValueError as exc:  # an aspect ratio past 200
                 raise ImageRequestError(f"{where}: {exc}", where) from exc
             pictures.append(Picture(content_hash(data), pixels, grid))
-        elif isinstance(prompt, LlavaImagePrompt):
+        elif isinstance(prompt, LlavaImagePrompt | PixtralImagePrompt):
             pictures.append(Picture(content_hash(data), prompt.preprocess(image)))
         else:
             pictures.append(Picture(content_hash(data), preprocess(image, prompt.spec)))
     return PreparedImages(_template_messages(messages), pictures, prompt)
 
 
-def _image_prompt(path: Path) -> ImagePrompt | QwenImagePrompt | LlavaImagePrompt | None:
+def _image_prompt(path: Path) -> ImagePrompt | QwenImagePrompt | LlavaImagePrompt | PixtralImagePrompt | None:
     config = vision_config(path)
     if config is not None and config.get("model_type") in QWEN_VL_TYPES:
         return QwenImagePrompt.from_config(path, config)
     if config is not None and config.get("model_type") in LLAVA_TYPES:
         return LlavaImagePrompt.from_config(path, config)
+    if config is not None and config.get("model_type") in PIXTRAL_TYPES:
+        return PixtralImagePrompt.from_config(path, config)
     return ImagePrompt.from_folder(path)
 
 
