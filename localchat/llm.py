@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from localchat.backend_settings import resolve_backend_variables
 from localchat.backends import RunnerOptions, load_runner
 from localchat.engine.config import EngineConfig
 from localchat.engine.interface import TokenLogprobs
@@ -56,8 +57,16 @@ class LLM:
         from localchat.weights.chat_template import ChatTemplate
         from localchat.weights.loader import load_model
 
+        # The backend variables first: a wrong one fails before the weights are read
+        backend_settings = resolve_backend_variables()
         self.model = load_model(model)
-        options = RunnerOptions(device=device, dtype=dtype, seed=seed, kv_cache_dtype=kv_cache_dtype)
+        options = RunnerOptions(
+            device=device,
+            dtype=dtype,
+            seed=seed,
+            kv_cache_dtype=kv_cache_dtype,
+            backend_settings=backend_settings,
+        )
         self.runner = load_runner(backend, self.model, options)
         config = engine_config or EngineConfig()
         if speculative is not None:

@@ -41,6 +41,9 @@ class RunnerOptions:
     device_ids: tuple[int, ...] | None = None  # torch with tensor parallelism: rank i's CUDA device
     pipeline_parallel_size: int = 1  # torch: ranks each holding a run of layers (backends/torch/parallel)
     gpu_layers: int | None = None  # torch: the last N layers on CUDA, the rest on the CPU, one process
+    # torch: the seven tuning variables as resolve_backend_variables gave them (backend_settings.py);
+    # None: the runner resolves them from the environment when it loads
+    backend_settings: dict[str, str] | None = None
 
 
 def resolve_backend(name: str) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from localchat.backends import RunnerOptions, load_runner, resolve_backend
-from localchat.config import SettingsError
+from localchat.config import SettingsError, resolve_backend_variables
 from localchat.engine.async_engine import AsyncEngine
 from localchat.engine.engine import LLMEngine
 from localchat.errors import LocalchatError
@@ -80,7 +80,8 @@ def load_bundle(
 
 
 def runner_options(settings: Settings) -> RunnerOptions:
-    """The runner's options from the settings (also a torchrun worker rank's, which serves no HTTP)."""
+    """The runner's options from the settings (also a torchrun worker rank's, which serves no HTTP).
+    The backend variables are checked here, all at once: a wrong one fails before any weight is read."""
     return RunnerOptions(
         device=settings.device,
         dtype=settings.dtype,
@@ -93,6 +94,7 @@ def runner_options(settings: Settings) -> RunnerOptions:
         device_ids=tuple(int(i) for i in settings.device_ids.split(",") if i.strip()) or None,
         pipeline_parallel_size=settings.pipeline_parallel_size,
         gpu_layers=settings.gpu_layers,
+        backend_settings=resolve_backend_variables(),
     )
 
 
@@ -108,10 +110,10 @@ def build_context(
 
     if mcp is None and settings.mcp_config:  # read before the model loads: a bad file fails fast
         mcp = mcp_hub(settings)
+    options = runner_options(settings)
     started = time.perf_counter()
     bundle, model_id, aliases = load_bundle(settings, progress, target)
     loaded = time.perf_counter()
-    options = runner_options(settings)
     runner = load_runner(settings.backend, bundle, options)
     check_kv_budget(settings, runner.kv_cache_spec, bundle.config.max_position_embeddings)
     log.info(

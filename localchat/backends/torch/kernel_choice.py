@@ -71,20 +71,31 @@ def one_step_choice(device: torch.device) -> Iterator[None]:
 
 
 def _read_choice() -> cpu_kernels.Kernels | None:
-    if backend_variable("LOCALCHAT_TORCH_ATTENTION") == "torch":
+    """From the runner's backend settings while one runs the step (backend_settings.py), else the env."""
+    try:
+        if backend_variable("LOCALCHAT_TORCH_ATTENTION") == "torch":
+            return None
+        choice = cpu_kernels.isa_choice()
+    except BackendUnavailableError as exc:
+        _plain_path(str(exc))
         return None
-    return _kernels_for(cpu_kernels.isa_choice())
+    return _kernels_for(choice)
 
 
 @cache
 def _kernels_for(choice: str) -> cpu_kernels.Kernels | None:
-    """Once per LOCALCHAT_KERNELS value: every step asks. A bad value is reported where weights load;
-    here it only means the plain path (a step must not fail over it)."""
+    """Once per LOCALCHAT_KERNELS value: every step asks. A bad value is refused where a runner resolves
+    its settings; outside one it only means the plain path (a step must not fail over it)."""
     try:
         return cpu_kernels.load(choice)
     except BackendUnavailableError as exc:
-        log.warning("%s CPU decode attention runs in plain PyTorch.", exc)
+        _plain_path(str(exc))
         return None
+
+
+@cache
+def _plain_path(reason: str) -> None:
+    log.warning("%s CPU decode attention runs in plain PyTorch.", reason)
 
 
 def graph_mode(device: torch.device, attention: str, enabled: bool) -> str | None:
