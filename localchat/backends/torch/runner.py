@@ -284,7 +284,8 @@ class TorchRunner:
                 self.pooler.start(new.req_id)
 
     def _logits(self, batch: BatchInputs) -> torch.Tensor:
-        assert self.kv_caches and batch.block_size == self.block_size, "initialize_kv_cache first"
+        # block_size, not kv_caches: a pipeline stage of state-slot layers only has no K/V layer
+        assert self.block_size and batch.block_size == self.block_size, "initialize_kv_cache first"
         pooled = self.pooler.rows(batch)  # embedding rows need the hidden states: never a graph then
         # A step carrying image rows never replays a graph: the graph would skip the scatter.
         plain = not batch.image_slices and batch.rope_positions is None  # M-RoPE rows: no graph either

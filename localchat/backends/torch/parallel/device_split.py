@@ -22,12 +22,27 @@ import torch
 from localchat.backends import RunnerOptions
 from localchat.backends.torch.device import pick_device
 from localchat.backends.torch.runner import TorchRunner
-from localchat.engine.interface import BatchInputs, KVCacheSpec, ModelRunner, RunnerOutput, SchedulerOutput
+from localchat.engine.interface import (
+    BatchInputs,
+    KVCacheSpec,
+    ModelRunner,
+    RunnerOutput,
+    SchedulerOutput,
+    StateCacheSpec,
+)
 from localchat.errors import BackendUnavailableError
 from localchat.weights.bundle import ModelBundle
 
 from .memory import check_stage_fits
-from .stages import StagePlan, StageRunner, check_stageable
+from .stages import (
+    NO_COST,
+    StageCosts,
+    StagePlan,
+    StageRunner,
+    check_stageable,
+    shared_budget,
+    whole_model_specs,
+)
 
 log = logging.getLogger(__name__)
 FLAG = "--gpu-layers"
@@ -67,8 +82,16 @@ class SplitRunner:
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
-        last = self.stages[-1].kv_cache_spec  # the GPU's element type; every layer counted
-        return replace(last, num_layers=sum(s.kv_cache_spec.num_layers for s in self.stages))
+        """Every stage's K/V layers, in the last (GPU) stage's element type."""
+        return whole_model_specs(self.stages[-1].own_kv_spec(), self._costs())[0]
+
+    @property
+    def state_cache_spec(self) -> StateCacheSpec | None:
+        """Hybrid models: every stage's state-slot layers (a stage may have none, or only those)."""
+        return whole_model_specs(self.stages[-1].own_kv_spec(), self._costs())[1]
+
+    def _costs(self) -> StageCosts:
+        return sum((stage.stage_costs() for stage in self.stages), NO_COST)
 
     @property
     def device_name(self) -> str:
@@ -78,24 +101,23 @@ class SplitRunner:
         return "; ".join(parts)
 
     def available_kv_memory(self) -> int | None:
-        """Each device's budget over the K/V bytes per token of the stages on it; the tighter device
-        sets the token count, returned in this runner's (kv_cache_spec's) bytes."""
+        """Each device's budget over the K/V and state of the stages on it, as one budget in the whole
+        model's bytes that the tighter device can honour (stages.shared_budget)."""
         budgets = [stage.available_kv_memory() for stage in self.stages]  # in order: warm-ups hand on
-        per_device: dict[str, tuple[int, int]] = {}
+        per_device: dict[str, tuple[int | None, StageCosts]] = {}
         for stage, budget in zip(self.stages, budgets, strict=True):
-            if budget is None:
-                continue
-            key = str(stage.device)
-            held, per_token = per_device.get(key, (budget, 0))
-            per_device[key] = (min(held, budget), per_token + stage.kv_bytes_per_token())
-        if not per_device:
-            return None
-        tokens = min(budget // per_token for budget, per_token in per_device.values())
-        return tokens * self.kv_cache_spec.bytes_per_block(1)
+            held, costs = per_device.get(str(stage.device), (budget, NO_COST))
+            tighter = budget if held is None else held if budget is None else min(held, budget)
+            per_device[str(stage.device)] = (tighter, costs + stage.stage_costs())
+        return shared_budget(list(per_device.values()), self.kv_cache_spec, self.state_cache_spec)
 
     def initialize_kv_cache(self, num_blocks: int, block_size: int) -> None:
         for stage in self.stages:
             stage.initialize_kv_cache(num_blocks, block_size)
+
+    def initialize_state_cache(self, num_slots: int) -> None:
+        for stage in self.stages:
+            stage.initialize_state_cache(num_slots)
 
     def prepare_decode_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         for stage in self.stages:

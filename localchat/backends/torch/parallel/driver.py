@@ -48,7 +48,14 @@ log = logging.getLogger(__name__)
 
 # The methods that run the model (or collectives) and so must run on every rank, in the same order.
 FORWARDED = frozenset(
-    {"available_kv_memory", "initialize_kv_cache", "prepare_decode_graphs", "execute_model", "compute_logits"}
+    {
+        "available_kv_memory",
+        "initialize_kv_cache",
+        "initialize_state_cache",  # hybrid models: every stage's own state-slot layers
+        "prepare_decode_graphs",
+        "execute_model",
+        "compute_logits",
+    }
 )
 SHUTDOWN = "shutdown"
 # Workers wait on the control group between requests, so its timeout is an idle limit, not a

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from localchat.backends import RunnerOptions
 from localchat.backends.torch.device import pick_device
+from localchat.engine.interface import KVCacheSpec, StateCacheSpec
 from localchat.errors import BackendUnavailableError
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
@@ -23,7 +24,16 @@ from localchat.weights.config import ModelConfig
 from .group import COLLECTIVE_TIMEOUT, ParallelGroup
 from .memory import check_stage_fits
 from .shard import sharded_runner
-from .stages import StagePlan, StageRunner, check_stageable, split_layers
+from .stages import (
+    NO_COST,
+    StageCosts,
+    StagePlan,
+    StageRunner,
+    check_stageable,
+    shared_budget,
+    split_layers,
+    whole_model_specs,
+)
 
 FLAG = "--pipeline-parallel-size"
 
@@ -47,8 +57,8 @@ class RankResults:
     """The last rank's answer to rank 0 (pickled over a gloo group: it works beside NCCL too). Under
     TP x PP every rank of the last stage has the answer; its first (`sends`) passes it on."""
 
-    def __init__(self, rank: int, last: int, sends: bool = True) -> None:
-        self.rank, self.last, self.sends = rank, last, sends
+    def __init__(self, rank: int, last: int, sends: bool = True, tp: int = 1) -> None:
+        self.rank, self.last, self.sends, self.tp = rank, last, sends, tp
         self.group = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)  # every rank, same order
 
     def deliver(self, value: Any, empty: Any) -> Any:
@@ -63,24 +73,42 @@ class RankResults:
         dist.recv_object_list(box, src=self.last, group=self.group)
         return box[0]
 
-    def fewest_tokens(self, tokens: int) -> int:
-        """The KV tokens every rank's pool can hold: the smallest of the ranks' `tokens`."""
-        value = torch.tensor([tokens], dtype=torch.int64)
-        dist.all_reduce(value, op=dist.ReduceOp.MIN, group=self.group)
-        return int(value.item())
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's `value`, by rank (a collective: every rank calls it at the same point)."""
+        values: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(values, value, group=self.group)
+        return values
 
 
 class PipelineStageRunner(StageRunner):
+    """The engine (on rank 0) sees the whole model's K/V and state specs, so it sizes one pool of
+    blocks and one of state slots for every stage; each rank allocates both for its own layers only
+    (a rank may hold no K/V layer, or no state layer, in a hybrid model)."""
+
     results: RankResults
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rank_costs: list[StageCosts] = self.results.gather(self.stage_costs())
+        tp = self.results.tp
+        # A stage's TP ranks hold the same layers: count each stage once (its place-0 rank).
+        self.model_costs = sum((c for r, c in enumerate(self.rank_costs) if r % tp == 0), NO_COST)
+        self.model_kv_spec, self.model_state_spec = whole_model_specs(self.own_kv_spec(), self.model_costs)
+
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec:
+        return self.model_kv_spec
+
+    @property
+    def state_cache_spec(self) -> StateCacheSpec | None:
+        return self.model_state_spec
+
     def available_kv_memory(self) -> int | None:
-        """Each rank's budget in tokens of its own layers' K/V; the engine (on rank 0) sizes the pool
-        from rank 0's bytes per block, so it gets the smallest rank's token count in rank 0's bytes."""
-        budget = super().available_kv_memory()
-        per_token = self.kv_bytes_per_token()
-        unknown = -1
-        tokens = self.results.fewest_tokens(unknown if budget is None else budget // per_token)
-        return None if tokens == unknown else tokens * per_token
+        """Every rank's budget for its own layers' K/V and state, as one budget in the whole model's
+        bytes that the tightest rank can honour (stages.shared_budget); the same on every rank."""
+        budgets: list[int | None] = self.results.gather(super().available_kv_memory())
+        pools = list(zip(budgets, self.rank_costs, strict=True))
+        return shared_budget(pools, self.model_kv_spec, self.model_state_spec)
 
 
 def check_pipeline(config: ModelConfig, stages: int) -> None:
@@ -108,7 +136,7 @@ def pipeline_runner(bundle: ModelBundle, options: RunnerOptions, group: Parallel
     )
     runs = split_layers(config.num_hidden_layers, stages)
     plan = StagePlan(stage, stages, runs[stage])
-    results = RankResults(rank, (stages - 1) * tp, sends=place == 0)
+    results = RankResults(rank, (stages - 1) * tp, sends=place == 0, tp=tp)
     inbound = None if plan.first else RankLink(rank - tp)
     outbound = None if plan.last else RankLink(rank + tp)
     if tp == 1:

@@ -27,16 +27,29 @@ from localchat.backends.torch.models import model_class
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.runner import TorchRunner
 from localchat.backends.torch.weights import load_decoder
-from localchat.engine.interface import BatchInputs, RunnerOutput, SchedulerOutput
+from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput, StateCacheSpec
 from localchat.errors import BackendUnavailableError
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
 from localchat.weights.tensors import WeightTensor
 
 LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
-# Models whose layers run as DecoderLM's loop; a vision-language model runs it for text-only steps
-# (steps with images are refused: their rows and DeepStack sums would need to travel between stages).
-PLAIN_LOOPS = ("DecoderLM.hidden_states", "VisionLanguage.hidden_states")
+_MODELS = "localchat.backends.torch.models."
+# Layer loops a stage can run as they are: each walks `self.layers` from `embed_tokens`, taking the next
+# K/V cache (and, in hybrids, the next state-slot layer) as it meets a layer that keeps one, so a
+# stage's cut-down layer list with its own caches and state pool runs the family's code unchanged.
+STAGE_LOOPS = frozenset(
+    _MODELS + name
+    for name in (
+        "base.DecoderLM.hidden_states",
+        "qwen_vl.VisionLanguage.hidden_states",
+        "qwen3_next.Model.hidden_states",  # Qwen3-Next, Qwen3.5 (gated DeltaNet + attention)
+        "lfm2.Model.hidden_states",  # LFM2 (short conv + attention)
+        "mamba_hybrid.Model.hidden_states",  # Granite 4.0-H, Nemotron-H (Mamba-2 + attention + MLP)
+    )
+)
+# Layer kinds that keep a per-sequence state slot, or nothing at all, instead of K/V.
+NO_KV_KINDS = frozenset({"linear_attention", "conv", "mamba", "mlp"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,18 +81,22 @@ def split_layers(num_layers: int, stages: int) -> list[range]:
 
 def check_stageable(config: ModelConfig, flag: str) -> None:
     """A clear error, before any weight is read, for models this layer split does not cover."""
-    cls = model_class(config.model_type)
-    hybrid = hasattr(cls, "begin_step") or ("layer_types" in config.extra and _stateful(config))
-    if cls.hidden_states.__qualname__ not in PLAIN_LOOPS or hybrid:
+    loop = model_class(config.model_type).hidden_states
+    if f"{loop.__module__}.{loop.__qualname__}" not in STAGE_LOOPS:
         raise BackendUnavailableError(
-            f"{flag}: {config.model_type!r} runs its layers its own way (per-layer inputs, shared K/V or "
-            "recurrent state slots), which the layer split does not cover yet; run it on one device "
-            "(drop the flag)."
+            f"{flag}: {config.model_type!r} runs its layers its own way (per-layer inputs or shared K/V), "
+            "which the layer split does not cover yet; run it on one device (drop the flag)."
         )
 
 
-def _stateful(config: ModelConfig) -> bool:
-    return any(t not in ("full_attention", "sliding_attention") for t in config.extra["layer_types"])
+def keeps_kv(config: ModelConfig, index: int) -> bool:
+    """Does layer `index` write the paged K/V cache (rather than a state slot, or nothing)?"""
+    kinds = config.extra.get("block_kinds") or config.extra.get("layer_types")  # Mamba-2 hybrids: block_kinds
+    return not kinds or kinds[index] not in NO_KV_KINDS
+
+
+def stage_kv_layers(config: ModelConfig, layers: range) -> int:
+    return sum(1 for index in layers if keeps_kv(config, index))
 
 
 class Link(Protocol):
@@ -173,6 +190,9 @@ def _prepare(plan: StagePlan, config: ModelConfig, dtype: torch.dtype, device: t
 
     def prepare(model: DecoderLM) -> None:
         model.layers = nn.ModuleList(list(model.layers)[plan.layers.start : plan.layers.stop])
+        model.num_kv_layers = stage_kv_layers(config, plan.layers)  # type: ignore[assignment]
+        if hasattr(model, "linear_layers"):  # Qwen3-Next / 3.5: its state-slot layers, as stage indices
+            setattr(model, "linear_layers", [i for i, layer in enumerate(model.layers) if layer.linear])  # noqa: B010
         hidden = config.hidden_size
         if not (plan.first or (plan.last and config.tie_word_embeddings)):
             model.embed = nn.Parameter(
@@ -186,6 +206,62 @@ def _prepare(plan: StagePlan, config: ModelConfig, dtype: torch.dtype, device: t
             model.lm_head = None
 
     return prepare
+
+
+@dataclass(frozen=True, slots=True)
+class StageCosts:
+    """What a stage's own layers cost: K/V per token, state per sequence (hybrids)."""
+
+    kv_layers: int
+    kv_bytes_per_token: int
+    state_layers: int
+    state_bytes_per_slot: int
+
+    def __add__(self, other: StageCosts) -> StageCosts:
+        return StageCosts(
+            self.kv_layers + other.kv_layers,
+            self.kv_bytes_per_token + other.kv_bytes_per_token,
+            self.state_layers + other.state_layers,
+            self.state_bytes_per_slot + other.state_bytes_per_slot,
+        )
+
+
+NO_COST = StageCosts(0, 0, 0, 0)
+
+
+def whole_model_specs(stage_kv: KVCacheSpec, total: StageCosts) -> tuple[KVCacheSpec, StateCacheSpec | None]:
+    """The engine's view of a staged model: every stage's K/V layers (in `stage_kv`'s element type and
+    heads) and every stage's state-slot layers, `total` being the stages' costs summed. A stage may
+    hold no K/V layer (a run of DeltaNet or Mamba layers) or no state layer; the engine sizes one pool
+    of blocks and one of slots, and every stage allocates both for its own layers."""
+    kv = replace(stage_kv, num_layers=total.kv_layers)
+    state = StateCacheSpec(total.state_layers, total.state_bytes_per_slot) if total.state_layers else None
+    return kv, state
+
+
+def shared_budget(
+    pools: list[tuple[int | None, StageCosts]], kv: KVCacheSpec, state: StateCacheSpec | None
+) -> int | None:
+    """One byte budget, in the engine's units (`kv`'s bytes per token, `state`'s per slot: the whole
+    model's, whole_model_specs), that every memory pool can honour. Pool g (a device, or a rank, with
+    the costs of the layers it holds) spends the fraction share_g = max(its K/V share, its state share)
+    of whatever the engine buys with a budget, so the budget is min(budget_g / share_g). A pool whose
+    budget is unknown (None), or that holds neither K/V nor state (a stage of MLP blocks), sets no
+    limit. Rounded down to whole tokens of K/V."""
+    kv_unit = kv.bytes_per_block(1)
+    state_unit = 0 if state is None else state.bytes_per_slot
+    limits = []
+    for budget, costs in pools:
+        share = max(
+            costs.kv_bytes_per_token / kv_unit if kv_unit else 0.0,
+            costs.state_bytes_per_slot / state_unit if state_unit else 0.0,
+        )
+        if budget is not None and share > 0:
+            limits.append(int(budget / share))
+    if not limits:
+        return None
+    fewest = min(limits)
+    return fewest // kv_unit * kv_unit if kv_unit else fewest
 
 
 class StageRunner(TorchRunner):
@@ -206,7 +282,6 @@ class StageRunner(TorchRunner):
         model.__class__ = _stage_class(type(model))
         assert isinstance(model, StageModel)
         model.inbound, model.outbound = inbound, outbound
-        model.num_kv_layers = len(model.layers)  # type: ignore[assignment]  # this stage's K/V only
         model.fused_decode = None if outbound is not None or inbound is not None else model.fused_decode
         self.graph_mode = None  # a decode graph would capture the sends and receives
         self.results = results
@@ -217,8 +292,22 @@ class StageRunner(TorchRunner):
         prepare = _prepare(self.plan, config, self.dtype, self.device)
         return load_decoder(config, weights, self.device, self.dtype, self.quant, prepare=prepare)
 
+    def own_kv_spec(self) -> KVCacheSpec:
+        """This stage's own layers' K/V (what it allocates; none for a stage of state-slot layers)."""
+        return super().kv_cache_spec
+
+    def own_state_spec(self) -> StateCacheSpec | None:
+        """This stage's own layers' state per sequence (hybrids), None when none keeps a state."""
+        return super().state_cache_spec
+
     def kv_bytes_per_token(self) -> int:
-        return self.kv_cache_spec.bytes_per_block(1)
+        return self.own_kv_spec().bytes_per_block(1)
+
+    def stage_costs(self) -> StageCosts:
+        kv, state = self.own_kv_spec(), self.own_state_spec()
+        if state is None:
+            return StageCosts(kv.num_layers, kv.bytes_per_block(1), 0, 0)
+        return StageCosts(kv.num_layers, kv.bytes_per_block(1), state.num_layers, state.bytes_per_slot)
 
     def execute_model(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> RunnerOutput:
         _text_only(batch)
