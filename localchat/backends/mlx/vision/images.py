@@ -14,19 +14,23 @@ import numpy as np
 
 from localchat.backends.mlx.vision.gemma3 import Gemma3Vision, load_gemma3_vision
 from localchat.backends.mlx.vision.llava import LlavaVision, load_llava_mmproj, load_llava_vision
+from localchat.backends.mlx.vision.pixtral import PixtralVision, load_pixtral_vision
 from localchat.backends.mlx.vision.qwen_vl import QwenVision, load_qwen_vision
 from localchat.engine.interface import ImageSlice
 from localchat.errors import BackendUnavailableError
 from localchat.vision.encoder_cache import EncoderCache
 from localchat.vision.llava_prompt import LLAVA_TYPES
 from localchat.vision.model_info import vision_config
+from localchat.vision.pixtral_prompt import PIXTRAL_TYPES
 from localchat.vision.qwen_vl_prompt import QWEN_VL_TYPES
 
 log = logging.getLogger(__name__)
 
 
 class ImageEmbedder:
-    def __init__(self, vision: Gemma3Vision | QwenVision | LlavaVision, dtype: mx.Dtype) -> None:
+    def __init__(
+        self, vision: Gemma3Vision | QwenVision | LlavaVision | PixtralVision, dtype: mx.Dtype
+    ) -> None:
         self.vision = vision
         self.dtype = dtype
         self.cache: EncoderCache[mx.array] = EncoderCache()
@@ -80,4 +84,6 @@ def load_image_embedder(path: Path, dtype: mx.Dtype) -> ImageEmbedder | None:
         return ImageEmbedder(tower, dtype)
     if config.get("model_type") in LLAVA_TYPES:
         return ImageEmbedder(load_llava_vision(path, dtype), dtype)
+    if config.get("model_type") in PIXTRAL_TYPES:  # a picture at its own size: [1, 3, H, W]
+        return ImageEmbedder(load_pixtral_vision(path, dtype), dtype)
     return ImageEmbedder(load_gemma3_vision(path, dtype), dtype)
