@@ -14,6 +14,7 @@ rotary, other layer classes, or `LOCALCHAT_DECODE_STEP=layers` (for comparisons)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -29,7 +30,7 @@ from localchat.config import backend_choices, backend_variable
 from localchat.errors import BackendUnavailableError
 from localchat.kernels import library as c_library
 from localchat.kernels import step as c_step
-from localchat.kernels.step import MAX_SEGMENTS, StepArgs, StepLayer, StepMatrix
+from localchat.kernels.step import MAX_AUX, MAX_SEGMENTS, StepArgs, StepLayer, StepMatrix
 
 if TYPE_CHECKING:
     import ctypes
@@ -120,6 +121,32 @@ class FusedDecode:
                 "(internal error).",
             )
         return x
+
+    def run_keeping(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+        layers: Sequence[int],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`run`, plus the inputs of `layers` (index len(self.layers): the last layer's output) side by
+        side per row, [D, len(layers) * hidden], as torch.cat(dim=-1) of them: an EAGLE-3 head's input."""
+        if len(layers) > MAX_AUX or not all(0 <= i <= len(self.layers) for i in layers):
+            raise BackendUnavailableError(
+                f"The fused decode step copies out at most {MAX_AUX} of layers 0..{len(self.layers)}, "
+                f"not {list(layers)} (internal error)."
+            )
+        aux = x.new_empty((x.shape[0], len(layers) * self.hidden))
+        args = self.args
+        args.aux, args.naux = aux.data_ptr(), len(layers)
+        for j, index in enumerate(layers):
+            args.aux_layers[j] = index
+        try:
+            return self.run(x, cos, sin, meta, kv_caches), aux
+        finally:
+            args.aux, args.naux = 0, 0  # the plain step copies nothing
 
     def _cache_args(self, kv_caches: list[KVCache]) -> int:
         # The runner replaces its cache list, never edits it: the list object identifies the addresses.

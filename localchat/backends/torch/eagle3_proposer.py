@@ -1,9 +1,10 @@
 """`--speculative eagle`: an EAGLE-3 head (eagle3_head.py) proposes k draft tokens per speculating
 sequence from the target's own hidden states.
 
-The target runner, while this proposer is attached, runs its layers one by one (`HiddenTaps`) and keeps
-the inputs of the head's three layers for every row of the step; no fused decode call and no CUDA graph
-then, so the plain path is untouched when EAGLE is off. A row at position p the target kept (p below the
+The target runner, while this proposer is attached, keeps the inputs of the head's three layers for
+every row of the step (`HiddenTaps`): a decode-only CPU step stays the one fused C call, which copies
+them out (decode_step.py); other steps run the layers one by one. No CUDA graph then; the plain path is
+untouched when EAGLE is off. A row at position p the target kept (p below the
 request's computed count after acceptance) becomes a head row: the target's token p + 1 embedded, and
 the fused hidden states. Rows of rejected drafts are dropped.
 
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from localchat.backends.torch.attention import AttentionMetadata
 from localchat.backends.torch.eagle3_head import Eagle3Head, Eagle3LoadError
 from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
@@ -41,12 +43,15 @@ MAX_PENDING_ROWS = 4096
 
 
 class HiddenTaps:
-    """The target's layers run one at a time; the inputs of `layers` (index L: the last layer's output)
-    for every row of the step go to `sink` with the step's batch."""
+    """The inputs of `layers` (index L: the last layer's output) for every row of the step go to `sink`
+    with the step's batch. A decode-only step the fused C call takes (decode_step.py) stays one call that
+    copies them out; any other step runs the layers one at a time."""
 
     def __init__(self, layers: list[int], sink: Callable[[BatchInputs, torch.Tensor], None]) -> None:
         self.layers = layers
         self.sink = sink
+        self.fused_steps = 0  # steps that kept the fused decode call (tests assert on it)
+        self.layer_steps = 0
 
     def hidden_states(
         self,
@@ -60,6 +65,14 @@ class HiddenTaps:
         kept: dict[int, torch.Tensor] = {}
         x = model.embed_tokens(input_ids)
         cos, sin = model.rotary(positions, x.dtype)
+        fused = model.decode_plan()
+        if fused is not None and fused.takes(x, cos, meta, kv_caches):
+            assert isinstance(meta, AttentionMetadata)
+            x, aux = fused.run_keeping(x, cos, sin, meta, kv_caches, self.layers)
+            self.fused_steps += 1
+            self.sink(batch, aux)
+            return x
+        self.layer_steps += 1
         for index, (layer, kv_cache) in enumerate(zip(model.layers, kv_caches, strict=True)):
             if index in self.layers:
                 kept[index] = x

@@ -289,7 +289,7 @@ class TorchRunner:
         pooled = self.pooler.rows(batch)  # embedding rows need the hidden states: never a graph then
         # A step carrying image rows never replays a graph: the graph would skip the scatter.
         plain = not batch.image_slices and batch.rope_positions is None  # M-RoPE rows: no graph either
-        # EAGLE-3: text steps run the layers one by one (no graph, no fused decode) to keep their inputs.
+        # EAGLE-3 (HiddenTaps): no graph; decode-only steps stay fused and copy out the head's inputs.
         taps = self.hidden_taps if plain else None
         if self.graphs is not None and taps is None and not pooled and plain and self.graphs.can_run(batch):
             return self.graphs.run(batch)
