@@ -63,6 +63,8 @@ SMOLVLM_PREFIXES: dict[str, str | None] = {
 }
 # M-RoPE's split of the rotary frequencies over (temporal, height, width), from the rope settings.
 MROPE_KEYS = {"mrope_section": None, "mrope_interleaved": False}
+# llama.cpp writes the sections as [t, h, w, 0]; the trailing 0 adds no frequencies.
+MROPE_GGUF_METADATA = {"rope.dimension_sections": "mrope_section"}
 # transformers' Gemma3TextConfig defaults (the Gemma 3 1B sizes): the text_config of a Gemma 3 4B/12B/27B
 # config.json lists only the keys that differ from them.
 GEMMA3_TEXT_DEFAULTS = {
@@ -114,6 +116,8 @@ def _entries() -> list[Architecture]:
             "qwen2_vl",
             hf_defaults={**qwen_defaults, "attention_bias": True},
             extra_keys={"o_bias": False, **MROPE_KEYS},
+            gguf_arch="qwen2vl",  # llama.cpp's name for Qwen2-VL's and Qwen2.5-VL's text LM
+            gguf_metadata=MROPE_GGUF_METADATA,
         ),
         Architecture(
             "qwen2_5_vl", "qwen2_vl", text_config_key="text_config", weight_prefixes=QWEN_VL_PREFIXES
@@ -130,7 +134,10 @@ def _entries() -> list[Architecture]:
             "qwen3_vl",
             layer_weights={**LLAMA_LAYER_WEIGHTS, **QK_NORM_WEIGHTS},
             hf_defaults=qwen_defaults,
-            extra_keys=MROPE_KEYS,
+            # transformers' Qwen3-VL always interleaves; a GGUF does not record it
+            extra_keys={**MROPE_KEYS, "mrope_interleaved": True},
+            gguf_arch="qwen3vl",
+            gguf_metadata=MROPE_GGUF_METADATA,
         ),
         Architecture(
             "qwen3_moe",

@@ -12,15 +12,21 @@ from pathlib import Path
 from typing import Any
 
 from localchat.errors import ModelLoadError
+from localchat.vision.qwen_vl_mmproj import QWEN_VL_TEXT_ARCHS, qwen_vl_config
+from localchat.vision.qwen_vl_prompt import IMAGE_PAD
 
 log = logging.getLogger(__name__)
 
 # Projector kinds whose tower localchat runs, by the text architecture they feed.
 # `mlp`: LLaVA 1.5 and its fine-tunes (CLIP tower + 2-layer MLP), written by llama.cpp's
 # convert_image_encoder_to_gguf.py; their text models are llama GGUFs.
-PROJECTORS = {"gemma3": "gemma3", "mlp": "llama"}
+PROJECTORS = {"gemma3": "gemma3", "mlp": "llama", **QWEN_VL_TEXT_ARCHS}
 # The placeholder token each kind's prompt repeats per image row.
-IMAGE_TOKENS = {"gemma3": "<image_soft_token>", "mlp": "<image>"}
+IMAGE_TOKENS = {
+    "gemma3": "<image_soft_token>",
+    "mlp": "<image>",
+    **dict.fromkeys(QWEN_VL_TEXT_ARCHS, IMAGE_PAD),
+}
 
 # --mmproj choices made at load time, by model file: listings and the prompt side find them here.
 _explicit: dict[Path, Path] = {}
@@ -75,7 +81,9 @@ def _mmproj_metadata(path: Path, mtime_ns: int) -> dict[str, Any]:
             "clip.vision.block_count", "clip.vision.attention.head_count",
             "clip.vision.attention.layer_norm_epsilon", "clip.vision.projector.scale_factor",
             "clip.vision.image_mean", "clip.vision.image_std", "clip.use_gelu",
-            "clip.vision.feature_layer", "clip.vision.image_grid_pinpoints")  # fmt: skip
+            "clip.vision.feature_layer", "clip.vision.image_grid_pinpoints",
+            "clip.vision.spatial_merge_size", "clip.vision.n_wa_pattern", "clip.vision.is_deepstack_layers",
+            "clip.vision.image_min_pixels", "clip.vision.image_max_pixels")  # fmt: skip
     meta = {key: _value(reader, key) for key in keys}
     # the projector's matrices' shapes (ne order: input width first): the output width is the text's
     meta["tensors"] = {t.name: [int(d) for d in t.shape] for t in reader.tensors if t.name.startswith("mm.")}
@@ -135,6 +143,8 @@ def gguf_vision_config(model_file: Path, mmproj: Path) -> dict[str, Any]:
         )
     if kind == "mlp":
         return _llava_config(meta, hidden, image_token, mmproj)
+    if kind in QWEN_VL_TEXT_ARCHS:
+        return qwen_vl_config(meta, hidden, image_token, mmproj)
     size, patch = int(meta["clip.vision.image_size"]), int(meta["clip.vision.patch_size"])
     scale = int(meta["clip.vision.projector.scale_factor"] or 4)  # llama.cpp's default for Gemma 3
     eps = meta["clip.vision.attention.layer_norm_epsilon"]

@@ -5,7 +5,7 @@ after tokenizing each picture is paired with its run of pads and its merged grid
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ class QwenImagePrompt:
     @classmethod
     def from_config(cls, folder: Path, config: dict[str, Any]) -> QwenImagePrompt:
         spec = QwenImageSpec.from_folder(folder, config["vision_config"])
+        if "preprocessing" in config:  # a GGUF + mmproj pair: the file's mean/std, llama.cpp's pixel bounds
+            spec = replace(spec, **config["preprocessing"])
         return cls(spec, int(config.get("image_token_id", 151_655)))
 
     def preprocess(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int, int]]:
