@@ -15,6 +15,11 @@ OMP_NUM_THREADS=2 python benchmarks/spec_bench.py --model .models/qwen2.5-coder-
     --draft-model .models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf --methods ngram draft --k 4 \
     --llama-cpp /path/to/llama.cpp/build/bin
 
+--eagle-head FOLDER: the EAGLE-3 head's cost on the target path instead. The head is attached at k=0 (no
+drafts: every step is plain decode, which is what a backed-off batch runs) and plain decoding is timed
+without the head, with the head on the fused C decode step that copies out the head's inputs, and with
+the head on the per-layer path (how EAGLE ran before the fused copies), alternating round by round.
+
 --llama-cpp BIN: the same prompts (the same chat-templated text) also through llama.cpp's plain, lookup
 and draft modes (benchmarks/llamacpp_spec.py), alternating with localchat's runs round by round, and a
 last table: tok/s and the ratio to the same tool's plain decoding, side by side.
@@ -27,6 +32,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -85,9 +91,13 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="+", default=list(PROMPTS), choices=list(PROMPTS))
     parser.add_argument("--llama-cpp", type=Path, help="a llama.cpp bin folder: compare with its modes")
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp's threads (target and draft)")
+    parser.add_argument("--eagle-head", type=Path, help="an EAGLE-3 head: time its cost on the target path")
     args = parser.parse_args()
     table: dict[str, dict[str, float]] = {}  # kind -> "localchat off" / "llama.cpp lookup" ... -> tok/s
     llm = LLM(args.model, backend=args.backend, engine_config=EngineConfig(kv_cache_mib=64))
+    if args.eagle_head:
+        eagle_target_path(args, llm)
+        return
     draft_runner = load_draft(args, llm) if args.draft_model and "draft" in args.methods else None
     methods = [m for m in args.methods if m != "draft" or draft_runner is not None]
 
@@ -160,6 +170,43 @@ def main() -> None:
                 )
     if args.llama_cpp:
         print_comparison(table, args)
+
+
+def eagle_target_path(args: argparse.Namespace, llm: LLM) -> None:
+    """Plain decode tok/s without a head, with one on the fused step, and with one layer by layer."""
+    runner: Any = llm.runner
+    proposer = runner.eagle3_proposer(str(args.eagle_head), llm.model.name, llm.model.config.vocab_size)
+    taps = runner.hidden_taps
+
+    def engine() -> LLMEngine:
+        return LLMEngine(
+            runner,
+            llm.tokenizer,
+            EngineConfig(kv_cache_mib=64, speculative=SpeculativeConfig("eagle", num_tokens=0)),
+            eos_token_ids=llm.model.config.eos_token_ids or llm.tokenizer.eos_token_ids,
+            model_max_len=llm.model.config.max_position_embeddings,
+            vocab_size=llm.model.config.vocab_size,
+            proposer=proposer,
+        )
+
+    modes = {"no head": (None, True), "head, fused": (taps, True), "head, layers": (taps, False)}
+    print(f"{'prompt':<6} " + " ".join(f"{m:>22}" for m in modes) + " same")
+    for kind in args.kinds:
+        ids = llm.apply_chat_template([{"role": "user", "content": PROMPTS[kind]}])
+        rates: dict[str, list[float]] = {m: [] for m in modes}
+        outs: dict[str, list[int]] = {}
+        for _ in range(args.rounds):
+            for mode, (attached, fused) in modes.items():
+                runner.hidden_taps = attached
+                taps.fused = fused
+                outs[mode], rate = decode(llm, engine(), ids, args.tokens)
+                rates[mode].append(rate)
+        base = statistics.median(rates["no head"])
+        cells = [f"{statistics.median(r):6.1f} ({statistics.median(r) / base:.2f}x)" for r in rates.values()]
+        same = "yes" if len({tuple(o) for o in outs.values()}) == 1 else "NO"
+        print(f"{kind:<6} " + " ".join(f"{c:>22}" for c in cells) + f" {same}", flush=True)
+        print("  rounds: " + "; ".join(f"{m} " + " ".join(f"{r:.1f}" for r in v) for m, v in rates.items()))
+    print(f"fused steps {taps.fused_steps}, layer-by-layer steps {taps.layer_steps}")
 
 
 def llamacpp_modes(args: argparse.Namespace) -> list[str]:

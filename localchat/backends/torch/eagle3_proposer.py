@@ -50,6 +50,7 @@ class HiddenTaps:
     def __init__(self, layers: list[int], sink: Callable[[BatchInputs, torch.Tensor], None]) -> None:
         self.layers = layers
         self.sink = sink
+        self.fused = True  # False: every step layer by layer, as before the fused copies (spec_bench)
         self.fused_steps = 0  # steps that kept the fused decode call (tests assert on it)
         self.layer_steps = 0
 
@@ -65,7 +66,7 @@ class HiddenTaps:
         kept: dict[int, torch.Tensor] = {}
         x = model.embed_tokens(input_ids)
         cos, sin = model.rotary(positions, x.dtype)
-        fused = model.decode_plan()
+        fused = model.decode_plan() if self.fused else None
         if fused is not None and fused.takes(x, cos, meta, kv_caches):
             assert isinstance(meta, AttentionMetadata)
             x, aux = fused.run_keeping(x, cos, sin, meta, kv_caches, self.layers)
