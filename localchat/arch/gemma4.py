@@ -140,6 +140,7 @@ EXTRA_KEYS: dict[str, Any] = {
     "use_double_wide_mlp": False,
     "use_bidirectional_attention": None,
     "hidden_activation": "gelu_pytorch_tanh",
+    "pad_token_id": 0,  # image rows take the pad token's per-layer embeddings (transformers)
 }
 # Gemma4ForConditionalGeneration's checkpoint: its text LM under model.language_model; the vision and
 # audio towers and their embedders are not run.

@@ -11,7 +11,7 @@ from localchat.errors import ModelLoadError
 
 # Multimodal families whose vision tower localchat runs (backends/torch/vision/).
 SUPPORTED = frozenset(
-    {"gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "llava", "mistral3"}
+    {"gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "llava", "gemma4", "mistral3"}
 )
 
 SUPPORTED |= {"smolvlm", "idefics3"}  # SmolVLM / Idefics3: backends/torch/vision/smolvlm.py
@@ -30,7 +30,7 @@ def vision_config(path: Path) -> dict[str, Any] | None:
     config = json.loads(config_file.read_text())
     if not isinstance(config, dict) or config.get("model_type") not in SUPPORTED:
         return None
-    return config if "vision_config" in config else None
+    return config if config.get("vision_config") else None  # Gemma 4 may save it as null
 
 
 def takes_images(path: Path) -> bool:

@@ -20,6 +20,7 @@ import numpy as np
 from localchat.engine.request import ImageInput
 from localchat.vision.content import ImageInputError, ImageLimits, check_size, read_image_url
 from localchat.vision.gemma3_preprocess import content_hash, decode, preprocess
+from localchat.vision.gemma4_prompt import GEMMA4_TYPES, Gemma4ImagePrompt
 from localchat.vision.llava_prompt import LLAVA_TYPES, LlavaImagePrompt
 from localchat.vision.model_info import vision_config
 from localchat.vision.pixtral_prompt import PIXTRAL_TYPES, PixtralImagePrompt
@@ -53,9 +54,9 @@ class Picture:
 class PreparedImages:
     messages: list[dict[str, Any]]  # for the chat template: image parts as {"type": "image"}
     pictures: list[Picture] = field(default_factory=list)
-    prompt: ImagePrompt | QwenImagePrompt | LlavaImagePrompt | PixtralImagePrompt | None = (
-        None  # None: the request has no picture
-    )
+    prompt: (
+        ImagePrompt | QwenImagePrompt | LlavaImagePrompt | PixtralImagePrompt | Gemma4ImagePrompt | None
+    ) = None  # None: the request has no picture
 
     def expand(self, prompt_text: str) -> str:
         """The rendered prompt with each picture's full run of image tokens, as the model's processor writes it."""
@@ -66,7 +67,8 @@ class PreparedImages:
                 raise ImageInputError(str(exc)) from exc
         if isinstance(self.prompt, LlavaImagePrompt):
             return self.prompt.expand(prompt_text)
-        if isinstance(self.prompt, PixtralImagePrompt):  # rows of [IMG] per picture, sized by its pixels
+        # Pixtral: rows of [IMG] per picture; Gemma 4: one run per picture; each sized by its pixels
+        if isinstance(self.prompt, PixtralImagePrompt | Gemma4ImagePrompt):
             try:
                 return self.prompt.expand(prompt_text, [self.prompt.grid(p.pixels) for p in self.pictures])
             except ValueError as exc:
@@ -87,7 +89,7 @@ class PreparedImages:
         try:
             if isinstance(self.prompt, LlavaImagePrompt):
                 runs = self.prompt.placeholders(token_ids)
-            elif isinstance(self.prompt, PixtralImagePrompt):
+            elif isinstance(self.prompt, PixtralImagePrompt | Gemma4ImagePrompt):
                 runs = self.prompt.placeholders(
                     token_ids, [self.prompt.grid(p.pixels) for p in self.pictures]
                 )
@@ -149,14 +151,16 @@ def prepare_images(
             except ValueError as exc:  # an aspect ratio past 200
                 raise ImageRequestError(f"{where}: {exc}", where) from exc
             pictures.append(Picture(content_hash(data), pixels, grid))
-        elif isinstance(prompt, LlavaImagePrompt | PixtralImagePrompt):
+        elif isinstance(prompt, LlavaImagePrompt | PixtralImagePrompt | Gemma4ImagePrompt):
             pictures.append(Picture(content_hash(data), prompt.preprocess(image)))
         else:
             pictures.append(Picture(content_hash(data), preprocess(image, prompt.spec)))
     return PreparedImages(_template_messages(messages), pictures, prompt)
 
 
-def _image_prompt(path: Path) -> ImagePrompt | QwenImagePrompt | LlavaImagePrompt | PixtralImagePrompt | None:
+def _image_prompt(
+    path: Path,
+) -> ImagePrompt | QwenImagePrompt | LlavaImagePrompt | PixtralImagePrompt | Gemma4ImagePrompt | None:
     config = vision_config(path)
     if config is not None and config.get("model_type") in QWEN_VL_TYPES:
         return QwenImagePrompt.from_config(path, config)
@@ -164,6 +168,8 @@ def _image_prompt(path: Path) -> ImagePrompt | QwenImagePrompt | LlavaImagePromp
         return LlavaImagePrompt.from_config(path, config)
     if config is not None and config.get("model_type") in PIXTRAL_TYPES:
         return PixtralImagePrompt.from_config(path, config)
+    if config is not None and config.get("model_type") in GEMMA4_TYPES:
+        return Gemma4ImagePrompt.from_config(path, config)
     return ImagePrompt.from_folder(path)
 
 

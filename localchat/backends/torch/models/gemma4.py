@@ -158,6 +158,9 @@ class Gemma4Layer(nn.Module):
 
 class Model(DecoderLM):
     layer_class = Gemma4Layer
+    # Image embeddings for the next forward (the runner sets them): (rows of this step's flattened tokens,
+    # values [rows, hidden]), scattered over the scaled token embeddings as transformers does.
+    image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __init__(self, config: ModelConfig, device: torch.device) -> None:
         super().__init__(config, device)
@@ -191,8 +194,14 @@ class Model(DecoderLM):
         meta: StepMetadata,
         kv_caches: list[KVCache],
     ) -> torch.Tensor:
+        images = self.image_embeds
+        if images is not None:  # the pad token under each picture (its id may be outside the vocabulary)
+            input_ids = input_ids.index_fill(0, images[0], int(self.config.extra["pad_token_id"]))
         x = self.embed_tokens(input_ids)
         tables = {kind: _cos_sin(positions, f, x.dtype) for kind, f in self.inv_freqs.items()}
+        if images is not None:
+            x = x.index_copy(0, images[0], images[1].to(x.dtype))
+        # Per-layer embeddings: the pad token's table row under a picture, the projection of its embedding.
         ple = self.per_layer_inputs(input_ids, x) if self.ple_width else None
         shared: Shared = {}
         kinds = self.config.extra["layer_types"]

@@ -13,6 +13,7 @@ import torch
 
 from localchat.backends.torch.vision.gemma3 import Gemma3Vision, load_gemma3_vision
 from localchat.backends.torch.vision.gemma3_mmproj import load_gemma3_mmproj
+from localchat.backends.torch.vision.gemma4 import Gemma4Vision, has_gemma4_vision, load_gemma4_vision
 from localchat.backends.torch.vision.llava import LlavaVision, load_llava_vision
 from localchat.backends.torch.vision.llava_mmproj import load_llava_mmproj
 from localchat.backends.torch.vision.pixtral import PixtralVision, load_pixtral_vision
@@ -21,6 +22,7 @@ from localchat.backends.torch.vision.qwen_vl_mmproj import load_qwen_vl_mmproj
 from localchat.backends.torch.vision.smolvlm import SmolVLMVision, load_smolvlm_vision
 from localchat.engine.interface import ImageSlice
 from localchat.vision.encoder_cache import EncoderCache
+from localchat.vision.gemma4_prompt import GEMMA4_TYPES
 from localchat.vision.llava_prompt import LLAVA_TYPES
 from localchat.vision.model_info import vision_config
 from localchat.vision.pixtral_prompt import PIXTRAL_TYPES
@@ -33,7 +35,7 @@ log = logging.getLogger(__name__)
 class ImageEmbedder:
     def __init__(
         self,
-        vision: Gemma3Vision | QwenVisionTower | LlavaVision | SmolVLMVision | PixtralVision,
+        vision: Gemma3Vision | QwenVisionTower | LlavaVision | SmolVLMVision | PixtralVision | Gemma4Vision,
         device: torch.device,
         dtype: torch.dtype,
     ) -> None:
@@ -85,6 +87,11 @@ def load_image_embedder(path: Path, device: torch.device, dtype: torch.dtype) ->
         return ImageEmbedder(tower, device, dtype)
     if config.get("model_type") in LLAVA_TYPES:
         return ImageEmbedder(load_llava_vision(path, dtype), device, dtype)
+    if config.get("model_type") in GEMMA4_TYPES:  # a picture at its own size: [1, 3, H, W]
+        if not has_gemma4_vision(path):  # a text-only export of the multimodal config
+            log.warning("%s names a vision tower but holds none of its weights: images unsupported", path)
+            return None
+        return ImageEmbedder(load_gemma4_vision(path, dtype), device, dtype)
     if config.get("model_type") in PIXTRAL_TYPES:  # a picture at its own size: [1, 3, H, W]
         return ImageEmbedder(load_pixtral_vision(path, dtype), device, dtype)
     if config.get("model_type") in SMOLVLM_TYPES:  # a picture's tiles: [1, tiles, 3, S, S]

@@ -1,0 +1,172 @@
+"""Gemma 4's vision tower + embedder (localchat.backends.torch.vision.gemma4) and image preprocessing
+against transformers on a tiny random Gemma4ForConditionalGeneration saved as a safetensors folder, fp32:
+- real PNG / JPEG files (one wide, one transparent) preprocess bit for bit as Gemma4ImageProcessorPil does
+  (the resized size, the patches, their positions, the soft token count);
+- the image embeddings equal get_image_features (clipped linears and standardizing on);
+- a prompt with the picture's tokens gives transformers' logits and greedy tokens, whole or chunked in the
+  middle of the image, with and without per-layer embeddings (image rows take the pad token's);
+- the prompt expansion is the processor's.
+Audio is not built."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from localchat.backends.torch.vision.gemma4 import load_gemma4_vision
+from localchat.vision.gemma3_preprocess import decode
+from localchat.vision.gemma4_preprocess import Gemma4ImageSpec, patches, preprocess, soft_tokens
+from localchat.vision.gemma4_prompt import Gemma4ImagePrompt
+from localchat.vision.model_info import vision_config
+from localchat.vision.placement import chunk_rows
+from localchat.weights.loader import load_model
+from tests.helpers.gemma4_vision_models import (
+    IMAGE_SPECIALS,
+    TEXT,
+    TEXT_PLE,
+    image_processor,
+    pictures,
+    tokenizer,
+    write_folder,
+)
+from tests.helpers.torch_batch import PagedDriver
+from tests.helpers.torch_models import fp32_runner
+
+IMAGE = IMAGE_SPECIALS["<|image|>"]
+
+
+@pytest.fixture(scope="module", params=["plain", "per-layer-embeddings"])
+def saved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    folder = tmp_path_factory.mktemp(f"gemma4v-{request.param}")
+    return write_folder(folder, TEXT if request.param == "plain" else TEXT_PLE), folder
+
+
+def _reference(path: Path) -> dict[str, torch.Tensor]:
+    return dict(image_processor()(Image.open(path), return_tensors="pt"))
+
+
+def _ours(folder: Path, path: Path) -> np.ndarray:
+    spec = Gemma4ImageSpec.from_folder(folder, vision_config(folder)["vision_config"])  # type: ignore[index]
+    return preprocess(decode(path.read_bytes()), spec)
+
+
+def test_preprocessing_matches_the_processor_bit_for_bit(saved: tuple[Any, Path], tmp_path: Path) -> None:
+    _, folder = saved
+    spec = Gemma4ImageSpec.from_folder(folder, vision_config(folder)["vision_config"])  # type: ignore[index]
+    assert (spec.patch_size, spec.max_soft_tokens, spec.pooling_kernel_size) == (4, 70, 3)
+    shapes = set()
+    for path in pictures(tmp_path):
+        ref = _reference(path)
+        pixels = _ours(folder, path)
+        tiles, xy = patches(pixels, spec.patch_size)
+        n = tiles.shape[0]
+        assert tiles.dtype == np.float32
+        np.testing.assert_array_equal(tiles, ref["pixel_values"][0, :n].numpy())  # bit for bit
+        np.testing.assert_array_equal(xy, ref["image_position_ids"][0, :n].numpy())
+        assert (ref["image_position_ids"][0, n:] == -1).all()  # the rest is the processor's padding
+        assert soft_tokens(pixels, spec) == int(ref["num_soft_tokens_per_image"][0])
+        shapes.add(pixels.shape)
+    assert len(shapes) == 3  # each picture keeps its own aspect ratio
+
+
+def test_image_embeddings_match_transformers(saved: tuple[Any, Path], tmp_path: Path) -> None:
+    hf, folder = saved
+    vision = load_gemma4_vision(folder)
+    outs = []
+    for path in pictures(tmp_path):
+        ref = _reference(path)
+        ours = vision.encode(torch.from_numpy(_ours(folder, path))[None])[0]
+        with torch.no_grad():
+            theirs = hf.model.get_image_features(
+                pixel_values=ref["pixel_values"], image_position_ids=ref["image_position_ids"]
+            ).pooler_output[0]
+        assert ours.shape == theirs.shape == (int(ref["num_soft_tokens_per_image"][0]), 64)
+        err = (ours - theirs).abs().max().item()
+        print(f"gemma4 vision max abs err fp32: {err:.2e}")
+        assert err < 1e-4
+        outs.append(ours)
+    assert (outs[0][:4] - outs[2][:4]).abs().max().item() > 1e-2  # different pictures, different rows
+
+
+def _hf_logits(hf: Any, tokens: list[int], ref: dict[str, torch.Tensor]) -> np.ndarray:
+    # no mm_token_type_ids: causal attention over the image, as localchat's paged attention runs it
+    with torch.no_grad():
+        out = hf(
+            input_ids=torch.tensor([tokens]),
+            pixel_values=ref["pixel_values"],
+            image_position_ids=ref["image_position_ids"],
+        )
+    return out.logits[0].float().numpy()
+
+
+@pytest.mark.parametrize("chunk", [None, 9])
+def test_image_prompt_logits_and_greedy_tokens_match(
+    saved: tuple[Any, Path], tmp_path: Path, chunk: int | None
+) -> None:
+    """The embeddings scattered at the placeholders of a prefill (whole, or split by chunked prefill in
+    the middle of the image's run) give transformers' logits and greedy tokens."""
+    hf, folder = saved
+    path = pictures(tmp_path)[1]  # the wide JPEG: 1 x 12 soft tokens
+    ref = _reference(path)
+    pixels = _ours(folder, path)
+    embeds = load_gemma4_vision(folder).encode(torch.from_numpy(pixels)[None])[0]
+    count = embeds.shape[0]
+    prompt = [2, 5, 17, IMAGE_SPECIALS["<|image>"], *[IMAGE] * count, IMAGE_SPECIALS["<image|>"], 42, 7]
+    placeholders = [i for i, t in enumerate(prompt) if t == IMAGE]
+    runner = fp32_runner(load_model(folder))
+    model: Any = runner.model
+    driver = PagedDriver(runner)
+    driver.add("a", prompt)
+    rows_logits = []
+    for start, end in [(0, len(prompt))] if chunk is None else [(0, chunk), (chunk, len(prompt))]:
+        rows, picked = chunk_rows(placeholders, start, end)
+        model.image_embeds = (torch.tensor(rows), embeds[picked])
+        _, logits = driver.step_logits({"a": end - start}, every_token=True)
+        rows_logits.append(logits.cpu().numpy())
+    model.image_embeds = None
+    ours = np.concatenate(rows_logits)
+    theirs = _hf_logits(hf, prompt, ref)
+    err = np.abs(ours - theirs).max()
+    print(f"gemma4 image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
+    assert err < 1e-4
+    for _ in range(3):  # greedy decode after the image
+        driver.feed("a", int(ours[-1].argmax()))
+        _, logits = driver.step_logits()
+        ours = logits.cpu().numpy()
+        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), ref)[-1].argmax())
+    # the picture matters: another picture's pixels give other last logits
+    other = _reference(pictures(tmp_path)[0])
+    other_prompt = [2, 5, 17, 251, *[IMAGE] * int(other["num_soft_tokens_per_image"][0]), 252, 42, 7]
+    assert np.abs(theirs[-1] - _hf_logits(hf, other_prompt, other)[-1]).max() > 1e-3
+
+
+def test_prompt_expansion_is_the_processors(saved: tuple[Any, Path], tmp_path: Path) -> None:
+    """`<|image|>` per picture becomes begin + one image token per soft token + end; the runs pair up with
+    their pictures in order, and a broken run is refused."""
+    _, folder = saved
+    prompt = Gemma4ImagePrompt.from_config(folder, vision_config(folder))  # type: ignore[arg-type]
+    assert (prompt.image, prompt.begin, prompt.end, prompt.image_token_id) == (
+        "<|image|>",
+        "<|image>",
+        "<image|>",
+        IMAGE,
+    )
+    paths = pictures(tmp_path)[:2]
+    grids = [prompt.grid(prompt.preprocess(decode(p.read_bytes()))) for p in paths]
+    expected = [int(_reference(p)["num_soft_tokens_per_image"][0]) for p in paths]
+    assert [r * c for r, c in grids] == expected
+    text = prompt.expand("a <|image|> b <|image|> c", grids)
+    runs = [f"<|image>{'<|image|>' * n}<image|>" for n in expected]
+    assert text == f"a {runs[0]} b {runs[1]} c"  # Gemma4Processor.replace_image_token
+    ids = list(tokenizer().encode(text, add_special_tokens=False).ids)
+    found = prompt.placeholders(ids, grids)
+    assert [len(run) for run in found] == expected and found[0][0] == 2
+    with pytest.raises(ValueError, match="image slots"):
+        prompt.expand("no picture here", grids)
+    with pytest.raises(ValueError, match="image tokens"):
+        prompt.placeholders(ids[:-5], grids)
