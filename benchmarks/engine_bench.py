@@ -3,8 +3,8 @@
 python benchmarks/engine_bench.py --model .models/SmolLM2-135M-Instruct.Q4_1.gguf [--backend torch]
 
 `--compare-cpu-attention N`: instead, N alternating rounds of single-stream decode with the fused C
-decode-attention kernel and with `LOCALCHAT_TORCH_ATTENTION=torch` (read per step, so one process and
-one loaded model serve both): median tok/s of each and their ratio.
+decode-attention kernel and with `LOCALCHAT_TORCH_ATTENTION=torch` (flipped in the runner's resolved copy,
+which each step reads, so one process and one loaded model serve both): median tok/s of each and their ratio.
 
 `--compare-kv-dtype N`: two engines on the same file in one process, `--kv-cache-dtype auto` and
 `int8`, N alternating rounds of single-stream decode and the 16-request run: median tok/s of each, their
@@ -27,6 +27,7 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -101,15 +102,14 @@ def compare_cpu_attention(llm: LLM, new_tokens: int, rounds: int) -> None:
     import statistics
 
     results: dict[str, list[float]] = {"fused C kernel": [], "torch (gather + bmm)": []}
+    settings: dict[str, str] = cast(Any, llm.runner).backend_settings  # the torch runner's copy
+    chosen = settings["LOCALCHAT_TORCH_ATTENTION"]
     for _ in range(rounds):
         for name in results:  # alternate so that load on the box hits both alike
-            if name.startswith("torch"):
-                os.environ["LOCALCHAT_TORCH_ATTENTION"] = "torch"
-            else:
-                os.environ.pop("LOCALCHAT_TORCH_ATTENTION", None)
+            settings["LOCALCHAT_TORCH_ATTENTION"] = "torch" if name.startswith("torch") else "auto"
             llm.engine.block_manager.reset_prefix_cache()
             results[name].append(single_stream(llm, new_tokens)[2])
-    os.environ.pop("LOCALCHAT_TORCH_ATTENTION", None)
+    settings["LOCALCHAT_TORCH_ATTENTION"] = chosen
     fused, plain = (statistics.median(v) for v in results.values())
     print(f"| CPU decode attention | single-stream decode tok/s, median of {rounds} (all rounds) |")
     print("|---|---|")

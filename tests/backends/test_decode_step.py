@@ -63,6 +63,9 @@ def decode_side_by_side(
         PagedDriver(cpu_runner(bundle, dtype, kv)),
         PagedDriver(cpu_runner(bundle, dtype, kv)),
     )
+    # each runner's steps read its own resolved copy of the variable
+    fused_driver.runner.backend_settings[decode_step.STEP_ENV] = "fused"
+    layers_driver.runner.backend_settings[decode_step.STEP_ENV] = "layers"
     for driver in (fused_driver, layers_driver):
         for req_id, prompt in PROMPTS.items():
             driver.add(req_id, prompt)
@@ -71,9 +74,7 @@ def decode_side_by_side(
             for driver in (fused_driver, layers_driver):
                 driver.finish("b")
                 driver.finish("c")
-        monkeypatch.setenv(decode_step.STEP_ENV, "fused")
         ids, fused = fused_driver.step_logits()
-        monkeypatch.setenv(decode_step.STEP_ENV, "layers")
         _, layered = layers_driver.step_logits()
         assert torch.equal(fused, layered), f"step {step}: max diff {(fused - layered).abs().max()}"
         for row, req_id in enumerate(ids):

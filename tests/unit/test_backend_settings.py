@@ -3,13 +3,19 @@ before any weight is read, and a loaded runner's steps read its own copy, not th
 
 from __future__ import annotations
 
-import pytest
+from typing import Any
 
-from localchat.backend_settings import BACKEND_VARIABLES, resolve_backend_variables
+import pytest
+import torch
+
+from localchat.backend_settings import BACKEND_VARIABLES, backend_variable, resolve_backend_variables
+from localchat.backends.torch import kernel_choice
 from localchat.config import Settings
 from localchat.errors import BackendUnavailableError
 from localchat.llm import LLM
 from localchat.serving.assembly import runner_options
+from tests.helpers.torch_batch import PagedDriver
+from tests.helpers.torch_models import bundle_from_hf, fp32_runner, tiny_hf_model
 
 ATTENTION = "LOCALCHAT_TORCH_ATTENTION"
 STEP = "LOCALCHAT_DECODE_STEP"
@@ -47,3 +53,32 @@ def test_llm_refuses_a_wrong_variable_before_reading_the_model(monkeypatch: pyte
     # The path does not exist: the error is the variable's, so nothing was read
     with pytest.raises(BackendUnavailableError, match="LOCALCHAT_DECODE_STEP='fast' is not a choice"):
         LLM("/nonexistent/model.gguf")
+
+
+def test_a_runner_steps_with_its_resolved_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Changing the environment after the load changes nothing; the runner's copy is what counts."""
+    for var in (ATTENTION, STEP):
+        monkeypatch.delenv(var, raising=False)
+    runner = fp32_runner(bundle_from_hf(tiny_hf_model("llama")))
+    assert runner.backend_settings[ATTENTION] == "auto"
+    seen: list[tuple[bool, str]] = []
+    forward = runner.model.hidden_states
+
+    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        kernels = kernel_choice.cpu_decode_kernels(torch.device("cpu"))
+        seen.append((kernels is not None, backend_variable(STEP)))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(runner.model, "hidden_states", spy)
+    driver = PagedDriver(runner)
+    driver.add("a", [1, 2, 3, 4, 5])
+    with_kernels = kernel_choice.cpu_decode_kernels(torch.device("cpu")) is not None  # False: not built
+    monkeypatch.setenv(ATTENTION, "torch")
+    monkeypatch.setenv(STEP, "layers")
+    driver.step_logits()
+    runner.backend_settings[ATTENTION] = "torch"  # what engine_bench --compare-cpu-attention flips
+    driver.feed("a", 7)
+    driver.step_logits()
+    assert seen == [(with_kernels, "fused"), (False, "fused")]
+    # Outside the runner's steps the environment is read, as before
+    assert backend_variable(STEP) == "layers"

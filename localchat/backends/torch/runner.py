@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from localchat.arch.moe import ffn_width
+from localchat.backend_settings import resolve_backend_variables, settings_in_effect
 from localchat.backends import RunnerOptions
 from localchat.backends.pooling import Pooler
 from localchat.backends.torch.attention import AttentionMetadata
@@ -102,15 +103,20 @@ class TorchRunner:
         self.dtype = pick_dtype(options.dtype, self.device)
         self.kv_dtype = kv_element_dtype(options.kv_cache_dtype, self.dtype)
         self.config = model.config
-        self.quant = pick_policy(
-            self.device, self.dtype, _linear_bytes(model.config, self.dtype), mem_available(), options.isq
+        # The tuning variables, resolved once: what loading and every step read (backend_settings.py)
+        self.backend_settings = dict(
+            resolve_backend_variables() if options.backend_settings is None else options.backend_settings
         )
-        with torch.inference_mode(), _device_memory_errors(self.device, model.name):
-            self.model = self._load_decoder(model)
-            # The vision tower of a multimodal checkpoint (Gemma 3): images reach the model through it.
-            self.images = load_image_embedder(model.path, self.device, self.dtype)
-        # "triton" on CUDA (see kernel_choice.py), else "torch"; both take every layer's AttentionOptions.
-        self.attention = attention_kernel(self.device)
+        with self.settings():
+            self.quant = pick_policy(
+                self.device, self.dtype, _linear_bytes(model.config, self.dtype), mem_available(), options.isq
+            )
+            with torch.inference_mode(), _device_memory_errors(self.device, model.name):
+                self.model = self._load_decoder(model)
+                # The vision tower of a multimodal checkpoint (Gemma 3): images reach the model through it.
+                self.images = load_image_embedder(model.path, self.device, self.dtype)
+            # "triton" on CUDA (see kernel_choice.py), else "torch"; both take every layer's AttentionOptions.
+            self.attention = attention_kernel(self.device)
         if self.attention == "triton" and self.kv_dtype != self.dtype:
             # Triton's kernels (triton_attention.py) read a cache in the compute dtype only.
             log.info(
@@ -132,6 +138,10 @@ class TorchRunner:
         # See the module docstring: torch's bf16 GEMV beats oneDNN for one-row matmuls on CPU.
         self._native_gemv = self.device.type == "cpu" and self.dtype == torch.bfloat16
         self.hidden_taps: HiddenTaps | None = None  # set by eagle3_proposer: layer inputs for the head
+
+    def settings(self) -> contextlib.AbstractContextManager[None]:
+        """This runner's backend settings in effect for what runs inside (load, steps, graph capture)."""
+        return settings_in_effect(self.backend_settings)
 
     def _load_decoder(self, model: ModelBundle) -> DecoderLM:
         """The bundle's decoder on this runner's device (a pipeline stage loads only its layers)."""
@@ -208,7 +218,7 @@ class TorchRunner:
         self.model.rotary.serve_context(max_model_len)
         if self.graph_mode is None:
             return
-        with torch.inference_mode():
+        with torch.inference_mode(), self.settings():
             self.graphs = DecodeGraphs(
                 self._decode_logits,
                 max_num_seqs=max_num_seqs,
@@ -240,7 +250,7 @@ class TorchRunner:
         if threads:
             torch.set_num_threads(threads)
         start = time.perf_counter()
-        with torch.inference_mode(), one_step_choice(self.device):
+        with torch.inference_mode(), self.settings(), one_step_choice(self.device):
             logits = self._logits(batch)
             embeddings = self.pooler.finish(batch.sample_req_ids)
             # Embedding rows got logits too (one LM-head row each) but do not sample.
@@ -266,7 +276,7 @@ class TorchRunner:
     def compute_logits(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> torch.Tensor:
         """Like `execute_model` but returns the float32 logits [num_sampled, vocab] (tests, debugging)."""
         self._update_states(scheduler_output)
-        with torch.inference_mode(), one_step_choice(self.device):
+        with torch.inference_mode(), self.settings(), one_step_choice(self.device):
             return self._logits(batch).float()
 
     def shutdown(self) -> None:
