@@ -16,6 +16,7 @@ from localchat.backends.mlx.vision.gemma3 import Gemma3Vision, load_gemma3_visio
 from localchat.backends.mlx.vision.llava import LlavaVision, load_llava_mmproj, load_llava_vision
 from localchat.backends.mlx.vision.pixtral import PixtralVision, load_pixtral_vision
 from localchat.backends.mlx.vision.qwen_vl import QwenVision, load_qwen_vision
+from localchat.backends.mlx.vision.qwen_vl_mmproj import load_qwen_vl_mmproj
 from localchat.engine.interface import ImageSlice
 from localchat.errors import BackendUnavailableError
 from localchat.vision.encoder_cache import EncoderCache
@@ -68,11 +69,14 @@ def load_image_embedder(path: Path, dtype: mx.Dtype) -> ImageEmbedder | None:
     if "mmproj" in config and config.get("model_type") in LLAVA_TYPES:  # llama.cpp's `mlp` projector
         log.info("loading the vision tower of %s from %s", path, config["mmproj"])
         return ImageEmbedder(load_llava_mmproj(config, Path(config["mmproj"]), dtype), dtype)
+    if "mmproj" in config and config.get("model_type") in QWEN_VL_TYPES:  # llama.cpp's Qwen-VL mergers
+        log.info("loading the vision tower of %s from %s", path, config["mmproj"])
+        return ImageEmbedder(load_qwen_vl_mmproj(config, Path(config["mmproj"]), dtype), dtype)
     if "mmproj" in config:
         # The server takes pictures for the pair, so loading the text model alone would leave them nowhere.
         raise BackendUnavailableError(
             f"{path.name} has a vision projector paired ({Path(config['mmproj']).name}); the MLX backend "
-            "runs Gemma 3's vision tower from a safetensors folder only (and LLaVA's mmproj). Use --backend torch for this GGUF "
+            "runs Gemma 3's vision tower from a safetensors folder only (and LLaVA's and Qwen-VL's mmproj). Use --backend torch for this GGUF "
             "with its mmproj, or move the mmproj file out of the model's folder to chat without images."
         )
     log.info("loading the vision tower of %s", path)

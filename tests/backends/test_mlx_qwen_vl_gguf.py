@@ -1,0 +1,111 @@
+"""Qwen2-VL / Qwen2.5-VL / Qwen3-VL GGUF + llama.cpp mmproj on MLX (#29), float32 on MLX's CPU device,
+against transformers on the tiny random checkpoints that llama.cpp's converter turned into the pair
+(tests/helpers/qwen_vl_gguf.py): the mmproj tower's rows (DeepStack included) equal get_image_features,
+and through LLMEngine + the MLX runner, with a prefill chunk boundary inside the image's run, the greedy
+tokens equal transformers'."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+mx = pytest.importorskip("mlx.core")
+torch = pytest.importorskip("torch")
+
+from PIL import Image  # noqa: E402
+
+from localchat.backends.mlx.vision.qwen_vl_mmproj import load_qwen_vl_mmproj  # noqa: E402
+from localchat.engine.config import EngineConfig  # noqa: E402
+from localchat.engine.engine import LLMEngine  # noqa: E402
+from localchat.engine.sampling_params import SamplingParams  # noqa: E402
+from localchat.vision.gemma3_preprocess import content_hash  # noqa: E402
+from localchat.vision.model_info import vision_config  # noqa: E402
+from localchat.vision.qwen_vl_prompt import QwenImagePrompt  # noqa: E402
+from localchat.weights.loader import load_model  # noqa: E402
+from tests.helpers import qwen_vl_gguf as pair  # noqa: E402
+from tests.helpers import qwen_vl_models as tiny  # noqa: E402
+from tests.helpers.parity import mlx_runner  # noqa: E402
+
+pytestmark = [pytest.mark.mlx, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module", params=pair.KINDS)
+def saved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any, Path]:
+    folder = tmp_path_factory.mktemp(f"mlx-{request.param}")
+    hf = pair.write_folder(request.param, folder)
+    model, _ = pair.write_gguf_pair(folder, tmp_path_factory.mktemp(f"mlx-{request.param}-gguf"))
+    return request.param, hf, model
+
+
+def _config(model: Path) -> dict[str, Any]:
+    config = vision_config(model)
+    assert config is not None
+    return config
+
+
+def _reference(kind: str, prompt_side: QwenImagePrompt, path: Path) -> Any:
+    spec = prompt_side.spec
+    return pair.reference_processor(kind, spec.min_pixels, spec.max_pixels)(
+        Image.open(path), return_tensors="pt"
+    )
+
+
+def test_mmproj_tower_equals_get_image_features(saved: tuple[str, Any, Path], tmp_path: Path) -> None:
+    kind, hf, model = saved
+    config = _config(model)
+    tower = load_qwen_vl_mmproj(config, Path(config["mmproj"]))
+    prompt_side = QwenImagePrompt.from_config(model, config)
+    for path in pair.pictures(tmp_path):
+        ref = _reference(kind, prompt_side, path)
+        grid = tuple(int(g) for g in ref["image_grid_thw"][0])
+        ours = np.array(tower.encode(mx.array(ref["pixel_values"].numpy()), grid))  # type: ignore[arg-type]
+        with torch.no_grad():
+            theirs = hf.model.get_image_features(
+                pixel_values=ref["pixel_values"], image_grid_thw=ref["image_grid_thw"]
+            )
+        blocks = [theirs.pooler_output, *(getattr(theirs, "deepstack_features", None) or [])]
+        flat = [torch.cat(list(b)) if isinstance(b, (list, tuple)) else b for b in blocks]
+        expected = torch.cat(flat, dim=-1).numpy()
+        assert ours.shape == expected.shape
+        err = float(np.abs(ours - expected).max())
+        print(f"mlx {kind} mmproj tower max abs err fp32 ({grid}): {err:.2e}")
+        assert err < 1e-4
+
+
+@pytest.mark.parametrize("chunk", [0, 7])
+def test_engine_greedy_equals_transformers(saved: tuple[str, Any, Path], tmp_path: Path, chunk: int) -> None:
+    kind, hf, model = saved
+    prompt_side = QwenImagePrompt.from_config(model, _config(model))
+    bundle = load_model(model)
+    config = EngineConfig(kv_cache_mib=4, block_size=4, prefill_chunk_size=chunk)
+    engine = LLMEngine(mlx_runner(bundle), bundle.tokenizer, config, eos_token_ids=[], model_max_len=256)
+    answers = []
+    for path in pair.pictures(tmp_path):
+        pixels, grid = prompt_side.preprocess(Image.open(path))
+        count = grid[0] * grid[1] * grid[2]
+        prompt = [1, 3, 5, tiny.START, *[tiny.IMAGE] * count, tiny.END, 7, 9, 2, 1, 4]
+        images = prompt_side.inputs(prompt, [(content_hash(path.read_bytes()), pixels, grid)])
+        req = engine.add_request(prompt, SamplingParams(max_tokens=5, temperature=0.0), images=images)
+        ours: list[int] = []
+        while engine.has_unfinished:
+            for out in engine.step():
+                if out.req_id == req:
+                    ours += out.new_token_ids
+        ref = _reference(kind, prompt_side, path)
+        tokens = list(prompt)
+        for _ in range(5):
+            ids = torch.tensor([tokens])
+            with torch.no_grad():
+                logits = hf(
+                    input_ids=ids,
+                    pixel_values=ref["pixel_values"],
+                    image_grid_thw=ref["image_grid_thw"],
+                    mm_token_type_ids=(ids == tiny.IMAGE).int(),
+                ).logits[0, -1]
+            tokens.append(int(logits.argmax()))
+        assert ours == tokens[len(prompt) :], path.name
+        answers.append(ours)
+    assert answers[0] != answers[1]
