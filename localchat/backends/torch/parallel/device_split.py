@@ -39,6 +39,7 @@ from .stages import (
     StageCosts,
     StagePlan,
     StageRunner,
+    check_split,
     check_stageable,
     shared_budget,
     whole_model_specs,
@@ -175,6 +176,7 @@ def split_runner(
         return TorchRunner(bundle, replace(plain, device=high))
     check_stageable(config, f"{FLAG} {count}")
     runs = [range(0, layers - count), range(layers - count, layers)]
+    check_split(config, runs, f"{FLAG} {count}", bundle.path)
     check_stage_fits(bundle.path, config, 1, runs[1], True, pick_device(high), f"{FLAG} {count}")
     handoff, results = Handoff(), SameProcess()
     first = StageRunner(bundle, replace(plain, device=low), StagePlan(0, 2, runs[0]), None, handoff, results)

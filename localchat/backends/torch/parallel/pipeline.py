@@ -9,6 +9,7 @@ only its layers, and the ranks agree on the block count the smallest pool allows
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from .stages import (
     StageCosts,
     StagePlan,
     StageRunner,
+    check_split,
     check_stageable,
     shared_budget,
     split_layers,
@@ -111,7 +113,7 @@ class PipelineStageRunner(StageRunner):
         return shared_budget(pools, self.model_kv_spec, self.model_state_spec)
 
 
-def check_pipeline(config: ModelConfig, stages: int) -> None:
+def check_pipeline(config: ModelConfig, stages: int, path: Path | None = None) -> None:
     """Before any weight is read: one layer per stage at least, and a family the split covers."""
     layers = config.num_hidden_layers
     if stages > layers:
@@ -119,6 +121,7 @@ def check_pipeline(config: ModelConfig, stages: int) -> None:
             f"{FLAG} {stages} needs at least one layer per stage; this model has {layers}: use at most {layers}."
         )
     check_stageable(config, f"{FLAG} {stages}")
+    check_split(config, split_layers(layers, stages), f"{FLAG} {stages}", path)
 
 
 def pipeline_runner(bundle: ModelBundle, options: RunnerOptions, group: ParallelGroup) -> PipelineStageRunner:
@@ -129,7 +132,7 @@ def pipeline_runner(bundle: ModelBundle, options: RunnerOptions, group: Parallel
     tp = options.tensor_parallel_size
     stages = world // tp
     stage, place = divmod(rank, tp)
-    check_pipeline(config, stages)
+    check_pipeline(config, stages, bundle.path)
     # Every rank creates every stage's group, in the same order (torch.distributed's rule).
     tp_groups = (
         [dist.new_group(ranks=[s * tp + i for i in range(tp)]) for s in range(stages)] if tp > 1 else []

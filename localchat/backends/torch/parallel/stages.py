@@ -14,12 +14,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from localchat.arch.architecture import TOP_WEIGHTS
+from localchat.arch.gemma4 import kv_sources
 from localchat.arch.registry import architecture
 from localchat.backends import RunnerOptions
 from localchat.backends.torch.kernel_choice import one_step_choice
@@ -29,6 +31,7 @@ from localchat.backends.torch.runner import TorchRunner
 from localchat.backends.torch.weights import load_decoder
 from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput, StateCacheSpec
 from localchat.errors import BackendUnavailableError
+from localchat.vision.model_info import vision_config
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
 from localchat.weights.tensors import WeightTensor
@@ -43,6 +46,11 @@ STAGE_LOOPS = frozenset(
     for name in (
         "base.DecoderLM.hidden_states",
         "qwen_vl.VisionLanguage.hidden_states",
+        "gemma.Model.hidden_states",  # Gemma 2 / 3: sliding and global layers, a RoPE base per kind
+        "gemma4.Model.hidden_states",  # its layer kinds and cache indices are re-made per stage
+        "smollm3.Model.hidden_states",  # NoPE layers
+        "ministral3.Model.hidden_states",  # per-token q temperature
+        "llama4.Model.hidden_states",  # NoPE layers, temperature tuning
         "qwen3_next.Model.hidden_states",  # Qwen3-Next, Qwen3.5 (gated DeltaNet + attention)
         "lfm2.Model.hidden_states",  # LFM2 (short conv + attention)
         "mamba_hybrid.Model.hidden_states",  # Granite 4.0-H, Nemotron-H (Mamba-2 + attention + MLP)
@@ -86,6 +94,38 @@ def check_stageable(config: ModelConfig, flag: str) -> None:
         raise BackendUnavailableError(
             f"{flag}: {config.model_type!r} runs its layers its own way (per-layer inputs or shared K/V), "
             "which the layer split does not cover yet; run it on one device (drop the flag)."
+        )
+
+    if int(config.extra.get("hidden_size_per_layer_input") or 0):
+        raise BackendUnavailableError(
+            f"{flag}: {config.model_type!r} has per-layer embeddings (Gemma 4 E2B / E4B), made from the "
+            "token ids on the first stage for every layer, which the layer split does not carry; run it "
+            "on one device (drop the flag): these small models fit one."
+        )
+
+
+def check_split(config: ModelConfig, runs: list[range], flag: str, path: Path | None = None) -> None:
+    """What must stay inside one stage: Gemma 4's K/V-sharing layers and the earlier layer whose keys
+    and values of this step they attend over; Qwen3-VL's DeepStack layers (the picture's middle-layer
+    rows are added after each of the first layers, on the stage that makes the embeddings)."""
+    if "gemma4" in config.model_type:
+        sources = kv_sources(config)
+        for run in runs:
+            for index in run:
+                if sources[index] not in run:
+                    raise BackendUnavailableError(
+                        f"{flag}: Gemma 4 layer {index} reuses the keys and values of layer "
+                        f"{sources[index]}, which this split puts in another stage (layers {run.start}-"
+                        f"{run.stop - 1} together); use a split that keeps them together, or run the model "
+                        "on one device."
+                    )
+    vision = (vision_config(path) or {}).get("vision_config") if path is not None else None
+    deepstack = len((vision or {}).get("deepstack_visual_indexes") or ())
+    if deepstack > len(runs[0]):
+        raise BackendUnavailableError(
+            f"{flag}: the picture rows of this model's DeepStack are added after each of its first "
+            f"{deepstack} layers, all on the first stage, which holds {len(runs[0])}; use fewer stages "
+            "(or fewer --gpu-layers), or run the model on one device."
         )
 
 
@@ -193,6 +233,8 @@ def _prepare(plan: StagePlan, config: ModelConfig, dtype: torch.dtype, device: t
         model.num_kv_layers = stage_kv_layers(config, plan.layers)  # type: ignore[assignment]
         if hasattr(model, "linear_layers"):  # Qwen3-Next / 3.5: its state-slot layers, as stage indices
             setattr(model, "linear_layers", [i for i, layer in enumerate(model.layers) if layer.linear])  # noqa: B010
+        if hasattr(model, "cache_index"):  # Gemma 4: the stage's layer kinds, and caches of its K/V owners
+            _restage_gemma4(model, config, plan)
         hidden = config.hidden_size
         if not (plan.first or (plan.last and config.tie_word_embeddings)):
             model.embed = nn.Parameter(
@@ -264,6 +306,17 @@ def shared_budget(
     return fewest // kv_unit * kv_unit if kv_unit else fewest
 
 
+def _restage_gemma4(model: DecoderLM, config: ModelConfig, plan: StagePlan) -> None:
+    """Gemma 4's loop zips its layers with `config.extra["layer_types"]` and `cache_index` (the K/V
+    cache of each layer's source): both become the stage's (check_split keeps sources in the stage)."""
+    sources = [kv_sources(config)[i] for i in plan.layers]
+    owners = sorted(set(sources))
+    types = [config.extra["layer_types"][i] for i in plan.layers]
+    model.config = replace(config, extra={**config.extra, "layer_types": types})
+    setattr(model, "cache_index", [owners.index(source) for source in sources])  # noqa: B010
+    model.num_kv_layers = len(owners)  # type: ignore[assignment]
+
+
 class StageRunner(TorchRunner):
     """A TorchRunner over one stage's layers; the engine talks to the first stage's runner."""
 
@@ -285,6 +338,8 @@ class StageRunner(TorchRunner):
         model.fused_decode = None if outbound is not None or inbound is not None else model.fused_decode
         self.graph_mode = None  # a decode graph would capture the sends and receives
         self.results = results
+        if not plan.first:
+            self.images = None  # pictures become embeddings on the first stage only
 
     def _load_decoder(self, model: ModelBundle) -> DecoderLM:
         config = model.config
@@ -309,8 +364,15 @@ class StageRunner(TorchRunner):
             return StageCosts(kv.num_layers, kv.bytes_per_block(1), 0, 0)
         return StageCosts(kv.num_layers, kv.bytes_per_block(1), state.num_layers, state.bytes_per_slot)
 
+    def _logits(self, batch: BatchInputs) -> torch.Tensor:
+        """A step with pictures: the first stage writes their embeddings over the placeholder rows; the
+        others get those rows in the hidden states. M-RoPE positions (`rope_positions`) are part of the
+        step every stage receives, so each turns its layers' rotary by them."""
+        if batch.image_slices and not self.plan.first:
+            batch = replace(batch, image_slices=[])
+        return super()._logits(batch)
+
     def execute_model(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> RunnerOutput:
-        _text_only(batch)
         empty_output = RunnerOutput(req_ids=[], sampled_token_ids=[])
         idle = scheduler_output.is_empty or batch.num_tokens == 0  # every stage skips it alike
         if self.plan.last:
@@ -322,7 +384,6 @@ class StageRunner(TorchRunner):
         return self.results.collect(empty_output)
 
     def compute_logits(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> torch.Tensor:
-        _text_only(batch)
         empty = torch.empty(0)
         if self.plan.last:
             return self.results.deliver(super().compute_logits(scheduler_output, batch).cpu(), empty)
@@ -333,12 +394,3 @@ class StageRunner(TorchRunner):
         """This stage's layers (the model sends their output on); no head, no sampling, no pooling."""
         with torch.inference_mode(), one_step_choice(self.device):
             self._logits(batch)
-
-
-def _text_only(batch: BatchInputs) -> None:
-    """Checked on every stage before anything runs, so all refuse the step alike (no stage waits)."""
-    if batch.image_slices or batch.rope_positions is not None:
-        raise BackendUnavailableError(
-            "Images are not supported with --pipeline-parallel-size or --gpu-layers yet: send text only, "
-            "or run the model on one device."
-        )
