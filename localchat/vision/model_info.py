@@ -16,6 +16,10 @@ SUPPORTED = frozenset(
 
 SUPPORTED |= {"smolvlm", "idefics3"}  # SmolVLM / Idefics3: backends/torch/vision/smolvlm.py
 
+# The text models a Mistral3ForConditionalGeneration wraps whose localchat families take image rows
+# (Mistral Small 3.x: mistral; Ministral 3: ministral3; Mistral Small 4: mistral4).
+PIXTRAL_TEXT_TYPES = frozenset({"mistral", "llama", "ministral", "ministral3", "mistral4"})
+
 
 def vision_config(path: Path) -> dict[str, Any] | None:
     """The config.json of a multimodal safetensors folder of a supported family (for a GGUF file: the same
@@ -29,6 +33,9 @@ def vision_config(path: Path) -> dict[str, Any] | None:
         return None
     config = json.loads(config_file.read_text())
     if not isinstance(config, dict) or config.get("model_type") not in SUPPORTED:
+        return None
+    text_type = (config.get("text_config") or {}).get("model_type", "mistral")
+    if config["model_type"] == "mistral3" and text_type not in PIXTRAL_TEXT_TYPES:
         return None
     return config if config.get("vision_config") else None  # Gemma 4 may save it as null
 

@@ -184,6 +184,62 @@ def test_image_prompt_logits_and_greedy_tokens(
     assert np.abs(theirs[-1] - _hf_logits(hf, prompt, torch.zeros_like(pixels))[-1]).max() > 1e-3
 
 
+def _text_config(family: str) -> dict[str, Any]:
+    """The tiny text config of each family a Mistral3ForConditionalGeneration wraps: Mistral (Small 3.1 /
+    3.2), Ministral 3 (its q temperature exercised: original length 8, the prompts are ~35 tokens) and
+    Mistral 4 (Small 4: MLA + MoE, the same temperature)."""
+    from transformers import Mistral4Config
+
+    from tests.helpers.torch_models import MINISTRAL3_ROPE, TINY_DEEPSEEK
+
+    if family == "mistral":
+        return tiny.TEXT
+    rope = {**MINISTRAL3_ROPE, "llama_4_scaling_beta": 0.5}
+    if family == "ministral3":
+        return {**tiny.TEXT, "model_type": "ministral3", "rope_parameters": rope}
+    sizes = {k: v for k, v in tiny.TEXT.items() if k not in ("model_type", "head_dim", "sliding_window")}
+    config = Mistral4Config(**{**sizes, **TINY_DEEPSEEK, "q_lora_rank": 24, "rope_parameters": rope})
+    return config.to_dict()
+
+
+@pytest.mark.parametrize("family", ["ministral3", "mistral4"])
+def test_other_wrapped_text_models_take_the_pictures(tmp_path: Path, family: str) -> None:
+    """Ministral 3 and Mistral Small 4 ship as the same wrapper: their text models scatter the image rows
+    too (prefill split inside the image's rows), giving transformers' logits and greedy tokens."""
+    folder = tmp_path / family
+    hf = tiny.write_folder(folder, _text_config(family))
+    pixels = _pixels(folder, tiny.pictures(tmp_path)[0])
+    side = _prompt_side(folder)
+    grid = side.grid(pixels[0].numpy())
+    prompt = prompt_for(*grid)
+    embeds = load_pixtral_vision(folder).encode(pixels)[0]
+    placeholders = list(side.placeholders(prompt, [grid])[0])
+    bundle = load_model(folder)
+    assert bundle.config.model_type == family
+    runner = fp32_runner(bundle)
+    model: Any = runner.model
+    driver = PagedDriver(runner)
+    driver.add("a", prompt)
+    rows_logits = []
+    for start, end in [(0, 9), (9, len(prompt))]:
+        token_rows, picked = chunk_rows(placeholders, start, end)
+        model.image_embeds = (torch.tensor(token_rows), embeds[picked])
+        _, logits = driver.step_logits({"a": end - start}, every_token=True)
+        rows_logits.append(logits.cpu().numpy())
+    model.image_embeds = None
+    ours = np.concatenate(rows_logits)
+    theirs = _hf_logits(hf, prompt, pixels)
+    err = np.abs(ours - theirs).max()
+    print(f"pixtral image prompt logits max abs err fp32 ({family} text): {err:.2e}")
+    assert err < 1e-4
+    for _ in range(2):
+        driver.feed("a", int(ours[-1].argmax()))
+        _, logits = driver.step_logits()
+        ours = logits.cpu().numpy()
+        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), pixels)[-1].argmax())
+    assert np.abs(theirs[-1] - _hf_logits(hf, prompt, torch.zeros_like(pixels))[-1]).max() > 1e-3
+
+
 def hf_greedy(hf: Any, prompt: list[int], pixels: torch.Tensor, new: int) -> list[int]:
     tokens = list(prompt)
     for _ in range(new):
@@ -258,18 +314,24 @@ def test_mlx_features_equal_transformers(saved: tuple[Any, Path], tmp_path: Path
 
 
 @pytest.mark.mlx
-@pytest.mark.parametrize("chunk", [None, 9])
+@pytest.mark.parametrize(
+    ("family", "chunk"), [("mistral", None), ("mistral", 9), ("ministral3", 9), ("mistral4", 9)]
+)
 def test_mlx_image_prompt_logits_and_greedy_tokens(
-    saved: tuple[Any, Path], tmp_path: Path, chunk: int | None
+    saved: tuple[Any, Path], tmp_path: Path, family: str, chunk: int | None
 ) -> None:
     """Through the MLX runner's compute_logits with image slices as engine/batch.py builds them (chunk=9
-    splits the image's rows): transformers' logits and greedy tokens; the picture is encoded once."""
+    splits the image's rows): transformers' logits and greedy tokens for each wrapped text family; the
+    picture is encoded once."""
     pytest.importorskip("mlx.core")
     from localchat.engine.interface import ImageSlice
     from localchat.vision.gemma3_preprocess import content_hash
     from tests.helpers.parity import Driver, mlx_runner
 
     hf, folder = saved
+    if family != "mistral":
+        folder = tmp_path / family
+        hf = tiny.write_folder(folder, _text_config(family))
     path = tiny.pictures(tmp_path)[0]
     side = _prompt_side(folder)
     pixels = side.preprocess(Image.open(path))
@@ -291,10 +353,28 @@ def test_mlx_image_prompt_logits_and_greedy_tokens(
     torch_pixels = torch.from_numpy(pixels)[None]
     theirs = _hf_logits(hf, prompt, torch_pixels)
     err = np.abs(ours - theirs).max()
-    print(f"mlx pixtral image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
+    print(f"mlx pixtral image prompt logits max abs err fp32 ({family} text, chunk={chunk}): {err:.2e}")
     assert err < 1e-4
     for _ in range(3):  # greedy decode after the image: no image rows in these steps
         driver.feed("a", int(ours[-1].argmax()))
         _, logits = driver.step_logits()
         ours = logits
         assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), torch_pixels)[-1].argmax())
+
+
+def test_only_wrappers_of_image_taking_text_models_say_vision(
+    saved: tuple[Any, Path], tmp_path: Path
+) -> None:
+    """A Mistral3ForConditionalGeneration around a text family that does not scatter image rows would
+    drop the pictures silently: it is not listed as taking images."""
+    import json
+
+    from localchat.vision.model_info import takes_images
+
+    _, folder = saved
+    assert takes_images(folder)
+    config = json.loads((folder / "config.json").read_text())
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({**config, "text_config": {"model_type": "qwen2"}}))
+    assert not takes_images(other)

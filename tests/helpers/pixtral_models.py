@@ -86,11 +86,12 @@ PROCESSOR = {
 }
 
 
-def build(**config: Any) -> Mistral3ForConditionalGeneration:
+def build(text: dict[str, Any] | None = None, **config: Any) -> Mistral3ForConditionalGeneration:
+    """`text`: another text config (Ministral 3's, Mistral 4's) in place of Mistral's."""
     torch.manual_seed(0)
     hf = Mistral3ForConditionalGeneration(
         Mistral3Config(
-            text_config=TEXT,
+            text_config=text or TEXT,
             vision_config=VISION,
             image_token_index=IMG,
             spatial_merge_size=MERGE,
@@ -105,8 +106,10 @@ def build(**config: Any) -> Mistral3ForConditionalGeneration:
     return hf.eval()
 
 
-def write_folder(folder: Path, **config: Any) -> Mistral3ForConditionalGeneration:
-    hf = build(**config)
+def write_folder(
+    folder: Path, text: dict[str, Any] | None = None, **config: Any
+) -> Mistral3ForConditionalGeneration:
+    hf = build(text, **config)
     hf.save_pretrained(folder)
     vocab = {**SPECIALS, **{w: 20 + i for i, w in enumerate(WORDS)}}
     vocab.update({f"w{i}": i for i in range(20 + len(WORDS), TEXT["vocab_size"])})

@@ -18,6 +18,9 @@ from localchat.weights.config import ModelConfig
 
 class Model(DecoderLM):
     layer_class = LlamaLayer  # its __call__ takes the q scale
+    # Image rows for the next forward (a Mistral3ForConditionalGeneration wrapper's pictures): (rows of
+    # this step's flattened tokens, values [rows, hidden]); set and cleared by the runner around one step.
+    image_embeds: tuple[mx.array, mx.array] | None = None
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -26,13 +29,18 @@ class Model(DecoderLM):
     def hidden_states(
         self, input_ids: mx.array, positions: mx.array, meta: AttentionMetadata, caches: list[LayerCache]
     ) -> mx.array:
-        if self.temperature is None:
+        if self.temperature is None and self.image_embeds is None:
             return super().hidden_states(input_ids, positions, meta, caches)
-        beta, length = self.temperature
         x = self.embed_tokens(input_ids)
-        # In float32 from the integer positions, then cast, as transformers does.
-        scale = 1 + beta * mx.log(1 + mx.floor(positions.astype(mx.float32) / length))
-        q_scale = scale.astype(x.dtype)[:, None, None]  # [T, 1, 1]
+        if self.image_embeds is not None:  # the pictures' rows over their [IMG] placeholders
+            rows, values = self.image_embeds
+            x[rows] = values.astype(x.dtype)
+        q_scale = None
+        if self.temperature is not None:
+            beta, length = self.temperature
+            # In float32 from the integer positions, then cast, as transformers does.
+            scale = 1 + beta * mx.log(1 + mx.floor(positions.astype(mx.float32) / length))
+            q_scale = scale.astype(x.dtype)[:, None, None]  # [T, 1, 1]
         for layer, cache in zip(self.layers, caches, strict=True):
             x = layer(x, self.rotary, positions, meta, cache, q_scale)  # type: ignore[call-arg]
         return x
