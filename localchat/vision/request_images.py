@@ -26,6 +26,7 @@ from localchat.vision.model_info import vision_config
 from localchat.vision.pixtral_prompt import PIXTRAL_TYPES, PixtralImagePrompt
 from localchat.vision.prompt_images import ImagePrompt
 from localchat.vision.qwen_vl_prompt import QWEN_VL_TYPES, QwenImagePrompt
+from localchat.vision.smolvlm_prompt import SMOLVLM_TYPES, SmolVLMImagePrompt
 
 IMAGE_PART_TYPES = frozenset({"image_url", "image_bytes"})
 VISION_HINT = (
@@ -48,6 +49,7 @@ class Picture:
     content_hash: str
     pixels: np.ndarray  # [3, size, size] float32, the model's preprocessing applied
     grid: tuple[int, int, int] | None = None  # Qwen-VL: the merged token grid (QwenImagePrompt)
+    tiles: tuple[int, int] = (0, 0)  # SmolVLM / Idefics3: tile rows and columns (pixels: [tiles, 3, S, S])
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,11 +57,22 @@ class PreparedImages:
     messages: list[dict[str, Any]]  # for the chat template: image parts as {"type": "image"}
     pictures: list[Picture] = field(default_factory=list)
     prompt: (
-        ImagePrompt | QwenImagePrompt | LlavaImagePrompt | PixtralImagePrompt | Gemma4ImagePrompt | None
+        ImagePrompt
+        | QwenImagePrompt
+        | LlavaImagePrompt
+        | PixtralImagePrompt
+        | Gemma4ImagePrompt
+        | SmolVLMImagePrompt
+        | None
     ) = None  # None: the request has no picture
 
     def expand(self, prompt_text: str) -> str:
         """The rendered prompt with each picture's full run of image tokens, as the model's processor writes it."""
+        if isinstance(self.prompt, SmolVLMImagePrompt):  # each picture's tiles and its global image
+            try:
+                return self.prompt.expand(prompt_text, [p.tiles for p in self.pictures])
+            except ValueError as exc:
+                raise ImageInputError(str(exc)) from exc
         if isinstance(self.prompt, QwenImagePrompt):  # a pad run per picture, sized by its grid
             try:
                 return self.prompt.expand(prompt_text, [p.grid or (1, 1, 1) for p in self.pictures])
@@ -79,6 +92,13 @@ class PreparedImages:
         """Each picture with the positions of its image tokens in the expanded prompt's token ids."""
         if self.prompt is None:
             return ()
+        if isinstance(self.prompt, SmolVLMImagePrompt):
+            try:
+                return self.prompt.inputs(
+                    token_ids, [(p.content_hash, p.pixels, p.tiles) for p in self.pictures]
+                )
+            except ValueError as exc:
+                raise ImageInputError(str(exc)) from exc
         if isinstance(self.prompt, QwenImagePrompt):
             try:
                 return self.prompt.inputs(
@@ -151,6 +171,9 @@ def prepare_images(
             except ValueError as exc:  # an aspect ratio past 200
                 raise ImageRequestError(f"{where}: {exc}", where) from exc
             pictures.append(Picture(content_hash(data), pixels, grid))
+        elif isinstance(prompt, SmolVLMImagePrompt):
+            pixels, tiles = prompt.preprocess(image)
+            pictures.append(Picture(content_hash(data), pixels, tiles=tiles))
         elif isinstance(prompt, LlavaImagePrompt | PixtralImagePrompt | Gemma4ImagePrompt):
             pictures.append(Picture(content_hash(data), prompt.preprocess(image)))
         else:
@@ -160,8 +183,18 @@ def prepare_images(
 
 def _image_prompt(
     path: Path,
-) -> ImagePrompt | QwenImagePrompt | LlavaImagePrompt | PixtralImagePrompt | Gemma4ImagePrompt | None:
+) -> (
+    ImagePrompt
+    | QwenImagePrompt
+    | LlavaImagePrompt
+    | PixtralImagePrompt
+    | Gemma4ImagePrompt
+    | SmolVLMImagePrompt
+    | None
+):
     config = vision_config(path)
+    if config is not None and config.get("model_type") in SMOLVLM_TYPES:
+        return SmolVLMImagePrompt.from_config(path, config)
     if config is not None and config.get("model_type") in QWEN_VL_TYPES:
         return QwenImagePrompt.from_config(path, config)
     if config is not None and config.get("model_type") in LLAVA_TYPES:
