@@ -194,6 +194,9 @@ class Gemma4Layer(WithMoe):
 class Model(DecoderLM):
     layer_class = Gemma4Layer
     token_tables = ("ple_embed",)  # the loader keeps it [vocab, width] for row lookups
+    # Image embeddings for the next forward (the runner sets them): (rows of this step's flattened tokens,
+    # values [rows, hidden]), scattered over the scaled token embeddings as transformers does.
+    image_embeds: tuple[mx.array, mx.array] | None = None
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -235,7 +238,14 @@ class Model(DecoderLM):
     def hidden_states(
         self, input_ids: mx.array, positions: mx.array, meta: AttentionMetadata, caches: list[LayerCache]
     ) -> mx.array:
+        images = self.image_embeds
+        if images is not None:  # the pad token under each picture (its id may be outside the vocabulary)
+            input_ids = mx.array(input_ids)
+            input_ids[images[0]] = int(self.config.extra["pad_token_id"])
         x = self.embed_tokens(input_ids)
+        if images is not None:
+            x[images[0]] = images[1].astype(x.dtype)
+        # Per-layer embeddings: the pad token's table row under a picture, the projection of its embedding.
         ple = self.per_layer_inputs(input_ids, x) if self.ple_width else None
         shared: Shared = {}
         for i, (layer, cache) in enumerate(zip(self.layers, self.cache_index, strict=True)):

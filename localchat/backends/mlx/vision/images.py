@@ -13,6 +13,7 @@ import mlx.core as mx
 import numpy as np
 
 from localchat.backends.mlx.vision.gemma3 import Gemma3Vision, load_gemma3_vision
+from localchat.backends.mlx.vision.gemma4 import Gemma4Vision, load_gemma4_vision
 from localchat.backends.mlx.vision.llava import LlavaVision, load_llava_mmproj, load_llava_vision
 from localchat.backends.mlx.vision.pixtral import PixtralVision, load_pixtral_vision
 from localchat.backends.mlx.vision.qwen_vl import QwenVision, load_qwen_vision
@@ -20,6 +21,7 @@ from localchat.backends.mlx.vision.qwen_vl_mmproj import load_qwen_vl_mmproj
 from localchat.engine.interface import ImageSlice
 from localchat.errors import BackendUnavailableError
 from localchat.vision.encoder_cache import EncoderCache
+from localchat.vision.gemma4_prompt import GEMMA4_TYPES
 from localchat.vision.llava_prompt import LLAVA_TYPES
 from localchat.vision.model_info import vision_config
 from localchat.vision.pixtral_prompt import PIXTRAL_TYPES
@@ -30,7 +32,7 @@ log = logging.getLogger(__name__)
 
 class ImageEmbedder:
     def __init__(
-        self, vision: Gemma3Vision | QwenVision | LlavaVision | PixtralVision, dtype: mx.Dtype
+        self, vision: Gemma3Vision | QwenVision | LlavaVision | PixtralVision | Gemma4Vision, dtype: mx.Dtype
     ) -> None:
         self.vision = vision
         self.dtype = dtype
@@ -88,6 +90,12 @@ def load_image_embedder(path: Path, dtype: mx.Dtype) -> ImageEmbedder | None:
         return ImageEmbedder(tower, dtype)
     if config.get("model_type") in LLAVA_TYPES:
         return ImageEmbedder(load_llava_vision(path, dtype), dtype)
+    if config.get("model_type") in GEMMA4_TYPES:  # a picture at its own size: [1, 3, H, W]
+        gemma4 = load_gemma4_vision(path, dtype)
+        if gemma4 is None:  # a text-only export of the multimodal config
+            log.warning("%s names a vision tower but holds none of its weights: images unsupported", path)
+            return None
+        return ImageEmbedder(gemma4, dtype)
     if config.get("model_type") in PIXTRAL_TYPES:  # a picture at its own size: [1, 3, H, W]
         return ImageEmbedder(load_pixtral_vision(path, dtype), dtype)
     return ImageEmbedder(load_gemma3_vision(path, dtype), dtype)
