@@ -1,7 +1,8 @@
 """Pipeline stages: a decoder cut into contiguous runs of layers, each run a `StageRunner` of its own.
 
-The first stage holds the embedding, the last the final norm and LM head (and the embedding again when
-it is the tied LM head); every stage holds only its layers' weights and K/V. A step runs stage after
+The first stage holds the embedding (and a vision model's tower: a step's pictures become rows there),
+the last the final norm and LM head (and the embedding again when it is the tied LM head); every
+stage holds only its layers' weights, K/V and, in hybrid models, state slots. A step runs stage after
 stage, one batch in flight (no micro-batches): a stage that is not first takes its input hidden
 states from the stage before (`Link.receive`), one that is not last hands its output on
 (`Link.send`). The last stage computes the logits and samples; `Results` brings its output to the
