@@ -47,6 +47,7 @@ setup(
                 "csrc/lc_step.h",
                 "csrc/lc_x16_neon.h",
                 "csrc/lc_iquants.h",
+                "csrc/lc_iq_gemm.h",
                 "csrc/lc_iq_grids.h",
                 "csrc/lc_mxfp4.h",
             ],

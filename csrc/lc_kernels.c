@@ -184,6 +184,12 @@ static int lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 
 #include "lc_x16_layout.h"
 
+#define LC_FN(name) name##_portable
+#define LC_ISA LC_ISA_PORTABLE
+#include "lc_iq_gemm.h"
+#undef LC_FN
+#undef LC_ISA
+
 #ifdef LC_X86
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
@@ -192,6 +198,7 @@ static int lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #include "lc_impl.h"
 #include "lc_iquants.h"
 #include "lc_x16_avx2.h"
+#include "lc_iq_gemm.h"
 #include "lc_attention.h"
 #include "lc_fused.h"
 #undef LC_FN
@@ -205,6 +212,7 @@ static int lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #include "lc_impl.h"
 #include "lc_iquants.h"
 #include "lc_x16_avx512.h"
+#include "lc_iq_gemm.h"
 #include "lc_attention.h"
 #include "lc_fused.h"
 #undef LC_FN
@@ -367,6 +375,17 @@ LC_EXPORT int lc_matmul(int isa, int type, const uint8_t *w, int64_t n, int64_t 
         return 0;
     }
     if (!lc_type_ok(type, k) || !lc_isa_supported(isa) || nth < 1) return -1;
+    if (lc_is_iq(type) && t >= LC_IQG_MIN_ROWS) { /* many rows: lc_iq_gemm.h's panels (NEON on portable C) */
+#ifdef LC_X86
+        if (isa == LC_ISA_AVX512VNNI) {
+            lc_x16_sums x;
+            if (lc_x16_summaries(t, k, xq, xd, xs, &x)) return LC_ENOMEM;
+            return iq_gemm_avx512vnni(type, w, n, k, row_bytes, xq, xd, &x, t, out, out_bf16, ldo, nth);
+        }
+        if (isa == LC_ISA_AVX2) return iq_gemm_avx2(type, w, n, k, row_bytes, xq, xd, NULL, t, out, out_bf16, ldo, nth);
+#endif
+        return iq_gemm_portable(type, w, n, k, row_bytes, xq, xd, NULL, t, out, out_bf16, ldo, nth);
+    }
     if (lc_is_iq(type)) { /* lc_iquants.h: AVX2 / AVX-512 VNNI, else portable C (NEON too) */
 #ifdef LC_X86
         if (isa == LC_ISA_AVX512VNNI) iq_matmul_avx512vnni(type, w, n, k, row_bytes, xq, xd, t, out, out_bf16, ldo, nth);

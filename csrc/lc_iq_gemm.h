@@ -1,0 +1,239 @@
+/* Many-row steps (prefill, batches) on i-quant, ternary and MXFP4 blocks: each tile of 16 weight rows is
+decoded once per call into int8 codes and float scales laid out as an x16 panel (lc_x16_layout.h: a
+64-byte group holds 4 consecutive codes of 16 rows), then every activation row runs over it.
+
+Why: lc_iquants.h's row kernel decodes a weight row again for every 4 activation rows (grid lookups,
+sign flips) and pays a float conversion per 32 values per (row, activation row) pair; here the decode is
+paid once for all rows and one integer instruction adds 4 values into 16 outputs, as the K-quants' x16
+kernels do. Codes and scales are lc_iq_dec's (weight = scale * code, exact), so results differ from the
+row kernel only in float32 summation order.
+
+Panel (per thread, 20 * k bytes): codes[k / 4][64] then scales[k / 16][16] (float, one per 16 values of
+each row; the types with one scale per 32 store it twice). AVX-512 VNNI stores codes + 128 (vpdpbusd
+reads unsigned bytes; the 128 * activation sum comes back out through the chain's start value), AVX2 and
+portable C the signed codes (AVX2 multiplies |code| by the activation with the code's sign). Included
+once per ISA (LC_FN) after lc_iquants.h; the AVX-512 variant after lc_x16_avx512.h. */
+
+#ifndef LC_IQG_COMMON
+#define LC_IQG_COMMON
+/* Steps of at least this many rows take the panel path (fewer: the row kernel, which decodes IQ4 in
+   registers and needs no panel). */
+#ifndef LC_IQG_MIN_ROWS
+#define LC_IQG_MIN_ROWS 8
+#endif
+
+/* Types whose scale changes every 16 values (the others every 32). */
+static inline int lc_iqg_per16(int type) { return type == LC_IQ2_XS || type == LC_IQ2_S || type == LC_IQ1_M; }
+
+/* The calling thread's panel buffer (lc_grow). */
+LC_SCRATCH(lc_iqg_buf);
+
+/* 32 decoded values v and their lane scales ls of weight row c (0..15), sub-block s, into the panel. */
+static inline void lc_iqg_put(const int8_t *v, const float *ls, int c, int64_t s, uint32_t flip, uint8_t *codes,
+                              float *scales) {
+    for (int g = 0; g < 8; g++) {
+        uint32_t q;
+        memcpy(&q, v + 4 * g, 4);
+        q ^= flip;
+        memcpy(codes + (8 * s + g) * 64 + 4 * c, &q, 4);
+    }
+    scales[(2 * s) * 16 + c] = ls[0];
+    scales[(2 * s + 1) * 16 + c] = ls[4];
+}
+#endif /* LC_IQG_COMMON */
+
+/* Rows r0 .. r0 + 15 of the weights into the panel (rows past n: zero codes and scales). */
+static void LC_FN(iqg_panel)(int type, const uint8_t *w, int64_t n, int64_t r0, int64_t k, int64_t row_bytes,
+                             uint8_t *codes, float *scales) {
+#if LC_ISA == LC_ISA_AVX512VNNI
+    const uint32_t flip = 0x80808080u;
+#else
+    const uint32_t flip = 0;
+#endif
+    int8_t v[32];
+    float ls[8];
+    for (int c = 0; c < 16; c++) {
+        const uint8_t *row = w + (r0 + c) * row_bytes;
+        for (int64_t s = 0; s < k / 32; s++) {
+            if (r0 + c >= n) {
+                memset(v, 0, sizeof(v));
+                for (int l = 0; l < 8; l++) ls[l] = 0.0f;
+            } else {
+#if LC_ISA == LC_ISA_AVX2 || LC_ISA == LC_ISA_AVX512VNNI
+                __m256i vv;
+                __m256 lv;
+                LC_FN(iq_sub)(type, row, s, &vv, &lv); /* IQ4 and MXFP4 in registers */
+                _mm256_storeu_si256((__m256i *)v, vv);
+                _mm256_storeu_ps(ls, lv);
+#else
+                lc_iq_dec_row(type, row, s, v, ls);
+#endif
+            }
+            lc_iqg_put(v, ls, c, s, flip, codes, scales);
+        }
+    }
+}
+
+#if LC_ISA == LC_ISA_AVX512VNNI
+/* `mr` activation rows from t0 against one panel: per unit of `u` values (16 or 32: one scale), one int32
+   chain per row starts at 128 x minus the activation sum, takes u / 4 vpdpbusd (4 broadcast activation
+   bytes x 4 codes of 16 rows), and joins the row's float sums once, times scale x activation scale. */
+static inline __attribute__((always_inline)) void LC_FN(iqg_tile)(const int mr, const int u, const uint8_t *codes,
+                                                                  const float *scales, int64_t k,
+                                                                  const lc_x16_sums *x, int64_t t0, void *out,
+                                                                  int out_bf16, int64_t ldo, int64_t r0, int cols) {
+    __m512 acc[8];
+    for (int i = 0; i < mr; i++) acc[i] = _mm512_setzero_ps();
+    const int32_t *ns = u == 16 ? x->ns16 : x->ns32;
+    const int64_t units = k / u;
+    for (int64_t h = 0; h < units; h++) {
+        __m512i c[8];
+        for (int i = 0; i < mr; i++) c[i] = _mm512_set1_epi32(ns[(t0 + i) * units + h] * 128);
+        for (int g = 0; g < u / 4; g++) {
+            __m512i cv = _mm512_loadu_si512((const void *)(codes + (h * (u / 4) + g) * 64));
+            for (int i = 0; i < mr; i++) {
+                int32_t xb;
+                memcpy(&xb, x->xq + (t0 + i) * k + h * u + 4 * g, 4);
+                c[i] = _mm512_dpbusd_epi32(c[i], cv, _mm512_set1_epi32(xb));
+            }
+        }
+        __m512 sv = _mm512_loadu_ps(scales + h * (u / 16) * 16);
+        for (int i = 0; i < mr; i++) {
+            __m512 f = _mm512_mul_ps(sv, _mm512_set1_ps(x->dx32[(t0 + i) * (k / 32) + h * u / 32]));
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c[i]), f, acc[i]);
+        }
+    }
+    for (int i = 0; i < mr; i++) LC_FN(x16_store)(acc[i], out, out_bf16, (t0 + i) * ldo + r0, cols);
+}
+#define LC_IQG_MR 8
+#elif LC_ISA == LC_ISA_AVX2
+/* As above in two 8-row halves of 256 bits; codes are signed, multiplied as |code| x (activation with the
+   code's sign) (|both| <= 127: the int16 pair sums of maddubs cannot saturate). */
+static inline __attribute__((always_inline)) void LC_FN(iqg_tile)(const int mr, const int u, const uint8_t *codes,
+                                                                  const float *scales, int64_t k,
+                                                                  const int8_t *xq, const float *xd, int64_t t0,
+                                                                  void *out, int out_bf16, int64_t ldo, int64_t r0,
+                                                                  int cols) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4][2];
+    for (int i = 0; i < mr; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    const int64_t units = k / u;
+    for (int64_t h = 0; h < units; h++) {
+        __m256i c[4][2];
+        for (int i = 0; i < mr; i++) c[i][0] = c[i][1] = _mm256_setzero_si256();
+        for (int g = 0; g < u / 4; g++) {
+            const uint8_t *p = codes + (h * (u / 4) + g) * 64;
+            __m256i v0 = _mm256_loadu_si256((const __m256i *)p), v1 = _mm256_loadu_si256((const __m256i *)(p + 32));
+            __m256i a0 = _mm256_abs_epi8(v0), a1 = _mm256_abs_epi8(v1);
+            for (int i = 0; i < mr; i++) {
+                int32_t xb;
+                memcpy(&xb, xq + (t0 + i) * k + h * u + 4 * g, 4);
+                __m256i xv = _mm256_set1_epi32(xb);
+                __m256i p0 = _mm256_maddubs_epi16(a0, _mm256_sign_epi8(xv, v0));
+                __m256i p1 = _mm256_maddubs_epi16(a1, _mm256_sign_epi8(xv, v1));
+                c[i][0] = _mm256_add_epi32(c[i][0], _mm256_madd_epi16(p0, ones));
+                c[i][1] = _mm256_add_epi32(c[i][1], _mm256_madd_epi16(p1, ones));
+            }
+        }
+        const float *sp = scales + h * (u / 16) * 16;
+        __m256 s0 = _mm256_loadu_ps(sp), s1 = _mm256_loadu_ps(sp + 8);
+        for (int i = 0; i < mr; i++) {
+            __m256 d = _mm256_set1_ps(xd[(t0 + i) * (k / 4) + h * u / 4]);
+            acc[i][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c[i][0]), _mm256_mul_ps(s0, d), acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c[i][1]), _mm256_mul_ps(s1, d), acc[i][1]);
+        }
+    }
+    for (int i = 0; i < mr; i++) {
+        float v[16];
+        _mm256_storeu_ps(v, acc[i][0]);
+        _mm256_storeu_ps(v + 8, acc[i][1]);
+        if (!out_bf16 && cols == 16) memcpy((float *)out + (t0 + i) * ldo + r0, v, sizeof(v));
+        else
+            for (int c = 0; c < cols; c++) lc_store(out, out_bf16, (t0 + i) * ldo + r0 + c, v[c]);
+    }
+}
+#define LC_IQG_MR 4
+#else
+/* Plain C on the same panel: the loops over the 16 rows of a group vectorize where the compiler can. */
+static void LC_FN(iqg_tile)(const int mr, const int u, const uint8_t *codes, const float *scales, int64_t k,
+                            const int8_t *xq, const float *xd, int64_t t0, void *out, int out_bf16, int64_t ldo,
+                            int64_t r0, int cols) {
+    for (int i = 0; i < mr; i++) {
+        float acc[16] = {0};
+        const int8_t *x = xq + (t0 + i) * k;
+        for (int64_t h = 0; h < k / u; h++) {
+            int32_t sum[16] = {0};
+            for (int g = 0; g < u / 4; g++) {
+                const int8_t *p = (const int8_t *)codes + (h * (u / 4) + g) * 64;
+                const int8_t *xg = x + h * u + 4 * g;
+                for (int c = 0; c < 16; c++)
+                    for (int b = 0; b < 4; b++) sum[c] += (int32_t)p[4 * c + b] * (int32_t)xg[b];
+            }
+            const float *sp = scales + h * (u / 16) * 16;
+            float d = xd[(t0 + i) * (k / 4) + h * u / 4];
+            for (int c = 0; c < 16; c++) acc[c] += (float)sum[c] * (sp[c] * d);
+        }
+        for (int c = 0; c < cols; c++) lc_store(out, out_bf16, (t0 + i) * ldo + r0 + c, acc[c]);
+    }
+}
+#define LC_IQG_MR 4
+#endif
+
+#if LC_ISA == LC_ISA_AVX512VNNI
+#define LC_IQG_ACT x
+#else
+#define LC_IQG_ACT xq, xd
+#endif
+#define LC_IQG_TILE(M)                                                                                           \
+    if (u == 16) LC_FN(iqg_tile)(M, 16, codes, scales, k, LC_IQG_ACT, t0, out, out_bf16, ldo, r0, cols);        \
+    else LC_FN(iqg_tile)(M, 32, codes, scales, k, LC_IQG_ACT, t0, out, out_bf16, ldo, r0, cols);                \
+    break;
+
+/* out[i, j] (row stride ldo) = activation row i . weight row j for t activation rows (lc_quantize's xq/xd;
+   `x`, their x16 summaries, read by AVX-512 only) and n weight rows of i-quant blocks, row_bytes apart:
+   panels of 16 weight rows split over threads. LC_ENOMEM when a thread's panel buffer cannot grow. */
+static int LC_FN(iq_gemm)(int type, const uint8_t *w, int64_t n, int64_t k, int64_t row_bytes, const int8_t *xq,
+                          const float *xd, const lc_x16_sums *x, int64_t t, void *out, int out_bf16, int64_t ldo,
+                          int nth) {
+    (void)x;
+    const int u = lc_iqg_per16(type) ? 16 : 32;
+    const int64_t panels = (n + 15) / 16;
+    int failed = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nth) reduction(| : failed)
+#endif
+    {
+        uint8_t *codes = (uint8_t *)lc_grow(&lc_iqg_buf, &lc_iqg_buf_size, (size_t)k * 20 + 64);
+        float *scales = codes ? (float *)(codes + 16 * k) : NULL;
+        failed |= codes == NULL;
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t p = 0; p < panels; p++) {
+            if (!codes) continue;
+            int64_t r0 = 16 * p;
+            int cols = n - r0 < 16 ? (int)(n - r0) : 16;
+            LC_FN(iqg_panel)(type, w, n, r0, k, row_bytes, codes, scales);
+            for (int64_t t0 = 0; t0 < t; t0 += LC_IQG_MR) {
+                switch (t - t0 < LC_IQG_MR ? (int)(t - t0) : LC_IQG_MR) {
+                case 1: LC_IQG_TILE(1)
+                case 2: LC_IQG_TILE(2)
+                case 3: LC_IQG_TILE(3)
+#if LC_IQG_MR == 8
+                case 4: LC_IQG_TILE(4)
+                case 5: LC_IQG_TILE(5)
+                case 6: LC_IQG_TILE(6)
+                case 7: LC_IQG_TILE(7)
+                default: LC_IQG_TILE(8)
+#else
+                default: LC_IQG_TILE(4)
+#endif
+                }
+            }
+        }
+    }
+    return failed ? LC_ENOMEM : LC_OK;
+}
+#undef LC_IQG_TILE
+#undef LC_IQG_ACT
+#undef LC_IQG_MR
