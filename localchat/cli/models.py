@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TextIO
 
 from localchat.errors import ModelLoadError
-from localchat.hub import LocalModel, PullProgress, list_local, pull, remove, verify
+from localchat.hub import LocalModel, PullProgress, list_local, pull, pull_eagle_head, remove, verify
 from localchat.models.catalog import load_catalog
 from localchat.models.pulls import cancelled_message
 
@@ -43,11 +43,15 @@ def run(command: str, args: dict[str, object], out: TextIO | None = None) -> int
         printer = ProgressPrinter(sys.stderr)
         try:
             model = pull(name, progress=printer)
+            # the entry's `eagle:` head too, so that --speculative eagle runs offline
+            head = pull_eagle_head(name, progress=printer)
         except KeyboardInterrupt:
             kept = cancelled_message({"file": printer.file}).removeprefix("Cancelled; ")
             print(f"\nlocalchat: interrupted; {kept} (`localchat pull {name}`)", file=sys.stderr)
             return 130
         print(model.path, file=out)
+        if head is not None:
+            print(f"EAGLE-3 head: {head.path}", file=out)
         return 0
     if command == "list":
         from localchat.cli.running_server import loaded_models

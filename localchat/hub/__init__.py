@@ -10,7 +10,17 @@ network.
 
 from localchat.hub.local import find_local, list_local
 from localchat.hub.manage import remove, verify
-from localchat.hub.pull import pull
+from localchat.hub.pull import pull, pull_eagle_head
 from localchat.hub.records import PHASES, LocalModel, PullProgress
 
-__all__ = ["PHASES", "LocalModel", "PullProgress", "find_local", "list_local", "pull", "remove", "verify"]
+__all__ = [
+    "PHASES",
+    "LocalModel",
+    "PullProgress",
+    "find_local",
+    "list_local",
+    "pull",
+    "pull_eagle_head",
+    "remove",
+    "verify",
+]

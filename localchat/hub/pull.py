@@ -41,9 +41,7 @@ def pull(
     Cancelling (`cancel` set) raises DownloadCancelledError and keeps the partial file, so the next
     pull resumes.
     """
-    from localchat.paths import data_dir as default_data_dir
-
-    data_dir = data_dir or default_data_dir()
+    data_dir = data_dir or _default_data_dir()
     tracker = ProgressTracker(name, progress)
     try:
         tracker.set_phase("resolving")
@@ -67,6 +65,27 @@ def pull(
     except LocalchatError as exc:
         tracker.set_phase("error", message=exc.message)
         raise
+
+
+def pull_eagle_head(
+    name: str,
+    *,
+    progress: Callable[[PullProgress], None] | None = None,
+    cancel: threading.Event | None = None,
+    data_dir: Path | None = None,
+) -> LocalModel | None:
+    """The EAGLE-3 head the models.yaml entry `name` names (`eagle:`), pulled like any model, so that
+    `--speculative eagle` later runs offline; None when the entry names none (or `name` is no entry)."""
+    entry = parse(name, data_dir or _default_data_dir()).entry
+    if entry is None or not entry.eagle:
+        return None
+    return pull(entry.eagle, progress=progress, cancel=cancel, data_dir=data_dir)
+
+
+def _default_data_dir() -> Path:
+    from localchat.paths import data_dir  # looked up per call: tests point it elsewhere
+
+    return data_dir()
 
 
 def _is_what_was_asked(spec: ModelSpec, found: LocalModel) -> bool:

@@ -39,6 +39,7 @@ class CatalogEntry:
     tool_call: str | None = None  # tool-call format: hermes | llama3_json | mistral
     reasoning: bool = False  # writes <think>...</think> before answering
     draft: str | None = None  # the alias of a smaller model with its vocabulary (--speculative draft)
+    eagle: str | None = None  # an EAGLE-3 head for this model: a repo or alias (--speculative eagle)
     type: str = "chat"  # chat | embedding | rerank (embedding/rerank: --embedding-model, --rerank-model)
 
     @classmethod
@@ -68,6 +69,7 @@ class CatalogEntry:
             tool_call=d.get("tool_call"),
             reasoning=bool(d.get("reasoning", False)),
             draft=d.get("draft"),
+            eagle=d.get("eagle"),
             type=str(d.get("type", "chat")),
         )
 

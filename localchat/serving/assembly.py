@@ -124,7 +124,7 @@ def build_context(
         time.perf_counter() - loaded,
     )
     draft_runner = load_draft_runner(settings, bundle, model_id, options, target, progress)
-    proposer = load_eagle_proposer(settings, runner, bundle, model_id)
+    proposer = load_eagle_proposer(settings, runner, bundle, model_id, target, progress)
     engine = engine_for(bundle, runner, settings.engine_config(), draft_runner, proposer)
     tokenizer = bundle.tokenizer
     template = ChatTemplate(

@@ -1,7 +1,7 @@
 """Loading the draft model of `--speculative draft` beside the target: which model (--draft-model, else
 the target's models.yaml `draft`), its vocabulary checked against the target's, and its own runner on
-the same backend (engine/draft_model.py runs it). `--speculative eagle`: the EAGLE-3 head folder named by
---draft-model, attached to the target's runner (torch only)."""
+the same backend (engine/draft_model.py runs it). `--speculative eagle`: the EAGLE-3 head (--draft-model,
+else the target's models.yaml `eagle`), attached to the target's runner (torch only)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("localchat")
 
 
-def draft_model_name(settings: Settings, target: ResolvedModel | None) -> str | None:
-    """--draft-model, else the `draft` of the catalog entry the target was named by."""
+def draft_model_name(settings: Settings, target: ResolvedModel | None, key: str = "draft") -> str | None:
+    """--draft-model, else the `draft` (or `key`: "eagle") of the catalog entry the target was named by."""
     if settings.draft_model:
         return settings.draft_model
     from localchat.models.catalog import load_catalog
@@ -41,8 +41,8 @@ def draft_model_name(settings: Settings, target: ResolvedModel | None) -> str | 
         return None
     for name in names:
         entry = catalog.get(name)
-        if entry is not None and entry.draft:
-            return entry.draft
+        if entry is not None and getattr(entry, key):
+            return str(getattr(entry, key))
     return None
 
 
@@ -73,8 +73,6 @@ def draft_runner_for(
     """Load the draft model `name` on `backend` after checking its vocabulary against the target's."""
     from dataclasses import replace
 
-    from localchat.models.resolve import resolve_model
-    from localchat.paths import data_dir
     from localchat.weights.draft_vocab import check_draft_vocabulary
     from localchat.weights.loader import load_model
 
@@ -84,7 +82,7 @@ def draft_runner_for(
             f"the vocabulary of {target_id}), or use --speculative ngram.",
             param="draft_model",
         )
-    resolved = resolve_model(model=name, data_dir=data_dir(), progress=progress)
+    resolved = _resolve(name, progress)
     bundle = load_model(resolved.path)
     check_draft_vocabulary(target_bundle.tokenizer, bundle.tokenizer, target_id, resolved.model_id)
     # One rank: the draft is small, and its passes are latency-bound.
@@ -93,13 +91,30 @@ def draft_runner_for(
     return runner
 
 
+def _resolve(name: str, progress: Callable[[str], None] | None) -> ResolvedModel:
+    """A models.yaml name, path or repo as a local path, pulled if missing."""
+    from localchat.models.resolve import resolve_model
+    from localchat.paths import data_dir
+
+    return resolve_model(model=name, data_dir=data_dir(), progress=progress)
+
+
 def load_eagle_proposer(
-    settings: Settings, runner: ModelRunner, target_bundle: ModelBundle, target_id: str
+    settings: Settings,
+    runner: ModelRunner,
+    target_bundle: ModelBundle,
+    target_id: str,
+    target: ResolvedModel | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Proposer | None:
-    """The EAGLE-3 head's proposer, or None unless --speculative eagle."""
+    """The EAGLE-3 head's proposer, or None unless --speculative eagle. The head: --draft-model (a folder),
+    else the target's models.yaml `eagle` (a repo or alias, pulled here if `localchat pull` has not)."""
     if settings.speculative != "eagle" or settings.backend == "fake":
         return None
-    return eagle_proposer_for(settings.draft_model, runner, target_bundle, target_id)
+    head = settings.draft_model
+    if not head and (named := draft_model_name(settings, target, "eagle")):
+        head = str(_resolve(named, progress).path)
+    return eagle_proposer_for(head, runner, target_bundle, target_id)
 
 
 def eagle_proposer_for(
