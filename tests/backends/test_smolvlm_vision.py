@@ -249,3 +249,70 @@ def test_engine_greedy_equals_transformers(
         answers.append(turns[0][0])
     assert runner.images.cache.misses == len(pictures)  # type: ignore[union-attr]
     assert answers[0] != answers[1]
+
+
+# --- MLX: the same tower and connector (float32 on MLX's CPU device) ----------------------------------
+
+
+@pytest.mark.mlx
+@pytest.mark.parametrize("kind", KINDS)
+def test_mlx_features_equal_transformers(
+    saved: dict[str, tuple[Any, Path]], tmp_path: Path, kind: str
+) -> None:
+    mx = pytest.importorskip("mlx.core")
+    from localchat.backends.mlx.vision.smolvlm import load_smolvlm_vision as load_mlx
+
+    hf, folder = saved[kind]
+    vision = load_mlx(folder)
+    for path in tiny.pictures(tmp_path):
+        pixels, _ = _pixels(folder, path)
+        ours = np.array(vision.encode(mx.array(pixels.numpy())))[0]
+        with torch.no_grad():
+            theirs = hf.model.get_image_features(pixel_values=pixels).pooler_output[0].numpy()
+        err = np.abs(ours - theirs).max()
+        print(f"mlx {kind} image features max abs err fp32: {err:.2e}")
+        assert ours.shape == theirs.shape and err < 1e-4
+
+
+@pytest.mark.mlx
+@pytest.mark.parametrize("chunk", [None, 45])
+def test_mlx_image_prompt_logits_and_greedy_tokens(
+    saved: dict[str, tuple[Any, Path]], tmp_path: Path, chunk: int | None
+) -> None:
+    """Through the MLX runner's compute_logits with image slices as engine/batch.py builds them (chunk=45
+    splits the picture inside its third tile): transformers' logits and greedy tokens; one encode."""
+    pytest.importorskip("mlx.core")
+    from localchat.engine.interface import ImageSlice
+    from localchat.vision.gemma3_preprocess import content_hash
+    from tests.helpers.parity import Driver, mlx_runner
+
+    hf, folder = saved["smolvlm"]
+    path = tiny.pictures(tmp_path)[0]
+    config = vision_config(folder)
+    assert config is not None
+    prompt_side = SmolVLMImagePrompt.from_config(folder, config)
+    pixels, tiles = prompt_side.preprocess(Image.open(path))
+    prompt = _prompt_ids(folder, [tiles])
+    (image,) = prompt_side.inputs(prompt, [(content_hash(path.read_bytes()), pixels, tiles)])
+    runner = mlx_runner(load_model(folder))
+    assert runner.images is not None
+    driver = Driver(runner)
+    driver.add("a", prompt)
+    rows_logits = []
+    for start, end in [(0, len(prompt))] if chunk is None else [(0, chunk), (chunk, len(prompt))]:
+        out, batch = driver.build({"a": end - start}, every_token=True)
+        token_rows, embed_rows = chunk_rows(list(image.placeholders), start, end)
+        batch.image_slices = [ImageSlice(image, token_rows, embed_rows)]
+        rows_logits.append(np.array(runner.compute_logits(out, batch)))
+    assert (runner.images.cache.misses, runner.images.cache.hits) == (1, 0 if chunk is None else 1)
+    ours = np.concatenate(rows_logits)
+    torch_pixels = torch.from_numpy(pixels)[None]
+    theirs = _hf_logits(hf, prompt, torch_pixels)
+    err = np.abs(ours - theirs).max()
+    print(f"mlx smolvlm image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
+    assert err < 1e-4
+    for _ in range(3):  # greedy decode after the picture: no image rows in these steps
+        driver.feed("a", int(ours[-1].argmax()))
+        _, logits = driver.step_logits()
+        ours = logits
+        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), torch_pixels)[-1].argmax())

@@ -18,6 +18,7 @@ from localchat.backends.mlx.vision.llava import LlavaVision, load_llava_mmproj, 
 from localchat.backends.mlx.vision.pixtral import PixtralVision, load_pixtral_vision
 from localchat.backends.mlx.vision.qwen_vl import QwenVision, load_qwen_vision
 from localchat.backends.mlx.vision.qwen_vl_mmproj import load_qwen_vl_mmproj
+from localchat.backends.mlx.vision.smolvlm import load_smolvlm_vision
 from localchat.engine.interface import ImageSlice
 from localchat.errors import BackendUnavailableError
 from localchat.vision.encoder_cache import EncoderCache
@@ -26,6 +27,7 @@ from localchat.vision.llava_prompt import LLAVA_TYPES
 from localchat.vision.model_info import vision_config
 from localchat.vision.pixtral_prompt import PIXTRAL_TYPES
 from localchat.vision.qwen_vl_prompt import QWEN_VL_TYPES
+from localchat.vision.smolvlm_prompt import SMOLVLM_TYPES
 
 log = logging.getLogger(__name__)
 
@@ -98,4 +100,6 @@ def load_image_embedder(path: Path, dtype: mx.Dtype) -> ImageEmbedder | None:
         return ImageEmbedder(gemma4, dtype)
     if config.get("model_type") in PIXTRAL_TYPES:  # a picture at its own size: [1, 3, H, W]
         return ImageEmbedder(load_pixtral_vision(path, dtype), dtype)
+    if config.get("model_type") in SMOLVLM_TYPES:  # a picture's tiles: [1, tiles, 3, S, S]
+        return ImageEmbedder(load_smolvlm_vision(path, dtype), dtype)
     return ImageEmbedder(load_gemma3_vision(path, dtype), dtype)
