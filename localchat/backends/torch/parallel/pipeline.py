@@ -2,9 +2,9 @@
 
 Hidden states go rank to rank with torch.distributed send/recv on the default group (NCCL on CUDA,
 gloo on CPU); the last rank samples and sends the step's RunnerOutput (a few ints per row) to rank 0
-over a gloo group, where the engine reads it. One batch is in flight at a time: a step passes through
-the stages one after the other (correct, simple; no micro-batch overlap). Each rank's KV pool holds
-only its layers, and the ranks agree on the block count the smallest pool allows.
+over a gloo group, where the engine reads it. One step is in flight at a time; a large one (a prefill)
+is cut into micro-batches of whole rows so the stages overlap on it (micro_batches.py). Each rank's
+KV pool (and state pool) holds only its layers; the engine sizes them for the tightest rank.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ import torch.distributed as dist
 
 from localchat.backends import RunnerOptions
 from localchat.backends.torch.device import pick_device
-from localchat.engine.interface import KVCacheSpec, StateCacheSpec
+from localchat.engine.interface import BatchInputs, KVCacheSpec, StateCacheSpec
 from localchat.errors import BackendUnavailableError
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
 
 from .group import COLLECTIVE_TIMEOUT, ParallelGroup
 from .memory import check_stage_fits
+from .micro_batches import MICRO_BATCH_TOKENS, micro_batches
 from .shard import sharded_runner
 from .stages import (
     NO_COST,
@@ -88,6 +89,7 @@ class PipelineStageRunner(StageRunner):
     (a rank may hold no K/V layer, or no state layer, in a hybrid model)."""
 
     results: RankResults
+    micro_batch_tokens = MICRO_BATCH_TOKENS
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -104,6 +106,15 @@ class PipelineStageRunner(StageRunner):
     @property
     def state_cache_spec(self) -> StateCacheSpec | None:
         return self.model_state_spec
+
+    def _logits(self, batch: BatchInputs) -> torch.Tensor:
+        """A large step in micro-batches (micro_batches.py): this stage sends group i on and starts on
+        group i + 1 while the next stage works on group i. The last stage's logits, group after group,
+        are the step's; sampling then reads them all at once."""
+        parts = micro_batches(batch, self.plan.stages, self.micro_batch_tokens)
+        if len(parts) == 1:
+            return super()._logits(batch)
+        return torch.cat([super(PipelineStageRunner, self)._logits(part) for part in parts])
 
     def available_kv_memory(self) -> int | None:
         """Every rank's budget for its own layers' K/V and state, as one budget in the whole model's
