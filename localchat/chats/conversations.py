@@ -20,22 +20,26 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from localchat.attachments.kinds import AttachmentError
-from localchat.attachments.prepare import AttachmentRules, Upload, prepare
+from localchat.attachments.prepare import Upload
 from localchat.chats.active_answer import ActiveAnswer, Approval, harmony_reader, tell, turn_calls
-from localchat.chats.history import Pictures, chat_messages
+from localchat.chats.history import chat_messages
 from localchat.chats.records import (
     DONE,
     ERROR,
     STOPPED,
-    STREAMING,
     Conversation,
     Message,
-    NewAttachment,
-    NewMessage,
-    title_from,
 )
 from localchat.chats.store import Store
+from localchat.chats.turns import (
+    add_turn,
+    attach,
+    begin_answer,
+    check_text,
+    edit_turn,
+    replace_answer,
+    save_turn,
+)
 from localchat.engine.async_engine import LoopSink
 from localchat.engine.loop_guard import LOOP_STOP_REASON
 from localchat.engine.outputs import RequestOutput
@@ -47,8 +51,6 @@ from localchat.mcp.hub import ToolRun
 from localchat.mcp.trust import CONSENT_FILE, DENIED, ConsentStore
 from localchat.serving.generation import resolve_chat_max_tokens, resolve_sampling
 from localchat.vision.chat_prompt import chat_prompt_with_images
-from localchat.vision.content import ImageLimits
-from localchat.vision.model_info import takes_images
 
 if TYPE_CHECKING:
     from localchat.models.manager import ModelManager
@@ -58,7 +60,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SAVE_INTERVAL_S = 0.5
-MAX_MESSAGE_CHARS = 200_000
 _STATUS = {
     FinishReason.STOP: DONE,
     FinishReason.LENGTH: DONE,
@@ -144,15 +145,15 @@ class ChatService:
         """Add a user message (with its attached files) and start its answer; a new conversation when
         `conv_id` is None. `model` (the header's picker) switches the conversation to that model; it must
         be loaded (else 503)."""
-        text = text if uploads and not text.strip() else _check_text(text)
+        text = text if uploads and not text.strip() else check_text(text)
         with self._claim(conv_id):
             if conv_id is not None:
                 model = model or (await self.in_store_thread(self.store.get_conversation, conv_id)).model
             ctx = self.models.ready_context(model or None)
-            attachments = await self._attach(ctx, uploads or [])
+            attachments = await attach(self.store, ctx, uploads or [])
             values = {**(settings or {}), "model": ctx.model_id}
             conv, user, answer = await self.in_store_thread(
-                self._add_turn, conv_id, text, values, attachments
+                add_turn, self.store, conv_id, text, values, attachments
             )
             return conv, [user, await self._start(conv, answer, ctx)]
 
@@ -161,16 +162,16 @@ class ChatService:
         with self._claim(conv_id):
             stored = await self.in_store_thread(self.store.get_conversation, conv_id)
             ctx = self.models.ready_context(stored.model or None)
-            conv, answer = await self.in_store_thread(self._replace_answer, conv_id)
+            conv, answer = await self.in_store_thread(replace_answer, self.store, conv_id)
             return await self._start(conv, answer, ctx)
 
     async def edit(self, conv_id: str, message_id: int, text: str) -> list[Message]:
         """Change an earlier user message, drop what followed it, and answer it again."""
-        text = _check_text(text)
+        text = check_text(text)
         with self._claim(conv_id):
             stored = await self.in_store_thread(self.store.get_conversation, conv_id)
             ctx = self.models.ready_context(stored.model or None)
-            conv, answer = await self.in_store_thread(self._edit_turn, conv_id, message_id, text)
+            conv, answer = await self.in_store_thread(edit_turn, self.store, conv_id, message_id, text)
             await self._start(conv, answer, ctx)
         return await self.in_store_thread(self.store.get_messages, conv_id)
 
@@ -225,92 +226,6 @@ class ChatService:
         finally:
             gen.listeners.remove(queue)
 
-    # -- store work (on the store thread) -------------------------------------------------------------
-
-    async def _attach(self, ctx: ServerContext, uploads: list[Upload]) -> list[NewAttachment]:
-        """The uploaded files checked and kept (pictures as files, documents as text), off the loop."""
-        if not uploads:
-            return []
-        limits = ImageLimits.from_settings(ctx.settings)
-
-        def work() -> list[NewAttachment]:
-            rules = AttachmentRules(
-                ctx.model_id,
-                takes_images(ctx.model.path),
-                ctx.engine.max_model_len,
-                limits.max_images,
-                limits.max_bytes,
-                lambda text: len(ctx.model.tokenizer.encode(text, add_special_tokens=False)),
-            )
-            return prepare(uploads, self.store.files, rules)
-
-        try:
-            return await asyncio.to_thread(work)
-        except AttachmentError as exc:
-            raise InvalidRequestError(str(exc), param="files") from exc
-
-    def _add_turn(
-        self,
-        conv_id: str | None,
-        text: str,
-        settings: dict[str, Any],
-        attachments: list[NewAttachment] | None = None,
-    ) -> tuple[Conversation, Message, Message]:
-        if conv_id is None:
-            title = title_from(text) if text.strip() else (attachments or [NewAttachment("", "", "")])[0].name
-            conv = self.store.create_conversation(title or "New chat", **settings)
-        else:
-            self.store.get_conversation(conv_id)  # NotFoundError for a deleted conversation
-            conv = self.store.update_settings(conv_id, **settings)
-        user, answer = self.store.add_messages(
-            conv.id,
-            [NewMessage("user", text, attachments=attachments or ()), NewMessage("assistant", "", STREAMING)],
-        )
-        return conv, user, answer
-
-    def _begin_answer(
-        self, conv_id: str, answer_id: int, ctx: ServerContext
-    ) -> tuple[list[Message], Pictures]:
-        self.store.update_message(answer_id, model=ctx.model_id)
-        messages = self.store.get_messages(conv_id)
-        return messages, self._pictures(messages, ctx)
-
-    def _pictures(self, messages: list[Message], ctx: ServerContext) -> Pictures:
-        """(On the store thread.) The bytes of the conversation's newest pictures (as many as a request may
-        carry: older ones are named instead) for a model that sees images; None for one that does not
-        (its prompt names the pictures instead)."""
-        images = [a for m in messages for a in m.attachments if a.kind == "image" and a.sha256]
-        if not images:
-            return {}
-        if not takes_images(ctx.model.path):
-            return None
-        newest = images[len(images) - max(ctx.settings.max_images_per_request, 0) :]
-        by_hash: dict[str, bytes] = {}
-        for a in newest:
-            if a.sha256 not in by_hash:
-                by_hash[a.sha256 or ""] = self.store.read_image(a)
-        return {a.id: by_hash[a.sha256 or ""] for a in newest}
-
-    def _replace_answer(self, conv_id: str) -> tuple[Conversation, Message]:
-        conv = self.store.get_conversation(conv_id)
-        messages = self.store.get_messages(conv_id)
-        if not messages:
-            raise InvalidRequestError("There is nothing to regenerate in an empty conversation.")
-        if messages[-1].role == "assistant":  # kept as an alternative of the new answer
-            return conv, self.store.regenerate_answer(conv_id, messages[-1].id)
-        (answer,) = self.store.add_messages(conv_id, [NewMessage("assistant", "", STREAMING)])
-        return conv, answer
-
-    def _edit_turn(self, conv_id: str, message_id: int, text: str) -> tuple[Conversation, Message]:
-        conv = self.store.get_conversation(conv_id)
-        message = self.store.get_message(message_id)
-        if message.conversation_id != conv_id or message.role != "user":
-            raise InvalidRequestError("Only your own messages in this conversation can be edited.")
-        self.store.truncate_after(conv_id, message_id)
-        self.store.update_message(message_id, content=text)
-        (answer,) = self.store.add_messages(conv_id, [NewMessage("assistant", "", STREAMING)])
-        return conv, answer
-
     # -- generation -----------------------------------------------------------------------------------
 
     @contextmanager
@@ -327,7 +242,7 @@ class ChatService:
 
     async def _start(self, conv: Conversation, answer: Message, ctx: ServerContext) -> Message:
         try:
-            stored, pictures = await self.in_store_thread(self._begin_answer, conv.id, answer.id, ctx)
+            stored, pictures = await self.in_store_thread(begin_answer, self.store, conv.id, answer.id, ctx)
         except OSError as exc:  # a picture file of the conversation cannot be read
             await self.in_store_thread(
                 self.store.update_message,
@@ -454,7 +369,7 @@ class ChatService:
             return
         try:
             conv, stored, pictures = await self.in_store_thread(
-                self._save_turn, gen.conversation_id, gen.message_id, gen.text, ctx
+                save_turn, self.store, gen.conversation_id, gen.message_id, gen.text, ctx
             )
             history = [m for m in stored if m.id < gen.message_id]
             call_id = ctx.tool_parser.template_call_id
@@ -498,15 +413,6 @@ class ChatService:
                 log.warning("cannot save the MCP consent (%s): %s", self.consent.path, exc)
         return decision
 
-    def _save_turn(
-        self, conv_id: str, message_id: int, text: str, ctx: ServerContext
-    ) -> tuple[Conversation, list[Message], Pictures]:
-        """(On the store thread.) Save the answer so far; the conversation, its messages and pictures for
-        the next turn."""
-        self.store.update_message(message_id, content=text)
-        messages = self.store.get_messages(conv_id)
-        return self.store.get_conversation(conv_id), messages, self._pictures(messages, ctx)
-
     async def _end_early(
         self, gen: ActiveAnswer, *, status: str, error: str | None, finish_reason: str
     ) -> None:
@@ -539,13 +445,3 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args
         loop.call_soon_threadsafe(fn, *args)
     except RuntimeError:  # the loop closed (shutdown): nobody is listening any more
         log.debug("event loop closed before an answer's end was announced")
-
-
-def _check_text(text: str) -> str:
-    if not text.strip():
-        raise InvalidRequestError("The message is empty.", param="content")
-    if len(text) > MAX_MESSAGE_CHARS:
-        raise InvalidRequestError(
-            f"The message is longer than {MAX_MESSAGE_CHARS:,} characters.", param="content"
-        )
-    return text

@@ -168,8 +168,8 @@ def test_export_carries_pictures_and_documents_and_import_restores_them(tmp_path
 def test_the_prompt_shows_the_newest_pictures_and_names_the_rest(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from localchat.chats.conversations import ChatService
     from localchat.chats.history import chat_messages
+    from localchat.chats.turns import stored_pictures
 
     store = Store(tmp_path / "c.sqlite3")
     red, blue = png(), png((0, 0, 200))
@@ -181,11 +181,13 @@ def test_the_prompt_shows_the_newest_pictures_and_names_the_rest(tmp_path: Path)
     history = store.get_messages(conv.id)
     folder = tmp_path / "vlm"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "gemma3", "vision_config": {}}))
+    (folder / "config.json").write_text(
+        json.dumps({"model_type": "gemma3", "vision_config": {"image_size": 896}})
+    )
     ctx = SimpleNamespace(
         settings=SimpleNamespace(max_images_per_request=1), model=SimpleNamespace(path=folder)
     )
-    pictures = ChatService(store, None)._pictures(history, ctx)  # type: ignore[arg-type]
+    pictures = stored_pictures(store, history, ctx)  # type: ignore[arg-type]
     one, two = chat_messages(conv, history, pictures=pictures)
     # Only one picture per request here: the newest is shown, the older one is named.
     assert (
@@ -194,7 +196,7 @@ def test_the_prompt_shows_the_newest_pictures_and_names_the_rest(tmp_path: Path)
     )
     assert two["content"] == [{"type": "text", "text": "two"}, {"type": "image_bytes", "data": blue}]
     ctx.model.path = tmp_path  # a text-only model: every picture is named
-    pictures = ChatService(store, None)._pictures(history, ctx)  # type: ignore[arg-type]
+    pictures = stored_pictures(store, history, ctx)  # type: ignore[arg-type]
     assert pictures is None
     _, two = chat_messages(conv, history, pictures=pictures)
     assert two["content"] == "[Picture blue.png: not shown, this model does not see images]\n\ntwo"
