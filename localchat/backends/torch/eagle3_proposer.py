@@ -168,8 +168,16 @@ class Eagle3Proposer:
             state = self.states.setdefault(req_id, _State())
             first = int(positions[0])
             # Rows from an earlier step at these positions were rejected drafts or are recomputed now.
-            state.pending = [(p[p < first], h[torch.from_numpy(p < first)]) for p, h in state.pending]
-            state.pending.append((positions, aux[rows].clone()))
+            # The chunks stay in position order, so only the last ones can reach `first`: a step does
+            # not walk every row a long non-speculating sequence has kept.
+            pending = state.pending
+            while pending and (not len(pending[-1][0]) or pending[-1][0][-1] >= first):
+                p, h = pending.pop()
+                keep = p < first
+                if keep.any():
+                    pending.append((p[keep], h[torch.from_numpy(keep)]))
+                    break
+            pending.append((positions, aux[rows].clone()))
             while sum(len(p) for p, _ in state.pending) > MAX_PENDING_ROWS and len(state.pending) > 1:
                 state.pending.pop(0)  # a long wait without drafting: the head loses the oldest context
 
