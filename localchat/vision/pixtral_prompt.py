@@ -30,9 +30,15 @@ class PixtralImagePrompt:
 
     @classmethod
     def from_config(cls, folder: Path, config: dict[str, Any]) -> PixtralImagePrompt:
+        """`folder`: the model folder, or a GGUF whose config came from its mmproj (the mean/std and
+        longest edge it records)."""
         vision = config["vision_config"]
         unit = int(vision.get("patch_size", 14)) * int(config.get("spatial_merge_size", 2))
-        spec = PixtralImageSpec.from_folder(folder, unit, int(vision.get("image_size", 1540)))
+        longest_edge = int(vision.get("image_size", 1540))
+        if "mmproj" in config:
+            spec = PixtralImageSpec.from_dict(config.get("preprocessing", {}), unit, longest_edge)
+        else:
+            spec = PixtralImageSpec.from_folder(folder, unit, longest_edge)
         names_file = folder / "processor_config.json"
         names = json.loads(names_file.read_text()) if names_file.is_file() else {}
         token = int(config.get("image_token_index", config.get("image_token_id", 10)))

@@ -251,14 +251,18 @@ def hf_greedy(hf: Any, prompt: list[int], pixels: torch.Tensor, new: int) -> lis
 def test_engine_greedy_equals_transformers(saved: tuple[Any, Path], tmp_path: Path, chunk: int) -> None:
     """Through LLMEngine + TorchRunner (the runner's own tower and encoder cache): each picture twice,
     the second time from the prefix cache; greedy tokens equal transformers', one encode per picture."""
+    hf, folder = saved
+    engine_answers(hf, folder, tmp_path, chunk)
+
+
+def engine_answers(hf: Any, model_path: Path, tmp_path: Path, chunk: int) -> None:
     from localchat.engine.config import EngineConfig
     from localchat.engine.engine import LLMEngine
     from localchat.engine.sampling_params import SamplingParams
     from localchat.vision.gemma3_preprocess import content_hash
 
-    hf, folder = saved
-    side = _prompt_side(folder)
-    bundle = load_model(folder)
+    side = _prompt_side(model_path)
+    bundle = load_model(model_path)
     runner = fp32_runner(bundle)
     assert isinstance(runner.images.vision, PixtralVision)  # type: ignore[union-attr]
     engine = LLMEngine(
@@ -298,18 +302,27 @@ def test_engine_greedy_equals_transformers(saved: tuple[Any, Path], tmp_path: Pa
 
 
 @pytest.mark.mlx
-def test_mlx_features_equal_transformers(saved: tuple[Any, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", ["folder", "gguf"])
+def test_mlx_features_equal_transformers(
+    saved: tuple[Any, Path], gguf_pair: tuple[Path, Path], tmp_path: Path, source: str
+) -> None:
     mx = pytest.importorskip("mlx.core")
+    from localchat.backends.mlx.vision.pixtral import load_pixtral_mmproj as load_mlx_mmproj
     from localchat.backends.mlx.vision.pixtral import load_pixtral_vision as load_mlx
 
     hf, folder = saved
-    vision = load_mlx(folder)
+    if source == "gguf":
+        config = vision_config(gguf_pair[0])
+        assert config is not None
+        vision = load_mlx_mmproj(config, gguf_pair[1])
+    else:
+        vision = load_mlx(folder)
     for path in tiny.pictures(tmp_path):
         pixels = _pixels(folder, path)
         ours = np.array(vision.encode(mx.array(pixels.numpy())))
         theirs = _hf_features(hf, pixels).numpy()
         err = np.abs(ours - theirs).max()
-        print(f"mlx pixtral features max abs err fp32 ({path.name}): {err:.2e}")
+        print(f"mlx pixtral features max abs err fp32 ({source}, {path.name}): {err:.2e}")
         assert ours.shape == theirs.shape and err < 1e-4
 
 
@@ -378,3 +391,44 @@ def test_only_wrappers_of_image_taking_text_models_say_vision(
     other.mkdir()
     (other / "config.json").write_text(json.dumps({**config, "text_config": {"model_type": "qwen2"}}))
     assert not takes_images(other)
+
+
+# --- GGUF + llama.cpp's `pixtral` mmproj, both written by llama.cpp's own converter --------------------
+
+
+@pytest.fixture(scope="module")
+def gguf_pair(saved: tuple[Any, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from tests.helpers.pixtral_gguf import write_gguf_pair
+
+    return write_gguf_pair(saved[1], tmp_path_factory.mktemp("mistral3-gguf"))
+
+
+def test_mmproj_pairs_and_gives_transformers_features(
+    saved: tuple[Any, Path], gguf_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from localchat.backends.torch.vision.pixtral import load_pixtral_mmproj
+
+    hf, folder = saved
+    model, mmproj = gguf_pair
+    config = vision_config(model)  # the only mmproj beside the model: paired
+    assert config is not None and config["model_type"] == "mistral3" and config["mmproj"] == str(mmproj)
+    assert config["image_token_index"] == tiny.IMG and config["spatial_merge_size"] == tiny.MERGE
+    assert load_model(model).config.model_type == "ministral3"  # llama.cpp's mistral3 text arch
+    side = _prompt_side(model)  # preprocessing from the mmproj's metadata (mean/std stored as float32)
+    vision = load_pixtral_mmproj(config, mmproj)
+    for path in tiny.pictures(tmp_path):
+        pixels = _pixels(folder, path)
+        assert np.array_equal(side.preprocess(Image.open(path)), pixels[0].numpy())  # the folder's pixels
+        ours, theirs = vision.encode(pixels), _hf_features(hf, pixels)
+        err = (ours - theirs).abs().max().item()
+        print(f"pixtral mmproj features max abs err fp32 ({path.name}): {err:.2e}")
+        assert ours.shape == theirs.shape and err < 1e-5
+
+
+@pytest.mark.parametrize("chunk", [0, 7])
+def test_gguf_pair_greedy_equals_transformers(
+    saved: tuple[Any, Path], gguf_pair: tuple[Path, Path], tmp_path: Path, chunk: int
+) -> None:
+    """The text GGUF with the paired mmproj through the engine: transformers' greedy tokens, a chunk
+    boundary inside the image's rows, the second turn from the prefix cache."""
+    engine_answers(saved[0], gguf_pair[0], tmp_path, chunk)

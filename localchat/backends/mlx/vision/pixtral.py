@@ -178,3 +178,17 @@ def load_pixtral_vision(folder: Path, dtype: mx.Dtype = mx.float32) -> PixtralVi
     if missing:  # a missing tensor is an error, not a random weight
         raise ValueError(f"{folder}: the vision tower lacks {', '.join(sorted(missing)[:5])}")
     return PixtralVision(config, weights)
+
+
+def load_pixtral_mmproj(config: dict[str, Any], mmproj: Path, dtype: mx.Dtype = mx.float32) -> PixtralVision:
+    """The same tower from llama.cpp's `pixtral` mmproj (config: mmproj.py's gguf_vision_config dict)."""
+    from localchat.vision.pixtral_mmproj import read_pixtral_mmproj
+
+    state = read_pixtral_mmproj(config, mmproj)
+    wanted = _expected_names(config)
+    missing = wanted - state.keys()
+    if missing:  # a missing tensor is an error, not a random weight
+        raise ValueError(f"{mmproj}: the vision tower lacks {', '.join(sorted(missing)[:5])}")
+    weights = {name: mx.array(state[name]).astype(dtype) for name in wanted}
+    mx.eval(list(weights.values()))
+    return PixtralVision(config, weights)

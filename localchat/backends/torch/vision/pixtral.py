@@ -223,3 +223,19 @@ def load_pixtral_vision(folder: Path, dtype: torch.dtype = torch.float32) -> Pix
                         break
     model.load_state_dict(state, strict=True)  # a missing tensor is an error, not a random weight
     return model.to(dtype).eval()
+
+
+def load_pixtral_mmproj(
+    config: dict[str, Any], mmproj: Path, dtype: torch.dtype = torch.float32
+) -> PixtralVision:
+    """The same tower from llama.cpp's `pixtral` mmproj (config: mmproj.py's gguf_vision_config dict)."""
+    from localchat.errors import ModelLoadError
+    from localchat.vision.pixtral_mmproj import read_pixtral_mmproj
+
+    model = PixtralVision(config)
+    state = {name: torch.from_numpy(values) for name, values in read_pixtral_mmproj(config, mmproj).items()}
+    try:
+        model.load_state_dict(state, strict=True)  # a missing tensor is an error, not a random weight
+    except RuntimeError as exc:
+        raise ModelLoadError(f"{mmproj.name} does not hold a Pixtral tower: {exc}") from exc
+    return model.to(dtype).eval()
