@@ -12,23 +12,19 @@ runs 65 all-reduces and an all-gather of the logits in the same step. The step's
 
 from __future__ import annotations
 
-import argparse
-import os
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from benchmarks.gloo_ranks import comm_args, join_group, run_ranks, write_rows
 from localchat.engine.interface import RunnerOutput
 
 HIDDEN = 4096  # Llama-3-8B
 
 
 def _rank(rank: int, world: int, init: str, batches: list[int], steps: int, dtype: str, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    join_group(rank, world, init)
     results = dist.new_group(backend="gloo")
     kind, last = getattr(torch, dtype), world - 1
     rows = []
@@ -49,32 +45,12 @@ def _rank(rank: int, world: int, init: str, batches: list[int], steps: int, dtyp
                 dist.recv_object_list(box, src=last, group=results)
         elapsed = (time.perf_counter() - start) / steps
         rows.append((batch, hidden.numel() * hidden.element_size(), elapsed))
-    if rank == 0:
-        with open(out, "w") as f:
-            for batch, payload, elapsed in rows:
-                f.write(f"{batch}\t{payload}\t{elapsed}\n")
-    dist.destroy_process_group()
+    write_rows(rank, out, rows)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pp", type=int, default=2)
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result.tsv")
-        init = f"file://{os.path.join(tmp, 'rendezvous')}"
-        mp.start_processes(
-            _rank,
-            args=(args.pp, init, args.batches, args.steps, args.dtype, out),
-            nprocs=args.pp,
-            join=True,
-            start_method="spawn",
-        )
-        with open(out) as f:
-            lines = [line.split("\t") for line in f.read().splitlines()]
+    args = comm_args(__doc__, "--pp", steps=50).parse_args()
+    lines = run_ranks(_rank, args.pp, args.batches, args.steps, args.dtype)
     print(f"Llama-3-8B shape, PP={args.pp}, gloo on CPU, {args.dtype}, {args.steps} steps per batch size")
     print(
         f"batch  sends/step  hidden per boundary  time/step (a step's {args.pp - 1} boundaries + the output)"

@@ -11,14 +11,12 @@ message (rank 0's broadcast of the batch) is small and not timed here.
 
 from __future__ import annotations
 
-import argparse
-import os
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from benchmarks.gloo_ranks import comm_args, join_group, run_ranks, write_rows
 
 # Llama-3-8B: hidden 4096, 32 layers, vocab 128256.
 HIDDEN, LAYERS, VOCAB = 4096, 32, 128256
@@ -31,8 +29,7 @@ def step_sizes(batch: int, world: int) -> tuple[list[int], int]:
 
 
 def _rank(rank: int, world: int, init: str, batches: list[int], steps: int, dtype: str, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    join_group(rank, world, init)
     kind = getattr(torch, dtype)
     rows = []
     for batch in batches:
@@ -51,32 +48,12 @@ def _rank(rank: int, world: int, init: str, batches: list[int], steps: int, dtyp
         elapsed = (time.perf_counter() - start) / steps
         payload = (sum(reduces) + logits) * part.element_size()
         rows.append((batch, len(reduces), payload, elapsed))
-    if rank == 0:
-        with open(out, "w") as f:
-            for batch, count, payload, elapsed in rows:
-                f.write(f"{batch}\t{count}\t{payload}\t{elapsed}\n")
-    dist.destroy_process_group()
+    write_rows(rank, out, rows)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tp", type=int, default=2)
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result.tsv")
-        init = f"file://{os.path.join(tmp, 'rendezvous')}"
-        mp.start_processes(
-            _rank,
-            args=(args.tp, init, args.batches, args.steps, args.dtype, out),
-            nprocs=args.tp,
-            join=True,
-            start_method="spawn",
-        )
-        with open(out) as f:
-            lines = [line.split("\t") for line in f.read().splitlines()]
+    args = comm_args(__doc__, "--tp", steps=20).parse_args()
+    lines = run_ranks(_rank, args.tp, args.batches, args.steps, args.dtype)
     print(f"Llama-3-8B shape, TP={args.tp}, gloo on CPU, {args.dtype}, {args.steps} steps per batch size")
     print("batch  collectives  payload/step (per rank)  time/step")
     for batch, count, payload, elapsed in lines:
