@@ -57,7 +57,7 @@ QWEN3_5_EXTRA_KEYS: dict[str, Any] = {
     "linear_num_value_heads": 32,
     # M-RoPE's split over (temporal, height, width) for Qwen3.5's pictures (backends/torch/mrope.py).
     "mrope_section": None,
-    "mrope_interleaved": False,
+    "mrope_interleaved": True,  # transformers' Qwen3.5 always interleaves; a GGUF does not record it
 }
 # transformers' defaults; real configs give rope_theta and partial_rotary_factor (0.25) in rope_parameters.
 QWEN3_5_HF_DEFAULTS: dict[str, Any] = {"head_dim": 256, "rope_theta": 10_000.0}
@@ -122,6 +122,7 @@ QWEN35_GGUF_BLOCK_NAMES: dict[str, str] = {
 # `{arch}.<key>` -> config key. `gguf_ssm_inner_size` (always written) also tells sanitize the tensors are
 # in llama.cpp's form.
 QWEN35_GGUF_METADATA: dict[str, str] = {
+    "rope.dimension_sections": "mrope_section",  # [t, h, w, 0]: Qwen3.5's M-RoPE for pictures
     "ssm.conv_kernel": "linear_conv_kernel_dim",
     "ssm.state_size": "linear_key_head_dim",
     "ssm.group_count": "linear_num_key_heads",

@@ -28,6 +28,8 @@ QWEN_VL_PROJECTORS = {
 }
 # clip.projector_type -> llama.cpp's name of the text architecture it feeds.
 QWEN_VL_TEXT_ARCHS = {"qwen2vl_merger": "qwen2vl", "qwen2.5vl_merger": "qwen2vl", "qwen3vl_merger": "qwen3vl"}
+# Qwen3.5 (and its MoE) publish Qwen3-VL's projector kind (the tower without DeepStack) for their hybrids.
+QWEN3_5_TEXT_ARCHS = {"qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe"}
 WINDOW_PX = 112  # llama.cpp's fixed Qwen2.5-VL attention window (Qwen's own checkpoints use 112 too)
 MIN_TOKENS, MAX_TOKENS = 8, 4096  # llama.cpp's bounds when the file records no pixel bounds
 
@@ -47,13 +49,22 @@ _MERGER = {
     "qwen3_vl": {"v.post_ln": "merger.norm", "mm.0": "merger.linear_fc1", "mm.2": "merger.linear_fc2"},
 }
 _MERGER["qwen2_5_vl"] = _MERGER["qwen2_vl"]
+_TOWER_KINDS = {"qwen3_5": "qwen3_vl", "qwen3_5_moe": "qwen3_vl"}  # the pair's model type -> its tower's
 _BLOCK = re.compile(r"v\.blk\.(\d+)\.(\w+)\.(weight|bias)")
 _DEEPSTACK = re.compile(r"v\.deepstack\.(\d+)\.(norm|fc1|fc2)\.(weight|bias)")
 _SPLIT_QKV = re.compile(r"v\.blk\.(\d+)\.attn_([qkv])\.(weight|bias)")
 
 
-def qwen_vl_config(meta: dict[str, Any], hidden: int, image_token: int, mmproj: Path) -> dict[str, Any]:
-    """The config.json-shaped dict of the pair. `meta`: localchat.vision.mmproj's metadata of the file."""
+def pairs_with(kind: str, arch: str) -> bool:
+    """Whether an mmproj of projector `kind` feeds a text GGUF of llama.cpp architecture `arch`."""
+    return QWEN_VL_TEXT_ARCHS.get(kind) == arch or (kind == "qwen3vl_merger" and arch in QWEN3_5_TEXT_ARCHS)
+
+
+def qwen_vl_config(
+    meta: dict[str, Any], arch: str, hidden: int, image_token: int, mmproj: Path
+) -> dict[str, Any]:
+    """The config.json-shaped dict of the pair. `meta`: localchat.vision.mmproj's metadata of the file;
+    `arch`: the text GGUF's architecture."""
     kind = QWEN_VL_PROJECTORS[str(meta["clip.projector_type"])]
     width = int(meta["clip.vision.embedding_length"])
     inner = int(meta["clip.vision.feed_forward_length"])
@@ -93,7 +104,7 @@ def qwen_vl_config(meta: dict[str, Any], hidden: int, image_token: int, mmproj: 
         if meta[f"clip.vision.{key}"]:
             preprocessing[ours] = tuple(float(v) for v in meta[f"clip.vision.{key}"])
     return {
-        "model_type": kind,
+        "model_type": QWEN3_5_TEXT_ARCHS.get(arch, kind),  # the tower is Qwen3-VL's either way
         "image_token_id": image_token,
         "text_config": {"hidden_size": hidden},
         "vision_config": vision,
@@ -107,7 +118,7 @@ def read_qwen_vl_mmproj(config: dict[str, Any], mmproj: Path) -> dict[str, np.nd
     matmul's [width, C * T * P * P]) from the mmproj file. `config`: qwen_vl_config's dict."""
     from localchat.weights.gguf import open_gguf
 
-    kind = str(config["model_type"])
+    kind = _TOWER_KINDS.get(str(config["model_type"]), str(config["model_type"]))
     deepstack = [int(i) for i in config["vision_config"].get("deepstack_visual_indexes", ())]
     state: dict[str, np.ndarray] = {}
     split: dict[tuple[str, str], dict[str, np.ndarray]] = {}  # (layer, weight|bias) -> q, k, v

@@ -6,6 +6,7 @@ does). Qwen2.5-VL's window is 112 px here: llama.cpp does not record it and alwa
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 from tests.helpers import qwen_vl_models as tiny
 from tests.helpers.llama_convert import ensure_converter
 
-KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")
 _TEXT_CONVERT = """
 import runpy, sys
 root = sys.argv.pop(1)
@@ -39,9 +40,7 @@ def write_folder(kind: str, folder: Path) -> Any:
     hf.save_pretrained(folder)
     tiny.tokenizer().save(str(folder / "tokenizer.json"))
     special = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
-    (folder / "tokenizer_config.json").write_text(
-        __import__("json").dumps({"chat_template": tiny.TEMPLATE, **special})
-    )
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": tiny.TEMPLATE, **special}))
     tiny.image_processor(kind).save_pretrained(folder)
     return hf
 
@@ -56,8 +55,10 @@ def write_gguf_pair(folder: Path, out: Path) -> tuple[Path, Path]:
     root = ensure_converter()
     out.mkdir(parents=True, exist_ok=True)
     model, mmproj = out / "tiny-qwen-vl-f32.gguf", out / "mmproj-tiny-qwen-vl-f32.gguf"
+    kind = json.loads((folder / "config.json").read_text())["model_type"]
+    no_mtp = ["--no-mtp"] if kind.startswith("qwen3_5") else []  # the tiny Qwen3.5 has no MTP head
     _run([sys.executable, "-c", _TEXT_CONVERT, str(root), str(folder), "--outfile", str(model),
-          "--outtype", "f32"])  # fmt: skip
+          "--outtype", "f32", *no_mtp])  # fmt: skip
     script = str(root / "convert_hf_to_gguf.py")
     _run([sys.executable, script, str(folder), "--outfile", str(mmproj), "--outtype", "f32", "--mmproj"])
     return model, mmproj

@@ -22,7 +22,8 @@ def load_qwen_vl_mmproj(config: dict[str, Any], mmproj: Path, dtype: mx.Dtype = 
     state = read_qwen_vl_mmproj(config, mmproj)
     weights = {_RENAMES.get(name, name): mx.array(values).astype(dtype) for name, values in state.items()}
     depth = int(config["vision_config"]["depth"])
-    needed = {"merger.linear_fc1.weight" if config["model_type"] == "qwen3_vl" else "merger.mlp.0.weight"}
+    qwen3 = config["model_type"] not in ("qwen2_vl", "qwen2_5_vl")  # Qwen3-VL's tower, also Qwen3.5's
+    needed = {"merger.linear_fc1.weight" if qwen3 else "merger.mlp.0.weight"}
     needed |= {f"blocks.{i}.attn.qkv.weight" for i in range(depth)}
     if missing := sorted(needed - set(weights)):  # found now, not as a KeyError on the first picture
         raise ModelLoadError(

@@ -19,7 +19,8 @@ def load_qwen_vl_mmproj(
 ) -> QwenVisionTower:
     """`config`: localchat.vision.mmproj.gguf_vision_config's dict for the pair."""
     kind = config["model_type"]
-    tower = QwenVisionTower(config["vision_config"], qwen3=kind == "qwen3_vl", qwen2=kind == "qwen2_vl")
+    qwen3 = kind not in ("qwen2_vl", "qwen2_5_vl")  # Qwen3-VL's tower, also Qwen3.5's
+    tower = QwenVisionTower(config["vision_config"], qwen3=qwen3, qwen2=kind == "qwen2_vl")
     state = {name: torch.from_numpy(values) for name, values in read_qwen_vl_mmproj(config, mmproj).items()}
     try:
         tower.load_state_dict(state, strict=True)  # a missing tensor is an error, not a random weight
