@@ -87,7 +87,8 @@ def test_gpu_layers_split_with_pictures_matches_one_device(saved: tuple[str, Pat
 
 
 def test_pp2_with_pictures_matches_one_device(saved: tuple[str, Path], tmp_path: Path) -> None:
-    """Rank 1 never sees the picture's pixels turned into rows: only the hidden states and positions."""
+    """Rank 1 gets the hidden states with the picture's rows in them and the M-RoPE positions; the
+    pixels stay on rank 0."""
     kind, folder = saved
     if kind != "qwen2_vl":
         pytest.skip("one gloo run is enough: the split test covers the hybrid")
@@ -96,8 +97,19 @@ def test_pp2_with_pictures_matches_one_device(saved: tuple[str, Path], tmp_path:
     want = one_device(folder, pictures)
     with exact_weights():
         runner: Any = ParallelRunner(load_model(folder), replace(EXACT, pipeline_parallel_size=2))
+    sent: list[Any] = []
+    send = runner._send
+
+    def recorded(name: str, args: tuple[Any, ...]) -> None:
+        sent.append(args[1] if name == "execute_model" else None)
+        send(name, args)
+
+    runner._send = recorded
     try:
         assert answers(runner, folder, pictures) == want
+        steps = [batch for batch in sent if batch is not None]
+        assert steps and all(batch.image_slices == [] for batch in steps)  # no pixels sent to rank 1
+        assert any(batch.rope_positions is not None for batch in steps)  # the 3-D positions are
     finally:
         runner.shutdown()
 

@@ -24,6 +24,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,7 @@ FORWARDED = frozenset(
     }
 )
 SHUTDOWN = "shutdown"
+STEPS = frozenset({"execute_model", "compute_logits"})  # (scheduler_output, batch)
 # Workers wait on the control group between requests, so its timeout is an idle limit, not a
 # deadline: a dead driver closes the connection, which wakes them with an error anyway.
 CONTROL_TIMEOUT = timedelta(days=7)
@@ -128,8 +130,6 @@ def device_count() -> int:
 
 
 def _replace_device(options: RunnerOptions, device: str) -> RunnerOptions:
-    from dataclasses import replace
-
     return replace(options, device=device)
 
 
@@ -187,6 +187,9 @@ class ParallelRunner:
         device = pick_device(options.device)
         self.failure: str | None = None
         self._closed = False
+        # Under --pp alone every worker is a later stage: a step's pictures are turned into rows on
+        # rank 0's stage, so their pixels are not sent on (stages.py drops them there anyway).
+        self._workers_skip_pictures = options.pipeline_parallel_size > 1 and options.tensor_parallel_size == 1
         self.context: ProcessContext | None = None
         if torchrun_rank(world) is not None:  # started by torchrun: the workers are already running
             self.group = init_group(None, None, device)
@@ -242,7 +245,7 @@ class ParallelRunner:
 
         def forwarded(*args: Any) -> Any:
             try:
-                self._send(name, args)
+                self._send(name, self._worker_args(name, args))
                 return attr(*args)
             except BackendUnavailableError:
                 raise
@@ -256,6 +259,11 @@ class ParallelRunner:
                 raise  # a bug on this rank's side: the engine fails the step's requests, as with one rank
 
         return forwarded
+
+    def _worker_args(self, name: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        if not self._workers_skip_pictures or name not in STEPS or not args[1].image_slices:
+            return args
+        return (args[0], replace(args[1], image_slices=[]))
 
     def _worker_died(self) -> bool:
         """After a failed call: did a worker die (the watchdog names it; give it a moment to see the
