@@ -13,15 +13,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
-import tempfile
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.helpers.llama_convert import REPO, REQUIREMENT, ensure_converter
+from tests.helpers.llama_convert import REPO, ensure_converter, from_sdist
 
 _LEGACY = "tools/mtmd/legacy-models/"
 # The scripts read the hub layout (transformers 4.5x names): the tower under vision_tower.vision_model.
@@ -59,26 +56,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def ensure_legacy_scripts(directory: Path = REPO / ".models") -> Path:
     """The folder holding llama.cpp's legacy-models scripts; skips the test when no package index answers."""
     target = directory / "llama.cpp-legacy-models"
-    if (target / "convert_image_encoder_to_gguf.py").is_file():
-        return target
-    directory.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=directory) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               "--disable-pip-version-check", "--quiet", "-d", tmp, REQUIREMENT]  # fmt: skip
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        sdists = list(Path(tmp).glob("*.tar.gz"))
-        if done.returncode != 0 or not sdists:
-            pytest.skip(f"cannot download {REQUIREMENT}: {done.stderr.strip()[-300:]}")
-        unpacked = Path(tmp) / "legacy"
-        with tarfile.open(sdists[0]) as sdist:
-            for member in sdist.getmembers():
-                _, _, rel = member.name.partition(f"/vendor/llama.cpp/{_LEGACY}")
-                if rel and member.isfile():
-                    member.name = rel
-                    sdist.extract(member, unpacked, filter="data")
-        if not target.exists():
-            os.replace(unpacked, target)  # atomic: a half-extracted folder is never seen
-    return target
+    return from_sdist(target, "convert_image_encoder_to_gguf.py", _LEGACY, lambda member, _: member.isfile())
 
 
 def round_to_f16(hf: torch.nn.Module) -> None:
