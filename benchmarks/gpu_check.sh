@@ -84,7 +84,7 @@ if want profile; then
 fi
 if want gpu-layers; then
   echo "== --gpu-layers: the CPU + GPU split against the CPU, then its speed (${SECONDS}s) =="
-  timeout 120 python3 -m pytest -q -rfEs -p no:cacheprovider -o addopts="" tests/backends/test_gpu_parallel.py -k gpu_layers
+  timeout 180 python3 -m pytest -q -rfEs -p no:cacheprovider -o addopts="" tests/backends/test_gpu_parallel.py -k gpu_layers
   tests_rc=$((tests_rc || $?))
   timeout 240 python3 benchmarks/gpu_layers_bench.py --shape llama3.2-1b --layers 16 12 8 4 0
 fi

@@ -69,3 +69,25 @@ def test_two_ranks_over_nccl_match_one_device(flag: str) -> None:
         assert chunked_and_preempted(cast(TorchRunner, runner)) == expected_chunked
     finally:
         runner.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["qwen3_5", "nemotron_h"])
+def test_gpu_layers_split_of_a_hybrid_on_cuda_matches_the_cpu(kind: str) -> None:
+    """A hybrid's CPU stage (state slots in RAM) and CUDA stage (its slots on the GPU, run by the
+    Triton recurrent kernels there): the warm-up sizes both pools, tokens as on the CPU."""
+    from tests.backends import test_pipeline_hybrid as hybrid
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    bundle = hybrid.hybrid_bundle(kind)
+    want_logits, want_tokens, want_chunked = hybrid.expected(bundle)
+    layers = bundle.config.num_hidden_layers
+    with exact_weights():
+        runner = split_runner(bundle, replace(FP32_CUDA, gpu_layers=layers // 2))
+    assert isinstance(runner, SplitRunner)
+    budget = runner.available_kv_memory()
+    assert budget is not None and budget > 0 and runner.state_cache_spec is not None
+    logits, tokens = hybrid.ragged_then_decode(cast(TorchRunner, runner))
+    assert tokens == want_tokens
+    for ours, ref in zip(logits, want_logits, strict=True):
+        torch.testing.assert_close(ours, ref, rtol=3e-3, atol=3e-3)  # other kernels: see test_qwen3_next
+    assert hybrid.chunked_and_preempted(cast(TorchRunner, runner)) == want_chunked
