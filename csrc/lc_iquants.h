@@ -10,8 +10,10 @@ as `gguf.quants.dequantize` does, and reproduces it bit for bit. Dot products ta
 lc_quantize (8 bits per value, one scale per 32) with exact integer sums per lane.
 
 Included once per ISA (LC_FN names its functions): portable C decodes a row and runs plain loops; AVX2 and
-AVX-512 VNNI decode IQ4_NL/IQ4_XS/MXFP4 in registers (the 16-entry nonlinear table through vpshufb) and take the
-rest from the scalar decoder into a 32-value buffer, with vector dot products for all. */
+AVX-512 VNNI decode IQ4_NL/IQ4_XS/MXFP4 (the 16-entry nonlinear table through vpshufb) and the IQ2/IQ3 grid
+types (grid rows gathered, sign bits spread to byte masks) in registers, and take IQ1 and the ternary types
+from the scalar decoder into a 32-value buffer, with vector dot products for all. Steps of many rows run
+lc_iq_gemm.h instead, which decodes through the same functions. */
 
 #ifndef LC_IQ_COMMON
 #define LC_IQ_COMMON
@@ -33,6 +35,11 @@ static inline void lc_iq_signed8(const int8_t *g, uint8_t signs, int8_t *v) {
         int m = -((signs >> j) & 1);
         v[j] = (int8_t)((g[j] ^ m) - m);
     }
+}
+
+static inline uint32_t lc_iq_ksigns4(uint32_t aux) { /* four 7-bit sign indices -> four sign bytes */
+    return (uint32_t)lc_iq_ksigns[aux & 127] | ((uint32_t)lc_iq_ksigns[(aux >> 7) & 127] << 8) |
+           ((uint32_t)lc_iq_ksigns[(aux >> 14) & 127] << 16) | ((uint32_t)lc_iq_ksigns[(aux >> 21) & 127] << 24);
 }
 
 /* Sub-block s (values 32 s .. 32 s + 31) of block b: v[32], ls[8] (see the top of this file). The scale
@@ -204,8 +211,36 @@ static inline __m256i LC_FN(iq4_values)(const uint8_t *qs, const int8_t *values)
     return _mm256_shuffle_epi8(table, idx);
 }
 
+/* 8-byte grid rows g0..g3 (values 0-7, 8-15, ...) with sign byte l of `signs` (bit j: value 8l + j negative)
+   applied: the sign bits spread to byte masks m, then (g ^ m) - m. */
+static inline __m256i LC_FN(iq_grid8)(const int8_t *g0, const int8_t *g1, const int8_t *g2, const int8_t *g3,
+                                      uint32_t signs) {
+    int64_t r[4];
+    memcpy(r, g0, 8);
+    memcpy(r + 1, g1, 8);
+    memcpy(r + 2, g2, 8);
+    memcpy(r + 3, g3, 8);
+    __m256i g = _mm256_setr_epi64x(r[0], r[1], r[2], r[3]);
+    const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL);
+    const __m256i bits = _mm256_set1_epi64x((int64_t)0x8040201008040201ULL);
+    __m256i m = _mm256_shuffle_epi8(_mm256_set1_epi32((int)signs), spread);
+    m = _mm256_cmpeq_epi8(_mm256_and_si256(m, bits), bits);
+    return _mm256_sub_epi8(_mm256_xor_si256(g, m), m);
+}
+
+/* As iq_grid8 from eight 4-byte grid rows (IQ3 types): rows idx[0..7] of `grid`. */
+static inline __m256i LC_FN(iq_grid4)(const int8_t (*grid)[4], const int *idx, uint32_t signs) {
+    int32_t r[8];
+    for (int j = 0; j < 8; j++) memcpy(r + j, grid[idx[j]], 4);
+    int8_t rows[32];
+    memcpy(rows, r, 32);
+    return LC_FN(iq_grid8)(rows, rows + 8, rows + 16, rows + 24, signs);
+}
+
 /* Sub-block s of a row in registers: 32 signed values and the scale of each 4-value lane. IQ4 types decode
-   in registers (F16C for the scale); the others through lc_iq_dec. */
+   in registers (F16C for the scale), the IQ2/IQ3 grid types gather grid rows and flip signs in registers
+   (a scalar loop per value was most of their matmul time); the rest go through lc_iq_dec. The scales keep
+   lc_iq_dec's float32 expressions, so both decoders give the same bits. */
 static inline __attribute__((always_inline)) void LC_FN(iq_sub)(const int type, const uint8_t *row, int64_t s,
                                                                  __m256i *v, __m256 *lsv) {
     if (type == LC_IQ4_NL) {
@@ -222,6 +257,51 @@ static inline __attribute__((always_inline)) void LC_FN(iq_sub)(const int type, 
         int q = ((b[4 + i / 2] >> (4 * (i % 2))) & 15) | (((lc_u16(b + 2) >> (2 * i)) & 3) << 4);
         *v = LC_FN(iq4_values)(b + 8 + 16 * i, lc_iq4nl_values);
         *lsv = _mm256_set1_ps(_cvtsh_ss(lc_u16(b)) * (float)(q - 32));
+    } else if (type == LC_IQ2_XXS) {
+        const uint8_t *b = row + 66 * (s / 8), *q = b + 2 + 8 * (s % 8);
+        uint32_t aux = lc_u32(q + 4);
+        *v = LC_FN(iq_grid8)(lc_iq2xxs_grid[q[0]], lc_iq2xxs_grid[q[1]], lc_iq2xxs_grid[q[2]], lc_iq2xxs_grid[q[3]],
+                             lc_iq_ksigns4(aux));
+        *lsv = _mm256_set1_ps(lc_f16(lc_u16(b)) * (0.5f + (float)(aux >> 28)) * 0.25f);
+    } else if (type == LC_IQ2_XS) {
+        const uint8_t *b = row + 74 * (s / 8);
+        int i = (int)(s % 8);
+        uint16_t q[4];
+        memcpy(q, b + 2 + 8 * i, 8);
+        uint32_t signs = (uint32_t)lc_iq_ksigns[q[0] >> 9] | ((uint32_t)lc_iq_ksigns[q[1] >> 9] << 8) |
+                         ((uint32_t)lc_iq_ksigns[q[2] >> 9] << 16) | ((uint32_t)lc_iq_ksigns[q[3] >> 9] << 24);
+        *v = LC_FN(iq_grid8)(lc_iq2xs_grid[q[0] & 511], lc_iq2xs_grid[q[1] & 511], lc_iq2xs_grid[q[2] & 511],
+                             lc_iq2xs_grid[q[3] & 511], signs);
+        float d = lc_f16(lc_u16(b));
+        uint8_t scales = b[66 + i];
+        float s0 = d * (0.5f + (float)(scales & 15)) * 0.25f, s1 = d * (0.5f + (float)(scales >> 4)) * 0.25f;
+        *lsv = _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1);
+    } else if (type == LC_IQ2_S) {
+        const uint8_t *b = row + 82 * (s / 8);
+        int i = (int)(s % 8);
+        uint8_t qh = b[66 + i], scales = b[74 + i];
+        const uint8_t *qs = b + 2 + 4 * i;
+        *v = LC_FN(iq_grid8)(lc_iq2s_grid[qs[0] | ((qh & 3) << 8)], lc_iq2s_grid[qs[1] | (((qh >> 2) & 3) << 8)],
+                             lc_iq2s_grid[qs[2] | (((qh >> 4) & 3) << 8)], lc_iq2s_grid[qs[3] | (((qh >> 6) & 3) << 8)],
+                             lc_u32(b + 34 + 4 * i));
+        float d = lc_f16(lc_u16(b));
+        float s0 = d * (0.5f + (float)(scales & 15)) * 0.25f, s1 = d * (0.5f + (float)(scales >> 4)) * 0.25f;
+        *lsv = _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1);
+    } else if (type == LC_IQ3_XXS) {
+        const uint8_t *b = row + 98 * (s / 8), *qs = b + 2 + 8 * (s % 8);
+        uint32_t aux = lc_u32(b + 66 + 4 * (s % 8));
+        int idx[8];
+        for (int j = 0; j < 8; j++) idx[j] = qs[j];
+        *v = LC_FN(iq_grid4)(lc_iq3xxs_grid, idx, lc_iq_ksigns4(aux));
+        *lsv = _mm256_set1_ps(lc_f16(lc_u16(b)) * (0.5f + (float)(aux >> 28)) * 0.5f);
+    } else if (type == LC_IQ3_S) {
+        const uint8_t *b = row + 110 * (s / 8), *qs = b + 2 + 8 * (s % 8);
+        int i = (int)(s % 8);
+        uint8_t qh = b[66 + i];
+        int idx[8];
+        for (int j = 0; j < 8; j++) idx[j] = qs[j] | (((qh >> j) & 1) << 8);
+        *v = LC_FN(iq_grid4)(lc_iq3s_grid, idx, lc_u32(b + 74 + 4 * i));
+        *lsv = _mm256_set1_ps(lc_f16(lc_u16(b)) * (float)(1 + 2 * ((b[106 + i / 2] >> (4 * (i % 2))) & 15)));
     } else {
         int8_t vb[32];
         float ls[8];
