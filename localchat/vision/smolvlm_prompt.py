@@ -22,11 +22,27 @@ IMAGE = "<image>"
 FAKE = "<fake_token_around_image>"
 GLOBAL = "<global-img>"
 SMOLVLM_TYPES = frozenset({"smolvlm", "idefics3"})
+# transformers' SmolVLMVisionConfig / Idefics3VisionConfig defaults: SmolVLM2's config.json leaves some out.
+VISION_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 1152,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 16,
+    "image_size": 224,
+    "patch_size": 32,
+    "layer_norm_eps": 1e-6,
+    "hidden_act": "gelu_pytorch_tanh",
+}
+
+
+def vision_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The tower's settings: config.json's vision_config over transformers' defaults."""
+    return {**VISION_DEFAULTS, **(config.get("vision_config") or {})}
 
 
 def tokens_per_tile(config: dict[str, Any]) -> int:
     """Image tokens per tile: the tower's patch grid after the connector's pixel shuffle."""
-    vision = config["vision_config"]
+    vision = vision_settings(config)
     grid = int(vision["image_size"]) // int(vision["patch_size"])
     return grid * grid // int(config.get("scale_factor", 2)) ** 2
 
@@ -49,7 +65,7 @@ class SmolVLMImagePrompt:
 
     @classmethod
     def from_config(cls, path: Path, config: dict[str, Any]) -> SmolVLMImagePrompt:
-        spec = SmolVLMImageSpec.from_folder(path, int(config["vision_config"]["image_size"]))
+        spec = SmolVLMImageSpec.from_folder(path, int(vision_settings(config)["image_size"]))
         token = int(config.get("image_token_id", config.get("image_token_index", 128_257)))
         return cls(spec, token, tokens_per_tile(config))
 

@@ -316,3 +316,29 @@ def test_mlx_image_prompt_logits_and_greedy_tokens(
         _, logits = driver.step_logits()
         ours = logits
         assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), torch_pixels)[-1].argmax())
+
+
+def test_vision_defaults_are_transformers_and_fill_a_sparse_config(
+    saved: dict[str, tuple[Any, Path]], tmp_path: Path
+) -> None:
+    """SmolVLM2's config.json leaves some vision keys out: transformers' defaults fill them."""
+    import json
+    import shutil
+
+    from transformers import Idefics3VisionConfig, SmolVLMVisionConfig
+
+    from localchat.vision.smolvlm_prompt import VISION_DEFAULTS
+
+    for defaults in (SmolVLMVisionConfig(), Idefics3VisionConfig()):
+        assert {key: getattr(defaults, key) for key in VISION_DEFAULTS} == VISION_DEFAULTS
+    hf, folder = saved["smolvlm"]
+    sparse = tmp_path / "sparse"
+    shutil.copytree(folder, sparse)
+    config = json.loads((sparse / "config.json").read_text())
+    for key in ("hidden_act", "layer_norm_eps"):  # at their defaults in the tiny model
+        del config["vision_config"][key]
+    (sparse / "config.json").write_text(json.dumps(config))
+    pixels, _ = _pixels(sparse, tiny.pictures(tmp_path)[0])
+    with torch.no_grad():
+        theirs = hf.model.get_image_features(pixel_values=pixels).pooler_output[0]
+    assert torch.equal(load_smolvlm_vision(sparse).encode(pixels)[0], theirs)

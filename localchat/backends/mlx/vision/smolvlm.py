@@ -12,6 +12,7 @@ from typing import Any
 import mlx.core as mx
 
 from localchat.backends.mlx.vision.gemma3 import Gemma3Vision
+from localchat.vision.smolvlm_prompt import vision_settings
 
 # The checkpoint's names -> the names Gemma3Vision's tower reads (and the connector's own).
 _PREFIXES = (("model.vision_model.", "vision_tower."), ("model.connector.", "connector."))
@@ -24,8 +25,8 @@ class SmolVLMVision(Gemma3Vision):
     Gemma 3 projector."""
 
     def __init__(self, config: dict[str, Any], weights: dict[str, mx.array]) -> None:
-        vision = config["vision_config"]
-        if vision.get("hidden_act", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        vision = vision_settings(config)
+        if vision["hidden_act"] != "gelu_pytorch_tanh":
             raise ValueError(
                 f"SmolVLM vision tower with hidden_act {vision['hidden_act']!r} is not supported"
             )
@@ -84,6 +85,6 @@ def _expected_names(config: dict[str, Any]) -> set[str]:
     }
     attention = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj")
     parts = (*attention, "mlp.fc1", "mlp.fc2", "layer_norm1", "layer_norm2")
-    for i in range(int(config["vision_config"]["num_hidden_layers"])):
+    for i in range(int(vision_settings(config)["num_hidden_layers"])):
         names |= {f"vision_tower.encoder.layers.{i}.{p}.{s}" for p in parts for s in ("weight", "bias")}
     return names

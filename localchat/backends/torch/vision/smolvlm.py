@@ -16,6 +16,7 @@ from torch import nn
 
 from localchat.backends.torch.vision.gemma3 import SiglipTower
 from localchat.errors import ModelLoadError
+from localchat.vision.smolvlm_prompt import vision_settings
 
 # The hub files and transformers 5's save_pretrained both write these names.
 _PREFIXES = (("model.vision_model.", "vision_model."), ("model.connector.", "connector."))
@@ -47,8 +48,8 @@ class SmolVLMVision(nn.Module):
 
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__()
-        vision, text = config["vision_config"], config["text_config"]
-        act = vision.get("hidden_act", "gelu_pytorch_tanh")
+        vision, text = vision_settings(config), config["text_config"]
+        act = vision["hidden_act"]
         if act != "gelu_pytorch_tanh":
             raise ModelLoadError(f"SmolVLM vision tower with hidden_act {act!r} is not supported")
         self.vision_model = SiglipTower(vision)
