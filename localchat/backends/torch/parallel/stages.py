@@ -393,5 +393,5 @@ class StageRunner(TorchRunner):
 
     def _run_stage(self, batch: BatchInputs) -> None:
         """This stage's layers (the model sends their output on); no head, no sampling, no pooling."""
-        with torch.inference_mode(), one_step_choice(self.device):
+        with torch.inference_mode(), self.settings(), one_step_choice(self.device):
             self._logits(batch)
