@@ -11,7 +11,6 @@ python benchmarks/vision_bench.py [--text-layers 2] [--dtype auto] [--threads N]
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 import tempfile
 import time
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.vision_timing import print_results, random_picture, timed_turns, vision_args, write_tokenizer
 
 SIZE = 896
 VISION = {
@@ -35,7 +36,6 @@ BOI, EOI, IMAGE = 297, 298, 299
 
 def _write_folder(folder: Path, text_layers: int) -> None:
     import torch
-    from tokenizers import Tokenizer, models
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
     text = {
@@ -59,98 +59,31 @@ def _write_folder(folder: Path, text_layers: int) -> None:
     torch.manual_seed(0)
     model: Any = Gemma3ForConditionalGeneration(config)
     model.to(torch.bfloat16).eval().save_pretrained(folder)
-    vocab = {f"t{i}": i for i in range(300)}
-    (folder / "tokenizer.json").write_text(Tokenizer(models.WordLevel(vocab, unk_token="t0")).to_str())
-
-
-def _picture() -> bytes:
-    import numpy as np
-    from PIL import Image
-
-    pixels = np.random.default_rng(0).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(pixels, "RGB").save(buf, format="PNG")
-    return buf.getvalue()
+    write_tokenizer(folder, 300)
 
 
 def _run(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
-    from localchat.backends import RunnerOptions
-    from localchat.backends.torch.runner import TorchRunner
-    from localchat.engine.config import EngineConfig
-    from localchat.engine.engine import LLMEngine
     from localchat.engine.request import ImageInput
-    from localchat.engine.sampling_params import SamplingParams
     from localchat.vision.gemma3_preprocess import ImageSpec, content_hash, decode, preprocess
-    from localchat.weights.loader import load_model
 
-    bundle = load_model(folder)
-    runner = TorchRunner(bundle, RunnerOptions(device="cpu", dtype=args.dtype, num_threads=args.threads))
-    config = EngineConfig(kv_cache_mib=256, prefill_chunk_size=512)
-    engine = LLMEngine(runner, bundle.tokenizer, config, eos_token_ids=[], model_max_len=1024)
-    embedder = runner.images
-    assert embedder is not None, "the folder's vision tower did not load"
-    encode_s: list[float] = []
-    inner = embedder._encode
-
-    def timed_encode(part: Any) -> Any:
-        start = time.perf_counter()
-        out = inner(part)
-        encode_s.append(time.perf_counter() - start)
-        return out
-
-    embedder._encode = timed_encode  # type: ignore[method-assign]
     prompt = [*TEXT_QUESTION, BOI, *[IMAGE] * 256, EOI, 4, 3, 13]
     placeholders = tuple(i for i, t in enumerate(prompt) if t == IMAGE)
-    data = _picture()
 
-    def first_token() -> tuple[float, float, int]:
-        """(TTFT s, decode + preprocess s, prompt tokens served from the prefix cache)"""
-        start = time.perf_counter()
+    def prompt_for(data: bytes) -> tuple[list[int], tuple[ImageInput, ...]]:
         pixels = preprocess(decode(data), ImageSpec.from_folder(folder, SIZE))
-        prep = time.perf_counter() - start
-        image = ImageInput(placeholders, content_hash(data), pixels)
-        engine.add_request(list(prompt), SamplingParams(max_tokens=1, temperature=0.0), images=(image,))
-        cached = 0
-        while engine.has_unfinished:
-            for out in engine.step():
-                cached = out.num_cached_tokens
-        return time.perf_counter() - start, prep, cached
+        return list(prompt), (ImageInput(placeholders, content_hash(data), pixels),)
 
-    ttft1, prep, _ = first_token()
-    ttft2, _, cached = first_token()
-    (embeds,) = list(embedder.cache._items.values())
-    return {
-        "dtype": str(runner.dtype).removeprefix("torch."),
-        "prompt tokens": len(prompt),
-        "decode + preprocess (ms)": prep * 1000,
-        "vision encode (s)": encode_s[0],
-        "TTFT turn 1 (s)": ttft1,
-        "TTFT turn 2, same picture (s)": ttft2,
-        "turn 2 prefix-cache tokens": cached,
-        "encoder runs": len(encode_s),
-        "memory per cached picture (MiB)": embeds.numel() * embeds.element_size() / 2**20,
-        "cached picture shape": tuple(embeds.shape),
-    }
+    return timed_turns(folder, args, 1024, prompt_for, random_picture(SIZE))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--text-layers", type=int, default=2)
-    parser.add_argument("--dtype", default="auto", help="runner dtype: auto | float32 | bfloat16")
-    parser.add_argument("--threads", type=int, default=None)
-    args = parser.parse_args()
+    args = vision_args(__doc__, text_layers=2).parse_args()
     with tempfile.TemporaryDirectory(prefix="vision-bench-") as tmp:
         folder = Path(tmp)
         start = time.perf_counter()
         _write_folder(folder, args.text_layers)
         print(f"random Gemma-3-4B-shaped vision folder written in {time.perf_counter() - start:.0f} s")
-        results = _run(folder, args)
-    width = max(len(k) for k in results)
-    for key, value in results.items():
-        shown = f"{value:.3f}" if isinstance(value, float) else str(value)
-        print(f"{key:<{width}}  {shown}")
+        print_results(_run(folder, args))
 
 
 if __name__ == "__main__":
