@@ -122,3 +122,30 @@ def test_deepstack_layers_must_sit_on_the_first_stage(tmp_path: Path) -> None:
     check_pipeline(bundle.config, 2, bundle.path)
     with pytest.raises(BackendUnavailableError, match="DeepStack are added after each of its first 2 layers"):
         check_pipeline(bundle.config, 3, bundle.path)
+
+
+def test_micro_batches_of_steps_with_pictures_match_one_device(tmp_path: Path) -> None:
+    """The cut PP makes of a large step (micro_batches.py), run on one device: each group keeps its
+    own pictures (token rows rebased) and M-RoPE columns; the tokens are the uncut runner's."""
+    from localchat.backends.torch.parallel.micro_batches import micro_batches
+    from localchat.backends.torch.runner import TorchRunner
+    from localchat.engine.interface import BatchInputs
+
+    class CutRunner(TorchRunner):
+        cuts = 0
+
+        def _logits(self, batch: BatchInputs) -> torch.Tensor:
+            parts = micro_batches(batch, 3, min_tokens=1)
+            self.cuts += sum(1 for p in parts if p.image_slices) if len(parts) > 1 else 0
+            return torch.cat([super(CutRunner, self)._logits(part) for part in parts])
+
+    torch.set_num_threads(1)
+    folder = tmp_path / "qwen2_vl"
+    folder.mkdir()
+    tiny.write_folder("qwen2_vl", folder)
+    pictures = tiny.pictures(tmp_path)
+    want = one_device(folder, pictures)
+    with exact_weights():
+        runner = CutRunner(load_model(folder), EXACT)
+    assert answers(runner, folder, pictures) == want
+    assert runner.cuts >= 2  # steps were cut with pictures in more than one group
