@@ -2,9 +2,12 @@
 
 - The hidden states the fused call copies out equal, bit for bit, the inputs the per-layer path hands the
   head, step after step (rows joining and leaving), and the step's logits stay the plain path's.
+- Steps with rows of several tokens (draft verification, short prompts) run in the fused call as one
+  decode row per token: bit for bit the per-layer path's logits in bfloat16, within float32 rounding of
+  them in float32 (the C and torch RoPE round differently there).
 - Under `--speculative eagle` on a block-quantized target, decode-only steps (speculation backed off at a
-  batch above max_batch) take the fused call (HiddenTaps' counter, not timing), verification steps take
-  the layer path, and greedy output is plain greedy's token for token.
+  batch above max_batch) and verification steps take the fused call (counters, not timing), and greedy
+  output is plain greedy's token for token.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.speculative import SpeculativeConfig
 from localchat.errors import BackendUnavailableError
 from localchat.weights.bundle import ModelBundle
-from tests.backends.test_decode_step import PROMPTS, cpu_runner, tiny_bundle
+from tests.backends.test_decode_step import PROMPTS, count_fused_runs, cpu_runner, tiny_bundle
 from tests.backends.test_speculative_eagle3_llm import random_eagle_head
 from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE
 from tests.helpers.torch_batch import PagedDriver
@@ -83,6 +86,40 @@ def test_the_fused_step_copies_out_the_layer_paths_hidden_states(
     assert (taps["layers"].fused_steps, taps["layers"].layer_steps) == (0, 6)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_rows_of_several_tokens_run_fused(
+    target: ModelBundle, dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the prefill, request "a" gets 3 new tokens a step (a verification of 2 drafts) beside two
+    one-token rows; every token's logits compared with the per-layer path."""
+    calls = count_fused_runs(monkeypatch)
+    drivers = {}
+    for mode in ("fused", "layers"):
+        runner = cpu_runner(target, dtype)
+        settings = getattr(runner, "backend_settings", None)
+        if settings is not None:
+            settings[decode_step.STEP_ENV] = mode
+        drivers[mode] = PagedDriver(runner)
+        for req_id, prompt in PROMPTS.items():
+            drivers[mode].add(req_id, prompt)
+    for step in range(4):
+        logits = {}
+        for mode, driver in drivers.items():
+            monkeypatch.setenv(decode_step.STEP_ENV, mode)
+            _, logits[mode] = driver.step_logits(every_token=step > 0)
+        fused, layered = logits["fused"], logits["layers"]
+        if dtype == "bfloat16":
+            assert torch.equal(fused, layered), f"step {step}: max diff {(fused - layered).abs().max()}"
+        else:
+            torch.testing.assert_close(fused, layered, atol=3e-3, rtol=0)
+            assert torch.equal(fused.argmax(-1), layered.argmax(-1))
+        for req_id in PROMPTS:
+            for driver in drivers.values():
+                for token in [7, 8, 9] if req_id == "a" else [11]:
+                    driver.feed(req_id, token)
+    assert calls == [5, 5, 5]  # step 0's prefill (37 tokens) is above DENSE_FROM_ROWS: the layer path
+
+
 def test_copying_out_is_checked_and_leaves_the_plain_step_alone(target: ModelBundle) -> None:
     plan = cpu_runner(target).model.decode_plan()
     assert plan is not None
@@ -123,13 +160,13 @@ def greedy_tokens(built: LLMEngine, lengths: list[int]) -> list[list[int]]:
 def test_eagle_keeps_the_fused_decode_step_and_plain_greedy_output(
     target: ModelBundle, tmp_path: Path
 ) -> None:
-    """Five requests with speculation's max_batch 2: decode-only steps while more than two run (fused),
-    then drafts and their verification (layer path) once the short ones end."""
+    """Five requests with speculation's max_batch 2: decode-only steps while more than two run, then
+    drafts and their verification once the short ones end; all but the 30-token prefill fused."""
     lengths = [4, 6, 8, 24, 24]
     head = random_eagle_head(tmp_path / "head", 256, TINY_VOCAB_SIZE, aux_layers=AUX_LAYERS)
     plain, _ = engine(target, None, max_batch=2)
     expected = greedy_tokens(plain, lengths)
     eagle, taps = engine(target, head, max_batch=2)
     assert greedy_tokens(eagle, lengths) == expected
-    assert taps is not None and taps.fused_steps >= 3 and taps.layer_steps >= 2
+    assert taps is not None and taps.fused_steps >= 10 and taps.layer_steps == 1
     assert eagle.spec_draft_tokens > 0

@@ -6,9 +6,16 @@ norm, gate|up, SwiGLU and down projection, the same kernels in the same order as
 path (models/llama.py), so the hidden states match it bit for bit. What goes is the Python between
 them: SmolLM2-135M spent about half of each decode token in per-layer tensor allocations and ctypes calls.
 
-Steps it does not take run the per-layer path unchanged: prefill (any row with more than one token),
-`DENSE_FROM_ROWS` rows or more (those matrices may use their dense copies), an int8 KV cache, partial
-rotary, other layer classes, or `LOCALCHAT_DECODE_STEP=layers` (for comparisons).
+A row of several tokens (a speculative step's draft verification, a short prompt) runs as one decode row
+per token, each over the context up to its own position, as the per-layer path's attention already does
+on the kernels (attention.py). Bit for bit in bfloat16; in float32 the C RoPE rounds differently from
+torch's, so those rows' logits differ from the per-layer path by float32 rounding (not from plain decode
+steps, which are fused too).
+
+Steps it does not take run the per-layer path unchanged: `DENSE_FROM_ROWS` tokens or more (those
+matrices may use their dense copies; longer prompts), rows of several tokens over a cache of another
+dtype than the activations, an int8 KV cache, partial rotary, other layer classes, or
+`LOCALCHAT_DECODE_STEP=layers` (for comparisons).
 """
 
 from __future__ import annotations
@@ -66,18 +73,22 @@ class FusedDecode:
     caches: tuple[list[KVCache], ctypes.Array[ctypes.c_uint64]] | None = None
 
     def takes(self, x: torch.Tensor, cos: torch.Tensor, meta: object, kv_caches: list[KVCache]) -> bool:
-        """Whether this step runs here: decode rows only (fewer than DENSE_FROM_ROWS), the kernels this
-        plan was built for, a float32/bfloat16 cache, full rotary, and activations in the weights' dtype."""
-        if not isinstance(meta, AttentionMetadata) or meta.prefills or meta.decode_block_tables is None:
+        """Whether this step runs here: fewer than DENSE_FROM_ROWS tokens, the kernels this plan was built
+        for, a float32/bfloat16 cache, full rotary, and activations in the weights' dtype. Rows of several
+        tokens (draft verification, a short prompt) run as one decode row per token when the cache holds
+        their k/v exactly (its dtype is theirs), as the per-layer path runs them (attention.py)."""
+        if not isinstance(meta, AttentionMetadata) or step_mode() != "fused":
             return False
-        if meta.cpu_kernels is None or meta.cpu_kernels.isa != self.ops.isa or step_mode() != "fused":
+        if meta.cpu_kernels is None or meta.cpu_kernels.isa != self.ops.isa:
             return False
         cache = kv_caches[0]
+        if not isinstance(cache, torch.Tensor) or cache.dtype not in (torch.float32, torch.bfloat16):
+            return False
+        if meta.prefills and (cache.dtype != x.dtype or any(row.table is None for row in meta.prefills)):
+            return False
         return (
             x.dtype == self.dtype
             and x.shape[0] < DENSE_FROM_ROWS
-            and isinstance(cache, torch.Tensor)
-            and cache.dtype in (torch.float32, torch.bfloat16)
             and cos.shape[-1] == self.head_dim
             and cos.dtype == x.dtype
         )
@@ -90,13 +101,12 @@ class FusedDecode:
         meta: AttentionMetadata,
         kv_caches: list[KVCache],
     ) -> torch.Tensor:
-        """x [D, hidden] (the embeddings, updated in place) -> the last layer's output, cos/sin [D, 1, d]."""
-        assert meta.decode_block_tables is not None and meta.decode_lens64 is not None
+        """x [T, hidden] (the embeddings, updated in place) -> the last layer's output, cos/sin [T, 1, d]."""
         x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
         rows = x.shape[0]
         cache = kv_caches[0]
         assert isinstance(cache, torch.Tensor)
-        tables = meta.decode_block_tables.view(rows, -1)
+        tables, lens = token_tables(meta, rows)
         args = self.args
         args.caches = self._cache_args(kv_caches)
         args.cache_type = cpu_kernels.KV_BF16 if cache.dtype == torch.bfloat16 else cpu_kernels.KV_F32
@@ -109,7 +119,7 @@ class FusedDecode:
         args.slots = meta.slot_mapping.data_ptr()
         args.tables = tables.data_ptr()
         args.max_blocks = tables.shape[1]
-        args.seq_lens = meta.decode_lens64.data_ptr()
+        args.seq_lens = lens.data_ptr()
         args.block_size = meta.block_size
         args.precise = int(self.ops.precise)
         args.nth = torch.get_num_threads()
@@ -158,6 +168,34 @@ class FusedDecode:
                 )
             self.caches = (kv_caches, addresses)
         return c_step.address(self.caches[1])
+
+
+def token_tables(meta: AttentionMetadata, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's block table [T, blocks] and context length [T]: a decode row's own, and for a row
+    of several tokens its table once per token with lengths up to each one's position (causal: this
+    step's k/v are in the cache before any query reads it)."""
+    if not meta.prefills:
+        assert meta.decode_block_tables is not None and meta.decode_lens64 is not None
+        return meta.decode_block_tables.view(tokens, -1), meta.decode_lens64
+    widths = [row.table.shape[0] for row in meta.prefills if row.table is not None]
+    decode = meta.decode_block_tables
+    if decode is not None:
+        assert meta.decode_lens64 is not None
+        decode = decode.view(meta.decode_lens64.shape[0], -1)
+        widths.append(decode.shape[1])
+    tables = torch.zeros((tokens, max(widths)), dtype=torch.int64)
+    lens = torch.empty(tokens, dtype=torch.int64)
+    if decode is not None:
+        index = meta.decode_token_idx
+        assert index is not None and meta.decode_lens64 is not None
+        tables[index, : decode.shape[1]] = decode
+        lens[index] = meta.decode_lens64
+    for row in meta.prefills:
+        assert row.table is not None
+        queries = row.end - row.start
+        tables[row.start : row.end, : row.table.shape[0]] = row.table
+        lens[row.start : row.end] = torch.arange(row.seq_len - queries + 1, row.seq_len + 1)
+    return tables, lens
 
 
 def plan(layers: nn.ModuleList, dtype: torch.dtype) -> FusedDecode | None:
