@@ -59,7 +59,7 @@ from localchat.backends.torch.onednn_caches import bound_matmul_caches
 from localchat.backends.torch.quant import pick_policy
 from localchat.backends.torch.sampler import SampleResult, new_generator, sample
 from localchat.backends.torch.threads import ThreadGovernor
-from localchat.backends.torch.vision.images import load_image_embedder
+from localchat.backends.torch.vision.images import ImageEmbedder, load_image_embedder
 from localchat.backends.torch.weights import load_decoder
 from localchat.engine.interface import (
     BatchInputs,
@@ -114,7 +114,7 @@ class TorchRunner:
             with torch.inference_mode(), _device_memory_errors(self.device, model.name):
                 self.model = self._load_decoder(model)
                 # The vision tower of a multimodal checkpoint (Gemma 3): images reach the model through it.
-                self.images = load_image_embedder(model.path, self.device, self.dtype)
+                self.images = self._load_images(model)
             # "triton" on CUDA (see kernel_choice.py), else "torch"; both take every layer's AttentionOptions.
             self.attention = attention_kernel(self.device)
         if self.attention == "triton" and self.kv_dtype != self.dtype:
@@ -146,6 +146,10 @@ class TorchRunner:
     def _load_decoder(self, model: ModelBundle) -> DecoderLM:
         """The bundle's decoder on this runner's device (a pipeline stage loads only its layers)."""
         return load_decoder(model.config, model.iter_weights(), self.device, self.dtype, self.quant)
+
+    def _load_images(self, model: ModelBundle) -> ImageEmbedder | None:
+        """The checkpoint's vision tower, if any (a later pipeline stage loads none)."""
+        return load_image_embedder(model.path, self.device, self.dtype)
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:

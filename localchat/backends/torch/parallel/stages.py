@@ -29,6 +29,7 @@ from localchat.backends.torch.kernel_choice import one_step_choice
 from localchat.backends.torch.models import model_class
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.runner import TorchRunner
+from localchat.backends.torch.vision.images import ImageEmbedder
 from localchat.backends.torch.weights import load_decoder
 from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput, StateCacheSpec
 from localchat.errors import BackendUnavailableError
@@ -339,14 +340,16 @@ class StageRunner(TorchRunner):
         model.fused_decode = None if outbound is not None or inbound is not None else model.fused_decode
         self.graph_mode = None  # a decode graph would capture the sends and receives
         self.results = results
-        if not plan.first:
-            self.images = None  # pictures become embeddings on the first stage only
 
     def _load_decoder(self, model: ModelBundle) -> DecoderLM:
         config = model.config
         weights = stage_weights(model.iter_weights(), config, self.plan)
         prepare = _prepare(self.plan, config, self.dtype, self.device)
         return load_decoder(config, weights, self.device, self.dtype, self.quant, prepare=prepare)
+
+    def _load_images(self, model: ModelBundle) -> ImageEmbedder | None:
+        """Pictures become rows on the first stage only: the others load no vision tower."""
+        return super()._load_images(model) if self.plan.first else None
 
     def own_kv_spec(self) -> KVCacheSpec:
         """This stage's own layers' K/V (what it allocates; none for a stage of state-slot layers)."""
