@@ -14,6 +14,7 @@ import torch
 from localchat.backends.torch.vision.gemma3 import Gemma3Vision, load_gemma3_vision
 from localchat.backends.torch.vision.gemma3_mmproj import load_gemma3_mmproj
 from localchat.backends.torch.vision.gemma4 import Gemma4Vision, has_gemma4_vision, load_gemma4_vision
+from localchat.backends.torch.vision.gemma4_mmproj import load_gemma4_mmproj
 from localchat.backends.torch.vision.llava import LlavaVision, load_llava_vision
 from localchat.backends.torch.vision.llava_mmproj import load_llava_mmproj
 from localchat.backends.torch.vision.pixtral import PixtralVision, load_pixtral_mmproj, load_pixtral_vision
@@ -79,6 +80,8 @@ def load_image_embedder(path: Path, device: torch.device, dtype: torch.dtype) ->
             return ImageEmbedder(load_qwen_vl_mmproj(config, Path(config["mmproj"]), dtype), device, dtype)
         if config.get("model_type") in PIXTRAL_TYPES:
             return ImageEmbedder(load_pixtral_mmproj(config, Path(config["mmproj"]), dtype), device, dtype)
+        if config.get("model_type") in GEMMA4_TYPES:
+            return ImageEmbedder(load_gemma4_mmproj(config, Path(config["mmproj"]), dtype), device, dtype)
         return ImageEmbedder(load_gemma3_mmproj(config, Path(config["mmproj"]), dtype), device, dtype)
     log.info("loading the vision tower of %s", path)
     if config.get("model_type") in QWEN_VL_TYPES:
