@@ -14,6 +14,8 @@ from typing import Any
 from localchat.errors import ModelLoadError
 from localchat.vision.gemma4_mmproj import IMAGE as GEMMA4_IMAGE
 from localchat.vision.gemma4_mmproj import gemma4_config
+from localchat.vision.pixtral_mmproj import IMAGE as PIXTRAL_IMAGE
+from localchat.vision.pixtral_mmproj import PIXTRAL_TEXT_ARCHS, pixtral_config
 from localchat.vision.qwen_vl_mmproj import QWEN_VL_TEXT_ARCHS, pairs_with, qwen_vl_config
 from localchat.vision.qwen_vl_prompt import IMAGE_PAD
 
@@ -22,13 +24,15 @@ log = logging.getLogger(__name__)
 # Projector kinds whose tower localchat runs, by the text architecture they feed.
 # `mlp`: LLaVA 1.5 and its fine-tunes (CLIP tower + 2-layer MLP), written by llama.cpp's
 # convert_image_encoder_to_gguf.py; their text models are llama GGUFs.
-PROJECTORS = {"gemma3": "gemma3", "mlp": "llama", **QWEN_VL_TEXT_ARCHS}
+# `pixtral`: Mistral Small 3.x (Pixtral tower + Mistral 3 projector), `mistral3` GGUFs (older: `llama`).
+PROJECTORS = {"gemma3": "gemma3", "mlp": "llama", "pixtral": "mistral3", **QWEN_VL_TEXT_ARCHS}
 # `gemma4v`: Gemma 4 (llama.cpp writes vision + audio in one file; the audio side is not run).
 PROJECTORS["gemma4v"] = "gemma4"
 # The placeholder token each kind's prompt repeats per image row.
 IMAGE_TOKENS = {
     "gemma3": "<image_soft_token>",
     "mlp": "<image>",
+    "pixtral": PIXTRAL_IMAGE,
     **dict.fromkeys(QWEN_VL_TEXT_ARCHS, IMAGE_PAD),
 }
 
@@ -89,7 +93,7 @@ def _mmproj_metadata(path: Path, mtime_ns: int) -> dict[str, Any]:
             "clip.vision.image_mean", "clip.vision.image_std", "clip.use_gelu",
             "clip.vision.feature_layer", "clip.vision.image_grid_pinpoints",
             "clip.vision.spatial_merge_size", "clip.vision.n_wa_pattern", "clip.vision.is_deepstack_layers",
-            "clip.vision.image_min_pixels", "clip.vision.image_max_pixels")  # fmt: skip
+            "clip.vision.image_min_pixels", "clip.vision.image_max_pixels", "clip.use_silu")  # fmt: skip
     meta = {key: _value(reader, key) for key in keys}
     # a vision + audio projector file (Gemma 4) types each side under its own key
     meta["clip.projector_type"] = meta["clip.projector_type"] or _value(reader, "clip.vision.projector_type")
@@ -121,7 +125,11 @@ def gguf_vision_config(model_file: Path, mmproj: Path) -> dict[str, Any]:
     meta = mmproj_metadata(mmproj)
     arch, hidden, image_tokens = _text_metadata(model_file, model_file.stat().st_mtime_ns)
     kind = str(meta["clip.projector_type"])
-    if PROJECTORS.get(kind) != arch and not pairs_with(kind, arch):
+    if (
+        PROJECTORS.get(kind) != arch
+        and not pairs_with(kind, arch)
+        and not (kind == "pixtral" and arch in PIXTRAL_TEXT_ARCHS)
+    ):
         raise MmprojMismatchError(
             f"The vision projector {mmproj.name} is of kind {kind!r}, but the model {model_file.name} is "
             f"{arch!r}: localchat pairs {', '.join(f'{k} projectors with {a}' for k, a in PROJECTORS.items())}. "
@@ -151,6 +159,9 @@ def gguf_vision_config(model_file: Path, mmproj: Path) -> dict[str, Any]:
         )
     if kind == "mlp":
         return _llava_config(meta, hidden, image_token, mmproj)
+    if kind == "pixtral":  # the projector's RMSNorm takes the text model's epsilon, as transformers does
+        eps = float(_value(_reader(model_file), f"{arch}.attention.layer_norm_rms_epsilon", 1e-5))
+        return pixtral_config(meta, hidden, eps, image_token, mmproj)
     if kind == "gemma4v":  # the tower's shape is read off its tensors
         return gemma4_config(meta, mmproj, _reader(mmproj).tensors, hidden, image_token)
     if kind in QWEN_VL_TEXT_ARCHS:
