@@ -139,6 +139,23 @@ def _entries() -> list[Architecture]:
             gguf_arch="qwen3vl",
             gguf_metadata=MROPE_GGUF_METADATA,
         ),
+        # Qwen3-VL-MoE as llama.cpp writes it (`qwen3vlmoe`, experts unpacked); its safetensors folders (packed,
+        # transposed experts) are not read yet.
+        Architecture(
+            "qwen3_vl_moe_text",
+            "qwen3_vl_moe",
+            layer_weights={**LLAMA_LAYER_WEIGHTS, **QK_NORM_WEIGHTS, **QWEN3_MOE_WEIGHTS},
+            hf_defaults=qwen_defaults,
+            extra_keys={**MOE_EXTRA_KEYS, **MROPE_KEYS, "mrope_interleaved": True},
+            gguf_arch="qwen3vlmoe",
+            gguf_block_names=QWEN3_MOE_GGUF_BLOCK_NAMES,
+            gguf_metadata={
+                "expert_count": "num_experts",
+                "expert_used_count": "num_experts_per_tok",
+                "expert_feed_forward_length": "moe_intermediate_size",
+                **MROPE_GGUF_METADATA,
+            },
+        ),
         Architecture(
             "qwen3_moe",
             "qwen3_moe",

@@ -19,6 +19,7 @@ import numpy as np
 
 from localchat.errors import ModelLoadError
 from localchat.vision.llava_mmproj import _values
+from localchat.weights.gguf import open_gguf
 
 # clip.projector_type -> the model type whose tower it is.
 QWEN_VL_PROJECTORS = {
@@ -30,6 +31,8 @@ QWEN_VL_PROJECTORS = {
 QWEN_VL_TEXT_ARCHS = {"qwen2vl_merger": "qwen2vl", "qwen2.5vl_merger": "qwen2vl", "qwen3vl_merger": "qwen3vl"}
 # Qwen3.5 (and its MoE) publish Qwen3-VL's projector kind (the tower without DeepStack) for their hybrids.
 QWEN3_5_TEXT_ARCHS = {"qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe"}
+# More text architectures that Qwen3-VL's projector feeds, with the pair's model type.
+QWEN3VL_MERGER_ARCHS = {**QWEN3_5_TEXT_ARCHS, "qwen3vlmoe": "qwen3_vl"}
 WINDOW_PX = 112  # llama.cpp's fixed Qwen2.5-VL attention window (Qwen's own checkpoints use 112 too)
 MIN_TOKENS, MAX_TOKENS = 8, 4096  # llama.cpp's bounds when the file records no pixel bounds
 
@@ -57,7 +60,7 @@ _SPLIT_QKV = re.compile(r"v\.blk\.(\d+)\.attn_([qkv])\.(weight|bias)")
 
 def pairs_with(kind: str, arch: str) -> bool:
     """Whether an mmproj of projector `kind` feeds a text GGUF of llama.cpp architecture `arch`."""
-    return QWEN_VL_TEXT_ARCHS.get(kind) == arch or (kind == "qwen3vl_merger" and arch in QWEN3_5_TEXT_ARCHS)
+    return QWEN_VL_TEXT_ARCHS.get(kind) == arch or (kind == "qwen3vl_merger" and arch in QWEN3VL_MERGER_ARCHS)
 
 
 def qwen_vl_config(
@@ -104,7 +107,7 @@ def qwen_vl_config(
         if meta[f"clip.vision.{key}"]:
             preprocessing[ours] = tuple(float(v) for v in meta[f"clip.vision.{key}"])
     return {
-        "model_type": QWEN3_5_TEXT_ARCHS.get(arch, kind),  # the tower is Qwen3-VL's either way
+        "model_type": QWEN3VL_MERGER_ARCHS.get(arch, kind),  # the tower is Qwen3-VL's either way
         "image_token_id": image_token,
         "text_config": {"hidden_size": hidden},
         "vision_config": vision,
@@ -116,8 +119,6 @@ def qwen_vl_config(
 def read_qwen_vl_mmproj(config: dict[str, Any], mmproj: Path) -> dict[str, np.ndarray]:
     """The tower's state dict (QwenVisionTower's names, the patch embedding already flattened to the
     matmul's [width, C * T * P * P]) from the mmproj file. `config`: qwen_vl_config's dict."""
-    from localchat.weights.gguf import open_gguf
-
     kind = _TOWER_KINDS.get(str(config["model_type"]), str(config["model_type"]))
     deepstack = [int(i) for i in config["vision_config"].get("deepstack_visual_indexes", ())]
     state: dict[str, np.ndarray] = {}

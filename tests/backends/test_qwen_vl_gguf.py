@@ -26,6 +26,7 @@ from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import fp32_runner
 
 pytestmark = pytest.mark.slow
+_TOWER = {"qwen3_vl_moe": "qwen3_vl"}  # the pair's model type: its tower's
 
 
 @pytest.fixture(scope="module", params=pair.KINDS)
@@ -65,7 +66,7 @@ def test_text_logits_equal_transformers(saved: tuple[str, Any, Path]) -> None:
     """Text only: the `qwen2vl` / `qwen3vl` architecture loads as the family's text model."""
     kind, hf, model = saved
     bundle = load_model(model)
-    text_types = {"qwen3_vl": "qwen3_vl_text", "qwen3_5": "qwen3_5_text"}
+    text_types = {"qwen3_vl": "qwen3_vl_text", "qwen3_5": "qwen3_5_text", "qwen3_vl_moe": "qwen3_vl_moe_text"}
     assert bundle.config.model_type == text_types.get(kind, "qwen2_vl_text")
     sections = [3, 3, 2] if kind == "qwen3_5" else [2, 3, 3]
     assert list(bundle.config.extra["mrope_section"])[:3] == sections
@@ -86,11 +87,11 @@ def test_pairing_config(saved: tuple[str, Any, Path], tmp_path: Path) -> None:
     kind, _, model = saved
     config = vision_config(model)
     assert config is not None and takes_images(model)
-    assert config["model_type"] == kind and config["image_token_id"] == tiny.IMAGE
+    assert config["model_type"] == _TOWER.get(kind, kind) and config["image_token_id"] == tiny.IMAGE
     vision = config["vision_config"]
     if kind == "qwen2_5_vl":
         assert vision["window_size"] == 112 and vision["fullatt_block_indexes"] == [1, 3]
-    if kind == "qwen3_vl":
+    if kind in ("qwen3_vl", "qwen3_vl_moe"):
         assert vision["deepstack_visual_indexes"] == [0, 2] and vision["num_position_embeddings"] == 36
     if kind == "qwen3_5":  # Qwen3-VL's projector kind, its tower without DeepStack
         assert vision["deepstack_visual_indexes"] == [] and vision["num_position_embeddings"] == 36
@@ -127,7 +128,7 @@ def test_mmproj_tower_equals_get_image_features(saved: tuple[str, Any, Path], tm
         err = (ours - expected).abs().max().item()
         print(f"{kind} mmproj tower max abs err fp32 ({grid}): {err:.2e}")
         assert err < 1e-5
-    assert tower.stacked == (3 if kind == "qwen3_vl" else 1)
+    assert tower.stacked == (3 if kind in ("qwen3_vl", "qwen3_vl_moe") else 1)
 
 
 def _image_prompt(count: int) -> list[int]:

@@ -19,7 +19,7 @@ from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 from tests.helpers import qwen_vl_models as tiny
 from tests.helpers.llama_convert import ensure_converter
 
-KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")
+KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_vl_moe")
 _TEXT_CONVERT = """
 import runpy, sys
 root = sys.argv.pop(1)
@@ -33,16 +33,57 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 def write_folder(kind: str, folder: Path) -> Any:
     """The safetensors folder (tests/helpers/qwen_vl_models.py) with Qwen2.5-VL's window at llama.cpp's."""
-    hf = tiny.build(kind)
+    hf = _build_qwen3_vl_moe() if kind == "qwen3_vl_moe" else tiny.build(kind)
     if kind == "qwen2_5_vl":
         hf.config.vision_config.window_size = 112
         hf.model.visual.window_size = 112
     hf.save_pretrained(folder)
+    if kind == "qwen3_vl_moe":
+        _hub_expert_layout(folder)
     tiny.tokenizer().save(str(folder / "tokenizer.json"))
     special = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
     (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": tiny.TEMPLATE, **special}))
     tiny.image_processor(kind).save_pretrained(folder)
     return hf
+
+
+def _build_qwen3_vl_moe() -> Any:
+    """Qwen3-VL-MoE: the tiny Qwen3-VL with 4 experts (2 per token) in every layer, initialised alike."""
+    import torch
+    from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
+
+    torch.manual_seed(0)
+    rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True, "rope_theta": 1e4}
+    moe = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48}
+    text = {**tiny.TEXT, **moe, "head_dim": 16, "rope_parameters": rope}
+    vision = {
+        **tiny.VISION,
+        "patch_size": 16,
+        "num_position_embeddings": 36,
+        "deepstack_visual_indexes": [0, 2],
+    }
+    ids: dict[str, Any] = {"image_token_id": tiny.IMAGE, "video_token_id": tiny.VIDEO}
+    ids |= {"vision_start_token_id": tiny.START, "vision_end_token_id": tiny.END}
+    hf = Qwen3VLMoeForConditionalGeneration(Qwen3VLMoeConfig(text_config=text, vision_config=vision, **ids))
+    with torch.no_grad():  # as tiny.build: weights large enough that the picture moves the logits
+        for name, param in hf.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("ln_q.weight"):
+                param.copy_(1 + 0.1 * torch.randn_like(param))
+            else:
+                param.copy_(0.15 * torch.randn_like(param))
+    return hf.eval()
+
+
+def _hub_expert_layout(folder: Path) -> None:
+    """transformers 5 saves packed experts as it holds them ([E, out, in]); the hub's Qwen3-VL-MoE files (and
+    llama.cpp's converter) have them [E, in, out]."""
+    from safetensors.torch import load_file, save_file
+
+    for path in folder.glob("*.safetensors"):
+        state = load_file(path)
+        for name in [n for n in state if n.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))]:
+            state[name] = state[name].transpose(1, 2).contiguous()
+        save_file(state, path, metadata={"format": "pt"})
 
 
 def _run(cmd: list[str]) -> None:
