@@ -155,9 +155,9 @@ def test_the_budget_holds_on_the_tightest_pool() -> None:
     assert shared_budget([(None, a), (1000, StageCosts(0, 0, 0, 0))], whole_kv, state) is None
 
 
-def test_cpu_gpu_split_of_a_hybrid_through_the_engine() -> None:
-    """The engine on the split runner: one slot pool sized from both stages' state, chunked prefills
-    and batched decode give the one-device engine's greedy tokens."""
+def test_a_hybrid_split_through_the_engine() -> None:
+    """The engine on the split runner and on PP=2: one slot pool sized from both stages' state,
+    chunked prefills and batched decode give the one-device engine's greedy tokens."""
     from localchat.backends.fake import FakeTokenizer
     from localchat.engine.config import EngineConfig
     from localchat.engine.engine import LLMEngine
@@ -176,6 +176,17 @@ def test_cpu_gpu_split_of_a_hybrid_through_the_engine() -> None:
     engine = LLMEngine(split, tokenizer, config, eos_token_ids=[2], model_max_len=256)
     assert engine.state_pool is not None
     assert generate(engine, prompts, 6) == want
+    # --pp 2: the engine on rank 0 sizes the slot pool from both ranks' state; rank 1 allocates its own.
+    with exact_weights():
+        ranks = ParallelRunner(bundle, PP2, load=functools.partial(hybrid_bundle, "nemotron_h"))
+    try:
+        engine = LLMEngine(cast(Any, ranks), tokenizer, config, eos_token_ids=[2], model_max_len=256)
+        whole_state = plain.state_cache_spec
+        assert whole_state is not None and engine.state_pool is not None
+        assert engine.state_bytes_per_slot == whole_state.bytes_per_slot
+        assert generate(engine, prompts, 6) == want
+    finally:
+        ranks.shutdown()
 
 
 @pytest.mark.parametrize("kind", ["qwen3_5", "nemotron_h"])
