@@ -112,6 +112,22 @@ def test_mem_too_small_for_the_real_model_is_refused_at_startup(smollm2_gguf: Pa
     assert "--kv-cache-mib 1 MiB" in err and "smallest that works is --kv-cache-mib 12" in err
 
 
+def test_wrong_backend_variables_are_refused_at_startup_in_one_line(tmp_path):
+    """Checked before the model is read (the file is no GGUF: reading it would fail otherwise), every
+    wrong one named at once."""
+    model = tmp_path / "broken.gguf"
+    model.write_bytes(b"not a GGUF file")
+    env = {"LOCALCHAT_HOME": str(tmp_path), "LOCALCHAT_TORCH_QUANT": "int3", "LOCALCHAT_DECODE_STEP": "fast"}
+    run = _localchat("serve", "--p", str(free_port()), "--f", str(model), env=env)
+    err = _clean_failure(run)
+    assert (
+        "LOCALCHAT_TORCH_QUANT='int3' is not a quantization mode; use one of auto, int4, dequant, copies. "
+        "LOCALCHAT_DECODE_STEP='fast' is not a choice; use one of fused, layers." in err
+    )
+    assert "broken.gguf" not in err
+    assert err.count("LOCALCHAT_TORCH_QUANT") == 1
+
+
 def test_no_browser_says_where_to_open_the_ui(tmp_path):
     port = free_port()
     env = {**os.environ, "LOCALCHAT_HOME": str(tmp_path), "BROWSER": "false"}  # a browser that fails
