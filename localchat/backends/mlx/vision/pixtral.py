@@ -15,6 +15,8 @@ import mlx.core as mx
 import mlx.nn
 import numpy as np
 
+from localchat.vision.pixtral_mmproj import read_pixtral_mmproj
+
 # Where the tower and the projector sit in a checkpoint (the torch twin's table).
 _PREFIXES = (
     ("model.vision_tower.", "vision_tower."),
@@ -182,8 +184,6 @@ def load_pixtral_vision(folder: Path, dtype: mx.Dtype = mx.float32) -> PixtralVi
 
 def load_pixtral_mmproj(config: dict[str, Any], mmproj: Path, dtype: mx.Dtype = mx.float32) -> PixtralVision:
     """The same tower from llama.cpp's `pixtral` mmproj (config: mmproj.py's gguf_vision_config dict)."""
-    from localchat.vision.pixtral_mmproj import read_pixtral_mmproj
-
     state = read_pixtral_mmproj(config, mmproj)
     wanted = _expected_names(config)
     missing = wanted - state.keys()

@@ -17,6 +17,8 @@ from safetensors import safe_open
 from torch import nn
 
 from localchat.backends.torch.vision.llava import ACTIVATIONS
+from localchat.errors import ModelLoadError
+from localchat.vision.pixtral_mmproj import read_pixtral_mmproj
 
 # Where the tower and the projector sit in a checkpoint: the hub files (transformers 4.5x), then
 # transformers 5's names on disk.
@@ -229,9 +231,6 @@ def load_pixtral_mmproj(
     config: dict[str, Any], mmproj: Path, dtype: torch.dtype = torch.float32
 ) -> PixtralVision:
     """The same tower from llama.cpp's `pixtral` mmproj (config: mmproj.py's gguf_vision_config dict)."""
-    from localchat.errors import ModelLoadError
-    from localchat.vision.pixtral_mmproj import read_pixtral_mmproj
-
     model = PixtralVision(config)
     state = {name: torch.from_numpy(values) for name, values in read_pixtral_mmproj(config, mmproj).items()}
     try:
