@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from gguf import quants
 
 from localchat.errors import ModelLoadError
 from localchat.vision.llava_mmproj import _values
@@ -128,7 +129,7 @@ def read_qwen_vl_mmproj(config: dict[str, Any], mmproj: Path) -> dict[str, np.nd
         name = tensor.name
         if not name.startswith(("v.", "mm.")):
             continue
-        values = _values(mmproj, tensor)
+        values = _tensor_values(mmproj, tensor)
         if name in ("v.patch_embd.weight", "v.patch_embd.weight.1"):
             slices[name] = values  # [width, C, P, P] per temporal slice
         elif match := _SPLIT_QKV.fullmatch(name):
@@ -144,6 +145,21 @@ def read_qwen_vl_mmproj(config: dict[str, Any], mmproj: Path) -> dict[str, np.nd
             raise ModelLoadError(f"{mmproj.name} lacks part of layer {layer}'s attention ({sorted(qkv)}).")
         state[f"blocks.{layer}.attn.qkv.{part}"] = np.concatenate([qkv["q"], qkv["k"], qkv["v"]])
     return state
+
+
+def _tensor_values(mmproj: Path, tensor: Any) -> np.ndarray:
+    """float32 values of a tensor: f32/f16/bf16 as stored; the quantized types mmproj files are also
+    published in (Q8_0, the k-quants) dequantized by the gguf package."""
+    if tensor.tensor_type.name in ("F32", "F16", "BF16"):
+        return _values(mmproj, tensor)
+    try:
+        values = quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
+    except NotImplementedError as exc:
+        raise ModelLoadError(
+            f"{mmproj.name} stores {tensor.name} as {tensor.tensor_type.name}, which localchat cannot read. "
+            "Download the mmproj's f16 file."
+        ) from exc
+    return np.asarray(values, dtype=np.float32).reshape([int(d) for d in reversed(tensor.shape)])
 
 
 def _our_name(kind: str, name: str, deepstack: list[int]) -> str | None:

@@ -27,6 +27,7 @@ from tests.helpers.torch_models import fp32_runner
 
 pytestmark = pytest.mark.slow
 _TOWER = {"qwen3_vl_moe": "qwen3_vl"}  # the pair's model type: its tower's
+_FOLDERS: dict[str, Path] = {}  # each kind's transformers folder, for conversions of its own
 
 
 @pytest.fixture(scope="module", params=pair.KINDS)
@@ -34,6 +35,7 @@ def saved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     """(kind, transformers model, text GGUF) with its mmproj beside it."""
     folder = tmp_path_factory.mktemp(request.param)
     hf = pair.write_folder(request.param, folder)
+    _FOLDERS[request.param] = folder
     model, _ = pair.write_gguf_pair(folder, tmp_path_factory.mktemp(f"{request.param}-gguf"))
     return request.param, hf, model
 
@@ -244,3 +246,28 @@ def test_wrong_projector_is_refused(saved: tuple[str, Any, Path], tmp_path: Path
     alone.mkdir()
     shutil.copy(model, alone / model.name)
     assert vision_config(alone / model.name) is None and not takes_images(alone / model.name)
+
+
+def test_quantized_mmproj_loads(saved: tuple[str, Any, Path], tmp_path: Path) -> None:
+    """A Q8_0 mmproj (the converter keeps the norms, biases and odd-sized matrices in f32) is dequantized
+    on load: the tower's rows stay close to the f32 file's, and do move (the file is really quantized)."""
+    from localchat.backends.torch.vision.qwen_vl import encode_image
+    from localchat.backends.torch.vision.qwen_vl_mmproj import load_qwen_vl_mmproj
+    from localchat.vision.mmproj import gguf_vision_config
+
+    kind, _, model = saved
+    if kind != "qwen3_vl":
+        pytest.skip("one kind is enough")
+    q8 = pair.write_mmproj(_FOLDERS[kind], tmp_path / "mmproj-q8_0.gguf", "q8_0")
+    config = gguf_vision_config(model, q8)
+    f32 = vision_config(model)
+    assert f32 is not None
+    prompt_side = _prompt_side(model)
+    pixels, grid = prompt_side.preprocess(Image.open(pair.pictures(tmp_path)[0]))
+    patch_grid = (1, grid[1] * 2, grid[2] * 2)
+    with torch.no_grad():
+        ours = encode_image(load_qwen_vl_mmproj(config, q8), pixels, patch_grid)
+        exact = encode_image(load_qwen_vl_mmproj(f32, Path(f32["mmproj"])), pixels, patch_grid)
+    err = float((ours - exact).abs().max() / exact.abs().max())
+    print(f"{kind} Q8_0 mmproj tower max rel err vs f32: {err:.2e}")
+    assert 0 < err < 0.05

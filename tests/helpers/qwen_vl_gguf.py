@@ -105,6 +105,13 @@ def write_gguf_pair(folder: Path, out: Path) -> tuple[Path, Path]:
     return model, mmproj
 
 
+def write_mmproj(folder: Path, out: Path, outtype: str) -> Path:
+    """The mmproj alone, in `outtype` (q8_0: as the quantized mmproj files some repos publish)."""
+    script = str(ensure_converter() / "convert_hf_to_gguf.py")
+    _run([sys.executable, script, str(folder), "--outfile", str(out), "--outtype", outtype, "--mmproj"])
+    return out
+
+
 def reference_processor(kind: str, min_pixels: int, max_pixels: int) -> Qwen2VLImageProcessorPil:
     """transformers' processor set up as the GGUF pair's preprocessing (llama.cpp's pixel bounds)."""
     mean = None if kind in ("qwen2_vl", "qwen2_5_vl") else [0.5, 0.5, 0.5]
