@@ -9,8 +9,6 @@ vision tower + embedder with `clip.vision.projector_type` gemma4v), and
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +27,13 @@ from localchat.vision.gemma4_preprocess import Gemma4ImageSpec, preprocess
 from localchat.vision.gemma4_prompt import Gemma4ImagePrompt
 from localchat.vision.mmproj import gguf_vision_config
 from localchat.vision.request_images import prepare_images
+from tests.helpers.gemma4_gguf_vision import write_gguf_pair
 from tests.helpers.gemma4_vision_models import (
     IMAGE_SPECIALS,
     image_processor,
     pictures,
     tokenizer,
-    write_folder,
 )
-from tests.helpers.llama_convert import ensure_converter
 
 IMAGE = IMAGE_SPECIALS["<|image|>"]
 
@@ -44,30 +41,7 @@ IMAGE = IMAGE_SPECIALS["<|image|>"]
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, Path]:
     """(transformers' model, text GGUF, mmproj GGUF) in one folder, as llama.cpp publishes them."""
-    folder = tmp_path_factory.mktemp("gemma4v-src")
-    hf = write_folder(folder)
-    out = tmp_path_factory.mktemp("gemma4v-gguf")
-    mmproj = out / "mmproj-tiny-gemma4-f32.gguf"
-    script = ensure_converter() / "convert_hf_to_gguf.py"
-    cmd = [sys.executable, str(script), str(folder), "--outfile", str(mmproj), "--outtype", "f32", "--mmproj"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return hf, _text_gguf(out / "tiny-gemma4-f32.gguf"), mmproj
-
-
-def _text_gguf(path: Path) -> Path:
-    """A Gemma 4 text GGUF's header: architecture, width and the vocabulary (what pairing reads)."""
-    import gguf
-
-    vocab = tokenizer().get_vocab()
-    writer = gguf.GGUFWriter(str(path), "gemma4")
-    writer.add_embedding_length(64)
-    writer.add_token_list([token for token, _ in sorted(vocab.items(), key=lambda item: item[1])])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return write_gguf_pair(tmp_path_factory.mktemp("gemma4v-src"), tmp_path_factory.mktemp("gemma4v-gguf"))
 
 
 def test_the_mmproj_tower_gives_transformers_embeddings(pair: tuple[Any, Path, Path], tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from localchat.vision.gemma4_preprocess import Gemma4ImageSpec, preprocess  # no
 from localchat.vision.model_info import vision_config  # noqa: E402
 from localchat.vision.placement import chunk_rows  # noqa: E402
 from localchat.weights.loader import load_model  # noqa: E402
+from tests.helpers.gemma4_gguf_vision import write_gguf_pair  # noqa: E402
 from tests.helpers.gemma4_vision_models import (  # noqa: E402
     IMAGE_SPECIALS,
     TEXT,
@@ -119,3 +120,32 @@ def test_image_prompt_logits_and_greedy_tokens_match(
         _, logits = driver.step_logits()
         ours = logits
         assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), ref)[-1].argmax())
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, Path]:
+    return write_gguf_pair(tmp_path_factory.mktemp("gemma4v-src"), tmp_path_factory.mktemp("gemma4v-gguf"))
+
+
+def test_a_gguf_with_its_gemma4v_mmproj_runs_the_tower_on_mlx(
+    pair: tuple[Any, Path, Path], tmp_path: Path
+) -> None:
+    """The text GGUF + llama.cpp's `gemma4v` mmproj of tests/backends/test_gemma4_mmproj.py: the MLX
+    runner's embedder loads the projector's tower, and it gives transformers' embeddings."""
+    from localchat.backends.mlx.vision.gemma4 import Gemma4Vision
+    from localchat.backends.mlx.vision.images import load_image_embedder
+
+    hf, model, _ = pair
+    embedder = load_image_embedder(model, mx.float32)
+    assert embedder is not None and isinstance(embedder.vision, Gemma4Vision)
+    spec = Gemma4ImageSpec(patch_size=4, max_soft_tokens=70)  # the folder's processor config
+    for path in pictures(tmp_path)[:2]:
+        ref = _reference(path)
+        ours = np.array(
+            embedder.vision.encode(mx.array(preprocess(decode(path.read_bytes()), spec))[None])[0]
+        )
+        with torch.no_grad():
+            theirs = hf.model.get_image_features(
+                pixel_values=ref["pixel_values"], image_position_ids=ref["image_position_ids"]
+            ).pooler_output[0]
+        assert np.abs(ours - theirs.numpy()).max() < 1e-4

@@ -14,6 +14,9 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn
 
+from localchat.vision.gemma4_mmproj import gemma4_tensors
+from localchat.weights.gguf import open_gguf
+
 _PREFIXES = (
     ("model.vision_tower.", "vision_tower."),
     ("model.embed_vision.", "embed_vision."),
@@ -170,6 +173,20 @@ def load_gemma4_vision(folder: Path, dtype: mx.Dtype = mx.float32) -> Gemma4Visi
     missing = _expected_names(config) - weights.keys()
     if missing:  # a missing tensor is an error, not a random weight
         raise ValueError(f"{folder}: the vision tower lacks {', '.join(sorted(missing)[:5])}")
+    return Gemma4Vision(config, weights)
+
+
+def load_gemma4_mmproj(config: dict[str, Any], mmproj: Path, dtype: mx.Dtype = mx.float32) -> Gemma4Vision:
+    """The tower and embedder from llama.cpp's `gemma4v` mmproj (`config`: localchat.vision.mmproj's dict
+    for the pair), renamed onto the checkpoint's names as on torch (localchat/vision/gemma4_mmproj.py)."""
+    weights = {
+        name: mx.array(values).astype(dtype)
+        for name, values in gemma4_tensors(mmproj, open_gguf(mmproj).tensors).items()
+    }
+    mx.eval(list(weights.values()))
+    missing = _expected_names(config) - weights.keys()
+    if missing:  # a missing tensor is an error, not a random weight
+        raise ValueError(f"{mmproj.name}: the vision tower lacks {', '.join(sorted(missing)[:5])}")
     return Gemma4Vision(config, weights)
 
 

@@ -13,7 +13,7 @@ import mlx.core as mx
 import numpy as np
 
 from localchat.backends.mlx.vision.gemma3 import Gemma3Vision, load_gemma3_vision
-from localchat.backends.mlx.vision.gemma4 import Gemma4Vision, load_gemma4_vision
+from localchat.backends.mlx.vision.gemma4 import Gemma4Vision, load_gemma4_mmproj, load_gemma4_vision
 from localchat.backends.mlx.vision.llava import LlavaVision, load_llava_mmproj, load_llava_vision
 from localchat.backends.mlx.vision.pixtral import PixtralVision, load_pixtral_mmproj, load_pixtral_vision
 from localchat.backends.mlx.vision.qwen_vl import QwenVision, load_qwen_vision
@@ -79,6 +79,9 @@ def load_image_embedder(path: Path, dtype: mx.Dtype) -> ImageEmbedder | None:
     if "mmproj" in config and config.get("model_type") in PIXTRAL_TYPES:  # llama.cpp's `pixtral` projector
         log.info("loading the vision tower of %s from %s", path, config["mmproj"])
         return ImageEmbedder(load_pixtral_mmproj(config, Path(config["mmproj"]), dtype), dtype)
+    if "mmproj" in config and config.get("model_type") in GEMMA4_TYPES:  # llama.cpp's `gemma4v` projector
+        log.info("loading the vision tower of %s from %s", path, config["mmproj"])
+        return ImageEmbedder(load_gemma4_mmproj(config, Path(config["mmproj"]), dtype), dtype)
     if "mmproj" in config:
         # The server takes pictures for the pair, so loading the text model alone would leave them nowhere.
         raise BackendUnavailableError(
