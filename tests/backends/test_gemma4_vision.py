@@ -20,7 +20,7 @@ from PIL import Image
 
 from localchat.backends.torch.vision.gemma4 import load_gemma4_vision
 from localchat.vision.gemma3_preprocess import decode
-from localchat.vision.gemma4_preprocess import Gemma4ImageSpec, patches, preprocess, soft_tokens
+from localchat.vision.gemma4_preprocess import Gemma4ImageSpec, patches, preprocess, soft_tokens, target_size
 from localchat.vision.gemma4_prompt import Gemma4ImagePrompt
 from localchat.vision.model_info import vision_config
 from localchat.vision.placement import chunk_rows
@@ -172,3 +172,18 @@ def test_prompt_expansion_is_the_processors(saved: tuple[Any, Path], tmp_path: P
         prompt.expand("no picture here", grids)
     with pytest.raises(ValueError, match="image tokens"):
         prompt.placeholders(ids[:-5], grids)
+
+
+def test_target_sizes_match_the_processor_on_any_shape() -> None:
+    """The resize arithmetic on random and extreme shapes (one tile row or column, pictures smaller than a
+    tile, every budget) equals transformers' get_aspect_ratio_preserving_size."""
+    from transformers.models.gemma4.image_processing_pil_gemma4 import get_aspect_ratio_preserving_size
+
+    rng = np.random.default_rng(0)
+    shapes = [(int(h), int(w)) for h, w in rng.integers(1, 4000, size=(200, 2))]
+    shapes += [(1, 5000), (5000, 1), (3, 3), (47, 48), (10, 30_000), (768, 768), (896, 896)]
+    for tokens in (70, 280, 1120):
+        spec = Gemma4ImageSpec(max_soft_tokens=tokens)
+        for h, w in shapes:
+            theirs = get_aspect_ratio_preserving_size(h, w, 16, spec.max_patches, 3)
+            assert target_size(h, w, spec) == theirs, (h, w, tokens)
