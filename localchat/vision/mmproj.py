@@ -18,6 +18,7 @@ from localchat.vision.pixtral_mmproj import IMAGE as PIXTRAL_IMAGE
 from localchat.vision.pixtral_mmproj import PIXTRAL_TEXT_ARCHS, pixtral_config
 from localchat.vision.qwen_vl_mmproj import QWEN_VL_TEXT_ARCHS, pairs_with, qwen_vl_config
 from localchat.vision.qwen_vl_prompt import IMAGE_PAD
+from localchat.vision.smolvlm_mmproj import smolvlm_config
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,11 @@ IMAGE_TOKENS = {
 }
 
 IMAGE_TOKENS["gemma4v"] = GEMMA4_IMAGE
+
+# `idefics3`: SmolVLM / Idefics3 (SigLIP tower + pixel-shuffle connector), written by convert_hf_to_gguf.py
+# --mmproj; their text models are llama GGUFs.
+PROJECTORS["idefics3"] = "llama"
+IMAGE_TOKENS["idefics3"] = "<image>"
 
 # --mmproj choices made at load time, by model file: listings and the prompt side find them here.
 _explicit: dict[Path, Path] = {}
@@ -95,6 +101,8 @@ def _mmproj_metadata(path: Path, mtime_ns: int) -> dict[str, Any]:
             "clip.vision.spatial_merge_size", "clip.vision.n_wa_pattern", "clip.vision.is_deepstack_layers",
             "clip.vision.image_min_pixels", "clip.vision.image_max_pixels", "clip.use_silu")  # fmt: skip
     meta = {key: _value(reader, key) for key in keys}
+    # SmolVLM's longest edge, before tiling
+    meta["clip.vision.preproc_image_size"] = _value(reader, "clip.vision.preproc_image_size")
     # a vision + audio projector file (Gemma 4) types each side under its own key
     meta["clip.projector_type"] = meta["clip.projector_type"] or _value(reader, "clip.vision.projector_type")
     # the projector's matrices' shapes (ne order: input width first): the output width is the text's
@@ -157,6 +165,8 @@ def gguf_vision_config(model_file: Path, mmproj: Path) -> dict[str, Any]:
             "mark where a picture goes. Use a GGUF converted from the transformers checkpoint (it keeps "
             "the token)."
         )
+    if kind == "idefics3":
+        return smolvlm_config(meta, hidden, image_token, mmproj)
     if kind == "mlp":
         return _llava_config(meta, hidden, image_token, mmproj)
     if kind == "pixtral":  # the projector's RMSNorm takes the text model's epsilon, as transformers does

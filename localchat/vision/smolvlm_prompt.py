@@ -65,7 +65,12 @@ class SmolVLMImagePrompt:
 
     @classmethod
     def from_config(cls, path: Path, config: dict[str, Any]) -> SmolVLMImagePrompt:
-        spec = SmolVLMImageSpec.from_folder(path, int(vision_settings(config)["image_size"]))
+        """`path`: the folder (its preprocessor_config.json), or a GGUF whose config came from its mmproj."""
+        tile = int(vision_settings(config)["image_size"])
+        if "mmproj" in config:  # a GGUF: the sizes and mean/std its projector file records
+            spec = SmolVLMImageSpec.from_dict(config.get("preprocessing", {}), tile)
+        else:
+            spec = SmolVLMImageSpec.from_folder(path, tile)
         token = int(config.get("image_token_id", config.get("image_token_index", 128_257)))
         return cls(spec, token, tokens_per_tile(config))
 

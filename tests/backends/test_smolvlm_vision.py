@@ -202,22 +202,19 @@ def hf_greedy(hf: Any, prompt: list[int], pixels: torch.Tensor, new: int) -> lis
     return tokens[len(prompt) :]
 
 
-@pytest.mark.parametrize("chunk", [0, 13])
-def test_engine_greedy_equals_transformers(
-    saved: dict[str, tuple[Any, Path]], tmp_path: Path, chunk: int
-) -> None:
+def engine_answers(hf: Any, model_path: Path, folder: Path, chunk: int) -> list[list[int]]:
     """Through LLMEngine + TorchRunner (the runner's own tower and encoder cache): each picture twice, the
-    second time from the prefix cache, gives transformers' greedy tokens; the two pictures' answers differ."""
+    second time from the prefix cache, gives transformers' greedy tokens (the prompt ids from the folder's
+    tokenizer: a GGUF keeps its ids)."""
     from localchat.engine.config import EngineConfig
     from localchat.engine.engine import LLMEngine
     from localchat.engine.sampling_params import SamplingParams
     from localchat.vision.gemma3_preprocess import content_hash
 
-    hf, folder = saved["smolvlm"]
-    config = vision_config(folder)
+    config = vision_config(model_path)
     assert config is not None
-    prompt_side = SmolVLMImagePrompt.from_config(folder, config)
-    bundle = load_model(folder)
+    prompt_side = SmolVLMImagePrompt.from_config(model_path, config)
+    bundle = load_model(model_path)
     runner = fp32_runner(bundle)
     assert isinstance(runner.images.vision, SmolVLMVision)  # type: ignore[union-attr]
     engine = LLMEngine(
@@ -228,7 +225,7 @@ def test_engine_greedy_equals_transformers(
         model_max_len=512,
     )
     answers = []
-    pictures = tiny.pictures(tmp_path)
+    pictures = tiny.pictures(folder)
     for path in pictures:
         pixels, tiles = prompt_side.preprocess(Image.open(path))
         prompt = _prompt_ids(folder, [tiles])
@@ -249,6 +246,53 @@ def test_engine_greedy_equals_transformers(
         answers.append(turns[0][0])
     assert runner.images.cache.misses == len(pictures)  # type: ignore[union-attr]
     assert answers[0] != answers[1]
+    return answers
+
+
+@pytest.mark.parametrize("chunk", [0, 13])
+def test_engine_greedy_equals_transformers(saved: dict[str, tuple[Any, Path]], chunk: int) -> None:
+    hf, folder = saved["smolvlm"]
+    engine_answers(hf, folder, folder, chunk)
+
+
+# --- GGUF + llama.cpp's `idefics3` mmproj --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gguf_pair(saved: dict[str, tuple[Any, Path]], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.helpers.smolvlm_gguf import write_gguf_pair
+
+    _, folder = saved["smolvlm"]
+    model, _ = write_gguf_pair(folder, tmp_path_factory.mktemp("smolvlm-gguf"))
+    return model
+
+
+def test_mmproj_pairs_and_gives_transformers_features(
+    saved: dict[str, tuple[Any, Path]], gguf_pair: Path
+) -> None:
+    from localchat.backends.torch.vision.smolvlm import load_smolvlm_mmproj
+
+    hf, folder = saved["smolvlm"]
+    config = vision_config(gguf_pair)
+    assert config is not None and config["model_type"] == "smolvlm" and takes_images(gguf_pair)
+    folder_config = vision_config(folder)
+    assert folder_config is not None
+    # the tiling sizes and mean/std the mmproj records are the folder's
+    assert SmolVLMImagePrompt.from_config(gguf_pair, config) == SmolVLMImagePrompt.from_config(
+        folder, folder_config
+    )
+    vision = load_smolvlm_mmproj(config, Path(config["mmproj"]))
+    pixels, _ = _pixels(folder, tiny.pictures(folder)[0])
+    with torch.no_grad():
+        theirs = hf.model.get_image_features(pixel_values=pixels).pooler_output[0]
+    err = (vision.encode(pixels)[0] - theirs).abs().max().item()
+    print(f"smolvlm mmproj image features max abs err fp32: {err:.2e}")
+    assert err < 1e-5
+
+
+def test_gguf_pair_greedy_equals_transformers(saved: dict[str, tuple[Any, Path]], gguf_pair: Path) -> None:
+    hf, folder = saved["smolvlm"]
+    engine_answers(hf, gguf_pair, folder, 13)
 
 
 # --- MLX: the same tower and connector (float32 on MLX's CPU device) ----------------------------------

@@ -20,7 +20,7 @@ from localchat.backends.torch.vision.llava_mmproj import load_llava_mmproj
 from localchat.backends.torch.vision.pixtral import PixtralVision, load_pixtral_mmproj, load_pixtral_vision
 from localchat.backends.torch.vision.qwen_vl import QwenVisionTower, encode_image, load_qwen_vision
 from localchat.backends.torch.vision.qwen_vl_mmproj import load_qwen_vl_mmproj
-from localchat.backends.torch.vision.smolvlm import SmolVLMVision, load_smolvlm_vision
+from localchat.backends.torch.vision.smolvlm import SmolVLMVision, load_smolvlm_mmproj, load_smolvlm_vision
 from localchat.engine.interface import ImageSlice
 from localchat.vision.encoder_cache import EncoderCache
 from localchat.vision.gemma4_prompt import GEMMA4_TYPES
@@ -74,6 +74,8 @@ def load_image_embedder(path: Path, device: torch.device, dtype: torch.dtype) ->
         return None
     if "mmproj" in config:  # a GGUF with llama.cpp's projector file beside it
         log.info("loading the vision tower of %s from %s", path, config["mmproj"])
+        if config.get("model_type") in SMOLVLM_TYPES:
+            return ImageEmbedder(load_smolvlm_mmproj(config, Path(config["mmproj"]), dtype), device, dtype)
         if config.get("model_type") in LLAVA_TYPES:
             return ImageEmbedder(load_llava_mmproj(config, Path(config["mmproj"]), dtype), device, dtype)
         if config.get("model_type") in QWEN_VL_TYPES:

@@ -16,6 +16,7 @@ from torch import nn
 
 from localchat.backends.torch.vision.gemma3 import SiglipTower
 from localchat.errors import ModelLoadError
+from localchat.vision.smolvlm_mmproj import read_smolvlm_mmproj
 from localchat.vision.smolvlm_prompt import vision_settings
 
 # The hub files and transformers 5's save_pretrained both write these names.
@@ -67,13 +68,34 @@ class SmolVLMVision(nn.Module):
 def load_smolvlm_vision(folder: Path, dtype: torch.dtype = torch.float32) -> SmolVLMVision:
     """The tower and connector of a SmolVLMForConditionalGeneration / Idefics3ForConditionalGeneration
     safetensors folder."""
-    model = SmolVLMVision(json.loads((folder / "config.json").read_text()))
     state: dict[str, torch.Tensor] = {}
     for path in sorted(folder.glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as handle:
             for key in handle.keys():  # noqa: SIM118 (safe_open handles are not iterable)
-                for prefix, ours in _PREFIXES:
-                    if key.startswith(prefix):
-                        state[ours + key[len(prefix) :]] = handle.get_tensor(key)
-    model.load_state_dict(state, strict=True)  # a missing tensor is an error, not a random weight
+                state[key] = handle.get_tensor(key)
+    return _load(json.loads((folder / "config.json").read_text()), state, dtype, folder.name)
+
+
+def load_smolvlm_mmproj(
+    config: dict[str, Any], mmproj: Path, dtype: torch.dtype = torch.float32
+) -> SmolVLMVision:
+    """The same from llama.cpp's `idefics3` mmproj; `config`: localchat.vision.mmproj's dict for the pair."""
+    state = {name: torch.from_numpy(values) for name, values in read_smolvlm_mmproj(mmproj).items()}
+    return _load(config, state, dtype, mmproj.name)
+
+
+def _load(
+    config: dict[str, Any], checkpoint: dict[str, torch.Tensor], dtype: torch.dtype, source: str
+) -> SmolVLMVision:
+    model = SmolVLMVision(config)
+    state = {
+        ours + key[len(prefix) :]: value
+        for key, value in checkpoint.items()
+        for prefix, ours in _PREFIXES
+        if key.startswith(prefix)
+    }
+    try:
+        model.load_state_dict(state, strict=True)  # a missing tensor is an error, not a random weight
+    except RuntimeError as exc:
+        raise ModelLoadError(f"{source} does not hold a SmolVLM vision tower: {exc}") from exc
     return model.to(dtype).eval()
