@@ -149,6 +149,10 @@ class Pulls:
             job.update(final, force=True)
             job.done.set()
             return
+        try:  # models.yaml `eagle:`: the head comes along, quietly (watchers follow the model's progress)
+            hub.pull_eagle_head(job.name, cancel=job.cancel_event, data_dir=self.data_dir)
+        except Exception as exc:  # the model is here; --speculative eagle pulls the head again at start
+            log.warning("pull of %s: its EAGLE-3 head failed: %s", job.name, getattr(exc, "message", exc))
         if job.progress.get("phase") != "done":
             job.update(pull_progress(job.name, "done", "Downloaded.", job.progress), force=True)
         job.done.set()

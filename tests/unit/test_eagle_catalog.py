@@ -13,6 +13,7 @@ from localchat.cli import main as cli
 from localchat.config import Settings
 from localchat.hub import pull_eagle_head
 from localchat.models.catalog import CatalogEntry, ResolvedModel
+from localchat.models.pulls import Pulls
 from localchat.serving.draft_model import draft_model_name
 from tests.helpers.fake_hub import FakeHub
 
@@ -80,3 +81,12 @@ def test_serving_takes_the_entrys_head_unless_draft_model_names_one(home: Path) 
     assert draft_model_name(chosen, target, "eagle") == "/heads/mine"
     plain = ResolvedModel(home / "tiny.gguf", "tiny-plain")
     assert draft_model_name(Settings(model="tiny-plain"), plain, "eagle") is None
+
+
+def test_the_servers_pulls_bring_the_head_too(home: Path, fake_hub: FakeHub) -> None:
+    job = Pulls(home).start("tiny-eagle")
+    assert job.done.wait(30) and job.error is None and job.progress["phase"] == "done"
+    assert fake_hub.requests(path_contains="Tiny-EAGLE3")
+    before = len(fake_hub.log)
+    assert pull_eagle_head("tiny-eagle") is not None  # already on disk: no request
+    assert len(fake_hub.log) == before
