@@ -386,3 +386,20 @@ def test_vision_defaults_are_transformers_and_fill_a_sparse_config(
     with torch.no_grad():
         theirs = hf.model.get_image_features(pixel_values=pixels).pooler_output[0]
     assert torch.equal(load_smolvlm_vision(sparse).encode(pixels)[0], theirs)
+
+
+@pytest.mark.mlx
+def test_mlx_mmproj_features_equal_transformers(saved: dict[str, tuple[Any, Path]], gguf_pair: Path) -> None:
+    mx = pytest.importorskip("mlx.core")
+    from localchat.backends.mlx.vision.images import load_image_embedder
+
+    hf, folder = saved["smolvlm"]
+    embedder = load_image_embedder(gguf_pair, mx.float32)  # the pair, through the MLX runner's loader
+    assert embedder is not None
+    pixels, _ = _pixels(folder, tiny.pictures(folder)[0])
+    ours = np.array(embedder.vision.encode(mx.array(pixels.numpy())))[0]
+    with torch.no_grad():
+        theirs = hf.model.get_image_features(pixel_values=pixels).pooler_output[0].numpy()
+    err = np.abs(ours - theirs).max()
+    print(f"mlx smolvlm mmproj image features max abs err fp32: {err:.2e}")
+    assert err < 1e-4

@@ -18,7 +18,7 @@ from localchat.backends.mlx.vision.llava import LlavaVision, load_llava_mmproj, 
 from localchat.backends.mlx.vision.pixtral import PixtralVision, load_pixtral_mmproj, load_pixtral_vision
 from localchat.backends.mlx.vision.qwen_vl import QwenVision, load_qwen_vision
 from localchat.backends.mlx.vision.qwen_vl_mmproj import load_qwen_vl_mmproj
-from localchat.backends.mlx.vision.smolvlm import load_smolvlm_vision
+from localchat.backends.mlx.vision.smolvlm import load_smolvlm_mmproj, load_smolvlm_vision
 from localchat.engine.interface import ImageSlice
 from localchat.errors import BackendUnavailableError
 from localchat.vision.encoder_cache import EncoderCache
@@ -70,6 +70,9 @@ def load_image_embedder(path: Path, dtype: mx.Dtype) -> ImageEmbedder | None:
     config = vision_config(path)
     if config is None:
         return None
+    if "mmproj" in config and config.get("model_type") in SMOLVLM_TYPES:  # llama.cpp's `idefics3` projector
+        log.info("loading the vision tower of %s from %s", path, config["mmproj"])
+        return ImageEmbedder(load_smolvlm_mmproj(config, Path(config["mmproj"]), dtype), dtype)
     if "mmproj" in config and config.get("model_type") in LLAVA_TYPES:  # llama.cpp's `mlp` projector
         log.info("loading the vision tower of %s from %s", path, config["mmproj"])
         return ImageEmbedder(load_llava_mmproj(config, Path(config["mmproj"]), dtype), dtype)

@@ -12,6 +12,7 @@ from typing import Any
 import mlx.core as mx
 
 from localchat.backends.mlx.vision.gemma3 import Gemma3Vision
+from localchat.vision.smolvlm_mmproj import read_smolvlm_mmproj
 from localchat.vision.smolvlm_prompt import vision_settings
 
 # The checkpoint's names -> the names Gemma3Vision's tower reads (and the connector's own).
@@ -57,19 +58,33 @@ class SmolVLMVision(Gemma3Vision):
 def load_smolvlm_vision(folder: Path, dtype: mx.Dtype = mx.float32) -> SmolVLMVision:
     """The tower and connector of a SmolVLMForConditionalGeneration / Idefics3ForConditionalGeneration
     safetensors folder, evaluated now."""
-    config = json.loads((folder / "config.json").read_text())
-    weights: dict[str, mx.array] = {}
+    checkpoint: dict[str, mx.array] = {}
     for path in sorted(folder.glob("*.safetensors")):
         loaded = mx.load(str(path))
         assert isinstance(loaded, dict)
-        for key, value in loaded.items():
-            for prefix, ours in _PREFIXES:
-                if key.startswith(prefix):
-                    weights[ours + key[len(prefix) :]] = value.astype(dtype)
+        checkpoint.update(loaded)
+    return _load(json.loads((folder / "config.json").read_text()), checkpoint, dtype, str(folder))
+
+
+def load_smolvlm_mmproj(config: dict[str, Any], mmproj: Path, dtype: mx.Dtype = mx.float32) -> SmolVLMVision:
+    """The same from llama.cpp's `idefics3` mmproj; `config`: localchat.vision.mmproj's dict for the pair."""
+    checkpoint = {name: mx.array(values) for name, values in read_smolvlm_mmproj(mmproj).items()}
+    return _load(config, checkpoint, dtype, mmproj.name)
+
+
+def _load(
+    config: dict[str, Any], checkpoint: dict[str, mx.array], dtype: mx.Dtype, source: str
+) -> SmolVLMVision:
+    weights = {
+        ours + key[len(prefix) :]: value.astype(dtype)
+        for key, value in checkpoint.items()
+        for prefix, ours in _PREFIXES
+        if key.startswith(prefix)
+    }
     mx.eval(list(weights.values()))
     missing = _expected_names(config) - weights.keys()
     if missing:  # a missing tensor is an error, not a random weight
-        raise ValueError(f"{folder}: the vision tower lacks {', '.join(sorted(missing)[:5])}")
+        raise ValueError(f"{source}: the vision tower lacks {', '.join(sorted(missing)[:5])}")
     return SmolVLMVision(config, weights)
 
 
