@@ -52,3 +52,12 @@ def from_sdist(target: Path, probe: str, prefix: str, keep: Callable[[tarfile.Ta
         if not target.exists():
             os.replace(unpacked, target)  # atomic: a half-extracted folder is never seen
     return target
+
+
+def convert(folder: Path, out: Path, outtype: str = "f32") -> Path:
+    """Run llama.cpp's converter on a transformers folder."""
+    script = ensure_converter() / "convert_hf_to_gguf.py"
+    cmd = [sys.executable, str(script), str(folder), "--outfile", str(out), "--outtype", outtype]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
