@@ -37,7 +37,7 @@ def vision_config(path: Path) -> dict[str, Any] | None:
     text_type = (config.get("text_config") or {}).get("model_type", "mistral")
     if config["model_type"] == "mistral3" and text_type not in PIXTRAL_TEXT_TYPES:
         return None
-    return config if config.get("vision_config") else None  # Gemma 4 may save it as null
+    return config if config.get("vision_config") is not None else None  # Gemma 4 may save it as null
 
 
 def takes_images(path: Path) -> bool:
