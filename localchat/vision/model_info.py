@@ -11,10 +11,20 @@ from localchat.errors import ModelLoadError
 
 # Multimodal families whose vision tower localchat runs (backends/torch/vision/).
 SUPPORTED = frozenset(
-    {"gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "llava", "gemma4", "mistral3"}
+    {
+        "gemma3",
+        "qwen2_vl",
+        "qwen2_5_vl",
+        "qwen3_vl",
+        "qwen3_5",
+        "qwen3_5_moe",
+        "llava",
+        "smolvlm",
+        "idefics3",
+        "mistral3",
+        "gemma4",
+    }
 )
-
-SUPPORTED |= {"smolvlm", "idefics3"}  # SmolVLM / Idefics3: backends/torch/vision/smolvlm.py
 
 # The text models a Mistral3ForConditionalGeneration wraps whose localchat families take image rows
 # (Mistral Small 3.x: mistral; Ministral 3: ministral3; Mistral Small 4: mistral4).
