@@ -137,6 +137,8 @@ class LLMEngine:
             self.scheduler.proposer = proposer
             self._release = getattr(proposer, "release", None)
         self.scheduler.max_model_len = self.max_model_len
+        # Runners whose model sees a picture's tokens both ways (Gemma 3): chunks must not cut a picture.
+        self.scheduler.whole_pictures = bool(getattr(runner, "pictures_both_ways", False))
         # Optional runner hook: static-shape work (CUDA graphs) once the batch and context bounds are known.
         if (prepare := getattr(runner, "prepare_decode_graphs", None)) is not None:
             prepare(config.max_num_seqs, self.max_model_len)

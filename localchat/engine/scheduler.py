@@ -4,7 +4,9 @@ Out of blocks, it preempts the newest running request (recompute later); nothing
 Hybrid models also need a state slot per running request (engine/state_slots.py): a request is admitted
 only when a slot and its blocks are both free, and gives both back on finish or preemption.
 With speculation on (engine/speculative.py), a decoding request may also get draft tokens after its
-last one while few requests run; they take budget and block room but are never prefix-cached."""
+last one while few requests run; they take budget and block room but are never prefix-cached.
+For models that attend over a picture's tokens both ways (`whole_pictures`), a chunk never cuts a picture's
+run (vision/picture_runs.py): it stops before it, or takes all of it past the chunk size and budget."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from localchat.engine.interface import CachedRequestData, NewRequestData, Schedu
 from localchat.engine.request import FinishReason, Request, RequestStatus
 from localchat.engine.speculative import NgramProposer, Proposer
 from localchat.engine.state_slots import StateSlotPool
+from localchat.vision.picture_runs import whole_picture_end
 
 
 class Scheduler:
@@ -34,6 +37,7 @@ class Scheduler:
         self.speculate = config.speculative.enabled
         self.proposer: Proposer = NgramProposer(config.speculative)  # the engine may set a draft model's
         self.max_model_len = 0
+        self.whole_pictures = False  # the engine sets it from the runner (`pictures_both_ways`)
 
     @property
     def has_unfinished(self) -> bool:
@@ -76,6 +80,7 @@ class Scheduler:
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             if chunk:
                 num_new = min(num_new, chunk)
+            num_new = self._whole_pictures(request, request.num_computed_tokens, num_new)
             drafts = proposals.get(request.req_id, [])[: max(0, budget - 1)] if num_new == 1 else []
             while (
                 new_blocks := self.block_manager.allocate_slots(request, num_new, num_lookahead=len(drafts))
@@ -110,6 +115,7 @@ class Scheduler:
                 num_new = min(num_new, chunk, budget)
             elif num_new > budget and num_scheduled:
                 break  # unchunked prefill: wait for a step it can have to itself
+            num_new = self._whole_pictures(request, num_computed, num_new)
             request.num_computed_tokens = num_computed
             # Keep a watermark free for running requests to grow into; a lone request gets everything,
             # so any prompt under max_model_len (<= the pool) is always admitted eventually.
@@ -148,6 +154,11 @@ class Scheduler:
             finished_req_ids=finished,
             preempted_req_ids=preempted,
         )
+
+    def _whole_pictures(self, request: Request, start: int, num_new: int) -> int:
+        if not self.whole_pictures or not request.images:
+            return num_new
+        return whole_picture_end(request.images, start, start + num_new) - start
 
     def _propose(self) -> dict[str, list[int]]:
         """Draft tokens for the decoding requests that may speculate this step, asked of the proposer

@@ -1,6 +1,7 @@
 """Images through the engine and the torch runner (#29) on a tiny random Gemma 3 folder, fp32: a request
-carrying a picture decodes greedily as transformers does on the same pixels, also when chunked prefill
-splits the image's run; another picture gives other tokens; the same picture again hits the encoder cache
+carrying a picture decodes greedily as transformers does on the same pixels (with the token_type_ids its
+processor passes: the picture's tokens attend to each other both ways), also when the chunk size would end
+inside the image's run (the scheduler then stops the chunk before the picture); another picture gives other tokens; the same picture again hits the encoder cache
 and the prefix cache, another one hits neither past its first image block."""
 
 from __future__ import annotations
@@ -65,15 +66,16 @@ def test_greedy_with_an_image_matches_transformers(
     first, _ = _generate(engine, images[0])
     assert first == _hf_greedy(hf, pictures[0][0])
     embedder = engine.runner.images  # type: ignore[attr-defined]
-    # encoded once; the second prefill chunk takes its rows from the encoder cache
-    assert (embedder.cache.misses, embedder.cache.hits) == (1, 1 if chunk else 0)
+    assert engine.scheduler.whole_pictures
+    # encoded once; no chunk cuts the picture (steps [0, 3), [3, 8), [8, 10) at chunk 5), so no second look
+    assert (embedder.cache.misses, embedder.cache.hits) == (1, 0)
     again, cached = _generate(engine, images[0])  # the same picture again
     assert again == first
     assert cached == 8  # both full blocks of the 10-token prompt, image included
     # another first token: the prefix cache misses, the encoder cache does not
     hits = embedder.cache.hits
     _generate(engine, images[0], [6, *PROMPT[1:]])
-    assert (embedder.cache.misses, embedder.cache.hits) == (1, hits + 1 + (1 if chunk else 0))
+    assert (embedder.cache.misses, embedder.cache.hits) == (1, hits + 1)
     second, cached = _generate(engine, images[1])
     assert second == _hf_greedy(hf, pictures[1][0])
     assert second != first

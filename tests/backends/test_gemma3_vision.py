@@ -1,7 +1,9 @@
 """Gemma 3's vision tower + projector (localchat.backends.torch.vision.gemma3) against transformers on a
 tiny random Gemma3ForConditionalGeneration saved as a safetensors folder, fp32: real PNG files go through
 localchat's preprocessing, and the image embeddings match get_image_features; different pictures give
-different embeddings."""
+different embeddings; a prompt with a picture gives transformers' logits and greedy tokens with the
+token_type_ids its processor passes (the picture's tokens attend to each other both ways), whole or in the
+scheduler's chunks, and a causal path over the picture does not."""
 
 from __future__ import annotations
 
@@ -15,10 +17,11 @@ from tokenizers import Tokenizer, models
 from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
 from localchat.backends.torch.vision.gemma3 import load_gemma3_vision
-from localchat.vision.gemma3_preprocess import ImageSpec, decode, preprocess
-from localchat.vision.placement import chunk_rows
+from localchat.engine.request import ImageInput
+from localchat.vision.gemma3_preprocess import ImageSpec, content_hash, decode, preprocess
 from localchat.weights.loader import load_model
 from tests.backends.test_gemma3_multimodal import TEXT
+from tests.helpers.picture_prefill import prefill_logits, scheduler_chunks
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import fp32_runner
 
@@ -75,38 +78,46 @@ def test_image_embeddings_match_transformers(saved: tuple[torch.nn.Module, Path]
 
 
 def _hf_logits(hf: torch.nn.Module, tokens: list[int], pixels: torch.Tensor) -> np.ndarray:
-    # no token_type_ids: causal attention over the image too, as localchat's paged attention runs it
+    # token_type_ids as Gemma3Processor gives them (1 under the image tokens): the picture's tokens attend
+    # to each other both ways, as localchat's runner attends over them (picture_attention.py)
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        return (
+            hf(input_ids=ids, pixel_values=pixels, token_type_ids=(ids == 299).long())
+            .logits[0]
+            .float()
+            .numpy()
+        )
+
+
+def _hf_causal_logits(hf: torch.nn.Module, tokens: list[int], pixels: torch.Tensor) -> np.ndarray:
+    # no token_type_ids: causal attention over the picture too (MLX's runner attends so, docs/api.md)
     with torch.no_grad():
         return hf(input_ids=torch.tensor([tokens]), pixel_values=pixels).logits[0].float().numpy()
 
 
-@pytest.mark.parametrize("chunk", [None, 6])
+PROMPT = [5, 17, 297, 299, 299, 299, 299, 298, 42, 7]
+
+
+@pytest.mark.parametrize("chunk", [None, 6, 4])
 def test_image_prompt_logits_and_greedy_tokens_match(
     saved: tuple[torch.nn.Module, Path], tmp_path: Path, chunk: int | None
 ) -> None:
-    """The embeddings scattered at the placeholders of a prefill (whole, or split by chunked prefill in
-    the middle of the image's run) give transformers' logits and greedy tokens."""
+    """The picture's embeddings scattered at its placeholders, its tokens attending to each other both ways,
+    give transformers' logits and greedy tokens: whole, or chunked where the scheduler cuts (a chunk size
+    of 6 would end inside the picture: that chunk stops before it; 4 takes it whole past the size)."""
     hf, folder = saved
-    vision = load_gemma3_vision(folder)
-    pixels = torch.from_numpy(preprocess(decode(_pictures(tmp_path)[0]), ImageSpec.from_folder(folder, 56)))[
-        None
-    ]
-    embeds = vision.encode(pixels)[0]  # encoded once, whole
-    prompt = [5, 17, 297, 299, 299, 299, 299, 298, 42, 7]
-    placeholders = [i for i, t in enumerate(prompt) if t == vision.image_token_id]
+    data = _pictures(tmp_path)[0]
+    pixels = preprocess(decode(data), ImageSpec.from_folder(folder, 56))
+    image = ImageInput(tuple(i for i, t in enumerate(PROMPT) if t == 299), content_hash(data), pixels)
+    spans = scheduler_chunks(len(PROMPT), image, chunk)
+    assert spans == {None: [(0, 10)], 6: [(0, 3), (3, 9), (9, 10)], 4: [(0, 3), (3, 7), (7, 10)]}[chunk]
     runner = fp32_runner(load_model(folder))
-    model = runner.model
+    assert runner.pictures_both_ways
     driver = PagedDriver(runner)
-    driver.add("a", prompt)
-    rows_logits = []
-    for start, end in [(0, len(prompt))] if chunk is None else [(0, chunk), (chunk, len(prompt))]:
-        rows, picked = chunk_rows(placeholders, start, end)
-        model.image_embeds = (torch.tensor(rows), embeds[picked])
-        _, logits = driver.step_logits({"a": end - start}, every_token=True)
-        rows_logits.append(logits.cpu().numpy())
-    model.image_embeds = None
-    ours = np.concatenate(rows_logits)
-    theirs = _hf_logits(hf, prompt, pixels)
+    driver.add("a", PROMPT)
+    ours = prefill_logits(runner, driver, "a", image, spans)
+    theirs = _hf_logits(hf, PROMPT, torch.from_numpy(pixels)[None])
     err = np.abs(ours - theirs).max()
     print(f"gemma3 image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
     assert err < 1e-4
@@ -114,6 +125,30 @@ def test_image_prompt_logits_and_greedy_tokens_match(
         driver.feed("a", int(ours[-1].argmax()))
         _, logits = driver.step_logits()
         ours = logits.cpu().numpy()
-        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), pixels)[-1].argmax())
+        assert int(ours[0].argmax()) == int(
+            _hf_logits(hf, driver.tokens("a"), torch.from_numpy(pixels)[None])[-1].argmax()
+        )
     # the picture matters: without its embeddings the prompt's last logits differ
-    assert np.abs(theirs[-1] - _hf_logits(hf, prompt, torch.zeros_like(pixels))[-1]).max() > 1e-3
+    assert np.abs(theirs[-1] - _hf_logits(hf, PROMPT, torch.zeros(1, *pixels.shape))[-1]).max() > 1e-3
+
+
+def test_causal_attention_over_the_picture_misses_transformers(
+    saved: tuple[torch.nn.Module, Path], tmp_path: Path
+) -> None:
+    """The check above fails on a causal path: with the picture masks off, the logits from the picture's
+    tokens on are far from transformers' (the rows before it still match)."""
+    hf, folder = saved
+    data = _pictures(tmp_path)[0]
+    pixels = preprocess(decode(data), ImageSpec.from_folder(folder, 56))
+    image = ImageInput((3, 4, 5, 6), content_hash(data), pixels)
+    runner = fp32_runner(load_model(folder))
+    runner.model.pictures_both_ways = False  # type: ignore[assignment]
+    assert not runner.pictures_both_ways
+    driver = PagedDriver(runner)
+    driver.add("a", PROMPT)
+    ours = prefill_logits(runner, driver, "a", image, [(0, len(PROMPT))])
+    theirs = _hf_logits(hf, PROMPT, torch.from_numpy(pixels)[None])
+    assert np.abs(ours[:3] - theirs[:3]).max() < 1e-4
+    err = np.abs(ours[3:] - theirs[3:]).max()
+    print(f"gemma3 causal-over-the-picture logits max abs err fp32: {err:.2e}")
+    assert err > 1e-2

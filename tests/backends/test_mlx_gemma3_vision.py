@@ -4,7 +4,8 @@ path against transformers, on the tiny random Gemma3ForConditionalGeneration of 
 localchat's preprocessing; the image embeddings match get_image_features; an image prompt run through
 the runner's execute path (image slices as the engine builds them, whole or split by chunked prefill in
 the middle of the image's run) gives transformers' logits and greedy tokens, and the picture is encoded
-once (the encoder cache)."""
+once (the encoder cache). The reference runs without token_type_ids: the MLX runner still attends causally
+over a picture (the torch runner sees a Gemma 3 picture both ways, as transformers' processor asks)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from localchat.vision.gemma3_preprocess import ImageSpec, content_hash, decode, 
 from localchat.vision.placement import chunk_rows  # noqa: E402
 from localchat.weights.loader import load_model  # noqa: E402
 from tests.backends.test_gemma3_multimodal import TEXT  # noqa: E402
-from tests.backends.test_gemma3_vision import VISION, _hf_logits, _pictures  # noqa: E402
+from tests.backends.test_gemma3_vision import VISION, _pictures  # noqa: E402
+from tests.backends.test_gemma3_vision import _hf_causal_logits as _hf_logits  # noqa: E402
 from tests.helpers.parity import Driver, mlx_runner  # noqa: E402
 
 pytestmark = pytest.mark.mlx

@@ -109,8 +109,10 @@ def _hf_answer(hf: torch.nn.Module, picture: Path) -> str:
     start = len(tokens)
     with torch.no_grad():
         for _ in range(MAX_TOKENS):
-            # no token_type_ids: causal attention over the image, as localchat's paged attention runs it
-            logits = hf(input_ids=torch.tensor([tokens]), pixel_values=pixels).logits[0, -1]
+            # token_type_ids as Gemma3Processor gives them: the picture's tokens see each other both ways
+            ids = torch.tensor([tokens])
+            types = (ids == IMAGE_SPECIALS["<image_soft_token>"]).long()
+            logits = hf(input_ids=ids, pixel_values=pixels, token_type_ids=types).logits[0, -1]
             tokens.append(int(logits.argmax()))
             if tokens[-1] == SPECIALS["<eos>"]:
                 tokens.pop()

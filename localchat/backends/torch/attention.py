@@ -54,6 +54,7 @@ from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
 from localchat.backends.torch.kv_cache import Int8KVCache, KVCache, span_int8
 from localchat.backends.torch.layers import apply_rope
 from localchat.backends.torch.padded_sdpa import prefill_sdpa
+from localchat.backends.torch.picture_attention import causal_mask
 
 
 def paged_attention(
@@ -82,8 +83,10 @@ def paged_attention(
     out = torch.empty_like(q)
     if meta.decode_block_tables is not None:
         out[meta.decode_token_idx] = _decode(q[meta.decode_token_idx], cache, meta)
+    both_ways = options is not None and options.pictures_both_ways
     for row in meta.prefills:
-        if _prefill_on_kernel(q, cache, row, meta):
+        pictures = row.picture_mask if both_ways else None
+        if pictures is None and _prefill_on_kernel(q, cache, row, meta):
             assert meta.cpu_kernels is not None and row.table is not None
             if row.per_query is None:  # once per step: every layer reads the same tables
                 queries = row.end - row.start
@@ -93,7 +96,7 @@ def paged_attention(
                 q[row.start : row.end], cache, *row.per_query, meta.block_size, 1 / math.sqrt(q.shape[2])
             )
         else:
-            out[row.start : row.end] = _prefill(q, k, v, cache, row, meta.block_size)
+            out[row.start : row.end] = _prefill(q, k, v, cache, row, meta.block_size, pictures)
     return out
 
 
@@ -213,8 +216,16 @@ def _decode(q: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.T
 
 
 def _prefill(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, row: PrefillRow, block_size: int
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: KVCache,
+    row: PrefillRow,
+    block_size: int,
+    pictures: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """`pictures`: the row's picture mask, for a layer that sees pictures both ways (picture_attention.py)."""
     keys, values = row_keys_values(k, v, cache, row, block_size, q.shape[1])
-    out = prefill_sdpa(q[row.start : row.end].transpose(0, 1), keys, values, row.mask)  # [heads, L, d]
+    mask = row.mask if pictures is None else causal_mask(row, q.device) | pictures
+    out = prefill_sdpa(q[row.start : row.end].transpose(0, 1), keys, values, mask)  # [heads, L, d]
     return out.transpose(0, 1)

@@ -25,6 +25,9 @@ class AttentionOptions:
     scale: float | None = None  # score scale; None: 1 / sqrt(head_dim)
     # gpt-oss: one learned logit per query head [heads], an extra softmax column that takes no value
     sinks: torch.Tensor | None = None
+    # Gemma 3 (all layers), Gemma 4 "vision" (sliding layers): a picture's tokens see its whole run
+    # (picture_attention.py), where the step's prefill rows carry a `picture_mask`
+    pictures_both_ways: bool = False
 
     def matter(self, max_seq_len: int) -> bool:
         """False when plain causal attention computes the same (a window longer than every context)."""
@@ -43,6 +46,9 @@ class PrefillRow:
     # path, that table per query [q_len, blocks] and each query's context length [q_len] (`per_query`)
     table: torch.Tensor | None = None
     per_query: tuple[torch.Tensor, torch.Tensor] | None = None
+    # Steps with pictures, for models that attend over them both ways: bool [q_len, seq_len], True where
+    # query and key are in one picture's run (picture_attention.py); None otherwise
+    picture_mask: torch.Tensor | None = None
 
 
 @dataclass(slots=True)

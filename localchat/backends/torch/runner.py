@@ -56,6 +56,7 @@ from localchat.backends.torch.kv_cache import Int8KVCache, KVCache, kv_element_d
 from localchat.backends.torch.layers import rms_norm
 from localchat.backends.torch.models.base import DecoderLM
 from localchat.backends.torch.onednn_caches import bound_matmul_caches
+from localchat.backends.torch.picture_attention import add_picture_masks
 from localchat.backends.torch.quant import pick_policy
 from localchat.backends.torch.sampler import SampleResult, new_generator, sample
 from localchat.backends.torch.threads import ThreadGovernor
@@ -348,8 +349,18 @@ class TorchRunner:
             logits_indices=None if all_tokens else to_device(indices),
         )
 
+    @property
+    def pictures_both_ways(self) -> bool:
+        """Whether the model attends over each picture's tokens both ways (Gemma 3; Gemma 4 "vision"): the
+        engine then never cuts a picture across prefill chunks."""
+        return self.images is not None and bool(getattr(self.model, "pictures_both_ways", False))
+
     def _metadata(self, batch: BatchInputs) -> AttentionMetadata | TritonAttentionMetadata:
         kv_heads = self.config.num_key_value_heads
+        if batch.image_slices and self.pictures_both_ways:  # the torch path's masked SDPA, on CUDA too
+            meta = AttentionMetadata.from_batch(batch, self.device, kv_heads)
+            add_picture_masks(meta, batch)
+            return meta
         if self.attention == "triton":
             return TritonAttentionMetadata.from_batch(batch, self.device, kv_heads, self._num_sms)
         return AttentionMetadata.from_batch(batch, self.device, kv_heads)

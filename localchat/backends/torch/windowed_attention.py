@@ -101,6 +101,8 @@ def _prefill(
     q_pos = torch.arange(row.seq_len - q_len, row.seq_len, device=q.device)[:, None]
     k_pos = torch.arange(row.seq_len, device=q.device)[None, :]
     mask = k_pos <= q_pos
+    if options.pictures_both_ways and row.picture_mask is not None:  # OR(causal, picture), then the window
+        mask |= row.picture_mask
     if options.window is not None:
         mask &= k_pos > q_pos - options.window
     scale = _scale(options, head_dim)

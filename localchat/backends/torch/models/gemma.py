@@ -44,6 +44,7 @@ class GemmaLayer(nn.Module):
             window=config.sliding_window if self.sliding else None,
             softcap=config.extra["attn_logit_softcapping"],
             scale=float(config.extra["query_pre_attn_scalar"] or d) ** -0.5,
+            pictures_both_ways=True,  # Gemma 3: each picture's tokens see all of it (Gemma 2 has none)
         )
         self.attn_norm = empty_param(hidden)
         self.qkv = empty_param((h + 2 * kvh) * d, hidden)
@@ -83,6 +84,9 @@ class Model(DecoderLM):
     # Image embeddings for the next forward: (rows of this step's flattened tokens, values [rows, hidden]).
     # They replace those rows' token embeddings after the sqrt(hidden) scale, as transformers scatters them.
     image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None
+    # transformers' Gemma 3 (token_type_ids, as its processor gives them): a picture's tokens attend to
+    # each other both ways on every layer; the runner and the scheduler read this
+    pictures_both_ways = True
 
     def __init__(self, config: ModelConfig, device: torch.device) -> None:
         super().__init__(config, device)

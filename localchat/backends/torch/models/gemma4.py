@@ -79,7 +79,9 @@ class Gemma4Layer(nn.Module):
         self.width, self.repeat = config.head_dim, config.num_key_value_heads // kvh
         self.q_scale = math.sqrt(config.head_dim)
         window = config.sliding_window if self.kind != FULL else None
-        self.attn_options = AttentionOptions(window=window) if window else None
+        # use_bidirectional_attention "vision": a picture's tokens see all of it, on sliding layers only
+        both_ways = x.get("use_bidirectional_attention") == "vision"
+        self.attn_options = AttentionOptions(window=window, pictures_both_ways=both_ways) if window else None
         self.attn_norm = empty_param(hidden)
         self.q = empty_param(h * d, hidden)
         self.q_weight = empty_param(d)
@@ -165,6 +167,7 @@ class Model(DecoderLM):
     def __init__(self, config: ModelConfig, device: torch.device) -> None:
         super().__init__(config, device)
         x = config.extra
+        self.pictures_both_ways = x.get("use_bidirectional_attention") == "vision"  # the runner reads it
         # One RoPE table per layer type, at that type's head size.
         self.inv_freqs: dict[str, torch.Tensor] = {}
         for kind, d in zip(x["layer_types"], x["layer_head_dims"], strict=True):

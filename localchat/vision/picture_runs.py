@@ -1,0 +1,31 @@
+"""A picture's token runs, for models whose language model attends over each run both ways (Gemma 3; Gemma 4
+with `use_bidirectional_attention: "vision"`): chunked prefill must not cut such a run, since the rows
+before the cut could not see the keys after it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from localchat.engine.request import ImageInput
+
+
+def picture_runs(placeholders: Sequence[int]) -> list[tuple[int, int]]:
+    """Maximal runs of consecutive placeholder positions, as [start, end) pairs (transformers' blocks:
+    consecutive image tokens)."""
+    runs: list[tuple[int, int]] = []
+    for pos in sorted(placeholders):
+        if runs and runs[-1][1] == pos:
+            runs[-1] = (runs[-1][0], pos + 1)
+        else:
+            runs.append((pos, pos + 1))
+    return runs
+
+
+def whole_picture_end(images: Iterable[ImageInput], start: int, end: int) -> int:
+    """The end of a prefill chunk [start, end) moved off any picture run it would cut: back to the run's
+    start when the chunk begins before the run, else on to the run's end (the step takes the whole run)."""
+    for image in images:
+        for run_start, run_end in picture_runs(image.placeholders):
+            if run_start < end < run_end:
+                return run_start if run_start > start else run_end
+    return end
