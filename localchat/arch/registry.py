@@ -46,6 +46,8 @@ MULTIMODAL_TEXT_PREFIXES: dict[str, str | None] = {
     "model.vision_tower.": None,
     "model.multi_modal_projector.": None,
 }
+# LLaVA-NeXT adds the learned row-end vector of its image features, loaded with the tower.
+LLAVA_NEXT_PREFIXES = {**MULTIMODAL_TEXT_PREFIXES, "image_newline": None, "model.image_newline": None}
 # Qwen2.5-VL / Qwen3-VL checkpoints: the text LM under either layout; the tower (`visual.`) is loaded apart.
 QWEN_VL_PREFIXES: dict[str, str | None] = {
     "model.language_model.": "model.",
@@ -261,6 +263,10 @@ def _entries() -> list[Architecture]:
         # as its own family, the CLIP tower + MLP projector in backends/<lib>/vision/llava.py.
         Architecture(
             "llava", "llama", text_config_key="text_config", weight_prefixes=MULTIMODAL_TEXT_PREFIXES
+        ),
+        # LLaVA-NeXT / 1.6 (LlavaNextForConditionalGeneration): the same, anyres tiling in llava_next.py.
+        Architecture(
+            "llava_next", "llama", text_config_key="text_config", weight_prefixes=LLAVA_NEXT_PREFIXES
         ),
         # SmolVLM / Idefics3 (SmolVLMForConditionalGeneration, Idefics3ForConditionalGeneration): the Llama
         # text LM; the SigLIP tower + pixel-shuffle connector run in backends/<lib>/vision/smolvlm.py.

@@ -19,6 +19,7 @@ SUPPORTED = frozenset(
         "qwen3_5",
         "qwen3_5_moe",
         "llava",
+        "llava_next",
         "smolvlm",
         "idefics3",
         "mistral3",

@@ -21,6 +21,7 @@ from localchat.engine.request import ImageInput
 from localchat.vision.content import ImageInputError, ImageLimits, check_size, read_image_url
 from localchat.vision.gemma3_preprocess import content_hash, decode, preprocess
 from localchat.vision.gemma4_prompt import GEMMA4_TYPES, Gemma4ImagePrompt
+from localchat.vision.llava_next_prompt import LLAVA_NEXT_TYPES, AnyresPixels, LlavaNextImagePrompt
 from localchat.vision.llava_prompt import LLAVA_TYPES, LlavaImagePrompt
 from localchat.vision.model_info import vision_config
 from localchat.vision.pixtral_prompt import PIXTRAL_TYPES, PixtralImagePrompt
@@ -50,6 +51,7 @@ class Picture:
     pixels: np.ndarray  # [3, size, size] float32, the model's preprocessing applied
     grid: tuple[int, int, int] | None = None  # Qwen-VL: the merged token grid (QwenImagePrompt)
     tiles: tuple[int, int] = (0, 0)  # SmolVLM / Idefics3: tile rows and columns (pixels: [tiles, 3, S, S])
+    image_size: tuple[int, int] = (0, 0)  # LLaVA-NeXT: the picture's (height, width)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,7 @@ class PreparedImages:
         ImagePrompt
         | QwenImagePrompt
         | LlavaImagePrompt
+        | LlavaNextImagePrompt
         | PixtralImagePrompt
         | Gemma4ImagePrompt
         | SmolVLMImagePrompt
@@ -80,6 +83,11 @@ class PreparedImages:
                 raise ImageInputError(str(exc)) from exc
         if isinstance(self.prompt, LlavaImagePrompt):
             return self.prompt.expand(prompt_text)
+        if isinstance(self.prompt, LlavaNextImagePrompt):  # a run per picture, sized by its tile grid
+            try:
+                return self.prompt.expand(prompt_text, self._anyres_counts(self.prompt))
+            except ValueError as exc:
+                raise ImageInputError(str(exc)) from exc
         # Pixtral: rows of [IMG] per picture; Gemma 4: one run per picture; each sized by its pixels
         if isinstance(self.prompt, PixtralImagePrompt | Gemma4ImagePrompt):
             try:
@@ -106,6 +114,15 @@ class PreparedImages:
                 )
             except ValueError as exc:
                 raise ImageInputError(str(exc)) from exc
+        if isinstance(self.prompt, LlavaNextImagePrompt):
+            try:
+                runs = self.prompt.placeholders(token_ids, self._anyres_counts(self.prompt))
+            except ValueError as exc:
+                raise ImageInputError(str(exc)) from exc
+            return tuple(
+                ImageInput(run, p.content_hash, AnyresPixels(p.pixels, p.image_size))
+                for run, p in zip(runs, self.pictures, strict=True)
+            )
         try:
             if isinstance(self.prompt, LlavaImagePrompt):
                 runs = self.prompt.placeholders(token_ids)
@@ -125,6 +142,9 @@ class PreparedImages:
         return tuple(
             ImageInput(run, p.content_hash, p.pixels) for run, p in zip(runs, self.pictures, strict=True)
         )
+
+    def _anyres_counts(self, prompt: LlavaNextImagePrompt) -> list[int]:
+        return [prompt.tokens_per_image(p.image_size) for p in self.pictures]
 
 
 def has_images(messages: list[dict[str, Any]]) -> bool:
@@ -174,6 +194,9 @@ def prepare_images(
         elif isinstance(prompt, SmolVLMImagePrompt):
             pixels, tiles = prompt.preprocess(image)
             pictures.append(Picture(content_hash(data), pixels, tiles=tiles))
+        elif isinstance(prompt, LlavaNextImagePrompt):
+            anyres = prompt.preprocess(image)
+            pictures.append(Picture(content_hash(data), anyres.tiles, image_size=anyres.image_size))
         elif isinstance(prompt, LlavaImagePrompt | PixtralImagePrompt | Gemma4ImagePrompt):
             pictures.append(Picture(content_hash(data), prompt.preprocess(image)))
         else:
@@ -187,6 +210,7 @@ def _image_prompt(
     ImagePrompt
     | QwenImagePrompt
     | LlavaImagePrompt
+    | LlavaNextImagePrompt
     | PixtralImagePrompt
     | Gemma4ImagePrompt
     | SmolVLMImagePrompt
@@ -199,6 +223,8 @@ def _image_prompt(
         return QwenImagePrompt.from_config(path, config)
     if config is not None and config.get("model_type") in LLAVA_TYPES:
         return LlavaImagePrompt.from_config(path, config)
+    if config is not None and config.get("model_type") in LLAVA_NEXT_TYPES:
+        return LlavaNextImagePrompt.from_config(path, config)
     if config is not None and config.get("model_type") in PIXTRAL_TYPES:
         return PixtralImagePrompt.from_config(path, config)
     if config is not None and config.get("model_type") in GEMMA4_TYPES:

@@ -83,6 +83,13 @@ def build(**config: Any) -> LlavaForConditionalGeneration:
 def write_folder(folder: Path, **config: Any) -> LlavaForConditionalGeneration:
     hf = build(**config)
     hf.save_pretrained(folder)
+    write_tokenizer(folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
+    return hf
+
+
+def write_tokenizer(folder: Path) -> None:
+    """The word-level tokenizer with <image> and the Vicuna-style chat template."""
     vocab = {**SPECIALS, **{w: 3 + i for i, w in enumerate(WORDS)}}
     vocab.update({f"w{i}": i for i in range(3 + len(WORDS), IMAGE)})
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
@@ -100,8 +107,6 @@ def write_folder(folder: Path, **config: Any) -> LlavaForConditionalGeneration:
             }
         )
     )
-    (folder / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
-    return hf
 
 
 def pictures(folder: Path) -> list[Path]:

@@ -17,6 +17,7 @@ from localchat.backends.torch.vision.gemma4 import Gemma4Vision, has_gemma4_visi
 from localchat.backends.torch.vision.gemma4_mmproj import load_gemma4_mmproj
 from localchat.backends.torch.vision.llava import LlavaVision, load_llava_vision
 from localchat.backends.torch.vision.llava_mmproj import load_llava_mmproj
+from localchat.backends.torch.vision.llava_next import LlavaNextVision, load_llava_next_vision
 from localchat.backends.torch.vision.pixtral import PixtralVision, load_pixtral_mmproj, load_pixtral_vision
 from localchat.backends.torch.vision.qwen_vl import QwenVisionTower, encode_image, load_qwen_vision
 from localchat.backends.torch.vision.qwen_vl_mmproj import load_qwen_vl_mmproj
@@ -24,6 +25,7 @@ from localchat.backends.torch.vision.smolvlm import SmolVLMVision, load_smolvlm_
 from localchat.engine.interface import ImageSlice
 from localchat.vision.encoder_cache import EncoderCache
 from localchat.vision.gemma4_prompt import GEMMA4_TYPES
+from localchat.vision.llava_next_prompt import LLAVA_NEXT_TYPES, AnyresPixels
 from localchat.vision.llava_prompt import LLAVA_TYPES
 from localchat.vision.model_info import vision_config
 from localchat.vision.pixtral_prompt import PIXTRAL_TYPES
@@ -64,6 +66,10 @@ class ImageEmbedder:
             return encode_image(
                 self.vision, part.image.pixels, (t, h * self.vision.merge, w * self.vision.merge)
             )
+        if isinstance(self.vision, LlavaNextVision):  # the whole picture + its tiles, and its size
+            anyres: AnyresPixels = part.image.pixels
+            tiles = torch.from_numpy(np.ascontiguousarray(anyres.tiles, dtype=np.float32))
+            return self.vision.encode_anyres(tiles.to(self.device, self.dtype), anyres.image_size)
         pixels = torch.from_numpy(np.ascontiguousarray(part.image.pixels, dtype=np.float32))[None]
         return self.vision.encode(pixels.to(self.device, self.dtype))[0]
 
@@ -94,6 +100,8 @@ def load_image_embedder(path: Path, device: torch.device, dtype: torch.dtype) ->
         return ImageEmbedder(tower, device, dtype)
     if config.get("model_type") in LLAVA_TYPES:
         return ImageEmbedder(load_llava_vision(path, dtype), device, dtype)
+    if config.get("model_type") in LLAVA_NEXT_TYPES:  # a picture's base image + tiles: AnyresPixels
+        return ImageEmbedder(load_llava_next_vision(path, dtype), device, dtype)
     if config.get("model_type") in GEMMA4_TYPES:  # a picture at its own size: [1, 3, H, W]
         if not has_gemma4_vision(path):  # a text-only export of the multimodal config
             log.warning("%s names a vision tower but holds none of its weights: images unsupported", path)

@@ -1,0 +1,267 @@
+"""LLaVA-NeXT / LLaVA 1.6 image input (#29: LLaVA's CLIP tower + MLP projector with "anyres" tiling)
+against transformers on a tiny random LlavaNextForConditionalGeneration, fp32: the whole picture and its
+tiles equal LlavaNextImageProcessor's Pillow backend bit for bit on real files of several aspect ratios,
+the number of image tokens equals LlavaNextProcessor's, the packed features (unpadded, image_newline rows)
+equal get_image_features, and an image prompt's logits and greedy tokens equal transformers', with a
+prefill chunk boundary inside the image's run and through the engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from transformers import LlavaNextProcessor, PreTrainedTokenizerFast
+from transformers.models.llava_next import LlavaNextImageProcessorPil
+
+from localchat.backends.torch.vision.llava_next import LlavaNextVision, load_llava_next_vision
+from localchat.engine.request import ImageInput
+from localchat.vision.llava_next_prompt import AnyresPixels, LlavaNextImagePrompt
+from localchat.vision.model_info import vision_config
+from localchat.vision.placement import chunk_rows
+from localchat.weights.loader import load_model
+from tests.helpers import llava_next_models as tiny
+from tests.helpers.torch_batch import PagedDriver
+from tests.helpers.torch_models import fp32_runner
+
+pytestmark = pytest.mark.slow
+
+IMAGE = tiny.IMAGE
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    folder = tmp_path_factory.mktemp("llava-next")
+    return tiny.write_folder(folder), folder
+
+
+@pytest.fixture(scope="module")
+def pictures(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    return tiny.pictures(tmp_path_factory.mktemp("pictures"))
+
+
+def _prompt_side(folder: Path) -> LlavaNextImagePrompt:
+    config = vision_config(folder)
+    assert config is not None and config["model_type"] == "llava_next"
+    return LlavaNextImagePrompt.from_config(folder, config)
+
+
+def _prompt(count: int) -> list[int]:
+    return [1, 3, *[IMAGE] * count, 5, 6, 7, 8, 4]
+
+
+def test_preprocessing_and_token_counts_equal_transformers(
+    saved: tuple[Any, Path], pictures: list[Path], tmp_path: Path
+) -> None:
+    _, folder = saved
+    ours_side = _prompt_side(folder)
+    theirs = LlavaNextImageProcessorPil(**tiny.PREPROCESSOR)
+    processor = LlavaNextProcessor(
+        image_processor=theirs,
+        tokenizer=PreTrainedTokenizerFast.from_pretrained(folder),
+        patch_size=tiny.VISION["patch_size"],
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,  # the CLS row, as llava-hf's processor configs say
+    )
+    rgba = tmp_path / "rgba.png"  # transparency composited on white, as transformers does
+    Image.fromarray(np.random.default_rng(4).integers(0, 256, (50, 33, 4), dtype=np.uint8), "RGBA").save(rgba)
+    tile_counts = set()
+    for path in [*pictures, rgba]:
+        ours = ours_side.preprocess(Image.open(path))
+        out = theirs(Image.open(path), return_tensors="np")
+        expected = out["pixel_values"][0]
+        assert ours.tiles.shape == expected.shape and ours.tiles.dtype == expected.dtype, path.name
+        assert np.array_equal(ours.tiles, expected), path.name  # bit for bit, the base image and every tile
+        assert ours.image_size == tuple(int(v) for v in out["image_sizes"][0])
+        tile_counts.add(ours.tiles.shape[0] - 1)
+        ids = processor(text="USER: <image>\nwhat", images=Image.open(path))["input_ids"][0]
+        assert ours_side.grid(ours) == int((np.asarray(ids) == IMAGE).sum()), path.name
+    assert tile_counts == {2, 3, 4}  # wide/tall, very wide, near-square: different best resolutions
+
+
+def _tiles(side: LlavaNextImagePrompt, path: Path) -> AnyresPixels:
+    return side.preprocess(Image.open(path))
+
+
+def _hf_features(hf: Any, pixels: AnyresPixels, **kwargs: Any) -> torch.Tensor:
+    with torch.no_grad():
+        out = hf.model.get_image_features(
+            pixel_values=torch.from_numpy(pixels.tiles)[None],
+            image_sizes=torch.tensor([pixels.image_size]),
+            **kwargs,
+        ).pooler_output
+    return out[0]
+
+
+@pytest.mark.parametrize("layer", [-2, [-3, -1]], ids=str)
+def test_image_features_equal_transformers(
+    tmp_path: Path, pictures: list[Path], layer: int | list[int]
+) -> None:
+    folder = tmp_path / "m"
+    hf = tiny.write_folder(folder, vision_feature_layer=layer)
+    vision = load_llava_next_vision(folder)
+    side = _prompt_side(folder)
+    for path in pictures:
+        pixels = _tiles(side, path)
+        ours = vision.encode_anyres(torch.from_numpy(pixels.tiles), pixels.image_size)
+        theirs = _hf_features(hf, pixels)
+        assert ours.shape == theirs.shape == (side.grid(pixels), tiny.TEXT["hidden_size"]), path.name
+        err = (ours - theirs).abs().max().item()
+        print(f"llava-next features max abs err fp32 ({path.name}, layer {layer}): {err:.2e}")
+        assert err < 1e-5
+
+
+def _hf_logits(hf: Any, tokens: list[int], pixels: AnyresPixels) -> np.ndarray:
+    with torch.no_grad():
+        return (
+            hf(
+                input_ids=torch.tensor([tokens]),
+                pixel_values=torch.from_numpy(pixels.tiles)[None],
+                image_sizes=torch.tensor([pixels.image_size]),
+            )
+            .logits[0]
+            .float()
+            .numpy()
+        )
+
+
+@pytest.mark.parametrize("chunk", [None, 9])
+def test_image_prompt_logits_and_greedy_tokens(
+    saved: tuple[Any, Path], pictures: list[Path], chunk: int | None
+) -> None:
+    """The packed rows scattered at the placeholders of a prefill (whole, or split by chunked prefill in
+    the middle of the image's run) give transformers' logits and greedy tokens."""
+    hf, folder = saved
+    side = _prompt_side(folder)
+    vision = load_llava_next_vision(folder)
+    pixels = _tiles(side, pictures[0])
+    embeds = vision.encode_anyres(torch.from_numpy(pixels.tiles), pixels.image_size)
+    prompt = _prompt(side.grid(pixels))
+    placeholders = [i for i, t in enumerate(prompt) if t == IMAGE]
+    runner = fp32_runner(load_model(folder))
+    model: Any = runner.model
+    driver = PagedDriver(runner)
+    driver.add("a", prompt)
+    rows_logits = []
+    for start, end in [(0, len(prompt))] if chunk is None else [(0, chunk), (chunk, len(prompt))]:
+        rows, picked = chunk_rows(placeholders, start, end)
+        model.image_embeds = (torch.tensor(rows), embeds[picked])
+        _, logits = driver.step_logits({"a": end - start}, every_token=True)
+        rows_logits.append(logits.cpu().numpy())
+    model.image_embeds = None
+    ours = np.concatenate(rows_logits)
+    theirs = _hf_logits(hf, prompt, pixels)
+    err = np.abs(ours - theirs).max()
+    print(f"llava-next image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
+    assert err < 1e-4
+    for _ in range(3):  # greedy decode after the image
+        driver.feed("a", int(ours[-1].argmax()))
+        _, logits = driver.step_logits()
+        ours = logits.cpu().numpy()
+        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), pixels)[-1].argmax())
+
+
+def _hf_greedy(hf: Any, prompt: list[int], pixels: AnyresPixels, new: int) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(new):
+        tokens.append(int(_hf_logits(hf, tokens, pixels)[-1].argmax()))
+    return tokens[len(prompt) :]
+
+
+@pytest.mark.parametrize("chunk", [0, 13])
+def test_engine_greedy_equals_transformers(saved: tuple[Any, Path], pictures: list[Path], chunk: int) -> None:
+    """Through LLMEngine + TorchRunner (the runner's own tower and encoder cache), pictures of different
+    shapes (so different token counts), each twice: the second turn from the prefix cache."""
+    from localchat.engine.config import EngineConfig
+    from localchat.engine.engine import LLMEngine
+    from localchat.engine.sampling_params import SamplingParams
+    from localchat.vision.gemma3_preprocess import content_hash
+
+    hf, folder = saved
+    side = _prompt_side(folder)
+    bundle = load_model(folder)
+    runner = fp32_runner(bundle)
+    assert isinstance(runner.images.vision, LlavaNextVision)  # type: ignore[union-attr]
+    engine = LLMEngine(
+        runner,
+        bundle.tokenizer,
+        EngineConfig(kv_cache_mib=4, block_size=4, prefill_chunk_size=chunk),
+        eos_token_ids=[],
+        model_max_len=256,
+    )
+    answers = []
+    for path in pictures[:2]:
+        pixels = _tiles(side, path)
+        prompt = _prompt(side.grid(pixels))
+        (run,) = side.placeholders(prompt, [side.grid(pixels)])
+        turns = []
+        for _ in range(2):
+            image = (ImageInput(run, content_hash(path.read_bytes()), pixels),)
+            req = engine.add_request(prompt, SamplingParams(max_tokens=6, temperature=0.0), images=image)
+            tokens: list[int] = []
+            cached = 0
+            while engine.has_unfinished:
+                for out in engine.step():
+                    if out.req_id == req:
+                        tokens += out.new_token_ids
+                        cached = out.num_cached_tokens
+            turns.append((tokens, cached))
+        assert turns[1][0] == turns[0][0] and turns[1][1] >= len(prompt) - 4  # the picture's blocks reused
+        assert turns[0][0] == _hf_greedy(hf, prompt, pixels, 6), path.name
+        answers.append(turns[0][0])
+    assert runner.images.cache.misses == 2  # type: ignore[union-attr]
+    assert answers[0] != answers[1]
+
+
+def test_full_strategy_is_a_load_error(tmp_path: Path) -> None:
+    """Under "full" each tile keeps its CLS row, which breaks the stitched patch grid (transformers'
+    pack_image_features fails too): a typed error at load, not made-up embeddings."""
+    from localchat.errors import ModelLoadError
+
+    folder = tmp_path / "full"
+    tiny.write_folder(folder, vision_feature_select_strategy="full")
+    with pytest.raises(ModelLoadError, match="'default'"):
+        load_llava_next_vision(folder)
+
+
+def test_request_images_path_equals_the_processor(saved: tuple[Any, Path], pictures: list[Path]) -> None:
+    """The API's path (request_images): model_info says vision; two pictures of different shapes in one
+    message give LlavaNextProcessor's input ids, and each ImageInput carries the processor's pixels and
+    the picture's size over exactly its run of image tokens."""
+    import base64
+
+    from localchat.vision.content import ImageLimits
+    from localchat.vision.model_info import takes_images
+    from localchat.vision.request_images import prepare_images
+
+    _, folder = saved
+    assert takes_images(folder)
+    urls = [f"data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}" for p in pictures[:2]]
+    content: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+    messages = [{"role": "user", "content": [*content, {"type": "text", "text": "what"}]}]
+    prepared = prepare_images(messages, folder, "tiny", ImageLimits())
+    text = prepared.expand("USER: <image>\n<image>\nwhat")
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    processor = LlavaNextProcessor(
+        image_processor=LlavaNextImageProcessorPil(**tiny.PREPROCESSOR),
+        tokenizer=tokenizer,
+        patch_size=tiny.VISION["patch_size"],
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+    )
+    images = [Image.open(p) for p in pictures[:2]]
+    theirs = processor(
+        text="USER: <image>\n<image>\nwhat", images=images, add_special_tokens=False, return_tensors="pt"
+    )
+    assert ids == theirs["input_ids"][0].tolist()
+    inputs = prepared.inputs(ids)
+    assert len(inputs) == 2 and len(inputs[0].placeholders) != len(inputs[1].placeholders)
+    for image, expected, size in zip(inputs, theirs["pixel_values"], theirs["image_sizes"], strict=True):
+        assert all(ids[i] == IMAGE for i in image.placeholders)
+        assert isinstance(image.pixels, AnyresPixels) and image.pixels.image_size == tuple(size.tolist())
+        tiles = image.pixels.tiles
+        assert np.array_equal(tiles, expected[: tiles.shape[0]].numpy())  # the processor pads the batch
