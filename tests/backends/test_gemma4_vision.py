@@ -3,8 +3,10 @@ against transformers on a tiny random Gemma4ForConditionalGeneration saved as a 
 - real PNG / JPEG files (one wide, one transparent) preprocess bit for bit as Gemma4ImageProcessorPil does
   (the resized size, the patches, their positions, the soft token count);
 - the image embeddings equal get_image_features (clipped linears and standardizing on);
-- a prompt with the picture's tokens gives transformers' logits and greedy tokens, whole or chunked in the
-  middle of the image, with and without per-layer embeddings (image rows take the pad token's);
+- a prompt with the picture's tokens gives transformers' logits and greedy tokens (mm_token_type_ids as the
+  processor passes them), whole or chunked, with and without per-layer embeddings (image rows take the pad
+  token's), and with `use_bidirectional_attention: "vision"` (the picture's tokens see each other both ways
+  on sliding layers, chunks never cut the picture), where a causal path is shown to miss;
 - the prompt expansion is the processor's.
 Audio is not built."""
 
@@ -19,11 +21,11 @@ import torch
 from PIL import Image
 
 from localchat.backends.torch.vision.gemma4 import load_gemma4_vision
-from localchat.vision.gemma3_preprocess import decode
+from localchat.engine.request import ImageInput
+from localchat.vision.gemma3_preprocess import content_hash, decode
 from localchat.vision.gemma4_preprocess import Gemma4ImageSpec, patches, preprocess, soft_tokens, target_size
 from localchat.vision.gemma4_prompt import Gemma4ImagePrompt
 from localchat.vision.model_info import vision_config
-from localchat.vision.placement import chunk_rows
 from localchat.weights.loader import load_model
 from tests.helpers.gemma4_vision_models import (
     IMAGE_SPECIALS,
@@ -34,16 +36,23 @@ from tests.helpers.gemma4_vision_models import (
     tokenizer,
     write_folder,
 )
+from tests.helpers.picture_prefill import prefill_logits, scheduler_chunks
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import fp32_runner
 
 IMAGE = IMAGE_SPECIALS["<|image|>"]
 
 
-@pytest.fixture(scope="module", params=["plain", "per-layer-embeddings"])
+# The larger checkpoints' `use_bidirectional_attention: "vision"`: a picture's tokens see each other both ways
+# on the sliding layers, within a window shorter than the picture (transformers ANDs the two).
+TEXT_BOTH_WAYS: dict[str, Any] = {**TEXT, "use_bidirectional_attention": "vision", "sliding_window": 6}
+FOLDERS = {"plain": TEXT, "per-layer-embeddings": TEXT_PLE, "pictures-both-ways": TEXT_BOTH_WAYS}
+
+
+@pytest.fixture(scope="module", params=list(FOLDERS))
 def saved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     folder = tmp_path_factory.mktemp(f"gemma4v-{request.param}")
-    return write_folder(folder, TEXT if request.param == "plain" else TEXT_PLE), folder
+    return write_folder(folder, FOLDERS[request.param]), folder
 
 
 def _reference(path: Path) -> dict[str, torch.Tensor]:
@@ -94,45 +103,53 @@ def test_image_embeddings_match_transformers(saved: tuple[Any, Path], tmp_path: 
 
 
 def _hf_logits(hf: Any, tokens: list[int], ref: dict[str, torch.Tensor]) -> np.ndarray:
-    # no mm_token_type_ids: causal attention over the image, as localchat's paged attention runs it
+    # mm_token_type_ids as Gemma4Processor gives them (1 under the image tokens): with "vision" the
+    # picture's sliding-layer rows see each other both ways; without it transformers stays causal
+    ids = torch.tensor([tokens])
     with torch.no_grad():
         out = hf(
-            input_ids=torch.tensor([tokens]),
+            input_ids=ids,
             pixel_values=ref["pixel_values"],
             image_position_ids=ref["image_position_ids"],
+            mm_token_type_ids=(ids == IMAGE).long(),
         )
     return out.logits[0].float().numpy()
+
+
+def _picture_prompt(folder: Path, path: Path) -> tuple[list[int], ImageInput]:
+    pixels = _ours(folder, path)
+    count = load_gemma4_vision(folder).encode(torch.from_numpy(pixels)[None])[0].shape[0]
+    prompt = [2, 5, 17, IMAGE_SPECIALS["<|image>"], *[IMAGE] * count, IMAGE_SPECIALS["<image|>"], 42, 7]
+    placeholders = tuple(i for i, t in enumerate(prompt) if t == IMAGE)
+    return prompt, ImageInput(placeholders, content_hash(path.read_bytes()), pixels)
 
 
 @pytest.mark.parametrize("chunk", [None, 9])
 def test_image_prompt_logits_and_greedy_tokens_match(
     saved: tuple[Any, Path], tmp_path: Path, chunk: int | None
 ) -> None:
-    """The embeddings scattered at the placeholders of a prefill (whole, or split by chunked prefill in
-    the middle of the image's run) give transformers' logits and greedy tokens."""
+    """The picture's rows scattered at its placeholders give transformers' logits and greedy tokens, whole
+    or chunked: in the middle of the image's run for the causal checkpoints, where the scheduler cuts (before
+    the picture, then all of it) for the one that sees pictures both ways."""
     hf, folder = saved
-    path = pictures(tmp_path)[1]  # the wide JPEG: 1 x 12 soft tokens
+    path = pictures(tmp_path)[1]  # the wide JPEG
     ref = _reference(path)
-    pixels = _ours(folder, path)
-    embeds = load_gemma4_vision(folder).encode(torch.from_numpy(pixels)[None])[0]
-    count = embeds.shape[0]
-    prompt = [2, 5, 17, IMAGE_SPECIALS["<|image>"], *[IMAGE] * count, IMAGE_SPECIALS["<image|>"], 42, 7]
-    placeholders = [i for i, t in enumerate(prompt) if t == IMAGE]
+    prompt, image = _picture_prompt(folder, path)
     runner = fp32_runner(load_model(folder))
-    model: Any = runner.model
+    both_ways = hf.config.get_text_config().use_bidirectional_attention == "vision"
+    assert runner.pictures_both_ways == both_ways
+    if chunk is None or not both_ways:
+        spans = [(0, len(prompt))] if chunk is None else [(0, chunk), (chunk, len(prompt))]
+    else:
+        spans = scheduler_chunks(len(prompt), image, chunk)
+        run_end = image.placeholders[-1] + 1  # before the picture, then all of it past the chunk size
+        assert spans == [(0, 4), (4, run_end), (run_end, len(prompt))]
     driver = PagedDriver(runner)
     driver.add("a", prompt)
-    rows_logits = []
-    for start, end in [(0, len(prompt))] if chunk is None else [(0, chunk), (chunk, len(prompt))]:
-        rows, picked = chunk_rows(placeholders, start, end)
-        model.image_embeds = (torch.tensor(rows), embeds[picked])
-        _, logits = driver.step_logits({"a": end - start}, every_token=True)
-        rows_logits.append(logits.cpu().numpy())
-    model.image_embeds = None
-    ours = np.concatenate(rows_logits)
+    ours = prefill_logits(runner, driver, "a", image, spans)
     theirs = _hf_logits(hf, prompt, ref)
     err = np.abs(ours - theirs).max()
-    print(f"gemma4 image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
+    print(f"gemma4 image prompt logits max abs err fp32 (chunk={chunk}, both ways={both_ways}): {err:.2e}")
     # The image rows carry the tower's ~1e-5 float error through every layer of a random model (a
     # text-only prompt here is at ~6e-6), so the bound is looser than the text suites' 1e-4.
     assert err < 3e-4
@@ -145,6 +162,28 @@ def test_image_prompt_logits_and_greedy_tokens_match(
     other = _reference(pictures(tmp_path)[0])
     other_prompt = [2, 5, 17, 251, *[IMAGE] * int(other["num_soft_tokens_per_image"][0]), 252, 42, 7]
     assert np.abs(theirs[-1] - _hf_logits(hf, other_prompt, other)[-1]).max() > 1e-3
+
+
+def test_causal_attention_over_the_picture_misses_transformers(
+    saved: tuple[Any, Path], tmp_path: Path
+) -> None:
+    """With "vision", the check above fails on a causal path: the picture masks off, the logits from the
+    picture's tokens on are far from transformers' (the rows before it still match)."""
+    hf, folder = saved
+    if hf.config.get_text_config().use_bidirectional_attention != "vision":
+        pytest.skip("a causal checkpoint: transformers attends causally over its pictures too")
+    path = pictures(tmp_path)[1]
+    prompt, image = _picture_prompt(folder, path)
+    runner = fp32_runner(load_model(folder))
+    runner.model.pictures_both_ways = False  # type: ignore[assignment]
+    driver = PagedDriver(runner)
+    driver.add("a", prompt)
+    ours = prefill_logits(runner, driver, "a", image, [(0, len(prompt))])
+    theirs = _hf_logits(hf, prompt, _reference(path))
+    assert np.abs(ours[:4] - theirs[:4]).max() < 3e-4
+    err = np.abs(ours[4:] - theirs[4:]).max()
+    print(f"gemma4 causal-over-the-picture logits max abs err fp32: {err:.2e}")
+    assert err > 1e-2
 
 
 def test_prompt_expansion_is_the_processors(saved: tuple[Any, Path], tmp_path: Path) -> None:
