@@ -1,0 +1,88 @@
+"""LLaVA-NeXT pictures through the real server and the official openai client (#29): the tiny random
+LlavaNextForConditionalGeneration of tests/helpers/llava_next_models.py served on the torch backend in
+float32 with 8-token prefill chunks. Pictures of different shapes (so different tile grids and token
+counts) as data: URLs get transformers' greedy answer (prompt built and pixels made by its
+LlavaNextProcessor), twice each (the second time from the caches), /v1/models says vision, and
+usage.prompt_tokens counts the image tokens."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import torch
+from PIL import Image
+from transformers import LlavaNextProcessor, PreTrainedTokenizerFast
+from transformers.models.llava_next import LlavaNextImageProcessorPil
+
+from tests.helpers import llava_next_models as tiny
+from tests.helpers.live_server import live_server
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "what is in this picture ?"
+MAX_TOKENS = 5
+
+
+def _hf_answer(hf: Any, processor: Any, picture: Path) -> tuple[str, int]:
+    # the chat template's text for one picture and the question
+    text = f"USER: <image>\n{QUESTION} ASSISTANT:"
+    inputs = processor(text=text, images=Image.open(picture), add_special_tokens=False, return_tensors="pt")
+    tokens = inputs["input_ids"][0].tolist()
+    start = len(tokens)
+    with torch.no_grad():
+        for _ in range(MAX_TOKENS):
+            logits = hf(
+                input_ids=torch.tensor([tokens]),
+                pixel_values=inputs["pixel_values"],
+                image_sizes=inputs["image_sizes"],
+            ).logits
+            tokens.append(int(logits[0, -1].argmax()))
+            if tokens[-1] == 2:
+                tokens.pop()
+                break
+    return str(processor.tokenizer.decode(tokens[start:], skip_special_tokens=True)), start
+
+
+def _data_url(path: Path) -> str:
+    mime = "image/png" if path.suffix == ".png" else "image/jpeg"
+    return f"data:{mime};base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def test_pictures_answer_as_transformers(tmp_path: Path) -> None:
+    folder = tmp_path / "llava-next"
+    hf = tiny.write_folder(folder)
+    processor = LlavaNextProcessor(
+        image_processor=LlavaNextImageProcessorPil(**tiny.PREPROCESSOR),
+        tokenizer=PreTrainedTokenizerFast.from_pretrained(folder),
+        patch_size=tiny.VISION["patch_size"],
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+    )
+    pictures = tiny.pictures(tmp_path)[:3]
+    expected = [_hf_answer(hf, processor, p) for p in pictures]
+    assert len({answer for answer, _ in expected}) > 1  # the picture matters to this model
+    assert len({count for _, count in expected}) == 3  # three tile grids, three prompt lengths
+    args = ["--w", str(folder), "--backend", "torch", "--dtype", "float32", "--mem", "16"]
+    with live_server([*args, "--prefill-chunk-size", "8"]) as server:
+        client: Any = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=120)
+        model = client.models.list().data[0]
+        assert (model.model_extra or {})["vision"] is True
+        for picture, (answer, prompt_tokens) in zip(pictures, expected, strict=True):
+            content = [
+                {"type": "image_url", "image_url": {"url": _data_url(picture)}},
+                {"type": "text", "text": QUESTION},
+            ]
+            for _ in range(2):  # the second time from the prefix and encoder caches
+                reply = client.chat.completions.create(
+                    model=model.id,
+                    messages=[{"role": "user", "content": content}],
+                    max_tokens=MAX_TOKENS,
+                    temperature=0,
+                )
+                # compared without spaces: the word-level test vocabulary has no decoder
+                assert reply.choices[0].message.content.replace(" ", "") == answer.replace(" ", "")
+                assert reply.usage.prompt_tokens == prompt_tokens  # the image tokens included
