@@ -24,6 +24,7 @@ SUPPORTED = frozenset(
         "idefics3",
         "mistral3",
         "gemma4",
+        "llama4",
     }
 )
 

@@ -21,6 +21,7 @@ from localchat.engine.request import ImageInput
 from localchat.vision.content import ImageInputError, ImageLimits, check_size, read_image_url
 from localchat.vision.gemma3_preprocess import content_hash, decode, preprocess
 from localchat.vision.gemma4_prompt import GEMMA4_TYPES, Gemma4ImagePrompt
+from localchat.vision.llama4_prompt import LLAMA4_TYPES, Llama4ImagePrompt
 from localchat.vision.llava_next_prompt import LLAVA_NEXT_TYPES, AnyresPixels, LlavaNextImagePrompt
 from localchat.vision.llava_prompt import LLAVA_TYPES, LlavaImagePrompt
 from localchat.vision.model_info import vision_config
@@ -66,12 +67,14 @@ class PreparedImages:
         | PixtralImagePrompt
         | Gemma4ImagePrompt
         | SmolVLMImagePrompt
+        | Llama4ImagePrompt
         | None
     ) = None  # None: the request has no picture
 
     def expand(self, prompt_text: str) -> str:
         """The rendered prompt with each picture's full run of image tokens, as the model's processor writes it."""
-        if isinstance(self.prompt, SmolVLMImagePrompt):  # each picture's tiles and its global image
+        # SmolVLM, Llama 4: each picture's tiles and its global image
+        if isinstance(self.prompt, SmolVLMImagePrompt | Llama4ImagePrompt):
             try:
                 return self.prompt.expand(prompt_text, [p.tiles for p in self.pictures])
             except ValueError as exc:
@@ -100,7 +103,7 @@ class PreparedImages:
         """Each picture with the positions of its image tokens in the expanded prompt's token ids."""
         if self.prompt is None:
             return ()
-        if isinstance(self.prompt, SmolVLMImagePrompt):
+        if isinstance(self.prompt, SmolVLMImagePrompt | Llama4ImagePrompt):
             try:
                 return self.prompt.inputs(
                     token_ids, [(p.content_hash, p.pixels, p.tiles) for p in self.pictures]
@@ -191,7 +194,7 @@ def prepare_images(
             except ValueError as exc:  # an aspect ratio past 200
                 raise ImageRequestError(f"{where}: {exc}", where) from exc
             pictures.append(Picture(content_hash(data), pixels, grid))
-        elif isinstance(prompt, SmolVLMImagePrompt):
+        elif isinstance(prompt, SmolVLMImagePrompt | Llama4ImagePrompt):
             pixels, tiles = prompt.preprocess(image)
             pictures.append(Picture(content_hash(data), pixels, tiles=tiles))
         elif isinstance(prompt, LlavaNextImagePrompt):
@@ -214,9 +217,12 @@ def _image_prompt(
     | PixtralImagePrompt
     | Gemma4ImagePrompt
     | SmolVLMImagePrompt
+    | Llama4ImagePrompt
     | None
 ):
     config = vision_config(path)
+    if config is not None and config.get("model_type") in LLAMA4_TYPES:
+        return Llama4ImagePrompt.from_config(path, config)
     if config is not None and config.get("model_type") in SMOLVLM_TYPES:
         return SmolVLMImagePrompt.from_config(path, config)
     if config is not None and config.get("model_type") in QWEN_VL_TYPES:

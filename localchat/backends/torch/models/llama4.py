@@ -80,6 +80,9 @@ class Llama4Layer(LlamaLayer):
 class Model(DecoderLM):
     layer_class = Llama4Layer
     capturable = False  # expert dispatch sizes its groups on the host
+    # Image rows for the next forward (a Llama4ForConditionalGeneration's pictures over their <|patch|>
+    # tokens): (rows of this step's flattened tokens, values [rows, hidden]); set and cleared by the runner.
+    image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def hidden_states(
         self,
@@ -89,6 +92,9 @@ class Model(DecoderLM):
         kv_caches: list[KVCache],
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        if self.image_embeds is not None:
+            rows, values = self.image_embeds
+            x = x.index_copy(0, rows, values.to(x.dtype))
         cos, sin = self.rotary(positions, x.dtype)
         still = torch.ones_like(cos), torch.zeros_like(sin)  # NoPE layers: the identity rotation
         extra = self.config.extra

@@ -15,6 +15,7 @@ from localchat.backends.torch.vision.gemma3 import Gemma3Vision, load_gemma3_vis
 from localchat.backends.torch.vision.gemma3_mmproj import load_gemma3_mmproj
 from localchat.backends.torch.vision.gemma4 import Gemma4Vision, has_gemma4_vision, load_gemma4_vision
 from localchat.backends.torch.vision.gemma4_mmproj import load_gemma4_mmproj
+from localchat.backends.torch.vision.llama4 import Llama4Vision, load_llama4_vision
 from localchat.backends.torch.vision.llava import LlavaVision, load_llava_vision
 from localchat.backends.torch.vision.llava_mmproj import load_llava_mmproj
 from localchat.backends.torch.vision.llava_next import LlavaNextVision, load_llava_next_vision
@@ -25,6 +26,7 @@ from localchat.backends.torch.vision.smolvlm import SmolVLMVision, load_smolvlm_
 from localchat.engine.interface import ImageSlice
 from localchat.vision.encoder_cache import EncoderCache
 from localchat.vision.gemma4_prompt import GEMMA4_TYPES
+from localchat.vision.llama4_prompt import LLAMA4_TYPES
 from localchat.vision.llava_next_prompt import LLAVA_NEXT_TYPES, AnyresPixels
 from localchat.vision.llava_prompt import LLAVA_TYPES
 from localchat.vision.model_info import vision_config
@@ -38,7 +40,13 @@ log = logging.getLogger(__name__)
 class ImageEmbedder:
     def __init__(
         self,
-        vision: Gemma3Vision | QwenVisionTower | LlavaVision | SmolVLMVision | PixtralVision | Gemma4Vision,
+        vision: Gemma3Vision
+        | QwenVisionTower
+        | LlavaVision
+        | SmolVLMVision
+        | PixtralVision
+        | Gemma4Vision
+        | Llama4Vision,
         device: torch.device,
         dtype: torch.dtype,
     ) -> None:
@@ -109,6 +117,8 @@ def load_image_embedder(path: Path, device: torch.device, dtype: torch.dtype) ->
         return ImageEmbedder(load_gemma4_vision(path, dtype), device, dtype)
     if config.get("model_type") in PIXTRAL_TYPES:  # a picture at its own size: [1, 3, H, W]
         return ImageEmbedder(load_pixtral_vision(path, dtype), device, dtype)
+    if config.get("model_type") in LLAMA4_TYPES:  # a picture's tiles: [1, tiles, 3, S, S]
+        return ImageEmbedder(load_llama4_vision(path, dtype), device, dtype)
     if config.get("model_type") in SMOLVLM_TYPES:  # a picture's tiles: [1, tiles, 3, S, S]
         return ImageEmbedder(load_smolvlm_vision(path, dtype), device, dtype)
     return ImageEmbedder(load_gemma3_vision(path, dtype), device, dtype)
