@@ -2,7 +2,7 @@
 by llama.cpp's converter from the tiny random Gemma3ForConditionalGeneration the vision tests use. The
 mmproj, paired automatically (the only one beside the model) or by --mmproj, gives transformers' image
 embeddings, and the GGUF text model with them transformers' logits and greedy tokens for an image
-prompt. An mmproj for another model is refused by a typed error naming both."""
+prompt (token_type_ids as the processor passes them: the picture's tokens see each other both ways). An mmproj for another model is refused by a typed error naming both."""
 
 from __future__ import annotations
 
@@ -15,14 +15,15 @@ import torch
 from PIL import Image
 
 from localchat.backends.torch.vision.gemma3_mmproj import load_gemma3_mmproj
+from localchat.engine.request import ImageInput
 from localchat.errors import ModelLoadError
 from localchat.vision.gemma3_preprocess import ImageSpec, decode, preprocess
 from localchat.vision.mmproj import MmprojMismatchError, gguf_vision_config, pair_mmproj
 from localchat.vision.model_info import takes_images, vision_config
-from localchat.vision.placement import chunk_rows
 from localchat.weights.loader import load_model
 from tests.e2e.test_vision_server import TOKENS_PER_IMAGE, _write_folder
 from tests.helpers.gemma3_gguf_vision import write_gguf_pair
+from tests.helpers.picture_prefill import prefill_logits
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import fp32_runner
 
@@ -111,24 +112,26 @@ def test_mmproj_embeddings_match_transformers(pair: Pair, tmp_path: Path) -> Non
 
 
 def test_gguf_with_mmproj_answers_an_image_prompt_as_transformers(pair: Pair, tmp_path: Path) -> None:
-    hf, _, model, mmproj = pair
-    bundle = load_model(model)
-    vision = load_gemma3_mmproj(gguf_vision_config(model, mmproj), mmproj)
+    """The runner encodes the picture with the paired mmproj and attends over its tokens both ways, as
+    transformers does with the token_type_ids Gemma3Processor passes."""
+    hf, _, model, _ = pair
+    bundle = load_model(model)  # pairs the mmproj beside it
     pixels = _pixels(tmp_path)[:1]
-    embeds = vision.encode(pixels)[0]
     prompt = [2, 3, 5, 7, 297, 299, 299, 299, 299, 298, 4, 3, 6]
-    placeholders = [i for i, t in enumerate(prompt) if t == 299]
+    image = ImageInput(tuple(i for i, t in enumerate(prompt) if t == 299), "picture", pixels[0].numpy())
     runner = fp32_runner(bundle)
-    text_model: Any = runner.model
+    assert runner.pictures_both_ways
     driver = PagedDriver(runner)
     driver.add("a", prompt)
-    rows, picked = chunk_rows(placeholders, 0, len(prompt))
-    text_model.image_embeds = (torch.tensor(rows), embeds[picked])
-    _, logits = driver.step_logits({"a": len(prompt)}, every_token=True)
-    text_model.image_embeds = None
-    with torch.no_grad():
-        theirs = hf(input_ids=torch.tensor([prompt]), pixel_values=pixels).logits[0].float().numpy()
-    ours = logits.cpu().numpy()
+    ours = prefill_logits(runner, driver, "a", image, [(0, len(prompt))])
+
+    def reference(tokens: list[int]) -> np.ndarray:
+        ids = torch.tensor([tokens])
+        with torch.no_grad():
+            out = hf(input_ids=ids, pixel_values=pixels, token_type_ids=(ids == 299).long())
+        return out.logits[0].float().numpy()
+
+    theirs = reference(prompt)
     err = np.abs(ours - theirs).max()
     print(f"gemma3 GGUF + mmproj image prompt logits max abs err fp32: {err:.2e}")
     assert err < 1e-3
@@ -136,9 +139,7 @@ def test_gguf_with_mmproj_answers_an_image_prompt_as_transformers(pair: Pair, tm
         driver.feed("a", int(ours[-1].argmax()))
         _, step = driver.step_logits()
         ours = step.cpu().numpy()
-        with torch.no_grad():
-            ref = hf(input_ids=torch.tensor([driver.tokens("a")]), pixel_values=pixels).logits[0, -1]
-        assert int(ours[0].argmax()) == int(ref.argmax())
+        assert int(ours[0].argmax()) == int(reference(driver.tokens("a"))[-1].argmax())
 
 
 @pytest.mark.parametrize(
