@@ -265,3 +265,65 @@ def test_request_images_path_equals_the_processor(saved: tuple[Any, Path], pictu
         assert isinstance(image.pixels, AnyresPixels) and image.pixels.image_size == tuple(size.tolist())
         tiles = image.pixels.tiles
         assert np.array_equal(tiles, expected[: tiles.shape[0]].numpy())  # the processor pads the batch
+
+
+# --- MLX: the same tower and the MLX runner's image path (float32 on MLX's CPU device) -------------------
+
+
+@pytest.mark.mlx
+def test_mlx_features_equal_transformers(saved: tuple[Any, Path], pictures: list[Path]) -> None:
+    mx = pytest.importorskip("mlx.core")
+    from localchat.backends.mlx.vision.llava_next import load_llava_next_vision as load_mlx
+
+    hf, folder = saved
+    side = _prompt_side(folder)
+    vision = load_mlx(folder)
+    for path in pictures:
+        pixels = _tiles(side, path)
+        ours = np.array(vision.encode_anyres(mx.array(pixels.tiles), pixels.image_size))
+        theirs = _hf_features(hf, pixels).numpy()
+        err = np.abs(ours - theirs).max()
+        print(f"mlx llava-next features max abs err fp32 ({path.name}): {err:.2e}")
+        assert ours.shape == theirs.shape and err < 1e-4
+
+
+@pytest.mark.mlx
+@pytest.mark.parametrize("chunk", [None, 9])
+def test_mlx_image_prompt_logits_and_greedy_tokens(
+    saved: tuple[Any, Path], pictures: list[Path], chunk: int | None
+) -> None:
+    """Through the MLX runner's compute_logits with image slices as engine/batch.py builds them (chunk=9
+    splits the image's run): transformers' logits and greedy tokens; the picture is encoded once."""
+    pytest.importorskip("mlx.core")
+    from localchat.engine.interface import ImageSlice
+    from localchat.vision.gemma3_preprocess import content_hash
+    from tests.helpers.parity import Driver, mlx_runner
+
+    hf, folder = saved
+    side = _prompt_side(folder)
+    path = pictures[1]
+    pixels = _tiles(side, path)
+    prompt = _prompt(side.grid(pixels))
+    (run,) = side.placeholders(prompt, [side.grid(pixels)])
+    runner = mlx_runner(load_model(folder))
+    assert runner.images is not None
+    image = ImageInput(run, content_hash(path.read_bytes()), pixels)
+    driver = Driver(runner)
+    driver.add("a", prompt)
+    rows_logits = []
+    for start, end in [(0, len(prompt))] if chunk is None else [(0, chunk), (chunk, len(prompt))]:
+        out, batch = driver.build({"a": end - start}, every_token=True)
+        token_rows, embed_rows = chunk_rows(list(image.placeholders), start, end)
+        batch.image_slices = [ImageSlice(image, token_rows, embed_rows)]
+        rows_logits.append(np.array(runner.compute_logits(out, batch)))
+    assert (runner.images.cache.misses, runner.images.cache.hits) == (1, 0 if chunk is None else 1)
+    ours = np.concatenate(rows_logits)
+    theirs = _hf_logits(hf, prompt, pixels)
+    err = np.abs(ours - theirs).max()
+    print(f"mlx llava-next image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
+    assert err < 1e-4
+    for _ in range(3):  # greedy decode after the image: no image rows in these steps
+        driver.feed("a", int(ours[-1].argmax()))
+        _, logits = driver.step_logits()
+        ours = logits
+        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), pixels)[-1].argmax())

@@ -15,6 +15,7 @@ import numpy as np
 from localchat.backends.mlx.vision.gemma3 import Gemma3Vision, load_gemma3_vision
 from localchat.backends.mlx.vision.gemma4 import Gemma4Vision, load_gemma4_mmproj, load_gemma4_vision
 from localchat.backends.mlx.vision.llava import LlavaVision, load_llava_mmproj, load_llava_vision
+from localchat.backends.mlx.vision.llava_next import LlavaNextVision, load_llava_next_vision
 from localchat.backends.mlx.vision.pixtral import PixtralVision, load_pixtral_mmproj, load_pixtral_vision
 from localchat.backends.mlx.vision.qwen_vl import QwenVision, load_qwen_vision
 from localchat.backends.mlx.vision.qwen_vl_mmproj import load_qwen_vl_mmproj
@@ -23,6 +24,7 @@ from localchat.engine.interface import ImageSlice
 from localchat.errors import BackendUnavailableError
 from localchat.vision.encoder_cache import EncoderCache
 from localchat.vision.gemma4_prompt import GEMMA4_TYPES
+from localchat.vision.llava_next_prompt import LLAVA_NEXT_TYPES, AnyresPixels
 from localchat.vision.llava_prompt import LLAVA_TYPES
 from localchat.vision.model_info import vision_config
 from localchat.vision.pixtral_prompt import PIXTRAL_TYPES
@@ -53,6 +55,12 @@ class ImageEmbedder:
         return mx.array(rows, dtype=mx.int32), mx.concatenate(values)
 
     def _encode(self, part: ImageSlice) -> mx.array:
+        if isinstance(self.vision, LlavaNextVision):  # the whole picture + its tiles, and its size
+            anyres: AnyresPixels = part.image.pixels
+            tiles = mx.array(np.ascontiguousarray(anyres.tiles, dtype=np.float32)).astype(self.dtype)
+            embeds = self.vision.encode_anyres(tiles, anyres.image_size)
+            mx.eval(embeds)
+            return embeds
         pixels = mx.array(np.ascontiguousarray(part.image.pixels, dtype=np.float32))
         if isinstance(self.vision, QwenVision):  # patches + the merged grid -> the patch grid
             assert part.image.grid is not None, "a Qwen-VL picture carries its grid"
@@ -101,6 +109,8 @@ def load_image_embedder(path: Path, dtype: mx.Dtype) -> ImageEmbedder | None:
         return ImageEmbedder(tower, dtype)
     if config.get("model_type") in LLAVA_TYPES:
         return ImageEmbedder(load_llava_vision(path, dtype), dtype)
+    if config.get("model_type") in LLAVA_NEXT_TYPES:  # a picture's base image + tiles: AnyresPixels
+        return ImageEmbedder(load_llava_next_vision(path, dtype), dtype)
     if config.get("model_type") in GEMMA4_TYPES:  # a picture at its own size: [1, 3, H, W]
         gemma4 = load_gemma4_vision(path, dtype)
         if gemma4 is None:  # a text-only export of the multimodal config
