@@ -10,8 +10,9 @@ row kernel only in float32 summation order.
 
 Panel (per thread, 20 * k bytes): codes[k / 4][64] then scales[k / 16][16] (float, one per 16 values of
 each row; the types with one scale per 32 store it twice). AVX-512 VNNI stores codes + 128 (vpdpbusd
-reads unsigned bytes; the 128 * activation sum comes back out through the chain's start value), AVX2 and
-portable C the signed codes (AVX2 multiplies |code| by the activation with the code's sign). Included
+reads unsigned bytes; the 128 * activation sum comes back out through the chain's start value), AVX2 the
+codes + 64 where they fit (lc_iqg_small, the same correction) and else the signed codes (|code| times the
+activation with the code's sign), portable C the signed codes. Included
 once per ISA (LC_FN) after lc_iquants.h; the AVX-512 variant after lc_x16_avx512.h. */
 
 #ifndef LC_IQG_COMMON
@@ -24,6 +25,10 @@ once per ISA (LC_FN) after lc_iquants.h; the AVX-512 variant after lc_x16_avx512
 
 /* Types whose scale changes every 16 values (the others every 32). */
 static inline int lc_iqg_per16(int type) { return type == LC_IQ2_XS || type == LC_IQ2_S || type == LC_IQ1_M; }
+
+/* Types whose codes stay within +-63 (all but the IQ4 tables): AVX2 stores them + 64, so maddubs multiplies
+   them unsigned against the signed activations directly (pair sums <= 2 * 127 * 127 cannot saturate). */
+static inline int lc_iqg_small(int type) { return type != LC_IQ4_NL && type != LC_IQ4_XS; }
 
 /* The calling thread's panel buffer (lc_grow). */
 LC_SCRATCH(lc_iqg_buf);
@@ -56,13 +61,16 @@ static void LC_FN(iqg_panel)(int type, const uint8_t *w, int64_t n, int64_t r0, 
         const uint8_t *row = w + (r0 + c) * row_bytes;
         for (int64_t s = 0; s < k / 32; s++) {
             if (r0 + c >= n) {
-                memset(v, 0, sizeof(v));
+                memset(v, LC_ISA == LC_ISA_AVX2 && lc_iqg_small(type) ? 64 : 0, sizeof(v));
                 for (int l = 0; l < 8; l++) ls[l] = 0.0f;
             } else {
 #if LC_ISA == LC_ISA_AVX2 || LC_ISA == LC_ISA_AVX512VNNI
                 __m256i vv;
                 __m256 lv;
                 LC_FN(iq_sub)(type, row, s, &vv, &lv); /* IQ4 and MXFP4 in registers */
+#if LC_ISA == LC_ISA_AVX2
+                if (lc_iqg_small(type)) vv = _mm256_add_epi8(vv, _mm256_set1_epi8(64)); /* 1..127: maddubs-safe */
+#endif
                 _mm256_storeu_si256((__m256i *)v, vv);
                 _mm256_storeu_ps(ls, lv);
 #else
@@ -109,28 +117,30 @@ static inline __attribute__((always_inline)) void LC_FN(iqg_tile)(const int mr, 
 #elif LC_ISA == LC_ISA_AVX2
 /* As above in two 8-row halves of 256 bits; codes are signed, multiplied as |code| x (activation with the
    code's sign) (|both| <= 127: the int16 pair sums of maddubs cannot saturate). */
-static inline __attribute__((always_inline)) void LC_FN(iqg_tile)(const int mr, const int u, const uint8_t *codes,
-                                                                  const float *scales, int64_t k,
-                                                                  const int8_t *xq, const float *xd, int64_t t0,
-                                                                  void *out, int out_bf16, int64_t ldo, int64_t r0,
-                                                                  int cols) {
+static inline __attribute__((always_inline)) void LC_FN(iqg_tile)(const int mr, const int u, const int small,
+                                                                  const uint8_t *codes, const float *scales,
+                                                                  int64_t k, const int8_t *xq, const float *xd,
+                                                                  const lc_x16_sums *x, int64_t t0, void *out,
+                                                                  int out_bf16, int64_t ldo, int64_t r0, int cols) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4][2];
     for (int i = 0; i < mr; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     const int64_t units = k / u;
+    const int32_t *ns = u == 16 ? x->ns16 : x->ns32;
     for (int64_t h = 0; h < units; h++) {
         __m256i c[4][2];
-        for (int i = 0; i < mr; i++) c[i][0] = c[i][1] = _mm256_setzero_si256();
+        for (int i = 0; i < mr; i++) /* small: codes + 64, so the chain starts at 64 x minus the sum */
+            c[i][0] = c[i][1] = small ? _mm256_set1_epi32(ns[(t0 + i) * units + h] * 64) : _mm256_setzero_si256();
         for (int g = 0; g < u / 4; g++) {
             const uint8_t *p = codes + (h * (u / 4) + g) * 64;
             __m256i v0 = _mm256_loadu_si256((const __m256i *)p), v1 = _mm256_loadu_si256((const __m256i *)(p + 32));
-            __m256i a0 = _mm256_abs_epi8(v0), a1 = _mm256_abs_epi8(v1);
+            __m256i a0 = small ? v0 : _mm256_abs_epi8(v0), a1 = small ? v1 : _mm256_abs_epi8(v1);
             for (int i = 0; i < mr; i++) {
                 int32_t xb;
                 memcpy(&xb, xq + (t0 + i) * k + h * u + 4 * g, 4);
                 __m256i xv = _mm256_set1_epi32(xb);
-                __m256i p0 = _mm256_maddubs_epi16(a0, _mm256_sign_epi8(xv, v0));
-                __m256i p1 = _mm256_maddubs_epi16(a1, _mm256_sign_epi8(xv, v1));
+                __m256i p0 = _mm256_maddubs_epi16(a0, small ? xv : _mm256_sign_epi8(xv, v0));
+                __m256i p1 = _mm256_maddubs_epi16(a1, small ? xv : _mm256_sign_epi8(xv, v1));
                 c[i][0] = _mm256_add_epi32(c[i][0], _mm256_madd_epi16(p0, ones));
                 c[i][1] = _mm256_add_epi32(c[i][1], _mm256_madd_epi16(p1, ones));
             }
@@ -180,17 +190,27 @@ static void LC_FN(iqg_tile)(const int mr, const int u, const uint8_t *codes, con
 #endif
 
 #if LC_ISA == LC_ISA_AVX512VNNI
-#define LC_IQG_ACT x
+#define LC_IQG_ARGS(U) U, codes, scales, k, x
+#else /* portable (AVX2 calls its tile in LC_IQG_CALL) */
+#define LC_IQG_ARGS(U) U, codes, scales, k, xq, xd
+#endif
+#if LC_ISA == LC_ISA_AVX2 /* `small` a literal too, so each variant's inner loop has no branch */
+#define LC_IQG_CALL(M, U)                                                                                        \
+    if (lc_iqg_small(type)) LC_FN(iqg_tile)(M, U, 1, codes, scales, k, xq, xd, x, t0, out, out_bf16, ldo, r0, cols); \
+    else LC_FN(iqg_tile)(M, U, 0, codes, scales, k, xq, xd, x, t0, out, out_bf16, ldo, r0, cols);
 #else
-#define LC_IQG_ACT xq, xd
+#define LC_IQG_CALL(M, U) LC_FN(iqg_tile)(M, LC_IQG_ARGS(U), t0, out, out_bf16, ldo, r0, cols);
 #endif
 #define LC_IQG_TILE(M)                                                                                           \
-    if (u == 16) LC_FN(iqg_tile)(M, 16, codes, scales, k, LC_IQG_ACT, t0, out, out_bf16, ldo, r0, cols);        \
-    else LC_FN(iqg_tile)(M, 32, codes, scales, k, LC_IQG_ACT, t0, out, out_bf16, ldo, r0, cols);                \
+    if (u == 16) {                                                                                               \
+        LC_IQG_CALL(M, 16)                                                                                       \
+    } else {                                                                                                     \
+        LC_IQG_CALL(M, 32)                                                                                       \
+    }                                                                                                            \
     break;
 
 /* out[i, j] (row stride ldo) = activation row i . weight row j for t activation rows (lc_quantize's xq/xd;
-   `x`, their x16 summaries, read by AVX-512 only) and n weight rows of i-quant blocks, row_bytes apart:
+   `x`, their x16 summaries, read by AVX-512 and AVX2) and n weight rows of i-quant blocks, row_bytes apart:
    panels of 16 weight rows split over threads. LC_ENOMEM when a thread's panel buffer cannot grow. */
 static int LC_FN(iq_gemm)(int type, const uint8_t *w, int64_t n, int64_t k, int64_t row_bytes, const int8_t *xq,
                           const float *xd, const lc_x16_sums *x, int64_t t, void *out, int out_bf16, int64_t ldo,
@@ -235,5 +255,6 @@ static int LC_FN(iq_gemm)(int type, const uint8_t *w, int64_t n, int64_t k, int6
     return failed ? LC_ENOMEM : LC_OK;
 }
 #undef LC_IQG_TILE
-#undef LC_IQG_ACT
+#undef LC_IQG_CALL
+#undef LC_IQG_ARGS
 #undef LC_IQG_MR

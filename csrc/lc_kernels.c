@@ -382,7 +382,11 @@ LC_EXPORT int lc_matmul(int isa, int type, const uint8_t *w, int64_t n, int64_t 
             if (lc_x16_summaries(t, k, xq, xd, xs, &x)) return LC_ENOMEM;
             return iq_gemm_avx512vnni(type, w, n, k, row_bytes, xq, xd, &x, t, out, out_bf16, ldo, nth);
         }
-        if (isa == LC_ISA_AVX2) return iq_gemm_avx2(type, w, n, k, row_bytes, xq, xd, NULL, t, out, out_bf16, ldo, nth);
+        if (isa == LC_ISA_AVX2) {
+            lc_x16_sums x;
+            if (lc_x16_summaries(t, k, xq, xd, xs, &x)) return LC_ENOMEM;
+            return iq_gemm_avx2(type, w, n, k, row_bytes, xq, xd, &x, t, out, out_bf16, ldo, nth);
+        }
 #endif
         return iq_gemm_portable(type, w, n, k, row_bytes, xq, xd, NULL, t, out, out_bf16, ldo, nth);
     }
