@@ -90,12 +90,6 @@ def _hf_logits(hf: torch.nn.Module, tokens: list[int], pixels: torch.Tensor) -> 
         )
 
 
-def _hf_causal_logits(hf: torch.nn.Module, tokens: list[int], pixels: torch.Tensor) -> np.ndarray:
-    # no token_type_ids: causal attention over the picture too (MLX's runner attends so, docs/api.md)
-    with torch.no_grad():
-        return hf(input_ids=torch.tensor([tokens]), pixel_values=pixels).logits[0].float().numpy()
-
-
 PROMPT = [5, 17, 297, 299, 299, 299, 299, 298, 42, 7]
 
 

@@ -2,10 +2,9 @@
 path against transformers, on the tiny random Gemma3ForConditionalGeneration of the torch suite
 (tests/backends/test_gemma3_vision.py), float32 on MLX's CPU device: real PNG files go through
 localchat's preprocessing; the image embeddings match get_image_features; an image prompt run through
-the runner's execute path (image slices as the engine builds them, whole or split by chunked prefill in
-the middle of the image's run) gives transformers' logits and greedy tokens, and the picture is encoded
-once (the encoder cache). The reference runs without token_type_ids: the MLX runner still attends causally
-over a picture (the torch runner sees a Gemma 3 picture both ways, as transformers' processor asks)."""
+the runner's execute path (image slices as the engine builds them, whole or in the chunks the scheduler
+cuts, never inside the picture) gives transformers' logits and greedy tokens with the token_type_ids its processor passes (the picture's
+tokens attend to each other both ways), and the picture is encoded once (the encoder cache)."""
 
 from __future__ import annotations
 
@@ -25,9 +24,9 @@ from localchat.vision.gemma3_preprocess import ImageSpec, content_hash, decode, 
 from localchat.vision.placement import chunk_rows  # noqa: E402
 from localchat.weights.loader import load_model  # noqa: E402
 from tests.backends.test_gemma3_multimodal import TEXT  # noqa: E402
-from tests.backends.test_gemma3_vision import VISION, _pictures  # noqa: E402
-from tests.backends.test_gemma3_vision import _hf_causal_logits as _hf_logits  # noqa: E402
+from tests.backends.test_gemma3_vision import VISION, _hf_logits, _pictures  # noqa: E402
 from tests.helpers.parity import Driver, mlx_runner  # noqa: E402
+from tests.helpers.picture_prefill import scheduler_chunks  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 
@@ -75,7 +74,8 @@ def test_image_embeddings_match_transformers(saved: tuple[Any, Path], tmp_path: 
 def test_image_prompt_logits_and_greedy_tokens_match(
     saved: tuple[Any, Path], tmp_path: Path, chunk: int | None
 ) -> None:
-    """chunk=5 splits the image's four placeholders (positions 3-6) two and two across the steps."""
+    """chunk=5 would split the image's four placeholders (positions 3-6): the scheduler stops the first chunk
+    before the picture, and the next takes all of it."""
     hf, folder = saved
     data = _pictures(tmp_path)[0]
     pixels = preprocess(decode(data), ImageSpec.from_folder(folder, 56))
@@ -84,13 +84,17 @@ def test_image_prompt_logits_and_greedy_tokens_match(
     image = ImageInput(tuple(i for i, t in enumerate(PROMPT) if t == 299), content_hash(data), pixels)
     driver = Driver(runner)  # type: ignore[arg-type]
     driver.add("a", PROMPT)
+    assert runner.pictures_both_ways
+    spans = scheduler_chunks(len(PROMPT), image, chunk)
+    assert spans == ([(0, 10)] if chunk is None else [(0, 3), (3, 8), (8, 10)])
     rows_logits = []
-    for start, end in [(0, len(PROMPT))] if chunk is None else [(0, chunk), (chunk, len(PROMPT))]:
+    for start, end in spans:
         out, batch = driver.build({"a": end - start}, every_token=True)
         token_rows, embed_rows = chunk_rows(list(image.placeholders), start, end)
-        batch.image_slices = [ImageSlice(image, token_rows, embed_rows)]  # as engine/batch.py builds them
+        if token_rows:  # as engine/batch.py builds them
+            batch.image_slices = [ImageSlice(image, token_rows, embed_rows)]
         rows_logits.append(np.array(runner.compute_logits(out, batch)))
-    assert (runner.images.cache.misses, runner.images.cache.hits) == (1, 0 if chunk is None else 1)
+    assert (runner.images.cache.misses, runner.images.cache.hits) == (1, 0)
     ours = np.concatenate(rows_logits)
     torch_pixels = torch.from_numpy(pixels)[None]
     theirs = _hf_logits(hf, PROMPT, torch_pixels)

@@ -3,8 +3,10 @@ image path against transformers, on the tiny random Gemma4ForConditionalGenerati
 (tests/backends/test_gemma4_vision.py: clipped linears, standardized features), float32 on MLX's CPU
 device: real picture files through localchat's preprocessing; the image embeddings match
 get_image_features; an image prompt through the runner's execute path (image slices as the engine builds
-them, whole or split by chunked prefill inside the image's run), with and without per-layer embeddings,
-gives transformers' logits and greedy tokens, and the picture is encoded once (the encoder cache)."""
+them, whole or chunked), with and without per-layer embeddings and with `use_bidirectional_attention:
+"vision"` (the picture sees itself both ways on sliding layers; chunks never cut it), gives transformers'
+logits and greedy tokens (mm_token_type_ids as the processor passes them), and the picture is encoded
+once (the encoder cache)."""
 
 from __future__ import annotations
 
@@ -25,26 +27,26 @@ from localchat.vision.gemma4_preprocess import Gemma4ImageSpec, preprocess  # no
 from localchat.vision.model_info import vision_config  # noqa: E402
 from localchat.vision.placement import chunk_rows  # noqa: E402
 from localchat.weights.loader import load_model  # noqa: E402
+from tests.backends.test_gemma4_vision import FOLDERS  # noqa: E402
 from tests.helpers.gemma4_gguf_vision import write_gguf_pair  # noqa: E402
 from tests.helpers.gemma4_vision_models import (  # noqa: E402
     IMAGE_SPECIALS,
-    TEXT,
-    TEXT_PLE,
     image_processor,
     pictures,
     write_folder,
 )
 from tests.helpers.parity import Driver, mlx_runner  # noqa: E402
+from tests.helpers.picture_prefill import scheduler_chunks  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 
 IMAGE = IMAGE_SPECIALS["<|image|>"]
 
 
-@pytest.fixture(scope="module", params=["plain", "per-layer-embeddings"])
+@pytest.fixture(scope="module", params=list(FOLDERS))
 def saved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     folder = tmp_path_factory.mktemp(f"gemma4v-mlx-{request.param}")
-    return write_folder(folder, TEXT if request.param == "plain" else TEXT_PLE), folder
+    return write_folder(folder, FOLDERS[request.param]), folder
 
 
 def _pixels(folder: Path, path: Path) -> np.ndarray:
@@ -74,12 +76,14 @@ def test_image_embeddings_match_transformers(saved: tuple[Any, Path], tmp_path: 
 
 
 def _hf_logits(hf: Any, tokens: list[int], ref: dict[str, Any]) -> np.ndarray:
-    # no mm_token_type_ids: causal attention over the image, as localchat's paged attention runs it
+    # mm_token_type_ids as Gemma4Processor gives them: with "vision", the picture sees itself both ways
+    ids = torch.tensor([tokens])
     with torch.no_grad():
         out = hf(
-            input_ids=torch.tensor([tokens]),
+            input_ids=ids,
             pixel_values=ref["pixel_values"],
             image_position_ids=ref["image_position_ids"],
+            mm_token_type_ids=(ids == IMAGE).long(),
         )
     return np.asarray(out.logits[0].float().numpy())
 
@@ -89,7 +93,7 @@ def test_image_prompt_logits_and_greedy_tokens_match(
     saved: tuple[Any, Path], tmp_path: Path, chunk: int | None
 ) -> None:
     hf, folder = saved
-    path = pictures(tmp_path)[1]  # the wide JPEG: 1 x 12 soft tokens
+    path = pictures(tmp_path)[1]  # the wide JPEG
     ref = _reference(path)
     pixels = _pixels(folder, path)
     count = int(ref["num_soft_tokens_per_image"][0])
@@ -101,13 +105,21 @@ def test_image_prompt_logits_and_greedy_tokens_match(
     )
     driver = Driver(runner)
     driver.add("a", prompt)
+    both_ways = hf.config.get_text_config().use_bidirectional_attention == "vision"
+    assert runner.pictures_both_ways == both_ways
+    if chunk is None or not both_ways:  # causal checkpoints: a chunk may end inside the picture
+        spans = [(0, len(prompt))] if chunk is None else [(0, chunk), (chunk, len(prompt))]
+    else:  # "vision": the scheduler's chunks, never inside the picture
+        spans = scheduler_chunks(len(prompt), image, chunk)
     rows_logits = []
-    for start, end in [(0, len(prompt))] if chunk is None else [(0, chunk), (chunk, len(prompt))]:
+    for start, end in spans:
         out, batch = driver.build({"a": end - start}, every_token=True)
         token_rows, embed_rows = chunk_rows(list(image.placeholders), start, end)
-        batch.image_slices = [ImageSlice(image, token_rows, embed_rows)]  # as engine/batch.py builds them
+        if token_rows:  # as engine/batch.py builds them
+            batch.image_slices = [ImageSlice(image, token_rows, embed_rows)]
         rows_logits.append(np.array(runner.compute_logits(out, batch)))
-    assert (runner.images.cache.misses, runner.images.cache.hits) == (1, 0 if chunk is None else 1)
+    split = sum(1 for a, b in spans if any(a <= p < b for p in image.placeholders)) > 1
+    assert (runner.images.cache.misses, runner.images.cache.hits) == (1, 1 if split else 0)
     ours = np.concatenate(rows_logits)
     theirs = _hf_logits(hf, prompt, ref)
     err = np.abs(ours - theirs).max()

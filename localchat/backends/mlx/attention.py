@@ -43,6 +43,9 @@ class PrefillRow:
     end: int
     block_ids: mx.array | None  # int32 [ceil(seq_len / block_size)]; None: context == new tokens
     seq_len: int
+    # Steps with pictures, for models that attend over them both ways (Gemma 3; Gemma 4 "vision"): bool
+    # [q_len, seq_len], True where query and key are in one picture's run (vision/picture_runs.py)
+    picture_mask: mx.array | None = None
 
 
 @dataclass(slots=True)
@@ -118,9 +121,11 @@ def paged_attention(
     window: int | None = None,
     softcap: float | None = None,
     sinks: mx.array | None = None,
+    pictures: bool = False,
 ) -> mx.array:
     """q [T, heads, d], k/v [T, kv_heads, d] (this step) -> [T, heads, d]. Writes k/v into the cache.
-    `sinks` [heads]: per-head logits added to each softmax's denominator (not with `softcap`)."""
+    `sinks` [heads]: per-head logits added to each softmax's denominator (not with `softcap`).
+    `pictures`: the layer sees a picture's tokens both ways (OR the rows' picture masks, then the window)."""
     assert sinks is None or softcap is None, "soft-capped attention has no sink term"
     cache.k[meta.slot_mapping] = k
     cache.v[meta.slot_mapping] = v
@@ -128,7 +133,8 @@ def paged_attention(
     if meta.decode_block_tables is not None:
         pieces.append(_decode(q, cache, meta, scale, window, softcap, sinks))
     pieces.extend(
-        _prefill(q, k, v, cache, row, meta.block_size, scale, window, softcap, sinks) for row in meta.prefills
+        _prefill(q, k, v, cache, row, meta.block_size, scale, window, softcap, sinks, pictures)
+        for row in meta.prefills
     )
     out = pieces[0] if len(pieces) == 1 else mx.concatenate(pieces)
     return out if meta.restore_order is None else out[meta.restore_order]
@@ -181,7 +187,9 @@ def _prefill(
     window: int | None,
     softcap: float | None,
     sinks: mx.array | None,
+    pictures: bool = False,
 ) -> mx.array:
+    both_ways = row.picture_mask if pictures else None
     if row.block_ids is None:
         keys, values = k[row.start : row.end], v[row.start : row.end]  # [L, kv_heads, d]
     else:
@@ -191,7 +199,7 @@ def _prefill(
         window = None
     queries = q[row.start : row.end].transpose(1, 0, 2)[None]  # [1, heads, L, d]
     keys, values = keys.transpose(1, 0, 2)[None], values.transpose(1, 0, 2)[None]  # [1, kv_heads, S, d]
-    if window is None and softcap is None:
+    if window is None and softcap is None and both_ways is None:
         # NOTE: MLX's "causal" mask aligns the last query with the last key (query i sees keys <= i + S - L),
         # which is exactly "position p sees positions <= p" for new tokens that end the row's context.
         out = mx.fast.scaled_dot_product_attention(
@@ -202,6 +210,8 @@ def _prefill(
     q_pos = mx.arange(row.seq_len - (row.end - row.start), row.seq_len)[:, None]
     k_pos = mx.arange(row.seq_len)[None, :]
     mask = k_pos <= q_pos
+    if both_ways is not None:  # OR(causal, picture), then the window, as transformers composes them
+        mask = mask | both_ways
     if window is not None:
         mask = mask & (k_pos > q_pos - window)
     if softcap is None:

@@ -56,6 +56,7 @@ from localchat.backends.pooling import Pooler
 from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput, StateCacheSpec
 from localchat.errors import BackendUnavailableError
 from localchat.host_memory import mem_available
+from localchat.vision.picture_runs import picture_mask
 from localchat.weights.bundle import ModelBundle
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
@@ -232,10 +233,20 @@ class MLXRunner:
             if new.sampling_params.embedding:
                 self.pooler.start(new.req_id)
 
+    @property
+    def pictures_both_ways(self) -> bool:
+        """Whether the model attends over each picture's tokens both ways (Gemma 3; Gemma 4 "vision"): the
+        engine then never cuts a picture across prefill chunks."""
+        return self.images is not None and bool(getattr(self.model, "pictures_both_ways", False))
+
     def _logits(self, batch: BatchInputs) -> mx.array | None:
         """Run the step (writing its K/V) and return logits [num_sampled, vocab], evaluated; None if none."""
         assert self.kv_caches and batch.block_size == self.block_size, "initialize_kv_cache first"
         meta = AttentionMetadata.from_batch(batch)
+        if batch.image_slices and self.pictures_both_ways:  # Gemma 3: a picture's tokens see all of it
+            for row in meta.prefills:
+                if (mask := picture_mask(batch, row.start, row.end, row.seq_len)) is not None:
+                    row.picture_mask = mx.array(mask)
         input_ids = mx.array(batch.input_ids.astype(np.int32))
         # M-RoPE (vision/mrope.py): [3, T] rotary positions when a row has pictures; K/V follow `positions`.
         rope = batch.positions if batch.rope_positions is None else batch.rope_positions

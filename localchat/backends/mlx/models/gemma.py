@@ -60,7 +60,10 @@ class GemmaLayer(Layer):
         if self.q_norm is not None:
             q, k = mx.fast.rms_norm(q, self.q_norm, eps), mx.fast.rms_norm(k, self.k_norm, eps)
         q, k = rotary(q, positions), rotary(k, positions)
-        attn = paged_attention(q, k, qkv[:, h + kvh :], cache, meta, self.scale, self.window, self.softcap)
+        # Gemma 3: each picture's tokens see all of it (pictures=True; Gemma 2 has none)
+        attn = paged_attention(
+            q, k, qkv[:, h + kvh :], cache, meta, self.scale, self.window, self.softcap, pictures=True
+        )
         assert self.o is not None and self.down is not None
         x = x + mx.fast.rms_norm(linear(attn.reshape(tokens, h * d), self.o), self.post_attn_norm, eps)
         gate, up = mx.split(project(mx.fast.rms_norm(x, self.mlp_norm, eps), self.gate_up), 2, axis=-1)
@@ -73,6 +76,9 @@ class Model(DecoderLM):
     # Image embeddings for the next forward: (rows of this step's flattened tokens, values [rows, hidden]).
     # They replace those rows' token embeddings after the sqrt(hidden) scale, as transformers scatters them.
     image_embeds: tuple[mx.array, mx.array] | None = None
+    # transformers' Gemma 3 (token_type_ids, as its processor gives them): a picture's tokens attend to
+    # each other both ways on every layer; the runner and the scheduler read this
+    pictures_both_ways = True
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)

@@ -94,6 +94,8 @@ class Gemma4Layer(WithMoe):
         self.heads, self.kv_heads, self.head_dim, self.eps = h, kvh, d, config.rms_norm_eps
         self.width, self.repeat = config.head_dim, config.num_key_value_heads // kvh
         self.window = config.sliding_window if self.kind != FULL else None
+        # use_bidirectional_attention "vision": a picture's tokens see all of it, on sliding layers only
+        self.pictures = self.window is not None and x.get("use_bidirectional_attention") == "vision"
         owns_kv = self.source == index
         shares_values = bool(x.get("attention_k_eq_v")) and self.kind == FULL
         # `use_double_wide_mlp`: the KV-sharing layers' MLP is twice as wide.
@@ -165,7 +167,7 @@ class Gemma4Layer(WithMoe):
             shared[self.index] = k, v
         else:
             k, v = shared[self.source]
-        attn = paged_attention(q, k, v, cache, meta, 1.0, self.window)[..., :d]
+        attn = paged_attention(q, k, v, cache, meta, 1.0, self.window, pictures=self.pictures)[..., :d]
         x = x + mx.fast.rms_norm(linear(attn.reshape(tokens, h * d), self.o), self.post_attn_norm, eps)
         gate, up = mx.split(project(mx.fast.rms_norm(x, self.mlp_norm, eps), self.gate_up), 2, axis=-1)
         mlp = linear(mlx.nn.gelu_approx(gate) * up, self.down)
@@ -201,6 +203,7 @@ class Model(DecoderLM):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         x = config.extra
+        self.pictures_both_ways = x.get("use_bidirectional_attention") == "vision"  # the runner reads it
         # One RoPE table per layer type, at that type's head size.
         self.rotaries: dict[str, Rotary] = {}
         for kind, d in zip(x["layer_types"], x["layer_head_dims"], strict=True):
