@@ -24,6 +24,7 @@ _FIXED = {
     "mm.0.bias": "multi_modal_projector.linear_1.bias",
     "mm.2.weight": "multi_modal_projector.linear_2.weight",
     "mm.2.bias": "multi_modal_projector.linear_2.bias",
+    "model.image_newline": "image_newline",  # LLaVA-NeXT's
 }
 _LAYER = {
     "attn_q": "self_attn.q_proj",
@@ -72,7 +73,7 @@ def read_llava_mmproj(config: dict[str, Any], mmproj: Path) -> dict[str, np.ndar
     hidden = int(config["vision_config"]["hidden_size"])
     state: dict[str, np.ndarray] = {}
     for tensor in open_gguf(mmproj).tensors:
-        if tensor.name.startswith(("v.", "mm.")):
+        if tensor.name.startswith(("v.", "mm.", "model.image_newline")):
             values = _values(mmproj, tensor)
             if (ours := _our_name(tensor.name, values, hidden)) is not None:
                 state[ours] = values

@@ -82,11 +82,15 @@ class LlavaNextImagePrompt:
 
     @classmethod
     def from_config(cls, path: Path, config: dict[str, Any]) -> LlavaNextImagePrompt:
+        """`path`: the folder (its preprocessor_config.json), or a GGUF whose config came from its mmproj."""
         vision = config["vision_config"]
         tile = int(vision.get("image_size", 336))
         pinpoints = tuple((int(h), int(w)) for h, w in config.get("image_grid_pinpoints", DEFAULT_PINPOINTS))
         token = int(config.get("image_token_index", config.get("image_token_id", 32_000)))
-        spec = replace(ClipImageSpec.from_folder(path, tile), pad_to_square=False)
+        if "mmproj" in config:  # a GGUF: the mean/std its mmproj records, no square padding
+            spec = ClipImageSpec.from_dict(config.get("preprocessing", {}), tile)
+        else:
+            spec = replace(ClipImageSpec.from_folder(path, tile), pad_to_square=False)
         return cls(spec, pinpoints, tile, int(vision.get("patch_size", 14)), token)
 
     def preprocess(self, image: Image.Image) -> AnyresPixels:

@@ -143,12 +143,6 @@ def gguf_vision_config(model_file: Path, mmproj: Path) -> dict[str, Any]:
             f"{arch!r}: localchat pairs {', '.join(f'{k} projectors with {a}' for k, a in PROJECTORS.items())}. "
             "Use the mmproj file published with this model (--mmproj PATH)."
         )
-    if kind == "mlp" and meta["clip.vision.image_grid_pinpoints"]:
-        raise MmprojMismatchError(
-            f"The vision projector {mmproj.name} is LLaVA-NeXT's (1.6: pictures tiled over a grid of "
-            "resolutions); localchat runs LLaVA 1.5-style projectors only so far. Load the model without "
-            "--mmproj to chat with it without images."
-        )
     width = (
         meta["tensors"].get("mm.2.weight", [0])[-1] if kind == "mlp" else meta["clip.vision.projection_dim"]
     )
@@ -214,11 +208,6 @@ def paired_vision_config(model_file: Path) -> dict[str, Any] | None:
         if IMAGE_TOKENS[kind] not in tokens:
             log.warning("%s has no <image> token: %s is not paired, images unsupported", model_file, mmproj)
             return None
-        if mmproj_metadata(mmproj)["clip.vision.image_grid_pinpoints"]:
-            log.warning(
-                "%s is a LLaVA-NeXT projector (not run yet): %s chats without images", mmproj, model_file
-            )
-            return None
     return gguf_vision_config(model_file, mmproj)
 
 
@@ -234,8 +223,12 @@ def _llava_config(meta: dict[str, Any], hidden: int, image_token: int, mmproj: P
         for key in ("image_mean", "image_std")
         if meta[f"clip.vision.{key}"]
     }
+    # LLaVA-NeXT (1.6): the flattened (height, width) tile grid, and its image_newline tensor
+    pinpoints = [int(v) for v in meta["clip.vision.image_grid_pinpoints"] or []]
+    anyres = {"image_grid_pinpoints": [pinpoints[i : i + 2] for i in range(0, len(pinpoints), 2)]}
     return {
-        "model_type": "llava",
+        "model_type": "llava_next" if pinpoints else "llava",
+        **(anyres if pinpoints else {}),
         "image_token_index": image_token,
         "vision_feature_layer": [int(i) for i in layers],
         "vision_feature_select_strategy": "default",

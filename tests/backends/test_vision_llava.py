@@ -288,34 +288,6 @@ def test_mismatched_or_tokenless_pairs(gguf_pair: tuple[Any, Path, Path, Path], 
         gguf_vision_config(legacy, beside / mmproj.name)
 
 
-def test_a_llava_next_projector_is_refused_or_left_out(
-    gguf_pair: tuple[Any, Path, Path, Path], tmp_path: Path
-) -> None:
-    """LLaVA-NeXT (1.6) mmproj files are `mlp` too, with a grid of tile resolutions: not run as 1.5 (that
-    would drop the tiles the model was trained on). Named by --mmproj: a typed error; beside the model:
-    text-only."""
-    import gguf
-
-    from localchat.vision.mmproj import MmprojMismatchError, gguf_vision_config
-
-    _, _, model, _ = gguf_pair
-    folder = tmp_path / "next"
-    folder.mkdir()
-    writer = gguf.GGUFWriter(str(folder / "mmproj-next.gguf"), arch="clip")
-    writer.add_bool("clip.has_vision_encoder", True)
-    writer.add_string("clip.projector_type", "mlp")
-    writer.add_array("clip.vision.image_grid_pinpoints", [336, 672, 672, 336, 672, 672])
-    writer.add_tensor("mm.2.weight", np.zeros((64, 64), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    with pytest.raises(MmprojMismatchError, match="LLaVA-NeXT"):
-        gguf_vision_config(model, folder / "mmproj-next.gguf")
-    (folder / model.name).symlink_to(model)
-    assert vision_config(folder / model.name) is None
-
-
 # --- MLX: the same tower and the MLX runner's image path (float32 on MLX's CPU device) -------------------
 
 

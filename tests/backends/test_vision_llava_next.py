@@ -175,14 +175,18 @@ def _hf_greedy(hf: Any, prompt: list[int], pixels: AnyresPixels, new: int) -> li
 def test_engine_greedy_equals_transformers(saved: tuple[Any, Path], pictures: list[Path], chunk: int) -> None:
     """Through LLMEngine + TorchRunner (the runner's own tower and encoder cache), pictures of different
     shapes (so different token counts), each twice: the second turn from the prefix cache."""
+    hf, folder = saved
+    _engine_check(hf, folder, pictures[:2], chunk)
+
+
+def _engine_check(hf: Any, model_path: Path, pictures: list[Path], chunk: int) -> None:
     from localchat.engine.config import EngineConfig
     from localchat.engine.engine import LLMEngine
     from localchat.engine.sampling_params import SamplingParams
     from localchat.vision.gemma3_preprocess import content_hash
 
-    hf, folder = saved
-    side = _prompt_side(folder)
-    bundle = load_model(folder)
+    side = _prompt_side(model_path)
+    bundle = load_model(model_path)
     runner = fp32_runner(bundle)
     assert isinstance(runner.images.vision, LlavaNextVision)  # type: ignore[union-attr]
     engine = LLMEngine(
@@ -193,7 +197,7 @@ def test_engine_greedy_equals_transformers(saved: tuple[Any, Path], pictures: li
         model_max_len=256,
     )
     answers = []
-    for path in pictures[:2]:
+    for path in pictures:
         pixels = _tiles(side, path)
         prompt = _prompt(side.grid(pixels))
         (run,) = side.placeholders(prompt, [side.grid(pixels)])
@@ -327,3 +331,71 @@ def test_mlx_image_prompt_logits_and_greedy_tokens(
         _, logits = driver.step_logits()
         ours = logits
         assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), pixels)[-1].argmax())
+
+
+# --- GGUF + llama.cpp's LLaVA-NeXT `mlp` mmproj (image_grid_pinpoints, model.image_newline) -----------------
+
+
+@pytest.fixture(scope="module")
+def gguf_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, Path, Path]:
+    from tests.helpers.llava_gguf import round_to_f16
+    from tests.helpers.llava_next_gguf import write_next_gguf_pair
+
+    folder = tmp_path_factory.mktemp("llava-next-f16-exact")
+    hf = tiny.write_folder(folder)
+    round_to_f16(hf)  # the mmproj script stores the conv and projector matrices in f16
+    hf.save_pretrained(folder)
+    model, mmproj = write_next_gguf_pair(folder, tmp_path_factory.mktemp("llava-next-gguf"))
+    return hf, folder, model, mmproj
+
+
+def test_mmproj_pairs_and_gives_transformers_features(
+    gguf_pair: tuple[Any, Path, Path, Path], pictures: list[Path]
+) -> None:
+    from localchat.backends.torch.vision.llava_next import load_llava_next_mmproj
+
+    hf, folder, model, mmproj = gguf_pair
+    config = vision_config(model)  # the only mmproj beside the model: paired
+    assert config is not None and config["model_type"] == "llava_next" and config["mmproj"] == str(mmproj)
+    assert config["image_grid_pinpoints"] == tiny.PINPOINTS and config["image_token_index"] == IMAGE
+    side = LlavaNextImagePrompt.from_config(model, config)
+    folder_side = _prompt_side(folder)
+    vision = load_llava_next_mmproj(config, mmproj)
+    for path in pictures:
+        pixels = _tiles(side, path)
+        assert np.array_equal(pixels.tiles, _tiles(folder_side, path).tiles)  # the same preprocessing
+        ours = vision.encode_anyres(torch.from_numpy(pixels.tiles), pixels.image_size)
+        err = (ours - _hf_features(hf, pixels)).abs().max().item()
+        print(f"llava-next mmproj features max abs err fp32 ({path.name}): {err:.2e}")
+        assert err < 1e-5
+
+
+@pytest.mark.parametrize("chunk", [0, 13])
+def test_gguf_pair_engine_greedy_equals_transformers(
+    gguf_pair: tuple[Any, Path, Path, Path], pictures: list[Path], chunk: int
+) -> None:
+    """The text GGUF with the paired mmproj through the engine: transformers' greedy tokens, a chunk
+    boundary inside the image's run, the second turn from the prefix cache."""
+    hf, _, model, _ = gguf_pair
+    _engine_check(hf, model, pictures[:2], chunk)
+
+
+@pytest.mark.mlx
+def test_mlx_mmproj_features_equal_transformers(
+    gguf_pair: tuple[Any, Path, Path, Path], pictures: list[Path]
+) -> None:
+    """The MLX image embedder of the GGUF pair (its loader picks the LLaVA-NeXT mmproj tower)."""
+    mx = pytest.importorskip("mlx.core")
+    from localchat.backends.mlx.vision.images import load_image_embedder
+    from localchat.backends.mlx.vision.llava_next import LlavaNextVision as MlxLlavaNext
+
+    hf, _, model, _ = gguf_pair
+    embedder = load_image_embedder(model, mx.float32)
+    assert embedder is not None and isinstance(embedder.vision, MlxLlavaNext)
+    side = _prompt_side(model)
+    for path in pictures:
+        pixels = _tiles(side, path)
+        ours = np.array(embedder.vision.encode_anyres(mx.array(pixels.tiles), pixels.image_size))
+        err = np.abs(ours - _hf_features(hf, pixels).numpy()).max()
+        print(f"mlx llava-next mmproj features max abs err fp32 ({path.name}): {err:.2e}")
+        assert err < 1e-4

@@ -19,8 +19,6 @@ def test_supported_families_with_a_vision_config_take_images_others_do_not(tmp_p
     assert not takes_images(folder("g3text", {"model_type": "gemma3_text"}))
     assert takes_images(folder("llava", {"model_type": "llava", "vision_config": {}}))
     assert takes_images(folder("qwen25vl", {"model_type": "qwen2_5_vl", "vision_config": {}}))
-    assert not takes_images(
-        folder("llavanext", {"model_type": "llava_next", "vision_config": {}})
-    )  # no tiling
+    assert takes_images(folder("llavanext", {"model_type": "llava_next", "vision_config": {}}))
     assert not takes_images(folder("q35text", {"model_type": "qwen3_5"}))  # text-only checkpoint
     assert not takes_images(tmp_path / "model.gguf")

@@ -15,7 +15,11 @@ import numpy as np
 from localchat.backends.mlx.vision.gemma3 import Gemma3Vision, load_gemma3_vision
 from localchat.backends.mlx.vision.gemma4 import Gemma4Vision, load_gemma4_mmproj, load_gemma4_vision
 from localchat.backends.mlx.vision.llava import LlavaVision, load_llava_mmproj, load_llava_vision
-from localchat.backends.mlx.vision.llava_next import LlavaNextVision, load_llava_next_vision
+from localchat.backends.mlx.vision.llava_next import (
+    LlavaNextVision,
+    load_llava_next_mmproj,
+    load_llava_next_vision,
+)
 from localchat.backends.mlx.vision.pixtral import PixtralVision, load_pixtral_mmproj, load_pixtral_vision
 from localchat.backends.mlx.vision.qwen_vl import QwenVision, load_qwen_vision
 from localchat.backends.mlx.vision.qwen_vl_mmproj import load_qwen_vl_mmproj
@@ -84,6 +88,9 @@ def load_image_embedder(path: Path, dtype: mx.Dtype) -> ImageEmbedder | None:
     if "mmproj" in config and config.get("model_type") in LLAVA_TYPES:  # llama.cpp's `mlp` projector
         log.info("loading the vision tower of %s from %s", path, config["mmproj"])
         return ImageEmbedder(load_llava_mmproj(config, Path(config["mmproj"]), dtype), dtype)
+    if "mmproj" in config and config.get("model_type") in LLAVA_NEXT_TYPES:  # LLaVA-NeXT's `mlp` projector
+        log.info("loading the vision tower of %s from %s", path, config["mmproj"])
+        return ImageEmbedder(load_llava_next_mmproj(config, Path(config["mmproj"]), dtype), dtype)
     if "mmproj" in config and config.get("model_type") in QWEN_VL_TYPES:  # llama.cpp's Qwen-VL mergers
         log.info("loading the vision tower of %s from %s", path, config["mmproj"])
         return ImageEmbedder(load_qwen_vl_mmproj(config, Path(config["mmproj"]), dtype), dtype)

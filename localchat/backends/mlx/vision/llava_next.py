@@ -11,6 +11,7 @@ from typing import Any
 import mlx.core as mx
 
 from localchat.backends.mlx.vision.llava import LlavaVision, _expected_names, _our_name
+from localchat.vision.llava_mmproj import read_llava_mmproj
 from localchat.vision.llava_next_prompt import DEFAULT_PINPOINTS, best_resolution, unpadded_bounds
 
 _NEWLINE_KEYS = ("model.image_newline", "image_newline")
@@ -45,17 +46,30 @@ class LlavaNextVision(LlavaVision):
 def load_llava_next_vision(folder: Path, dtype: mx.Dtype = mx.float32) -> LlavaNextVision:
     """The tower, projector and image_newline of a LlavaNextForConditionalGeneration safetensors folder."""
     config = json.loads((folder / "config.json").read_text())
-    wanted = _expected_names(config) | {"image_newline"}
     weights: dict[str, mx.array] = {}
     for path in sorted(folder.glob("*.safetensors")):
         loaded = mx.load(str(path))
         assert isinstance(loaded, dict)
         for key, value in loaded.items():
             name = "image_newline" if key in _NEWLINE_KEYS else _our_name(key)
-            if name in wanted:
+            if name is not None:
                 weights[name] = value.astype(dtype)
-    mx.eval(list(weights.values()))  # evaluated now: nothing lazy stays bound to the loading thread's stream
-    missing = wanted - weights.keys()
+    return _checked(config, weights, folder)
+
+
+def load_llava_next_mmproj(
+    config: dict[str, Any], mmproj: Path, dtype: mx.Dtype = mx.float32
+) -> LlavaNextVision:
+    """The same from llama.cpp's LLaVA-NeXT `mlp` mmproj (config: gguf_vision_config's dict for the pair)."""
+    state = read_llava_mmproj(config, mmproj)
+    return _checked(config, {name: mx.array(v).astype(dtype) for name, v in state.items()}, mmproj)
+
+
+def _checked(config: dict[str, Any], weights: dict[str, mx.array], source: Path) -> LlavaNextVision:
+    wanted = _expected_names(config) | {"image_newline"}
+    kept = {name: value for name, value in weights.items() if name in wanted}
+    mx.eval(list(kept.values()))  # evaluated now: nothing lazy stays bound to the loading thread's stream
+    missing = wanted - kept.keys()
     if missing:  # a missing tensor is an error, not a random weight
-        raise ValueError(f"{folder}: the vision tower lacks {', '.join(sorted(missing)[:5])}")
-    return LlavaNextVision(config, weights)
+        raise ValueError(f"{source}: the vision tower lacks {', '.join(sorted(missing)[:5])}")
+    return LlavaNextVision(config, kept)

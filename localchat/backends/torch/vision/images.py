@@ -18,7 +18,11 @@ from localchat.backends.torch.vision.gemma4_mmproj import load_gemma4_mmproj
 from localchat.backends.torch.vision.llama4 import Llama4Vision, load_llama4_vision
 from localchat.backends.torch.vision.llava import LlavaVision, load_llava_vision
 from localchat.backends.torch.vision.llava_mmproj import load_llava_mmproj
-from localchat.backends.torch.vision.llava_next import LlavaNextVision, load_llava_next_vision
+from localchat.backends.torch.vision.llava_next import (
+    LlavaNextVision,
+    load_llava_next_mmproj,
+    load_llava_next_vision,
+)
 from localchat.backends.torch.vision.pixtral import PixtralVision, load_pixtral_mmproj, load_pixtral_vision
 from localchat.backends.torch.vision.qwen_vl import QwenVisionTower, encode_image, load_qwen_vision
 from localchat.backends.torch.vision.qwen_vl_mmproj import load_qwen_vl_mmproj
@@ -92,6 +96,9 @@ def load_image_embedder(path: Path, device: torch.device, dtype: torch.dtype) ->
             return ImageEmbedder(load_smolvlm_mmproj(config, Path(config["mmproj"]), dtype), device, dtype)
         if config.get("model_type") in LLAVA_TYPES:
             return ImageEmbedder(load_llava_mmproj(config, Path(config["mmproj"]), dtype), device, dtype)
+        if config.get("model_type") in LLAVA_NEXT_TYPES:
+            vision = load_llava_next_mmproj(config, Path(config["mmproj"]), dtype)
+            return ImageEmbedder(vision, device, dtype)
         if config.get("model_type") in QWEN_VL_TYPES:
             return ImageEmbedder(load_qwen_vl_mmproj(config, Path(config["mmproj"]), dtype), device, dtype)
         if config.get("model_type") in PIXTRAL_TYPES:

@@ -16,6 +16,7 @@ from torch import nn
 
 from localchat.backends.torch.vision.llava import _PREFIXES, LlavaVision
 from localchat.errors import ModelLoadError
+from localchat.vision.llava_mmproj import read_llava_mmproj
 from localchat.vision.llava_next_prompt import DEFAULT_PINPOINTS, best_resolution, unpadded_bounds
 
 _NEWLINE_KEYS = ("model.image_newline", "image_newline")
@@ -66,4 +67,17 @@ def load_llava_next_vision(folder: Path, dtype: torch.dtype = torch.float32) -> 
                 if prefix is not None and (name := prefix[1] + key[len(prefix[0]) :]) in wanted:
                     state[name] = handle.get_tensor(key)
     model.load_state_dict(state, strict=True)  # a missing tensor is an error, not a random weight
+    return model.to(dtype).eval()
+
+
+def load_llava_next_mmproj(
+    config: dict[str, Any], mmproj: Path, dtype: torch.dtype = torch.float32
+) -> LlavaNextVision:
+    """The same from llama.cpp's LLaVA-NeXT `mlp` mmproj (config: gguf_vision_config's dict for the pair)."""
+    model = LlavaNextVision(config)
+    state = {name: torch.from_numpy(values) for name, values in read_llava_mmproj(config, mmproj).items()}
+    try:
+        model.load_state_dict(state, strict=True)  # a missing tensor is an error, not a random weight
+    except RuntimeError as exc:
+        raise ModelLoadError(f"{mmproj.name} does not hold a LLaVA-NeXT CLIP tower: {exc}") from exc
     return model.to(dtype).eval()
