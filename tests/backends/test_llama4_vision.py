@@ -289,3 +289,61 @@ def test_engine_greedy_equals_transformers(saved: tuple[Any, Path], tmp_path: Pa
         answers.append(turns[0][0])
     assert runner.images.cache.misses == len(pictures)  # type: ignore[union-attr]
     assert answers[0] != answers[1]
+
+
+@pytest.mark.mlx
+def test_mlx_features_equal_transformers(saved: tuple[Any, Path], tmp_path: Path) -> None:
+    mx = pytest.importorskip("mlx.core")
+    from localchat.backends.mlx.vision.llama4 import load_llama4_vision as load_mlx
+
+    hf, folder = saved
+    vision = load_mlx(folder)
+    for path in tiny.pictures(tmp_path):
+        pixels, _ = _pixels(folder, path)
+        ours = np.array(vision.encode(mx.array(pixels.numpy())[None]))[0]
+        theirs = _hf_features(hf, pixels).numpy()
+        err = np.abs(ours - theirs).max()
+        print(f"mlx llama4 image features max abs err fp32 ({path.name}): {err:.2e}")
+        assert ours.shape == theirs.shape and err < 1e-4
+
+
+@pytest.mark.mlx
+@pytest.mark.parametrize("chunk", [None, 60])
+def test_mlx_image_prompt_logits_and_greedy_tokens(
+    saved: tuple[Any, Path], tmp_path: Path, chunk: int | None
+) -> None:
+    """Through the MLX runner's compute_logits with image slices as engine/batch.py builds them (chunk=60
+    splits the picture inside a tile): transformers' logits and greedy tokens; one encode."""
+    pytest.importorskip("mlx.core")
+    from localchat.engine.interface import ImageSlice
+    from localchat.vision.gemma3_preprocess import content_hash
+    from tests.helpers.parity import Driver, mlx_runner
+
+    hf, folder = saved
+    path = tiny.pictures(tmp_path)[0]
+    prompt_side = _prompt(folder)
+    pixels, tiles = prompt_side.preprocess(Image.open(path))
+    prompt = _prompt_ids(folder, [tiles])
+    (image,) = prompt_side.inputs(prompt, [(content_hash(path.read_bytes()), pixels, tiles)])
+    runner = mlx_runner(load_model(folder))
+    assert runner.images is not None
+    driver = Driver(runner)
+    driver.add("a", prompt)
+    rows_logits = []
+    for start, end in [(0, len(prompt))] if chunk is None else [(0, chunk), (chunk, len(prompt))]:
+        out, batch = driver.build({"a": end - start}, every_token=True)
+        token_rows, embed_rows = chunk_rows(list(image.placeholders), start, end)
+        batch.image_slices = [ImageSlice(image, token_rows, embed_rows)]
+        rows_logits.append(np.array(runner.compute_logits(out, batch)))
+    assert (runner.images.cache.misses, runner.images.cache.hits) == (1, 0 if chunk is None else 1)
+    ours = np.concatenate(rows_logits)
+    torch_pixels = torch.from_numpy(pixels)
+    theirs = _hf_logits(hf, prompt, torch_pixels)
+    err = np.abs(ours - theirs).max()
+    print(f"mlx llama4 image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
+    assert err < 1e-4
+    for _ in range(3):  # greedy decode after the picture: no image rows in these steps
+        driver.feed("a", int(ours[-1].argmax()))
+        _, logits = driver.step_logits()
+        ours = logits
+        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), torch_pixels)[-1].argmax())

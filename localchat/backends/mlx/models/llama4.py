@@ -74,6 +74,9 @@ class Llama4Layer(WithMoe, LlamaLayer):
 class Model(DecoderLM):
     layer_class = Llama4Layer
     still = _Still()
+    # Image rows for the next forward (a Llama4ForConditionalGeneration's pictures over their <|patch|>
+    # tokens): (rows of this step's flattened tokens, values [rows, hidden]); set and cleared by the runner.
+    image_embeds: tuple[mx.array, mx.array] | None = None
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -83,6 +86,9 @@ class Model(DecoderLM):
         self, input_ids: mx.array, positions: mx.array, meta: AttentionMetadata, caches: list[LayerCache]
     ) -> mx.array:
         x = self.embed_tokens(input_ids)
+        if self.image_embeds is not None:
+            rows, values = self.image_embeds
+            x[rows] = values.astype(x.dtype)
         extra = self.config.extra
         temperature = None
         if extra.get("attn_temperature_tuning"):

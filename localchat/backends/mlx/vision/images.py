@@ -14,6 +14,7 @@ import numpy as np
 
 from localchat.backends.mlx.vision.gemma3 import Gemma3Vision, load_gemma3_vision
 from localchat.backends.mlx.vision.gemma4 import Gemma4Vision, load_gemma4_mmproj, load_gemma4_vision
+from localchat.backends.mlx.vision.llama4 import Llama4Vision, load_llama4_vision
 from localchat.backends.mlx.vision.llava import LlavaVision, load_llava_mmproj, load_llava_vision
 from localchat.backends.mlx.vision.llava_next import (
     LlavaNextVision,
@@ -28,6 +29,7 @@ from localchat.engine.interface import ImageSlice
 from localchat.errors import BackendUnavailableError
 from localchat.vision.encoder_cache import EncoderCache
 from localchat.vision.gemma4_prompt import GEMMA4_TYPES
+from localchat.vision.llama4_prompt import LLAMA4_TYPES
 from localchat.vision.llava_next_prompt import LLAVA_NEXT_TYPES, AnyresPixels
 from localchat.vision.llava_prompt import LLAVA_TYPES
 from localchat.vision.model_info import vision_config
@@ -40,7 +42,9 @@ log = logging.getLogger(__name__)
 
 class ImageEmbedder:
     def __init__(
-        self, vision: Gemma3Vision | QwenVision | LlavaVision | PixtralVision | Gemma4Vision, dtype: mx.Dtype
+        self,
+        vision: Gemma3Vision | QwenVision | LlavaVision | PixtralVision | Gemma4Vision | Llama4Vision,
+        dtype: mx.Dtype,
     ) -> None:
         self.vision = vision
         self.dtype = dtype
@@ -126,6 +130,8 @@ def load_image_embedder(path: Path, dtype: mx.Dtype) -> ImageEmbedder | None:
         return ImageEmbedder(gemma4, dtype)
     if config.get("model_type") in PIXTRAL_TYPES:  # a picture at its own size: [1, 3, H, W]
         return ImageEmbedder(load_pixtral_vision(path, dtype), dtype)
+    if config.get("model_type") in LLAMA4_TYPES:  # a picture's tiles: [1, tiles, 3, S, S]
+        return ImageEmbedder(load_llama4_vision(path, dtype), dtype)
     if config.get("model_type") in SMOLVLM_TYPES:  # a picture's tiles: [1, tiles, 3, S, S]
         return ImageEmbedder(load_smolvlm_vision(path, dtype), dtype)
     return ImageEmbedder(load_gemma3_vision(path, dtype), dtype)
