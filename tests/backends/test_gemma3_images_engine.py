@@ -81,3 +81,29 @@ def test_greedy_with_an_image_matches_transformers(
     assert second != first
     assert cached == 0  # both full blocks hold part of the other picture: they never serve this one
     assert embedder.cache.misses == 2
+
+
+def test_a_prefix_hit_that_ends_inside_the_picture_matches_transformers(
+    saved: tuple[torch.nn.Module, Path],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The cached block [0, 4) holds the picture's first token (computed when the whole picture was seen);
+    the next request reuses it and computes the rest of the picture in one step, its rows seeing that key:
+    its first token's logprob is transformers' (a chunk of 2 cutting the picture would not give it)."""
+    hf, folder = saved
+    data = _pictures(tmp_path)[0]
+    pixels = preprocess(decode(data), ImageSpec.from_folder(folder, 56))
+    image = ImageInput((3, 4, 5, 6), content_hash(data), pixels)
+    engine = _engine(folder, 2)  # a chunk of 2 would cut the picture twice
+    _generate(engine, image)
+    other = [*PROMPT[:7], 297, *PROMPT[8:]]  # differs in the second block, after the picture
+    params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=0)
+    req_id = engine.add_request(list(other), params, images=(image,))
+    outs = [out for _ in range(8) if engine.has_unfinished for out in engine.step() if out.req_id == req_id]
+    assert outs[-1].num_cached_tokens == 4
+    logprob = next(lp for out in outs for lp in out.logprobs)
+    theirs = torch.log_softmax(
+        torch.from_numpy(_hf_logits(hf, other, torch.from_numpy(pixels)[None])[-1]), -1
+    )
+    assert logprob.token_id == int(theirs.argmax())
+    assert abs(logprob.logprob - float(theirs.max())) < 1e-4
