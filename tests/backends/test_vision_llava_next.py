@@ -399,3 +399,35 @@ def test_mlx_mmproj_features_equal_transformers(
         err = np.abs(ours - _hf_features(hf, pixels).numpy()).max()
         print(f"mlx llava-next mmproj features max abs err fp32 ({path.name}): {err:.2e}")
         assert err < 1e-4
+
+
+def test_token_counts_and_extreme_shapes_equal_transformers(saved: tuple[Any, Path]) -> None:
+    """The token arithmetic on 70 picture sizes (1 x 1, 1 x 1000, just off a tile's size, random) equals
+    LlavaNextProcessor's; pictures so thin that no feature row survives the unpadding still give the
+    processor's pixels and transformers' features (the whole picture's rows only)."""
+    hf, folder = saved
+    side = _prompt_side(folder)
+    processor = LlavaNextProcessor(
+        image_processor=LlavaNextImageProcessorPil(**tiny.PREPROCESSOR),
+        tokenizer=PreTrainedTokenizerFast.from_pretrained(folder),
+        patch_size=tiny.VISION["patch_size"],
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+    )
+    rng = np.random.default_rng(5)
+    sizes = [(1, 1), (1, 1000), (1000, 1), (2, 500), (57, 56), (56, 57), (335, 336), (10, 11)]
+    sizes += [(int(h), int(w)) for h, w in rng.integers(1, 400, (62, 2))]
+    for h, w in sizes:
+        theirs = processor._get_number_of_features(h, w, tiny.TILE, tiny.TILE) - 1  # "default": no CLS
+        assert side.tokens_per_image((h, w)) == theirs, (h, w)
+    vision = load_llava_next_vision(folder)
+    for h, w in [(1, 1), (1, 300), (300, 2)]:
+        image = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), "RGB")
+        pixels = side.preprocess(image)
+        assert np.array_equal(
+            pixels.tiles, processor.image_processor(image, return_tensors="np")["pixel_values"][0]
+        )
+        ours = vision.encode_anyres(torch.from_numpy(pixels.tiles), pixels.image_size)
+        theirs_features = _hf_features(hf, pixels)
+        assert ours.shape == theirs_features.shape == (side.grid(pixels), tiny.TEXT["hidden_size"])
+        assert (ours - theirs_features).abs().max().item() < 1e-5
