@@ -175,6 +175,7 @@ def _hf_features(hf: Any, pixels: torch.Tensor) -> torch.Tensor:
 def test_image_features_equal_transformers(saved: tuple[Any, Path], tmp_path: Path) -> None:
     hf, folder = saved
     vision = load_llama4_vision(folder)
+    assert vision is not None
     for path in tiny.pictures(tmp_path):
         pixels, _ = _pixels(folder, path)
         ours = vision.encode(pixels[None])[0]
@@ -209,6 +210,7 @@ def test_image_prompt_logits_and_greedy_tokens(
     prefill inside the picture, between tile separators) give transformers' logits and greedy tokens."""
     hf, folder = saved
     vision = load_llama4_vision(folder)
+    assert vision is not None
     pixels, tiles = _pixels(folder, tiny.pictures(tmp_path)[0])
     prompt = _prompt_ids(folder, [tiles])
     embeds = vision.encode(pixels[None])[0]  # encoded once, whole
@@ -298,6 +300,7 @@ def test_mlx_features_equal_transformers(saved: tuple[Any, Path], tmp_path: Path
 
     hf, folder = saved
     vision = load_mlx(folder)
+    assert vision is not None
     for path in tiny.pictures(tmp_path):
         pixels, _ = _pixels(folder, path)
         ours = np.array(vision.encode(mx.array(pixels.numpy())[None]))[0]
@@ -347,3 +350,25 @@ def test_mlx_image_prompt_logits_and_greedy_tokens(
         _, logits = driver.step_logits()
         ours = logits
         assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), torch_pixels)[-1].argmax())
+
+
+def test_text_only_export_runs_as_text(saved: tuple[Any, Path], tmp_path: Path) -> None:
+    """A folder keeping the multimodal config.json but none of the vision tensors loads its text model
+    with no tower (as before Llama 4 took images), instead of failing."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    _, folder = saved
+    text_only = tmp_path / "text-only"
+    shutil.copytree(folder, text_only)
+    for path in text_only.glob("*.safetensors"):
+        state = load_file(str(path))
+        keep = {
+            k: v for k, v in state.items() if not k.startswith(("vision_model.", "multi_modal_projector."))
+        }
+        assert len(keep) < len(state)
+        save_file(keep, str(path), metadata={"format": "pt"})
+    assert load_llama4_vision(text_only) is None
+    runner = fp32_runner(load_model(text_only))
+    assert runner.images is None

@@ -104,13 +104,16 @@ class Llama4Vision:
         return rows.reshape(batch, -1, rows.shape[-1])
 
 
-def load_llama4_vision(folder: Path, dtype: mx.Dtype = mx.float32) -> Llama4Vision:
-    """The tower and projector of a Llama4ForConditionalGeneration safetensors folder, evaluated now."""
+def load_llama4_vision(folder: Path, dtype: mx.Dtype = mx.float32) -> Llama4Vision | None:
+    """The tower and projector of a Llama4ForConditionalGeneration safetensors folder, evaluated now; None
+    when its files hold no vision tensor at all (a text-only export that keeps the multimodal config)."""
     weights: dict[str, mx.array] = {}
     for path in sorted(folder.glob("*.safetensors")):
         loaded = mx.load(str(path))
         assert isinstance(loaded, dict)
         weights.update({k: v.astype(dtype) for k, v in loaded.items() if k.startswith(_PREFIXES)})
+    if not weights:
+        return None
     config = json.loads((folder / "config.json").read_text())
     missing = _expected_names(config) - weights.keys()
     if missing:  # a missing tensor is an error, not a random weight

@@ -125,7 +125,11 @@ def load_image_embedder(path: Path, device: torch.device, dtype: torch.dtype) ->
     if config.get("model_type") in PIXTRAL_TYPES:  # a picture at its own size: [1, 3, H, W]
         return ImageEmbedder(load_pixtral_vision(path, dtype), device, dtype)
     if config.get("model_type") in LLAMA4_TYPES:  # a picture's tiles: [1, tiles, 3, S, S]
-        return ImageEmbedder(load_llama4_vision(path, dtype), device, dtype)
+        llama4 = load_llama4_vision(path, dtype)
+        if llama4 is None:  # a text-only export of the multimodal config
+            log.warning("%s names a vision tower but holds none of its weights: images unsupported", path)
+            return None
+        return ImageEmbedder(llama4, device, dtype)
     if config.get("model_type") in SMOLVLM_TYPES:  # a picture's tiles: [1, tiles, 3, S, S]
         return ImageEmbedder(load_smolvlm_vision(path, dtype), device, dtype)
     return ImageEmbedder(load_gemma3_vision(path, dtype), device, dtype)

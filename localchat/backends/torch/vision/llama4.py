@@ -185,8 +185,9 @@ class Llama4Vision(nn.Module):
         return rows.reshape(batch, -1, rows.shape[-1])
 
 
-def load_llama4_vision(folder: Path, dtype: torch.dtype = torch.float32) -> Llama4Vision:
-    """The tower and projector of a Llama4ForConditionalGeneration safetensors folder."""
+def load_llama4_vision(folder: Path, dtype: torch.dtype = torch.float32) -> Llama4Vision | None:
+    """The tower and projector of a Llama4ForConditionalGeneration safetensors folder; None when its files
+    hold no vision tensor at all (a text-only export that keeps the multimodal config)."""
     model = Llama4Vision(json.loads((folder / "config.json").read_text()))
     state: dict[str, torch.Tensor] = {}
     for path in sorted(folder.glob("*.safetensors")):
@@ -194,6 +195,8 @@ def load_llama4_vision(folder: Path, dtype: torch.dtype = torch.float32) -> Llam
             for key in handle.keys():  # noqa: SIM118 (safe_open handles are not iterable)
                 if key.startswith(("vision_model.", "multi_modal_projector.")):
                     state[key] = handle.get_tensor(key)
+    if not state:
+        return None
     try:
         model.load_state_dict(state, strict=True)  # a missing tensor is an error, not a random weight
     except RuntimeError as exc:
