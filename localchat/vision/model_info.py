@@ -4,6 +4,7 @@ in its model info and refuse pictures for text-only models before anything reach
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,34 @@ def vision_config(path: Path) -> dict[str, Any] | None:
     text_type = (config.get("text_config") or {}).get("model_type", "mistral")
     if config["model_type"] == "mistral3" and text_type not in PIXTRAL_TEXT_TYPES:
         return None
-    return config if config.get("vision_config") is not None else None  # Gemma 4 may save it as null
+    if config.get("vision_config") is None:  # Gemma 4 may save it as null
+        return None
+    # A text-only export keeps the multimodal config but drops the tower: it runs text, and must say so.
+    return config if holds_vision_weights(path) else None
+
+
+# Names a multimodal checkpoint gives its tower's (and projector's) tensors, across the supported families.
+_VISION_KEY_PARTS = ("vision", "visual.", "multi_modal_projector")
+
+
+def holds_vision_weights(folder: Path) -> bool:
+    """Whether the folder's safetensors name any vision tensor, read from the index or the files' JSON
+    headers (a few KiB each; no tensor data is read). A folder with no weights yet (still downloading)
+    goes by its config."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        names = list(json.loads(index.read_text()).get("weight_map", {}))
+        return any(part in name for name in names for part in _VISION_KEY_PARTS)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return True
+    for file in files:
+        with file.open("rb") as handle:
+            (size,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(size))
+        if any(part in name for name in header for part in _VISION_KEY_PARTS):
+            return True
+    return False
 
 
 def takes_images(path: Path) -> bool:

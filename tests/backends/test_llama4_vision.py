@@ -372,3 +372,4 @@ def test_text_only_export_runs_as_text(saved: tuple[Any, Path], tmp_path: Path) 
     assert load_llama4_vision(text_only) is None
     runner = fp32_runner(load_model(text_only))
     assert runner.images is None
+    assert not takes_images(text_only)  # /v1/models and the API do not promise pictures it cannot see
