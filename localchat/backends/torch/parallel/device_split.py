@@ -101,6 +101,11 @@ class SplitRunner:
         ]
         return "; ".join(parts)
 
+    @property
+    def pictures_both_ways(self) -> bool:
+        """The first stage's (it holds the tower): the engine then never cuts a picture across chunks."""
+        return self.stages[0].pictures_both_ways
+
     def available_kv_memory(self) -> int | None:
         """Each device's budget over the K/V and state of the stages on it, as one budget in the whole
         model's bytes that the tighter device can honour (stages.shared_budget)."""

@@ -188,7 +188,7 @@ class ParallelRunner:
         self.failure: str | None = None
         self._closed = False
         # Under --pp alone every worker is a later stage: a step's pictures are turned into rows on
-        # rank 0's stage, so their pixels are not sent on (stages.py drops them there anyway).
+        # rank 0's stage, so their pixels are not sent on (their placeholder runs are, for the masks).
         self._workers_skip_pictures = options.pipeline_parallel_size > 1 and options.tensor_parallel_size == 1
         self.context: ProcessContext | None = None
         if torchrun_rank(world) is not None:  # started by torchrun: the workers are already running
@@ -263,7 +263,9 @@ class ParallelRunner:
     def _worker_args(self, name: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
         if not self._workers_skip_pictures or name not in STEPS or not args[1].image_slices:
             return args
-        return (args[0], replace(args[1], image_slices=[]))
+        # the placeholder runs go on: a later stage builds the same picture masks (Gemma 3)
+        slices = [replace(s, image=replace(s.image, pixels=None)) for s in args[1].image_slices]
+        return (args[0], replace(args[1], image_slices=slices))
 
     def _worker_died(self) -> bool:
         """After a failed call: did a worker die (the watchdog names it; give it a moment to see the

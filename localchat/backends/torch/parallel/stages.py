@@ -31,7 +31,14 @@ from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.runner import TorchRunner
 from localchat.backends.torch.vision.images import ImageEmbedder
 from localchat.backends.torch.weights import load_decoder
-from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput, StateCacheSpec
+from localchat.engine.interface import (
+    BatchInputs,
+    ImageSlice,
+    KVCacheSpec,
+    RunnerOutput,
+    SchedulerOutput,
+    StateCacheSpec,
+)
 from localchat.errors import BackendUnavailableError
 from localchat.vision.model_info import vision_config
 from localchat.weights.bundle import ModelBundle
@@ -332,6 +339,7 @@ class StageRunner(TorchRunner):
         results: Results,
     ) -> None:
         self.plan = plan
+        self._step_pictures: list[ImageSlice] = []  # a later stage's step: its pictures' runs (masks only)
         super().__init__(bundle, options)
         model = self.model
         model.__class__ = _stage_class(type(model))
@@ -368,13 +376,30 @@ class StageRunner(TorchRunner):
             return StageCosts(kv.num_layers, kv.bytes_per_block(1), 0, 0)
         return StageCosts(kv.num_layers, kv.bytes_per_block(1), state.num_layers, state.bytes_per_slot)
 
+    @property
+    def pictures_both_ways(self) -> bool:
+        """Later stages load no tower but attend over each picture as the first does (Gemma 3)."""
+        if self.plan.first:
+            return super().pictures_both_ways
+        return bool(getattr(self.model, "pictures_both_ways", False))
+
     def _logits(self, batch: BatchInputs) -> torch.Tensor:
         """A step with pictures: the first stage writes their embeddings over the placeholder rows; the
-        others get those rows in the hidden states. M-RoPE positions (`rope_positions`) are part of the
+        others get those rows in the hidden states, and the pictures' runs (no pixels) for the masks of
+        models that attend over a picture both ways. M-RoPE positions (`rope_positions`) are part of the
         step every stage receives, so each turns its layers' rotary by them."""
-        if batch.image_slices and not self.plan.first:
-            batch = replace(batch, image_slices=[])
-        return super()._logits(batch)
+        if not batch.image_slices or self.plan.first:
+            return super()._logits(batch)
+        self._step_pictures = batch.image_slices
+        try:
+            return super()._logits(replace(batch, image_slices=[]))
+        finally:
+            self._step_pictures = []
+
+    def _metadata(self, batch: BatchInputs) -> Any:
+        if self._step_pictures and self.pictures_both_ways:  # the same picture masks as the first stage
+            batch = replace(batch, image_slices=self._step_pictures)
+        return super()._metadata(batch)
 
     def execute_model(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> RunnerOutput:
         empty_output = RunnerOutput(req_ids=[], sampled_token_ids=[])
