@@ -79,7 +79,7 @@ def cpu_table(rows_list: list[int], contexts: list[int], rounds: int) -> None:
     import torch
 
     from localchat.backends.torch.attention import AttentionMetadata, paged_attention
-    from localchat.backends.torch.kernels import KERNELS_ENV, load
+    from localchat.backends.torch.cpu.kernels import KERNELS_ENV, load
     from tests.helpers.paged_batches import make_batch
 
     ops = load()
@@ -128,7 +128,7 @@ def cpu_int8_table(rows_list: list[int], contexts: list[int], rounds: int) -> No
     import torch
 
     from localchat.backends.torch.attention import AttentionMetadata, paged_attention
-    from localchat.backends.torch.kernels import KERNELS_ENV, load
+    from localchat.backends.torch.cpu.kernels import KERNELS_ENV, load
     from localchat.backends.torch.kv_cache import Int8KVCache, quantize_rows
     from tests.helpers.paged_batches import make_batch
 
@@ -196,8 +196,8 @@ def main() -> None:
     import torch
 
     from localchat.backends.torch.attention import AttentionMetadata, paged_attention
-    from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
-    from localchat.backends.torch.triton_attention import triton_paged_attention
+    from localchat.backends.torch.cuda.gpu_attention_meta import TritonAttentionMetadata
+    from localchat.backends.torch.cuda.triton_attention import triton_paged_attention
     from tests.helpers.paged_batches import make_batch
 
     try:

@@ -24,7 +24,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from localchat.backends.torch import kernels
+from localchat.backends.torch.cpu import kernels
 from localchat.kernels import library
 from tests.helpers import iquants, kquants
 

@@ -48,14 +48,14 @@ def main() -> None:
 def sweep(name: str, shape: tuple[int, int], row_counts: list[int]) -> None:
     import torch
 
-    from localchat.backends.torch.quant_cuda import (
+    from localchat.backends.torch.cuda.quant_cuda import (
         cuda_int4_linear,
         dequantize_q4,
         pack_cuda,
         pack_triton,
         quantize_q4,
     )
-    from localchat.backends.torch.triton_int4 import triton_int4_linear
+    from localchat.backends.torch.cuda.triton_int4 import triton_int4_linear
 
     cuda = torch.device("cuda")
     out, cols = shape

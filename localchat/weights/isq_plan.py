@@ -1,5 +1,5 @@
 """What `--isq` turns each dense matrix into, and how many bytes that takes: one rule for the torch backend
-(backends/torch/isq.py applies it) and for the pre-load RAM check (models/memory.py sizes with it).
+(backends/torch/cpu/isq.py applies it) and for the pre-load RAM check (models/memory.py sizes with it).
 
 - `q8_0` / `q4_k` / `q4_0`: every 2-D float matrix becomes GGUF blocks run by localchat's CPU kernels.
   Linears take the chosen type (Q4_K rows that do not split into 256s fall back to Q5_0, as llama.cpp

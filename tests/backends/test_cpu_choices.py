@@ -13,8 +13,9 @@ import torch
 
 from localchat import cpu_features
 from localchat.backends import RunnerOptions
-from localchat.backends.torch import kernels, quant
-from localchat.backends.torch.kernels import BlockMatrix
+from localchat.backends.torch import quant
+from localchat.backends.torch.cpu import kernels
+from localchat.backends.torch.cpu.kernels import BlockMatrix
 from localchat.backends.torch.runner import TorchRunner
 from localchat.weights.loader import load_model
 from tests.helpers.tiny_gguf import random_state_dict, tiny_config, write_tiny_gguf

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from localchat.backends import RunnerOptions, create_runner  # noqa: E402
 from localchat.backends.fake import FakeTokenizer  # noqa: E402
-from localchat.backends.torch.cuda_graphs import (  # noqa: E402
+from localchat.backends.torch.cuda.cuda_graphs import (  # noqa: E402
     DecodeBuffers,
     graph_buckets,
     is_graphable,

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from localchat.backends import RunnerOptions
-from localchat.backends.torch import decode_step, kernels, quant
+from localchat.backends.torch import quant
+from localchat.backends.torch.cpu import decode_step, kernels
 from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
 from localchat.weights.bundle import ModelBundle

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from localchat.backends.torch import decode_step, kernels, quant
+from localchat.backends.torch import quant
+from localchat.backends.torch.cpu import decode_step, kernels
 from localchat.backends.torch.eagle3_proposer import HiddenTaps
 from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from localchat.arch import gpt_oss
-from localchat.backends.torch import kernels
+from localchat.backends.torch.cpu import kernels
 from localchat.backends.torch.runner import TorchRunner
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.experts import split_experts

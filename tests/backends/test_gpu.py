@@ -11,7 +11,7 @@ import torch
 
 from localchat.backends import RunnerOptions, create_runner
 from localchat.backends.torch.attention import AttentionMetadata, AttentionOptions, paged_attention
-from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
+from localchat.backends.torch.cuda.gpu_attention_meta import TritonAttentionMetadata
 from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine
 from tests.helpers.paged_batches import make_batch
@@ -30,7 +30,7 @@ CUDA = torch.device("cuda")
     ids=["plain", "gemma-like", "window"],
 )
 def test_triton_kernels_match_the_cpu_path(dtype: torch.dtype, options: AttentionOptions | None) -> None:
-    from localchat.backends.torch.triton_attention import triton_paged_attention
+    from localchat.backends.torch.cuda.triton_attention import triton_paged_attention
 
     rows = [(700, 1), (37, 1), (300, 120), (9, 9), (2000, 1)]  # long decode rows exercise split-K
     batch = make_batch(rows, block_size=16, num_blocks=220)
@@ -80,9 +80,9 @@ def test_cuda_graphs_on_and_off_give_identical_greedy_tokens(smollm2_gguf: Path)
 def test_int4_cuda_linear_matches_dequantized_blocks(qtype: str, kernel: str, rows: int) -> None:
     """Each 4-bit CUDA form (and both kept, routed by rows), a decode-sized and a prefill-sized step, and
     an empty one (a prefill chunk that samples nothing: tinygemm refused it, 'invalid argument', on an H200)."""
+    from localchat.backends.torch.cuda.quant_cuda import Int4CudaWeight
+    from localchat.backends.torch.cuda.triton_int4_weight import TritonInt4Weight
     from localchat.backends.torch.quant import QuantPolicy, convert, finalize, linear
-    from localchat.backends.torch.quant_cuda import Int4CudaWeight
-    from localchat.backends.torch.triton_int4_weight import TritonInt4Weight
     from tests.backends.test_torch_quant import random_blocks
 
     weight = random_blocks(qtype, rows=256, cols=512)

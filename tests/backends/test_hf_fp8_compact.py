@@ -15,8 +15,8 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from localchat.backends.torch import kernels
-from localchat.backends.torch.kernels import BlockMatrix
+from localchat.backends.torch.cpu import kernels
+from localchat.backends.torch.cpu.kernels import BlockMatrix
 from localchat.models import memory
 from localchat.weights.hf_q8_blocks import Q8Linear, q8_linear
 from localchat.weights.hf_quant import dequantize_fp8, loaded_weight_bytes, scale_weight

@@ -21,8 +21,8 @@ from gguf.quants import dequantize
 from safetensors.torch import save_file
 
 from localchat.backends import RunnerOptions
-from localchat.backends.torch import kernels
-from localchat.backends.torch.kernels import BlockMatrix
+from localchat.backends.torch.cpu import kernels
+from localchat.backends.torch.cpu.kernels import BlockMatrix
 from localchat.backends.torch.quant import PermutedWeight, _log_dense_int4
 from localchat.backends.torch.runner import TorchRunner
 from localchat.models import memory

@@ -21,8 +21,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
-from localchat.backends.torch import kernels
-from localchat.backends.torch.kernels import BlockMatrix
+from localchat.backends.torch.cpu import kernels
+from localchat.backends.torch.cpu.kernels import BlockMatrix
 from localchat.models import memory
 from localchat.weights.block_quantize import quantize_q4_k, quantize_q8_0
 from tests.backends.test_hybrid_gguf import (

@@ -24,8 +24,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from localchat.arch.registry import architecture
 from localchat.backends import RunnerOptions
-from localchat.backends.torch import kernels
-from localchat.backends.torch.kernels import BlockMatrix
+from localchat.backends.torch.cpu import kernels
+from localchat.backends.torch.cpu.kernels import BlockMatrix
 from localchat.backends.torch.quant import ACTIVATIONS_ENV, QUANT_ENV
 from localchat.backends.torch.runner import TorchRunner
 from localchat.models.memory import estimate

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from localchat.backends.torch import kernels
 from localchat.backends.torch.attention import AttentionMetadata, AttentionOptions, paged_attention
+from localchat.backends.torch.cpu import kernels
 from localchat.errors import BackendUnavailableError
 from tests.helpers.paged_batches import make_batch
 

@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 import torch
 
-from localchat.backends.torch import kernels, layers
+from localchat.backends.torch import layers
 from localchat.backends.torch.attention import (
     AttentionMetadata,
     AttentionOptions,
     paged_attention,
     rope_paged_attention,
 )
+from localchat.backends.torch.cpu import kernels
 from localchat.backends.torch.kv_cache import Int8KVCache, quantize_rows
 from localchat.errors import BackendUnavailableError
 from tests.helpers.paged_batches import make_batch

@@ -17,7 +17,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from localchat.backends.torch import kernels
+from localchat.backends.torch.cpu import kernels
 from tests.helpers.iquants import random_blocks
 
 pytestmark = pytest.mark.skipif(not kernels.runnable_isas(), reason="kernels not built (no C compiler)")

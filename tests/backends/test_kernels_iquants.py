@@ -23,7 +23,8 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from localchat.backends import RunnerOptions
-from localchat.backends.torch import kernels, quant
+from localchat.backends.torch import quant
+from localchat.backends.torch.cpu import kernels
 from localchat.backends.torch.runner import TorchRunner
 from localchat.weights.loader import load_model
 from tests.helpers.iquants import IQ_QUANTIZERS, random_blocks

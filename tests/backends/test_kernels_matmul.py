@@ -1,4 +1,4 @@
-"""localchat's CPU kernels (csrc/, localchat/kernels/, localchat/backends/torch/kernels.py): matmul straight from GGUF blocks.
+"""localchat's CPU kernels (csrc/, localchat/kernels/, localchat/backends/torch/cpu/kernels.py): matmul straight from GGUF blocks.
 
 Reference: the `gguf` package's dequantizer, multiplied in float64. The kernels round each 32 values of
 the activations to 8 bits (x ~ d * q, d = amax / 127, q = round(x / d)), so two bounds:
@@ -30,7 +30,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from localchat.backends.torch import kernels
+from localchat.backends.torch.cpu import kernels
 from tests.helpers import kquants
 
 SIMPLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")

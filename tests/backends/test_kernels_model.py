@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from localchat import cpu_features
 from localchat.backends import RunnerOptions
-from localchat.backends.torch import kernels, quant
+from localchat.backends.torch import quant
+from localchat.backends.torch.cpu import kernels
 from localchat.backends.torch.runner import TorchRunner
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.loader import load_model

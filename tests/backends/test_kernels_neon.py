@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from localchat.backends.torch import kernels
+from localchat.backends.torch.cpu import kernels
 
 REPO = Path(__file__).resolve().parents[2]
 CROSS, QEMU, GCC = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64"), shutil.which("gcc")

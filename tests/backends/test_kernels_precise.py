@@ -19,7 +19,8 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from localchat.backends import RunnerOptions
-from localchat.backends.torch import kernels, quant
+from localchat.backends.torch import quant
+from localchat.backends.torch.cpu import kernels
 from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
 from localchat.weights.loader import load_model

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 import torch
 
-from localchat.backends.torch import kernels
 from localchat.backends.torch.attention import AttentionMetadata, AttentionOptions, paged_attention, write_kv
+from localchat.backends.torch.cpu import kernels
 from localchat.backends.torch.kv_cache import Int8KVCache, dequantize, quantize_rows
 from tests.helpers.paged_batches import make_batch
 

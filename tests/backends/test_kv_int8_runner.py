@@ -19,7 +19,7 @@ import torch
 
 from localchat.backends import RunnerOptions
 from localchat.backends.fake import FakeTokenizer
-from localchat.backends.torch import kernels
+from localchat.backends.torch.cpu import kernels
 from localchat.backends.torch.kv_cache import Int8KVCache
 from localchat.backends.torch.runner import TorchRunner
 from localchat.engine.config import EngineConfig

@@ -11,8 +11,8 @@ import pytest
 
 from localchat import cpu_features
 from localchat.backends import RunnerOptions
-from localchat.backends.torch import kernels
-from localchat.backends.torch.kernels import BlockMatrix
+from localchat.backends.torch.cpu import kernels
+from localchat.backends.torch.cpu.kernels import BlockMatrix
 from localchat.backends.torch.runner import TorchRunner
 from localchat.models.memory import compact_gguf_types, estimate
 from localchat.weights.loader import load_model

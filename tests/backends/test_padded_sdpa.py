@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from localchat.backends.torch import padded_sdpa
-from localchat.backends.torch.padded_sdpa import prefill_sdpa
+from localchat.backends.torch.cpu import padded_sdpa
+from localchat.backends.torch.cpu.padded_sdpa import prefill_sdpa
 
 
 def _inputs(heads: int, q_len: int, k_len: int, d: int = 16) -> tuple[torch.Tensor, ...]:

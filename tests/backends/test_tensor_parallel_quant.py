@@ -11,7 +11,7 @@ import torch
 import torch.multiprocessing as mp
 
 from localchat.backends import RunnerOptions
-from localchat.backends.torch.kernels import BlockMatrix
+from localchat.backends.torch.cpu.kernels import BlockMatrix
 from localchat.backends.torch.parallel.group import close_group, init_group
 from localchat.backends.torch.parallel.shard import sharded_runner
 from localchat.backends.torch.runner import TorchRunner

@@ -12,8 +12,8 @@ import torch
 
 from localchat.backends import RunnerOptions
 from localchat.backends.torch import quant
+from localchat.backends.torch.cuda.quant_cuda import dequantize_q4, quantize_q4
 from localchat.backends.torch.quant import Int4Weight
-from localchat.backends.torch.quant_cuda import dequantize_q4, quantize_q4
 from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
 from tests.helpers.torch_batch import PagedDriver

@@ -21,9 +21,9 @@ from gguf import GGMLQuantizationType
 from gguf.quants import Q4_K, dequantize, quantize
 
 from localchat.backends import RunnerOptions
-from localchat.backends.torch import kernels as cpu_kernels
-from localchat.backends.torch.isq import quantize_weight
-from localchat.backends.torch.kernels import BlockMatrix
+from localchat.backends.torch.cpu import kernels as cpu_kernels
+from localchat.backends.torch.cpu.isq import quantize_weight
+from localchat.backends.torch.cpu.kernels import BlockMatrix
 from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
 from localchat.models.memory import estimate

@@ -1,11 +1,11 @@
-"""The per-step thread governor (localchat/backends/torch/threads.py) against simulated step times."""
+"""The per-step thread governor (localchat/backends/torch/cpu/threads.py) against simulated step times."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from localchat.backends.torch import threads
-from localchat.backends.torch.threads import OtherLoad, ThreadGovernor
+from localchat.backends.torch.cpu import threads
+from localchat.backends.torch.cpu.threads import OtherLoad, ThreadGovernor
 
 SAFE, ALL = 1, 2
 StepTime = Callable[[int, int], float]  # (threads, num_tokens) -> seconds

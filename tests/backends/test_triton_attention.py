@@ -17,8 +17,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from localchat.backends.torch.attention import AttentionMetadata, AttentionOptions, paged_attention  # noqa: E402
-from localchat.backends.torch.gpu_attention_meta import BLOCK_N, TritonAttentionMetadata, pick_num_splits  # noqa: E402
-from localchat.backends.torch.triton_attention import triton_paged_attention  # noqa: E402
+from localchat.backends.torch.cuda.gpu_attention_meta import BLOCK_N, TritonAttentionMetadata, pick_num_splits  # noqa: E402
+from localchat.backends.torch.cuda.triton_attention import triton_paged_attention  # noqa: E402
 from tests.helpers.paged_batches import make_batch  # noqa: E402
 
 pytestmark = pytest.mark.skipif(

@@ -14,8 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from localchat.backends.torch.quant_cuda import dequantize_q4, pack_triton, quantize_q4  # noqa: E402
-from localchat.backends.torch.triton_int4 import row_bucket, triton_int4_linear  # noqa: E402
+from localchat.backends.torch.cuda.quant_cuda import dequantize_q4, pack_triton, quantize_q4  # noqa: E402
+from localchat.backends.torch.cuda.triton_int4 import row_bucket, triton_int4_linear  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="needs Triton's interpreter (set before import)"
@@ -73,8 +73,8 @@ def test_row_buckets_are_few_then_many() -> None:
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
 def test_gguf_blocks_load_into_the_triton_form_and_match_their_values(qtype: str) -> None:
     """The CUDA load path (policy.cuda, Triton kernel) on CPU tensors: GGUF scale/min -> scale/zero."""
+    from localchat.backends.torch.cuda.triton_int4_weight import TritonInt4Weight
     from localchat.backends.torch.quant import QuantPolicy, convert, finalize, linear
-    from localchat.backends.torch.triton_int4_weight import TritonInt4Weight
     from tests.backends.test_torch_quant import random_blocks
 
     weight = random_blocks(qtype, rows=48, cols=256)
@@ -91,7 +91,7 @@ def test_gguf_blocks_load_into_the_triton_form_and_match_their_values(qtype: str
 
 
 def test_the_cuda_int4_forms_follow_the_env_and_the_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
-    from localchat.backends.torch.quant_cuda import CUDA_INT4_ENV, cuda_int4_kernel
+    from localchat.backends.torch.cuda.quant_cuda import CUDA_INT4_ENV, cuda_int4_kernel
     from localchat.errors import BackendUnavailableError
 
     gib = 2**30
@@ -110,7 +110,7 @@ def test_the_cuda_int4_forms_follow_the_env_and_the_free_memory(monkeypatch: pyt
 
 def test_both_forms_route_many_rows_to_triton_and_few_to_tinygemm(monkeypatch: pytest.MonkeyPatch) -> None:
     """tinygemm runs only on CUDA: here its op is the boundary, replaced by a recorder."""
-    from localchat.backends.torch import quant_cuda
+    from localchat.backends.torch.cuda import quant_cuda
     from localchat.backends.torch.quant import linear
 
     codes = torch.randint(0, 16, (64, 128), dtype=torch.uint8)

@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 import torch
 import torch.nn.functional as F
 
-from localchat.backends.torch import triton_recurrent
+from localchat.backends.torch.cuda import triton_recurrent
 from localchat.backends.torch.gated_deltanet import conv_decode, delta_rule_step, l2_normalize
 from localchat.backends.torch.mamba2 import ssd_step
 from localchat.backends.torch.recurrent_kernels import use_triton_recurrent

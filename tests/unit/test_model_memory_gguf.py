@@ -94,7 +94,7 @@ def test_the_estimate_repacks_exactly_where_the_named_kernels_run_x16(
 ) -> None:
     """A named ISA with x16 kernels repacks where this CPU runs it (NEON only on aarch64); portable C and
     the pure-torch path never do."""
-    from localchat.backends.torch import kernels
+    from localchat.backends.torch.cpu import kernels
 
     monkeypatch.delenv("LOCALCHAT_KERNEL_LAYOUT", raising=False)
     monkeypatch.setenv("LOCALCHAT_KERNELS", isa)

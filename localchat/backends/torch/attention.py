@@ -41,7 +41,6 @@ import math
 
 import torch
 
-from localchat.backends.torch import kernels as cpu_kernels
 from localchat.backends.torch.attention_meta import (
     AttentionMetadata,
     AttentionOptions,
@@ -50,10 +49,11 @@ from localchat.backends.torch.attention_meta import (
     row_keys_values,
     write_kv,
 )
-from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
+from localchat.backends.torch.cpu import kernels as cpu_kernels
+from localchat.backends.torch.cpu.padded_sdpa import prefill_sdpa
+from localchat.backends.torch.cuda.gpu_attention_meta import TritonAttentionMetadata
 from localchat.backends.torch.kv_cache import Int8KVCache, KVCache, span_int8
 from localchat.backends.torch.layers import apply_rope
-from localchat.backends.torch.padded_sdpa import prefill_sdpa
 from localchat.backends.torch.picture_attention import causal_mask
 
 
@@ -67,7 +67,7 @@ def paged_attention(
 ) -> torch.Tensor:
     """q [T, heads, d], k/v [T, kv_heads, d] (this step) -> [T, heads, d]. Writes k/v into the cache."""
     if isinstance(meta, TritonAttentionMetadata):  # CUDA: kernels that read the block table in place
-        from localchat.backends.torch.triton_attention import triton_paged_attention
+        from localchat.backends.torch.cuda.triton_attention import triton_paged_attention
 
         assert isinstance(cache, torch.Tensor), "the runner keeps int8 KV caches off the Triton path"
         if options is not None and options.sinks is not None:
@@ -75,7 +75,7 @@ def paged_attention(
         return triton_paged_attention(q, k, v, cache, meta, options)
     write_kv(k, v, cache, meta.slot_mapping)
     if options is not None and options.matter(meta.max_seq_len):
-        from localchat.backends.torch.windowed_attention import attend_with_options
+        from localchat.backends.torch.cpu.windowed_attention import attend_with_options
 
         return attend_with_options(q, k, v, cache, meta, options)
     if not meta.prefills:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from localchat.backends.torch import kernels as cpu_kernels
+from localchat.backends.torch.cpu import kernels as cpu_kernels
 from localchat.backends.torch.kernel_choice import cpu_decode_kernels
 from localchat.backends.torch.kv_cache import Int8KVCache, KVCache, gather_int8, write_int8
 from localchat.engine.interface import BatchInputs

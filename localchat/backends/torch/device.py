@@ -48,7 +48,7 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def cpu_threads(requested: int | None) -> int:
     """Intra-op threads to start with: as requested, else what OMP_NUM_THREADS says, else all cores
-    but one (the safe count: see localchat/backends/torch/threads.py, which may then switch to all cores)."""
+    but one (the safe count: see localchat/backends/torch/cpu/threads.py, which may then switch to all cores)."""
     if requested:
         return requested
     if os.environ.get("OMP_NUM_THREADS"):

@@ -23,7 +23,7 @@ from functools import cache
 
 import torch
 
-from localchat.backends.torch import kernels as cpu_kernels
+from localchat.backends.torch.cpu import kernels as cpu_kernels
 from localchat.config import backend_variable
 from localchat.errors import BackendUnavailableError
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from localchat.arch.rope import rope_inv_freq, rope_long_inv_freq
-from localchat.backends.torch import kernels as cpu_kernels
+from localchat.backends.torch.cpu import kernels as cpu_kernels
 from localchat.backends.torch.kernel_choice import cpu_decode_kernels
 from localchat.weights.config import ModelConfig
 

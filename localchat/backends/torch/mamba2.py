@@ -150,7 +150,7 @@ class Mamba2Mixer(nn.Module):
             assert slots is not None
             if use_triton_recurrent(x.device):
                 # imports Triton: CUDA (or its interpreter)
-                from localchat.backends.torch import triton_recurrent
+                from localchat.backends.torch.cuda import triton_recurrent
 
                 core[idx] = triton_recurrent.ssd_step(  # with the D skip
                     xbc[idx], dt_raw[idx], self.dt_bias, self.A_log, self.D, states, slots, g

@@ -71,10 +71,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from localchat.backends.torch import isq as isq_blocks
-from localchat.backends.torch import kernels as cpu_kernels
-from localchat.backends.torch.kernels import BlockMatrix, Segment
-from localchat.backends.torch.quant_cuda import (
+from localchat.backends.torch.cpu import isq as isq_blocks
+from localchat.backends.torch.cpu import kernels as cpu_kernels
+from localchat.backends.torch.cpu.kernels import BlockMatrix, Segment
+from localchat.backends.torch.cuda.quant_cuda import (
     Int4CudaWeight,
     cuda_int4_linear,
     dequantize_q4,
@@ -83,6 +83,7 @@ from localchat.backends.torch.quant_cuda import (
     pack_triton,
     quantize_q4,
 )
+from localchat.backends.torch.cuda.triton_int4_weight import TritonInt4Weight
 
 # The policy's names, also importable from here as before (quant_policy.py)
 from localchat.backends.torch.quant_policy import ACTIVATION_MODES as ACTIVATION_MODES
@@ -94,7 +95,6 @@ from localchat.backends.torch.quant_policy import QUANT_MODES as QUANT_MODES
 from localchat.backends.torch.quant_policy import SMALL_MODEL_BYTES as SMALL_MODEL_BYTES
 from localchat.backends.torch.quant_policy import int4_kernel_available as int4_kernel_available
 from localchat.backends.torch.quant_policy import pick_policy as pick_policy
-from localchat.backends.torch.triton_int4_weight import TritonInt4Weight
 from localchat.weights.hf_quant_blocks import RepackedLinear
 from localchat.weights.tensors import WeightTensor
 

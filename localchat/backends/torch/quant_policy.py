@@ -10,9 +10,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from localchat.backends.torch import isq as isq_blocks
-from localchat.backends.torch import kernels as cpu_kernels
-from localchat.backends.torch.quant_cuda import cuda_int4_available, cuda_int4_kernel
+from localchat.backends.torch.cpu import isq as isq_blocks
+from localchat.backends.torch.cpu import kernels as cpu_kernels
+from localchat.backends.torch.cuda.quant_cuda import cuda_int4_available, cuda_int4_kernel
 from localchat.config import backend_choices, backend_variable
 from localchat.errors import BackendUnavailableError
 

@@ -48,18 +48,18 @@ from localchat.backend_settings import resolve_backend_variables, settings_in_ef
 from localchat.backends import RunnerOptions
 from localchat.backends.pooling import Pooler
 from localchat.backends.torch.attention import AttentionMetadata
-from localchat.backends.torch.cuda_graphs import DecodeGraphs
+from localchat.backends.torch.cpu.onednn_caches import bound_matmul_caches
+from localchat.backends.torch.cpu.threads import ThreadGovernor
+from localchat.backends.torch.cuda.cuda_graphs import DecodeGraphs
+from localchat.backends.torch.cuda.gpu_attention_meta import TritonAttentionMetadata
 from localchat.backends.torch.device import adaptive_thread_choices, cpu_threads, pick_device, pick_dtype
-from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
 from localchat.backends.torch.kernel_choice import attention_kernel, graph_mode, one_step_choice
 from localchat.backends.torch.kv_cache import Int8KVCache, KVCache, kv_element_dtype
 from localchat.backends.torch.layers import rms_norm
 from localchat.backends.torch.models.base import DecoderLM
-from localchat.backends.torch.onednn_caches import bound_matmul_caches
 from localchat.backends.torch.picture_attention import add_picture_masks
 from localchat.backends.torch.quant import pick_policy
 from localchat.backends.torch.sampler import SampleResult, new_generator, sample
-from localchat.backends.torch.threads import ThreadGovernor
 from localchat.backends.torch.vision.images import ImageEmbedder, load_image_embedder
 from localchat.backends.torch.weights import load_decoder
 from localchat.engine.interface import (

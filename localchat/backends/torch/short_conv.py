@@ -44,7 +44,8 @@ def causal_conv(
         idx, slots = rows.decode_tokens, rows.decode_slots
         assert slots is not None
         if use_triton_recurrent(x.device):
-            from localchat.backends.torch import triton_recurrent  # imports Triton: CUDA (or its interpreter)
+            # imports Triton: CUDA (or its interpreter)
+            from localchat.backends.torch.cuda import triton_recurrent
 
             out[idx] = triton_recurrent.conv_step(x[idx], windows, slots, weight, bias, silu=False)
         else:

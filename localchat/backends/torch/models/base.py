@@ -11,10 +11,10 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from localchat.backends.torch import decode_step
 from localchat.backends.torch.attention import AttentionMetadata
-from localchat.backends.torch.decode_step import FusedDecode
-from localchat.backends.torch.gpu_attention_meta import TritonAttentionMetadata
+from localchat.backends.torch.cpu import decode_step
+from localchat.backends.torch.cpu.decode_step import FusedDecode
+from localchat.backends.torch.cuda.gpu_attention_meta import TritonAttentionMetadata
 from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import Rotary, empty_param, rms_norm
 from localchat.backends.torch.quant import embed_rows, linear

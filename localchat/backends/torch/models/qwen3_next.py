@@ -147,7 +147,7 @@ class HybridLayer(nn.Module):
             assert slots is not None
             if use_triton_recurrent(x.device):
                 # imports Triton: CUDA (or its interpreter)
-                from localchat.backends.torch import triton_recurrent
+                from localchat.backends.torch.cuda import triton_recurrent
 
                 out = triton_recurrent.conv_step(mixed[idx], conv_state, slots, weight, None, silu=True)
                 core[idx] = triton_recurrent.delta_rule_step(out, g[idx], beta[idx], rec_state, slots, nk)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from localchat.backends.torch.gpu_attention_meta import BLOCK_N, TritonAttentionMetadata, pick_num_splits
+from localchat.backends.torch.cuda.gpu_attention_meta import BLOCK_N, TritonAttentionMetadata, pick_num_splits
 from localchat.engine.interface import BatchInputs
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,6 @@ import math
 
 import torch
 
-from localchat.backends.torch import kernels as cpu_kernels
 from localchat.backends.torch.attention_meta import (
     AttentionMetadata,
     AttentionOptions,
@@ -23,8 +22,9 @@ from localchat.backends.torch.attention_meta import (
     gather_blocks,
     row_keys_values,
 )
+from localchat.backends.torch.cpu import kernels as cpu_kernels
+from localchat.backends.torch.cpu.padded_sdpa import prefill_sdpa
 from localchat.backends.torch.kv_cache import KVCache
-from localchat.backends.torch.padded_sdpa import prefill_sdpa
 
 
 def attend_with_options(

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from localchat.backends.torch.triton_int4_weight import TritonInt4Weight
+from localchat.backends.torch.cuda.triton_int4_weight import TritonInt4Weight
 from localchat.config import backend_choices, backend_variable
 
 GROUP_SIZE = 32
@@ -110,7 +110,7 @@ def cuda_int4_linear(x: torch.Tensor, weight: Int4CudaWeight | TritonInt4Weight)
     if isinstance(weight, Int4CudaWeight) and weight.many_rows is not None and x.shape[0] >= TRITON_FROM_ROWS:
         weight = weight.many_rows
     if isinstance(weight, TritonInt4Weight):
-        from localchat.backends.torch.triton_int4 import triton_int4_linear  # imports Triton: CUDA only
+        from localchat.backends.torch.cuda.triton_int4 import triton_int4_linear  # imports Triton: CUDA only
 
         return triton_int4_linear(x, weight)
     if x.shape[0] == 0:  # a prefill chunk that samples nothing: the kernel refuses an empty launch

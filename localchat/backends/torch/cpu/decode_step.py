@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, cast
 import torch
 from torch import nn
 
-from localchat.backends.torch import kernels as cpu_kernels
 from localchat.backends.torch.attention import AttentionMetadata
-from localchat.backends.torch.kernels import BlockMatrix, Kernels
+from localchat.backends.torch.cpu import kernels as cpu_kernels
+from localchat.backends.torch.cpu.kernels import BlockMatrix, Kernels
 from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.quant import DENSE_FROM_ROWS
 from localchat.config import backend_choices, backend_variable

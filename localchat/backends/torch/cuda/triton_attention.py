@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from localchat.backends.torch.attention_meta import AttentionOptions, write_kv
-from localchat.backends.torch.gpu_attention_meta import BLOCK_M, BLOCK_N, TritonAttentionMetadata, pow2
+from localchat.backends.torch.cuda.gpu_attention_meta import BLOCK_M, BLOCK_N, TritonAttentionMetadata, pow2
 
 MIN_DOT = 16  # tl.dot needs every dimension >= 16: small query groups are padded up to it
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton reads it when decorating kernels

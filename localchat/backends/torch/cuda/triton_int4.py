@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from localchat.backends.torch.triton_int4_weight import TritonInt4Weight
+from localchat.backends.torch.cuda.triton_int4_weight import TritonInt4Weight
 
 
 @triton.jit

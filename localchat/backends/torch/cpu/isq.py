@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from localchat.backends.torch.kernels import BLOCKS, BlockMatrix, Kernels, Segment
+from localchat.backends.torch.cpu.kernels import BLOCKS, BlockMatrix, Kernels, Segment
 from localchat.weights import isq_plan
 from localchat.weights.block_quantize import QUANTIZERS
 from localchat.weights.isq_plan import BLOCK_TYPES
