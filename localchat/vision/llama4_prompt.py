@@ -49,7 +49,11 @@ class Llama4ImagePrompt:
     @classmethod
     def from_config(cls, path: Path, config: dict[str, Any]) -> Llama4ImagePrompt:
         token = int(config.get("image_token_index", config.get("image_token_id", PATCH_TOKEN_ID)))
-        return cls(Llama4ImageSpec.from_folder(path), token, tokens_per_tile(config))
+        if "preprocessing" in config:  # a GGUF + mmproj pair: the file's tile size and mean/std
+            spec = Llama4ImageSpec.from_dict(config["preprocessing"])
+        else:
+            spec = Llama4ImageSpec.from_folder(path)
+        return cls(spec, token, tokens_per_tile(config))
 
     def preprocess(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int]]:
         """(pixel values [tiles, 3, S, S], (rows, cols))."""

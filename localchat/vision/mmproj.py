@@ -14,6 +14,8 @@ from typing import Any
 from localchat.errors import ModelLoadError
 from localchat.vision.gemma4_mmproj import IMAGE as GEMMA4_IMAGE
 from localchat.vision.gemma4_mmproj import gemma4_config
+from localchat.vision.llama4_mmproj import PATCH as LLAMA4_PATCH
+from localchat.vision.llama4_mmproj import llama4_config
 from localchat.vision.pixtral_mmproj import IMAGE as PIXTRAL_IMAGE
 from localchat.vision.pixtral_mmproj import PIXTRAL_TEXT_ARCHS, pixtral_config
 from localchat.vision.qwen_vl_mmproj import QWEN_VL_TEXT_ARCHS, pairs_with, qwen_vl_config
@@ -43,6 +45,9 @@ IMAGE_TOKENS["gemma4v"] = GEMMA4_IMAGE
 # --mmproj; their text models are llama GGUFs.
 PROJECTORS["idefics3"] = "llama"
 IMAGE_TOKENS["idefics3"] = "<image>"
+# `llama4`: Llama 4 (tower + pixel-shuffle adapter + projector), written by convert_hf_to_gguf.py --mmproj.
+PROJECTORS["llama4"] = "llama4"
+IMAGE_TOKENS["llama4"] = LLAMA4_PATCH
 
 # --mmproj choices made at load time, by model file: listings and the prompt side find them here.
 _explicit: dict[Path, Path] = {}
@@ -168,6 +173,8 @@ def gguf_vision_config(model_file: Path, mmproj: Path) -> dict[str, Any]:
         return pixtral_config(meta, hidden, eps, image_token, mmproj)
     if kind == "gemma4v":  # the tower's shape is read off its tensors
         return gemma4_config(meta, mmproj, _reader(mmproj).tensors, hidden, image_token)
+    if kind == "llama4":  # the adapter's widths are read off its tensors
+        return llama4_config(meta, hidden, image_token, mmproj)
     if kind in QWEN_VL_TEXT_ARCHS:
         return qwen_vl_config(meta, arch, hidden, image_token, mmproj)
     size, patch = int(meta["clip.vision.image_size"]), int(meta["clip.vision.patch_size"])

@@ -16,6 +16,7 @@ from localchat.backends.torch.vision.gemma3_mmproj import load_gemma3_mmproj
 from localchat.backends.torch.vision.gemma4 import Gemma4Vision, has_gemma4_vision, load_gemma4_vision
 from localchat.backends.torch.vision.gemma4_mmproj import load_gemma4_mmproj
 from localchat.backends.torch.vision.llama4 import Llama4Vision, load_llama4_vision
+from localchat.backends.torch.vision.llama4_mmproj import load_llama4_mmproj
 from localchat.backends.torch.vision.llava import LlavaVision, load_llava_vision
 from localchat.backends.torch.vision.llava_mmproj import load_llava_mmproj
 from localchat.backends.torch.vision.llava_next import (
@@ -105,6 +106,8 @@ def load_image_embedder(path: Path, device: torch.device, dtype: torch.dtype) ->
             return ImageEmbedder(load_pixtral_mmproj(config, Path(config["mmproj"]), dtype), device, dtype)
         if config.get("model_type") in GEMMA4_TYPES:
             return ImageEmbedder(load_gemma4_mmproj(config, Path(config["mmproj"]), dtype), device, dtype)
+        if config.get("model_type") in LLAMA4_TYPES:
+            return ImageEmbedder(load_llama4_mmproj(config, Path(config["mmproj"]), dtype), device, dtype)
         return ImageEmbedder(load_gemma3_mmproj(config, Path(config["mmproj"]), dtype), device, dtype)
     log.info("loading the vision tower of %s", path)
     if config.get("model_type") in QWEN_VL_TYPES:

@@ -1,0 +1,142 @@
+"""A Llama 4 GGUF paired with llama.cpp's `llama4` mmproj, both written by llama.cpp's own converter from the
+tiny random Llama4ForConditionalGeneration (tests/helpers/llama4_gguf.py): the pair is found, the model takes
+pictures, the mmproj's tower gives transformers' features (get_image_features + the projector) and the
+engine gives transformers' greedy tokens for a picture prompt, fp32."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from tokenizers import Tokenizer
+
+from localchat.vision.llama4_prompt import Llama4ImagePrompt
+from localchat.vision.model_info import takes_images, vision_config
+from localchat.weights.loader import load_model
+from tests.helpers import llama4_vision_models as tiny
+from tests.helpers.llama4_gguf import write_folder, write_gguf_pair
+from tests.helpers.torch_models import fp32_runner
+
+pytestmark = pytest.mark.slow
+
+# The chat template's layout with one-character words: the converter writes the word-level test vocabulary
+# as a BPE one without merges, so the text GGUF spells only special tokens and single characters as the
+# folder does (a multi-letter word like "user" is lost). The picture's tokens are all special.
+CHAT = "<|begin_of_text|><|header_start|>?<|header_end|> <|image|>?<|eot|> <|header_start|>?<|header_end|> "
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, Path, Path]:
+    """(transformers model, its folder, text GGUF, mmproj GGUF)."""
+    folder = tmp_path_factory.mktemp("llama4")
+    hf = write_folder(folder)
+    model, mmproj = write_gguf_pair(folder, tmp_path_factory.mktemp("llama4-gguf"))
+    return hf, folder, model, mmproj
+
+
+def _prompt_side(path: Path) -> Llama4ImagePrompt:
+    config = vision_config(path)
+    assert config is not None
+    return Llama4ImagePrompt.from_config(path, config)
+
+
+def _hf_features(hf: Any, pixels: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        features = hf.get_image_features(pixel_values=pixels).last_hidden_state
+        return hf.multi_modal_projector(features.reshape(-1, features.shape[-1]))
+
+
+def test_pair_is_found_and_takes_images(saved: tuple[Any, Path, Path, Path]) -> None:
+    _, _, model, mmproj = saved
+    config = vision_config(model)  # the only mmproj beside the model: paired
+    assert config is not None and config["model_type"] == "llama4" and config["mmproj"] == str(mmproj)
+    assert config["image_token_index"] == tiny.PATCH_ID
+    vision = config["vision_config"]
+    assert (vision["pixel_shuffle_ratio"], vision["num_hidden_layers"]) == (0.5, 3)
+    assert (vision["projector_input_dim"], vision["projector_output_dim"], vision["vision_output_dim"]) == (
+        48,
+        48,
+        48,
+    )
+    assert takes_images(model)
+    assert load_model(model).config.model_type == "llama4_text"
+
+
+def test_mmproj_features_equal_transformers(saved: tuple[Any, Path, Path, Path], tmp_path: Path) -> None:
+    from localchat.backends.torch.vision.llama4_mmproj import load_llama4_mmproj
+
+    hf, folder, model, mmproj = saved
+    config = vision_config(model)
+    assert config is not None
+    vision = load_llama4_mmproj(config, mmproj)
+    side, folder_side = _prompt_side(model), _prompt_side(folder)
+    for path in tiny.pictures(tmp_path):
+        pixels, tiles = side.preprocess(Image.open(path))
+        theirs_pixels, theirs_tiles = folder_side.preprocess(Image.open(path))
+        assert tiles == theirs_tiles and np.array_equal(pixels, theirs_pixels)  # within llama.cpp's 3 x 3
+        ours = vision.encode(torch.from_numpy(pixels)[None])[0]
+        theirs = _hf_features(hf, torch.from_numpy(pixels))
+        err = (ours - theirs).abs().max().item()
+        print(f"llama4 mmproj features max abs err fp32 ({path.name}): {err:.2e}")
+        assert ours.shape == theirs.shape and err < 1e-5
+
+
+def _hf_greedy(hf: Any, prompt: list[int], pixels: torch.Tensor, new: int) -> list[int]:
+    """Llama4ForConditionalGeneration.forward's own steps (its forward fails building its output in
+    transformers 5.24): the projected features scattered at the <|patch|> rows, then the text LM."""
+    tokens = list(prompt)
+    features = _hf_features(hf, pixels)
+    for _ in range(new):
+        ids = torch.tensor([tokens])
+        with torch.no_grad():
+            embeds = hf.get_input_embeddings()(ids)
+            mask = (ids == hf.config.image_token_id)[..., None].expand_as(embeds)
+            embeds = embeds.masked_scatter(mask, features.to(embeds.dtype))
+            tokens.append(int(hf.language_model(inputs_embeds=embeds).logits[0, -1].argmax()))
+    return tokens[len(prompt) :]
+
+
+@pytest.mark.parametrize("chunk", [0, 50])
+def test_gguf_pair_greedy_equals_transformers(
+    saved: tuple[Any, Path, Path, Path], tmp_path: Path, chunk: int
+) -> None:
+    """The text GGUF (its converted tokenizer) with the paired mmproj through LLMEngine + TorchRunner:
+    transformers' greedy tokens for two pictures; chunk 50 splits the first tile."""
+    from localchat.engine.config import EngineConfig
+    from localchat.engine.engine import LLMEngine
+    from localchat.engine.sampling_params import SamplingParams
+    from localchat.vision.gemma3_preprocess import content_hash
+
+    hf, folder, model, _ = saved
+    side = _prompt_side(model)
+    bundle = load_model(model)
+    runner = fp32_runner(bundle)
+    assert runner.images is not None  # the tower came from the paired mmproj
+    engine = LLMEngine(
+        runner,
+        bundle.tokenizer,
+        EngineConfig(kv_cache_mib=4, block_size=4, prefill_chunk_size=chunk),
+        eos_token_ids=[],
+        model_max_len=512,
+    )
+    answers = []
+    for path in tiny.pictures(tmp_path)[:2]:
+        pixels, tiles = side.preprocess(Image.open(path))
+        text = side.expand(CHAT, [tiles])
+        prompt = list(bundle.tokenizer.encode(text))
+        # the GGUF's tokenizer (converted by llama.cpp) gives the folder's ids
+        assert prompt == Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text).ids
+        images = side.inputs(prompt, [(content_hash(path.read_bytes()), pixels, tiles)])
+        req = engine.add_request(prompt, SamplingParams(max_tokens=5, temperature=0.0), images=images)
+        tokens: list[int] = []
+        while engine.has_unfinished:
+            for out in engine.step():
+                if out.req_id == req:
+                    tokens += out.new_token_ids
+        assert tokens == _hf_greedy(hf, prompt, torch.from_numpy(pixels), 5), path.name
+        answers.append(tokens)
+    assert answers[0] != answers[1]
