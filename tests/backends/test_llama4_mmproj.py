@@ -140,3 +140,56 @@ def test_gguf_pair_greedy_equals_transformers(
         assert tokens == _hf_greedy(hf, prompt, torch.from_numpy(pixels), 5), path.name
         answers.append(tokens)
     assert answers[0] != answers[1]
+
+
+def _hf_logits(hf: Any, tokens: list[int], pixels: torch.Tensor) -> np.ndarray:
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        embeds = hf.get_input_embeddings()(ids)
+        mask = (ids == hf.config.image_token_id)[..., None].expand_as(embeds)
+        embeds = embeds.masked_scatter(mask, _hf_features(hf, pixels).to(embeds.dtype))
+        return hf.language_model(inputs_embeds=embeds).logits[0].float().numpy()
+
+
+@pytest.mark.mlx
+def test_mlx_gguf_pair_features_logits_and_greedy(
+    saved: tuple[Any, Path, Path, Path], tmp_path: Path
+) -> None:
+    """The MLX runner of the text GGUF takes its tower from the paired mmproj: transformers' features, the
+    picture prompt's logits (a chunk boundary inside the first tile) and three greedy tokens after it."""
+    mx = pytest.importorskip("mlx.core")
+    from localchat.engine.interface import ImageSlice
+    from localchat.vision.gemma3_preprocess import content_hash
+    from localchat.vision.placement import chunk_rows
+    from tests.helpers.parity import Driver, mlx_runner
+
+    hf, _, model, _ = saved
+    side = _prompt_side(model)
+    path = tiny.pictures(tmp_path)[0]
+    pixels, tiles = side.preprocess(Image.open(path))
+    bundle = load_model(model)
+    prompt = list(bundle.tokenizer.encode(side.expand(CHAT, [tiles])))
+    (image,) = side.inputs(prompt, [(content_hash(path.read_bytes()), pixels, tiles)])
+    runner = mlx_runner(bundle)
+    assert runner.images is not None  # the tower came from the paired mmproj
+    torch_pixels = torch.from_numpy(pixels)
+    features = np.array(runner.images.vision.encode(mx.array(pixels)[None]))[0]
+    err = np.abs(features - _hf_features(hf, torch_pixels).numpy()).max()
+    print(f"mlx llama4 mmproj features max abs err fp32: {err:.2e}")
+    assert err < 1e-4
+    driver = Driver(runner)
+    driver.add("a", prompt)
+    rows_logits = []
+    for start, end in [(0, 20), (20, len(prompt))]:
+        out, batch = driver.build({"a": end - start}, every_token=True)
+        token_rows, embed_rows = chunk_rows(list(image.placeholders), start, end)
+        batch.image_slices = [ImageSlice(image, token_rows, embed_rows)]
+        rows_logits.append(np.array(runner.compute_logits(out, batch)))
+    ours = np.concatenate(rows_logits)
+    err = np.abs(ours - _hf_logits(hf, prompt, torch_pixels)).max()
+    print(f"mlx llama4 mmproj image prompt logits max abs err fp32: {err:.2e}")
+    assert err < 1e-4
+    for _ in range(3):  # greedy decode after the picture: no image rows in these steps
+        driver.feed("a", int(ours[-1].argmax()))
+        _, ours = driver.step_logits()
+        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), torch_pixels)[-1].argmax())

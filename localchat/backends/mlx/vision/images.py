@@ -14,7 +14,7 @@ import numpy as np
 
 from localchat.backends.mlx.vision.gemma3 import Gemma3Vision, load_gemma3_vision
 from localchat.backends.mlx.vision.gemma4 import Gemma4Vision, load_gemma4_mmproj, load_gemma4_vision
-from localchat.backends.mlx.vision.llama4 import Llama4Vision, load_llama4_vision
+from localchat.backends.mlx.vision.llama4 import Llama4Vision, load_llama4_mmproj, load_llama4_vision
 from localchat.backends.mlx.vision.llava import LlavaVision, load_llava_mmproj, load_llava_vision
 from localchat.backends.mlx.vision.llava_next import (
     LlavaNextVision,
@@ -104,6 +104,9 @@ def load_image_embedder(path: Path, dtype: mx.Dtype) -> ImageEmbedder | None:
     if "mmproj" in config and config.get("model_type") in GEMMA4_TYPES:  # llama.cpp's `gemma4v` projector
         log.info("loading the vision tower of %s from %s", path, config["mmproj"])
         return ImageEmbedder(load_gemma4_mmproj(config, Path(config["mmproj"]), dtype), dtype)
+    if "mmproj" in config and config.get("model_type") in LLAMA4_TYPES:  # llama.cpp's `llama4` projector
+        log.info("loading the vision tower of %s from %s", path, config["mmproj"])
+        return ImageEmbedder(load_llama4_mmproj(config, Path(config["mmproj"]), dtype), dtype)
     if "mmproj" in config:
         # The server takes pictures for the pair, so loading the text model alone would leave them nowhere.
         raise BackendUnavailableError(

@@ -14,6 +14,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from localchat.vision.llama4_mmproj import read_llama4_mmproj
+
 LN_EPS = 1e-5  # transformers' LayerNorms here use torch's default eps
 _PREFIXES = ("vision_model.", "multi_modal_projector.")
 
@@ -118,6 +120,17 @@ def load_llama4_vision(folder: Path, dtype: mx.Dtype = mx.float32) -> Llama4Visi
     missing = _expected_names(config) - weights.keys()
     if missing:  # a missing tensor is an error, not a random weight
         raise ValueError(f"{folder}: the Llama 4 vision tower lacks {', '.join(sorted(missing)[:5])}")
+    mx.eval(list(weights.values()))
+    return Llama4Vision(config, weights)
+
+
+def load_llama4_mmproj(config: dict[str, Any], mmproj: Path, dtype: mx.Dtype = mx.float32) -> Llama4Vision:
+    """The same tower from llama.cpp's `llama4` mmproj (`config`: localchat.vision.mmproj's dict for the
+    pair), renamed onto the checkpoint's names as on torch (localchat/vision/llama4_mmproj.py)."""
+    weights = {name: mx.array(values).astype(dtype) for name, values in read_llama4_mmproj(mmproj).items()}
+    missing = _expected_names(config) - weights.keys()
+    if missing:  # a missing tensor is an error, not a random weight
+        raise ValueError(f"{mmproj.name}: the Llama 4 vision tower lacks {', '.join(sorted(missing)[:5])}")
     mx.eval(list(weights.values()))
     return Llama4Vision(config, weights)
 
