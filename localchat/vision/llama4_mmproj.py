@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from localchat.vision.llava_mmproj import _values
+from localchat.vision.qwen_vl_mmproj import _tensor_values
 
 PATCH = "<|patch|>"  # the image placeholder token: config.image_token_index
 ROPE_THETA = 10_000.0  # llama.cpp's clip code sets it for `llama4`; transformers' default too
@@ -83,7 +83,8 @@ def llama4_config(meta: dict[str, Any], hidden: int, image_token: int, mmproj: P
 
 
 def read_llama4_mmproj(mmproj: Path) -> dict[str, np.ndarray]:
-    """The tower's and projector's tensors under Llama4ForConditionalGeneration's names."""
+    """The tower's and projector's tensors under Llama4ForConditionalGeneration's names, as float32 (a
+    quantized mmproj, e.g. Q8_0, dequantized)."""
     from localchat.weights.gguf import open_gguf
 
     state: dict[str, np.ndarray] = {}
@@ -91,9 +92,8 @@ def read_llama4_mmproj(mmproj: Path) -> dict[str, np.ndarray]:
         name = tensor.name
         match = _BLOCK.fullmatch(name)
         if name in _FIXED:
-            state[_FIXED[name]] = _values(mmproj, tensor)
+            state[_FIXED[name]] = _tensor_values(mmproj, tensor)
         elif match and match[2] in _LAYER:
-            state[f"vision_model.model.layers.{match[1]}.{_LAYER[match[2]]}.{match[3]}"] = _values(
-                mmproj, tensor
-            )
+            layer = f"vision_model.model.layers.{match[1]}.{_LAYER[match[2]]}.{match[3]}"
+            state[layer] = _tensor_values(mmproj, tensor)
     return state

@@ -193,3 +193,24 @@ def test_mlx_gguf_pair_features_logits_and_greedy(
         driver.feed("a", int(ours[-1].argmax()))
         _, ours = driver.step_logits()
         assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), torch_pixels)[-1].argmax())
+
+
+def test_q8_0_mmproj_is_dequantized(saved: tuple[Any, Path, Path, Path], tmp_path: Path) -> None:
+    """A Q8_0 mmproj (as some repos publish them) loads, dequantized, close to transformers' features."""
+    from gguf import GGUFReader
+
+    from localchat.backends.torch.vision.llama4_mmproj import load_llama4_mmproj
+    from tests.helpers.qwen_vl_gguf import write_mmproj
+
+    hf, folder, model, _ = saved
+    q8 = write_mmproj(folder, tmp_path / "mmproj-q8_0.gguf", "q8_0")
+    assert any(t.tensor_type.name == "Q8_0" for t in GGUFReader(q8).tensors)
+    config = vision_config(model)
+    assert config is not None
+    vision = load_llama4_mmproj(config, q8)
+    pixels, _ = _prompt_side(model).preprocess(Image.open(tiny.pictures(tmp_path)[0]))
+    ours = vision.encode(torch.from_numpy(pixels)[None])[0]
+    theirs = _hf_features(hf, torch.from_numpy(pixels))
+    err = ((ours - theirs).abs().max() / theirs.abs().max()).item()
+    print(f"llama4 q8_0 mmproj features max err relative to the largest: {err:.2e}")
+    assert err < 0.05
