@@ -1,0 +1,93 @@
+"""A Llama 4 GGUF + llama.cpp's `llama4` mmproj through the real server and the official openai client (#29):
+both written by llama.cpp's own converter from the tiny random Llama4ForConditionalGeneration
+(tests/helpers/llama4_gguf.py), the mmproj paired because it is the only one beside the model, served on
+torch in float32 with 8-token prefill chunks. A data: URL picture gets transformers' greedy answer for the
+tokens the GGUF's own tokenizer gives the prompt; another picture another answer; /v1/models says vision."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import torch
+from PIL import Image
+
+from localchat.vision.llama4_prompt import Llama4ImagePrompt
+from localchat.vision.model_info import vision_config
+from localchat.weights.loader import load_model
+from tests.helpers import llama4_vision_models as tiny
+from tests.helpers.live_server import live_server
+from tests.helpers.llama4_gguf import write_folder, write_gguf_pair
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "?"  # one character: the converted word-level test vocabulary spells no longer word
+MAX_TOKENS = 5
+STOP = 2  # <|eot|>
+
+
+def _hf_greedy(hf: Any, tokens: list[int], pixels: torch.Tensor) -> list[int]:
+    """Llama4ForConditionalGeneration.forward's steps (its 5.24 forward fails building its output)."""
+    tokens = list(tokens)
+    start = len(tokens)
+    with torch.no_grad():
+        features = hf.get_image_features(pixel_values=pixels).last_hidden_state
+        rows = hf.multi_modal_projector(features.reshape(-1, features.shape[-1]))
+        for _ in range(MAX_TOKENS):
+            ids = torch.tensor([tokens])
+            embeds = hf.get_input_embeddings()(ids)
+            mask = (ids == hf.config.image_token_id)[..., None].expand_as(embeds)
+            embeds = embeds.masked_scatter(mask, rows)
+            tokens.append(int(hf.language_model(inputs_embeds=embeds).logits[0, -1].argmax()))
+            if tokens[-1] == STOP:
+                tokens.pop()
+                break
+    return tokens[start:]
+
+
+def _data_url(path: Path) -> str:
+    mime = "image/png" if path.suffix == ".png" else "image/jpeg"
+    return f"data:{mime};base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def test_gguf_pair_answers_a_picture_as_transformers(tmp_path: Path) -> None:
+    hf = write_folder(tmp_path / "llama4")
+    model_file, _ = write_gguf_pair(tmp_path / "llama4", tmp_path / "gguf")
+    config = vision_config(model_file)
+    assert config is not None
+    side = Llama4ImagePrompt.from_config(model_file, config)
+    tokenizer = load_model(model_file).tokenizer
+    pictures = tiny.pictures(tmp_path)[:2]  # 2 x 3 and 3 x 2 tiles + the global image
+    expected = []
+    for picture in pictures:
+        pixels, tiles = side.preprocess(Image.open(picture))
+        text = side.expand(
+            "<|begin_of_text|><|header_start|>user<|header_end|> <|image|>"
+            f"{QUESTION}<|eot|> <|header_start|>assistant<|header_end|> ",
+            [tiles],
+        )
+        prompt = list(tokenizer.encode(text))
+        answer = _hf_greedy(hf, prompt, torch.from_numpy(pixels))
+        expected.append((tokenizer.decode(answer), len(prompt)))
+    assert expected[0][0] != expected[1][0]  # the picture matters to this model
+    args = ["--f", str(model_file), "--backend", "torch", "--dtype", "float32", "--mem", "16"]
+    with live_server([*args, "--prefill-chunk-size", "8"]) as server:
+        client: Any = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=120)
+        model = client.models.list().data[0]
+        assert (model.model_extra or {})["vision"] is True
+        for picture, (answer, prompt_tokens) in zip(pictures, expected, strict=True):
+            content = [
+                {"type": "image_url", "image_url": {"url": _data_url(picture)}},
+                {"type": "text", "text": QUESTION},
+            ]
+            reply = client.chat.completions.create(
+                model=model.id,
+                messages=[{"role": "user", "content": content}],
+                max_tokens=MAX_TOKENS,
+                temperature=0,
+            )
+            assert reply.choices[0].message.content == answer
+            assert reply.usage.prompt_tokens == prompt_tokens  # the image tokens included
