@@ -267,6 +267,7 @@ def test_ram_estimate_counts_compact_int4(tmp_path: Path) -> None:
     assert est.weights == blocks
 
 
+@pytest.mark.slow  # spawns gloo ranks: out of the fast tier, still in CI
 def test_tensor_parallel_ranks_cut_the_exact_values(tmp_path: Path) -> None:
     """Tensor-parallel ranks (gloo, 2 CPU processes) cut an act-order GPTQ folder's exact float32 values
     (shard_weights.py: blocks in reordered columns are not cut): TP=2 gives TP=1's logits and tokens."""

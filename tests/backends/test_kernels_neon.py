@@ -66,6 +66,7 @@ def test_neon_x16_kernel_matches_the_portable_blocks_under_qemu(tmp_path: Path) 
 
 @pytest.mark.skipif(GCC is None, reason="needs gcc")
 @pytest.mark.parametrize("isa", [i for i in ("avx2", "avx512vnni") if i in kernels.runnable_isas()])
+@pytest.mark.slow  # compiles and runs the C harness: out of the fast tier, still in CI
 def test_the_harness_passes_this_cpus_x16_kernels(tmp_path: Path, isa: str) -> None:
     assert GCC
     assert CASES in build_and_run(GCC, isa, tmp_path, [], {})

@@ -89,6 +89,7 @@ def test_gemma4_stages_index_their_own_caches() -> None:
 
 
 @pytest.mark.parametrize("name", ["gemma3", "gemma4"])
+@pytest.mark.slow  # spawns gloo ranks: out of the fast tier, still in CI
 def test_pp2_of_an_own_loop_matches_one_device(name: str) -> None:
     torch.set_num_threads(1)
     bundle = loop_bundle(name)

@@ -190,6 +190,7 @@ def test_a_hybrid_split_through_the_engine() -> None:
 
 
 @pytest.mark.parametrize("kind", ["qwen3_5", "nemotron_h"])
+@pytest.mark.slow  # spawns gloo ranks: out of the fast tier, still in CI
 def test_pp2_of_a_hybrid_matches_one_device(kind: str) -> None:
     """`--pp 2` over gloo: rank 1 (a spawned worker) holds the last stage and its own state pool; the
     slots and the zeroing of fresh ones reach it with every step."""

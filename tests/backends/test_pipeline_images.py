@@ -86,6 +86,7 @@ def test_gpu_layers_split_with_pictures_matches_one_device(saved: tuple[str, Pat
     assert got == want and got[0] != got[1]  # the two pictures lead to different answers
 
 
+@pytest.mark.slow  # spawns gloo ranks: out of the fast tier, still in CI
 def test_pp2_with_pictures_matches_one_device(saved: tuple[str, Path], tmp_path: Path) -> None:
     """Rank 1 gets the hidden states with the picture's rows in them and the M-RoPE positions; the
     pixels stay on rank 0."""

@@ -65,6 +65,7 @@ def cut_everything(load: functools.partial[ModelBundle]) -> ModelBundle:
 @pytest.mark.parametrize(
     ("module", "name"), [(plain, "qwen3"), (hybrid, "qwen3_5")], ids=["qwen3", "qwen3_5-hybrid"]
 )
+@pytest.mark.slow  # spawns gloo ranks: out of the fast tier, still in CI
 def test_pp2_with_micro_batches_matches_one_device(
     module: object, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

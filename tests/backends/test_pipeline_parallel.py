@@ -80,6 +80,7 @@ def test_layers_split_contiguously_balanced_by_count() -> None:
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.slow  # spawns gloo ranks: out of the fast tier, still in CI
 def test_pp2_matches_one_device(family: str) -> None:
     """`--pp 2`: a spawned worker holds the last stage; rank 0 (here) the first. Logits within 1e-5
     and greedy tokens equal to the whole model in one process, for ragged, chunked and preempted steps."""
@@ -104,6 +105,7 @@ def test_pp2_matches_one_device(family: str) -> None:
         runner.shutdown()
 
 
+@pytest.mark.slow  # spawns gloo ranks: out of the fast tier, still in CI
 def test_a_killed_pipeline_worker_is_reported() -> None:
     """The tensor-parallel watchdog covers pipeline workers: seen within seconds, then an error."""
     runner = ParallelRunner(family_bundle("llama"), PP2, load=functools.partial(family_bundle, "llama"))
@@ -243,6 +245,7 @@ def test_a_stage_too_big_for_its_gpu_says_what_to_change() -> None:
         )
 
 
+@pytest.mark.slow  # spawns gloo ranks: out of the fast tier, still in CI
 def test_pp3_passes_through_a_middle_stage() -> None:
     """3 stages of one layer each: rank 1 receives from rank 0 and sends to rank 2, which samples."""
     torch.set_num_threads(1)
@@ -261,6 +264,7 @@ def test_pp3_passes_through_a_middle_stage() -> None:
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+@pytest.mark.slow  # spawns gloo ranks: out of the fast tier, still in CI
 def test_tp2_by_pp2_in_four_processes(family: str) -> None:
     """TP x PP: ranks 0-1 hold layers 0-1, ranks 2-3 layer 2, each pair splitting its stage's heads,
     MLP (experts) and vocab; hidden states go rank 0 -> 2 and 1 -> 3; logits and tokens as one device."""

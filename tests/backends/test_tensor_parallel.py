@@ -71,6 +71,7 @@ def _worker(rank: int, world: int, init: str, out: str, kv_heads: int) -> None:
 
 
 @pytest.mark.parametrize("kv_heads", [2, 1], ids=["kv-split", "kv-replicated"])
+@pytest.mark.slow  # spawns gloo ranks: out of the fast tier, still in CI
 def test_tp2_matches_tp1_logits_and_greedy_tokens(tmp_path: Path, kv_heads: int) -> None:
     torch.set_num_threads(1)
     expected_logits, expected_tokens = _run(_runner(kv_heads))
@@ -119,6 +120,7 @@ def _tiny_bundle() -> ModelBundle:
     return _hf_bundle(2)
 
 
+@pytest.mark.slow  # spawns gloo ranks: out of the fast tier, still in CI
 def test_parallel_runner_drives_a_spawned_worker_and_reports_its_death() -> None:
     """The driver/worker split behind `--tp 2`: rank 0's runner forwards each step to a spawned worker;
     greedy tokens equal TP=1; shutdown ends the worker; a dead worker is an error, not a hang."""

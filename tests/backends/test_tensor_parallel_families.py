@@ -42,6 +42,7 @@ def _worker(rank: int, world: int, init: str, out: str, model_type: str) -> None
 
 
 @pytest.mark.parametrize("model_type", ["qwen3", "mixtral", "qwen3_moe"])
+@pytest.mark.slow  # spawns gloo ranks: out of the fast tier, still in CI
 def test_tp2_matches_tp1(tmp_path: Path, model_type: str) -> None:
     torch.set_num_threads(1)
     expected_logits, expected_tokens = _run(fp32_runner(_bundle(model_type)))

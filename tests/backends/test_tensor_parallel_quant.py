@@ -49,6 +49,7 @@ def _worker(rank: int, world: int, init: str, path: str, exact: bool, out: str) 
 
 @pytest.mark.parametrize("exact", [True, False], ids=["dequant", "kernels"])
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K"])
+@pytest.mark.slow  # spawns gloo ranks: out of the fast tier, still in CI
 def test_tp2_quantized_shards_match_tp1(tmp_path: Path, qtype: str, exact: bool) -> None:
     torch.set_num_threads(1)
     cfg = tiny_config(vocab_size=512)
