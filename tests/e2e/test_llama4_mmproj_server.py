@@ -70,8 +70,8 @@ def test_gguf_pair_answers_a_picture_as_transformers(tmp_path: Path) -> None:
             [tiles],
         )
         prompt = list(tokenizer.encode(text))
-        answer = _hf_greedy(hf, prompt, torch.from_numpy(pixels))
-        expected.append((tokenizer.decode(answer), len(prompt)))
+        greedy = _hf_greedy(hf, prompt, torch.from_numpy(pixels))
+        expected.append((tokenizer.decode(greedy), len(prompt)))
     assert expected[0][0] != expected[1][0]  # the picture matters to this model
     args = ["--f", str(model_file), "--backend", "torch", "--dtype", "float32", "--mem", "16"]
     with live_server([*args, "--prefill-chunk-size", "8"]) as server:
