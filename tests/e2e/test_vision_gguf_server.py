@@ -53,8 +53,8 @@ def server(gguf: tuple[Any, Path]) -> Iterator[LiveServer]:
 
 
 def _pictures(folder: Path) -> list[Path]:
-    """A black and a white picture: with the words the GGUF tokenizer drops, this tiny model's answer
-    turns on these two (random-noise pictures both give the same one)."""
+    """A black and a white picture: with the words the GGUF tokenizer drops, this tiny model's first-token
+    probability turns on these two (its greedy words do not, once a picture's tokens attend both ways)."""
     paths = []
     for value in (0, 255):
         path = folder / f"flat{value}.png"
@@ -63,7 +63,9 @@ def _pictures(folder: Path) -> list[Path]:
     return paths
 
 
-def _hf_answer(hf: Any, model: Path, picture: Path) -> str:
+def _hf_answer(hf: Any, model: Path, picture: Path) -> tuple[str, float]:
+    """Transformers' greedy answer and its first token's logprob (the tiny model's words turn on the picture
+    only in their probabilities once the picture's tokens attend both ways)."""
     tokenizer = load_model(model).tokenizer
     image = f"\n\n<start_of_image>{'<image_soft_token>' * TOKENS_PER_IMAGE}<end_of_image>\n\n"
     text = f"<bos><start_of_turn>user {QUESTION} {image}<end_of_turn> <start_of_turn>model "
@@ -73,14 +75,20 @@ def _hf_answer(hf: Any, model: Path, picture: Path) -> str:
         Image.open(picture), return_tensors="pt"
     )["pixel_values"]
     start = len(tokens)
+    first_logprob = 0.0
     with torch.no_grad():
         for _ in range(MAX_TOKENS):
-            logits = hf(input_ids=torch.tensor([tokens]), pixel_values=pixels).logits[0, -1]
+            # token_type_ids as Gemma3Processor gives them: the picture's tokens see each other both ways
+            ids = torch.tensor([tokens])
+            types = (ids == 299).long()
+            logits = hf(input_ids=ids, pixel_values=pixels, token_type_ids=types).logits[0, -1]
             tokens.append(int(logits.argmax()))
+            if len(tokens) == start + 1:
+                first_logprob = float(torch.log_softmax(logits.double(), -1)[tokens[-1]])
             if tokens[-1] == SPECIALS["<eos>"]:
                 tokens.pop()
                 break
-    return tokenizer.decode(tokens[start:], skip_special_tokens=True)
+    return tokenizer.decode(tokens[start:], skip_special_tokens=True), first_logprob
 
 
 def test_a_gguf_with_its_mmproj_answers_a_picture_as_transformers(
@@ -92,9 +100,14 @@ def test_a_gguf_with_its_mmproj_answers_a_picture_as_transformers(
     assert (model.model_extra or {})["vision"] is True
     pictures = _pictures(tmp_path)
     expected = [_hf_answer(hf, model_file, p) for p in pictures]
-    assert expected[0] != expected[1]  # the picture matters to this model
-    for picture, answer in zip(pictures, expected, strict=True):
+    assert abs(expected[0][1] - expected[1][1]) > 1e-3  # the picture matters to this model
+    for picture, (answer, first_logprob) in zip(pictures, expected, strict=True):
         reply = client.chat.completions.create(
-            model=model.id, messages=_ask(_data_url(picture)), max_tokens=MAX_TOKENS, temperature=0
+            model=model.id,
+            messages=_ask(_data_url(picture)),
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            logprobs=True,
         )
         assert reply.choices[0].message.content == answer
+        assert abs(reply.choices[0].logprobs.content[0].logprob - first_logprob) < 1e-3
