@@ -3,6 +3,7 @@ in its model info and refuse pictures for text-only models before anything reach
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from pathlib import Path
@@ -63,19 +64,27 @@ _VISION_KEY_PARTS = ("vision", "visual.", "multi_modal_projector")
 def holds_vision_weights(folder: Path) -> bool:
     """Whether the folder's safetensors name any vision tensor, read from the index or the files' JSON
     headers (a few KiB each; no tensor data is read). A folder with no weights yet (still downloading)
-    goes by its config."""
+    goes by its config. Listings and requests ask again and again: the answer is kept per weight-file
+    set (names, sizes, mtimes), so only a changed folder is read again."""
     index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        names = list(json.loads(index.read_text()).get("weight_map", {}))
-        return any(part in name for name in names for part in _VISION_KEY_PARTS)
-    files = sorted(folder.glob("*.safetensors"))
+    files = [index] if index.is_file() else sorted(folder.glob("*.safetensors"))
     if not files:
         return True
-    for file in files:
-        with file.open("rb") as handle:
-            (size,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(size))
-        if any(part in name for name in header for part in _VISION_KEY_PARTS):
+    stamps = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    return _names_vision_tensors(stamps)
+
+
+@functools.lru_cache(maxsize=256)
+def _names_vision_tensors(stamps: tuple[tuple[str, int, int], ...]) -> bool:
+    for name, _, _ in stamps:
+        file = Path(name)
+        if file.suffix == ".json":  # the index of a sharded folder
+            names = list(json.loads(file.read_text()).get("weight_map", {}))
+        else:
+            with file.open("rb") as handle:
+                (size,) = struct.unpack("<Q", handle.read(8))
+                names = list(json.loads(handle.read(size)))
+        if any(part in tensor for tensor in names for part in _VISION_KEY_PARTS):
             return True
     return False
 
