@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from localchat.weights.ordered_blocks import ordered_columns
 from localchat.weights.tensors import WeightTensor
 
 if TYPE_CHECKING:
@@ -265,15 +266,16 @@ def _untile(w: WeightTensor, heads: tuple[int, int], dv: int, key_dim: int) -> W
 
 
 def _untile_columns(w: WeightTensor, heads: tuple[int, int], dv: int) -> WeightTensor:
-    """Quantized rows move whole blocks when a value head is whole blocks wide; otherwise the tensor is
-    dequantized (F32) first."""
+    """Quantized rows move whole blocks when a value head is whole blocks wide; otherwise (Qwen3.5's
+    128-wide heads in 256-value K-quant blocks) the blocks stay as stored and carry the column order
+    (weights/ordered_blocks.py: the backend moves the activations instead)."""
     if not w.is_quantized:
         return WeightTensor(w.name, w.shape, w.dtype, np.asarray(w.data)[:, _grouped_order(heads, dv)])
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[w.dtype]]
     if dv % block:
-        return WeightTensor(w.name, w.shape, "F32", w.dequantize()[:, _grouped_order(heads, dv)])
+        return ordered_columns(w, _grouped_order(heads, dv))
     blocks = np.asarray(w.data).reshape(w.shape[0], -1, nbytes)[:, _grouped_order(heads, dv // block)]
     return WeightTensor(w.name, w.shape, w.dtype, blocks.reshape(w.shape[0], -1))
 

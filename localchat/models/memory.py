@@ -14,12 +14,11 @@ from typing import Any
 
 from localchat import cpu_features
 from localchat.arch.architecture import TOP_WEIGHTS, Architecture
-from localchat.arch.qwen3_next import sanitize_qwen3_5
 from localchat.arch.registry import architecture
 from localchat.errors import InsufficientMemoryError, ModelLoadError, UnsupportedArchitectureError
 from localchat.models.side_memory import SideModelMemory, side_models_note
 from localchat.vision.mmproj import pair_mmproj
-from localchat.weights.gguf import config_from_gguf, gguf_architecture, hf_tensor_name, open_gguf
+from localchat.weights.gguf import gguf_architecture, hf_tensor_name, open_gguf
 from localchat.weights.hf_quant import compact_int4, loaded_weight_bytes, quant_method
 from localchat.weights.isq_plan import LINEAR_PARAMS, Role, isq_bytes
 from localchat.weights.safetensors import (
@@ -223,17 +222,16 @@ def _loaded_gguf_bytes(
 def _held_at_load(reader: Any) -> Callable[[str, str], int]:
     """How the torch loader holds a quantized tensor (name, type) of a hybrid's GGUF: 0 expanded to the
     compute dtype, else in its blocks as that many equal row slices. Expanded: what it does not run through
-    `linear` (LINEAR_PARAMS; the recurrent layers' projections are among those it keeps in blocks), and a
-    qwen35 / qwen35moe `ssm_out` whose value heads move by columns narrower than its blocks
-    (arch/qwen3_next.py dequantizes that one tensor to reorder it). Qwen3-Next's grouped b|a is held as
-    its two halves (its sanitize splits the rows into in_proj's b and a parts)."""
+    `linear` (LINEAR_PARAMS; the recurrent layers' projections are among those it keeps in blocks; a
+    qwen35 `ssm_out` whose value heads move by less than a block keeps its blocks too, with the column
+    order beside them: weights/ordered_blocks.py). Qwen3-Next's grouped b|a is held as its two halves
+    (its sanitize splits the rows into in_proj's b and a parts)."""
     try:
         entry = gguf_architecture(reader)
     except (ModelLoadError, UnsupportedArchitectureError):
         return lambda name, qtype: 1
     if entry.state_bytes is None:
         return lambda name, qtype: 1
-    head_width = _moved_column_width(config_from_gguf(reader), entry)
 
     def held_as(gguf_name: str, qtype: str) -> int:
         try:
@@ -243,29 +241,9 @@ def _held_at_load(reader: Any) -> Callable[[str, str], int]:
         found = entry.layer_weight(match.group(2)) if match else None
         if found is None:  # Qwen3-Next's grouped b|a
             return 2 if match is not None and match.group(2).endswith("in_proj_ba.weight") else 1
-        leaf = found[0].rpartition(".")[2]
-        if leaf == "out" and head_width and head_width % _block_values(qtype):
-            return 0
-        return 1 if leaf in LINEAR_PARAMS else 0
+        return 1 if found[0].rpartition(".")[2] in LINEAR_PARAMS else 0
 
     return held_as
-
-
-def _moved_column_width(config: Any, entry: Architecture) -> int | None:
-    """qwen35 / qwen35moe with fewer key than value heads: the value head width by which `ssm_out`'s
-    input columns are put back in grouped order at load (None: its columns stay where they are)."""
-    x = config.extra
-    if entry.sanitize is not sanitize_qwen3_5 or x.get("linear_num_key_heads") == x.get(
-        "linear_num_value_heads"
-    ):
-        return None
-    return int(x["linear_value_head_dim"])
-
-
-def _block_values(qtype: str) -> int:
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    return int(GGML_QUANT_SIZES[GGMLQuantizationType[qtype]][0])
 
 
 def _hf_quant_weights(folder: Path, value_bytes: int, size: int, blocks: bool = False) -> int:

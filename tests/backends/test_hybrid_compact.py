@@ -23,9 +23,12 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
 from localchat.backends.torch.cpu import kernels
 from localchat.backends.torch.cpu.kernels import BlockMatrix
+from localchat.backends.torch.quant import PermutedWeight
 from localchat.models import memory
 from localchat.weights.block_quantize import quantize_q4_k, quantize_q8_0
 from tests.backends.test_hybrid_gguf import (
+    KERNEL_MEAN_TOL,
+    KERNEL_TOL,
     PROMPT,
     VOCAB,
     Converted,
@@ -60,7 +63,8 @@ Q4_K_BOUND = 6
 
 def tiny_qwen3_5() -> torch.nn.Module:
     """Fewer key than value heads (the converter tiles them) and a value head of 64: `ssm_out` (256
-    columns, Q4_K) moves its columns by less than a block at load, so that one tensor is dequantized."""
+    columns, Q4_K) moves its columns by less than a block at load, so its blocks stay as stored and the
+    activations move instead (weights/ordered_blocks.py)."""
     torch.manual_seed(0)
     sizes = {**_qwen3_5_sizes(), "hidden_size": WIDE, "linear_value_head_dim": 64}
     return _randomized(
@@ -147,9 +151,10 @@ def _types(path: Path) -> dict[str, str]:
 
 def test_q4_k_recurrent_projections_stay_in_blocks(q4_k: Converted, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each recurrent projection is a block matrix of its file's types (Q4_K where the rows split into
-    256s), except qwen35's `ssm_out`, which is dense (its columns move by 64-wide value heads, a quarter
-    of a Q4_K block); the runner gives transformers' logits with the file's rounded weights and its
-    greedy tokens in a ragged batched decode with a preemption."""
+    256s); qwen35's `ssm_out`, whose columns move by 64-wide value heads (a quarter of a Q4_K block),
+    keeps its blocks as stored behind the column order (`PermutedWeight`). The runner gives transformers'
+    logits with the file's rounded weights and its greedy tokens in a ragged batched decode with a
+    preemption."""
     types = _types(q4_k.q8)
     recurrent = {n: k for n, k in types.items() if _recurrent_tensor(q4_k.gguf_arch, n)}
     assert "Q4_K" in recurrent.values()
@@ -158,26 +163,55 @@ def test_q4_k_recurrent_projections_stay_in_blocks(q4_k: Converted, monkeypatch:
     assert len(projections) == _recurrent_count(runner.model.config)
     for name, matrix in projections.items():
         if q4_k.gguf_arch == "qwen35" and name.endswith(".out"):
-            assert isinstance(matrix, torch.Tensor), name  # dequantized to move whole value heads
-        else:
-            assert isinstance(matrix, BlockMatrix), name
+            assert isinstance(matrix, PermutedWeight), name  # the activations move, not the blocks
+            assert {s.qtype for s in matrix.matrix.segments} == {"Q4_K"}, name
+            matrix = matrix.matrix
+        assert isinstance(matrix, BlockMatrix), name
     kinds = {s.qtype for m in projections.values() if isinstance(m, BlockMatrix) for s in m.segments}
     assert "Q4_K" in kinds
     _, twin = _rounded_twin(q4_k, q4_k.q8, bound=Q4_K_BOUND)
     assert_follows_twin(runner, twin)
 
 
+def test_qwen35_ssm_out_blocks_give_the_dense_path(q4_k: Converted, monkeypatch: pytest.MonkeyPatch) -> None:
+    """qwen35's `ssm_out` run from its stored blocks (activations reordered) equals the dense path on the
+    same file (LOCALCHAT_TORCH_QUANT=dequant, float32: the blocks expanded, columns moved at load), layer
+    by layer on random inputs and in the prompt's logits."""
+    if q4_k.gguf_arch != "qwen35":
+        pytest.skip("only qwen35 tiles the value heads")
+    from localchat.backends.torch.quant import linear
+    from localchat.weights.loader import load_model
+    from tests.helpers.torch_models import fp32_runner
+
+    compact = compact_runner(q4_k.q8, monkeypatch)
+    dense = fp32_runner(load_model(q4_k.q8))
+    dense.initialize_state_cache(4)
+    got, want = recurrent_projections(compact.model), recurrent_projections(dense.model)
+    outs = [n for n in got if n.endswith(".out")]
+    assert outs and all(isinstance(got[n], PermutedWeight) for n in outs)
+    x = torch.randn(5, want[outs[0]].shape[1], generator=torch.Generator().manual_seed(0))
+    for name in outs:
+        expected = x @ want[name].T
+        # the kernels round activations to ~15 bits (precise mode): relative error ~1e-4
+        assert (linear(x, got[name]) - expected).abs().max() <= 1e-3 * expected.abs().max(), name
+    logits = []
+    for runner in (compact, dense):
+        driver = HybridDriver(runner)
+        driver.add("a", PROMPT)
+        logits.append(driver.step_logits(every_token=True)[1].float())
+    diff = (logits[0] - logits[1]).abs()
+    assert diff.max().item() < KERNEL_TOL and diff.mean().item() < KERNEL_MEAN_TOL
+
+
 def test_estimate_counts_what_the_load_keeps_in_blocks(q4_k: Converted) -> None:
-    """The RAM estimate sizes the recurrent projections as their blocks, and qwen35's `ssm_out` (moved
-    by columns narrower than its Q4_K blocks) at 2 bytes a value, as the loader holds them."""
+    """The RAM estimate sizes the recurrent projections as their blocks (qwen35's `ssm_out` too, kept as
+    stored behind its column order), as the loader holds them."""
     expected = 0
     for t in GGUFReader(q4_k.q8).tensors:
-        kind, part = t.tensor_type.name, t.name.split(".", 2)[-1]
-        if kind in ("Q4_K", "Q8_0") and not (q4_k.gguf_arch == "qwen35" and part.startswith("ssm_out")):
+        kind = t.tensor_type.name
+        if kind in ("Q4_K", "Q8_0"):
             rows, cols = int(t.shape[1]), int(t.shape[0])
             expected += memory.loaded_block_bytes(kind, rows, cols, int(t.n_bytes))
-        elif kind in ("Q4_K", "Q8_0"):
-            expected += int(t.n_elements) * 2
         else:
             expected += int(t.n_bytes)
     assert memory._loaded_gguf_bytes(q4_k.q8, frozenset({"Q4_K", "Q8_0"}), 0, None, 2) == expected

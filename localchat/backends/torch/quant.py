@@ -228,8 +228,8 @@ def _repacked(
 def _log_dense_int4() -> None:
     log.info(
         "GPTQ/AWQ/compressed-tensors int4 linears are dequantized to the compute dtype (FP8 / int8 ones "
-        "too): localchat's CPU kernels do not run this load (%s off or not built, another device, or "
-        "%s=dequant)",
+        "and GGUF matrices stored with moved columns too): localchat's CPU kernels do not run this load "
+        "(%s off or not built, another device, or %s=dequant)",
         cpu_kernels.KERNELS_ENV,
         QUANT_ENV,
     )
