@@ -37,6 +37,7 @@ def build_batch(
     sample_req_ids: list[str] = []
     block_lists: list[list[int]] = []
     sampling_rows: list[tuple[SamplingParams, list[int], int]] = []
+    spec_rows: list[tuple[int, int, np.ndarray]] = []  # (sampling row, draft, q): engine/spec_sampling.py
     image_slices: list[ImageSlice] = []
     mrope_rows: list[tuple[int, Request, int, int]] = []  # (offset, request, start, end)
 
@@ -63,9 +64,12 @@ def build_batch(
         block_lists.append(request.block_ids)
         if known_end == request.num_tokens:
             params, prompt_len = request.sampling_params, request.num_prompt_tokens
+            draft_probs = request.spec_draft_probs if drafts else None  # a sampling draft model's q
             for j in range(len(drafts) + 1):
                 logits_indices.append(offset - 1 - len(drafts) + j)
                 sample_req_ids.append(req_id)
+                if draft_probs is not None and j < len(drafts):
+                    spec_rows.append((len(sampling_rows), drafts[j], draft_probs[j]))
                 tokens = request.all_token_ids + drafts[:j] if j else request.all_token_ids
                 sampling_rows.append((params, tokens, prompt_len))
 
@@ -100,7 +104,7 @@ def build_batch(
         state_slots=None
         if state_slots is None
         else np.asarray([state_slots[r] for r in req_ids], dtype=np.int64),
-        sampling=build_sampling_inputs(sampling_rows),
+        sampling=build_sampling_inputs(sampling_rows, spec_rows),
         image_slices=image_slices,
         rope_positions=rope_positions,
     )

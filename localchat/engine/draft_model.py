@@ -1,7 +1,10 @@
 """The draft-model proposer (`--speculative draft`): a small model with the target's vocabulary guesses
-k tokens per speculating sequence, greedily, batched across sequences, before the target's step scores
-them (engine/speculative.py has the acceptance rule; a greedy draft is a one-hot q, so the rule stays
-exact for sampled rows too).
+k tokens per speculating sequence, batched across sequences, before the target's step scores them.
+Greedy and seeded requests get greedy drafts (a one-hot q: engine/speculative.py's "kept while equal" is
+then the exact rule, and a seeded request stays token-identical to plain decoding). An unseeded sampled
+request gets drafts drawn from the draft's own distribution q (its logits under the request's sampling
+settings, engine/spec_sampling.py), and each q rides with its draft to the target's sampler, which keeps
+it with probability min(1, p/q) or draws from norm(max(0, p - q)).
 
 The draft has its own runner (same backend, its own weights) and its own small paged KV cache, with its
 own BlockManager. Each target sequence has a shadow request here holding the same committed tokens.
@@ -18,7 +21,10 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
 
 from localchat.engine.batch import build_batch
 from localchat.engine.block_manager import BlockManager
@@ -30,6 +36,7 @@ from localchat.engine.interface import (
 )
 from localchat.engine.request import Request
 from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.spec_sampling import draw, processed_probs
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +47,27 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=1, logprobs=0)  # logprobs: 
 # token, plus the bonus token when every draft was kept).
 SINGLE_ROW_GAP = 4
 
+# One draft: (token, the draft's confidence as a log-probability, the q it was drawn from or None).
+Guess = tuple[int, float, np.ndarray | None]
+
+
+def draft_params(params: SamplingParams) -> SamplingParams:
+    """The shadow's sampling settings: the request's own for an unseeded sampled request (its drafts are
+    drawn from q), else greedy (a seeded request keeps its tokens identical to plain decoding's)."""
+    if params.temperature == 0 or params.seed is not None:
+        return GREEDY
+    return replace(params, logprobs=None, constraint=None, stop=[], stop_token_ids=[])
+
 
 @dataclass(slots=True, eq=False)
 class _Shadow:
     request: Request  # the draft's view: committed tokens (all_token_ids), computed count, blocks
     fed: list[int] = field(default_factory=list)  # drafts whose K/V follow its computed tokens
     known: bool = False  # the draft runner has seen it (NewRequestData sent)
+
+    @property
+    def sampled(self) -> bool:
+        return self.request.sampling_params is not GREEDY
 
 
 class DraftModelProposer:
@@ -63,6 +85,7 @@ class DraftModelProposer:
         token_limit: int,
         prefill_chunk_size: int = 512,
         p_min: float = 0.0,
+        seed: int | None = 0,
     ) -> None:
         self.runner = runner
         runner.initialize_kv_cache(num_blocks, block_size)
@@ -76,12 +99,17 @@ class DraftModelProposer:
         self.shadows: dict[str, _Shadow] = {}
         self._forgotten: set[str] = set()  # shadows freed since the runner's last call
         self.passes = 0  # draft model forward passes, for the engine's stats
+        self.rng = np.random.default_rng(seed)  # draws the sampled drafts from q
+        self._has_logits = hasattr(runner, "compute_logits")
 
     def propose(self, wanted: list[tuple[Request, int]], live: set[str]) -> dict[str, list[int]]:
-        """Up to k greedy draft tokens for each (request, k). `live`: every request the engine still
-        holds; shadows of the others are freed first."""
+        """Up to k draft tokens for each (request, k); a sampled request's q per draft goes to its
+        `spec_draft_probs`. `live`: every request the engine still holds; shadows of the others are
+        freed first."""
         for req_id in [r for r in self.shadows if r not in live]:
             self._free(req_id)
+        for request, _ in wanted:
+            request.spec_draft_probs = None
         ready: list[tuple[_Shadow, int]] = []  # shadows that get drafts this step, and their k
         scheduled: dict[str, int] = {}
         new_reqs: list[NewRequestData] = []
@@ -111,7 +139,7 @@ class DraftModelProposer:
                         request.req_id,
                         mirror.prompt_token_ids,
                         [],
-                        GREEDY,
+                        mirror.sampling_params,
                         list(mirror.block_ids),
                         mirror.num_computed_tokens,
                     )
@@ -124,28 +152,47 @@ class DraftModelProposer:
         for req_id, count in scheduled.items():
             self.shadows[req_id].request.num_computed_tokens += count
         drafts: dict[str, list[int]] = {s.request.req_id: [] for s, _ in ready}
+        probs: dict[str, list[np.ndarray]] = {s.request.req_id: [] for s, _ in ready if s.sampled}
         done: set[str] = set()
-        self._take(first, drafts, done)
-        self._decode(ready, drafts, done)
+        self._take(first, drafts, probs, done)
+        self._decode(ready, drafts, probs, done)
         for shadow, _ in ready:
             shadow.fed = drafts[shadow.request.req_id][:-1]
-        return {req_id: self._usable(tokens) for req_id, tokens in drafts.items()}
+        out = {req_id: self._usable(tokens) for req_id, tokens in drafts.items()}
+        for request, _ in wanted:
+            if request.req_id in probs and out.get(request.req_id):
+                request.spec_draft_probs = probs[request.req_id][: len(out[request.req_id])]
+        return out
 
     def _take(
-        self, sampled: dict[str, tuple[int, float]], drafts: dict[str, list[int]], done: set[str]
+        self,
+        guesses: dict[str, Guess],
+        drafts: dict[str, list[int]],
+        probs: dict[str, list[np.ndarray]],
+        done: set[str],
     ) -> None:
-        """Add each row's new draft, unless the draft model gives it less than `p_min`: then the row
+        """Add each row's new draft, unless the draft model's confidence is under `p_min`: then the row
         stops drafting (llama.cpp's --draft-p-min). A doubtful guess costs a draft pass and a target
-        row, and is likely rejected."""
-        for req_id, (token, logprob) in sampled.items():
+        row, and is likely rejected. For a sampled draft the confidence is q's largest probability,
+        known before the draw, so which drafts are kept never depends on the drawn token (the kept
+        drafts stay distributed as q)."""
+        for req_id, (token, logprob, q) in guesses.items():
             if req_id not in drafts:
                 continue
-            if logprob < self.log_p_min:
+            if logprob < self.log_p_min or logprob == -math.inf:
                 done.add(req_id)
             else:
                 drafts[req_id].append(token)
+                if q is not None:
+                    probs[req_id].append(q)
 
-    def _decode(self, ready: list[tuple[_Shadow, int]], drafts: dict[str, list[int]], done: set[str]) -> None:
+    def _decode(
+        self,
+        ready: list[tuple[_Shadow, int]],
+        drafts: dict[str, list[int]],
+        probs: dict[str, list[np.ndarray]],
+        done: set[str],
+    ) -> None:
         """One token per row per pass until each row has its k drafts (or stopped): the rest of its
         committed tokens first (no draft yet), then its latest draft, which gives the next one."""
         while active := [
@@ -173,13 +220,13 @@ class DraftModelProposer:
                         mirror.num_computed_tokens = mirror.num_tokens
                     else:
                         mirror.num_computed_tokens += 1  # a committed token caught up
-            self._take(tokens, drafts, done)
+            self._take(tokens, drafts, probs, done)
 
     def _run(
         self, scheduled: dict[str, int], new_reqs: list[NewRequestData], cached: list[CachedRequestData]
-    ) -> dict[str, tuple[int, float]]:
-        """One draft forward pass; the greedy token of each row that reached its last token, with its
-        logprob."""
+    ) -> dict[str, Guess]:
+        """One draft forward pass; the draft of each row that reached its last token: greedy with its
+        logprob, or drawn from q (`_guesses`) when a sampled shadow is in the pass."""
         out = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached,
@@ -190,21 +237,51 @@ class DraftModelProposer:
         self._forgotten = set()
         requests = {req_id: self.shadows[req_id].request for req_id in scheduled}
         batch = build_batch(out, requests, self.block_size)
+        if any(self.shadows[r].sampled for r in scheduled):
+            logits = self.runner.compute_logits(out, batch)  # type: ignore[attr-defined]
+            self.passes += 1
+            return self._guesses(_numpy(logits), batch.sample_req_ids, batch.sampling)
         result = self.runner.execute_model(out, batch)
         self.passes += 1
         logprobs = result.logprobs or [[] for _ in result.req_ids]
         return {
-            r: (t[0], lp[0].logprob if lp else 0.0)
+            r: (t[0], lp[0].logprob if lp else 0.0, None)
             for r, t, lp in zip(result.req_ids, result.sampled_token_ids, logprobs, strict=True)
             if t
         }
+
+    def _guesses(self, logits: np.ndarray, req_ids: list[str], sampling: Any) -> dict[str, Guess]:
+        """Drafts from the pass's logits [rows, vocab]: a greedy row's argmax with its raw logprob (what
+        the runner reports), a sampled row's draw from q, the request's processed distribution with
+        ids the target cannot embed removed (so the draw never needs cutting, which would change q)."""
+        out: dict[str, Guess] = {}
+        sampled = [i for i, r in enumerate(req_ids) if self.shadows[r].sampled]
+        qs = processed_probs(logits[sampled], sampling.take(sampled)) if sampled else None
+        for i, req_id in enumerate(req_ids):
+            if i not in sampled:
+                row = logits[i].astype(np.float64)
+                token = int(np.argmax(row))
+                out[req_id] = (token, -float(np.log(np.exp(row - row.max()).sum())), None)
+                continue
+            assert qs is not None
+            q = qs[sampled.index(i)]
+            q[self.token_limit :] = 0.0
+            total = q.sum()
+            if not total > 0:  # all its mass on ids the target lacks: no draft from this row
+                out[req_id] = (0, -math.inf, None)
+                continue
+            q = (q / total).astype(np.float32)
+            out[req_id] = (draw(q, self.rng), math.log(float(q.max())), q)
+        return out
 
     def _sync(self, request: Request) -> _Shadow:
         """The request's shadow with its committed tokens caught up, and its computed count rolled back
         to what is still right: committed tokens plus the fed drafts the target accepted."""
         shadow = self.shadows.get(request.req_id)
         if shadow is None:
-            mirror = Request(request.req_id, list(request.prompt_token_ids), GREEDY)
+            # A runner that cannot hand out logits drafts greedily for everyone (still exact, lower yield).
+            params = draft_params(request.sampling_params) if self._has_logits else GREEDY
+            mirror = Request(request.req_id, list(request.prompt_token_ids), params)
             mirror.all_token_ids = list(request.all_token_ids)
             shadow = self.shadows[request.req_id] = _Shadow(mirror)
             return shadow
@@ -263,3 +340,10 @@ class DraftModelProposer:
             if token >= self.token_limit:
                 return tokens[:i]
         return tokens
+
+
+def _numpy(logits: Any) -> np.ndarray:
+    """A runner's logits (a torch tensor, maybe on a GPU, or an MLX array) as a float32 numpy array."""
+    if hasattr(logits, "cpu"):
+        logits = logits.cpu()
+    return np.asarray(logits, dtype=np.float32)

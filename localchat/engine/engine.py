@@ -22,7 +22,7 @@ from localchat.engine.outputs import EngineStats, RequestOutput
 from localchat.engine.request import FinishReason, ImageInput, Request
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.scheduler import Scheduler
-from localchat.engine.speculative import Proposer, accept_drafts, pause_after
+from localchat.engine.speculative import Proposer, accept_drafts, draft_length, record_outcome
 from localchat.engine.state_slots import StateSlotPool
 from localchat.errors import ContextLengthExceededError, InvalidRequestError
 
@@ -286,8 +286,7 @@ class LLMEngine:
             kept = accept_drafts(drafts, [output.sampled_token_ids[r][0] for r in rows])
             request.spec_token_ids = []
             request.num_computed_tokens += len(kept) - 1
-            request.spec_misses = 0 if len(kept) > 1 else request.spec_misses + 1
-            request.spec_pause = pause_after(request.spec_misses)
+            record_outcome(request, len(drafts), len(kept) - 1, self.config.speculative.num_tokens)
             self.spec_draft_tokens += len(drafts)
             self.spec_accepted_tokens += len(kept) - 1
             request.spec_draft_tokens += len(drafts)
@@ -458,4 +457,14 @@ class LLMEngine:
             spec_draft_tokens_total=self.spec_draft_tokens,
             spec_accepted_tokens_total=self.spec_accepted_tokens,
             sequence_passes_total=self.sequence_passes,
+            spec_draft_length_avg=self._draft_length_avg(),
+            speculative_auto_reason=self.config.speculative.auto_reason,
         )
+
+    def _draft_length_avg(self) -> float:
+        """The mean draft length K the running sequences ask for now (speculative.record_outcome adapts
+        it per sequence); 0 while speculation is off."""
+        if not self.scheduler.speculate or not self.scheduler.running:
+            return 0.0
+        k = self.config.speculative.num_tokens
+        return sum(draft_length(r, k) for r in self.scheduler.running) / len(self.scheduler.running)

@@ -60,6 +60,8 @@ class EngineStats:
     spec_draft_tokens_total: int = 0
     spec_accepted_tokens_total: int = 0
     sequence_passes_total: int = 0
+    spec_draft_length_avg: float = 0.0  # the running sequences' current draft length K, averaged
+    speculative_auto_reason: str = ""  # why `--speculative auto` picked speculative_method ("" if not auto)
 
     @property
     def spec_acceptance_rate(self) -> float:

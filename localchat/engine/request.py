@@ -66,6 +66,11 @@ class Request:
     embedding: list[float] | None = None  # the pooled vector of an embedding request, once computed
     # Draft tokens scheduled this step after its last token (engine/speculative.py); not in all_token_ids.
     spec_token_ids: list[int] = field(default_factory=list)
+    # With a sampling draft model: the distribution q each of those drafts was drawn from (aligned with
+    # spec_token_ids, possibly longer; engine/spec_sampling.py). None: the drafts are deterministic.
+    spec_draft_probs: list[Any] | None = None
+    spec_k: int = 0  # its current draft length (speculative.adapt_k); 0 = not set yet: the configured k
+    spec_low: int = 0  # verification steps in a row that kept under half of the drafts
     spec_misses: int = 0  # draft runs in a row of which the model kept nothing
     spec_pause: int = 0  # decode steps left before drafts are proposed again (backoff after misses)
     # This request's share of the engine's speculation counters (the UI's per-message stats): draft tokens

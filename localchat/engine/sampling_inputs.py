@@ -44,6 +44,12 @@ class SamplingInputs:
     # int32 [N, words]: the tokens each row may sample (layout: engine/constraint.py); unconstrained rows
     # are all ones. None when no row has a grammar.
     token_bitmask: np.ndarray | None = None
+    # Rows that verify a draft drawn from a real distribution q (engine/spec_sampling.py): their row
+    # indexes (int64 [M], ascending), the drafts (int64 [M]) and q (float32 [M, draft vocab]). None when
+    # no row has one (n-gram and greedy drafts: q one-hot, the plain draw is already the rule).
+    spec_rows: np.ndarray | None = None
+    spec_tokens: np.ndarray | None = None
+    spec_probs: np.ndarray | None = None
 
     @property
     def num_rows(self) -> int:
@@ -90,7 +96,22 @@ class SamplingInputs:
             bias_token_ids=bias_ids,
             bias_values=bias_values,
             token_bitmask=None if self.token_bitmask is None else self.token_bitmask[index],
+            **self._take_spec(index),
         )
+
+    def _take_spec(self, index: np.ndarray) -> dict[str, np.ndarray | None]:
+        if self.spec_rows is None or self.spec_tokens is None or self.spec_probs is None:
+            return {}
+        where = {int(r): j for j, r in enumerate(self.spec_rows.tolist())}
+        pairs = [(new, where[old]) for new, old in enumerate(index.tolist()) if old in where]
+        if not pairs:
+            return {}
+        picked = np.asarray([j for _, j in pairs], dtype=np.int64)
+        return {
+            "spec_rows": np.asarray([new for new, _ in pairs], dtype=np.int64),
+            "spec_tokens": self.spec_tokens[picked],
+            "spec_probs": self.spec_probs[picked],
+        }
 
     def penalty_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """For `rows` (positions 0..R-1 among them): (seen_row, seen_id) of every prompt + output token,
@@ -120,9 +141,13 @@ class SamplingInputs:
         return (int(self.seed[row]) * _SEED_STRIDE + int(self.token_index[row])) & _SEED_MASK
 
 
-def build_sampling_inputs(rows: Sequence[tuple[SamplingParams, Sequence[int], int]]) -> SamplingInputs:
+def build_sampling_inputs(
+    rows: Sequence[tuple[SamplingParams, Sequence[int], int]],
+    drafts: Sequence[tuple[int, int, np.ndarray]] = (),
+) -> SamplingInputs:
     """One row per (params, prompt + output token ids, prompt length). O(rows + their penalty tokens +
-    logit_bias entries) per step: nothing here is vocabulary-sized."""
+    logit_bias entries) per step: nothing here is vocabulary-sized except `drafts`: (row, draft token,
+    the draft's distribution q) of each row that verifies a sampled draft, rows ascending."""
     params = [p for p, _, _ in rows]
     n = len(params)
 
@@ -170,6 +195,9 @@ def build_sampling_inputs(rows: Sequence[tuple[SamplingParams, Sequence[int], in
         bias_indptr=np.cumsum(bias_lens),
         bias_token_ids=np.array(bias_ids, dtype=np.int64),
         bias_values=np.array(bias_values, dtype=np.float32),
+        spec_rows=np.array([r for r, _, _ in drafts], dtype=np.int64) if drafts else None,
+        spec_tokens=np.array([t for _, t, _ in drafts], dtype=np.int64) if drafts else None,
+        spec_probs=np.stack([np.asarray(q, dtype=np.float32) for _, _, q in drafts]) if drafts else None,
     )
 
 

@@ -16,7 +16,7 @@ from localchat.engine.block_manager import BlockManager
 from localchat.engine.config import EngineConfig
 from localchat.engine.interface import CachedRequestData, NewRequestData, SchedulerOutput
 from localchat.engine.request import FinishReason, Request, RequestStatus
-from localchat.engine.speculative import NgramProposer, Proposer
+from localchat.engine.speculative import NgramProposer, Proposer, draft_length
 from localchat.engine.state_slots import StateSlotPool
 from localchat.vision.picture_runs import whole_picture_end
 
@@ -171,7 +171,7 @@ class Scheduler:
                 request.spec_pause -= 1  # its recent drafts all failed (speculative.pause_after)
                 continue
             k = min(
-                self.config.speculative.num_tokens,
+                draft_length(request, self.config.speculative.num_tokens),  # adapted per sequence
                 request.sampling_params.max_tokens - request.num_output_tokens - 1,
                 self.max_model_len - request.num_tokens - 1,
             )

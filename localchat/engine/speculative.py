@@ -26,7 +26,7 @@ from typing import Protocol
 from localchat.engine.request import Request
 from localchat.errors import InvalidRequestError
 
-SPECULATIVE_METHODS = ("off", "ngram", "draft", "eagle")
+SPECULATIVE_METHODS = ("off", "ngram", "draft", "eagle", "auto")  # auto: speculative_auto.py
 # Speculate only while at most this many sequences run. Decode is memory-bound: one step streams every
 # weight once whatever its row count, so a few extra query rows per sequence are nearly free at small
 # batch sizes. With many sequences the step turns compute-bound, and rejected rows then cost real time
@@ -48,6 +48,36 @@ def pause_after(misses: int) -> int:
     return 0 if misses <= 0 else min(2**misses, MAX_PAUSE_STEPS)
 
 
+# Adaptive draft length per sequence: a step that kept under half of its drafts is "low"; after this many
+# low steps in a row K shrinks by one per further low step (down to 1), and a step that kept every draft
+# grows it back by one (up to the configured k). Rejected rows cost compute; a sequence whose guesses
+# land only a token or two deep stops paying for the rest of the run.
+SHRINK_AFTER_LOW_STEPS = 2
+
+
+def record_outcome(request: Request, drafted: int, accepted: int, k_max: int) -> None:
+    """After a verification step of `drafted` drafts of which `accepted` were kept: the sequence's
+    backoff (misses, pause: `pause_after`) and its adaptive draft length `request.spec_k`."""
+    request.spec_misses = 0 if accepted else request.spec_misses + 1
+    request.spec_pause = pause_after(request.spec_misses)
+    k = request.spec_k or k_max
+    if accepted >= drafted:
+        request.spec_low = 0
+        k += 1
+    elif 2 * accepted < drafted:
+        request.spec_low += 1
+        if request.spec_low >= SHRINK_AFTER_LOW_STEPS:
+            k -= 1
+    else:
+        request.spec_low = 0
+    request.spec_k = max(1, min(k_max, k))
+
+
+def draft_length(request: Request, k_max: int) -> int:
+    """The draft length this sequence asks for now (`record_outcome` adapts it)."""
+    return min(request.spec_k or k_max, k_max)
+
+
 @dataclass(slots=True)
 class SpeculativeConfig:
     # "off", "ngram" (prompt lookup), "draft" (a draft model the engine is given) or "eagle" (an EAGLE-3
@@ -60,10 +90,13 @@ class SpeculativeConfig:
     # Draft model: stop a sequence's drafts at the first guess the draft gives less than this
     # probability (engine/draft_model.py); 0 always drafts k.
     draft_p_min: float = DEFAULT_DRAFT_P_MIN
+    # Set when `auto` picked `method` at load (speculative_auto.py): why, for the log and /metrics.
+    auto_reason: str = ""
 
     @property
     def enabled(self) -> bool:
-        return self.method != "off" and self.num_tokens > 0
+        # An unresolved `auto` (an engine built without speculative_auto.resolve_auto) stays off.
+        return self.method not in ("off", "auto") and self.num_tokens > 0
 
     def validate(self) -> None:
         if self.method not in SPECULATIVE_METHODS:

@@ -123,6 +123,12 @@ _METRICS = (
         lambda s, c: s.spec_acceptance_rate,
     ),
     (
+        "localchat_spec_draft_length_avg",
+        "gauge",
+        "Draft tokens the running sequences ask for per step now (adapted per sequence; 0 when off).",
+        lambda s, c: s.spec_draft_length_avg,
+    ),
+    (
         "localchat_tokens_per_target_pass",
         "gauge",
         "Tokens a sequence got per pass of the model over it, since start (1 without speculation).",
@@ -187,6 +193,12 @@ async def metrics(request: Request[Any, Any, Any]) -> str:
             f"# TYPE {name} {kind}",
             f"{name} {float(value(stats, ctx)):g}",
         ]
+    chosen_by = "auto" if stats.speculative_auto_reason else "flag"
+    lines += [
+        "# HELP localchat_speculative_method The speculative decoding method in use (1 on its label).",
+        "# TYPE localchat_speculative_method gauge",
+        f'localchat_speculative_method{{method="{stats.speculative_method}",chosen_by="{chosen_by}"}} 1',
+    ]
     for name, help_text, hist in _HISTOGRAMS:
         lines += _histogram_lines(name, help_text, hist(stats))
     return loaded + "\n".join(lines) + "\n"

@@ -12,6 +12,7 @@ from localchat.backends import RunnerOptions, load_runner, resolve_backend
 from localchat.config import SettingsError, resolve_backend_variables
 from localchat.engine.async_engine import AsyncEngine
 from localchat.engine.engine import LLMEngine
+from localchat.engine.speculative_auto import resolve_auto
 from localchat.errors import LocalchatError
 from localchat.mcp import McpHub, load_mcp_config
 from localchat.serving.context import ServerContext
@@ -40,6 +41,7 @@ def engine_for(
     """The engine that drives `runner` for `bundle` (the server's and the `LLM` library API's).
     `draft_runner` / `proposer`: what --speculative draft / eagle loaded (serving/draft_model.py)."""
     tokenizer = bundle.tokenizer
+    config = resolve_auto(config, bundle.config, runner.device_name)  # --speculative auto: pick now
     return LLMEngine(
         runner,
         tokenizer,

@@ -17,6 +17,7 @@ import numpy as np
 from localchat.engine.constraint import constrained_rows, unpack_bitmask
 from localchat.engine.interface import TokenLogprobs
 from localchat.engine.sampling_inputs import SamplingInputs
+from localchat.engine.spec_sampling import resolve_drafts
 
 _SEED_MASK = 2**64 - 1
 
@@ -71,6 +72,33 @@ def _sample(
     noise = mx.maximum(-mx.log(uniform), np.finfo(np.float32).tiny)
     drawn = mx.argmax(probs / noise, axis=-1).astype(tokens.dtype)
     tokens[index] = drawn
+    if inputs.spec_rows is not None:
+        tokens, key = _verify_drafts(tokens, probs, noise, rows, inputs, key)
+    return tokens, key
+
+
+def _verify_drafts(
+    tokens: mx.array,
+    probs: mx.array,
+    noise: mx.array,
+    rows: np.ndarray,
+    inputs: SamplingInputs,
+    key: mx.array,
+) -> tuple[mx.array, mx.array]:
+    """Rows verifying a draft drawn from q: keep it with probability min(1, p/q), else draw from
+    norm(max(0, p - q)) with the row's own noise (engine/spec_sampling.py; as the torch sampler)."""
+    assert inputs.spec_rows is not None and inputs.spec_tokens is not None and inputs.spec_probs is not None
+    at = mx.array(np.searchsorted(rows, inputs.spec_rows).astype(np.int32))  # spec rows always sample
+    key, draw = mx.random.split(key)
+    uniform = mx.random.uniform(shape=(len(inputs.spec_rows),), key=draw)
+    chosen = resolve_drafts(
+        np.asarray(probs[at], dtype=np.float32),
+        np.asarray(noise[at], dtype=np.float32),
+        np.asarray(uniform, dtype=np.float32),
+        inputs.spec_tokens,
+        inputs.spec_probs,
+    )
+    tokens[mx.array(inputs.spec_rows.astype(np.int32))] = mx.array(chosen).astype(tokens.dtype)
     return tokens, key
 
 

@@ -17,6 +17,7 @@ import torch
 from localchat.engine.constraint import constrained_rows, unpack_bitmask
 from localchat.engine.interface import TokenLogprobs
 from localchat.engine.sampling_inputs import SamplingInputs
+from localchat.engine.spec_sampling import resolve_drafts
 
 _SEED_MASK = 2**64 - 1
 
@@ -76,7 +77,32 @@ def _sample(
             noise[j].exponential_(generator=own.manual_seed(inputs.draw_seed(int(rows[j]))))
     # A zero draw would turn a masked token's 0 / 0 into NaN, which argmax picks.
     tokens[index] = (probs / noise.clamp_(min=torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
+    if inputs.spec_rows is not None:
+        _verify_drafts(tokens, probs, noise, rows, inputs, generator)
     return tokens
+
+
+def _verify_drafts(
+    tokens: torch.Tensor,
+    probs: torch.Tensor,
+    noise: torch.Tensor,
+    rows: np.ndarray,
+    inputs: SamplingInputs,
+    generator: torch.Generator,
+) -> None:
+    """Rows verifying a draft drawn from q: keep it with probability min(1, p/q), else draw from
+    norm(max(0, p - q)) with the row's own noise (engine/spec_sampling.py)."""
+    assert inputs.spec_rows is not None and inputs.spec_tokens is not None and inputs.spec_probs is not None
+    at = _tensor(np.searchsorted(rows, inputs.spec_rows), probs.device)  # spec rows always sample
+    uniform = torch.rand(len(inputs.spec_rows), generator=generator, device=generator.device)
+    chosen = resolve_drafts(
+        probs[at].cpu().numpy(),
+        noise[at].cpu().numpy(),
+        uniform.cpu().numpy(),
+        inputs.spec_tokens,
+        inputs.spec_probs,
+    )
+    tokens[_tensor(inputs.spec_rows, tokens.device)] = torch.tensor(chosen, device=tokens.device)
 
 
 def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
