@@ -17,9 +17,10 @@ from localchat.backends import RunnerOptions
 from localchat.backends.torch.entry import create_runner
 from localchat.backends.torch.parallel.device_split import SplitRunner, split_runner
 from localchat.backends.torch.parallel.driver import ParallelRunner
+from localchat.backends.torch.parallel.layer_split import split_layers
 from localchat.backends.torch.parallel.pipeline import check_pipeline
 from localchat.backends.torch.parallel.shard import check_supported
-from localchat.backends.torch.parallel.stages import StageRunner, split_layers
+from localchat.backends.torch.parallel.stages import StageRunner
 from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
 from localchat.weights.bundle import ModelBundle

@@ -163,6 +163,9 @@ class Model(DecoderLM):
     # Image embeddings for the next forward (the runner sets them): (rows of this step's flattened tokens,
     # values [rows, hidden]), scattered over the scaled token embeddings as transformers does.
     image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None
+    # A later pipeline stage's step (its pictures' embeddings were made on the first): the rows under a
+    # picture, which take the pad token's per-layer embeddings there too.
+    picture_rows: torch.Tensor | None = None
 
     def __init__(self, config: ModelConfig, device: torch.device) -> None:
         super().__init__(config, device)
@@ -198,20 +201,28 @@ class Model(DecoderLM):
         kv_caches: list[KVCache],
     ) -> torch.Tensor:
         images = self.image_embeds
-        if images is not None:  # the pad token under each picture (its id may be outside the vocabulary)
-            input_ids = input_ids.index_fill(0, images[0], int(self.config.extra["pad_token_id"]))
-        x = self.embed_tokens(input_ids)
+        pictures = images[0] if images is not None else self.picture_rows
+        if pictures is not None:  # the pad token under each picture (its id may be outside the vocabulary)
+            input_ids = input_ids.index_fill(0, pictures, int(self.config.extra["pad_token_id"]))
+        x, source = self.embed_inputs(input_ids)
         tables = {kind: _cos_sin(positions, f, x.dtype) for kind, f in self.inv_freqs.items()}
-        if images is not None:
-            x = x.index_copy(0, images[0], images[1].to(x.dtype))
         # Per-layer embeddings: the pad token's table row under a picture, the projection of its embedding.
-        ple = self.per_layer_inputs(input_ids, x) if self.ple_width else None
+        ple = self.per_layer_inputs(input_ids, source) if self.ple_width else None
         shared: Shared = {}
         kinds = self.config.extra["layer_types"]
         for i, (layer, kind, cache) in enumerate(zip(self.layers, kinds, self.cache_index, strict=True)):
             cos, sin = tables[kind]
             x = layer.forward(x, cos, sin, meta, kv_caches[cache], shared, None if ple is None else ple[:, i])
         return x
+
+    def embed_inputs(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the layers' input, what the per-layer inputs project): both the scaled token embeddings with
+        the pictures' rows written over them (a pipeline stage after the first receives them instead)."""
+        x = self.embed_tokens(input_ids)
+        images = self.image_embeds
+        if images is not None:
+            x = x.index_copy(0, images[0], images[1].to(x.dtype))
+        return x, x
 
     def per_layer_inputs(self, input_ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """[T, layers, ple]: each token's row of the per-layer table (scaled by sqrt(ple)) plus the

@@ -33,14 +33,13 @@ from localchat.engine.interface import (
 from localchat.errors import BackendUnavailableError
 from localchat.weights.bundle import ModelBundle
 
+from .layer_split import check_split, check_stageable
 from .memory import check_stage_fits
 from .stages import (
     NO_COST,
     StageCosts,
     StagePlan,
     StageRunner,
-    check_split,
-    check_stageable,
     shared_budget,
     whole_model_specs,
 )

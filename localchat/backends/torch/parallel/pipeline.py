@@ -23,6 +23,7 @@ from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
 
 from .group import COLLECTIVE_TIMEOUT, ParallelGroup
+from .layer_split import check_split, check_stageable, stage_runs
 from .memory import check_stage_fits
 from .micro_batches import MICRO_BATCH_TOKENS, micro_batches
 from .shard import sharded_runner
@@ -31,10 +32,7 @@ from .stages import (
     StageCosts,
     StagePlan,
     StageRunner,
-    check_split,
-    check_stageable,
     shared_budget,
-    split_layers,
     whole_model_specs,
 )
 
@@ -132,11 +130,11 @@ def check_pipeline(config: ModelConfig, stages: int, path: Path | None = None) -
             f"{FLAG} {stages} needs at least one layer per stage; this model has {layers}: use at most {layers}."
         )
     check_stageable(config, f"{FLAG} {stages}")
-    check_split(config, split_layers(layers, stages), f"{FLAG} {stages}", path)
+    check_split(config, stage_runs(config, stages, f"{FLAG} {stages}"), f"{FLAG} {stages}", path)
 
 
 def pipeline_runner(bundle: ModelBundle, options: RunnerOptions, group: ParallelGroup) -> PipelineStageRunner:
-    """Rank `group.rank`'s stage: its run of layers (split_layers), loaded from the checkpoint alone.
+    """Rank `group.rank`'s stage: its run of layers (stage_runs), loaded from the checkpoint alone.
     With --tp T too, ranks s*T .. s*T+T-1 form stage s and shard its layers (shard.py) among them;
     each sends to the rank of the same place in the next stage (the hidden states are whole on all)."""
     config, rank, world = bundle.config, group.rank, group.world_size
@@ -148,7 +146,7 @@ def pipeline_runner(bundle: ModelBundle, options: RunnerOptions, group: Parallel
     tp_groups = (
         [dist.new_group(ranks=[s * tp + i for i in range(tp)]) for s in range(stages)] if tp > 1 else []
     )
-    runs = split_layers(config.num_hidden_layers, stages)
+    runs = stage_runs(config, stages, f"{FLAG} {stages}")
     plan = StagePlan(stage, stages, runs[stage])
     results = RankResults(rank, (stages - 1) * tp, sends=place == 0, tp=tp)
     inbound = None if plan.first else RankLink(rank - tp)

@@ -111,13 +111,13 @@ def shard_weights(
         width = part.expert_size if pname.startswith("moe.") else part.mlp_size
         mlp = (part.rank * width // part.world, width // part.world)
         if leaf in ("qkv", "qkv_bias"):
-            yield _rows(w, *(q if index == 0 else kv))
+            yield rows(w, *(q if index == 0 else kv))
         elif leaf == "gate_up":
-            yield _rows(w, *mlp) if parts == 2 else _gate_up_rows(w, width, *mlp)
+            yield rows(w, *mlp) if parts == 2 else _gate_up_rows(w, width, *mlp)
         elif leaf == "o":
-            yield _columns(w, *q)
+            yield columns(w, *q)
         elif leaf == "down":
-            yield _columns(w, *mlp)
+            yield columns(w, *mlp)
         elif leaf in ("o_bias", "down_bias"):
             # Added after the all-reduce's sum: on rank 0 only, zeros elsewhere.
             yield w if part.rank == 0 else replace(w, data=np.zeros_like(w.data))
@@ -131,7 +131,7 @@ def _gate_up_rows(w: WeightTensor, width: int, start: int, count: int) -> Weight
     return replace(w, shape=(2 * count, *w.shape[1:]), data=data)
 
 
-def _rows(w: WeightTensor, start: int, count: int) -> WeightTensor:
+def rows(w: WeightTensor, start: int, count: int) -> WeightTensor:
     """Rows [start, start + count): whole rows of blocks for a quantized matrix, a vector's range."""
     return replace(w, shape=(count, *w.shape[1:]), data=w.data[start : start + count])
 
@@ -146,7 +146,7 @@ def _vocab_rows(w: WeightTensor, part: RankSlice) -> WeightTensor:
     return replace(w, shape=(part.vocab_padded, *w.shape[1:]), data=mine)
 
 
-def _columns(w: WeightTensor, start: int, count: int) -> WeightTensor:
+def columns(w: WeightTensor, start: int, count: int) -> WeightTensor:
     """Input columns [start, start + count) of every row."""
     shape = (w.shape[0], count)
     if not w.is_quantized:

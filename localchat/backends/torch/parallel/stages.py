@@ -15,7 +15,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -26,7 +25,7 @@ from localchat.arch.gemma4 import kv_sources
 from localchat.arch.registry import architecture
 from localchat.backends import RunnerOptions
 from localchat.backends.torch.kernel_choice import one_step_choice
-from localchat.backends.torch.models import model_class
+from localchat.backends.torch.layers import empty_param
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.runner import TorchRunner
 from localchat.backends.torch.vision.images import ImageEmbedder
@@ -39,34 +38,17 @@ from localchat.engine.interface import (
     SchedulerOutput,
     StateCacheSpec,
 )
-from localchat.errors import BackendUnavailableError
-from localchat.vision.model_info import vision_config
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
 from localchat.weights.tensors import WeightTensor
 
+from .layer_split import stage_kv_layers
+from .shard_weights import columns, rows
+
 LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
-_MODELS = "localchat.backends.torch.models."
-# Layer loops a stage can run as they are: each walks `self.layers` from `embed_tokens`, taking the next
-# K/V cache (and, in hybrids, the next state-slot layer) as it meets a layer that keeps one, so a
-# stage's cut-down layer list with its own caches and state pool runs the family's code unchanged.
-STAGE_LOOPS = frozenset(
-    _MODELS + name
-    for name in (
-        "base.DecoderLM.hidden_states",
-        "qwen_vl.VisionLanguage.hidden_states",
-        "gemma.Model.hidden_states",  # Gemma 2 / 3: sliding and global layers, a RoPE base per kind
-        "gemma4.Model.hidden_states",  # its layer kinds and cache indices are re-made per stage
-        "smollm3.Model.hidden_states",  # NoPE layers
-        "ministral3.Model.hidden_states",  # per-token q temperature
-        "llama4.Model.hidden_states",  # NoPE layers, temperature tuning
-        "qwen3_next.Model.hidden_states",  # Qwen3-Next, Qwen3.5 (gated DeltaNet + attention)
-        "lfm2.Model.hidden_states",  # LFM2 (short conv + attention)
-        "mamba_hybrid.Model.hidden_states",  # Granite 4.0-H, Nemotron-H (Mamba-2 + attention + MLP)
-    )
-)
-# Layer kinds that keep a per-sequence state slot, or nothing at all, instead of K/V.
-NO_KV_KINDS = frozenset({"linear_attention", "conv", "mamba", "mlp"})
+# Gemma 4's per-layer embedding table [vocab, layers x ple] and the embedding's projection
+# [layers x ple, hidden]: a stage keeps its own layers' part of each.
+PER_LAYER_TABLES = {"ple_embed": columns, "ple_projection": rows}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,70 +64,6 @@ class StagePlan:
     @property
     def last(self) -> bool:
         return self.index == self.stages - 1
-
-
-def split_layers(num_layers: int, stages: int) -> list[range]:
-    """Contiguous runs balanced by layer count (sizes differ by at most one). The earlier stages take
-    the extra layers: the last one also runs the LM head, the largest matmul of a decode step."""
-    base, extra = divmod(num_layers, stages)
-    runs, start = [], 0
-    for i in range(stages):
-        count = base + (1 if i < extra else 0)
-        runs.append(range(start, start + count))
-        start += count
-    return runs
-
-
-def check_stageable(config: ModelConfig, flag: str) -> None:
-    """A clear error, before any weight is read, for models this layer split does not cover."""
-    loop = model_class(config.model_type).hidden_states
-    if f"{loop.__module__}.{loop.__qualname__}" not in STAGE_LOOPS:
-        raise BackendUnavailableError(
-            f"{flag}: {config.model_type!r} runs its layers its own way (per-layer inputs or shared K/V), "
-            "which the layer split does not cover yet; run it on one device (drop the flag)."
-        )
-
-    if int(config.extra.get("hidden_size_per_layer_input") or 0):
-        raise BackendUnavailableError(
-            f"{flag}: {config.model_type!r} has per-layer embeddings (Gemma 4 E2B / E4B), made from the "
-            "token ids on the first stage for every layer, which the layer split does not carry; run it "
-            "on one device (drop the flag): these small models fit one."
-        )
-
-
-def check_split(config: ModelConfig, runs: list[range], flag: str, path: Path | None = None) -> None:
-    """What must stay inside one stage: Gemma 4's K/V-sharing layers and the earlier layer whose keys
-    and values of this step they attend over; Qwen3-VL's DeepStack layers (the picture's middle-layer
-    rows are added after each of the first layers, on the stage that makes the embeddings)."""
-    if "gemma4" in config.model_type:
-        sources = kv_sources(config)
-        for run in runs:
-            for index in run:
-                if sources[index] not in run:
-                    raise BackendUnavailableError(
-                        f"{flag}: Gemma 4 layer {index} reuses the keys and values of layer "
-                        f"{sources[index]}, which this split puts in another stage (layers {run.start}-"
-                        f"{run.stop - 1} together); use a split that keeps them together, or run the model "
-                        "on one device."
-                    )
-    vision = (vision_config(path) or {}).get("vision_config") if path is not None else None
-    deepstack = len((vision or {}).get("deepstack_visual_indexes") or ())
-    if deepstack > len(runs[0]):
-        raise BackendUnavailableError(
-            f"{flag}: the picture rows of this model's DeepStack are added after each of its first "
-            f"{deepstack} layers, all on the first stage, which holds {len(runs[0])}; use fewer stages "
-            "(or fewer --gpu-layers), or run the model on one device."
-        )
-
-
-def keeps_kv(config: ModelConfig, index: int) -> bool:
-    """Does layer `index` write the paged K/V cache (rather than a state slot, or nothing)?"""
-    kinds = config.extra.get("block_kinds") or config.extra.get("layer_types")  # Mamba-2 hybrids: block_kinds
-    return not kinds or kinds[index] not in NO_KV_KINDS
-
-
-def stage_kv_layers(config: ModelConfig, layers: range) -> int:
-    return sum(1 for index in layers if keeps_kv(config, index))
 
 
 class Link(Protocol):
@@ -173,6 +91,27 @@ class StageModel(DecoderLM):
 
     inbound: Link | None
     outbound: Link | None
+    # Handed on beside the hidden states (Gemma 4 E2B / E4B: the scaled embeddings the per-layer inputs
+    # are projected from, with the pictures' rows), None for every other model.
+    carry: torch.Tensor | None = None
+
+    def embed_inputs(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gemma 4's (layer input, per-layer-input source). With per-layer embeddings, a later stage
+        receives both as one [tokens, 2 * hidden] message and each stage makes its own layers' slice:
+        2 x hidden values per token cross a boundary, where the slices themselves would be hidden + ple
+        x (layers after it), 2.3-3.7x more for E2B, whose last stage holds at least its 22 K/V-sharing
+        layers. The per-layer table is cut by layer with the stages, not held whole by the first."""
+        parent: Any = super()
+        if not getattr(self, "ple_width", 0):
+            return parent.embed_inputs(input_ids)
+        if self.inbound is None:
+            x, source = parent.embed_inputs(input_ids)
+        else:
+            hidden = self.config.hidden_size
+            both = self.inbound.receive(input_ids.shape[0], 2 * hidden, self.norm.dtype, input_ids.device)
+            x, source = both[:, :hidden], both[:, hidden:]
+        self.carry = source
+        return x, source
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.inbound is None:
@@ -189,8 +128,9 @@ class StageModel(DecoderLM):
         kv_caches: list[Any],
     ) -> torch.Tensor:
         x = super().hidden_states(input_ids, positions, meta, kv_caches)
+        carry, self.carry = self.carry, None
         if self.outbound is not None:
-            self.outbound.send(x)
+            self.outbound.send(x if carry is None else torch.cat((x, carry.to(x.dtype)), dim=-1))
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -229,6 +169,10 @@ def stage_weights(
         elif pname in ("norm", "lm_head"):
             if plan.last:
                 yield w
+        elif pname in PER_LAYER_TABLES:  # Gemma 4 E2B / E4B: the stage's layers' columns or rows
+            width = int(config.extra["hidden_size_per_layer_input"])
+            cut = PER_LAYER_TABLES[pname]
+            yield cut(w, plan.layers.start * width, len(plan.layers) * width)
         else:
             yield w  # anything else: load_decoder judges it
 
@@ -317,13 +261,19 @@ def shared_budget(
 
 def _restage_gemma4(model: DecoderLM, config: ModelConfig, plan: StagePlan) -> None:
     """Gemma 4's loop zips its layers with `config.extra["layer_types"]` and `cache_index` (the K/V
-    cache of each layer's source): both become the stage's (check_split keeps sources in the stage)."""
+    cache of each layer's source): both become the stage's (layer_split.stage_runs keeps sources in the stage)."""
     sources = [kv_sources(config)[i] for i in plan.layers]
     owners = sorted(set(sources))
     types = [config.extra["layer_types"][i] for i in plan.layers]
     model.config = replace(config, extra={**config.extra, "layer_types": types})
     setattr(model, "cache_index", [owners.index(source) for source in sources])  # noqa: B010
     model.num_kv_layers = len(owners)  # type: ignore[assignment]
+    width = int(config.extra.get("hidden_size_per_layer_input") or 0)
+    if width:  # per-layer embeddings: the stage's layers' part of the table and of the projection
+        own = len(plan.layers) * width
+        vocab = int(config.extra["vocab_size_per_layer_input"])
+        setattr(model, "ple_embed", empty_param(vocab, own))  # noqa: B010
+        setattr(model, "ple_projection", empty_param(own, config.hidden_size))  # noqa: B010
 
 
 class StageRunner(TorchRunner):
@@ -391,10 +341,15 @@ class StageRunner(TorchRunner):
         if not batch.image_slices or self.plan.first:
             return super()._logits(batch)
         self._step_pictures = batch.image_slices
+        if hasattr(self.model, "picture_rows"):  # Gemma 4: the per-layer table's pad row under them
+            under = [row for picture in batch.image_slices for row in picture.token_rows]
+            setattr(self.model, "picture_rows", torch.tensor(under, dtype=torch.long, device=self.device))  # noqa: B010
         try:
             return super()._logits(replace(batch, image_slices=[]))
         finally:
             self._step_pictures = []
+            if hasattr(self.model, "picture_rows"):
+                setattr(self.model, "picture_rows", None)  # noqa: B010
 
     def _metadata(self, batch: BatchInputs) -> Any:
         if self._step_pictures and self.pictures_both_ways:  # the same picture masks as the first stage
