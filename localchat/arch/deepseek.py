@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from localchat.errors import ModelLoadError
+from localchat.weights.hf_quant_blocks import reorder_rows
 from localchat.weights.tensors import WeightTensor
 
 if TYPE_CHECKING:
@@ -183,8 +184,7 @@ def _reorder_rows(weight: WeightTensor, order: np.ndarray) -> WeightTensor:
         raise ModelLoadError(
             f"Weight {weight.name!r} has {weight.shape[0]} rows, expected {order.size} from the config."
         )
-    data = np.ascontiguousarray(np.asarray(weight.data).reshape(weight.shape[0], -1)[order])
-    return WeightTensor(weight.name, weight.shape, weight.dtype, data.reshape(np.asarray(weight.data).shape))
+    return reorder_rows(weight, order)  # an FP8 checkpoint's Q8Linear stays one (hf_q8_blocks.py)
 
 
 def _merge_kv_b(name: str, pending: dict[str, WeightTensor], mla: MlaSpec) -> WeightTensor | None:

@@ -17,7 +17,7 @@ multiple of 32); other layouts stay dequantized (the caller's fallback, None her
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -76,6 +76,16 @@ class Q8Linear(RepackedLinear):
             codes = np.asarray(self.data[start:stop])
             out[start:stop] = _q8_0_rows(codes, per_block[start:stop], codes.dtype == np.uint8)
         return WeightTensor(self.name, self.shape, "Q8_0", out)
+
+    def take_rows(self, rows: np.ndarray) -> Q8Linear:
+        """Output rows in `rows`' order; a scale shared by several rows becomes one per row."""
+        count = self.shape[0]
+        scale, reps = self.scale, self.reps
+        if scale.size > 1:
+            scale = np.ascontiguousarray(np.repeat(scale, reps[0], axis=0)[:count][rows])
+            reps = (1, reps[1])
+        codes = np.ascontiguousarray(np.asarray(self.data)[rows])
+        return replace(self, data=codes, scale=scale, reps=reps)
 
     def dequantize(self) -> np.ndarray:
         codes = np.asarray(self.data)

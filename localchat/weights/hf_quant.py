@@ -19,14 +19,18 @@ FP8 (`quant_method: fp8`, per tensor or per block) and compressed-tensors 8-bit 
 W8A8) whose scales hold over 32 values are handed over as `Q8Linear` (hf_q8_blocks.py): Q8_0 blocks made
 when a backend asks for them (the CPU kernels; MLX as 8-bit groups of 32), within about 0.4-0.8% RMS of
 the fp8 values, exact for int8 with fp16-representable scales.
-Everything else (8-bit GPTQ, groups that split a block, experts) is dequantized here to float32
+Routed experts' and DeepSeek MLA's linears are among those (per-expert tensors, or transformers 5's stacked
+`experts.gate_up_proj` with its `_scale_inv`, split per expert here). Everything else (8-bit GPTQ, groups
+that split a block, fused matrices) is dequantized here to float32
 (`weight` [out, in]); the backend casts it to its compute dtype.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -47,8 +51,19 @@ _GPTQ_PARTS = ("qweight", "qzeros", "scales", "g_idx")
 # AutoAWQ's GEMM layout puts output column ORDER[i] in nibble i of each int32; UNDO inverts it.
 _AWQ_UNDO = np.array([0, 4, 1, 5, 2, 6, 3, 7])
 # The linears handed over compact: a decoder layer's own projections, which every family's load maps by
-# name (experts and fused checkpoint matrices, which families may split or restack, stay dequantized).
-_COMPACT_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# name: attention, DeepSeek's MLA low-rank pair (q_a/q_b, kv_a/kv_b; arch/deepseek.py moves their rope
+# rows with `reorder_rows`, which keeps the compact form), the MLP, and each routed expert's own (Qwen3-MoE
+# and DeepSeek's gate/up/down, Mixtral's w1/w3/w2; LFM2's MLP too), which the torch loader runs like any
+# linear (models/moe.py); a compact weight the loader does not run through `linear` is dequantized there.
+# Fused checkpoint matrices, which families may split or restack, stay dequantized.
+_COMPACT_LINEARS = (
+    *("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    *("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"),
+    *(".w1", ".w2", ".w3"),
+)
+_EXPERT = re.compile(r"\.experts\.\d+\.")  # a routed expert's own linear (not a stacked tensor)
+# transformers 5's stacked FP8 experts: `<...>.experts.gate_up_proj` and `<...>.experts.gate_up_proj_scale_inv`
+_STACKED_FP8 = re.compile(r"(?P<base>.+\.experts\.[A-Za-z_]\w*?)(?P<scale>_scale_inv)?")
 
 
 def quant_method(raw_config: dict[str, Any]) -> str | None:
@@ -216,6 +231,16 @@ def dequantized_stream(
                 yield _counted(tally, _ct_compact(module, parts, _ct_bits(qconfig)), module, parts, qconfig)
                 parts.clear()
             continue
+        stacked = _STACKED_FP8.fullmatch(t.name) if method == "fp8" else None
+        if stacked is not None and (t.dtype == "F8_E4M3" or stacked["scale"]):
+            parts = pending.setdefault(stacked["base"], {})
+            parts["weight_scale_inv" if stacked["scale"] else "weight"] = (
+                t.dequantize() if stacked["scale"] else np.asarray(t.data)
+            )
+            if len(parts) == 2:
+                del pending[stacked["base"]]
+                yield from _fp8_experts(tally, stacked["base"], parts, (bo, bi), qconfig)
+            continue
         if method == "fp8" and (part == "weight_scale_inv" or (part == "weight" and t.dtype == "F8_E4M3")):
             parts = pending.setdefault(module, {})
             parts[part] = t.dequantize() if part == "weight_scale_inv" else np.asarray(t.data)
@@ -244,6 +269,32 @@ def dequantized_stream(
         else:
             raise ModelLoadError(f"Quantized layer {module} lacks {sorted(parts)} counterpart tensors.")
     _log_tally(method, tally)
+
+
+def _fp8_experts(
+    tally: dict[str, int],
+    base: str,
+    parts: dict[str, np.ndarray],
+    block: tuple[int, int],
+    qconfig: dict[str, Any],
+) -> Iterator[WeightTensor]:
+    """transformers 5's stacked FP8 experts (`experts.gate_up_proj` [E, out, in] e4m3, `..._scale_inv`
+    [E, out / 128, in / 128] or one per expert): one linear per expert, named as experts.py splits them."""
+    codes, scale = parts["weight"], np.asarray(parts["weight_scale_inv"], dtype=np.float32)
+    if codes.ndim != 3 or not (scale.size == 1 or scale.shape[0] == codes.shape[0]):
+        raise ModelLoadError(
+            f"FP8 experts {base} {codes.shape} with scales {scale.shape}: expected [experts, out, in] with "
+            "one scale block table per expert; the checkpoint may be damaged."
+        )
+    prefix, _, leaf = base.rpartition(".")
+    for e in range(codes.shape[0]):
+        own = scale.reshape(()) if scale.size == 1 else scale[e]
+        expert = {"weight": codes[e], "weight_scale_inv": own}
+        module = f"{prefix}.{e}.{leaf}"
+        # the stacked form's per-expert name has no `.weight` (the registry maps `experts.{e}.gate_up_proj`)
+        yield replace(
+            _counted(tally, _fp8_compact(module, expert, block), module, expert, qconfig), name=module
+        )
 
 
 def _counted(
@@ -286,7 +337,8 @@ def _log_tally(method: str, tally: dict[str, int]) -> None:
 
 
 def _compactable(module: str) -> bool:
-    return ".layers." in module and ".experts." not in module and module.endswith(_COMPACT_LINEARS)
+    expert_ok = ".experts." not in module or _EXPERT.search(module) is not None
+    return ".layers." in module and expert_ok and module.endswith(_COMPACT_LINEARS)
 
 
 def _int4_compact(
@@ -430,7 +482,10 @@ def loaded_weight_bytes(
             begin, end = info["data_offsets"]
             count = int(np.prod([int(d) for d in info["shape"]], dtype=np.int64))
             if info["dtype"] not in QUANT_STORAGE:
-                total += 0 if part in _CT_PARTS or part == "weight_scale_inv" else int(end) - int(begin)
+                total += 0 if part in _CT_PARTS or part.endswith("scale_inv") else int(end) - int(begin)
+            elif info["dtype"] == "F8_E4M3" and _STACKED_FP8.fullmatch(name):  # per expert, as split
+                held = compact and _compactable(f"{module}.0.{part}")
+                total += count * Q8_0_BYTES // BLOCK if held else count * value_bytes
             elif compact and bits == 4 and part in _COMPACT_BLOCK_BYTES and _compactable(module):
                 total += count * 8 * _COMPACT_BLOCK_BYTES[part] // BLOCK
             elif compact and part == "weight" and info["dtype"] in ("F8_E4M3", "I8") and _compactable(module):

@@ -8,7 +8,7 @@ j, value j + 16 in its high nibble), value d q + m; Q4_0 is d and the 16 bytes, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -31,6 +31,12 @@ class RepackedLinear(WeightTensor):
     def blocks(self) -> WeightTensor:
         """The blocks as a GGUF tensor of `qtype` (columns in `order`)."""
         return WeightTensor(self.name, self.shape, self.qtype, self.data)
+
+    def take_rows(self, rows: np.ndarray) -> RepackedLinear:
+        """The same linear with its output rows in `rows`' order (a family's layout fix: DeepSeek's
+        de-interleaved rope rows): rows are self-contained, so this moves bytes and nothing rounds."""
+        zeros = self.zeros[rows] if self.zeros.size else self.zeros
+        return replace(self, data=np.ascontiguousarray(np.asarray(self.data)[rows]), zeros=zeros)
 
     def dequantize(self) -> np.ndarray:
         """The checkpoint's exact float32 values [out, in], input columns in their own order: (q - z) s,
@@ -93,3 +99,13 @@ def repack_int4(
     return RepackedLinear(
         name=name, shape=(out, cols), dtype=REPACKED_DTYPE, data=blocks, qtype=qtype, zeros=z, order=order
     )
+
+
+def reorder_rows(weight: WeightTensor, rows: np.ndarray) -> WeightTensor:
+    """`weight` with its output rows (the first axis: dense values, GGUF block rows, a repacked linear's
+    blocks with their zeros and scales) in `rows`' order, of the same kind as it came."""
+    if isinstance(weight, RepackedLinear):
+        return weight.take_rows(rows)
+    data = np.asarray(weight.data)
+    moved = np.ascontiguousarray(data.reshape(weight.shape[0], -1)[rows]).reshape(data.shape)
+    return WeightTensor(weight.name, weight.shape, weight.dtype, moved)
