@@ -307,7 +307,8 @@ class Settings:
         ("--speculative",),
         "speculative decoding: ngram (draft tokens looked up in the prompt and output), draft (a small "
         "model with the same vocabulary guesses them: --draft-model), eagle (an EAGLE-3 head reading the "
-        "target's hidden states: --draft-model FOLDER; torch) or off",
+        "target's hidden states: --draft-model FOLDER; torch), auto (picked per model and device at load: "
+        "ngram for models of 1B parameters or more on CPU, else off) or off",
         group="engine",
         metavar="METHOD",
     )
