@@ -229,10 +229,12 @@ def test_a_stage_too_big_for_its_gpu_says_what_to_change() -> None:
         }
     )
     gib = 2**30
-    first, kv_first = stage_bytes(config, 16, True, False, 16 * gib)
-    last, kv_last = stage_bytes(config, 16, False, True, 16 * gib)
-    assert abs(first + last - 16 * gib) < 2**20 and first == last  # the embedding and the head weigh the same
-    assert kv_first == kv_last == 16 * 2 * 8 * 128 * 2  # its layers' K and V, 2-byte elements
+    first = stage_bytes(config, range(0, 16), True, False, 16 * gib)
+    last = stage_bytes(config, range(16, 32), False, True, 16 * gib)
+    # the embedding and the head weigh the same
+    assert abs(first.weights + last.weights - 16 * gib) < 2**20 and first.weights == last.weights
+    assert first.kv_per_token == last.kv_per_token == 16 * 2 * 8 * 128 * 2  # its layers' K and V, 2 bytes
+    assert first.state_per_slot == 0
     check_stage_bytes(
         config, 1, range(16, 32), True, "cuda:1", "--pipeline-parallel-size 2", 16 * gib, 10 * gib
     )

@@ -33,6 +33,7 @@ STAGE_LOOPS = frozenset(
 )
 # Layer kinds that keep a per-sequence state slot, or nothing at all, instead of K/V.
 NO_KV_KINDS = frozenset({"linear_attention", "conv", "mamba", "mlp"})
+STATE_KINDS = NO_KV_KINDS - {"mlp"}
 
 
 def split_layers(num_layers: int, stages: int) -> list[range]:
@@ -52,8 +53,8 @@ def check_stageable(config: ModelConfig, flag: str) -> None:
     loop = model_class(config.model_type).hidden_states
     if f"{loop.__module__}.{loop.__qualname__}" not in STAGE_LOOPS:
         raise BackendUnavailableError(
-            f"{flag}: {config.model_type!r} runs its layers its own way (per-layer inputs or shared K/V), "
-            "which the layer split does not cover yet; run it on one device (drop the flag)."
+            f"{flag}: {config.model_type!r} runs its layers its own way, which the layer split does "
+            "not cover yet; run it on one device (drop the flag)."
         )
 
 
@@ -153,11 +154,24 @@ def _spans(numbers: list[int]) -> str:
     return ", ".join(parts)
 
 
+def _kinds(config: ModelConfig) -> list[str] | None:
+    return config.extra.get("block_kinds") or config.extra.get("layer_types")  # Mamba-2 hybrids: block_kinds
+
+
 def keeps_kv(config: ModelConfig, index: int) -> bool:
-    """Does layer `index` write the paged K/V cache (rather than a state slot, or nothing)?"""
-    kinds = config.extra.get("block_kinds") or config.extra.get("layer_types")  # Mamba-2 hybrids: block_kinds
-    return not kinds or kinds[index] not in NO_KV_KINDS
+    """Does layer `index` write the paged K/V cache (rather than a state slot, or nothing, or, in
+    Gemma 4, another layer's cache)?"""
+    kinds = _kinds(config)
+    if kinds and kinds[index] in NO_KV_KINDS:
+        return False
+    return all(reader != index for _, reader in kv_spans(config))
 
 
 def stage_kv_layers(config: ModelConfig, layers: range) -> int:
     return sum(1 for index in layers if keeps_kv(config, index))
+
+
+def stage_state_layers(config: ModelConfig, layers: range) -> int:
+    """The layers of `layers` that keep a per-sequence state slot (DeltaNet, short conv, Mamba-2)."""
+    kinds = _kinds(config)
+    return sum(1 for index in layers if kinds and kinds[index] in STATE_KINDS)
