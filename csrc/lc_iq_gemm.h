@@ -73,6 +73,8 @@ static void LC_FN(iqg_panel)(int type, const uint8_t *w, int64_t n, int64_t r0, 
 #endif
                 _mm256_storeu_si256((__m256i *)v, vv);
                 _mm256_storeu_ps(ls, lv);
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+                LC_FN(iqn_dec)(type, row, s, v, ls); /* lc_iq_neon.h: in registers */
 #else
                 lc_iq_dec_row(type, row, s, v, ls);
 #endif
@@ -163,6 +165,8 @@ static inline __attribute__((always_inline)) void LC_FN(iqg_tile)(const int mr, 
     }
 }
 #define LC_IQG_MR 4
+#elif defined(__aarch64__) && defined(__ARM_NEON) /* the tile: lc_iq_neon.h (sdot, or smull + sadalp) */
+#define LC_IQG_MR 2
 #else
 /* Plain C on the same panel: the loops over the 16 rows of a group vectorize where the compiler can. */
 static void LC_FN(iqg_tile)(const int mr, const int u, const uint8_t *codes, const float *scales, int64_t k,

@@ -365,6 +365,8 @@ static void LC_FN(iq_rows)(int type, const uint8_t *row, int64_t k, const int8_t
     }
 }
 #undef LC_IQ_ROWS
+#elif defined(__aarch64__) && defined(__ARM_NEON) /* lc_iq_neon.h: decode in registers, NEON dot products */
+#include "lc_iq_neon.h"
 #else
 static void LC_FN(iq_rows)(int type, const uint8_t *row, int64_t k, const int8_t *xq, const float *xd, int mr,
                            float *res) {

@@ -228,6 +228,8 @@ static int lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #define LC_FN(name) name##_neon
 #define LC_ISA LC_ISA_NEON
 #include "lc_x16_neon.h"
+#include "lc_iquants.h" /* the i-quants through lc_iq_neon.h, here with sdot */
+#include "lc_iq_gemm.h"
 #undef LC_FN
 #undef LC_ISA
 #ifndef __clang__
@@ -388,12 +390,19 @@ LC_EXPORT int lc_matmul(int isa, int type, const uint8_t *w, int64_t n, int64_t 
             return iq_gemm_avx2(type, w, n, k, row_bytes, xq, xd, &x, t, out, out_bf16, ldo, nth);
         }
 #endif
+#ifdef LC_ARM
+        if (isa == LC_ISA_NEON) return iq_gemm_neon(type, w, n, k, row_bytes, xq, xd, NULL, t, out, out_bf16, ldo, nth);
+#endif
         return iq_gemm_portable(type, w, n, k, row_bytes, xq, xd, NULL, t, out, out_bf16, ldo, nth);
     }
     if (lc_is_iq(type)) { /* lc_iquants.h: AVX2 / AVX-512 VNNI, else portable C (NEON too) */
 #ifdef LC_X86
         if (isa == LC_ISA_AVX512VNNI) iq_matmul_avx512vnni(type, w, n, k, row_bytes, xq, xd, t, out, out_bf16, ldo, nth);
         else if (isa == LC_ISA_AVX2) iq_matmul_avx2(type, w, n, k, row_bytes, xq, xd, t, out, out_bf16, ldo, nth);
+        else
+#endif
+#ifdef LC_ARM
+        if (isa == LC_ISA_NEON) iq_matmul_neon(type, w, n, k, row_bytes, xq, xd, t, out, out_bf16, ldo, nth);
         else
 #endif
             iq_matmul_portable(type, w, n, k, row_bytes, xq, xd, t, out, out_bf16, ldo, nth);
