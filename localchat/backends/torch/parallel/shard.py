@@ -28,6 +28,8 @@ from localchat.backends.torch.device import pick_device
 from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import add_rms_norm, apply_rope, rms_norm
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
+from localchat.backends.torch.models.gemma import GemmaLayer
+from localchat.backends.torch.models.gemma import Model as GemmaModel
 from localchat.backends.torch.models.llama import LlamaLayer
 from localchat.backends.torch.quant import embed_rows, linear
 from localchat.backends.torch.runner import TorchRunner
@@ -100,16 +102,17 @@ class ParallelLlama(DecoderLM):
 
 
 # Families whose layers are Llama's forward (attention + an `mlp` block) with these MLPs: dense SwiGLU
-# or a sparse MoE whose experts are cut like the dense MLP (every rank holds every expert's slice).
-SHARDED_FAMILIES = ("llama", "qwen3", "mixtral", "qwen3_moe")
+# or a sparse MoE whose experts are cut like the dense MLP (every rank holds every expert's slice);
+# and Gemma 2 / 3, the same weights with Gemma's forward (shard_gemma.py).
+SHARDED_FAMILIES = ("llama", "qwen3", "mixtral", "qwen3_moe", "gemma")
 
 
 def _unsupported(config: ModelConfig, world: int) -> BackendUnavailableError:
     return BackendUnavailableError(
         f"--tensor-parallel-size {world}: only the Llama family (Llama, Mistral, Qwen2, SmolLM2), "
-        f"Qwen3, Mixtral and Qwen3-MoE are sharded so far, not {config.model_type!r}: split its layers "
-        f"instead with --pipeline-parallel-size {world} (DeepSeek, Phi-3, ...), or drop "
-        "--tensor-parallel-size (hybrid-state models run on one device)."
+        f"Qwen3, Mixtral, Qwen3-MoE and Gemma 2 / 3 are sharded so far, not {config.model_type!r}: split "
+        f"its layers instead with --pipeline-parallel-size {world} (DeepSeek, Phi-3, Gemma 4, hybrids "
+        "such as Qwen3.5, LFM2, Nemotron-H, ...), or drop --tensor-parallel-size."
     )
 
 
@@ -183,14 +186,21 @@ def sharded_runner(
     )
     runner = make_runner(local, options)
     model = runner.model
-    # The parallel forwards replace Llama's: a family that overrides them is not covered.
-    llama_layers = all(type(layer).forward is LlamaLayer.forward for layer in model.layers)
-    if not llama_layers or type(model).forward is not DecoderLM.forward:
+    from .shard_gemma import ParallelGemma, ParallelGemmaLayer  # it builds on this module's classes
+
+    # The parallel forwards replace the family's: a family that overrides them is not covered.
+    parallel: dict[Any, type] = {
+        LlamaLayer.forward: ParallelLlamaLayer,
+        GemmaLayer.forward: ParallelGemmaLayer,
+    }
+    layer_classes = [parallel[f] for f in (type(layer).forward for layer in model.layers) if f in parallel]
+    if len(layer_classes) != len(model.layers) or type(model).forward is not DecoderLM.forward:
         raise _unsupported(config, world)
-    for layer in model.layers:
-        layer.__class__ = _parallel_class(type(layer), ParallelLlamaLayer)  # + the all-reduces
+    for layer, layer_class in zip(model.layers, layer_classes, strict=True):
+        layer.__class__ = _parallel_class(type(layer), layer_class)  # + the all-reduces
         layer.tp_group = tp_group
-    model.__class__ = _parallel_class(type(model), ParallelLlama)
+    head = ParallelGemma if isinstance(model, GemmaModel) else ParallelLlama
+    model.__class__ = _parallel_class(type(model), head)
     assert isinstance(model, ParallelLlama)
     model.vocab_start, model.vocab_rows, model.vocab_size = (
         part.vocab_start,
