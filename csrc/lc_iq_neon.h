@@ -55,10 +55,11 @@ static inline int32x4_t LC_FN(iqn_dot16)(int32x4_t acc, int8x16_t v, int8x16_t x
 /* Whether this variant's dot products are sdot (for tests/c/iq_neon_check.c). */
 static inline int LC_FN(iqn_sdot)(void) { return LC_IQN_SDOT; }
 
-/* An f16 as float32 (fcvt: exact, as lc_f16). */
-static inline float LC_FN(iqn_f16)(const uint8_t *p) {
-    return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(lc_u16(p)))), 0);
+/* f16 bits as float32 (fcvt: exact, as lc_f16, without its libm call for subnormals). */
+static inline float LC_FN(iqn_h)(uint16_t h) {
+    return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
 }
+static inline float LC_FN(iqn_f16)(const uint8_t *p) { return LC_FN(iqn_h)(lc_u16(p)); }
 
 /* *v0 (values 0-15), *v1 (16-31) = a and b with value j negated where bit j % 8 of sign byte j / 8 of
    `signs` is set: the bits spread to 0 / -1 byte masks m, then (g ^ m) - m. */
@@ -88,9 +89,16 @@ static inline void LC_FN(iqn_grid8)(const int8_t *g0, const int8_t *g1, const in
 /* Eight 4-byte grid rows idx[0..7] of `grid`, signed by `signs` (IQ3 types). */
 static inline void LC_FN(iqn_grid4)(const int8_t (*grid)[4], const int *idx, uint32_t signs, int8x16_t *v0,
                                     int8x16_t *v1) {
-    uint32_t r[8];
-    for (int j = 0; j < 8; j++) memcpy(r + j, grid[idx[j]], 4);
-    LC_FN(iqn_sign)(vreinterpretq_s8_u32(vld1q_u32(r)), vreinterpretq_s8_u32(vld1q_u32(r + 4)), signs, v0, v1);
+    uint64_t r[4]; /* rows paired in general registers: through memory, four 4-byte stores would not forward
+                      to the 16-byte loads */
+    for (int j = 0; j < 4; j++) {
+        uint32_t a, b;
+        memcpy(&a, grid[idx[2 * j]], 4);
+        memcpy(&b, grid[idx[2 * j + 1]], 4);
+        r[j] = a | (uint64_t)b << 32;
+    }
+    LC_FN(iqn_sign)(vreinterpretq_s8_u64(vcombine_u64(vcreate_u64(r[0]), vcreate_u64(r[1]))),
+                    vreinterpretq_s8_u64(vcombine_u64(vcreate_u64(r[2]), vcreate_u64(r[3]))), signs, v0, v1);
 }
 
 /* IQ1 types: four 8-byte rows of lc_iq1s_grid (-1, 0, 1) as 8 g + shift (shift l: -1 or +1 for row l). */
@@ -182,7 +190,7 @@ static inline __attribute__((always_inline)) void LC_FN(iqn_sub)(const int type,
     } else if (type == LC_IQ1_M) {
         const uint8_t *b = row + 56 * (s / 8);
         uint16_t s0 = lc_u16(b + 48), s1 = lc_u16(b + 50), s2 = lc_u16(b + 52), s3 = lc_u16(b + 54);
-        float f = lc_f16((uint16_t)((s0 >> 12) | ((s1 >> 8) & 0xF0) | ((s2 >> 4) & 0xF00) | (s3 & 0xF000)));
+        float f = LC_FN(iqn_h)((uint16_t)((s0 >> 12) | ((s1 >> 8) & 0xF0) | ((s2 >> 4) & 0xF00) | (s3 & 0xF000)));
         int idx[4], shift[4];
         for (int l = 0; l < 4; l++) {
             int nib = (b[32 + 2 * i + l / 2] >> (4 * (l % 2))) & 15;
@@ -316,39 +324,62 @@ static void LC_FN(iq_rows)(int type, const uint8_t *row, int64_t k, const int8_t
 }
 #undef LC_IQN_ROWS
 
+#if !LC_IQN_SDOT
+/* One activation row x (xd: its lane scales) against the panel, without sdot: per 4-value group smull /
+   smull2 of the 16 rows' codes by the 4 activation bytes broadcast, sadalp into two accumulators per 4
+   rows (rows 4q, 4q + 1 in c; 4q + 2, 4q + 3 in c2; two lanes each), addp joining them per unit. One row
+   at a time keeps the 8 accumulators in registers (the panel is re-read from L1 per row). */
+static inline __attribute__((always_inline)) void LC_FN(iqn_tile_row)(const int u, const uint8_t *codes,
+                                                                       const float *scales, int64_t k,
+                                                                       const int8_t *x, const float *xd, float *v) {
+    float32x4_t acc[4];
+    for (int q = 0; q < 4; q++) acc[q] = vdupq_n_f32(0.0f);
+    for (int64_t h = 0; h < k / u; h++) {
+        int32x4_t c[4], c2[4];
+        for (int q = 0; q < 4; q++) c[q] = c2[q] = vdupq_n_s32(0);
+        for (int g = 0; g < u / 4; g++) {
+            const int8_t *p = (const int8_t *)codes + (h * (u / 4) + g) * 64;
+            const int8x16_t xb = vreinterpretq_s8_u32(vdupq_n_u32(lc_u32((const uint8_t *)x + h * u + 4 * g)));
+            for (int q = 0; q < 4; q++) {
+                int8x16_t cv = vld1q_s8(p + 16 * q);
+                c[q] = vpadalq_s16(c[q], vmull_s8(vget_low_s8(cv), vget_low_s8(xb)));
+                c2[q] = vpadalq_s16(c2[q], vmull_high_s8(cv, xb));
+            }
+        }
+        const float *sp = scales + h * (u / 16) * 16;
+        const float dx = xd[h * u / 4];
+        for (int q = 0; q < 4; q++)
+            acc[q] = vfmaq_f32(acc[q], vcvtq_f32_s32(vpaddq_s32(c[q], c2[q])), vmulq_n_f32(vld1q_f32(sp + 4 * q), dx));
+    }
+    for (int q = 0; q < 4; q++) vst1q_f32(v + 4 * q, acc[q]);
+}
+#endif
+
 /* lc_iq_gemm.h's tile: the panel (per 4 values a 64-byte group, 4 codes of each of 16 weight rows; a float
    scale per 16 values and row) against activation rows t0 .. t0 + mr - 1, per unit of u (16 or 32) values
    of one scale. With sdot each group is four 16-byte loads of 4 rows x 4 codes and one sdot by element
-   per load and activation row (its 4 activation bytes a lane of one 16-byte load); without it smull /
-   smull2 of the same loads by the broadcast 4 bytes, pairs added by sadalp into two accumulators whose
-   lanes addp joins into the 4 rows' sums. */
+   per load and activation row (its 4 activation bytes a lane of one 16-byte load), every load serving
+   all mr rows; without it iqn_tile_row per row. */
 static inline __attribute__((always_inline)) void LC_FN(iqg_tile)(const int mr, const int u, const uint8_t *codes,
                                                                   const float *scales, int64_t k, const int8_t *xq,
                                                                   const float *xd, int64_t t0, void *out,
                                                                   int out_bf16, int64_t ldo, int64_t r0, int cols) {
+    float v[4][16];
+#if LC_IQN_SDOT
     float32x4_t acc[4][4];
     for (int i = 0; i < mr; i++)
         for (int q = 0; q < 4; q++) acc[i][q] = vdupq_n_f32(0.0f);
     for (int64_t h = 0; h < k / u; h++) {
         int32x4_t c[4][4];
-#if !LC_IQN_SDOT
-        int32x4_t c2[4][4];
-#endif
         for (int i = 0; i < mr; i++)
-            for (int q = 0; q < 4; q++) {
-                c[i][q] = vdupq_n_s32(0);
-#if !LC_IQN_SDOT
-                c2[i][q] = vdupq_n_s32(0);
-#endif
-            }
+            for (int q = 0; q < 4; q++) c[i][q] = vdupq_n_s32(0);
         for (int gg = 0; gg < u / 16; gg++) { /* 4 groups: 16 activation bytes of each row */
             int8x16_t xv[4];
             for (int i = 0; i < mr; i++) xv[i] = vld1q_s8(xq + (t0 + i) * k + h * u + 16 * gg);
             for (int j = 0; j < 4; j++) {
                 const int8_t *p = (const int8_t *)codes + (h * (u / 4) + 4 * gg + j) * 64;
                 int8x16_t cv[4] = {vld1q_s8(p), vld1q_s8(p + 16), vld1q_s8(p + 32), vld1q_s8(p + 48)};
-                for (int i = 0; i < mr; i++) {
-#if LC_IQN_SDOT
+                for (int i = 0; i < mr; i++)
                     for (int q = 0; q < 4; q++) {
                         switch (j) { /* the lane must be a literal */
                         case 0: c[i][q] = vdotq_laneq_s32(c[i][q], cv[q], xv[i], 0); break;
@@ -357,42 +388,25 @@ static inline __attribute__((always_inline)) void LC_FN(iqg_tile)(const int mr, 
                         default: c[i][q] = vdotq_laneq_s32(c[i][q], cv[q], xv[i], 3); break;
                         }
                     }
-#else
-                    int32x4_t xs = vreinterpretq_s32_s8(xv[i]);
-                    int8x16_t xb;
-                    switch (j) {
-                    case 0: xb = vreinterpretq_s8_s32(vdupq_laneq_s32(xs, 0)); break;
-                    case 1: xb = vreinterpretq_s8_s32(vdupq_laneq_s32(xs, 1)); break;
-                    case 2: xb = vreinterpretq_s8_s32(vdupq_laneq_s32(xs, 2)); break;
-                    default: xb = vreinterpretq_s8_s32(vdupq_laneq_s32(xs, 3)); break;
-                    }
-                    for (int q = 0; q < 4; q++) { /* rows 4q, 4q + 1 in c, 4q + 2, 4q + 3 in c2: two lanes each */
-                        c[i][q] = vpadalq_s16(c[i][q], vmull_s8(vget_low_s8(cv[q]), vget_low_s8(xb)));
-                        c2[i][q] = vpadalq_s16(c2[i][q], vmull_high_s8(cv[q], xb));
-                    }
-#endif
-                }
             }
         }
         const float *sp = scales + h * (u / 16) * 16;
         for (int i = 0; i < mr; i++) {
             float dx = xd[(t0 + i) * (k / 4) + h * u / 4];
-            for (int q = 0; q < 4; q++) {
-#if LC_IQN_SDOT
-                int32x4_t sum = c[i][q];
-#else
-                int32x4_t sum = vpaddq_s32(c[i][q], c2[i][q]);
-#endif
-                acc[i][q] = vfmaq_f32(acc[i][q], vcvtq_f32_s32(sum), vmulq_n_f32(vld1q_f32(sp + 4 * q), dx));
-            }
+            for (int q = 0; q < 4; q++)
+                acc[i][q] = vfmaq_f32(acc[i][q], vcvtq_f32_s32(c[i][q]), vmulq_n_f32(vld1q_f32(sp + 4 * q), dx));
         }
     }
+    for (int i = 0; i < mr; i++)
+        for (int q = 0; q < 4; q++) vst1q_f32(v[i] + 4 * q, acc[i][q]);
+#else
+    for (int i = 0; i < mr; i++)
+        LC_FN(iqn_tile_row)(u, codes, scales, k, xq + (t0 + i) * k, xd + (t0 + i) * (k / 4), v[i]);
+#endif
     for (int i = 0; i < mr; i++) {
-        float v[16];
-        for (int q = 0; q < 4; q++) vst1q_f32(v + 4 * q, acc[i][q]);
-        if (!out_bf16 && cols == 16) memcpy((float *)out + (t0 + i) * ldo + r0, v, sizeof(v));
+        if (!out_bf16 && cols == 16) memcpy((float *)out + (t0 + i) * ldo + r0, v[i], sizeof(v[i]));
         else
-            for (int c0 = 0; c0 < cols; c0++) lc_store(out, out_bf16, (t0 + i) * ldo + r0 + c0, v[c0]);
+            for (int c0 = 0; c0 < cols; c0++) lc_store(out, out_bf16, (t0 + i) * ldo + r0 + c0, v[i][c0]);
     }
 }
 #undef LC_IQN_SDOT
