@@ -3,7 +3,12 @@ random Llama-shaped model (hidden 1024, 8 layers, no download), whole vs cut int
 (parallel/micro_batches.py), so stage 1 runs group 1 while stage 0 runs group 2. Ideal: 3/4 of the
 whole step's time (2 stages, 2 groups). One thread per rank.
 
+`--decode 8,16`: decode throughput instead, with 8 and then 16 streams (32-token prompts, greedy):
+one step at a time vs two steps in flight (the engine's StepsInFlight, a group per stage), alternated
+on the same ranks (only rank 0's engine changes), tokens/s after every stream has its first token.
+
     python -m benchmarks.pp_micro_bench --repeats 5
+    python -m benchmarks.pp_micro_bench --decode 8,16 --repeats 3
 """
 
 from __future__ import annotations
@@ -85,10 +90,64 @@ def prefill_seconds(cut: bool, repeats: int) -> list[float]:
     return times
 
 
+def decode_rates(streams: int, steps: int, depth: int, runner: object) -> float:
+    """Tokens/s of `streams` greedy decodes on `runner` (PP=2 ranks), `depth` steps in flight."""
+    from localchat.engine.config import EngineConfig
+    from localchat.engine.engine import LLMEngine
+    from localchat.engine.sampling_params import SamplingParams
+
+    runner.steps_in_flight = depth  # type: ignore[attr-defined]
+    config = EngineConfig(max_num_seqs=streams, max_num_batched_tokens=2048, kv_cache_mib=256)
+    engine = LLMEngine(runner, SilentTokenizer(), config, eos_token_ids=[2], model_max_len=4096)  # type: ignore[arg-type]
+    params = SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True)
+    for p in range(streams):
+        engine.add_request([10 + 7 * p + i % 97 for i in range(32)], params)
+    started: set[str] = set()
+    start, tokens = 0.0, 0
+    while engine.has_unfinished:
+        for out in engine.step():
+            if out.req_id in started:
+                tokens += len(out.new_token_ids)
+            started.add(out.req_id)
+        if not start and len(started) == streams:
+            start = time.perf_counter()
+    return tokens / (time.perf_counter() - start)
+
+
+def decode(streams_list: list[int], repeats: int, steps: int) -> None:
+    from localchat.backends import RunnerOptions
+    from localchat.backends.torch.parallel.driver import ParallelRunner
+
+    options = RunnerOptions(device="cpu", dtype="float32", num_threads=1, pipeline_parallel_size=2)
+    runner = ParallelRunner(load(True), options, load=functools.partial(load, True))  # type: ignore[arg-type]
+    try:
+        decode_rates(streams_list[0], 4, 2, runner)  # warm-up
+        for streams in streams_list:
+            rates: dict[int, list[float]] = {1: [], 2: []}
+            for _ in range(repeats):
+                for depth in (1, 2):  # alternated
+                    rates[depth].append(decode_rates(streams, steps, depth, runner))
+            one, two = statistics.median(rates[1]), statistics.median(rates[2])
+            load_avg = Path("/proc/loadavg").read_text().split()[:3]
+            print(
+                f"PP=2 gloo, {streams} streams x {steps} tokens, median of {repeats} (load {' '.join(load_avg)}):"
+            )
+            print(f"  one step at a time: {one:7.1f} tok/s  (all: {', '.join(f'{r:.1f}' for r in rates[1])})")
+            print(f"  2 steps in flight:  {two:7.1f} tok/s  (all: {', '.join(f'{r:.1f}' for r in rates[2])})")
+            print(f"  ratio: {two / one:.2f}")
+    finally:
+        runner.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--decode", help="decode throughput for these stream counts, e.g. 8,16")
+    parser.add_argument("--steps", type=int, default=32, help="decode tokens per stream (--decode)")
     args = parser.parse_args()
+    if args.decode:
+        decode([int(n) for n in args.decode.split(",")], args.repeats, args.steps)
+        return
     whole = prefill_seconds(False, args.repeats)
     cut = prefill_seconds(True, args.repeats)
     print(f"PP=2 gloo, {PROMPTS} x {TOKENS}-token prefill, median of {args.repeats}:")

@@ -16,7 +16,15 @@ from localchat.engine.config import EngineConfig
 from localchat.engine.constraint import TokenMatcher, fill_batch_bitmask
 from localchat.engine.detokenizer import Decoder, IncrementalDetokenizer
 from localchat.engine.draft_model import DraftModelProposer
-from localchat.engine.interface import ModelRunner, RunnerOutput, StateCacheSpec, TokenLogprobs
+from localchat.engine.in_flight import StepsInFlight
+from localchat.engine.interface import (
+    BatchInputs,
+    ModelRunner,
+    RunnerOutput,
+    SchedulerOutput,
+    StateCacheSpec,
+    TokenLogprobs,
+)
 from localchat.engine.latency import ITL_BUCKETS_S, TTFT_BUCKETS_S, Histogram
 from localchat.engine.outputs import EngineStats, RequestOutput
 from localchat.engine.request import FinishReason, ImageInput, Request
@@ -151,6 +159,9 @@ class LLMEngine:
         self.requests_failed_total = 0  # of which ended with finish_reason "error"
         self.time_to_first_token = Histogram(TTFT_BUCKETS_S)
         self.inter_token_latency = Histogram(ITL_BUCKETS_S)
+        # Runners that take several steps at once (`--pp`: one per stage), each of other sequences.
+        depth = getattr(runner, "steps_in_flight", 1)
+        self.in_flight = StepsInFlight(self, depth) if isinstance(depth, int) and depth > 1 else None
 
     # -- requests -----------------------------------------------------------------------------------
 
@@ -196,33 +207,48 @@ class LLMEngine:
 
     @property
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished
+        return self.scheduler.has_unfinished or (self.in_flight is not None and self.in_flight.busy)
 
     # -- the step -----------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        if self.in_flight is not None:
+            return self.in_flight.step()
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
             return []
+        batch = self.build_batch(scheduler_output)
+        try:
+            runner_output = self.runner.execute_model(scheduler_output, batch)
+        except Exception as exc:  # a failed step must not take the engine down
+            return self.fail_step(batch, exc)
+        return self.apply_output(scheduler_output, runner_output)
+
+    def build_batch(self, scheduler_output: SchedulerOutput) -> BatchInputs:
         slots = self.state_pool.slots if self.state_pool is not None else None
         batch = build_batch(scheduler_output, self.scheduler.requests, self.config.block_size, slots)
         assert batch.sampling is not None
         batch.sampling.token_bitmask = self._grammar_bitmask(batch.sample_req_ids)
-        try:
-            runner_output = self.runner.execute_model(scheduler_output, batch)
-        except Exception as exc:  # a failed step must not take the engine down
-            log.exception("model step failed; failing its %d requests", len(batch.req_ids))
-            return [self._fail(self.scheduler.requests[r], exc) for r in batch.req_ids]
+        return batch
 
+    def fail_step(self, batch: BatchInputs, exc: Exception) -> list[RequestOutput]:
+        log.exception("model step failed; failing its %d requests", len(batch.req_ids))
+        requests = self.scheduler.requests  # (without those aborted while the step was in flight)
+        return [self._fail(requests[r], exc) for r in batch.req_ids if r in requests]
+
+    def apply_output(self, scheduler_output: SchedulerOutput, output: RunnerOutput) -> list[RequestOutput]:
+        """A step's tokens into its requests (skipping any aborted while the step was in flight)."""
         for req_id, count in scheduler_output.num_scheduled_tokens.items():
-            request = self.scheduler.requests[req_id]
+            request = self.scheduler.requests.get(req_id)
+            if request is None:
+                continue
             # Draft tokens' K/V count only once accepted (below); the rest are overwritten later.
             request.num_computed_tokens += count - len(request.spec_token_ids)
         outputs: list[RequestOutput] = []
         now = time.monotonic()
-        embeddings = runner_output.embeddings or {}
+        embeddings = output.embeddings or {}
         num_generated = 0
-        for req_id, token_ids, token_logprobs in self._rows(runner_output):
+        for req_id, token_ids, token_logprobs in self._rows(output):
             request = self.scheduler.requests[req_id]
             if req_id in embeddings:
                 request.embedding = embeddings[req_id]
@@ -275,7 +301,10 @@ class LLMEngine:
         i, num_rows = 0, len(output.req_ids)
         while i < num_rows:
             req_id = output.req_ids[i]
-            request = self.scheduler.requests[req_id]
+            request = self.scheduler.requests.get(req_id)
+            if request is None:  # aborted while its step was in flight (no drafts then)
+                i += 1
+                continue
             drafts = request.spec_token_ids
             if not drafts:
                 yield req_id, output.sampled_token_ids[i], logprobs[i] if logprobs is not None else []

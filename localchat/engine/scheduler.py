@@ -6,7 +6,9 @@ only when a slot and its blocks are both free, and gives both back on finish or 
 With speculation on (engine/speculative.py), a decoding request may also get draft tokens after its
 last one while few requests run; they take budget and block room but are never prefix-cached.
 For models that attend over a picture's tokens both ways (`whole_pictures`), a chunk never cuts a picture's
-run (vision/picture_runs.py): it stops before it, or takes all of it past the chunk size and budget."""
+run (vision/picture_runs.py): it stops before it, or takes all of it past the chunk size and budget.
+With steps in flight (`--pp`, engine/in_flight.py) a step skips the requests of steps not yet back
+(`in_flight`), takes at most `max_step_seqs` requests, and never preempts one in flight."""
 
 from __future__ import annotations
 
@@ -38,6 +40,8 @@ class Scheduler:
         self.proposer: Proposer = NgramProposer(config.speculative)  # the engine may set a draft model's
         self.max_model_len = 0
         self.whole_pictures = False  # the engine sets it from the runner (`pictures_both_ways`)
+        self.in_flight: set[str] = set()  # requests in a submitted step (engine/in_flight.py)
+        self.max_step_seqs: int | None = None  # the most requests one step takes (None: no cap)
 
     @property
     def has_unfinished(self) -> bool:
@@ -75,8 +79,12 @@ class Scheduler:
             request.spec_token_ids = []
         proposals = self._propose() if speculate else {}
         index = 0
-        while index < len(self.running) and budget > 0:
+        cap = self.max_step_seqs or self.config.max_num_seqs
+        while index < len(self.running) and budget > 0 and len(num_scheduled) < cap:
             request = self.running[index]
+            if request.req_id in self.in_flight:
+                index += 1
+                continue
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             if chunk:
                 num_new = min(num_new, chunk)
@@ -88,7 +96,7 @@ class Scheduler:
                 if drafts:
                     drafts = []  # no room to speculate: a plain decode step may still fit
                     continue
-                victim = self.running.pop()  # newest; not yet scheduled in this step
+                victim = self.running.pop(self._victim(index))  # newest; not yet scheduled in this step
                 self._preempt(victim)
                 preempted.add(victim.req_id)
                 if victim is request:
@@ -101,7 +109,13 @@ class Scheduler:
             budget -= num_new + len(drafts)
             index += 1
 
-        while self.waiting and not preempted and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while (
+            self.waiting
+            and not preempted
+            and budget > 0
+            and len(self.running) < self.config.max_num_seqs
+            and len(num_scheduled) < cap
+        ):
             request = self.waiting[0]
             if self.state_pool is not None and self.state_pool.num_free == 0:
                 break  # a hybrid model's request needs a state slot as well as blocks
@@ -153,6 +167,15 @@ class Scheduler:
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             finished_req_ids=finished,
             preempted_req_ids=preempted,
+        )
+
+    def _victim(self, index: int) -> int:
+        """The newest running request at `index` or after that is not in a step in flight (the one at
+        `index`, being scheduled, is not)."""
+        return next(
+            i
+            for i in range(len(self.running) - 1, index - 1, -1)
+            if self.running[i].req_id not in self.in_flight
         )
 
     def _whole_pictures(self, request: Request, start: int, num_new: int) -> int:

@@ -39,11 +39,13 @@ from localchat.errors import BackendUnavailableError
 from localchat.weights.bundle import ModelBundle
 
 from .group import ParallelGroup, close_group, init_group, torchrun_local_rank, torchrun_rank
-from .pipeline import pipeline_runner
+from .in_flight import ControlChannel, ResultsInbox
+from .pipeline import PipelineStageRunner, pipeline_runner
 from .shard import sharded_runner
 
 if TYPE_CHECKING:
     from localchat.backends.torch.runner import TorchRunner
+    from localchat.engine.interface import BatchInputs, RunnerOutput, SchedulerOutput
 
 log = logging.getLogger(__name__)
 
@@ -207,8 +209,13 @@ class ParallelRunner:
             )
             threading.Thread(target=self._watch_workers, name="localchat-tp-watchdog", daemon=True).start()
             self.group = init_group(0, world, device, init_method=init_method)
-        self._control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+        self._control = ControlChannel(dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT))
         self.runner = rank_runner(bundle, options, self.group)
+        # --pp alone: as many steps in flight as stages, each of its own group of sequences (the
+        # engine's StepsInFlight), so every stage has work. Under TP x PP steps go one at a time.
+        pipelined = options.pipeline_parallel_size > 1 and options.tensor_parallel_size == 1
+        self.steps_in_flight = options.pipeline_parallel_size if pipelined else 1
+        self._inbox: ResultsInbox | None = None
         # The server stops engines without closing their runners; at exit the workers are told to stop
         # (torchrun's on other nodes then exit 0 instead of failing on the closed connection).
         atexit.register(self.shutdown)
@@ -231,10 +238,10 @@ class ParallelRunner:
             self.failure = message
             log.error("%s", message)
 
-    def _send(self, name: str, args: tuple[Any, ...]) -> None:
+    def _send(self, name: str, args: tuple[Any, ...], wait: bool = True) -> None:
         if self.failure is not None:
             raise BackendUnavailableError(self.failure)
-        dist.broadcast_object_list([(name, args)], src=0, group=self._control)
+        self._control.send((name, args), wait)
 
     def __getattr__(self, name: str) -> Any:
         if name == "runner":  # not set yet (a failed __init__): no recursion through __getattr__
@@ -244,21 +251,56 @@ class ParallelRunner:
             return attr  # properties and calls that touch no collective (kv_cache_spec, device_name, ...)
 
         def forwarded(*args: Any) -> Any:
-            try:
+            def call() -> Any:
                 self._send(name, self._worker_args(name, args))
                 return attr(*args)
-            except BackendUnavailableError:
-                raise
-            except Exception as exc:
-                if self._worker_died() or isinstance(exc, dist.DistError):
-                    self._fail(
-                        f"A {self.kind} collective failed ({exc}); a worker rank is gone or "
-                        "unreachable. Restart every rank."
-                    )
-                    raise BackendUnavailableError(str(self.failure)) from exc
-                raise  # a bug on this rank's side: the engine fails the step's requests, as with one rank
+
+            return self._guarded(call)
 
         return forwarded
+
+    def _guarded(self, call: Callable[[], Any]) -> Any:
+        """`call()`, with a dead worker or failed collective turned into the model's failure."""
+        try:
+            return call()
+        except BackendUnavailableError:
+            raise
+        except Exception as exc:
+            if self._worker_died() or isinstance(exc, dist.DistError):
+                self._fail(
+                    f"A {self.kind} collective failed ({exc}); a worker rank is gone or "
+                    "unreachable. Restart every rank."
+                )
+                raise BackendUnavailableError(str(self.failure)) from exc
+            raise  # a bug on this rank's side: the engine fails the step's requests, as with one rank
+
+    @property
+    def supports_speculation(self) -> bool:
+        """Not with steps in flight: a group's drafts would be scored a step late."""
+        return self.steps_in_flight == 1 and bool(getattr(self.runner, "supports_speculation", True))
+
+    def submit_step(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> None:
+        """Start a step without waiting for its output (`--pp`; the engine keeps `steps_in_flight`
+        of them, each of other sequences): the workers get it from the control thread, rank 0 runs
+        its stage and hands the hidden states on, the results thread receives the output."""
+        runner = self.runner
+        assert isinstance(runner, PipelineStageRunner)
+        if self._inbox is None:
+            self._inbox = ResultsInbox(runner.receive_output)
+        inbox = self._inbox
+
+        def call() -> None:
+            self._send("execute_model", self._worker_args("execute_model", (scheduler_output, batch)), False)
+            runner.start_step(scheduler_output, batch)
+            inbox.expect()
+
+        self._guarded(call)
+
+    def finish_step(self) -> RunnerOutput:
+        """The oldest submitted step's output (waits for the last stage)."""
+        inbox = self._inbox
+        assert inbox is not None, "finish_step before submit_step"
+        return self._guarded(inbox.take)
 
     def _worker_args(self, name: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
         if not self._workers_skip_pictures or name not in STEPS or not args[1].image_slices:

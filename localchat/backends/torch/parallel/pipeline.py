@@ -2,9 +2,11 @@
 
 Hidden states go rank to rank with torch.distributed send/recv on the default group (NCCL on CUDA,
 gloo on CPU); the last rank samples and sends the step's RunnerOutput (a few ints per row) to rank 0
-over a gloo group, where the engine reads it. One step is in flight at a time; a large one (a prefill)
-is cut into micro-batches of whole rows so the stages overlap on it (micro_batches.py). Each rank's
-KV pool (and state pool) holds only its layers; the engine sizes them for the tightest rank.
+over a gloo group, where the engine reads it. Rank 0 keeps as many steps in flight as there are
+stages, each of its own group of sequences (in_flight.py, engine/in_flight.py), so while the last
+stage runs group A's step the first runs group B's; a large step (a prefill) is also cut into
+micro-batches of whole rows so the stages overlap inside it (micro_batches.py). Each rank's KV pool
+(and state pool) holds only its layers; the engine sizes them for the tightest rank.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch.distributed as dist
 
 from localchat.backends import RunnerOptions
 from localchat.backends.torch.device import pick_device
-from localchat.engine.interface import BatchInputs, KVCacheSpec, StateCacheSpec
+from localchat.engine.interface import BatchInputs, KVCacheSpec, RunnerOutput, SchedulerOutput, StateCacheSpec
 from localchat.errors import BackendUnavailableError
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
@@ -113,6 +115,18 @@ class PipelineStageRunner(StageRunner):
         if len(parts) == 1:
             return super()._logits(batch)
         return torch.cat([super(PipelineStageRunner, self)._logits(part) for part in parts])
+
+    def start_step(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> None:
+        """Rank 0 with steps in flight: this (first, not last) stage's part of a step, its hidden
+        states handed on; the output comes later (`receive_output`)."""
+        assert not self.plan.last
+        if not (scheduler_output.is_empty or batch.num_tokens == 0):  # the workers skip it alike
+            self._run_stage(batch)
+
+    def receive_output(self) -> RunnerOutput:
+        """The last stage's output of the oldest step this rank has not received yet."""
+        output: RunnerOutput = self.results.collect(RunnerOutput(req_ids=[], sampled_token_ids=[]))
+        return output
 
     def available_kv_memory(self) -> int | None:
         """Every rank's budget for its own layers' K/V and state, as one budget in the whole model's
