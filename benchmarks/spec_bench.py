@@ -20,6 +20,12 @@ drafts: every step is plain decode, which is what a backed-off batch runs) and p
 without the head, with the head on the fused C decode step that copies out the head's inputs, and with
 the head on the per-layer path (how EAGLE ran before the fused copies), alternating round by round.
 
+--concurrent N: N requests at once instead of one stream (half "edit", half "chat" prompts, greedy,
+lengths spread from 0.5x to 1.5x --tokens so they finish at different steps), plain against n-gram at the
+first --k, alternating round by round: aggregate tok/s, how many steps ran drafts, and whether every
+output equals plain's. With --no-backoff-too also n-gram with max_batch N (speculating at every batch
+size), which shows what the default's backing off (drafts only while <= 4 sequences run) avoids.
+
 --llama-cpp BIN: the same prompts (the same chat-templated text) also through llama.cpp's plain, lookup
 and draft modes (benchmarks/llamacpp_spec.py), alternating with localchat's runs round by round, and a
 last table: tok/s and the ratio to the same tool's plain decoding, side by side.
@@ -92,7 +98,14 @@ def main() -> None:
     parser.add_argument("--llama-cpp", type=Path, help="a llama.cpp bin folder: compare with its modes")
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp's threads (target and draft)")
     parser.add_argument("--eagle-head", type=Path, help="an EAGLE-3 head: time its cost on the target path")
+    parser.add_argument("--concurrent", type=int, default=0, help="N requests at once (see the docstring)")
+    parser.add_argument(
+        "--no-backoff-too", action="store_true", help="with --concurrent: n-gram at any batch"
+    )
     args = parser.parse_args()
+    if args.concurrent:
+        concurrent_bench(args)
+        return
     table: dict[str, dict[str, float]] = {}  # kind -> "localchat off" / "llama.cpp lookup" ... -> tok/s
     llm = LLM(args.model, backend=args.backend, engine_config=EngineConfig(kv_cache_mib=64))
     if args.eagle_head:
@@ -170,6 +183,80 @@ def main() -> None:
                 )
     if args.llama_cpp:
         print_comparison(table, args)
+
+
+def concurrent_bench(args: argparse.Namespace) -> None:
+    """N requests at once: plain, n-gram (backing off above max_batch sequences) and, if asked, n-gram
+    at every batch size; alternating rounds, medians."""
+    llm = LLM(args.model, backend=args.backend, engine_config=EngineConfig(kv_cache_mib=256))
+    n, k = args.concurrent, args.k[0]
+    kinds = list(PROMPTS)
+    prompts = [
+        llm.apply_chat_template([{"role": "user", "content": PROMPTS[kinds[i % 2]]}]) for i in range(n)
+    ]
+    lengths = [max(2, round(args.tokens * (0.5 + i / max(n - 1, 1)))) for i in range(n)]
+    specs = {"off": SpeculativeConfig(), "ngram": SpeculativeConfig("ngram", num_tokens=k)}
+    if args.no_backoff_too:
+        specs[f"ngram, max_batch {n}"] = SpeculativeConfig("ngram", num_tokens=k, max_batch=n)
+
+    def engine(spec: SpeculativeConfig) -> LLMEngine:
+        return LLMEngine(
+            llm.runner,
+            llm.tokenizer,
+            EngineConfig(kv_cache_mib=256, speculative=spec, enable_prefix_caching=False),
+            eos_token_ids=llm.model.config.eos_token_ids or llm.tokenizer.eos_token_ids,
+            model_max_len=llm.model.config.max_position_embeddings,
+            vocab_size=llm.model.config.vocab_size,
+        )
+
+    rates: dict[str, list[float]] = {m: [] for m in specs}
+    runs: dict[str, list[tuple[int, int, int, int]]] = {m: [] for m in specs}
+    outs: dict[str, list[list[list[int]]]] = {m: [] for m in specs}
+    for _ in range(args.rounds):
+        for method, spec in specs.items():
+            rate, counts, out = run_concurrent(engine(spec), prompts, lengths)
+            rates[method].append(rate)
+            runs[method].append(counts)
+            outs[method].append(out)
+            print(f"  {method}: {rate:.1f} tok/s", flush=True)
+    base = statistics.median(rates["off"])
+    print(f"\n{n} requests at once, k={k}, {sum(lengths)} tokens, greedy, medians of {args.rounds}")
+    print(
+        f"{'method':<20} {'tok/s':>7} {'vs off':>7} {'steps with drafts':>17} {'drafted':>7} {'kept':>5} same"
+    )
+    for method in specs:
+        rate = statistics.median(rates[method])
+        steps, spec_steps, drafted, kept = runs[method][-1]
+        same = "yes" if all(o == outs["off"][0] for o in outs[method]) else "NO"
+        print(
+            f"{method:<20} {rate:>7.1f} {rate / base:>6.2f}x {spec_steps:>8} of {steps:<6} {drafted:>7} "
+            f"{kept / drafted if drafted else 0:>5.0%} {same}",
+            flush=True,
+        )
+        print("  rounds: " + " ".join(f"{r:.1f}" for r in rates[method]))
+
+
+def run_concurrent(
+    engine: LLMEngine, prompts: list[list[int]], lengths: list[int]
+) -> tuple[float, tuple[int, int, int, int], list[list[int]]]:
+    """Aggregate tok/s of all the requests from the first step to the last; (steps, steps that scored
+    drafts, drafts scored, drafts kept); each request's tokens."""
+    ids = [
+        engine.add_request(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+        for p, n in zip(prompts, lengths, strict=True)
+    ]
+    tokens: dict[str, list[int]] = {i: [] for i in ids}
+    steps = spec_steps = 0
+    start = time.perf_counter()
+    while engine.has_unfinished:
+        drafted = engine.spec_draft_tokens
+        for o in engine.step():
+            tokens[o.req_id] += o.new_token_ids
+        steps += 1
+        spec_steps += engine.spec_draft_tokens > drafted
+    elapsed = time.perf_counter() - start
+    counts = (steps, spec_steps, engine.spec_draft_tokens, engine.spec_accepted_tokens)
+    return sum(len(t) for t in tokens.values()) / elapsed, counts, [tokens[i] for i in ids]
 
 
 def eagle_target_path(args: argparse.Namespace, llm: LLM) -> None:
