@@ -44,12 +44,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.llamacpp_spec import run_llamacpp
 from localchat import LLM, SamplingParams
+from localchat.engine import draft_model
 from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine
 from localchat.engine.interface import ModelRunner
 from localchat.engine.speculative import SpeculativeConfig
 from localchat.serving.chat_render import render_chat
 
+DRAFT_PARAMS = draft_model.draft_params
 CODE = """def parse_config(path):
     settings = {}
     with open(path) as handle:
@@ -70,9 +72,17 @@ PROMPTS = {
 }
 
 
-def decode(llm: LLM, engine: LLMEngine, ids: list[int], tokens: int) -> tuple[list[int], float]:
-    """Greedy output and decode tok/s (from the first token to the last) of one request."""
-    engine.add_request(ids, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
+def decode(
+    llm: LLM, engine: LLMEngine, ids: list[int], tokens: int, temperature: float = 0.0
+) -> tuple[list[int], float]:
+    """Output and decode tok/s (from the first token to the last) of one request (greedy by default;
+    unseeded sampling at `temperature`)."""
+    engine.add_request(ids, SamplingParams(temperature=temperature, max_tokens=tokens, ignore_eos=True))
+    # "draft-greedy": the draft model guesses greedily even for a sampled request (q one-hot, as before
+    # drafts were drawn from q), to compare acceptance.
+    draft_model.draft_params = (  # type: ignore[assignment]
+        (lambda params: draft_model.GREEDY) if getattr(engine, "greedy_drafts", False) else DRAFT_PARAMS
+    )
     out: list[int] = []
     first = 0.0
     while engine.has_unfinished:
@@ -89,7 +99,9 @@ def main() -> None:
     )
     parser.add_argument("--model", default=".models/SmolLM2-135M-Instruct.Q4_1.gguf")
     parser.add_argument("--draft-model", help="a draft model with the target's vocabulary")
-    parser.add_argument("--methods", nargs="+", default=["ngram", "draft"], choices=["ngram", "draft"])
+    parser.add_argument(
+        "--methods", nargs="+", default=["ngram", "draft"], choices=["ngram", "draft", "draft-greedy"]
+    )
     parser.add_argument("--backend", default="torch")
     parser.add_argument("--k", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--tokens", type=int, default=128)
@@ -98,6 +110,7 @@ def main() -> None:
     parser.add_argument("--llama-cpp", type=Path, help="a llama.cpp bin folder: compare with its modes")
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp's threads (target and draft)")
     parser.add_argument("--eagle-head", type=Path, help="an EAGLE-3 head: time its cost on the target path")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sample (unseeded) instead of greedy")
     parser.add_argument("--concurrent", type=int, default=0, help="N requests at once (see the docstring)")
     parser.add_argument(
         "--no-backoff-too", action="store_true", help="with --concurrent: n-gram at any batch"
@@ -111,8 +124,9 @@ def main() -> None:
     if args.eagle_head:
         eagle_target_path(args, llm)
         return
-    draft_runner = load_draft(args, llm) if args.draft_model and "draft" in args.methods else None
-    methods = [m for m in args.methods if m != "draft" or draft_runner is not None]
+    wants_draft = any(m.startswith("draft") for m in args.methods)
+    draft_runner = load_draft(args, llm) if args.draft_model and wants_draft else None
+    methods = [m for m in args.methods if not m.startswith("draft") or draft_runner is not None]
 
     def engine(spec: SpeculativeConfig) -> LLMEngine:
         # No prefix caching: the engines share the runner's KV cache, so none may trust what it left.
@@ -136,7 +150,9 @@ def main() -> None:
         text = render_chat(llm.template, llm.tokenizer, messages)
         plain = engine(SpeculativeConfig())
         for k in args.k:
-            engines = {m: engine(SpeculativeConfig(m, num_tokens=k)) for m in methods}
+            engines = {m: engine(SpeculativeConfig(m.removesuffix("-greedy"), num_tokens=k)) for m in methods}
+            for m, e in engines.items():
+                e.greedy_drafts = m == "draft-greedy"  # type: ignore[attr-defined]
             base_rates: list[float] = []
             plain_outs: list[list[int]] = []
             rates: dict[str, list[float]] = {m: [] for m in methods}
@@ -144,11 +160,11 @@ def main() -> None:
             cpp: dict[str, list[float]] = {}
             # Alternate plain and speculative runs: other load on the machine hits every method alike.
             for _ in range(args.rounds):
-                base, base_rate = decode(llm, plain, ids, args.tokens)
+                base, base_rate = decode(llm, plain, ids, args.tokens, args.temperature)
                 base_rates.append(base_rate)
                 plain_outs.append(base)
                 for m, spec_engine in engines.items():
-                    out, rate = decode(llm, spec_engine, ids, args.tokens)
+                    out, rate = decode(llm, spec_engine, ids, args.tokens, args.temperature)
                     rates[m].append(rate)
                     outs[m].append(out)
                 if args.llama_cpp and k == args.k[0]:
@@ -172,6 +188,7 @@ def main() -> None:
                 # "varies": the plain runs differ among themselves (the CPU thread count is picked per
                 # step by timing, which changes float sums): then no comparison can be exact.
                 same = "varies" if len(set(map(tuple, plain_outs))) > 1 else "yes"
+                same = "-" if args.temperature else same  # sampled: outputs differ by design
                 if same == "yes" and any(o != plain_outs[0] for o in outs[m]):
                     same = "NO"
                 stats = spec_engine.stats()
