@@ -66,13 +66,13 @@ def test_tp2_by_pp2_matches_one_device() -> None:
 
 
 def test_gemma4_and_hybrids_are_pointed_at_pp() -> None:
-    """Not sharded (per-layer head sizes, K/V sharing; recurrent state): the message names --pp."""
+    """Not sharded (Gemma 4: per-layer head sizes, K/V sharing; DeltaNet, Mamba-2): the message names --pp."""
     from tests.backends.test_pipeline_hybrid import hybrid_bundle
 
     check_supported(loop_bundle("gemma3").config, 2)
     configs = [
         loop_bundle("gemma4").config,
-        *(hybrid_bundle(k).config for k in ("qwen3_5", "lfm2", "nemotron_h")),
+        *(hybrid_bundle(k).config for k in ("qwen3_5", "nemotron_h")),
     ]
     for config in configs:
         with pytest.raises(BackendUnavailableError, match=r"Gemma 2 / 3 .*--pipeline-parallel-size 2 "):

@@ -65,12 +65,13 @@ class Lfm2Layer(nn.Module):
             self.moe = SigmoidRouterMoe(MoeSpec.from_config(config), hidden, scale, use_bias)
             self.gate_up = self.down = None  # no dense MLP to ask the checkpoint for
         if self.is_conv:
-            self.in_proj = empty_param(3 * hidden, hidden)
-            self.conv = empty_param(hidden, 1, x["conv_L_cache"])
-            self.out = empty_param(hidden, hidden)
+            channels = int(x.get("conv_channels") or hidden)  # a tensor-parallel rank's share of hidden
+            self.in_proj = empty_param(3 * channels, hidden)
+            self.conv = empty_param(channels, 1, x["conv_L_cache"])
+            self.out = empty_param(hidden, channels)
             bias = bool(x.get("conv_bias"))
-            self.in_proj_bias = empty_param(3 * hidden) if bias else None
-            self.conv_bias = empty_param(hidden) if bias else None
+            self.in_proj_bias = empty_param(3 * channels) if bias else None
+            self.conv_bias = empty_param(channels) if bias else None
             self.out_bias = empty_param(hidden) if bias else None
         else:
             h, kvh, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
@@ -83,7 +84,7 @@ class Lfm2Layer(nn.Module):
         return LayerStateShape(self.conv.shape[0], self.conv.shape[-1] - 1, 0, 0, 0)  # a window only
 
     def short_conv(self, x: torch.Tensor, rows: StepRows, windows: torch.Tensor) -> torch.Tensor:
-        hidden = x.shape[1]
+        hidden = self.conv.shape[0]  # channels: hidden, or a tensor-parallel rank's share
         y = linear(x, self.in_proj)
         if self.in_proj_bias is not None:
             y = y + self.in_proj_bias

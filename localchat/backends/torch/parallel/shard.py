@@ -30,6 +30,8 @@ from localchat.backends.torch.layers import add_rms_norm, apply_rope, rms_norm
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.models.gemma import GemmaLayer
 from localchat.backends.torch.models.gemma import Model as GemmaModel
+from localchat.backends.torch.models.lfm2 import Lfm2Layer
+from localchat.backends.torch.models.lfm2 import Model as Lfm2Model
 from localchat.backends.torch.models.llama import LlamaLayer
 from localchat.backends.torch.quant import embed_rows, linear
 from localchat.backends.torch.runner import TorchRunner
@@ -103,16 +105,20 @@ class ParallelLlama(DecoderLM):
 
 # Families whose layers are Llama's forward (attention + an `mlp` block) with these MLPs: dense SwiGLU
 # or a sparse MoE whose experts are cut like the dense MLP (every rank holds every expert's slice);
-# and Gemma 2 / 3, the same weights with Gemma's forward (shard_gemma.py).
-SHARDED_FAMILIES = ("llama", "qwen3", "mixtral", "qwen3_moe", "gemma")
+# Gemma 2 / 3, the same weights with Gemma's forward (shard_gemma.py); LFM2, whose short-conv layers
+# are cut by channel (shard_lfm2.py).
+SHARDED_FAMILIES = ("llama", "qwen3", "mixtral", "qwen3_moe", "gemma", "lfm2")
+# Families whose `sanitize` only reshapes a weight that the rank's cut takes whole rows of (LFM2's
+# conv taps): sharded before it runs, all the same.
+ROW_SAFE_SANITIZE = ("lfm2",)
 
 
 def _unsupported(config: ModelConfig, world: int) -> BackendUnavailableError:
     return BackendUnavailableError(
         f"--tensor-parallel-size {world}: only the Llama family (Llama, Mistral, Qwen2, SmolLM2), "
-        f"Qwen3, Mixtral, Qwen3-MoE and Gemma 2 / 3 are sharded so far, not {config.model_type!r}: split "
-        f"its layers instead with --pipeline-parallel-size {world} (DeepSeek, Phi-3, Gemma 4, hybrids "
-        "such as Qwen3.5, LFM2, Nemotron-H, ...), or drop --tensor-parallel-size."
+        f"Qwen3, Mixtral, Qwen3-MoE, Gemma 2 / 3 and LFM2 are sharded so far, not {config.model_type!r}: "
+        f"split its layers instead with --pipeline-parallel-size {world} (DeepSeek, Phi-3, Gemma 4, "
+        "LFM2-MoE, hybrids such as Qwen3.5, Nemotron-H, ...), or drop --tensor-parallel-size."
     )
 
 
@@ -137,12 +143,14 @@ def _parallel_class(cls: type, parallel: type) -> type:
 def valid_sizes(config: ModelConfig, most: int = 64) -> list[int]:
     """The tensor-parallel sizes this model's heads, KV heads and MLP width allow."""
     kvh = config.num_key_value_heads
+    channels = config.hidden_size if "conv_L_cache" in config.extra else 0  # LFM2's conv channels
     return [
         n
         for n in range(1, most + 1)
         if not config.num_attention_heads % n
         and not config.intermediate_size % n
         and not expert_size(config) % n
+        and not channels % n
         and not (kvh % n and n % kvh)
     ]
 
@@ -150,18 +158,24 @@ def valid_sizes(config: ModelConfig, most: int = 64) -> list[int]:
 def check_supported(config: ModelConfig, world: int) -> None:
     """A clear error, before any weight is read, for what this slice does not shard."""
     arch = architecture(config.model_type)
-    if arch.family not in SHARDED_FAMILIES or arch.sanitize is not None:
+    own_layout = arch.sanitize is not None and arch.family not in ROW_SAFE_SANITIZE
+    if arch.family not in SHARDED_FAMILIES or own_layout or config.model_type == "lfm2_moe":
         raise _unsupported(config, world)
     h, kvh, inter = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
-    if h % world or inter % world or expert_size(config) % world or (kvh % world and world % kvh):
+    if world not in valid_sizes(config, world):
         sizes = ", ".join(str(n) for n in valid_sizes(config))
         raise BackendUnavailableError(
             f"--tensor-parallel-size {world} does not split this model: it must divide the attention "
             f"heads ({h}) and the MLP width ({inter}; experts' {expert_size(config)}), and divide or be a "
-            f"multiple of the KV heads "
-            f"({kvh}). Sizes that work for it: {sizes}. Or split the layers instead, which needs no "
+            f"multiple of the KV heads ({kvh}) (and LFM2's hidden size, its conv channels). "
+            f"Sizes that work for it: {sizes}. Or split the layers instead, which needs no "
             f"divisible heads: --pipeline-parallel-size {world}."
         )
+
+
+def _layer_key(layer: Any) -> Any:
+    """What decides a layer's parallel class: its forward, or LFM2's MLP (its layers have no forward)."""
+    return Lfm2Layer.mlp if isinstance(layer, Lfm2Layer) else type(layer).forward
 
 
 def sharded_runner(
@@ -186,20 +200,23 @@ def sharded_runner(
     )
     runner = make_runner(local, options)
     model = runner.model
-    from .shard_gemma import ParallelGemma, ParallelGemmaLayer  # it builds on this module's classes
+    from .shard_gemma import ParallelGemma, ParallelGemmaLayer  # they build on this module's classes
+    from .shard_lfm2 import ParallelLfm2, ParallelLfm2Layer
 
     # The parallel forwards replace the family's: a family that overrides them is not covered.
     parallel: dict[Any, type] = {
         LlamaLayer.forward: ParallelLlamaLayer,
         GemmaLayer.forward: ParallelGemmaLayer,
+        Lfm2Layer.mlp: ParallelLfm2Layer,  # its model's loop calls the mixer and the MLP, no forward
     }
-    layer_classes = [parallel[f] for f in (type(layer).forward for layer in model.layers) if f in parallel]
+    layer_classes = [parallel[k] for k in map(_layer_key, model.layers) if k in parallel]
     if len(layer_classes) != len(model.layers) or type(model).forward is not DecoderLM.forward:
         raise _unsupported(config, world)
     for layer, layer_class in zip(model.layers, layer_classes, strict=True):
         layer.__class__ = _parallel_class(type(layer), layer_class)  # + the all-reduces
         layer.tp_group = tp_group
-    head = ParallelGemma if isinstance(model, GemmaModel) else ParallelLlama
+    heads = {GemmaModel: ParallelGemma, Lfm2Model: ParallelLfm2}
+    head = next((h for family, h in heads.items() if isinstance(model, family)), ParallelLlama)
     model.__class__ = _parallel_class(type(model), head)
     assert isinstance(model, ParallelLlama)
     model.vocab_start, model.vocab_rows, model.vocab_size = (

@@ -75,6 +75,10 @@ class RankSlice:
         extra = dict(config.extra)
         if "moe_intermediate_size" in extra:
             extra["moe_intermediate_size"] = self.expert_size // self.world
+        if "conv_L_cache" in extra:  # LFM2's short-conv layers: the rank's channels
+            extra["conv_channels"] = config.hidden_size // self.world
+        if "block_ff_dim" in extra:  # LFM2 re-derives its MLP width from this one: make it the rank's
+            extra["block_ff_dim"], extra["block_auto_adjust_ff_dim"] = self.mlp_size // self.world, False
         return replace(
             config,
             num_attention_heads=self.heads,
@@ -110,6 +114,8 @@ def shard_weights(
         leaf = pname.rpartition(".")[2]
         width = part.expert_size if pname.startswith("moe.") else part.mlp_size
         mlp = (part.rank * width // part.world, width // part.world)
+        hidden = config.hidden_size  # LFM2's short conv: channels cut like an MLP's columns
+        channels = (part.rank * hidden // part.world, hidden // part.world)
         if leaf in ("qkv", "qkv_bias"):
             yield rows(w, *(q if index == 0 else kv))
         elif leaf == "gate_up":
@@ -118,7 +124,13 @@ def shard_weights(
             yield columns(w, *q)
         elif leaf == "down":
             yield columns(w, *mlp)
-        elif leaf in ("o_bias", "down_bias"):
+        elif leaf in ("in_proj", "in_proj_bias"):  # B | C | x, each hidden wide: the rank's channels of each
+            yield _part_rows(w, hidden, 3, *channels)
+        elif leaf in ("conv", "conv_bias"):  # depthwise: one row per channel
+            yield rows(w, *channels)
+        elif leaf == "out":
+            yield columns(w, *channels)
+        elif leaf in ("o_bias", "down_bias", "out_bias"):
             # Added after the all-reduce's sum: on rank 0 only, zeros elsewhere.
             yield w if part.rank == 0 else replace(w, data=np.zeros_like(w.data))
         else:
@@ -127,8 +139,13 @@ def shard_weights(
 
 def _gate_up_rows(w: WeightTensor, width: int, start: int, count: int) -> WeightTensor:
     """A fused [gate; up] matrix: the rank's rows of each half."""
-    data = np.concatenate((w.data[start : start + count], w.data[width + start : width + start + count]))
-    return replace(w, shape=(2 * count, *w.shape[1:]), data=data)
+    return _part_rows(w, width, 2, start, count)
+
+
+def _part_rows(w: WeightTensor, width: int, parts: int, start: int, count: int) -> WeightTensor:
+    """A matrix (or vector) of `parts` stacked blocks `width` rows each: the rank's rows of every block."""
+    data = np.concatenate([w.data[p * width + start : p * width + start + count] for p in range(parts)])
+    return replace(w, shape=(parts * count, *w.shape[1:]), data=data)
 
 
 def rows(w: WeightTensor, start: int, count: int) -> WeightTensor:

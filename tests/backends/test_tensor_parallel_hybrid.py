@@ -1,0 +1,65 @@
+"""LFM2 (short conv + attention) under tensor parallelism, alone and inside pipeline stages: its conv
+layers cut by channel (each rank's in_proj rows, conv taps and state window for its channels, out_proj's
+matching columns), attention and MLP as Llama's. TP=2 (gloo, 2 processes) and TP=2 x PP=2 (4) give one
+device's greedy tokens and float32 logits within 1e-4, ragged batched prefill then decode, and a chunked
+prefill with a preemption (the state carried between chunks; a fresh slot zeroed on every rank)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+from typing import Any, cast
+
+import pytest
+import torch
+
+from localchat.backends import RunnerOptions
+from localchat.backends.torch.parallel.driver import ParallelRunner
+from localchat.backends.torch.runner import TorchRunner
+from tests.backends.test_pipeline_hybrid import PP2, chunked_and_preempted, hybrid_bundle, ragged_then_decode
+from tests.helpers.torch_models import exact_weights, fp32_runner
+
+TP2 = RunnerOptions(device="cpu", dtype="float32", num_threads=1, tensor_parallel_size=2)
+
+
+def _assert_same(runner: TorchRunner) -> None:
+    reference = fp32_runner(hybrid_bundle("lfm2"))
+    want_logits, want_tokens = ragged_then_decode(reference)
+    logits, tokens = ragged_then_decode(runner)
+    assert tokens == want_tokens
+    for ours, ref in zip(logits, want_logits, strict=True):
+        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+    assert chunked_and_preempted(runner) == chunked_and_preempted(reference)
+
+
+@pytest.mark.slow  # spawns gloo ranks: out of the fast tier, still in CI
+def test_lfm2_tp2_matches_one_device() -> None:
+    torch.set_num_threads(1)
+    whole = fp32_runner(hybrid_bundle("lfm2"))
+    with exact_weights():
+        runner = ParallelRunner(hybrid_bundle("lfm2"), TP2, load=functools.partial(hybrid_bundle, "lfm2"))
+    try:
+        model = cast(Any, runner.runner).model
+        conv = next(layer for layer in model.layers if layer.is_conv)
+        assert tuple(conv.conv.shape) == (32, 1, 3) and tuple(conv.out.shape) == (64, 32)  # 32 of 64 channels
+        state, whole_state = runner.state_cache_spec, whole.state_cache_spec
+        assert state is not None and whole_state is not None
+        assert state.bytes_per_slot * 2 == whole_state.bytes_per_slot  # each rank: its channels' windows
+        _assert_same(cast(TorchRunner, runner))
+    finally:
+        runner.shutdown()
+
+
+@pytest.mark.slow  # spawns 4 gloo ranks
+def test_lfm2_tp2_by_pp2_matches_one_device() -> None:
+    """[conv, attention | conv, attention]: ranks 0-1 shard layers 0-1, ranks 2-3 layers 2-3."""
+    torch.set_num_threads(1)
+    options = replace(PP2, tensor_parallel_size=2)
+    with exact_weights():
+        runner = ParallelRunner(hybrid_bundle("lfm2"), options, load=functools.partial(hybrid_bundle, "lfm2"))
+    try:
+        stage = cast(Any, runner.runner)
+        assert list(stage.plan.layers) == [0, 1] and stage.model.layers[1].heads == 2
+        _assert_same(cast(TorchRunner, runner))
+    finally:
+        runner.shutdown()
