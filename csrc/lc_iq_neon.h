@@ -118,32 +118,28 @@ static inline int8x16_t LC_FN(iqn_trit)(uint8x16_t q, uint8x16_t pow) {
     return vsubq_s8(vreinterpretq_s8_u8(vshrn_high_n_u16(vshrn_n_u16(lo, 8), hi, 8)), vdupq_n_s8(1));
 }
 
-/* Sub-block s of a row in registers: values 0-15 in *v0, 16-31 in *v1, d[0] and d[1] the scales of the two
-   halves (equal but for IQ2_XS / IQ2_S / IQ1_M), each lc_iq_dec's float32 expression. */
-static inline __attribute__((always_inline)) void LC_FN(iqn_sub)(const int type, const uint8_t *row, int64_t s,
+/* Sub-block i (0..7; 0 for IQ4_NL and MXFP4, whose blocks are one) of the block at b in registers: values
+   0-15 in *v0, 16-31 in *v1, d[0] and d[1] the scales of the two halves (equal but for IQ2_XS / IQ2_S /
+   IQ1_M), each lc_iq_dec's float32 expression. */
+static inline __attribute__((always_inline)) void LC_FN(iqn_sub)(const int type, const uint8_t *b, const int i,
                                                                   int8x16_t *v0, int8x16_t *v1, float *d) {
-    const int i = (int)(s % 8);
     if (type == LC_IQ4_NL) {
-        const uint8_t *b = row + 18 * s;
         LC_FN(iqn_iq4)(b + 2, lc_iq4nl_values, v0, v1);
         d[0] = d[1] = LC_FN(iqn_f16)(b);
     } else if (type == LC_MXFP4) {
-        const uint8_t *b = row + 17 * s;
         LC_FN(iqn_iq4)(b + 1, lc_mxfp4_values, v0, v1);
         d[0] = d[1] = lc_e8m0_half(b[0]);
     } else if (type == LC_IQ4_XS) {
-        const uint8_t *b = row + 136 * (s / 8);
         int q = ((b[4 + i / 2] >> (4 * (i % 2))) & 15) | (((lc_u16(b + 2) >> (2 * i)) & 3) << 4);
         LC_FN(iqn_iq4)(b + 8 + 16 * i, lc_iq4nl_values, v0, v1);
         d[0] = d[1] = LC_FN(iqn_f16)(b) * (float)(q - 32);
     } else if (type == LC_IQ2_XXS) {
-        const uint8_t *b = row + 66 * (s / 8), *q = b + 2 + 8 * i;
+        const uint8_t *q = b + 2 + 8 * i;
         uint32_t aux = lc_u32(q + 4);
         LC_FN(iqn_grid8)(lc_iq2xxs_grid[q[0]], lc_iq2xxs_grid[q[1]], lc_iq2xxs_grid[q[2]], lc_iq2xxs_grid[q[3]],
                          lc_iq_ksigns4(aux), v0, v1);
         d[0] = d[1] = LC_FN(iqn_f16)(b) * (0.5f + (float)(aux >> 28)) * 0.25f;
     } else if (type == LC_IQ2_XS) {
-        const uint8_t *b = row + 74 * (s / 8);
         uint16_t q[4];
         memcpy(q, b + 2 + 8 * i, 8);
         uint32_t signs = (uint32_t)lc_iq_ksigns[q[0] >> 9] | ((uint32_t)lc_iq_ksigns[q[1] >> 9] << 8) |
@@ -155,7 +151,7 @@ static inline __attribute__((always_inline)) void LC_FN(iqn_sub)(const int type,
         d[0] = f * (0.5f + (float)(scales & 15)) * 0.25f;
         d[1] = f * (0.5f + (float)(scales >> 4)) * 0.25f;
     } else if (type == LC_IQ2_S) {
-        const uint8_t *b = row + 82 * (s / 8), *qs = b + 2 + 4 * i;
+        const uint8_t *qs = b + 2 + 4 * i;
         uint8_t qh = b[66 + i], scales = b[74 + i];
         LC_FN(iqn_grid8)(lc_iq2s_grid[qs[0] | ((qh & 3) << 8)], lc_iq2s_grid[qs[1] | (((qh >> 2) & 3) << 8)],
                          lc_iq2s_grid[qs[2] | (((qh >> 4) & 3) << 8)], lc_iq2s_grid[qs[3] | (((qh >> 6) & 3) << 8)],
@@ -164,21 +160,20 @@ static inline __attribute__((always_inline)) void LC_FN(iqn_sub)(const int type,
         d[0] = f * (0.5f + (float)(scales & 15)) * 0.25f;
         d[1] = f * (0.5f + (float)(scales >> 4)) * 0.25f;
     } else if (type == LC_IQ3_XXS) {
-        const uint8_t *b = row + 98 * (s / 8), *qs = b + 2 + 8 * i;
+        const uint8_t *qs = b + 2 + 8 * i;
         uint32_t aux = lc_u32(b + 66 + 4 * i);
         int idx[8];
         for (int j = 0; j < 8; j++) idx[j] = qs[j];
         LC_FN(iqn_grid4)(lc_iq3xxs_grid, idx, lc_iq_ksigns4(aux), v0, v1);
         d[0] = d[1] = LC_FN(iqn_f16)(b) * (0.5f + (float)(aux >> 28)) * 0.5f;
     } else if (type == LC_IQ3_S) {
-        const uint8_t *b = row + 110 * (s / 8), *qs = b + 2 + 8 * i;
+        const uint8_t *qs = b + 2 + 8 * i;
         uint8_t qh = b[66 + i];
         int idx[8];
         for (int j = 0; j < 8; j++) idx[j] = qs[j] | (((qh >> j) & 1) << 8);
         LC_FN(iqn_grid4)(lc_iq3s_grid, idx, lc_u32(b + 74 + 4 * i), v0, v1);
         d[0] = d[1] = LC_FN(iqn_f16)(b) * (float)(1 + 2 * ((b[106 + i / 2] >> (4 * (i % 2))) & 15));
     } else if (type == LC_IQ1_S) {
-        const uint8_t *b = row + 50 * (s / 8);
         uint16_t qh = lc_u16(b + 34 + 2 * i);
         int idx[4], shift[4];
         for (int l = 0; l < 4; l++) {
@@ -188,7 +183,6 @@ static inline __attribute__((always_inline)) void LC_FN(iqn_sub)(const int type,
         LC_FN(iqn_iq1)(idx, shift, v0, v1);
         d[0] = d[1] = LC_FN(iqn_f16)(b) * (float)(2 * ((qh >> 12) & 7) + 1) * 0.125f;
     } else if (type == LC_IQ1_M) {
-        const uint8_t *b = row + 56 * (s / 8);
         uint16_t s0 = lc_u16(b + 48), s1 = lc_u16(b + 50), s2 = lc_u16(b + 52), s3 = lc_u16(b + 54);
         float f = LC_FN(iqn_h)((uint16_t)((s0 >> 12) | ((s1 >> 8) & 0xF0) | ((s2 >> 4) & 0xF00) | (s3 & 0xF000)));
         int idx[4], shift[4];
@@ -203,7 +197,7 @@ static inline __attribute__((always_inline)) void LC_FN(iqn_sub)(const int type,
             d[h] = f * (float)(2 * ((lc_u16(b + 48 + 2 * (j / 4)) >> (3 * (j % 4))) & 7) + 1) * 0.125f;
         }
     } else if (type == LC_TQ2_0) {
-        const uint8_t *b = row + 66 * (s / 8), *qs = b + 32 * (i / 4);
+        const uint8_t *qs = b + 32 * (i / 4);
         const int8x16_t shift = vdupq_n_s8((int8_t)(-2 * (i % 4))), one = vdupq_n_s8(1);
         const uint8x16_t three = vdupq_n_u8(3);
         *v0 = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(vshlq_u8(vld1q_u8(qs), shift), three)), one);
@@ -212,7 +206,6 @@ static inline __attribute__((always_inline)) void LC_FN(iqn_sub)(const int type,
     } else { /* LC_TQ1_0: values 0-159 digits 0-4 of bytes 0-31, 160-239 digits 0-4 of bytes 32-47, the rest
                 digits 0-3 of bytes 48-51 (lc_iq_dec's index arithmetic, 16 values at a time) */
         static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
-        const uint8_t *b = row + 54 * (s / 8);
         if (i < 5) {
             uint8x16_t p = vdupq_n_u8(pow3[i]);
             *v0 = LC_FN(iqn_trit)(vld1q_u8(b), p);
@@ -234,65 +227,79 @@ static inline __attribute__((always_inline)) void LC_FN(iqn_sub)(const int type,
 static void LC_FN(iqn_dec)(int type, const uint8_t *row, int64_t s, int8_t *v, float *ls) {
     int8x16_t v0, v1;
     float d[2];
+    const int64_t per = lc_block_subs(type);
+    const uint8_t *b = row + lc_block_bytes(type) * (s / per);
+    const int i = (int)(s % per);
     switch (type) { /* literals: each decode inlined on its own */
-    case LC_IQ4_NL: LC_FN(iqn_sub)(LC_IQ4_NL, row, s, &v0, &v1, d); break;
-    case LC_IQ4_XS: LC_FN(iqn_sub)(LC_IQ4_XS, row, s, &v0, &v1, d); break;
-    case LC_MXFP4: LC_FN(iqn_sub)(LC_MXFP4, row, s, &v0, &v1, d); break;
-    case LC_IQ2_XXS: LC_FN(iqn_sub)(LC_IQ2_XXS, row, s, &v0, &v1, d); break;
-    case LC_IQ2_XS: LC_FN(iqn_sub)(LC_IQ2_XS, row, s, &v0, &v1, d); break;
-    case LC_IQ2_S: LC_FN(iqn_sub)(LC_IQ2_S, row, s, &v0, &v1, d); break;
-    case LC_IQ3_XXS: LC_FN(iqn_sub)(LC_IQ3_XXS, row, s, &v0, &v1, d); break;
-    case LC_IQ3_S: LC_FN(iqn_sub)(LC_IQ3_S, row, s, &v0, &v1, d); break;
-    case LC_IQ1_S: LC_FN(iqn_sub)(LC_IQ1_S, row, s, &v0, &v1, d); break;
-    case LC_IQ1_M: LC_FN(iqn_sub)(LC_IQ1_M, row, s, &v0, &v1, d); break;
-    case LC_TQ1_0: LC_FN(iqn_sub)(LC_TQ1_0, row, s, &v0, &v1, d); break;
-    default: LC_FN(iqn_sub)(LC_TQ2_0, row, s, &v0, &v1, d); break;
+    case LC_IQ4_NL: LC_FN(iqn_sub)(LC_IQ4_NL, b, i, &v0, &v1, d); break;
+    case LC_IQ4_XS: LC_FN(iqn_sub)(LC_IQ4_XS, b, i, &v0, &v1, d); break;
+    case LC_MXFP4: LC_FN(iqn_sub)(LC_MXFP4, b, i, &v0, &v1, d); break;
+    case LC_IQ2_XXS: LC_FN(iqn_sub)(LC_IQ2_XXS, b, i, &v0, &v1, d); break;
+    case LC_IQ2_XS: LC_FN(iqn_sub)(LC_IQ2_XS, b, i, &v0, &v1, d); break;
+    case LC_IQ2_S: LC_FN(iqn_sub)(LC_IQ2_S, b, i, &v0, &v1, d); break;
+    case LC_IQ3_XXS: LC_FN(iqn_sub)(LC_IQ3_XXS, b, i, &v0, &v1, d); break;
+    case LC_IQ3_S: LC_FN(iqn_sub)(LC_IQ3_S, b, i, &v0, &v1, d); break;
+    case LC_IQ1_S: LC_FN(iqn_sub)(LC_IQ1_S, b, i, &v0, &v1, d); break;
+    case LC_IQ1_M: LC_FN(iqn_sub)(LC_IQ1_M, b, i, &v0, &v1, d); break;
+    case LC_TQ1_0: LC_FN(iqn_sub)(LC_TQ1_0, b, i, &v0, &v1, d); break;
+    default: LC_FN(iqn_sub)(LC_TQ2_0, b, i, &v0, &v1, d); break;
     }
     vst1q_s8(v, v0);
     vst1q_s8(v + 16, v1);
     for (int l = 0; l < 8; l++) ls[l] = d[l / 4];
 }
 
-/* Sub-block s of weight row `row` against activation rows xq/xd [mr] into acc[mr]: per row the integer sums
-   (one chain of two dot16 per 32 values, or one dot16 per 16 where the scale changes every 16), scaled once
-   in float. */
-static inline __attribute__((always_inline)) void LC_FN(iqn_step)(const int type, const int mr, const uint8_t *row,
-                                                                   int64_t k, const int8_t *xq, const float *xd,
-                                                                   int64_t s, float32x4_t *acc) {
+/* Sub-block i of the block at b (the row's sub-block s) against activation rows xq/xd [mr] into acc[mr]:
+   per row the integer sums (one chain of two dot16 per 32 values, or one dot16 per 16 where the scale
+   changes every 16), scaled once in float. */
+static inline __attribute__((always_inline)) void LC_FN(iqn_step)(const int type, const int mr, const uint8_t *b,
+                                                                   int i, int64_t s, int64_t k, const int8_t *xq,
+                                                                   const float *xd, float32x4_t *acc) {
     int8x16_t v0, v1;
     float d[2];
-    LC_FN(iqn_sub)(type, row, s, &v0, &v1, d);
-    for (int i = 0; i < mr; i++) {
-        const int8_t *x = xq + i * k + 32 * s;
-        const float dx = xd[i * (k / 4) + 8 * s];
+    LC_FN(iqn_sub)(type, b, i, &v0, &v1, d);
+    for (int r = 0; r < mr; r++) {
+        const int8_t *x = xq + r * k + 32 * s;
+        const float dx = xd[r * (k / 4) + 8 * s];
         const int8x16_t x0 = vld1q_s8(x), x1 = vld1q_s8(x + 16);
         if (lc_iqn_per16(type)) {
             int32x4_t p0 = LC_FN(iqn_dot16)(vdupq_n_s32(0), v0, x0), p1 = LC_FN(iqn_dot16)(vdupq_n_s32(0), v1, x1);
-            acc[i] = vfmaq_n_f32(acc[i], vcvtq_f32_s32(p0), d[0] * dx);
-            acc[i] = vfmaq_n_f32(acc[i], vcvtq_f32_s32(p1), d[1] * dx);
+            acc[r] = vfmaq_n_f32(acc[r], vcvtq_f32_s32(p0), d[0] * dx);
+            acc[r] = vfmaq_n_f32(acc[r], vcvtq_f32_s32(p1), d[1] * dx);
         } else {
             int32x4_t p = LC_FN(iqn_dot16)(LC_FN(iqn_dot16)(vdupq_n_s32(0), v0, x0), v1, x1);
-            acc[i] = vfmaq_n_f32(acc[i], vcvtq_f32_s32(p), d[0] * dx);
+            acc[r] = vfmaq_n_f32(acc[r], vcvtq_f32_s32(p), d[0] * dx);
         }
     }
 }
 
 /* Weight row `row` times activation rows xq/xd [mr] (a literal after inlining: the accumulators stay in
-   registers): res[i]. Even and odd sub-blocks keep separate accumulators, halving the chain of dependent
-   float adds a one-row step is bound by. */
+   registers): res[i]. Block by block (the sub-block's place in its block a small int, no division per
+   sub-block), two sub-blocks per step; even and odd sub-blocks keep separate accumulators, halving the
+   chain of dependent float adds a one-row step is bound by. */
 static inline __attribute__((always_inline)) void LC_FN(iqn_row)(const int type, const int mr, const uint8_t *row,
                                                                   int64_t k, const int8_t *xq, const float *xd,
                                                                   float *res) {
     float32x4_t acc0[4], acc1[4];
-    for (int i = 0; i < mr; i++) acc0[i] = acc1[i] = vdupq_n_f32(0.0f);
-    const int64_t subs = k / 32;
-    int64_t s = 0;
-    for (; s + 2 <= subs; s += 2) {
-        LC_FN(iqn_step)(type, mr, row, k, xq, xd, s, acc0);
-        LC_FN(iqn_step)(type, mr, row, k, xq, xd, s + 1, acc1);
+    for (int r = 0; r < mr; r++) acc0[r] = acc1[r] = vdupq_n_f32(0.0f);
+    const int64_t subs = k / 32, bytes = lc_block_bytes(type);
+    if (type == LC_IQ4_NL || type == LC_MXFP4) { /* one sub-block per block */
+        int64_t s = 0;
+        for (; s + 2 <= subs; s += 2) {
+            LC_FN(iqn_step)(type, mr, row + bytes * s, 0, s, k, xq, xd, acc0);
+            LC_FN(iqn_step)(type, mr, row + bytes * (s + 1), 0, s + 1, k, xq, xd, acc1);
+        }
+        if (s < subs) LC_FN(iqn_step)(type, mr, row + bytes * s, 0, s, k, xq, xd, acc0); /* an odd last one */
+    } else {
+        for (int64_t blk = 0; blk < subs / 8; blk++) {
+            const uint8_t *b = row + bytes * blk;
+            for (int i = 0; i < 8; i += 2) {
+                LC_FN(iqn_step)(type, mr, b, i, 8 * blk + i, k, xq, xd, acc0);
+                LC_FN(iqn_step)(type, mr, b, i + 1, 8 * blk + i + 1, k, xq, xd, acc1);
+            }
+        }
     }
-    if (s < subs) LC_FN(iqn_step)(type, mr, row, k, xq, xd, s, acc0); /* an odd last one (IQ4_NL, MXFP4) */
-    for (int i = 0; i < mr; i++) res[i] = vaddvq_f32(vaddq_f32(acc0[i], acc1[i]));
+    for (int r = 0; r < mr; r++) res[r] = vaddvq_f32(vaddq_f32(acc0[r], acc1[r]));
 }
 
 #define LC_IQN_ROWS(T)                                                                                  \
