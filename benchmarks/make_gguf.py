@@ -30,6 +30,9 @@ MIXES = {
     "q8_0": ("Q8_0", "Q8_0", "Q8_0", "Q8_0"),
     "q3_k_m": ("Q3_K", "Q4_K", "Q3_K", "Q6_K"),  # like Q3_K_M (Q4_K on v/down)
     "q2_k": ("Q2_K", "Q3_K", "Q2_K", "Q6_K"),  # like llama-quantize's Q2_K (Q3_K on v/down)
+    # as llama-quantize's IQ4_XS without an imatrix: Q5_K on every attn_v (GQA >= 4) and on ffn_down
+    # in the first eighth of the layers (see iq4_xs_v_down)
+    "iq4_xs": ("IQ4_XS", "Q5_K", "IQ4_XS", "Q6_K"),
 }
 # mixes whose v/down type applies only to the layers llama-quantize gives more bits (below)
 MORE_BITS_ONLY = {"q4_k_m", "q5_k_m"}
@@ -50,6 +53,7 @@ SCALES = {
     "Q4_K": (0, 2),
     "Q5_K": (0, 2),
     "Q6_K": (208, 1),
+    "IQ4_XS": (0, 1),
 }
 
 
@@ -108,17 +112,19 @@ def main() -> None:
     for i in range(layers):
         p = f"blk.{i}."
         more = args.mix not in MORE_BITS_ONLY or more_bits(i, layers)
-        v_down = v_down_type if more else main_type
+        v_type = down_type = v_down_type if more else main_type
+        if args.mix == "iq4_xs":
+            down_type = v_down_type if i < layers // 8 else main_type
         tensors += [
             (p + "attn_norm.weight", "F32", 1, hidden),
             (p + "attn_q.weight", main_type, heads * head_dim, hidden),
             (p + "attn_k.weight", main_type, kv_heads * head_dim, hidden),
-            (p + "attn_v.weight", v_down, kv_heads * head_dim, hidden),
+            (p + "attn_v.weight", v_type, kv_heads * head_dim, hidden),
             (p + "attn_output.weight", main_type, hidden, heads * head_dim),
             (p + "ffn_norm.weight", "F32", 1, hidden),
             (p + "ffn_gate.weight", main_type, ffn, hidden),
             (p + "ffn_up.weight", main_type, ffn, hidden),
-            (p + "ffn_down.weight", v_down, hidden, ffn),
+            (p + "ffn_down.weight", down_type, hidden, ffn),
         ]
     tensors += [("output_norm.weight", "F32", 1, hidden), ("output.weight", out_type, vocab, hidden)]
     for name, qtype, rows, cols in tensors:
