@@ -99,8 +99,9 @@ class StageModel(DecoderLM):
         """Gemma 4's (layer input, per-layer-input source). With per-layer embeddings, a later stage
         receives both as one [tokens, 2 * hidden] message and each stage makes its own layers' slice:
         2 x hidden values per token cross a boundary, where the slices themselves would be hidden + ple
-        x (layers after it), 2.3-3.7x more for E2B, whose last stage holds at least its 22 K/V-sharing
-        layers. The per-layer table is cut by layer with the stages, not held whole by the first."""
+        x (layers after it): 2.3x (one boundary before layer 13) to 3.3x (before layer 1) more for E2B,
+        whose last stage holds at least the 22 layers from its first K/V source on. The per-layer
+        table is cut by layer with the stages, not held whole by the first."""
         parent: Any = super()
         if not getattr(self, "ple_width", 0):
             return parent.embed_inputs(input_ids)
