@@ -17,6 +17,8 @@ import numpy as np
 from localchat.engine.constraint import constrained_rows, unpack_bitmask
 from localchat.engine.sampling_inputs import SamplingInputs
 
+TOP_P_CANDIDATES = 1024
+
 
 def processed_probs(logits: np.ndarray, inputs: SamplingInputs) -> np.ndarray:
     """float64 [N, vocab]: each row's sampling distribution (rows with temperature > 0), normalised.
@@ -61,21 +63,21 @@ def resolve_drafts(
     [M, vocab]: that row's Exp(1) draws (already drawn for its own sample, which this replaces, so
     independent of `uniform`); uniform [M]: U(0, 1); drafts [M]; q [M, draft vocab]: the draft's
     distribution each draft was drawn from. Returns the draft where kept, else a residual draw."""
-    p = np.asarray(probs, dtype=np.float64)
-    p = p / p.sum(axis=1, keepdims=True)
-    vocab = p.shape[1]
+    sums = np.asarray(probs).sum(axis=1, dtype=np.float64)
+    vocab = probs.shape[1]
     width = min(vocab, q.shape[1])
     out: list[int] = []
     for i, draft in enumerate(np.asarray(drafts).tolist()):
-        qi = np.zeros(vocab, dtype=np.float64)
-        qi[:width] = q[i, :width]
         # Strictly less: a token the target gives 0 is never kept, even with u = 0.
-        if draft < vocab and uniform[i] * qi[draft] < p[i, draft]:
+        if draft < width and uniform[i] * float(q[i, draft]) < float(probs[i, draft]) / sums[i]:
             out.append(int(draft))
             continue
-        residual = np.maximum(p[i] - qi, 0.0)
+        p = np.asarray(probs[i], dtype=np.float64) / sums[i]
+        residual = p.copy()
+        residual[:width] -= q[i, :width]
+        np.maximum(residual, 0.0, out=residual)
         if not residual.sum() > 0:  # only by rounding (p <= q everywhere): p itself
-            residual = p[i]
+            residual = p
         out.append(int(np.argmax(residual / np.maximum(noise[i], np.finfo(np.float64).tiny))))
     return out
 
@@ -107,16 +109,24 @@ def _top_k(row: np.ndarray, k: int) -> np.ndarray:
 
 
 def _top_p(row: np.ndarray, p: float) -> np.ndarray:
-    """The smallest set of most likely tokens whose mass reaches p (at least one), as the samplers."""
+    """The smallest set of most likely tokens whose mass reaches p (at least one), as the samplers.
+    Only the most likely TOP_P_CANDIDATES are sorted when they already hold p (a 152k vocabulary's
+    full sort cost tens of ms per row); else all are."""
     if p >= 1.0:
         return row
-    order = np.argsort(-row, kind="stable")
-    ordered = row[order]
-    probs = np.exp(ordered - ordered[0])
+    probs = np.exp(row - row.max())
     probs /= probs.sum()
-    mass_before = np.cumsum(probs) - probs
-    drop = mass_before >= p
-    drop[0] = False
-    out = row.copy()
-    out[order[drop]] = -np.inf
+    order = None
+    if len(row) > TOP_P_CANDIDATES:
+        top = np.argpartition(-probs, TOP_P_CANDIDATES - 1)[:TOP_P_CANDIDATES]
+        order = top[np.argsort(-probs[top], kind="stable")]
+        if probs[order].sum() < p:
+            order = None  # the cut lies past the candidates
+    if order is None:
+        order = np.argsort(-probs, kind="stable")
+    ordered = probs[order]
+    keep = order[np.cumsum(ordered) - ordered < p]
+    out = np.full_like(row, -np.inf)
+    out[order[0]] = row[order[0]]
+    out[keep] = row[keep]
     return out

@@ -305,3 +305,20 @@ def test_drafts_drawn_from_q_are_kept_more_often_than_greedy_ones(
     greedy_rate = greedy.spec_accepted_tokens / greedy.spec_draft_tokens
     print(f"kept: drawn from q {rate:.3f}, greedy {greedy_rate:.3f}")
     assert rate > greedy_rate + 0.05
+
+
+def test_top_p_over_a_large_vocabulary_matches_the_torch_sampler() -> None:
+    """Past TOP_P_CANDIDATES tokens only the most likely are sorted when they hold p; a flat row whose
+    cut lies past them sorts everything. Both equal the torch sampler's top-p."""
+    torch.manual_seed(1)
+    vocab = 6000
+    peaked = torch.randn(vocab)
+    peaked[:40] += 9.0  # the mass sits in a few dozen tokens
+    flat = 0.01 * torch.randn(vocab)  # p = 0.9 needs ~5,400 tokens
+    logits = torch.stack([peaked, flat])
+    params = SamplingParams(temperature=1.0, top_p=0.9)
+    inputs = build_sampling_inputs([(params, [1], 1)] * 2)
+    q = processed_probs(logits.numpy(), inputs)
+    p = torch.softmax(torch_sampler._top_p(logits, [0.9, 0.9]), dim=-1).double().numpy()
+    np.testing.assert_allclose(q, p, atol=1e-6)
+    assert 0 < (q[0] > 0).sum() < 1024 < (q[1] > 0).sum()
