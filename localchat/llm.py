@@ -51,9 +51,10 @@ class LLM:
         speculative: str | None = None,
         draft_model: str | Path | None = None,
     ) -> None:
-        """`speculative` (off, ngram, draft, eagle) overrides `engine_config.speculative.method`, as the
-        server's --speculative; `draft_model`: the draft model (a models.yaml name, GGUF file or folder)
-        of `draft`, or the EAGLE-3 head's folder of `eagle` (docs/speculative.md)."""
+        """`speculative` (off, ngram, draft, eagle, auto) overrides `engine_config.speculative.method`, as
+        the server's --speculative (auto: picked for the model and device at load); `draft_model`: the
+        draft model (a models.yaml name, GGUF file or folder) of `draft`, or the EAGLE-3 head's folder of
+        `eagle` (docs/speculative.md)."""
         from localchat.weights.chat_template import ChatTemplate
         from localchat.weights.loader import load_model
 
