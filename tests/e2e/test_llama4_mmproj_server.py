@@ -6,11 +6,9 @@ tokens the GGUF's own tokenizer gives the prompt; another picture another answer
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 import torch
 from PIL import Image
@@ -19,8 +17,8 @@ from localchat.vision.llama4_prompt import Llama4ImagePrompt
 from localchat.vision.model_info import vision_config
 from localchat.weights.loader import load_model
 from tests.helpers import llama4_vision_models as tiny
-from tests.helpers.live_server import live_server
 from tests.helpers.llama4_gguf import write_folder, write_gguf_pair
+from tests.helpers.picture_server import serve_and_assert_answers
 
 pytestmark = pytest.mark.slow
 
@@ -48,11 +46,6 @@ def _hf_greedy(hf: Any, tokens: list[int], pixels: torch.Tensor) -> list[int]:
     return tokens[start:]
 
 
-def _data_url(path: Path) -> str:
-    mime = "image/png" if path.suffix == ".png" else "image/jpeg"
-    return f"data:{mime};base64," + base64.b64encode(path.read_bytes()).decode()
-
-
 def test_gguf_pair_answers_a_picture_as_transformers(tmp_path: Path) -> None:
     hf = write_folder(tmp_path / "llama4")
     model_file, _ = write_gguf_pair(tmp_path / "llama4", tmp_path / "gguf")
@@ -74,20 +67,6 @@ def test_gguf_pair_answers_a_picture_as_transformers(tmp_path: Path) -> None:
         expected.append((tokenizer.decode(greedy), len(prompt)))
     assert expected[0][0] != expected[1][0]  # the picture matters to this model
     args = ["--f", str(model_file), "--backend", "torch", "--dtype", "float32", "--mem", "16"]
-    with live_server([*args, "--prefill-chunk-size", "8"]) as server:
-        client: Any = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=120)
-        model = client.models.list().data[0]
-        assert (model.model_extra or {})["vision"] is True
-        for picture, (answer, prompt_tokens) in zip(pictures, expected, strict=True):
-            content = [
-                {"type": "image_url", "image_url": {"url": _data_url(picture)}},
-                {"type": "text", "text": QUESTION},
-            ]
-            reply = client.chat.completions.create(
-                model=model.id,
-                messages=[{"role": "user", "content": content}],
-                max_tokens=MAX_TOKENS,
-                temperature=0,
-            )
-            assert reply.choices[0].message.content == answer
-            assert reply.usage.prompt_tokens == prompt_tokens  # the image tokens included
+    serve_and_assert_answers(
+        [*args, "--prefill-chunk-size", "8"], pictures, expected, QUESTION, MAX_TOKENS, turns=1, exact=True
+    )

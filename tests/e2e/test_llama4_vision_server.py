@@ -8,13 +8,11 @@ which tests/backends/test_llama4_vision.py proves bit-equal to it); another pict
 
 from __future__ import annotations
 
-import base64
 import importlib.util
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
-import openai
 import pytest
 import torch
 from PIL import Image
@@ -23,7 +21,7 @@ from transformers.models.llama4.processing_llama4 import Llama4Processor
 
 from localchat.vision.llama4_preprocess import Llama4ImageSpec, preprocess_llama4
 from tests.helpers import llama4_vision_models as tiny
-from tests.helpers.live_server import live_server
+from tests.helpers.picture_server import serve_and_assert_answers
 
 pytestmark = pytest.mark.slow
 
@@ -73,11 +71,6 @@ def _hf_answer(hf: Any, folder: Path, picture: Path) -> tuple[str, int]:
     return str(tokenizer.decode(tokens[start:], skip_special_tokens=True)), start
 
 
-def _data_url(path: Path) -> str:
-    mime = "image/png" if path.suffix == ".png" else "image/jpeg"
-    return f"data:{mime};base64," + base64.b64encode(path.read_bytes()).decode()
-
-
 def test_a_picture_answers_as_transformers(tmp_path: Path) -> None:
     folder = tmp_path / "llama4"
     hf = tiny.write_folder(folder)
@@ -85,22 +78,4 @@ def test_a_picture_answers_as_transformers(tmp_path: Path) -> None:
     expected = [_hf_answer(hf, folder, p) for p in pictures]
     assert expected[0][0] != expected[1][0]  # the picture matters to this model
     args = ["--w", str(folder), "--backend", "torch", "--dtype", "float32", "--mem", "16"]
-    with live_server([*args, "--prefill-chunk-size", "8"]) as server:
-        client: Any = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=120)
-        model = client.models.list().data[0]
-        assert (model.model_extra or {})["vision"] is True
-        for picture, (answer, prompt_tokens) in zip(pictures, expected, strict=True):
-            content = [
-                {"type": "image_url", "image_url": {"url": _data_url(picture)}},
-                {"type": "text", "text": QUESTION},
-            ]
-            for _ in range(2):  # the second time from the prefix and encoder caches
-                reply = client.chat.completions.create(
-                    model=model.id,
-                    messages=[{"role": "user", "content": content}],
-                    max_tokens=MAX_TOKENS,
-                    temperature=0,
-                )
-                # compared without spaces: the word-level test vocabulary has no decoder
-                assert reply.choices[0].message.content.replace(" ", "") == answer.replace(" ", "")
-                assert reply.usage.prompt_tokens == prompt_tokens  # the image tokens included
+    serve_and_assert_answers([*args, "--prefill-chunk-size", "8"], pictures, expected, QUESTION, MAX_TOKENS)

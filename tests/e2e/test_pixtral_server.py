@@ -7,7 +7,6 @@ other token grids and answers; /v1/models says vision and usage.prompt_tokens co
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from tokenizers import Tokenizer
 from transformers.models.pixtral import PixtralImageProcessorPil
 
 from tests.helpers import pixtral_models as tiny
-from tests.helpers.live_server import live_server
+from tests.helpers.picture_server import assert_answers, vision_client
 
 pytestmark = pytest.mark.slow
 
@@ -54,11 +53,6 @@ def _hf_answer(hf: Any, tokenizer: Tokenizer, pixels: np.ndarray) -> tuple[str, 
     return str(tokenizer.decode(tokens[start:], skip_special_tokens=True)), start
 
 
-def _data_url(path: Path) -> str:
-    mime = "image/png" if path.suffix == ".png" else "image/jpeg"
-    return f"data:{mime};base64," + base64.b64encode(path.read_bytes()).decode()
-
-
 def test_a_picture_answers_as_transformers(tmp_path: Path) -> None:
     folder = tmp_path / "mistral3"
     hf = tiny.write_folder(folder)
@@ -70,29 +64,12 @@ def test_a_picture_answers_as_transformers(tmp_path: Path) -> None:
     expected = [_hf_answer(hf, tokenizer, p) for p in pixels]
     assert expected[0][0] != expected[1][0]  # the picture matters to this model
     args = ["--w", str(folder), "--backend", "torch", "--dtype", "float32", "--mem", "16"]
-    with live_server([*args, "--prefill-chunk-size", "8"]) as server:
-        client: Any = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=120)
-        model = client.models.list().data[0]
-        assert (model.model_extra or {})["vision"] is True
-        for picture, (answer, prompt_tokens) in zip(pictures, expected, strict=True):
-            content = [
-                {"type": "image_url", "image_url": {"url": _data_url(picture)}},
-                {"type": "text", "text": QUESTION},
-            ]
-            for _ in range(2):  # the second time from the prefix and encoder caches
-                reply = client.chat.completions.create(
-                    model=model.id,
-                    messages=[{"role": "user", "content": content}],
-                    max_tokens=MAX_TOKENS,
-                    temperature=0,
-                )
-                # compared without spaces: the word-level test vocabulary has no decoder
-                assert reply.choices[0].message.content.replace(" ", "") == answer.replace(" ", "")
-                assert reply.usage.prompt_tokens == prompt_tokens  # the image tokens included
+    with vision_client([*args, "--prefill-chunk-size", "8"]) as (client, model):
+        assert_answers(client, model, pictures, expected, QUESTION, MAX_TOKENS)
         # bytes that are no image: a 400 naming the part, not a crash
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(
-                model=model.id,
+                model=model,
                 messages=[
                     {
                         "role": "user",

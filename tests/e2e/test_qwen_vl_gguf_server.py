@@ -8,11 +8,9 @@ says vision, and usage.prompt_tokens counts the image's pads."""
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 import torch
 from PIL import Image
@@ -22,7 +20,7 @@ from localchat.vision.qwen_vl_prompt import QwenImagePrompt
 from localchat.weights.loader import load_model
 from tests.helpers import qwen_vl_gguf as pair
 from tests.helpers import qwen_vl_models as tiny
-from tests.helpers.live_server import live_server
+from tests.helpers.picture_server import serve_and_assert_answers
 
 pytestmark = pytest.mark.slow
 
@@ -57,11 +55,6 @@ def _hf_answer(
     return str(tokenizer.decode(tokens[start:])), start
 
 
-def _data_url(path: Path) -> str:
-    mime = "image/png" if path.suffix == ".png" else "image/jpeg"
-    return f"data:{mime};base64," + base64.b64encode(path.read_bytes()).decode()
-
-
 @pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl"])
 def test_a_picture_answers_as_transformers(kind: str, tmp_path: Path) -> None:
     hf = pair.write_folder(kind, tmp_path / kind)
@@ -74,22 +67,6 @@ def test_a_picture_answers_as_transformers(kind: str, tmp_path: Path) -> None:
     expected = [_hf_answer(kind, hf, tokenizer, prompt_side, p) for p in pictures]
     assert expected[0][0] != expected[1][0]  # the picture matters to this model
     args = ["--f", str(model_path), "--backend", "torch", "--dtype", "float32", "--mem", "16"]
-    with live_server([*args, "--prefill-chunk-size", "8"]) as server:
-        client: Any = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=120)
-        model = client.models.list().data[0]
-        assert (model.model_extra or {})["vision"] is True
-        for picture, (answer, prompt_tokens) in zip(pictures, expected, strict=True):
-            content = [
-                {"type": "text", "text": QUESTION},
-                {"type": "image_url", "image_url": {"url": _data_url(picture)}},
-            ]
-            for _ in range(2):  # the second time from the prefix and encoder caches
-                reply = client.chat.completions.create(
-                    model=model.id,
-                    messages=[{"role": "user", "content": content}],
-                    max_tokens=MAX_TOKENS,
-                    temperature=0,
-                )
-                # compared without spaces: the word-level test vocabulary has no decoder
-                assert reply.choices[0].message.content.replace(" ", "") == answer.replace(" ", "")
-                assert reply.usage.prompt_tokens == prompt_tokens  # the image's pads included
+    serve_and_assert_answers(
+        [*args, "--prefill-chunk-size", "8"], pictures, expected, QUESTION, MAX_TOKENS, text_first=True
+    )

@@ -9,11 +9,9 @@ usage.prompt_tokens counts the image tokens."""
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 import torch
 from PIL import Image
@@ -21,7 +19,7 @@ from transformers import LlavaNextProcessor, PreTrainedTokenizerFast
 from transformers.models.llava_next import LlavaNextImageProcessorPil
 
 from tests.helpers import llava_next_models as tiny
-from tests.helpers.live_server import live_server
+from tests.helpers.picture_server import serve_and_assert_answers
 
 pytestmark = pytest.mark.slow
 
@@ -54,11 +52,6 @@ def _hf_answer(hf: Any, processor: Any, picture: Path, gguf_tokenizer: Any = Non
     return str(processor.tokenizer.decode(tokens[start:], skip_special_tokens=True)), start
 
 
-def _data_url(path: Path) -> str:
-    mime = "image/png" if path.suffix == ".png" else "image/jpeg"
-    return f"data:{mime};base64," + base64.b64encode(path.read_bytes()).decode()
-
-
 @pytest.mark.parametrize("source", ["folder", "gguf"])
 def test_pictures_answer_as_transformers(source: str, tmp_path: Path) -> None:
     folder = tmp_path / "llava-next"
@@ -87,22 +80,4 @@ def test_pictures_answer_as_transformers(source: str, tmp_path: Path) -> None:
     assert len({answer for answer, _ in expected}) > 1  # the picture matters to this model
     assert len({count for _, count in expected}) == 3  # three tile grids, three prompt lengths
     args += ["--backend", "torch", "--dtype", "float32", "--mem", "16"]
-    with live_server([*args, "--prefill-chunk-size", "8"]) as server:
-        client: Any = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=120)
-        model = client.models.list().data[0]
-        assert (model.model_extra or {})["vision"] is True
-        for picture, (answer, prompt_tokens) in zip(pictures, expected, strict=True):
-            content = [
-                {"type": "image_url", "image_url": {"url": _data_url(picture)}},
-                {"type": "text", "text": QUESTION},
-            ]
-            for _ in range(2):  # the second time from the prefix and encoder caches
-                reply = client.chat.completions.create(
-                    model=model.id,
-                    messages=[{"role": "user", "content": content}],
-                    max_tokens=MAX_TOKENS,
-                    temperature=0,
-                )
-                # compared without spaces: the word-level test vocabulary has no decoder
-                assert reply.choices[0].message.content.replace(" ", "") == answer.replace(" ", "")
-                assert reply.usage.prompt_tokens == prompt_tokens  # the image tokens included
+    serve_and_assert_answers([*args, "--prefill-chunk-size", "8"], pictures, expected, QUESTION, MAX_TOKENS)

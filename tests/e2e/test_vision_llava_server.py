@@ -9,12 +9,10 @@ and usage.prompt_tokens counts the image tokens."""
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import openai
 import pytest
 import torch
 from PIL import Image
@@ -25,7 +23,7 @@ from localchat.vision.llava_prompt import LlavaImagePrompt
 from localchat.vision.model_info import vision_config
 from localchat.weights.loader import load_model
 from tests.helpers import llava_models as tiny
-from tests.helpers.live_server import live_server
+from tests.helpers.picture_server import serve_and_assert_answers
 
 pytestmark = pytest.mark.slow
 
@@ -53,11 +51,6 @@ def _hf_answer(hf: Any, tokenizer: Any, pixels: np.ndarray) -> tuple[str, int]:
     return str(tokenizer.decode(tokens[start:])), start
 
 
-def _data_url(path: Path) -> str:
-    mime = "image/png" if path.suffix == ".png" else "image/jpeg"
-    return f"data:{mime};base64," + base64.b64encode(path.read_bytes()).decode()
-
-
 @pytest.mark.parametrize("source", ["folder", "gguf"])
 def test_a_picture_answers_as_transformers(source: str, tmp_path: Path) -> None:
     folder = tmp_path / "llava"
@@ -83,22 +76,4 @@ def test_a_picture_answers_as_transformers(source: str, tmp_path: Path) -> None:
     expected = [_hf_answer(hf, tokenizer, p) for p in pixels]
     assert expected[0][0] != expected[1][0]  # the picture matters to this model
     args += ["--backend", "torch", "--dtype", "float32", "--mem", "16", "--prefill-chunk-size", "8"]
-    with live_server(args) as server:
-        client: Any = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=120)
-        model = client.models.list().data[0]
-        assert (model.model_extra or {})["vision"] is True
-        for picture, (answer, prompt_tokens) in zip(pictures, expected, strict=True):
-            content = [
-                {"type": "image_url", "image_url": {"url": _data_url(picture)}},
-                {"type": "text", "text": QUESTION},
-            ]
-            for _ in range(2):  # the second time from the prefix and encoder caches
-                reply = client.chat.completions.create(
-                    model=model.id,
-                    messages=[{"role": "user", "content": content}],
-                    max_tokens=MAX_TOKENS,
-                    temperature=0,
-                )
-                # compared without spaces: the word-level test vocabulary has no decoder
-                assert reply.choices[0].message.content.replace(" ", "") == answer.replace(" ", "")
-                assert reply.usage.prompt_tokens == prompt_tokens  # the image tokens included
+    serve_and_assert_answers(args, pictures, expected, QUESTION, MAX_TOKENS)

@@ -7,17 +7,15 @@ image's pads."""
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 import torch
 from PIL import Image
 
 from tests.helpers import qwen_vl_models as tiny
-from tests.helpers.live_server import live_server
+from tests.helpers.picture_server import serve_and_assert_answers
 
 pytestmark = pytest.mark.slow
 
@@ -53,11 +51,6 @@ def _hf_answer(kind: str, hf: Any, picture: Path) -> tuple[str, int]:
     return str(tiny.tokenizer().decode(tokens[start:], skip_special_tokens=True)), start
 
 
-def _data_url(path: Path) -> str:
-    mime = "image/png" if path.suffix == ".png" else "image/jpeg"
-    return f"data:{mime};base64," + base64.b64encode(path.read_bytes()).decode()
-
-
 @pytest.mark.parametrize("kind", tiny.KINDS)
 def test_a_picture_answers_as_transformers(kind: str, tmp_path: Path) -> None:
     folder = tmp_path / kind
@@ -66,23 +59,6 @@ def test_a_picture_answers_as_transformers(kind: str, tmp_path: Path) -> None:
     expected = [_hf_answer(kind, hf, p) for p in pictures]
     assert expected[0][0] != expected[1][0]  # the picture matters to this model
     args = ["--w", str(folder), "--backend", "torch", "--dtype", "float32", "--mem", "16"]
-    with live_server([*args, "--prefill-chunk-size", "8"]) as server:
-        client: Any = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=120)
-        model = client.models.list().data[0]
-        assert (model.model_extra or {})["vision"] is True
-        for picture, (answer, prompt_tokens) in zip(pictures, expected, strict=True):
-            content = [
-                {"type": "text", "text": QUESTION},
-                {"type": "image_url", "image_url": {"url": _data_url(picture)}},
-            ]
-            for _ in range(2):  # the second time from the prefix and encoder caches
-                reply = client.chat.completions.create(
-                    model=model.id,
-                    messages=[{"role": "user", "content": content}],
-                    max_tokens=MAX_TOKENS,
-                    temperature=0,
-                )
-                # compared without spaces: the word-level test vocabulary has no decoder, and the server's
-                # incremental detokenizer may join its first words differently from tokenizer.decode
-                assert reply.choices[0].message.content.replace(" ", "") == answer.replace(" ", "")
-                assert reply.usage.prompt_tokens == prompt_tokens  # the image's pads included
+    serve_and_assert_answers(
+        [*args, "--prefill-chunk-size", "8"], pictures, expected, QUESTION, MAX_TOKENS, text_first=True
+    )
