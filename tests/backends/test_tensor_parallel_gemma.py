@@ -65,15 +65,15 @@ def test_tp2_by_pp2_matches_one_device() -> None:
         runner.shutdown()
 
 
-def test_gemma4_and_hybrids_are_pointed_at_pp() -> None:
-    """Not sharded (Gemma 4: per-layer head sizes, K/V sharing; DeltaNet, Mamba-2): the message names --pp."""
+def test_gemma4_and_the_other_hybrids_are_pointed_at_pp() -> None:
+    """Not sharded: Gemma 4 (per-layer head sizes, K/V sharing), Qwen3.5's DeltaNet, a Mamba-2 GGUF
+    (its SSM tensors re-shaped from the whole sizes); the message names --pp."""
     from tests.backends.test_pipeline_hybrid import hybrid_bundle
 
     check_supported(loop_bundle("gemma3").config, 2)
-    configs = [
-        loop_bundle("gemma4").config,
-        *(hybrid_bundle(k).config for k in ("qwen3_5", "nemotron_h")),
-    ]
-    for config in configs:
-        with pytest.raises(BackendUnavailableError, match=r"Gemma 2 / 3 .*--pipeline-parallel-size 2 "):
+    nemotron = hybrid_bundle("nemotron_h").config
+    check_supported(nemotron, 2)
+    gguf = replace(nemotron, extra={**nemotron.extra, "gguf_ssm_inner_size": 64})
+    for config in (loop_bundle("gemma4").config, hybrid_bundle("qwen3_5").config, gguf):
+        with pytest.raises(BackendUnavailableError, match=r"Gemma 2 / 3, .*--pipeline-parallel-size 2 "):
             check_supported(config, 2)

@@ -1,8 +1,10 @@
-"""LFM2 (short conv + attention) under tensor parallelism, alone and inside pipeline stages: its conv
-layers cut by channel (each rank's in_proj rows, conv taps and state window for its channels, out_proj's
-matching columns), attention and MLP as Llama's. TP=2 (gloo, 2 processes) and TP=2 x PP=2 (4) give one
-device's greedy tokens and float32 logits within 1e-4, ragged batched prefill then decode, and a chunked
-prefill with a preemption (the state carried between chunks; a fresh slot zeroed on every rank)."""
+"""Hybrid-state models under tensor parallelism, alone and inside pipeline stages: LFM2 (short conv +
+attention: conv layers cut by channel, each rank's in_proj rows, conv taps and state window for its
+channels, out_proj's matching columns) and Nemotron-H (Mamba-2 + attention + relu² MLP blocks: each
+mixer cut by SSM group and the heads reading it); attention and MLPs as Llama's. TP=2 (gloo, 2
+processes) and TP=2 x PP=2 (4) give one device's greedy tokens and float32 logits within 1e-4, ragged
+batched prefill then decode (a 70-token prompt: two scan chunks), and a chunked prefill with a
+preemption (the state carried between chunks; a fresh slot zeroed on every rank)."""
 
 from __future__ import annotations
 
@@ -22,8 +24,8 @@ from tests.helpers.torch_models import exact_weights, fp32_runner
 TP2 = RunnerOptions(device="cpu", dtype="float32", num_threads=1, tensor_parallel_size=2)
 
 
-def _assert_same(runner: TorchRunner) -> None:
-    reference = fp32_runner(hybrid_bundle("lfm2"))
+def _assert_same(runner: TorchRunner, kind: str = "lfm2") -> None:
+    reference = fp32_runner(hybrid_bundle(kind))
     want_logits, want_tokens = ragged_then_decode(reference)
     logits, tokens = ragged_then_decode(runner)
     assert tokens == want_tokens
@@ -61,5 +63,40 @@ def test_lfm2_tp2_by_pp2_matches_one_device() -> None:
         stage = cast(Any, runner.runner)
         assert list(stage.plan.layers) == [0, 1] and stage.model.layers[1].heads == 2
         _assert_same(cast(TorchRunner, runner))
+    finally:
+        runner.shutdown()
+
+
+@pytest.mark.slow  # spawns gloo ranks
+def test_nemotron_h_tp2_matches_one_device() -> None:
+    """4 Mamba heads in 2 groups: each rank keeps 2 heads and the group they read (in_proj: z, x 32
+    rows each, B, C 16, dt 2), half of each attention block's heads and of each MLP's width."""
+    torch.set_num_threads(1)
+    whole = fp32_runner(hybrid_bundle("nemotron_h"))
+    load = functools.partial(hybrid_bundle, "nemotron_h")
+    with exact_weights():
+        runner = ParallelRunner(hybrid_bundle("nemotron_h"), TP2, load=load)
+    try:
+        mixer = cast(Any, runner.runner).model.layers[0].mamba
+        assert (mixer.heads, mixer.groups) == (2, 1) and tuple(mixer.in_proj.shape) == (32 + 32 + 32 + 2, 64)
+        state, whole_state = runner.state_cache_spec, whole.state_cache_spec
+        assert state is not None and whole_state is not None
+        assert state.bytes_per_slot * 2 == whole_state.bytes_per_slot
+        _assert_same(cast(TorchRunner, runner), "nemotron_h")
+    finally:
+        runner.shutdown()
+
+
+@pytest.mark.slow  # spawns 4 gloo ranks
+def test_nemotron_h_tp2_by_pp2_matches_one_device() -> None:
+    """[mamba, mlp, attention | mlp, mamba, mlp]: each stage's blocks sharded over its 2 ranks."""
+    torch.set_num_threads(1)
+    options = replace(PP2, tensor_parallel_size=2)
+    load = functools.partial(hybrid_bundle, "nemotron_h")
+    with exact_weights():
+        runner = ParallelRunner(hybrid_bundle("nemotron_h"), options, load=load)
+    try:
+        assert list(cast(Any, runner.runner).plan.layers) == [0, 1, 2]
+        _assert_same(cast(TorchRunner, runner), "nemotron_h")
     finally:
         runner.shutdown()

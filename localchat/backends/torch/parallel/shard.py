@@ -33,6 +33,7 @@ from localchat.backends.torch.models.gemma import Model as GemmaModel
 from localchat.backends.torch.models.lfm2 import Lfm2Layer
 from localchat.backends.torch.models.lfm2 import Model as Lfm2Model
 from localchat.backends.torch.models.llama import LlamaLayer
+from localchat.backends.torch.models.mamba_hybrid import HybridBlock
 from localchat.backends.torch.quant import embed_rows, linear
 from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
@@ -107,18 +108,23 @@ class ParallelLlama(DecoderLM):
 # or a sparse MoE whose experts are cut like the dense MLP (every rank holds every expert's slice);
 # Gemma 2 / 3, the same weights with Gemma's forward (shard_gemma.py); LFM2, whose short-conv layers
 # are cut by channel (shard_lfm2.py).
-SHARDED_FAMILIES = ("llama", "qwen3", "mixtral", "qwen3_moe", "gemma", "lfm2")
+# Nemotron-H, whose Mamba-2 mixers are cut by SSM group (shard_mamba.py).
+SHARDED_FAMILIES = ("llama", "qwen3", "mixtral", "qwen3_moe", "gemma", "lfm2", "mamba_hybrid")
 # Families whose `sanitize` only reshapes a weight that the rank's cut takes whole rows of (LFM2's
-# conv taps): sharded before it runs, all the same.
-ROW_SAFE_SANITIZE = ("lfm2",)
+# conv taps), or passes a checkpoint folder's weights as they are (Nemotron-H): sharded before it runs.
+ROW_SAFE_SANITIZE = ("lfm2", "mamba_hybrid")
+# Of those families, what is not cut yet: LFM2-MoE (untested), Granite 4.0-H (its shared MLP and
+# residual scales), and a Mamba-2 GGUF (its sanitize re-shapes the SSM tensors from the whole sizes).
+NOT_SHARDED_TYPES = ("lfm2_moe", "granitemoehybrid")
 
 
 def _unsupported(config: ModelConfig, world: int) -> BackendUnavailableError:
     return BackendUnavailableError(
         f"--tensor-parallel-size {world}: only the Llama family (Llama, Mistral, Qwen2, SmolLM2), "
-        f"Qwen3, Mixtral, Qwen3-MoE, Gemma 2 / 3 and LFM2 are sharded so far, not {config.model_type!r}: "
-        f"split its layers instead with --pipeline-parallel-size {world} (DeepSeek, Phi-3, Gemma 4, "
-        "LFM2-MoE, hybrids such as Qwen3.5, Nemotron-H, ...), or drop --tensor-parallel-size."
+        f"Qwen3, Mixtral, Qwen3-MoE, Gemma 2 / 3, LFM2 and Nemotron-H (checkpoint folders) are sharded so "
+        f"far, not this {config.model_type!r}: split its layers instead with --pipeline-parallel-size "
+        f"{world} (DeepSeek, Phi-3, Gemma 4, LFM2-MoE, Qwen3.5 / Qwen3-Next, Granite 4.0-H, Mamba-2 GGUF "
+        "files, ...), or drop --tensor-parallel-size."
     )
 
 
@@ -144,6 +150,8 @@ def valid_sizes(config: ModelConfig, most: int = 64) -> list[int]:
     """The tensor-parallel sizes this model's heads, KV heads and MLP width allow."""
     kvh = config.num_key_value_heads
     channels = config.hidden_size if "conv_L_cache" in config.extra else 0  # LFM2's conv channels
+    ssm = config.extra.get("ssm") or {}  # Nemotron-H's Mamba-2: a rank keeps whole SSM groups
+    groups = int(ssm.get("groups") or 0)
     return [
         n
         for n in range(1, most + 1)
@@ -151,6 +159,7 @@ def valid_sizes(config: ModelConfig, most: int = 64) -> list[int]:
         and not config.intermediate_size % n
         and not expert_size(config) % n
         and not channels % n
+        and not groups % n
         and not (kvh % n and n % kvh)
     ]
 
@@ -159,7 +168,8 @@ def check_supported(config: ModelConfig, world: int) -> None:
     """A clear error, before any weight is read, for what this slice does not shard."""
     arch = architecture(config.model_type)
     own_layout = arch.sanitize is not None and arch.family not in ROW_SAFE_SANITIZE
-    if arch.family not in SHARDED_FAMILIES or own_layout or config.model_type == "lfm2_moe":
+    not_yet = config.model_type in NOT_SHARDED_TYPES or bool(config.extra.get("gguf_ssm_inner_size"))
+    if arch.family not in SHARDED_FAMILIES or own_layout or not_yet:
         raise _unsupported(config, world)
     h, kvh, inter = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
     if world not in valid_sizes(config, world):
@@ -167,15 +177,19 @@ def check_supported(config: ModelConfig, world: int) -> None:
         raise BackendUnavailableError(
             f"--tensor-parallel-size {world} does not split this model: it must divide the attention "
             f"heads ({h}) and the MLP width ({inter}; experts' {expert_size(config)}), and divide or be a "
-            f"multiple of the KV heads ({kvh}) (and LFM2's hidden size, its conv channels). "
+            f"multiple of the KV heads ({kvh}) (and LFM2's hidden size, its conv channels; Nemotron-H's SSM "
+            "groups). "
             f"Sizes that work for it: {sizes}. Or split the layers instead, which needs no "
             f"divisible heads: --pipeline-parallel-size {world}."
         )
 
 
 def _layer_key(layer: Any) -> Any:
-    """What decides a layer's parallel class: its forward, or LFM2's MLP (its layers have no forward)."""
-    return Lfm2Layer.mlp if isinstance(layer, Lfm2Layer) else type(layer).forward
+    """What decides a layer's parallel class: its forward, or for the hybrids' layers, which have none
+    (their model's loop calls the mixer and the MLP), their class."""
+    if isinstance(layer, Lfm2Layer):
+        return Lfm2Layer.mlp
+    return HybridBlock.relu2_mlp if isinstance(layer, HybridBlock) else type(layer).forward
 
 
 def sharded_runner(
@@ -202,12 +216,14 @@ def sharded_runner(
     model = runner.model
     from .shard_gemma import ParallelGemma, ParallelGemmaLayer  # they build on this module's classes
     from .shard_lfm2 import ParallelLfm2, ParallelLfm2Layer
+    from .shard_mamba import ParallelHybridBlock, shard_mixer
 
     # The parallel forwards replace the family's: a family that overrides them is not covered.
     parallel: dict[Any, type] = {
         LlamaLayer.forward: ParallelLlamaLayer,
         GemmaLayer.forward: ParallelGemmaLayer,
         Lfm2Layer.mlp: ParallelLfm2Layer,  # its model's loop calls the mixer and the MLP, no forward
+        HybridBlock.relu2_mlp: ParallelHybridBlock,  # Nemotron-H's blocks: the same
     }
     layer_classes = [parallel[k] for k in map(_layer_key, model.layers) if k in parallel]
     if len(layer_classes) != len(model.layers) or type(model).forward is not DecoderLM.forward:
@@ -215,6 +231,8 @@ def sharded_runner(
     for layer, layer_class in zip(model.layers, layer_classes, strict=True):
         layer.__class__ = _parallel_class(type(layer), layer_class)  # + the all-reduces
         layer.tp_group = tp_group
+        if isinstance(layer, HybridBlock):
+            shard_mixer(layer, tp_group)
     heads = {GemmaModel: ParallelGemma, Lfm2Model: ParallelLfm2}
     head = next((h for family, h in heads.items() if isinstance(model, family)), ParallelLlama)
     model.__class__ = _parallel_class(type(model), head)

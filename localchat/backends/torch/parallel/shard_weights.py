@@ -77,6 +77,9 @@ class RankSlice:
             extra["moe_intermediate_size"] = self.expert_size // self.world
         if "conv_L_cache" in extra:  # LFM2's short-conv layers: the rank's channels
             extra["conv_channels"] = config.hidden_size // self.world
+        if config.model_type == "nemotron_h":  # re-derived into `ssm`: the rank's heads and groups
+            extra["mamba_num_heads"] = int(extra["ssm"]["heads"]) // self.world
+            extra["n_groups"] = int(extra["ssm"]["groups"]) // self.world
         if "block_ff_dim" in extra:  # LFM2 re-derives its MLP width from this one: make it the rank's
             extra["block_ff_dim"], extra["block_auto_adjust_ff_dim"] = self.mlp_size // self.world, False
         return replace(
@@ -102,7 +105,8 @@ def shard_weights(
         if isinstance(w, RepackedLinear):  # hf_quant's int4 blocks: ranks cut the exact values
             w = WeightTensor(w.name, w.shape, "F32", w.dequantize())
         name = w.name
-        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+        # Nemotron-H's embedding is `model.embeddings.weight` (the family's top_weights name it)
+        if name in ("model.embed_tokens.weight", "lm_head.weight") or arch.top_weights.get(name) == "embed":
             yield _vocab_rows(w, part)
             continue
         match = LAYER_NAME.fullmatch(name)
@@ -112,12 +116,17 @@ def shard_weights(
             continue
         pname, index, parts = found
         leaf = pname.rpartition(".")[2]
+        if pname.startswith("mamba."):
+            yield _mamba_part(w, leaf, config, part)
+            continue
         width = part.expert_size if pname.startswith("moe.") else part.mlp_size
         mlp = (part.rank * width // part.world, width // part.world)
         hidden = config.hidden_size  # LFM2's short conv: channels cut like an MLP's columns
         channels = (part.rank * hidden // part.world, hidden // part.world)
         if leaf in ("qkv", "qkv_bias"):
             yield rows(w, *(q if index == 0 else kv))
+        elif leaf == "up":  # Nemotron-H's relu² MLP
+            yield rows(w, *mlp)
         elif leaf == "gate_up":
             yield rows(w, *mlp) if parts == 2 else _gate_up_rows(w, width, *mlp)
         elif leaf == "o":
@@ -135,6 +144,30 @@ def shard_weights(
             yield w if part.rank == 0 else replace(w, data=np.zeros_like(w.data))
         else:
             yield w  # norms, the router: replicated
+
+
+def _mamba_part(w: WeightTensor, leaf: str, config: ModelConfig, part: RankSlice) -> WeightTensor:
+    """A Mamba-2 mixer's weight cut to the rank's heads and the SSM groups they read (contiguous: head
+    i reads group i // (heads / groups)). in_proj's rows are z | x | B | C | dt, the conv's x | B | C."""
+    s = config.extra["ssm"]
+    r, world = part.rank, part.world
+    inner, heads, group_width = s["heads"] * s["head_dim"], s["heads"] // world, s["groups"] * s["d_state"]
+    mine_inner = (r * inner // world, inner // world)
+    mine_groups = (r * group_width // world, group_width // world)
+    mine_heads = (r * heads, heads)
+    if leaf == "out_bias":  # added after the all-reduce's sum: on rank 0 only
+        return w if r == 0 else replace(w, data=np.zeros_like(w.data))
+    if leaf == "out":
+        return columns(w, *mine_inner)
+    starts: dict[str, list[tuple[int, tuple[int, int]]]] = {
+        "in_proj": [(0, mine_inner), (inner, mine_inner), (2 * inner, mine_groups)],
+        "conv": [(0, mine_inner), (inner, mine_groups), (inner + group_width, mine_groups)],
+        "gated_norm": [(0, mine_inner)],
+    }
+    starts["in_proj"] += [(2 * inner + group_width, mine_groups), (2 * inner + 2 * group_width, mine_heads)]
+    blocks = starts.get(leaf.removesuffix("_bias")) or [(0, mine_heads)]  # dt_bias, A_log, D: per head
+    data = np.concatenate([w.data[base + start : base + start + count] for base, (start, count) in blocks])
+    return replace(w, shape=(data.shape[0], *w.shape[1:]), data=data)
 
 
 def _gate_up_rows(w: WeightTensor, width: int, start: int, count: int) -> WeightTensor:
