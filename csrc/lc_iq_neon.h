@@ -227,23 +227,23 @@ static inline __attribute__((always_inline)) void LC_FN(iqn_sub)(const int type,
 static void LC_FN(iqn_dec)(int type, const uint8_t *row, int64_t s, int8_t *v, float *ls) {
     int8x16_t v0, v1;
     float d[2];
-    const int64_t per = lc_block_subs(type);
-    const uint8_t *b = row + lc_block_bytes(type) * (s / per);
-    const int i = (int)(s % per);
+#define LC_IQN_SUB(T) /* T a literal: the block geometry folds */                                          \
+    LC_FN(iqn_sub)(T, row + lc_block_bytes(T) * (s / lc_block_subs(T)), (int)(s % lc_block_subs(T)), &v0, &v1, d)
     switch (type) { /* literals: each decode inlined on its own */
-    case LC_IQ4_NL: LC_FN(iqn_sub)(LC_IQ4_NL, b, i, &v0, &v1, d); break;
-    case LC_IQ4_XS: LC_FN(iqn_sub)(LC_IQ4_XS, b, i, &v0, &v1, d); break;
-    case LC_MXFP4: LC_FN(iqn_sub)(LC_MXFP4, b, i, &v0, &v1, d); break;
-    case LC_IQ2_XXS: LC_FN(iqn_sub)(LC_IQ2_XXS, b, i, &v0, &v1, d); break;
-    case LC_IQ2_XS: LC_FN(iqn_sub)(LC_IQ2_XS, b, i, &v0, &v1, d); break;
-    case LC_IQ2_S: LC_FN(iqn_sub)(LC_IQ2_S, b, i, &v0, &v1, d); break;
-    case LC_IQ3_XXS: LC_FN(iqn_sub)(LC_IQ3_XXS, b, i, &v0, &v1, d); break;
-    case LC_IQ3_S: LC_FN(iqn_sub)(LC_IQ3_S, b, i, &v0, &v1, d); break;
-    case LC_IQ1_S: LC_FN(iqn_sub)(LC_IQ1_S, b, i, &v0, &v1, d); break;
-    case LC_IQ1_M: LC_FN(iqn_sub)(LC_IQ1_M, b, i, &v0, &v1, d); break;
-    case LC_TQ1_0: LC_FN(iqn_sub)(LC_TQ1_0, b, i, &v0, &v1, d); break;
-    default: LC_FN(iqn_sub)(LC_TQ2_0, b, i, &v0, &v1, d); break;
+    case LC_IQ4_NL: LC_IQN_SUB(LC_IQ4_NL); break;
+    case LC_IQ4_XS: LC_IQN_SUB(LC_IQ4_XS); break;
+    case LC_MXFP4: LC_IQN_SUB(LC_MXFP4); break;
+    case LC_IQ2_XXS: LC_IQN_SUB(LC_IQ2_XXS); break;
+    case LC_IQ2_XS: LC_IQN_SUB(LC_IQ2_XS); break;
+    case LC_IQ2_S: LC_IQN_SUB(LC_IQ2_S); break;
+    case LC_IQ3_XXS: LC_IQN_SUB(LC_IQ3_XXS); break;
+    case LC_IQ3_S: LC_IQN_SUB(LC_IQ3_S); break;
+    case LC_IQ1_S: LC_IQN_SUB(LC_IQ1_S); break;
+    case LC_IQ1_M: LC_IQN_SUB(LC_IQ1_M); break;
+    case LC_TQ1_0: LC_IQN_SUB(LC_TQ1_0); break;
+    default: LC_IQN_SUB(LC_TQ2_0); break;
     }
+#undef LC_IQN_SUB
     vst1q_s8(v, v0);
     vst1q_s8(v + 16, v1);
     for (int l = 0; l < 8; l++) ls[l] = d[l / 4];
