@@ -172,7 +172,7 @@ def _iq_check(compiler: str, isa: str, folder: Path, runner: list[str], env: dic
     reason="needs gcc, gcc-aarch64-linux-gnu and qemu-user (.ci/run installs them)",
 )
 def test_aarch64_build_dequantizes_the_same_bits_and_multiplies_within_bounds(tmp_path: Path) -> None:
-    """Under qemu-aarch64 (the NEON ISA: i-quants on portable C there) the C harness's matmuls stay within
+    """Under qemu-aarch64 (the NEON ISA: csrc/lc_iq_neon.h there) the C harness's matmuls stay within
     the float32 bound of the float64 product, and its dequantized values hash the same as this machine's
     native build (so the same as gguf.quants, which the tests above check natively)."""
     cross, qemu, gcc = (shutil.which(c) for c in ("aarch64-linux-gnu-gcc", "qemu-aarch64", "gcc"))

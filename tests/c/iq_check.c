@@ -1,6 +1,6 @@
 /* The i-quant kernels (csrc/lc_iquants.h) from C, for CPUs the test machine lacks:
    tests/backends/test_kernels_iquants.py cross-compiles this file and the library for aarch64 and runs it
-   under qemu-aarch64 (there the NEON ISA runs the portable C i-quant path), and runs it natively too.
+   under qemu-aarch64 (there the NEON ISA runs csrc/lc_iq_neon.h), and runs it natively too.
    For random blocks of every i-quant and ternary type and MXFP4 it prints a hash of the dequantized values (the
    test compares it across machines: dequantizing must give the same bits everywhere, and on x86 it is
    checked against gguf.quants), and checks lc_linear against the float64 product of those dequantized
