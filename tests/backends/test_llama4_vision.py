@@ -9,6 +9,7 @@ the engine on a second turn from the prefix cache."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -29,9 +30,9 @@ from localchat.vision.llama4_preprocess import (
 )
 from localchat.vision.llama4_prompt import Llama4ImagePrompt, image_text
 from localchat.vision.model_info import takes_images, vision_config
-from localchat.vision.placement import chunk_rows
 from localchat.weights.loader import load_model
 from tests.helpers import llama4_vision_models as tiny
+from tests.helpers import picture_parity as picture
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import fp32_runner
 
@@ -218,79 +219,44 @@ def test_image_prompt_logits_and_greedy_tokens(
     assert len(placeholders) == embeds.shape[0]
     runner = fp32_runner(load_model(folder))
     assert isinstance(runner.images.vision, Llama4Vision)  # type: ignore[union-attr]
-    model: Any = runner.model
     driver = PagedDriver(runner)
-    driver.add("a", prompt)
-    rows_logits = []
-    for start, end in [(0, len(prompt))] if chunk is None else [(0, chunk), (chunk, len(prompt))]:
-        rows, picked = chunk_rows(placeholders, start, end)
-        model.image_embeds = (torch.tensor(rows), embeds[picked])
-        _, logits = driver.step_logits({"a": end - start}, every_token=True)
-        rows_logits.append(logits.cpu().numpy())
-    model.image_embeds = None
-    ours = np.concatenate(rows_logits)
-    theirs = _hf_logits(hf, prompt, pixels)
-    err = np.abs(ours - theirs).max()
-    print(f"llama4 image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
-    assert err < 1e-4
-    for _ in range(3):  # greedy decode after the picture
-        driver.feed("a", int(ours[-1].argmax()))
-        _, logits = driver.step_logits()
-        ours = logits.cpu().numpy()
-        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), pixels)[-1].argmax())
-    # the picture matters: with other pixels the prompt's last logits differ
-    assert np.abs(theirs[-1] - _hf_logits(hf, prompt, torch.full_like(pixels, 0.5))[-1]).max() > 1e-3
-
-
-def _hf_greedy(hf: Any, prompt: list[int], pixels: torch.Tensor, new: int) -> list[int]:
-    tokens = list(prompt)
-    for _ in range(new):
-        tokens.append(int(_hf_logits(hf, tokens, pixels)[-1].argmax()))
-    return tokens[len(prompt) :]
+    picture.assert_prefill_and_greedy(
+        driver,
+        prompt,
+        picture.spans(len(prompt), chunk),
+        picture.scattered_rows(driver, placeholders, embeds),
+        lambda tokens: _hf_logits(hf, tokens, pixels),
+        "llama4",
+        # the picture matters: with other pixels the prompt's last logits differ
+        without_picture=lambda tokens: _hf_logits(hf, tokens, torch.full_like(pixels, 0.5)),
+    )
 
 
 @pytest.mark.parametrize("chunk", [0, 50])
 def test_engine_greedy_equals_transformers(saved: tuple[Any, Path], tmp_path: Path, chunk: int) -> None:
     """Through LLMEngine + TorchRunner (the runner's own tower and encoder cache): each picture twice, the
     second time from the prefix cache, gives transformers' greedy tokens; chunk 50 splits the first tile."""
-    from localchat.engine.config import EngineConfig
-    from localchat.engine.engine import LLMEngine
-    from localchat.engine.sampling_params import SamplingParams
     from localchat.vision.gemma3_preprocess import content_hash
 
     hf, folder = saved
     prompt_side = _prompt(folder)
     bundle = load_model(folder)
     runner = fp32_runner(bundle)
-    engine = LLMEngine(
-        runner,
-        bundle.tokenizer,
-        EngineConfig(kv_cache_mib=4, block_size=4, prefill_chunk_size=chunk),
-        eos_token_ids=[],
-        model_max_len=512,
-    )
-    answers = []
-    pictures = tiny.pictures(tmp_path)[:2]
-    for path in pictures:
+    cases = []
+    for path in tiny.pictures(tmp_path)[:2]:
         pixels, tiles = prompt_side.preprocess(Image.open(path))
         prompt = _prompt_ids(folder, [tiles])
-        turns = []
-        for _ in range(2):
-            images = prompt_side.inputs(prompt, [(content_hash(path.read_bytes()), pixels, tiles)])
-            req = engine.add_request(prompt, SamplingParams(max_tokens=5, temperature=0.0), images=images)
-            tokens: list[int] = []
-            cached = 0
-            while engine.has_unfinished:
-                for out in engine.step():
-                    if out.req_id == req:
-                        tokens += out.new_token_ids
-                        cached = out.num_cached_tokens
-            turns.append((tokens, cached))
-        assert turns[1][0] == turns[0][0] and turns[1][1] >= len(prompt) - 4  # the picture's blocks reused
-        assert turns[0][0] == _hf_greedy(hf, prompt, torch.from_numpy(pixels), 5), path.name
-        answers.append(turns[0][0])
-    assert runner.images.cache.misses == len(pictures)  # type: ignore[union-attr]
-    assert answers[0] != answers[1]
+        key = content_hash(path.read_bytes())
+        reference = partial(_hf_logits, hf, pixels=torch.from_numpy(pixels))
+        cases.append(
+            picture.Case(
+                path.name,
+                prompt,
+                partial(prompt_side.inputs, prompt, [(key, pixels, tiles)]),
+                partial(picture.hf_greedy, reference, prompt, 5),
+            )
+        )
+    picture.assert_twice_from_the_caches(picture.small_engine(runner, bundle.tokenizer, chunk, 512), cases, 5)
 
 
 @pytest.mark.mlx
@@ -318,7 +284,6 @@ def test_mlx_image_prompt_logits_and_greedy_tokens(
     """Through the MLX runner's compute_logits with image slices as engine/batch.py builds them (chunk=60
     splits the picture inside a tile): transformers' logits and greedy tokens; one encode."""
     pytest.importorskip("mlx.core")
-    from localchat.engine.interface import ImageSlice
     from localchat.vision.gemma3_preprocess import content_hash
     from tests.helpers.parity import Driver, mlx_runner
 
@@ -331,25 +296,13 @@ def test_mlx_image_prompt_logits_and_greedy_tokens(
     runner = mlx_runner(load_model(folder))
     assert runner.images is not None
     driver = Driver(runner)
-    driver.add("a", prompt)
-    rows_logits = []
-    for start, end in [(0, len(prompt))] if chunk is None else [(0, chunk), (chunk, len(prompt))]:
-        out, batch = driver.build({"a": end - start}, every_token=True)
-        token_rows, embed_rows = chunk_rows(list(image.placeholders), start, end)
-        batch.image_slices = [ImageSlice(image, token_rows, embed_rows)]
-        rows_logits.append(np.array(runner.compute_logits(out, batch)))
-    assert (runner.images.cache.misses, runner.images.cache.hits) == (1, 0 if chunk is None else 1)
-    ours = np.concatenate(rows_logits)
+    steps = picture.spans(len(prompt), chunk)
     torch_pixels = torch.from_numpy(pixels)
-    theirs = _hf_logits(hf, prompt, torch_pixels)
-    err = np.abs(ours - theirs).max()
-    print(f"mlx llama4 image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
-    assert err < 1e-4
-    for _ in range(3):  # greedy decode after the picture: no image rows in these steps
-        driver.feed("a", int(ours[-1].argmax()))
-        _, logits = driver.step_logits()
-        ours = logits
-        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), torch_pixels)[-1].argmax())
+    reference = partial(_hf_logits, hf, pixels=torch_pixels)
+    picture.assert_prefill_and_greedy(
+        driver, prompt, steps, picture.image_slices(driver, image), reference, "mlx llama4"
+    )
+    picture.assert_encoded_once(runner, image, steps)
 
 
 def test_text_only_export_runs_as_text(saved: tuple[Any, Path], tmp_path: Path) -> None:

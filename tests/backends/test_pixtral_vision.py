@@ -7,6 +7,7 @@ also with a prefill chunk boundary inside the image's run and through the engine
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,8 @@ from localchat.backends.torch.vision.pixtral import PixtralVision, load_pixtral_
 from localchat.engine.request import ImageInput
 from localchat.vision.model_info import vision_config
 from localchat.vision.pixtral_prompt import PixtralImagePrompt
-from localchat.vision.placement import chunk_rows
 from localchat.weights.loader import load_model
+from tests.helpers import picture_parity as picture
 from tests.helpers import pixtral_models as tiny
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import fp32_runner
@@ -159,29 +160,17 @@ def test_image_prompt_logits_and_greedy_tokens(
     prompt = prompt_for(rows, columns)
     embeds = load_pixtral_vision(folder).encode(pixels)[0]  # encoded once, whole
     placeholders = list(_prompt_side(folder).placeholders(prompt, [(rows, columns)])[0])
-    runner = fp32_runner(load_model(folder))
-    model: Any = runner.model
-    driver = PagedDriver(runner)
-    driver.add("a", prompt)
-    rows_logits = []
-    for start, end in [(0, len(prompt))] if chunk is None else [(0, chunk), (chunk, len(prompt))]:
-        token_rows, picked = chunk_rows(placeholders, start, end)
-        model.image_embeds = (torch.tensor(token_rows), embeds[picked])
-        _, logits = driver.step_logits({"a": end - start}, every_token=True)
-        rows_logits.append(logits.cpu().numpy())
-    model.image_embeds = None
-    ours = np.concatenate(rows_logits)
-    theirs = _hf_logits(hf, prompt, pixels)
-    err = np.abs(ours - theirs).max()
-    print(f"pixtral image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
-    assert err < 1e-4
-    for _ in range(3):  # greedy decode after the image
-        driver.feed("a", int(ours[-1].argmax()))
-        _, logits = driver.step_logits()
-        ours = logits.cpu().numpy()
-        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), pixels)[-1].argmax())
-    # the picture matters: without its embeddings the prompt's last logits differ
-    assert np.abs(theirs[-1] - _hf_logits(hf, prompt, torch.zeros_like(pixels))[-1]).max() > 1e-3
+    driver = PagedDriver(fp32_runner(load_model(folder)))
+    picture.assert_prefill_and_greedy(
+        driver,
+        prompt,
+        picture.spans(len(prompt), chunk),
+        picture.scattered_rows(driver, placeholders, embeds),
+        partial(_hf_logits, hf, pixels=pixels),
+        "pixtral",
+        # the picture matters: without its embeddings the prompt's last logits differ
+        without_picture=partial(_hf_logits, hf, pixels=torch.zeros_like(pixels)),
+    )
 
 
 def _text_config(family: str) -> dict[str, Any]:
@@ -216,35 +205,17 @@ def test_other_wrapped_text_models_take_the_pictures(tmp_path: Path, family: str
     placeholders = list(side.placeholders(prompt, [grid])[0])
     bundle = load_model(folder)
     assert bundle.config.model_type == family
-    runner = fp32_runner(bundle)
-    model: Any = runner.model
-    driver = PagedDriver(runner)
-    driver.add("a", prompt)
-    rows_logits = []
-    for start, end in [(0, 9), (9, len(prompt))]:
-        token_rows, picked = chunk_rows(placeholders, start, end)
-        model.image_embeds = (torch.tensor(token_rows), embeds[picked])
-        _, logits = driver.step_logits({"a": end - start}, every_token=True)
-        rows_logits.append(logits.cpu().numpy())
-    model.image_embeds = None
-    ours = np.concatenate(rows_logits)
-    theirs = _hf_logits(hf, prompt, pixels)
-    err = np.abs(ours - theirs).max()
-    print(f"pixtral image prompt logits max abs err fp32 ({family} text): {err:.2e}")
-    assert err < 1e-4
-    for _ in range(2):
-        driver.feed("a", int(ours[-1].argmax()))
-        _, logits = driver.step_logits()
-        ours = logits.cpu().numpy()
-        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), pixels)[-1].argmax())
-    assert np.abs(theirs[-1] - _hf_logits(hf, prompt, torch.zeros_like(pixels))[-1]).max() > 1e-3
-
-
-def hf_greedy(hf: Any, prompt: list[int], pixels: torch.Tensor, new: int) -> list[int]:
-    tokens = list(prompt)
-    for _ in range(new):
-        tokens.append(int(_hf_logits(hf, tokens, pixels)[-1].argmax()))
-    return tokens[len(prompt) :]
+    driver = PagedDriver(fp32_runner(bundle))
+    picture.assert_prefill_and_greedy(
+        driver,
+        prompt,
+        picture.spans(len(prompt), 9),
+        picture.scattered_rows(driver, placeholders, embeds),
+        partial(_hf_logits, hf, pixels=pixels),
+        f"pixtral ({family} text)",
+        greedy=2,
+        without_picture=partial(_hf_logits, hf, pixels=torch.zeros_like(pixels)),
+    )
 
 
 @pytest.mark.parametrize("chunk", [0, 7])
@@ -256,46 +227,25 @@ def test_engine_greedy_equals_transformers(saved: tuple[Any, Path], tmp_path: Pa
 
 
 def engine_answers(hf: Any, model_path: Path, tmp_path: Path, chunk: int) -> None:
-    from localchat.engine.config import EngineConfig
-    from localchat.engine.engine import LLMEngine
-    from localchat.engine.sampling_params import SamplingParams
     from localchat.vision.gemma3_preprocess import content_hash
 
     side = _prompt_side(model_path)
     bundle = load_model(model_path)
     runner = fp32_runner(bundle)
     assert isinstance(runner.images.vision, PixtralVision)  # type: ignore[union-attr]
-    engine = LLMEngine(
-        runner,
-        bundle.tokenizer,
-        EngineConfig(kv_cache_mib=4, block_size=4, prefill_chunk_size=chunk),
-        eos_token_ids=[],
-        model_max_len=128,
-    )
-    pictures = tiny.pictures(tmp_path)
-    answers = []
-    for path in pictures:
+    cases = []
+    for path in tiny.pictures(tmp_path):
         pixels = side.preprocess(Image.open(path))
         grid = side.grid(pixels)
         prompt = prompt_for(*grid)
-        turns = []
-        for _ in range(2):
-            run = side.placeholders(prompt, [grid])[0]
-            image = (ImageInput(run, content_hash(path.read_bytes()), pixels),)
-            req = engine.add_request(prompt, SamplingParams(max_tokens=6, temperature=0.0), images=image)
-            tokens: list[int] = []
-            cached = 0
-            while engine.has_unfinished:
-                for out in engine.step():
-                    if out.req_id == req:
-                        tokens += out.new_token_ids
-                        cached = out.num_cached_tokens
-            turns.append((tokens, cached))
-        assert turns[1][0] == turns[0][0] and turns[1][1] >= len(prompt) - 4  # the picture's blocks reused
-        assert turns[0][0] == hf_greedy(hf, prompt, torch.from_numpy(pixels)[None], 6), path.name
-        answers.append(turns[0][0])
-    assert runner.images.cache.misses == len(pictures)  # type: ignore[union-attr]
-    assert answers[0] != answers[1]
+        images = picture.inputs_for(
+            side.placeholders(prompt, [grid])[0], content_hash(path.read_bytes()), pixels
+        )
+        reference = partial(_hf_logits, hf, pixels=torch.from_numpy(pixels)[None])
+        cases.append(
+            picture.Case(path.name, prompt, images, partial(picture.hf_greedy, reference, prompt, 6))
+        )
+    picture.assert_twice_from_the_caches(picture.small_engine(runner, bundle.tokenizer, chunk, 128), cases, 6)
 
 
 # --- MLX: the same tower and the MLX runner's image path (float32 on MLX's CPU device) -------------------
@@ -337,7 +287,6 @@ def test_mlx_image_prompt_logits_and_greedy_tokens(
     splits the image's rows): transformers' logits and greedy tokens for each wrapped text family; the
     picture is encoded once."""
     pytest.importorskip("mlx.core")
-    from localchat.engine.interface import ImageSlice
     from localchat.vision.gemma3_preprocess import content_hash
     from tests.helpers.parity import Driver, mlx_runner
 
@@ -354,25 +303,13 @@ def test_mlx_image_prompt_logits_and_greedy_tokens(
     assert runner.images is not None
     image = ImageInput(side.placeholders(prompt, [grid])[0], content_hash(path.read_bytes()), pixels)
     driver = Driver(runner)
-    driver.add("a", prompt)
-    rows_logits = []
-    for start, end in [(0, len(prompt))] if chunk is None else [(0, chunk), (chunk, len(prompt))]:
-        out, batch = driver.build({"a": end - start}, every_token=True)
-        token_rows, embed_rows = chunk_rows(list(image.placeholders), start, end)
-        batch.image_slices = [ImageSlice(image, token_rows, embed_rows)]
-        rows_logits.append(np.array(runner.compute_logits(out, batch)))
-    assert (runner.images.cache.misses, runner.images.cache.hits) == (1, 0 if chunk is None else 1)
-    ours = np.concatenate(rows_logits)
-    torch_pixels = torch.from_numpy(pixels)[None]
-    theirs = _hf_logits(hf, prompt, torch_pixels)
-    err = np.abs(ours - theirs).max()
-    print(f"mlx pixtral image prompt logits max abs err fp32 ({family} text, chunk={chunk}): {err:.2e}")
-    assert err < 1e-4
-    for _ in range(3):  # greedy decode after the image: no image rows in these steps
-        driver.feed("a", int(ours[-1].argmax()))
-        _, logits = driver.step_logits()
-        ours = logits
-        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), torch_pixels)[-1].argmax())
+    steps = picture.spans(len(prompt), chunk)
+    reference = partial(_hf_logits, hf, pixels=torch.from_numpy(pixels)[None])
+    label = f"mlx pixtral ({family} text)"
+    picture.assert_prefill_and_greedy(
+        driver, prompt, steps, picture.image_slices(driver, image), reference, label
+    )
+    picture.assert_encoded_once(runner, image, steps)
 
 
 def test_only_wrappers_of_image_taking_text_models_say_vision(

@@ -7,6 +7,7 @@ prefill chunk boundary inside a picture's tiles and on a second turn from the pr
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,10 @@ from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_stri
 
 from localchat.backends.torch.vision.smolvlm import SmolVLMVision, load_smolvlm_vision
 from localchat.vision.model_info import takes_images, vision_config
-from localchat.vision.placement import chunk_rows
 from localchat.vision.smolvlm_preprocess import SmolVLMImageSpec, preprocess_smolvlm
 from localchat.vision.smolvlm_prompt import SmolVLMImagePrompt, image_text
 from localchat.weights.loader import load_model
+from tests.helpers import picture_parity as picture
 from tests.helpers import smolvlm_models as tiny
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import fp32_runner
@@ -169,46 +170,24 @@ def test_image_prompt_logits_and_greedy_tokens(
     embeds = vision.encode(pixels)[0]  # encoded once, whole
     placeholders = [i for i, t in enumerate(prompt) if t == tiny.IMAGE]
     assert len(placeholders) == embeds.shape[0]
-    runner = fp32_runner(load_model(folder))
-    model: Any = runner.model
-    driver = PagedDriver(runner)
-    driver.add("a", prompt)
-    rows_logits = []
-    for start, end in [(0, len(prompt))] if chunk is None else [(0, chunk), (chunk, len(prompt))]:
-        rows, picked = chunk_rows(placeholders, start, end)
-        model.image_embeds = (torch.tensor(rows), embeds[picked])
-        _, logits = driver.step_logits({"a": end - start}, every_token=True)
-        rows_logits.append(logits.cpu().numpy())
-    model.image_embeds = None
-    ours = np.concatenate(rows_logits)
-    theirs = _hf_logits(hf, prompt, pixels)
-    err = np.abs(ours - theirs).max()
-    print(f"{kind} image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
-    assert err < 1e-4
-    for _ in range(3):  # greedy decode after the picture
-        driver.feed("a", int(ours[-1].argmax()))
-        _, logits = driver.step_logits()
-        ours = logits.cpu().numpy()
-        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), pixels)[-1].argmax())
-    # the picture matters: with other pixels the prompt's last logits differ (not zeros: transformers
-    # drops all-zero tiles as batch padding)
-    assert np.abs(theirs[-1] - _hf_logits(hf, prompt, torch.full_like(pixels, 0.5))[-1]).max() > 1e-3
-
-
-def hf_greedy(hf: Any, prompt: list[int], pixels: torch.Tensor, new: int) -> list[int]:
-    tokens = list(prompt)
-    for _ in range(new):
-        tokens.append(int(_hf_logits(hf, tokens, pixels)[-1].argmax()))
-    return tokens[len(prompt) :]
+    driver = PagedDriver(fp32_runner(load_model(folder)))
+    picture.assert_prefill_and_greedy(
+        driver,
+        prompt,
+        picture.spans(len(prompt), chunk),
+        picture.scattered_rows(driver, placeholders, embeds),
+        partial(_hf_logits, hf, pixels=pixels),
+        f"{kind}",
+        # the picture matters: with other pixels the prompt's last logits differ (not zeros: transformers
+        # drops all-zero tiles as batch padding)
+        without_picture=partial(_hf_logits, hf, pixels=torch.full_like(pixels, 0.5)),
+    )
 
 
 def engine_answers(hf: Any, model_path: Path, folder: Path, chunk: int) -> list[list[int]]:
     """Through LLMEngine + TorchRunner (the runner's own tower and encoder cache): each picture twice, the
     second time from the prefix cache, gives transformers' greedy tokens (the prompt ids from the folder's
     tokenizer: a GGUF keeps its ids)."""
-    from localchat.engine.config import EngineConfig
-    from localchat.engine.engine import LLMEngine
-    from localchat.engine.sampling_params import SamplingParams
     from localchat.vision.gemma3_preprocess import content_hash
 
     config = vision_config(model_path)
@@ -217,36 +196,23 @@ def engine_answers(hf: Any, model_path: Path, folder: Path, chunk: int) -> list[
     bundle = load_model(model_path)
     runner = fp32_runner(bundle)
     assert isinstance(runner.images.vision, SmolVLMVision)  # type: ignore[union-attr]
-    engine = LLMEngine(
-        runner,
-        bundle.tokenizer,
-        EngineConfig(kv_cache_mib=4, block_size=4, prefill_chunk_size=chunk),
-        eos_token_ids=[],
-        model_max_len=512,
-    )
-    answers = []
-    pictures = tiny.pictures(folder)
-    for path in pictures:
+    cases = []
+    for path in tiny.pictures(folder):
         pixels, tiles = prompt_side.preprocess(Image.open(path))
         prompt = _prompt_ids(folder, [tiles])
-        turns = []
-        for _ in range(2):
-            images = prompt_side.inputs(prompt, [(content_hash(path.read_bytes()), pixels, tiles)])
-            req = engine.add_request(prompt, SamplingParams(max_tokens=6, temperature=0.0), images=images)
-            tokens: list[int] = []
-            cached = 0
-            while engine.has_unfinished:
-                for out in engine.step():
-                    if out.req_id == req:
-                        tokens += out.new_token_ids
-                        cached = out.num_cached_tokens
-            turns.append((tokens, cached))
-        assert turns[1][0] == turns[0][0] and turns[1][1] >= len(prompt) - 4  # the picture's blocks reused
-        assert turns[0][0] == hf_greedy(hf, prompt, torch.from_numpy(pixels)[None], 6), path.name
-        answers.append(turns[0][0])
-    assert runner.images.cache.misses == len(pictures)  # type: ignore[union-attr]
-    assert answers[0] != answers[1]
-    return answers
+        key = content_hash(path.read_bytes())
+        reference = partial(_hf_logits, hf, pixels=torch.from_numpy(pixels)[None])
+        cases.append(
+            picture.Case(
+                path.name,
+                prompt,
+                partial(prompt_side.inputs, prompt, [(key, pixels, tiles)]),
+                partial(picture.hf_greedy, reference, prompt, 6),
+            )
+        )
+    return picture.assert_twice_from_the_caches(
+        picture.small_engine(runner, bundle.tokenizer, chunk, 512), cases, 6
+    )
 
 
 @pytest.mark.parametrize("chunk", [0, 13])
@@ -326,7 +292,6 @@ def test_mlx_image_prompt_logits_and_greedy_tokens(
     """Through the MLX runner's compute_logits with image slices as engine/batch.py builds them (chunk=45
     splits the picture inside its third tile): transformers' logits and greedy tokens; one encode."""
     pytest.importorskip("mlx.core")
-    from localchat.engine.interface import ImageSlice
     from localchat.vision.gemma3_preprocess import content_hash
     from tests.helpers.parity import Driver, mlx_runner
 
@@ -341,25 +306,12 @@ def test_mlx_image_prompt_logits_and_greedy_tokens(
     runner = mlx_runner(load_model(folder))
     assert runner.images is not None
     driver = Driver(runner)
-    driver.add("a", prompt)
-    rows_logits = []
-    for start, end in [(0, len(prompt))] if chunk is None else [(0, chunk), (chunk, len(prompt))]:
-        out, batch = driver.build({"a": end - start}, every_token=True)
-        token_rows, embed_rows = chunk_rows(list(image.placeholders), start, end)
-        batch.image_slices = [ImageSlice(image, token_rows, embed_rows)]
-        rows_logits.append(np.array(runner.compute_logits(out, batch)))
-    assert (runner.images.cache.misses, runner.images.cache.hits) == (1, 0 if chunk is None else 1)
-    ours = np.concatenate(rows_logits)
-    torch_pixels = torch.from_numpy(pixels)[None]
-    theirs = _hf_logits(hf, prompt, torch_pixels)
-    err = np.abs(ours - theirs).max()
-    print(f"mlx smolvlm image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
-    assert err < 1e-4
-    for _ in range(3):  # greedy decode after the picture: no image rows in these steps
-        driver.feed("a", int(ours[-1].argmax()))
-        _, logits = driver.step_logits()
-        ours = logits
-        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), torch_pixels)[-1].argmax())
+    steps = picture.spans(len(prompt), chunk)
+    reference = partial(_hf_logits, hf, pixels=torch.from_numpy(pixels)[None])
+    picture.assert_prefill_and_greedy(
+        driver, prompt, steps, picture.image_slices(driver, image), reference, "mlx smolvlm"
+    )
+    picture.assert_encoded_once(runner, image, steps)
 
 
 def test_vision_defaults_are_transformers_and_fill_a_sparse_config(

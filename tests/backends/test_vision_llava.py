@@ -7,6 +7,8 @@ the image's run and on a second turn from the prefix cache."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +24,9 @@ from localchat.engine.request import ImageInput
 from localchat.vision.clip_preprocess import ClipImageSpec, preprocess_clip
 from localchat.vision.llava_prompt import LlavaImagePrompt
 from localchat.vision.model_info import vision_config
-from localchat.vision.placement import chunk_rows
 from localchat.weights.loader import load_model
 from tests.helpers import llava_models as tiny
+from tests.helpers import picture_parity as picture
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import fp32_runner
 
@@ -123,44 +125,25 @@ def test_image_prompt_logits_and_greedy_tokens(
     pixels = _pixels(folder, tiny.pictures(tmp_path)[0])
     embeds = vision.encode(pixels)[0]  # encoded once, whole
     placeholders = [i for i, t in enumerate(PROMPT) if t == tiny.IMAGE]
-    runner = fp32_runner(load_model(folder))
-    model: Any = runner.model
-    driver = PagedDriver(runner)
-    driver.add("a", PROMPT)
-    rows_logits = []
-    for start, end in [(0, len(PROMPT))] if chunk is None else [(0, chunk), (chunk, len(PROMPT))]:
-        rows, picked = chunk_rows(placeholders, start, end)
-        model.image_embeds = (torch.tensor(rows), embeds[picked])
-        _, logits = driver.step_logits({"a": end - start}, every_token=True)
-        rows_logits.append(logits.cpu().numpy())
-    model.image_embeds = None
-    ours = np.concatenate(rows_logits)
-    theirs = _hf_logits(hf, PROMPT, pixels)
-    err = np.abs(ours - theirs).max()
-    print(f"llava image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
-    assert err < 1e-4
-    for _ in range(3):  # greedy decode after the image
-        driver.feed("a", int(ours[-1].argmax()))
-        _, logits = driver.step_logits()
-        ours = logits.cpu().numpy()
-        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), pixels)[-1].argmax())
-    # the picture matters: without its embeddings the prompt's last logits differ
-    assert np.abs(theirs[-1] - _hf_logits(hf, PROMPT, torch.zeros_like(pixels))[-1]).max() > 1e-3
+    driver = PagedDriver(fp32_runner(load_model(folder)))
+    picture.assert_prefill_and_greedy(
+        driver,
+        PROMPT,
+        picture.spans(len(PROMPT), chunk),
+        picture.scattered_rows(driver, placeholders, embeds),
+        partial(_hf_logits, hf, pixels=pixels),
+        "llava",
+        # the picture matters: without its embeddings the prompt's last logits differ
+        without_picture=partial(_hf_logits, hf, pixels=torch.zeros_like(pixels)),
+    )
 
 
-def hf_greedy(hf: Any, prompt: list[int], pixels: torch.Tensor, new: int) -> list[int]:
-    tokens = list(prompt)
-    for _ in range(new):
-        tokens.append(int(_hf_logits(hf, tokens, pixels)[-1].argmax()))
-    return tokens[len(prompt) :]
-
-
-def engine_answers(model_path: Path, pictures: list[Path], chunk: int, new: int = 6) -> list[list[int]]:
+def engine_answers(
+    hf: Any, model_path: Path, pictures: list[Path], hf_pixels: Callable[[Path], torch.Tensor], chunk: int
+) -> None:
     """Through LLMEngine + TorchRunner (the runner's own tower and encoder cache): each picture twice,
-    the second time from the prefix cache; asserts both turns agree."""
-    from localchat.engine.config import EngineConfig
-    from localchat.engine.engine import LLMEngine
-    from localchat.engine.sampling_params import SamplingParams
+    the second time from the prefix cache; the first turn gives transformers' greedy tokens on
+    `hf_pixels(picture)`."""
     from localchat.vision.gemma3_preprocess import content_hash
 
     config = vision_config(model_path)
@@ -169,46 +152,22 @@ def engine_answers(model_path: Path, pictures: list[Path], chunk: int, new: int 
     bundle = load_model(model_path)
     runner = fp32_runner(bundle)
     assert isinstance(runner.images.vision, LlavaVision)  # type: ignore[union-attr]
-    engine = LLMEngine(
-        runner,
-        bundle.tokenizer,
-        EngineConfig(kv_cache_mib=4, block_size=4, prefill_chunk_size=chunk),
-        eos_token_ids=[],
-        model_max_len=128,
-    )
-    answers = []
+    (run,) = prompt_side.placeholders(PROMPT)
+    cases = []
     for path in pictures:
-        runs = prompt_side.placeholders(PROMPT)
-        turns = []
-        for _ in range(2):
-            image = (
-                ImageInput(
-                    runs[0], content_hash(path.read_bytes()), prompt_side.preprocess(Image.open(path))
-                ),
-            )
-            req = engine.add_request(PROMPT, SamplingParams(max_tokens=new, temperature=0.0), images=image)
-            tokens: list[int] = []
-            cached = 0
-            while engine.has_unfinished:
-                for out in engine.step():
-                    if out.req_id == req:
-                        tokens += out.new_token_ids
-                        cached = out.num_cached_tokens
-            turns.append((tokens, cached))
-        assert turns[1][0] == turns[0][0] and turns[1][1] >= len(PROMPT) - 4  # the picture's blocks reused
-        answers.append(turns[0][0])
-    assert runner.images.cache.misses == len(pictures)  # type: ignore[union-attr]
-    return answers
+        pixels = prompt_side.preprocess(Image.open(path))
+        reference = partial(_hf_logits, hf, pixels=hf_pixels(path))
+        images = picture.inputs_for(run, content_hash(path.read_bytes()), pixels)
+        cases.append(
+            picture.Case(path.name, PROMPT, images, partial(picture.hf_greedy, reference, PROMPT, 6))
+        )
+    picture.assert_twice_from_the_caches(picture.small_engine(runner, bundle.tokenizer, chunk, 128), cases, 6)
 
 
 @pytest.mark.parametrize("chunk", [0, 7])
 def test_engine_greedy_equals_transformers(saved: tuple[Any, Path], tmp_path: Path, chunk: int) -> None:
     hf, folder = saved
-    pictures = tiny.pictures(tmp_path)
-    answers = engine_answers(folder, pictures, chunk)
-    for path, ours in zip(pictures, answers, strict=True):
-        assert ours == hf_greedy(hf, PROMPT, _pixels(folder, path), 6), path.name
-    assert answers[0] != answers[1]
+    engine_answers(hf, folder, tiny.pictures(tmp_path), partial(_pixels, folder), chunk)
 
 
 # --- GGUF + llama.cpp's `mlp` mmproj -------------------------------------------------------------------
@@ -255,15 +214,14 @@ def test_gguf_pair_greedy_equals_transformers(
     """The text GGUF with the paired mmproj through the engine: transformers' greedy tokens (the same
     pixels go to both), a chunk boundary inside the image's run, the second turn from the prefix cache."""
     hf, _, model, _ = gguf_pair
-    pictures = tiny.pictures(tmp_path)
-    answers = engine_answers(model, pictures, chunk)
     config = vision_config(model)
     assert config is not None
     prompt_side = LlavaImagePrompt.from_config(model, config)
-    for path, ours in zip(pictures, answers, strict=True):
-        pixels = torch.from_numpy(prompt_side.preprocess(Image.open(path)))[None]
-        assert ours == hf_greedy(hf, PROMPT, pixels, 6), path.name
-    assert answers[0] != answers[1]
+
+    def hf_pixels(path: Path) -> torch.Tensor:
+        return torch.from_numpy(prompt_side.preprocess(Image.open(path)))[None]
+
+    engine_answers(hf, model, tiny.pictures(tmp_path), hf_pixels, chunk)
 
 
 def test_mismatched_or_tokenless_pairs(gguf_pair: tuple[Any, Path, Path, Path], tmp_path: Path) -> None:
@@ -330,7 +288,6 @@ def test_mlx_image_prompt_logits_and_greedy_tokens(
     splits the image's run at positions 2-17): transformers' logits and greedy tokens; the picture is
     encoded once."""
     pytest.importorskip("mlx.core")
-    from localchat.engine.interface import ImageSlice
     from localchat.vision.gemma3_preprocess import content_hash
     from tests.helpers.parity import Driver, mlx_runner
 
@@ -346,22 +303,10 @@ def test_mlx_image_prompt_logits_and_greedy_tokens(
     assert runner.images is not None
     image = ImageInput(tuple(range(2, 2 + tiny.TOKENS_PER_IMAGE)), content_hash(path.read_bytes()), pixels)
     driver = Driver(runner)
-    driver.add("a", PROMPT)
-    rows_logits = []
-    for start, end in [(0, len(PROMPT))] if chunk is None else [(0, chunk), (chunk, len(PROMPT))]:
-        out, batch = driver.build({"a": end - start}, every_token=True)
-        token_rows, embed_rows = chunk_rows(list(image.placeholders), start, end)
-        batch.image_slices = [ImageSlice(image, token_rows, embed_rows)]
-        rows_logits.append(np.array(runner.compute_logits(out, batch)))
-    assert (runner.images.cache.misses, runner.images.cache.hits) == (1, 0 if chunk is None else 1)
-    ours = np.concatenate(rows_logits)
-    torch_pixels = torch.from_numpy(pixels)[None]
-    theirs = _hf_logits(hf, PROMPT, torch_pixels)
-    err = np.abs(ours - theirs).max()
-    print(f"mlx llava image prompt logits max abs err fp32 ({source}, chunk={chunk}): {err:.2e}")
-    assert err < 1e-4
-    for _ in range(3):  # greedy decode after the image: no image rows in these steps
-        driver.feed("a", int(ours[-1].argmax()))
-        _, logits = driver.step_logits()
-        ours = logits
-        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), torch_pixels)[-1].argmax())
+    steps = picture.spans(len(PROMPT), chunk)
+    reference = partial(_hf_logits, hf, pixels=torch.from_numpy(pixels)[None])
+    label = f"mlx llava ({source})"
+    picture.assert_prefill_and_greedy(
+        driver, PROMPT, steps, picture.image_slices(driver, image), reference, label
+    )
+    picture.assert_encoded_once(runner, image, steps)

@@ -7,6 +7,7 @@ prefill chunk boundary inside the image's run and through the engine."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,9 @@ from localchat.backends.torch.vision.llava_next import LlavaNextVision, load_lla
 from localchat.engine.request import ImageInput
 from localchat.vision.llava_next_prompt import AnyresPixels, LlavaNextImagePrompt
 from localchat.vision.model_info import vision_config
-from localchat.vision.placement import chunk_rows
 from localchat.weights.loader import load_model
 from tests.helpers import llava_next_models as tiny
+from tests.helpers import picture_parity as picture
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import fp32_runner
 
@@ -141,34 +142,15 @@ def test_image_prompt_logits_and_greedy_tokens(
     embeds = vision.encode_anyres(torch.from_numpy(pixels.tiles), pixels.image_size)
     prompt = _prompt(side.grid(pixels))
     placeholders = [i for i, t in enumerate(prompt) if t == IMAGE]
-    runner = fp32_runner(load_model(folder))
-    model: Any = runner.model
-    driver = PagedDriver(runner)
-    driver.add("a", prompt)
-    rows_logits = []
-    for start, end in [(0, len(prompt))] if chunk is None else [(0, chunk), (chunk, len(prompt))]:
-        rows, picked = chunk_rows(placeholders, start, end)
-        model.image_embeds = (torch.tensor(rows), embeds[picked])
-        _, logits = driver.step_logits({"a": end - start}, every_token=True)
-        rows_logits.append(logits.cpu().numpy())
-    model.image_embeds = None
-    ours = np.concatenate(rows_logits)
-    theirs = _hf_logits(hf, prompt, pixels)
-    err = np.abs(ours - theirs).max()
-    print(f"llava-next image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
-    assert err < 1e-4
-    for _ in range(3):  # greedy decode after the image
-        driver.feed("a", int(ours[-1].argmax()))
-        _, logits = driver.step_logits()
-        ours = logits.cpu().numpy()
-        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), pixels)[-1].argmax())
-
-
-def _hf_greedy(hf: Any, prompt: list[int], pixels: AnyresPixels, new: int) -> list[int]:
-    tokens = list(prompt)
-    for _ in range(new):
-        tokens.append(int(_hf_logits(hf, tokens, pixels)[-1].argmax()))
-    return tokens[len(prompt) :]
+    driver = PagedDriver(fp32_runner(load_model(folder)))
+    picture.assert_prefill_and_greedy(
+        driver,
+        prompt,
+        picture.spans(len(prompt), chunk),
+        picture.scattered_rows(driver, placeholders, embeds),
+        partial(_hf_logits, hf, pixels=pixels),
+        "llava-next",
+    )
 
 
 @pytest.mark.parametrize("chunk", [0, 13])
@@ -180,44 +162,23 @@ def test_engine_greedy_equals_transformers(saved: tuple[Any, Path], pictures: li
 
 
 def _engine_check(hf: Any, model_path: Path, pictures: list[Path], chunk: int) -> None:
-    from localchat.engine.config import EngineConfig
-    from localchat.engine.engine import LLMEngine
-    from localchat.engine.sampling_params import SamplingParams
     from localchat.vision.gemma3_preprocess import content_hash
 
     side = _prompt_side(model_path)
     bundle = load_model(model_path)
     runner = fp32_runner(bundle)
     assert isinstance(runner.images.vision, LlavaNextVision)  # type: ignore[union-attr]
-    engine = LLMEngine(
-        runner,
-        bundle.tokenizer,
-        EngineConfig(kv_cache_mib=4, block_size=4, prefill_chunk_size=chunk),
-        eos_token_ids=[],
-        model_max_len=256,
-    )
-    answers = []
+    cases = []
     for path in pictures:
         pixels = _tiles(side, path)
         prompt = _prompt(side.grid(pixels))
         (run,) = side.placeholders(prompt, [side.grid(pixels)])
-        turns = []
-        for _ in range(2):
-            image = (ImageInput(run, content_hash(path.read_bytes()), pixels),)
-            req = engine.add_request(prompt, SamplingParams(max_tokens=6, temperature=0.0), images=image)
-            tokens: list[int] = []
-            cached = 0
-            while engine.has_unfinished:
-                for out in engine.step():
-                    if out.req_id == req:
-                        tokens += out.new_token_ids
-                        cached = out.num_cached_tokens
-            turns.append((tokens, cached))
-        assert turns[1][0] == turns[0][0] and turns[1][1] >= len(prompt) - 4  # the picture's blocks reused
-        assert turns[0][0] == _hf_greedy(hf, prompt, pixels, 6), path.name
-        answers.append(turns[0][0])
-    assert runner.images.cache.misses == 2  # type: ignore[union-attr]
-    assert answers[0] != answers[1]
+        images = picture.inputs_for(run, content_hash(path.read_bytes()), pixels)
+        reference = partial(_hf_logits, hf, pixels=pixels)
+        cases.append(
+            picture.Case(path.name, prompt, images, partial(picture.hf_greedy, reference, prompt, 6))
+        )
+    picture.assert_twice_from_the_caches(picture.small_engine(runner, bundle.tokenizer, chunk, 256), cases, 6)
 
 
 def test_full_strategy_is_a_load_error(tmp_path: Path) -> None:
@@ -299,7 +260,6 @@ def test_mlx_image_prompt_logits_and_greedy_tokens(
     """Through the MLX runner's compute_logits with image slices as engine/batch.py builds them (chunk=9
     splits the image's run): transformers' logits and greedy tokens; the picture is encoded once."""
     pytest.importorskip("mlx.core")
-    from localchat.engine.interface import ImageSlice
     from localchat.vision.gemma3_preprocess import content_hash
     from tests.helpers.parity import Driver, mlx_runner
 
@@ -313,24 +273,12 @@ def test_mlx_image_prompt_logits_and_greedy_tokens(
     assert runner.images is not None
     image = ImageInput(run, content_hash(path.read_bytes()), pixels)
     driver = Driver(runner)
-    driver.add("a", prompt)
-    rows_logits = []
-    for start, end in [(0, len(prompt))] if chunk is None else [(0, chunk), (chunk, len(prompt))]:
-        out, batch = driver.build({"a": end - start}, every_token=True)
-        token_rows, embed_rows = chunk_rows(list(image.placeholders), start, end)
-        batch.image_slices = [ImageSlice(image, token_rows, embed_rows)]
-        rows_logits.append(np.array(runner.compute_logits(out, batch)))
-    assert (runner.images.cache.misses, runner.images.cache.hits) == (1, 0 if chunk is None else 1)
-    ours = np.concatenate(rows_logits)
-    theirs = _hf_logits(hf, prompt, pixels)
-    err = np.abs(ours - theirs).max()
-    print(f"mlx llava-next image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
-    assert err < 1e-4
-    for _ in range(3):  # greedy decode after the image: no image rows in these steps
-        driver.feed("a", int(ours[-1].argmax()))
-        _, logits = driver.step_logits()
-        ours = logits
-        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), pixels)[-1].argmax())
+    steps = picture.spans(len(prompt), chunk)
+    reference = partial(_hf_logits, hf, pixels=pixels)
+    picture.assert_prefill_and_greedy(
+        driver, prompt, steps, picture.image_slices(driver, image), reference, "mlx llava-next"
+    )
+    picture.assert_encoded_once(runner, image, steps)
 
 
 # --- GGUF + llama.cpp's LLaVA-NeXT `mlp` mmproj (image_grid_pinpoints, model.image_newline) -----------------
