@@ -3,6 +3,7 @@ eight prompts, each twice, sent at once) against any OpenAI-compatible base URL.
 
     python benchmarks/http_bench.py --url http://127.0.0.1:8000/v1
     python benchmarks/http_bench.py --url http://127.0.0.1:8080/v1 --model any   # e.g. llama-server
+    python benchmarks/http_bench.py --vs-llama-server BIN --gguf FILE   # single stream vs llama-server
 
 Prints aggregate output tok/s (tokens up to each request's stop), time to first token p50/p95,
 per-request latency p50/max and tokens per request.
@@ -128,7 +129,25 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--warmup", type=int, default=1, help="single requests sent before measuring")
     parser.add_argument("--repeat", type=int, default=1, help="measured runs (one table row each)")
-    asyncio.run(run(parser.parse_args()))
+    parser.add_argument(
+        "--vs-llama-server",
+        metavar="BIN",
+        default=None,
+        help="instead: single-stream decode of localchat's server against this llama-server on --gguf, "
+        "alternated rounds (benchmarks/http_vs_llama_server.py)",
+    )
+    parser.add_argument("--gguf", default=None, help="the GGUF both servers load (--vs-llama-server)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternated rounds (--vs-llama-server)")
+    parser.add_argument("--ports", type=int, nargs=2, default=(8731, 8732), help="localchat, llama-server")
+    args = parser.parse_args()
+    if args.vs_llama_server:
+        from benchmarks.http_vs_llama_server import compare
+
+        if not args.gguf:
+            parser.error("--vs-llama-server needs --gguf FILE")
+        compare(args.vs_llama_server, args.gguf, args.rounds, args.max_tokens, tuple(args.ports))
+        return
+    asyncio.run(run(args))
 
 
 if __name__ == "__main__":
