@@ -102,7 +102,9 @@ static void LC_FN(rope_write)(const void *qk, int64_t qk_stride, const void *v, 
             int64_t d0 = h < heads ? (r * heads + h) * d : ((h - heads) * num_slots + slots[r]) * d;
             for (int64_t j = 0; j < d; j++) {
                 float a = lc_round_as(lc_load(qk, bf16, src + j) * lc_load(cos, bf16, r * d + j), bf16);
-                float y = a + lc_load(qk, bf16, src + (j + half) % d) * lc_load(sin, bf16, r * d + j);
+                /* one rounding for x2 * sin + a, as torch.addcmul's vectorized kernel (an FMA) gives: left to
+                   the compiler, the contraction could fuse x * cos instead, and float32 rows differed */
+                float y = fmaf(lc_load(qk, bf16, src + (j + half) % d), lc_load(sin, bf16, r * d + j), a);
                 lc_store(dst, dst_bf16, d0 + j, lc_round_as(y, bf16));
             }
         }

@@ -3,6 +3,7 @@ give the per-layer Python path's logits bit for bit, and steps it cannot run fal
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,9 @@ import torch
 from localchat.backends import RunnerOptions
 from localchat.backends.torch import quant
 from localchat.backends.torch.cpu import decode_step, kernels
+from localchat.backends.torch.eagle3_proposer import HiddenTaps
 from localchat.backends.torch.runner import TorchRunner
+from localchat.engine.interface import BatchInputs
 from localchat.errors import BackendUnavailableError
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.loader import load_model
@@ -97,7 +100,7 @@ def test_fused_decode_equals_the_layer_path(
     monkeypatch.setenv(quant.QUANT_ENV, "int4")  # blocks for every matrix, whatever the ISA
     calls = count_fused_runs(monkeypatch)
     decode_side_by_side(tiny_bundle(tmp_path, qtype=qtype), monkeypatch, dtype)
-    assert calls == [3, 3, 1, 1, 1]  # step 0, the prefill (several tokens a row), took the layer path
+    assert calls == [37, 3, 3, 1, 1, 1]  # step 0 is the prefill: 37 tokens, one decode row each
 
 
 @pytest.mark.parametrize("activations", ["q8", "precise"])
@@ -112,22 +115,28 @@ def test_fused_decode_runs_on_every_isa(
     monkeypatch.setenv(quant.ACTIVATIONS_ENV, activations)
     calls = count_fused_runs(monkeypatch)
     decode_side_by_side(tiny_bundle(tmp_path, qtype="Q4_1"), monkeypatch, steps=4)
-    assert calls == [3, 1, 1]
+    assert calls == [37, 3, 1, 1]
 
 
 @pytest.mark.parametrize(
-    ("model_type", "overrides"),
-    [("qwen2", {}), ("mistral", {"sliding_window": 8})],
+    ("model_type", "overrides", "fused"),
+    [("qwen2", {}, [37, 3, 1, 1]), ("mistral", {"sliding_window": 8}, [3, 1, 1])],
     ids=["qkv-bias", "sliding-window"],
 )
 def test_fused_decode_covers_biases_and_windows(
-    tmp_path: Path, model_type: str, overrides: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    model_type: str,
+    overrides: dict[str, Any],
+    fused: list[int],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Qwen2's q|k|v biases and Mistral's sliding window (shorter than the 23-token prompt) in C too."""
+    """Qwen2's q|k|v biases and Mistral's sliding window (shorter than the 23-token prompt) in C too.
+    Rows of several tokens under a window that matters stay on the layer path, whose prefill rows run
+    SDPA there (windowed_attention.py): the prefill, here."""
     monkeypatch.setenv(quant.QUANT_ENV, "int4")
     calls = count_fused_runs(monkeypatch)
     decode_side_by_side(tiny_bundle(tmp_path, model_type, "Q8_0", **overrides), monkeypatch, steps=4)
-    assert calls == [3, 1, 1]
+    assert calls == fused
 
 
 def test_int8_cache_steps_take_the_layer_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,3 +162,97 @@ def test_a_bad_step_mode_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> No
         decode_step.step_mode()
     monkeypatch.setenv(decode_step.STEP_ENV, " Layers ")
     assert decode_step.step_mode() == "layers"
+
+
+def ragged_prompts(count: int, seed: int) -> dict[str, list[int]]:
+    """`count` prompts of 1 to 41 tokens (ragged contexts, several blocks each at block size 4)."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 42, (count,), generator=gen).tolist()
+    return {
+        f"r{i}": torch.randint(3, TINY_VOCAB_SIZE, (n,), generator=gen).tolist()
+        for i, n in enumerate(lengths)
+    }
+
+
+def keep_into(kept: list[torch.Tensor]) -> Callable[[BatchInputs, torch.Tensor], None]:
+    """An EAGLE-3 tap's sink that keeps every step's copied-out hidden states."""
+
+    def keep(_batch: BatchInputs, aux: torch.Tensor) -> None:
+        kept.append(aux)
+
+    return keep
+
+
+def big_steps_side_by_side(
+    bundle: ModelBundle,
+    prompts: dict[str, list[int]],
+    schedules: list[dict[str, int]],
+    dtype: str = "bfloat16",
+    taps: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
+) -> None:
+    """Both step modes on one file: the prompts' prefill, then each schedule's step (request -> query
+    rows: k drafts and the token before them, fed as real tokens), a logits row for every token; each
+    step's logits (and with `taps`, the EAGLE-3 inputs each mode copied out) equal bit for bit."""
+    drivers = []
+    for mode, kept in zip(("fused", "layers"), taps or (None, None), strict=True):
+        runner = cpu_runner(bundle, dtype)
+        runner.backend_settings[decode_step.STEP_ENV] = mode
+        if kept is not None:
+            runner.hidden_taps = HiddenTaps([0, 1, 2], keep_into(kept))
+        drivers.append(PagedDriver(runner, num_blocks=sum(len(p) + 64 for p in prompts.values()) // 4))
+        for req_id, prompt in prompts.items():
+            drivers[-1].add(req_id, prompt)
+    fused_driver, layers_driver = drivers
+    fused_driver.step_logits(), layers_driver.step_logits()  # the prefills (compared by the other tests)
+    for step, schedule in enumerate(schedules):
+        for driver in drivers:
+            for req_id, rows in schedule.items():
+                for i in range(rows):
+                    driver.feed(req_id, (7 * step + 13 * i + len(req_id)) % (TINY_VOCAB_SIZE - 3) + 3)
+        _, fused = fused_driver.step_logits(schedule, every_token=True)
+        _, layered = layers_driver.step_logits(schedule, every_token=True)
+        assert fused.shape[0] == sum(schedule.values())
+        assert torch.equal(fused, layered), f"step {step}: max diff {(fused - layered).abs().max()}"
+        if taps is not None:
+            assert torch.equal(taps[0][-1], taps[1][-1]), f"step {step}: the copied-out hidden states differ"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_steps_of_24_to_64_rows_run_fused(
+    tmp_path: Path, dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the old 24-row limit: plain batched decode (64, 40, 24 one-token rows) and speculative
+    verification steps (16 sequences of 2-5 query rows, 6 of 5, 8 of 4 beside 8 of 1), ragged contexts.
+    The 1,000-token prefill is above MAX_ROWS: the layer path for both."""
+    monkeypatch.setenv(quant.QUANT_ENV, "int4")
+    calls = count_fused_runs(monkeypatch)
+    prompts = ragged_prompts(64, seed=1)
+    names = list(prompts)
+    schedules = [
+        dict.fromkeys(names, 1),
+        dict.fromkeys(names[:40], 1),
+        dict.fromkeys(names[10:34], 1),
+        {name: 2 + i % 4 for i, name in enumerate(names[:16])},
+        dict.fromkeys(names[20:26], 5),
+        {name: 4 if i < 8 else 1 for i, name in enumerate(names[30:46])},
+    ]
+    big_steps_side_by_side(tiny_bundle(tmp_path, qtype="Q4_1"), prompts, schedules, dtype)
+    assert sum(len(p) for p in prompts.values()) > decode_step.MAX_ROWS
+    assert calls == [sum(s.values()) for s in schedules] == [64, 40, 24, 56, 30, 40]
+
+
+def test_dense_copies_keep_steps_of_24_rows_or_more_on_the_layer_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With dense copies (quant.linear runs F.linear on them from DENSE_FROM_ROWS rows) the fused call
+    takes only the smaller steps, and both paths still agree."""
+    monkeypatch.setenv(quant.QUANT_ENV, "copies")
+    calls = count_fused_runs(monkeypatch)
+    prompts = ragged_prompts(30, seed=2)
+    names = list(prompts)
+    bundle = tiny_bundle(tmp_path, qtype="Q4_1")
+    plan = cpu_runner(bundle).model.decode_plan()
+    assert plan is not None and plan.dense_copies
+    schedules = [dict.fromkeys(names, 1), dict.fromkeys(names[:6], 3), dict.fromkeys(names[:8], 3)]
+    big_steps_side_by_side(bundle, prompts, schedules)
+    assert calls == [18]

@@ -6,16 +6,24 @@ norm, gate|up, SwiGLU and down projection, the same kernels in the same order as
 path (models/llama.py), so the hidden states match it bit for bit. What goes is the Python between
 them: SmolLM2-135M spent about half of each decode token in per-layer tensor allocations and ctypes calls.
 
-A row of several tokens (a speculative step's draft verification, a short prompt) runs as one decode row
-per token, each over the context up to its own position, as the per-layer path's attention already does
-on the kernels (attention.py). Bit for bit in bfloat16; in float32 the C RoPE rounds differently from
-torch's, so those rows' logits differ from the per-layer path by float32 rounding (not from plain decode
-steps, which are fused too).
+A row of several tokens (a speculative step's draft verification, a prompt) runs as one decode row per
+token, each over the context up to its own position, as the per-layer path's attention already does on
+the kernels (attention.py). Bit for bit in bfloat16 and float32: the C RoPE rounds x2 * sin + x * cos
+once, as the torch RoPE those rows take on the per-layer path does (torch.addcmul).
 
-Steps it does not take run the per-layer path unchanged: `DENSE_FROM_ROWS` tokens or more (those
-matrices may use their dense copies; longer prompts), rows of several tokens over a cache of another
-dtype than the activations, an int8 KV cache, partial rotary, other layer classes, or
-`LOCALCHAT_DECODE_STEP=layers` (for comparisons).
+Steps of any size up to `MAX_ROWS` tokens run here: batched decode and speculative verification (each
+sequence's k drafts and the token before them, k + 1 query rows) past 24 rows too. The per-layer path
+runs the same lc_linear on the same block matrices at every row count, so nothing changes but the
+Python between the kernels, which at 6 sequences x 4 rows cost it 2-4x the fused call's time
+(docs/speculative.md). Until 2026-11-29 steps of `DENSE_FROM_ROWS` rows or more went layer by layer,
+because matrices may keep dense copies for those: a plan whose matrices hold any dense copy
+(`LOCALCHAT_TORCH_QUANT=copies`, or `auto` on the portable C kernels) still does.
+
+Steps it does not take run the per-layer path unchanged: more than `MAX_ROWS` tokens (long prompts:
+the per-token scratch would stay allocated), rows of several tokens over a cache of another dtype than
+the activations or under a sliding window shorter than the step's longest context (the per-layer path
+runs those through SDPA: windowed_attention.py), an int8 KV cache, partial rotary, other layer classes, or `LOCALCHAT_DECODE_STEP=layers`
+(for comparisons).
 """
 
 from __future__ import annotations
@@ -50,6 +58,12 @@ STEP_MODES = backend_choices(
 )  # fused: one C call where it applies; layers: the per-layer Python path
 
 
+# The most tokens a fused step takes. Beyond it a step is a prompt's chunk, GEMM-bound either way, and
+# lc_decode_layers' intermediates (~8 KiB a row for SmolLM2-135M, ~70 KiB for a 1B model in bfloat16)
+# would stay allocated at that size.
+MAX_ROWS = 256
+
+
 def step_mode() -> str:
     return backend_variable(STEP_ENV)
 
@@ -70,11 +84,13 @@ class FusedDecode:
     window: int
     keep: list[torch.Tensor]  # the norm and bias tensors whose addresses `layers` holds
     args: StepArgs  # the call's arguments: the model's shape set once, each step's addresses per call
+    dense_copies: bool  # some projection keeps a dense copy, which quant.linear uses from DENSE_FROM_ROWS
     caches: tuple[list[KVCache], ctypes.Array[ctypes.c_uint64]] | None = None
 
     def takes(self, x: torch.Tensor, cos: torch.Tensor, meta: object, kv_caches: list[KVCache]) -> bool:
-        """Whether this step runs here: fewer than DENSE_FROM_ROWS tokens, the kernels this plan was built
-        for, a float32/bfloat16 cache, full rotary, and activations in the weights' dtype. Rows of several
+        """Whether this step runs here: at most MAX_ROWS tokens (fewer than DENSE_FROM_ROWS where a matrix
+        keeps a dense copy), the kernels this plan was built for, a float32/bfloat16 cache, full rotary,
+        and activations in the weights' dtype. Rows of several
         tokens (draft verification, a short prompt) run as one decode row per token when the cache holds
         their k/v exactly (its dtype is theirs), as the per-layer path runs them (attention.py)."""
         if not isinstance(meta, AttentionMetadata) or step_mode() != "fused":
@@ -86,9 +102,13 @@ class FusedDecode:
             return False
         if meta.prefills and (cache.dtype != x.dtype or any(row.table is None for row in meta.prefills)):
             return False
+        if meta.prefills and self.window and meta.max_seq_len > self.window:
+            return False  # the layer path's windowed prefill rows run SDPA (windowed_attention.py)
+        rows = x.shape[0]
         return (
             x.dtype == self.dtype
-            and x.shape[0] < DENSE_FROM_ROWS
+            and rows <= MAX_ROWS
+            and (rows < DENSE_FROM_ROWS or not self.dense_copies)
             and cos.shape[-1] == self.head_dim
             and cos.dtype == x.dtype
         )
@@ -210,6 +230,7 @@ def plan(layers: nn.ModuleList, dtype: torch.dtype) -> FusedDecode | None:
     ops, window = first.qkv.ops, _window(first)
     structs: list[StepLayer] = []
     keep: list[torch.Tensor] = []
+    dense_copies = False
     for layer in llama:
         options = layer.attn_options
         if options is not None and (options.softcap is not None or options.scale is not None):
@@ -229,6 +250,7 @@ def plan(layers: nn.ModuleList, dtype: torch.dtype) -> FusedDecode | None:
         ):
             return None
         keep += present
+        dense_copies = dense_copies or any(m.dense is not None for m in blocks)
         addresses = (0 if t is None else t.data_ptr() for t in tensors)
         structs.append(StepLayer(*addresses, *(_matrix(m) for m in blocks)))
         hidden, inter = blocks[1].shape[0], blocks[3].shape[1]
@@ -259,6 +281,7 @@ def plan(layers: nn.ModuleList, dtype: torch.dtype) -> FusedDecode | None:
         window=window,
         keep=keep,
         args=args,
+        dense_copies=dense_copies,
     )
 
 
