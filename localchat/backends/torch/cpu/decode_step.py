@@ -233,7 +233,12 @@ def plan(layers: nn.ModuleList, dtype: torch.dtype) -> FusedDecode | None:
     dense_copies = False
     for layer in llama:
         options = layer.attn_options
-        if options is not None and (options.softcap is not None or options.scale is not None):
+        if options is not None and (
+            options.softcap is not None
+            or options.scale is not None
+            or options.sinks is not None
+            or options.pictures_both_ways  # prompts with pictures: not causal (picture_attention.py)
+        ):
             return None
         matrices = (layer.qkv, layer.o, layer.gate_up, layer.down)
         blocks = [
