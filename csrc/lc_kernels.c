@@ -377,7 +377,7 @@ LC_EXPORT int lc_matmul(int isa, int type, const uint8_t *w, int64_t n, int64_t 
         return 0;
     }
     if (!lc_type_ok(type, k) || !lc_isa_supported(isa) || nth < 1) return -1;
-    if (lc_is_iq(type) && t >= LC_IQG_MIN_ROWS) { /* many rows: lc_iq_gemm.h's panels (NEON on portable C) */
+    if (lc_is_iq(type) && t >= LC_IQG_MIN_ROWS) { /* many rows: lc_iq_gemm.h's panels */
 #ifdef LC_X86
         if (isa == LC_ISA_AVX512VNNI) {
             lc_x16_sums x;
@@ -395,7 +395,7 @@ LC_EXPORT int lc_matmul(int isa, int type, const uint8_t *w, int64_t n, int64_t 
 #endif
         return iq_gemm_portable(type, w, n, k, row_bytes, xq, xd, NULL, t, out, out_bf16, ldo, nth);
     }
-    if (lc_is_iq(type)) { /* lc_iquants.h: AVX2 / AVX-512 VNNI, else portable C (NEON too) */
+    if (lc_is_iq(type)) { /* lc_iquants.h (NEON: lc_iq_neon.h) */
 #ifdef LC_X86
         if (isa == LC_ISA_AVX512VNNI) iq_matmul_avx512vnni(type, w, n, k, row_bytes, xq, xd, t, out, out_bf16, ldo, nth);
         else if (isa == LC_ISA_AVX2) iq_matmul_avx2(type, w, n, k, row_bytes, xq, xd, t, out, out_bf16, ldo, nth);

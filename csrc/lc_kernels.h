@@ -43,7 +43,7 @@ enum {
 #define LC_ISA_PORTABLE 0
 #define LC_ISA_AVX2 1
 #define LC_ISA_AVX512VNNI 2
-#define LC_ISA_NEON 3 /* aarch64 with the dot product (Armv8.2 sdot): x16 kernels; the rest is portable C */
+#define LC_ISA_NEON 3 /* aarch64 with the dot product (Armv8.2 sdot): x16 kernels, i-quants; the rest portable C */
 
 /* KV cache element types (the torch backend's kernels.py mirrors them). */
 #define LC_KV_F32 0

@@ -3,10 +3,11 @@
 Activations are quantized per 32 values to 8 bits (scale amax / 127, round to nearest even) and
 multiplied with the weights' integer codes by integer dot products (AVX-512 VNNI, AVX2, ARM NEON's sdot on
 aarch64, or portable C, picked at run time from the CPU's features; `neon` runs the x16 layout's kernel,
-csrc/lc_x16_neon.h, and portable C for the rest), so one compact form of each weight serves 1-row decode
-steps and many-row prefill steps alike; nothing is dequantized to a dense copy. The math of every block
-type is in csrc/lc_decode.h. Tensors cross as `data_ptr()` integers: the library has a plain C ABI and
-does not depend on the torch version. localchat/kernels/ binds it (library.py) and holds the block table.
+csrc/lc_x16_neon.h, the i-quants' csrc/lc_iq_neon.h, and portable C for the rest), so one compact form of
+each weight serves 1-row decode steps and many-row prefill steps alike; nothing is dequantized to a dense
+copy. The math of every block type is in csrc/lc_decode.h. Tensors cross as `data_ptr()` integers: the
+library has a plain C ABI and does not depend on the torch version. localchat/kernels/ binds it
+(library.py) and holds the block table.
 
 `LOCALCHAT_KERNELS`: `auto` (the best ISA this CPU runs), `off` (the pure-torch path, as when the
 extension is missing), or one ISA by name (`portable`, `avx2`, `avx512vnni`, `neon`) for tests and comparisons.
