@@ -14,8 +14,8 @@ once, as the torch RoPE those rows take on the per-layer path does (torch.addcmu
 Steps of any size up to `MAX_ROWS` tokens run here: batched decode and speculative verification (each
 sequence's k drafts and the token before them, k + 1 query rows) past 24 rows too. The per-layer path
 runs the same lc_linear on the same block matrices at every row count, so nothing changes but the
-Python between the kernels, which at 6 sequences x 4 rows cost it 2-4x the fused call's time
-(docs/speculative.md). Until 2026-11-29 steps of `DENSE_FROM_ROWS` rows or more went layer by layer,
+Python between the kernels: 2-5 ms a step for SmolLM2-135M, 3-20% of an 8- to 64-row step on one
+thread, up to 1.5x on two (docs/speculative.md); at 128-256 rows the two paths tie. Until 2026-11-29 steps of `DENSE_FROM_ROWS` rows or more went layer by layer,
 because matrices may keep dense copies for those: a plan whose matrices hold any dense copy
 (`LOCALCHAT_TORCH_QUANT=copies`, or `auto` on the portable C kernels) still does.
 
