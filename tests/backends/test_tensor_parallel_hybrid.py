@@ -18,14 +18,27 @@ import torch
 from localchat.backends import RunnerOptions
 from localchat.backends.torch.parallel.driver import ParallelRunner
 from localchat.backends.torch.runner import TorchRunner
+from localchat.weights.bundle import ModelBundle
 from tests.backends.test_pipeline_hybrid import PP2, chunked_and_preempted, hybrid_bundle, ragged_then_decode
-from tests.helpers.torch_models import exact_weights, fp32_runner
+from tests.helpers.torch_models import bundle_from_hf, exact_weights, fp32_runner
 
 TP2 = RunnerOptions(device="cpu", dtype="float32", num_threads=1, tensor_parallel_size=2)
 
 
+def granite_bundle() -> ModelBundle:
+    """Granite 4.0-H (tests/backends/test_granitemoehybrid.py's tiny one): Mamba-2 and attention
+    mixers, each followed by a shared SwiGLU plus a 4-expert MoE; embedding, residual and logit scales."""
+    from tests.backends.test_granitemoehybrid import tiny_granite
+
+    return bundle_from_hf(tiny_granite())
+
+
+def _bundle(kind: str) -> ModelBundle:
+    return granite_bundle() if kind == "granite" else hybrid_bundle(kind)
+
+
 def _assert_same(runner: TorchRunner, kind: str = "lfm2") -> None:
-    reference = fp32_runner(hybrid_bundle(kind))
+    reference = fp32_runner(_bundle(kind))
     want_logits, want_tokens = ragged_then_decode(reference)
     logits, tokens = ragged_then_decode(runner)
     assert tokens == want_tokens
@@ -100,3 +113,19 @@ def test_nemotron_h_tp2_by_pp2_matches_one_device() -> None:
         _assert_same(cast(TorchRunner, runner), "nemotron_h")
     finally:
         runner.shutdown()
+
+
+@pytest.mark.slow  # spawns gloo ranks
+def test_granite_tp2_and_tp2_by_pp2_match_one_device() -> None:
+    """Granite 4.0-H: the shared MLP's and the experts' widths halved per rank, one all-reduce after
+    both (their sum), the embedding / logit scales after the vocab-parallel lookup and gather."""
+    torch.set_num_threads(1)
+    for options in (TP2, replace(PP2, tensor_parallel_size=2)):
+        with exact_weights():
+            runner = ParallelRunner(granite_bundle(), options, load=granite_bundle)
+        try:
+            block = cast(Any, runner.runner).model.layers[0]
+            assert tuple(block.gate_up.shape) == (48, 64) and block.mamba.heads == 2  # 24 of 48 wide, 2 of 4
+            _assert_same(cast(TorchRunner, runner), "granite")
+        finally:
+            runner.shutdown()

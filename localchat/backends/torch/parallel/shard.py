@@ -34,6 +34,7 @@ from localchat.backends.torch.models.lfm2 import Lfm2Layer
 from localchat.backends.torch.models.lfm2 import Model as Lfm2Model
 from localchat.backends.torch.models.llama import LlamaLayer
 from localchat.backends.torch.models.mamba_hybrid import HybridBlock
+from localchat.backends.torch.models.mamba_hybrid import Model as MambaHybridModel
 from localchat.backends.torch.quant import embed_rows, linear
 from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
@@ -42,7 +43,7 @@ from localchat.weights.config import ModelConfig
 
 from .group import ParallelGroup
 from .memory import check_device_memory
-from .shard_weights import RankSlice, expert_size, shard_weights
+from .shard_weights import SANITIZED_BEFORE_CUT, RankSlice, expert_size, shard_weights
 
 
 def _all_reduce(x: torch.Tensor, group: Any = None) -> torch.Tensor:
@@ -111,11 +112,11 @@ class ParallelLlama(DecoderLM):
 # Nemotron-H, whose Mamba-2 mixers are cut by SSM group (shard_mamba.py).
 SHARDED_FAMILIES = ("llama", "qwen3", "mixtral", "qwen3_moe", "gemma", "lfm2", "mamba_hybrid")
 # Families whose `sanitize` only reshapes a weight that the rank's cut takes whole rows of (LFM2's
-# conv taps), or passes a checkpoint folder's weights as they are (Nemotron-H): sharded before it runs.
-ROW_SAFE_SANITIZE = ("lfm2", "mamba_hybrid")
-# Of those families, what is not cut yet: LFM2-MoE (untested), Granite 4.0-H (its shared MLP and
-# residual scales), and a Mamba-2 GGUF (its sanitize re-shapes the SSM tensors from the whole sizes).
-NOT_SHARDED_TYPES = ("lfm2_moe", "granitemoehybrid")
+# conv taps) or renames a checkpoint folder's (Granite 4.0-H's stacked experts): run before the cut.
+ROW_SAFE_SANITIZE = SANITIZED_BEFORE_CUT
+# Of those families, what is not cut yet: LFM2-MoE (untested), and a Mamba-2 GGUF (its sanitize
+# re-shapes the SSM tensors from the whole model's sizes).
+NOT_SHARDED_TYPES = ("lfm2_moe",)
 
 
 def _unsupported(config: ModelConfig, world: int) -> BackendUnavailableError:
@@ -152,6 +153,7 @@ def valid_sizes(config: ModelConfig, most: int = 64) -> list[int]:
     channels = config.hidden_size if "conv_L_cache" in config.extra else 0  # LFM2's conv channels
     ssm = config.extra.get("ssm") or {}  # Nemotron-H's Mamba-2: a rank keeps whole SSM groups
     groups = int(ssm.get("groups") or 0)
+    shared = int(config.extra.get("shared_intermediate_size") or 0)  # Granite 4.0-H's shared MLP
     return [
         n
         for n in range(1, most + 1)
@@ -160,6 +162,7 @@ def valid_sizes(config: ModelConfig, most: int = 64) -> list[int]:
         and not expert_size(config) % n
         and not channels % n
         and not groups % n
+        and not shared % n
         and not (kvh % n and n % kvh)
     ]
 
@@ -216,7 +219,7 @@ def sharded_runner(
     model = runner.model
     from .shard_gemma import ParallelGemma, ParallelGemmaLayer  # they build on this module's classes
     from .shard_lfm2 import ParallelLfm2, ParallelLfm2Layer
-    from .shard_mamba import ParallelHybridBlock, shard_mixer
+    from .shard_mamba import ParallelHybridBlock, ParallelMambaHybrid, shard_mixer
 
     # The parallel forwards replace the family's: a family that overrides them is not covered.
     parallel: dict[Any, type] = {
@@ -233,7 +236,7 @@ def sharded_runner(
         layer.tp_group = tp_group
         if isinstance(layer, HybridBlock):
             shard_mixer(layer, tp_group)
-    heads = {GemmaModel: ParallelGemma, Lfm2Model: ParallelLfm2}
+    heads = {GemmaModel: ParallelGemma, Lfm2Model: ParallelLfm2, MambaHybridModel: ParallelMambaHybrid}
     head = next((h for family, h in heads.items() if isinstance(model, family)), ParallelLlama)
     model.__class__ = _parallel_class(type(model), head)
     assert isinstance(model, ParallelLlama)

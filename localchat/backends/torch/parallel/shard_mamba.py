@@ -19,6 +19,8 @@ from localchat.backends.torch.models.base import StepMetadata
 from localchat.backends.torch.models.mamba_hybrid import HybridBlock
 from localchat.backends.torch.state_cache import StepRows
 
+from .shard import ParallelLlama
+
 
 def _summed(x: torch.Tensor, group: Any) -> torch.Tensor:
     dist.all_reduce(x, group=group)
@@ -46,6 +48,26 @@ class ParallelHybridBlock(HybridBlock):
 
     def relu2_mlp(self, x: torch.Tensor) -> torch.Tensor:
         return _summed(super().relu2_mlp(x), self.tp_group)
+
+    def granite_mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """Granite's shared SwiGLU plus its MoE block: both row-parallel, summed by one all-reduce."""
+        return _summed(super().granite_mlp(x), self.tp_group)
+
+
+class ParallelMambaHybrid(ParallelLlama):
+    """Vocab-parallel embedding and LM head, with Granite's embedding and logits scales after them."""
+
+    granite: bool
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = super().embed_tokens(input_ids)
+        scale = float(self.config.extra.get("embedding_multiplier") or 1.0) if self.granite else 1.0
+        return x if scale == 1.0 else x * scale
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        out = super().logits(hidden)
+        scale = float(self.config.extra.get("logits_scaling") or 1.0) if self.granite else 1.0
+        return out if scale == 1.0 else out / scale
 
 
 def shard_mixer(block: HybridBlock, tp_group: Any) -> None:

@@ -24,6 +24,9 @@ from localchat.weights.tensors import WeightTensor
 
 from .group import ParallelGroup
 
+# Families whose `sanitize` is run before the cut (and again, a no-op, at load): LFM2's conv taps
+# reshaped, Granite 4.0-H's stacked experts renamed so split_experts finds them.
+SANITIZED_BEFORE_CUT = ("lfm2", "mamba_hybrid")
 DEQUANT_ROWS = 256  # rows dequantized at a time when a row-parallel cut splits GGUF blocks
 LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
@@ -80,6 +83,11 @@ class RankSlice:
         if config.model_type == "nemotron_h":  # re-derived into `ssm`: the rank's heads and groups
             extra["mamba_num_heads"] = int(extra["ssm"]["heads"]) // self.world
             extra["n_groups"] = int(extra["ssm"]["groups"]) // self.world
+        if config.model_type == "granitemoehybrid":  # the same, and its head size no longer "auto"
+            extra["mamba_n_heads"] = int(extra["ssm"]["heads"]) // self.world
+            extra["mamba_n_groups"] = int(extra["ssm"]["groups"]) // self.world
+            extra["mamba_d_head"] = int(extra["ssm"]["head_dim"])
+            extra["shared_intermediate_size"] = int(extra["shared_intermediate_size"]) // self.world
         if "block_ff_dim" in extra:  # LFM2 re-derives its MLP width from this one: make it the rank's
             extra["block_ff_dim"], extra["block_auto_adjust_ff_dim"] = self.mlp_size // self.world, False
         return replace(
@@ -101,6 +109,9 @@ def shard_weights(
     d = config.head_dim
     q = (part.rank * part.heads * d, part.heads * d)
     kv = (part.kv_first * d, part.kv_heads * d)
+    if arch.sanitize is not None and arch.family in SANITIZED_BEFORE_CUT:
+        weights = arch.sanitize(config, weights)
+    shared = int(config.extra.get("shared_intermediate_size") or 0)  # Granite 4.0-H's shared MLP
     for w in split_experts(weights):  # stacked experts -> one weight each (load_model's split: a no-op then)
         if isinstance(w, RepackedLinear):  # hf_quant's int4 blocks: ranks cut the exact values
             w = WeightTensor(w.name, w.shape, "F32", w.dequantize())
@@ -119,7 +130,7 @@ def shard_weights(
         if pname.startswith("mamba."):
             yield _mamba_part(w, leaf, config, part)
             continue
-        width = part.expert_size if pname.startswith("moe.") else part.mlp_size
+        width = part.expert_size if pname.startswith("moe.") else shared or part.mlp_size
         mlp = (part.rank * width // part.world, width // part.world)
         hidden = config.hidden_size  # LFM2's short conv: channels cut like an MLP's columns
         channels = (part.rank * hidden // part.world, hidden // part.world)
