@@ -10,10 +10,11 @@ as `gguf.quants.dequantize` does, and reproduces it bit for bit. Dot products ta
 lc_quantize (8 bits per value, one scale per 32) with exact integer sums per lane.
 
 Included once per ISA (LC_FN names its functions): portable C decodes a row and runs plain loops; AVX2 and
-AVX-512 VNNI decode IQ4_NL/IQ4_XS/MXFP4 (the 16-entry nonlinear table through vpshufb) and the IQ2/IQ3 grid
-types (grid rows gathered, sign bits spread to byte masks) in registers, and take IQ1 and the ternary types
-from the scalar decoder into a 32-value buffer, with vector dot products for all. Steps of many rows run
-lc_iq_gemm.h instead, which decodes through the same functions. */
+AVX-512 VNNI decode every type in registers: IQ4_NL/IQ4_XS/MXFP4 through vpshufb of the 16-entry table, the
+IQ2/IQ3 grids as unsigned magnitudes times the activations with the weights' signs applied (AVX-512: one
+masked subtract), IQ1 as sign(8, grid) + shift, the ternary digits by shifts and 16-bit multiplies. The
+256-value block types run a block at a time with the type a literal (iq_brow; IQ3 on AVX-512: 64 values per
+512-bit step, iq3_brow). Steps of many rows run lc_iq_gemm.h instead, which decodes through iq_sub. */
 
 #ifndef LC_IQ_COMMON
 #define LC_IQ_COMMON
@@ -211,36 +212,220 @@ static inline __m256i LC_FN(iq4_values)(const uint8_t *qs, const int8_t *values)
     return _mm256_shuffle_epi8(table, idx);
 }
 
-/* 8-byte grid rows g0..g3 (values 0-7, 8-15, ...) with sign byte l of `signs` (bit j: value 8l + j negative)
-   applied: the sign bits spread to byte masks m, then (g ^ m) - m. */
-static inline __m256i LC_FN(iq_grid8)(const int8_t *g0, const int8_t *g1, const int8_t *g2, const int8_t *g3,
-                                      uint32_t signs) {
-    int64_t r[4];
-    memcpy(r, g0, 8);
-    memcpy(r + 1, g1, 8);
-    memcpy(r + 2, g2, 8);
-    memcpy(r + 3, g3, 8);
-    __m256i g = _mm256_setr_epi64x(r[0], r[1], r[2], r[3]);
+/* The 256-value block types (IQ2/IQ3 grids, IQ1, ternary): sub-block i (0..7) of block b. */
+
+/* Whether a sub-block of `type` decodes to unsigned grid magnitudes and a sign mask (the IQ2/IQ3 grids:
+   every value nonzero, at most 62) rather than to signed values. The dot product then flips the signs of
+   the activations instead (one masked subtract on AVX-512) and multiplies unsigned by signed directly. */
+static inline int LC_FN(iq_mags)(int type) {
+    return type == LC_IQ2_XXS || type == LC_IQ2_XS || type == LC_IQ2_S || type == LC_IQ3_XXS || type == LC_IQ3_S;
+}
+
+/* x with the bytes whose bit is set in `signs` negated (|x| <= 127). */
+static inline __m256i LC_FN(iq_flip)(__m256i x, uint32_t signs) {
+#if LC_ISA == LC_ISA_AVX512VNNI
+    return _mm256_mask_sub_epi8(x, (__mmask32)signs, _mm256_setzero_si256(), x);
+#else /* the sign bits spread to byte masks m, then (x ^ m) - m */
     const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL);
     const __m256i bits = _mm256_set1_epi64x((int64_t)0x8040201008040201ULL);
     __m256i m = _mm256_shuffle_epi8(_mm256_set1_epi32((int)signs), spread);
     m = _mm256_cmpeq_epi8(_mm256_and_si256(m, bits), bits);
-    return _mm256_sub_epi8(_mm256_xor_si256(g, m), m);
+    return _mm256_sub_epi8(_mm256_xor_si256(x, m), m);
+#endif
 }
 
-/* As iq_grid8 from eight 4-byte grid rows (IQ3 types): rows idx[0..7] of `grid`. */
-static inline __m256i LC_FN(iq_grid4)(const int8_t (*grid)[4], const int *idx, uint32_t signs) {
-    int32_t r[8];
-    for (int j = 0; j < 8; j++) memcpy(r + j, grid[idx[j]], 4);
-    int8_t rows[32];
-    memcpy(rows, r, 32);
-    return LC_FN(iq_grid8)(rows, rows + 8, rows + 16, rows + 24, signs);
+/* As iq_dot32 for unsigned g (<= 127) times signed x. */
+static inline __m256i LC_FN(iq_dotu)(__m256i g, __m256i x) {
+#if LC_ISA == LC_ISA_AVX512VNNI
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), g, x);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(g, x), _mm256_set1_epi16(1));
+#endif
 }
 
-/* Sub-block s of a row in registers: 32 signed values and the scale of each 4-value lane. IQ4 types decode
-   in registers (F16C for the scale), the IQ2/IQ3 grid types gather grid rows and flip signs in registers
-   (a scalar loop per value was most of their matmul time); the rest go through lc_iq_dec. The scales keep
-   lc_iq_dec's float32 expressions, so both decoders give the same bits. */
+static inline uint64_t LC_FN(iq_u64)(const int8_t *p) {
+    uint64_t r;
+    memcpy(&r, p, 8);
+    return r;
+}
+
+static inline int32_t LC_FN(iq_i32)(const int8_t *p) {
+    int32_t r;
+    memcpy(&r, p, 4);
+    return r;
+}
+
+/* The scales of the two 16-value halves of sub-block i: lc_iq_dec's float32 expressions (F16C converts
+   the float16 scale exactly, as lc_f16 does). */
+static inline __attribute__((always_inline)) void LC_FN(iq_sscale)(const int type, const uint8_t *b, int i,
+                                                                    float *s0, float *s1) {
+    switch (type) {
+    case LC_IQ2_XXS:
+        *s0 = *s1 = _cvtsh_ss(lc_u16(b)) * (0.5f + (float)(lc_u32(b + 6 + 8 * i) >> 28)) * 0.25f;
+        break;
+    case LC_IQ2_XS:
+    case LC_IQ2_S: {
+        float d = _cvtsh_ss(lc_u16(b));
+        uint8_t scales = b[(type == LC_IQ2_XS ? 66 : 74) + i];
+        *s0 = d * (0.5f + (float)(scales & 15)) * 0.25f;
+        *s1 = d * (0.5f + (float)(scales >> 4)) * 0.25f;
+        break;
+    }
+    case LC_IQ3_XXS:
+        *s0 = *s1 = _cvtsh_ss(lc_u16(b)) * (0.5f + (float)(lc_u32(b + 66 + 4 * i) >> 28)) * 0.5f;
+        break;
+    case LC_IQ3_S:
+        *s0 = *s1 = _cvtsh_ss(lc_u16(b)) * (float)(1 + 2 * ((b[106 + i / 2] >> (4 * (i % 2))) & 15));
+        break;
+    case LC_IQ1_S:
+        *s0 = *s1 = _cvtsh_ss(lc_u16(b)) * (float)(2 * ((lc_u16(b + 34 + 2 * i) >> 12) & 7) + 1) * 0.125f;
+        break;
+    case LC_IQ1_M: {
+        uint16_t w0 = lc_u16(b + 48), w1 = lc_u16(b + 50), w2 = lc_u16(b + 52), w3 = lc_u16(b + 54);
+        float d = _cvtsh_ss((uint16_t)((w0 >> 12) | ((w1 >> 8) & 0xF0) | ((w2 >> 4) & 0xF00) | (w3 & 0xF000)));
+        uint16_t w = lc_u16(b + 48 + 2 * (i / 2)); /* the 3-bit scales of 16 values, four per word */
+        *s0 = d * (float)(2 * ((w >> (6 * (i % 2))) & 7) + 1) * 0.125f;
+        *s1 = d * (float)(2 * ((w >> (6 * (i % 2) + 3)) & 7) + 1) * 0.125f;
+        break;
+    }
+    case LC_TQ1_0: *s0 = *s1 = _cvtsh_ss(lc_u16(b + 52)); break;
+    default: *s0 = *s1 = _cvtsh_ss(lc_u16(b + 64)); break; /* LC_TQ2_0 */
+    }
+}
+
+/* TQ1_0: digit n of bytes x (their base-3 value times 3^n, the top of the byte) with p = 3^n per byte:
+   ((x * p mod 256) * 3 >> 8) - 1, in 16-bit halves (there is no byte multiply). */
+static inline __m256i LC_FN(tq1_digits)(__m256i x, __m256i p) {
+    const __m256i lo8 = _mm256_set1_epi16(0x00FF), three = _mm256_set1_epi16(3);
+    __m256i ql = _mm256_and_si256(_mm256_mullo_epi16(_mm256_and_si256(x, lo8), _mm256_and_si256(p, lo8)), lo8);
+    __m256i qh = _mm256_and_si256(_mm256_mullo_epi16(_mm256_srli_epi16(x, 8), _mm256_srli_epi16(p, 8)), lo8);
+    ql = _mm256_srli_epi16(_mm256_mullo_epi16(ql, three), 8);
+    qh = _mm256_andnot_si256(lo8, _mm256_mullo_epi16(qh, three));
+    return _mm256_sub_epi8(_mm256_or_si256(ql, qh), _mm256_set1_epi8(1));
+}
+
+/* Sub-block i of block b in registers: for the grid types (iq_mags) the 32 magnitudes and *signs (bit j:
+   value j negative), else the 32 signed values. Grid rows are loaded whole and inserted (no stack copy:
+   narrow stores read back wide stall store forwarding). */
+static inline __attribute__((always_inline)) void LC_FN(iq_gsub)(const int type, const uint8_t *b, int i,
+                                                                  __m256i *v, uint32_t *signs) {
+    switch (type) {
+    case LC_IQ2_XXS: {
+        const uint8_t *q = b + 2 + 8 * i;
+        *v = _mm256_setr_epi64x((int64_t)LC_FN(iq_u64)(lc_iq2xxs_grid[q[0]]), (int64_t)LC_FN(iq_u64)(lc_iq2xxs_grid[q[1]]),
+                                (int64_t)LC_FN(iq_u64)(lc_iq2xxs_grid[q[2]]), (int64_t)LC_FN(iq_u64)(lc_iq2xxs_grid[q[3]]));
+        *signs = lc_iq_ksigns4(lc_u32(q + 4));
+        break;
+    }
+    case LC_IQ2_XS: {
+        uint16_t q[4];
+        memcpy(q, b + 2 + 8 * i, 8);
+        *v = _mm256_setr_epi64x((int64_t)LC_FN(iq_u64)(lc_iq2xs_grid[q[0] & 511]), (int64_t)LC_FN(iq_u64)(lc_iq2xs_grid[q[1] & 511]),
+                                (int64_t)LC_FN(iq_u64)(lc_iq2xs_grid[q[2] & 511]), (int64_t)LC_FN(iq_u64)(lc_iq2xs_grid[q[3] & 511]));
+        *signs = (uint32_t)lc_iq_ksigns[q[0] >> 9] | ((uint32_t)lc_iq_ksigns[q[1] >> 9] << 8) |
+                 ((uint32_t)lc_iq_ksigns[q[2] >> 9] << 16) | ((uint32_t)lc_iq_ksigns[q[3] >> 9] << 24);
+        break;
+    }
+    case LC_IQ2_S: {
+        const uint8_t *qs = b + 2 + 4 * i;
+        unsigned qh = b[66 + i];
+        *v = _mm256_setr_epi64x((int64_t)LC_FN(iq_u64)(lc_iq2s_grid[qs[0] | ((qh & 3) << 8)]),
+                                (int64_t)LC_FN(iq_u64)(lc_iq2s_grid[qs[1] | ((qh & 12) << 6)]),
+                                (int64_t)LC_FN(iq_u64)(lc_iq2s_grid[qs[2] | ((qh & 48) << 4)]),
+                                (int64_t)LC_FN(iq_u64)(lc_iq2s_grid[qs[3] | ((qh & 192) << 2)]));
+        *signs = lc_u32(b + 34 + 4 * i);
+        break;
+    }
+    case LC_IQ3_XXS: {
+        const uint8_t *qs = b + 2 + 8 * i;
+        *v = _mm256_setr_epi32(LC_FN(iq_i32)(lc_iq3xxs_grid[qs[0]]), LC_FN(iq_i32)(lc_iq3xxs_grid[qs[1]]),
+                               LC_FN(iq_i32)(lc_iq3xxs_grid[qs[2]]), LC_FN(iq_i32)(lc_iq3xxs_grid[qs[3]]),
+                               LC_FN(iq_i32)(lc_iq3xxs_grid[qs[4]]), LC_FN(iq_i32)(lc_iq3xxs_grid[qs[5]]),
+                               LC_FN(iq_i32)(lc_iq3xxs_grid[qs[6]]), LC_FN(iq_i32)(lc_iq3xxs_grid[qs[7]]));
+        *signs = lc_iq_ksigns4(lc_u32(b + 66 + 4 * i));
+        break;
+    }
+    case LC_IQ3_S: {
+        const uint8_t *qs = b + 2 + 8 * i;
+        unsigned qh = b[66 + i];
+        *v = _mm256_setr_epi32(
+            LC_FN(iq_i32)(lc_iq3s_grid[qs[0] | ((qh & 1) << 8)]), LC_FN(iq_i32)(lc_iq3s_grid[qs[1] | ((qh & 2) << 7)]),
+            LC_FN(iq_i32)(lc_iq3s_grid[qs[2] | ((qh & 4) << 6)]), LC_FN(iq_i32)(lc_iq3s_grid[qs[3] | ((qh & 8) << 5)]),
+            LC_FN(iq_i32)(lc_iq3s_grid[qs[4] | ((qh & 16) << 4)]), LC_FN(iq_i32)(lc_iq3s_grid[qs[5] | ((qh & 32) << 3)]),
+            LC_FN(iq_i32)(lc_iq3s_grid[qs[6] | ((qh & 64) << 2)]), LC_FN(iq_i32)(lc_iq3s_grid[qs[7] | ((qh & 128) << 1)]));
+        *signs = lc_u32(b + 74 + 4 * i);
+        break;
+    }
+    case LC_IQ1_S:
+    case LC_IQ1_M: { /* 8 g + shift, g in {-1, 0, 1}: sign(8, g) + shift (+1 or -1 per 8 values) */
+        uint32_t idx[4];
+        int64_t neg[4];
+        if (type == LC_IQ1_S) {
+            uint16_t qh = lc_u16(b + 34 + 2 * i);
+            for (int l = 0; l < 4; l++) {
+                idx[l] = b[2 + 4 * i + l] | (((qh >> (3 * l)) & 7u) << 8);
+                neg[l] = qh & 0x8000 ? -1 : 0;
+            }
+        } else {
+            uint16_t nib = lc_u16(b + 32 + 2 * i); /* four 4-bit fields: 3 grid bits, then the shift's sign */
+            for (int l = 0; l < 4; l++) {
+                idx[l] = b[4 * i + l] | (((nib >> (4 * l)) & 7u) << 8);
+                neg[l] = nib & (8u << (4 * l)) ? -1 : 0;
+            }
+        }
+        __m256i g = _mm256_setr_epi64x((int64_t)LC_FN(iq_u64)(lc_iq1s_grid[idx[0]]), (int64_t)LC_FN(iq_u64)(lc_iq1s_grid[idx[1]]),
+                                       (int64_t)LC_FN(iq_u64)(lc_iq1s_grid[idx[2]]), (int64_t)LC_FN(iq_u64)(lc_iq1s_grid[idx[3]]));
+        __m256i m = _mm256_setr_epi64x(neg[0], neg[1], neg[2], neg[3]); /* -1 bytes where the shift is -1 */
+        __m256i shift = _mm256_or_si256(m, _mm256_set1_epi8(1));
+        *v = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g), shift);
+        break;
+    }
+    case LC_TQ1_0: {
+        __m256i x, p;
+        if (i < 5) {
+            x = _mm256_loadu_si256((const __m256i *)b);
+            p = _mm256_set1_epi8((char)(i == 0 ? 1 : i == 1 ? 3 : i == 2 ? 9 : i == 3 ? 27 : 81));
+        } else if (i < 7) {
+            x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + 32)));
+            p = i == 5 ? _mm256_setr_m128i(_mm_set1_epi8(1), _mm_set1_epi8(3))
+                       : _mm256_setr_m128i(_mm_set1_epi8(9), _mm_set1_epi8(27));
+        } else { /* values 224..239: digit 4 of bytes 32..47; 240..255: digits 0..3 of bytes 48..51 */
+            x = _mm256_setr_m128i(_mm_loadu_si128((const __m128i *)(b + 32)), _mm_set1_epi32((int)lc_u32(b + 48)));
+            p = _mm256_setr_m128i(_mm_set1_epi8(81), _mm_setr_epi32(0x01010101, 0x03030303, 0x09090909, 0x1B1B1B1B));
+        }
+        *v = LC_FN(tq1_digits)(x, p);
+        break;
+    }
+    default: { /* LC_TQ2_0: 2-bit fields, four sub-blocks per 32 bytes */
+        __m256i q = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(b + 32 * (i / 4))), _mm_cvtsi32_si128(2 * (i % 4)));
+        *v = _mm256_sub_epi8(_mm256_and_si256(q, _mm256_set1_epi8(3)), _mm256_set1_epi8(1));
+        break;
+    }
+    }
+}
+
+/* IQ3_XXS: a block's 8 words of four 7-bit sign indices (and a 4-bit scale) -> 8 sign words, each index
+   spread to a byte and given its parity as bit 7 (lc_iq_ksigns in registers, all 32 at once). */
+static inline void LC_FN(iq3xxs_signs)(__m256i aux, uint32_t *signs) {
+    __m256i s = _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(aux, _mm256_set1_epi32(0x7F)),
+                                                _mm256_and_si256(_mm256_slli_epi32(aux, 1), _mm256_set1_epi32(0x7F00))),
+                                _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(aux, 2), _mm256_set1_epi32(0x7F0000)),
+                                                _mm256_and_si256(_mm256_slli_epi32(aux, 3), _mm256_set1_epi32(0x7F000000))));
+    __m256i p = _mm256_xor_si256(s, _mm256_srli_epi32(s, 4)); /* bit 0 of each byte: the byte's parity */
+    p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 2));
+    p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 1));
+    s = _mm256_or_si256(s, _mm256_slli_epi32(_mm256_and_si256(p, _mm256_set1_epi32(0x01010101)), 7));
+    _mm256_storeu_si256((__m256i *)signs, s);
+}
+
+/* The lane scales of a sub-block whose halves scale by s0 and s1. */
+static inline __m256 LC_FN(iq_lanes)(float s0, float s1) {
+    return _mm256_setr_m128(_mm_set1_ps(s0), _mm_set1_ps(s1));
+}
+
+/* Sub-block s of a row in registers: 32 signed values and the scale of each 4-value lane (the row-at-a-time
+   IQ4 kernel and lc_iq_gemm.h's panels). The scales keep lc_iq_dec's float32 expressions, so both decoders
+   give the same bits. */
 static inline __attribute__((always_inline)) void LC_FN(iq_sub)(const int type, const uint8_t *row, int64_t s,
                                                                  __m256i *v, __m256 *lsv) {
     if (type == LC_IQ4_NL) {
@@ -257,57 +442,15 @@ static inline __attribute__((always_inline)) void LC_FN(iq_sub)(const int type, 
         int q = ((b[4 + i / 2] >> (4 * (i % 2))) & 15) | (((lc_u16(b + 2) >> (2 * i)) & 3) << 4);
         *v = LC_FN(iq4_values)(b + 8 + 16 * i, lc_iq4nl_values);
         *lsv = _mm256_set1_ps(_cvtsh_ss(lc_u16(b)) * (float)(q - 32));
-    } else if (type == LC_IQ2_XXS) {
-        const uint8_t *b = row + 66 * (s / 8), *q = b + 2 + 8 * (s % 8);
-        uint32_t aux = lc_u32(q + 4);
-        *v = LC_FN(iq_grid8)(lc_iq2xxs_grid[q[0]], lc_iq2xxs_grid[q[1]], lc_iq2xxs_grid[q[2]], lc_iq2xxs_grid[q[3]],
-                             lc_iq_ksigns4(aux));
-        *lsv = _mm256_set1_ps(lc_f16(lc_u16(b)) * (0.5f + (float)(aux >> 28)) * 0.25f);
-    } else if (type == LC_IQ2_XS) {
-        const uint8_t *b = row + 74 * (s / 8);
-        int i = (int)(s % 8);
-        uint16_t q[4];
-        memcpy(q, b + 2 + 8 * i, 8);
-        uint32_t signs = (uint32_t)lc_iq_ksigns[q[0] >> 9] | ((uint32_t)lc_iq_ksigns[q[1] >> 9] << 8) |
-                         ((uint32_t)lc_iq_ksigns[q[2] >> 9] << 16) | ((uint32_t)lc_iq_ksigns[q[3] >> 9] << 24);
-        *v = LC_FN(iq_grid8)(lc_iq2xs_grid[q[0] & 511], lc_iq2xs_grid[q[1] & 511], lc_iq2xs_grid[q[2] & 511],
-                             lc_iq2xs_grid[q[3] & 511], signs);
-        float d = lc_f16(lc_u16(b));
-        uint8_t scales = b[66 + i];
-        float s0 = d * (0.5f + (float)(scales & 15)) * 0.25f, s1 = d * (0.5f + (float)(scales >> 4)) * 0.25f;
-        *lsv = _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1);
-    } else if (type == LC_IQ2_S) {
-        const uint8_t *b = row + 82 * (s / 8);
-        int i = (int)(s % 8);
-        uint8_t qh = b[66 + i], scales = b[74 + i];
-        const uint8_t *qs = b + 2 + 4 * i;
-        *v = LC_FN(iq_grid8)(lc_iq2s_grid[qs[0] | ((qh & 3) << 8)], lc_iq2s_grid[qs[1] | (((qh >> 2) & 3) << 8)],
-                             lc_iq2s_grid[qs[2] | (((qh >> 4) & 3) << 8)], lc_iq2s_grid[qs[3] | (((qh >> 6) & 3) << 8)],
-                             lc_u32(b + 34 + 4 * i));
-        float d = lc_f16(lc_u16(b));
-        float s0 = d * (0.5f + (float)(scales & 15)) * 0.25f, s1 = d * (0.5f + (float)(scales >> 4)) * 0.25f;
-        *lsv = _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1);
-    } else if (type == LC_IQ3_XXS) {
-        const uint8_t *b = row + 98 * (s / 8), *qs = b + 2 + 8 * (s % 8);
-        uint32_t aux = lc_u32(b + 66 + 4 * (s % 8));
-        int idx[8];
-        for (int j = 0; j < 8; j++) idx[j] = qs[j];
-        *v = LC_FN(iq_grid4)(lc_iq3xxs_grid, idx, lc_iq_ksigns4(aux));
-        *lsv = _mm256_set1_ps(lc_f16(lc_u16(b)) * (0.5f + (float)(aux >> 28)) * 0.5f);
-    } else if (type == LC_IQ3_S) {
-        const uint8_t *b = row + 110 * (s / 8), *qs = b + 2 + 8 * (s % 8);
-        int i = (int)(s % 8);
-        uint8_t qh = b[66 + i];
-        int idx[8];
-        for (int j = 0; j < 8; j++) idx[j] = qs[j] | (((qh >> j) & 1) << 8);
-        *v = LC_FN(iq_grid4)(lc_iq3s_grid, idx, lc_u32(b + 74 + 4 * i));
-        *lsv = _mm256_set1_ps(lc_f16(lc_u16(b)) * (float)(1 + 2 * ((b[106 + i / 2] >> (4 * (i % 2))) & 15)));
     } else {
-        int8_t vb[32];
-        float ls[8];
-        lc_iq_dec_row(type, row, s, vb, ls);
-        *v = _mm256_loadu_si256((const __m256i *)vb);
-        *lsv = _mm256_loadu_ps(ls);
+        const uint8_t *b = row + lc_block_bytes(type) * (s / 8);
+        int i = (int)(s % 8);
+        uint32_t signs = 0;
+        float s0, s1;
+        LC_FN(iq_gsub)(type, b, i, v, &signs);
+        if (LC_FN(iq_mags)(type)) *v = LC_FN(iq_flip)(*v, signs);
+        LC_FN(iq_sscale)(type, b, i, &s0, &s1);
+        *lsv = LC_FN(iq_lanes)(s0, s1);
     }
 }
 
@@ -347,21 +490,140 @@ static inline __attribute__((always_inline)) void LC_FN(iq_row)(const int type, 
     for (int i = 0; i < mr; i++) res[i] = LC_FN(hsum)(_mm256_add_ps(acc[i][0], acc[i][1]));
 }
 
-#define LC_IQ_ROWS(T)                                                                                   \
+/* As iq_row for the 256-value block types, a block at a time with `type` a literal: the grid types multiply
+   their unsigned magnitudes by the activations with the weights' signs applied (iq_mags), the others their
+   signed values. */
+static inline __attribute__((always_inline)) void LC_FN(iq_brow)(const int type, const int mr, const uint8_t *row,
+                                                                  int64_t k, const int8_t *xq, const float *xd,
+                                                                  float *res) {
+    const int64_t bytes = lc_block_bytes(type);
+    __m256 acc[4][2];
+    for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int64_t ib = 0; ib < k / 256; ib++) {
+        const uint8_t *b = row + bytes * ib;
+        uint32_t signs[8];
+        if (type == LC_IQ3_XXS) LC_FN(iq3xxs_signs)(_mm256_loadu_si256((const __m256i *)(b + 66)), signs);
+        for (int j = 0; j < 8; j += 2) {
+            __m256i v0, v1;
+            uint32_t sg0 = 0, sg1 = 0;
+            float a0, a1, c0, c1;
+            LC_FN(iq_gsub)(type, b, j, &v0, &sg0);
+            LC_FN(iq_gsub)(type, b, j + 1, &v1, &sg1);
+            if (type == LC_IQ3_XXS) sg0 = signs[j], sg1 = signs[j + 1];
+            LC_FN(iq_sscale)(type, b, j, &a0, &a1);
+            LC_FN(iq_sscale)(type, b, j + 1, &c0, &c1);
+            __m256 l0 = LC_FN(iq_lanes)(a0, a1), l1 = LC_FN(iq_lanes)(c0, c1);
+            for (int i = 0; i < mr; i++) {
+                const int8_t *x = xq + i * k + 256 * ib + 32 * j;
+                const float *dx = xd + i * (k / 4) + 64 * ib + 8 * j;
+                __m256i x0 = _mm256_loadu_si256((const __m256i *)x), x1 = _mm256_loadu_si256((const __m256i *)(x + 32));
+                __m256i p0, p1;
+                if (LC_FN(iq_mags)(type)) {
+                    p0 = LC_FN(iq_dotu)(v0, LC_FN(iq_flip)(x0, sg0));
+                    p1 = LC_FN(iq_dotu)(v1, LC_FN(iq_flip)(x1, sg1));
+                } else {
+                    p0 = LC_FN(iq_dot32)(v0, x0);
+                    p1 = LC_FN(iq_dot32)(v1, x1);
+                }
+                acc[i][0] = _mm256_fmadd_ps(_mm256_mul_ps(l0, _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(p0), acc[i][0]);
+                acc[i][1] = _mm256_fmadd_ps(_mm256_mul_ps(l1, _mm256_loadu_ps(dx + 8)), _mm256_cvtepi32_ps(p1), acc[i][1]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++) res[i] = LC_FN(hsum)(_mm256_add_ps(acc[i][0], acc[i][1]));
+}
+
+#if LC_ISA == LC_ISA_AVX512VNNI
+/* IQ3_XXS / IQ3_S rows on AVX-512, two sub-blocks (64 values) per 512-bit step: one gather of their 16
+   4-byte grid rows, the activations' signs flipped under a 64-bit mask, one vpdpbusd, one float FMA. The 8
+   sub-block scales and sign words of a block come from vector code once per block (IQ3_XXS's sign indices
+   gain their parity bit in registers). Same scale expressions as lc_iq_dec, so the same bits. */
+static inline __attribute__((always_inline)) void LC_FN(iq3_brow)(const int type, const int mr, const uint8_t *row,
+                                                                   int64_t k, const int8_t *xq, const float *xd,
+                                                                   float *res) {
+    const int xxs = type == LC_IQ3_XXS;
+    const int64_t bytes = xxs ? 98 : 110;
+    __m512 acc[4][2]; /* two chains per row: even and odd sub-block pairs */
+    for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    const __m512i pick0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    for (int64_t ib = 0; ib < k / 256; ib++) {
+        const uint8_t *b = row + bytes * ib;
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(lc_u16(b)));
+        uint32_t signs[8];
+        __m256 sc;
+        if (xxs) { /* 8 words: four 7-bit sign indices and the 4-bit scale each */
+            __m256i aux = _mm256_loadu_si256((const __m256i *)(b + 66));
+            sc = _mm256_mul_ps(_mm256_mul_ps(d, _mm256_add_ps(_mm256_set1_ps(0.5f), _mm256_cvtepi32_ps(_mm256_srli_epi32(aux, 28)))),
+                               _mm256_set1_ps(0.5f));
+            LC_FN(iq3xxs_signs)(aux, signs);
+        } else {
+            __m256i q = _mm256_srlv_epi32(_mm256_set1_epi32((int)lc_u32(b + 106)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+            q = _mm256_add_epi32(_mm256_slli_epi32(_mm256_and_si256(q, _mm256_set1_epi32(15)), 1), _mm256_set1_epi32(1));
+            sc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(q));
+            memcpy(signs, b + 74, 32);
+        }
+        const __m512 sc2 = _mm512_castps256_ps512(sc);
+        for (int j = 0; j < 8; j += 2) {
+            __m512i g;
+            if (xxs) { /* rows inserted from 8-bit indices: faster than the gather (Zen 4: 1.25 vs 1.37 ms) */
+                const uint8_t *qs = b + 2 + 8 * j;
+#define LC_G(n) LC_FN(iq_i32)(lc_iq3xxs_grid[qs[n]])
+                g = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_setr_epi32(LC_G(0), LC_G(1), LC_G(2), LC_G(3), LC_G(4),
+                                                                                LC_G(5), LC_G(6), LC_G(7))),
+                                       _mm256_setr_epi32(LC_G(8), LC_G(9), LC_G(10), LC_G(11), LC_G(12), LC_G(13),
+                                                         LC_G(14), LC_G(15)),
+                                       1);
+#undef LC_G
+            } else { /* 9-bit indices: one gather beats computing and inserting 16 (1.44 vs 1.56 ms) */
+                __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + 8 * j)));
+                __m512i qh = _mm512_srlv_epi32(_mm512_set1_epi32(lc_u16(b + 66 + j)),
+                                               _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+                qh = _mm512_slli_epi32(_mm512_and_si512(qh, _mm512_set1_epi32(1)), 8); /* bit l of qh: 9th bit of index l */
+                g = _mm512_i32gather_epi32(_mm512_or_si512(idx, qh), (const void *)lc_iq3s_grid, 4);
+            }
+            __mmask64 m = _cvtu64_mask64((uint64_t)signs[j] | ((uint64_t)signs[j + 1] << 32));
+            __m512 l = _mm512_permutexvar_ps(_mm512_add_epi32(pick0, _mm512_set1_epi32(j)), sc2);
+            for (int i = 0; i < mr; i++) {
+                __m512i x = _mm512_loadu_si512((const void *)(xq + i * k + 256 * ib + 32 * j));
+                x = _mm512_mask_sub_epi8(x, m, _mm512_setzero_si512(), x);
+                __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), g, x);
+                __m512 f = _mm512_mul_ps(l, _mm512_loadu_ps(xd + i * (k / 4) + 64 * ib + 8 * j));
+                acc[i][j >> 1 & 1] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(p), acc[i][j >> 1 & 1]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++) res[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));
+}
+#endif
+
+#define LC_IQ_ROWS(F, T)                                                                                \
     switch (mr) {                                                                                       \
-    case 1: LC_FN(iq_row)(T, 1, row, k, xq, xd, res); break;                                            \
-    case 2: LC_FN(iq_row)(T, 2, row, k, xq, xd, res); break;                                            \
-    case 3: LC_FN(iq_row)(T, 3, row, k, xq, xd, res); break;                                            \
-    default: LC_FN(iq_row)(T, 4, row, k, xq, xd, res); break;                                           \
+    case 1: LC_FN(F)(T, 1, row, k, xq, xd, res); break;                                                 \
+    case 2: LC_FN(F)(T, 2, row, k, xq, xd, res); break;                                                 \
+    case 3: LC_FN(F)(T, 3, row, k, xq, xd, res); break;                                                 \
+    default: LC_FN(F)(T, 4, row, k, xq, xd, res); break;                                                \
     }
 
 static void LC_FN(iq_rows)(int type, const uint8_t *row, int64_t k, const int8_t *xq, const float *xd, int mr,
                            float *res) {
-    switch (type) { /* the IQ4 types as literals: their decode inlines into the loop */
-    case LC_IQ4_NL: LC_IQ_ROWS(LC_IQ4_NL) break;
-    case LC_IQ4_XS: LC_IQ_ROWS(LC_IQ4_XS) break;
-    case LC_MXFP4: LC_IQ_ROWS(LC_MXFP4) break;
-    default: LC_IQ_ROWS(type) break;
+    switch (type) { /* every type a literal: its decode inlines into the loop */
+    case LC_IQ4_NL: LC_IQ_ROWS(iq_row, LC_IQ4_NL) break;
+    case LC_IQ4_XS: LC_IQ_ROWS(iq_row, LC_IQ4_XS) break;
+    case LC_MXFP4: LC_IQ_ROWS(iq_row, LC_MXFP4) break;
+    case LC_IQ2_XXS: LC_IQ_ROWS(iq_brow, LC_IQ2_XXS) break;
+    case LC_IQ2_XS: LC_IQ_ROWS(iq_brow, LC_IQ2_XS) break;
+    case LC_IQ2_S: LC_IQ_ROWS(iq_brow, LC_IQ2_S) break;
+#if LC_ISA == LC_ISA_AVX512VNNI && !defined(LC_IQ3_NO512)
+    case LC_IQ3_XXS: LC_IQ_ROWS(iq3_brow, LC_IQ3_XXS) break;
+    case LC_IQ3_S: LC_IQ_ROWS(iq3_brow, LC_IQ3_S) break;
+#else
+    case LC_IQ3_XXS: LC_IQ_ROWS(iq_brow, LC_IQ3_XXS) break;
+    case LC_IQ3_S: LC_IQ_ROWS(iq_brow, LC_IQ3_S) break;
+#endif
+    case LC_IQ1_S: LC_IQ_ROWS(iq_brow, LC_IQ1_S) break;
+    case LC_IQ1_M: LC_IQ_ROWS(iq_brow, LC_IQ1_M) break;
+    case LC_TQ1_0: LC_IQ_ROWS(iq_brow, LC_TQ1_0) break;
+    default: LC_IQ_ROWS(iq_brow, LC_TQ2_0) break;
     }
 }
 #undef LC_IQ_ROWS

@@ -75,7 +75,7 @@ def test_matmul_matches_the_dequantized_product(qtype: str, isa: str) -> None:
     matrix = kernels.BlockMatrix([kernels.Segment(qtype, torch.from_numpy(blocks))], k, ops)
     assert not ops.can_repack(qtype, k)  # no x16 form: the file's blocks are read in place
     gen = torch.Generator().manual_seed(1)
-    for rows in (1, 3, 4, 70):
+    for rows in (1, 2, 3, 4, 70):
         for dtype in (torch.float32, torch.bfloat16):
             spread = torch.rand(rows, k // 32, 1, generator=gen).mul(4).expand(rows, k // 32, 32)
             x = (torch.randn(rows, k, generator=gen) * spread.reshape(rows, k)).to(dtype)
