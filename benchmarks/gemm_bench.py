@@ -1,6 +1,7 @@
 """One block matrix on localchat's CPU kernels against torch's dense linear, GFLOP/s per row count.
 
     python -m benchmarks.gemm_bench --isa avx2 --rows 16 512 [--old path/to/other/_lckernels.so]
+    python -m benchmarks.gemm_bench --rows 1 --threads 1 --cpu-time --types IQ3_XXS   # one-row decode
 
 Each matrix is random GGUF blocks (tests/helpers/kquants.py for the K-quants, tests/helpers/iquants.py for
 the i-quants); the dense columns are
@@ -68,13 +69,15 @@ def other_build(path: str, like: kernels.Kernels) -> kernels.Kernels:
     return kernels.Kernels(library.bind(path), like.isa)
 
 
-def seconds(fn: Callable[[], object], budget: float = 0.3) -> float:
+def seconds(
+    fn: Callable[[], object], budget: float = 0.3, clock: Callable[[], float] = time.perf_counter
+) -> float:
     fn()
-    runs, start = 0, time.perf_counter()
+    runs, start = 0, clock()
     while True:
         fn()
         runs += 1
-        took = time.perf_counter() - start
+        took = clock() - start
         if took >= budget:
             return took / runs
 
@@ -87,11 +90,21 @@ def main() -> None:
     ap.add_argument("--types", nargs="+", help="only these block types")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-dense", action="store_true", help="skip torch's float32/bfloat16 linear")
+    ap.add_argument("--threads", type=int, help="torch's (and so the kernels') thread count")
+    ap.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time by the process's CPU time (with --threads 1: robust to other work on a busy box)",
+    )
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    clock = time.process_time if args.cpu_time else time.perf_counter
     ops = kernels.load(args.isa)
     assert ops is not None, "the kernels are not built"
     old = other_build(args.old, ops) if args.old else None
-    print(f"isa {ops.name}, {torch.get_num_threads()} threads; GFLOP/s, median of {args.reps} rounds")
+    kind = "CPU time" if args.cpu_time else "wall time"
+    print(f"isa {ops.name}, {torch.get_num_threads()} threads, {kind}; GFLOP/s, median of {args.reps} rounds")
     for qtype, rows, cols in MATRICES:
         if args.types and qtype not in args.types:
             continue
@@ -116,7 +129,7 @@ def main() -> None:
             times: dict[str, list[float]] = {name: [] for name in runs}
             for _ in range(args.reps):
                 for name, fn in runs.items():
-                    times[name].append(seconds(fn))
+                    times[name].append(seconds(fn, clock=clock))
             flops = 2.0 * t * rows * cols
             cells = ", ".join(f"{name} {flops / statistics.median(v) / 1e9:.1f}" for name, v in times.items())
             print(f"{qtype} {rows}x{cols} t={t}: {cells}", flush=True)
