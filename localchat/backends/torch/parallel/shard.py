@@ -122,10 +122,10 @@ NOT_SHARDED_TYPES = ("lfm2_moe",)
 def _unsupported(config: ModelConfig, world: int) -> BackendUnavailableError:
     return BackendUnavailableError(
         f"--tensor-parallel-size {world}: only the Llama family (Llama, Mistral, Qwen2, SmolLM2), "
-        f"Qwen3, Mixtral, Qwen3-MoE, Gemma 2 / 3, LFM2 and Nemotron-H (checkpoint folders) are sharded so "
-        f"far, not this {config.model_type!r}: split its layers instead with --pipeline-parallel-size "
-        f"{world} (DeepSeek, Phi-3, Gemma 4, LFM2-MoE, Qwen3.5 / Qwen3-Next, Granite 4.0-H, Mamba-2 GGUF "
-        "files, ...), or drop --tensor-parallel-size."
+        f"Qwen3, Mixtral, Qwen3-MoE, Gemma 2 / 3, LFM2, Nemotron-H and Granite 4.0-H (checkpoint folders) "
+        f"are sharded so far, not this {config.model_type!r}: split its layers instead with "
+        f"--pipeline-parallel-size {world} (DeepSeek, Phi-3, Gemma 4, LFM2-MoE, Qwen3.5 / Qwen3-Next, "
+        "Mamba-2 GGUF files, ...), or drop --tensor-parallel-size."
     )
 
 
