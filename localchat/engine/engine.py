@@ -30,7 +30,7 @@ from localchat.engine.outputs import EngineStats, RequestOutput
 from localchat.engine.request import FinishReason, ImageInput, Request
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.scheduler import Scheduler
-from localchat.engine.speculative import Proposer, accept_drafts, draft_length, record_outcome
+from localchat.engine.speculative import Proposer, accept_drafts, average_draft_length, record_outcome
 from localchat.engine.state_slots import StateSlotPool
 from localchat.errors import ContextLengthExceededError, InvalidRequestError
 
@@ -486,14 +486,8 @@ class LLMEngine:
             spec_draft_tokens_total=self.spec_draft_tokens,
             spec_accepted_tokens_total=self.spec_accepted_tokens,
             sequence_passes_total=self.sequence_passes,
-            spec_draft_length_avg=self._draft_length_avg(),
+            spec_draft_length_avg=average_draft_length(
+                self.scheduler.running if self.scheduler.speculate else [], self.config.speculative.num_tokens
+            ),
             speculative_auto_reason=self.config.speculative.auto_reason,
         )
-
-    def _draft_length_avg(self) -> float:
-        """The mean draft length K the running sequences ask for now (speculative.record_outcome adapts
-        it per sequence); 0 while speculation is off."""
-        if not self.scheduler.speculate or not self.scheduler.running:
-            return 0.0
-        k = self.config.speculative.num_tokens
-        return sum(draft_length(r, k) for r in self.scheduler.running) / len(self.scheduler.running)

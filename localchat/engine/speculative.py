@@ -78,6 +78,11 @@ def draft_length(request: Request, k_max: int) -> int:
     return min(request.spec_k or k_max, k_max)
 
 
+def average_draft_length(requests: Sequence[Request], k_max: int) -> float:
+    """The mean draft length the running sequences ask for now, for /metrics (0 with none)."""
+    return sum(draft_length(r, k_max) for r in requests) / len(requests) if requests else 0.0
+
+
 @dataclass(slots=True)
 class SpeculativeConfig:
     # "off", "ngram" (prompt lookup), "draft" (a draft model the engine is given) or "eagle" (an EAGLE-3
