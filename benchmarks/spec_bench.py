@@ -110,6 +110,7 @@ def main() -> None:
     parser.add_argument("--llama-cpp", type=Path, help="a llama.cpp bin folder: compare with its modes")
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp's threads (target and draft)")
     parser.add_argument("--eagle-head", type=Path, help="an EAGLE-3 head: time its cost on the target path")
+    parser.add_argument("--p-min", type=float, default=0.75, help="the draft model's p_min (0: always k)")
     parser.add_argument("--temperature", type=float, default=0.0, help="sample (unseeded) instead of greedy")
     parser.add_argument("--concurrent", type=int, default=0, help="N requests at once (see the docstring)")
     parser.add_argument(
@@ -150,7 +151,10 @@ def main() -> None:
         text = render_chat(llm.template, llm.tokenizer, messages)
         plain = engine(SpeculativeConfig())
         for k in args.k:
-            engines = {m: engine(SpeculativeConfig(m.removesuffix("-greedy"), num_tokens=k)) for m in methods}
+            engines = {
+                m: engine(SpeculativeConfig(m.removesuffix("-greedy"), num_tokens=k, draft_p_min=args.p_min))
+                for m in methods
+            }
             for m, e in engines.items():
                 e.greedy_drafts = m == "draft-greedy"  # type: ignore[attr-defined]
             base_rates: list[float] = []
