@@ -90,7 +90,7 @@ def prefill_seconds(cut: bool, repeats: int) -> list[float]:
     return times
 
 
-def decode_rates(streams: int, steps: int, depth: int, runner: object) -> float:
+def decode_rates(streams: int, steps: int, depth: int, runner: object, prompt: int = 32) -> float:
     """Tokens/s of `streams` greedy decodes on `runner` (PP=2 ranks), `depth` steps in flight."""
     from localchat.engine.config import EngineConfig
     from localchat.engine.engine import LLMEngine
@@ -101,7 +101,7 @@ def decode_rates(streams: int, steps: int, depth: int, runner: object) -> float:
     engine = LLMEngine(runner, SilentTokenizer(), config, eos_token_ids=[2], model_max_len=4096)  # type: ignore[arg-type]
     params = SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True)
     for p in range(streams):
-        engine.add_request([10 + 7 * p + i % 97 for i in range(32)], params)
+        engine.add_request([10 + 7 * p + i % 97 for i in range(prompt)], params)
     started: set[str] = set()
     start, tokens = 0.0, 0
     while engine.has_unfinished:
@@ -114,7 +114,7 @@ def decode_rates(streams: int, steps: int, depth: int, runner: object) -> float:
     return tokens / (time.perf_counter() - start)
 
 
-def decode(streams_list: list[int], repeats: int, steps: int) -> None:
+def decode(streams_list: list[int], repeats: int, steps: int, prompt: int) -> None:
     from localchat.backends import RunnerOptions
     from localchat.backends.torch.parallel.driver import ParallelRunner
 
@@ -126,11 +126,11 @@ def decode(streams_list: list[int], repeats: int, steps: int) -> None:
             rates: dict[int, list[float]] = {1: [], 2: []}
             for _ in range(repeats):
                 for depth in (1, 2):  # alternated
-                    rates[depth].append(decode_rates(streams, steps, depth, runner))
+                    rates[depth].append(decode_rates(streams, steps, depth, runner, prompt))
             one, two = statistics.median(rates[1]), statistics.median(rates[2])
             load_avg = Path("/proc/loadavg").read_text().split()[:3]
             print(
-                f"PP=2 gloo, {streams} streams x {steps} tokens, median of {repeats} (load {' '.join(load_avg)}):"
+                f"PP=2 gloo, {streams} streams x {steps} tokens after {prompt}, median of {repeats} (load {' '.join(load_avg)}):"
             )
             print(f"  one step at a time: {one:7.1f} tok/s  (all: {', '.join(f'{r:.1f}' for r in rates[1])})")
             print(f"  2 steps in flight:  {two:7.1f} tok/s  (all: {', '.join(f'{r:.1f}' for r in rates[2])})")
@@ -144,9 +144,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--decode", help="decode throughput for these stream counts, e.g. 8,16")
     parser.add_argument("--steps", type=int, default=32, help="decode tokens per stream (--decode)")
+    parser.add_argument("--prompt", type=int, default=32, help="prompt tokens per stream (--decode)")
     args = parser.parse_args()
     if args.decode:
-        decode([int(n) for n in args.decode.split(",")], args.repeats, args.steps)
+        decode([int(n) for n in args.decode.split(",")], args.repeats, args.steps, args.prompt)
         return
     whole = prefill_seconds(False, args.repeats)
     cut = prefill_seconds(True, args.repeats)

@@ -4,8 +4,9 @@ the stages one after another, so stage s works on group i while stage s + 1 work
 Rows are independent (each has its own K/V blocks, state slot, positions and pictures), so a group
 is the step's own data sliced, and the logits of the groups, in order, are the step's. Only steps
 with many tokens are cut: a decode step reads every weight once per group, so cutting it would cost
-more than the overlap saves; a prefill is compute-bound and gains. Every rank cuts the same step
-the same way (a pure function of the step), so the sends and receives pair up.
+more than the overlap saves; a prefill is compute-bound and gains. (Decode steps overlap another
+way: several steps in flight, each of its own requests: engine/in_flight.py.) Every rank cuts the
+same step the same way (a pure function of the step), so the sends and receives pair up.
 """
 
 from __future__ import annotations
