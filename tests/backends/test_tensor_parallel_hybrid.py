@@ -129,3 +129,21 @@ def test_granite_tp2_and_tp2_by_pp2_match_one_device() -> None:
             _assert_same(cast(TorchRunner, runner), "granite")
         finally:
             runner.shutdown()
+
+
+@pytest.mark.slow  # spawns gloo ranks
+def test_qwen3_5_tp2_and_tp2_by_pp2_match_one_device() -> None:
+    """Qwen3.5 [DeltaNet x3, attention]: 1 of 2 key heads and its 2 value heads per rank (in_proj:
+    q 16, k 16, v 16, z 16, b 2, a 2 rows), 2 of 4 gated attention heads; under TP x PP stage 0 of
+    ranks 0-1 holds DeltaNet layers only."""
+    torch.set_num_threads(1)
+    load = functools.partial(hybrid_bundle, "qwen3_5")
+    for options in (TP2, replace(PP2, tensor_parallel_size=2)):
+        with exact_weights():
+            runner = ParallelRunner(hybrid_bundle("qwen3_5"), options, load=load)
+        try:
+            layer = cast(Any, runner.runner).model.layers[0]
+            assert (layer.k_heads, layer.v_heads) == (1, 2) and tuple(layer.in_proj.shape) == (68, 64)
+            _assert_same(cast(TorchRunner, runner), "qwen3_5")
+        finally:
+            runner.shutdown()

@@ -35,6 +35,7 @@ from localchat.backends.torch.models.lfm2 import Model as Lfm2Model
 from localchat.backends.torch.models.llama import LlamaLayer
 from localchat.backends.torch.models.mamba_hybrid import HybridBlock
 from localchat.backends.torch.models.mamba_hybrid import Model as MambaHybridModel
+from localchat.backends.torch.models.qwen3_next import HybridLayer
 from localchat.backends.torch.quant import embed_rows, linear
 from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
@@ -110,22 +111,24 @@ class ParallelLlama(DecoderLM):
 # Gemma 2 / 3, the same weights with Gemma's forward (shard_gemma.py); LFM2, whose short-conv layers
 # are cut by channel (shard_lfm2.py).
 # Nemotron-H, whose Mamba-2 mixers are cut by SSM group (shard_mamba.py).
-SHARDED_FAMILIES = ("llama", "qwen3", "mixtral", "qwen3_moe", "gemma", "lfm2", "mamba_hybrid")
+# Qwen3.5 / Qwen3-Next, whose DeltaNet layers are cut by key head (shard_deltanet.py).
+SHARDED_FAMILIES = ("llama", "qwen3", "mixtral", "qwen3_moe", "gemma", "lfm2", "mamba_hybrid", "qwen3_next")
 # Families whose `sanitize` only reshapes a weight that the rank's cut takes whole rows of (LFM2's
 # conv taps) or renames a checkpoint folder's (Granite 4.0-H's stacked experts): run before the cut.
 ROW_SAFE_SANITIZE = SANITIZED_BEFORE_CUT
 # Of those families, what is not cut yet: LFM2-MoE (untested), and a Mamba-2 GGUF (its sanitize
 # re-shapes the SSM tensors from the whole model's sizes).
-NOT_SHARDED_TYPES = ("lfm2_moe",)
+# The MoE Qwen3.5 / Qwen3-Next (a shared expert beside the routed ones) is not cut yet either.
+NOT_SHARDED_TYPES = ("lfm2_moe", "qwen3_5_moe", "qwen3_5_moe_text")
 
 
 def _unsupported(config: ModelConfig, world: int) -> BackendUnavailableError:
     return BackendUnavailableError(
         f"--tensor-parallel-size {world}: only the Llama family (Llama, Mistral, Qwen2, SmolLM2), "
-        f"Qwen3, Mixtral, Qwen3-MoE, Gemma 2 / 3, LFM2, Nemotron-H and Granite 4.0-H (checkpoint folders) "
-        f"are sharded so far, not this {config.model_type!r}: split its layers instead with "
-        f"--pipeline-parallel-size {world} (DeepSeek, Phi-3, Gemma 4, LFM2-MoE, Qwen3.5 / Qwen3-Next, "
-        "Mamba-2 GGUF files, ...), or drop --tensor-parallel-size."
+        f"Qwen3, Mixtral, Qwen3-MoE, Gemma 2 / 3, LFM2, Nemotron-H, Granite 4.0-H and dense Qwen3.5 / "
+        f"Qwen3-Next (checkpoint folders) are sharded so far, not this {config.model_type!r}: split its "
+        f"layers instead with --pipeline-parallel-size {world} (DeepSeek, Phi-3, Gemma 4, LFM2-MoE, "
+        "Qwen3.5-MoE, Mamba-2 GGUF files, ...), or drop --tensor-parallel-size."
     )
 
 
@@ -154,6 +157,7 @@ def valid_sizes(config: ModelConfig, most: int = 64) -> list[int]:
     ssm = config.extra.get("ssm") or {}  # Nemotron-H's Mamba-2: a rank keeps whole SSM groups
     groups = int(ssm.get("groups") or 0)
     shared = int(config.extra.get("shared_intermediate_size") or 0)  # Granite 4.0-H's shared MLP
+    key_heads = int(config.extra.get("linear_num_key_heads") or 0)  # DeltaNet: whole key heads
     return [
         n
         for n in range(1, most + 1)
@@ -163,6 +167,7 @@ def valid_sizes(config: ModelConfig, most: int = 64) -> list[int]:
         and not channels % n
         and not groups % n
         and not shared % n
+        and not key_heads % n
         and not (kvh % n and n % kvh)
     ]
 
@@ -172,6 +177,7 @@ def check_supported(config: ModelConfig, world: int) -> None:
     arch = architecture(config.model_type)
     own_layout = arch.sanitize is not None and arch.family not in ROW_SAFE_SANITIZE
     not_yet = config.model_type in NOT_SHARDED_TYPES or bool(config.extra.get("gguf_ssm_inner_size"))
+    not_yet = not_yet or (arch.family == "qwen3_next" and bool(config.extra.get("num_experts")))
     if arch.family not in SHARDED_FAMILIES or own_layout or not_yet:
         raise _unsupported(config, world)
     h, kvh, inter = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
@@ -192,6 +198,8 @@ def _layer_key(layer: Any) -> Any:
     (their model's loop calls the mixer and the MLP), their class."""
     if isinstance(layer, Lfm2Layer):
         return Lfm2Layer.mlp
+    if isinstance(layer, HybridLayer):
+        return HybridLayer.linear_attention
     return HybridBlock.relu2_mlp if isinstance(layer, HybridBlock) else type(layer).forward
 
 
@@ -217,6 +225,7 @@ def sharded_runner(
     )
     runner = make_runner(local, options)
     model = runner.model
+    from .shard_deltanet import ParallelHybridLayer
     from .shard_gemma import ParallelGemma, ParallelGemmaLayer  # they build on this module's classes
     from .shard_lfm2 import ParallelLfm2, ParallelLfm2Layer
     from .shard_mamba import ParallelHybridBlock, ParallelMambaHybrid, shard_mixer
@@ -227,6 +236,7 @@ def sharded_runner(
         GemmaLayer.forward: ParallelGemmaLayer,
         Lfm2Layer.mlp: ParallelLfm2Layer,  # its model's loop calls the mixer and the MLP, no forward
         HybridBlock.relu2_mlp: ParallelHybridBlock,  # Nemotron-H's blocks: the same
+        HybridLayer.linear_attention: ParallelHybridLayer,  # Qwen3.5 / Qwen3-Next's layers: the same
     }
     layer_classes = [parallel[k] for k in map(_layer_key, model.layers) if k in parallel]
     if len(layer_classes) != len(model.layers) or type(model).forward is not DecoderLM.forward:

@@ -26,7 +26,7 @@ from .group import ParallelGroup
 
 # Families whose `sanitize` is run before the cut (and again, a no-op, at load): LFM2's conv taps
 # reshaped, Granite 4.0-H's stacked experts renamed so split_experts finds them.
-SANITIZED_BEFORE_CUT = ("lfm2", "mamba_hybrid")
+SANITIZED_BEFORE_CUT = ("lfm2", "mamba_hybrid", "qwen3_next")  # Qwen3-Next: qkvz / ba split apart
 DEQUANT_ROWS = 256  # rows dequantized at a time when a row-parallel cut splits GGUF blocks
 LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
@@ -88,6 +88,9 @@ class RankSlice:
             extra["mamba_n_groups"] = int(extra["ssm"]["groups"]) // self.world
             extra["mamba_d_head"] = int(extra["ssm"]["head_dim"])
             extra["shared_intermediate_size"] = int(extra["shared_intermediate_size"]) // self.world
+        if "linear_num_key_heads" in extra:  # Qwen3.5 / Qwen3-Next's DeltaNet: the rank's heads
+            extra["linear_num_key_heads"] = int(extra["linear_num_key_heads"]) // self.world
+            extra["linear_num_value_heads"] = int(extra["linear_num_value_heads"]) // self.world
         if "block_ff_dim" in extra:  # LFM2 re-derives its MLP width from this one: make it the rank's
             extra["block_ff_dim"], extra["block_auto_adjust_ff_dim"] = self.mlp_size // self.world, False
         return replace(
@@ -130,6 +133,12 @@ def shard_weights(
         if pname.startswith("mamba."):
             yield _mamba_part(w, leaf, config, part)
             continue
+        if arch.family == "qwen3_next" and leaf in DELTANET_LEAVES:
+            yield _deltanet_part(w, leaf, index, config, part)
+            continue
+        if arch.family == "qwen3_next" and leaf == "qkv" and index == 0:  # q and its gate, per head
+            yield rows(w, part.rank * part.heads * 2 * d, part.heads * 2 * d)
+            continue
         width = part.expert_size if pname.startswith("moe.") else shared or part.mlp_size
         mlp = (part.rank * width // part.world, width // part.world)
         hidden = config.hidden_size  # LFM2's short conv: channels cut like an MLP's columns
@@ -155,6 +164,37 @@ def shard_weights(
             yield w if part.rank == 0 else replace(w, data=np.zeros_like(w.data))
         else:
             yield w  # norms, the router: replicated
+
+
+DELTANET_LEAVES = frozenset({"in_proj", "conv", "dt_bias", "A_log", "out"})
+
+
+def _deltanet_part(
+    w: WeightTensor, leaf: str, index: int, config: ModelConfig, part: RankSlice
+) -> WeightTensor:
+    """A DeltaNet weight cut to the rank's key heads and their value heads (grouped by key head):
+    in_proj_qkv's and the conv's q | k | v rows (index 0), z's rows (1), b's and a's (2, 3)."""
+    x, r, world = config.extra, part.rank, part.world
+    nk, nv, dk, dv = (
+        int(x[k])
+        for k in (
+            "linear_num_key_heads",
+            "linear_num_value_heads",
+            "linear_key_head_dim",
+            "linear_value_head_dim",
+        )
+    )
+    keys, values = (r * nk * dk // world, nk * dk // world), (r * nv * dv // world, nv * dv // world)
+    heads = (r * nv // world, nv // world)
+    if leaf == "out":
+        return columns(w, *values)
+    if leaf in ("dt_bias", "A_log") or (leaf == "in_proj" and index in (2, 3)):
+        return rows(w, *heads)
+    if leaf == "in_proj" and index == 1:
+        return rows(w, *values)
+    blocks = [(0, keys), (nk * dk, keys), (2 * nk * dk, values)]  # in_proj_qkv, the conv: q | k | v
+    data = np.concatenate([w.data[base + start : base + start + count] for base, (start, count) in blocks])
+    return replace(w, shape=(data.shape[0], *w.shape[1:]), data=data)
 
 
 def _mamba_part(w: WeightTensor, leaf: str, config: ModelConfig, part: RankSlice) -> WeightTensor:
