@@ -25,6 +25,7 @@ added to the dense MLP's) are built.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -224,7 +225,7 @@ def sanitize(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[W
     for weight in weights:
         head, sep, tail = weight.name.partition(".experts.")
         if sep and head.startswith("model.layers.") and head.count(".") == 2:
-            yield WeightTensor(f"{head}.moe_block.experts.{tail}", weight.shape, weight.dtype, weight.data)
+            yield replace(weight, name=f"{head}.moe_block.experts.{tail}")  # an FP8 expert stays compact
         else:
             yield weight
 

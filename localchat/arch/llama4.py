@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from localchat.errors import ModelLoadError
+from localchat.weights.hf_quant_blocks import reorder_rows
 from localchat.weights.tensors import WeightTensor
 
 if TYPE_CHECKING:
@@ -139,9 +140,7 @@ def sanitize(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[W
             order = (
                 np.arange(heads)[:, None] * d + np.concatenate((np.arange(0, d, 2), np.arange(1, d, 2)))
             ).ravel()
-            data = np.asarray(weight.data).reshape(weight.shape[0], -1)
-            rows = np.ascontiguousarray(data[order]).reshape(np.asarray(weight.data).shape)
-            yield WeightTensor(weight.name, weight.shape, weight.dtype, rows)
+            yield reorder_rows(weight, order)  # an FP8 / int4 checkpoint's compact linear stays one
         elif weight.name.endswith(("feed_forward.experts.gate_up_proj", "feed_forward.experts.down_proj")):
             if len(weight.shape) != 3 or weight.dtype not in ("F32", "F16", "BF16"):
                 raise ModelLoadError(

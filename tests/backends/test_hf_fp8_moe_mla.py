@@ -232,3 +232,29 @@ def test_reordered_rows_keep_the_compact_form_and_its_values() -> None:
     assert np.array_equal(moved.dequantize(), linear.dequantize()[order])
     stored = np.asarray(linear.blocks().data)
     assert np.array_equal(np.asarray(moved.blocks().data), stored[order])
+
+
+def test_llama4_and_gemma4_layout_fixes_keep_fp8_linears_compact() -> None:
+    """Llama 4's q/k rows de-interleaved and Gemma 4's experts renamed at load: an FP8 linear comes out a
+    Q8Linear still (before, a plain tensor of the internal HF_Q8 type no backend reads), with the values
+    the dense path's fix gives."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+    from typing import cast
+
+    from localchat.arch import gemma4, llama4
+    from localchat.weights.config import ModelConfig
+    from localchat.weights.tensors import WeightTensor
+
+    rng = np.random.default_rng(1)
+    linear = replace(_fp8(rng.standard_normal((256, 256)).astype(np.float32), "block128"))
+    linear.name = "model.layers.0.self_attn.q_proj.weight"
+    config = cast(ModelConfig, SimpleNamespace(head_dim=32))
+    dense = WeightTensor(linear.name, linear.shape, "F32", linear.dequantize())
+    moved, reference = next(llama4.sanitize(config, [linear])), next(llama4.sanitize(config, [dense]))
+    assert isinstance(moved, Q8Linear)
+    assert np.array_equal(moved.dequantize(), reference.dequantize())
+    assert not np.array_equal(moved.dequantize(), linear.dequantize())  # rows did move
+    expert = replace(linear, name="model.layers.0.experts.1.gate_up_proj")
+    renamed = next(gemma4.sanitize(config, [expert]))
+    assert isinstance(renamed, Q8Linear) and renamed.name == "model.layers.0.moe_block.experts.1.gate_up_proj"
