@@ -322,3 +322,39 @@ def test_top_p_over_a_large_vocabulary_matches_the_torch_sampler() -> None:
     p = torch.softmax(torch_sampler._top_p(logits, [0.9, 0.9]), dim=-1).double().numpy()
     np.testing.assert_allclose(q, p, atol=1e-6)
     assert 0 < (q[0] > 0).sum() < 1024 < (q[1] > 0).sum()
+
+
+def test_logprobs_max_tokens_and_stops_with_drafts_drawn_from_q(
+    target_hf: torch.nn.Module, target: ModelBundle, draft: ModelBundle
+) -> None:
+    """Unseeded sampled requests whose drafts come from q: every token's logprob (and top ids) is the
+    target's raw log-softmax at its position, computed again by transformers over the finished text;
+    max_tokens is never passed and a stop string ends the text where it first appears."""
+    engine = make_engine(target, draft)
+    free = [SamplingParams(temperature=1.0, max_tokens=9, ignore_eos=True, logprobs=2)] * 4
+    first = run(engine, [PROMPT] * 4, free)
+    common = Counter("".join(summary(o)[1] for o in first)).most_common(1)[0][0]
+    stop = SamplingParams(
+        temperature=0.8, top_p=0.9, max_tokens=12, ignore_eos=True, logprobs=0, stop=[common]
+    )
+    params = free + [stop] * 4
+    outs = first + run(engine, [PROMPT] * 4, [stop] * 4)
+    assert engine.spec_accepted_tokens > 0
+    stopped = 0
+    for out, p in zip(outs, params, strict=True):
+        tokens, text, reason, *_ = summary(out)
+        assert len(tokens) <= p.max_tokens
+        if p.stop:
+            assert common not in text
+            stopped += reason == "stop"
+        with torch.no_grad():
+            logits = target_hf(torch.tensor([PROMPT + tokens])).logits[0, len(PROMPT) - 1 : -1]
+        expected = torch.log_softmax(logits.double(), dim=-1)
+        got = [lp for o in out for lp in o.logprobs]
+        assert [lp.token_id for lp in got] == tokens
+        assert [lp.logprob for lp in got] == pytest.approx(
+            [float(expected[i, t]) for i, t in enumerate(tokens)], abs=1e-3
+        )
+        for i, lp in enumerate(got):
+            assert [t for t, _ in lp.top] == torch.topk(expected[i], p.logprobs or 0).indices.tolist()
+    assert stopped > 0
