@@ -238,10 +238,13 @@ class ParallelRunner:
             self.failure = message
             log.error("%s", message)
 
-    def _send(self, name: str, args: tuple[Any, ...], wait: bool = True) -> None:
+    def _send(self, name: str, args: tuple[Any, ...]) -> None:
+        """To every worker. A step does not wait for the broadcast (the control thread's): the step's
+        own sends and collectives pair with the workers, and a step in flight must not wait for the
+        one before it; a failed broadcast is raised at the next call."""
         if self.failure is not None:
             raise BackendUnavailableError(self.failure)
-        self._control.send((name, args), wait)
+        self._control.send((name, args), wait=name not in STEPS)
 
     def __getattr__(self, name: str) -> Any:
         if name == "runner":  # not set yet (a failed __init__): no recursion through __getattr__
@@ -290,7 +293,7 @@ class ParallelRunner:
         inbox = self._inbox
 
         def call() -> None:
-            self._send("execute_model", self._worker_args("execute_model", (scheduler_output, batch)), False)
+            self._send("execute_model", self._worker_args("execute_model", (scheduler_output, batch)))
             runner.start_step(scheduler_output, batch)
             inbox.expect()
 
