@@ -23,6 +23,7 @@ from localchat.vision.model_info import takes_images, vision_config
 from localchat.weights.loader import load_model
 from tests.e2e.test_vision_server import TOKENS_PER_IMAGE, _write_folder
 from tests.helpers.gemma3_gguf_vision import write_gguf_pair
+from tests.helpers.picture_parity import REQ, assert_prefill_and_greedy
 from tests.helpers.picture_prefill import prefill_logits
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import fp32_runner
@@ -122,8 +123,6 @@ def test_gguf_with_mmproj_answers_an_image_prompt_as_transformers(pair: Pair, tm
     runner = fp32_runner(bundle)
     assert runner.pictures_both_ways
     driver = PagedDriver(runner)
-    driver.add("a", prompt)
-    ours = prefill_logits(runner, driver, "a", image, [(0, len(prompt))])
 
     def reference(tokens: list[int]) -> np.ndarray:
         ids = torch.tensor([tokens])
@@ -131,15 +130,16 @@ def test_gguf_with_mmproj_answers_an_image_prompt_as_transformers(pair: Pair, tm
             out = hf(input_ids=ids, pixel_values=pixels, token_type_ids=(ids == 299).long())
         return out.logits[0].float().numpy()
 
-    theirs = reference(prompt)
-    err = np.abs(ours - theirs).max()
-    print(f"gemma3 GGUF + mmproj image prompt logits max abs err fp32: {err:.2e}")
-    assert err < 1e-3
-    for _ in range(4):
-        driver.feed("a", int(ours[-1].argmax()))
-        _, step = driver.step_logits()
-        ours = step.cpu().numpy()
-        assert int(ours[0].argmax()) == int(reference(driver.tokens("a"))[-1].argmax())
+    assert_prefill_and_greedy(
+        driver,
+        prompt,
+        [(0, len(prompt))],
+        lambda start, end: prefill_logits(runner, driver, REQ, image, [(start, end)]),
+        reference,
+        "gemma3 GGUF + mmproj",
+        greedy=4,
+        atol=1e-3,
+    )
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ scheduler's chunks, and a causal path over the picture does not."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from localchat.engine.request import ImageInput
 from localchat.vision.gemma3_preprocess import ImageSpec, content_hash, decode, preprocess
 from localchat.weights.loader import load_model
 from tests.backends.test_gemma3_multimodal import TEXT
+from tests.helpers.picture_parity import REQ, assert_prefill_and_greedy
 from tests.helpers.picture_prefill import prefill_logits, scheduler_chunks
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import fp32_runner
@@ -109,21 +111,17 @@ def test_image_prompt_logits_and_greedy_tokens_match(
     runner = fp32_runner(load_model(folder))
     assert runner.pictures_both_ways
     driver = PagedDriver(runner)
-    driver.add("a", PROMPT)
-    ours = prefill_logits(runner, driver, "a", image, spans)
-    theirs = _hf_logits(hf, PROMPT, torch.from_numpy(pixels)[None])
-    err = np.abs(ours - theirs).max()
-    print(f"gemma3 image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
-    assert err < 1e-4
-    for _ in range(3):  # greedy decode after the image
-        driver.feed("a", int(ours[-1].argmax()))
-        _, logits = driver.step_logits()
-        ours = logits.cpu().numpy()
-        assert int(ours[0].argmax()) == int(
-            _hf_logits(hf, driver.tokens("a"), torch.from_numpy(pixels)[None])[-1].argmax()
-        )
-    # the picture matters: without its embeddings the prompt's last logits differ
-    assert np.abs(theirs[-1] - _hf_logits(hf, PROMPT, torch.zeros(1, *pixels.shape))[-1]).max() > 1e-3
+    torch_pixels = torch.from_numpy(pixels)[None]
+    assert_prefill_and_greedy(
+        driver,
+        PROMPT,
+        spans,
+        lambda start, end: prefill_logits(runner, driver, REQ, image, [(start, end)]),
+        partial(_hf_logits, hf, pixels=torch_pixels),
+        "gemma3",
+        # the picture matters: without its embeddings the prompt's last logits differ
+        without_picture=partial(_hf_logits, hf, pixels=torch.zeros(1, *pixels.shape)),
+    )
 
 
 def test_causal_attention_over_the_picture_misses_transformers(

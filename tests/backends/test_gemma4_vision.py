@@ -12,6 +12,7 @@ Audio is not built."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from tests.helpers.gemma4_vision_models import (
     tokenizer,
     write_folder,
 )
+from tests.helpers.picture_parity import REQ, assert_prefill_and_greedy
 from tests.helpers.picture_prefill import prefill_logits, scheduler_chunks
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import fp32_runner
@@ -145,19 +147,17 @@ def test_image_prompt_logits_and_greedy_tokens_match(
         run_end = image.placeholders[-1] + 1  # before the picture, then all of it past the chunk size
         assert spans == [(0, 4), (4, run_end), (run_end, len(prompt))]
     driver = PagedDriver(runner)
-    driver.add("a", prompt)
-    ours = prefill_logits(runner, driver, "a", image, spans)
-    theirs = _hf_logits(hf, prompt, ref)
-    err = np.abs(ours - theirs).max()
-    print(f"gemma4 image prompt logits max abs err fp32 (chunk={chunk}, both ways={both_ways}): {err:.2e}")
-    # The image rows carry the tower's ~1e-5 float error through every layer of a random model (a
-    # text-only prompt here is at ~6e-6), so the bound is looser than the text suites' 1e-4.
-    assert err < 3e-4
-    for _ in range(3):  # greedy decode after the image
-        driver.feed("a", int(ours[-1].argmax()))
-        _, logits = driver.step_logits()
-        ours = logits.cpu().numpy()
-        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), ref)[-1].argmax())
+    theirs = assert_prefill_and_greedy(
+        driver,
+        prompt,
+        spans,
+        lambda start, end: prefill_logits(runner, driver, REQ, image, [(start, end)]),
+        partial(_hf_logits, hf, ref=ref),
+        f"gemma4 (both ways={both_ways})",
+        # The image rows carry the tower's ~1e-5 float error through every layer of a random model (a
+        # text-only prompt here is at ~6e-6), so the bound is looser than the text suites' 1e-4.
+        atol=3e-4,
+    )
     # the picture matters: another picture's pixels give other last logits
     other = _reference(pictures(tmp_path)[0])
     other_prompt = [2, 5, 17, 251, *[IMAGE] * int(other["num_soft_tokens_per_image"][0]), 252, 42, 7]

@@ -5,6 +5,7 @@ engine gives transformers' greedy tokens for a picture prompt, fp32."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from localchat.vision.llama4_prompt import Llama4ImagePrompt
 from localchat.vision.model_info import takes_images, vision_config
 from localchat.weights.loader import load_model
 from tests.helpers import llama4_vision_models as tiny
+from tests.helpers import picture_parity as picture
 from tests.helpers.llama4_gguf import write_folder, write_gguf_pair
 from tests.helpers.torch_models import fp32_runner
 
@@ -85,63 +87,6 @@ def test_mmproj_features_equal_transformers(saved: tuple[Any, Path, Path, Path],
         assert ours.shape == theirs.shape and err < 1e-5
 
 
-def _hf_greedy(hf: Any, prompt: list[int], pixels: torch.Tensor, new: int) -> list[int]:
-    """Llama4ForConditionalGeneration.forward's own steps (its forward fails building its output in
-    transformers 5.24): the projected features scattered at the <|patch|> rows, then the text LM."""
-    tokens = list(prompt)
-    features = _hf_features(hf, pixels)
-    for _ in range(new):
-        ids = torch.tensor([tokens])
-        with torch.no_grad():
-            embeds = hf.get_input_embeddings()(ids)
-            mask = (ids == hf.config.image_token_id)[..., None].expand_as(embeds)
-            embeds = embeds.masked_scatter(mask, features.to(embeds.dtype))
-            tokens.append(int(hf.language_model(inputs_embeds=embeds).logits[0, -1].argmax()))
-    return tokens[len(prompt) :]
-
-
-@pytest.mark.parametrize("chunk", [0, 50])
-def test_gguf_pair_greedy_equals_transformers(
-    saved: tuple[Any, Path, Path, Path], tmp_path: Path, chunk: int
-) -> None:
-    """The text GGUF (its converted tokenizer) with the paired mmproj through LLMEngine + TorchRunner:
-    transformers' greedy tokens for two pictures; chunk 50 splits the first tile."""
-    from localchat.engine.config import EngineConfig
-    from localchat.engine.engine import LLMEngine
-    from localchat.engine.sampling_params import SamplingParams
-    from localchat.vision.gemma3_preprocess import content_hash
-
-    hf, folder, model, _ = saved
-    side = _prompt_side(model)
-    bundle = load_model(model)
-    runner = fp32_runner(bundle)
-    assert runner.images is not None  # the tower came from the paired mmproj
-    engine = LLMEngine(
-        runner,
-        bundle.tokenizer,
-        EngineConfig(kv_cache_mib=4, block_size=4, prefill_chunk_size=chunk),
-        eos_token_ids=[],
-        model_max_len=512,
-    )
-    answers = []
-    for path in tiny.pictures(tmp_path)[:2]:
-        pixels, tiles = side.preprocess(Image.open(path))
-        text = side.expand(CHAT, [tiles])
-        prompt = list(bundle.tokenizer.encode(text))
-        # the GGUF's tokenizer (converted by llama.cpp) gives the folder's ids
-        assert prompt == Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text).ids
-        images = side.inputs(prompt, [(content_hash(path.read_bytes()), pixels, tiles)])
-        req = engine.add_request(prompt, SamplingParams(max_tokens=5, temperature=0.0), images=images)
-        tokens: list[int] = []
-        while engine.has_unfinished:
-            for out in engine.step():
-                if out.req_id == req:
-                    tokens += out.new_token_ids
-        assert tokens == _hf_greedy(hf, prompt, torch.from_numpy(pixels), 5), path.name
-        answers.append(tokens)
-    assert answers[0] != answers[1]
-
-
 def _hf_logits(hf: Any, tokens: list[int], pixels: torch.Tensor) -> np.ndarray:
     ids = torch.tensor([tokens])
     with torch.no_grad():
@@ -151,6 +96,40 @@ def _hf_logits(hf: Any, tokens: list[int], pixels: torch.Tensor) -> np.ndarray:
         return hf.language_model(inputs_embeds=embeds).logits[0].float().numpy()
 
 
+@pytest.mark.parametrize("chunk", [0, 50])
+def test_gguf_pair_greedy_equals_transformers(
+    saved: tuple[Any, Path, Path, Path], tmp_path: Path, chunk: int
+) -> None:
+    """The text GGUF (its converted tokenizer) with the paired mmproj through LLMEngine + TorchRunner:
+    transformers' greedy tokens for two pictures, each twice (the second turn from the prefix cache, one
+    encode per picture); chunk 50 splits the first tile."""
+    from localchat.vision.gemma3_preprocess import content_hash
+
+    hf, folder, model, _ = saved
+    side = _prompt_side(model)
+    bundle = load_model(model)
+    runner = fp32_runner(bundle)
+    assert runner.images is not None  # the tower came from the paired mmproj
+    cases = []
+    for path in tiny.pictures(tmp_path)[:2]:
+        pixels, tiles = side.preprocess(Image.open(path))
+        text = side.expand(CHAT, [tiles])
+        prompt = list(bundle.tokenizer.encode(text))
+        # the GGUF's tokenizer (converted by llama.cpp) gives the folder's ids
+        assert prompt == Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text).ids
+        key = content_hash(path.read_bytes())
+        reference = partial(_hf_logits, hf, pixels=torch.from_numpy(pixels))
+        cases.append(
+            picture.Case(
+                path.name,
+                prompt,
+                partial(side.inputs, prompt, [(key, pixels, tiles)]),
+                partial(picture.hf_greedy, reference, prompt, 5),
+            )
+        )
+    picture.assert_twice_from_the_caches(picture.small_engine(runner, bundle.tokenizer, chunk, 512), cases, 5)
+
+
 @pytest.mark.mlx
 def test_mlx_gguf_pair_features_logits_and_greedy(
     saved: tuple[Any, Path, Path, Path], tmp_path: Path
@@ -158,9 +137,7 @@ def test_mlx_gguf_pair_features_logits_and_greedy(
     """The MLX runner of the text GGUF takes its tower from the paired mmproj: transformers' features, the
     picture prompt's logits (a chunk boundary inside the first tile) and three greedy tokens after it."""
     mx = pytest.importorskip("mlx.core")
-    from localchat.engine.interface import ImageSlice
     from localchat.vision.gemma3_preprocess import content_hash
-    from localchat.vision.placement import chunk_rows
     from tests.helpers.parity import Driver, mlx_runner
 
     hf, _, model, _ = saved
@@ -178,21 +155,13 @@ def test_mlx_gguf_pair_features_logits_and_greedy(
     print(f"mlx llama4 mmproj features max abs err fp32: {err:.2e}")
     assert err < 1e-4
     driver = Driver(runner)
-    driver.add("a", prompt)
-    rows_logits = []
-    for start, end in [(0, 20), (20, len(prompt))]:
-        out, batch = driver.build({"a": end - start}, every_token=True)
-        token_rows, embed_rows = chunk_rows(list(image.placeholders), start, end)
-        batch.image_slices = [ImageSlice(image, token_rows, embed_rows)]
-        rows_logits.append(np.array(runner.compute_logits(out, batch)))
-    ours = np.concatenate(rows_logits)
-    err = np.abs(ours - _hf_logits(hf, prompt, torch_pixels)).max()
-    print(f"mlx llama4 mmproj image prompt logits max abs err fp32: {err:.2e}")
-    assert err < 1e-4
-    for _ in range(3):  # greedy decode after the picture: no image rows in these steps
-        driver.feed("a", int(ours[-1].argmax()))
-        _, ours = driver.step_logits()
-        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), torch_pixels)[-1].argmax())
+    steps = [(0, 20), (20, len(prompt))]
+    reference = partial(_hf_logits, hf, pixels=torch_pixels)
+    label = "mlx llama4 mmproj"
+    picture.assert_prefill_and_greedy(
+        driver, prompt, steps, picture.image_slices(driver, image), reference, label
+    )
+    picture.assert_encoded_once(runner, image, steps)
 
 
 def test_q8_0_mmproj_is_dequantized(saved: tuple[Any, Path, Path, Path], tmp_path: Path) -> None:

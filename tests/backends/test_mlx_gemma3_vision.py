@@ -8,6 +8,7 @@ tokens attend to each other both ways), and the picture is encoded once (the enc
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,12 @@ mx = pytest.importorskip("mlx.core")
 torch = pytest.importorskip("torch")
 
 from localchat.backends.mlx.vision.gemma3 import load_gemma3_vision  # noqa: E402
-from localchat.engine.interface import ImageSlice  # noqa: E402
 from localchat.engine.request import ImageInput  # noqa: E402
 from localchat.vision.gemma3_preprocess import ImageSpec, content_hash, decode, preprocess  # noqa: E402
-from localchat.vision.placement import chunk_rows  # noqa: E402
 from localchat.weights.loader import load_model  # noqa: E402
 from tests.backends.test_gemma3_multimodal import TEXT  # noqa: E402
 from tests.backends.test_gemma3_vision import VISION, _hf_logits, _pictures  # noqa: E402
+from tests.helpers import picture_parity as picture  # noqa: E402
 from tests.helpers.parity import Driver, mlx_runner  # noqa: E402
 from tests.helpers.picture_prefill import scheduler_chunks  # noqa: E402
 
@@ -82,32 +82,22 @@ def test_image_prompt_logits_and_greedy_tokens_match(
     runner = mlx_runner(load_model(folder))
     assert runner.images is not None
     image = ImageInput(tuple(i for i, t in enumerate(PROMPT) if t == 299), content_hash(data), pixels)
-    driver = Driver(runner)  # type: ignore[arg-type]
-    driver.add("a", PROMPT)
+    driver = Driver(runner)
     assert runner.pictures_both_ways
     spans = scheduler_chunks(len(PROMPT), image, chunk)
     assert spans == ([(0, 10)] if chunk is None else [(0, 3), (3, 8), (8, 10)])
-    rows_logits = []
-    for start, end in spans:
-        out, batch = driver.build({"a": end - start}, every_token=True)
-        token_rows, embed_rows = chunk_rows(list(image.placeholders), start, end)
-        if token_rows:  # as engine/batch.py builds them
-            batch.image_slices = [ImageSlice(image, token_rows, embed_rows)]
-        rows_logits.append(np.array(runner.compute_logits(out, batch)))
-    assert (runner.images.cache.misses, runner.images.cache.hits) == (1, 0)
-    ours = np.concatenate(rows_logits)
     torch_pixels = torch.from_numpy(pixels)[None]
-    theirs = _hf_logits(hf, PROMPT, torch_pixels)
-    err = np.abs(ours - theirs).max()
-    print(f"mlx gemma3 image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
-    assert err < 1e-4
-    for _ in range(3):  # greedy decode after the image: no image rows in these steps
-        driver.feed("a", int(ours[-1].argmax()))
-        _, logits = driver.step_logits()
-        ours = logits
-        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), torch_pixels)[-1].argmax())
-    # the picture matters: without its embeddings the prompt's last logits differ
-    assert np.abs(theirs[-1] - _hf_logits(hf, PROMPT, torch.zeros_like(torch_pixels))[-1]).max() > 1e-3
+    picture.assert_prefill_and_greedy(
+        driver,
+        PROMPT,
+        spans,
+        picture.image_slices(driver, image, only_with_rows=True),
+        partial(_hf_logits, hf, pixels=torch_pixels),
+        "mlx gemma3",
+        # the picture matters: without its embeddings the prompt's last logits differ
+        without_picture=partial(_hf_logits, hf, pixels=torch.zeros_like(torch_pixels)),
+    )
+    picture.assert_encoded_once(runner, image, spans)
 
 
 def test_a_text_only_gemma3_has_no_tower(saved: tuple[Any, Path], tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ once (the encoder cache)."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +21,13 @@ mx = pytest.importorskip("mlx.core")
 torch = pytest.importorskip("torch")
 
 from localchat.backends.mlx.vision.gemma4 import load_gemma4_vision  # noqa: E402
-from localchat.engine.interface import ImageSlice  # noqa: E402
 from localchat.engine.request import ImageInput  # noqa: E402
 from localchat.vision.gemma3_preprocess import content_hash, decode  # noqa: E402
 from localchat.vision.gemma4_preprocess import Gemma4ImageSpec, preprocess  # noqa: E402
 from localchat.vision.model_info import vision_config  # noqa: E402
-from localchat.vision.placement import chunk_rows  # noqa: E402
 from localchat.weights.loader import load_model  # noqa: E402
 from tests.backends.test_gemma4_vision import FOLDERS  # noqa: E402
+from tests.helpers import picture_parity as picture  # noqa: E402
 from tests.helpers.gemma4_gguf_vision import write_gguf_pair  # noqa: E402
 from tests.helpers.gemma4_vision_models import (  # noqa: E402
     IMAGE_SPECIALS,
@@ -104,34 +104,24 @@ def test_image_prompt_logits_and_greedy_tokens_match(
         tuple(i for i, t in enumerate(prompt) if t == IMAGE), content_hash(path.read_bytes()), pixels
     )
     driver = Driver(runner)
-    driver.add("a", prompt)
     both_ways = hf.config.get_text_config().use_bidirectional_attention == "vision"
     assert runner.pictures_both_ways == both_ways
     if chunk is None or not both_ways:  # causal checkpoints: a chunk may end inside the picture
-        spans = [(0, len(prompt))] if chunk is None else [(0, chunk), (chunk, len(prompt))]
+        steps = picture.spans(len(prompt), chunk)
     else:  # "vision": the scheduler's chunks, never inside the picture
-        spans = scheduler_chunks(len(prompt), image, chunk)
-    rows_logits = []
-    for start, end in spans:
-        out, batch = driver.build({"a": end - start}, every_token=True)
-        token_rows, embed_rows = chunk_rows(list(image.placeholders), start, end)
-        if token_rows:  # as engine/batch.py builds them
-            batch.image_slices = [ImageSlice(image, token_rows, embed_rows)]
-        rows_logits.append(np.array(runner.compute_logits(out, batch)))
-    split = sum(1 for a, b in spans if any(a <= p < b for p in image.placeholders)) > 1
-    assert (runner.images.cache.misses, runner.images.cache.hits) == (1, 1 if split else 0)
-    ours = np.concatenate(rows_logits)
-    theirs = _hf_logits(hf, prompt, ref)
-    err = np.abs(ours - theirs).max()
-    print(f"mlx gemma4 image prompt logits max abs err fp32 (chunk={chunk}): {err:.2e}")
-    # The image rows carry the tower's ~1e-5 float error through every layer of a random model (a
-    # text-only prompt here is at ~6e-6), so the bound is looser than the text suites' 1e-4.
-    assert err < 3e-4
-    for _ in range(3):  # greedy decode after the image: no image rows in these steps
-        driver.feed("a", int(ours[-1].argmax()))
-        _, logits = driver.step_logits()
-        ours = logits
-        assert int(ours[0].argmax()) == int(_hf_logits(hf, driver.tokens("a"), ref)[-1].argmax())
+        steps = scheduler_chunks(len(prompt), image, chunk)
+    picture.assert_prefill_and_greedy(
+        driver,
+        prompt,
+        steps,
+        picture.image_slices(driver, image, only_with_rows=True),
+        partial(_hf_logits, hf, ref=ref),
+        "mlx gemma4",
+        # The image rows carry the tower's ~1e-5 float error through every layer of a random model (a
+        # text-only prompt here is at ~6e-6), so the bound is looser than the text suites' 1e-4.
+        atol=3e-4,
+    )
+    picture.assert_encoded_once(runner, image, steps)
 
 
 @pytest.fixture(scope="module")

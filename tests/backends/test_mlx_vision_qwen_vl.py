@@ -19,14 +19,13 @@ torch = pytest.importorskip("torch")
 from PIL import Image  # noqa: E402
 
 from localchat.backends.mlx.vision.qwen_vl import load_qwen_vision  # noqa: E402
-from localchat.engine.config import EngineConfig  # noqa: E402
-from localchat.engine.engine import LLMEngine  # noqa: E402
-from localchat.engine.sampling_params import SamplingParams  # noqa: E402
 from localchat.vision.gemma3_preprocess import content_hash  # noqa: E402
 from localchat.vision.qwen_vl_prompt import QwenImagePrompt  # noqa: E402
 from localchat.weights.loader import load_model  # noqa: E402
+from tests.backends.test_vision_qwen_vl import _hf_greedy  # noqa: E402
 from tests.helpers import qwen_vl_models as tiny  # noqa: E402
 from tests.helpers.parity import mlx_runner  # noqa: E402
+from tests.helpers.picture_parity import greedy_request, small_engine  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 
@@ -63,32 +62,15 @@ def test_engine_greedy_equals_transformers(saved: tuple[str, Any, Path], tmp_pat
     kind, hf, folder = saved
     prompt_side = QwenImagePrompt.from_config(folder, json.loads((folder / "config.json").read_text()))
     bundle = load_model(folder)
-    config = EngineConfig(kv_cache_mib=4, block_size=4, prefill_chunk_size=chunk)
-    engine = LLMEngine(mlx_runner(bundle), bundle.tokenizer, config, eos_token_ids=[], model_max_len=128)
+    engine = small_engine(mlx_runner(bundle), bundle.tokenizer, chunk, 128)
     answers = []
     for path in tiny.pictures(tmp_path):
         pixels, grid = prompt_side.preprocess(Image.open(path))
         count = grid[0] * grid[1] * grid[2]
         prompt = [1, 3, 5, tiny.START, *[tiny.IMAGE] * count, tiny.END, 7, 9, 2, 1, 4]
         images = prompt_side.inputs(prompt, [(content_hash(path.read_bytes()), pixels, grid)])
-        req = engine.add_request(prompt, SamplingParams(max_tokens=5, temperature=0.0), images=images)
-        ours: list[int] = []
-        while engine.has_unfinished:
-            for out in engine.step():
-                if out.req_id == req:
-                    ours += out.new_token_ids
+        ours, _ = greedy_request(engine, prompt, images, 5)
         ref = tiny.image_processor(kind)(Image.open(path), return_tensors="pt")
-        tokens = list(prompt)
-        for _ in range(5):
-            ids = torch.tensor([tokens])
-            with torch.no_grad():
-                logits = hf(
-                    input_ids=ids,
-                    pixel_values=ref["pixel_values"],
-                    image_grid_thw=ref["image_grid_thw"],
-                    mm_token_type_ids=(ids == tiny.IMAGE).int(),
-                ).logits[0, -1]
-            tokens.append(int(logits.argmax()))
-        assert ours == tokens[len(prompt) :], path.name
+        assert ours == _hf_greedy(hf, prompt, ref, 5), path.name
         answers.append(ours)
     assert answers[0] != answers[1]

@@ -114,40 +114,24 @@ def test_qwen3_5_moe_engine_greedy_equals_transformers(
 def test_engine_greedy_equals_transformers(saved: tuple[str, Any, Path], tmp_path: Path, chunk: int) -> None:
     """Through LLMEngine + TorchRunner: M-RoPE positions, the scatter (and DeepStack), a prefill chunk
     boundary inside the image's run, then the same picture again from the prefix cache."""
-    from localchat.engine.config import EngineConfig
-    from localchat.engine.engine import LLMEngine
-    from localchat.engine.sampling_params import SamplingParams
     from localchat.vision.gemma3_preprocess import content_hash
     from localchat.vision.qwen_vl_prompt import QwenImagePrompt
     from localchat.weights.loader import load_model
+    from tests.helpers.picture_parity import greedy_request, small_engine
     from tests.helpers.torch_models import fp32_runner
 
     kind, hf, folder = saved
     config = __import__("json").loads((folder / "config.json").read_text())
     prompt_side = QwenImagePrompt.from_config(folder, config)
     bundle = load_model(folder)
-    engine = LLMEngine(
-        fp32_runner(bundle),
-        bundle.tokenizer,
-        EngineConfig(kv_cache_mib=4, block_size=4, prefill_chunk_size=chunk),
-        eos_token_ids=[],
-        model_max_len=128,
-    )
+    engine = small_engine(fp32_runner(bundle), bundle.tokenizer, chunk, 128)
 
     def generate(path: Path) -> tuple[list[int], list[int], int]:
         pixels, grid = prompt_side.preprocess(Image.open(path))
         count = grid[0] * grid[1] * grid[2]
         prompt = [1, 3, 5, tiny.START, *[tiny.IMAGE] * count, tiny.END, 7, 9, 2, 1, 4]
         image = prompt_side.inputs(prompt, [(content_hash(path.read_bytes()), pixels, grid)])
-        req = engine.add_request(prompt, SamplingParams(max_tokens=6, temperature=0.0), images=image)
-        tokens: list[int] = []
-        cached = 0
-        while engine.has_unfinished:
-            for out in engine.step():
-                if out.req_id == req:
-                    tokens += out.new_token_ids
-                    cached = out.num_cached_tokens
-        return prompt, tokens, cached
+        return prompt, *greedy_request(engine, prompt, image, 6)
 
     answers = []
     for path in tiny.pictures(tmp_path):
