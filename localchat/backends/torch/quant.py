@@ -65,7 +65,7 @@ import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 
 import numpy as np
 import torch
@@ -96,6 +96,7 @@ from localchat.backends.torch.quant_policy import SMALL_MODEL_BYTES as SMALL_MOD
 from localchat.backends.torch.quant_policy import int4_kernel_available as int4_kernel_available
 from localchat.backends.torch.quant_policy import pick_policy as pick_policy
 from localchat.weights.hf_quant_blocks import RepackedLinear
+from localchat.weights.page_release import release_rows
 from localchat.weights.tensors import WeightTensor
 
 log = logging.getLogger(__name__)
@@ -190,7 +191,9 @@ def convert(weight: WeightTensor, dtype: torch.dtype, device: torch.device, poli
             # packed straight from the mapped file: no private copy of the blocks beside the panels (the
             # tied Q8_0 head of a 1B model is 279 MiB, an 8B's Q6_K output 431 MiB)
             view = np.ascontiguousarray(np.asarray(weight.data, dtype=np.uint8).reshape(rows, -1))
-            packed = ops.pack_rows(weight.dtype, view.ctypes.data, rows, view.shape[1], cols)
+            packed = ops.pack_rows(
+                weight.dtype, view.ctypes.data, rows, view.shape[1], cols, partial(release_rows, view)
+            )
             return BlockMatrix([packed], cols, ops)
         # a private copy of the file's blocks: the loader drops the file's pages once consumed
         blocks = torch.from_numpy(np.array(weight.data, dtype=np.uint8).reshape(rows, -1))

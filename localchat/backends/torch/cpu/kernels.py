@@ -16,6 +16,7 @@ extension is missing), or one ISA by name (`portable`, `avx2`, `avx512vnni`, `ne
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
@@ -43,6 +44,10 @@ log = logging.getLogger(__name__)
 X16 = 0x100  # type flag: a segment in the x16 layout (csrc/lc_kernels.h's LC_X16)
 # auto: x16 where the ISA has its kernels (AVX2, AVX-512 VNNI, NEON); gguf: as stored
 LAYOUTS = backend_choices(LAYOUT_ENV)
+# Rows repacked between two releases of their file pages (a multiple of the 16-row panel): small
+# enough that a 152k-row head never holds much of its file beside its panels, large enough that the
+# repack's threads get whole panels to share.
+PACK_CHUNK_ROWS = 4096
 
 
 @dataclass(slots=True)
@@ -179,16 +184,33 @@ class Kernels:
             return seg
         return self.pack_rows(seg.qtype, seg.data.data_ptr(), seg.rows, seg.row_bytes, cols)
 
-    def pack_rows(self, qtype: str, address: int, rows: int, row_bytes: int, cols: int) -> Segment:
+    def pack_rows(
+        self,
+        qtype: str,
+        address: int,
+        rows: int,
+        row_bytes: int,
+        cols: int,
+        consumed: Callable[[int, int], None] | None = None,
+    ) -> Segment:
         """A packed segment from `rows` GGUF rows at `address` (row_bytes apart; e.g. the mapped file,
-        so that no private copy of the blocks exists beside the packed one). Check `can_repack` first."""
+        so that no private copy of the blocks exists beside the packed one). Check `can_repack` first.
+        `consumed(start, end)` is told each run of source rows once packed (the loader drops those file
+        pages, so a large matrix never holds its file bytes and its panels at once)."""
         tid = BLOCKS[qtype][0]
-        data = torch.empty((rows + 15) // 16, self.lib.lc_x16_bytes(tid, 16, cols), dtype=torch.uint8)
-        rc = self.lib.lc_x16_repack(
-            tid, address, rows, cols, row_bytes, data.data_ptr(), torch.get_num_threads()
-        )
-        if rc:
-            library.check(rc, f"The CPU kernels cannot repack {qtype} rows of {cols} values.")
+        panel = self.lib.lc_x16_bytes(tid, 16, cols)
+        data = torch.empty((rows + 15) // 16, panel, dtype=torch.uint8)
+        chunk = rows if consumed is None else PACK_CHUNK_ROWS
+        for start in range(0, rows, chunk):
+            n = min(chunk, rows - start)
+            rc = self.lib.lc_x16_repack(
+                tid, address + start * row_bytes, n, cols, row_bytes, data[start // 16].data_ptr(),
+                torch.get_num_threads(),
+            )  # fmt: skip
+            if rc:
+                library.check(rc, f"The CPU kernels cannot repack {qtype} rows of {cols} values.")
+            if consumed is not None:
+                consumed(start, start + n)
         return Segment(qtype, data, rows)
 
     def decode_attention(
