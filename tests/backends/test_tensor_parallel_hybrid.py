@@ -33,7 +33,26 @@ def granite_bundle() -> ModelBundle:
     return bundle_from_hf(tiny_granite())
 
 
+def lfm2_moe_bundle() -> ModelBundle:
+    """LFM2-MoE (tests/backends/test_lfm2.py's tiny one): layer 0 dense, then 4 sigmoid-routed experts."""
+    from transformers import Lfm2MoeConfig, Lfm2MoeForCausalLM
+
+    from tests.backends.test_lfm2 import TINY_MOE
+
+    torch.manual_seed(0)
+    hf = Lfm2MoeForCausalLM(Lfm2MoeConfig(**cast(dict[str, Any], TINY_MOE))).float().eval()
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            param.copy_((1.0 if name.endswith("norm.weight") else 0.0) + 0.25 * torch.randn_like(param))
+        for name, buffer in hf.named_buffers():
+            if name.endswith("expert_bias"):
+                buffer.copy_(0.3 * torch.randn_like(buffer))
+    return bundle_from_hf(hf)
+
+
 def _bundle(kind: str) -> ModelBundle:
+    if kind == "lfm2_moe":
+        return lfm2_moe_bundle()
     return granite_bundle() if kind == "granite" else hybrid_bundle(kind)
 
 
@@ -147,3 +166,17 @@ def test_qwen3_5_tp2_and_tp2_by_pp2_match_one_device() -> None:
             _assert_same(cast(TorchRunner, runner), "qwen3_5")
         finally:
             runner.shutdown()
+
+
+@pytest.mark.slow  # spawns gloo ranks
+def test_lfm2_moe_tp2_matches_one_device() -> None:
+    """LFM2-MoE: each expert kept on both ranks at half its width, the router and expert bias replicated."""
+    torch.set_num_threads(1)
+    with exact_weights():
+        runner = ParallelRunner(lfm2_moe_bundle(), TP2, load=lfm2_moe_bundle)
+    try:
+        moe = cast(Any, runner.runner).model.layers[1].moe
+        assert [tuple(e.down.shape) for e in moe.experts] == [(64, 16)] * 4
+        _assert_same(cast(TorchRunner, runner), "lfm2_moe")
+    finally:
+        runner.shutdown()

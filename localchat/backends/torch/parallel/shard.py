@@ -116,19 +116,19 @@ SHARDED_FAMILIES = ("llama", "qwen3", "mixtral", "qwen3_moe", "gemma", "lfm2", "
 # Families whose `sanitize` only reshapes a weight that the rank's cut takes whole rows of (LFM2's
 # conv taps) or renames a checkpoint folder's (Granite 4.0-H's stacked experts): run before the cut.
 ROW_SAFE_SANITIZE = SANITIZED_BEFORE_CUT
-# Of those families, what is not cut yet: LFM2-MoE (untested), and a Mamba-2 GGUF (its sanitize
-# re-shapes the SSM tensors from the whole model's sizes).
+# Of those families, what is not cut yet: a Mamba-2 / DeltaNet GGUF (its sanitize re-shapes the state
+# layers' tensors from the whole model's sizes).
 # The MoE Qwen3.5 / Qwen3-Next (a shared expert beside the routed ones) is not cut yet either.
-NOT_SHARDED_TYPES = ("lfm2_moe", "qwen3_5_moe", "qwen3_5_moe_text")
+NOT_SHARDED_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
 
 
 def _unsupported(config: ModelConfig, world: int) -> BackendUnavailableError:
     return BackendUnavailableError(
         f"--tensor-parallel-size {world}: only the Llama family (Llama, Mistral, Qwen2, SmolLM2), "
-        f"Qwen3, Mixtral, Qwen3-MoE, Gemma 2 / 3, LFM2, Nemotron-H, Granite 4.0-H and dense Qwen3.5 / "
+        f"Qwen3, Mixtral, Qwen3-MoE, Gemma 2 / 3, LFM2 (and MoE), Nemotron-H, Granite 4.0-H and dense Qwen3.5 / "
         f"Qwen3-Next (checkpoint folders) are sharded so far, not this {config.model_type!r}: split its "
-        f"layers instead with --pipeline-parallel-size {world} (DeepSeek, Phi-3, Gemma 4, LFM2-MoE, "
-        "Qwen3.5-MoE, Mamba-2 GGUF files, ...), or drop --tensor-parallel-size."
+        f"layers instead with --pipeline-parallel-size {world} (DeepSeek, Phi-3, Gemma 4, Qwen3.5-MoE, "
+        "Mamba-2 / DeltaNet GGUF files, ...), or drop --tensor-parallel-size."
     )
 
 
