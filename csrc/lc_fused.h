@@ -102,9 +102,17 @@ static void LC_FN(rope_write)(const void *qk, int64_t qk_stride, const void *v, 
             int64_t d0 = h < heads ? (r * heads + h) * d : ((h - heads) * num_slots + slots[r]) * d;
             for (int64_t j = 0; j < d; j++) {
                 float a = lc_round_as(lc_load(qk, bf16, src + j) * lc_load(cos, bf16, r * d + j), bf16);
-                /* one rounding for x2 * sin + a, as torch.addcmul's vectorized kernel (an FMA) gives: left to
-                   the compiler, the contraction could fuse x * cos instead, and float32 rows differed */
-                float y = fmaf(lc_load(qk, bf16, src + (j + half) % d), lc_load(sin, bf16, r * d + j), a);
+                const float x2 = lc_load(qk, bf16, src + (j + half) % d), s = lc_load(sin, bf16, r * d + j);
+#if LC_ISA == LC_ISA_AVX2 || LC_ISA == LC_ISA_AVX512VNNI
+                /* one rounding, as torch.addcmul's AVX2 / AVX-512 kernels give (an FMA; left to the
+                   compiler, the contraction could fuse x * cos instead: float32 rows then differed) */
+                float y = fmaf(x2, s, a);
+#else
+                /* two roundings, as torch's default-capability kernel (no FMA) gives; volatile keeps a
+                   compiler for an FMA target (aarch64) from contracting either product into the sum */
+                volatile float kept = a, turned = x2 * s;
+                float y = kept + turned;
+#endif
                 lc_store(dst, dst_bf16, d0 + j, lc_round_as(y, bf16));
             }
         }

@@ -4,7 +4,7 @@
   head, step after step (rows joining and leaving), and the step's logits stay the plain path's.
 - Steps with rows of several tokens (draft verification, prompts) run in the fused call as one decode
   row per token: bit for bit the per-layer path's logits in bfloat16 and float32 (the C RoPE rounds
-  x2 * sin + x * cos once, as torch.addcmul does), past 24 rows too, with the copied-out inputs.
+  x2 * sin + x * cos as torch.addcmul does on the same CPU), past 24 rows too, with the copied-out inputs.
 - Under `--speculative eagle` on a block-quantized target, decode-only steps (speculation backed off at a
   batch above max_batch) and verification steps take the fused call (counters, not timing), and greedy
   output is plain greedy's token for token.

@@ -9,21 +9,23 @@ them: SmolLM2-135M spent about half of each decode token in per-layer tensor all
 A row of several tokens (a speculative step's draft verification, a prompt) runs as one decode row per
 token, each over the context up to its own position, as the per-layer path's attention already does on
 the kernels (attention.py). Bit for bit in bfloat16 and float32: the C RoPE rounds x2 * sin + x * cos
-once, as the torch RoPE those rows take on the per-layer path does (torch.addcmul).
+as the torch RoPE those rows take on the per-layer path does (torch.addcmul: once, an FMA, on the AVX2
+and AVX-512 kernels; twice on the portable ones, as torch's default-capability kernel).
 
 Steps of any size up to `MAX_ROWS` tokens run here: batched decode and speculative verification (each
 sequence's k drafts and the token before them, k + 1 query rows) past 24 rows too. The per-layer path
 runs the same lc_linear on the same block matrices at every row count, so nothing changes but the
 Python between the kernels: 2-5 ms a step for SmolLM2-135M, 3-20% of an 8- to 64-row step on one
-thread, up to 1.5x on two (docs/speculative.md); at 128-256 rows the two paths tie. Until 2026-11-29 steps of `DENSE_FROM_ROWS` rows or more went layer by layer,
-because matrices may keep dense copies for those: a plan whose matrices hold any dense copy
-(`LOCALCHAT_TORCH_QUANT=copies`, or `auto` on the portable C kernels) still does.
+thread, up to 1.5x on two (docs/speculative.md); at 128-256 rows the two paths tie. Until 2026-11-29
+steps of `DENSE_FROM_ROWS` rows or more went layer by layer, because matrices may keep dense copies for
+those: a plan whose matrices hold any dense copy (`LOCALCHAT_TORCH_QUANT=copies`, or `auto` on the
+portable C kernels) still does.
 
 Steps it does not take run the per-layer path unchanged: more than `MAX_ROWS` tokens (long prompts:
 the per-token scratch would stay allocated), rows of several tokens over a cache of another dtype than
 the activations or under a sliding window shorter than the step's longest context (the per-layer path
-runs those through SDPA: windowed_attention.py), an int8 KV cache, partial rotary, other layer classes, or `LOCALCHAT_DECODE_STEP=layers`
-(for comparisons).
+runs those through SDPA: windowed_attention.py), an int8 KV cache, partial rotary, other layer
+classes, or `LOCALCHAT_DECODE_STEP=layers` (for comparisons).
 """
 
 from __future__ import annotations
