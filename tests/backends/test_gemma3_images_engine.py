@@ -6,19 +6,20 @@ and the prefix cache, another one hits neither past its first image block."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine
 from localchat.engine.request import ImageInput
 from localchat.engine.sampling_params import SamplingParams
 from localchat.vision.gemma3_preprocess import ImageSpec, content_hash, decode, preprocess
 from localchat.weights.loader import load_model
 from tests.backends.test_gemma3_vision import _hf_logits, _pictures, saved  # noqa: F401 (fixture)
+from tests.helpers.picture_parity import greedy_request, hf_greedy, small_engine
 from tests.helpers.torch_models import fp32_runner
 
 PROMPT = [5, 17, 297, 299, 299, 299, 299, 298, 42, 7]
@@ -27,29 +28,16 @@ NEW = 5
 
 def _engine(folder: Path, chunk: int) -> LLMEngine:
     bundle = load_model(folder)
-    cfg = EngineConfig(kv_cache_mib=4, block_size=4, prefill_chunk_size=chunk)
-    return LLMEngine(fp32_runner(bundle), bundle.tokenizer, cfg, eos_token_ids=[], model_max_len=64)
+    return small_engine(fp32_runner(bundle), bundle.tokenizer, chunk, 64)
 
 
 def _generate(engine: LLMEngine, image: ImageInput, prompt: list[int] = PROMPT) -> tuple[list[int], int]:
     """Greedy tokens and the prompt tokens that came from the prefix cache."""
-    params = SamplingParams(max_tokens=NEW, temperature=0.0)
-    req_id = engine.add_request(list(prompt), params, images=(image,))
-    tokens: list[int] = []
-    cached = 0
-    while engine.has_unfinished:
-        for out in engine.step():
-            if out.req_id == req_id:
-                tokens += out.new_token_ids
-                cached = out.num_cached_tokens
-    return tokens, cached
+    return greedy_request(engine, list(prompt), (image,), NEW)
 
 
 def _hf_greedy(hf: torch.nn.Module, pixels: np.ndarray) -> list[int]:
-    tokens = list(PROMPT)
-    for _ in range(NEW):
-        tokens.append(int(_hf_logits(hf, tokens, torch.from_numpy(pixels)[None])[-1].argmax()))
-    return tokens[len(PROMPT) :]
+    return hf_greedy(partial(_hf_logits, hf, pixels=torch.from_numpy(pixels)[None]), PROMPT, NEW)
 
 
 @pytest.mark.parametrize("chunk", [0, 5])

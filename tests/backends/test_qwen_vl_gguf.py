@@ -8,6 +8,7 @@ chunk boundary inside the image's run and a second turn from the prefix cache.""
 from __future__ import annotations
 
 import shutil
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -180,44 +181,25 @@ def test_prompt_logits_equal_transformers(
 def test_engine_greedy_equals_transformers(saved: tuple[str, Any, Path], tmp_path: Path, chunk: int) -> None:
     """Through LLMEngine + TorchRunner with the paired mmproj loaded by the runner: transformers' greedy
     tokens for two pictures, then the same picture again from the prefix cache."""
-    from localchat.engine.config import EngineConfig
-    from localchat.engine.engine import LLMEngine
-    from localchat.engine.sampling_params import SamplingParams
+    from tests.helpers.picture_parity import greedy_request, hf_greedy, small_engine
 
     kind, hf, model = saved
     prompt_side = _prompt_side(model)
     bundle = load_model(model)
-    engine = LLMEngine(
-        fp32_runner(bundle),
-        bundle.tokenizer,
-        EngineConfig(kv_cache_mib=4, block_size=4, prefill_chunk_size=chunk),
-        eos_token_ids=[],
-        model_max_len=256,
-    )
+    engine = small_engine(fp32_runner(bundle), bundle.tokenizer, chunk, 256)
     assert engine.runner.images is not None  # type: ignore[attr-defined]
 
     def generate(path: Path) -> tuple[list[int], list[int], int]:
         pixels, grid = prompt_side.preprocess(Image.open(path))
         prompt = _image_prompt(grid[0] * grid[1] * grid[2])
         image = prompt_side.inputs(prompt, [(content_hash(path.read_bytes()), pixels, grid)])
-        req = engine.add_request(prompt, SamplingParams(max_tokens=5, temperature=0.0), images=image)
-        tokens: list[int] = []
-        cached = 0
-        while engine.has_unfinished:
-            for out in engine.step():
-                if out.req_id == req:
-                    tokens += out.new_token_ids
-                    cached = out.num_cached_tokens
-        return prompt, tokens, cached
+        return prompt, *greedy_request(engine, prompt, image, 5)
 
     answers = []
     for path in pair.pictures(tmp_path):
         prompt, ours, _ = generate(path)
         ref = _reference(kind, prompt_side, path)
-        expected = list(prompt)
-        for _ in range(5):
-            expected.append(int(_hf_logits(hf, expected, ref)[-1].argmax()))
-        assert ours == expected[len(prompt) :], path.name
+        assert ours == hf_greedy(partial(_hf_logits, hf, ref=ref), prompt, 5), path.name
         _, repeat, cached = generate(path)
         assert repeat == ours
         if engine.prefix_caching_note:  # Qwen3.5's hybrid layers: no prefix reuse, the encoding is cached
