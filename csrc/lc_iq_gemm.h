@@ -47,9 +47,11 @@ static inline void lc_iqg_put(const int8_t *v, const float *ls, int c, int64_t s
 }
 #endif /* LC_IQG_COMMON */
 
-/* Rows r0 .. r0 + 15 of the weights into the panel (rows past n: zero codes and scales). */
-static void LC_FN(iqg_panel)(int type, const uint8_t *w, int64_t n, int64_t r0, int64_t k, int64_t row_bytes,
-                             uint8_t *codes, float *scales) {
+/* Rows r0 .. r0 + 15 of the weights into the panel (rows past n: zero codes and scales); `type` a literal
+   (iqg_panel below), so the decode inlines without a dispatch per sub-block. */
+static inline __attribute__((always_inline)) void LC_FN(iqg_panel_t)(const int type, const uint8_t *w, int64_t n,
+                                                                      int64_t r0, int64_t k, int64_t row_bytes,
+                                                                      uint8_t *codes, float *scales) {
 #if LC_ISA == LC_ISA_AVX512VNNI
     const uint32_t flip = 0x80808080u;
 #else
@@ -83,6 +85,26 @@ static void LC_FN(iqg_panel)(int type, const uint8_t *w, int64_t n, int64_t r0, 
         }
     }
 }
+
+#define LC_IQG_PANEL(T) LC_FN(iqg_panel_t)(T, w, n, r0, k, row_bytes, codes, scales)
+static void LC_FN(iqg_panel)(int type, const uint8_t *w, int64_t n, int64_t r0, int64_t k, int64_t row_bytes,
+                             uint8_t *codes, float *scales) {
+    switch (type) {
+    case LC_IQ4_NL: LC_IQG_PANEL(LC_IQ4_NL); break;
+    case LC_IQ4_XS: LC_IQG_PANEL(LC_IQ4_XS); break;
+    case LC_MXFP4: LC_IQG_PANEL(LC_MXFP4); break;
+    case LC_IQ2_XXS: LC_IQG_PANEL(LC_IQ2_XXS); break;
+    case LC_IQ2_XS: LC_IQG_PANEL(LC_IQ2_XS); break;
+    case LC_IQ2_S: LC_IQG_PANEL(LC_IQ2_S); break;
+    case LC_IQ3_XXS: LC_IQG_PANEL(LC_IQ3_XXS); break;
+    case LC_IQ3_S: LC_IQG_PANEL(LC_IQ3_S); break;
+    case LC_IQ1_S: LC_IQG_PANEL(LC_IQ1_S); break;
+    case LC_IQ1_M: LC_IQG_PANEL(LC_IQ1_M); break;
+    case LC_TQ1_0: LC_IQG_PANEL(LC_TQ1_0); break;
+    default: LC_IQG_PANEL(LC_TQ2_0); break;
+    }
+}
+#undef LC_IQG_PANEL
 
 #if LC_ISA == LC_ISA_AVX512VNNI
 /* `mr` activation rows from t0 against one panel: per unit of `u` values (16 or 32: one scale), one int32
