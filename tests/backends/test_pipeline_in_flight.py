@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
+from dataclasses import replace
 from typing import Any, cast
 
 import pytest
@@ -173,5 +174,26 @@ def test_pp2_steps_in_flight_of_a_hybrid_match_one_device() -> None:
         )
         assert engine.state_pool is not None and engine.in_flight is not None
         assert serve(engine)[0] == want
+    finally:
+        ranks.shutdown()
+
+
+@pytest.mark.slow  # spawns gloo ranks: out of the fast tier, still in CI
+def test_pp3_keeps_three_steps_in_flight() -> None:
+    """PP=3: three groups, one per stage; the middle rank receives one group's hidden states and
+    sends them on while its neighbours work on the other two. An abort in flight too."""
+    torch.set_num_threads(1)
+    bundle = plain.family_bundle("llama")
+    want, _ = reference(bundle, None)
+    options = replace(plain.PP2, pipeline_parallel_size=3)
+    with exact_weights():
+        ranks = ParallelRunner(bundle, options, load=functools.partial(plain.family_bundle, "llama"))
+    try:
+        engine = LLMEngine(
+            cast(Any, ranks), FakeTokenizer(), config(None), eos_token_ids=[2], model_max_len=1024
+        )
+        assert engine.in_flight is not None and engine.in_flight.depth == 3
+        got, aborted = serve(engine, abort=True)
+        check_aborted(got, want, aborted)
     finally:
         ranks.shutdown()
