@@ -104,6 +104,22 @@ def check_aborted(got: list[list[int]], want: list[list[int]], aborted: int) -> 
     assert 0 < len(short) < len(want[aborted]) and short == want[aborted][: len(short)]
 
 
+def test_the_scheduler_skips_and_never_preempts_a_request_in_flight() -> None:
+    from tests.unit.test_scheduler import complete_step, make, req
+
+    s = make(num_blocks=7, max_num_batched_tokens=100)  # 6 usable blocks of 4 tokens
+    for name, base in (("a", 0), ("b", 100), ("c", 200)):
+        s.add_request(req(name, 8, base=base, max_tokens=20))
+    out = s.schedule()
+    complete_step(s, out)
+    assert s.block_manager.num_free_blocks == 0
+    s.in_flight = {"c"}  # the newest: the victim were it not in flight
+    out = s.schedule()  # a needs a 3rd block
+    assert out.preempted_req_ids == {"b"} and out.num_scheduled_tokens == {"a": 1}
+    s.in_flight, s.max_step_seqs = set(), 1
+    assert s.schedule().num_scheduled_tokens == {"a": 1}  # at most one request per step
+
+
 @pytest.mark.parametrize("kv_cache_mib", [None, 1], ids=["roomy", "preempting"])
 def test_one_step_late_outputs_give_the_same_tokens(kv_cache_mib: int | None) -> None:
     torch.set_num_threads(1)
