@@ -19,7 +19,7 @@ from localchat.backends.torch.runner import TorchRunner
 from localchat.models.memory import MIN_KV_BUDGET, estimate
 from localchat.weights.config import ModelConfig
 from localchat.weights.loader import load_model
-from tests.backends.test_qwen3_next import HybridDriver
+from tests.helpers.hybrid_parity import assert_decode_matches_generate, assert_prefill_matches
 from tests.helpers.torch_models import bundle_from_hf, fp32_runner
 
 TINY = {
@@ -49,10 +49,6 @@ PROMPT = [int(t) for t in np.random.default_rng(1).integers(1, 256, size=70)]  #
 TOL = 2e-3
 
 
-def close_to(ours: torch.Tensor, ref: torch.Tensor) -> bool:
-    return bool((ours.cpu().float() - ref).abs().max().item() < TOL)
-
-
 def tiny_granite(seed: int = 0, **overrides: object) -> GraniteMoeHybridForCausalLM:
     torch.manual_seed(seed)
     config = GraniteMoeHybridConfig(**{**TINY, **overrides})
@@ -80,50 +76,24 @@ def runner(hf: GraniteMoeHybridForCausalLM) -> TorchRunner:
     return r
 
 
-def _reference_logits(hf: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return hf(torch.tensor([tokens])).logits[0].float()
-
-
 def test_prompt_logits_match_transformers(hf: GraniteMoeHybridForCausalLM, runner: TorchRunner) -> None:
     assert runner.kv_cache_spec.num_layers == 2  # K/V only for the attention layers
-    driver = HybridDriver(runner)
-    driver.add("a", PROMPT)
-    _, logits = driver.step_logits(every_token=True)
-    assert close_to(logits, _reference_logits(hf, PROMPT))
+    assert_prefill_matches(hf, runner, PROMPT, tol=TOL)
 
 
 def test_chunked_prefill_continues_from_the_state_the_last_chunk_left(
     hf: GraniteMoeHybridForCausalLM, runner: TorchRunner
 ) -> None:
-    driver = HybridDriver(runner)
-    driver.add("a", PROMPT)
-    rows = []
-    for size in (5, 1, 30, 34):  # a one-token chunk takes the decode path mid-prompt
-        _, logits = driver.step_logits({"a": size}, every_token=True)
-        rows.append(logits.cpu())
-    assert close_to(torch.cat(rows), _reference_logits(hf, PROMPT))
+    chunks = (5, 1, 30, 34)  # a one-token chunk takes the decode path mid-prompt
+    assert_prefill_matches(hf, runner, PROMPT, chunks, tol=TOL)
 
 
 def test_ragged_batched_decode_with_a_preemption_matches_generate(
     hf: GraniteMoeHybridForCausalLM, runner: TorchRunner
 ) -> None:
     prompts = {"a": PROMPT[:9], "b": PROMPT, "c": PROMPT[30:33]}
-    steps = 8
-    expected = {}
-    for req_id, prompt in prompts.items():
-        with torch.no_grad():
-            out = hf.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False)
-        expected[req_id] = out[0, len(prompt) :].tolist()
-    driver = HybridDriver(runner)
-    for req_id, prompt in prompts.items():
-        driver.add(req_id, prompt)
-    for step in range(steps):
-        if step == 4:
-            driver.preempt("b")  # comes back as a 74-token prefill next to two decode rows
-        driver.step()
-    for req_id, prompt in prompts.items():
-        assert driver.tokens(req_id)[len(prompt) :] == expected[req_id], req_id
+    # "b" comes back as a 74-token prefill next to two decode rows
+    assert_decode_matches_generate(hf, runner, prompts, 8, preempt=("b", 4))
 
 
 def test_recurrent_form_equals_chunked_form() -> None:
@@ -160,10 +130,7 @@ def test_checkpoint_folder_loads_and_reports_its_state(tmp_path: Path) -> None:
     slot_bf16 = 2 * (3 * 192 * 2 + 4 * 32 * 16 * 4)
     assert estimate(tmp_path, None, max_num_seqs=3).kv_cache == MIN_KV_BUDGET + 3 * slot_bf16
     r.initialize_state_cache(1)
-    driver = HybridDriver(r)
-    driver.add("a", PROMPT[:20])
-    _, logits = driver.step_logits(every_token=True)
-    assert close_to(logits, _reference_logits(hf, PROMPT[:20]))
+    assert_prefill_matches(hf, r, PROMPT[:20], tol=TOL)
 
 
 def test_granite_4_0_h_tiny_state_per_sequence() -> None:

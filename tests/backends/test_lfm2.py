@@ -16,7 +16,7 @@ from localchat.arch.registry import architecture
 from localchat.backends.torch.runner import TorchRunner
 from localchat.weights.config import ModelConfig
 from localchat.weights.loader import load_model
-from tests.backends.test_qwen3_next import HybridDriver
+from tests.helpers.hybrid_parity import assert_decode_matches_generate, assert_prefill_matches
 from tests.helpers.torch_models import bundle_from_hf, fp32_runner
 
 TINY = {
@@ -33,10 +33,7 @@ TINY = {
     "tie_word_embeddings": False,
 }
 PROMPT = [int(t) for t in np.random.default_rng(1).integers(1, 256, size=40)]
-
-
-def close_to(ours: torch.Tensor, ref: torch.Tensor) -> bool:
-    return bool((ours.cpu().float() - ref).abs().max().item() < 2e-3)
+TOL = 2e-3  # float32 sums in another order (test_mlx_lfm2.py holds MLX to the same bound)
 
 
 def tiny_lfm2(seed: int = 0, **overrides: object) -> Lfm2ForCausalLM:
@@ -62,51 +59,25 @@ def runner(hf: Lfm2ForCausalLM) -> TorchRunner:
     return r
 
 
-def _reference_logits(hf: Lfm2ForCausalLM, tokens: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return hf(torch.tensor([tokens])).logits[0].float()
-
-
 def test_prompt_logits_match_transformers(hf: Lfm2ForCausalLM, runner: TorchRunner) -> None:
     assert runner.config.intermediate_size == 128
     assert runner.kv_cache_spec.num_layers == 2  # K/V only for the attention layers
-    driver = HybridDriver(runner)
-    driver.add("a", PROMPT)
-    _, logits = driver.step_logits(every_token=True)
-    assert close_to(logits, _reference_logits(hf, PROMPT))
+    assert_prefill_matches(hf, runner, PROMPT, tol=TOL)
 
 
 def test_chunked_prefill_continues_from_the_state_the_last_chunk_left(
     hf: Lfm2ForCausalLM, runner: TorchRunner
 ) -> None:
-    driver = HybridDriver(runner)
-    driver.add("a", PROMPT)
-    rows = []
-    for size in (5, 1, 1, 13, 20):  # one-token chunks take the decode path mid-prompt
-        _, logits = driver.step_logits({"a": size}, every_token=True)
-        rows.append(logits.cpu())
-    assert close_to(torch.cat(rows), _reference_logits(hf, PROMPT))
+    chunks = (5, 1, 1, 13, 20)  # one-token chunks take the decode path mid-prompt
+    assert_prefill_matches(hf, runner, PROMPT, chunks, tol=TOL)
 
 
 def test_ragged_batched_decode_with_a_preemption_matches_generate(
     hf: Lfm2ForCausalLM, runner: TorchRunner
 ) -> None:
     prompts = {"a": PROMPT[:9], "b": PROMPT, "c": PROMPT[30:33]}
-    steps = 8
-    expected = {}
-    for req_id, prompt in prompts.items():
-        with torch.no_grad():
-            out = hf.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False)
-        expected[req_id] = out[0, len(prompt) :].tolist()
-    driver = HybridDriver(runner)
-    for req_id, prompt in prompts.items():
-        driver.add(req_id, prompt)
-    for step in range(steps):
-        if step == 4:
-            driver.preempt("b")  # comes back as a 44-token prefill next to two decode rows
-        driver.step()
-    for req_id, prompt in prompts.items():
-        assert driver.tokens(req_id)[len(prompt) :] == expected[req_id], req_id
+    # "b" comes back as a 44-token prefill next to two decode rows
+    assert_decode_matches_generate(hf, runner, prompts, 8, preempt=("b", 4))
 
 
 def test_checkpoint_folder_loads_and_reports_its_state(tmp_path: Path, hf: Lfm2ForCausalLM) -> None:
@@ -170,20 +141,5 @@ def test_lfm2_moe_matches_transformers() -> None:
     runner = fp32_runner(bundle_from_hf(hf))
     assert runner.config.intermediate_size == 96
     runner.initialize_state_cache(4)
-    driver = HybridDriver(runner)
-    driver.add("a", PROMPT)
-    _, logits = driver.step_logits(every_token=True)
-    assert close_to(logits, _reference_logits(hf, PROMPT))
-    prompts = {"b": PROMPT[:9], "c": PROMPT[30:33]}
-    expected = {}
-    for req_id, prompt in prompts.items():
-        with torch.no_grad():
-            out = hf.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)
-        expected[req_id] = out[0, len(prompt) :].tolist()
-    driver = HybridDriver(runner)
-    for req_id, prompt in prompts.items():
-        driver.add(req_id, prompt)
-    for _ in range(6):
-        driver.step()
-    for req_id, prompt in prompts.items():
-        assert driver.tokens(req_id)[len(prompt) :] == expected[req_id], req_id
+    assert_prefill_matches(hf, runner, PROMPT, tol=TOL)
+    assert_decode_matches_generate(hf, runner, {"b": PROMPT[:9], "c": PROMPT[30:33]}, 6)

@@ -14,7 +14,8 @@ torch = pytest.importorskip("torch")
 from localchat.backends import RunnerOptions  # noqa: E402
 from localchat.backends.mlx.gated_deltanet import delta_rule_chunked, delta_rule_step  # noqa: E402
 from localchat.backends.mlx.runner import MLXRunner  # noqa: E402
-from tests.backends.test_qwen3_next import MEAN_TOL, PROMPT, TOL, HybridDriver, tiny_qwen3_5  # noqa: E402
+from tests.backends.test_qwen3_next import MEAN_TOL, PROMPT, TOL, tiny_qwen3_5  # noqa: E402
+from tests.helpers.hybrid_parity import assert_decode_matches_generate, assert_prefill_matches  # noqa: E402
 from tests.helpers.torch_models import bundle_from_hf  # noqa: E402
 
 pytestmark = pytest.mark.mlx
@@ -32,16 +33,6 @@ def runner(hf) -> MLXRunner:  # type: ignore[no-untyped-def]
     return r
 
 
-def reference(hf, tokens: list[int]) -> np.ndarray:  # type: ignore[no-untyped-def]
-    with torch.no_grad():
-        return hf(torch.tensor([tokens])).logits[0].float().numpy()
-
-
-def assert_close(ours: object, ref: np.ndarray) -> None:
-    err = np.abs(np.array(ours) - ref)
-    assert err.max() < TOL and err.mean() < MEAN_TOL, (err.max(), err.mean())
-
-
 def test_prompt_logits_match_transformers(hf, runner: MLXRunner) -> None:  # type: ignore[no-untyped-def]
     assert runner.kv_cache_spec.num_layers == 2  # K/V only for the full-attention layers
     spec = runner.state_cache_spec
@@ -49,39 +40,18 @@ def test_prompt_logits_match_transformers(hf, runner: MLXRunner) -> None:  # typ
     assert (
         spec is not None and spec.num_layers == 2 and spec.bytes_per_slot == 2 * (3 * 96 * 4 + 4 * 16 * 8 * 4)
     )
-    driver = HybridDriver(runner)  # type: ignore[arg-type]
-    driver.add("a", PROMPT)
-    _, logits = driver.step_logits(every_token=True)
-    assert_close(logits, reference(hf, PROMPT))
+    assert_prefill_matches(hf, runner, PROMPT, tol=TOL, mean_tol=MEAN_TOL)
 
 
 def test_chunked_prefill_continues_from_the_state_the_last_chunk_left(hf, runner: MLXRunner) -> None:  # type: ignore[no-untyped-def]
-    driver = HybridDriver(runner)  # type: ignore[arg-type]
-    driver.add("a", PROMPT)
-    rows = []
-    for size in (5, 1, 30, 34):  # a one-token chunk takes the decode path mid-prompt
-        _, logits = driver.step_logits({"a": size}, every_token=True)
-        rows.append(np.array(logits))
-    assert_close(np.concatenate(rows), reference(hf, PROMPT))
+    chunks = (5, 1, 30, 34)  # a one-token chunk takes the decode path mid-prompt
+    assert_prefill_matches(hf, runner, PROMPT, chunks, tol=TOL, mean_tol=MEAN_TOL)
 
 
 def test_ragged_batched_decode_with_a_preemption_matches_generate(hf, runner: MLXRunner) -> None:  # type: ignore[no-untyped-def]
     prompts = {"a": PROMPT[:9], "b": PROMPT, "c": PROMPT[30:33]}
-    steps = 8
-    expected = {}
-    for req_id, prompt in prompts.items():
-        with torch.no_grad():
-            out = hf.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False)
-        expected[req_id] = out[0, len(prompt) :].tolist()
-    driver = HybridDriver(runner)  # type: ignore[arg-type]
-    for req_id, prompt in prompts.items():
-        driver.add(req_id, prompt)
-    for step in range(steps):
-        if step == 4:
-            driver.preempt("b")  # comes back as a 74-token prefill next to two decode rows
-        driver.step()
-    for req_id, prompt in prompts.items():
-        assert driver.tokens(req_id)[len(prompt) :] == expected[req_id], req_id
+    # "b" comes back as a 74-token prefill next to two decode rows
+    assert_decode_matches_generate(hf, runner, prompts, 8, preempt=("b", 4))
 
 
 def test_recurrent_form_equals_chunked_form() -> None:

@@ -20,7 +20,7 @@ from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import ModelLoadError
 from localchat.weights.config import ModelConfig
 from localchat.weights.loader import load_model
-from tests.backends.test_qwen3_next import HybridDriver
+from tests.helpers.hybrid_parity import assert_decode_matches_generate, assert_prefill_matches
 from tests.helpers.torch_models import bundle_from_hf, fp32_runner
 
 TINY = {
@@ -41,10 +41,6 @@ TINY = {
 }
 PROMPT = [int(t) for t in np.random.default_rng(1).integers(1, 256, size=70)]  # 70: two 64-token chunks
 TOL = 2e-3
-
-
-def close_to(ours: torch.Tensor, ref: torch.Tensor) -> bool:
-    return bool((ours.cpu().float() - ref).abs().max().item() < TOL)
 
 
 def tiny_nemotron_h(seed: int = 0) -> NemotronHForCausalLM:
@@ -73,50 +69,24 @@ def runner(hf: NemotronHForCausalLM) -> TorchRunner:
     return r
 
 
-def _reference_logits(hf: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return hf(torch.tensor([tokens])).logits[0].float()
-
-
 def test_prompt_logits_match_transformers(hf: NemotronHForCausalLM, runner: TorchRunner) -> None:
     assert runner.kv_cache_spec.num_layers == 1  # K/V only for the one attention block
-    driver = HybridDriver(runner)
-    driver.add("a", PROMPT)
-    _, logits = driver.step_logits(every_token=True)
-    assert close_to(logits, _reference_logits(hf, PROMPT))
+    assert_prefill_matches(hf, runner, PROMPT, tol=TOL)
 
 
 def test_chunked_prefill_continues_from_the_state_the_last_chunk_left(
     hf: NemotronHForCausalLM, runner: TorchRunner
 ) -> None:
-    driver = HybridDriver(runner)
-    driver.add("a", PROMPT)
-    rows = []
-    for size in (5, 30, 35):
-        _, logits = driver.step_logits({"a": size}, every_token=True)
-        rows.append(logits.cpu())
-    assert close_to(torch.cat(rows), _reference_logits(hf, PROMPT))
+    chunks = (5, 30, 35)
+    assert_prefill_matches(hf, runner, PROMPT, chunks, tol=TOL)
 
 
 def test_ragged_batched_decode_with_a_preemption_matches_generate(
     hf: NemotronHForCausalLM, runner: TorchRunner
 ) -> None:
     prompts = {"a": PROMPT[:9], "b": PROMPT, "c": PROMPT[30:33]}
-    steps = 8
-    expected = {}
-    for req_id, prompt in prompts.items():
-        with torch.no_grad():
-            out = hf.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False)
-        expected[req_id] = out[0, len(prompt) :].tolist()
-    driver = HybridDriver(runner)
-    for req_id, prompt in prompts.items():
-        driver.add(req_id, prompt)
-    for step in range(steps):
-        if step == 4:
-            driver.preempt("b")  # comes back as a 74-token prefill next to two decode rows
-        driver.step()
-    for req_id, prompt in prompts.items():
-        assert driver.tokens(req_id)[len(prompt) :] == expected[req_id], req_id
+    # "b" comes back as a 74-token prefill next to two decode rows
+    assert_decode_matches_generate(hf, runner, prompts, 8, preempt=("b", 4))
 
 
 def test_hub_layout_folder_loads_and_reports_its_state(tmp_path: Path, hf: NemotronHForCausalLM) -> None:
@@ -142,10 +112,7 @@ def test_hub_layout_folder_loads_and_reports_its_state(tmp_path: Path, hf: Nemot
     arch = architecture("nemotron_h")
     assert arch.state_bytes is not None and arch.state_bytes(bundle.config, 4) == spec.bytes_per_slot
     r.initialize_state_cache(1)
-    driver = HybridDriver(r)
-    driver.add("a", PROMPT[:20])
-    _, logits = driver.step_logits(every_token=True)
-    assert close_to(logits, _reference_logits(hf, PROMPT[:20]))
+    assert_prefill_matches(hf, r, PROMPT[:20], tol=TOL)
 
 
 NANO_9B_V2 = {

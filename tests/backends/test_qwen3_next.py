@@ -15,7 +15,7 @@ from transformers import Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditiona
 from localchat.backends.torch.gated_deltanet import delta_rule_chunked, delta_rule_step
 from localchat.backends.torch.runner import TorchRunner
 from localchat.weights.loader import load_model
-from tests.helpers.torch_batch import PagedDriver
+from tests.helpers.hybrid_parity import HybridDriver, assert_decode_matches_generate, assert_prefill_matches
 from tests.helpers.torch_models import bundle_from_hf, fp32_runner
 
 TINY = {
@@ -74,71 +74,25 @@ def runner(hf: Qwen3_5ForCausalLM) -> TorchRunner:
     return r
 
 
-class HybridDriver(PagedDriver):
-    """PagedDriver plus the engine's part for hybrid models: a state slot per request."""
-
-    def __init__(self, runner: TorchRunner) -> None:
-        super().__init__(runner)
-        self.slot_of: dict[str, int] = {}
-
-    def build(self, schedule=None, *, every_token=False):  # type: ignore[no-untyped-def]
-        out, batch = super().build(schedule, every_token=every_token)
-        for req_id in batch.req_ids:
-            if req_id not in self.slot_of:
-                self.slot_of[req_id] = min(set(range(4)) - set(self.slot_of.values()))
-        batch.state_slots = np.array([self.slot_of[r] for r in batch.req_ids], dtype=np.int64)
-        return out, batch
-
-    def preempt(self, req_id: str) -> None:
-        super().preempt(req_id)
-        del self.slot_of[req_id]  # recompute: a fresh slot, rebuilt from the tokens
-
-
-def _reference_logits(hf: Qwen3_5ForCausalLM, tokens: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return hf(torch.tensor([tokens])).logits[0].float()
-
-
 def test_prompt_logits_match_transformers(hf: Qwen3_5ForCausalLM, runner: TorchRunner) -> None:
     assert runner.model.num_kv_layers == 2  # type: ignore[attr-defined]
     assert runner.kv_cache_spec.num_layers == 2  # K/V only for the full-attention layers
-    driver = HybridDriver(runner)
-    driver.add("a", PROMPT)
-    _, logits = driver.step_logits(every_token=True)
-    assert close_to(logits, _reference_logits(hf, PROMPT))
+    assert_prefill_matches(hf, runner, PROMPT, tol=TOL, mean_tol=MEAN_TOL)
 
 
 def test_chunked_prefill_continues_from_the_state_the_last_chunk_left(
     hf: Qwen3_5ForCausalLM, runner: TorchRunner
 ) -> None:
-    driver = HybridDriver(runner)
-    driver.add("a", PROMPT)
-    rows = []
-    for size in (5, 1, 30, 34):  # a one-token chunk takes the decode path mid-prompt
-        _, logits = driver.step_logits({"a": size}, every_token=True)
-        rows.append(logits.cpu())
-    assert close_to(torch.cat(rows), _reference_logits(hf, PROMPT))
+    chunks = (5, 1, 30, 34)  # a one-token chunk takes the decode path mid-prompt
+    assert_prefill_matches(hf, runner, PROMPT, chunks, tol=TOL, mean_tol=MEAN_TOL)
 
 
 def test_ragged_batched_decode_with_a_preemption_matches_generate(
     hf: Qwen3_5ForCausalLM, runner: TorchRunner
 ) -> None:
     prompts = {"a": PROMPT[:9], "b": PROMPT, "c": PROMPT[30:33]}
-    steps = 8
-    expected = {}
-    for req_id, prompt in prompts.items():
-        with torch.no_grad():
-            out = hf.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False)
-        expected[req_id] = out[0, len(prompt) :].tolist()
-    driver = HybridDriver(runner)
-    for req_id, prompt in prompts.items():
-        driver.add(req_id, prompt)
-    for step in range(steps):
-        if step == 4:
-            driver.preempt("b")  # comes back as a 74-token prefill next to two decode rows
-        driver.step()
-    for req_id, prompt in prompts.items():
-        assert driver.tokens(req_id)[len(prompt) :] == expected[req_id], req_id
+    # "b" comes back as a 74-token prefill next to two decode rows
+    assert_decode_matches_generate(hf, runner, prompts, 8, preempt=("b", 4))
 
 
 def test_recurrent_form_equals_chunked_form() -> None:
@@ -170,10 +124,7 @@ def test_qwen3_5_checkpoint_folder_loads_its_text_model(tmp_path: Path, hf: Qwen
     # conv window 3 x (2*32 + 32) float32 + recurrent 4 x 16 x 8 float32, per linear layer
     assert spec.bytes_per_slot == 2 * (3 * 96 * 4 + 4 * 16 * 8 * 4)
     r.initialize_state_cache(2)
-    driver = HybridDriver(r)
-    driver.add("a", PROMPT[:20])
-    _, logits = driver.step_logits(every_token=True)
-    assert close_to(logits, _reference_logits(hf, PROMPT[:20]))
+    assert_prefill_matches(hf, r, PROMPT[:20], tol=TOL, mean_tol=MEAN_TOL)
 
 
 def test_published_qwen3_5_wrapper_runs_its_text_model(tmp_path: Path) -> None:
