@@ -66,8 +66,8 @@ def test_tp2_by_pp2_matches_one_device() -> None:
 
 
 def test_gemma4_and_the_other_hybrids_are_pointed_at_pp() -> None:
-    """Not sharded: Gemma 4 (per-layer head sizes, K/V sharing), the MoE Qwen3.5 / Qwen3-Next (a shared
-    expert), a Mamba-2 GGUF (its SSM tensors re-shaped from the whole sizes); the message names --pp."""
+    """Not sharded: Gemma 4 (per-layer head sizes, K/V sharing), a Mamba-2 GGUF (its SSM tensors
+    re-shaped from the whole sizes); the message names --pp. The MoE Qwen3.5 / Qwen3-Next is sharded."""
     from tests.backends.test_pipeline_hybrid import hybrid_bundle
 
     check_supported(loop_bundle("gemma3").config, 2)
@@ -76,7 +76,7 @@ def test_gemma4_and_the_other_hybrids_are_pointed_at_pp() -> None:
     gguf = replace(nemotron, extra={**nemotron.extra, "gguf_ssm_inner_size": 64})
     qwen3_5 = hybrid_bundle("qwen3_5").config
     check_supported(qwen3_5, 2)
-    moe = replace(qwen3_5, extra={**qwen3_5.extra, "num_experts": 4})
-    for config in (loop_bundle("gemma4").config, moe, gguf):
+    check_supported(replace(qwen3_5, extra={**qwen3_5.extra, "num_experts": 4}), 2)
+    for config in (loop_bundle("gemma4").config, gguf):
         with pytest.raises(BackendUnavailableError, match=r"Gemma 2 / 3, .*--pipeline-parallel-size 2 "):
             check_supported(config, 2)

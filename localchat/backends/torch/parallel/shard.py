@@ -111,23 +111,24 @@ class ParallelLlama(DecoderLM):
 # Gemma 2 / 3, the same weights with Gemma's forward (shard_gemma.py); LFM2, whose short-conv layers
 # are cut by channel (shard_lfm2.py).
 # Nemotron-H, whose Mamba-2 mixers are cut by SSM group (shard_mamba.py).
-# Qwen3.5 / Qwen3-Next, whose DeltaNet layers are cut by key head (shard_deltanet.py).
+# Qwen3.5 / Qwen3-Next, whose DeltaNet layers are cut by key head (shard_deltanet.py); their MoE (Qwen3-Next,
+# Qwen3.5-MoE) has its routed and shared experts cut like the dense MLP, the router and the shared
+# expert's gate replicated: sigmoid(gate . x) scales each rank's partial sum, so the layer's one
+# all-reduce still sums the whole block.
 SHARDED_FAMILIES = ("llama", "qwen3", "mixtral", "qwen3_moe", "gemma", "lfm2", "mamba_hybrid", "qwen3_next")
 # Families whose `sanitize` only reshapes a weight that the rank's cut takes whole rows of (LFM2's
 # conv taps) or renames a checkpoint folder's (Granite 4.0-H's stacked experts): run before the cut.
 ROW_SAFE_SANITIZE = SANITIZED_BEFORE_CUT
 # Of those families, what is not cut yet: a Mamba-2 / DeltaNet GGUF (its sanitize re-shapes the state
 # layers' tensors from the whole model's sizes).
-# The MoE Qwen3.5 / Qwen3-Next (a shared expert beside the routed ones) is not cut yet either.
-NOT_SHARDED_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
 
 
 def _unsupported(config: ModelConfig, world: int) -> BackendUnavailableError:
     return BackendUnavailableError(
         f"--tensor-parallel-size {world}: only the Llama family (Llama, Mistral, Qwen2, SmolLM2), "
-        f"Qwen3, Mixtral, Qwen3-MoE, Gemma 2 / 3, LFM2 (and MoE), Nemotron-H, Granite 4.0-H and dense Qwen3.5 / "
-        f"Qwen3-Next (checkpoint folders) are sharded so far, not this {config.model_type!r}: split its "
-        f"layers instead with --pipeline-parallel-size {world} (DeepSeek, Phi-3, Gemma 4, Qwen3.5-MoE, "
+        "Qwen3, Mixtral, Qwen3-MoE, Gemma 2 / 3, LFM2 (and MoE), Nemotron-H, Granite 4.0-H and Qwen3.5 / "
+        f"Qwen3-Next / Qwen3.5-MoE (checkpoint folders) are sharded so far, not this {config.model_type!r}: "
+        f"split its layers instead with --pipeline-parallel-size {world} (DeepSeek, Phi-3, Gemma 4, "
         "Mamba-2 / DeltaNet GGUF files, ...), or drop --tensor-parallel-size."
     )
 
@@ -157,6 +158,7 @@ def valid_sizes(config: ModelConfig, most: int = 64) -> list[int]:
     ssm = config.extra.get("ssm") or {}  # Nemotron-H's Mamba-2: a rank keeps whole SSM groups
     groups = int(ssm.get("groups") or 0)
     shared = int(config.extra.get("shared_intermediate_size") or 0)  # Granite 4.0-H's shared MLP
+    shared_expert = int(config.extra.get("shared_expert_intermediate_size") or 0)  # Qwen3-Next's
     key_heads = int(config.extra.get("linear_num_key_heads") or 0)  # DeltaNet: whole key heads
     return [
         n
@@ -167,6 +169,7 @@ def valid_sizes(config: ModelConfig, most: int = 64) -> list[int]:
         and not channels % n
         and not groups % n
         and not shared % n
+        and not shared_expert % n
         and not key_heads % n
         and not (kvh % n and n % kvh)
     ]
@@ -176,8 +179,7 @@ def check_supported(config: ModelConfig, world: int) -> None:
     """A clear error, before any weight is read, for what this slice does not shard."""
     arch = architecture(config.model_type)
     own_layout = arch.sanitize is not None and arch.family not in ROW_SAFE_SANITIZE
-    not_yet = config.model_type in NOT_SHARDED_TYPES or bool(config.extra.get("gguf_ssm_inner_size"))
-    not_yet = not_yet or (arch.family == "qwen3_next" and bool(config.extra.get("num_experts")))
+    not_yet = bool(config.extra.get("gguf_ssm_inner_size"))
     if arch.family not in SHARDED_FAMILIES or own_layout or not_yet:
         raise _unsupported(config, world)
     h, kvh, inter = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size

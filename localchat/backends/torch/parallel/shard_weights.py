@@ -78,6 +78,10 @@ class RankSlice:
         extra = dict(config.extra)
         if "moe_intermediate_size" in extra:
             extra["moe_intermediate_size"] = self.expert_size // self.world
+        if extra.get("shared_expert_intermediate_size"):  # Qwen3-Next / Qwen3.5-MoE: cut like the experts
+            extra["shared_expert_intermediate_size"] = (
+                int(extra["shared_expert_intermediate_size"]) // self.world
+            )
         if "conv_L_cache" in extra:  # LFM2's short-conv layers: the rank's channels
             extra["conv_channels"] = config.hidden_size // self.world
         if config.model_type == "nemotron_h":  # re-derived into `ssm`: the rank's heads and groups
@@ -139,7 +143,10 @@ def shard_weights(
         if arch.family == "qwen3_next" and leaf == "qkv" and index == 0:  # q and its gate, per head
             yield rows(w, part.rank * part.heads * 2 * d, part.heads * 2 * d)
             continue
-        width = part.expert_size if pname.startswith("moe.") else shared or part.mlp_size
+        if pname.startswith("moe.shared."):  # Qwen3-Next / Qwen3.5-MoE's shared expert: its own width
+            width = int(config.extra["shared_expert_intermediate_size"])
+        else:
+            width = part.expert_size if pname.startswith("moe.") else shared or part.mlp_size
         mlp = (part.rank * width // part.world, width // part.world)
         hidden = config.hidden_size  # LFM2's short conv: channels cut like an MLP's columns
         channels = (part.rank * hidden // part.world, hidden // part.world)
