@@ -66,7 +66,7 @@ def test_tp2_by_pp2_matches_one_device() -> None:
 
 
 def test_gemma4_and_the_other_hybrids_are_pointed_at_pp() -> None:
-    """Not sharded: Gemma 4 (per-layer head sizes, K/V sharing), a Mamba-2 GGUF (its SSM tensors
+    """Not sharded: the MoE Gemma 4 (its expert block), a Mamba-2 GGUF (its SSM tensors
     re-shaped from the whole sizes); the message names --pp. The MoE Qwen3.5 / Qwen3-Next is sharded."""
     from tests.backends.test_pipeline_hybrid import hybrid_bundle
 
@@ -77,6 +77,6 @@ def test_gemma4_and_the_other_hybrids_are_pointed_at_pp() -> None:
     qwen3_5 = hybrid_bundle("qwen3_5").config
     check_supported(qwen3_5, 2)
     check_supported(replace(qwen3_5, extra={**qwen3_5.extra, "num_experts": 4}), 2)
-    for config in (loop_bundle("gemma4").config, gguf):
+    for config in (loop_bundle("gemma4-moe").config, gguf):
         with pytest.raises(BackendUnavailableError, match=r"Gemma 2 / 3, .*--pipeline-parallel-size 2 "):
             check_supported(config, 2)

@@ -30,6 +30,8 @@ from localchat.backends.torch.layers import add_rms_norm, apply_rope, rms_norm
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.models.gemma import GemmaLayer
 from localchat.backends.torch.models.gemma import Model as GemmaModel
+from localchat.backends.torch.models.gemma4 import Gemma4Layer
+from localchat.backends.torch.models.gemma4 import Model as Gemma4Model
 from localchat.backends.torch.models.lfm2 import Lfm2Layer
 from localchat.backends.torch.models.lfm2 import Model as Lfm2Model
 from localchat.backends.torch.models.llama import LlamaLayer
@@ -115,7 +117,18 @@ class ParallelLlama(DecoderLM):
 # Qwen3.5-MoE) has its routed and shared experts cut like the dense MLP, the router and the shared
 # expert's gate replicated: sigmoid(gate . x) scales each rank's partial sum, so the layer's one
 # all-reduce still sums the whole block.
-SHARDED_FAMILIES = ("llama", "qwen3", "mixtral", "qwen3_moe", "gemma", "lfm2", "mamba_hybrid", "qwen3_next")
+# Gemma 4's dense text models (E2B / E4B too): Gemma's layout at each layer's own sizes (shard_gemma4.py).
+SHARDED_FAMILIES = (
+    "llama",
+    "qwen3",
+    "mixtral",
+    "qwen3_moe",
+    "gemma",
+    "lfm2",
+    "mamba_hybrid",
+    "qwen3_next",
+    "gemma4",
+)
 # Families whose `sanitize` only reshapes a weight that the rank's cut takes whole rows of (LFM2's
 # conv taps) or renames a checkpoint folder's (Granite 4.0-H's stacked experts): run before the cut.
 ROW_SAFE_SANITIZE = SANITIZED_BEFORE_CUT
@@ -126,9 +139,10 @@ ROW_SAFE_SANITIZE = SANITIZED_BEFORE_CUT
 def _unsupported(config: ModelConfig, world: int) -> BackendUnavailableError:
     return BackendUnavailableError(
         f"--tensor-parallel-size {world}: only the Llama family (Llama, Mistral, Qwen2, SmolLM2), "
-        "Qwen3, Mixtral, Qwen3-MoE, Gemma 2 / 3, LFM2 (and MoE), Nemotron-H, Granite 4.0-H and Qwen3.5 / "
+        "Qwen3, Mixtral, Qwen3-MoE, Gemma 2 / 3, "
+        "dense Gemma 4, LFM2 (and MoE), Nemotron-H, Granite 4.0-H and Qwen3.5 / "
         f"Qwen3-Next / Qwen3.5-MoE (checkpoint folders) are sharded so far, not this {config.model_type!r}: "
-        f"split its layers instead with --pipeline-parallel-size {world} (DeepSeek, Phi-3, Gemma 4, "
+        f"split its layers instead with --pipeline-parallel-size {world} (DeepSeek, Phi-3, the MoE Gemma 4, "
         "Mamba-2 / DeltaNet GGUF files, ...), or drop --tensor-parallel-size."
     )
 
@@ -160,6 +174,7 @@ def valid_sizes(config: ModelConfig, most: int = 64) -> list[int]:
     shared = int(config.extra.get("shared_intermediate_size") or 0)  # Granite 4.0-H's shared MLP
     shared_expert = int(config.extra.get("shared_expert_intermediate_size") or 0)  # Qwen3-Next's
     key_heads = int(config.extra.get("linear_num_key_heads") or 0)  # DeltaNet: whole key heads
+    layer_kv = config.extra.get("layer_kv_heads") or []  # Gemma 4: each layer's own KV heads
     return [
         n
         for n in range(1, most + 1)
@@ -172,6 +187,7 @@ def valid_sizes(config: ModelConfig, most: int = 64) -> list[int]:
         and not shared_expert % n
         and not key_heads % n
         and not (kvh % n and n % kvh)
+        and all(not (int(k) % n and n % int(k)) for k in layer_kv)
     ]
 
 
@@ -180,6 +196,9 @@ def check_supported(config: ModelConfig, world: int) -> None:
     arch = architecture(config.model_type)
     own_layout = arch.sanitize is not None and arch.family not in ROW_SAFE_SANITIZE
     not_yet = bool(config.extra.get("gguf_ssm_inner_size"))
+    # Gemma 4's sanitize only moves the MoE block's experts; that block (26B-A4B) is not cut yet.
+    own_layout = own_layout and arch.family != "gemma4"
+    not_yet = not_yet or (arch.family == "gemma4" and bool(config.extra.get("enable_moe_block")))
     if arch.family not in SHARDED_FAMILIES or own_layout or not_yet:
         raise _unsupported(config, world)
     h, kvh, inter = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
@@ -225,10 +244,15 @@ def sharded_runner(
         config=part.local_config(config),
         iter_weights=lambda: shard_weights(bundle.iter_weights(), config, part),
     )
+    if architecture(config.model_type).family == "gemma4":  # per-layer head sizes and KV heads
+        from .shard_gemma4 import gemma4_bundle
+
+        local = gemma4_bundle(bundle, part)
     runner = make_runner(local, options)
     model = runner.model
     from .shard_deltanet import ParallelHybridLayer
     from .shard_gemma import ParallelGemma, ParallelGemmaLayer  # they build on this module's classes
+    from .shard_gemma4 import ParallelGemma4Layer
     from .shard_lfm2 import ParallelLfm2, ParallelLfm2Layer
     from .shard_mamba import ParallelHybridBlock, ParallelMambaHybrid, shard_mixer
 
@@ -236,6 +260,7 @@ def sharded_runner(
     parallel: dict[Any, type] = {
         LlamaLayer.forward: ParallelLlamaLayer,
         GemmaLayer.forward: ParallelGemmaLayer,
+        Gemma4Layer.forward: ParallelGemma4Layer,
         Lfm2Layer.mlp: ParallelLfm2Layer,  # its model's loop calls the mixer and the MLP, no forward
         HybridBlock.relu2_mlp: ParallelHybridBlock,  # Nemotron-H's blocks: the same
         HybridLayer.linear_attention: ParallelHybridLayer,  # Qwen3.5 / Qwen3-Next's layers: the same
@@ -249,6 +274,7 @@ def sharded_runner(
         if isinstance(layer, HybridBlock):
             shard_mixer(layer, tp_group)
     heads = {GemmaModel: ParallelGemma, Lfm2Model: ParallelLfm2, MambaHybridModel: ParallelMambaHybrid}
+    heads[Gemma4Model] = ParallelGemma
     head = next((h for family, h in heads.items() if isinstance(model, family)), ParallelLlama)
     model.__class__ = _parallel_class(type(model), head)
     assert isinstance(model, ParallelLlama)

@@ -1,0 +1,140 @@
+"""Gemma 4 (dense text models, E2B / E4B included) under tensor parallelism: Gemma 2 / 3's layout
+(shard_gemma.py: heads and GeGLU columns per rank, the two row-parallel sums before the post norms,
+sqrt(hidden) after the vocab-parallel lookup, the soft-cap after the gather) with Gemma 4's per-layer
+sizes. Each layer's q, k, v and o are cut at that layer's head size, its K/V heads split (or one kept
+whole per rank when a layer has fewer than the ranks, as for the global layers' single K=V head) and its
+MLP at its own width (the KV-sharing layers' double-wide one). The q/k norms act per head, the
+proportional RoPE per head and the layer scalar on the summed vector, so they are unchanged.
+
+K/V-sharing layers read their source layer's keys and values from this step's `shared` dict and its
+cache: every rank holds every layer's head shard, so the source's shard is the one the reader needs.
+Per-layer embeddings (E2B / E4B) are replicated: the table, the projection of the (whole, all-reduced)
+embedding and each layer's gate and projection act on whole vectors, so every rank computes them
+exactly as one device does, at the cost of the table's memory on each rank.
+The MoE block (26B-A4B) is not cut: shard.py refuses it and names --pp."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from localchat.arch.registry import architecture
+from localchat.backends.torch.attention import paged_attention
+from localchat.backends.torch.kv_cache import KVCache
+from localchat.backends.torch.layers import apply_rope, rms_norm
+from localchat.backends.torch.models.base import StepMetadata
+from localchat.backends.torch.models.gemma4 import Gemma4Layer, Shared
+from localchat.backends.torch.quant import linear
+from localchat.weights.bundle import ModelBundle
+from localchat.weights.config import ModelConfig
+from localchat.weights.tensors import WeightTensor
+
+from .shard_weights import LAYER_NAME, RankSlice, columns, rows, shard_weights
+
+
+def _all_reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
+    dist.all_reduce(x, group=group)
+    return x
+
+
+def _kv_part(kv_heads: int, part: RankSlice) -> tuple[int, int]:
+    """(first KV head, count) a rank keeps of a layer with `kv_heads`: its share, or when the layer has
+    fewer KV heads than ranks, the one its q heads read (rank r's q heads read head r // (world / kvh))."""
+    if kv_heads >= part.world:
+        count = kv_heads // part.world
+        return part.rank * count, count
+    return part.rank // (part.world // kv_heads), 1
+
+
+def gemma4_bundle(bundle: ModelBundle, part: RankSlice) -> ModelBundle:
+    """The rank's bundle: the per-layer KV head counts cut in the config, the weights cut as they stream."""
+    config = bundle.config
+    local = part.local_config(config)
+    extra = dict(local.extra)
+    extra["layer_kv_heads"] = [_kv_part(int(k), part)[1] for k in config.extra["layer_kv_heads"]]
+    local = replace(local, num_key_value_heads=max(extra["layer_kv_heads"]), extra=extra)
+    return replace(
+        bundle, config=local, iter_weights=lambda: shard_gemma4_weights(bundle.iter_weights(), config, part)
+    )
+
+
+def shard_gemma4_weights(
+    weights: Iterable[WeightTensor], config: ModelConfig, part: RankSlice
+) -> Iterator[WeightTensor]:
+    """Layer weights cut at their layer's sizes; the rest (vocab rows of the embedding and LM head, the
+    replicated per-layer table and projection, the final norm) as shard_weights cuts them."""
+    arch = architecture(config.model_type)
+    dims, kv_heads = config.extra["layer_head_dims"], config.extra["layer_kv_heads"]
+    heads = part.heads
+    for w in weights:
+        match = LAYER_NAME.fullmatch(w.name)
+        found = arch.layer_weight(match.group(2)) if match else None
+        if match is None or found is None:
+            yield from shard_weights([w], config, part)
+            continue
+        index, leaf = int(match.group(1)), found[0]
+        d = int(dims[index])
+        kv_first, kv_count = _kv_part(int(kv_heads[index]), part)
+        if leaf == "q":
+            yield rows(w, part.rank * heads * d, heads * d)
+        elif leaf in ("k", "v"):
+            yield rows(w, kv_first * d, kv_count * d)
+        elif leaf == "o":
+            yield columns(w, part.rank * heads * d, heads * d)
+        elif leaf == "gate_up":  # gate_proj and up_proj arrive apart: the rank's rows of each
+            width = w.shape[0] // part.world
+            yield rows(w, part.rank * width, width)
+        elif leaf == "down":
+            width = w.shape[1] // part.world
+            yield columns(w, part.rank * width, width)
+        else:
+            yield w  # norms, the layer scalar, the per-layer gate and projection: replicated
+
+
+class ParallelGemma4Layer(Gemma4Layer):
+    """Gemma4Layer over this rank's heads and MLP columns, the two row-parallel sums before the norms."""
+
+    tp_group: Any = None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: StepMetadata,
+        kv_cache: KVCache,
+        shared: Shared | None = None,
+        ple: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        tokens, eps = x.shape[0], self.eps
+        h, kvh, d = self.heads, self.kv_heads, self.head_dim
+        normed = rms_norm(x, self.attn_norm, eps)
+        q = rms_norm(linear(normed, self.q).view(tokens, h, d), self.q_weight, eps)
+        q = self._pad(apply_rope(q, cos, sin)) * self.q_scale
+        if self.k is not None:
+            raw_k = linear(normed, self.k).view(tokens, kvh, d)
+            raw_v = raw_k if self.v is None else linear(normed, self.v).view(tokens, kvh, d)
+            k = apply_rope(rms_norm(raw_k, self.k_weight, eps), cos, sin)
+            k, v = self._to_cache(k), self._to_cache(rms_norm(raw_v, None, eps))
+            if shared is not None:
+                shared[self.index] = k, v
+        else:
+            assert shared is not None, "a KV-sharing layer needs its source layer's keys and values"
+            k, v = shared[self.source]
+        attn = paged_attention(q, k, v, kv_cache, meta, self.attn_options)[..., :d]
+        attn_out = _all_reduce(linear(attn.reshape(tokens, h * d), self.o), self.tp_group)
+        x = x + rms_norm(attn_out, self.post_attn_norm, eps)
+        gate_up = linear(rms_norm(x, self.mlp_norm, eps), self.gate_up)
+        inter = gate_up.shape[-1] // 2
+        act = F.gelu(gate_up[:, :inter], approximate="tanh") * gate_up[:, inter:]
+        x = x + rms_norm(_all_reduce(linear(act, self.down), self.tp_group), self.post_mlp_norm, eps)
+        if ple is not None:  # replicated: every rank adds the same whole vector
+            assert self.ple_gate is not None and self.ple_proj is not None
+            gate = F.gelu(linear(x, self.ple_gate), approximate="tanh") * ple
+            x = x + rms_norm(linear(gate, self.ple_proj), self.ple_post_norm, eps)
+        return x * self.layer_scalar

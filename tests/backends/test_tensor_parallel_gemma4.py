@@ -1,0 +1,76 @@
+"""Gemma 4 under tensor parallelism (shard_gemma4.py): tiny random models from transformers' classes with
+sliding (16-wide heads) and global (32-wide heads, proportional RoPE) layers, an 8-token window shorter
+than the prompts, per-layer scalars and the final soft-cap; one with keys as values on the global layers
+(a single KV head there, kept whole on both ranks), K/V-sharing layers and a double-wide MLP; one
+E2B-shaped (per-layer embeddings, replicated, and K/V sharing). TP=2 (gloo, 2 processes) gives one
+device's greedy tokens and float32 logits within 1e-4, ragged then decode, and chunked with a
+preemption. The MoE Gemma 4 stays refused and is pointed at --pp."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+from typing import Any, cast
+
+import pytest
+import torch
+
+from localchat.backends import RunnerOptions
+from localchat.backends.torch.parallel.driver import ParallelRunner
+from localchat.backends.torch.parallel.shard import check_supported, valid_sizes
+from localchat.backends.torch.runner import TorchRunner
+from localchat.errors import BackendUnavailableError
+from tests.backends.test_pipeline_gemma import loop_bundle
+from tests.backends.test_pipeline_parallel import chunked_and_preempted, ragged_then_decode
+from tests.helpers.torch_models import exact_weights, fp32_runner
+
+TP2 = RunnerOptions(device="cpu", dtype="float32", num_threads=1, tensor_parallel_size=2)
+# name -> each rank's (q heads, KV heads) per layer: 2 of 4 q heads; 1 of 2 KV heads, or the global
+# layers' single K=V head kept whole on each rank.
+CASES: dict[str, list[tuple[int, int]]] = {
+    "gemma4": [(2, 1)] * 4,
+    "gemma4-k-eq-v-shared": [(2, 1)] * 4,
+    "gemma4-per-layer-embeddings": [(2, 1)] * 4,
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.slow  # spawns a gloo rank: out of the fast tier, still in CI
+def test_tp2_matches_one_device(name: str) -> None:
+    torch.set_num_threads(1)
+    bundle = loop_bundle(name)
+    with exact_weights():
+        runner = ParallelRunner(bundle, TP2, load=functools.partial(loop_bundle, name))
+    try:
+        model = cast(Any, runner.runner).model
+        assert [(layer.heads, layer.kv_heads) for layer in model.layers] == CASES[name]
+        dims = bundle.config.extra["layer_head_dims"]
+        assert [layer.q.shape[0] for layer in model.layers] == [2 * d for d in dims]  # each layer's own d
+        reference = fp32_runner(loop_bundle(name))
+        want_logits, want_tokens = ragged_then_decode(reference)
+        logits, tokens = ragged_then_decode(cast(TorchRunner, runner))
+        assert tokens == want_tokens
+        for ours, ref in zip(logits, want_logits, strict=True):
+            torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+        assert chunked_and_preempted(cast(TorchRunner, runner)) == chunked_and_preempted(reference)
+    finally:
+        runner.shutdown()
+
+
+def test_sizes_follow_every_layers_kv_heads() -> None:
+    """4 q heads, KV heads 2 (sliding) and 1 (global, K=V): 1, 2 and 4 ranks split it (a rank keeps a
+    whole KV head where there are fewer than ranks); 3 does not divide the heads."""
+    config = loop_bundle("gemma4-k-eq-v-shared").config
+    assert config.extra["layer_kv_heads"] == [2, 1, 2, 1]
+    assert valid_sizes(config, 8) == [1, 2, 4]
+    check_supported(config, 2)
+    with pytest.raises(BackendUnavailableError, match="--pipeline-parallel-size 3"):
+        check_supported(config, 3)
+
+
+def test_the_moe_gemma4_is_pointed_at_pp() -> None:
+    config = loop_bundle("gemma4-moe").config
+    with pytest.raises(BackendUnavailableError, match=r"--pipeline-parallel-size 2 \(.*the MoE Gemma 4"):
+        check_supported(config, 2)
+    dense = replace(config, extra={**config.extra, "enable_moe_block": False})
+    check_supported(dense, 2)
