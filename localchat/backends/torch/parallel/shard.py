@@ -118,6 +118,7 @@ class ParallelLlama(DecoderLM):
 # expert's gate replicated: sigmoid(gate . x) scales each rank's partial sum, so the layer's one
 # all-reduce still sums the whole block.
 # Gemma 4's dense text models (E2B / E4B too): Gemma's layout at each layer's own sizes (shard_gemma4.py).
+# Phi-3 / Phi-4-mini: Llama's layer on fused qkv_proj / gate_up_proj (shard_weights cuts each part).
 SHARDED_FAMILIES = (
     "llama",
     "qwen3",
@@ -128,6 +129,7 @@ SHARDED_FAMILIES = (
     "mamba_hybrid",
     "qwen3_next",
     "gemma4",
+    "phi3",
 )
 # Families whose `sanitize` only reshapes a weight that the rank's cut takes whole rows of (LFM2's
 # conv taps) or renames a checkpoint folder's (Granite 4.0-H's stacked experts): run before the cut.
@@ -139,10 +141,10 @@ ROW_SAFE_SANITIZE = SANITIZED_BEFORE_CUT
 def _unsupported(config: ModelConfig, world: int) -> BackendUnavailableError:
     return BackendUnavailableError(
         f"--tensor-parallel-size {world}: only the Llama family (Llama, Mistral, Qwen2, SmolLM2), "
-        "Qwen3, Mixtral, Qwen3-MoE, Gemma 2 / 3, "
+        "Qwen3, Mixtral, Qwen3-MoE, Phi-3, Gemma 2 / 3, "
         "dense Gemma 4, LFM2 (and MoE), Nemotron-H, Granite 4.0-H and Qwen3.5 / "
         f"Qwen3-Next / Qwen3.5-MoE (checkpoint folders) are sharded so far, not this {config.model_type!r}: "
-        f"split its layers instead with --pipeline-parallel-size {world} (DeepSeek, Phi-3, the MoE Gemma 4, "
+        f"split its layers instead with --pipeline-parallel-size {world} (DeepSeek, the MoE Gemma 4, "
         "Mamba-2 / DeltaNet GGUF files, ...), or drop --tensor-parallel-size."
     )
 

@@ -150,7 +150,9 @@ def shard_weights(
         mlp = (part.rank * width // part.world, width // part.world)
         hidden = config.hidden_size  # LFM2's short conv: channels cut like an MLP's columns
         channels = (part.rank * hidden // part.world, hidden // part.world)
-        if leaf in ("qkv", "qkv_bias"):
+        if leaf in ("qkv", "qkv_bias") and parts == 1:  # Phi-3's fused q|k|v: the rank's rows of each
+            yield _fused_qkv_rows(w, config, q, kv)
+        elif leaf in ("qkv", "qkv_bias"):
             yield rows(w, *(q if index == 0 else kv))
         elif leaf == "up":  # Nemotron-H's relu² MLP
             yield rows(w, *mlp)
@@ -224,6 +226,20 @@ def _mamba_part(w: WeightTensor, leaf: str, config: ModelConfig, part: RankSlice
     }
     starts["in_proj"] += [(2 * inner + group_width, mine_groups), (2 * inner + 2 * group_width, mine_heads)]
     blocks = starts.get(leaf.removesuffix("_bias")) or [(0, mine_heads)]  # dt_bias, A_log, D: per head
+    data = np.concatenate([w.data[base + start : base + start + count] for base, (start, count) in blocks])
+    return replace(w, shape=(data.shape[0], *w.shape[1:]), data=data)
+
+
+def _fused_qkv_rows(
+    w: WeightTensor, config: ModelConfig, q: tuple[int, int], kv: tuple[int, int]
+) -> WeightTensor:
+    """A fused [q; k; v] matrix (or bias): the rank's q rows, then its KV heads' k and v rows. Whole
+    rows, so a GGUF's quantized blocks stay blocks."""
+    q_rows, kv_rows = (
+        config.num_attention_heads * config.head_dim,
+        config.num_key_value_heads * config.head_dim,
+    )
+    blocks = [(0, q), (q_rows, kv), (q_rows + kv_rows, kv)]
     data = np.concatenate([w.data[base + start : base + start + count] for base, (start, count) in blocks])
     return replace(w, shape=(data.shape[0], *w.shape[1:]), data=data)
 
