@@ -18,16 +18,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-import torch
-import torch.distributed as dist
-
 from localchat.arch.registry import architecture
 from localchat.backends import RunnerOptions
-from localchat.backends.torch.attention import paged_attention, rope_paged_attention
 from localchat.backends.torch.device import pick_device
-from localchat.backends.torch.kv_cache import KVCache
-from localchat.backends.torch.layers import add_rms_norm, apply_rope, rms_norm
-from localchat.backends.torch.models.base import DecoderLM, StepMetadata
+from localchat.backends.torch.models.base import DecoderLM
 from localchat.backends.torch.models.gemma import GemmaLayer
 from localchat.backends.torch.models.gemma import Model as GemmaModel
 from localchat.backends.torch.models.gemma4 import Gemma4Layer
@@ -38,7 +32,6 @@ from localchat.backends.torch.models.llama import LlamaLayer
 from localchat.backends.torch.models.mamba_hybrid import HybridBlock
 from localchat.backends.torch.models.mamba_hybrid import Model as MambaHybridModel
 from localchat.backends.torch.models.qwen3_next import HybridLayer
-from localchat.backends.torch.quant import embed_rows, linear
 from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
 from localchat.weights.bundle import ModelBundle
@@ -46,67 +39,13 @@ from localchat.weights.config import ModelConfig
 
 from .group import ParallelGroup
 from .memory import check_device_memory
+from .shard_deltanet import ParallelHybridLayer
+from .shard_gemma import ParallelGemma, ParallelGemmaLayer
+from .shard_gemma4 import ParallelGemma4Layer, gemma4_bundle
+from .shard_lfm2 import ParallelLfm2, ParallelLfm2Layer
+from .shard_llama import ParallelLlama, ParallelLlamaLayer
+from .shard_mamba import ParallelHybridBlock, ParallelMambaHybrid, shard_mixer
 from .shard_weights import SANITIZED_BEFORE_CUT, RankSlice, expert_size, shard_weights
-
-
-def _all_reduce(x: torch.Tensor, group: Any = None) -> torch.Tensor:
-    dist.all_reduce(x, group=group)
-    return x
-
-
-class ParallelLlamaLayer(LlamaLayer):
-    """LlamaLayer over this rank's heads and MLP columns, with the two all-reduces of a TP layer."""
-
-    tp_group: Any = None  # the ranks sharing this layer (None: all of them; a stage's under TP x PP)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        meta: StepMetadata,
-        kv_cache: KVCache,
-        q_scale: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        tokens = x.shape[0]
-        h, kvh, d = self.heads, self.kv_heads, self.head_dim
-        qkv = linear(rms_norm(x, self.attn_norm, self.eps), self.qkv, self.qkv_bias).view(
-            tokens, h + 2 * kvh, d
-        )
-        qk, v = self.normalize_qk(qkv[:, : h + kvh]), qkv[:, h + kvh :]
-        if q_scale is None:
-            attn = rope_paged_attention(qk, v, cos, sin, kv_cache, meta, self.attn_options)
-        else:
-            qk = apply_rope(qk, cos, sin)
-            attn = paged_attention(qk[:, :h] * q_scale, qk[:, h:], v, kv_cache, meta, self.attn_options)
-        # o_bias is zero on ranks other than 0 (shard_weights.py), so the sum adds it once.
-        attn_out = _all_reduce(linear(attn.reshape(tokens, h * d), self.o, self.o_bias), self.tp_group)
-        x, normed = add_rms_norm(x, attn_out, self.mlp_norm, self.eps)
-        return x + _all_reduce(self.mlp(normed), self.tp_group)
-
-
-class ParallelLlama(DecoderLM):
-    """Vocab-parallel embedding and LM head around the sharded layers (mixed into the family's class)."""
-
-    vocab_start: int
-    vocab_rows: int  # real rows of this rank's vocab slice (the last one may be padded)
-    vocab_size: int
-    world_size: int
-    tp_group: Any = None
-
-    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        local = input_ids - self.vocab_start
-        mine = (local >= 0) & (local < self.vocab_rows)
-        rows = embed_rows(torch.where(mine, local, 0), self.embed, self.norm.dtype)
-        return _all_reduce(rows * mine[:, None].to(rows.dtype), self.tp_group)
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        x = rms_norm(hidden, self.norm, self.config.rms_norm_eps)
-        part = linear(x, self.embed if self.lm_head is None else self.lm_head).contiguous()
-        parts = [torch.empty_like(part) for _ in range(self.world_size)]
-        dist.all_gather(parts, part, group=self.tp_group)
-        return torch.cat(parts, dim=-1)[:, : self.vocab_size]
-
 
 # Families whose layers are Llama's forward (attention + an `mlp` block) with these MLPs: dense SwiGLU
 # or a sparse MoE whose experts are cut like the dense MLP (every rank holds every expert's slice);
@@ -247,17 +186,9 @@ def sharded_runner(
         iter_weights=lambda: shard_weights(bundle.iter_weights(), config, part),
     )
     if architecture(config.model_type).family == "gemma4":  # per-layer head sizes and KV heads
-        from .shard_gemma4 import gemma4_bundle
-
         local = gemma4_bundle(bundle, part)
     runner = make_runner(local, options)
     model = runner.model
-    from .shard_deltanet import ParallelHybridLayer
-    from .shard_gemma import ParallelGemma, ParallelGemmaLayer  # they build on this module's classes
-    from .shard_gemma4 import ParallelGemma4Layer
-    from .shard_lfm2 import ParallelLfm2, ParallelLfm2Layer
-    from .shard_mamba import ParallelHybridBlock, ParallelMambaHybrid, shard_mixer
-
     # The parallel forwards replace the family's: a family that overrides them is not covered.
     parallel: dict[Any, type] = {
         LlamaLayer.forward: ParallelLlamaLayer,

@@ -22,7 +22,7 @@ from localchat.backends.torch.models.base import StepMetadata
 from localchat.backends.torch.models.gemma import GemmaLayer
 from localchat.backends.torch.quant import linear
 
-from .shard import ParallelLlama
+from .shard_llama import ParallelLlama
 
 
 def _all_reduce(x: torch.Tensor, group: Any) -> torch.Tensor:

@@ -16,7 +16,7 @@ from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.models.base import StepMetadata
 from localchat.backends.torch.models.lfm2 import Lfm2Layer
 
-from .shard import ParallelLlama
+from .shard_llama import ParallelLlama
 
 
 class ParallelLfm2Layer(Lfm2Layer):

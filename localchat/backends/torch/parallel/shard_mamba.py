@@ -19,7 +19,7 @@ from localchat.backends.torch.models.base import StepMetadata
 from localchat.backends.torch.models.mamba_hybrid import HybridBlock
 from localchat.backends.torch.state_cache import StepRows
 
-from .shard import ParallelLlama
+from .shard_llama import ParallelLlama
 
 
 def _summed(x: torch.Tensor, group: Any) -> torch.Tensor:
