@@ -24,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.engine_bench import concurrent
+from benchmarks.spec_bench import CODE  # the same function spec_bench's edit prompt repeats
 from localchat import LLM, SamplingParams
 from localchat.backends.torch.cpu import decode_step
 from localchat.engine.config import EngineConfig
@@ -41,19 +42,6 @@ RENAMES = [
     ("sep", "found"),
     ("path", "filename"),
 ]
-CODE = """def parse_config(path):
-    settings = {}
-    with open(path) as handle:
-        for number, line in enumerate(handle, start=1):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            key, sep, value = line.partition("=")
-            if not sep:
-                raise ValueError(f"line {number}: expected key=value")
-            settings[key.strip()] = value.strip()
-    return settings
-"""
 
 
 def edit_prompt(i: int) -> str:

@@ -5,21 +5,17 @@ token-identical to plain decoding."""
 
 from __future__ import annotations
 
-import copy
-from typing import Any
-
 import pytest
 import torch
 
-from localchat.backends.fake import EOS_ID, FakeTokenizer
-from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine
 from localchat.engine.request import Request
 from localchat.engine.sampling_params import SamplingParams
-from localchat.engine.speculative import SpeculativeConfig, draft_length, record_outcome
+from localchat.engine.speculative import draft_length, record_outcome
 from localchat.weights.bundle import ModelBundle
 from tests.backends.test_speculative_torch import MODEL_VOCAB, prompts, run, summary
-from tests.helpers.torch_models import bundle_from_hf, fp32_runner, tiny_hf_model
+from tests.helpers.draft_models import draft_engine, noisy_draft
+from tests.helpers.torch_models import bundle_from_hf, tiny_hf_model
 
 K = 4
 
@@ -53,26 +49,11 @@ def target(target_hf: torch.nn.Module) -> ModelBundle:
 @pytest.fixture(scope="module")
 def near_draft(target_hf: torch.nn.Module) -> ModelBundle:
     """A noisy copy of the target: its greedy guesses are kept about a third of the time."""
-    model: Any = copy.deepcopy(target_hf)
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(0.01 * torch.randn_like(param))
-    return bundle_from_hf(model, "tiny-draft")
+    return noisy_draft(target_hf)
 
 
 def make_engine(target: ModelBundle, draft: ModelBundle | None) -> LLMEngine:
-    spec = SpeculativeConfig("draft" if draft else "off", num_tokens=K, max_batch=4, draft_p_min=0.0)
-    cfg = EngineConfig(kv_cache_mib=16, block_size=4, speculative=spec)
-    return LLMEngine(
-        fp32_runner(target),
-        FakeTokenizer(),
-        cfg,
-        eos_token_ids=[EOS_ID],
-        model_max_len=512,
-        draft_runner=fp32_runner(draft) if draft else None,
-        vocab_size=MODEL_VOCAB,
-    )
+    return draft_engine(target, draft, k=K)
 
 
 def asked_lengths(engine: LLMEngine) -> tuple[list[int], list[float]]:

@@ -13,11 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from localchat.backends.fake import EOS_ID, FakeTokenizer
-from localchat.engine.config import EngineConfig
+from localchat.backends.fake import FakeTokenizer
 from localchat.engine.engine import LLMEngine
 from localchat.engine.sampling_params import SamplingParams
-from localchat.engine.speculative import SpeculativeConfig
 from localchat.weights.bundle import ModelBundle
 from tests.backends.test_speculative_torch import (
     CHI2_999,
@@ -28,7 +26,8 @@ from tests.backends.test_speculative_torch import (
     run,
     summary,
 )
-from tests.helpers.torch_models import bundle_from_hf, fp32_runner, tiny_hf_model
+from tests.helpers.draft_models import draft_engine, noisy_draft
+from tests.helpers.torch_models import bundle_from_hf, tiny_hf_model
 
 
 @pytest.fixture(scope="module")
@@ -43,38 +42,7 @@ def target(target_hf: torch.nn.Module) -> ModelBundle:
 
 @pytest.fixture(scope="module")
 def near_draft(target_hf: torch.nn.Module) -> ModelBundle:
-    """The target with a little noise on every weight: its greedy token agrees with the target's about
-    a third of the time (tiny random models are chaotic: more noise and they hardly ever agree)."""
-    draft: Any = copy.deepcopy(target_hf)
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for param in draft.parameters():
-            param.add_(0.01 * torch.randn_like(param))
-    return bundle_from_hf(draft, "tiny-draft")
-
-
-def make_engine(
-    target: ModelBundle,
-    draft: ModelBundle | None,
-    max_batch: int = 4,
-    k: int = 4,
-    p_min: float = 0.0,
-    **config: object,
-) -> LLMEngine:
-    # p_min 0 by default: tiny random models spread their mass, so almost no guess would pass 0.75.
-    spec = SpeculativeConfig(
-        "draft" if draft else "off", num_tokens=k, max_batch=max_batch, draft_p_min=p_min
-    )
-    cfg = EngineConfig(kv_cache_mib=16, block_size=4, speculative=spec, **config)  # type: ignore[arg-type]
-    return LLMEngine(
-        fp32_runner(target),
-        FakeTokenizer(),
-        cfg,
-        eos_token_ids=[EOS_ID],
-        model_max_len=512,
-        draft_runner=fp32_runner(draft) if draft else None,
-        vocab_size=MODEL_VOCAB,
-    )
+    return noisy_draft(target_hf)
 
 
 PARAMS = [
@@ -90,8 +58,8 @@ def test_greedy_and_seeded_outputs_match_with_a_partly_agreeing_draft(
 ) -> None:
     # Eight requests with max_batch 6: no speculation until the two short ones end, then rows with and
     # without drafts share steps.
-    off_outs = run(make_engine(target, None), prompts(), PARAMS)
-    engine = make_engine(target, near_draft, max_batch=6)
+    off_outs = run(draft_engine(target, None), prompts(), PARAMS)
+    engine = draft_engine(target, near_draft, max_batch=6)
     on_outs = run(engine, prompts(), PARAMS)
     assert [summary(o) for o in on_outs] == [summary(o) for o in off_outs]
     for on, off in zip(on_outs, off_outs, strict=True):
@@ -111,8 +79,8 @@ def test_greedy_and_seeded_outputs_match_with_a_partly_agreeing_draft(
 
 def test_the_target_as_its_own_draft_is_almost_always_accepted(target: ModelBundle) -> None:
     params = [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)] * 4
-    off = [summary(o) for o in run(make_engine(target, None), prompts()[:4], params)]
-    engine = make_engine(target, target)
+    off = [summary(o) for o in run(draft_engine(target, None), prompts()[:4], params)]
+    engine = draft_engine(target, target)
     on = [summary(o) for o in run(engine, prompts()[:4], params)]
     assert on == off
     assert engine.spec_accepted_tokens >= 0.95 * engine.spec_draft_tokens > 0
@@ -124,8 +92,8 @@ def test_doubtful_drafts_are_not_proposed(target: ModelBundle, near_draft: Model
     """With p_min, a row stops drafting at the first guess the draft gives less than p_min: fewer
     drafts are scored, a larger share of them kept, and the output is unchanged."""
     params = [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)] * 4
-    every = make_engine(target, near_draft)
-    confident = make_engine(target, near_draft, p_min=0.05)
+    every = draft_engine(target, near_draft)
+    confident = draft_engine(target, near_draft, p_min=0.05)
     assert [summary(o) for o in run(confident, prompts()[:4], params)] == [
         summary(o) for o in run(every, prompts()[:4], params)
     ]
@@ -138,14 +106,14 @@ def test_stop_strings_end_where_they_would_without_speculation(
     target: ModelBundle, near_draft: ModelBundle
 ) -> None:
     base = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
-    reference = [summary(o) for o in run(make_engine(target, None), prompts(), [base] * 8)]
+    reference = [summary(o) for o in run(draft_engine(target, None), prompts(), [base] * 8)]
     params = []
     for _, text, *_ in reference:
         at = len(text) * 4 // 5
         stop = [text[at : at + 2]] if text[at : at + 2] else []
         params.append(SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True, stop=stop))
-    off = [summary(o) for o in run(make_engine(target, None), prompts(), params)]
-    engine = make_engine(target, target, max_batch=8)
+    off = [summary(o) for o in run(draft_engine(target, None), prompts(), params)]
+    engine = draft_engine(target, target, max_batch=8)
     on = [summary(o) for o in run(engine, prompts(), params)]
     assert on == off
     assert any(reason == "stop" for _, _, reason, _, _ in on)
@@ -158,8 +126,8 @@ def test_the_draft_cache_is_freed_and_reused_across_requests(
     """Requests one pair after another through one engine, then the same prompts again: the draft finds
     their prefixes in its own cache (its shadows were freed, their blocks kept), and every output still
     equals plain decoding's."""
-    engine = make_engine(target, near_draft, max_num_seqs=2)
-    plain = make_engine(target, None, max_num_seqs=2)
+    engine = draft_engine(target, near_draft, max_num_seqs=2)
+    plain = draft_engine(target, None, max_num_seqs=2)
     params = [SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)] * 2
     for start in (0, 2, 4, 0):
         batch = prompts()[start : start + 2]
@@ -190,7 +158,7 @@ def test_sampled_tokens_follow_the_target_distribution(peaked: ModelBundle) -> N
     n = 600
 
     def sample(speculate: bool) -> tuple[list[tuple[int, ...]], LLMEngine]:
-        engine = make_engine(peaked, peaked if speculate else None, max_batch=64, max_num_seqs=64)
+        engine = draft_engine(peaked, peaked if speculate else None, max_batch=64, max_num_seqs=64)
         outs = run(engine, [prompt] * n, [params] * n)
         return [tuple(summary(o)[0][:2]) for o in outs], engine
 
