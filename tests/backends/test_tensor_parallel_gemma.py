@@ -1,68 +1,41 @@
 """Gemma 2 / 3 under tensor parallelism (shard_gemma.py), alone and inside pipeline stages (TP x PP):
 tiny random models (sliding and global layers with an 8-token window shorter than the prompts; Gemma 2's
 attention and final soft-caps, Gemma 3's q/k norms and second RoPE base). TP=2 (gloo, 2 processes) and
-TP=2 x PP=2 (4 processes) give one device's greedy tokens and float32 logits within 1e-4 (the
-all-reduce sums the heads' and MLP columns' parts in another order), ragged then decode, and chunked
-with a preemption."""
+TP=2 x PP=2 (4 processes) give one device's greedy tokens and float32 logits within 1e-4, ragged then
+decode, and chunked with a preemption (tests/helpers/tp_parity.py)."""
 
 from __future__ import annotations
 
 import functools
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 import pytest
-import torch
 
-from localchat.backends import RunnerOptions
-from localchat.backends.torch.parallel.driver import ParallelRunner
 from localchat.backends.torch.parallel.shard import check_supported
-from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
 from tests.backends.test_pipeline_gemma import loop_bundle
-from tests.backends.test_pipeline_parallel import PP2, chunked_and_preempted, ragged_then_decode
-from tests.helpers.torch_models import exact_weights, fp32_runner
-
-TP2 = RunnerOptions(device="cpu", dtype="float32", num_threads=1, tensor_parallel_size=2)
-
-
-def _assert_same(runner: TorchRunner, name: str) -> None:
-    reference = fp32_runner(loop_bundle(name))
-    want_logits, want_tokens = ragged_then_decode(reference)
-    logits, tokens = ragged_then_decode(runner)
-    assert tokens == want_tokens
-    for ours, ref in zip(logits, want_logits, strict=True):
-        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
-    assert chunked_and_preempted(runner) == chunked_and_preempted(reference)
+from tests.helpers.tp_parity import TP2, TP2_PP2, assert_tp_parity
 
 
 @pytest.mark.parametrize("name", ["gemma2", "gemma3"])
 @pytest.mark.slow  # spawns gloo ranks: out of the fast tier, still in CI
 def test_tp2_matches_one_device(name: str) -> None:
-    torch.set_num_threads(1)
-    with exact_weights():
-        runner = ParallelRunner(loop_bundle(name), TP2, load=functools.partial(loop_bundle, name))
-    try:
-        layer = cast(Any, runner.runner).model.layers[0]
+    def check(local: Any) -> None:
+        layer = local.model.layers[0]
         assert (layer.heads, layer.kv_heads) == (2, 1)  # 2 of 4 q heads, 1 of 2 KV heads
-        _assert_same(cast(TorchRunner, runner), name)
-    finally:
-        runner.shutdown()
+
+    assert_tp_parity(functools.partial(loop_bundle, name), TP2, check)
 
 
 @pytest.mark.slow  # spawns 4 gloo ranks
 def test_tp2_by_pp2_matches_one_device() -> None:
     """Gemma 3 [sliding, full | sliding]: ranks 0-1 shard layers 0-1, ranks 2-3 layer 2 and the head."""
-    torch.set_num_threads(1)
-    options = replace(PP2, tensor_parallel_size=2)
-    with exact_weights():
-        runner = ParallelRunner(loop_bundle("gemma3"), options, load=functools.partial(loop_bundle, "gemma3"))
-    try:
-        stage = cast(Any, runner.runner)
+
+    def check(stage: Any) -> None:
         assert list(stage.plan.layers) == [0, 1] and stage.model.layers[0].heads == 2
-        _assert_same(cast(TorchRunner, runner), "gemma3")
-    finally:
-        runner.shutdown()
+
+    assert_tp_parity(functools.partial(loop_bundle, "gemma3"), TP2_PP2, check)
 
 
 def test_gemma4_and_the_other_hybrids_are_pointed_at_pp() -> None:

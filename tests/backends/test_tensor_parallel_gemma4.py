@@ -4,30 +4,23 @@ than the prompts, per-layer scalars and the final soft-cap; one with keys as val
 (a single KV head there, kept whole on both ranks), K/V-sharing layers and a double-wide MLP; one
 E2B-shaped (per-layer embeddings, replicated, and K/V sharing). TP=2 (gloo, 2 processes) gives one
 device's greedy tokens and float32 logits within 1e-4, ragged then decode, and chunked with a
-preemption; TP=2 x PP=2 (4 processes) of an E2B-shaped 6-layer model the same. The MoE Gemma 4 stays
-refused and is pointed at --pp."""
+preemption (tests/helpers/tp_parity.py); TP=2 x PP=2 (4 processes) of an E2B-shaped 6-layer model the
+same. The MoE Gemma 4 stays refused and is pointed at --pp."""
 
 from __future__ import annotations
 
 import functools
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 import pytest
-import torch
 
-from localchat.backends import RunnerOptions
-from localchat.backends.torch.parallel.driver import ParallelRunner
 from localchat.backends.torch.parallel.shard import check_supported, valid_sizes
-from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
-from localchat.weights.bundle import ModelBundle
 from tests.backends.test_pipeline_gemma import loop_bundle
 from tests.backends.test_pipeline_gemma4_ple import e2b_bundle
-from tests.backends.test_pipeline_parallel import PP2, chunked_and_preempted, ragged_then_decode
-from tests.helpers.torch_models import exact_weights, fp32_runner
+from tests.helpers.tp_parity import TP2, TP2_PP2, assert_tp_parity
 
-TP2 = RunnerOptions(device="cpu", dtype="float32", num_threads=1, tensor_parallel_size=2)
 # name -> each rank's (q heads, KV heads) per layer: 2 of 4 q heads; 1 of 2 KV heads, or the global
 # layers' single K=V head kept whole on each rank.
 CASES: dict[str, list[tuple[int, int]]] = {
@@ -40,44 +33,25 @@ CASES: dict[str, list[tuple[int, int]]] = {
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.slow  # spawns a gloo rank: out of the fast tier, still in CI
 def test_tp2_matches_one_device(name: str) -> None:
-    torch.set_num_threads(1)
-    bundle = loop_bundle(name)
-    with exact_weights():
-        runner = ParallelRunner(bundle, TP2, load=functools.partial(loop_bundle, name))
-    try:
-        model = cast(Any, runner.runner).model
-        assert [(layer.heads, layer.kv_heads) for layer in model.layers] == CASES[name]
-        dims = bundle.config.extra["layer_head_dims"]
-        assert [layer.q.shape[0] for layer in model.layers] == [2 * d for d in dims]  # each layer's own d
-        _assert_same(cast(TorchRunner, runner), loop_bundle(name))
-    finally:
-        runner.shutdown()
+    dims = loop_bundle(name).config.extra["layer_head_dims"]
+
+    def check(local: Any) -> None:
+        layers = local.model.layers
+        assert [(layer.heads, layer.kv_heads) for layer in layers] == CASES[name]
+        assert [layer.q.shape[0] for layer in layers] == [2 * d for d in dims]  # each layer's own d
+
+    assert_tp_parity(functools.partial(loop_bundle, name), TP2, check)
 
 
 @pytest.mark.slow  # spawns 4 gloo ranks
 def test_tp2_by_pp2_matches_one_device() -> None:
     """E2B-shaped [S, F] x 3, layers 4-5 reading 2-3's K/V: ranks 0-1 shard layers 0-1, ranks 2-3 layers
     2-5 (each stage's per-layer table columns, replicated across its two ranks) and the head."""
-    torch.set_num_threads(1)
-    options = replace(PP2, tensor_parallel_size=2)
-    with exact_weights():
-        runner = ParallelRunner(e2b_bundle(), options, load=e2b_bundle)
-    try:
-        stage = cast(Any, runner.runner)
+
+    def check(stage: Any) -> None:
         assert list(stage.plan.layers) == [0, 1] and stage.model.layers[0].heads == 2
-        _assert_same(cast(TorchRunner, runner), e2b_bundle())
-    finally:
-        runner.shutdown()
 
-
-def _assert_same(runner: TorchRunner, bundle: ModelBundle) -> None:
-    reference = fp32_runner(bundle)
-    want_logits, want_tokens = ragged_then_decode(reference)
-    logits, tokens = ragged_then_decode(runner)
-    assert tokens == want_tokens
-    for ours, ref in zip(logits, want_logits, strict=True):
-        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
-    assert chunked_and_preempted(runner) == chunked_and_preempted(reference)
+    assert_tp_parity(e2b_bundle, TP2_PP2, check)
 
 
 def test_sizes_follow_every_layers_kv_heads() -> None:

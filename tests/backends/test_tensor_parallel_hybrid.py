@@ -4,25 +4,20 @@ channels, out_proj's matching columns) and Nemotron-H (Mamba-2 + attention + rel
 mixer cut by SSM group and the heads reading it); attention and MLPs as Llama's. TP=2 (gloo, 2
 processes) and TP=2 x PP=2 (4) give one device's greedy tokens and float32 logits within 1e-4, ragged
 batched prefill then decode (a 70-token prompt: two scan chunks), and a chunked prefill with a
-preemption (the state carried between chunks; a fresh slot zeroed on every rank)."""
+preemption (the state carried between chunks; a fresh slot zeroed on every rank): tests/helpers/tp_parity.py."""
 
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 from typing import Any, cast
 
 import pytest
 import torch
 
-from localchat.backends import RunnerOptions
-from localchat.backends.torch.parallel.driver import ParallelRunner
-from localchat.backends.torch.runner import TorchRunner
 from localchat.weights.bundle import ModelBundle
-from tests.backends.test_pipeline_hybrid import PP2, chunked_and_preempted, hybrid_bundle, ragged_then_decode
-from tests.helpers.torch_models import bundle_from_hf, exact_weights, fp32_runner
-
-TP2 = RunnerOptions(device="cpu", dtype="float32", num_threads=1, tensor_parallel_size=2)
+from tests.backends.test_pipeline_hybrid import hybrid_bundle
+from tests.helpers.torch_models import bundle_from_hf, fp32_runner
+from tests.helpers.tp_parity import TP2, TP2_PP2, assert_tp_parity
 
 
 def granite_bundle() -> ModelBundle:
@@ -50,104 +45,75 @@ def lfm2_moe_bundle() -> ModelBundle:
     return bundle_from_hf(hf)
 
 
-def _bundle(kind: str) -> ModelBundle:
-    if kind == "lfm2_moe":
-        return lfm2_moe_bundle()
-    return granite_bundle() if kind == "granite" else hybrid_bundle(kind)
-
-
-def _assert_same(runner: TorchRunner, kind: str = "lfm2") -> None:
-    reference = fp32_runner(_bundle(kind))
-    want_logits, want_tokens = ragged_then_decode(reference)
-    logits, tokens = ragged_then_decode(runner)
-    assert tokens == want_tokens
-    for ours, ref in zip(logits, want_logits, strict=True):
-        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
-    assert chunked_and_preempted(runner) == chunked_and_preempted(reference)
+def _same_state_halved(local: Any, load: functools.partial[ModelBundle]) -> None:
+    """Each rank's state slot holds its channels' / heads' share: half the whole model's bytes."""
+    state, whole = local.state_cache_spec, fp32_runner(load()).state_cache_spec
+    assert state is not None and whole is not None
+    assert state.bytes_per_slot * 2 == whole.bytes_per_slot
 
 
 @pytest.mark.slow  # spawns gloo ranks: out of the fast tier, still in CI
 def test_lfm2_tp2_matches_one_device() -> None:
-    torch.set_num_threads(1)
-    whole = fp32_runner(hybrid_bundle("lfm2"))
-    with exact_weights():
-        runner = ParallelRunner(hybrid_bundle("lfm2"), TP2, load=functools.partial(hybrid_bundle, "lfm2"))
-    try:
-        model = cast(Any, runner.runner).model
-        conv = next(layer for layer in model.layers if layer.is_conv)
+    load = functools.partial(hybrid_bundle, "lfm2")
+
+    def check(local: Any) -> None:
+        conv = next(layer for layer in local.model.layers if layer.is_conv)
         assert tuple(conv.conv.shape) == (32, 1, 3) and tuple(conv.out.shape) == (64, 32)  # 32 of 64 channels
-        state, whole_state = runner.state_cache_spec, whole.state_cache_spec
-        assert state is not None and whole_state is not None
-        assert state.bytes_per_slot * 2 == whole_state.bytes_per_slot  # each rank: its channels' windows
-        _assert_same(cast(TorchRunner, runner))
-    finally:
-        runner.shutdown()
+        _same_state_halved(local, load)
+
+    assert_tp_parity(load, TP2, check)
 
 
 @pytest.mark.slow  # spawns 4 gloo ranks
 def test_lfm2_tp2_by_pp2_matches_one_device() -> None:
     """[conv, attention | conv, attention]: ranks 0-1 shard layers 0-1, ranks 2-3 layers 2-3."""
-    torch.set_num_threads(1)
-    options = replace(PP2, tensor_parallel_size=2)
-    with exact_weights():
-        runner = ParallelRunner(hybrid_bundle("lfm2"), options, load=functools.partial(hybrid_bundle, "lfm2"))
-    try:
-        stage = cast(Any, runner.runner)
+
+    def check(stage: Any) -> None:
         assert list(stage.plan.layers) == [0, 1] and stage.model.layers[1].heads == 2
-        _assert_same(cast(TorchRunner, runner))
-    finally:
-        runner.shutdown()
+
+    assert_tp_parity(functools.partial(hybrid_bundle, "lfm2"), TP2_PP2, check)
 
 
 @pytest.mark.slow  # spawns gloo ranks
 def test_nemotron_h_tp2_matches_one_device() -> None:
     """4 Mamba heads in 2 groups: each rank keeps 2 heads and the group they read (in_proj: z, x 32
     rows each, B, C 16, dt 2), half of each attention block's heads and of each MLP's width."""
-    torch.set_num_threads(1)
-    whole = fp32_runner(hybrid_bundle("nemotron_h"))
     load = functools.partial(hybrid_bundle, "nemotron_h")
-    with exact_weights():
-        runner = ParallelRunner(hybrid_bundle("nemotron_h"), TP2, load=load)
-    try:
-        mixer = cast(Any, runner.runner).model.layers[0].mamba
+
+    def check(local: Any) -> None:
+        mixer = local.model.layers[0].mamba
         assert (mixer.heads, mixer.groups) == (2, 1) and tuple(mixer.in_proj.shape) == (32 + 32 + 32 + 2, 64)
-        state, whole_state = runner.state_cache_spec, whole.state_cache_spec
-        assert state is not None and whole_state is not None
-        assert state.bytes_per_slot * 2 == whole_state.bytes_per_slot
-        _assert_same(cast(TorchRunner, runner), "nemotron_h")
-    finally:
-        runner.shutdown()
+        _same_state_halved(local, load)
+
+    assert_tp_parity(load, TP2, check)
 
 
 @pytest.mark.slow  # spawns 4 gloo ranks
 def test_nemotron_h_tp2_by_pp2_matches_one_device() -> None:
     """[mamba, mlp, attention | mlp, mamba, mlp]: each stage's blocks sharded over its 2 ranks."""
-    torch.set_num_threads(1)
-    options = replace(PP2, tensor_parallel_size=2)
-    load = functools.partial(hybrid_bundle, "nemotron_h")
-    with exact_weights():
-        runner = ParallelRunner(hybrid_bundle("nemotron_h"), options, load=load)
-    try:
-        assert list(cast(Any, runner.runner).plan.layers) == [0, 1, 2]
-        _assert_same(cast(TorchRunner, runner), "nemotron_h")
-    finally:
-        runner.shutdown()
+
+    def check(stage: Any) -> None:
+        assert list(stage.plan.layers) == [0, 1, 2]
+
+    assert_tp_parity(functools.partial(hybrid_bundle, "nemotron_h"), TP2_PP2, check)
+
+
+def _granite_check(local: Any) -> None:
+    block = local.model.layers[0]
+    assert tuple(block.gate_up.shape) == (48, 64) and block.mamba.heads == 2  # 24 of 48 wide, 2 of 4
 
 
 @pytest.mark.slow  # spawns gloo ranks
 def test_granite_tp2_and_tp2_by_pp2_match_one_device() -> None:
     """Granite 4.0-H: the shared MLP's and the experts' widths halved per rank, one all-reduce after
     both (their sum), the embedding / logit scales after the vocab-parallel lookup and gather."""
-    torch.set_num_threads(1)
-    for options in (TP2, replace(PP2, tensor_parallel_size=2)):
-        with exact_weights():
-            runner = ParallelRunner(granite_bundle(), options, load=granite_bundle)
-        try:
-            block = cast(Any, runner.runner).model.layers[0]
-            assert tuple(block.gate_up.shape) == (48, 64) and block.mamba.heads == 2  # 24 of 48 wide, 2 of 4
-            _assert_same(cast(TorchRunner, runner), "granite")
-        finally:
-            runner.shutdown()
+    for options in (TP2, TP2_PP2):
+        assert_tp_parity(granite_bundle, options, _granite_check)
+
+
+def _qwen3_5_check(local: Any) -> None:
+    layer = local.model.layers[0]
+    assert (layer.k_heads, layer.v_heads) == (1, 2) and tuple(layer.in_proj.shape) == (68, 64)
 
 
 @pytest.mark.slow  # spawns gloo ranks
@@ -155,28 +121,16 @@ def test_qwen3_5_tp2_and_tp2_by_pp2_match_one_device() -> None:
     """Qwen3.5 [DeltaNet x3, attention]: 1 of 2 key heads and its 2 value heads per rank (in_proj:
     q 16, k 16, v 16, z 16, b 2, a 2 rows), 2 of 4 gated attention heads; under TP x PP stage 0 of
     ranks 0-1 holds DeltaNet layers only."""
-    torch.set_num_threads(1)
-    load = functools.partial(hybrid_bundle, "qwen3_5")
-    for options in (TP2, replace(PP2, tensor_parallel_size=2)):
-        with exact_weights():
-            runner = ParallelRunner(hybrid_bundle("qwen3_5"), options, load=load)
-        try:
-            layer = cast(Any, runner.runner).model.layers[0]
-            assert (layer.k_heads, layer.v_heads) == (1, 2) and tuple(layer.in_proj.shape) == (68, 64)
-            _assert_same(cast(TorchRunner, runner), "qwen3_5")
-        finally:
-            runner.shutdown()
+    for options in (TP2, TP2_PP2):
+        assert_tp_parity(functools.partial(hybrid_bundle, "qwen3_5"), options, _qwen3_5_check)
 
 
 @pytest.mark.slow  # spawns gloo ranks
 def test_lfm2_moe_tp2_matches_one_device() -> None:
     """LFM2-MoE: each expert kept on both ranks at half its width, the router and expert bias replicated."""
-    torch.set_num_threads(1)
-    with exact_weights():
-        runner = ParallelRunner(lfm2_moe_bundle(), TP2, load=lfm2_moe_bundle)
-    try:
-        moe = cast(Any, runner.runner).model.layers[1].moe
+
+    def check(local: Any) -> None:
+        moe = local.model.layers[1].moe
         assert [tuple(e.down.shape) for e in moe.experts] == [(64, 16)] * 4
-        _assert_same(cast(TorchRunner, runner), "lfm2_moe")
-    finally:
-        runner.shutdown()
+
+    assert_tp_parity(lfm2_moe_bundle, TP2, check)

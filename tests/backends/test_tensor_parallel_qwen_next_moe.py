@@ -2,26 +2,22 @@
 head (as dense Qwen3.5, shard_deltanet.py), every MLP a sparse MoE whose 6 routed experts and shared
 expert are all kept on every rank at half their width (experts 32 -> 16, shared 48 -> 24), the router
 and the shared expert's sigmoid gate replicated, one all-reduce for the block. TP=2 (gloo, 2 processes)
-(and TP=2 x PP=2 for Qwen3-Next) gives one device's greedy tokens and float32 logits within 1e-4: ragged batched prefill then decode (a
-70-token prompt: two DeltaNet chunks), and a chunked prefill with a preemption."""
+(and TP=2 x PP=2 for Qwen3-Next) gives one device's greedy tokens and float32 logits within 1e-4:
+ragged batched prefill then decode (a 70-token prompt: two DeltaNet chunks), and a chunked prefill with
+a preemption (tests/helpers/tp_parity.py)."""
 
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 import pytest
-import torch
 
 from localchat.backends import RunnerOptions
-from localchat.backends.torch.parallel.driver import ParallelRunner
 from localchat.backends.torch.parallel.shard import valid_sizes
-from localchat.backends.torch.runner import TorchRunner
 from localchat.weights.bundle import ModelBundle
-from tests.backends.test_pipeline_hybrid import PP2, chunked_and_preempted, ragged_then_decode
-from tests.backends.test_tensor_parallel_hybrid import TP2
-from tests.helpers.torch_models import bundle_from_hf, exact_weights, fp32_runner
+from tests.helpers.torch_models import bundle_from_hf
+from tests.helpers.tp_parity import TP2, TP2_PP2, assert_tp_parity
 
 
 def moe_bundle(model_type: str) -> ModelBundle:
@@ -31,34 +27,21 @@ def moe_bundle(model_type: str) -> ModelBundle:
     return bundle_from_hf(tiny_model(model_type))
 
 
+def _check(local: Any) -> None:
+    layer = local.model.layers[0]
+    assert (layer.k_heads, layer.v_heads) == (1, 2)
+    assert [tuple(e.down.shape) for e in layer.moe.experts] == [(64, 16)] * 6  # every expert, half wide
+    assert tuple(layer.moe.shared.down.shape) == (64, 24) and tuple(layer.moe.shared_gate.shape) == (1, 64)
+
+
 @pytest.mark.slow  # spawns gloo ranks
 @pytest.mark.parametrize(
     ("model_type", "options"),
-    [("qwen3_next", TP2), ("qwen3_5_moe_text", TP2), ("qwen3_next", replace(PP2, tensor_parallel_size=2))],
+    [("qwen3_next", TP2), ("qwen3_5_moe_text", TP2), ("qwen3_next", TP2_PP2)],
     ids=["qwen3_next-tp2", "qwen3_5_moe-tp2", "qwen3_next-tp2xpp2"],
 )
 def test_moe_hybrid_tp2_matches_one_device(model_type: str, options: RunnerOptions) -> None:
     """TP=2, and TP=2 x PP=2 (4 processes: each stage's 2 layers sharded over its 2 ranks)."""
-    torch.set_num_threads(1)
     load = functools.partial(moe_bundle, model_type)
-    reference = fp32_runner(load())
-    assert valid_sizes(reference.config, 4) == [1, 2]  # 4 does not split its 2 DeltaNet key heads
-    want_logits, want_tokens = ragged_then_decode(reference)
-    want_chunked = chunked_and_preempted(reference)
-    with exact_weights():
-        runner = ParallelRunner(load(), options, load=load)
-    try:
-        layer = cast(Any, runner.runner).model.layers[0]
-        assert (layer.k_heads, layer.v_heads) == (1, 2)
-        assert [tuple(e.down.shape) for e in layer.moe.experts] == [(64, 16)] * 6  # every expert, half wide
-        assert tuple(layer.moe.shared.down.shape) == (64, 24) and tuple(layer.moe.shared_gate.shape) == (
-            1,
-            64,
-        )
-        logits, tokens = ragged_then_decode(cast(TorchRunner, runner))
-        assert tokens == want_tokens
-        for ours, ref in zip(logits, want_logits, strict=True):
-            torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
-        assert chunked_and_preempted(cast(TorchRunner, runner)) == want_chunked
-    finally:
-        runner.shutdown()
+    assert valid_sizes(load().config, 4) == [1, 2]  # 4 does not split its 2 DeltaNet key heads
+    assert_tp_parity(load, options, _check)
