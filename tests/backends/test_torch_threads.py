@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from localchat.backends.torch.cpu import threads
-from localchat.backends.torch.cpu.threads import OtherLoad, ThreadGovernor
+from localchat.backends.torch.cpu.threads import OtherLoad, ThreadGovernor, busy_ticks
 
 SAFE, ALL = 1, 2
 StepTime = Callable[[int, int], float]  # (threads, num_tokens) -> seconds
@@ -75,11 +75,27 @@ def test_without_a_load_reading_trials_stay_within_the_time_budget() -> None:
     assert used[-100:] == [SAFE] * 100
 
 
-def test_a_neighbour_turning_busy_sends_it_back_after_one_slow_step() -> None:
-    gov = make()
+def test_a_neighbour_turning_busy_sends_it_back_after_two_slow_steps() -> None:
+    load: list[float | None] = [0.0]
+    gov = make(load)
     assert run(gov, idle, 100)[-1] == ALL
+    load[0] = 1.0
     used = run(gov, busy_neighbour, 30)
-    assert used[0] == ALL and used[1:] == [SAFE] * 29  # the alarm, then trials judge ALL unfit at once
+    assert used[:2] == [ALL, ALL] and used[2:] == [SAFE] * 28  # the alarm, then trials judge ALL unfit
+
+
+def test_one_slow_step_now_and_then_keeps_all_cores() -> None:
+    steps = iter(range(10**6))
+
+    def hiccups(count: int, num_tokens: int) -> float:
+        # behind the HTTP server on the real 1.5B model: 24 ms on two threads, 30 on one, every 25th
+        # step of two hit by an event-loop burst or a niced neighbour's slice
+        if count == SAFE:
+            return 0.030
+        return 0.045 if next(steps) % 25 == 24 else 0.024
+
+    used = run(make(), hiccups, 600)
+    assert used[-300:].count(ALL) >= 297  # no trial of the safe count for each slow step
 
 
 def test_each_kind_of_step_keeps_its_own_choice() -> None:
@@ -107,3 +123,12 @@ def test_other_load_reads_proc_stat_on_linux() -> None:
     load = OtherLoad()
     value = load()
     assert value is None or value == float("inf")  # unknown before a full window has passed
+
+
+def test_niced_neighbours_do_not_count_against_all_cores_unless_we_are_niced() -> None:
+    # /proc/stat's first line: user nice system idle iowait irq softirq steal (guest, guest_nice)
+    line = "cpu  1000 500 200 9000 50 10 20 5 0 0"
+    assert busy_ticks(line, 0) == 1000 + 200 + 10 + 20 + 5
+    assert busy_ticks(line, 19) == 1000 + 500 + 200 + 10 + 20 + 5
+    with open("/proc/stat") as f:  # the real line parses (Linux)
+        assert busy_ticks(f.readline(), 0) >= 0
