@@ -5,12 +5,13 @@ and down (per-expert tensors, Mixtral's w1/w3/w2, transformers 5's stacked `expe
 into [experts, out, in] arrays that `mx.gather_qmm` runs (models/moe.py), never dequantized.
 
 The folders are test_hf_fp8_moe_mla.py's (the hub's FP8 layout, e4m3 codes + float32 `weight_scale_inv`
-per 128 x 128 tile). MLX on its CPU device, float32, is held to the torch CPU path on the same folder:
+per 128 x 128 tile), plus a compressed-tensors FP8 one (per-channel bf16 `weight_scale`). MLX on its CPU device, float32, is held to the torch CPU path on the same folder:
 its kernels' run (greedy tokens equal) and a dense float32 run on the Q8_0 blocks' own values (the values
 MLX stores, so only float32 summation order remains)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +20,14 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 
 
+import tests.backends.test_hf_fp8_moe_mla as fp8_moe  # noqa: E402
 from localchat.backends.mlx.quant import QuantizedWeight  # noqa: E402
 from localchat.backends.torch.cpu import kernels  # noqa: E402
 from localchat.weights.hf_q8_blocks import Q8Linear  # noqa: E402
 from localchat.weights.loader import load_model  # noqa: E402
 from tests.backends.test_hf_fp8_compact import KERNEL_ATOL, Q8_ATOL, _block_values  # noqa: E402
 from tests.backends.test_hf_fp8_moe_mla import CASES, write_fp8_folder  # noqa: E402
+from tests.backends.test_hf_quant import ct_config, ct_fp8_parts  # noqa: E402
 from tests.backends.test_hf_quant_compact import compact_runner  # noqa: E402
 from tests.helpers.parity import GREEDY, PROMPT, Driver, mlx_runner  # noqa: E402
 from tests.helpers.torch_models import fp32_runner  # noqa: E402
@@ -94,17 +97,32 @@ def assert_q8(weight: object, name: str) -> None:
     assert weight.packed.dtype == mx.uint32 and weight.scales.dtype == mx.float32, name
 
 
-@pytest.mark.parametrize(
-    ("variant", "stacked"), CASES, ids=[f"{v}{'-stacked' if s else ''}" for v, s in CASES]
-)
+# (variant, layout): the hub's per-expert FP8 names, transformers 5's stacked experts, and compressed-tensors
+# float-quantized FP8 per output channel (bf16 `weight_scale`, as RedHat's FP8-dynamic MoE repos have them)
+MLX_CASES = [(v, "stacked" if s else "per-expert") for v, s in CASES] + [("qwen3_moe", "ct-fp8-channel")]
+
+
+def write_folder(tmp: Path, variant: str, layout: str) -> None:
+    if layout != "ct-fp8-channel":
+        write_fp8_folder(tmp, variant, layout == "stacked")
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fp8_moe, "fp8_block_parts", lambda w, block: ct_fp8_parts(w))
+        write_fp8_folder(tmp, variant)
+    config = json.loads((tmp / "config.json").read_text())
+    config["quantization_config"] = ct_config("float-quantized", "float", 8, "channel")
+    (tmp / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize(("variant", "layout"), MLX_CASES, ids=[f"{v}-{layout}" for v, layout in MLX_CASES])
 def test_fp8_moe_and_mla_stay_8bit_on_mlx_and_follow_the_torch_cpu_path(
     tmp_path: Path,
     variant: str,
-    stacked: bool,
+    layout: str,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    write_fp8_folder(tmp_path, variant, stacked)
+    write_folder(tmp_path, variant, layout)
     runner = mlx_runner(load_model(tmp_path))
 
     # Stored: each MoE layer's experts as one 8-bit stack whose values are the Q8_0 blocks', exactly.
@@ -152,7 +170,7 @@ def test_fp8_moe_and_mla_stay_8bit_on_mlx_and_follow_the_torch_cpu_path(
         assert kernel_diff < KERNEL_ATOL
     with capsys.disabled():
         print(
-            f"\n{variant}{'-stacked' if stacked else ''} on MLX: experts {8 * stored / weights:.2f} bits a "
+            f"\n{variant}-{layout} on MLX: experts {8 * stored / weights:.2f} bits a "
             f"weight; max |logit diff| vs torch on the Q8_0 values "
             f"{max(np.abs(got_logits - ref_logits).max(), np.abs(long_got - long_ref).max()):.1e}, "
             f"vs torch's kernels {kernel_diff:.1e}, vs the exact fp8 run {np.abs(got_logits - exact_logits).max():.2f}"
