@@ -39,7 +39,7 @@ from localchat.errors import BackendUnavailableError
 from localchat.weights.bundle import ModelBundle
 
 from .group import ParallelGroup, close_group, init_group, torchrun_local_rank, torchrun_rank
-from .in_flight import ControlChannel, ResultsInbox
+from .in_flight import ControlChannel, ResultsInbox, receive_message
 from .pipeline import PipelineStageRunner, pipeline_runner
 from .shard import sharded_runner
 
@@ -154,9 +154,7 @@ def worker_loop(group: ParallelGroup, load: BundleLoader, options: RunnerOptions
     try:
         runner = rank_runner(load(), options, group)
         while True:
-            message: list[Any] = [None]
-            dist.broadcast_object_list(message, src=0, group=control)
-            name, args = message[0]
+            name, args = receive_message(control)
             if name == SHUTDOWN:
                 runner.shutdown()
                 return
@@ -211,10 +209,9 @@ class ParallelRunner:
             self.group = init_group(0, world, device, init_method=init_method)
         self._control = ControlChannel(dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT))
         self.runner = rank_runner(bundle, options, self.group)
-        # --pp alone: as many steps in flight as stages, each of its own group of sequences (the
-        # engine's StepsInFlight), so every stage has work. Under TP x PP steps go one at a time.
-        pipelined = options.pipeline_parallel_size > 1 and options.tensor_parallel_size == 1
-        self.steps_in_flight = options.pipeline_parallel_size if pipelined else 1
+        # --pp (alone or under TP x PP): as many steps in flight as stages, each of its own group of
+        # sequences (the engine's StepsInFlight), so every stage has work.
+        self.steps_in_flight = options.pipeline_parallel_size
         self._inbox: ResultsInbox | None = None
         # The server stops engines without closing their runners; at exit the workers are told to stop
         # (torchrun's on other nodes then exit 0 instead of failing on the closed connection).

@@ -7,29 +7,60 @@ the next step's message only after it has sent the step before's output to rank 
 main thread broadcast step B itself it would wait for the last stage to finish step A before it could
 start B (no overlap), and if it only received A's output after sending B's hidden states the two
 ranks would wait on each other (the last stage's output send against rank 0's hidden-state send).
-With the broadcast queued on one thread and the outputs received on another as soon as a step is
+With the messages queued on one thread and the outputs received on another as soon as a step is
 submitted, each rank only ever waits for work that is already under way. Each thread uses its own
-process group (control, results), the main thread the default one (hidden states): gloo allows
-that. The workers are unchanged: they run the steps in the order rank 0 sent them.
+process group (control, results), the main thread the default one (hidden states) and, under TP x PP,
+its stage's group (the all-reduces): gloo allows that. The workers are unchanged: they run the steps
+in the order rank 0 sent them.
+
+Why point-to-point and not a broadcast: gloo's broadcast is a binomial tree (with 4 ranks, rank 0
+sends to 1 and 2, and rank 1 passes it on to 3), so a worker that is to forward a message waits in
+the broadcast until its child posts the receive. Under TP=2 x PP=2 that makes rank 1 (stage 0) wait
+for rank 3 (stage 1) to finish step A before it sees step B, and stage 0, whose ranks all-reduce
+together, cannot start B: no overlap (measured: rank 1 left the broadcast 2.0 s late when rank 3
+entered it 2 s late; with sends, at once). Sent rank by rank, a message reaches the first stage's
+ranks first, and no worker ever waits on another worker to get it.
 """
 
 from __future__ import annotations
 
+import pickle
 import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 
+def send_message(message: Any, workers: range, group: Any) -> None:
+    """`message` to each of `workers` in turn (rank 0's side): pickled once, then its size and bytes."""
+    data = torch.frombuffer(bytearray(pickle.dumps(message)), dtype=torch.uint8)
+    size = torch.tensor([data.numel()], dtype=torch.int64)
+    for rank in workers:
+        dist.send(size, dst=rank, group=group)
+        dist.send(data, dst=rank, group=group)
+
+
+def receive_message(group: Any) -> Any:
+    """The next message from rank 0 (a worker's side of `send_message`)."""
+    size = torch.empty(1, dtype=torch.int64)
+    dist.recv(size, src=0, group=group)
+    data = torch.empty(int(size.item()), dtype=torch.uint8)
+    dist.recv(data, src=0, group=group)
+    return pickle.loads(data.numpy().tobytes())  # rank 0 of our own group wrote it
+
+
 class ControlChannel:
-    """Broadcasts rank 0's messages to every worker, in order, from one thread. `send(wait=False)`
-    returns at once (a step), `send()` when the workers have the message (setup calls, shutdown)."""
+    """Sends rank 0's messages to every worker, in order, from one thread (rank by rank: the first
+    stage's workers get a step first). `send(wait=False)` returns at once (a step), `send()` when the
+    workers have the message (setup calls, shutdown)."""
 
     def __init__(self, group: Any) -> None:
         self.group = group
+        self.workers = range(1, dist.get_world_size())
         self._queue: queue.SimpleQueue[tuple[Any, Future[None]]] = queue.SimpleQueue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="localchat-pp-control", daemon=True)
@@ -47,7 +78,7 @@ class ControlChannel:
         while True:
             message, done = self._queue.get()
             try:
-                dist.broadcast_object_list([message], src=0, group=self.group)
+                send_message(message, self.workers, self.group)
             except BaseException as exc:  # handed to the caller
                 self._error = exc
                 done.set_exception(exc)
