@@ -122,12 +122,17 @@ class DeepseekLayer(nn.Module):
         if q_temperature is not None:
             q = q * q_temperature
         attn = paged_attention(q, k, v, kv_cache, meta)[..., : m.v_dim]  # [T, h, v]
-        x = x + linear(attn.reshape(tokens, h * m.v_dim), self.o, self.o_bias)
+        x = x + self.reduce_partial(linear(attn.reshape(tokens, h * m.v_dim), self.o, self.o_bias))
         normed = rms_norm(x, self.mlp_norm, self.eps)
         if self.moe is not None:
-            return x + self.moe.forward(normed)
+            return x + self.reduce_partial(self.moe.forward(normed))
         assert self.gate_up is not None and self.down is not None
-        return x + linear(swiglu(linear(normed, self.gate_up)), self.down)
+        return x + self.reduce_partial(linear(swiglu(linear(normed, self.gate_up)), self.down))
+
+    def reduce_partial(self, x: torch.Tensor) -> torch.Tensor:
+        """The output of a row-parallel projection (o, down): a rank's partial sum under --tp, which
+        the parallel layer all-reduces (parallel/shard_mla.py); the whole value on one device."""
+        return x
 
 
 class Model(DecoderLM):

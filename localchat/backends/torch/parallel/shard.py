@@ -22,6 +22,7 @@ from localchat.arch.registry import architecture
 from localchat.backends import RunnerOptions
 from localchat.backends.torch.device import pick_device
 from localchat.backends.torch.models.base import DecoderLM
+from localchat.backends.torch.models.deepseek import DeepseekLayer
 from localchat.backends.torch.models.gemma import GemmaLayer
 from localchat.backends.torch.models.gemma import Model as GemmaModel
 from localchat.backends.torch.models.gemma4 import Gemma4Layer
@@ -45,6 +46,7 @@ from .shard_gemma4 import ParallelGemma4Layer, gemma4_bundle
 from .shard_lfm2 import ParallelLfm2, ParallelLfm2Layer
 from .shard_llama import ParallelLlama, ParallelLlamaLayer
 from .shard_mamba import ParallelHybridBlock, ParallelMambaHybrid, shard_mixer
+from .shard_mla import MLA_FAMILIES, ParallelDeepseekLayer
 from .shard_weights import SANITIZED_BEFORE_CUT, RankSlice, expert_size, shard_weights
 
 # Families whose layers are Llama's forward (attention + an `mlp` block) with these MLPs: dense SwiGLU
@@ -58,6 +60,8 @@ from .shard_weights import SANITIZED_BEFORE_CUT, RankSlice, expert_size, shard_w
 # all-reduce still sums the whole block.
 # Gemma 4's dense text models (E2B / E4B too): Gemma's layout at each layer's own sizes (shard_gemma4.py).
 # Phi-3 / Phi-4-mini: Llama's layer on fused qkv_proj / gate_up_proj (shard_weights cuts each part).
+# DeepSeek-V2 / V3 and Mistral 4: multi-head latent attention cut by head, the latent replicated, the
+# MoE as above (shard_mla.py).
 SHARDED_FAMILIES = (
     "llama",
     "qwen3",
@@ -69,10 +73,15 @@ SHARDED_FAMILIES = (
     "qwen3_next",
     "gemma4",
     "phi3",
+    *MLA_FAMILIES,
 )
 # Families whose `sanitize` only reshapes a weight that the rank's cut takes whole rows of (LFM2's
 # conv taps) or renames a checkpoint folder's (Granite 4.0-H's stacked experts): run before the cut.
 ROW_SAFE_SANITIZE = SANITIZED_BEFORE_CUT
+# Families whose `sanitize` runs after the cut, at load, on the rank's config: DeepSeek's rotary rows
+# are reordered within each head and llama.cpp's split kv_b merged per head, so the rank's heads give
+# the rank's heads (a second run would reorder them twice).
+SANITIZED_AFTER_CUT = MLA_FAMILIES
 # Of those families, what is not cut yet: a Mamba-2 / DeltaNet GGUF (its sanitize re-shapes the state
 # layers' tensors from the whole model's sizes).
 
@@ -81,9 +90,9 @@ def _unsupported(config: ModelConfig, world: int) -> BackendUnavailableError:
     return BackendUnavailableError(
         f"--tensor-parallel-size {world}: only the Llama family (Llama, Mistral, Qwen2, SmolLM2), "
         "Qwen3, Mixtral, Qwen3-MoE, Phi-3, Gemma 2 / 3, "
-        "dense Gemma 4, LFM2 (and MoE), Nemotron-H, Granite 4.0-H and Qwen3.5 / "
+        "dense Gemma 4, LFM2 (and MoE), Nemotron-H, Granite 4.0-H, DeepSeek-V2 / V3, Mistral 4 and Qwen3.5 / "
         f"Qwen3-Next / Qwen3.5-MoE (checkpoint folders) are sharded so far, not this {config.model_type!r}: "
-        f"split its layers instead with --pipeline-parallel-size {world} (DeepSeek, the MoE Gemma 4, "
+        f"split its layers instead with --pipeline-parallel-size {world} (the MoE Gemma 4, "
         "Mamba-2 / DeltaNet GGUF files, ...), or drop --tensor-parallel-size."
     )
 
@@ -135,7 +144,7 @@ def valid_sizes(config: ModelConfig, most: int = 64) -> list[int]:
 def check_supported(config: ModelConfig, world: int) -> None:
     """A clear error, before any weight is read, for what this slice does not shard."""
     arch = architecture(config.model_type)
-    own_layout = arch.sanitize is not None and arch.family not in ROW_SAFE_SANITIZE
+    own_layout = arch.sanitize is not None and arch.family not in (*ROW_SAFE_SANITIZE, *SANITIZED_AFTER_CUT)
     not_yet = bool(config.extra.get("gguf_ssm_inner_size"))
     # Gemma 4's sanitize only moves the MoE block's experts; that block (26B-A4B) is not cut yet.
     own_layout = own_layout and arch.family != "gemma4"
@@ -194,6 +203,7 @@ def sharded_runner(
         LlamaLayer.forward: ParallelLlamaLayer,
         GemmaLayer.forward: ParallelGemmaLayer,
         Gemma4Layer.forward: ParallelGemma4Layer,
+        DeepseekLayer.forward: ParallelDeepseekLayer,  # Mistral 4's layer too
         Lfm2Layer.mlp: ParallelLfm2Layer,  # its model's loop calls the mixer and the MLP, no forward
         HybridBlock.relu2_mlp: ParallelHybridBlock,  # Nemotron-H's blocks: the same
         HybridLayer.linear_attention: ParallelHybridLayer,  # Qwen3.5 / Qwen3-Next's layers: the same

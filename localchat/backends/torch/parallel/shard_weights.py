@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from localchat.arch.moe import MoeSpec
 from localchat.arch.registry import architecture
 from localchat.weights.config import ModelConfig
 from localchat.weights.experts import split_experts
@@ -23,6 +24,7 @@ from localchat.weights.hf_quant_blocks import RepackedLinear
 from localchat.weights.tensors import WeightTensor
 
 from .group import ParallelGroup
+from .shard_mla import HEAD_ROWS, MLA_FAMILIES, SPLIT_KV_B, head_rows, value_columns
 
 # Families whose `sanitize` is run before the cut (and again, a no-op, at load): LFM2's conv taps
 # reshaped, Granite 4.0-H's stacked experts renamed so split_experts finds them.
@@ -119,6 +121,7 @@ def shard_weights(
     if arch.sanitize is not None and arch.family in SANITIZED_BEFORE_CUT:
         weights = arch.sanitize(config, weights)
     shared = int(config.extra.get("shared_intermediate_size") or 0)  # Granite 4.0-H's shared MLP
+    mla = arch.family in MLA_FAMILIES  # DeepSeek / Mistral 4: cut by head (shard_mla.py)
     for w in split_experts(weights):  # stacked experts -> one weight each (load_model's split: a no-op then)
         if isinstance(w, RepackedLinear):  # hf_quant's int4 blocks: ranks cut the exact values
             w = WeightTensor(w.name, w.shape, "F32", w.dequantize())
@@ -126,6 +129,9 @@ def shard_weights(
         # Nemotron-H's embedding is `model.embeddings.weight` (the family's top_weights name it)
         if name in ("model.embed_tokens.weight", "lm_head.weight") or arch.top_weights.get(name) == "embed":
             yield _vocab_rows(w, part)
+            continue
+        if mla and name.endswith(SPLIT_KV_B):  # merged into kv_b after the cut, at load
+            yield head_rows(w, config, part.rank, part.world)
             continue
         match = LAYER_NAME.fullmatch(name)
         found = arch.layer_weight(match.group(2)) if match else None
@@ -137,6 +143,12 @@ def shard_weights(
         if pname.startswith("mamba."):
             yield _mamba_part(w, leaf, config, part)
             continue
+        if mla and leaf in HEAD_ROWS:
+            yield head_rows(w, config, part.rank, part.world)
+            continue
+        if mla and leaf == "o":
+            yield columns(w, *value_columns(config, part.rank, part.world))
+            continue
         if arch.family == "qwen3_next" and leaf in DELTANET_LEAVES:
             yield _deltanet_part(w, leaf, index, config, part)
             continue
@@ -144,7 +156,9 @@ def shard_weights(
             yield rows(w, part.rank * part.heads * 2 * d, part.heads * 2 * d)
             continue
         if pname.startswith("moe.shared."):  # Qwen3-Next / Qwen3.5-MoE's shared expert: its own width
-            width = int(config.extra["shared_expert_intermediate_size"])
+            # (DeepSeek's: n_shared_experts experts' width)
+            width = int(config.extra.get("shared_expert_intermediate_size") or 0)
+            width = width or MoeSpec.from_config(config).shared_size
         else:
             width = part.expert_size if pname.startswith("moe.") else shared or part.mlp_size
         mlp = (part.rank * width // part.world, width // part.world)
