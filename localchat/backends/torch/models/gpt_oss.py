@@ -13,8 +13,7 @@ import torch
 from torch import nn
 
 from localchat.arch.moe import MoeSpec
-from localchat.backends.torch.attention import AttentionMetadata, AttentionOptions
-from localchat.backends.torch.kv_cache import KVCache
+from localchat.backends.torch.attention import AttentionOptions
 from localchat.backends.torch.layers import empty_param
 from localchat.backends.torch.models.base import DecoderLM
 from localchat.backends.torch.models.llama import LlamaLayer
@@ -84,19 +83,6 @@ class GptOssLayer(LlamaLayer):
         slides = index < len(kinds) and kinds[index] == "sliding_attention"
         self.window = config.sliding_window if slides else None
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        meta: AttentionMetadata,
-        kv_cache: KVCache,
-        q_scale: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        # The sinks parameter is replaced at load, so the options are built per call (cheap).
-        self.attn_options = AttentionOptions(window=self.window, sinks=self.sinks)
-        return super().forward(x, cos, sin, meta, kv_cache, q_scale)
-
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         return self.moe.forward(x)
 
@@ -104,3 +90,9 @@ class GptOssLayer(LlamaLayer):
 class Model(DecoderLM):
     layer_class = GptOssLayer
     capturable = False  # expert dispatch sizes its groups on the host
+
+    def after_load(self) -> None:
+        # The loader replaces the sinks parameter, so the options naming it are built once it is in
+        # place; the layers keep Llama's forward (and with it the tensor-parallel sums).
+        for layer in cast(list[GptOssLayer], list(self.layers)):
+            layer.attn_options = AttentionOptions(window=layer.window, sinks=layer.sinks)

@@ -47,6 +47,7 @@ from .shard_lfm2 import ParallelLfm2, ParallelLfm2Layer
 from .shard_llama import ParallelLlama, ParallelLlamaLayer
 from .shard_mamba import ParallelHybridBlock, ParallelMambaHybrid, shard_mixer
 from .shard_mla import MLA_FAMILIES, ParallelDeepseekLayer
+from .shard_moe import dense_width
 from .shard_weights import SANITIZED_BEFORE_CUT, RankSlice, expert_size, shard_weights
 
 # Families whose layers are Llama's forward (attention + an `mlp` block) with these MLPs: dense SwiGLU
@@ -73,11 +74,18 @@ SHARDED_FAMILIES = (
     "qwen3_next",
     "gemma4",
     "phi3",
+    # gpt-oss, GLM-4.5 / 4.6, Llama 4: Llama's layer, their MoE cut like Qwen3-MoE's (shard_moe.py).
+    "gpt_oss",
+    "glm4_moe",
+    "llama4",
     *MLA_FAMILIES,
 )
 # Families whose `sanitize` only reshapes a weight that the rank's cut takes whole rows of (LFM2's
 # conv taps) or renames a checkpoint folder's (Granite 4.0-H's stacked experts): run before the cut.
-ROW_SAFE_SANITIZE = SANITIZED_BEFORE_CUT
+# GLM-4.5's (drops its multi-token-prediction layers) and Llama 4's (reorders q/k rows within each
+# head, and a rank's heads are whole; its stacked experts are turned before the cut, shard_moe.py)
+# run at load, on the rank's slice.
+ROW_SAFE_SANITIZE = (*SANITIZED_BEFORE_CUT, "glm4_moe", "llama4")
 # Families whose `sanitize` runs after the cut, at load, on the rank's config: DeepSeek's rotary rows
 # are reordered within each head and llama.cpp's split kv_b merged per head, so the rank's heads give
 # the rank's heads (a second run would reorder them twice).
@@ -89,7 +97,7 @@ SANITIZED_AFTER_CUT = MLA_FAMILIES
 def _unsupported(config: ModelConfig, world: int) -> BackendUnavailableError:
     return BackendUnavailableError(
         f"--tensor-parallel-size {world}: only the Llama family (Llama, Mistral, Qwen2, SmolLM2), "
-        "Qwen3, Mixtral, Qwen3-MoE, Phi-3, Gemma 2 / 3, "
+        "Qwen3, Mixtral, Qwen3-MoE, gpt-oss, GLM-4.5 / 4.6, Llama 4, Phi-3, Gemma 2 / 3, "
         "dense Gemma 4, LFM2 (and MoE), Nemotron-H, Granite 4.0-H, DeepSeek-V2 / V3, Mistral 4 and Qwen3.5 / "
         f"Qwen3-Next / Qwen3.5-MoE (checkpoint folders) are sharded so far, not this {config.model_type!r}: "
         f"split its layers instead with --pipeline-parallel-size {world} (the MoE Gemma 4, "
@@ -130,6 +138,7 @@ def valid_sizes(config: ModelConfig, most: int = 64) -> list[int]:
         for n in range(1, most + 1)
         if not config.num_attention_heads % n
         and not config.intermediate_size % n
+        and not dense_width(config) % n  # Llama 4's dense layers
         and not expert_size(config) % n
         and not channels % n
         and not groups % n

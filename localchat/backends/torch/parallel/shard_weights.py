@@ -25,10 +25,13 @@ from localchat.weights.tensors import WeightTensor
 
 from .group import ParallelGroup
 from .shard_mla import HEAD_ROWS, MLA_FAMILIES, SPLIT_KV_B, head_rows, value_columns
+from .shard_moe import OWN_WIDTHS, dense_width, family_width, turn_stacked_experts
 
 # Families whose `sanitize` is run before the cut (and again, a no-op, at load): LFM2's conv taps
 # reshaped, Granite 4.0-H's stacked experts renamed so split_experts finds them.
-SANITIZED_BEFORE_CUT = ("lfm2", "mamba_hybrid", "qwen3_next")  # Qwen3-Next: qkvz / ba split apart
+# Qwen3-Next: qkvz / ba split apart; gpt-oss: its stacked (and MXFP4) experts split per expert, gate
+# rows then up rows.
+SANITIZED_BEFORE_CUT = ("lfm2", "mamba_hybrid", "qwen3_next", "gpt_oss")
 DEQUANT_ROWS = 256  # rows dequantized at a time when a row-parallel cut splits GGUF blocks
 LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
@@ -97,6 +100,8 @@ class RankSlice:
         if "linear_num_key_heads" in extra:  # Qwen3.5 / Qwen3-Next's DeltaNet: the rank's heads
             extra["linear_num_key_heads"] = int(extra["linear_num_key_heads"]) // self.world
             extra["linear_num_value_heads"] = int(extra["linear_num_value_heads"]) // self.world
+        if extra.get("intermediate_size_mlp"):  # Llama 4's dense layers: their own width
+            extra["intermediate_size_mlp"] = dense_width(config) // self.world
         if "block_ff_dim" in extra:  # LFM2 re-derives its MLP width from this one: make it the rank's
             extra["block_ff_dim"], extra["block_auto_adjust_ff_dim"] = self.mlp_size // self.world, False
         return replace(
@@ -120,6 +125,8 @@ def shard_weights(
     kv = (part.kv_first * d, part.kv_heads * d)
     if arch.sanitize is not None and arch.family in SANITIZED_BEFORE_CUT:
         weights = arch.sanitize(config, weights)
+    if arch.family == "llama4":
+        weights = turn_stacked_experts(config, weights)
     shared = int(config.extra.get("shared_intermediate_size") or 0)  # Granite 4.0-H's shared MLP
     mla = arch.family in MLA_FAMILIES  # DeepSeek / Mistral 4: cut by head (shard_mla.py)
     for w in split_experts(weights):  # stacked experts -> one weight each (load_model's split: a no-op then)
@@ -155,7 +162,9 @@ def shard_weights(
         if arch.family == "qwen3_next" and leaf == "qkv" and index == 0:  # q and its gate, per head
             yield rows(w, part.rank * part.heads * 2 * d, part.heads * 2 * d)
             continue
-        if pname.startswith("moe.shared."):  # Qwen3-Next / Qwen3.5-MoE's shared expert: its own width
+        if arch.family in OWN_WIDTHS:  # GLM-4.5, Llama 4: shard_moe.py
+            width = family_width(config, pname, part.expert_size)
+        elif pname.startswith("moe.shared."):  # Qwen3-Next / Qwen3.5-MoE's shared expert: its own width
             # (DeepSeek's: n_shared_experts experts' width)
             width = int(config.extra.get("shared_expert_intermediate_size") or 0)
             width = width or MoeSpec.from_config(config).shared_size
@@ -170,8 +179,10 @@ def shard_weights(
             yield rows(w, *(q if index == 0 else kv))
         elif leaf == "up":  # Nemotron-H's relu² MLP
             yield rows(w, *mlp)
-        elif leaf == "gate_up":
+        elif leaf in ("gate_up", "gate_up_bias"):  # gpt-oss's expert bias: cut with its rows
             yield rows(w, *mlp) if parts == 2 else _gate_up_rows(w, width, *mlp)
+        elif leaf == "sinks":  # gpt-oss: one per q head
+            yield rows(w, part.rank * part.heads, part.heads)
         elif leaf == "o":
             yield columns(w, *q)
         elif leaf == "down":
