@@ -103,7 +103,15 @@ class ThreadGovernor:
     def threads_for(self, num_tokens: int) -> int:
         """The count to run a step of `num_tokens` tokens with; report its time to `record`."""
         kind = self._kind(num_tokens)
-        return self._other(kind.current) if kind.probing else kind.current
+        if kind.probing:
+            return self._other(kind.current)
+        if kind.current == self.choices[0] and self.choices[1] not in kind.times and self._idle():
+            # Started on the safe count because the box was busy then (a server's first request can
+            # come while another process loads): an idle box moves it to all cores now, as a new kind
+            # would. Rare kinds (a server's prefill of a cached prompt's last block: one step a request)
+            # would otherwise wait many requests for a trial: 125 ms a step on one thread, 80 on two.
+            kind.current = self.choices[1]
+        return kind.current
 
     def record(self, num_tokens: int, threads: int, seconds: float) -> None:
         kind = self._kind(num_tokens)
@@ -173,10 +181,12 @@ class ThreadGovernor:
         if kind is None:
             # A first step of its kind (rare ones, like long prefills, may never see a trial) runs
             # on all cores if the machine is otherwise idle.
-            load = self._other_load()
-            idle = load is not None and load < IDLE_CORES
-            kind = self._kinds[key] = _Kind(self.choices[1] if idle else self.choices[0])
+            kind = self._kinds[key] = _Kind(self.choices[1] if self._idle() else self.choices[0])
         return kind
+
+    def _idle(self) -> bool:
+        load = self._other_load()
+        return load is not None and load < IDLE_CORES
 
     def _other(self, threads: int) -> int:
         return self.choices[1] if threads == self.choices[0] else self.choices[0]
