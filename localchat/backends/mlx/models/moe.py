@@ -4,7 +4,9 @@ router -> softmax -> top-k (renormalised where the spec says) -> each chosen exp
 weighted sum. Experts load one by one like any matrix, then `finish()` stacks them into [experts, ...]
 arrays so a step runs `mx.gather_mm` (or `mx.gather_qmm` when every expert kept the same MLX quantized
 format): two gathered matmuls for the whole step, no loop over tokens or experts, no host sync. Experts
-whose formats differ (e.g. a Q4_0 gate next to a Q8_0 up) are stacked dense, in the compute dtype.
+whose formats differ (e.g. a Q4_0 gate next to a Q8_0 up) are stacked dense, in the compute dtype
+(float32 on MLX's CPU, whose gather_mm takes nothing else). Hugging Face FP8 / 8-bit experts arrive as Q8_0
+blocks and stack as 8-bit groups of 32 like a GGUF Q8_0 file's (tests/backends/test_mlx_fp8_moe_mla.py).
 """
 
 from __future__ import annotations
@@ -100,6 +102,10 @@ def _gather(x: mx.array, w: Stacked, ids: mx.array, is_sorted: bool = False) -> 
             bits=w.bits,
             sorted_indices=is_sorted,
         )
+    if w.wt.dtype == mx.float32 and x.dtype != mx.float32:
+        # a CPU stack kept float32 (`_stack`) under bf16 / fp16 activations: through it in float32, back
+        y = mx.gather_mm(x.astype(mx.float32), w.wt, rhs_indices=ids, sorted_indices=is_sorted)
+        return y.astype(x.dtype)
     return mx.gather_mm(x, w.wt, rhs_indices=ids, sorted_indices=is_sorted)
 
 
@@ -125,7 +131,12 @@ def _stack(experts: list[list[Weight]]) -> Stacked:
             first.bits,
             first.group_size,
         )
-    return DenseWeight(mx.stack([mx.concatenate([_dense_t(p) for p in parts], axis=1) for parts in experts]))
+    dense = mx.stack([mx.concatenate([_dense_t(p) for p in parts], axis=1) for parts in experts])
+    if mx.default_device() == mx.cpu:
+        # MLX's CPU gather_mm runs float32 only (mlx 0.32: "[GatherMM::eval] Currently only supports
+        # float32"): a CPU run in bf16 / fp16 would fail at its first step. Metal takes any float type.
+        dense = dense.astype(mx.float32)
+    return DenseWeight(dense)
 
 
 def _dense_t(weight: Weight) -> mx.array:
