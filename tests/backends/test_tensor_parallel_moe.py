@@ -162,3 +162,36 @@ def test_llama4(variant: str, options: Any) -> None:
         assert all(tuple(layer.down.shape) == (64, 48) for layer in dense)  # intermediate_size_mlp 96
 
     assert_tp_parity(functools.partial(llama4_bundle, variant), options, check)
+
+
+def _glm_gguf(path: Path) -> Path:
+    """tests/backends/test_glm4_moe.py's Q8_0 file: one multi-token-prediction block after the layers."""
+    from tests.backends.test_glm4_moe import VARIANTS, write_glm4_moe_gguf
+    from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE
+
+    overrides = {"partial_rotary_factor": 0.5, "n_group": 1, "topk_group": 1, "vocab_size": TINY_VOCAB_SIZE}
+    return write_glm4_moe_gguf(path, tiny_hf_model("glm4_moe", **{**VARIANTS["glm4_moe"], **overrides}))
+
+
+def _llama4_gguf(path: Path) -> Path:
+    """tests/backends/test_llama4.py's Q8_0 file: q/k rows as in the checkpoint, experts [E, out, in]."""
+    from tests.backends.test_llama4 import VARIANTS, write_llama4_gguf
+    from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE
+
+    overrides = {"floor_scale": 8192, "attn_scale": 0.1, "vocab_size": TINY_VOCAB_SIZE}
+    return write_llama4_gguf(path, tiny_hf_model("llama4_text", **{**VARIANTS["llama4"], **overrides}))
+
+
+@pytest.mark.slow  # spawns gloo ranks
+@pytest.mark.parametrize("family", ["glm4_moe", "llama4"])
+def test_q8_0_gguf(tmp_path: Path, family: str) -> None:
+    """llama.cpp's layout in Q8_0 blocks: GLM's multi-token-prediction block is cut and then dropped at
+    load; Llama 4's q/k rows are reordered at load within each of the rank's heads."""
+    write = _glm_gguf if family == "glm4_moe" else _llama4_gguf
+    path = write(tmp_path / f"{family}.gguf")
+
+    def check(local: Any) -> None:
+        assert len(local.model.layers) == (2 if family == "glm4_moe" else 4)  # no MTP layer
+        assert tuple(local.model.layers[1].moe.experts[0].down.shape) == (64, 16)
+
+    assert_tp_parity(functools.partial(load_model, str(path)), TP2, check)
