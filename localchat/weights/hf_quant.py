@@ -1,5 +1,6 @@
 """Hugging Face quantized safetensors checkpoints (issue #34): GPTQ, AWQ (GEMM packing), FP8
-(float8_e4m3fn weights with a per-tensor or block-wise `weight_scale_inv`) and compressed-tensors
+(float8_e4m3fn weights with a per-tensor or block-wise `weight_scale_inv`, or AutoFP8's per-tensor
+`weight_scale`, the same multiplier: hf_quant_fp8.py, which also drops activation / KV scales) and compressed-tensors
 (symmetric pack-quantized W4A16, int-quantized W8A8 int8, float-quantized FP8).
 
 config.json's `quantization_config` names the method. Each quantized linear arrives as several tensors
@@ -38,6 +39,7 @@ import numpy as np
 from localchat.errors import ModelLoadError
 from localchat.weights.hf_q8_blocks import E4M3FN, Q8_0_BYTES, q8_linear
 from localchat.weights.hf_quant_blocks import BLOCK, repack_int4
+from localchat.weights.hf_quant_fp8 import ACTIVATION_SCALES, dequantize_fp8, fp8_part, log_ignored
 from localchat.weights.tensors import WeightTensor
 
 log = logging.getLogger(__name__)
@@ -153,22 +155,6 @@ def awq_columns(packed: np.ndarray) -> np.ndarray:
     return codes.reshape(rows, cols // 8, 8)[:, :, _AWQ_UNDO].reshape(rows, cols)
 
 
-def dequantize_fp8(
-    weight: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int] = (128, 128)
-) -> np.ndarray:
-    """fp8 bytes [out, in] times `weight_scale_inv`: a scalar or one value per `block`
-    (config weight_block_size, DeepSeek's 128x128). Returns float32 [out, in]."""
-    w = E4M3FN[np.asarray(weight, dtype=np.uint8)]
-    s = np.asarray(scale_inv, dtype=np.float32)
-    if s.size == 1:
-        return w * s.reshape(())
-    rows, cols = w.shape
-    bo, bi = block
-    if s.shape != (-(-rows // bo), -(-cols // bi)):
-        raise ModelLoadError(f"FP8 scales {s.shape} do not tile a {rows}x{cols} weight in {bo}x{bi} blocks.")
-    return w * np.repeat(np.repeat(s, bo, axis=0), bi, axis=1)[:rows, :cols]
-
-
 def unpack_ct(packed: np.ndarray, shape: tuple[int, int], bits: int) -> np.ndarray:
     """compressed-tensors pack-quantized: 32/bits signed codes per int32 along the input, lowest bits first,
     each stored plus 2^(bits-1). Returns int32 codes [out, in]."""
@@ -217,6 +203,7 @@ def dequantized_stream(
     pending: dict[str, dict[str, np.ndarray]] = {}
     done: set[str] = set()  # compressed-tensors modules already yielded: later scales are dropped
     tally: dict[str, int] = {}  # linears by the form handed over, for the log line
+    ignored: dict[str, int] = {}  # FP8 activation / KV-cache scales dropped, by name (hf_quant_fp8.py)
     for t in tensors:
         module, _, part = t.name.rpartition(".")
         if method == "compressed-tensors" and (
@@ -241,9 +228,15 @@ def dequantized_stream(
                 del pending[stacked["base"]]
                 yield from _fp8_experts(tally, stacked["base"], parts, (bo, bi), qconfig)
             continue
-        if method == "fp8" and (part == "weight_scale_inv" or (part == "weight" and t.dtype == "F8_E4M3")):
+        role = fp8_part(module, part, t.dtype) if method == "fp8" else None
+        if role == "ignored":
+            ignored[part] = ignored.get(part, 0) + 1
+            continue
+        if role is not None:  # `weight_scale` (AutoFP8) is the same multiplier as `weight_scale_inv`
             parts = pending.setdefault(module, {})
-            parts[part] = t.dequantize() if part == "weight_scale_inv" else np.asarray(t.data)
+            parts["weight" if role == "weight" else "weight_scale_inv"] = (
+                np.asarray(t.data) if role == "weight" else t.dequantize()
+            )
             if len(parts) == 2:
                 del pending[module]
                 compact = _fp8_compact(module, parts, (bo, bi))
@@ -269,6 +262,7 @@ def dequantized_stream(
         else:
             raise ModelLoadError(f"Quantized layer {module} lacks {sorted(parts)} counterpart tensors.")
     _log_tally(method, tally)
+    log_ignored(ignored)
 
 
 def _fp8_experts(
@@ -482,7 +476,8 @@ def loaded_weight_bytes(
             begin, end = info["data_offsets"]
             count = int(np.prod([int(d) for d in info["shape"]], dtype=np.int64))
             if info["dtype"] not in QUANT_STORAGE:
-                total += 0 if part in _CT_PARTS or part.endswith("scale_inv") else int(end) - int(begin)
+                scale = part in _CT_PARTS or part in ACTIVATION_SCALES or part.endswith("scale_inv")
+                total += 0 if scale else int(end) - int(begin)
             elif info["dtype"] == "F8_E4M3" and _STACKED_FP8.fullmatch(name):  # per expert, as split
                 held = compact and _compactable(f"{module}.0.{part}")
                 total += count * Q8_0_BYTES // BLOCK if held else count * value_bytes

@@ -1,0 +1,134 @@
+"""Issue #34: AutoFP8 checkpoints (the older neuralmagic/*-FP8 repos). config.json says `quant_method: fp8`
+with `activation_scheme` "static" or "dynamic" and no `weight_block_size`; each layer linear is e4m3 codes
+plus a float32 scalar `weight_scale` (value = code x scale: AutoFP8 saves the reciprocal of its 448 / amax
+factor), "static" adds a scalar `input_scale` per linear, the KV-cache variant `output_scale` on k_proj and
+v_proj, older repos a `kv_scale` per attention. Written here as AutoFP8's `per_tensor_quantize` and
+`save_quantized` write them, the folder loads: linears as Q8_0 on localchat's CPU kernels (greedy tokens of
+the exact fp8 run, logits within Q8_ATOL), the exact dequantized run against transformers holding the same
+values, and the activation / KV scales dropped with one log line (the engine computes in bf16 / fp32)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from localchat.backends.torch.cpu import kernels
+from localchat.backends.torch.cpu.kernels import BlockMatrix
+from localchat.weights.loader import load_model
+from tests.backends.test_hf_fp8_compact import Q8_ATOL, write_folder
+from tests.backends.test_hf_quant_compact import compact_runner, linears, resident_bytes, run
+from tests.helpers.parity import PROMPT
+from tests.helpers.torch_models import fp32_runner
+
+FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+# float32 sums in another order (transformers vs the dequantized float32 path): measured ~1e-5
+HF_ATOL = 1e-3
+SCHEMES = ("dynamic", "static", "static-kv")
+
+
+def autofp8_parts(w: np.ndarray, static: bool) -> tuple[dict[str, torch.Tensor], np.ndarray]:
+    """AutoFP8's per-tensor quantization: code = clamp(w x 448 / amax) as e4m3, `weight_scale` =
+    amax / 448 (a 0-d float32), for "static" a calibrated 0-d `input_scale`."""
+    t = torch.from_numpy(w)
+    factor = FP8_MAX / t.abs().max().clamp(min=1e-12)
+    codes = (t * factor).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    scale = factor.float().reciprocal()
+    parts = {"weight": codes, "weight_scale": scale}
+    if static:
+        parts["input_scale"] = torch.tensor(0.0123, dtype=torch.float32)
+    return parts, (codes.float() * scale).numpy()
+
+
+def qconfig(scheme: str) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "quant_method": "fp8",
+        "activation_scheme": scheme.removesuffix("-kv"),
+        "ignored_layers": ["lm_head"],
+    }
+    if scheme.endswith("-kv"):
+        config["kv_cache_scheme"] = "static"
+    return config
+
+
+def write_autofp8(tmp: Path, scheme: str) -> torch.nn.Module:
+    """The tiny Llama of test_hf_fp8_compact in AutoFP8's layout; "static-kv" adds k_proj / v_proj
+    `output_scale` (AutoFP8's KV variant) and a per-attention `kv_scale` (vLLM-era repos)."""
+    hf = write_folder(tmp, lambda w: autofp8_parts(w, scheme != "dynamic"), qconfig(scheme))
+    if scheme.endswith("-kv"):
+        file = tmp / "model.safetensors"
+        with safe_open(str(file), "pt") as handle:
+            state = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+        for i in range(hf.config.num_hidden_layers):
+            attn = f"model.layers.{i}.self_attn"
+            for name in (f"{attn}.k_proj.output_scale", f"{attn}.v_proj.output_scale", f"{attn}.kv_scale"):
+                state[name] = torch.tensor(0.02, dtype=torch.float32)
+        save_file(state, str(file))
+    return hf
+
+
+def test_autofp8_folder_is_autofp8s_layout(tmp_path: Path) -> None:
+    write_autofp8(tmp_path, "static-kv")
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as handle:
+        names = set(handle.keys())
+        linear = "model.layers.0.mlp.down_proj"
+        assert handle.get_tensor(f"{linear}.weight").dtype == torch.float8_e4m3fn
+        assert handle.get_tensor(f"{linear}.weight_scale").shape == ()
+        assert handle.get_tensor(f"{linear}.input_scale").dtype == torch.float32
+        assert handle.get_tensor("lm_head.weight").dtype == torch.float32  # ignored_layers
+    assert not any(n.endswith("weight_scale_inv") for n in names)
+    assert "model.layers.0.self_attn.kv_scale" in names
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_autofp8_exact_run_matches_transformers(
+    tmp_path: Path, scheme: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: 'Unexpected weight ...input_scale' (static), the F8 weight never paired (dynamic)."""
+    hf = write_autofp8(tmp_path, scheme)
+    with caplog.at_level(logging.INFO, logger="localchat.weights"):
+        logits, _ = run(fp32_runner(load_model(tmp_path)))  # LOCALCHAT_TORCH_QUANT=dequant
+    with torch.no_grad():
+        ref = hf(torch.tensor([PROMPT])).logits[0].float()
+    assert (logits[: len(PROMPT)] - ref).abs().max().item() < HF_ATOL
+    dropped = [
+        r.getMessage() for r in caplog.records if "activation / KV-cache scales ignored" in r.getMessage()
+    ]
+    layers = hf.config.num_hidden_layers
+    if scheme == "dynamic":
+        assert not dropped
+    else:
+        assert len(dropped) == 1 and f"{7 * layers} input_scale" in dropped[0]
+    if scheme.endswith("-kv"):
+        assert f"{layers} kv_scale" in dropped[0] and f"{2 * layers} output_scale" in dropped[0]
+
+
+@pytest.mark.skipif(not kernels.runnable_isas(), reason="kernels not built (no C compiler)")
+@pytest.mark.parametrize("scheme", ["dynamic", "static-kv"])
+def test_autofp8_loads_compact_on_the_kernels(
+    tmp_path: Path, scheme: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_autofp8(tmp_path, scheme)
+    exact = fp32_runner(load_model(tmp_path))
+    compact = compact_runner(tmp_path, monkeypatch)
+    compact_linears = linears(compact)
+    assert all(isinstance(w, BlockMatrix) for w in compact_linears)
+    assert {s.qtype for w in compact_linears for s in w.segments} == {"Q8_0"}  # type: ignore[attr-defined]
+    ref_logits, ref_tokens = run(exact)
+    got_logits, got_tokens = run(compact)
+    diff = (got_logits - ref_logits).abs().max().item()
+    assert got_tokens == ref_tokens
+    assert diff < Q8_ATOL
+    dense = sum(resident_bytes(w) for w in linears(exact))
+    packed = sum(resident_bytes(w) for w in compact_linears)
+    with capsys.disabled():
+        print(
+            f"\nAutoFP8 {scheme}: linears {dense / packed:.2f}x smaller than fp32; max |logit diff| {diff:.3f}"
+        )
+    assert packed * 3 < dense
