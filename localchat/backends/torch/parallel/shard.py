@@ -90,8 +90,6 @@ ROW_SAFE_SANITIZE = (*SANITIZED_BEFORE_CUT, "glm4_moe", "llama4")
 # are reordered within each head and llama.cpp's split kv_b merged per head, so the rank's heads give
 # the rank's heads (a second run would reorder them twice).
 SANITIZED_AFTER_CUT = MLA_FAMILIES
-# Of those families, what is not cut yet: a Mamba-2 / DeltaNet GGUF (its sanitize re-shapes the state
-# layers' tensors from the whole model's sizes).
 
 
 def _unsupported(config: ModelConfig, world: int) -> BackendUnavailableError:
@@ -99,9 +97,9 @@ def _unsupported(config: ModelConfig, world: int) -> BackendUnavailableError:
         f"--tensor-parallel-size {world}: only the Llama family (Llama, Mistral, Qwen2, SmolLM2), "
         "Qwen3, Mixtral, Qwen3-MoE, gpt-oss, GLM-4.5 / 4.6, Llama 4, Phi-3, Gemma 2 / 3, "
         "dense Gemma 4, LFM2 (and MoE), Nemotron-H, Granite 4.0-H, DeepSeek-V2 / V3, Mistral 4 and Qwen3.5 / "
-        f"Qwen3-Next / Qwen3.5-MoE (checkpoint folders) are sharded so far, not this {config.model_type!r}: "
-        f"split its layers instead with --pipeline-parallel-size {world} (the MoE Gemma 4, "
-        "Mamba-2 / DeltaNet GGUF files, ...), or drop --tensor-parallel-size."
+        f"Qwen3-Next / Qwen3.5-MoE are sharded so far, not this {config.model_type!r}: "
+        f"split its layers instead with --pipeline-parallel-size {world} (the MoE Gemma 4, ...), or "
+        "drop --tensor-parallel-size."
     )
 
 
@@ -154,10 +152,9 @@ def check_supported(config: ModelConfig, world: int) -> None:
     """A clear error, before any weight is read, for what this slice does not shard."""
     arch = architecture(config.model_type)
     own_layout = arch.sanitize is not None and arch.family not in (*ROW_SAFE_SANITIZE, *SANITIZED_AFTER_CUT)
-    not_yet = bool(config.extra.get("gguf_ssm_inner_size"))
     # Gemma 4's sanitize only moves the MoE block's experts; that block (26B-A4B) is not cut yet.
     own_layout = own_layout and arch.family != "gemma4"
-    not_yet = not_yet or (arch.family == "gemma4" and bool(config.extra.get("enable_moe_block")))
+    not_yet = arch.family == "gemma4" and bool(config.extra.get("enable_moe_block"))
     if arch.family not in SHARDED_FAMILIES or own_layout or not_yet:
         raise _unsupported(config, world)
     h, kvh, inter = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size

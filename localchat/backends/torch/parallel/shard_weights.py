@@ -21,11 +21,13 @@ from localchat.arch.registry import architecture
 from localchat.weights.config import ModelConfig
 from localchat.weights.experts import split_experts
 from localchat.weights.hf_quant_blocks import RepackedLinear
+from localchat.weights.ordered_blocks import OrderedBlocks
 from localchat.weights.tensors import WeightTensor
 
 from .group import ParallelGroup
 from .shard_mla import HEAD_ROWS, MLA_FAMILIES, SPLIT_KV_B, head_rows, value_columns
 from .shard_moe import OWN_WIDTHS, dense_width, family_width, turn_stacked_experts
+from .shard_ordered import ordered_columns_part
 
 # Families whose `sanitize` is run before the cut (and again, a no-op, at load): LFM2's conv taps
 # reshaped, Granite 4.0-H's stacked experts renamed so split_experts finds them.
@@ -102,6 +104,12 @@ class RankSlice:
             extra["linear_num_value_heads"] = int(extra["linear_num_value_heads"]) // self.world
         if extra.get("intermediate_size_mlp"):  # Llama 4's dense layers: their own width
             extra["intermediate_size_mlp"] = dense_width(config) // self.world
+        if extra.get("gguf_ssm_inner_size"):  # a Mamba-2 / DeltaNet GGUF, sanitized before the cut
+            # The rank's tensors are in the checkpoint's form, so its config drops the keys that say
+            # "llama.cpp's form" (sanitize would convert them again: A_log = log(-A) twice) and whose
+            # whole-model inner size would re-derive a doubled head width; the sizes derived from them
+            # (head widths, layer kinds) are kept.
+            extra["gguf_ssm_inner_size"], extra["gguf_kv_heads"] = 0, None
         if "block_ff_dim" in extra:  # LFM2 re-derives its MLP width from this one: make it the rank's
             extra["block_ff_dim"], extra["block_auto_adjust_ff_dim"] = self.mlp_size // self.world, False
         return replace(
@@ -130,7 +138,8 @@ def shard_weights(
     shared = int(config.extra.get("shared_intermediate_size") or 0)  # Granite 4.0-H's shared MLP
     mla = arch.family in MLA_FAMILIES  # DeepSeek / Mistral 4: cut by head (shard_mla.py)
     for w in split_experts(weights):  # stacked experts -> one weight each (load_model's split: a no-op then)
-        if isinstance(w, RepackedLinear):  # hf_quant's int4 blocks: ranks cut the exact values
+        if isinstance(w, RepackedLinear) and not isinstance(w, OrderedBlocks):  # hf_quant's int4 blocks:
+            # ranks cut the exact values (qwen35's ordered ssm_out keeps its blocks: _deltanet_part)
             w = WeightTensor(w.name, w.shape, "F32", w.dequantize())
         name = w.name
         # Nemotron-H's embedding is `model.embeddings.weight` (the family's top_weights name it)
@@ -221,7 +230,7 @@ def _deltanet_part(
     keys, values = (r * nk * dk // world, nk * dk // world), (r * nv * dv // world, nv * dv // world)
     heads = (r * nv // world, nv // world)
     if leaf == "out":
-        return columns(w, *values)
+        return ordered_columns_part(w, *values) if isinstance(w, OrderedBlocks) else columns(w, *values)
     if leaf in ("dt_bias", "A_log") or (leaf == "in_proj" and index in (2, 3)):
         return rows(w, *heads)
     if leaf == "in_proj" and index == 1:
