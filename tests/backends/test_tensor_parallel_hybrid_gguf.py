@@ -1,5 +1,5 @@
 """`--tp 2` on GGUF files of the Mamba-2 and DeltaNet families (Qwen3.5 `qwen35`, Qwen3-Next
-`qwen3next`, Nemotron-H, Granite 4.0-H), written by llama.cpp's own converter from tiny random
+`qwen3next`, Qwen3.5-MoE `qwen35moe`, Nemotron-H, Granite 4.0-H), written by llama.cpp's own converter from tiny random
 transformers models (tests/backends/test_hybrid_gguf.py's): greedy tokens equal one device on the same
 file and float32 logits within 1e-4, ragged, chunked (a 70-token prompt: two scan chunks) and preempted.
 
@@ -41,7 +41,9 @@ def tiny_qwen3_5_narrow() -> torch.nn.Module:
     return gguf._randomized(gguf.transformers.Qwen3_5ForCausalLM(config), keep=("A_log", "dt_bias"))
 
 
-FAMILIES = {**{k: gguf.FAMILIES[k] for k in ("qwen35", "qwen3next", "nemotron_h", "granitehybrid")}}
+FAMILIES = {
+    **{k: gguf.FAMILIES[k] for k in ("qwen35", "qwen3next", "qwen35moe", "nemotron_h", "granitehybrid")}
+}
 FAMILIES["qwen35-narrow"] = (tiny_qwen3_5_narrow, *gguf.FAMILIES["qwen35"][1:])
 
 
