@@ -3,7 +3,8 @@ parallelism: q (or q_b) and kv_b cut by head, q_a / kv_a and their norms replica
 every routed and shared expert kept on each rank at half its width, the router replicated
 (shard_mla.py). TP=2 (gloo, 2 processes), and TP=2 x PP=2 for V3 (4 processes), give one device's
 greedy tokens and float32 logits within 1e-4 for a ragged batched prefill then decode and a chunked
-prefill with a preemption; a deepseek2 GGUF (Q8_0, llama.cpp's split attn_k_b / attn_v_b) too."""
+prefill with a preemption; a deepseek2 GGUF (Q8_0, llama.cpp's split attn_k_b / attn_v_b) and a Mistral
+Small 4 GGUF from llama.cpp's converter (Q8_0, stacked gate|up experts) too."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def check_rank_slice(runner: Any) -> None:
     assert tuple(sparse.o.shape) == (64, 2 * mla.v_dim)
     assert tuple(sparse.kv_a.shape) == (mla.kv_lora_rank + mla.rope_dim, 64)  # replicated
     assert [tuple(e.down.shape) for e in sparse.moe.experts] == [(64, 16)] * 4
+    assert [tuple(e.gate_up.shape) for e in sparse.moe.experts] == [(32, 64)] * 4  # 16 of gate, 16 of up
     assert tuple(sparse.moe.shared.down.shape) == (64, 16)
     assert tuple(dense.down.shape) == (64, 64)
     spec = runner.kv_cache_spec  # its heads' expanded keys and values only
@@ -87,4 +89,16 @@ def test_deepseek2_gguf_tp2_matches_one_device(tmp_path: Path) -> None:
     model_type, overrides = VARIANTS["deepseek_v3"]
     hf = tiny_hf_model(model_type, vocab_size=TINY_VOCAB_SIZE, **overrides)
     path = write_tiny_gguf(tmp_path / "ds.gguf", hf, qtype="Q8_0")
+    assert_tp_parity(functools.partial(gguf_bundle, path), TP2, check_rank_slice)
+
+
+@pytest.mark.slow  # spawns gloo ranks; runs llama.cpp's converter
+def test_mistral_small_4_converted_gguf_tp2_matches_one_device(tmp_path: Path) -> None:
+    """Mistral Small 4 as published (Mistral3ForConditionalGeneration) through llama.cpp's own converter
+    at q8_0: its text model's `mistral4` file, whose experts' gate and up are one stacked tensor (each
+    rank keeps its rows of both halves of every expert)."""
+    from tests.backends.test_gguf_2026_families import _gguf, _model_and_folder
+
+    _, folder = _model_and_folder("mistral4", {}, tmp_path)
+    path = _gguf(folder, "q8_0")
     assert_tp_parity(functools.partial(gguf_bundle, path), TP2, check_rank_slice)
