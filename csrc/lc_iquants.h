@@ -545,15 +545,21 @@ static inline __m256 LC_FN(iq4xs_scales)(const uint8_t *b) {
     return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(lc_u16(b))), _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(32))));
 }
 
+/* IQ4_XS rows: blocks of `row` times activation rows xq [mr, k] with their per-32 scales dx [mr, k / 32]
+   (lc_x16_summaries' dx32: a 256-bit load per block instead of lc_quantize's scale repeated per 4 values,
+   which at k = 14336 made the activations 28 KiB against a 48 KiB L1 and the down projection 45% slower a
+   byte than the others). The next blocks are prefetched LC_IQ4_PF bytes ahead: at k = 14336 the hardware
+   prefetcher alone left 2-thread streaming at ~25 GB/s (29 with it, 1,024 bytes ahead). */
+#ifndef LC_IQ4_PF
+#define LC_IQ4_PF 1024
+#endif
 #if LC_ISA == LC_ISA_AVX512VNNI
-/* IQ4_XS rows on AVX-512, two sub-blocks (64 values) per 512-bit step: their 32 bytes of nibbles spread to
-   four 128-bit lanes (low and high nibbles of each), one vpshufb of the values' magnitudes, the signs (the
-   table's first 8 entries are the negative ones) flipping the activations under a 64-bit mask, one vpdpbusd
-   and one float FMA per activation row; the block's scales from iq4xs_scales. Two chains per row. */
-static inline __attribute__((always_inline)) void LC_FN(iq4xs_brow)(const int type, const int mr, const uint8_t *row,
-                                                                     int64_t k, const int8_t *xq, const float *xd,
-                                                                     float *res) {
-    (void)type;
+/* AVX-512: two sub-blocks (64 values) per 512-bit step: their 32 bytes of nibbles spread to four 128-bit
+   lanes (low and high nibbles of each), one vpshufb of the values' magnitudes, the signs (the table's first
+   8 entries are the negative ones) flipping the activations under a 64-bit mask, one vpdpbusd and one
+   float FMA per activation row. Two chains per row. */
+static inline __attribute__((always_inline)) void LC_FN(iq4xs_brow)(const int mr, const uint8_t *row, int64_t k,
+                                                                     const int8_t *xq, const float *dx, float *res) {
     __m512 acc[4][2];
     for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
     /* |lc_iq4nl_values| */
@@ -562,43 +568,50 @@ static inline __attribute__((always_inline)) void LC_FN(iq4xs_brow)(const int ty
     const __m512i pick0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     for (int64_t ib = 0; ib < k / 256; ib++) {
         const uint8_t *b = row + 136 * ib;
-        const __m512 sc = _mm512_castps256_ps512(LC_FN(iq4xs_scales)(b));
+        _mm_prefetch((const char *)b + LC_IQ4_PF, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + LC_IQ4_PF + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + LC_IQ4_PF + 128, _MM_HINT_T0);
+        const __m256 sc = LC_FN(iq4xs_scales)(b);
+        __m512 cs[4]; /* weight scale times activation scale of each sub-block */
+        for (int i = 0; i < mr; i++)
+            cs[i] = _mm512_castps256_ps512(_mm256_mul_ps(sc, _mm256_loadu_ps(dx + i * (k / 32) + 8 * ib)));
         for (int j = 0; j < 8; j += 2) {
             __m512i q = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b + 8 + 16 * j)));
             q = _mm512_shuffle_i64x2(q, q, 0x50); /* lanes: sub j, sub j, sub j + 1, sub j + 1 */
             q = _mm512_and_si512(_mm512_mask_srli_epi16(q, (__mmask32)0xFF00FF00u, q, 4), low4);
             const __m512i g = _mm512_shuffle_epi8(table, q);
             const __mmask64 neg = _mm512_testn_epi8_mask(q, eight);
-            const __m512 l = _mm512_permutexvar_ps(_mm512_add_epi32(pick0, _mm512_set1_epi32(j)), sc);
+            const __m512i pick = _mm512_add_epi32(pick0, _mm512_set1_epi32(j));
             for (int i = 0; i < mr; i++) {
                 __m512i x = _mm512_loadu_si512((const void *)(xq + i * k + 256 * ib + 32 * j));
                 x = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
                 __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), g, x);
-                __m512 f = _mm512_mul_ps(l, _mm512_loadu_ps(xd + i * (k / 4) + 64 * ib + 8 * j));
-                acc[i][j >> 1 & 1] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(p), acc[i][j >> 1 & 1]);
+                acc[i][j >> 1 & 1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pick, cs[i]), _mm512_cvtepi32_ps(p), acc[i][j >> 1 & 1]);
             }
         }
     }
     for (int i = 0; i < mr; i++) res[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));
 }
 #else
-/* IQ4_XS rows on AVX2 a block at a time: the block's scales from iq4xs_scales, one lane permute per 32
-   values instead of iq_sub's scalar unpacking. */
-static inline __attribute__((always_inline)) void LC_FN(iq4xs_brow)(const int type, const int mr, const uint8_t *row,
-                                                                     int64_t k, const int8_t *xq, const float *xd,
-                                                                     float *res) {
-    (void)type;
+/* AVX2: a block at a time, each sub-block's combined scale permuted out of the block's 8. Same products
+   and order as iq_row, so the same bits. */
+static inline __attribute__((always_inline)) void LC_FN(iq4xs_brow)(const int mr, const uint8_t *row, int64_t k,
+                                                                     const int8_t *xq, const float *dx, float *res) {
     __m256 acc[4][2];
     for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     for (int64_t ib = 0; ib < k / 256; ib++) {
         const uint8_t *b = row + 136 * ib;
+        _mm_prefetch((const char *)b + LC_IQ4_PF, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + LC_IQ4_PF + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + LC_IQ4_PF + 128, _MM_HINT_T0);
         const __m256 sc = LC_FN(iq4xs_scales)(b);
+        __m256 cs[4];
+        for (int i = 0; i < mr; i++) cs[i] = _mm256_mul_ps(sc, _mm256_loadu_ps(dx + i * (k / 32) + 8 * ib));
         for (int j = 0; j < 8; j++) {
             const __m256i v = LC_FN(iq4_values)(b + 8 + 16 * j, lc_iq4nl_values);
-            const __m256 l = _mm256_permutevar8x32_ps(sc, _mm256_set1_epi32(j));
             for (int i = 0; i < mr; i++) {
                 __m256i p = LC_FN(iq_dot32)(v, _mm256_loadu_si256((const __m256i *)(xq + i * k + 256 * ib + 32 * j)));
-                __m256 f = _mm256_mul_ps(l, _mm256_loadu_ps(xd + i * (k / 4) + 64 * ib + 8 * j));
+                __m256 f = _mm256_permutevar8x32_ps(cs[i], _mm256_set1_epi32(j));
                 acc[i][j & 1] = _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(p), acc[i][j & 1]);
             }
         }
@@ -606,6 +619,15 @@ static inline __attribute__((always_inline)) void LC_FN(iq4xs_brow)(const int ty
     for (int i = 0; i < mr; i++) res[i] = LC_FN(hsum)(_mm256_add_ps(acc[i][0], acc[i][1]));
 }
 #endif
+
+static void LC_FN(iq4xs_rows)(const uint8_t *row, int64_t k, const int8_t *xq, const float *dx, int mr, float *res) {
+    switch (mr) { /* a literal: the accumulators stay in registers */
+    case 1: LC_FN(iq4xs_brow)(1, row, k, xq, dx, res); break;
+    case 2: LC_FN(iq4xs_brow)(2, row, k, xq, dx, res); break;
+    case 3: LC_FN(iq4xs_brow)(3, row, k, xq, dx, res); break;
+    default: LC_FN(iq4xs_brow)(4, row, k, xq, dx, res); break;
+    }
+}
 
 #if LC_ISA == LC_ISA_AVX512VNNI
 /* IQ3_XXS / IQ3_S rows on AVX-512, two sub-blocks (64 values) per 512-bit step: one gather of their 16
@@ -682,7 +704,7 @@ static void LC_FN(iq_rows)(int type, const uint8_t *row, int64_t k, const int8_t
                            float *res) {
     switch (type) { /* every type a literal: its decode inlines into the loop */
     case LC_IQ4_NL: LC_IQ_ROWS(iq_row, LC_IQ4_NL) break;
-    case LC_IQ4_XS: LC_IQ_ROWS(iq4xs_brow, LC_IQ4_XS) break;
+    case LC_IQ4_XS: LC_IQ_ROWS(iq_row, LC_IQ4_XS) break; /* without dx32: iq_matmul runs iq4xs_rows */
     case LC_MXFP4: LC_IQ_ROWS(iq_row, LC_MXFP4) break;
     case LC_IQ2_XXS: LC_IQ_ROWS(iq_brow, LC_IQ2_XXS) break;
     case LC_IQ2_XS: LC_IQ_ROWS(iq_brow, LC_IQ2_XS) break;
@@ -729,12 +751,14 @@ static void LC_FN(iq_rows)(int type, const uint8_t *row, int64_t k, const int8_t
 /* out[i, j] (row stride ldo) = activation row i (lc_quantize's xq/xd, t rows) . weight row j (n rows of
    i-quant blocks, row_bytes apart). Activation rows go in chunks of LC_IQ_CHUNK (their codes stay in L2
    while every weight row passes), weight rows split over threads, and each weight row is decoded once
-   per 4 activation rows (its ~k/2 bytes stay in L1 across them). */
+   per 4 activation rows (its ~k/2 bytes stay in L1 across them). dx32: the activations' per-32 scales
+   [t, k / 32] (lc_x16_summaries) or NULL; x86 runs IQ4_XS with them (iq4xs_rows). */
 #ifndef LC_IQ_CHUNK
 #define LC_IQ_CHUNK 64
 #endif
 static void LC_FN(iq_matmul)(int type, const uint8_t *w, int64_t n, int64_t k, int64_t row_bytes, const int8_t *xq,
-                             const float *xd, int64_t t, void *out, int out_bf16, int64_t ldo, int nth) {
+                             const float *xd, const float *dx32, int64_t t, void *out, int out_bf16, int64_t ldo,
+                             int nth) {
     for (int64_t c0 = 0; c0 < t; c0 += LC_IQ_CHUNK) {
         int64_t c1 = c0 + LC_IQ_CHUNK < t ? c0 + LC_IQ_CHUNK : t;
 #ifdef _OPENMP
@@ -745,7 +769,11 @@ static void LC_FN(iq_matmul)(int type, const uint8_t *w, int64_t n, int64_t k, i
             for (int64_t t0 = c0; t0 < c1; t0 += 4) {
                 int mr = (int)(c1 - t0 < 4 ? c1 - t0 : 4);
                 float res[4];
-                LC_FN(iq_rows)(type, row, k, xq + t0 * k, xd + t0 * (k / 4), mr, res);
+#if LC_ISA == LC_ISA_AVX2 || LC_ISA == LC_ISA_AVX512VNNI
+                if (type == LC_IQ4_XS && dx32) LC_FN(iq4xs_rows)(row, k, xq + t0 * k, dx32 + t0 * (k / 32), mr, res);
+                else
+#endif
+                    LC_FN(iq_rows)(type, row, k, xq + t0 * k, xd + t0 * (k / 4), mr, res);
                 for (int i = 0; i < mr; i++) lc_store(out, out_bf16, (t0 + i) * ldo + r, res[i]);
             }
         }

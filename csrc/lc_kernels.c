@@ -397,15 +397,19 @@ LC_EXPORT int lc_matmul(int isa, int type, const uint8_t *w, int64_t n, int64_t 
     }
     if (lc_is_iq(type)) { /* lc_iquants.h (NEON: lc_iq_neon.h) */
 #ifdef LC_X86
-        if (isa == LC_ISA_AVX512VNNI) iq_matmul_avx512vnni(type, w, n, k, row_bytes, xq, xd, t, out, out_bf16, ldo, nth);
-        else if (isa == LC_ISA_AVX2) iq_matmul_avx2(type, w, n, k, row_bytes, xq, xd, t, out, out_bf16, ldo, nth);
+        lc_x16_sums x = {0};
+        /* x86 IQ4_XS reads the activations' per-32 scales compactly (iq4xs_rows) */
+        if (type == LC_IQ4_XS && (isa == LC_ISA_AVX512VNNI || isa == LC_ISA_AVX2) && lc_x16_summaries(t, k, xq, xd, xs, &x))
+            return LC_ENOMEM;
+        if (isa == LC_ISA_AVX512VNNI) iq_matmul_avx512vnni(type, w, n, k, row_bytes, xq, xd, x.dx32, t, out, out_bf16, ldo, nth);
+        else if (isa == LC_ISA_AVX2) iq_matmul_avx2(type, w, n, k, row_bytes, xq, xd, x.dx32, t, out, out_bf16, ldo, nth);
         else
 #endif
 #ifdef LC_ARM
-        if (isa == LC_ISA_NEON) iq_matmul_neon(type, w, n, k, row_bytes, xq, xd, t, out, out_bf16, ldo, nth);
+        if (isa == LC_ISA_NEON) iq_matmul_neon(type, w, n, k, row_bytes, xq, xd, NULL, t, out, out_bf16, ldo, nth);
         else
 #endif
-            iq_matmul_portable(type, w, n, k, row_bytes, xq, xd, t, out, out_bf16, ldo, nth);
+            iq_matmul_portable(type, w, n, k, row_bytes, xq, xd, NULL, t, out, out_bf16, ldo, nth);
         return 0;
     }
     /* Legacy and K-quant blocks as stored: the portable reference on every ISA (the SIMD ISAs read these
