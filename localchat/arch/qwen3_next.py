@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from localchat.weights.hf_quant_blocks import RepackedLinear
 from localchat.weights.ordered_blocks import ordered_columns
 from localchat.weights.tensors import WeightTensor
 
@@ -209,6 +211,9 @@ def sanitize(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[W
             parts = {"in_proj_b": rows(0, r, 2 * r), "in_proj_a": rows(r, r, 2 * r)}
         data = np.asarray(weight.data)
         for name, index in parts.items():
+            if isinstance(weight, RepackedLinear):  # an FP8 folder's Q8_0 rows (weights/hf_q8_blocks.py)
+                yield replace(weight.take_rows(index), name=f"{prefix}{name}.weight")
+                continue
             # Dense data is [out, in]; GGUF blocks are [out, bytes per row]: rows pick the same way.
             yield WeightTensor(
                 f"{prefix}{name}.weight", (len(index), *weight.shape[1:]), weight.dtype, data[index]

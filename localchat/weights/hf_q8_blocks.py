@@ -13,6 +13,12 @@ keeps its codes: d = s per channel, exact where s is an fp16 value. docs/models.
 
 Scales must be constant over each 32-value block (per tensor, per channel, 128 x 128 blocks, groups of a
 multiple of 32); other layouts stay dequantized (the caller's fallback, None here).
+
+`dense_q8` takes a float matrix that an FP8 writer left unquantized beside quantized rows it is fused with
+(Qwen3.5's DeltaNet in_proj_b / in_proj_a beside in_proj_qkv / z, Qwen3-Next's in_proj_ba beside qkvz: the
+torch kernels' fused in_proj would otherwise be dense as a whole): Q8_0 on the amax / 127 grid per 32
+values (each value within half a step, 1/254 of its block's largest; 0.4% RMS on normal weights), exact
+float32 values from `dequantize()`.
 """
 
 from __future__ import annotations
@@ -78,18 +84,19 @@ class Q8Linear(RepackedLinear):
         return WeightTensor(self.name, self.shape, "Q8_0", out)
 
     def take_rows(self, rows: np.ndarray) -> Q8Linear:
-        """Output rows in `rows`' order; a scale shared by several rows becomes one per row."""
+        """Output rows in `rows`' order (all, or a subset: a split fused matrix); a scale shared by several
+        rows becomes one per row."""
         count = self.shape[0]
         scale, reps = self.scale, self.reps
         if scale.size > 1:
             scale = np.ascontiguousarray(np.repeat(scale, reps[0], axis=0)[:count][rows])
             reps = (1, reps[1])
         codes = np.ascontiguousarray(np.asarray(self.data)[rows])
-        return replace(self, data=codes, scale=scale, reps=reps)
+        return replace(self, shape=(len(rows), self.shape[1]), data=codes, scale=scale, reps=reps)
 
     def dequantize(self) -> np.ndarray:
         codes = np.asarray(self.data)
-        values = E4M3FN[codes] if codes.dtype == np.uint8 else codes.astype(np.float32)
+        values = E4M3FN[codes] if codes.dtype == np.uint8 else codes.astype(np.float32)  # float: itself
         return values * expand_scale(self.scale, self.reps, (self.shape[0], self.shape[1]))
 
     def _scale_per_block(self) -> np.ndarray:
@@ -102,7 +109,8 @@ class Q8Linear(RepackedLinear):
 
 def q8_linear(name: str, codes: np.ndarray, scale: np.ndarray, reps: tuple[int, int]) -> Q8Linear | None:
     """fp8 bytes (uint8) or int8 codes [out, in] with `scale` tiled by `reps` as a `Q8Linear`, None where
-    Q8_0 cannot hold it: the input not whole 32-value blocks, a scale changing inside a block, a NaN."""
+    Q8_0 cannot hold it: the input not whole 32-value blocks, a scale changing inside a block, a NaN
+    (float32 values with scale 1: `dense_q8`)."""
     rows, cols = codes.shape
     s = np.asarray(scale, dtype=np.float32)
     if cols % BLOCK or rows == 0 or not np.all(np.isfinite(s)):
@@ -126,12 +134,20 @@ def q8_linear(name: str, codes: np.ndarray, scale: np.ndarray, reps: tuple[int, 
     )
 
 
+def dense_q8(name: str, values: np.ndarray) -> Q8Linear | None:
+    """A float matrix [out, in] as a `Q8Linear` (see the module docstring), None where Q8_0 cannot hold it."""
+    data = np.ascontiguousarray(values, dtype=np.float32)
+    if data.ndim != 2 or not np.all(np.isfinite(data)):
+        return None
+    return q8_linear(name, data, np.float32(1.0), (1, 1))
+
+
 def _q8_0_rows(codes: np.ndarray, block_scale: np.ndarray, fp8: bool) -> np.ndarray:
     """Q8_0 blocks uint8 [rows, blocks * 34] of codes [rows, cols] whose 32-value blocks have `block_scale`."""
     rows, cols = codes.shape
     blocks = cols // BLOCK
     s = block_scale.astype(np.float64)
-    raw = E4M3FN[codes] if fp8 else codes
+    raw = E4M3FN[codes] if fp8 else codes  # float values (`dense_q8`) take the amax / 127 grid below
     values = raw.astype(np.float64).reshape(rows, blocks, BLOCK) * s[..., None]  # exact in float64
     amax = np.abs(values).max(axis=-1)
     full_range = _fp16_step(amax / 127, amax)  # the finest grid that holds the block
@@ -144,6 +160,9 @@ def _q8_0_rows(codes: np.ndarray, block_scale: np.ndarray, fp8: bool) -> np.ndar
         pick = err_binary <= err_full  # per block, whichever grid is closer to the fp8 values
         d16 = np.where(pick, binary, full_range).astype(np.float16)
         q = np.where(pick[..., None], q_binary, q_full)
+    elif codes.dtype.kind == "f":
+        d16 = full_range.astype(np.float16)
+        q = _codes(values, full_range)
     else:  # int8 keeps its codes: d = s (exact where s is an fp16 value; a block holding -128 is rescaled)
         d16 = _fp16_step(s, amax).astype(np.float16)
         q = _codes(values, d16.astype(np.float64))

@@ -39,7 +39,14 @@ import numpy as np
 from localchat.errors import ModelLoadError
 from localchat.weights.hf_q8_blocks import E4M3FN, Q8_0_BYTES, q8_linear
 from localchat.weights.hf_quant_blocks import BLOCK, repack_int4
-from localchat.weights.hf_quant_fp8 import ACTIVATION_SCALES, dequantize_fp8, fp8_part, log_ignored
+from localchat.weights.hf_quant_fp8 import (
+    ACTIVATION_SCALES,
+    deltanet_gate,
+    dequantize_fp8,
+    fp8_part,
+    log_ignored,
+)
+from localchat.weights.hf_quant_names import compactable
 from localchat.weights.tensors import WeightTensor
 
 log = logging.getLogger(__name__)
@@ -52,18 +59,6 @@ _CT_PARTS = ("weight_packed", "weight_shape", "weight_scale", "weight_zero_point
 _GPTQ_PARTS = ("qweight", "qzeros", "scales", "g_idx")
 # AutoAWQ's GEMM layout puts output column ORDER[i] in nibble i of each int32; UNDO inverts it.
 _AWQ_UNDO = np.array([0, 4, 1, 5, 2, 6, 3, 7])
-# The linears handed over compact: a decoder layer's own projections, which every family's load maps by
-# name: attention, DeepSeek's MLA low-rank pair (q_a/q_b, kv_a/kv_b; arch/deepseek.py moves their rope
-# rows with `reorder_rows`, which keeps the compact form), the MLP, and each routed expert's own (Qwen3-MoE
-# and DeepSeek's gate/up/down, Mixtral's w1/w3/w2; LFM2's MLP too), which the torch loader runs like any
-# linear (models/moe.py); a compact weight the loader does not run through `linear` is dequantized there.
-# Fused checkpoint matrices, which families may split or restack, stay dequantized.
-_COMPACT_LINEARS = (
-    *("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-    *("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"),
-    *(".w1", ".w2", ".w3"),
-)
-_EXPERT = re.compile(r"\.experts\.\d+\.")  # a routed expert's own linear (not a stacked tensor)
 # transformers 5's stacked FP8 experts: `<...>.experts.gate_up_proj` and `<...>.experts.gate_up_proj_scale_inv`
 _STACKED_FP8 = re.compile(r"(?P<base>.+\.experts\.[A-Za-z_]\w*?)(?P<scale>_scale_inv)?")
 
@@ -253,7 +248,9 @@ def dequantized_stream(
             continue
         if t.dtype in QUANT_STORAGE:
             raise ModelLoadError(f"Tensor {t.name} ({t.dtype}) is not part of a {method} linear layer.")
-        yield t
+        gate = deltanet_gate(t) if method in ("fp8", "compressed-tensors") else None
+        tally["Q8_0 of bf16 DeltaNet b/a"] = tally.get("Q8_0 of bf16 DeltaNet b/a", 0) + (gate is not None)
+        yield t if gate is None else gate
     for module, parts in pending.items():
         if method == "compressed-tensors" and (module in done or set(parts) <= {"input_scale"}):
             continue  # activation scales (W8A8) of an already yielded or unquantized layer: unused
@@ -310,7 +307,7 @@ def _counted(
 
 
 def _log_tally(method: str, tally: dict[str, int]) -> None:
-    compact = {k: v for k, v in tally.items() if k != "dense"}
+    compact = {k: v for k, v in tally.items() if k != "dense" and v}
     if compact:
         log.info(
             "%s checkpoint: %s quantized linears handed over as GGUF blocks (%s): kept compact on "
@@ -330,16 +327,11 @@ def _log_tally(method: str, tally: dict[str, int]) -> None:
         )
 
 
-def _compactable(module: str) -> bool:
-    expert_ok = ".experts." not in module or _EXPERT.search(module) is not None
-    return ".layers." in module and expert_ok and module.endswith(_COMPACT_LINEARS)
-
-
 def _int4_compact(
     method: str, module: str, parts: dict[str, np.ndarray], group: int, offset: int
 ) -> WeightTensor | None:
     """A GPTQ / AWQ linear as blocks (hf_quant_blocks.py), None where it has no such form."""
-    if not _compactable(module):
+    if not compactable(module):
         return None
     if method == "awq":
         codes, zeros = awq_columns(parts["qweight"]), awq_columns(parts["qzeros"])
@@ -354,7 +346,7 @@ def _int4_compact(
 def _fp8_compact(module: str, parts: dict[str, np.ndarray], block: tuple[int, int]) -> WeightTensor | None:
     """An FP8 linear (`weight_scale_inv` per tensor or per block) as Q8_0 (hf_q8_blocks.py), None where
     it has no such form."""
-    if not _compactable(module):
+    if not compactable(module):
         return None
     scale = np.asarray(parts["weight_scale_inv"], dtype=np.float32)
     rows, cols = parts["weight"].shape
@@ -366,7 +358,7 @@ def _fp8_compact(module: str, parts: dict[str, np.ndarray], block: tuple[int, in
 def _ct_compact(module: str, parts: dict[str, np.ndarray], bits: int) -> WeightTensor | None:
     """Symmetric pack-quantized W4A16 by group or channel as Q4_0 blocks, float-quantized FP8 and
     int-quantized int8 (W8A8) as Q8_0; None where it has no such form."""
-    if not _compactable(module):
+    if not compactable(module):
         return None
     if bits == 8 and "weight" in parts:
         return _ct_q8(module, parts)
@@ -479,11 +471,11 @@ def loaded_weight_bytes(
                 scale = part in _CT_PARTS or part in ACTIVATION_SCALES or part.endswith("scale_inv")
                 total += 0 if scale else int(end) - int(begin)
             elif info["dtype"] == "F8_E4M3" and _STACKED_FP8.fullmatch(name):  # per expert, as split
-                held = compact and _compactable(f"{module}.0.{part}")
+                held = compact and compactable(f"{module}.0.{part}")
                 total += count * Q8_0_BYTES // BLOCK if held else count * value_bytes
-            elif compact and bits == 4 and part in _COMPACT_BLOCK_BYTES and _compactable(module):
+            elif compact and bits == 4 and part in _COMPACT_BLOCK_BYTES and compactable(module):
                 total += count * 8 * _COMPACT_BLOCK_BYTES[part] // BLOCK
-            elif compact and part == "weight" and info["dtype"] in ("F8_E4M3", "I8") and _compactable(module):
+            elif compact and part == "weight" and info["dtype"] in ("F8_E4M3", "I8") and compactable(module):
                 total += count * Q8_0_BYTES // BLOCK
             elif part in _EXPANSION:
                 total += count * (_EXPANSION[part] or 32 // bits) * value_bytes

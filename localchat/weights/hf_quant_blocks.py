@@ -34,9 +34,11 @@ class RepackedLinear(WeightTensor):
 
     def take_rows(self, rows: np.ndarray) -> RepackedLinear:
         """The same linear with its output rows in `rows`' order (a family's layout fix: DeepSeek's
-        de-interleaved rope rows): rows are self-contained, so this moves bytes and nothing rounds."""
+        de-interleaved rope rows; or a subset, Qwen3-Next's split in_proj): rows are self-contained, so this
+        moves bytes and nothing rounds."""
         zeros = self.zeros[rows] if self.zeros.size else self.zeros
-        return replace(self, data=np.ascontiguousarray(np.asarray(self.data)[rows]), zeros=zeros)
+        data = np.ascontiguousarray(np.asarray(self.data)[rows])
+        return replace(self, shape=(len(rows), self.shape[1]), data=data, zeros=zeros)
 
     def dequantize(self) -> np.ndarray:
         """The checkpoint's exact float32 values [out, in], input columns in their own order: (q - z) s,

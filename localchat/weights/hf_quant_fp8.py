@@ -16,11 +16,13 @@ bf16 / fp16 / fp32, so these calibrate nothing here: they are dropped at load, c
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 
 from localchat.errors import ModelLoadError
-from localchat.weights.hf_q8_blocks import E4M3FN
+from localchat.weights.hf_q8_blocks import E4M3FN, Q8Linear, dense_q8
+from localchat.weights.tensors import WeightTensor
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,9 @@ ACTIVATION_SCALES = frozenset(
 # Linear modules whose other `*_scale` parts (a future writer's activation scales) are dropped too: a
 # model's own scalar parameters (Gemma 3n's `layer_output_scale`, routers' scales) never sit on a linear.
 _LINEAR_ENDS = ("proj", ".w1", ".w2", ".w3")
+# DeltaNet's beta / alpha rows, which Qwen's FP8 repos keep in bf16 (one row per value head: no 128-row
+# block) while the qkv / z rows they are fused with at load are FP8.
+_DELTANET_GATES = re.compile(r".+\.layers\.\d+\.linear_attn\.in_proj_(b|a|ba)\.weight")
 
 
 def fp8_part(module: str, part: str, dtype: str) -> str | None:
@@ -72,3 +77,12 @@ def dequantize_fp8(
     if s.shape != (-(-rows // bo), -(-cols // bi)):
         raise ModelLoadError(f"FP8 scales {s.shape} do not tile a {rows}x{cols} weight in {bo}x{bi} blocks.")
     return w * np.repeat(np.repeat(s, bo, axis=0), bi, axis=1)[:rows, :cols]
+
+
+def deltanet_gate(t: WeightTensor) -> Q8Linear | None:
+    """A float in_proj_b / in_proj_a (Qwen3.5) or in_proj_ba (Qwen3-Next) of an 8-bit folder as Q8_0
+    (`dense_q8`: exact values where a backend dequantizes), so the in_proj it joins stays in blocks; None
+    for any other tensor."""
+    if t.dtype not in ("BF16", "F16", "F32") or len(t.shape) != 2 or not _DELTANET_GATES.fullmatch(t.name):
+        return None
+    return dense_q8(t.name, t.dequantize())
