@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -100,11 +101,13 @@ def estimate(
     isq: str | None = None,
     dtype: str = "bfloat16",
     max_num_seqs: int = 32,
+    backend: str = "torch",
 ) -> MemoryEstimate:
     """`isq`: the `--isq` type dense weights are quantized to at load (they are sized in that format);
     `dtype`: the compute dtype (`compute_dtype`): float32 doubles what is expanded, and decides which
     block types stay compact. Hybrid models add their state pool (one slot per `max_num_seqs`) to the
-    KV floor; with `--kv-cache-mib` the engine takes the pool out of that budget, so it is already counted."""
+    KV floor; with `--kv-cache-mib` the engine takes the pool out of that budget, so it is already counted.
+    `backend` (`--backend`): MLX keeps a quantized folder's blocks as its own affine groups, kernels or not."""
     size = path_size(path)
     weights = size
     if path.suffix == ".gguf":
@@ -117,7 +120,9 @@ def estimate(
     elif isq is not None and path.is_dir():
         weights = _isq_weights(path, isq, size)
     elif path.is_dir():
-        weights = _hf_quant_weights(path, _value_bytes(dtype), size, "Q4_1" in compact_gguf_types(dtype))
+        affine = _mlx_likely(backend)
+        blocks = affine or "Q4_1" in compact_gguf_types(dtype)
+        weights = _hf_quant_weights(path, _value_bytes(dtype), size, blocks, affine)
     kv = (
         kv_cache_mib * MIB
         if kv_cache_mib is not None
@@ -246,11 +251,22 @@ def _held_at_load(reader: Any) -> Callable[[str, str], int]:
     return held_as
 
 
-def _hf_quant_weights(folder: Path, value_bytes: int, size: int, blocks: bool = False) -> int:
+def _mlx_likely(backend: str) -> bool:
+    """Whether the load runs on MLX: `--backend mlx`, or `auto` on Apple Silicon (resolve_backend's rule,
+    without importing mlx here)."""
+    apple = sys.platform == "darwin" and platform.machine() == "arm64"
+    return backend == "mlx" or (backend == "auto" and apple)
+
+
+def _hf_quant_weights(
+    folder: Path, value_bytes: int, size: int, blocks: bool = False, affine: bool = False
+) -> int:
     """A GPTQ / AWQ / FP8 / compressed-tensors folder is dequantized at load (weights/hf_quant.py): sized
-    as expanded, except int4 linears that stay GGUF blocks where the kernels keep Q4_1 (`blocks`; with
-    the kernels present, see compact_gguf_types): ~4.5-5 bits a weight. `size` for a dense folder, or
-    when unreadable (the load then says what is wrong)."""
+    as expanded, except the linears that stay blocks: GGUF blocks where the kernels keep Q4_1 (`blocks`;
+    with the kernels present, see compact_gguf_types): ~4.5-5 bits a weight for int4, 8.5 for FP8 / int8;
+    on MLX (`affine`, kernels or not) its 4- / 8-bit groups with a scale and bias per 32 in the compute
+    dtype (FP8: 9 bits a weight in bf16, 10 in float32). `size` for a dense folder, or when unreadable
+    (the load then says what is wrong)."""
     import json
 
     try:
@@ -261,8 +277,8 @@ def _hf_quant_weights(folder: Path, value_bytes: int, size: int, blocks: bool = 
         qc = raw["quantization_config"]
         groups = list((qc.get("config_groups") or {}).values())
         bits = int(((groups[0] or {}).get("weights") or {}).get("num_bits", 4)) if groups else 4
-        compact = blocks and kernel_isa() is not None and compact_int4(raw)
-        return loaded_weight_bytes(headers, value_bytes, bits, compact)
+        compact = blocks and (affine or kernel_isa() is not None) and compact_int4(raw)
+        return loaded_weight_bytes(headers, value_bytes, bits, compact, affine)
     except (ModelLoadError, OSError, ValueError, KeyError, TypeError, AttributeError):
         return size
 

@@ -38,7 +38,7 @@ ACTIVATION_SCALES = frozenset(
 _LINEAR_ENDS = ("proj", ".w1", ".w2", ".w3")
 # DeltaNet's beta / alpha rows, which Qwen's FP8 repos keep in bf16 (one row per value head: no 128-row
 # block) while the qkv / z rows they are fused with at load are FP8.
-_DELTANET_GATES = re.compile(r".+\.layers\.\d+\.linear_attn\.in_proj_(b|a|ba)\.weight")
+DELTANET_GATES = re.compile(r".+\.layers\.\d+\.linear_attn\.in_proj_(b|a|ba)\.weight")
 
 
 def fp8_part(module: str, part: str, dtype: str) -> str | None:
@@ -80,9 +80,9 @@ def dequantize_fp8(
 
 
 def deltanet_gate(t: WeightTensor) -> Q8Linear | None:
-    """A float in_proj_b / in_proj_a (Qwen3.5) or in_proj_ba (Qwen3-Next) of an 8-bit folder as Q8_0
+    """A float in_proj_b / in_proj_a (Qwen3.5) or in_proj_ba (Qwen3-Next) of a quantized folder as Q8_0
     (`dense_q8`: exact values where a backend dequantizes), so the in_proj it joins stays in blocks; None
     for any other tensor."""
-    if t.dtype not in ("BF16", "F16", "F32") or len(t.shape) != 2 or not _DELTANET_GATES.fullmatch(t.name):
+    if t.dtype not in ("BF16", "F16", "F32") or len(t.shape) != 2 or not DELTANET_GATES.fullmatch(t.name):
         return None
     return dense_q8(t.name, t.dequantize())

@@ -23,7 +23,9 @@ from tokenizers import Tokenizer, models
 from localchat.backends.torch.cpu import kernels
 from localchat.backends.torch.cpu.kernels import BlockMatrix
 from localchat.weights.hf_q8_blocks import Q8Linear
+from localchat.weights.hf_quant import loaded_weight_bytes
 from localchat.weights.loader import load_model
+from localchat.weights.safetensors import safetensors_files
 from tests.backends.test_hf_fp8_compact import fp8_block_parts
 from tests.backends.test_hf_quant_compact import compact_runner
 from tests.backends.test_qwen3_next import PROMPT, TINY
@@ -161,3 +163,14 @@ def test_fp8_deltanet_runs_on_the_kernels(
         )
     assert got_tokens == exact_tokens
     assert diff < Q8_DELTANET_ATOL
+
+
+def test_ram_estimate_counts_the_deltanet_projections_as_blocks(tmp_path: Path) -> None:
+    """FP8 linears (DeltaNet's included) and the bf16 b / a rows at Q8_0's 34 bytes per 32 values."""
+    write_fp8_hybrid(tmp_path, "qwen3_5")
+    headers = [f.header for f in safetensors_files(tmp_path, True)]
+    fp8 = sum(int(np.prod(i["shape"])) for h in headers for i in h.values() if i["dtype"] == "F8_E4M3")
+    gates = sum(int(np.prod(i["shape"])) for h in headers for n, i in h.items() if n.endswith(BF16_NAMES))
+    assert gates > 0
+    saved = loaded_weight_bytes(headers, 2) - loaded_weight_bytes(headers, 2, compact=True)
+    assert saved == (fp8 + gates) * 2 - (fp8 + gates) * 34 // 32
