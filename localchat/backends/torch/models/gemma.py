@@ -15,12 +15,12 @@ from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from localchat.backends.torch.attention import AttentionOptions, rope_paged_attention
 from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import Rotary, empty_param, rms_norm
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
+from localchat.backends.torch.models.partial_sums import PartialSums
 from localchat.backends.torch.quant import linear
 from localchat.weights.config import ModelConfig
 
@@ -29,7 +29,7 @@ def is_sliding(config: ModelConfig, index: int) -> bool:
     return config.extra["layer_types"][index] == "sliding_attention"
 
 
-class GemmaLayer(nn.Module):
+class GemmaLayer(PartialSums):
     def __init__(self, config: ModelConfig, index: int) -> None:
         super().__init__()
         h, kvh, d, hidden = (
@@ -72,11 +72,13 @@ class GemmaLayer(nn.Module):
         if self.qk_norm is not None:
             qk = rms_norm(qk, None, eps) * self.qk_norm
         attn = rope_paged_attention(qk, qkv[:, h + kvh :], cos, sin, kv_cache, meta, self.attn_options)
-        x = x + rms_norm(linear(attn.reshape(tokens, h * d), self.o), self.post_attn_norm, eps)
+        # The post norms need the whole vector: the row-parallel sums come before them.
+        attn_out = self.reduce_partial(linear(attn.reshape(tokens, h * d), self.o))
+        x = x + rms_norm(attn_out, self.post_attn_norm, eps)
         gate_up = linear(rms_norm(x, self.mlp_norm, eps), self.gate_up)
         inter = gate_up.shape[-1] // 2
         act = F.gelu(gate_up[:, :inter], approximate="tanh") * gate_up[:, inter:]
-        return x + rms_norm(linear(act, self.down), self.post_mlp_norm, eps)
+        return x + rms_norm(self.reduce_partial(linear(act, self.down)), self.post_mlp_norm, eps)
 
 
 class Model(DecoderLM):

@@ -27,6 +27,7 @@ from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import apply_rope, empty_param, rms_norm
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.models.moe import Expert
+from localchat.backends.torch.models.partial_sums import PartialSums
 from localchat.backends.torch.quant import embed_rows, linear
 from localchat.weights.config import ModelConfig
 
@@ -67,7 +68,7 @@ class Gemma4Moe(nn.Module):
         return rms_norm(out, self.post_norm, self.eps)
 
 
-class Gemma4Layer(nn.Module):
+class Gemma4Layer(PartialSums):
     def __init__(self, config: ModelConfig, index: int) -> None:
         super().__init__()
         x = config.extra
@@ -134,11 +135,13 @@ class Gemma4Layer(nn.Module):
             assert shared is not None, "a KV-sharing layer needs its source layer's keys and values"
             k, v = shared[self.source]
         attn = paged_attention(q, k, v, kv_cache, meta, self.attn_options)[..., :d]
-        x = x + rms_norm(linear(attn.reshape(tokens, h * d), self.o), self.post_attn_norm, eps)
+        # The post norms need the whole vector: the row-parallel sums come before them.
+        attn_out = self.reduce_partial(linear(attn.reshape(tokens, h * d), self.o))
+        x = x + rms_norm(attn_out, self.post_attn_norm, eps)
         gate_up = linear(rms_norm(x, self.mlp_norm, eps), self.gate_up)
         inter = gate_up.shape[-1] // 2
         act = F.gelu(gate_up[:, :inter], approximate="tanh") * gate_up[:, inter:]
-        mlp = linear(act, self.down)
+        mlp = self.reduce_partial(linear(act, self.down))
         if self.moe is not None:  # 26B-A4B: the dense MLP's output normed, plus the MoE block's
             mlp = rms_norm(mlp, self.mlp_post_norm, eps) + self.moe.forward(x)
         x = x + rms_norm(mlp, self.post_mlp_norm, eps)

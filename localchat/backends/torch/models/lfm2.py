@@ -22,6 +22,7 @@ from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import empty_param, rms_norm, swiglu
 from localchat.backends.torch.models.base import StepMetadata
 from localchat.backends.torch.models.moe import SparseMoe
+from localchat.backends.torch.models.partial_sums import PartialSums
 from localchat.backends.torch.models.state_model import StateModel
 from localchat.backends.torch.quant import linear
 from localchat.backends.torch.short_conv import causal_conv
@@ -48,7 +49,7 @@ class SigmoidRouterMoe(SparseMoe):
         return (weights * self.scale).to(x.dtype), ids
 
 
-class Lfm2Layer(nn.Module):
+class Lfm2Layer(PartialSums):
     def __init__(self, config: ModelConfig, index: int) -> None:
         super().__init__()
         x = config.extra
@@ -154,8 +155,8 @@ class Model(StateModel):
         cos, sin = self.rotary(positions, x.dtype)
         index = [0, 0]  # next KV cache, next state slot layer
         for layer in self.lfm2_layers:
-            x = x + self.mixer(
-                layer, rms_norm(x, layer.attn_norm, layer.eps), cos, sin, meta, kv_caches, index
-            )
-            x = x + layer.mlp(rms_norm(x, layer.mlp_norm, layer.eps))
+            normed = rms_norm(x, layer.attn_norm, layer.eps)
+            # The conv's out_proj, attention's o and the MLP's down are row-parallel: one sum each.
+            x = x + layer.reduce_partial(self.mixer(layer, normed, cos, sin, meta, kv_caches, index))
+            x = x + layer.reduce_partial(layer.mlp(rms_norm(x, layer.mlp_norm, layer.eps)))
         return x

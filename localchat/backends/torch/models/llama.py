@@ -17,14 +17,16 @@ from localchat.backends.torch.attention import (
 )
 from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import add_rms_norm, apply_rope, empty_param, rms_norm, swiglu
+from localchat.backends.torch.models.partial_sums import PartialSums
 from localchat.backends.torch.models.qwen_vl import VisionLanguage
 from localchat.backends.torch.quant import linear
 from localchat.weights.config import ModelConfig
 
 
-class LlamaLayer(nn.Module):
+class LlamaLayer(PartialSums):
     # decode_step.plan runs layers of exactly this class as one C call; a subclass changes the layer (q/k
-    # norms, scaled queries, experts), so the flag is read from the class's own namespace, not inherited.
+    # norms, scaled queries, experts), so the flag is read from the class's own namespace, not inherited
+    # (nor does a tensor-parallel layer, whose `reduce_partial` all-reduces, take the C step).
     FUSED_DECODE = True
 
     def __init__(self, config: ModelConfig, index: int) -> None:
@@ -72,10 +74,10 @@ class LlamaLayer(nn.Module):
         else:
             qk = apply_rope(qk, cos, sin)
             attn = paged_attention(qk[:, :h] * q_scale, qk[:, h:], v, kv_cache, meta, self.attn_options)
-        x, normed = add_rms_norm(
-            x, linear(attn.reshape(tokens, h * d), self.o, self.o_bias), self.mlp_norm, self.eps
-        )
-        return x + self.mlp(normed)
+        # o_bias is zero on ranks other than 0 under --tp (shard_weights.py), so the sum adds it once.
+        attn_out = self.reduce_partial(linear(attn.reshape(tokens, h * d), self.o, self.o_bias))
+        x, normed = add_rms_norm(x, attn_out, self.mlp_norm, self.eps)
+        return x + self.reduce_partial(self.mlp(normed))  # the whole block: an MoE's experts summed once
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         """The feed-forward block on normed x [T, hidden]: SwiGLU in Llama."""

@@ -24,13 +24,14 @@ from localchat.backends.torch.layers import empty_param, rms_norm, swiglu
 from localchat.backends.torch.mamba2 import Mamba2Mixer
 from localchat.backends.torch.models.base import StepMetadata
 from localchat.backends.torch.models.moe import SparseMoe
+from localchat.backends.torch.models.partial_sums import PartialSums
 from localchat.backends.torch.models.state_model import StateModel
 from localchat.backends.torch.quant import linear
 from localchat.backends.torch.state_cache import LayerStateShape
 from localchat.weights.config import ModelConfig
 
 
-class HybridBlock(nn.Module):
+class HybridBlock(PartialSums):
     def __init__(self, config: ModelConfig, index: int) -> None:
         super().__init__()
         x = config.extra
@@ -152,7 +153,9 @@ class Model(StateModel):
                 kv_index += 1
             else:
                 out = block.relu2_mlp(normed)
-            x = x + out * self.residual_scale
+            # Every mixer ends in a row-parallel projection (out_proj, o, down): one sum each.
+            x = x + block.reduce_partial(out) * self.residual_scale
             if block.mlp_norm is not None:
-                x = x + block.granite_mlp(rms_norm(x, block.mlp_norm, block.eps)) * self.residual_scale
+                mlp = block.granite_mlp(rms_norm(x, block.mlp_norm, block.eps))
+                x = x + block.reduce_partial(mlp) * self.residual_scale  # shared MLP + MoE: one sum
         return x

@@ -33,6 +33,7 @@ from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import empty_param, rms_norm, swiglu
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.models.moe import Expert, SparseMoe
+from localchat.backends.torch.models.partial_sums import PartialSums
 from localchat.backends.torch.mrope import MRotary
 from localchat.backends.torch.quant import linear
 from localchat.backends.torch.recurrent_kernels import use_triton_recurrent
@@ -54,7 +55,7 @@ class SharedExpertMoe(SparseMoe):
         return super().forward(x) + torch.sigmoid(linear(x, self.shared_gate)) * shared
 
 
-class HybridLayer(nn.Module):
+class HybridLayer(PartialSums):
     """One decoder layer: a full-attention or a linear-attention mixer, then the SwiGLU MLP."""
 
     def __init__(self, config: ModelConfig, index: int) -> None:
@@ -256,11 +257,13 @@ class Model(DecoderLM):
         kv_index = state_index = 0
         for layer in self.hybrid_layers:
             normed = rms_norm(x, layer.attn_norm, layer.eps)
+            # DeltaNet's out_proj, attention's o and the MLP's down are row-parallel: one sum each.
             if layer.linear:
-                x = x + layer.linear_attention(normed, self.rows, self.states, state_index)
+                out = layer.linear_attention(normed, self.rows, self.states, state_index)
                 state_index += 1
             else:
-                x = x + layer.attention(normed, cos, sin, meta, kv_caches[kv_index])
+                out = layer.attention(normed, cos, sin, meta, kv_caches[kv_index])
                 kv_index += 1
-            x = x + layer.mlp(rms_norm(x, layer.mlp_norm, layer.eps))
+            x = x + layer.reduce_partial(out)
+            x = x + layer.reduce_partial(layer.mlp(rms_norm(x, layer.mlp_norm, layer.eps)))
         return x

@@ -28,7 +28,6 @@ from localchat.backends.torch.models.gemma import Model as GemmaModel
 from localchat.backends.torch.models.gemma4 import Gemma4Layer
 from localchat.backends.torch.models.gemma4 import Model as Gemma4Model
 from localchat.backends.torch.models.lfm2 import Lfm2Layer
-from localchat.backends.torch.models.lfm2 import Model as Lfm2Model
 from localchat.backends.torch.models.llama import LlamaLayer
 from localchat.backends.torch.models.mamba_hybrid import HybridBlock
 from localchat.backends.torch.models.mamba_hybrid import Model as MambaHybridModel
@@ -43,9 +42,9 @@ from .memory import check_device_memory
 from .shard_deltanet import ParallelHybridLayer
 from .shard_gemma import ParallelGemma, ParallelGemmaLayer
 from .shard_gemma4 import ParallelGemma4Layer, gemma4_bundle
-from .shard_lfm2 import ParallelLfm2, ParallelLfm2Layer
+from .shard_lfm2 import ParallelLfm2Layer
 from .shard_llama import ParallelLlama, ParallelLlamaLayer
-from .shard_mamba import ParallelHybridBlock, ParallelMambaHybrid, shard_mixer
+from .shard_mamba import ParallelHybridBlock, ParallelMambaHybrid
 from .shard_mla import MLA_FAMILIES, ParallelDeepseekLayer
 from .shard_moe import dense_width
 from .shard_weights import SANITIZED_BEFORE_CUT, RankSlice, expert_size, shard_weights
@@ -107,7 +106,7 @@ _CLASSES: dict[tuple[type, type], type] = {}
 
 
 def _parallel_class(cls: type, parallel: type) -> type:
-    """`cls` with the tensor-parallel forward mixed in (same fields: instances switch class in place).
+    """`cls` with the tensor-parallel all-reduces mixed in (same fields: instances switch class in place).
     A pipeline stage's model keeps its hand-offs outermost (receive before the vocab-parallel lookup)."""
     if issubclass(cls, parallel):
         return cls
@@ -204,7 +203,8 @@ def sharded_runner(
         local = gemma4_bundle(bundle, part)
     runner = make_runner(local, options)
     model = runner.model
-    # The parallel forwards replace the family's: a family that overrides them is not covered.
+    # The parallel classes only sum what the family's forward passes to `reduce_partial`: a family that
+    # overrides that forward is not covered.
     parallel: dict[Any, type] = {
         LlamaLayer.forward: ParallelLlamaLayer,
         GemmaLayer.forward: ParallelGemmaLayer,
@@ -220,9 +220,7 @@ def sharded_runner(
     for layer, layer_class in zip(model.layers, layer_classes, strict=True):
         layer.__class__ = _parallel_class(type(layer), layer_class)  # + the all-reduces
         layer.tp_group = tp_group
-        if isinstance(layer, HybridBlock):
-            shard_mixer(layer, tp_group)
-    heads = {GemmaModel: ParallelGemma, Lfm2Model: ParallelLfm2, MambaHybridModel: ParallelMambaHybrid}
+    heads = {GemmaModel: ParallelGemma, MambaHybridModel: ParallelMambaHybrid}
     heads[Gemma4Model] = ParallelGemma
     head = next((h for family, h in heads.items() if isinstance(model, family)), ParallelLlama)
     model.__class__ = _parallel_class(type(model), head)

@@ -17,29 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
-from typing import Any
-
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 
 from localchat.arch.registry import architecture
-from localchat.backends.torch.attention import paged_attention
-from localchat.backends.torch.kv_cache import KVCache
-from localchat.backends.torch.layers import apply_rope, rms_norm
-from localchat.backends.torch.models.base import StepMetadata
-from localchat.backends.torch.models.gemma4 import Gemma4Layer, Shared
-from localchat.backends.torch.quant import linear
+from localchat.backends.torch.models.gemma4 import Gemma4Layer
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
 from localchat.weights.tensors import WeightTensor
 
+from .shard_llama import AllReduced
 from .shard_weights import LAYER_NAME, RankSlice, columns, rows, shard_weights
-
-
-def _all_reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
-    dist.all_reduce(x, group=group)
-    return x
 
 
 def _kv_part(kv_heads: int, part: RankSlice) -> tuple[int, int]:
@@ -96,45 +82,5 @@ def shard_gemma4_weights(
             yield w  # norms, the layer scalar, the per-layer gate and projection: replicated
 
 
-class ParallelGemma4Layer(Gemma4Layer):
+class ParallelGemma4Layer(AllReduced, Gemma4Layer):
     """Gemma4Layer over this rank's heads and MLP columns, the two row-parallel sums before the norms."""
-
-    tp_group: Any = None
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        meta: StepMetadata,
-        kv_cache: KVCache,
-        shared: Shared | None = None,
-        ple: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        tokens, eps = x.shape[0], self.eps
-        h, kvh, d = self.heads, self.kv_heads, self.head_dim
-        normed = rms_norm(x, self.attn_norm, eps)
-        q = rms_norm(linear(normed, self.q).view(tokens, h, d), self.q_weight, eps)
-        q = self._pad(apply_rope(q, cos, sin)) * self.q_scale
-        if self.k is not None:
-            raw_k = linear(normed, self.k).view(tokens, kvh, d)
-            raw_v = raw_k if self.v is None else linear(normed, self.v).view(tokens, kvh, d)
-            k = apply_rope(rms_norm(raw_k, self.k_weight, eps), cos, sin)
-            k, v = self._to_cache(k), self._to_cache(rms_norm(raw_v, None, eps))
-            if shared is not None:
-                shared[self.index] = k, v
-        else:
-            assert shared is not None, "a KV-sharing layer needs its source layer's keys and values"
-            k, v = shared[self.source]
-        attn = paged_attention(q, k, v, kv_cache, meta, self.attn_options)[..., :d]
-        attn_out = _all_reduce(linear(attn.reshape(tokens, h * d), self.o), self.tp_group)
-        x = x + rms_norm(attn_out, self.post_attn_norm, eps)
-        gate_up = linear(rms_norm(x, self.mlp_norm, eps), self.gate_up)
-        inter = gate_up.shape[-1] // 2
-        act = F.gelu(gate_up[:, :inter], approximate="tanh") * gate_up[:, inter:]
-        x = x + rms_norm(_all_reduce(linear(act, self.down), self.tp_group), self.post_mlp_norm, eps)
-        if ple is not None:  # replicated: every rank adds the same whole vector
-            assert self.ple_gate is not None and self.ple_proj is not None
-            gate = F.gelu(linear(x, self.ple_gate), approximate="tanh") * ple
-            x = x + rms_norm(linear(gate, self.ple_proj), self.ple_post_norm, eps)
-        return x * self.layer_scalar
