@@ -33,9 +33,10 @@ WEIGHT_SCALES = ("weight_scale_inv", "weight_scale")
 ACTIVATION_SCALES = frozenset(
     {"input_scale", "act_scale", "output_scale", "kv_scale", "k_scale", "v_scale", "q_scale", "prob_scale"}
 )
-# Linear modules whose other `*_scale` parts (a future writer's activation scales) are dropped too: a
-# model's own scalar parameters (Gemma 3n's `layer_output_scale`, routers' scales) never sit on a linear.
-_LINEAR_ENDS = ("proj", ".w1", ".w2", ".w3")
+# Linear and attention modules whose other `*_scale` parts (another writer's activation / KV scales, e.g.
+# vLLM's `self_attn.attn.k_scale` family) are dropped too: a model's own scalar parameters (Gemma 4's
+# `layer_output_scale`, routers' scales) never sit on a linear or an attention module.
+_SCALED_MODULES = ("proj", ".w1", ".w2", ".w3", "self_attn", ".attn")
 # DeltaNet's beta / alpha rows, which Qwen's FP8 repos keep in bf16 (one row per value head: no 128-row
 # block) while the qkv / z rows they are fused with at load are FP8.
 DELTANET_GATES = re.compile(r".+\.layers\.\d+\.linear_attn\.in_proj_(b|a|ba)\.weight")
@@ -48,7 +49,7 @@ def fp8_part(module: str, part: str, dtype: str) -> str | None:
         return "weight"
     if part in WEIGHT_SCALES:
         return "scale"
-    if part in ACTIVATION_SCALES or (part.endswith("_scale") and module.endswith(_LINEAR_ENDS)):
+    if part in ACTIVATION_SCALES or (part.endswith("_scale") and module.endswith(_SCALED_MODULES)):
         return "ignored"
     return None
 

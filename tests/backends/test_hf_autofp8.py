@@ -59,7 +59,8 @@ def qconfig(scheme: str) -> dict[str, Any]:
 
 def write_autofp8(tmp: Path, scheme: str) -> torch.nn.Module:
     """The tiny Llama of test_hf_fp8_compact in AutoFP8's layout; "static-kv" adds k_proj / v_proj
-    `output_scale` (AutoFP8's KV variant) and a per-attention `kv_scale` (vLLM-era repos)."""
+    `output_scale` (AutoFP8's KV variant), a per-attention `kv_scale` (vLLM-era repos) and a scale of a
+    name no known writer uses."""
     hf = write_folder(tmp, lambda w: autofp8_parts(w, scheme != "dynamic"), qconfig(scheme))
     if scheme.endswith("-kv"):
         file = tmp / "model.safetensors"
@@ -67,7 +68,13 @@ def write_autofp8(tmp: Path, scheme: str) -> torch.nn.Module:
             state = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
         for i in range(hf.config.num_hidden_layers):
             attn = f"model.layers.{i}.self_attn"
-            for name in (f"{attn}.k_proj.output_scale", f"{attn}.v_proj.output_scale", f"{attn}.kv_scale"):
+            kv = (
+                "k_proj.output_scale",
+                "v_proj.output_scale",
+                "kv_scale",
+                "attn.v_cache_scale",
+            )  # last: unknown
+            for name in (f"{attn}.{n}" for n in kv):
                 state[name] = torch.tensor(0.02, dtype=torch.float32)
         save_file(state, str(file))
     return hf
@@ -107,6 +114,7 @@ def test_autofp8_exact_run_matches_transformers(
         assert len(dropped) == 1 and f"{7 * layers} input_scale" in dropped[0]
     if scheme.endswith("-kv"):
         assert f"{layers} kv_scale" in dropped[0] and f"{2 * layers} output_scale" in dropped[0]
+        assert f"{layers} v_cache_scale" in dropped[0]  # a name no writer here uses: dropped, no error
 
 
 @pytest.mark.skipif(not kernels.runnable_isas(), reason="kernels not built (no C compiler)")
