@@ -249,7 +249,7 @@ def dequantized_stream(
             continue
         if t.dtype in QUANT_STORAGE:
             raise ModelLoadError(f"Tensor {t.name} ({t.dtype}) is not part of a {method} linear layer.")
-        gate = deltanet_gate(t)
+        gate = deltanet_gate(t) if method in ("fp8", "compressed-tensors") else None  # no act-order there
         tally["Q8_0 of bf16 DeltaNet b/a"] = tally.get("Q8_0 of bf16 DeltaNet b/a", 0) + (gate is not None)
         yield t if gate is None else gate
     for module, parts in pending.items():
@@ -464,12 +464,13 @@ def loaded_weight_bytes(
     """Bytes the weights take once loaded, from safetensors headers: what the pre-load RAM check counts
     for a quantized folder instead of its (4x-8x smaller) file size. Dequantized parts at `value_bytes`
     per value; with `compact` (`compact_blocks`, and a backend that keeps the blocks) the int4 layer
-    linears at their blocks' 4.5 (Q4_0) or 5 (Q4_1) bits per weight, the 8-bit (FP8, int8) ones (and an
-    quantized folder's bf16 DeltaNet b / a, `deltanet_gate`) at Q8_0's 8.5. `affine`: MLX's form of those
+    linears at their blocks' 4.5 (Q4_0) or 5 (Q4_1) bits per weight, the 8-bit (FP8, int8) ones (and an FP8 /
+    compressed-tensors folder's bf16 DeltaNet b / a, `deltanet_gate`) at Q8_0's 8.5. `affine`: MLX's form of those
     blocks instead, 4 or 8 bits plus a scale and a bias per 32 values at `value_bytes` each (8-bit: 10 bits
     a weight in float32, 9 in bf16 / fp16)."""
     q8 = 32 + 2 * value_bytes if affine else Q8_0_BYTES  # bytes per 32 values
     int4 = {k: 16 + 2 * value_bytes for k in _COMPACT_BLOCK_BYTES} if affine else _COMPACT_BLOCK_BYTES
+    gates = compact and not any(n.endswith(".qweight") for h in headers for n in h)  # `deltanet_gate`'s
     total = 0
     for header in headers:
         for name, info in header.items():
@@ -478,7 +479,7 @@ def loaded_weight_bytes(
             count = int(np.prod([int(d) for d in info["shape"]], dtype=np.int64))
             if info["dtype"] not in QUANT_STORAGE:
                 scale = part in _CT_PARTS or part in ACTIVATION_SCALES or part.endswith("scale_inv")
-                gate = compact and DELTANET_GATES.fullmatch(name) is not None
+                gate = gates and DELTANET_GATES.fullmatch(name) is not None
                 total += 0 if scale else count * q8 // BLOCK if gate else int(end) - int(begin)
             elif info["dtype"] == "F8_E4M3" and _STACKED_FP8.fullmatch(name):  # per expert, as split
                 held = compact and compactable(f"{module}.0.{part}")

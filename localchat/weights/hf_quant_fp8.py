@@ -81,9 +81,10 @@ def dequantize_fp8(
 
 
 def deltanet_gate(t: WeightTensor) -> Q8Linear | None:
-    """A float in_proj_b / in_proj_a (Qwen3.5) or in_proj_ba (Qwen3-Next) of a quantized folder as Q8_0
-    (`dense_q8`: exact values where a backend dequantizes), so the in_proj it joins stays in blocks; None
-    for any other tensor."""
+    """A float in_proj_b / in_proj_a (Qwen3.5) or in_proj_ba (Qwen3-Next) of an FP8 / compressed-tensors
+    folder as Q8_0 (`dense_q8`: exact values where a backend dequantizes), so the in_proj it joins stays
+    in blocks; None for any other tensor. (GPTQ / AWQ folders keep them dense: beside act-order parts the
+    torch loader fuses a dense in_proj, which should hold their exact values.)"""
     if t.dtype not in ("BF16", "F16", "F32") or len(t.shape) != 2 or not DELTANET_GATES.fullmatch(t.name):
         return None
     return dense_q8(t.name, t.dequantize())
