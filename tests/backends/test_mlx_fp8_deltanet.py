@@ -23,7 +23,6 @@ from tests.helpers.torch_models import fp32_runner  # noqa: E402
 pytestmark = pytest.mark.mlx
 
 
-@pytest.mark.slow  # ~45 s each on a loaded 2-core box (MLX CPU)
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_fp8_deltanet_stays_8bit_on_mlx(
     tmp_path: Path, variant: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
