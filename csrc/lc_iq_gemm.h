@@ -8,8 +8,9 @@ paid once for all rows and one integer instruction adds 4 values into 16 outputs
 kernels do. Codes and scales are lc_iq_dec's (weight = scale * code, exact), so results differ from the
 row kernel only in float32 summation order.
 
-Panel (per thread, 20 * k bytes): codes[k / 4][64] then scales[k / 16][16] (float, one per 16 values of
-each row; the types with one scale per 32 store it twice). AVX-512 VNNI stores codes + 128 (vpdpbusd
+Panel: codes[k / 4][64] then scales[k / 16][16] (float, one per 16 values of each row; the types with one
+scale per 32 store it twice); each thread's buffer holds two (40 * k bytes: AVX-512 runs panel pairs).
+AVX-512 VNNI stores codes + 128 (vpdpbusd
 reads unsigned bytes; the 128 * activation sum comes back out through the chain's start value), AVX2 the
 codes + 64 where they fit (lc_iqg_small, the same correction) and else the signed codes (|code| times the
 activation with the code's sign), portable C the signed codes. Included
@@ -137,6 +138,47 @@ static inline __attribute__((always_inline)) void LC_FN(iqg_tile)(const int mr, 
     }
     for (int i = 0; i < mr; i++) LC_FN(x16_store)(acc[i], out, out_bf16, (t0 + i) * ldo + r0, cols);
 }
+#define LC_IQG_MR2 6 /* iqg_tile2's rows: 12 int32 chains + 12 float sums in the 32 zmm registers */
+/* As iqg_tile over two panels (32 weight rows) at once: each broadcast of 4 activation bytes feeds two
+   vpdpbusd (one per panel), as the K-quants' x16 kernels pair their panels. 8B IQ4_XS 4096x4096, 512 rows,
+   one thread: 514 -> 673 GFLOP/s (the same bits). */
+static inline __attribute__((always_inline)) void LC_FN(iqg_tile2)(const int mr, const int u, const uint8_t *codes,
+                                                                   const float *scales, int64_t k,
+                                                                   const lc_x16_sums *x, int64_t t0, void *out,
+                                                                   int out_bf16, int64_t ldo, int64_t r0, int cols,
+                                                                   int cols2) {
+    __m512 acc[LC_IQG_MR2][2];
+    const uint8_t *codes2 = codes + 16 * k;
+    const float *scales2 = scales + k;
+    for (int i = 0; i < mr; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    const int32_t *ns = u == 16 ? x->ns16 : x->ns32;
+    const int64_t units = k / u;
+    for (int64_t h = 0; h < units; h++) {
+        __m512i c[LC_IQG_MR2][2];
+        for (int i = 0; i < mr; i++) c[i][0] = c[i][1] = _mm512_set1_epi32(ns[(t0 + i) * units + h] * 128);
+        for (int g = 0; g < u / 4; g++) {
+            __m512i cv0 = _mm512_loadu_si512((const void *)(codes + (h * (u / 4) + g) * 64));
+            __m512i cv1 = _mm512_loadu_si512((const void *)(codes2 + (h * (u / 4) + g) * 64));
+            for (int i = 0; i < mr; i++) {
+                int32_t xb;
+                memcpy(&xb, x->xq + (t0 + i) * k + h * u + 4 * g, 4);
+                __m512i xv = _mm512_set1_epi32(xb);
+                c[i][0] = _mm512_dpbusd_epi32(c[i][0], cv0, xv);
+                c[i][1] = _mm512_dpbusd_epi32(c[i][1], cv1, xv);
+            }
+        }
+        __m512 sv0 = _mm512_loadu_ps(scales + h * (u / 16) * 16), sv1 = _mm512_loadu_ps(scales2 + h * (u / 16) * 16);
+        for (int i = 0; i < mr; i++) {
+            __m512 d = _mm512_set1_ps(x->dx32[(t0 + i) * (k / 32) + h * u / 32]);
+            acc[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c[i][0]), _mm512_mul_ps(sv0, d), acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c[i][1]), _mm512_mul_ps(sv1, d), acc[i][1]);
+        }
+    }
+    for (int i = 0; i < mr; i++) {
+        LC_FN(x16_store)(acc[i][0], out, out_bf16, (t0 + i) * ldo + r0, cols);
+        if (cols2 > 0) LC_FN(x16_store)(acc[i][1], out, out_bf16, (t0 + i) * ldo + r0 + 16, cols2);
+    }
+}
 #define LC_IQG_MR 8
 #elif LC_ISA == LC_ISA_AVX2
 /* As above in two 8-row halves of 256 bits; codes are signed, multiplied as |code| x (activation with the
@@ -249,12 +291,42 @@ static int LC_FN(iq_gemm)(int type, const uint8_t *w, int64_t n, int64_t k, int6
 #pragma omp parallel num_threads(nth) reduction(| : failed)
 #endif
     {
-        uint8_t *codes = (uint8_t *)lc_grow(&lc_iqg_buf, &lc_iqg_buf_size, (size_t)k * 20 + 64);
-        float *scales = codes ? (float *)(codes + 16 * k) : NULL;
+        uint8_t *codes = (uint8_t *)lc_grow(&lc_iqg_buf, &lc_iqg_buf_size, (size_t)k * 40 + 64);
+        /* two panels: codes, codes + 16 k, then their scales */
+        float *scales = codes ? (float *)(codes + 32 * k) : NULL;
         failed |= codes == NULL;
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
+#if LC_ISA == LC_ISA_AVX512VNNI /* panel pairs (iqg_tile2) */
+        for (int64_t pp = 0; pp < (panels + 1) / 2; pp++) {
+            if (!codes) continue;
+            int64_t r0 = 32 * pp;
+            int cols = n - r0 < 16 ? (int)(n - r0) : 16;
+            int cols2 = n - r0 - 16 < 16 ? (int)(n - r0 - 16) : 16;
+            LC_FN(iqg_panel)(type, w, n, r0, k, row_bytes, codes, scales);
+            LC_FN(iqg_panel)(type, w, n, r0 + 16, k, row_bytes, codes + 16 * k, scales + k);
+            for (int64_t t0 = 0; t0 < t; t0 += LC_IQG_MR2) {
+                switch (t - t0 < LC_IQG_MR2 ? (int)(t - t0) : LC_IQG_MR2) {
+#define LC_IQG_T2(M)                                                                                             \
+    if (u == 16) LC_FN(iqg_tile2)(M, 16, codes, scales, k, x, t0, out, out_bf16, ldo, r0, cols, cols2);          \
+    else LC_FN(iqg_tile2)(M, 32, codes, scales, k, x, t0, out, out_bf16, ldo, r0, cols, cols2);                 \
+    break;
+                case 1: LC_IQG_T2(1)
+                case 2: LC_IQG_T2(2)
+                case 3: LC_IQG_T2(3)
+#if LC_IQG_MR2 > 4
+                case 4: LC_IQG_T2(4)
+                case 5: LC_IQG_T2(5)
+                default: LC_IQG_T2(6)
+#else
+                default: LC_IQG_T2(4)
+#endif
+#undef LC_IQG_T2
+                }
+            }
+        }
+#else
         for (int64_t p = 0; p < panels; p++) {
             if (!codes) continue;
             int64_t r0 = 16 * p;
@@ -277,6 +349,7 @@ static int LC_FN(iq_gemm)(int type, const uint8_t *w, int64_t n, int64_t k, int6
                 }
             }
         }
+#endif
     }
     return failed ? LC_ENOMEM : LC_OK;
 }
