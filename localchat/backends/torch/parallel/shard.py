@@ -60,6 +60,9 @@ from .shard_weights import SANITIZED_BEFORE_CUT, RankSlice, expert_size, shard_w
 # all-reduce still sums the whole block.
 # Gemma 4's dense text models (E2B / E4B too): Gemma's layout at each layer's own sizes (shard_gemma4.py).
 # Phi-3 / Phi-4-mini: Llama's layer on fused qkv_proj / gate_up_proj (shard_weights cuts each part).
+# SmolLM3 (NoPE layers), Ministral 3 (a per-token q scale) and Qwen2-VL / Qwen3-VL / Qwen3-VL-MoE
+# (M-RoPE, DeepStack rows): Llama's layer under their own step, which acts per head or on the whole
+# summed vector; each rank runs its own copy of the vision tower (docs/parallel.md says why).
 # DeepSeek-V2 / V3 and Mistral 4: multi-head latent attention cut by head, the latent replicated, the
 # MoE as above (shard_mla.py).
 SHARDED_FAMILIES = (
@@ -73,6 +76,11 @@ SHARDED_FAMILIES = (
     "qwen3_next",
     "gemma4",
     "phi3",
+    "smollm3",
+    "ministral3",
+    "qwen2_vl",
+    "qwen3_vl",
+    "qwen3_vl_moe",
     # gpt-oss, GLM-4.5 / 4.6, Llama 4: Llama's layer, their MoE cut like Qwen3-MoE's (shard_moe.py).
     "gpt_oss",
     "glm4_moe",
@@ -95,6 +103,7 @@ def _unsupported(config: ModelConfig, world: int) -> BackendUnavailableError:
     return BackendUnavailableError(
         f"--tensor-parallel-size {world}: only the Llama family (Llama, Mistral, Qwen2, SmolLM2), "
         "Qwen3, Mixtral, Qwen3-MoE, gpt-oss, GLM-4.5 / 4.6, Llama 4, Phi-3, Gemma 2 / 3, "
+        "SmolLM3, Ministral 3, Qwen2-VL / Qwen2.5-VL / Qwen3-VL (and MoE), "
         "dense Gemma 4, LFM2 (and MoE), Nemotron-H, Granite 4.0-H, DeepSeek-V2 / V3, Mistral 4 and Qwen3.5 / "
         f"Qwen3-Next / Qwen3.5-MoE are sharded so far, not this {config.model_type!r}: "
         f"split its layers instead with --pipeline-parallel-size {world} (the MoE Gemma 4, ...), or "
