@@ -5,12 +5,11 @@ than the prompts, per-layer scalars and the final soft-cap; one with keys as val
 E2B-shaped (per-layer embeddings, replicated, and K/V sharing). TP=2 (gloo, 2 processes) gives one
 device's greedy tokens and float32 logits within 1e-4, ragged then decode, and chunked with a
 preemption (tests/helpers/tp_parity.py); TP=2 x PP=2 (4 processes) of an E2B-shaped 6-layer model the
-same. The MoE Gemma 4 stays refused and is pointed at --pp."""
+same. The MoE Gemma 4: test_tensor_parallel_gemma4_moe.py."""
 
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -63,11 +62,3 @@ def test_sizes_follow_every_layers_kv_heads() -> None:
     check_supported(config, 2)
     with pytest.raises(BackendUnavailableError, match="--pipeline-parallel-size 3"):
         check_supported(config, 3)
-
-
-def test_the_moe_gemma4_is_pointed_at_pp() -> None:
-    config = loop_bundle("gemma4-moe").config
-    with pytest.raises(BackendUnavailableError, match=r"--pipeline-parallel-size 2 \(.*the MoE Gemma 4"):
-        check_supported(config, 2)
-    dense = replace(config, extra={**config.extra, "enable_moe_block": False})
-    check_supported(dense, 2)

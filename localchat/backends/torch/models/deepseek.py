@@ -14,7 +14,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from localchat.arch.deepseek import LATENT_NORM_EPS, MlaSpec, RouterSpec
 from localchat.arch.moe import MoeSpec
@@ -23,6 +22,7 @@ from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import apply_rope, empty_param, rms_norm, swiglu
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.models.moe import Expert, SparseMoe
+from localchat.backends.torch.models.partial_sums import PartialSums
 from localchat.backends.torch.quant import linear
 from localchat.weights.config import ModelConfig
 
@@ -64,7 +64,7 @@ class SharedExpertMoe(SparseMoe):
         return out + linear(swiglu(linear(x, self.shared.gate_up)), self.shared.down)
 
 
-class DeepseekLayer(nn.Module):
+class DeepseekLayer(PartialSums):
     def __init__(self, config: ModelConfig, index: int) -> None:
         super().__init__()
         mla = self.mla = MlaSpec.from_config(config)
@@ -128,11 +128,6 @@ class DeepseekLayer(nn.Module):
             return x + self.reduce_partial(self.moe.forward(normed))
         assert self.gate_up is not None and self.down is not None
         return x + self.reduce_partial(linear(swiglu(linear(normed, self.gate_up)), self.down))
-
-    def reduce_partial(self, x: torch.Tensor) -> torch.Tensor:
-        """The output of a row-parallel projection (o, down): a rank's partial sum under --tp, which
-        the parallel layer all-reduces (parallel/shard_mla.py); the whole value on one device."""
-        return x
 
 
 class Model(DecoderLM):

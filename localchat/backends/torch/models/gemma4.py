@@ -37,7 +37,7 @@ Shared = dict[int, tuple[torch.Tensor, torch.Tensor]]  # source layer -> this st
 class Gemma4Moe(nn.Module):
     """The MoE block beside the dense MLP: the router sees the RMS-normed input times `router_scale` and
     hidden ** -0.5; softmax, top-k renormalised, times each chosen expert's `expert_scale`; the experts
-    (GeGLU) see the input through their own norm."""
+    (GeGLU) see the input through their own norm. The layer applies `post_norm` to the weighted sum."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -52,7 +52,8 @@ class Gemma4Moe(nn.Module):
         self.experts = nn.ModuleList(Expert(hidden, size) for _ in range(experts))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, hidden]: the layer's residual stream after attention -> the block's normed output."""
+        """x [T, hidden]: the layer's residual stream after attention -> the experts' weighted sum, before
+        the block's post norm (under --tp each rank's experts are cut by width: a partial sum)."""
         scores = linear(rms_norm(x, None, self.eps) * self.router_scale * self.scale, self.router)
         weights, ids = scores.float().softmax(dim=-1).topk(self.top_k, dim=-1)
         weights = weights / weights.sum(dim=-1, keepdim=True) * self.expert_scale.float()[ids]
@@ -65,7 +66,7 @@ class Gemma4Moe(nn.Module):
             inter = gate_up.shape[-1] // 2
             act = F.gelu(gate_up[:, :inter], approximate="tanh") * gate_up[:, inter:]
             out.index_add_(0, rows, linear(act, experts[e].down) * weights[rows, slot, None].to(x.dtype))
-        return rms_norm(out, self.post_norm, self.eps)
+        return out
 
 
 class Gemma4Layer(PartialSums):
@@ -143,7 +144,9 @@ class Gemma4Layer(PartialSums):
         act = F.gelu(gate_up[:, :inter], approximate="tanh") * gate_up[:, inter:]
         mlp = self.reduce_partial(linear(act, self.down))
         if self.moe is not None:  # 26B-A4B: the dense MLP's output normed, plus the MoE block's
-            mlp = rms_norm(mlp, self.mlp_post_norm, eps) + self.moe.forward(x)
+            # (normed apart: under --tp each is summed before its own norm)
+            moe = rms_norm(self.reduce_partial(self.moe.forward(x)), self.moe.post_norm, eps)
+            mlp = rms_norm(mlp, self.mlp_post_norm, eps) + moe
         x = x + rms_norm(mlp, self.post_mlp_norm, eps)
         if ple is not None:
             assert self.ple_gate is not None and self.ple_proj is not None

@@ -58,7 +58,8 @@ from .shard_weights import SANITIZED_BEFORE_CUT, RankSlice, expert_size, shard_w
 # Qwen3.5-MoE) has its routed and shared experts cut like the dense MLP, the router and the shared
 # expert's gate replicated: sigmoid(gate . x) scales each rank's partial sum, so the layer's one
 # all-reduce still sums the whole block.
-# Gemma 4's dense text models (E2B / E4B too): Gemma's layout at each layer's own sizes (shard_gemma4.py).
+# Gemma 4 (E2B / E4B, and the MoE 26B-A4B whose experts are cut by width): Gemma's layout at each
+# layer's own sizes (shard_gemma4.py).
 # Phi-3 / Phi-4-mini: Llama's layer on fused qkv_proj / gate_up_proj (shard_weights cuts each part).
 # SmolLM3 (NoPE layers), Ministral 3 (a per-token q scale) and Qwen2-VL / Qwen3-VL / Qwen3-VL-MoE
 # (M-RoPE, DeepStack rows): Llama's layer under their own step, which acts per head or on the whole
@@ -104,9 +105,9 @@ def _unsupported(config: ModelConfig, world: int) -> BackendUnavailableError:
         f"--tensor-parallel-size {world}: only the Llama family (Llama, Mistral, Qwen2, SmolLM2), "
         "Qwen3, Mixtral, Qwen3-MoE, gpt-oss, GLM-4.5 / 4.6, Llama 4, Phi-3, Gemma 2 / 3, "
         "SmolLM3, Ministral 3, Qwen2-VL / Qwen2.5-VL / Qwen3-VL (and MoE), "
-        "dense Gemma 4, LFM2 (and MoE), Nemotron-H, Granite 4.0-H, DeepSeek-V2 / V3, Mistral 4 and Qwen3.5 / "
+        "Gemma 4 (and MoE), LFM2 (and MoE), Nemotron-H, Granite 4.0-H, DeepSeek-V2 / V3, Mistral 4 and Qwen3.5 / "
         f"Qwen3-Next / Qwen3.5-MoE are sharded so far, not this {config.model_type!r}: "
-        f"split its layers instead with --pipeline-parallel-size {world} (the MoE Gemma 4, ...), or "
+        f"split its layers instead with --pipeline-parallel-size {world} (SmolLM3, Ministral 3, Qwen-VL, ...), or "
         "drop --tensor-parallel-size."
     )
 
@@ -160,10 +161,9 @@ def check_supported(config: ModelConfig, world: int) -> None:
     """A clear error, before any weight is read, for what this slice does not shard."""
     arch = architecture(config.model_type)
     own_layout = arch.sanitize is not None and arch.family not in (*ROW_SAFE_SANITIZE, *SANITIZED_AFTER_CUT)
-    # Gemma 4's sanitize only moves the MoE block's experts; that block (26B-A4B) is not cut yet.
+    # Gemma 4's sanitize only moves the MoE block's experts: shard_gemma4 runs it before the cut.
     own_layout = own_layout and arch.family != "gemma4"
-    not_yet = arch.family == "gemma4" and bool(config.extra.get("enable_moe_block"))
-    if arch.family not in SHARDED_FAMILIES or own_layout or not_yet:
+    if arch.family not in SHARDED_FAMILIES or own_layout:
         raise _unsupported(config, world)
     h, kvh, inter = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
     if world not in valid_sizes(config, world):

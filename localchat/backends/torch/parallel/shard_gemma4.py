@@ -11,7 +11,11 @@ cache: every rank holds every layer's head shard, so the source's shard is the o
 Per-layer embeddings (E2B / E4B) are replicated: the table, the projection of the (whole, all-reduced)
 embedding and each layer's gate and projection act on whole vectors, so every rank computes them
 exactly as one device does, at the cost of the table's memory on each rank.
-The MoE block (26B-A4B) is not cut: shard.py refuses it and names --pp."""
+The MoE block (26B-A4B) is cut like Qwen3-MoE's (shard_weights.py): every expert on every rank along its
+width, the router, its scales and the block's norms replicated (each rank routes the same whole vector
+the same way). Its output and the dense MLP's are normed apart before they are added, so each is
+summed first: the layer's forward passes both to `reduce_partial`, two all-reduces where a dense layer
+has one."""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from localchat.arch.registry import architecture
 from localchat.backends.torch.models.gemma4 import Gemma4Layer
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
+from localchat.weights.experts import split_experts
 from localchat.weights.tensors import WeightTensor
 
 from .shard_llama import AllReduced
@@ -57,13 +62,19 @@ def shard_gemma4_weights(
     arch = architecture(config.model_type)
     dims, kv_heads = config.extra["layer_head_dims"], config.extra["layer_kv_heads"]
     heads = part.heads
-    for w in weights:
+    # The family's sanitize moves the MoE block's stacked experts where split_experts finds them (it runs
+    # again at load, a no-op then), so each expert arrives alone and is cut along its width.
+    assert arch.sanitize is not None
+    for w in split_experts(arch.sanitize(config, weights)):
         match = LAYER_NAME.fullmatch(w.name)
         found = arch.layer_weight(match.group(2)) if match else None
         if match is None or found is None:
             yield from shard_weights([w], config, part)
             continue
         index, leaf = int(match.group(1)), found[0]
+        if leaf.startswith("moe."):  # the experts by width; router, scales and norms replicated
+            yield from shard_weights([w], config, part)
+            continue
         d = int(dims[index])
         kv_first, kv_count = _kv_part(int(kv_heads[index]), part)
         if leaf == "q":
@@ -83,4 +94,5 @@ def shard_gemma4_weights(
 
 
 class ParallelGemma4Layer(AllReduced, Gemma4Layer):
-    """Gemma4Layer over this rank's heads and MLP columns, the two row-parallel sums before the norms."""
+    """Gemma4Layer over this rank's heads and MLP (and expert) columns, the row-parallel sums before the
+    norms: o's, the dense MLP's and, in the MoE Gemma 4, the expert block's."""

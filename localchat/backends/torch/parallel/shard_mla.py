@@ -18,14 +18,12 @@ rank picks the same experts; the block's output is one all-reduce, as the first 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
-
-import torch
-import torch.distributed as dist
 
 from localchat.backends.torch.models.deepseek import DeepseekLayer
 from localchat.weights.config import ModelConfig
 from localchat.weights.tensors import WeightTensor
+
+from .shard_llama import AllReduced
 
 MLA_FAMILIES = ("deepseek", "mistral4")
 # Parameters whose rows are grouped by head: q_proj / q_b_proj (nope | rope per head), kv_b_proj
@@ -53,11 +51,5 @@ def value_columns(config: ModelConfig, rank: int, world: int) -> tuple[int, int]
     return rank * width, width
 
 
-class ParallelDeepseekLayer(DeepseekLayer):
-    """o and the MLP / MoE's down are row-parallel: their partial sums are added across the ranks."""
-
-    tp_group: Any = None  # the ranks sharing this layer (None: all of them; a stage's under TP x PP)
-
-    def reduce_partial(self, x: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(x, group=self.tp_group)
-        return x
+class ParallelDeepseekLayer(AllReduced, DeepseekLayer):
+    """DeepseekLayer over this rank's heads and expert columns: o's and the MLP / MoE block's sums."""
