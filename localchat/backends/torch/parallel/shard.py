@@ -107,8 +107,7 @@ def _unsupported(config: ModelConfig, world: int) -> BackendUnavailableError:
         "SmolLM3, Ministral 3, Qwen2-VL / Qwen2.5-VL / Qwen3-VL (and MoE), "
         "Gemma 4 (and MoE), LFM2 (and MoE), Nemotron-H, Granite 4.0-H, DeepSeek-V2 / V3, Mistral 4 and Qwen3.5 / "
         f"Qwen3-Next / Qwen3.5-MoE are sharded so far, not this {config.model_type!r}: "
-        f"split its layers instead with --pipeline-parallel-size {world} (SmolLM3, Ministral 3, Qwen-VL, ...), or "
-        "drop --tensor-parallel-size."
+        f"split its layers instead with --pipeline-parallel-size {world} or drop --tensor-parallel-size."
     )
 
 
