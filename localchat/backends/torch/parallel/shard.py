@@ -24,13 +24,10 @@ from localchat.backends.torch.device import pick_device
 from localchat.backends.torch.models.base import DecoderLM
 from localchat.backends.torch.models.deepseek import DeepseekLayer
 from localchat.backends.torch.models.gemma import GemmaLayer
-from localchat.backends.torch.models.gemma import Model as GemmaModel
 from localchat.backends.torch.models.gemma4 import Gemma4Layer
-from localchat.backends.torch.models.gemma4 import Model as Gemma4Model
 from localchat.backends.torch.models.lfm2 import Lfm2Layer
 from localchat.backends.torch.models.llama import LlamaLayer
 from localchat.backends.torch.models.mamba_hybrid import HybridBlock
-from localchat.backends.torch.models.mamba_hybrid import Model as MambaHybridModel
 from localchat.backends.torch.models.qwen3_next import HybridLayer
 from localchat.backends.torch.runner import TorchRunner
 from localchat.errors import BackendUnavailableError
@@ -40,11 +37,11 @@ from localchat.weights.config import ModelConfig
 from .group import ParallelGroup
 from .memory import check_device_memory
 from .shard_deltanet import ParallelHybridLayer
-from .shard_gemma import ParallelGemma, ParallelGemmaLayer
+from .shard_gemma import ParallelGemmaLayer
 from .shard_gemma4 import ParallelGemma4Layer, gemma4_bundle
 from .shard_lfm2 import ParallelLfm2Layer
 from .shard_llama import ParallelLlama, ParallelLlamaLayer
-from .shard_mamba import ParallelHybridBlock, ParallelMambaHybrid
+from .shard_mamba import ParallelHybridBlock
 from .shard_mla import MLA_FAMILIES, ParallelDeepseekLayer
 from .shard_moe import dense_width
 from .shard_weights import SANITIZED_BEFORE_CUT, RankSlice, expert_size, shard_weights
@@ -115,17 +112,17 @@ _CLASSES: dict[tuple[type, type], type] = {}
 
 
 def _parallel_class(cls: type, parallel: type) -> type:
-    """`cls` with the tensor-parallel all-reduces mixed in (same fields: instances switch class in place).
-    A pipeline stage's model keeps its hand-offs outermost (receive before the vocab-parallel lookup)."""
+    """`cls` with the tensor-parallel parts mixed in (same fields: instances switch class in place). A
+    layer's `AllReduced` goes before the family's layer, so its `reduce_partial` is the one the shared
+    forward calls; the vocab-parallel `ParallelLlama` after the family's model, so the family's own
+    embed_tokens / logits (Gemma's sqrt(hidden) scale and soft-cap, Granite's multipliers) and a
+    pipeline stage's hand-offs wrap the lookup and the gather through super()."""
     if issubclass(cls, parallel):
         return cls
     key = (cls, parallel)
     if key not in _CLASSES:
-        bases = cls.__bases__
-        if bases[0].__name__ == "StageModel":  # stages.py's mixin: (StageModel, family)
-            _CLASSES[key] = type(f"Parallel{cls.__name__}", (bases[0], parallel, *bases[1:]), {})
-        else:
-            _CLASSES[key] = type(f"Parallel{cls.__name__}", (parallel, cls), {})
+        bases = (cls, parallel) if issubclass(parallel, ParallelLlama) else (parallel, cls)
+        _CLASSES[key] = type(f"Parallel{cls.__name__}", bases, {})
     return _CLASSES[key]
 
 
@@ -228,10 +225,7 @@ def sharded_runner(
     for layer, layer_class in zip(model.layers, layer_classes, strict=True):
         layer.__class__ = _parallel_class(type(layer), layer_class)  # + the all-reduces
         layer.tp_group = tp_group
-    heads = {GemmaModel: ParallelGemma, MambaHybridModel: ParallelMambaHybrid}
-    heads[Gemma4Model] = ParallelGemma
-    head = next((h for family, h in heads.items() if isinstance(model, family)), ParallelLlama)
-    model.__class__ = _parallel_class(type(model), head)
+    model.__class__ = _parallel_class(type(model), ParallelLlama)  # + the vocab-parallel ends
     assert isinstance(model, ParallelLlama)
     model.vocab_start, model.vocab_rows, model.vocab_size = (
         part.vocab_start,

@@ -37,7 +37,8 @@ class ParallelLlamaLayer(AllReduced, LlamaLayer):
 
 
 class ParallelLlama(DecoderLM):
-    """Vocab-parallel embedding and LM head around the sharded layers (mixed into the family's class)."""
+    """Vocab-parallel embedding and LM head around the sharded layers, mixed in after the family's model
+    class (shard.py), so a family's own embed_tokens / logits wrap these through super()."""
 
     vocab_start: int
     vocab_rows: int  # real rows of this rank's vocab slice (the last one may be padded)
