@@ -12,8 +12,9 @@ from localchat.engine.engine import LLMEngine
 from localchat.engine.outputs import RequestOutput
 from localchat.engine.sampling_params import SamplingParams
 from localchat.weights.bundle import ModelBundle
-from tests.backends.test_speculative_draft import make_engine, near_draft, target, target_hf  # noqa: F401
+from tests.backends.test_speculative_draft import near_draft, target, target_hf  # noqa: F401
 from tests.backends.test_speculative_torch import prompts, run
+from tests.helpers.draft_models import draft_engine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
 
@@ -44,7 +45,7 @@ def test_each_request_counts_the_drafts_scored_and_kept_for_it(
     near_draft: ModelBundle,  # noqa: F811
     draft_kind: str,
 ) -> None:
-    engine = make_engine(target, target if draft_kind == "self" else near_draft)
+    engine = draft_engine(target, target if draft_kind == "self" else near_draft)
     seen = witness(monkeypatch)
     for prompt in prompts()[:3]:  # one at a time: every acceptance the witness sees is this request's
         seen.clear()
@@ -68,7 +69,7 @@ def test_counts_of_requests_sharing_steps_sum_to_the_engine_totals(
     target: ModelBundle,  # noqa: F811
     near_draft: ModelBundle,  # noqa: F811
 ) -> None:
-    engine = make_engine(target, near_draft, max_batch=6)
+    engine = draft_engine(target, near_draft, max_batch=6)
     outs = [final(o) for o in run(engine, prompts()[:4], [GREEDY] * 4)]
     assert sum(o.spec_draft_tokens for o in outs) == engine.spec_draft_tokens > 0
     assert sum(o.spec_accepted_tokens for o in outs) == engine.spec_accepted_tokens > 0
@@ -80,7 +81,7 @@ def test_counts_of_requests_sharing_steps_sum_to_the_engine_totals(
 
 
 def test_a_plain_engine_reports_no_drafts_and_one_pass_per_token(target: ModelBundle) -> None:  # noqa: F811
-    engine: LLMEngine = make_engine(target, None)
+    engine: LLMEngine = draft_engine(target, None)
     for out in (final(o) for o in run(engine, prompts()[:2], [GREEDY] * 2)):
         assert (out.spec_draft_tokens, out.spec_accepted_tokens) == (0, 0)
         assert out.num_target_passes == out.num_output_tokens == 40
