@@ -47,8 +47,10 @@ class PtyTerminal:
         return self.text()
 
     def _pump(self, wait: float) -> None:
-        ready, _, _ = select.select([self.master], [], [], wait)
-        if ready:
+        # poll, not select: a long pytest session may hold over 1024 descriptors, past select's range.
+        poller = select.poll()
+        poller.register(self.master, select.POLLIN)
+        if poller.poll(wait * 1000):
             try:
                 self.stream.feed(os.read(self.master, 65536))
             except OSError:  # the child closed the terminal
