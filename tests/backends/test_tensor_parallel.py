@@ -4,6 +4,7 @@ prefill, then batched decode), with KV heads split across ranks and replicated (
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import cast
@@ -138,6 +139,9 @@ def test_parallel_runner_drives_a_spawned_worker_and_reports_its_death() -> None
     _, tokens = _run(cast(TorchRunner, runner))
     assert tokens == expected_tokens
     runner.shutdown()
+    # Shutdown lets go of the gloo groups: the control thread, which held them and their sockets and
+    # event loop (~15 descriptors a runner), is gone.
+    assert not any(t.name == "localchat-pp-control" for t in threading.enumerate())
     assert runner.context is not None  # spawned here, not by torchrun
     worker = runner.context.processes[0]
     worker.join(timeout=10)

@@ -325,6 +325,7 @@ class ParallelRunner:
             self._send(SHUTDOWN, ())
         except (RuntimeError, BackendUnavailableError) as exc:
             log.warning("%s shutdown: %s", self.kind, exc)
+        self._control.close()
         self.runner.shutdown()
         if self.context is not None:
             try:

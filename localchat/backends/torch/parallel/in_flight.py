@@ -53,6 +53,10 @@ def receive_message(group: Any) -> Any:
     return pickle.loads(data.numpy().tobytes())  # rank 0 of our own group wrote it
 
 
+_STOP = object()  # ControlChannel.close's message to its thread
+CLOSE_WAIT_S = 5.0
+
+
 class ControlChannel:
     """Sends rank 0's messages to every worker, in order, from one thread (rank by rank: the first
     stage's workers get a step first). `send(wait=False)` returns at once (a step), `send()` when the
@@ -74,9 +78,18 @@ class ControlChannel:
         if wait:
             done.result()
 
+    def close(self) -> None:
+        """End the sending thread after what is queued: while it lives it holds the group, and with it
+        the group's sockets and event loop (~15 descriptors a runner) past destroy_process_group."""
+        self._queue.put((_STOP, Future()))
+        self._thread.join(timeout=CLOSE_WAIT_S)  # bounded: a send to a dead worker may still be waiting
+        self.group = None
+
     def _run(self) -> None:
         while True:
             message, done = self._queue.get()
+            if message is _STOP:
+                return
             try:
                 send_message(message, self.workers, self.group)
             except BaseException as exc:  # handed to the caller
