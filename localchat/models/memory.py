@@ -22,6 +22,7 @@ from localchat.vision.mmproj import pair_mmproj
 from localchat.weights.gguf import gguf_architecture, hf_tensor_name, open_gguf
 from localchat.weights.hf_quant import compact_int4, loaded_weight_bytes, quant_method
 from localchat.weights.isq_plan import LINEAR_PARAMS, Role, isq_bytes
+from localchat.weights.mlx_groups import mlx_tensor_bytes
 from localchat.weights.safetensors import (
     checkpoint_prefixes,
     config_from_folder,
@@ -38,10 +39,9 @@ MIN_KV_BUDGET = (
 )  # without --kv-cache-mib the engine sizes its KV cache from what is left: count a floor
 # GGUF types the backends read in their blocks (file size once loaded): with localchat's compiled CPU
 # kernels every common type; without them only Q4_0/Q4_1 (torch's int4 kernel), the rest expanded to
-# bf16. MLX keeps these quantized too (Q3_K re-quantized to 5 bits, Q2_K to 4: 6 and 5 per weight, more
-# than their files' 3.4 and 2.6). The compiled kernels also read the i-quants and ternary types in place
-# (csrc/lc_iquants.h: no x16 form, so file size), and MXFP4 (gpt-oss's experts, csrc/lc_mxfp4.h); anything
-# else is expanded: 2 bytes per value.
+# bf16. The compiled kernels also read the i-quants and ternary types in place (csrc/lc_iquants.h: no x16
+# form, so file size), and MXFP4 (gpt-oss's experts, csrc/lc_mxfp4.h); anything else is expanded: 2 bytes
+# per value. MLX holds its own form instead, sized by weights/mlx_groups.py (`_mlx_gguf_bytes`).
 _CLASSIC_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
 _IQ_TYPES = {"IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"}
 _KERNEL_TYPES = frozenset(_CLASSIC_TYPES | _IQ_TYPES | {"TQ1_0", "TQ2_0", "MXFP4"})
@@ -107,13 +107,16 @@ def estimate(
     `dtype`: the compute dtype (`compute_dtype`): float32 doubles what is expanded, and decides which
     block types stay compact. Hybrid models add their state pool (one slot per `max_num_seqs`) to the
     KV floor; with `--kv-cache-mib` the engine takes the pool out of that budget, so it is already counted.
-    `backend` (`--backend`): MLX keeps a quantized folder's blocks as its own affine groups, kernels or not."""
+    `backend` (`--backend`): MLX keeps a quantized folder's blocks as its own affine groups, kernels or not,
+    and a GGUF's tensors in its own form per type (`_mlx_gguf_bytes`)."""
     size = path_size(path)
     weights = size
     if path.suffix == ".gguf":
         quant = _quant_of(path.name)
         if isq is not None and quant in _FLOAT:
             weights = _isq_weights(path, isq, size)
+        elif _mlx_likely(backend):
+            weights = _mlx_gguf_bytes(path, _value_bytes(dtype), size)
         elif quant not in _FLOAT:
             weights = _loaded_gguf_bytes(path, compact_gguf_types(dtype), size, quant, _value_bytes(dtype))
         weights += _vision_projector_bytes(path, dtype)
@@ -174,9 +177,14 @@ def compact_gguf_types(dtype: str = "bfloat16") -> frozenset[str]:
 
 def compute_dtype(dtype: str, device: str = "auto", backend: str = "auto") -> str:
     """The compute dtype a load will use, for sizing: `--dtype` when given; on the torch backend's CPU
-    path `auto` is bfloat16 or float32 by the CPU (cpu_features.py); elsewhere (MLX, a GPU) 2 bytes."""
+    path `auto` is bfloat16 or float32 by the CPU (cpu_features.py); MLX's `auto` is float32 on its CPU
+    device (`--device cpu`, or no Metal: not Apple Silicon) and 2 bytes on Metal (runner.pick_dtype);
+    elsewhere (a GPU) 2 bytes."""
     if dtype != "auto":
         return dtype
+    if _mlx_likely(backend):
+        metal = sys.platform == "darwin" and platform.machine() == "arm64"
+        return "bfloat16" if metal and device != "cpu" else "float32"
     gpu_likely = sys.platform == "darwin" or os.path.exists("/proc/driver/nvidia/version")
     if backend == "mlx" or device not in ("auto", "cpu") or (device == "auto" and gpu_likely):
         return "bfloat16"
@@ -222,6 +230,23 @@ def _loaded_gguf_bytes(
         if quant is None or quant.upper() in compact:
             return size
         return int(size * 8 * value_bytes / _BITS.get(quant, 16.0))
+
+
+def _mlx_gguf_bytes(path: Path, value_bytes: int, size: int) -> int:
+    """A GGUF's weights as the MLX backend holds them, tensor by tensor (weights/mlx_groups.py): the types
+    it maps exactly or re-quantizes at their MLX bits plus a scale and bias per 32 in the compute dtype
+    (Q3_K: 3.44 bits a weight in the file, 6 in bf16), the rest at the compute dtype. `size` when the
+    tensor table is unreadable (the load then says what is wrong)."""
+    try:
+        from gguf import GGMLQuantizationType as Q
+
+        total = 0
+        for t in open_gguf(path).tensors:
+            dims = [int(d) for d in t.shape.tolist()]
+            total += mlx_tensor_bytes(Q(t.tensor_type).name, dims, int(t.n_bytes), value_bytes)
+        return total
+    except (ModelLoadError, OSError, ValueError, KeyError, TypeError):
+        return size
 
 
 def _held_at_load(reader: Any) -> Callable[[str, str], int]:

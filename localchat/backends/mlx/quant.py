@@ -40,35 +40,12 @@ import numpy as np
 
 from localchat.backends.mlx.gguf_blocks import EXACT_TYPES, decode_affine, pack_codes
 from localchat.weights.hf_quant_blocks import RepackedLinear
+from localchat.weights.mlx_groups import GROUP_SIZE, REQUANTIZED
 from localchat.weights.tensors import WeightTensor
 
-GROUP_SIZE = 32
 NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0", *EXACT_TYPES)
-# No exact MLX form (scales per 16 values): dequantized, then quantized to this many bits, the fewest that
-# keep the added error small beside the type's own. Relative RMS error against the original weights
-# (random normal, tests/helpers/kquants.py's encoders): Q3_K 0.181 as stored, 0.186 at 5 bits (4: 0.198);
-# Q2_K 0.329 as stored, 0.335 at 4 bits. Q6_K at 8 stays within a quarter of its own step.
-# i-quants (llama-quantize on normal weights, a flat importance matrix; own error -> with the re-quantization,
-# and at one bit fewer): IQ4_NL / IQ4_XS 0.075 -> 0.077 at 6 bits (5: 0.082); IQ3_S 0.137 -> 0.143 at 5
-# (4: 0.160); IQ3_XXS 0.182 -> 0.188 at 5 (4: 0.195); IQ2_S 0.249 -> 0.259 at 4 (3: 0.298); IQ2_XS 0.300
-# -> 0.308 at 4; IQ2_XXS 0.344 -> 0.347 at 4; IQ1_M 0.451 -> 0.469 at 3; IQ1_S 0.485 -> 0.491 at 4 (3:
-# 0.513). docs/backends.md has the table.
-REQUANTIZED = {
-    "Q6_K": 8,
-    "Q3_K": 5,
-    "Q2_K": 4,
-    "IQ4_NL": 6,
-    "IQ4_XS": 6,
-    "IQ3_S": 5,
-    "IQ3_XXS": 5,
-    "IQ2_S": 4,
-    "IQ2_XS": 4,
-    "IQ2_XXS": 4,
-    "IQ1_M": 3,
-    "IQ1_S": 4,
-    "TQ1_0": 2,
-    "TQ2_0": 2,
-}
+# REQUANTIZED: the bits each type without an exact MLX form is re-quantized to, and why those
+# (localchat/weights/mlx_groups.py, where the RAM estimate reads it too).
 # values d (t - 1), t in 0..2 (TQ2_0's 2-bit field also admits 3): 2-bit codes t, scale d, bias -d, exactly.
 # (byte offset of the fp16 d in the 256-value block, block bytes)
 TERNARY = {"TQ1_0": (52, 54), "TQ2_0": (64, 66)}
