@@ -174,6 +174,9 @@ class FakeRunner:
                 self.embedding_reqs.add(new.req_id)
             slow = _SLOW.search(prompt_text)
             self.delay_s[new.req_id] = int(slow.group(1)) / 1000 if slow else 0.0
+        if batch.kv_copies:  # partial prefix reuse: a cached block's first tokens, before the writes
+            src, dst = batch.kv_copy_slots()
+            self.slots[dst] = self.slots[src]
         self.slots[batch.slot_mapping] = batch.input_ids
         time.sleep(max((self.delay_s.get(r, 0.0) for r in batch.req_ids), default=0.0))
 

@@ -107,4 +107,5 @@ def build_batch(
         sampling=build_sampling_inputs(sampling_rows, spec_rows),
         image_slices=image_slices,
         rope_positions=rope_positions,
+        kv_copies=list(scheduler_output.kv_copies),
     )

@@ -9,6 +9,16 @@ never-used block costs RAM the first time it is written; reusing freed blocks (u
 least recently freed cached one) keeps the resident pool at the peak working set instead of letting it
 creep up to the whole pool as the prefix cache fills. The price: the prefix cache holds at most the
 blocks touched so far that no request holds, not the whole pool.
+
+Partial reuse (`find_partial`): after the run of whole cached blocks, the prompt's next tokens may start
+a cached block that follows the same prefix (the last block of the same prompt, which the
+`num_tokens - 1` cap leaves out, or a sibling that shares its first tokens). The request then gets a
+fresh block, the runner copies the first k slots of the cached block into it before the step's forward
+(copy-on-write: the cached block stays shared and unchanged), and only the rest is computed. Candidates
+are indexed by (parent hash, first token), so a lookup compares a handful of token tuples. A block named
+in the step being scheduled is not a source: its K/V are written by that step's forward, after the copy.
+Nothing needs pinning the source until the copy runs: every copy of a step runs before the forward
+writes anything, and a block handed out in an earlier step is no longer named, so it is no candidate.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ class KVBlock:
     parent_hash: int | None = None
     token_ids: tuple[int, ...] | None = None  # checked on a hit: a hash match alone is not trusted
     image_hashes: tuple[str, ...] = ()  # pictures whose placeholders lie in the block, checked likewise
+    named_in_step: int = -1  # the scheduler step that named it (its K/V are written by that step)
 
     def reset(self) -> None:
         self.ref_count = 0
@@ -48,6 +59,10 @@ class BlockManager:
         # Ids 1..num_touched_blocks have been handed out at least once; the rest never were.
         self.num_touched_blocks = 0
         self.cached_blocks: dict[int, int] = {}  # block hash -> block id
+        # (parent hash, first token id) -> named blocks: the candidates of a partial reuse
+        self.children: dict[tuple[int | None, int], set[int]] = {}
+        self.step = 0  # the scheduler's step count (end_step), to tell blocks named in this step
+        self.kv_copies: list[tuple[int, int, int]] = []  # this step's (source, destination, tokens)
         self.prefix_queries = 0  # tokens of admitted requests that were looked up
         self.prefix_hits = 0  # of which came from the cache
 
@@ -87,6 +102,35 @@ class BlockManager:
             parent = block_hash
         return hits
 
+    def find_partial(self, request: Request, hits: list[int]) -> tuple[int, int] | None:
+        """(cached block, k): a named block that follows `hits` and whose first k tokens are the prompt's
+        next k (k >= 1, the most found), keeping the last token to compute; None if there is none.
+        Requests with pictures are left out: a block's pictures would have to match up to k too."""
+        if not self.enable_prefix_caching or request.images:
+            return None
+        start = len(hits) * self.block_size
+        limit = min(self.block_size, request.num_tokens - 1 - start)
+        if limit <= 0:
+            return None
+        wanted = tuple(request.all_token_ids[start : start + limit])
+        parent = self.blocks[hits[-1]].block_hash if hits else None
+        best: tuple[int, int] | None = None
+        for block_id in self.children.get((parent, wanted[0]), ()):
+            block = self.blocks[block_id]
+            if block.named_in_step == self.step or block.image_hashes or block.token_ids is None:
+                continue
+            k = _common_prefix(block.token_ids, wanted)
+            if best is None or k > best[1]:
+                best = (block_id, k)
+        return best
+
+    def end_step(self) -> list[tuple[int, int, int]]:
+        """The scheduler's step is built: its copies (for the runner), and blocks named from now on are
+        another step's."""
+        copies, self.kv_copies = self.kv_copies, []
+        self.step += 1
+        return copies
+
     def allocate_slots(
         self,
         request: Request,
@@ -94,12 +138,15 @@ class BlockManager:
         computed_blocks: list[int] | None = None,
         reserve: int = 0,
         num_lookahead: int = 0,
+        partial: tuple[int, int] | None = None,
     ) -> list[int] | None:
         """Give `request` blocks for its computed tokens plus `num_new_tokens` more. Returns the newly
         allocated block ids, or None (and changes nothing) when the pool cannot cover it while keeping
         `reserve` blocks free. `computed_blocks` are prefix hits, only on a request's first allocation.
         `num_lookahead`: slots for speculative draft tokens after those; they get room but are never
-        named in the prefix cache (they are not the request's tokens unless accepted)."""
+        named in the prefix cache (they are not the request's tokens unless accepted).
+        `partial` (find_partial's (source, k), with `request.num_computed_tokens` counting the k): the
+        first new block gets the source's first k slots, copied by the runner (`kv_copies`)."""
         computed_blocks = computed_blocks or []
         assert not computed_blocks or not request.block_ids
         is_admission = not request.block_ids
@@ -119,10 +166,14 @@ class BlockManager:
         new_ids = [self._pop_free_block() for _ in range(num_new_blocks)]
         request.block_ids.extend(computed_blocks)
         request.block_ids.extend(new_ids)
+        if partial is not None:
+            # If the source was the free block just handed out as the destination, the copy is onto
+            # itself: its content is still there until the step's forward, which runs after the copy.
+            self.kv_copies.append((partial[0], request.block_ids[len(computed_blocks)], partial[1]))
         if self.enable_prefix_caching and is_admission:
             # Counted here, not at lookup: an admission that then finds no room is retried next step.
             self.prefix_queries += request.num_tokens
-            self.prefix_hits += len(computed_blocks) * self.block_size
+            self.prefix_hits += len(computed_blocks) * self.block_size + (partial[1] if partial else 0)
         if self.enable_prefix_caching:
             # NOTE: blocks are registered now, before the step writes them. Safe: the runner writes every
             # layer's K/V before attending, and nothing reads the cache between schedule and execute.
@@ -162,6 +213,12 @@ class BlockManager:
     def _uncache(self, block: KVBlock) -> None:
         if block.block_hash is not None and self.cached_blocks.get(block.block_hash) == block.block_id:
             del self.cached_blocks[block.block_hash]
+        if block.token_ids:
+            siblings = self.children.get((block.parent_hash, block.token_ids[0]))
+            if siblings is not None:
+                siblings.discard(block.block_id)
+                if not siblings:
+                    del self.children[(block.parent_hash, block.token_ids[0])]
         block.reset()
 
     def _block_key(
@@ -222,4 +279,16 @@ class BlockManager:
     ) -> None:
         block.block_hash, block.parent_hash, block.token_ids = block_hash, parent, tokens
         block.image_hashes = images
+        block.named_in_step = self.step
         self.cached_blocks[block_hash] = block.block_id
+        if tokens:
+            self.children.setdefault((parent, tokens[0]), set()).add(block.block_id)
+
+
+def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

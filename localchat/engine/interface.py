@@ -53,6 +53,10 @@ class SchedulerOutput:
     # Requests the runner must forget (finished, aborted or preempted) before this step runs.
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
+    # Partial prefix reuse (engine/block_manager.py): (source block, destination block, tokens). Before
+    # this step's forward, the runner copies the first `tokens` slots of each source block's K/V, every
+    # layer, into the destination block (a fresh block of an admitted request); the source is unchanged.
+    kv_copies: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -87,6 +91,9 @@ class BatchInputs:
     # M-RoPE models with pictures in the batch (vision/mrope.py): int64 [3, num_tokens], each token's
     # rotary (temporal, height, width) positions; None otherwise: `positions` turn the rotary.
     rope_positions: np.ndarray | None = None
+    # SchedulerOutput.kv_copies: copied before the step's forward, once (a runner that splits the step
+    # runs them with its first part: they must read each source before any of the step's writes).
+    kv_copies: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -99,6 +106,18 @@ class BatchInputs:
     @property
     def is_decode_only(self) -> bool:
         return self.max_query_len == 1
+
+    def kv_copy_slots(self) -> tuple[np.ndarray, np.ndarray]:
+        """`kv_copies` as slot indices: (source slots, destination slots), int64, in the same order."""
+        src: list[np.ndarray] = []
+        dst: list[np.ndarray] = []
+        for source, dest, tokens in self.kv_copies:
+            offsets = np.arange(tokens, dtype=np.int64)
+            src.append(source * self.block_size + offsets)
+            dst.append(dest * self.block_size + offsets)
+        if not src:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return np.concatenate(src), np.concatenate(dst)
 
 
 @dataclass(slots=True)

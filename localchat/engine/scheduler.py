@@ -5,6 +5,8 @@ Hybrid models also need a state slot per running request (engine/state_slots.py)
 only when a slot and its blocks are both free, and gives both back on finish or preemption.
 With speculation on (engine/speculative.py), a decoding request may also get draft tokens after its
 last one while few requests run; they take budget and block room but are never prefix-cached.
+An admitted prompt reuses cached blocks: whole ones, then the first tokens of one more, copied into a
+fresh block by the runner before the step (`SchedulerOutput.kv_copies`, engine/block_manager.py).
 For models that attend over a picture's tokens both ways (`whole_pictures`), a chunk never cuts a picture's
 run (vision/picture_runs.py): it stops before it, or takes all of it past the chunk size and budget.
 With steps in flight (`--pp`, engine/in_flight.py) a step skips the requests of steps not yet back
@@ -120,10 +122,11 @@ class Scheduler:
             if self.state_pool is not None and self.state_pool.num_free == 0:
                 break  # a hybrid model's request needs a state slot as well as blocks
             # Embedding requests pool every prompt token's hidden state: no cached prefix can stand in.
-            hits = (
-                [] if request.sampling_params.embedding else self.block_manager.get_computed_blocks(request)
-            )
-            num_computed = len(hits) * self.block_manager.block_size
+            embedding = request.sampling_params.embedding
+            hits = [] if embedding else self.block_manager.get_computed_blocks(request)
+            # The prompt's next tokens may start a cached block: copy that block's first k slots.
+            partial = None if embedding else self.block_manager.find_partial(request, hits)
+            num_computed = len(hits) * self.block_manager.block_size + (partial[1] if partial else 0)
             num_new = request.num_tokens - num_computed
             if chunk:
                 num_new = min(num_new, chunk, budget)
@@ -134,7 +137,9 @@ class Scheduler:
             # Keep a watermark free for running requests to grow into; a lone request gets everything,
             # so any prompt under max_model_len (<= the pool) is always admitted eventually.
             reserve = self._watermark() if self.running else 0
-            new_blocks = self.block_manager.allocate_slots(request, num_new, hits, reserve=reserve)
+            new_blocks = self.block_manager.allocate_slots(
+                request, num_new, hits, reserve=reserve, partial=partial
+            )
             if new_blocks is None:
                 request.num_computed_tokens = 0
                 break
@@ -167,6 +172,7 @@ class Scheduler:
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             finished_req_ids=finished,
             preempted_req_ids=preempted,
+            kv_copies=self.block_manager.end_step(),
         )
 
     def _victim(self, index: int) -> int:

@@ -242,6 +242,11 @@ class MLXRunner:
     def _logits(self, batch: BatchInputs) -> mx.array | None:
         """Run the step (writing its K/V) and return logits [num_sampled, vocab], evaluated; None if none."""
         assert self.kv_caches and batch.block_size == self.block_size, "initialize_kv_cache first"
+        if batch.kv_copies:  # partial prefix reuse: before anything of this step writes the cache
+            src, dst = (mx.array(a.astype(np.int32)) for a in batch.kv_copy_slots())
+            for cache in self.kv_caches:  # a scatter into the donated buffer, as the step's writes
+                cache.k[dst] = cache.k[src]
+                cache.v[dst] = cache.v[src]
         meta = AttentionMetadata.from_batch(batch)
         if batch.image_slices and self.pictures_both_ways:  # Gemma 3: a picture's tokens see all of it
             for row in meta.prefills:

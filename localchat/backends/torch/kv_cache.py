@@ -93,3 +93,13 @@ def gather_int8(cache: Int8KVCache, block_ids: torch.Tensor, block_size: int) ->
 def span_int8(cache: Int8KVCache, start: int, end: int) -> torch.Tensor:
     """Slots [start, end) dequantized: float32 [2, kv_heads, end - start, d]."""
     return dequantize(cache.codes[:, :, start:end], cache.scales[:, :, start:end])
+
+
+def copy_slots(caches: list[KVCache], src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Every layer's K/V (codes and scales of an int8 cache) at slots `src` copied to slots `dst`
+    (int64, on the caches' device): partial prefix reuse (engine/block_manager.py). In place, so CUDA
+    graphs that captured the cache tensors still see them."""
+    for cache in caches:
+        parts = (cache.codes, cache.scales) if isinstance(cache, Int8KVCache) else (cache,)
+        for part in parts:
+            part.index_copy_(2, dst, part.index_select(2, src))

@@ -54,7 +54,7 @@ from localchat.backends.torch.cuda.cuda_graphs import DecodeGraphs
 from localchat.backends.torch.cuda.gpu_attention_meta import TritonAttentionMetadata
 from localchat.backends.torch.device import adaptive_thread_choices, cpu_threads, pick_device, pick_dtype
 from localchat.backends.torch.kernel_choice import attention_kernel, graph_mode, one_step_choice
-from localchat.backends.torch.kv_cache import Int8KVCache, KVCache, kv_element_dtype
+from localchat.backends.torch.kv_cache import Int8KVCache, KVCache, copy_slots, kv_element_dtype
 from localchat.backends.torch.layers import rms_norm
 from localchat.backends.torch.models.base import DecoderLM
 from localchat.backends.torch.picture_attention import add_picture_masks
@@ -301,6 +301,9 @@ class TorchRunner:
     def _logits(self, batch: BatchInputs) -> torch.Tensor:
         # block_size, not kv_caches: a pipeline stage of state-slot layers only has no K/V layer
         assert self.block_size and batch.block_size == self.block_size, "initialize_kv_cache first"
+        if batch.kv_copies:  # partial prefix reuse: before anything of this step writes the cache
+            src, dst = (torch.from_numpy(a).to(self.device) for a in batch.kv_copy_slots())
+            copy_slots(self.kv_caches, src, dst)
         pooled = self.pooler.rows(batch)  # embedding rows need the hidden states: never a graph then
         # A step carrying image rows never replays a graph: the graph would skip the scatter.
         plain = not batch.image_slices and batch.rope_positions is None  # M-RoPE rows: no graph either
