@@ -7,7 +7,6 @@ grammar requests never get drafts."""
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
 from typing import Any
 
@@ -15,18 +14,17 @@ import numpy as np
 import pytest
 import torch
 
-from localchat.backends.fake import EOS_ID, FakeTokenizer
+from localchat.backends.fake import FakeTokenizer
 from localchat.backends.torch import sampler as torch_sampler
 from localchat.engine import draft_model
-from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine
 from localchat.engine.sampling_inputs import build_sampling_inputs
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.spec_sampling import processed_probs, resolve_drafts
-from localchat.engine.speculative import SpeculativeConfig
 from localchat.weights.bundle import ModelBundle
 from tests.backends.test_speculative_torch import CHI2_999, MODEL_VOCAB, run, summary
-from tests.helpers.torch_models import bundle_from_hf, fp32_runner, tiny_hf_model
+from tests.helpers.draft_models import draft_engine, noisy_draft
+from tests.helpers.torch_models import bundle_from_hf, tiny_hf_model
 
 # chi-square 99.9% quantiles for 16..25 degrees of freedom (1..15: CHI2_999)
 CHI2_999_MORE = [39.25, 40.79, 42.31, 43.82, 45.31, 46.80, 48.27, 49.73, 51.18, 52.62]
@@ -52,32 +50,12 @@ def target(target_hf: torch.nn.Module) -> ModelBundle:
 @pytest.fixture(scope="module")
 def draft(target_hf: torch.nn.Module) -> ModelBundle:
     """The target with noise on every weight: its q is close to p but clearly not p."""
-    model: Any = copy.deepcopy(target_hf)
-    torch.manual_seed(5)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(0.01 * torch.randn_like(param))
-    return bundle_from_hf(model, "tiny-peaked-draft")
+    return noisy_draft(target_hf, seed=5, name="tiny-peaked-draft")
 
 
-def make_engine(target: ModelBundle, draft: ModelBundle | None, seed: int = 0) -> LLMEngine:
-    spec = SpeculativeConfig("draft" if draft else "off", num_tokens=4, max_batch=64, draft_p_min=0.0)
-    cfg = EngineConfig(kv_cache_mib=32, block_size=4, max_num_seqs=64, speculative=spec)
-    torch.manual_seed(seed)
-    runner = fp32_runner(target)
-    runner.generator.manual_seed(seed)
-    engine = LLMEngine(
-        runner,
-        FakeTokenizer(),
-        cfg,
-        eos_token_ids=[EOS_ID],
-        model_max_len=512,
-        draft_runner=fp32_runner(draft) if draft else None,
-        vocab_size=MODEL_VOCAB,
-    )
-    if engine.draft is not None:
-        engine.draft.rng = np.random.default_rng(seed)
-    return engine
+def make_engine(target: ModelBundle, draft: ModelBundle | None) -> LLMEngine:
+    """Up to 64 requests speculating together, every random source seeded with 0."""
+    return draft_engine(target, draft, max_batch=64, kv_cache_mib=32, seed=0, max_num_seqs=64)
 
 
 def chi2_999(df: int) -> float:
