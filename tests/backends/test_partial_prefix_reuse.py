@@ -21,6 +21,7 @@ import torch
 from localchat.backends import RunnerOptions
 from localchat.backends.fake import FakeTokenizer
 from localchat.backends.torch.kv_cache import Int8KVCache
+from localchat.backends.torch.parallel.driver import ParallelRunner
 from localchat.backends.torch.runner import TorchRunner
 from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine
@@ -28,7 +29,7 @@ from localchat.engine.interface import BatchInputs, RunnerOutput, SchedulerOutpu
 from localchat.engine.sampling_params import SamplingParams
 from localchat.weights.bundle import ModelBundle
 from tests.helpers.fake_engine import drain
-from tests.helpers.torch_models import VARIANTS, bundle_from_hf, tiny_hf_model
+from tests.helpers.torch_models import TEST_DEVICE, VARIANTS, bundle_from_hf, tiny_hf_model
 
 LOGPROB_ATOL = 1e-4
 QUANTIZED_ATOL = 0.05
@@ -74,7 +75,7 @@ def torch_block_reader(runner: TorchRunner) -> Callable[[int, int], np.ndarray]:
         parts = []
         for cache in runner.kv_caches:
             for t in (cache.codes, cache.scales) if isinstance(cache, Int8KVCache) else (cache,):
-                parts.append(t[:, :, slots].float().numpy().ravel())
+                parts.append(t[:, :, slots].float().cpu().numpy().ravel())
         return np.concatenate(parts)
 
     return read
@@ -111,7 +112,9 @@ def assert_same(got: Run, want: Run, atol: float = LOGPROB_ATOL) -> None:
 
 
 def torch_runner(bundle: ModelBundle, kv: str = "auto") -> TorchRunner:
-    return TorchRunner(bundle, RunnerOptions(device="cpu", dtype="float32", kv_cache_dtype=kv, seed=0))
+    """On LOCALCHAT_TEST_DEVICE (benchmarks/gpu_check.sh sets cuda: Triton attention, decode graphs)."""
+    options = RunnerOptions(device=TEST_DEVICE, dtype="float32", kv_cache_dtype=kv, seed=0)
+    return TorchRunner(bundle, options)
 
 
 def check_reuse(
@@ -218,3 +221,28 @@ def test_shared_prefixes_under_memory_pressure_match_running_alone() -> None:
     for round_ in range(2):
         assert [replies[f"{round_}-{i}"] for i in range(len(prompts))] == alone
     assert engine.block_manager.num_used_blocks == 0
+
+
+def _tiny_llama() -> ModelBundle:
+    """The TP worker's loader (a spawned rank reloads the model itself)."""
+    return bundle_from_hf(tiny_hf_model("llama"))
+
+
+@pytest.mark.slow  # spawns a gloo rank
+def test_tp2_every_rank_copies_its_shard() -> None:
+    """--tp 2 on gloo: the copies travel with the step's batch to the worker, which copies its own KV
+    heads; a rank that skipped it would attend over a wrong block and move the all-reduced logits."""
+    torch.set_num_threads(1)
+    cold = run(engine_on(torch_runner(_tiny_llama())), PROMPT, "cold")
+    options = RunnerOptions(device="cpu", dtype="float32", num_threads=1, tensor_parallel_size=2, seed=0)
+    runner = ParallelRunner(_tiny_llama(), options, load=_tiny_llama)
+    try:
+        engine = engine_on(runner, kv_cache_mib=1)
+        run(engine, PROMPT, "first")
+        recorder = Recorder(runner)
+        again = run(engine, PROMPT, "again")
+        assert again[2] == len(PROMPT) - 1
+        assert recorder.first_step_of("again")[1] == 1 and recorder.steps[0][0]
+        assert_same(again, cold)
+    finally:
+        runner.shutdown()
