@@ -38,7 +38,7 @@ from localchat.backends.torch.device import pick_device
 from localchat.errors import BackendUnavailableError
 from localchat.weights.bundle import ModelBundle
 
-from .group import ParallelGroup, close_group, init_group, torchrun_local_rank, torchrun_rank
+from .group import ParallelGroup, close_group, init_group, release_groups, torchrun_local_rank, torchrun_rank
 from .in_flight import ControlChannel, ResultsInbox, receive_message
 from .pipeline import PipelineStageRunner, pipeline_runner
 from .shard import sharded_runner
@@ -191,6 +191,8 @@ class ParallelRunner:
         # rank 0's stage, so their pixels are not sent on (their placeholder runs are, for the masks).
         self._workers_skip_pictures = options.pipeline_parallel_size > 1 and options.tensor_parallel_size == 1
         self.context: ProcessContext | None = None
+        self._watchdog: threading.Thread | None = None
+        self.exit_codes: list[int | None] = []  # the spawned workers', read at shutdown
         if torchrun_rank(world) is not None:  # started by torchrun: the workers are already running
             self.group = init_group(None, None, device)
         else:
@@ -205,7 +207,10 @@ class ParallelRunner:
                 daemon=True,
                 start_method="spawn",
             )
-            threading.Thread(target=self._watch_workers, name="localchat-tp-watchdog", daemon=True).start()
+            self._watchdog = threading.Thread(
+                target=self._watch_workers, name="localchat-tp-watchdog", daemon=True
+            )
+            self._watchdog.start()
             self.group = init_group(0, world, device, init_method=init_method)
         self._control = ControlChannel(dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT))
         self.runner = rank_runner(bundle, options, self.group)
@@ -326,16 +331,35 @@ class ParallelRunner:
         except (RuntimeError, BackendUnavailableError) as exc:
             log.warning("%s shutdown: %s", self.kind, exc)
         self._control.close()
+        if self._inbox is not None:
+            self._inbox.close()
         self.runner.shutdown()
         if self.context is not None:
-            try:
-                self.context.join(timeout=30)
-            except ProcessException as exc:  # a worker that died before: already reported
-                log.warning("%s shutdown: %s", self.kind, exc)
-            for process in self.context.processes:
-                if process.is_alive():
-                    process.terminate()
+            self._end_workers(self.context)
         close_group()
+        release_groups(self.runner)
+        # atexit's reference would keep this runner (its model, its workers' handles) for good.
+        atexit.unregister(self.shutdown)
+
+    def _end_workers(self, context: ProcessContext) -> None:
+        """Wait for the workers to exit, then release each one's two spawn pipes (its sentinel and
+        the pipe its start-up data went through), which multiprocessing keeps open until the process
+        object is closed or collected: 2 descriptors leaked per runner before."""
+        try:
+            context.join(timeout=30)
+        except ProcessException as exc:  # a worker that died before: already reported
+            log.warning("%s shutdown: %s", self.kind, exc)
+        for process in context.processes:
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=5)
+        if self._watchdog is not None:  # it waits on the sentinels: they must outlive its wait
+            self._watchdog.join(timeout=5)
+        self.exit_codes = [process.exitcode for process in context.processes]
+        if self._watchdog is None or not self._watchdog.is_alive():
+            for process in context.processes:
+                if process.exitcode is not None:
+                    process.close()
 
 
 def _load_from_path(path: str, name: str) -> ModelBundle:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -69,3 +70,18 @@ def torchrun_local_rank() -> int | None:
 def close_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def release_groups(runner: Any) -> None:
+    """Drop a rank's runner's references to its process groups once they are destroyed. A runner sits
+    in reference cycles (its pooler's closure, the engine's steps in flight), so it may live until a
+    full garbage collection, and each gloo group it names keeps its sockets, event loop and pipes
+    (13 descriptors) open that long: under `--pp` the results group, under TP x PP the stage's group
+    in every layer."""
+    results = getattr(runner, "results", None)
+    if results is not None:
+        results.group = None
+    model = getattr(runner, "model", None)
+    for part in [model, *getattr(model, "layers", ())]:
+        if getattr(part, "tp_group", None) is not None:
+            part.tp_group = None

@@ -108,8 +108,17 @@ class ResultsInbox:
         self._expected = threading.Semaphore(0)
         self._outputs: queue.SimpleQueue[tuple[Any, BaseException | None]] = queue.SimpleQueue()
         self.pending = 0  # steps submitted whose output has not been taken
+        self._closing = False
         self._thread = threading.Thread(target=self._run, name="localchat-pp-results", daemon=True)
         self._thread.start()
+
+    def close(self) -> None:
+        """End the receiving thread: while it lives it holds the stage runner and so the results
+        group (its sockets and event loop) past destroy_process_group, as the control thread did."""
+        self._closing = True
+        self._expected.release()
+        self._thread.join(timeout=CLOSE_WAIT_S)  # bounded: a receive from a dead rank may still wait
+        self._receive = _closed_receive
 
     def expect(self) -> None:
         """A step was submitted: receive its output."""
@@ -128,7 +137,13 @@ class ResultsInbox:
     def _run(self) -> None:
         while True:
             self._expected.acquire()
+            if self._closing:
+                return
             try:
                 self._outputs.put((self._receive(), None))
             except BaseException as exc:  # handed to the caller
                 self._outputs.put((None, exc))
+
+
+def _closed_receive() -> Any:
+    raise RuntimeError("the results inbox is closed")
