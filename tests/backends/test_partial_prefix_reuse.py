@@ -22,6 +22,7 @@ from localchat.backends import RunnerOptions
 from localchat.backends.fake import FakeTokenizer
 from localchat.backends.torch.kv_cache import Int8KVCache
 from localchat.backends.torch.parallel.driver import ParallelRunner
+from localchat.backends.torch.parallel.micro_batches import micro_batches
 from localchat.backends.torch.runner import TorchRunner
 from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine
@@ -29,6 +30,7 @@ from localchat.engine.interface import BatchInputs, RunnerOutput, SchedulerOutpu
 from localchat.engine.sampling_params import SamplingParams
 from localchat.weights.bundle import ModelBundle
 from tests.helpers.fake_engine import drain
+from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import TEST_DEVICE, VARIANTS, bundle_from_hf, tiny_hf_model
 
 LOGPROB_ATOL = 1e-4
@@ -243,6 +245,36 @@ def test_tp2_every_rank_copies_its_shard() -> None:
         again = run(engine, PROMPT, "again")
         assert again[2] == len(PROMPT) - 1
         assert recorder.first_step_of("again")[1] == 1 and recorder.steps[0][0]
+        assert_same(again, cold)
+    finally:
+        runner.shutdown()
+
+
+def test_micro_batches_copy_with_their_first_group() -> None:
+    """A pipeline stage that cuts a step runs the copies once, before its first group writes anything."""
+    runner = torch_runner(_tiny_llama())
+    driver = PagedDriver(runner, num_blocks=64, block_size=4)
+    for req_id, size in (("a", 30), ("b", 30)):
+        driver.add(req_id, [5 + i for i in range(size)])
+    _, batch = driver.build()
+    batch.kv_copies = [(40, 41, 3)]
+    first, second = micro_batches(batch, 2, min_tokens=1)
+    assert first.kv_copies == [(40, 41, 3)] and second.kv_copies == []
+
+
+@pytest.mark.slow  # spawns a gloo rank
+def test_pp2_every_stage_copies_its_layers() -> None:
+    """--pp 2 on gloo, steps in flight: each stage copies its own layers' blocks."""
+    torch.set_num_threads(1)
+    cold = run(engine_on(torch_runner(_tiny_llama())), PROMPT, "cold")
+    options = RunnerOptions(device="cpu", dtype="float32", num_threads=1, pipeline_parallel_size=2, seed=0)
+    runner = ParallelRunner(_tiny_llama(), options, load=_tiny_llama)
+    try:
+        engine = engine_on(runner, kv_cache_mib=1)
+        assert engine.in_flight is not None
+        run(engine, PROMPT, "first")
+        again = run(engine, PROMPT, "again")
+        assert again[2] == len(PROMPT) - 1
         assert_same(again, cold)
     finally:
         runner.shutdown()
