@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from localchat import cpu_features
+from localchat.backends.torch.cpu import hugepages
 from localchat.backends.torch.kv_cache import Int8KVCache, KVCache
 from localchat.config import backend_choices
 from localchat.errors import BackendUnavailableError
@@ -120,9 +121,10 @@ def merge_segments(parts: list[BlockMatrix]) -> list[Segment]:
         elif not seg.packed_rows:
             merged[-1] = Segment(seg.qtype, torch.cat((last.data, seg.data)))
         elif last.packed_rows % 16 == 0:
-            merged[-1] = Segment(
-                seg.qtype, torch.cat((last.data, seg.data)), last.packed_rows + seg.packed_rows
-            )
+            panels = last.data.shape[0] + seg.data.shape[0]
+            out = hugepages.empty(panels * last.data.shape[1]).view(panels, -1)
+            torch.cat((last.data, seg.data), out=out)
+            merged[-1] = Segment(seg.qtype, out, last.packed_rows + seg.packed_rows)
         else:
             merged.append(seg)
     return merged
@@ -199,7 +201,7 @@ class Kernels:
         pages, so a large matrix never holds its file bytes and its panels at once)."""
         tid = BLOCKS[qtype][0]
         panel = self.lib.lc_x16_bytes(tid, 16, cols)
-        data = torch.empty((rows + 15) // 16, panel, dtype=torch.uint8)
+        data = hugepages.empty((rows + 15) // 16 * panel).view(-1, panel)  # decode streams it: huge pages
         chunk = rows if consumed is None else PACK_CHUNK_ROWS
         for start in range(0, rows, chunk):
             n = min(chunk, rows - start)
