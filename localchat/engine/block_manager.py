@@ -19,6 +19,9 @@ are indexed by (parent hash, first token), so a lookup compares a handful of tok
 in the step being scheduled is not a source: its K/V are written by that step's forward, after the copy.
 Nothing needs pinning the source until the copy runs: every copy of a step runs before the forward
 writes anything, and a block handed out in an earlier step is no longer named, so it is no candidate.
+With `keep_tails` (the engine's pool), a freed request's last, partly filled block is a candidate too:
+named by its computed tokens only (no hash: never a whole-block hit) and kept in the LRU order of cached
+blocks, so a prompt repeated after a reply too short to fill that block still computes one token.
 """
 
 from __future__ import annotations
@@ -48,11 +51,14 @@ class KVBlock:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, keep_tails: bool = False
+    ) -> None:
         assert num_blocks >= 2, "need the null block plus at least one usable block"
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.keep_tails = keep_tails and enable_prefix_caching
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         # Freed blocks only; head = next to hand out. Cached (hashed) blocks sit at the tail in LRU order.
         self.free_blocks: OrderedDict[int, None] = OrderedDict()
@@ -184,13 +190,15 @@ class BlockManager:
         """Release the request's blocks, tail first, so its last blocks are evicted before its first."""
         if self.enable_prefix_caching:
             self._adopt_orphaned_duplicates(request)
+        if self.keep_tails:
+            self._name_tail(request)
         for block_id in reversed(request.block_ids):
             block = self.blocks[block_id]
             block.ref_count -= 1
             assert block.ref_count >= 0
             if block.ref_count == 0:
                 self.free_blocks[block_id] = None
-                if block.block_hash is None:
+                if block.token_ids is None:
                     self.free_blocks.move_to_end(block_id, last=False)  # no content worth keeping
         request.block_ids.clear()
         request.num_registered_blocks = 0
@@ -255,6 +263,24 @@ class BlockManager:
                 self._uncache(holder)
                 self.free_blocks.move_to_end(holder_id, last=False)
             self._register(block, block_hash, parent, tokens, images)
+            block.named_in_step = self.step  # written by the step being scheduled: no copy source yet
+
+    def _name_tail(self, request: Request) -> None:
+        """Name the request's partly filled last block by its computed tokens (a partial-reuse source).
+        Only a block no other request holds, past every named block (a block named for a step whose
+        output never came, an abort in flight, stays unnamed), of a request without pictures."""
+        index, count = divmod(request.num_computed_tokens, self.block_size)
+        if not count or request.images or index >= len(request.block_ids):
+            return
+        if index != request.num_registered_blocks or index > len(request.block_hashes):
+            return
+        block = self.blocks[request.block_ids[index]]
+        if block.ref_count != 1 or block.token_ids is not None:
+            return
+        start = index * self.block_size
+        block.token_ids = tuple(request.all_token_ids[start : start + count])
+        block.parent_hash = request.block_hashes[index - 1] if index else None
+        self.children.setdefault((block.parent_hash, block.token_ids[0]), set()).add(block.block_id)
 
     def _adopt_orphaned_duplicates(self, request: Request) -> None:
         """Name this request's unnamed full blocks whose content no block names any more (the copy a
@@ -279,7 +305,6 @@ class BlockManager:
     ) -> None:
         block.block_hash, block.parent_hash, block.token_ids = block_hash, parent, tokens
         block.image_hashes = images
-        block.named_in_step = self.step
         self.cached_blocks[block_hash] = block.block_id
         if tokens:
             self.children.setdefault((parent, tokens[0]), set()).add(block.block_id)

@@ -118,7 +118,8 @@ class LLMEngine:
                 prefix_caching = False
                 self.prefix_caching_note = state_spec.prefix_caching_note
                 log.info("Prefix caching off: %s", self.prefix_caching_note)
-        self.block_manager = BlockManager(num_blocks, config.block_size, prefix_caching)
+        # keep_tails: a finished request's partly filled last block stays a partial-reuse source.
+        self.block_manager = BlockManager(num_blocks, config.block_size, prefix_caching, keep_tails=True)
         self.scheduler = Scheduler(config, self.block_manager, self.state_pool)
         capacity = (num_blocks - 1) * config.block_size
         self.max_model_len = min(wanted, capacity)

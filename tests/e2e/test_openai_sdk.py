@@ -148,7 +148,9 @@ def test_cached_tokens_on_a_repeated_prompt(client, model_id):
     again = client.chat.completions.create(
         model=model_id, messages=messages, temperature=0, max_tokens=2
     ).usage
-    assert again.prompt_tokens_details.cached_tokens == (again.prompt_tokens - 1) // 16 * 16
+    # All but the last token: whole blocks, then the first tokens of the last one copied (partial reuse;
+    # a 2-token reply leaves that block partly filled, and the engine keeps it as a source all the same).
+    assert again.prompt_tokens_details.cached_tokens == again.prompt_tokens - 1
 
 
 @pytest.mark.parametrize(("n", "include_usage"), [(1, False), (1, True), (2, True)])

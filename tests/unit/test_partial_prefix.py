@@ -154,3 +154,41 @@ def test_engine_repeats_and_regenerations_read_the_right_context() -> None:
     outs = {o.req_id: o for o in drain(engine) if o.finished}
     assert outs[again].num_cached_tokens == len(prompt) - 1
     assert outs[longer].num_cached_tokens >= len(prompt) - 1
+
+
+def test_a_short_replys_partly_filled_last_block_is_a_source_too() -> None:
+    bm = BlockManager(num_blocks=10, block_size=BS, keep_tails=True)
+    a = make_request("a", list(range(10)))  # blocks 1, 2 full; block 3 holds tokens 8, 9
+    admit(bm, a)
+    bm.end_step()
+    a.num_computed_tokens = 10
+    a.append_output_token(77)  # the reply's one token: never computed
+    bm.free(a)
+    assert bm.blocks[3].token_ids == (8, 9) and bm.blocks[3].block_hash is None
+    assert list(bm.free_blocks) == [3, 2, 1]  # kept among the cached blocks, evicted first of them
+    b = make_request("b", list(range(10)))
+    hits = bm.get_computed_blocks(b)
+    assert hits == [1, 2] and bm.find_partial(b, hits) == (3, 1)  # token 9 is the one computed
+    c = make_request("c", [*range(10), 50, 51])  # a longer prompt through the same tokens
+    assert bm.find_partial(c, bm.get_computed_blocks(c)) == (3, 2)
+    admit(bm, c)
+    # The tail was the free list's head: c's destination is the source itself, and once c's step is
+    # scheduled the block is c's full block, named by its four tokens (no longer the 2-token tail).
+    assert c.block_ids == [1, 2, 3] and bm.end_step() == [(3, 3, 2)]
+    assert bm.blocks[3].token_ids == (8, 9, 50, 51) and bm.blocks[3].block_hash is not None
+
+
+def test_without_keep_tails_or_past_a_named_block_no_tail_is_kept() -> None:
+    bm = BlockManager(num_blocks=10, block_size=BS)  # the draft model's pool: no partial reuse there
+    a = make_request("a", list(range(10)))
+    admit(bm, a)
+    a.num_computed_tokens = 10
+    bm.free(a)
+    assert bm.blocks[3].token_ids is None and next(iter(bm.free_blocks)) == 3
+    bm = BlockManager(num_blocks=10, block_size=BS, keep_tails=True)
+    a = make_request("a", list(range(10)))
+    admit(bm, a)  # allocated for 10 tokens, but its step's output never came (an abort in flight)
+    a.num_computed_tokens = 6  # block 2 was named for the step: its tail is no source
+    bm.free(a)
+    assert bm.blocks[2].token_ids == (4, 5, 6, 7)  # its whole-block name, not a tail of 4, 5
+    assert all(b.token_ids is None for b in bm.blocks[3:])
