@@ -11,73 +11,23 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from localchat.backends.torch.cpu import kernels
 from localchat.backends.torch.cpu.kernels import BlockMatrix
 from localchat.weights.loader import load_model
-from tests.backends.test_hf_fp8_compact import Q8_ATOL, write_folder
+from tests.backends.test_hf_fp8_compact import Q8_ATOL
 from tests.backends.test_hf_quant_compact import compact_runner, linears, resident_bytes, run
+from tests.helpers.autofp8 import COMPACT_SCHEMES, write_autofp8
 from tests.helpers.parity import PROMPT
 from tests.helpers.torch_models import fp32_runner
 
-FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 # float32 sums in another order (transformers vs the dequantized float32 path): measured ~1e-5
 HF_ATOL = 1e-3
 SCHEMES = ("dynamic", "static", "static-kv")
-
-
-def autofp8_parts(w: np.ndarray, static: bool) -> tuple[dict[str, torch.Tensor], np.ndarray]:
-    """AutoFP8's per-tensor quantization: code = clamp(w x 448 / amax) as e4m3, `weight_scale` =
-    amax / 448 (a 0-d float32), for "static" a calibrated 0-d `input_scale`."""
-    t = torch.from_numpy(w)
-    factor = FP8_MAX / t.abs().max().clamp(min=1e-12)
-    codes = (t * factor).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    scale = factor.float().reciprocal()
-    parts = {"weight": codes, "weight_scale": scale}
-    if static:
-        parts["input_scale"] = torch.tensor(0.0123, dtype=torch.float32)
-    return parts, (codes.float() * scale).numpy()
-
-
-def qconfig(scheme: str) -> dict[str, Any]:
-    config: dict[str, Any] = {
-        "quant_method": "fp8",
-        "activation_scheme": scheme.removesuffix("-kv"),
-        "ignored_layers": ["lm_head"],
-    }
-    if scheme.endswith("-kv"):
-        config["kv_cache_scheme"] = "static"
-    return config
-
-
-def write_autofp8(tmp: Path, scheme: str) -> torch.nn.Module:
-    """The tiny Llama of test_hf_fp8_compact in AutoFP8's layout; "static-kv" adds k_proj / v_proj
-    `output_scale` (AutoFP8's KV variant), a per-attention `kv_scale` (vLLM-era repos) and a scale of a
-    name no known writer uses."""
-    hf = write_folder(tmp, lambda w: autofp8_parts(w, scheme != "dynamic"), qconfig(scheme))
-    if scheme.endswith("-kv"):
-        file = tmp / "model.safetensors"
-        with safe_open(str(file), "pt") as handle:
-            state = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
-        for i in range(hf.config.num_hidden_layers):
-            attn = f"model.layers.{i}.self_attn"
-            kv = (
-                "k_proj.output_scale",
-                "v_proj.output_scale",
-                "kv_scale",
-                "attn.v_cache_scale",
-            )  # last: unknown
-            for name in (f"{attn}.{n}" for n in kv):
-                state[name] = torch.tensor(0.02, dtype=torch.float32)
-        save_file(state, str(file))
-    return hf
 
 
 def test_autofp8_folder_is_autofp8s_layout(tmp_path: Path) -> None:
@@ -118,7 +68,7 @@ def test_autofp8_exact_run_matches_transformers(
 
 
 @pytest.mark.skipif(not kernels.runnable_isas(), reason="kernels not built (no C compiler)")
-@pytest.mark.parametrize("scheme", ["dynamic", "static-kv"])
+@pytest.mark.parametrize("scheme", COMPACT_SCHEMES)
 def test_autofp8_loads_compact_on_the_kernels(
     tmp_path: Path, scheme: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

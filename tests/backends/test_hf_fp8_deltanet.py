@@ -10,14 +10,12 @@ logits within Q8_DELTANET_ATOL; the exact run follows transformers holding the s
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
 from tokenizers import Tokenizer, models
 
 from localchat.backends.torch.cpu import kernels
@@ -32,6 +30,7 @@ from tests.backends.test_qwen3_next import PROMPT, TINY
 from tests.backends.test_qwen3_next_moe import FAMILIES, MOE
 from tests.helpers.hybrid_parity import HybridDriver, reference_logits
 from tests.helpers.parity import as_numpy
+from tests.helpers.quant_folders import Quantizer, hold_values, quantize_tensors, save_quantized
 from tests.helpers.torch_models import fp32_runner
 
 # Whole 32-value blocks everywhere: hidden 128, heads and DeltaNet heads of 32
@@ -70,40 +69,31 @@ def tiny_hybrid(variant: str) -> Any:
     return model
 
 
+def _as_bf16(w: np.ndarray) -> tuple[dict[str, torch.Tensor], np.ndarray]:
+    stored = torch.from_numpy(w).to(torch.bfloat16).contiguous()
+    return {"weight": stored}, stored.float().numpy()
+
+
+def _fp8_or_bf16(name: str, param: torch.Tensor) -> Quantizer | None:
+    """Which layer matrices Qwen's FP8 repos keep in bf16 and which they quantize."""
+    if ".layers." not in name or param.dim() != 2:
+        return None
+    if name.endswith(BF16_NAMES):
+        return _as_bf16
+    return (lambda w: fp8_block_parts(w, 128)) if name.endswith(FP8_NAMES) else None
+
+
 def write_fp8_hybrid(tmp: Path, variant: str) -> Any:
     """The tiny model as Qwen's FP8 repos store it: layer linears (DeltaNet's qkv / z / qkvz / out, the
     attention, the MLP and shared expert) e4m3 + `weight_scale_inv` per 128 x 128 tile, DeltaNet's b / a in
     bf16, the rest as is; returns the transformers model holding those exact values."""
     hf = tiny_hybrid(variant)
     hf.save_pretrained(tmp)
-    state: dict[str, torch.Tensor] = {}
-    exact: dict[str, torch.Tensor] = {}
-    for name, param in hf.state_dict().items():
-        if ".layers." in name and param.dim() == 2 and name.endswith(BF16_NAMES):
-            state[name] = param.to(torch.bfloat16).contiguous()
-            exact[name] = state[name].float()
-        elif ".layers." in name and param.dim() == 2 and name.endswith(FP8_NAMES):
-            parts, values = fp8_block_parts(param.numpy(), 128)
-            state.update({f"{name.removesuffix('.weight')}.{k}": v for k, v in parts.items()})
-            exact[name] = torch.from_numpy(values.astype(np.float32))
-        else:
-            state[name] = param.clone().contiguous()
-    for f in tmp.glob("model*.safetensors"):
-        f.unlink()
-    save_file(state, str(tmp / "model.safetensors"))
-    config = json.loads((tmp / "config.json").read_text())
-    config["quantization_config"] = {
-        "quant_method": "fp8",
-        "activation_scheme": "dynamic",
-        "weight_block_size": [128, 128],
-    }
-    (tmp / "config.json").write_text(json.dumps(config))
+    state, exact = quantize_tensors(hf.state_dict().items(), _fp8_or_bf16)
+    qconfig = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
     vocab = {f"t{i}": i for i in range(256)}
-    (tmp / "tokenizer.json").write_text(Tokenizer(models.WordLevel(vocab, unk_token="t0")).to_str())
-    with torch.no_grad():
-        for name, param in hf.state_dict().items():
-            if name in exact:
-                param.copy_(exact[name])
+    save_quantized(tmp, state, qconfig, Tokenizer(models.WordLevel(vocab, unk_token="t0")).to_str())
+    hold_values(hf, exact)
     return hf
 
 

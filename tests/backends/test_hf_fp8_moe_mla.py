@@ -27,9 +27,11 @@ from localchat.weights.hf_quant import loaded_weight_bytes
 from localchat.weights.hf_quant_blocks import reorder_rows
 from localchat.weights.loader import load_model
 from localchat.weights.safetensors import safetensors_files
-from tests.backends.test_hf_fp8_compact import KERNEL_ATOL, Q8_ATOL, _block_values, _fp8, fp8_block_parts
+from tests.backends.test_hf_fp8_compact import KERNEL_ATOL, Q8_ATOL, _fp8, fp8_block_parts
 from tests.backends.test_hf_quant_compact import compact_runner, resident_bytes, run
 from tests.helpers.parity import PROMPT, hf_logits, tiny_tokenizer_json
+from tests.helpers.q8_values import q8_values_runner
+from tests.helpers.quant_folders import save_quantized
 from tests.helpers.torch_models import TINY_DEEPSEEK, TINY_MOE, fp32_runner, tiny_hf_model
 
 pytestmark = pytest.mark.skipif(not kernels.runnable_isas(), reason="kernels not built (no C compiler)")
@@ -118,13 +120,9 @@ def write_fp8_folder(tmp: Path, variant: str, stacked: bool = False, seed: int =
             state[f"{head}.experts.{leaf}_scale_inv"] = torch.stack(
                 [p["weight_scale_inv"] for p in per_expert]
             )
-    save_file(state, str(tmp / "model.safetensors"))
+    save_quantized(tmp, state, FP8_CONFIG, tiny_tokenizer_json())
     if not stacked:
         save_file(twin, str(tmp / "twin.safetensors.dense"))
-    config = json.loads((tmp / "config.json").read_text())
-    config["quantization_config"] = FP8_CONFIG
-    (tmp / "config.json").write_text(json.dumps(config))
-    (tmp / "tokenizer.json").write_text(tiny_tokenizer_json())
 
 
 def compact_params(runner: TorchRunner) -> dict[str, object]:
@@ -167,9 +165,7 @@ def test_fp8_moe_and_mla_load_compact_and_match_the_dequantized_run(
 
     ref_logits, ref_tokens = run(exact)
     got_logits, got_tokens = run(compact)
-    with monkeypatch.context() as patch:
-        patch.setattr(Q8Linear, "dequantize", _block_values)  # a dense run on the Q8_0 blocks' own values
-        blocks_logits, _ = run(fp32_runner(load_model(tmp_path)))
+    blocks_logits, _ = run(q8_values_runner(tmp_path))  # a dense run on the Q8_0 blocks' own values
     diff = (got_logits - ref_logits).abs().max().item()
     assert got_tokens == ref_tokens
     assert diff < Q8_ATOL

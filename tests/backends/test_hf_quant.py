@@ -3,19 +3,17 @@ localchat and match transformers running the same dequantized float32 weights (l
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from localchat.errors import ModelLoadError
 from localchat.weights.loader import load_model
-from tests.helpers.parity import PROMPT, assert_close, hf_generate, hf_logits, tiny_tokenizer_json
+from tests.helpers.parity import PROMPT, assert_close, hf_generate, hf_logits
+from tests.helpers.quant_folders import Quantizer, hold_values, save_quantized_llama
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import fp32_runner, tiny_hf_model
 
@@ -127,41 +125,24 @@ def ct_config(fmt: str, kind: str, bits: int, strategy: str, group: int | None =
     }
 
 
-def write_quantized(
-    tmp: Path,
-    quantizer: Callable[[np.ndarray], tuple[dict[str, torch.Tensor], np.ndarray]],
-    qconfig: dict[str, Any],
-) -> torch.nn.Module:
+def write_quantized(tmp: Path, quantizer: Quantizer, qconfig: dict[str, Any]) -> torch.nn.Module:
     """Quantize every layer linear of a tiny Llama into tmp; return the model holding the dequantized values."""
     hf = tiny_hf_model("llama")
-    hf.save_pretrained(tmp)
-    state: dict[str, torch.Tensor] = {}
-    with torch.no_grad():
-        for name, param in hf.state_dict().items():
-            if "layers." in name and name.endswith("_proj.weight"):
-                parts, values = quantizer(param.numpy())
-                state.update({f"{name[: -len('.weight')]}.{k}": v for k, v in parts.items()})
-                param.copy_(torch.from_numpy(values.astype(np.float32)))
-            else:
-                state[name] = param.clone().contiguous()
-    for f in tmp.glob("model*.safetensors"):
-        f.unlink()
-    save_file(state, str(tmp / "model.safetensors"))
-    config = json.loads((tmp / "config.json").read_text())
-    config["quantization_config"] = qconfig
-    (tmp / "config.json").write_text(json.dumps(config))
-    (tmp / "tokenizer.json").write_text(tiny_tokenizer_json())
+    hold_values(hf, save_quantized_llama(tmp, hf, quantizer, qconfig))
     return hf
 
 
-CASES: dict[
-    str, tuple[Callable[[np.ndarray], tuple[dict[str, torch.Tensor], np.ndarray]], dict[str, Any]]
-] = {
-    "gptq-g32": (lambda w: gptq_parts(w, 32, False), {"quant_method": "gptq", "bits": 4, "group_size": 32}),
-    "gptq-g64-act-order": (
-        lambda w: gptq_parts(w, 64, True),
-        {"quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": True},
-    ),
+def gptq_case(group: int, act_order: bool) -> tuple[Quantizer, dict[str, Any]]:
+    """A 4-bit GPTQ folder's quantizer and quantization_config (`desc_act`: act-order)."""
+    config: dict[str, Any] = {"quant_method": "gptq", "bits": 4, "group_size": group}
+    if act_order:
+        config["desc_act"] = True
+    return (lambda w: gptq_parts(w, group, act_order)), config
+
+
+CASES: dict[str, tuple[Quantizer, dict[str, Any]]] = {
+    "gptq-g32": gptq_case(32, False),
+    "gptq-g64-act-order": gptq_case(64, True),
     "awq-g32": (
         lambda w: awq_parts(w, 32),
         {"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm"},

@@ -6,9 +6,7 @@ dequantized run (test_hf_quant.py checks that one against transformers)."""
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,6 @@ import torch
 import torch.multiprocessing as mp
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
-from safetensors.torch import save_file
 
 from localchat.backends import RunnerOptions
 from localchat.backends.torch.cpu import kernels
@@ -30,39 +27,28 @@ from localchat.weights.hf_quant import loaded_weight_bytes
 from localchat.weights.hf_quant_blocks import RepackedLinear, repack_int4
 from localchat.weights.loader import load_model
 from localchat.weights.safetensors import safetensors_files
-from tests.backends.test_hf_quant import awq_parts, ct_config, ct_int_parts, gptq_parts
+from tests.backends.test_hf_quant import CASES as EXACT_CASES
+from tests.backends.test_hf_quant import gptq_case, gptq_parts
 from tests.backends.test_tensor_parallel import _run as tp_run
 from tests.backends.test_tensor_parallel_quant import _runner as tp_runner
 from tests.backends.test_tensor_parallel_quant import _worker as tp_worker
-from tests.helpers.parity import PROMPT, tiny_tokenizer_json
+from tests.helpers.parity import PROMPT
+from tests.helpers.quant_folders import Quantizer, save_quantized_llama
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import fp32_runner, tiny_hf_model
 
 pytestmark = pytest.mark.skipif(not kernels.runnable_isas(), reason="kernels not built (no C compiler)")
 
-Quantizer = Callable[[np.ndarray], tuple[dict[str, torch.Tensor], np.ndarray]]
 # hidden 128, MLP 256: every linear's input holds at least one group of 128 (o_proj's: 4 heads of 32)
 SHAPE = {"hidden_size": 128, "intermediate_size": 256}
 CASES: dict[str, tuple[Quantizer, dict[str, Any]]] = {
-    "gptq-g32": (lambda w: gptq_parts(w, 32, False), {"quant_method": "gptq", "bits": 4, "group_size": 32}),
-    "gptq-g128": (
-        lambda w: gptq_parts(w, 128, False),
-        {"quant_method": "gptq", "bits": 4, "group_size": 128},
-    ),
-    "gptq-g32-act-order": (
-        lambda w: gptq_parts(w, 32, True),
-        {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": True},
-    ),
+    "gptq-g32": EXACT_CASES["gptq-g32"],
+    "gptq-g128": gptq_case(128, False),
+    "gptq-g32-act-order": gptq_case(32, True),
     # groups of 128 over inputs of 128 are one group (nothing to reorder) except down_proj's 256 inputs
-    "gptq-g128-act-order": (
-        lambda w: gptq_parts(w, 128, True),
-        {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True},
-    ),
-    "awq-g32": (
-        lambda w: awq_parts(w, 32),
-        {"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm"},
-    ),
-    "ct-w4a16-g32": (lambda w: ct_int_parts(w, 4, 32), ct_config("pack-quantized", "int", 4, "group", 32)),
+    "gptq-g128-act-order": gptq_case(128, True),
+    "awq-g32": EXACT_CASES["awq-g32"],
+    "ct-w4a16-g32": EXACT_CASES["ct-w4a16-g32"],
 }
 DECODE_STEPS = 6
 # Logits are of order 1-10 here. The compact run differs from the exact one by two roundings: each weight's
@@ -76,22 +62,7 @@ KERNEL_ATOL = 5e-3
 
 def write_checkpoint(tmp: Path, quantizer: Quantizer, qconfig: dict[str, Any]) -> None:
     """A tiny Llama (SHAPE) with every layer linear quantized by `quantizer`, the rest as is."""
-    hf = tiny_hf_model("llama", **SHAPE)
-    hf.save_pretrained(tmp)  # type: ignore[operator]
-    state: dict[str, torch.Tensor] = {}
-    for name, param in hf.state_dict().items():
-        if "layers." in name and name.endswith("_proj.weight"):
-            parts, _ = quantizer(param.numpy())
-            state.update({f"{name[: -len('.weight')]}.{k}": v for k, v in parts.items()})
-        else:
-            state[name] = param.clone().contiguous()
-    for f in tmp.glob("model*.safetensors"):
-        f.unlink()
-    save_file(state, str(tmp / "model.safetensors"))
-    config = json.loads((tmp / "config.json").read_text())
-    config["quantization_config"] = qconfig
-    (tmp / "config.json").write_text(json.dumps(config))
-    (tmp / "tokenizer.json").write_text(tiny_tokenizer_json())
+    save_quantized_llama(tmp, tiny_hf_model("llama", **SHAPE), quantizer, qconfig)
 
 
 def compact_runner(folder: Path, monkeypatch: pytest.MonkeyPatch) -> TorchRunner:

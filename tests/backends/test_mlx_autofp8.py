@@ -12,21 +12,19 @@ import pytest
 
 mx = pytest.importorskip("mlx.core")
 
-from localchat.weights.hf_q8_blocks import Q8Linear  # noqa: E402
 from localchat.weights.loader import load_model  # noqa: E402
-from tests.backends.test_hf_autofp8 import write_autofp8  # noqa: E402
-from tests.backends.test_hf_fp8_compact import Q8_ATOL, _block_values  # noqa: E402
+from tests.backends.test_hf_fp8_compact import Q8_ATOL  # noqa: E402
 from tests.backends.test_mlx_fp8_moe_mla import SAME_VALUES_ATOL, affine_values, assert_q8, generate  # noqa: E402
+from tests.helpers.autofp8 import COMPACT_SCHEMES, write_autofp8  # noqa: E402
 from tests.helpers.parity import PROMPT, mlx_runner  # noqa: E402
+from tests.helpers.q8_values import q8_values_runner  # noqa: E402
 from tests.helpers.torch_models import fp32_runner  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 
 
-@pytest.mark.parametrize("scheme", ["dynamic", "static-kv"])
-def test_autofp8_stays_8bit_on_mlx(
-    tmp_path: Path, scheme: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+@pytest.mark.parametrize("scheme", COMPACT_SCHEMES)
+def test_autofp8_stays_8bit_on_mlx(tmp_path: Path, scheme: str, capsys: pytest.CaptureFixture[str]) -> None:
     write_autofp8(tmp_path, scheme)
     runner = mlx_runner(load_model(tmp_path))
     stored = weights = 0
@@ -37,9 +35,7 @@ def test_autofp8_stays_8bit_on_mlx(
             stored += sum(a.nbytes for a in (weight.packed, weight.scales, weight.biases))
             weights += affine_values(weight).size
     got_logits, got_tokens = generate(runner, PROMPT)
-    with monkeypatch.context() as patch:
-        patch.setattr(Q8Linear, "dequantize", _block_values)  # torch, dense, on the Q8_0 blocks' values
-        ref_logits, ref_tokens = generate(fp32_runner(load_model(tmp_path)), PROMPT)
+    ref_logits, ref_tokens = generate(q8_values_runner(tmp_path), PROMPT)  # torch, on the Q8_0 values
     exact_logits, exact_tokens = generate(fp32_runner(load_model(tmp_path)), PROMPT)  # the fp8 values
     same, exact = np.abs(got_logits - ref_logits).max(), np.abs(got_logits - exact_logits).max()
     with capsys.disabled():

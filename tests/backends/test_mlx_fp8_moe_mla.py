@@ -37,6 +37,7 @@ from tests.backends.test_hf_quant import ct_config, ct_fp8_parts  # noqa: E402
 from tests.backends.test_hf_quant_compact import compact_runner  # noqa: E402
 from tests.backends.test_mistral4 import VARIANTS as MISTRAL4  # noqa: E402
 from tests.helpers.parity import GREEDY, PROMPT, Driver, mlx_runner  # noqa: E402
+from tests.helpers.q8_values import q8_values_runner  # noqa: E402
 from tests.helpers.torch_models import fp32_runner  # noqa: E402
 
 pytestmark = pytest.mark.mlx
@@ -199,11 +200,9 @@ def test_fp8_moe_and_mla_stay_8bit_on_mlx_and_follow_the_torch_cpu_path(
 
     # Run: the torch CPU path's values and tokens.
     got_logits, got_tokens = generate(runner, PROMPT)
-    with monkeypatch.context() as patch:
-        patch.setattr(Q8Linear, "dequantize", _block_values)  # torch, dense, on the Q8_0 blocks' values
-        same_values = fp32_runner(load_model(tmp_path))
-        ref_logits, ref_tokens = generate(same_values, PROMPT)
-        long_ref, _ = generate(same_values, LONG_PROMPT)
+    same_values = q8_values_runner(tmp_path)  # torch, dense, on the Q8_0 blocks' values
+    ref_logits, ref_tokens = generate(same_values, PROMPT)
+    long_ref, _ = generate(same_values, LONG_PROMPT)
     exact_logits, exact_tokens = generate(fp32_runner(load_model(tmp_path)), PROMPT)  # the fp8 values
     assert got_tokens == ref_tokens == exact_tokens
     assert np.abs(got_logits - ref_logits).max() < SAME_VALUES_ATOL
