@@ -21,9 +21,11 @@ from dataclasses import replace
 
 from localchat.backends.torch.models.deepseek import DeepseekLayer
 from localchat.weights.config import ModelConfig
+from localchat.weights.hf_q8_blocks import Q8Linear
 from localchat.weights.tensors import WeightTensor
 
 from .shard_llama import AllReduced
+from .shard_q8 import q8_rows
 
 MLA_FAMILIES = ("deepseek", "mistral4")
 # Parameters whose rows are grouped by head: q_proj / q_b_proj (nope | rope per head), kv_b_proj
@@ -41,6 +43,8 @@ def head_rows(w: WeightTensor, config: ModelConfig, rank: int, world: int) -> We
     heads = config.num_attention_heads
     data_rows, shape_rows = w.data.shape[0] // heads, w.shape[0] // heads
     mine = heads // world
+    if isinstance(w, Q8Linear):  # an FP8 checkpoint's q_b / kv_b: its codes with their scales
+        return q8_rows(w, [(rank * mine * data_rows, mine * data_rows)])
     data = w.data[rank * mine * data_rows : (rank + 1) * mine * data_rows]
     return replace(w, shape=(mine * shape_rows, *w.shape[1:]), data=data)
 

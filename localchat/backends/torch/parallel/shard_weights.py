@@ -20,6 +20,7 @@ from localchat.arch.moe import MoeSpec
 from localchat.arch.registry import architecture
 from localchat.weights.config import ModelConfig
 from localchat.weights.experts import split_experts
+from localchat.weights.hf_q8_blocks import Q8Linear
 from localchat.weights.hf_quant_blocks import RepackedLinear
 from localchat.weights.ordered_blocks import OrderedBlocks
 from localchat.weights.tensors import WeightTensor
@@ -28,6 +29,7 @@ from .group import ParallelGroup
 from .shard_mla import HEAD_ROWS, MLA_FAMILIES, SPLIT_KV_B, head_rows, value_columns
 from .shard_moe import OWN_WIDTHS, dense_width, family_width, turn_stacked_experts
 from .shard_ordered import ordered_columns_part
+from .shard_q8 import q8_columns, q8_rows
 
 # Families whose `sanitize` is run before the cut (and again, a no-op, at load): LFM2's conv taps
 # reshaped, Granite 4.0-H's stacked experts renamed so split_experts finds them.
@@ -138,8 +140,9 @@ def shard_weights(
     shared = int(config.extra.get("shared_intermediate_size") or 0)  # Granite 4.0-H's shared MLP
     mla = arch.family in MLA_FAMILIES  # DeepSeek / Mistral 4: cut by head (shard_mla.py)
     for w in split_experts(weights):  # stacked experts -> one weight each (load_model's split: a no-op then)
-        if isinstance(w, RepackedLinear) and not isinstance(w, OrderedBlocks):  # hf_quant's int4 blocks:
-            # ranks cut the exact values (qwen35's ordered ssm_out keeps its blocks: _deltanet_part)
+        if isinstance(w, RepackedLinear) and not isinstance(w, (OrderedBlocks, Q8Linear)):  # hf_quant's
+            # int4 blocks: ranks cut the exact values (qwen35's ordered ssm_out keeps its blocks:
+            # _deltanet_part; FP8 / int8 linears keep their codes and scales: shard_q8.py)
             w = WeightTensor(w.name, w.shape, "F32", w.dequantize())
         name = w.name
         # Nemotron-H's embedding is `model.embeddings.weight` (the family's top_weights name it)
@@ -236,8 +239,7 @@ def _deltanet_part(
     if leaf == "in_proj" and index == 1:
         return rows(w, *values)
     blocks = [(0, keys), (nk * dk, keys), (2 * nk * dk, values)]  # in_proj_qkv, the conv: q | k | v
-    data = np.concatenate([w.data[base + start : base + start + count] for base, (start, count) in blocks])
-    return replace(w, shape=(data.shape[0], *w.shape[1:]), data=data)
+    return row_ranges(w, [(base + start, count) for base, (start, count) in blocks])
 
 
 def _mamba_part(w: WeightTensor, leaf: str, config: ModelConfig, part: RankSlice) -> WeightTensor:
@@ -260,8 +262,7 @@ def _mamba_part(w: WeightTensor, leaf: str, config: ModelConfig, part: RankSlice
     }
     starts["in_proj"] += [(2 * inner + group_width, mine_groups), (2 * inner + 2 * group_width, mine_heads)]
     blocks = starts.get(leaf.removesuffix("_bias")) or [(0, mine_heads)]  # dt_bias, A_log, D: per head
-    data = np.concatenate([w.data[base + start : base + start + count] for base, (start, count) in blocks])
-    return replace(w, shape=(data.shape[0], *w.shape[1:]), data=data)
+    return row_ranges(w, [(base + start, count) for base, (start, count) in blocks])
 
 
 def _fused_qkv_rows(
@@ -274,8 +275,7 @@ def _fused_qkv_rows(
         config.num_key_value_heads * config.head_dim,
     )
     blocks = [(0, q), (q_rows, kv), (q_rows + kv_rows, kv)]
-    data = np.concatenate([w.data[base + start : base + start + count] for base, (start, count) in blocks])
-    return replace(w, shape=(data.shape[0], *w.shape[1:]), data=data)
+    return row_ranges(w, [(base + start, count) for base, (start, count) in blocks])
 
 
 def _gate_up_rows(w: WeightTensor, width: int, start: int, count: int) -> WeightTensor:
@@ -285,12 +285,21 @@ def _gate_up_rows(w: WeightTensor, width: int, start: int, count: int) -> Weight
 
 def _part_rows(w: WeightTensor, width: int, parts: int, start: int, count: int) -> WeightTensor:
     """A matrix (or vector) of `parts` stacked blocks `width` rows each: the rank's rows of every block."""
-    data = np.concatenate([w.data[p * width + start : p * width + start + count] for p in range(parts)])
-    return replace(w, shape=(parts * count, *w.shape[1:]), data=data)
+    return row_ranges(w, [(p * width + start, count) for p in range(parts)])
+
+
+def row_ranges(w: WeightTensor, ranges: list[tuple[int, int]]) -> WeightTensor:
+    """Rows [start, start + count) of each range, in order (an FP8 linear's with their scales)."""
+    if isinstance(w, Q8Linear):
+        return q8_rows(w, ranges)
+    data = np.concatenate([w.data[start : start + count] for start, count in ranges])
+    return replace(w, shape=(data.shape[0], *w.shape[1:]), data=data)
 
 
 def rows(w: WeightTensor, start: int, count: int) -> WeightTensor:
     """Rows [start, start + count): whole rows of blocks for a quantized matrix, a vector's range."""
+    if isinstance(w, Q8Linear):
+        return q8_rows(w, [(start, count)])
     return replace(w, shape=(count, *w.shape[1:]), data=w.data[start : start + count])
 
 
@@ -307,6 +316,8 @@ def _vocab_rows(w: WeightTensor, part: RankSlice) -> WeightTensor:
 def columns(w: WeightTensor, start: int, count: int) -> WeightTensor:
     """Input columns [start, start + count) of every row."""
     shape = (w.shape[0], count)
+    if isinstance(w, Q8Linear):
+        return q8_columns(w, start, count)
     if not w.is_quantized:
         return replace(w, shape=shape, data=w.data[:, start : start + count])
     block, block_bytes = _block_geometry(w.dtype)
