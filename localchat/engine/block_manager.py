@@ -265,6 +265,26 @@ class BlockManager:
             self._register(block, block_hash, parent, tokens, images)
             block.named_in_step = self.step  # written by the step being scheduled: no copy source yet
 
+    def forget_unwritten(self, requests: list[Request], step: int) -> None:
+        """After `step` failed: unname the blocks it named (their K/V were never written), in each of the
+        step's requests from the first such block on, so no later prompt hits them. Found for all requests
+        before any is unnamed: a request admitted in the same step may hold another's as its hits."""
+        cuts: list[tuple[Request, int]] = []
+        for request in requests:
+            registered = request.block_ids[: request.num_registered_blocks]
+            first = next((i for i, b in enumerate(registered) if self.blocks[b].named_in_step == step), None)
+            if first is not None:
+                cuts.append((request, first))
+        for request, first in cuts:
+            for block_id in request.block_ids[first : request.num_registered_blocks]:
+                block = self.blocks[block_id]
+                if block.named_in_step == step:
+                    ref_count = block.ref_count
+                    self._uncache(block)
+                    block.ref_count, block.named_in_step = ref_count, -1
+            request.num_registered_blocks = first
+            del request.block_hashes[first:]
+
     def _name_tail(self, request: Request) -> None:
         """Name the request's partly filled last block by its computed tokens (a partial-reuse source).
         Only a block no other request holds, past every named block (a block named for a step whose

@@ -222,7 +222,7 @@ class LLMEngine:
         try:
             runner_output = self.runner.execute_model(scheduler_output, batch)
         except Exception as exc:  # a failed step must not take the engine down
-            return self.fail_step(batch, exc)
+            return self.fail_step(scheduler_output, batch, exc)
         return self.apply_output(scheduler_output, runner_output)
 
     def build_batch(self, scheduler_output: SchedulerOutput) -> BatchInputs:
@@ -232,10 +232,15 @@ class LLMEngine:
         batch.sampling.token_bitmask = self._grammar_bitmask(batch.sample_req_ids)
         return batch
 
-    def fail_step(self, batch: BatchInputs, exc: Exception) -> list[RequestOutput]:
+    def fail_step(
+        self, scheduler_output: SchedulerOutput, batch: BatchInputs, exc: Exception
+    ) -> list[RequestOutput]:
         log.exception("model step failed; failing its %d requests", len(batch.req_ids))
         requests = self.scheduler.requests  # (without those aborted while the step was in flight)
-        return [self._fail(requests[r], exc) for r in batch.req_ids if r in requests]
+        failed = [requests[r] for r in batch.req_ids if r in requests]
+        # Before any is freed: freeing names a request's blocks for reuse.
+        self.scheduler.block_manager.forget_unwritten(failed, scheduler_output.block_step)
+        return [self._fail(request, exc) for request in failed]
 
     def apply_output(self, scheduler_output: SchedulerOutput, output: RunnerOutput) -> list[RequestOutput]:
         """A step's tokens into its requests (skipping any aborted while the step was in flight)."""

@@ -55,7 +55,7 @@ class StepsInFlight:
         try:
             runner_output = self.runner.finish_step()
         except Exception as exc:  # a failed step must not take the engine down
-            return failed + self.engine.fail_step(batch, exc)
+            return failed + self.engine.fail_step(scheduler_output, batch, exc)
         return failed + self.engine.apply_output(scheduler_output, runner_output)
 
     def _submit(self) -> tuple[bool, list[RequestOutput]]:
@@ -71,7 +71,7 @@ class StepsInFlight:
         try:
             self.runner.submit_step(scheduler_output, batch)
         except Exception as exc:
-            return False, engine.fail_step(batch, exc)
+            return False, engine.fail_step(scheduler_output, batch, exc)
         scheduler.in_flight.update(scheduler_output.num_scheduled_tokens)
         self.steps.append((scheduler_output, batch))
         return True, []

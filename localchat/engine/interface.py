@@ -57,6 +57,8 @@ class SchedulerOutput:
     # this step's forward, the runner copies the first `tokens` slots of each source block's K/V, every
     # layer, into the destination block (a fresh block of an admitted request); the source is unchanged.
     kv_copies: list[tuple[int, int, int]] = field(default_factory=list)
+    # The block manager's step that named this step's new full blocks (forgotten again if the step fails).
+    block_step: int = -1
 
     @property
     def is_empty(self) -> bool:

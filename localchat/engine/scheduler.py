@@ -172,6 +172,7 @@ class Scheduler:
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             finished_req_ids=finished,
             preempted_req_ids=preempted,
+            block_step=self.block_manager.step,
             kv_copies=self.block_manager.end_step(),
         )
 
