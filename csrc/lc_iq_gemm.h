@@ -34,58 +34,126 @@ static inline int lc_iqg_small(int type) { return type != LC_IQ4_NL && type != L
 /* The calling thread's panel buffer (lc_grow). */
 LC_SCRATCH(lc_iqg_buf);
 
-/* 32 decoded values v and their lane scales ls of weight row c (0..15), sub-block s, into the panel. */
-static inline void lc_iqg_put(const int8_t *v, const float *ls, int c, int64_t s, uint32_t flip, uint8_t *codes,
-                              float *scales) {
-    for (int g = 0; g < 8; g++) {
-        uint32_t q;
-        memcpy(&q, v + 4 * g, 4);
-        q ^= flip;
-        memcpy(codes + (8 * s + g) * 64 + 4 * c, &q, 4);
-    }
+/* 32 decoded values v and their lane scales ls of weight row c (0..15), sub-block s, into the panel (the
+   portable and NEON panels; x86 transposes 8 rows at once, iqg_put8). */
+static inline void lc_iqg_put(const int8_t *v, const float *ls, int c, int64_t s, uint8_t *codes, float *scales) {
+    for (int g = 0; g < 8; g++) memcpy(codes + (8 * s + g) * 64 + 4 * c, v + 4 * g, 4);
     scales[(2 * s) * 16 + c] = ls[0];
     scales[(2 * s + 1) * 16 + c] = ls[4];
 }
 #endif /* LC_IQG_COMMON */
 
+#if LC_ISA == LC_ISA_AVX2 || LC_ISA == LC_ISA_AVX512VNNI
+/* Sub-block j of 8 weight rows (v[r][j]: 32 codes of row r, 8 four-byte pieces) into the panel's groups 8 s ..
+   8 s + 7 at rows 8 h .. 8 h + 7: an 8 x 8 transpose of the pieces (unpacks, then 128-bit halves), one
+   32-byte store per group instead of 64 four-byte ones. */
+static inline void LC_FN(iqg_put8)(const __m256i (*v)[8], int j, int64_t s, int h, uint8_t *codes) {
+    __m256i t[8], u[8];
+    for (int r = 0; r < 8; r += 2) { /* rows r, r + 1: pieces 0 1 | 4 5 and 2 3 | 6 7, interleaved */
+        t[r] = _mm256_unpacklo_epi32(v[r][j], v[r + 1][j]);
+        t[r + 1] = _mm256_unpackhi_epi32(v[r][j], v[r + 1][j]);
+    }
+    for (int r = 0; r < 8; r += 4) { /* rows r .. r + 3: u[r + g] holds piece g | piece g + 4 */
+        u[r] = _mm256_unpacklo_epi64(t[r], t[r + 2]);
+        u[r + 1] = _mm256_unpackhi_epi64(t[r], t[r + 2]);
+        u[r + 2] = _mm256_unpacklo_epi64(t[r + 1], t[r + 3]);
+        u[r + 3] = _mm256_unpackhi_epi64(t[r + 1], t[r + 3]);
+    }
+    uint8_t *p = codes + 8 * s * 64 + 32 * h;
+    for (int g = 0; g < 4; g++) {
+        _mm256_storeu_si256((__m256i *)(p + g * 64), _mm256_permute2x128_si256(u[g], u[g + 4], 0x20));
+        _mm256_storeu_si256((__m256i *)(p + (g + 4) * 64), _mm256_permute2x128_si256(u[g], u[g + 4], 0x31));
+    }
+}
+
 /* Rows r0 .. r0 + 15 of the weights into the panel (rows past n: zero codes and scales); `type` a literal
-   (iqg_panel below), so the decode inlines without a dispatch per sub-block. */
+   (iqg_panel below), so the decode inlines without a dispatch per sub-block. A block (8 sub-blocks) of 8
+   rows at a time decodes in registers into v, then each sub-block's codes go in by iqg_put8; the block's
+   groups (4 KiB, in L1) fill before the next block's, where a row at a time passed over the whole panel
+   (16 k bytes, 128 KiB at k = 8192) once per row. AVX-512 stores the codes + 128, AVX2 the small types'
+   + 64 (the top of this file). */
 static inline __attribute__((always_inline)) void LC_FN(iqg_panel_t)(const int type, const uint8_t *w, int64_t n,
                                                                       int64_t r0, int64_t k, int64_t row_bytes,
                                                                       uint8_t *codes, float *scales) {
-#if LC_ISA == LC_ISA_AVX512VNNI
-    const uint32_t flip = 0x80808080u;
+#if LC_ISA == LC_ISA_AVX512VNNI /* added to every code (+128 mod 256: the top bit flipped) */
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
 #else
-    const uint32_t flip = 0;
+    const __m256i bias = _mm256_set1_epi8(lc_iqg_small(type) ? 64 : 0);
 #endif
+    __m256i v[8][8];
+    float ls[8];
+    const int64_t subs = k / 32;
+    for (int64_t s0 = 0; s0 < subs; s0 += 8) {
+        const int m = subs - s0 < 8 ? (int)(subs - s0) : 8; /* 8 but for IQ4_NL / MXFP4 rows */
+        for (int h = 0; h < 2; h++) {
+            for (int r = 0; r < 8; r++) {
+                const int c = 8 * h + r;
+                const uint8_t *row = w + (r0 + c) * row_bytes;
+                if (r0 + c >= n) {
+                    for (int j = 0; j < m; j++) {
+                        v[r][j] = bias; /* code 0 */
+                        scales[(2 * (s0 + j)) * 16 + c] = scales[(2 * (s0 + j) + 1) * 16 + c] = 0.0f;
+                    }
+                } else if (type == LC_IQ4_XS) { /* the block's 8 scales from vector code at once */
+                    const uint8_t *b = row + 136 * (s0 / 8);
+                    _mm256_storeu_ps(ls, LC_FN(iq4xs_scales)(b));
+                    for (int j = 0; j < 8; j++) {
+                        v[r][j] = _mm256_add_epi8(LC_FN(iq4_values)(b + 8 + 16 * j, lc_iq4nl_values), bias);
+                        scales[(2 * (s0 + j)) * 16 + c] = scales[(2 * (s0 + j) + 1) * 16 + c] = ls[j];
+                    }
+                } else if (type == LC_IQ3_XXS) { /* the block's sign words and scales in vector code (as iq3_brow) */
+                    const uint8_t *b = row + 98 * (s0 / 8);
+                    const __m256i aux = _mm256_loadu_si256((const __m256i *)(b + 66));
+                    uint32_t signs[8], unused;
+                    LC_FN(iq3xxs_signs)(aux, signs);
+                    const __m256 half = _mm256_set1_ps(0.5f);
+                    __m256 sc = _mm256_add_ps(half, _mm256_cvtepi32_ps(_mm256_srli_epi32(aux, 28)));
+                    _mm256_storeu_ps(ls, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(lc_u16(b))), sc), half));
+                    for (int j = 0; j < 8; j++) {
+                        LC_FN(iq_gsub)(LC_IQ3_XXS, b, j, &v[r][j], &unused);
+                        v[r][j] = _mm256_add_epi8(LC_FN(iq_flip)(v[r][j], signs[j]), bias);
+                        scales[(2 * (s0 + j)) * 16 + c] = scales[(2 * (s0 + j) + 1) * 16 + c] = ls[j];
+                    }
+                } else {
+                    for (int j = 0; j < m; j++) {
+                        __m256 lv;
+                        LC_FN(iq_sub)(type, row, s0 + j, &v[r][j], &lv); /* IQ4 and MXFP4 in registers */
+                        v[r][j] = _mm256_add_epi8(v[r][j], bias);
+                        _mm256_storeu_ps(ls, lv);
+                        scales[(2 * (s0 + j)) * 16 + c] = ls[0];
+                        scales[(2 * (s0 + j) + 1) * 16 + c] = ls[4];
+                    }
+                }
+            }
+            for (int j = 0; j < m; j++) LC_FN(iqg_put8)((const __m256i(*)[8])v, j, s0 + j, h, codes);
+        }
+    }
+}
+#else
+/* Rows r0 .. r0 + 15 of the weights into the panel (rows past n: zero codes and scales), a row at a time. */
+static inline __attribute__((always_inline)) void LC_FN(iqg_panel_t)(const int type, const uint8_t *w, int64_t n,
+                                                                      int64_t r0, int64_t k, int64_t row_bytes,
+                                                                      uint8_t *codes, float *scales) {
     int8_t v[32];
     float ls[8];
     for (int c = 0; c < 16; c++) {
         const uint8_t *row = w + (r0 + c) * row_bytes;
         for (int64_t s = 0; s < k / 32; s++) {
             if (r0 + c >= n) {
-                memset(v, LC_ISA == LC_ISA_AVX2 && lc_iqg_small(type) ? 64 : 0, sizeof(v));
+                memset(v, 0, sizeof(v));
                 for (int l = 0; l < 8; l++) ls[l] = 0.0f;
             } else {
-#if LC_ISA == LC_ISA_AVX2 || LC_ISA == LC_ISA_AVX512VNNI
-                __m256i vv;
-                __m256 lv;
-                LC_FN(iq_sub)(type, row, s, &vv, &lv); /* IQ4 and MXFP4 in registers */
-#if LC_ISA == LC_ISA_AVX2
-                if (lc_iqg_small(type)) vv = _mm256_add_epi8(vv, _mm256_set1_epi8(64)); /* 1..127: maddubs-safe */
-#endif
-                _mm256_storeu_si256((__m256i *)v, vv);
-                _mm256_storeu_ps(ls, lv);
-#elif defined(__aarch64__) && defined(__ARM_NEON)
+#if defined(__aarch64__) && defined(__ARM_NEON)
                 LC_FN(iqn_dec)(type, row, s, v, ls); /* lc_iq_neon.h: in registers */
 #else
                 lc_iq_dec_row(type, row, s, v, ls);
 #endif
             }
-            lc_iqg_put(v, ls, c, s, flip, codes, scales);
+            lc_iqg_put(v, ls, c, s, codes, scales);
         }
     }
 }
+#endif
 
 #define LC_IQG_PANEL(T) LC_FN(iqg_panel_t)(T, w, n, r0, k, row_bytes, codes, scales)
 static void LC_FN(iqg_panel)(int type, const uint8_t *w, int64_t n, int64_t r0, int64_t k, int64_t row_bytes,

@@ -553,6 +553,16 @@ static inline __m256 LC_FN(iq4xs_scales)(const uint8_t *b) {
 #ifndef LC_IQ4_PF
 #define LC_IQ4_PF 1024
 #endif
+/* Block b's prologue, shared by both ISAs' iq4xs_brow: the prefetch of the bytes LC_IQ4_PF ahead and cs[i],
+   the block's 8 sub-block scales times activation row i's 8 scales (dx row i, [k / 32]). */
+static inline __attribute__((always_inline)) void LC_FN(iq4xs_pre)(const int mr, const uint8_t *b, int64_t k,
+                                                                    const float *dx, __m256 *cs) {
+    _mm_prefetch((const char *)b + LC_IQ4_PF, _MM_HINT_T0);
+    _mm_prefetch((const char *)b + LC_IQ4_PF + 64, _MM_HINT_T0);
+    _mm_prefetch((const char *)b + LC_IQ4_PF + 128, _MM_HINT_T0);
+    const __m256 sc = LC_FN(iq4xs_scales)(b);
+    for (int i = 0; i < mr; i++) cs[i] = _mm256_mul_ps(sc, _mm256_loadu_ps(dx + i * (k / 32)));
+}
 #if LC_ISA == LC_ISA_AVX512VNNI
 /* AVX-512: two sub-blocks (64 values) per 512-bit step: their 32 bytes of nibbles spread to four 128-bit
    lanes (low and high nibbles of each), one vpshufb of the values' magnitudes, the signs (the table's first
@@ -568,13 +578,8 @@ static inline __attribute__((always_inline)) void LC_FN(iq4xs_brow)(const int mr
     const __m512i pick0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     for (int64_t ib = 0; ib < k / 256; ib++) {
         const uint8_t *b = row + 136 * ib;
-        _mm_prefetch((const char *)b + LC_IQ4_PF, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + LC_IQ4_PF + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + LC_IQ4_PF + 128, _MM_HINT_T0);
-        const __m256 sc = LC_FN(iq4xs_scales)(b);
-        __m512 cs[4]; /* weight scale times activation scale of each sub-block */
-        for (int i = 0; i < mr; i++)
-            cs[i] = _mm512_castps256_ps512(_mm256_mul_ps(sc, _mm256_loadu_ps(dx + i * (k / 32) + 8 * ib)));
+        __m256 cs[4]; /* weight scale times activation scale of each sub-block */
+        LC_FN(iq4xs_pre)(mr, b, k, dx + 8 * ib, cs);
         for (int j = 0; j < 8; j += 2) {
             __m512i q = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b + 8 + 16 * j)));
             q = _mm512_shuffle_i64x2(q, q, 0x50); /* lanes: sub j, sub j, sub j + 1, sub j + 1 */
@@ -586,7 +591,8 @@ static inline __attribute__((always_inline)) void LC_FN(iq4xs_brow)(const int mr
                 __m512i x = _mm512_loadu_si512((const void *)(xq + i * k + 256 * ib + 32 * j));
                 x = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
                 __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), g, x);
-                acc[i][j >> 1 & 1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pick, cs[i]), _mm512_cvtepi32_ps(p), acc[i][j >> 1 & 1]);
+                acc[i][j >> 1 & 1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pick, _mm512_castps256_ps512(cs[i])),
+                                                     _mm512_cvtepi32_ps(p), acc[i][j >> 1 & 1]);
             }
         }
     }
@@ -601,12 +607,8 @@ static inline __attribute__((always_inline)) void LC_FN(iq4xs_brow)(const int mr
     for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     for (int64_t ib = 0; ib < k / 256; ib++) {
         const uint8_t *b = row + 136 * ib;
-        _mm_prefetch((const char *)b + LC_IQ4_PF, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + LC_IQ4_PF + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + LC_IQ4_PF + 128, _MM_HINT_T0);
-        const __m256 sc = LC_FN(iq4xs_scales)(b);
         __m256 cs[4];
-        for (int i = 0; i < mr; i++) cs[i] = _mm256_mul_ps(sc, _mm256_loadu_ps(dx + i * (k / 32) + 8 * ib));
+        LC_FN(iq4xs_pre)(mr, b, k, dx + 8 * ib, cs);
         for (int j = 0; j < 8; j++) {
             const __m256i v = LC_FN(iq4_values)(b + 8 + 16 * j, lc_iq4nl_values);
             for (int i = 0; i < mr; i++) {
