@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import replace
-from typing import cast
+from typing import Any, cast
 
 import pytest
 import torch
@@ -69,6 +69,49 @@ def test_two_ranks_over_nccl_match_one_device(flag: str) -> None:
         assert chunked_and_preempted(cast(TorchRunner, runner)) == expected_chunked
     finally:
         runner.shutdown()
+
+
+@two_gpus
+def test_tensor_parallel_size_2_over_nccl_replays_cuda_graphs_per_rank() -> None:
+    """Each rank captures its decode graphs with the NCCL collectives inside and replays them: the
+    engine's greedy tokens equal TP=2 without graphs, for 16 ragged prompts (batch buckets 1-16)."""
+    from localchat.backends.fake import FakeTokenizer
+    from localchat.engine.config import EngineConfig
+    from localchat.engine.engine import LLMEngine
+    from localchat.engine.sampling_params import SamplingParams
+    from tests.backends.test_runner_invariance import tiny_prompts
+
+    def greedy(graphs: bool) -> tuple[list[list[int]], int]:
+        options = replace(FP32_CUDA, tensor_parallel_size=2, cuda_graphs=graphs)
+        with exact_weights():
+            runner = ParallelRunner(
+                family_bundle("llama"), options, load=functools.partial(family_bundle, "llama")
+            )
+        try:
+            engine = LLMEngine(
+                cast(Any, runner),
+                FakeTokenizer(),
+                EngineConfig(max_num_seqs=16),
+                eos_token_ids=[],
+                model_max_len=512,
+            )
+            params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+            ids = [engine.add_request(p, params) for p in tiny_prompts()]
+            out: dict[str, list[int]] = {i: [] for i in ids}
+            while engine.has_unfinished:
+                for o in engine.step():
+                    assert o.error is None, o.error
+                    out[o.req_id].extend(o.new_token_ids)
+            graphs_run = runner.runner.graphs.steps_run if runner.runner.graphs is not None else 0
+            return [out[i] for i in ids], graphs_run
+        finally:
+            runner.shutdown()
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    eager, none_run = greedy(graphs=False)
+    graphed, replays = greedy(graphs=True)
+    assert none_run == 0 and replays > 0  # rank 0 replayed captured graphs (the workers the same ones)
+    assert graphed == eager
 
 
 @pytest.mark.parametrize("kind", ["qwen3_5", "nemotron_h"])

@@ -235,6 +235,12 @@ def sharded_runner(
     model.world_size = world
     model.tp_group = tp_group
     model.fused_decode = None  # the one-call C decode step has no place for the all-reduces
-    runner.graph_mode = None  # CUDA graphs around NCCL calls are not captured in this slice
+    if runner.device.type != "cuda":
+        runner.graph_mode = None  # the CPU path runs eagerly under --tp, as it always did
+    # On CUDA each rank captures its decode graphs with the NCCL all-reduces and the logits' all-gather
+    # inside (torch does not hand captured collectives to its NCCL watchdog, and current torch runs the
+    # watchdog's event queries in thread-local capture mode, so earlier work cannot break a capture): prepare_decode_graphs is forwarded, so every rank captures
+    # the same buckets in the same order, and every rank gets the same batch, so all replay the same
+    # bucket's graph at each decode step. A --pp stage runner turns graphs off itself (stages.py).
     runner.config = replace(runner.config, vocab_size=config.vocab_size)  # the logits are gathered whole
     return runner
