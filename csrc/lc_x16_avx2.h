@@ -6,6 +6,15 @@ signed and multiplies |q| by the activations carrying q's sign, so no pair sum s
 Half by half, LC_X16_MR2 activation rows per pass. Included by lc_kernels.c for the AVX2 variant. */
 
 #define LC_X16_MR2 3
+#ifndef LC_PF2 /* prefetch distance in bytes of the first half's pass (the second reads the panel from L2) */
+#define LC_PF2 8192
+#endif
+
+/* Prefetch the lines of bytes [from, to) of a unit LC_PF2 ahead: the panels stream from memory once, and
+   without it AVX2 one-row decode left the memory idle between the hardware prefetcher's page-bounded runs. */
+static inline __attribute__((always_inline)) void LC_FN(x16h_ahead)(const uint8_t *u, int64_t from, int64_t to) {
+    for (int64_t l = from & ~(int64_t)63; l < to; l += 64) _mm_prefetch((const char *)(u + l + LC_PF2), _MM_HINT_T0);
+}
 
 typedef lc_x16_sums LC_FN(xsum);
 
@@ -167,6 +176,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int ty
         const int with_min = type == LC_Q4_1 || type == LC_Q5_1;
         for (int64_t s = 0; s < k32; s++) {
             const uint8_t *u = p + s * ub;
+            if (h == 0 && !xc) LC_FN(x16h_ahead)(u, 0, ub);
             __m256 dv = LC_FN(h8)(u + 16 * h);
             for (int i = 0; i < mr; i++) {
                 a16[i] = _mm256_setzero_si256();
@@ -206,10 +216,12 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int ty
     for (int64_t s8 = 0; s8 < units256; s8++) {
         const uint8_t *u = p + s8 * ub;
         __m256 dv = LC_FN(h8)(u + 16 * h);
+        if (h == 0 && !xc) LC_FN(x16h_ahead)(u, 0, ub / 8);
         if (type == LC_Q4_K || type == LC_Q5_K) {
             __m256 mn = LC_FN(h8)(u + 32 + 16 * h);
             for (int j = 0; j < 8; j++) {
                 int64_t s = 8 * s8 + j;
+                if (h == 0 && !xc && j < 7) LC_FN(x16h_ahead)(u, (j + 1) * ub / 8, (j + 2) * ub / 8);
                 for (int i = 0; i < mr; i++) a16[i] = a32[i] = _mm256_setzero_si256();
                 if (xc) {
                     LC_FN(x16h_expanded)(mr, 8, type == LC_Q5_K ? 4 : 8, xc, h, x.xq, k, 32 * s, a32);
@@ -231,6 +243,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int ty
             __m256 mn = LC_FN(h8)(u + 32 + 16 * h);
             for (int j = 0; j < 8; j++) {
                 int64_t s = 8 * s8 + j;
+                if (h == 0 && !xc && j < 7) LC_FN(x16h_ahead)(u, (j + 1) * ub / 8, (j + 2) * ub / 8);
                 for (int hh = 0; hh < 2; hh++) {
                     int64_t x0 = 32 * s + 16 * hh;
                     __m256i lv = _mm256_loadu_si256((const __m256i *)(u + LC_X16_Q2_Q(j) + 64 * hh + 32 * h));
@@ -256,6 +269,7 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int ty
             for (int j = 0; j < 8; j++) {
                 const uint8_t *ql = u + (q3 ? LC_X16_Q3_QL(j) : LC_X16_Q6_QL(j)), *qh = u + (q3 ? LC_X16_Q3_QH(j) : LC_X16_Q6_QH(j));
                 int64_t s = 8 * s8 + j;
+                if (h == 0 && !xc && j < 7) LC_FN(x16h_ahead)(u, (j + 1) * ub / 8, (j + 2) * ub / 8);
                 for (int hh = 0; hh < 2; hh++) {
                     int64_t x0 = 32 * s + 16 * hh;
                     __m256 sv = _mm256_mul_ps(dv, LC_FN(i8f8)(u + (q3 ? LC_X16_Q3_SC(j) : LC_X16_Q6_SC(j)) + 16 * hh + 8 * h));
