@@ -139,3 +139,16 @@ def test_fp8_deepseek_v3_tp2_on_the_kernels_matches_one_device(
     err = (logits - want_logits).abs().max().item()
     print(f"fp8 deepseek_v3 TP=2 on the kernels: max |logit diff| vs one device {err:.2e}")
     assert err < 1e-3
+
+
+@pytest.mark.slow  # spawns gloo ranks
+@pytest.mark.parametrize("variant", ["qwen3_5", "qwen3_next"])
+def test_fp8_deltanet_tp2_matches_one_device(tmp_path: Path, variant: str) -> None:
+    """Qwen's FP8 layout of a gated DeltaNet model (test_hf_fp8_deltanet.py: qkv / z / out and Qwen3-Next's
+    grouped qkvz in 128 x 128 tiles, b / a in bf16): each rank's q | k | v, z rows and out columns of its
+    heads stay compact (several row ranges of one linear: per-row scales); one device's greedy tokens and
+    float32 logits within 1e-4 with the exact values, the recurrent state in slots."""
+    from tests.backends.test_hf_fp8_deltanet import write_fp8_hybrid
+
+    write_fp8_hybrid(tmp_path, variant)
+    assert_tp_parity(functools.partial(load_model, tmp_path), TP2)
