@@ -218,11 +218,11 @@ class LLMEngine:
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
             return []
-        batch = self.build_batch(scheduler_output)
         try:
+            batch = self.build_batch(scheduler_output)
             runner_output = self.runner.execute_model(scheduler_output, batch)
         except Exception as exc:  # a failed step must not take the engine down
-            return self.fail_step(scheduler_output, batch, exc)
+            return self.fail_step(scheduler_output, exc)
         return self.apply_output(scheduler_output, runner_output)
 
     def build_batch(self, scheduler_output: SchedulerOutput) -> BatchInputs:
@@ -232,12 +232,11 @@ class LLMEngine:
         batch.sampling.token_bitmask = self._grammar_bitmask(batch.sample_req_ids)
         return batch
 
-    def fail_step(
-        self, scheduler_output: SchedulerOutput, batch: BatchInputs, exc: Exception
-    ) -> list[RequestOutput]:
-        log.exception("model step failed; failing its %d requests", len(batch.req_ids))
+    def fail_step(self, scheduler_output: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
+        req_ids = list(scheduler_output.num_scheduled_tokens)
+        log.exception("model step failed; failing its %d requests", len(req_ids))
         requests = self.scheduler.requests  # (without those aborted while the step was in flight)
-        failed = [requests[r] for r in batch.req_ids if r in requests]
+        failed = [requests[r] for r in req_ids if r in requests]
         # Before any is freed: freeing names a request's blocks for reuse.
         self.scheduler.block_manager.forget_unwritten(failed, scheduler_output.block_step)
         return [self._fail(request, exc) for request in failed]

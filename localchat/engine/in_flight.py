@@ -50,12 +50,12 @@ class StepsInFlight:
                 break
         if not self.steps:
             return failed
-        scheduler_output, batch = self.steps.popleft()
+        scheduler_output, _batch = self.steps.popleft()
         self.engine.scheduler.in_flight.difference_update(scheduler_output.num_scheduled_tokens)
         try:
             runner_output = self.runner.finish_step()
         except Exception as exc:  # a failed step must not take the engine down
-            return failed + self.engine.fail_step(scheduler_output, batch, exc)
+            return failed + self.engine.fail_step(scheduler_output, exc)
         return failed + self.engine.apply_output(scheduler_output, runner_output)
 
     def _submit(self) -> tuple[bool, list[RequestOutput]]:
@@ -67,11 +67,11 @@ class StepsInFlight:
         scheduler_output = scheduler.schedule()
         if scheduler_output.is_empty:
             return False, []
-        batch = engine.build_batch(scheduler_output)
         try:
+            batch = engine.build_batch(scheduler_output)
             self.runner.submit_step(scheduler_output, batch)
         except Exception as exc:
-            return False, engine.fail_step(scheduler_output, batch, exc)
+            return False, engine.fail_step(scheduler_output, exc)
         scheduler.in_flight.update(scheduler_output.num_scheduled_tokens)
         self.steps.append((scheduler_output, batch))
         return True, []

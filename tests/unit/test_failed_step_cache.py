@@ -78,3 +78,21 @@ def test_twins_in_a_failed_step_leave_nothing_named(monkeypatch: pytest.MonkeyPa
     bm = engine.scheduler.block_manager
     assert bm.cached_blocks == {} and bm.children == {}
     assert run(engine, "c", PROMPT) == run(fake_engine(), "cold", PROMPT)
+
+
+def test_a_batch_that_cannot_be_built_fails_its_requests_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building the step's inputs (e.g. a grammar's token mask) failing is a failed step too: its
+    requests finish with the error, the engine goes on, and nothing it named stays cached."""
+    engine = fake_engine()
+    real = engine.build_batch
+
+    def broken(scheduler_output: SchedulerOutput) -> BatchInputs:
+        monkeypatch.setattr(engine, "build_batch", real)
+        raise ValueError("mask failed")
+
+    monkeypatch.setattr(engine, "build_batch", broken)
+    engine.add_request(PROMPT, SamplingParams(max_tokens=6), "a")
+    (out,) = engine.step()
+    assert out.finish_reason == FinishReason.ERROR and "mask failed" in (out.error or "")
+    assert engine.scheduler.block_manager.cached_blocks == {}
+    assert run(engine, "b", PROMPT) == run(fake_engine(), "cold", PROMPT)
