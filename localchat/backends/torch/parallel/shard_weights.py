@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
+from typing import cast
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from localchat.weights.ordered_blocks import OrderedBlocks
 from localchat.weights.tensors import WeightTensor
 
 from .group import ParallelGroup
+from .shard_int4 import int4_columns, int4_rows, is_int4
 from .shard_mla import HEAD_ROWS, MLA_FAMILIES, SPLIT_KV_B, head_rows, value_columns
 from .shard_moe import OWN_WIDTHS, dense_width, family_width, turn_stacked_experts
 from .shard_ordered import ordered_columns_part
@@ -140,13 +142,15 @@ def shard_weights(
     shared = int(config.extra.get("shared_intermediate_size") or 0)  # Granite 4.0-H's shared MLP
     mla = arch.family in MLA_FAMILIES  # DeepSeek / Mistral 4: cut by head (shard_mla.py)
     for w in split_experts(weights):  # stacked experts -> one weight each (load_model's split: a no-op then)
-        if isinstance(w, RepackedLinear) and not isinstance(w, (OrderedBlocks, Q8Linear)):  # hf_quant's
-            # int4 blocks: ranks cut the exact values (qwen35's ordered ssm_out keeps its blocks:
-            # _deltanet_part; FP8 / int8 linears keep their codes and scales: shard_q8.py)
-            w = WeightTensor(w.name, w.shape, "F32", w.dequantize())
         name = w.name
+        vocab = (
+            name in ("model.embed_tokens.weight", "lm_head.weight") or arch.top_weights.get(name) == "embed"
+        )
+        if is_int4(w) and (vocab or mla):  # hf_quant's int4 blocks keep their blocks (shard_int4.py) but
+            # in the vocab cut and MLA's head cuts, which take the exact values
+            w = WeightTensor(w.name, w.shape, "F32", w.dequantize())
         # Nemotron-H's embedding is `model.embeddings.weight` (the family's top_weights name it)
-        if name in ("model.embed_tokens.weight", "lm_head.weight") or arch.top_weights.get(name) == "embed":
+        if vocab:
             yield _vocab_rows(w, part)
             continue
         if mla and name.endswith(SPLIT_KV_B):  # merged into kv_b after the cut, at load
@@ -292,6 +296,8 @@ def row_ranges(w: WeightTensor, ranges: list[tuple[int, int]]) -> WeightTensor:
     """Rows [start, start + count) of each range, in order (an FP8 linear's with their scales)."""
     if isinstance(w, Q8Linear):
         return q8_rows(w, ranges)
+    if is_int4(w):
+        return int4_rows(cast(RepackedLinear, w), ranges)
     data = np.concatenate([w.data[start : start + count] for start, count in ranges])
     return replace(w, shape=(data.shape[0], *w.shape[1:]), data=data)
 
@@ -300,6 +306,8 @@ def rows(w: WeightTensor, start: int, count: int) -> WeightTensor:
     """Rows [start, start + count): whole rows of blocks for a quantized matrix, a vector's range."""
     if isinstance(w, Q8Linear):
         return q8_rows(w, [(start, count)])
+    if is_int4(w):
+        return int4_rows(cast(RepackedLinear, w), [(start, count)])
     return replace(w, shape=(count, *w.shape[1:]), data=w.data[start : start + count])
 
 
@@ -318,6 +326,8 @@ def columns(w: WeightTensor, start: int, count: int) -> WeightTensor:
     shape = (w.shape[0], count)
     if isinstance(w, Q8Linear):
         return q8_columns(w, start, count)
+    if is_int4(w):
+        return int4_columns(cast(RepackedLinear, w), start, count)
     if not w.is_quantized:
         return replace(w, shape=shape, data=w.data[:, start : start + count])
     block, block_bytes = _block_geometry(w.dtype)
