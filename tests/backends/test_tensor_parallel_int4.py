@@ -23,11 +23,12 @@ import numpy as np
 import pytest
 import torch
 
+from localchat.arch.registry import architecture
 from localchat.backends import RunnerOptions
 from localchat.backends.torch.cpu import kernels
 from localchat.backends.torch.cpu.kernels import BlockMatrix
 from localchat.backends.torch.parallel.driver import ParallelRunner
-from localchat.backends.torch.parallel.shard_int4 import int4_columns, int4_rows
+from localchat.backends.torch.parallel.shard_int4 import act_order_mlp, int4_columns, int4_rows
 from localchat.backends.torch.quant import PermutedWeight
 from localchat.backends.torch.runner import TorchRunner
 from localchat.weights.hf_quant_blocks import BLOCK, RepackedLinear, repack_int4
@@ -120,6 +121,33 @@ def test_act_order_columns_keep_blocks_only_where_the_rank_owns_them_whole() -> 
         assert_cut_of_whole(halves, part, start, 128)
 
 
+@pytest.mark.parametrize("down_first", [False, True], ids=["gate-up-first", "down-first"])
+def test_act_order_mlp_is_permuted_into_downs_stored_order(down_first: bool) -> None:
+    """Gate / up rows and down's input columns permuted alike: the same MLP, down's blocks in input order
+    (each rank's contiguous cut then whole blocks), gate / up still their blocks."""
+    prefix = "model.layers.0.mlp."
+    gate, up = (
+        replace(_linear(256, 64, 32, True, seed=s), name=f"{prefix}{n}_proj.weight")
+        for s, n in ((5, "gate"), (6, "up"))
+    )
+    down = replace(_linear(64, 256, 32, True, seed=7), name=f"{prefix}down_proj.weight")
+    stream = [down, gate, up] if down_first else [gate, up, down]
+    out = {w.name: w for w in act_order_mlp(stream, architecture("llama"))}
+    new_down = out[down.name]
+    assert type(new_down) is RepackedLinear and new_down.order is None
+    assert int4_columns(new_down, 128, 128).shape == (64, 128)  # a rank's cut: blocks
+    assert isinstance(int4_columns(new_down, 128, 128), RepackedLinear)
+    x = np.random.default_rng(8).standard_normal((3, 64))
+
+    def mlp(g: WeightTensor, u: WeightTensor, d: WeightTensor) -> np.ndarray:
+        a, b = x @ g.dequantize().T, x @ u.dequantize().T
+        return (a / (1 + np.exp(-a)) * b) @ d.dequantize().T
+
+    new = mlp(out[gate.name], out[up.name], new_down)
+    np.testing.assert_allclose(new, mlp(gate, up, down), rtol=1e-5, atol=1e-6)
+    assert type(out[gate.name]) is RepackedLinear
+
+
 def _first_groups_scales(w: RepackedLinear, start: int, count: int) -> WeightTensor:
     """A planted bug: the rank's codes, but the scale and m of the linear's first blocks (rank 0's)."""
     part = cast(RepackedLinear, int4_columns(w, start, count))
@@ -183,7 +211,9 @@ def test_int4_tp2_on_the_kernels_keeps_rank_blocks(
             )
         )
         whole = dict(zip(mine, linears(one), strict=True))
-        scattered = {"gptq-g32-act-order": ("o", "down"), "gptq-g128-act-order": ("down",)}.get(case, ())
+        # act-order's o (g32: several groups over its input) keeps float32 columns; down's MLP is permuted
+        # into its stored order, so its blocks are cut in order (no PermutedWeight)
+        scattered = ("o",) if case == "gptq-g32-act-order" else ()
         for name, weight in mine.items():
             if name.endswith(scattered):
                 assert isinstance(weight, torch.Tensor) and weight.dtype == torch.float32, name
@@ -191,7 +221,8 @@ def test_int4_tp2_on_the_kernels_keeps_rank_blocks(
             matrix = weight.matrix if isinstance(weight, PermutedWeight) else weight
             assert isinstance(matrix, BlockMatrix), name
             assert {s.qtype for s in matrix.segments} == {"Q4_1"}, name
-            assert isinstance(weight, PermutedWeight) == isinstance(whole[name], PermutedWeight), name
+            permuted = isinstance(whole[name], PermutedWeight) and not name.endswith("down")
+            assert isinstance(weight, PermutedWeight) == permuted, name
             one_matrix = getattr(whole[name], "matrix", whole[name])
             assert isinstance(one_matrix, BlockMatrix), name
             assert 2 * matrix.nbytes == one_matrix.nbytes, name  # half the blocks (the order is not cut)

@@ -11,21 +11,31 @@ fill whole blocks, so a cut need not fall on a group boundary, only on a block's
 the 32-column grid, or act-order scattering the rank's columns across blocks shared with other ranks)
 that tensor alone keeps the rank's exact float32 columns, dequantized a few rows at a time: a block's
 32 values share one scale, so columns of two groups cannot share a block exactly.
+
+The dense MLP's act-order down avoids that fallback (`act_order_mlp`, before the cut): its intermediate
+dim is permuted into down's stored order (gate's and up's rows moved to match; SiLU(gate) * up is
+elementwise, so the MLP is the same function), which makes down's stored columns the input's in order, and
+every rank's contiguous cut whole blocks. o's input (heads' value dims) has no such freedom: o keeps the
+float32 fallback under act-order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
+from typing import cast
 
 import numpy as np
 
+from localchat.arch.architecture import Architecture
 from localchat.weights.hf_q8_blocks import Q8Linear
-from localchat.weights.hf_quant_blocks import BLOCK, RepackedLinear
+from localchat.weights.hf_quant_blocks import BLOCK, RepackedLinear, reorder_rows
 from localchat.weights.ordered_blocks import OrderedBlocks
 from localchat.weights.tensors import WeightTensor
 
 DEQUANT_ROWS = 256  # rows dequantized at a time when a column cut cannot keep whole blocks
+LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
 
 def is_int4(w: WeightTensor) -> bool:
@@ -79,3 +89,44 @@ def int4_columns(w: RepackedLinear, start: int, count: int) -> WeightTensor:
     kept = None if np.array_equal(order, np.arange(count)) else order
     zeros = np.ascontiguousarray(w.zeros[:, picked])
     return replace(w, shape=(rows, count), data=blocks, zeros=zeros, order=kept)
+
+
+def act_order_mlp(weights: Iterable[WeightTensor], arch: Architecture) -> Iterator[WeightTensor]:
+    """The stream with each dense MLP whose down is an act-order int4 linear permuted along its
+    intermediate dim into down's stored order: down's `order` dropped, gate's and up's rows (and biases)
+    taken in that order. A layer's int4 gate / up (and biases) that come before its down wait for it (one
+    layer's compact tensors); a float gate / up before it leaves that layer as is."""
+    waiting: dict[str, list[WeightTensor]] = {}  # layer -> its gate / up pieces held until down
+    orders: dict[str, np.ndarray | None] = {}  # layer -> the permutation (None: left as is), once down came
+    for w in weights:
+        match = LAYER_NAME.fullmatch(w.name)
+        found = arch.layer_weight(match.group(2)) if match else None
+        if match is None or found is None or found[0] not in ("gate_up", "gate_up_bias", "down"):
+            yield w
+            continue
+        layer, (pname, _, parts) = match.group(1), found
+        if pname == "down":
+            order = w.order if is_int4(w) and layer not in orders else None  # type: ignore[attr-defined]
+            orders[layer] = order
+            held = waiting.pop(layer, [])
+            if order is None:
+                yield from held
+                yield w
+                continue
+            yield from (reorder_rows(piece, order) for piece in held)
+            yield replace(cast(RepackedLinear, w), order=None)
+        elif parts != 2:  # a fused gate | up (one tensor): not permuted
+            orders.setdefault(layer, None)
+            yield from waiting.pop(layer, [])
+            yield w
+        elif layer in orders:
+            order = orders[layer]
+            yield w if order is None else reorder_rows(w, order)
+        elif is_int4(w) or pname == "gate_up_bias":
+            waiting.setdefault(layer, []).append(w)
+        else:  # a float gate / up before down: this layer stays as it is
+            orders[layer] = None
+            yield from waiting.pop(layer, [])
+            yield w
+    for held in waiting.values():
+        yield from held

@@ -27,7 +27,7 @@ from localchat.weights.ordered_blocks import OrderedBlocks
 from localchat.weights.tensors import WeightTensor
 
 from .group import ParallelGroup
-from .shard_int4 import int4_columns, int4_rows, is_int4
+from .shard_int4 import act_order_mlp, int4_columns, int4_rows, is_int4
 from .shard_mla import HEAD_ROWS, MLA_FAMILIES, SPLIT_KV_B, head_rows, value_columns
 from .shard_moe import OWN_WIDTHS, dense_width, family_width, turn_stacked_experts
 from .shard_ordered import ordered_columns_part
@@ -141,7 +141,9 @@ def shard_weights(
         weights = turn_stacked_experts(config, weights)
     shared = int(config.extra.get("shared_intermediate_size") or 0)  # Granite 4.0-H's shared MLP
     mla = arch.family in MLA_FAMILIES  # DeepSeek / Mistral 4: cut by head (shard_mla.py)
-    for w in split_experts(weights):  # stacked experts -> one weight each (load_model's split: a no-op then)
+    # stacked experts -> one weight each (load_model's split: a no-op then); an act-order int4 down's MLP
+    # permuted into its stored order (shard_int4.py), so each rank's cut of down is whole blocks
+    for w in act_order_mlp(split_experts(weights), arch):
         name = w.name
         vocab = (
             name in ("model.embed_tokens.weight", "lm_head.weight") or arch.top_weights.get(name) == "embed"
