@@ -11,11 +11,9 @@ advising a buffer's tail would add up to 2 MiB of RSS per matrix; tails stay in 
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import mmap
 import sys
-from collections.abc import Callable
-from functools import cache
 
 import torch
 
@@ -24,32 +22,22 @@ __all__ = ["HUGE_PAGE", "empty"]
 HUGE_PAGE = 2 << 20  # x86-64's and most aarch64 kernels' transparent huge page
 
 
-@cache
-def _madvise() -> Callable[..., int] | None:
-    """libc's madvise where huge pages can be asked for (Linux), else None."""
-    if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
-
-
 def empty(nbytes: int) -> torch.Tensor:
-    """An uninitialized uint8 [nbytes] whose whole 2 MiB pages are advised as huge pages: it starts on a
-    2 MiB boundary (the allocation is 2 MiB longer; the unused start is never touched, so not resident).
-    Below one huge page, or where madvise is missing, a plain torch.empty. Advice that fails is ignored:
-    the buffer then simply stays in small pages."""
-    madvise = _madvise()
-    if nbytes < HUGE_PAGE or madvise is None:
+    """An uninitialized uint8 [nbytes] whose whole 2 MiB pages are advised as huge pages: fresh anonymous
+    memory (a recycled heap chunk's pages would already be faulted in small, and advice does not change
+    present pages), starting on a 2 MiB boundary (the mapping is 2 MiB longer; its unused start is never
+    touched, so not resident). Below one huge page, or where madvise is missing, a plain torch.empty.
+    Advice that fails is ignored: the buffer then simply stays in small pages. The tensor keeps the
+    mapping alive; it is unmapped with the tensor's last view."""
+    if nbytes < HUGE_PAGE or not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
         return torch.empty(nbytes, dtype=torch.uint8)
-    base = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
-    start = -base.data_ptr() % HUGE_PAGE
-    out = base[start : start + nbytes]  # keeps `base` alive
-    madvise(
-        ctypes.c_void_p(out.data_ptr()), ctypes.c_size_t(nbytes // HUGE_PAGE * HUGE_PAGE), mmap.MADV_HUGEPAGE
-    )
-    return out
+    try:
+        # private: an anonymous shared mapping is shmem, whose huge pages are another (usually off) setting
+        mapped = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError:
+        return torch.empty(nbytes, dtype=torch.uint8)
+    whole = torch.frombuffer(mapped, dtype=torch.uint8)  # holds `mapped`'s buffer: the mapping stays
+    start = -whole.data_ptr() % HUGE_PAGE
+    with contextlib.suppress(OSError):
+        mapped.madvise(mmap.MADV_HUGEPAGE, start, nbytes // HUGE_PAGE * HUGE_PAGE)
+    return whole[start : start + nbytes]
