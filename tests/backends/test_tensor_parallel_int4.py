@@ -17,7 +17,7 @@ import functools
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -35,6 +35,9 @@ from localchat.weights.hf_quant_blocks import BLOCK, RepackedLinear, repack_int4
 from localchat.weights.loader import load_model
 from localchat.weights.tensors import WeightTensor
 from tests.backends.test_hf_quant_compact import CASES, REPACK_ATOL, linears, run, write_checkpoint
+from tests.helpers.parity import tiny_tokenizer_json
+from tests.helpers.quant_folders import quantize_tensors, save_quantized
+from tests.helpers.torch_models import tiny_hf_model
 from tests.helpers.tp_parity import TP2, assert_tp_parity
 
 pytestmark = pytest.mark.skipif(not kernels.runnable_isas(), reason="kernels not built (no C compiler)")
@@ -235,3 +238,75 @@ def test_int4_tp2_on_the_kernels_keeps_rank_blocks(
     # act-order's float32 o / down hold the exact (q - z) s where one device's blocks hold d q + m (m
     # rounded to fp16): test_hf_quant_compact's bound for that rounding
     assert err < (REPACK_ATOL if scattered else KERNEL_ATOL)
+
+
+# test_hf_fp8_moe_mla's layout at hidden 128: layer 0 four experts 64 wide (a rank's 32 columns of an
+# expert's down are one block), layer 1 a dense MLP 256 wide
+MOE = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "moe_intermediate_size": 64,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def moe_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen3-MoE GPTQ folder, groups of 32 in act-order: each expert's down has two groups
+    scattered over its 64 inputs."""
+    folder = tmp_path_factory.mktemp("qwen3-moe-gptq")
+    hf = tiny_hf_model("qwen3_moe", **MOE)
+    hf.save_pretrained(folder)  # type: ignore[operator]
+    named: list[tuple[str, torch.Tensor]] = []
+    for name, tensor in hf.state_dict().items():  # the hub's layout: one gate / up / down per expert
+        if name.endswith("experts.gate_up_proj"):
+            width = tensor.shape[1] // 2
+            for e, fused in enumerate(tensor):
+                named += [(f"{name.removesuffix('gate_up_proj')}{e}.gate_proj.weight", fused[:width])]
+                named += [(f"{name.removesuffix('gate_up_proj')}{e}.up_proj.weight", fused[width:])]
+        elif name.endswith("experts.down_proj"):
+            named += [
+                (f"{name.removesuffix('down_proj')}{e}.down_proj.weight", down)
+                for e, down in enumerate(tensor)
+            ]
+        else:
+            named.append((name, tensor))
+    quantizer, qconfig = CASES["gptq-g32-act-order"]
+    state, _ = quantize_tensors(
+        named, lambda n, _: quantizer if "layers." in n and n.endswith("_proj.weight") else None
+    )
+    save_quantized(folder, state, qconfig, tiny_tokenizer_json())
+    return folder
+
+
+@pytest.mark.slow  # spawns gloo ranks
+def test_int4_moe_tp2_matches_one_device_exactly(moe_folder: Path) -> None:
+    """Every expert's MLP permuted into its own down's stored order: float32 parity with one device."""
+    assert_tp_parity(functools.partial(load_model, moe_folder), TP2)
+
+
+@pytest.mark.slow  # spawns gloo ranks
+def test_int4_moe_tp2_on_the_kernels_keeps_expert_blocks(
+    moe_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch.set_num_threads(1)
+    monkeypatch.setenv("LOCALCHAT_TORCH_QUANT", "int4")
+    monkeypatch.setenv("LOCALCHAT_KERNEL_ACTIVATIONS", "precise")
+    one = TorchRunner(load_model(moe_folder), RunnerOptions(device="cpu", dtype="float32", num_threads=1))
+    want_logits, want_tokens = run(one)
+    runner = ParallelRunner(load_model(moe_folder), TP2)
+    try:
+        experts: Any = runner.runner.model.layers[0].moe.experts  # type: ignore[union-attr]
+        for e, expert in enumerate(experts):
+            assert isinstance(expert.down, BlockMatrix), e  # in order now: no PermutedWeight
+            assert {s.qtype for s in expert.down.segments} == {"Q4_1"}, e
+            assert tuple(expert.down.shape) == (128, 32), e
+            assert isinstance(expert.gate_up, PermutedWeight | BlockMatrix), e
+        logits, tokens = run(cast(TorchRunner, runner))
+    finally:
+        runner.shutdown()
+    assert tokens == want_tokens
+    err = (logits - want_logits).abs().max().item()
+    print(f"int4 qwen3_moe g32 act-order TP=2 on the kernels: max |logit diff| vs one device {err:.2e}")
+    assert err < REPACK_ATOL  # o's float32 columns: the exact values, one device's rounded m

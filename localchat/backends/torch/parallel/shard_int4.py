@@ -12,7 +12,7 @@ the 32-column grid, or act-order scattering the rank's columns across blocks sha
 that tensor alone keeps the rank's exact float32 columns, dequantized a few rows at a time: a block's
 32 values share one scale, so columns of two groups cannot share a block exactly.
 
-The dense MLP's act-order down avoids that fallback (`act_order_mlp`, before the cut): its intermediate
+An MLP's act-order down (dense, experts, shared experts) avoids that fallback (`act_order_mlp`, before the cut): its intermediate
 dim is permuted into down's stored order (gate's and up's rows moved to match; SiLU(gate) * up is
 elementwise, so the MLP is the same function), which makes down's stored columns the input's in order, and
 every rank's contiguous cut whole blocks. o's input (heads' value dims) has no such freedom: o keeps the
@@ -92,7 +92,8 @@ def int4_columns(w: RepackedLinear, start: int, count: int) -> WeightTensor:
 
 
 def act_order_mlp(weights: Iterable[WeightTensor], arch: Architecture) -> Iterator[WeightTensor]:
-    """The stream with each dense MLP whose down is an act-order int4 linear permuted along its
+    """The stream with each MLP (dense, an expert, a shared expert) whose down is an act-order int4 linear
+    permuted along its
     intermediate dim into down's stored order: down's `order` dropped, gate's and up's rows (and biases)
     taken in that order. A layer's int4 gate / up (and biases) that come before its down wait for it (one
     layer's compact tensors); a float gate / up before it leaves that layer as is."""
@@ -101,11 +102,12 @@ def act_order_mlp(weights: Iterable[WeightTensor], arch: Architecture) -> Iterat
     for w in weights:
         match = LAYER_NAME.fullmatch(w.name)
         found = arch.layer_weight(match.group(2)) if match else None
-        if match is None or found is None or found[0] not in ("gate_up", "gate_up_bias", "down"):
+        module, _, leaf = found[0].rpartition(".") if found else ("", "", "")
+        if match is None or found is None or leaf not in ("gate_up", "gate_up_bias", "down"):
             yield w
             continue
-        layer, (pname, _, parts) = match.group(1), found
-        if pname == "down":
+        layer, parts = f"{match.group(1)}:{module}", found[2]  # one MLP: the dense one, an expert, shared
+        if leaf == "down":
             order = w.order if is_int4(w) and layer not in orders else None  # type: ignore[attr-defined]
             orders[layer] = order
             held = waiting.pop(layer, [])
@@ -122,7 +124,7 @@ def act_order_mlp(weights: Iterable[WeightTensor], arch: Architecture) -> Iterat
         elif layer in orders:
             order = orders[layer]
             yield w if order is None else reorder_rows(w, order)
-        elif is_int4(w) or pname == "gate_up_bias":
+        elif is_int4(w) or leaf == "gate_up_bias":
             waiting.setdefault(layer, []).append(w)
         else:  # a float gate / up before down: this layer stays as it is
             orders[layer] = None
@@ -130,3 +132,8 @@ def act_order_mlp(weights: Iterable[WeightTensor], arch: Architecture) -> Iterat
             yield w
     for held in waiting.values():
         yield from held
+
+
+def exact(w: WeightTensor) -> WeightTensor:
+    """An int4 linear as its exact float32 values (cuts that slice raw rows: the vocab, MLA's heads)."""
+    return WeightTensor(w.name, w.shape, "F32", w.dequantize()) if is_int4(w) else w

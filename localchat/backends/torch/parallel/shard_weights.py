@@ -27,7 +27,7 @@ from localchat.weights.ordered_blocks import OrderedBlocks
 from localchat.weights.tensors import WeightTensor
 
 from .group import ParallelGroup
-from .shard_int4 import act_order_mlp, int4_columns, int4_rows, is_int4
+from .shard_int4 import act_order_mlp, exact, int4_columns, int4_rows, is_int4
 from .shard_mla import HEAD_ROWS, MLA_FAMILIES, SPLIT_KV_B, head_rows, value_columns
 from .shard_moe import OWN_WIDTHS, dense_width, family_width, turn_stacked_experts
 from .shard_ordered import ordered_columns_part
@@ -145,18 +145,13 @@ def shard_weights(
     # permuted into its stored order (shard_int4.py), so each rank's cut of down is whole blocks
     for w in act_order_mlp(split_experts(weights), arch):
         name = w.name
-        vocab = (
-            name in ("model.embed_tokens.weight", "lm_head.weight") or arch.top_weights.get(name) == "embed"
-        )
-        if is_int4(w) and (vocab or mla):  # hf_quant's int4 blocks keep their blocks (shard_int4.py) but
-            # in the vocab cut and MLA's head cuts, which take the exact values
-            w = WeightTensor(w.name, w.shape, "F32", w.dequantize())
         # Nemotron-H's embedding is `model.embeddings.weight` (the family's top_weights name it)
-        if vocab:
-            yield _vocab_rows(w, part)
+        if name in ("model.embed_tokens.weight", "lm_head.weight") or arch.top_weights.get(name) == "embed":
+            # hf_quant's int4 linears keep their blocks (shard_int4.py) but here and in MLA's head cuts
+            yield _vocab_rows(exact(w), part)
             continue
         if mla and name.endswith(SPLIT_KV_B):  # merged into kv_b after the cut, at load
-            yield head_rows(w, config, part.rank, part.world)
+            yield head_rows(exact(w), config, part.rank, part.world)
             continue
         match = LAYER_NAME.fullmatch(name)
         found = arch.layer_weight(match.group(2)) if match else None
@@ -169,7 +164,7 @@ def shard_weights(
             yield _mamba_part(w, leaf, config, part)
             continue
         if mla and leaf in HEAD_ROWS:
-            yield head_rows(w, config, part.rank, part.world)
+            yield head_rows(exact(w), config, part.rank, part.world)
             continue
         if mla and leaf == "o":
             yield columns(w, *value_columns(config, part.rank, part.world))
