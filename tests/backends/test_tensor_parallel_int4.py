@@ -42,7 +42,8 @@ from tests.helpers.tp_parity import TP2, assert_tp_parity
 
 pytestmark = pytest.mark.skipif(not kernels.runnable_isas(), reason="kernels not built (no C compiler)")
 
-GPTQ = ["gptq-g32", "gptq-g128", "gptq-g32-act-order", "gptq-g128-act-order"]
+# GPTQ with and without act-order, AWQ (GEMM) and symmetric compressed-tensors W4A16 (Q4_0 blocks)
+INT4 = ["gptq-g32", "gptq-g128", "gptq-g32-act-order", "gptq-g128-act-order", "awq-g32", "ct-w4a16-g32"]
 # One device and TP=2 both run the same Q4_1 blocks with precise activations quantized per 32-value
 # block (the ranks' cuts fall on those blocks); they differ by the all-reduce's summation order
 KERNEL_ATOL = 1e-3
@@ -189,7 +190,7 @@ def test_int4_tp2_matches_one_device_exactly(tmp_path_factory: pytest.TempPathFa
 
 
 @pytest.mark.slow  # spawns gloo ranks
-@pytest.mark.parametrize("case", GPTQ)
+@pytest.mark.parametrize("case", INT4)
 def test_int4_tp2_on_the_kernels_keeps_rank_blocks(
     tmp_path_factory: pytest.TempPathFactory, case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -223,7 +224,7 @@ def test_int4_tp2_on_the_kernels_keeps_rank_blocks(
                 continue
             matrix = weight.matrix if isinstance(weight, PermutedWeight) else weight
             assert isinstance(matrix, BlockMatrix), name
-            assert {s.qtype for s in matrix.segments} == {"Q4_1"}, name
+            assert {s.qtype for s in matrix.segments} == {"Q4_0" if case.startswith("ct") else "Q4_1"}, name
             permuted = isinstance(whole[name], PermutedWeight) and not name.endswith("down")
             assert isinstance(weight, PermutedWeight) == permuted, name
             one_matrix = getattr(whole[name], "matrix", whole[name])
