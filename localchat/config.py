@@ -77,7 +77,8 @@ class Settings:
         None,
         ("--embedding-model",),
         "an embedding model loaded beside the chat model for /v1/embeddings: a sentence-transformers "
-        "folder, a models.yaml alias or ORG/REPO (BERT, XLM-RoBERTa, ModernBERT, Qwen3-Embedding, EmbeddingGemma)",
+        "folder, a bert / nomic-bert .gguf, a models.yaml alias or ORG/REPO (BERT, XLM-RoBERTa, nomic-bert, "
+        "ModernBERT, Qwen3-Embedding, EmbeddingGemma)",
         group="model",
         metavar="NAME",
     )
@@ -131,7 +132,8 @@ class Settings:
     tensor_parallel_size: int = opt(
         1,
         ("--tensor-parallel-size", "--tp"),
-        "torch: shard each layer across N processes (NCCL on CUDA, gloo on CPU; Llama, Mistral, Qwen2/3, Mixtral, Qwen3-MoE; docs/parallel.md)",
+        "torch: shard each layer across N processes (NCCL on CUDA, gloo on CPU; every family localchat runs; "
+        "docs/parallel.md)",
         parse=int,
         group="model",
         metavar="N",
