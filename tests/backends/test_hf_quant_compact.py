@@ -240,8 +240,9 @@ def test_ram_estimate_counts_compact_int4(tmp_path: Path) -> None:
 
 @pytest.mark.slow  # spawns gloo ranks: out of the fast tier, still in CI
 def test_tensor_parallel_ranks_cut_the_exact_values(tmp_path: Path) -> None:
-    """Tensor-parallel ranks (gloo, 2 CPU processes) cut an act-order GPTQ folder's exact float32 values
-    (shard_weights.py: blocks in reordered columns are not cut): TP=2 gives TP=1's logits and tokens."""
+    """Tensor-parallel ranks (gloo, 2 CPU processes) cut an act-order GPTQ folder loaded as exact
+    float32 values (the dequantized path; the compact per-rank cut is test_tensor_parallel_int4.py's):
+    TP=2 gives TP=1's logits and tokens."""
     folder = tmp_path / "model"
     write_checkpoint(folder, *CASES["gptq-g32-act-order"])
     torch.set_num_threads(1)
