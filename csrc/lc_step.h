@@ -28,13 +28,20 @@ static int lc_step_linear(int isa, const void *x, int bf16, int64_t t, int64_t k
 }
 
 /* out [rows, n] = a [rows, n] + b (one row [n] when b_stride is 0, else [rows, n]), rounded as the torch
-   path's `a + b` tensor is; out may be a. */
+   path's `a + b` tensor is; out may be a. The dtype branch sits outside the loops, so the compiler
+   vectorizes them (the per-element branch of lc_load / lc_store kept them scalar). */
 static void lc_step_add(void *out, const void *a, int bf16, int64_t rows, int64_t n, const void *b, int64_t b_stride) {
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t j = 0; j < n; j++) {
-            int64_t i = r * n + j;
-            lc_store(out, bf16, i, lc_round_as(lc_load(a, bf16, i) + lc_load(b, bf16, r * b_stride + j), bf16));
+    for (int64_t r = 0; r < rows; r++) {
+        if (bf16) {
+            uint16_t *o = (uint16_t *)out + r * n;
+            const uint16_t *ar = (const uint16_t *)a + r * n, *br = (const uint16_t *)b + r * b_stride;
+            for (int64_t j = 0; j < n; j++) o[j] = lc_to_bf16(lc_bf16(ar[j]) + lc_bf16(br[j]));
+        } else {
+            float *o = (float *)out + r * n;
+            const float *ar = (const float *)a + r * n, *br = (const float *)b + r * b_stride;
+            for (int64_t j = 0; j < n; j++) o[j] = ar[j] + br[j];
         }
+    }
 }
 
 /* x [rows, hidden] (float32, or bfloat16 if bf16; updated in place) through `nlayers` layers, one decode
