@@ -120,10 +120,15 @@ def compare(llama_server: str, gguf: str, rounds: int, max_tokens: int, ports: t
             f"median decode: localchat {ours:.1f} tok/s, llama-server {theirs:.1f} tok/s, ratio {ours / theirs:.2f}x"
         )
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_servers(procs)
+
+
+def stop_servers(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Terminate every server, then wait for each (killing one that ignores it for 30 s)."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()

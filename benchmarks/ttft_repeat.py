@@ -25,7 +25,7 @@ import httpx
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.http_vs_llama_server import REPO, _wait_healthy, stream_once
+from benchmarks.http_vs_llama_server import REPO, _wait_healthy, stop_servers, stream_once
 
 
 def _load() -> str:
@@ -78,13 +78,7 @@ def main() -> None:
         )
         print(f"median TTFT of the repeated prompt: {medians}; load {_load()}")
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_servers(procs)
 
 
 if __name__ == "__main__":
