@@ -22,6 +22,10 @@ writes anything, and a block handed out in an earlier step is no longer named, s
 With `keep_tails` (the engine's pool), a freed request's last, partly filled block is a candidate too:
 named by its computed tokens only (no hash: never a whole-block hit) and kept in the LRU order of cached
 blocks, so a prompt repeated after a reply too short to fill that block still computes one token.
+Pictures: a block keeps the (content hash, placeholder positions) of each picture with a placeholder in
+it. A candidate follows the same prefix, so its positions are the prompt's: k stops where the tokens or
+the pictures part, and never inside a picture (one that straddles the cut is copied whole or not at
+all), so every copied slot holds the K/V of the same token, the same picture's same row.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ from localchat.engine.request import Request
 
 NULL_BLOCK_ID = 0
 
+# A picture as a block remembers it: its content hash and every placeholder position (absolute).
+Picture = tuple[str, tuple[int, ...]]
+
 
 @dataclass(slots=True)
 class KVBlock:
@@ -42,12 +49,14 @@ class KVBlock:
     parent_hash: int | None = None
     token_ids: tuple[int, ...] | None = None  # checked on a hit: a hash match alone is not trusted
     image_hashes: tuple[str, ...] = ()  # pictures whose placeholders lie in the block, checked likewise
+    pictures: tuple[Picture, ...] = ()  # the same pictures with their positions (partial reuse)
     named_in_step: int = -1  # the scheduler step that named it (its K/V are written by that step)
 
     def reset(self) -> None:
         self.ref_count = 0
         self.block_hash = self.parent_hash = self.token_ids = None
         self.image_hashes = ()
+        self.pictures = ()
 
 
 class BlockManager:
@@ -111,8 +120,8 @@ class BlockManager:
     def find_partial(self, request: Request, hits: list[int]) -> tuple[int, int] | None:
         """(cached block, k): a named block that follows `hits` and whose first k tokens are the prompt's
         next k (k >= 1, the most found), keeping the last token to compute; None if there is none.
-        Requests with pictures are left out: a block's pictures would have to match up to k too."""
-        if not self.enable_prefix_caching or request.images:
+        With pictures on either side, k is cut where they part and before any picture it would split."""
+        if not self.enable_prefix_caching:
             return None
         start = len(hits) * self.block_size
         limit = min(self.block_size, request.num_tokens - 1 - start)
@@ -120,13 +129,16 @@ class BlockManager:
             return None
         wanted = tuple(request.all_token_ids[start : start + limit])
         parent = self.blocks[hits[-1]].block_hash if hits else None
+        mine = _pictures(request, start, start + limit)
         best: tuple[int, int] | None = None
         for block_id in self.children.get((parent, wanted[0]), ()):
             block = self.blocks[block_id]
-            if block.named_in_step == self.step or block.image_hashes or block.token_ids is None:
+            if block.named_in_step == self.step or block.token_ids is None:
                 continue
             k = _common_prefix(block.token_ids, wanted)
-            if best is None or k > best[1]:
+            if mine or block.pictures:
+                k = _picture_cut(start, k, mine, block.pictures)
+            if k > 0 and (best is None or k > best[1]):
                 best = (block_id, k)
         return best
 
@@ -262,7 +274,8 @@ class BlockManager:
                 # live copy instead and hand the idle one out first.
                 self._uncache(holder)
                 self.free_blocks.move_to_end(holder_id, last=False)
-            self._register(block, block_hash, parent, tokens, images)
+            pictures = _pictures(request, index * self.block_size, (index + 1) * self.block_size)
+            self._register(block, block_hash, parent, tokens, images, pictures)
             block.named_in_step = self.step  # written by the step being scheduled: no copy source yet
 
     def forget_unwritten(self, requests: list[Request], step: int) -> None:
@@ -288,9 +301,10 @@ class BlockManager:
     def _name_tail(self, request: Request) -> None:
         """Name the request's partly filled last block by its computed tokens (a partial-reuse source).
         Only a block no other request holds, past every named block (a block named for a step whose
-        output never came, an abort in flight, stays unnamed), of a request without pictures."""
+        output never came, an abort in flight, stays unnamed). Its pictures are kept with their positions,
+        so a picture the computed tokens cut is never copied (find_partial)."""
         index, count = divmod(request.num_computed_tokens, self.block_size)
-        if not count or request.images or index >= len(request.block_ids):
+        if not count or index >= len(request.block_ids):
             return
         if index != request.num_registered_blocks or index > len(request.block_hashes):
             return
@@ -299,6 +313,7 @@ class BlockManager:
             return
         start = index * self.block_size
         block.token_ids = tuple(request.all_token_ids[start : start + count])
+        block.pictures = _pictures(request, start, start + count)
         block.parent_hash = request.block_hashes[index - 1] if index else None
         self.children.setdefault((block.parent_hash, block.token_ids[0]), set()).add(block.block_id)
 
@@ -313,7 +328,8 @@ class BlockManager:
                 continue
             parent = request.block_hashes[index - 1] if index else None
             _, tokens, images = self._block_key(request, index, parent)
-            self._register(block, block_hash, parent, tokens, images)
+            pictures = _pictures(request, index * self.block_size, (index + 1) * self.block_size)
+            self._register(block, block_hash, parent, tokens, images, pictures)
 
     def _register(
         self,
@@ -322,9 +338,10 @@ class BlockManager:
         parent: int | None,
         tokens: tuple[int, ...],
         images: tuple[str, ...] = (),
+        pictures: tuple[Picture, ...] = (),
     ) -> None:
         block.block_hash, block.parent_hash, block.token_ids = block_hash, parent, tokens
-        block.image_hashes = images
+        block.image_hashes, block.pictures = images, pictures
         self.cached_blocks[block_hash] = block.block_id
         if tokens:
             self.children.setdefault((parent, tokens[0]), set()).add(block.block_id)
@@ -337,3 +354,36 @@ def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
             break
         n += 1
     return n
+
+
+def _pictures(request: Request, start: int, end: int) -> tuple[Picture, ...]:
+    """The request's pictures with a placeholder in positions [start, end)."""
+    return tuple(
+        (image.content_hash, image.placeholders)
+        for image in request.images
+        if any(start <= pos < end for pos in image.placeholders)
+    )
+
+
+def _picture_cut(start: int, k: int, mine: tuple[Picture, ...], theirs: tuple[Picture, ...]) -> int:
+    """How many of the k token-equal positions from `start` also hold the same pictures' same rows: cut
+    before the first placeholder of a picture only one side has there, and before any picture that
+    straddles the cut (it is matched whole or not at all). Repeated until nothing moves the cut."""
+    shared = set(mine) & set(theirs)
+    pictures = set(mine) | set(theirs)
+    while True:
+        end = start + k
+        cut = end
+        for picture in pictures:
+            first, last = min(picture[1]), max(picture[1])
+            if picture not in shared:
+                # Not the same picture at the same positions on both sides: none of its rows is copied
+                # (one that began before `start` leaves nothing to copy).
+                cut = min(cut, max(first, start))
+            elif first < end <= last:
+                cut = min(cut, first)
+        if cut >= end:
+            return k
+        k = max(cut - start, 0)
+        if k == 0:
+            return 0
