@@ -18,7 +18,7 @@ from localchat.backend_settings import (
     backend_variable,
     resolve_backend_variables,
 )
-from localchat.engine.config import EngineConfig
+from localchat.engine.config import DEFAULT_STATE_CHECKPOINTS, EngineConfig
 from localchat.engine.speculative import SpeculativeConfig
 from localchat.loopback import is_loopback_host
 from localchat.settings_rules import (
@@ -375,6 +375,14 @@ class Settings:
         action="store_false",
         env_aliases=("LOCALCHAT_PREFIX_CACHE",),
     )
+    state_checkpoints: int = opt(
+        DEFAULT_STATE_CHECKPOINTS,
+        ("--state-checkpoints",),
+        "hybrid models: recurrent states kept for prefix caching (0: no prefix caching for them)",
+        parse=int,
+        group="engine",
+        metavar="N",
+    )
     # -- default sampling (a request's own fields win) -----------------------------------------------
     temperature: float | None = opt(
         None, ("--temperature",), "default temperature", parse=float, group="sampling", metavar="T"
@@ -455,6 +463,7 @@ class Settings:
             max_model_len=self.max_model_len,
             prefill_chunk_size=self.prefill_chunk_size,
             enable_prefix_caching=self.enable_prefix_caching,
+            state_checkpoints=self.state_checkpoints,
             max_queue_len=self.max_queue_len,
             speculative=SpeculativeConfig(self.speculative, self.num_speculative_tokens),
         )

@@ -10,6 +10,9 @@ The first script in the prompt wins, except that one inside a tool result (a Cha
 scripts the reply to that result, so tests can play a tool-calling conversation.
 With a grammar mask, a scripted token the mask forbids is replaced by the lowest allowed one (and every
 row's mask can be recorded, for tests).
+With `state_bytes` > 0 it plays a hybrid model too: each state slot holds the tokens its sequence has
+fed so far (a recurrent state's stand-in), zeroed for a row at position 0, copied by `state_copies`, and
+checked against the row's context every step, so a lost, shared or unrestored state raises.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from localchat.engine.interface import (
     KVCacheSpec,
     RunnerOutput,
     SchedulerOutput,
+    StateCacheSpec,
     TokenLogprobs,
 )
 from localchat.weights.bundle import ModelBundle
@@ -125,7 +129,9 @@ def fake_model_bundle(name: str = "fake-model", max_model_len: int = 4096) -> Mo
 class FakeRunner:
     supports_speculation = False  # it answers one scripted token per request (engine/speculative.py)
 
-    def __init__(self, tokenizer: FakeTokenizer | None = None, kv_bytes_per_token: int = 128) -> None:
+    def __init__(
+        self, tokenizer: FakeTokenizer | None = None, kv_bytes_per_token: int = 128, state_bytes: int = 0
+    ) -> None:
         # kv_bytes_per_token only shapes how many blocks a MiB budget buys (tests use it to force preemption).
         self.tokenizer = tokenizer or FakeTokenizer()
         self.kv_bytes_per_token = kv_bytes_per_token
@@ -139,12 +145,21 @@ class FakeRunner:
         self.embedding_reqs: set[str] = set()
         self.record_masks = False  # tests: keep every bitmask row given, per request, in `masks`
         self.masks: dict[str, list[bytes]] = {}
+        self.state_bytes = state_bytes
+        self.states: list[tuple[int, ...]] = []  # per state slot: the tokens folded into it
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
         return KVCacheSpec(
             num_layers=1, num_kv_heads=1, head_dim=self.kv_bytes_per_token // 16, dtype_bytes=8
         )
+
+    @property
+    def state_cache_spec(self) -> StateCacheSpec:
+        return StateCacheSpec(num_layers=1, bytes_per_slot=self.state_bytes)  # 0: not hybrid (engine.py)
+
+    def initialize_state_cache(self, num_slots: int) -> None:
+        self.states = [()] * num_slots
 
     @property
     def device_name(self) -> str:
@@ -178,6 +193,8 @@ class FakeRunner:
             src, dst = batch.kv_copy_slots()
             self.slots[dst] = self.slots[src]
         self.slots[batch.slot_mapping] = batch.input_ids
+        if self.state_bytes:
+            self._advance_states(batch)
         time.sleep(max((self.delay_s.get(r, 0.0) for r in batch.req_ids), default=0.0))
 
         sampled: list[list[int]] = []
@@ -227,6 +244,19 @@ class FakeRunner:
             raise AssertionError(
                 f"KV cache corrupted for {req_id}: read {context[-8:]}, expected {expected[-8:]}"
             )
+
+    def _advance_states(self, batch: BatchInputs) -> None:
+        for source, dest in batch.state_copies:  # in order, before the rows move on
+            self.states[dest] = self.states[source]
+        assert batch.state_slots is not None, "a hybrid model's batch names each row's state slot"
+        qsl = batch.query_start_loc
+        for row, req_id in enumerate(batch.req_ids):
+            slot, start, end = int(batch.state_slots[row]), int(qsl[row]), int(qsl[row + 1])
+            first = int(batch.positions[start])
+            state = () if first == 0 else self.states[slot]
+            if state != tuple(self.known[req_id][:first]):
+                raise AssertionError(f"state of {req_id} (slot {slot}) is not its first {first} tokens")
+            self.states[slot] = state + tuple(int(t) for t in batch.input_ids[start:end])
 
     def shutdown(self) -> None:
         self.replies.clear()

@@ -108,4 +108,5 @@ def build_batch(
         image_slices=image_slices,
         rope_positions=rope_positions,
         kv_copies=list(scheduler_output.kv_copies),
+        state_copies=list(scheduler_output.state_copies),
     )

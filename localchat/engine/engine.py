@@ -16,6 +16,7 @@ from localchat.engine.config import EngineConfig
 from localchat.engine.constraint import TokenMatcher, fill_batch_bitmask
 from localchat.engine.detokenizer import Decoder, IncrementalDetokenizer
 from localchat.engine.draft_model import DraftModelProposer
+from localchat.engine.hybrid_prefix import no_checkpoints_note
 from localchat.engine.in_flight import StepsInFlight
 from localchat.engine.interface import (
     BatchInputs,
@@ -31,7 +32,9 @@ from localchat.engine.request import FinishReason, ImageInput, Request
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.scheduler import Scheduler
 from localchat.engine.speculative import Proposer, accept_drafts, average_draft_length, record_outcome
-from localchat.engine.state_slots import StateSlotPool
+from localchat.engine.state_checkpoints import StateCheckpoints
+from localchat.engine.state_checkpoints import checkpoint_stats as _checkpoint_stats
+from localchat.engine.state_slots import StateSlotPool, plan_state_slots, start_state_pool
 from localchat.errors import ContextLengthExceededError, InvalidRequestError
 
 log = logging.getLogger(__name__)
@@ -73,12 +76,16 @@ class LLMEngine:
             budget = config.kv_cache_mib * 2**20
         else:
             budget = runner.available_kv_memory() or DEFAULT_KV_CACHE_MIB * 2**20
-        num_slots = state_bytes = 0
+        num_slots = num_checkpoints = state_bytes = 0
+        # Steps in flight (--pp): a checkpoint's copy would have to be ordered against every stage's
+        # steps not yet back; not done, so hybrid prefix caching is off there.
+        depth = getattr(runner, "steps_in_flight", 1)
+        prefix_caching = config.enable_prefix_caching
         if state_spec is not None:
-            # A slot can cost tens of MiB (Qwen3.5-9B: 49): the pool takes at most half the budget, so a
-            # small --kv-cache-mib runs fewer sequences at once instead of leaving no room for K/V.
-            num_slots = max(1, min(config.max_num_seqs, budget // 2 // state_spec.bytes_per_slot))
-            state_bytes = num_slots * state_spec.bytes_per_slot
+            asked = config.state_checkpoints if prefix_caching and depth == 1 else 0
+            per_slot = state_spec.bytes_per_slot
+            num_slots, num_checkpoints = plan_state_slots(config.max_num_seqs, asked, budget, per_slot)
+            state_bytes = (num_slots + num_checkpoints) * per_slot
             budget -= state_bytes
         if config.kv_cache_mib is None:
             # More than every sequence at full length can never be used: don't reserve it.
@@ -100,27 +107,20 @@ class LLMEngine:
         self.state_pool: StateSlotPool | None = None
         self.state_bytes_per_slot = 0
         self.prefix_caching_note = ""
-        prefix_caching = config.enable_prefix_caching
         if state_spec is not None:
-            self.state_pool = StateSlotPool(num_slots)
+            self.state_pool = start_state_pool(runner, state_spec, config, num_slots, num_checkpoints)
             self.state_bytes_per_slot = state_spec.bytes_per_slot
-            runner.initialize_state_cache(num_slots)  # type: ignore[attr-defined]
-            log.info(
-                "State cache: %d slots (max_num_seqs %d) of %.2f MiB for %d recurrent layers, %.0f MiB",
-                num_slots,
-                config.max_num_seqs,
-                state_spec.bytes_per_slot / 2**20,
-                state_spec.num_layers,
-                state_bytes / 2**20,
-            )
-            if prefix_caching:
+            if prefix_caching and not num_checkpoints:
                 # Reusing cached KV blocks without the recurrent state at that point would be wrong.
                 prefix_caching = False
-                self.prefix_caching_note = state_spec.prefix_caching_note
+                self.prefix_caching_note = no_checkpoints_note(config, depth)
                 log.info("Prefix caching off: %s", self.prefix_caching_note)
         # keep_tails: a finished request's partly filled last block stays a partial-reuse source.
         self.block_manager = BlockManager(num_blocks, config.block_size, prefix_caching, keep_tails=True)
         self.scheduler = Scheduler(config, self.block_manager, self.state_pool)
+        if num_checkpoints:
+            cached = self.block_manager.cached_blocks
+            self.scheduler.checkpoints = StateCheckpoints(num_slots, num_checkpoints, cached.__contains__)
         capacity = (num_blocks - 1) * config.block_size
         self.max_model_len = min(wanted, capacity)
         if self.max_model_len < wanted:
@@ -161,7 +161,6 @@ class LLMEngine:
         self.time_to_first_token = Histogram(TTFT_BUCKETS_S)
         self.inter_token_latency = Histogram(ITL_BUCKETS_S)
         # Runners that take several steps at once (`--pp`: one per stage), each of other sequences.
-        depth = getattr(runner, "steps_in_flight", 1)
         self.in_flight = StepsInFlight(self, depth) if isinstance(depth, int) and depth > 1 else None
 
     # -- requests -----------------------------------------------------------------------------------
@@ -239,6 +238,8 @@ class LLMEngine:
         failed = [requests[r] for r in req_ids if r in requests]
         # Before any is freed: freeing names a request's blocks for reuse.
         self.scheduler.block_manager.forget_unwritten(failed, scheduler_output.block_step)
+        if (checkpoints := self.scheduler.checkpoints) is not None:  # its saves may never have run
+            checkpoints.forget_rows({dst for _, dst in scheduler_output.state_copies})
         return [self._fail(request, exc) for request in failed]
 
     def apply_output(self, scheduler_output: SchedulerOutput, output: RunnerOutput) -> list[RequestOutput]:
@@ -486,6 +487,7 @@ class LLMEngine:
             state_slots_total=self.state_pool.num_slots if self.state_pool is not None else 0,
             state_bytes_per_slot=self.state_bytes_per_slot,
             prefix_caching_enabled=self.block_manager.enable_prefix_caching,
+            **_checkpoint_stats(self.scheduler.checkpoints),
             max_num_seqs=self.config.max_num_seqs,
             speculative_method=self.config.speculative.method if self.scheduler.speculate else "off",
             spec_draft_tokens_total=self.spec_draft_tokens,

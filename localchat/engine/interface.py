@@ -57,6 +57,10 @@ class SchedulerOutput:
     # this step's forward, the runner copies the first `tokens` slots of each source block's K/V, every
     # layer, into the destination block (a fresh block of an admitted request); the source is unchanged.
     kv_copies: list[tuple[int, int, int]] = field(default_factory=list)
+    # Hybrid models' state checkpoints (engine/state_checkpoints.py): (source slot, destination slot).
+    # Before this step's forward (and before rows starting at position 0 are zeroed), the runner copies
+    # each source state slot, every stateful layer, into the destination, one copy after the other.
+    state_copies: list[tuple[int, int]] = field(default_factory=list)
     # The block manager's step that named this step's new full blocks (forgotten again if the step fails).
     block_step: int = -1
 
@@ -96,6 +100,9 @@ class BatchInputs:
     # SchedulerOutput.kv_copies: copied before the step's forward, once (a runner that splits the step
     # runs them with its first part: they must read each source before any of the step's writes).
     kv_copies: list[tuple[int, int, int]] = field(default_factory=list)
+    # SchedulerOutput.state_copies, likewise before the forward, in order (a later copy may read an
+    # earlier one's destination).
+    state_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

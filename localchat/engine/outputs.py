@@ -52,7 +52,11 @@ class EngineStats:
     state_slots_used: int = 0
     state_slots_total: int = 0
     state_bytes_per_slot: int = 0
-    prefix_caching_enabled: bool = True  # off for hybrid models (no state checkpoints at block edges)
+    prefix_caching_enabled: bool = True  # hybrid models: with state checkpoints (state_checkpoints.py)
+    state_checkpoints_used: int = 0  # hybrid models' checkpoint slots holding a state
+    state_checkpoints_total: int = 0
+    state_checkpoint_saves_total: int = 0
+    state_checkpoint_restores_total: int = 0
     max_num_seqs: int = 0  # the configured bound on sequences decoded together
     # Speculative decoding (engine/speculative.py): the method in use, draft tokens scored and kept, and
     # target passes that gave a sequence tokens (generation_tokens_total over it: tokens per pass).

@@ -10,7 +10,10 @@ fresh block by the runner before the step (`SchedulerOutput.kv_copies`, engine/b
 For models that attend over a picture's tokens both ways (`whole_pictures`), a chunk never cuts a picture's
 run (vision/picture_runs.py): it stops before it, or takes all of it past the chunk size and budget.
 With steps in flight (`--pp`, engine/in_flight.py) a step skips the requests of steps not yet back
-(`in_flight`), takes at most `max_step_seqs` requests, and never preempts one in flight."""
+(`in_flight`), takes at most `max_step_seqs` requests, and never preempts one in flight.
+Hybrid models reuse cached blocks only up to a state checkpoint (engine/state_checkpoints.py,
+`hybrid_prefix.py`): restored, saved at the prompt's last block boundary (its prefill chunk stops
+there) and at every block boundary a running sequence's processed tokens reach."""
 
 from __future__ import annotations
 
@@ -18,9 +21,11 @@ from collections import deque
 
 from localchat.engine.block_manager import BlockManager
 from localchat.engine.config import EngineConfig
+from localchat.engine.hybrid_prefix import finish_checkpoint, prompt_checkpoint_cut, save_checkpoint
 from localchat.engine.interface import CachedRequestData, NewRequestData, SchedulerOutput
 from localchat.engine.request import FinishReason, Request, RequestStatus
 from localchat.engine.speculative import NgramProposer, Proposer, draft_length
+from localchat.engine.state_checkpoints import StateCheckpoints
 from localchat.engine.state_slots import StateSlotPool
 from localchat.vision.picture_runs import whole_picture_end
 
@@ -44,6 +49,7 @@ class Scheduler:
         self.whole_pictures = False  # the engine sets it from the runner (`pictures_both_ways`)
         self.in_flight: set[str] = set()  # requests in a submitted step (engine/in_flight.py)
         self.max_step_seqs: int | None = None  # the most requests one step takes (None: no cap)
+        self.checkpoints: StateCheckpoints | None = None  # hybrid prefix caching (the engine sets it)
 
     @property
     def has_unfinished(self) -> bool:
@@ -60,6 +66,8 @@ class Scheduler:
             self.running.remove(request)
         else:
             self.waiting.remove(request)
+        if self.checkpoints is not None:
+            finish_checkpoint(self, request, reason)
         self.block_manager.free(request)
         if self.state_pool is not None:
             self.state_pool.free(request.req_id)
@@ -91,6 +99,9 @@ class Scheduler:
             if chunk:
                 num_new = min(num_new, chunk)
             num_new = self._whole_pictures(request, request.num_computed_tokens, num_new)
+            if self.checkpoints is not None:  # (a preempted request recomputing its prompt)
+                start = request.num_computed_tokens
+                num_new = prompt_checkpoint_cut(request, start, num_new, self.block_size)
             drafts = proposals.get(request.req_id, [])[: max(0, budget - 1)] if num_new == 1 else []
             while (
                 new_blocks := self.block_manager.allocate_slots(request, num_new, num_lookahead=len(drafts))
@@ -106,6 +117,8 @@ class Scheduler:
             if new_blocks is None:
                 break
             request.spec_token_ids = drafts
+            if self.checkpoints is not None:
+                save_checkpoint(self, request)  # before this step's forward moves the state on
             num_scheduled[request.req_id] = num_new + len(drafts)
             cached_reqs.append(CachedRequestData(request.req_id, new_blocks, request.num_computed_tokens))
             budget -= num_new + len(drafts)
@@ -125,7 +138,11 @@ class Scheduler:
             embedding = request.sampling_params.embedding
             hits = [] if embedding else self.block_manager.get_computed_blocks(request)
             # The prompt's next tokens may start a cached block: copy that block's first k slots.
-            partial = None if embedding else self.block_manager.find_partial(request, hits)
+            partial = None
+            if self.state_pool is not None:  # K/V only with the state after them (no partial blocks)
+                hits = hits[: self._checkpointed(hits)]
+            elif not embedding:
+                partial = self.block_manager.find_partial(request, hits)
             num_computed = len(hits) * self.block_manager.block_size + (partial[1] if partial else 0)
             num_new = request.num_tokens - num_computed
             if chunk:
@@ -133,6 +150,8 @@ class Scheduler:
             elif num_new > budget and num_scheduled:
                 break  # unchunked prefill: wait for a step it can have to itself
             num_new = self._whole_pictures(request, num_computed, num_new)
+            if self.checkpoints is not None and not embedding:
+                num_new = prompt_checkpoint_cut(request, num_computed, num_new, self.block_size)
             request.num_computed_tokens = num_computed
             # Keep a watermark free for running requests to grow into; a lone request gets everything,
             # so any prompt under max_model_len (<= the pool) is always admitted eventually.
@@ -144,7 +163,9 @@ class Scheduler:
                 request.num_computed_tokens = 0
                 break
             if self.state_pool is not None:
-                self.state_pool.allocate(request.req_id)
+                slot = self.state_pool.allocate(request.req_id)
+                if hits and self.checkpoints is not None and slot is not None:
+                    self.checkpoints.restore(self.block_manager.blocks[hits[-1]].block_hash or 0, slot)
             self.waiting.popleft()
             self.running.append(request)
             request.status = RequestStatus.RUNNING
@@ -174,6 +195,7 @@ class Scheduler:
             preempted_req_ids=preempted,
             block_step=self.block_manager.step,
             kv_copies=self.block_manager.end_step(),
+            state_copies=self._state_copies(bool(num_scheduled)),
         )
 
     def _victim(self, index: int) -> int:
@@ -184,6 +206,21 @@ class Scheduler:
             for i in range(len(self.running) - 1, index - 1, -1)
             if self.running[i].req_id not in self.in_flight
         )
+
+    def _state_copies(self, step_runs: bool) -> list[tuple[int, int]]:
+        # An empty step never runs: its copies wait for the next one (a save at a request's end).
+        return self.checkpoints.end_step() if self.checkpoints is not None and step_runs else []
+
+    @property
+    def block_size(self) -> int:
+        return self.block_manager.block_size
+
+    def _checkpointed(self, hits: list[int]) -> int:
+        """How many leading blocks of `hits` a hybrid request may reuse: up to a state checkpoint."""
+        if self.checkpoints is None or not hits:
+            return 0
+        hashes = [self.block_manager.blocks[b].block_hash or 0 for b in hits]
+        return self.checkpoints.longest(hashes, self.block_size)
 
     def _whole_pictures(self, request: Request, start: int, num_new: int) -> int:
         if not self.whole_pictures or not request.images:
@@ -214,6 +251,8 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         """Recompute-style preemption: drop its KV (cached blocks stay findable) and queue it first."""
+        if self.checkpoints is not None:
+            self.checkpoints.release(request.req_id)  # its checkpoint stays: re-admission may restore it
         self.block_manager.free(request)
         if self.state_pool is not None:
             self.state_pool.free(request.req_id)  # recompute: the state is rebuilt from the tokens

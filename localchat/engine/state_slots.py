@@ -9,6 +9,14 @@ from the prompt (and the tokens it already generated), exactly as its KV blocks 
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
+from localchat.engine.config import EngineConfig
+from localchat.engine.interface import StateCacheSpec
+
+log = logging.getLogger("localchat.engine.engine")
+
 
 class StateSlotPool:
     def __init__(self, num_slots: int) -> None:
@@ -41,3 +49,33 @@ class StateSlotPool:
         if slot is not None:
             self._free.append(slot)
             self._free.sort(reverse=True)
+
+
+def plan_state_slots(
+    max_num_seqs: int, checkpoints: int, budget: int, bytes_per_slot: int
+) -> tuple[int, int]:
+    """(running slots, checkpoint slots) for a memory budget of `budget` bytes. Checkpoints
+    (engine/state_checkpoints.py) take at most a quarter of it; the running slots then at most half
+    of what is left (a slot can cost tens of MiB: Qwen3.5-9B 49), so a small budget runs fewer
+    sequences at once instead of leaving no room for K/V. At least one running slot, always."""
+    checkpoints = max(0, min(checkpoints, budget // 4 // bytes_per_slot))
+    budget -= checkpoints * bytes_per_slot
+    return max(1, min(max_num_seqs, budget // 2 // bytes_per_slot)), checkpoints
+
+
+def start_state_pool(
+    runner: Any, spec: StateCacheSpec, config: EngineConfig, num_slots: int, num_checkpoints: int
+) -> StateSlotPool:
+    """Give the runner its state rows ([0, num_slots) run sequences, then the checkpoints) and log it."""
+    runner.initialize_state_cache(num_slots + num_checkpoints)
+    log.info(
+        "State cache: %d slots (max_num_seqs %d) + %d prefix checkpoints of %.2f MiB for %d recurrent "
+        "layers, %.0f MiB",
+        num_slots,
+        config.max_num_seqs,
+        num_checkpoints,
+        spec.bytes_per_slot / 2**20,
+        spec.num_layers,
+        (num_slots + num_checkpoints) * spec.bytes_per_slot / 2**20,
+    )
+    return StateSlotPool(num_slots)

@@ -331,7 +331,15 @@ class ModelManager:
             if target is not None:
                 st = self.settings
                 dtype = compute_dtype(st.dtype, st.device, st.backend)
-                need = estimate(target.path, st.kv_cache_mib, st.isq, dtype, st.max_num_seqs, st.backend)
+                need = estimate(
+                    target.path,
+                    st.kv_cache_mib,
+                    st.isq,
+                    dtype,
+                    st.max_num_seqs,
+                    st.backend,
+                    st.state_checkpoints,
+                )
             victims = self._victims()
             if need is not None:
                 freeable = sum(

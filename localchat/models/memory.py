@@ -16,6 +16,7 @@ from typing import Any
 from localchat import cpu_features
 from localchat.arch.architecture import TOP_WEIGHTS, Architecture
 from localchat.arch.registry import architecture
+from localchat.engine.config import DEFAULT_STATE_CHECKPOINTS
 from localchat.errors import InsufficientMemoryError, ModelLoadError, UnsupportedArchitectureError
 from localchat.models.side_memory import SideModelMemory, side_models_note
 from localchat.vision.mmproj import pair_mmproj
@@ -102,11 +103,13 @@ def estimate(
     dtype: str = "bfloat16",
     max_num_seqs: int = 32,
     backend: str = "torch",
+    state_checkpoints: int = DEFAULT_STATE_CHECKPOINTS,
 ) -> MemoryEstimate:
     """`isq`: the `--isq` type dense weights are quantized to at load (they are sized in that format);
     `dtype`: the compute dtype (`compute_dtype`): float32 doubles what is expanded, and decides which
-    block types stay compact. Hybrid models add their state pool (one slot per `max_num_seqs`) to the
-    KV floor; with `--kv-cache-mib` the engine takes the pool out of that budget, so it is already counted.
+    block types stay compact. Hybrid models add their state pool (one slot per `max_num_seqs`, plus
+    `state_checkpoints` prefix checkpoints) to the KV floor; with `--kv-cache-mib` the engine takes
+    the pool out of that budget, so it is already counted.
     `backend` (`--backend`): MLX keeps a quantized folder's blocks as its own affine groups, kernels or not,
     and a GGUF's tensors in its own form per type (`_mlx_gguf_bytes`)."""
     size = path_size(path)
@@ -129,7 +132,7 @@ def estimate(
     kv = (
         kv_cache_mib * MIB
         if kv_cache_mib is not None
-        else MIN_KV_BUDGET + _state_pool(path, dtype, max_num_seqs)
+        else MIN_KV_BUDGET + _state_pool(path, dtype, max_num_seqs + state_checkpoints)
     )
     return MemoryEstimate(weights, kv, RUNTIME_OVERHEAD)
 
@@ -145,7 +148,8 @@ def _vision_projector_bytes(path: Path, dtype: str) -> int:
 
 
 def _state_pool(path: Path, dtype: str, max_num_seqs: int) -> int:
-    """A hybrid model's per-sequence state times the sequences that may run (0 for others)."""
+    """A hybrid model's per-sequence state times the slots (running sequences and checkpoints; 0 for
+    other models)."""
     try:
         if path.suffix == ".gguf" and path.is_file():
             from localchat.weights.gguf import config_from_gguf, open_gguf

@@ -103,6 +103,30 @@ _METRICS = (
         "Bytes of recurrent state one sequence holds (hybrid models).",
         lambda s, c: s.state_bytes_per_slot,
     ),
+    (
+        "localchat_state_checkpoints_used",
+        "gauge",
+        "Prefix-cache checkpoint slots holding a recurrent state (hybrid models; --state-checkpoints).",
+        lambda s, c: s.state_checkpoints_used,
+    ),
+    (
+        "localchat_state_checkpoints_total",
+        "gauge",
+        "Prefix-cache checkpoint slots (hybrid models): --state-checkpoints, fewer in a small budget.",
+        lambda s, c: s.state_checkpoints_total,
+    ),
+    (
+        "localchat_state_checkpoint_saves_total",
+        "counter",
+        "Recurrent states saved at a block boundary for prefix reuse (hybrid models).",
+        lambda s, c: s.state_checkpoint_saves_total,
+    ),
+    (
+        "localchat_state_checkpoint_restores_total",
+        "counter",
+        "Requests that resumed from a saved recurrent state with its cached blocks (hybrid models).",
+        lambda s, c: s.state_checkpoint_restores_total,
+    ),
     # Speculative decoding (docs/speculative.md): zeros when it is off.
     (
         "localchat_spec_draft_tokens_total",
@@ -137,7 +161,7 @@ _METRICS = (
     (
         "localchat_prefix_caching_enabled",
         "gauge",
-        "1 when prompt prefixes are reused; 0 for hybrid models, whose state is not kept per block.",
+        "1 when prompt prefixes are reused (hybrid models: with state checkpoints); 0 when turned off.",
         lambda s, c: int(s.prefix_caching_enabled),
     ),
 )

@@ -83,7 +83,7 @@ def test_hybrid_model_serves_concurrent_requests_with_state_slots(tmp_path: Path
         assert metrics["localchat_state_slots_total"] == metrics["localchat_max_num_seqs"] == 2
         assert metrics["localchat_state_slots_used"] == 0
         assert metrics["localchat_state_bytes_per_slot"] > 0
-        assert metrics["localchat_prefix_caching_enabled"] == 0
+        assert metrics["localchat_prefix_caching_enabled"] == 1  # with state checkpoints
+        assert metrics["localchat_state_checkpoints_total"] == 8
         log = server.log()
-        assert re.search(r"State cache: 2 slots", log), log[-2000:]
-        assert "Prefix caching off: hybrid model" in log
+        assert re.search(r"State cache: 2 slots \(max_num_seqs 2\) \+ 8 prefix checkpoints", log), log[-2000:]

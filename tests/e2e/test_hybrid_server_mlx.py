@@ -53,4 +53,4 @@ def test_hybrid_model_serves_concurrent_requests_on_mlx(tmp_path: Path) -> None:
         metrics = server.metrics()
         assert metrics["localchat_state_slots_total"] == 2
         assert metrics["localchat_state_slots_used"] == 0
-        assert metrics["localchat_prefix_caching_enabled"] == 0
+        assert metrics["localchat_prefix_caching_enabled"] == 1  # with state checkpoints

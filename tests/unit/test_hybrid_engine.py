@@ -33,6 +33,7 @@ from localchat.models.memory import MIN_KV_BUDGET, estimate
 from tests.helpers.fake_engine import drain
 
 STATE_BYTES = 1024
+RESTORED = "<restored>"
 
 
 def _fold(state: int, token: int) -> int:
@@ -93,10 +94,14 @@ class StateRunner:
         if (lens == 1).any() and (lens > 1).any():
             self.steps_with_prefill_and_decode += 1
         tokens: dict[str, int] = {}
+        for source, dest in batch.state_copies:  # prefix checkpoints: saved or restored, in order
+            self.states[dest], self.owners[dest] = self.states[source], RESTORED
         for row, req_id in enumerate(batch.req_ids):
             slot, start, end = slots[row], int(qsl[row]), int(qsl[row + 1])
             if batch.positions[start] == 0:
                 self.states[slot], self.owners[slot] = 0, req_id
+            elif self.owners[slot] == RESTORED:  # a checkpoint restored into this request's new slot
+                self.owners[slot] = req_id
             assert self.owners[slot] == req_id, f"{req_id} continues from {self.owners[slot]}'s state"
             for t in batch.input_ids[start:end]:
                 self.states[slot] = _fold(self.states[slot], int(t))
@@ -142,7 +147,7 @@ def test_chunked_prefill_and_batched_decode_continue_each_sequences_state():
 
 def test_preemption_frees_the_slot_and_recomputes_the_state():
     # About 8 blocks of 16 tokens for 4 sequences growing to ~50 tokens each: preemption is certain.
-    budget = 2**20 - 4 * STATE_BYTES
+    budget = 2**20 - (4 + 8) * STATE_BYTES  # 4 running slots and 8 prefix checkpoints
     runner = StateRunner(head_dim=budget // (8 * 2 * 16))
     engine = _engine(runner, prefill_chunk_size=8, max_num_batched_tokens=32, max_num_seqs=4)
     assert engine.block_manager.num_usable_blocks == 8  # the state pool came out of the same budget
@@ -154,10 +159,20 @@ def test_preemption_frees_the_slot_and_recomputes_the_state():
     assert engine.state_pool is not None and engine.state_pool.num_used == 0
 
 
-def test_prefix_caching_is_off_for_hybrid_models():
+def test_prefix_caching_reuses_a_checkpointed_prefix():
     engine = _engine(StateRunner(), enable_prefix_caching=True)
+    assert engine.block_manager.enable_prefix_caching and engine.stats().prefix_caching_enabled
+    prompt = _prompts()[3]
+    first = _run(engine, [prompt], 6)["r0"]
+    second = _run(engine, [prompt], 6)["r0"]  # restored from the prompt's checkpoint at token 32
+    assert first == second == reference(prompt, 6)
+    assert engine.block_manager.prefix_hits == 32
+
+
+def test_prefix_caching_is_off_for_hybrid_models_without_checkpoints():
+    engine = _engine(StateRunner(), enable_prefix_caching=True, state_checkpoints=0)
     assert not engine.block_manager.enable_prefix_caching
-    assert "recurrent state" in engine.prefix_caching_note
+    assert "recurrent state" in engine.prefix_caching_note  # --state-checkpoints 0: none is kept
     assert not engine.stats().prefix_caching_enabled
     # The same prompt twice: the second run recomputes everything and still gets the same tokens.
     prompt = _prompts()[3]
@@ -218,7 +233,12 @@ def test_memory_estimate_counts_the_state_pool(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(config))
     # per layer: conv window 3 x (2*32 + 32) bf16 values + recurrent 4 x 16 x 8 float32
     per_sequence = 6 * (3 * 96 * 2 + 4 * 16 * 8 * 4)
-    assert estimate(tmp_path, None, max_num_seqs=4).kv_cache == MIN_KV_BUDGET + 4 * per_sequence
+    assert (
+        estimate(tmp_path, None, max_num_seqs=4, state_checkpoints=0).kv_cache
+        == MIN_KV_BUDGET + 4 * per_sequence
+    )
+    # and the prefix checkpoints (engine/state_checkpoints.py), 8 unless --state-checkpoints says otherwise
+    assert estimate(tmp_path, None, max_num_seqs=4).kv_cache == MIN_KV_BUDGET + 12 * per_sequence
     # --mem: the engine takes the pool out of that budget, so the estimate is the budget itself
     assert estimate(tmp_path, 64, max_num_seqs=4).kv_cache == 64 * 2**20
     (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "qwen3"}))
@@ -226,9 +246,10 @@ def test_memory_estimate_counts_the_state_pool(tmp_path: Path) -> None:
 
 
 def test_a_small_budget_gets_fewer_state_slots_not_an_error():
-    # 1 MiB with 1 KiB slots: the pool may take half, 512 slots, whatever max_num_seqs asks for.
+    # 1 MiB with 1 KiB slots: 8 checkpoints first, then the pool may take half of the rest, 508 slots,
+    # whatever max_num_seqs asks for.
     engine = _engine(StateRunner(), max_num_seqs=4096, max_num_batched_tokens=8192)
-    assert engine.state_pool is not None and engine.state_pool.num_slots == 512
+    assert engine.state_pool is not None and engine.state_pool.num_slots == 508
     assert engine.block_manager.num_usable_blocks > 0
     got = _run(engine, _prompts()[:2], max_tokens=3)
     assert got["r0"] == reference(_prompts()[0], 3)

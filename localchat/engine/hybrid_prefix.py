@@ -1,0 +1,71 @@
+"""When the scheduler checkpoints a hybrid model's recurrent state (engine/state_checkpoints.py).
+
+- At the prompt's last whole-block boundary (`prompt_boundary`, below its last token, which is always
+  computed): the prefill chunk that would cross it stops there, and the next step saves the state before
+  its forward. A regenerated answer or an edited last message starts from there.
+- At every block boundary a sequence's processed tokens reach past its prompt (decode steps, or the
+  chunks recomputing a preempted one): the sequence's own checkpoint moves there, and when it ends (its
+  last sampled token is never processed) that state is kept. The next turn of a chat, whose prompt is
+  this prompt + this reply + a new message, starts from there.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from localchat.engine.config import EngineConfig
+from localchat.engine.request import FinishReason, Request, RequestStatus
+
+if TYPE_CHECKING:
+    from localchat.engine.scheduler import Scheduler
+
+
+def prompt_boundary(request: Request, block_size: int) -> int:
+    return (request.num_prompt_tokens - 1) // block_size * block_size
+
+
+def prompt_checkpoint_cut(request: Request, start: int, num_new: int, block_size: int) -> int:
+    """`num_new` tokens from `start`, cut so that the chunk ends at the prompt's checkpoint boundary if it
+    would cross it."""
+    boundary = prompt_boundary(request, block_size)
+    if request.sampling_params.embedding or not start < boundary < start + num_new:
+        return num_new
+    return boundary - start
+
+
+def save_checkpoint(scheduler: Scheduler, request: Request) -> None:
+    """Checkpoint the request's state if its processed tokens end at a block boundary worth keeping.
+    Called while its step is scheduled (the copy runs before that step's forward) or when it ends."""
+    checkpoints, pool = scheduler.checkpoints, scheduler.state_pool
+    assert checkpoints is not None and pool is not None
+    done = request.num_computed_tokens
+    block_size = scheduler.block_size
+    if done == 0 or done % block_size or request.sampling_params.embedding:
+        return
+    index = done // block_size - 1
+    slot = pool.slots.get(request.req_id)
+    if slot is None or index >= len(request.block_hashes):
+        return  # (a block whose step failed was unnamed: forget_unwritten)
+    if done == prompt_boundary(request, block_size):
+        checkpoints.save(request.block_hashes[index], done, slot)
+    elif done >= request.num_prompt_tokens:
+        checkpoints.save(request.block_hashes[index], done, slot, owner=request.req_id)
+
+
+def finish_checkpoint(scheduler: Scheduler, request: Request, reason: FinishReason) -> None:
+    """The request ends: keep the state of the tokens it processed (saved before its row is reused: the
+    copy runs before the next step's forward) and hand its checkpoint to the LRU list. A failed step may
+    have left its state half written: nothing is saved then."""
+    assert scheduler.checkpoints is not None
+    if reason != FinishReason.ERROR and request.status == RequestStatus.RUNNING:
+        save_checkpoint(scheduler, request)
+    scheduler.checkpoints.release(request.req_id)
+
+
+def no_checkpoints_note(config: EngineConfig, steps_in_flight: object) -> str:
+    """Why a hybrid model runs without prefix caching although it was asked for."""
+    if config.state_checkpoints == 0:
+        return "hybrid model with --state-checkpoints 0: no recurrent state is kept at block boundaries"
+    if steps_in_flight != 1:
+        return "hybrid model with steps in flight (--pp): state checkpoints are not ordered across stages"
+    return "hybrid model: the memory budget holds no state checkpoint slot (raise --kv-cache-mib)"

@@ -1,0 +1,206 @@
+"""Prefix caching for hybrid models: cached K/V blocks reused only with a state checkpoint at their end
+(engine/state_checkpoints.py, engine/hybrid_prefix.py), on the fake backend in its hybrid mode.
+
+The fake runner keeps, per state slot, the tokens its sequence has fed, and raises (an error finish) when
+a row continues from a state that is not exactly its context's first tokens: a skipped restore, a
+checkpoint taken at the wrong time or overwritten while in use, or a slot reused too early all fail.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from localchat.backends.fake import EOS_ID, FakeRunner, FakeTokenizer
+from localchat.engine.config import EngineConfig
+from localchat.engine.engine import LLMEngine
+from localchat.engine.request import FinishReason
+from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.state_checkpoints import StateCheckpoints
+from tests.helpers.fake_engine import chat_prompt, drain
+
+STATE_BYTES = 1024
+BLOCK = 16
+
+
+def hybrid_engine(**config: object) -> LLMEngine:
+    cfg = EngineConfig(**{"kv_cache_mib": 1, "block_size": BLOCK, **config})  # type: ignore[arg-type]
+    runner = FakeRunner(state_bytes=STATE_BYTES)
+    return LLMEngine(runner, FakeTokenizer(), cfg, eos_token_ids=[EOS_ID], model_max_len=4096)
+
+
+def run(engine: LLMEngine, prompt: list[int], max_tokens: int = 256) -> tuple[list[int], int]:
+    """(output tokens, cached prompt tokens) of one request run alone."""
+    req_id = engine.add_request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    tokens: list[int] = []
+    cached = -1
+    for out in drain(engine):  # raises on an error finish (the fake's state check among them)
+        assert out.req_id == req_id
+        tokens += out.new_token_ids
+        cached = out.num_cached_tokens
+    return tokens, cached
+
+
+def test_prefix_caching_is_on_with_checkpoints_and_reported() -> None:
+    engine = hybrid_engine()
+    stats = engine.stats()
+    assert engine.block_manager.enable_prefix_caching and not engine.prefix_caching_note
+    assert stats.prefix_caching_enabled
+    assert stats.state_checkpoints_total == 8 and stats.state_checkpoints_used == 0
+    assert engine.state_pool is not None
+    assert len(engine.runner.states) == engine.state_pool.num_slots + 8  # type: ignore[attr-defined]
+
+
+def test_next_turn_reuses_the_conversation_up_to_the_last_block_boundary() -> None:
+    engine = hybrid_engine()
+    first = chat_prompt("<<say:" + "a long answer that spans a few blocks of tokens " * 2 + ">>")
+    reply, cached = run(engine, first)
+    assert cached == 0 and reply[-1] == EOS_ID
+    # The next prompt: this one, the reply (its last token, EOS, was sampled but never fed) and more.
+    second = first + reply + FakeTokenizer().encode("\n<|im_start|>user\nand now?<|im_end|>\n")
+    processed = len(first) + len(reply) - 1
+    warm, cached = run(engine, second)
+    assert cached == processed // BLOCK * BLOCK > len(first)
+    cold, cold_cached = run(hybrid_engine(), second)
+    assert cold_cached == 0 and warm == cold
+    stats = engine.stats()
+    assert stats.state_checkpoint_restores_total == 1 and stats.state_checkpoints_used >= 2
+
+
+def test_regenerate_restores_the_prompt_checkpoint() -> None:
+    engine = hybrid_engine()
+    prompt = chat_prompt("<<say:short>> " + "x" * 50)
+    first, _ = run(engine, prompt)
+    again, cached = run(engine, prompt)
+    assert again == first
+    assert cached == (len(prompt) - 1) // BLOCK * BLOCK > 0
+    # An edited last message shares the prompt only partly: the longest checkpointed boundary before it.
+    edited = prompt[: len(prompt) - 20] + FakeTokenizer().encode("y" * 30)
+    _, cached = run(engine, edited)
+    assert cached == 0 or cached % BLOCK == 0
+    assert cached <= len(prompt) - 20
+
+
+def test_without_a_checkpoint_nothing_is_reused() -> None:
+    """Cached blocks without a state at their end are computed again (never K/V without the state)."""
+    engine = hybrid_engine(state_checkpoints=1)
+    a = chat_prompt("<<say:ok>> " + "a" * 60)
+    b = chat_prompt("<<say:ok>> " + "b" * 60)
+    run(engine, a)
+    run(engine, b)  # b's prompt checkpoint takes the only row: a's K/V blocks stay, its state is gone
+    assert engine.block_manager.get_computed_blocks(engine.scheduler.requests.get("x") or _req(a))
+    _, cached = run(engine, a)
+    assert cached == 0
+
+
+def _req(prompt: list[int]):
+    from localchat.engine.request import Request
+
+    return Request("probe", prompt, SamplingParams())
+
+
+def test_evicted_blocks_make_the_checkpoint_useless() -> None:
+    # 1 MiB at 4 KiB per token: ~15 blocks, so a few other prompts evict the first one's blocks.
+    engine = LLMEngine(
+        FakeRunner(kv_bytes_per_token=4096, state_bytes=STATE_BYTES),
+        FakeTokenizer(),
+        EngineConfig(kv_cache_mib=1, block_size=BLOCK),
+        eos_token_ids=[EOS_ID],
+        model_max_len=4096,
+    )
+    prompt = chat_prompt("<<say:ok>> " + "p" * 80)
+    first, _ = run(engine, prompt)
+    for i in range(6):
+        run(engine, chat_prompt(f"<<say:ok>> {i} " + "q" * 100))
+    hits = engine.block_manager.get_computed_blocks(_req(prompt))  # (the shared chat header may stay)
+    assert len(hits) * BLOCK < (len(prompt) - 1) // BLOCK * BLOCK  # the checkpointed block is gone
+    again, cached = run(engine, prompt)
+    assert cached == 0 and again == first
+
+
+def test_skipping_the_restore_is_caught() -> None:
+    """The check these tests rest on: reusing K/V without restoring the state fails the request."""
+    engine = hybrid_engine()
+    prompt = chat_prompt("<<say:ok>> " + "z" * 60)
+    run(engine, prompt)
+    checkpoints = engine.scheduler.checkpoints
+    assert checkpoints is not None
+    checkpoints.restore = lambda block_hash, slot: None  # type: ignore[method-assign]
+    engine.add_request(prompt, SamplingParams(max_tokens=8))
+    outs = [o for _ in range(4) for o in engine.step()]
+    assert any(o.finish_reason == FinishReason.ERROR for o in outs)
+
+
+@pytest.mark.parametrize("chunk", [0, 7, 64])
+def test_many_requests_with_preemption_match_running_alone(chunk: int) -> None:
+    """Requests that share prefixes (turns of three chats, regenerations) under a pool small enough to
+    preempt: every output equals a cold run, and prefixes were restored."""
+    engine = LLMEngine(
+        FakeRunner(kv_bytes_per_token=2048, state_bytes=STATE_BYTES),
+        FakeTokenizer(),
+        EngineConfig(
+            kv_cache_mib=1, block_size=BLOCK, max_num_seqs=4, prefill_chunk_size=chunk, state_checkpoints=4
+        ),
+        eos_token_ids=[EOS_ID],
+        model_max_len=4096,
+    )
+    chats = [
+        chat_prompt(f"<<say:reply {i} " + "r" * (20 + 9 * i) + ">> " + "c" * (30 + 7 * i)) for i in range(3)
+    ]
+    params = SamplingParams(max_tokens=80, temperature=0.0)
+    got: dict[str, list[int]] = {}
+    prompts: dict[str, list[int]] = {}
+    for turn in range(3):
+        for i, chat in enumerate(chats):
+            for again in range(2):  # a regeneration of the same turn
+                req_id = f"c{i}t{turn}r{again}"
+                prompts[req_id] = list(chat)
+                engine.add_request(chat, params, req_id=req_id)
+                got[req_id] = []
+        for out in drain(engine):
+            got[out.req_id] += out.new_token_ids
+        for i in range(3):
+            reply = got[f"c{i}t{turn}r0"]
+            chats[i] = (
+                chats[i] + reply + FakeTokenizer().encode(f"\n<|im_start|>user\nturn {turn}<|im_end|>\n")
+            )
+    assert engine.scheduler.num_preemptions > 0
+    assert engine.stats().state_checkpoint_restores_total > 0
+    for req_id, prompt in prompts.items():
+        cold, _ = run(hybrid_engine(), prompt, max_tokens=80)
+        assert got[req_id] == cold, req_id
+
+
+def test_off_without_checkpoint_rows() -> None:
+    engine = hybrid_engine(state_checkpoints=0)
+    assert not engine.block_manager.enable_prefix_caching
+    assert "--state-checkpoints 0" in engine.prefix_caching_note
+    assert not engine.stats().prefix_caching_enabled
+    prompt = chat_prompt("<<say:ok>> " + "x" * 40)
+    run(engine, prompt)
+    assert run(engine, prompt)[1] == 0
+
+
+def test_checkpoint_index_lru_owners_and_stale_rows() -> None:
+    cached = {1, 2, 3, 4, 9, 10}
+    index = StateCheckpoints(first_slot=4, num_slots=3, is_cached=cached.__contains__)
+    index.save(1, 16, slot=0)
+    index.save(2, 32, slot=1, owner="a")
+    assert index.end_step() == [(0, 4), (1, 5)]
+    index.save(3, 48, slot=1, owner="a")  # a's checkpoint moves forward in place
+    assert index.end_step() == [(1, 5)] and 2 not in index and 3 in index
+    assert index.longest([1, 2, 3], 16) == 3 and index.longest([1, 2], 16) == 1
+    index.save(4, 16, slot=2, owner="b")
+    index.save(5, 16, slot=3, owner="c")  # owners may not take the last row
+    assert index.end_step() == [(2, 6)] and 5 not in index
+    index.release("b")
+    cached.discard(4)
+    index.save(9, 16, slot=3)  # full: the checkpoint whose block left the cache goes, not the LRU one
+    assert 4 not in index and 1 in index and 9 in index and index.end_step() == [(3, 6)]
+    index.release("a")  # LRU order now 1, 9, 3
+    index.restore(1, 0)  # 9, 3, 1
+    index.save(10, 16, slot=2)
+    assert 9 not in index and {1, 3, 10} == {h for h in (1, 3, 10) if h in index}
+    copies = index.end_step()
+    assert copies == [(4, 0), (2, 6)]
+    index.forget_rows({row for _, row in copies})  # the step failed: its save may never have run
+    assert 10 not in index and 1 in index and 3 in index
