@@ -179,6 +179,7 @@ static int lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #include "lc_iquants.h"
 #include "lc_attention.h"
 #include "lc_fused.h"
+#include "lc_deltanet.h"
 #undef LC_FN
 #undef LC_ISA
 
@@ -201,6 +202,7 @@ static int lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #include "lc_iq_gemm.h"
 #include "lc_attention.h"
 #include "lc_fused.h"
+#include "lc_deltanet.h"
 #undef LC_FN
 #undef LC_ISA
 #pragma GCC pop_options
@@ -215,6 +217,7 @@ static int lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #include "lc_iq_gemm.h"
 #include "lc_attention.h"
 #include "lc_fused.h"
+#include "lc_deltanet.h"
 #undef LC_FN
 #undef LC_ISA
 #pragma GCC pop_options
@@ -629,6 +632,7 @@ LC_EXPORT int lc_decode_rope_attention(int isa, const void *qk, int64_t qk_strid
 }
 
 #include "lc_step.h"
+#include "lc_deltanet.h" /* LC_FN undefined: the export */
 
 #ifndef LC_NO_PYTHON
 /* Importable as a module only so that setuptools can build it everywhere; the API is the C one. */

@@ -22,6 +22,7 @@ from torch import nn
 
 from localchat.arch.moe import MoeSpec
 from localchat.backends.torch.attention import rope_paged_attention
+from localchat.backends.torch.cpu import deltanet_step
 from localchat.backends.torch.gated_deltanet import (
     conv_decode,
     conv_prefill,
@@ -30,7 +31,7 @@ from localchat.backends.torch.gated_deltanet import (
     l2_normalize,
 )
 from localchat.backends.torch.kv_cache import KVCache
-from localchat.backends.torch.layers import empty_param, rms_norm, swiglu
+from localchat.backends.torch.layers import empty_param, fused_kernels, rms_norm, swiglu
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.models.moe import Expert, SparseMoe
 from localchat.backends.torch.models.partial_sums import PartialSums
@@ -86,6 +87,7 @@ class HybridLayer(PartialSums):
             self.A_log = empty_param(self.v_heads)
             self.gated_norm = empty_param(self.dv)
             self.out = empty_param(hidden, value_dim)
+            self._dn_params: deltanet_step.DeltaNetParams | None = None  # the C decode step's form, made once
         else:
             h, kvh, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
             self.heads, self.kv_heads, self.head_dim = h, kvh, d
@@ -121,16 +123,56 @@ class HybridLayer(PartialSums):
     def linear_attention(self, x: torch.Tensor, rows: StepRows, cache: StateCache, slot: int) -> torch.Tensor:
         """x [T, hidden] normed -> [T, hidden], reading and updating layer `slot`'s states in `cache`."""
         tokens = x.shape[0]
-        nk, nv, dk, dv = self.k_heads, self.v_heads, self.dk, self.dv
+        nv, dv = self.v_heads, self.dv
         y = linear(x, self.in_proj)
+        conv_state, rec_state = cache.conv[slot], cache.recurrent[slot]
+        idx, slots = rows.decode_tokens, rows.decode_slots
+        ops = fused_kernels(y)
+        if (
+            idx is not None
+            and slots is not None
+            and not use_triton_recurrent(x.device)
+            and deltanet_step.available(ops, y, conv_state, dv)
+        ):
+            # One C call for the decode rows (conv, delta rule, gated norm), in place on their slots.
+            assert ops is not None
+            if self._dn_params is None:
+                self._dn_params = deltanet_step.DeltaNetParams.of(
+                    self.conv[:, 0, :], self.A_log, self.dt_bias, self.gated_norm, self.k_heads, self.dk
+                )
+            if not rows.prefills:  # every row is a decode row, in order
+                gated = deltanet_step.deltanet_decode(
+                    ops, y, slots, conv_state, rec_state, self._dn_params, nv, dv, self.eps
+                )
+                return linear(gated, self.out)
+            gated = torch.empty(tokens, nv * dv, dtype=x.dtype, device=x.device)
+            gated[idx] = deltanet_step.deltanet_decode(
+                ops, y.index_select(0, idx), slots, conv_state, rec_state, self._dn_params, nv, dv, self.eps
+            )
+            self._torch_rows(y, rows, conv_state, rec_state, gated, decode=False)
+        else:
+            gated = torch.empty(tokens, nv * dv, dtype=x.dtype, device=x.device)
+            self._torch_rows(y, rows, conv_state, rec_state, gated, decode=True)
+        return linear(gated, self.out)
+
+    def _torch_rows(
+        self,
+        y: torch.Tensor,
+        rows: StepRows,
+        conv_state: torch.Tensor,
+        rec_state: torch.Tensor,
+        gated: torch.Tensor,
+        decode: bool,
+    ) -> None:
+        """The torch forms (and Triton's decode kernels on CUDA): the prefill rows, and the decode rows if
+        `decode`, from the in_proj output y, written into gated [T, nv * dv] as RMSNorm(o) * silu(z)."""
+        nk, nv, dk, dv = self.k_heads, self.v_heads, self.dk, self.dv
         c = self.conv_channels
         mixed, z = y[:, :c], y[:, c : c + nv * dv]
         b, a = y[:, c + nv * dv : c + nv * dv + nv], y[:, c + nv * dv + nv :]
         beta = torch.sigmoid(b.float())
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
-        conv_state, rec_state = cache.conv[slot], cache.recurrent[slot]
         weight = self.conv[:, 0, :]
-        core = torch.empty(tokens, nv, dv, dtype=torch.float32, device=x.device)
 
         def heads(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             # [n, C] after the conv -> q, k [n, nv, dk] (normalised; k heads shared by nv / nk value heads),
@@ -143,32 +185,34 @@ class HybridLayer(PartialSums):
                 q, k = q.repeat_interleave(nv // nk, dim=1), k.repeat_interleave(nv // nk, dim=1)
             return q, k, v
 
-        if rows.decode_tokens is not None:
-            idx, slots = rows.decode_tokens, rows.decode_slots
+        def gate(core: torch.Tensor, z_rows: torch.Tensor) -> torch.Tensor:
+            n = core.shape[0]
+            normed = rms_norm(core.to(y.dtype), self.gated_norm, self.eps)
+            return (normed.float() * F.silu(z_rows.float().view(n, nv, dv))).to(y.dtype).reshape(n, nv * dv)
+
+        idx, slots = rows.decode_tokens, rows.decode_slots
+        if decode and idx is not None:
             assert slots is not None
-            if use_triton_recurrent(x.device):
+            if use_triton_recurrent(y.device):
                 # imports Triton: CUDA (or its interpreter)
                 from localchat.backends.torch.cuda import triton_recurrent
 
                 out = triton_recurrent.conv_step(mixed[idx], conv_state, slots, weight, None, silu=True)
-                core[idx] = triton_recurrent.delta_rule_step(out, g[idx], beta[idx], rec_state, slots, nk)
+                o = triton_recurrent.delta_rule_step(out, g[idx], beta[idx], rec_state, slots, nk)
             else:
                 out, windows = conv_decode(mixed[idx], conv_state.index_select(0, slots), weight)
                 conv_state.index_copy_(0, slots, windows.to(conv_state.dtype))
                 q, k, v = heads(out)
                 o, new_state = delta_rule_step(q, k, v, g[idx], beta[idx], rec_state.index_select(0, slots))
                 rec_state.index_copy_(0, slots, new_state)
-                core[idx] = o
+            gated[idx] = gate(o, z[idx])
         for start, end, row_slot in rows.prefills:
             out, window = conv_prefill(mixed[start:end], conv_state[row_slot], weight)
             conv_state[row_slot] = window.to(conv_state.dtype)
             q, k, v = heads(out)
             o, new_state = delta_rule_chunked(q, k, v, g[start:end], beta[start:end], rec_state[row_slot])
             rec_state[row_slot] = new_state
-            core[start:end] = o
-        normed = rms_norm(core.to(x.dtype), self.gated_norm, self.eps)
-        gated = normed.float() * F.silu(z.float().view(tokens, nv, dv))
-        return linear(gated.to(x.dtype).reshape(tokens, nv * dv), self.out)
+            gated[start:end] = gate(o, z[start:end])
 
 
 def _device_zeros(device: torch.device, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

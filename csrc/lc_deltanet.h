@@ -1,0 +1,148 @@
+/* Gated DeltaNet's one-token (decode) step, one ISA variant (lc_kernels.c includes this file once per
+target after lc_fused.h, LC_FN naming its functions; the export lc_deltanet_decode is at the end, once).
+
+It replaces the torch forms of backends/torch/gated_deltanet.py (conv_decode, l2_normalize,
+delta_rule_step) and the gated RMSNorm after them in qwen3_next.py: ~30 small ops a layer, and a
+recurrent state that the torch form gathers, scales, reads three times and scatters back. Here each
+decode row's slot is updated in place: per value head one read of its state [dk, dv] (k^T S) and one
+read-and-write pass (S = a S + k delta^T with o = q^T S on the same rows).
+
+Inputs per decode row (y: the in_proj output, one row of y_stride elements): q|k|v conv channels [C],
+z [nv * dv], b [nv], a [nv]. The numerics follow the torch forms: the conv's products, sum and silu
+rounded to the compute type as bfloat16 tensors round them, q and k normalised in float32, the state
+and the delta rule in float32, the core output rounded before the gated norm as `core.to(x.dtype)`
+does. The float32 sums run in another order than torch's (bound in tests/backends/test_deltanet_kernel.py). */
+
+#ifdef LC_FN
+
+/* Phase 1, channels [c0, c1) of one row: the causal conv over the window and the new input, silu, into
+   mixed (float32, holding the compute type's value); the window shifts by one in place. */
+static void LC_FN(dn_conv)(const void *y, int bf16, void *win, int win_bf16, int64_t width, const float *w,
+                           int64_t c0, int64_t c1, float *mixed) {
+    const int64_t taps = width + 1;
+    for (int64_t c = c0; c < c1; c++) {
+        const float x = lc_load(y, bf16, c);
+        float acc = 0.0f;
+        for (int64_t t = 0; t < width; t++)
+            acc += lc_round_as(lc_load(win, win_bf16, c * width + t) * w[c * taps + t], bf16);
+        acc += lc_round_as(x * w[c * taps + width], bf16);
+        acc = lc_round_as(acc, bf16);
+        mixed[c] = lc_round_as(acc / (1.0f + expf(-acc)), bf16);
+        for (int64_t t = 0; t + 1 < width; t++)
+            lc_store(win, win_bf16, c * width + t, lc_load(win, win_bf16, c * width + t + 1));
+        if (width > 0) lc_store(win, win_bf16, c * width + width - 1, x);
+    }
+}
+
+/* x / sqrt(sum x^2 + 1e-6) * scale into out, n values. */
+static inline void LC_FN(dn_l2)(const float *restrict x, int64_t n, float scale, float *restrict out) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    const float r = scale / sqrtf(ss + 1e-6f);
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * r;
+}
+
+/* Phase 2, one value head of one row: the delta rule on its state S [dk, dv] (float32, in place),
+   then the gated RMSNorm of o into out [dv] (compute type). qn, kn: normalised q (scaled) and k [dk];
+   v [dv] (float32). tmp: 2 * dv floats. */
+static void LC_FN(dn_head)(const float *restrict qn, const float *restrict kn, const float *restrict v, float decay,
+                           float beta, float *restrict s, int64_t dk, int64_t dv, const float *restrict norm_w,
+                           float eps, const void *z, int bf16, void *out, float *restrict tmp) {
+    float *restrict delta = tmp, *restrict o = tmp + dv;
+    for (int64_t j = 0; j < dv; j++) delta[j] = 0.0f;
+    for (int64_t i = 0; i < dk; i++) { /* k^T S */
+        const float ki = kn[i];
+        const float *restrict row = s + i * dv;
+        for (int64_t j = 0; j < dv; j++) delta[j] += ki * row[j];
+    }
+    for (int64_t j = 0; j < dv; j++) {
+        delta[j] = (v[j] - decay * delta[j]) * beta;
+        o[j] = 0.0f;
+    }
+    for (int64_t i = 0; i < dk; i++) { /* S = a S + k delta^T; o = q^T S */
+        const float ki = kn[i], qi = qn[i];
+        float *restrict row = s + i * dv;
+        for (int64_t j = 0; j < dv; j++) {
+            const float updated = decay * row[j] + ki * delta[j];
+            row[j] = updated;
+            o[j] += qi * updated;
+        }
+    }
+    float ss = 0.0f;
+    for (int64_t j = 0; j < dv; j++) {
+        o[j] = lc_round_as(o[j], bf16);
+        ss += o[j] * o[j];
+    }
+    const float rstd = 1.0f / sqrtf(ss / (float)dv + eps);
+    for (int64_t j = 0; j < dv; j++) {
+        const float n = lc_round_as(lc_round_as(o[j] * rstd, bf16) * norm_w[j], bf16);
+        const float g = lc_load(z, bf16, j);
+        lc_store(out, bf16, j, n * (g / (1.0f + expf(-g))));
+    }
+}
+
+static void LC_FN(deltanet_decode)(const void *y, int64_t y_stride, int bf16, int64_t rows, const int64_t *slots,
+                                   void *conv_state, int win_bf16, int64_t channels, int64_t width,
+                                   const float *conv_w, float *rec_state, int64_t nk, int64_t nv, int64_t dk,
+                                   int64_t dv, const float *neg_a, const float *dt_bias, const float *norm_w,
+                                   float eps, void *out, float *mixed, int nth) {
+    const size_t es = bf16 ? 2 : 4, ws = win_bf16 ? 2 : 4;
+    const int64_t chunk = 512, pieces = (channels + chunk - 1) / chunk, group = nv / nk;
+    (void)nth;
+#pragma omp parallel num_threads(nth) if (rows * nv > 1)
+    {
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < rows * pieces; p++) {
+            const int64_t r = p / pieces, c0 = (p % pieces) * chunk;
+            const int64_t c1 = c0 + chunk < channels ? c0 + chunk : channels;
+            void *win = (char *)conv_state + (size_t)(slots[r] * channels * width) * ws;
+            LC_FN(dn_conv)((const char *)y + (size_t)(r * y_stride) * es, bf16, win, win_bf16, width, conv_w, c0, c1,
+                           mixed + r * channels);
+        }
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < rows * nv; p++) {
+            const int64_t r = p / nv, h = p % nv, kh = h / group;
+            float qn[512], kn[512], tmp[1024]; /* dk, dv <= 512 (checked by the export) */
+            const float *m = mixed + r * channels;
+            const char *yr = (const char *)y + (size_t)(r * y_stride) * es;
+            const void *ab = yr + (size_t)(channels + nv * dv) * es; /* b [nv] then a [nv] */
+            LC_FN(dn_l2)(m + kh * dk, dk, 1.0f / sqrtf((float)dk), qn);
+            LC_FN(dn_l2)(m + nk * dk + kh * dk, dk, 1.0f, kn);
+            const float b = lc_load(ab, bf16, h), a = lc_load(ab, bf16, nv + h) + dt_bias[h];
+            const float sp = a > 20.0f ? a : log1pf(expf(a)); /* F.softplus, threshold 20 */
+            const float decay = expf(neg_a[h] * sp), beta = 1.0f / (1.0f + expf(-b));
+            float *s = rec_state + ((slots[r] * nv + h) * dk) * dv;
+            LC_FN(dn_head)(qn, kn, m + 2 * nk * dk + h * dv, decay, beta, s, dk, dv, norm_w, eps,
+                           yr + (size_t)(channels + h * dv) * es, bf16, (char *)out + (size_t)((r * nv + h) * dv) * es,
+                           tmp);
+        }
+    }
+}
+
+#else /* included once more after the ISA variants and LC_DISPATCH: the export */
+/* Per-thread conv outputs of lc_deltanet_decode (the caller's thread), grown by lc_grow. */
+LC_SCRATCH(lc_dn);
+
+/* One-token Gated DeltaNet step of `rows` decode rows (above): y [rows, y_stride] in the compute type
+   (bfloat16 if bf16, else float32) holding q|k|v [channels], z [nv * dv], b [nv], a [nv]; the state slots
+   slots[rows] of conv_state [num_slots, channels, width] (bfloat16 if win_bf16) and rec_state [num_slots,
+   nv, dk, dv] float32, updated in place; conv_w [channels, width + 1], neg_a = -exp(A_log) [nv], dt_bias
+   [nv], norm_w [dv], all float32. out [rows, nv * dv] in the compute type: RMSNorm(o) * silu(z). */
+LC_EXPORT int lc_deltanet_decode(int isa, const void *y, int64_t y_stride, int bf16, int64_t rows, const int64_t *slots,
+                                 void *conv_state, int win_bf16, int64_t num_slots, int64_t channels, int64_t width,
+                                 const float *conv_w, float *rec_state, int64_t nk, int64_t nv, int64_t dk, int64_t dv,
+                                 const float *neg_a, const float *dt_bias, const float *norm_w, float eps, void *out,
+                                 int nth) {
+    if (!lc_isa_supported(isa) || rows < 0 || nk < 1 || nv < nk || nv % nk || dk < 1 || dk > 512 || dv < 1 ||
+        dv > 512 || width < 0 || channels != 2 * nk * dk + nv * dv || y_stride < channels + nv * dv + 2 * nv ||
+        nth < 1)
+        return -1;
+    for (int64_t r = 0; r < rows; r++)
+        if (slots[r] < 0 || slots[r] >= num_slots) return -1;
+    float *mixed = (float *)lc_grow(&lc_dn, &lc_dn_size, (size_t)(rows * channels) * 4 + 64);
+    if (!mixed) return LC_ENOMEM;
+    LC_DISPATCH(deltanet_decode, y, y_stride, bf16, rows, slots, conv_state, win_bf16, channels, width, conv_w,
+                rec_state, nk, nv, dk, dv, neg_a, dt_bias, norm_w, eps, out, mixed, nth);
+    return 0;
+}
+#endif

@@ -1,0 +1,103 @@
+"""Gated DeltaNet's decode step in one C call (csrc/lc_deltanet.h's lc_deltanet_decode).
+
+The torch forms (gated_deltanet.py's conv_decode and delta_rule_step, then the gated RMSNorm) take ~30
+small ops a layer and gather, rescale, read and scatter each row's float32 state; the C step updates each
+decode row's conv window and state in place and returns RMSNorm(o) * silu(z), ready for out_proj.
+
+The export is looked up by name rather than through library.SIGNATURES: a build from before it keeps
+the torch forms instead of failing to load.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from localchat.backends.torch.cpu.kernels import Kernels
+from localchat.kernels import library
+
+_I, _P, _L, _F = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+# as csrc/lc_deltanet.h declares lc_deltanet_decode
+ARGTYPES = [_I, _P, _L, _I, _L, _P, _P, _I, _L, _L, _L, _P, _P, _L, _L, _L, _L, _P, _P, _P, _F, _P, _I]
+MAX_HEAD_DIM = 512  # the kernel's stack buffers
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaNetParams:
+    """A layer's small float32 tensors in the kernel's form (made once per layer)."""
+
+    conv: torch.Tensor  # [C, K]
+    neg_a: torch.Tensor  # -exp(A_log) [nv]
+    dt_bias: torch.Tensor  # [nv]
+    norm: torch.Tensor  # [dv]
+    k_heads: int
+    key_dim: int
+
+    @classmethod
+    def of(
+        cls,
+        conv: torch.Tensor,
+        a_log: torch.Tensor,
+        dt_bias: torch.Tensor,
+        norm: torch.Tensor,
+        k_heads: int,
+        key_dim: int,
+    ) -> DeltaNetParams:
+        def f32(t: torch.Tensor) -> torch.Tensor:
+            return t.detach().float().contiguous()
+
+        return cls(f32(conv), f32(-a_log.float().exp()), f32(dt_bias), f32(norm), k_heads, key_dim)
+
+
+def _function(ops: Kernels) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    fn = getattr(ops.lib, "lc_deltanet_decode", None)
+    if fn is not None and fn.argtypes is None:
+        fn.argtypes, fn.restype = ARGTYPES, _I
+    return fn
+
+
+def available(ops: Kernels | None, y: torch.Tensor, conv_state: torch.Tensor, value_dim: int) -> bool:
+    """Whether the C step takes this layer's decode rows: the kernels loaded (with the export), CPU
+    float32 or bfloat16 activations and conv windows, head sizes within the kernel's buffers."""
+    return (
+        ops is not None
+        and y.dtype in (torch.float32, torch.bfloat16)
+        and conv_state.dtype in (torch.float32, torch.bfloat16)
+        and value_dim <= MAX_HEAD_DIM
+        and _function(ops) is not None
+    )
+
+
+def deltanet_decode(
+    ops: Kernels,
+    y: torch.Tensor,
+    slots: torch.Tensor,
+    conv_state: torch.Tensor,
+    rec_state: torch.Tensor,
+    params: DeltaNetParams,
+    value_heads: int,
+    value_dim: int,
+    eps: float,
+) -> torch.Tensor:
+    """y [D, in_proj rows] (one token per row; rows may be strided) with the rows' state slots int64 [D]
+    -> RMSNorm(o) * silu(z) [D, value_heads * value_dim] in y's dtype; the slots' conv windows
+    [slots, C, K - 1] and float32 states [slots, H, dk, dv] are updated in place."""
+    fn = _function(ops)
+    assert fn is not None, "checked by available()"
+    if y.stride(1) != 1:
+        y = y.contiguous()
+    rows = y.shape[0]
+    channels, width = conv_state.shape[1], conv_state.shape[2]
+    bf16 = int(y.dtype == torch.bfloat16)
+    out = torch.empty(rows, value_heads * value_dim, dtype=y.dtype)
+    rc = fn(
+        ops.isa, y.data_ptr(), y.stride(0), bf16, rows, slots.data_ptr(), conv_state.data_ptr(),
+        int(conv_state.dtype == torch.bfloat16), conv_state.shape[0], channels, width, params.conv.data_ptr(),
+        rec_state.data_ptr(), params.k_heads, value_heads, params.key_dim, value_dim, params.neg_a.data_ptr(),
+        params.dt_bias.data_ptr(), params.norm.data_ptr(), eps, out.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    if rc:
+        library.check(rc, f"The CPU Gated DeltaNet step rejected y {tuple(y.shape)} (internal error).")
+    return out
