@@ -38,6 +38,23 @@ class StateCache:
         self.conv = [zeros((num_slots, s.conv_channels, s.conv_width), dtype) for s in shapes]
         self.recurrent = [zeros((num_slots, s.heads, s.key_dim, s.value_dim), torch.float32) for s in shapes]
 
+    def copy_slots(self, copies: list[tuple[int, int]]) -> None:
+        """Prefix checkpoints (engine/state_checkpoints.py): copy each (source, destination) slot, every
+        layer, in order. One gather and scatter per tensor when no copy reads an earlier one's
+        destination (the usual case); one by one otherwise."""
+        tensors = [t for t in (*self.conv, *self.recurrent) if t.numel()]
+        sources, dests = [s for s, _ in copies], [d for _, d in copies]
+        if not set(sources) & set(dests) and len(set(dests)) == len(dests):
+            device = tensors[0].device if tensors else None
+            src = torch.tensor(sources, dtype=torch.int64, device=device)
+            dst = torch.tensor(dests, dtype=torch.int64, device=device)
+            for t in tensors:
+                t.index_copy_(0, dst, t.index_select(0, src))
+            return
+        for source, dest in copies:
+            for t in tensors:
+                t[dest].copy_(t[source])
+
 
 @dataclass(slots=True)
 class StepRows:

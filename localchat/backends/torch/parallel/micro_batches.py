@@ -37,9 +37,9 @@ def micro_batches(batch: BatchInputs, groups: int, min_tokens: int = MICRO_BATCH
     parts = [_rows(batch, r0, r1) for r0, r1 in itertools.pairwise(bounds)]
     if min(p.num_tokens for p in parts) < min_tokens:
         return [batch]
-    # The step's K/V copies run once, with the first group: before any group writes (a source block
-    # may be handed out to another row of the same step).
-    return [replace(p, kv_copies=batch.kv_copies if i == 0 else []) for i, p in enumerate(parts)]
+    # The step's K/V and state copies run once, with the first group: before any group writes (a source
+    # block or state slot may be handed out to another row of the same step).
+    return [replace(p, kv_copies=[], state_copies=[]) if i else p for i, p in enumerate(parts)]
 
 
 def _rows(batch: BatchInputs, r0: int, r1: int) -> BatchInputs:

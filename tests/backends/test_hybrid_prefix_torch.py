@@ -1,0 +1,39 @@
+"""Prefix caching for hybrid models on the torch runner (float32, tiny random weights): the state
+checkpoints (engine/state_checkpoints.py) copied in the runner's state tensors (backends/torch/
+state_cache.py) give a chat's next turn and a regenerated answer the same greedy tokens and logprobs
+(1e-4) as a cold run, also under preemption and eviction; Qwen3.5 (gated DeltaNet), Granite 4.0-H
+(Mamba-2) and LFM2 (short conv)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.backends.test_granitemoehybrid import tiny_granite
+from tests.backends.test_lfm2 import tiny_lfm2
+from tests.backends.test_qwen3_next import tiny_qwen3_5
+from tests.helpers.hybrid_prefix_checks import check_next_turn_and_regenerate, check_preemption_and_eviction
+from tests.helpers.torch_models import bundle_from_hf, fp32_runner
+
+BUILDERS: dict[str, Callable[..., Any]] = {
+    "qwen3_5": tiny_qwen3_5,
+    "granite": tiny_granite,
+    "lfm2": tiny_lfm2,
+}
+
+
+def runners(build: Callable[..., Any], **overrides: object) -> Callable[[], Any]:
+    bundle = bundle_from_hf(build(**overrides))
+    return lambda: fp32_runner(bundle)
+
+
+@pytest.mark.parametrize("family", BUILDERS)
+def test_next_turn_and_regenerate_equal_a_cold_run(family: str) -> None:
+    check_next_turn_and_regenerate(runners(BUILDERS[family]))
+
+
+def test_preemption_and_eviction_equal_running_alone() -> None:
+    # Wide K/V heads: 4 KiB per token, so a 1 MiB pool holds ~15 blocks and four chats preempt.
+    check_preemption_and_eviction(runners(tiny_qwen3_5, num_key_value_heads=4, head_dim=64))
