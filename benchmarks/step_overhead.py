@@ -1,0 +1,126 @@
+"""Where a single greedy stream's decode token goes outside the weights (issue #34's ~1 ms a token that is
+not weight streaming), in-process, without a profiler's own cost: wall-clock timers around each part of
+the engine's step, the async engine's per-step work (the stats snapshot) included.
+
+python benchmarks/step_overhead.py --model .models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf [--tokens 128]
+
+Prints µs per decode token: the scheduler, build_batch, the runner's step (split into the fused C layers,
+the LM head, the sampler and the rest), apply_output (stop checks, detokenizer, outputs), stats(), and the
+step total. `--rounds N` repeats the measurement and prints each part's median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from localchat import LLM, SamplingParams
+from localchat.backends.torch.cpu import decode_step
+
+PROMPT = [{"role": "user", "content": "Write a Python function that merges two sorted lists."}]
+
+
+class Timers:
+    def __init__(self) -> None:
+        self.ns: dict[str, int] = defaultdict(int)
+        self.on = False
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not self.on:
+                return fn(*args, **kwargs)
+            start = time.perf_counter_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.ns[name] += time.perf_counter_ns() - start
+
+        return timed
+
+
+def instrument(llm: LLM, timers: Timers) -> None:
+    engine = llm.engine
+    runner: Any = engine.runner
+    model = runner.model
+    engine.scheduler.schedule = timers.wrap("schedule", engine.scheduler.schedule)  # type: ignore[method-assign]
+    engine.build_batch = timers.wrap("build_batch", engine.build_batch)  # type: ignore[method-assign]
+    runner.execute_model = timers.wrap("execute_model", runner.execute_model)
+    model.logits = timers.wrap("lm_head", model.logits)
+    engine.apply_output = timers.wrap("apply_output", engine.apply_output)  # type: ignore[method-assign]
+    engine.stats = timers.wrap("stats", engine.stats)  # type: ignore[method-assign]
+    fused = model.decode_plan()
+    assert fused is not None, "the model does not take the fused decode step"
+    decode_step.FusedDecode.run = timers.wrap("c_layers", decode_step.FusedDecode.run)  # type: ignore[method-assign]
+    from localchat.backends.torch import runner as runner_module
+
+    runner_module.sample = timers.wrap("sample", runner_module.sample)
+
+
+def decode(llm: LLM, tokens: int, timers: Timers | None) -> float:
+    """Seconds per decode token of one greedy request; timers run from the second token on."""
+    engine = llm.engine
+    engine.add_request(
+        llm.apply_chat_template(PROMPT), SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    )
+    first = None
+    while engine.has_unfinished:
+        start = time.perf_counter_ns()
+        outs = engine.step()
+        engine.stats()  # what the async engine's loop does after every step
+        if timers is not None and timers.on:
+            timers.ns["step_total"] += time.perf_counter_ns() - start
+        if first is None and any(o.new_token_ids for o in outs):
+            first = time.perf_counter()
+            if timers is not None:
+                timers.on = True
+    if timers is not None:
+        timers.on = False
+    assert first is not None
+    return (time.perf_counter() - first) / (tokens - 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    llm = LLM(args.model)
+    decode(llm, 8, None)
+    timers = Timers()
+    instrument(llm, timers)
+    rows: dict[str, list[float]] = defaultdict(list)
+    for _ in range(args.rounds):
+        timers.ns.clear()
+        per_token = decode(llm, args.tokens, timers)
+        n = args.tokens - 1
+        us = {k: v / n / 1000 for k, v in timers.ns.items()}
+        us["runner_other"] = us["execute_model"] - us["c_layers"] - us["lm_head"] - us["sample"]
+        us["step_other"] = us["step_total"] - sum(
+            us[k] for k in ("schedule", "build_batch", "execute_model", "apply_output", "stats")
+        )
+        us["tok_s"] = 1 / per_token
+        for k, v in us.items():
+            rows[k].append(v)
+    order = [
+        "schedule", "build_batch", "c_layers", "lm_head", "sample", "runner_other", "execute_model",
+        "apply_output", "stats", "step_other", "step_total", "tok_s",
+    ]  # fmt: skip
+    print(f"{'part':<14} {'median µs/token':>16}   rounds")
+    for k in order:
+        values = rows[k]
+        print(f"{k:<14} {statistics.median(values):>16.1f}   " + " ".join(f"{v:.1f}" for v in values))
+
+
+if __name__ == "__main__":
+    main()
