@@ -247,6 +247,8 @@ class MLXRunner:
             for cache in self.kv_caches:  # a scatter into the donated buffer, as the step's writes
                 cache.k[dst] = cache.k[src]
                 cache.v[dst] = cache.v[src]
+        if batch.state_copies and (states := getattr(self.model, "states", None)) is not None:
+            states.copy_slots(batch.state_copies)  # hybrid prefix checkpoints, before begin_step's zeroing
         meta = AttentionMetadata.from_batch(batch)
         if batch.image_slices and self.pictures_both_ways:  # Gemma 3: a picture's tokens see all of it
             for row in meta.prefills:

@@ -36,6 +36,13 @@ class StateCache:
         ]
         mx.eval(self.arrays())
 
+    def copy_slots(self, copies: list[tuple[int, int]]) -> None:
+        """Prefix checkpoints (engine/state_checkpoints.py): copy each (source, destination) slot, every
+        layer, in order (a later copy may read an earlier one's destination); evaluated with the step."""
+        for source, dest in copies:
+            for a in self.arrays():
+                a[dest] = a[source]
+
     def arrays(self) -> list[mx.array]:
         # A conv-only layer (LFM2) has an empty recurrent array: MLX's CPU kernels fault on empty scatters.
         return [a for a in (*self.conv, *self.recurrent) if a.size]
