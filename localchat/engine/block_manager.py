@@ -227,7 +227,7 @@ class BlockManager:
             block_id = self.num_touched_blocks
         block = self.blocks[block_id]
         self._uncache(block)  # lazy eviction
-        block.ref_count = 1
+        block.ref_count, block.named_in_step = 1, -1  # its content is now whatever its new step writes
         return block_id
 
     def _uncache(self, block: KVBlock) -> None:
@@ -268,7 +268,10 @@ class BlockManager:
             if holder_id is not None:
                 holder = self.blocks[holder_id]
                 if holder.ref_count > 0:
-                    continue  # a running request holds the same content; free() re-checks later
+                    # A running request holds the same content; free() re-checks later. Marked as this
+                    # step's all the same: if the step fails, free() must not name it (forget_unwritten).
+                    block.named_in_step = self.step
+                    continue
                 # The cached copy is idle and would be evicted while this live copy stays unnamed, which
                 # broke the chain for every later block (a regenerated answer lost its cache). Name the
                 # live copy instead and hand the idle one out first.
@@ -297,6 +300,14 @@ class BlockManager:
                     block.ref_count, block.named_in_step = ref_count, -1
             request.num_registered_blocks = first
             del request.block_hashes[first:]
+
+    def unname(self, block_ids: set[int]) -> None:
+        """Forget these blocks' names (their K/V are not to be trusted); whoever holds them keeps them."""
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            ref_count = block.ref_count
+            self._uncache(block)
+            block.ref_count, block.named_in_step = ref_count, -1
 
     def _name_tail(self, request: Request) -> None:
         """Name the request's partly filled last block by its computed tokens (a partial-reuse source).
