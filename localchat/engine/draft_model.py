@@ -15,6 +15,10 @@ Per step, for every sequence that speculates:
 Draft tokens fed in passes 2..k sit in the shadow's KV after its committed tokens, like the target's
 drafts: never prefix-cached, and kept next step only as far as the target accepted them (the shadow's
 computed count rolls back to the agreeing prefix; the rest is overwritten).
+
+A draft pass that raises costs that step its drafts, never the engine: the blocks the step's first pass
+named (their K/V perhaps never written) are unnamed, the shadows that took part are freed (rebuilt from
+the trusted part of the draft's prefix cache when next asked), and the target decodes without drafts.
 """
 
 from __future__ import annotations
@@ -110,6 +114,26 @@ class DraftModelProposer:
             self._free(req_id)
         for request, _ in wanted:
             request.spec_draft_probs = None
+        step = self.block_manager.step  # what this call's first pass names, it names under this step
+        try:
+            return self._propose(wanted)
+        except Exception:  # a draft that fails must not take the engine down: no drafts this step
+            log.exception("draft model pass failed; this step decodes without drafts")
+            self._abandon(wanted, step)
+            return {}
+        finally:
+            self.block_manager.end_step()
+
+    def _abandon(self, wanted: list[tuple[Request, int]], step: int) -> None:
+        """After a failed pass: unname what `step` named and free the shadows that took part."""
+        shadows = [self.shadows[r.req_id] for r, _ in wanted if r.req_id in self.shadows]
+        self.block_manager.forget_unwritten([s.request for s in shadows], step)
+        for request, _ in wanted:
+            request.spec_draft_probs = None
+            if request.req_id in self.shadows:
+                self._free(request.req_id)
+
+    def _propose(self, wanted: list[tuple[Request, int]]) -> dict[str, list[int]]:
         ready: list[tuple[_Shadow, int]] = []  # shadows that get drafts this step, and their k
         scheduled: dict[str, int] = {}
         new_reqs: list[NewRequestData] = []
@@ -232,16 +256,17 @@ class DraftModelProposer:
             scheduled_cached_reqs=cached,
             num_scheduled_tokens=scheduled,
             total_num_scheduled_tokens=sum(scheduled.values()),
-            finished_req_ids=self._forgotten,
+            finished_req_ids=set(self._forgotten),
         )
-        self._forgotten = set()
         requests = {req_id: self.shadows[req_id].request for req_id in scheduled}
         batch = build_batch(out, requests, self.block_size)
         if any(self.shadows[r].sampled for r in scheduled):
             logits = self.runner.compute_logits(out, batch)  # type: ignore[attr-defined]
+            self._forgotten -= out.finished_req_ids  # told (kept to tell again if the pass raised)
             self.passes += 1
             return self._guesses(_numpy(logits), batch.sample_req_ids, batch.sampling)
         result = self.runner.execute_model(out, batch)
+        self._forgotten -= out.finished_req_ids
         self.passes += 1
         logprobs = result.logprobs or [[] for _ in result.req_ids]
         return {
