@@ -199,8 +199,6 @@ class StateCacheSpec:
 
     num_layers: int  # layers that keep a state instead of K/V
     bytes_per_slot: int  # every such layer's state for one sequence
-    # Why prefix reuse is off for this model (the state at a block boundary is not kept): /metrics, logs.
-    prefix_caching_note: str = "hybrid model: prefix reuse would need the recurrent state at block boundaries"
 
 
 class ModelRunner(Protocol):
