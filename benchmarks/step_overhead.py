@@ -6,7 +6,9 @@ python benchmarks/step_overhead.py --model .models/qwen2.5-coder-1.5b-instruct-q
 
 Prints µs per decode token: the scheduler, build_batch, the runner's step (split into the fused C layers,
 the LM head, the sampler and the rest), apply_output (stop checks, detokenizer, outputs), stats(), and the
-step total. `--rounds N` repeats the measurement and prints each part's median.
+step total, in wall time and in the engine thread's CPU time (steadier on a busy box). `--rounds N`
+repeats the measurement and prints each part's median; `--ab` alternates rounds with this session's
+Python fast paths off (the sampler's greedy argmax) in the same process.
 """
 
 from __future__ import annotations
@@ -23,25 +25,29 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from localchat import LLM, SamplingParams
+from localchat.backends.torch import sampler
 from localchat.backends.torch.cpu import decode_step
 
+_GREEDY = sampler.greedy_tokens
 PROMPT = [{"role": "user", "content": "Write a Python function that merges two sorted lists."}]
 
 
 class Timers:
     def __init__(self) -> None:
         self.ns: dict[str, int] = defaultdict(int)
+        self.cpu: dict[str, int] = defaultdict(int)  # this thread's CPU time: robust to a busy box
         self.on = False
 
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
             if not self.on:
                 return fn(*args, **kwargs)
-            start = time.perf_counter_ns()
+            start, cpu = time.perf_counter_ns(), time.thread_time_ns()
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.ns[name] += time.perf_counter_ns() - start
+                self.cpu[name] += time.thread_time_ns() - cpu
 
         return timed
 
@@ -72,11 +78,12 @@ def decode(llm: LLM, tokens: int, timers: Timers | None) -> float:
     )
     first = None
     while engine.has_unfinished:
-        start = time.perf_counter_ns()
+        start, cpu = time.perf_counter_ns(), time.thread_time_ns()
         outs = engine.step()
         engine.stats()  # what the async engine's loop does after every step
         if timers is not None and timers.on:
             timers.ns["step_total"] += time.perf_counter_ns() - start
+            timers.cpu["step_total"] += time.thread_time_ns() - cpu
         if first is None and any(o.new_token_ids for o in outs):
             first = time.perf_counter()
             if timers is not None:
@@ -87,6 +94,29 @@ def decode(llm: LLM, tokens: int, timers: Timers | None) -> float:
     return (time.perf_counter() - first) / (tokens - 1)
 
 
+def fast_paths(on: bool) -> None:
+    """Switch this session's Python fast paths (the sampler's greedy argmax) on or off, for --ab."""
+    sampler.greedy_tokens = _GREEDY if on else (lambda logits: None)
+
+
+def _measure(llm: LLM, timers: Timers, tokens: int) -> dict[str, float]:
+    timers.ns.clear()
+    timers.cpu.clear()
+    per_token = decode(llm, tokens, timers)
+    n = tokens - 1
+    us = {k: v / n / 1000 for k, v in timers.ns.items()}
+    us |= {f"{k} cpu": v / n / 1000 for k, v in timers.cpu.items()}
+    for suffix in ("", " cpu"):
+        us["runner_other" + suffix] = us["execute_model" + suffix] - sum(
+            us[k + suffix] for k in ("c_layers", "lm_head", "sample")
+        )
+    us["step_other"] = us["step_total"] - sum(
+        us[k] for k in ("schedule", "build_batch", "execute_model", "apply_output", "stats")
+    )
+    us["tok_s"] = 1 / per_token
+    return us
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -94,32 +124,32 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--ab", action="store_true", help="alternate rounds with the fast paths off")
     args = parser.parse_args()
     llm = LLM(args.model)
     decode(llm, 8, None)
     timers = Timers()
     instrument(llm, timers)
-    rows: dict[str, list[float]] = defaultdict(list)
+    modes = ("on", "off") if args.ab else ("on",)
+    rows: dict[str, dict[str, list[float]]] = {m: defaultdict(list) for m in modes}
     for _ in range(args.rounds):
-        timers.ns.clear()
-        per_token = decode(llm, args.tokens, timers)
-        n = args.tokens - 1
-        us = {k: v / n / 1000 for k, v in timers.ns.items()}
-        us["runner_other"] = us["execute_model"] - us["c_layers"] - us["lm_head"] - us["sample"]
-        us["step_other"] = us["step_total"] - sum(
-            us[k] for k in ("schedule", "build_batch", "execute_model", "apply_output", "stats")
-        )
-        us["tok_s"] = 1 / per_token
-        for k, v in us.items():
-            rows[k].append(v)
+        for mode in modes:
+            fast_paths(mode == "on")
+            for k, v in _measure(llm, timers, args.tokens).items():
+                rows[mode][k].append(v)
+    fast_paths(True)
     order = [
         "schedule", "build_batch", "c_layers", "lm_head", "sample", "runner_other", "execute_model",
-        "apply_output", "stats", "step_other", "step_total", "tok_s",
+        "apply_output", "stats", "step_other", "step_total",
     ]  # fmt: skip
-    print(f"{'part':<14} {'median µs/token':>16}   rounds")
-    for k in order:
-        values = rows[k]
-        print(f"{k:<14} {statistics.median(values):>16.1f}   " + " ".join(f"{v:.1f}" for v in values))
+    for mode in modes:
+        got = rows[mode]
+        print(f"fast paths {mode}: {statistics.median(got['tok_s']):.1f} tok/s (median of {args.rounds})")
+        print(f"{'part':<14} {'wall µs/token':>14} {'CPU µs/token':>13}")
+        for k in order:
+            cpu = got.get(k + " cpu")
+            cpu_text = f"{statistics.median(cpu):>13.1f}" if cpu else f"{'':>13}"
+            print(f"{k:<14} {statistics.median(got[k]):>14.1f} {cpu_text}")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ def new_generator(device: torch.device, seed: int) -> torch.Generator:
 def sample(logits: torch.Tensor, inputs: SamplingInputs, generator: torch.Generator) -> SampleResult:
     """logits [N, vocab] (rows aligned with `inputs`) -> one token per row; `generator` draws the
     unseeded rows' noise."""
+    if _plain_greedy(inputs) and (greedy := greedy_tokens(logits)) is not None:
+        return SampleResult(greedy)
     logits = logits.float()
     raw = logits
     logits = _constrain(logits, inputs)
@@ -49,6 +51,60 @@ def sample(logits: torch.Tensor, inputs: SamplingInputs, generator: torch.Genera
     if not inputs.wants_logprobs:
         return SampleResult(token_list)
     return SampleResult(token_list, _logprobs(raw, token_list, inputs.num_logprobs))
+
+
+# Per float width: its signed and unsigned integers of the same size, the magnitude bits, and the
+# largest non-NaN magnitude (inf).
+_BITS = {
+    torch.bfloat16: (torch.int16, np.uint16, 0x7FFF, 0x7F80),
+    torch.float32: (torch.int32, np.uint32, 0x7FFF_FFFF, 0x7F80_0000),
+}
+
+
+def _plain_greedy(inputs: SamplingInputs) -> bool:
+    """Every row takes its argmax of the raw logits: greedy, no grammar, bias, penalty, logprobs or draft."""
+    return (
+        inputs.token_bitmask is None
+        and inputs.spec_rows is None
+        and not len(inputs.bias_token_ids)
+        and not inputs.temperature.any()
+        and not len(inputs.penalized_rows)
+        and not inputs.wants_logprobs
+    )
+
+
+def greedy_tokens(logits: torch.Tensor) -> list[int] | None:
+    """Each row's argmax, as `logits.float().argmax(dim=-1)` gives it (the first of equal maxima), read
+    from the floats' bits: positive floats order as their bit patterns do as signed integers, below
+    every negative one, so where a row's largest pattern is a positive number (real logits: always) that
+    pattern's first index is the answer; one more pass over the patterns as unsigned integers rules out
+    a negative NaN. Two SIMD reductions in numpy against torch's float copy and argmax: ~2x less on a
+    152k vocabulary. Rows whose maximum is not positive take the exact slow order (`_greedy_keys`).
+    None off the CPU, for other dtypes, and when a row holds a NaN (torch's argmax picks the first NaN:
+    left to it)."""
+    kind = _BITS.get(logits.dtype)
+    if kind is None or logits.device.type != "cpu" or logits.dim() != 2 or not logits.is_contiguous():
+        return None
+    int_type, unsigned, magnitude, inf = kind
+    bits = logits.view(int_type).numpy()
+    best = bits.argmax(axis=-1)
+    top = np.take_along_axis(bits, best[:, None], axis=-1)
+    if bits.view(unsigned).max() > (magnitude + 1) | inf:
+        return None  # a negative NaN
+    if (top > inf).any():
+        return None  # a positive NaN
+    if (top > 0).all():
+        return best.tolist()
+    return _greedy_keys(bits, magnitude)
+
+
+def _greedy_keys(bits: np.ndarray, magnitude: int) -> list[int]:
+    """The argmax of NaN-free float bit patterns whose maximum may be zero or negative: a negative
+    float's magnitude bits flipped (and -0.0 moved onto +0.0) order every float as an integer."""
+    sign = bits >> (8 * bits.itemsize - 1)  # -1 for a negative float, else 0
+    keys = bits ^ (sign & magnitude)
+    keys -= sign
+    return keys.argmax(axis=-1).tolist()
 
 
 def _sample(
