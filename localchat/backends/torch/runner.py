@@ -309,6 +309,8 @@ class TorchRunner:
         if batch.kv_copies:  # partial prefix reuse: before anything of this step writes the cache
             src, dst = (torch.from_numpy(a).to(self.device) for a in batch.kv_copy_slots())
             copy_slots(self.kv_caches, src, dst)
+        if batch.state_copies and (states := getattr(self.model, "states", None)) is not None:
+            states.copy_slots(batch.state_copies)  # hybrid prefix checkpoints, before begin_step's zeroing
         pooled = self.pooler.rows(batch)  # embedding rows need the hidden states: never a graph then
         # A step carrying image rows never replays a graph: the graph would skip the scatter.
         plain = not batch.image_slices and batch.rope_positions is None  # M-RoPE rows: no graph either
