@@ -59,7 +59,7 @@ def test_greedy_with_an_image_matches_transformers(
     assert (embedder.cache.misses, embedder.cache.hits) == (1, 0)
     again, cached = _generate(engine, images[0])  # the same picture again
     assert again == first
-    assert cached == 8  # both full blocks of the 10-token prompt, image included
+    assert cached == 9  # both full blocks of the 10-token prompt, image included, and one token copied
     # another first token: the prefix cache misses, the encoder cache does not
     hits = embedder.cache.hits
     _generate(engine, images[0], [6, *PROMPT[1:]])
@@ -77,21 +77,30 @@ def test_a_prefix_hit_that_ends_inside_the_picture_matches_transformers(
 ) -> None:
     """The cached block [0, 4) holds the picture's first token (computed when the whole picture was seen);
     the next request reuses it and computes the rest of the picture in one step, its rows seeing that key:
-    its first token's logprob is transformers' (a chunk of 2 cutting the picture would not give it)."""
+    its first token's logprob is transformers' (a chunk of 2 cutting the picture would not give it).
+    With the block [4, 8) still cached, the picture's other rows are copied from it too (partial reuse,
+    the picture whole): the same logprob."""
     hf, folder = saved
     data = _pictures(tmp_path)[0]
     pixels = preprocess(decode(data), ImageSpec.from_folder(folder, 56))
     image = ImageInput((3, 4, 5, 6), content_hash(data), pixels)
-    engine = _engine(folder, 2)  # a chunk of 2 would cut the picture twice
-    _generate(engine, image)
     other = [*PROMPT[:7], 297, *PROMPT[8:]]  # differs in the second block, after the picture
-    params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=0)
-    req_id = engine.add_request(list(other), params, images=(image,))
-    outs = [out for _ in range(8) if engine.has_unfinished for out in engine.step() if out.req_id == req_id]
-    assert outs[-1].num_cached_tokens == 4
-    logprob = next(lp for out in outs for lp in out.logprobs)
     theirs = torch.log_softmax(
         torch.from_numpy(_hf_logits(hf, other, torch.from_numpy(pixels)[None])[-1]), -1
     )
-    assert logprob.token_id == int(theirs.argmax())
-    assert abs(logprob.logprob - float(theirs.max())) < 1e-4
+    params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=0)
+    for evict, cached in ((True, 4), (False, 7)):
+        engine = _engine(folder, 2)  # a chunk of 2 would cut the picture twice
+        _generate(engine, image)
+        if evict:  # a 10-token prompt of other tokens takes the freed blocks but [0, 4), last freed
+            engine.add_request([9] * 10, SamplingParams(max_tokens=1))
+            while engine.has_unfinished:
+                engine.step()
+        req_id = engine.add_request(list(other), params, images=(image,))
+        outs = [
+            out for _ in range(8) if engine.has_unfinished for out in engine.step() if out.req_id == req_id
+        ]
+        assert outs[-1].num_cached_tokens == cached
+        logprob = next(lp for out in outs for lp in out.logprobs)
+        assert logprob.token_id == int(theirs.argmax())
+        assert abs(logprob.logprob - float(theirs.max())) < 1e-4
