@@ -8,11 +8,15 @@ checkpoint taken at the wrong time or overwritten while in use, or a slot reused
 
 from __future__ import annotations
 
+from collections import deque
+from typing import Any, cast
+
 import pytest
 
 from localchat.backends.fake import EOS_ID, FakeRunner, FakeTokenizer
 from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine
+from localchat.engine.interface import BatchInputs, RunnerOutput, SchedulerOutput
 from localchat.engine.request import FinishReason
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.state_checkpoints import StateCheckpoints
@@ -204,3 +208,33 @@ def test_checkpoint_index_lru_owners_and_stale_rows() -> None:
     assert copies == [(4, 0), (2, 6)]
     index.forget_rows({row for _, row in copies})  # the step failed: its save may never have run
     assert 10 not in index and 1 in index and 3 in index
+
+
+class _TwoInFlight:
+    """The fake hybrid runner behind a two-step pipeline (`--pp`): steps are submitted, then finished."""
+
+    steps_in_flight = 2
+
+    def __init__(self) -> None:
+        self.runner = FakeRunner(state_bytes=STATE_BYTES)
+        self.outputs: deque[RunnerOutput] = deque()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.runner, name)
+
+    def submit_step(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> None:
+        self.outputs.append(self.runner.execute_model(scheduler_output, batch))
+
+    def finish_step(self) -> RunnerOutput:
+        return self.outputs.popleft()
+
+
+def test_off_with_steps_in_flight() -> None:
+    runner = cast(Any, _TwoInFlight())
+    engine = LLMEngine(
+        runner, FakeTokenizer(), EngineConfig(kv_cache_mib=1), eos_token_ids=[EOS_ID], model_max_len=4096
+    )
+    assert engine.in_flight is not None and engine.scheduler.checkpoints is None
+    assert "--pp" in engine.prefix_caching_note and not engine.stats().prefix_caching_enabled
+    prompt = chat_prompt("<<say:ok>> " + "x" * 40)
+    assert run(engine, prompt)[1] == run(engine, prompt)[1] == 0
