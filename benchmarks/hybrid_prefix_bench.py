@@ -22,8 +22,9 @@ from localchat.engine.sampling_params import SamplingParams
 from localchat.llm import LLM
 
 
-def first_token(llm: LLM, prompt: list[int], max_tokens: int) -> tuple[float, list[int], int]:
-    """(seconds to the first token, the reply, cached prompt tokens) of one greedy request run alone."""
+def first_token(llm: LLM, prompt: list[int], max_tokens: int) -> tuple[float, list[int], int, float]:
+    """(seconds to the first token, the reply, cached prompt tokens, decode tok/s after the first token)
+    of one greedy request run alone."""
     engine: Any = llm.engine
     start = time.perf_counter()
     engine.add_request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
@@ -34,7 +35,8 @@ def first_token(llm: LLM, prompt: list[int], max_tokens: int) -> tuple[float, li
                 ttft = time.perf_counter() - start
             reply += out.new_token_ids
             cached = out.num_cached_tokens
-    return ttft, reply, cached
+    decode_s = time.perf_counter() - start - ttft
+    return ttft, reply, cached, (len(reply) - 1) / decode_s if decode_s > 0 else 0.0
 
 
 def main() -> None:
@@ -60,11 +62,12 @@ def main() -> None:
         prompt = [int(t) for t in rng.integers(1000, 100_000, size=args.prompt)]
         new_message = [int(t) for t in rng.integers(1000, 100_000, size=24)]
         for name, llm in engines.items():
-            t1, reply, _ = first_token(llm, prompt, args.reply)
-            t2, _, c2 = first_token(llm, prompt, 1)
-            t3, _, c3 = first_token(llm, prompt + reply + new_message, 1)
+            t1, reply, _, rate = first_token(llm, prompt, args.reply)
+            t2, _, c2, _ = first_token(llm, prompt, 1)
+            t3, _, c3, _ = first_token(llm, prompt + reply + new_message, 1)
             print(
-                f"round {round_} {name:11s} turn 1 {t1 * 1e3:7.0f} ms | regenerate {t2 * 1e3:7.0f} ms "
+                f"round {round_} {name:11s} turn 1 {t1 * 1e3:7.0f} ms, then {rate:5.1f} tok/s | "
+                f"regenerate {t2 * 1e3:7.0f} ms "
                 f"(cached {c2}) | next turn {t3 * 1e3:7.0f} ms (cached {c3}) | load {_load()}",
                 flush=True,
             )

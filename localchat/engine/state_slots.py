@@ -5,6 +5,7 @@ growing KV cache. The runner holds one state tensor per layer with `num_slots` r
 the rows out. A request takes a slot when it is admitted and gives it back when it finishes or is
 preempted: preemption is recompute, so a re-admitted request gets a fresh slot and rebuilds its state
 from the prompt (and the tokens it already generated), exactly as its KV blocks are rebuilt.
+The runner's rows past `num_slots` hold prefix-cache checkpoints (engine/state_checkpoints.py).
 """
 
 from __future__ import annotations
