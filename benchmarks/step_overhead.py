@@ -8,7 +8,7 @@ Prints µs per decode token: the scheduler, build_batch, the runner's step (spli
 the LM head, the sampler and the rest), apply_output (stop checks, detokenizer, outputs), stats(), and the
 step total, in wall time and in the engine thread's CPU time (steadier on a busy box). `--rounds N`
 repeats the measurement and prints each part's median; `--ab` alternates rounds with this session's
-Python fast paths off (the sampler's greedy argmax) in the same process.
+Python fast paths off (the sampler's greedy argmax, RoPE rows from cached tables) in the same process.
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from localchat import LLM, SamplingParams
 from localchat.backends.torch import sampler
 from localchat.backends.torch.cpu import decode_step
+from localchat.backends.torch.layers import Rotary
 
 _GREEDY = sampler.greedy_tokens
+_ROTARY = Rotary.__call__
 PROMPT = [{"role": "user", "content": "Write a Python function that merges two sorted lists."}]
 
 
@@ -95,8 +97,10 @@ def decode(llm: LLM, tokens: int, timers: Timers | None) -> float:
 
 
 def fast_paths(on: bool) -> None:
-    """Switch this session's Python fast paths (the sampler's greedy argmax) on or off, for --ab."""
+    """Switch this session's Python fast paths (the sampler's greedy argmax, single-token RoPE rows from
+    cached tables) on or off, for --ab."""
     sampler.greedy_tokens = _GREEDY if on else (lambda logits: None)
+    Rotary.__call__ = _ROTARY if on else Rotary._tables  # type: ignore[method-assign]
 
 
 def _measure(llm: LLM, timers: Timers, tokens: int) -> dict[str, float]:

@@ -20,6 +20,9 @@ from localchat.backends.torch.cpu import kernels as cpu_kernels
 from localchat.backends.torch.kernel_choice import cpu_decode_kernels
 from localchat.weights.config import ModelConfig
 
+ROPE_CHUNK = 64  # positions per cached cos/sin table of single-token steps
+ROPE_CHUNKS_KEPT = 8  # tables kept (a few sequences decoding one at a time), ~130 KiB at head_dim 128
+
 
 class Rotary:
     """cos/sin for explicit positions, computed once per step and shared by every layer."""
@@ -29,14 +32,37 @@ class Rotary:
         inv_freq, self.scale = rope_inv_freq(config)
         self.inv_freq = torch.from_numpy(inv_freq).to(device)
         self.long = rope_long_inv_freq(config)  # longrope: the table for contexts past the original length
+        # Single-token steps' cos/sin, ROPE_CHUNK positions at a time: (first position, dtype) -> tables.
+        self._chunks: dict[tuple[int, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def serve_context(self, max_model_len: int) -> None:
         """longrope: one factor list for the whole served context (localchat/arch/rope.py)."""
         if self.long is not None and max_model_len > self.long[1]:
             self.inv_freq = torch.from_numpy(self.long[0]).to(self.inv_freq.device)
+            self._chunks.clear()
 
     def __call__(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, 1, rotary_dim] for `apply_rope` (rotary_dim < head_dim: partial rotary)."""
+        if positions.shape == (1,) and positions.device.type == "cpu":
+            return self._one(int(positions.item()), dtype)
+        return self._tables(positions, dtype)
+
+    def _one(self, position: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode step's row from the tables of its ROPE_CHUNK positions, computed by the same
+        elementwise ops as a one-row call, so bit for bit its values (tests/backends/test_rope_chunks.py):
+        ~0.08 ms of ten small torch ops a token becomes a slice (NOTE: real Qwen2.5-Coder-1.5B, #34)."""
+        first = position - position % ROPE_CHUNK
+        tables = self._chunks.get((first, dtype))
+        if tables is None:
+            if len(self._chunks) >= ROPE_CHUNKS_KEPT:
+                self._chunks.clear()
+            span = torch.arange(first, first + ROPE_CHUNK, device=self.inv_freq.device)
+            tables = self._chunks[first, dtype] = self._tables(span, dtype)
+        row = position - first
+        cos, sin = tables
+        return cos[row : row + 1], sin[row : row + 1]
+
+    def _tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, d/2]
         cos, sin = freqs.cos(), freqs.sin()
         if self.scale != 1.0:
