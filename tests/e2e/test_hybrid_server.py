@@ -3,7 +3,8 @@ checkpoint saved as a safetensors folder, served by `localchat serve` on the tor
 
 Concurrent greedy completions whose prompts outnumber the state slots (max_num_seqs 2 for 4 requests,
 small prefill chunks) each return transformers' greedy tokens for that prompt alone; /metrics shows the
-state pool and prefix caching off, and the startup log says why."""
+state pool. A chat's second turn reuses the first's prefix through a state checkpoint (cached tokens in
+its usage) and still answers as transformers does for the whole conversation."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -47,8 +49,8 @@ def _write_folder(folder: Path) -> tuple[Tokenizer, torch.nn.Module]:
     return tok, hf
 
 
-def _expected(tok: Tokenizer, hf: torch.nn.Module, prompt: str) -> list[int]:
-    text = f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+def _expected(tok: Tokenizer, hf: torch.nn.Module, prompt: str, text: str | None = None) -> list[int]:
+    text = text or f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
     ids = tok.encode(text).ids
     with torch.no_grad():
         out = hf.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False)  # type: ignore[operator]
@@ -64,16 +66,14 @@ def test_hybrid_model_serves_concurrent_requests_with_state_slots(tmp_path: Path
     with live_server(args) as server, server.client() as client:
         model = client.get("/v1/models").json()["data"][0]["id"]
 
-        def ask(prompt: str) -> str:
-            body = {
-                "model": model,
-                "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": MAX_TOKENS,
-                "temperature": 0,
-            }
+        def chat(messages: list[dict[str, str]]) -> dict[str, Any]:
+            body = {"model": model, "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0}
             reply = client.post("/v1/chat/completions", json=body)
             assert reply.status_code == 200, reply.text
-            return reply.json()["choices"][0]["message"]["content"]
+            return reply.json()
+
+        def ask(prompt: str) -> str:
+            return chat([{"role": "user", "content": prompt}])["choices"][0]["message"]["content"]
 
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
             answers = dict(zip(PROMPTS, pool.map(ask, PROMPTS), strict=True))
@@ -87,3 +87,18 @@ def test_hybrid_model_serves_concurrent_requests_with_state_slots(tmp_path: Path
         assert metrics["localchat_state_checkpoints_total"] == 8
         log = server.log()
         assert re.search(r"State cache: 2 slots \(max_num_seqs 2\) \+ 8 prefix checkpoints", log), log[-2000:]
+
+        # A second turn: the first turn's prompt (longer than a block) is a prefix of it.
+        first = " ".join(PROMPTS)
+        answer = ask(first)
+        turns = [
+            {"role": "user", "content": first},
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "And then?"},
+        ]
+        second = chat(turns)
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in turns)
+        want = _expected(tok, hf, "", text + "<|im_start|>assistant\n")
+        assert second["choices"][0]["message"]["content"] == tok.decode(want, skip_special_tokens=True)
+        assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16
+        assert server.metrics()["localchat_state_checkpoint_restores_total"] >= 1
