@@ -30,6 +30,7 @@ all), so every copied slot holds the K/V of the same token, the same picture's s
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -368,12 +369,15 @@ def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
 
 
 def _pictures(request: Request, start: int, end: int) -> tuple[Picture, ...]:
-    """The request's pictures with a placeholder in positions [start, end)."""
-    return tuple(
-        (image.content_hash, image.placeholders)
-        for image in request.images
-        if any(start <= pos < end for pos in image.placeholders)
-    )
+    """The request's pictures with a placeholder in positions [start, end). Placeholders are in prompt
+    order (found scanning the prompt), so a bisection finds the first at or after `start`."""
+    out: list[Picture] = []
+    for image in request.images:
+        places = image.placeholders
+        i = bisect_left(places, start)
+        if i < len(places) and places[i] < end:
+            out.append((image.content_hash, places))
+    return tuple(out)
 
 
 def _picture_cut(start: int, k: int, mine: tuple[Picture, ...], theirs: tuple[Picture, ...]) -> int:
@@ -386,7 +390,7 @@ def _picture_cut(start: int, k: int, mine: tuple[Picture, ...], theirs: tuple[Pi
         end = start + k
         cut = end
         for picture in pictures:
-            first, last = min(picture[1]), max(picture[1])
+            first, last = picture[1][0], picture[1][-1]  # placeholders are in prompt order
             if picture not in shared:
                 # Not the same picture at the same positions on both sides: none of its rows is copied
                 # (one that began before `start` leaves nothing to copy).
