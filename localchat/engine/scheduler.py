@@ -98,10 +98,10 @@ class Scheduler:
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             if chunk:
                 num_new = min(num_new, chunk)
-            num_new = self._whole_pictures(request, request.num_computed_tokens, num_new)
             if self.checkpoints is not None:  # (a preempted request recomputing its prompt)
                 start = request.num_computed_tokens
                 num_new = prompt_checkpoint_cut(request, start, num_new, self.block_size)
+            num_new = self._whole_pictures(request, request.num_computed_tokens, num_new)
             drafts = proposals.get(request.req_id, [])[: max(0, budget - 1)] if num_new == 1 else []
             while (
                 new_blocks := self.block_manager.allocate_slots(request, num_new, num_lookahead=len(drafts))
@@ -149,9 +149,9 @@ class Scheduler:
                 num_new = min(num_new, chunk, budget)
             elif num_new > budget and num_scheduled:
                 break  # unchunked prefill: wait for a step it can have to itself
-            num_new = self._whole_pictures(request, num_computed, num_new)
-            if self.checkpoints is not None and not embedding:
+            if self.checkpoints is not None and not embedding:  # a picture's run still goes whole (below)
                 num_new = prompt_checkpoint_cut(request, num_computed, num_new, self.block_size)
+            num_new = self._whole_pictures(request, num_computed, num_new)
             request.num_computed_tokens = num_computed
             # Keep a watermark free for running requests to grow into; a lone request gets everything,
             # so any prompt under max_model_len (<= the pool) is always admitted eventually.
