@@ -1,14 +1,16 @@
-"""Gated DeltaNet's C decode step (csrc/lc_deltanet.h via cpu/deltanet_step.py) against the torch forms it
-replaces (gated_deltanet.py's conv_decode / delta_rule_step and the gated RMSNorm), through the real layer
+"""Gated DeltaNet's C step (csrc/lc_deltanet.h via cpu/deltanet_step.py) against the torch forms it replaces
+(gated_deltanet.py's conv and delta-rule forms and the gated RMSNorm), through the real layer
 (qwen3_next.HybridLayer.linear_attention) on every ISA this CPU runs: the layer's output and the slots'
-conv windows and float32 states after a few decode steps, decode rows alone and beside a prefill row.
+conv windows and float32 states after 3 steps, decode rows alone and beside a 150-token prefill row.
 
 Bounds: float32 agrees up to summation order (the C step sums k^T S and q^T S in another order and takes
 a S inside the product): 1e-4 relative on outputs and states after 3 steps. bfloat16 copies the torch
 path's roundings (conv products, sum and silu; the core before the norm; the normalised value before its
-weight), so values differ only where a float32 sum in another order crosses a rounding boundary: at most
-a few bfloat16 steps after the out projection (rtol 2^-5), the conv windows identical (they hold the
-inputs), the float32 states within 1e-3. A missed decay, beta, gate or window shift is off by whole
+weight), so values differ only where a float32 sum in another order crosses a rounding boundary: after the
+out projection >= 99% within a few bfloat16 steps (rtol 2^-5), every value within 2^-6 of the output's
+largest (a few values near zero after cancellation), the conv windows identical (they hold the inputs),
+the float32 states within 1e-3. Prefill rows: the C step runs the exact recurrence where the torch form
+solves each 64-token chunk's triangular system, within the same bounds. A missed decay, beta, gate or window shift is off by whole
 units."""
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from localchat.weights.config import ModelConfig
 
 ISAS = kernels.runnable_isas()
 pytestmark = pytest.mark.skipif(
-    not ISAS or not hasattr(library.library(), "lc_deltanet_decode"),
-    reason="localchat's CPU kernels are not built (or built before lc_deltanet_decode)",
+    not ISAS or not hasattr(library.library(), "lc_deltanet_step"),
+    reason="localchat's CPU kernels are not built (or built before lc_deltanet_step)",
 )
 
 # (key heads, value heads, key dim, value dim): Qwen3.5-2B's (16, 16, 128, 128) and a grouped tiny one
@@ -94,8 +96,11 @@ def assert_close(ours: torch.Tensor, ref: torch.Tensor, bf16: bool, state: bool 
         torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
     elif state:
         torch.testing.assert_close(ours, ref, rtol=1e-3, atol=1e-3)
-    else:
-        torch.testing.assert_close(ours.float(), ref.float(), rtol=2**-5, atol=2e-3)
+    else:  # >= 99% within a few bfloat16 steps of themselves, the rest within 2^-6 of the output's scale
+        a, b = ours.float(), ref.float()
+        near = ((a - b).abs() <= 2e-3 + 2**-5 * b.abs()).float().mean().item()
+        assert near >= 0.99, f"only {near:.1%} of values close"
+        assert (a - b).abs().max().item() <= 2**-6 * b.abs().max().item()
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -111,9 +116,11 @@ def test_decode_step_matches_torch_forms(
 ) -> None:
     layer = make_layer(*shape, dtype)
     cache = states(layer, dtype)
-    prefill = (0, 5, 1) if with_prefill else None  # a 5-token row in slot 1 before the decode rows
+    # a 150-token row in slot 1 before the decode rows: 3 of the chunked form's chunks, 2 of the C step's
+    # 128-token passes
+    prefill = (0, 150, 1) if with_prefill else None
     rows = rows_of([3, 0, 4], prefill)
-    tokens = 3 + (5 if with_prefill else 0)
+    tokens = 3 + (150 if with_prefill else 0)
     gen = torch.Generator().manual_seed(2)
     xs = [torch.randn(tokens, 128, generator=gen).to(dtype) for _ in range(3)]
     ref_cache = clone(cache)

@@ -1,8 +1,11 @@
-"""Gated DeltaNet's decode step in one C call (csrc/lc_deltanet.h's lc_deltanet_decode).
+"""Gated DeltaNet's conv, delta rule and gated norm for a whole step in one C call (csrc/lc_deltanet.h's
+lc_deltanet_step), decode and prefill rows alike.
 
-The torch forms (gated_deltanet.py's conv_decode and delta_rule_step, then the gated RMSNorm) take ~30
-small ops a layer and gather, rescale, read and scatter each row's float32 state; the C step updates each
-decode row's conv window and state in place and returns RMSNorm(o) * silu(z), ready for out_proj.
+The torch forms (gated_deltanet.py, then the gated RMSNorm) take ~30 small ops a layer for decode rows
+and gather, rescale, read and scatter each row's float32 state; for prefill rows the chunked form's
+padded copies, triangular solve and small batched matmuls. The C step runs the recurrence token by token
+on each row's conv window and state in place (per head, so a prefill row spreads over the threads) and
+returns RMSNorm(o) * silu(z) for every token, ready for out_proj.
 
 The export is looked up by name rather than through library.SIGNATURES: a build from before it keeps
 the torch forms instead of failing to load.
@@ -16,11 +19,12 @@ from dataclasses import dataclass
 import torch
 
 from localchat.backends.torch.cpu.kernels import Kernels
+from localchat.backends.torch.state_cache import StepRows
 from localchat.kernels import library
 
 _I, _P, _L, _F = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-# as csrc/lc_deltanet.h declares lc_deltanet_decode
-ARGTYPES = [_I, _P, _L, _I, _L, _P, _P, _I, _L, _L, _L, _P, _P, _L, _L, _L, _L, _P, _P, _P, _F, _P, _I]
+# as csrc/lc_deltanet.h declares lc_deltanet_step
+ARGTYPES = [_I, _P, _L, _I, _L, _P, _P, _P, _I, _L, _L, _L, _P, _P, _L, _L, _L, _L, _P, _P, _P, _F, _P, _I]
 MAX_HEAD_DIM = 512  # the kernel's stack buffers
 
 
@@ -52,14 +56,14 @@ class DeltaNetParams:
 
 
 def _function(ops: Kernels) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    fn = getattr(ops.lib, "lc_deltanet_decode", None)
+    fn = getattr(ops.lib, "lc_deltanet_step", None)
     if fn is not None and fn.argtypes is None:
         fn.argtypes, fn.restype = ARGTYPES, _I
     return fn
 
 
 def available(ops: Kernels | None, y: torch.Tensor, conv_state: torch.Tensor, value_dim: int) -> bool:
-    """Whether the C step takes this layer's decode rows: the kernels loaded (with the export), CPU
+    """Whether the C step takes this layer's rows: the kernels loaded (with the export), CPU
     float32 or bfloat16 activations and conv windows, head sizes within the kernel's buffers."""
     return (
         ops is not None
@@ -70,10 +74,25 @@ def available(ops: Kernels | None, y: torch.Tensor, conv_state: torch.Tensor, va
     )
 
 
-def deltanet_decode(
+def spans_of(rows: StepRows, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(starts int64 [R + 1], slots int64 [R]) of a step's rows in token order, from its StepRows (the
+    model passes the batch's own query_start_loc and slots instead, made once per step)."""
+    found = [(start, end, slot) for start, end, slot in rows.prefills]
+    if rows.decode_tokens is not None and rows.decode_slots is not None:
+        found += [
+            (t, t + 1, s)
+            for t, s in zip(rows.decode_tokens.tolist(), rows.decode_slots.tolist(), strict=True)
+        ]
+    found.sort()
+    assert found and found[-1][1] == tokens, "the rows cover the step's tokens"
+    starts = torch.tensor([0] + [end for _, end, _ in found], dtype=torch.int64)
+    return starts, torch.tensor([slot for _, _, slot in found], dtype=torch.int64)
+
+
+def deltanet_step(
     ops: Kernels,
     y: torch.Tensor,
-    slots: torch.Tensor,
+    spans: tuple[torch.Tensor, torch.Tensor],
     conv_state: torch.Tensor,
     rec_state: torch.Tensor,
     params: DeltaNetParams,
@@ -81,22 +100,25 @@ def deltanet_decode(
     value_dim: int,
     eps: float,
 ) -> torch.Tensor:
-    """y [D, in_proj rows] (one token per row; rows may be strided) with the rows' state slots int64 [D]
-    -> RMSNorm(o) * silu(z) [D, value_heads * value_dim] in y's dtype; the slots' conv windows
-    [slots, C, K - 1] and float32 states [slots, H, dk, dv] are updated in place."""
+    """y [T, in_proj rows] (rows may be strided), spans = (starts int64 [R + 1], slots int64 [R]): row r's
+    tokens starts[r] .. starts[r + 1] continue the state in slots[r] -> RMSNorm(o) * silu(z)
+    [T, value_heads * value_dim] in y's dtype; the slots' conv windows [slots, C, K - 1] and float32
+    states [slots, H, dk, dv] are updated in place."""
     fn = _function(ops)
     assert fn is not None, "checked by available()"
     if y.stride(1) != 1:
         y = y.contiguous()
-    rows = y.shape[0]
+    starts, slots = spans
+    tokens = y.shape[0]
     channels, width = conv_state.shape[1], conv_state.shape[2]
     bf16 = int(y.dtype == torch.bfloat16)
-    out = torch.empty(rows, value_heads * value_dim, dtype=y.dtype)
+    out = torch.empty(tokens, value_heads * value_dim, dtype=y.dtype)
     rc = fn(
-        ops.isa, y.data_ptr(), y.stride(0), bf16, rows, slots.data_ptr(), conv_state.data_ptr(),
-        int(conv_state.dtype == torch.bfloat16), conv_state.shape[0], channels, width, params.conv.data_ptr(),
-        rec_state.data_ptr(), params.k_heads, value_heads, params.key_dim, value_dim, params.neg_a.data_ptr(),
-        params.dt_bias.data_ptr(), params.norm.data_ptr(), eps, out.data_ptr(), torch.get_num_threads(),
+        ops.isa, y.data_ptr(), y.stride(0), bf16, slots.numel(), starts.data_ptr(), slots.data_ptr(),
+        conv_state.data_ptr(), int(conv_state.dtype == torch.bfloat16), conv_state.shape[0], channels, width,
+        params.conv.data_ptr(), rec_state.data_ptr(), params.k_heads, value_heads, params.key_dim, value_dim,
+        params.neg_a.data_ptr(), params.dt_bias.data_ptr(), params.norm.data_ptr(), eps, out.data_ptr(),
+        torch.get_num_threads(),
     )  # fmt: skip
     if rc:
         library.check(rc, f"The CPU Gated DeltaNet step rejected y {tuple(y.shape)} (internal error).")

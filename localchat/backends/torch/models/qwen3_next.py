@@ -120,39 +120,35 @@ class HybridLayer(PartialSums):
         gated = attn * torch.sigmoid(q_gate[..., d:])
         return linear(gated.reshape(tokens, h * d), self.o)
 
-    def linear_attention(self, x: torch.Tensor, rows: StepRows, cache: StateCache, slot: int) -> torch.Tensor:
-        """x [T, hidden] normed -> [T, hidden], reading and updating layer `slot`'s states in `cache`."""
-        tokens = x.shape[0]
+    def linear_attention(
+        self,
+        x: torch.Tensor,
+        rows: StepRows,
+        cache: StateCache,
+        slot: int,
+        spans: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """x [T, hidden] normed -> [T, hidden], reading and updating layer `slot`'s states in `cache`.
+        `spans`: the rows as (starts [R + 1], slots [R]) for the C step (made from `rows` if not given)."""
         nv, dv = self.v_heads, self.dv
         y = linear(x, self.in_proj)
         conv_state, rec_state = cache.conv[slot], cache.recurrent[slot]
-        idx, slots = rows.decode_tokens, rows.decode_slots
         ops = fused_kernels(y)
-        if (
-            idx is not None
-            and slots is not None
-            and not use_triton_recurrent(x.device)
-            and deltanet_step.available(ops, y, conv_state, dv)
-        ):
-            # One C call for the decode rows (conv, delta rule, gated norm), in place on their slots.
+        if not use_triton_recurrent(x.device) and deltanet_step.available(ops, y, conv_state, dv):
+            # One C call for every row (conv, delta rule, gated norm), in place on their slots.
             assert ops is not None
             if self._dn_params is None:
                 self._dn_params = deltanet_step.DeltaNetParams.of(
                     self.conv[:, 0, :], self.A_log, self.dt_bias, self.gated_norm, self.k_heads, self.dk
                 )
-            if not rows.prefills:  # every row is a decode row, in order
-                gated = deltanet_step.deltanet_decode(
-                    ops, y, slots, conv_state, rec_state, self._dn_params, nv, dv, self.eps
-                )
-                return linear(gated, self.out)
-            gated = torch.empty(tokens, nv * dv, dtype=x.dtype, device=x.device)
-            gated[idx] = deltanet_step.deltanet_decode(
-                ops, y.index_select(0, idx), slots, conv_state, rec_state, self._dn_params, nv, dv, self.eps
+            if spans is None:
+                spans = deltanet_step.spans_of(rows, x.shape[0])
+            gated = deltanet_step.deltanet_step(
+                ops, y, spans, conv_state, rec_state, self._dn_params, nv, dv, self.eps
             )
-            self._torch_rows(y, rows, conv_state, rec_state, gated, decode=False)
         else:
-            gated = torch.empty(tokens, nv * dv, dtype=x.dtype, device=x.device)
-            self._torch_rows(y, rows, conv_state, rec_state, gated, decode=True)
+            gated = torch.empty(x.shape[0], nv * dv, dtype=x.dtype, device=x.device)
+            self._torch_rows(y, rows, conv_state, rec_state, gated)
         return linear(gated, self.out)
 
     def _torch_rows(
@@ -162,10 +158,9 @@ class HybridLayer(PartialSums):
         conv_state: torch.Tensor,
         rec_state: torch.Tensor,
         gated: torch.Tensor,
-        decode: bool,
     ) -> None:
-        """The torch forms (and Triton's decode kernels on CUDA): the prefill rows, and the decode rows if
-        `decode`, from the in_proj output y, written into gated [T, nv * dv] as RMSNorm(o) * silu(z)."""
+        """The torch forms (and Triton's decode kernels on CUDA), from the in_proj output y, written into
+        gated [T, nv * dv] as RMSNorm(o) * silu(z)."""
         nk, nv, dk, dv = self.k_heads, self.v_heads, self.dk, self.dv
         c = self.conv_channels
         mixed, z = y[:, :c], y[:, c : c + nv * dv]
@@ -191,7 +186,7 @@ class HybridLayer(PartialSums):
             return (normed.float() * F.silu(z_rows.float().view(n, nv, dv))).to(y.dtype).reshape(n, nv * dv)
 
         idx, slots = rows.decode_tokens, rows.decode_slots
-        if decode and idx is not None:
+        if idx is not None:
             assert slots is not None
             if use_triton_recurrent(y.device):
                 # imports Triton: CUDA (or its interpreter)
@@ -235,6 +230,8 @@ class Model(DecoderLM):
         self.num_kv_layers = len(types) - len(self.linear_layers)
         self.states: StateCache | None = None
         self.rows: StepRows | None = None
+        self.spans: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.spans_tokens = 0
 
     @property
     def hybrid_layers(self) -> list[HybridLayer]:
@@ -282,6 +279,11 @@ class Model(DecoderLM):
                     self._state_shapes(), len(slots), self.norm.dtype, partial(_device_zeros, device)
                 )
         self.rows = StepRows.from_batch(slots, query_start_loc, positions, device)
+        # the C step's form of the rows (cpu/deltanet_step.py): token offsets and slots of the rows with tokens
+        has_tokens = np.diff(query_start_loc) > 0
+        starts = np.concatenate(([0], np.asarray(query_start_loc[1:])[has_tokens])).astype(np.int64)
+        self.spans = (torch.from_numpy(starts), torch.from_numpy(np.ascontiguousarray(slots[has_tokens], dtype=np.int64)))
+        self.spans_tokens = int(starts[-1])
         assert self.states is not None
         self.rows.reset(self.states)
 
@@ -299,11 +301,12 @@ class Model(DecoderLM):
             x = x.index_copy(0, rows, values.to(x.dtype))
         cos, sin = self.rotary(positions, x.dtype)
         kv_index = state_index = 0
+        spans = self.spans if self.spans_tokens == x.shape[0] else None  # else made from the rows
         for layer in self.hybrid_layers:
             normed = rms_norm(x, layer.attn_norm, layer.eps)
             # DeltaNet's out_proj, attention's o and the MLP's down are row-parallel: one sum each.
             if layer.linear:
-                out = layer.linear_attention(normed, self.rows, self.states, state_index)
+                out = layer.linear_attention(normed, self.rows, self.states, state_index, spans)
                 state_index += 1
             else:
                 out = layer.attention(normed, cos, sin, meta, kv_caches[kv_index])
