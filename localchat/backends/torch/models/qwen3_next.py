@@ -282,7 +282,10 @@ class Model(DecoderLM):
         # the C step's form of the rows (cpu/deltanet_step.py): token offsets and slots of the rows with tokens
         has_tokens = np.diff(query_start_loc) > 0
         starts = np.concatenate(([0], np.asarray(query_start_loc[1:])[has_tokens])).astype(np.int64)
-        self.spans = (torch.from_numpy(starts), torch.from_numpy(np.ascontiguousarray(slots[has_tokens], dtype=np.int64)))
+        self.spans = (
+            torch.from_numpy(starts),
+            torch.from_numpy(np.ascontiguousarray(slots[has_tokens], dtype=np.int64)),
+        )
         self.spans_tokens = int(starts[-1])
         assert self.states is not None
         self.rows.reset(self.states)
