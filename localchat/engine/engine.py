@@ -32,8 +32,7 @@ from localchat.engine.request import FinishReason, ImageInput, Request
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.scheduler import Scheduler
 from localchat.engine.speculative import Proposer, accept_drafts, average_draft_length, record_outcome
-from localchat.engine.state_checkpoints import StateCheckpoints
-from localchat.engine.state_checkpoints import checkpoint_stats as _checkpoint_stats
+from localchat.engine.state_checkpoints import checkpoint_stats
 from localchat.engine.state_slots import StateSlotPool, plan_state_slots, start_state_pool
 from localchat.errors import ContextLengthExceededError, InvalidRequestError
 
@@ -118,9 +117,8 @@ class LLMEngine:
         # keep_tails: a finished request's partly filled last block stays a partial-reuse source.
         self.block_manager = BlockManager(num_blocks, config.block_size, prefix_caching, keep_tails=True)
         self.scheduler = Scheduler(config, self.block_manager, self.state_pool)
-        if num_checkpoints:
-            cached = self.block_manager.cached_blocks
-            self.scheduler.checkpoints = StateCheckpoints(num_slots, num_checkpoints, cached.__contains__)
+        if num_checkpoints:  # state rows [num_slots, num_slots + num_checkpoints)
+            self.scheduler.start_checkpoints(num_slots, num_checkpoints)
         capacity = (num_blocks - 1) * config.block_size
         self.max_model_len = min(wanted, capacity)
         if self.max_model_len < wanted:
@@ -487,7 +485,7 @@ class LLMEngine:
             state_slots_total=self.state_pool.num_slots if self.state_pool is not None else 0,
             state_bytes_per_slot=self.state_bytes_per_slot,
             prefix_caching_enabled=self.block_manager.enable_prefix_caching,
-            **_checkpoint_stats(self.scheduler.checkpoints),
+            **checkpoint_stats(self.scheduler.checkpoints),
             max_num_seqs=self.config.max_num_seqs,
             speculative_method=self.config.speculative.method if self.scheduler.speculate else "off",
             spec_draft_tokens_total=self.spec_draft_tokens,

@@ -24,7 +24,7 @@ from localchat.engine.config import EngineConfig
 from localchat.engine.hybrid_prefix import finish_checkpoint, prompt_checkpoint_cut, save_checkpoint
 from localchat.engine.interface import CachedRequestData, NewRequestData, SchedulerOutput
 from localchat.engine.request import FinishReason, Request, RequestStatus
-from localchat.engine.speculative import NgramProposer, Proposer, draft_length
+from localchat.engine.speculative import NgramProposer, Proposer, draft_length, propose_safely
 from localchat.engine.state_checkpoints import StateCheckpoints
 from localchat.engine.state_slots import StateSlotPool
 from localchat.vision.picture_runs import whole_picture_end
@@ -207,6 +207,11 @@ class Scheduler:
             if self.running[i].req_id not in self.in_flight
         )
 
+    def start_checkpoints(self, first_slot: int, count: int) -> None:
+        """Hybrid prefix caching: `count` checkpoint rows of the state pool from `first_slot` on."""
+        cached = self.block_manager.cached_blocks
+        self.checkpoints = StateCheckpoints(first_slot, count, cached.__contains__)
+
     def _state_copies(self, step_runs: bool) -> list[tuple[int, int]]:
         # An empty step never runs: its copies wait for the next one (a save at a request's end).
         return self.checkpoints.end_step() if self.checkpoints is not None and step_runs else []
@@ -244,7 +249,7 @@ class Scheduler:
             )
             if k > 0:
                 wanted.append((request, k))
-        return self.proposer.propose(wanted, set(self.requests)) if wanted else {}
+        return propose_safely(self.proposer, wanted, set(self.requests)) if wanted else {}
 
     def _watermark(self) -> int:
         return int(self.block_manager.num_usable_blocks * self.config.watermark_fraction)
