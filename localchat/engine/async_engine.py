@@ -10,10 +10,8 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
-from localchat.engine import handoff
 from localchat.engine.engine import LLMEngine
 from localchat.engine.outputs import EngineStats, RequestOutput
 from localchat.engine.request import FinishReason, ImageInput
@@ -80,9 +78,6 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._stats = engine.stats()
         self._stats_at = time.monotonic()
-        # Runners that call handoff.flush() before each step's compute (the torch runner) get a step's
-        # outputs delivered then (handoff.py says why); others, and pipelined steps, deliver at once.
-        self._defer = bool(getattr(engine.runner, "flushes_handoff", False)) and engine.in_flight is None
 
     @property
     def max_model_len(self) -> int:
@@ -185,8 +180,6 @@ class AsyncEngine:
         worked = False  # since the engine last went idle
         while True:
             block = not self.engine.has_unfinished
-            if block:
-                handoff.flush()  # no step to deliver them before
             if block and worked:
                 # NOTE: the C heap keeps the freed temporaries of every batch shape served; handing them
                 # back each time the engine goes idle keeps a long-running server's RSS flat.
@@ -197,7 +190,6 @@ class AsyncEngine:
                 while True:
                     command = self._inbox.get(block=block)
                     block = False
-                    handoff.flush()  # a command's own output (abort) must come after the deferred ones
                     handled = True
                     if command is None:
                         self._fail_all("The server shut down.")
@@ -207,7 +199,7 @@ class AsyncEngine:
                 pass
             worked = worked or self.engine.has_unfinished
             try:
-                outputs = self.engine.step()  # the runner delivers the last step's outputs inside
+                outputs = self.engine.step()
             except Exception:  # a bug must cost the requests in flight, never the engine thread
                 if (failure := self.failure) is not None:  # logged where it was found
                     self._fail_all(failure)
@@ -215,15 +207,11 @@ class AsyncEngine:
                     log.exception("engine step failed")
                     self._fail_all("Internal engine error; the request was stopped.")
                 outputs = []
-            handoff.flush()  # a step that computed nothing (or failed) delivers the last one's now, in order
             # Stats first: a caller woken by its last output must already see the blocks it freed.
             now = time.monotonic()
             if handled or now - self._stats_at >= STATS_REFRESH_S or any(o.finished for o in outputs):
                 self._stats, self._stats_at = self.engine.stats(), now
-            if outputs and self._defer and self.engine.has_unfinished:
-                handoff.defer(partial(self._deliver_step, outputs))
-            else:
-                self._deliver_step(outputs)
+            self._deliver_step(outputs)
 
     def _handle(self, command: _Add | _Abort) -> None:
         if isinstance(command, _Abort):
@@ -282,7 +270,6 @@ class AsyncEngine:
             log.debug("sink for %s failed", output.req_id, exc_info=True)
 
     def _fail_all(self, message: str) -> None:
-        handoff.flush()
         for req_id in list(self.engine.scheduler.requests):
             output = self.engine.abort_request(req_id)
             if output is not None:

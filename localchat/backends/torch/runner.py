@@ -62,7 +62,6 @@ from localchat.backends.torch.quant import pick_policy
 from localchat.backends.torch.sampler import SampleResult, new_generator, sample
 from localchat.backends.torch.vision.images import ImageEmbedder, load_image_embedder
 from localchat.backends.torch.weights import load_decoder
-from localchat.engine import handoff
 from localchat.engine.interface import (
     BatchInputs,
     KVCacheSpec,
@@ -96,10 +95,6 @@ class _Step:
 
 
 class TorchRunner:
-    # Each step's compute starts with handoff.flush(): the async engine delivers the previous step's
-    # outputs then, while this thread leaves the GIL to the HTTP thread (engine/handoff.py).
-    flushes_handoff = True
-
     def __init__(self, model: ModelBundle, options: RunnerOptions) -> None:
         self.device = pick_device(options.device)
         if self.device.type == "cpu" or options.num_threads:
@@ -317,7 +312,6 @@ class TorchRunner:
         # EAGLE-3 (HiddenTaps): no graph; decode-only steps stay fused and copy out the head's inputs.
         taps = self.hidden_taps if plain else None
         if self.graphs is not None and taps is None and not pooled and plain and self.graphs.can_run(batch):
-            handoff.flush()
             return self.graphs.run(batch)
         step = self._prepare(batch)
         if (begin_step := getattr(self.model, "begin_step", None)) is not None:  # hybrid: bind state slots
@@ -326,12 +320,6 @@ class TorchRunner:
         if batch.image_slices:
             assert self.images is not None, "image input reached a model without a vision tower"
             hooked.image_embeds = self.images.step_embeds(batch.image_slices)
-        # The last step's outputs go out as the model's compute begins (engine/handoff.py): right before
-        # the fused C step where the model has one (decode_step.py flushes there; the per-layer path
-        # in models/base.py), here otherwise.
-        decode_plan = getattr(self.model, "decode_plan", None)
-        if decode_plan is None or decode_plan() is None:
-            handoff.flush()
         try:
             with self._matmul_backend(batch.num_tokens):
                 if taps is not None:
@@ -345,7 +333,6 @@ class TorchRunner:
         finally:
             if batch.image_slices:
                 hooked.image_embeds = None
-        handoff.flush()  # a model whose own hidden_states skipped both: late, never lost
         if pooled:
             self.pooler.add(batch, hidden, pooled)
         if step.logits_indices is not None:

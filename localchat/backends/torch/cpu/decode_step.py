@@ -44,7 +44,6 @@ from localchat.backends.torch.cpu.kernels import BlockMatrix, Kernels
 from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.quant import DENSE_FROM_ROWS
 from localchat.config import backend_choices, backend_variable
-from localchat.engine import handoff
 from localchat.errors import BackendUnavailableError
 from localchat.kernels import library as c_library
 from localchat.kernels import step as c_step
@@ -146,9 +145,6 @@ class FusedDecode:
         args.block_size = meta.block_size
         args.precise = int(self.ops.precise)
         args.nth = torch.get_num_threads()
-        # The last step's outputs go to their callers now: the call below leaves the GIL to the HTTP
-        # thread for its whole length (engine/handoff.py).
-        handoff.flush()
         rc = self.ops.lib.lc_decode_layers(c_step.address(args))
         if rc:
             c_library.check(

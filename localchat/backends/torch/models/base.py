@@ -18,7 +18,6 @@ from localchat.backends.torch.cuda.gpu_attention_meta import TritonAttentionMeta
 from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import Rotary, empty_param, rms_norm
 from localchat.backends.torch.quant import embed_rows, linear
-from localchat.engine import handoff
 from localchat.weights.config import ModelConfig
 
 # The CPU path's metadata, or the Triton kernels' on CUDA: layers pass it through to `paged_attention`.
@@ -83,7 +82,6 @@ class DecoderLM(nn.Module):
         if fused is not None and fused.takes(x, cos, meta, kv_caches):
             assert isinstance(meta, AttentionMetadata)
             return fused.run(x, cos, sin, meta, kv_caches)
-        handoff.flush()  # the last step's outputs, as the compute begins (engine/handoff.py)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x = layer.forward(x, cos, sin, meta, kv_cache)  # .forward: skip hook dispatch
         return x
