@@ -19,12 +19,15 @@ per step for every sequence that may speculate, all at once (a draft model batch
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from localchat.engine.request import Request
 from localchat.errors import InvalidRequestError
+
+log = logging.getLogger(__name__)
 
 SPECULATIVE_METHODS = ("off", "ngram", "draft", "eagle", "auto")  # auto: speculative_auto.py
 # Speculate only while at most this many sequences run. Decode is memory-bound: one step streams every
@@ -153,6 +156,22 @@ class Proposer(Protocol):
         """Up to k draft tokens for each (request, k); requests left out get none. `live`: the ids of
         every request the engine holds (a stateful proposer frees what the others left behind)."""
         ...
+
+
+def propose_safely(
+    proposer: Proposer, wanted: list[tuple[Request, int]], live: set[str]
+) -> dict[str, list[int]]:
+    """The proposer's drafts, or none when it raises: a proposer that fails (a draft model's or an
+    EAGLE head's pass on a lost device) costs the step its drafts and never the engine (proposing runs
+    inside scheduling, outside the step's error handling). The draft model also cleans up its own pool
+    (engine/draft_model.py)."""
+    try:
+        return proposer.propose(wanted, live)
+    except Exception:
+        log.exception("proposing draft tokens failed; this step decodes without drafts")
+        for request, _ in wanted:
+            request.spec_draft_probs = None
+        return {}
 
 
 class NgramProposer:

@@ -1,7 +1,8 @@
 """The draft model's pool when something fails (engine/draft_model.py): a draft pass that raises costs
 that step its drafts (the engine goes on, outputs equal plain decoding's), leaves no block named whose
 K/V it never wrote and no shadow holding blocks; a failed target step with drafts in it, and an abort
-mid-speculation, free the request's shadow and its draft blocks. Tiny random torch target and draft
+mid-speculation, free the request's shadow and its draft blocks; any proposer that raises (an EAGLE
+head's, say) costs the step its drafts, never the engine. Tiny random torch target and draft
 (tests/helpers/draft_models.py)."""
 
 from __future__ import annotations
@@ -126,3 +127,30 @@ def test_an_abort_mid_speculation_frees_the_shadow(pair: tuple[ModelBundle, Mode
     ]
     assert tokens and keep not in engine.scheduler.requests
     assert_pool_idle(engine)
+
+
+def test_a_proposer_that_raises_costs_the_step_its_drafts(
+    pair: tuple[ModelBundle, ModelBundle], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proposing runs inside scheduling, outside the step's error handling: an error there used to end
+    the engine's step (and its thread). The proposer's whole call failing twice."""
+    torch.set_num_threads(1)
+    target, draft = pair
+    engine = draft_engine(target, draft)
+    proposer = engine.scheduler.proposer
+    real = proposer.propose
+    calls = [0]
+
+    def flaky(wanted: list[Any], live: set[str]) -> dict[str, list[int]]:
+        calls[0] += 1
+        if calls[0] in (2, 3):
+            raise RuntimeError("head device lost")
+        return real(wanted, live)
+
+    monkeypatch.setattr(proposer, "propose", flaky)
+    batch = prompts()[:2]
+    outs = run(engine, batch, [GREEDY] * 2)
+    assert calls[0] > 3 and engine.spec_draft_tokens > 0
+    assert [summary(o) for o in outs] == [
+        summary(o) for o in run(draft_engine(target, None), batch, [GREEDY] * 2)
+    ]
