@@ -219,13 +219,6 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int ty
         if (h == 0 && !xc) LC_FN(x16h_ahead)(u, 0, ub / 8);
         if (type == LC_Q4_K || type == LC_Q5_K) {
             __m256 mn = LC_FN(h8)(u + 32 + 16 * h);
-            /* scales (16 j + c) and mins (128 + 16 j + c) as bytes: Q5_K's are, Q4_K's unpacked */
-            uint8_t scm[256];
-            const uint8_t *sm = u + 64;
-            if (type == LC_Q4_K) {
-                lc_x16_q4k_scales(u + LC_X16_AT(lc_x16_q4_k, sm), scm);
-                sm = scm;
-            }
             for (int j = 0; j < 8; j++) {
                 int64_t s = 8 * s8 + j;
                 if (h == 0 && !xc && j < 7) LC_FN(x16h_ahead)(u, (j + 1) * ub / 8, (j + 2) * ub / 8);
@@ -233,13 +226,13 @@ static inline __attribute__((always_inline)) void LC_FN(x16h_panel)(const int ty
                 if (xc) {
                     LC_FN(x16h_expanded)(mr, 8, type == LC_Q5_K ? 4 : 8, xc, h, x.xq, k, 32 * s, a32);
                 } else if (type == LC_Q4_K) {
-                    LC_FN(x16h_nibbles)(mr, u + LC_X16_Q4_Q(j), h, x.xq, k, 32 * s, a16);
+                    LC_FN(x16h_nibbles)(mr, u + 320 + 256 * j, h, x.xq, k, 32 * s, a16);
                     for (int i = 0; i < mr; i++) a32[i] = _mm256_madd_epi16(a16[i], ones);
                 } else {
                     LC_FN(x16h_fives)(mr, u + LC_X16_Q5_QL(j), u + LC_X16_Q5_QH(j), h, x.xq, k, 32 * s, a32);
                 }
-                __m256 sv = _mm256_mul_ps(dv, LC_FN(u8f8)(sm + 16 * j + 8 * h));
-                __m256 mv = _mm256_mul_ps(mn, LC_FN(u8f8)(sm + 128 + 16 * j + 8 * h)); /* subtracted */
+                __m256 sv = _mm256_mul_ps(dv, LC_FN(u8f8)(u + 64 + 16 * j + 8 * h));
+                __m256 mv = _mm256_mul_ps(mn, LC_FN(u8f8)(u + 192 + 16 * j + 8 * h)); /* subtracted */
                 for (int i = 0; i < mr; i++) {
                     __m256 f = _mm256_mul_ps(sv, _mm256_set1_ps(x.dx32[i * k32 + s]));
                     out[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a32[i]), f, out[i]);

@@ -247,22 +247,10 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
         __m512 dv[2], mn[2];
         for (int pp = 0; pp < np; pp++) dv[pp] = LC_FN(h16)(u + pp * pb);
         if (type == LC_Q4_K || type == LC_Q5_K) {
-            const int q5 = type == LC_Q5_K;
-            /* each panel's scales (16 j + c) and mins (128 + 16 j + c) as bytes: Q5_K's are, Q4_K's unpacked */
-            uint8_t scm[2][256];
-            const uint8_t *sm[2];
-            for (int pp = 0; pp < np; pp++) {
-                mn[pp] = LC_FN(h16)(u + pp * pb + 32);
-                if (q5) {
-                    sm[pp] = u + pp * pb + 64;
-                } else {
-                    lc_x16_q4k_scales(u + pp * pb + LC_X16_AT(lc_x16_q4_k, sm), scm[pp]);
-                    sm[pp] = scm[pp];
-                }
-            }
+            const int q5 = type == LC_Q5_K, chunk = q5 ? 320 : 256; /* bytes per 32 values: LC_X16_Q5_QL's stride */
+            for (int pp = 0; pp < np; pp++) mn[pp] = LC_FN(h16)(u + pp * pb + 32);
             for (int j = 0; j < 8; j++) {
-                const uint8_t *q = u + (q5 ? LC_X16_Q5_QL(j) : LC_X16_Q4_Q(j));
-                const int chunk = q5 ? 320 : 256; /* bytes of codes per 32 values */
+                const uint8_t *q = u + 320 + chunk * j;
                 for (int pp = 0; pp < np && !xc; pp++)
                     for (int l = 0; l < chunk; l += 64) _mm_prefetch((const char *)(q + pp * pb + LC_PF + l), _MM_HINT_T0);
                 int64_t s = 8 * s8 + j;
@@ -270,8 +258,8 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
                 if (xc) LC_FN(x16_expanded)(mr, np, 8, xc, x.xq, k, 32 * s, c);
                 else LC_FN(x16_nibbles)(mr, np, q, pb, q5 ? u + LC_X16_Q5_QH(j) : NULL, x.xq, k, 32 * s, c);
                 for (int pp = 0; pp < np; pp++) {
-                    sv[pp] = _mm512_mul_ps(dv[pp], LC_FN(u8f)(sm[pp] + 16 * j));
-                    mv[pp] = _mm512_mul_ps(mn[pp], LC_FN(u8f)(sm[pp] + 128 + 16 * j)); /* subtracted */
+                    sv[pp] = _mm512_mul_ps(dv[pp], LC_FN(u8f)(u + pp * pb + 64 + 16 * j));
+                    mv[pp] = _mm512_mul_ps(mn[pp], LC_FN(u8f)(u + pp * pb + 192 + 16 * j)); /* subtracted */
                 }
                 LC_FN(x16_scale)(mr, np, !q5 && !xc, c, sv, x.dx32 + s, k32, out);
                 for (int i = 0; i < mr; i++) {

@@ -4,8 +4,8 @@ In GGUF form a row's 32 codes are contiguous, so a many-row step had to decode a
 of weights on every call before its integer dot products (that fixed cost was most of a 16-sequence
 step). Repacked once at load, a 64-byte load holds 4 consecutive codes of 16 rows: one vpdpbusd against
 4 broadcast activation bytes adds into 16 outputs, for one activation row (decode) or many (batches),
-with no transposes, no horizontal sums, and the same bytes per weight as the file (Q3_K, Q5_K: 4 more per
-256 values, their scales spread to bytes). Integer codes and scales are copied exactly,
+with no transposes, no horizontal sums, and the same bytes per weight as the file (Q4_K: 148 per 256
+values instead of 144, its 6-bit scales spread to bytes). Integer codes and scales are copied exactly,
 so results equal the GGUF path's. Rows past the last full panel are zero.
 
 A panel is k / unit consecutive units (unit = 32 values, 256 for the K-quants); unit layouts, with
@@ -21,12 +21,11 @@ column c = weight row p * 16 + c, f16 values, and "nibble codes" = 4 chunks of 6
   Q3_K  d[16] | 8 x (sc[2][16] (i8, per 16 values, minus the file's +32) | 2 chunks of the low 2 bits
         (as Q6_K's high bits: byte 4c + b of chunk h, bits 2g..2g+1 = code[c][16h + 4g + b] & 3) | the
         third bits (byte 4c + b: bit g = code[c][4g + b] >> 2)); codes 0..7, offset -4 x scale     16 * 114
-  Q4_K  d[16] | dmin[16] | sm[12][16] (byte i of the file's 12 bytes of 6-bit scales and mins at 16 i + c,
-        unpacked by lc_x16_q4k_scales) | 8 x nibble codes (one per 32)                     16 * 144
-        (Spreading the scales to bytes, as Q5_K does, cost 148 bytes: one-row decode streams every byte,
-        and unpacking 192 bytes per 2 KiB of codes is a few vector operations.)
-  Q5_K  d[16] | dmin[16] | sc[8][16] | min[8][16] (u8, spread to bytes) | 8 x (nibble codes of 32
-        values | a 64-byte chunk of their fifth bits (byte 4c + b: bit g = code[c][4g + b] >> 4))   16 * 180
+  Q4_K  d[16] | dmin[16] | sc[8][16] | min[8][16] (u8) | 8 x nibble codes (one per 32)     16 * 148
+        (The file's packed 6-bit scales, 144 bytes, unpacked per unit in the kernels, were tried: one-row
+        decode of the real 1.5B Q4_K_M read 1.00-1.02x, many-row Q4_K matmuls 2-4% slower; docs/performance.md.)
+  Q5_K  as Q4_K, with each 32 values' nibble codes followed by a 64-byte chunk of their fifth bits
+        (byte 4c + b: bit g = code[c][4g + b] >> 4)                                        16 * 180
   Q6_K  d[16] | 8 x (sc[2][16] (i8, per 16 values) | nibble codes of the low 4 bits | 2 chunks of
         the high 2 bits (byte 4c + b of chunk h: bits 2g..2g+1 = code[c][16h + 4g + b] >> 4))   16 * 210
         Each 32 values' scales and codes are adjacent, so a unit is read as one forward stream (with
@@ -56,13 +55,13 @@ typedef struct { uint8_t sm[2][16]; lc_x16_chunk q[2]; } lc_x16_q2_32; /* 32 val
 typedef struct { uint16_t d[16], dmin[16]; lc_x16_q2_32 sub[8]; } lc_x16_q2_k;
 typedef struct { int8_t sc[2][16]; lc_x16_chunk ql[2], qh; } lc_x16_q3_32;
 typedef struct { uint16_t d[16]; lc_x16_q3_32 sub[8]; } lc_x16_q3_k;
-typedef struct { uint16_t d[16], dmin[16]; uint8_t sm[12][16]; lc_x16_chunk q[8][4]; } lc_x16_q4_k;
+typedef struct { uint16_t d[16], dmin[16]; uint8_t sc[8][16], min[8][16]; lc_x16_chunk q[8][4]; } lc_x16_q4_k;
 typedef struct { lc_x16_chunk ql[4], qh; } lc_x16_q5_32;
 typedef struct { uint16_t d[16], dmin[16]; uint8_t sc[8][16], min[8][16]; lc_x16_q5_32 sub[8]; } lc_x16_q5_k;
 typedef struct { int8_t sc[2][16]; lc_x16_chunk ql[4], qh[2]; } lc_x16_q6_32;
 typedef struct { uint16_t d[16]; lc_x16_q6_32 sub[8]; } lc_x16_q6_k;
 
-/* The file's bytes per block times 16, except Q3_K and Q5_K (their 6-bit scales spread to bytes). */
+/* The file's bytes per block times 16, except Q3_K, Q4_K and Q5_K (their 6-bit scales spread to bytes). */
 _Static_assert(sizeof(lc_x16_q4_0) == 16 * 18, "Q4_0 unit");
 _Static_assert(sizeof(lc_x16_q4_1) == 16 * 20, "Q4_1 unit");
 _Static_assert(sizeof(lc_x16_q5_0) == 16 * 22, "Q5_0 unit");
@@ -70,7 +69,7 @@ _Static_assert(sizeof(lc_x16_q5_1) == 16 * 24, "Q5_1 unit");
 _Static_assert(sizeof(lc_x16_q8_0) == 16 * 34, "Q8_0 unit");
 _Static_assert(sizeof(lc_x16_q2_k) == 16 * 84, "Q2_K unit");
 _Static_assert(sizeof(lc_x16_q3_k) == 16 * 114, "Q3_K unit: 110 bytes per 256 values in the file");
-_Static_assert(sizeof(lc_x16_q4_k) == 16 * 144, "Q4_K unit");
+_Static_assert(sizeof(lc_x16_q4_k) == 16 * 148, "Q4_K unit: 144 bytes per 256 values in the file");
 _Static_assert(sizeof(lc_x16_q5_k) == 16 * 180, "Q5_K unit: 176 bytes per 256 values in the file");
 _Static_assert(sizeof(lc_x16_q6_k) == 16 * 210, "Q6_K unit");
 
@@ -79,7 +78,6 @@ _Static_assert(sizeof(lc_x16_q6_k) == 16 * 210, "Q6_K unit");
 #define LC_X16_SUB(unit, part, j, field) (LC_X16_AT(unit, sub) + (int64_t)sizeof(part) * (j) + LC_X16_AT(part, field))
 /* Where a 32-value unit's nibble codes start (Q4_0, Q4_1, Q5_0, Q5_1); Q5_0/Q5_1's fifth bits follow them. */
 #define LC_X16_LEGACY_Q(type) ((type) == LC_Q4_1 || (type) == LC_Q5_1 ? LC_X16_AT(lc_x16_q4_1, q) : LC_X16_AT(lc_x16_q4_0, q))
-#define LC_X16_Q4_Q(j) (LC_X16_AT(lc_x16_q4_k, q) + 256 * (j))
 #define LC_X16_Q5_QL(j) LC_X16_SUB(lc_x16_q5_k, lc_x16_q5_32, j, ql)
 #define LC_X16_Q5_QH(j) LC_X16_SUB(lc_x16_q5_k, lc_x16_q5_32, j, qh)
 #define LC_X16_Q2_SM(j) LC_X16_SUB(lc_x16_q2_k, lc_x16_q2_32, j, sm)
@@ -90,19 +88,6 @@ _Static_assert(sizeof(lc_x16_q6_k) == 16 * 210, "Q6_K unit");
 #define LC_X16_Q6_SC(j) LC_X16_SUB(lc_x16_q6_k, lc_x16_q6_32, j, sc)
 #define LC_X16_Q6_QL(j) LC_X16_SUB(lc_x16_q6_k, lc_x16_q6_32, j, ql)
 #define LC_X16_Q6_QH(j) LC_X16_SUB(lc_x16_q6_k, lc_x16_q6_32, j, qh)
-
-/* A Q4_K unit's scales and mins (sm: its 12 x 16 bytes) as bytes: out[16 j + c] = column c's scale of
-   values 32 j.., out[128 + 16 j + c] its min (Q5_K's sc and min rows). The file's packing (lc_scale_min_k4)
-   on 64 bytes at a time: plain C that every ISA's compiler vectorizes. */
-static inline void lc_x16_q4k_scales(const uint8_t *sm, uint8_t *out) {
-    for (int i = 0; i < 64; i++) { /* i = 16 j + c, j < 4 */
-        uint8_t a = sm[i], b = sm[64 + i], c = sm[128 + i];
-        out[i] = a & 63;
-        out[128 + i] = b & 63;
-        out[64 + i] = (uint8_t)((c & 15) | ((a >> 2) & 0x30));
-        out[192 + i] = (uint8_t)((c >> 4) | ((b >> 2) & 0x30));
-    }
-}
 
 static inline int lc_x16_type_ok(int type) {
     return type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q5_0 || type == LC_Q5_1 || type == LC_Q8_0 ||
@@ -215,17 +200,15 @@ static void lc_x16_unit_column(int type, const uint8_t *b, uint8_t *u, int c, ui
     case LC_Q5_0: dec_q5_0_portable(b, codes, ls, mc); return;
     case LC_Q5_1: dec_q5_1_portable(b, codes, ls, mc); return;
     case LC_Q8_0: dec_q8_0_portable(b, codes, ls, mc); return;
-    case LC_Q4_K: /* the file's scale bytes, column by column */
-        for (int i = 0; i < 12; i++) u[LC_X16_AT(lc_x16_q4_k, sm) + 16 * i + c] = b[4 + i];
-        for (int s = 0; s < 8; s++) dec_q4_k_portable(b, s, codes + 32 * s, ls, mc);
-        return;
+    case LC_Q4_K:
     case LC_Q5_K:
         for (int s = 0; s < 8; s++) {
             int sc, m;
             lc_scale_min_k4(s, b + 4, &sc, &m);
             u[64 + 16 * s + c] = (uint8_t)sc;
             u[192 + 16 * s + c] = (uint8_t)m;
-            dec_q5_k_portable(b, s, codes + 32 * s, ls, mc);
+            if (type == LC_Q4_K) dec_q4_k_portable(b, s, codes + 32 * s, ls, mc);
+            else dec_q5_k_portable(b, s, codes + 32 * s, ls, mc);
         }
         return;
     case LC_Q2_K:
@@ -272,7 +255,7 @@ static void lc_x16_pack_panel(int type, const uint8_t *w, int64_t n, int64_t k, 
                 for (int c = 0; c < 16; c++) memcpy(u + 32 + 64 * g + 4 * c, &codes[c][4 * g], 4);
             break;
         case LC_Q4_K:
-            for (int j = 0; j < 8; j++) lc_x16_put_nibbles(u + LC_X16_Q4_Q(j), codes, 32 * j);
+            for (int j = 0; j < 8; j++) lc_x16_put_nibbles(u + 320 + 256 * j, codes, 32 * j);
             break;
         case LC_Q5_K: /* the low 4 bits as nibbles, the fifth bits one per group */
             for (int j = 0; j < 8; j++) {
@@ -337,12 +320,9 @@ static void lc_x16_row(int type, const uint8_t *w, int64_t k, int64_t r, float *
         case LC_Q4_K:
         case LC_Q5_K: {
             float dmin = lc_f16(lc_u16(u + 32 + 2 * c));
-            uint8_t scm[256];
-            if (type == LC_Q4_K) lc_x16_q4k_scales(u + LC_X16_AT(lc_x16_q4_k, sm), scm);
-            else memcpy(scm, u + 64, sizeof(scm)); /* Q5_K's sc and min rows */
             for (int j = 0; j < 8; j++) {
-                float sc = d * (float)scm[16 * j + c], m = dmin * (float)scm[128 + 16 * j + c];
-                lc_x16_get_nibbles(u + (type == LC_Q4_K ? LC_X16_Q4_Q(j) : LC_X16_Q5_QL(j)), c, codes);
+                float sc = d * (float)u[64 + 16 * j + c], m = dmin * (float)u[192 + 16 * j + c];
+                lc_x16_get_nibbles(u + (type == LC_Q4_K ? 320 + 256 * j : LC_X16_Q5_QL(j)), c, codes);
                 if (type == LC_Q5_K) lc_x16_get_bits(u + LC_X16_Q5_QH(j), c, codes, 4);
                 for (int kk = 0; kk < 32; kk++) o[32 * j + kk] = sc * (float)codes[kk] - m;
             }

@@ -97,22 +97,15 @@ static inline __attribute__((always_inline)) void LC_FN(x16n_panel)(const int ty
     for (int64_t s8 = 0; s8 < units256; s8++) {
         const uint8_t *u = p + s8 * ub;
         if (type == LC_Q4_K || type == LC_Q5_K) {
-            /* scales (16 j + c) and mins (128 + 16 j + c) as bytes: Q5_K's are, Q4_K's unpacked */
-            uint8_t scm[256];
-            const uint8_t *sm = u + 64;
-            if (type == LC_Q4_K) {
-                lc_x16_q4k_scales(u + LC_X16_AT(lc_x16_q4_k, sm), scm);
-                sm = scm;
-            }
             for (int j = 0; j < 8; j++) {
                 int64_t s = 8 * s8 + j;
                 for (int i = 0; i < mr; i++)
                     for (int g = 0; g < 4; g++) acc[i][g] = vdupq_n_s32(0);
-                if (type == LC_Q4_K) LC_FN(x16n_nibbles)(mr, u + LC_X16_Q4_Q(j), NULL, x.xq, k, 32 * s, acc);
+                if (type == LC_Q4_K) LC_FN(x16n_nibbles)(mr, u + 320 + 256 * j, NULL, x.xq, k, 32 * s, acc);
                 else LC_FN(x16n_nibbles)(mr, u + LC_X16_Q5_QL(j), u + LC_X16_Q5_QH(j), x.xq, k, 32 * s, acc);
                 for (int g = 0; g < 4; g++) {
-                    float32x4_t sv = vmulq_f32(LC_FN(h4)(u + 8 * g), LC_FN(u8f4)(sm + 16 * j + 4 * g));
-                    float32x4_t mv = vmulq_f32(LC_FN(h4)(u + 32 + 8 * g), LC_FN(u8f4)(sm + 128 + 16 * j + 4 * g));
+                    float32x4_t sv = vmulq_f32(LC_FN(h4)(u + 8 * g), LC_FN(u8f4)(u + 64 + 16 * j + 4 * g));
+                    float32x4_t mv = vmulq_f32(LC_FN(h4)(u + 32 + 8 * g), LC_FN(u8f4)(u + 192 + 16 * j + 4 * g));
                     for (int i = 0; i < mr; i++) {
                         out[i][g] = vfmaq_f32(out[i][g], vcvtq_f32_s32(acc[i][g]), vmulq_n_f32(sv, x.dx32[i * k32 + s]));
                         out[i][g] = vfmsq_n_f32(out[i][g], mv, x.fs32[i * k32 + s]); /* the mins, subtracted */

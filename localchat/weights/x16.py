@@ -3,8 +3,8 @@
 On CPUs with AVX2, AVX-512 VNNI or ARM's dot product (NEON) the torch backend repacks every block type
 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) into panels of 16 rows
 (`LOCALCHAT_KERNEL_LAYOUT=auto`): the same bytes per weight, except Q3_K's 114 per 256 values instead of
-110 and Q5_K's 180 instead of 176 (their scales spread to bytes; Q4_K keeps the file's packed 144), and
-whole panels (rows rounded up to 16). The pre-load RAM check sizes models with this rule; it asks the compiled
+110, Q4_K's 148 instead of 144 and Q5_K's 180 instead of 176 (their scales spread to bytes), and whole
+panels (rows rounded up to 16). The pre-load RAM check sizes models with this rule; it asks the compiled
 library (localchat/kernels/), so this module never imports torch.
 """
 

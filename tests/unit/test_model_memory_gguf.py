@@ -19,13 +19,13 @@ from tests.helpers.tiny_gguf import random_state_dict, tiny_config, write_tiny_g
 KERNELS_BUILT = importlib.util.find_spec("localchat._lckernels") is not None
 
 
-# bytes per 256 values in the file and in the x16 layout (Q3_K's and Q5_K's 6-bit scales spread to bytes)
+# bytes per 256 values in the file and in the x16 layout (K-quants' 6-bit scales and mins spread to bytes)
 BYTES_PER_256 = {
     "Q5_0": (176, 176),
     "Q5_1": (192, 192),
     "Q2_K": (84, 84),
     "Q3_K": (110, 114),
-    "Q4_K": (144, 144),
+    "Q4_K": (144, 148),
     "Q5_K": (176, 180),
     "Q6_K": (210, 210),
 }
@@ -59,8 +59,8 @@ def test_k_quant_file_is_sized_as_stored_with_the_kernels(
 def test_block_file_is_sized_in_the_x16_layout_where_the_kernels_repack(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, qtype: str
 ) -> None:
-    """Repacked into panels of 16 rows (csrc/lc_x16_layout.h), Q3_K takes 114 bytes per 256 values and
-    Q5_K 180 (their 6-bit scales spread to bytes), Q4_K, Q5_0, Q5_1, Q2_K and Q6_K what the file does; every
+    """Repacked into panels of 16 rows (csrc/lc_x16_layout.h), Q3_K takes 114 bytes per 256 values, Q4_K
+    148 and Q5_K 180 (their 6-bit scales spread to bytes), Q5_0, Q5_1, Q2_K and Q6_K what the file does; every
     tiny matrix has a multiple of 16 rows, so no panel padding."""
     monkeypatch.delenv("LOCALCHAT_KERNELS", raising=False)
     monkeypatch.delenv("LOCALCHAT_KERNEL_LAYOUT", raising=False)

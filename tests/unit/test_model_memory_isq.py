@@ -72,13 +72,12 @@ def test_estimate_sizes_weights_in_the_isq_format(
 def test_estimate_sizes_q4_k_in_the_x16_layout_where_the_kernels_repack(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Repacked (csrc/lc_x16_layout.h) Q4_K holds 144 bytes per 256 values, as stored (its scales packed
-    as in the file); Q8_0 and Q5_0 as stored (Q5_0 is not repacked; every matrix here has a multiple of 16
-    rows)."""
+    """Repacked (csrc/lc_x16_layout.h) Q4_K holds 148 bytes per 256 values; Q8_0 and Q5_0 as stored
+    (Q5_0 is not repacked; every matrix here has a multiple of 16 rows)."""
     monkeypatch.delenv("LOCALCHAT_KERNEL_LAYOUT", raising=False)
     monkeypatch.delenv("LOCALCHAT_KERNELS", raising=False)
     _write_bf16_folder(tmp_path / "m")
-    want = HEADS * 34 // 32 + Q * 22 // 32 + DOWN * 144 // 256 + NORM
+    want = HEADS * 34 // 32 + Q * 22 // 32 + DOWN * 148 // 256 + NORM
     assert estimate(tmp_path / "m", None, "q4_k").weights == want
 
 
