@@ -238,3 +238,35 @@ def test_off_with_steps_in_flight() -> None:
     assert "--pp" in engine.prefix_caching_note and not engine.stats().prefix_caching_enabled
     prompt = chat_prompt("<<say:ok>> " + "x" * 40)
     assert run(engine, prompt)[1] == run(engine, prompt)[1] == 0
+
+
+def test_a_request_ending_on_a_block_boundary_saves_its_state_then() -> None:
+    """Processed tokens (all but the last sampled one) ending exactly on a boundary: the state is saved at
+    the end (before the slot's next owner is zeroed), and the next turn reuses every processed token."""
+    reply_text = "exactly"  # 7 bytes + EOS: 8 sampled tokens, 7 of them processed
+    for pad in range(BLOCK):
+        first = chat_prompt(f"<<say:{reply_text}>> " + "p" * (30 + pad))
+        if (len(first) + len(reply_text)) % BLOCK == 0:
+            break
+    engine = hybrid_engine()
+    reply, _ = run(engine, first)
+    processed = len(first) + len(reply) - 1
+    assert processed % BLOCK == 0
+    # The next request takes the freed slot; the pending save reads it first, in the same step's copies.
+    second = first + reply + FakeTokenizer().encode("next")
+    _, cached = run(engine, second)
+    assert cached == processed
+
+
+def test_an_aborted_request_keeps_its_last_decode_checkpoint() -> None:
+    engine = hybrid_engine()
+    first = chat_prompt("<<say:" + "a long reply " * 6 + ">> " + "q" * 20)
+    req_id = engine.add_request(first, SamplingParams(max_tokens=256, temperature=0.0))
+    out: list[int] = []
+    while len(out) < 40:
+        out += [t for o in engine.step() for t in o.new_token_ids]
+    engine.abort_request(req_id)
+    processed = len(first) + len(out) - 1
+    second = first + out + FakeTokenizer().encode("more")
+    _, cached = run(engine, second)
+    assert len(first) < cached <= processed and cached % BLOCK == 0
