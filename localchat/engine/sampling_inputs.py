@@ -150,22 +150,31 @@ def build_sampling_inputs(
     the draft's distribution q) of each row that verifies a sampled draft, rows ascending."""
     params = [p for p, _, _ in rows]
     n = len(params)
-
-    def floats(values: list[float]) -> np.ndarray:
-        return np.array(values, dtype=np.float32).reshape(n)
-
+    # One array per kind of field, each field a row of it: fewer numpy calls a step (this runs once per
+    # decode token; ~15 separate arrays cost ~45 µs of the engine thread on the real 1.5B model, #34).
+    floats = np.array(
+        [(p.temperature, p.top_p, p.min_p, p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
+         for p in params],
+        dtype=np.float32,
+    ).reshape(n, 6).T.copy()  # fmt: skip
+    ints = np.array([(p.top_k, -1 if p.logprobs is None else p.logprobs) for p in params], dtype=np.int32)
+    ints = ints.reshape(n, 2).T.copy()
     penalty_chunks: list[Sequence[int]] = []
-    penalty_lens = np.zeros(n + 1, dtype=np.int64)
+    penalty_lens: np.ndarray | None = None
     prompt_len = np.zeros(n, dtype=np.int64)
     bias_ids: list[int] = []
     bias_values: list[float] = []
-    bias_lens = np.zeros(n + 1, dtype=np.int64)
+    bias_lens: np.ndarray | None = None
     for i, (p, token_ids, num_prompt) in enumerate(rows):
         if p.needs_penalties:
+            if penalty_lens is None:
+                penalty_lens = np.zeros(n + 1, dtype=np.int64)
             penalty_chunks.append(token_ids)
             penalty_lens[i + 1] = len(token_ids)
             prompt_len[i] = num_prompt
         if p.logit_bias:
+            if bias_lens is None:
+                bias_lens = np.zeros(n + 1, dtype=np.int64)
             for token_id, bias in p.logit_bias.items():
                 bias_ids.append(token_id)
                 bias_values.append(bias if bias > BANNED_BIAS else -np.inf)
@@ -176,23 +185,21 @@ def build_sampling_inputs(
         else np.zeros(0, dtype=np.int64)
     )
     return SamplingInputs(
-        temperature=floats([p.temperature for p in params]),
-        top_k=np.array([p.top_k for p in params], dtype=np.int32).reshape(n),
-        top_p=floats([p.top_p for p in params]),
-        min_p=floats([p.min_p for p in params]),
-        presence_penalty=floats([p.presence_penalty for p in params]),
-        frequency_penalty=floats([p.frequency_penalty for p in params]),
-        repetition_penalty=floats([p.repetition_penalty for p in params]),
+        temperature=floats[0],
+        top_k=ints[0],
+        top_p=floats[1],
+        min_p=floats[2],
+        presence_penalty=floats[3],
+        frequency_penalty=floats[4],
+        repetition_penalty=floats[5],
         seed=np.array([(p.seed or 0) & _SEED_MASK for p in params], dtype=np.uint64).reshape(n),
         has_seed=np.array([p.seed is not None for p in params], dtype=bool).reshape(n),
         token_index=np.array([len(t) - k for _, t, k in rows], dtype=np.int64).reshape(n),
-        num_logprobs=np.array(
-            [-1 if p.logprobs is None else p.logprobs for p in params], dtype=np.int32
-        ).reshape(n),
-        penalty_indptr=np.cumsum(penalty_lens),
+        num_logprobs=ints[1],
+        penalty_indptr=np.zeros(n + 1, dtype=np.int64) if penalty_lens is None else np.cumsum(penalty_lens),
         penalty_token_ids=penalty_ids,
         prompt_len=prompt_len,
-        bias_indptr=np.cumsum(bias_lens),
+        bias_indptr=np.zeros(n + 1, dtype=np.int64) if bias_lens is None else np.cumsum(bias_lens),
         bias_token_ids=np.array(bias_ids, dtype=np.int64),
         bias_values=np.array(bias_values, dtype=np.float32),
         spec_rows=np.array([r for r, _, _ in drafts], dtype=np.int64) if drafts else None,
