@@ -252,7 +252,7 @@ class TorchRunner:
         if scheduler_output.is_empty or batch.num_tokens == 0:
             return RunnerOutput(req_ids=[], sampled_token_ids=[])
         threads = self.threads.threads_for(batch.num_tokens) if self.threads else 0
-        if threads:
+        if threads and threads != torch.get_num_threads():  # setting it costs even when unchanged
             torch.set_num_threads(threads)
         start = time.perf_counter()
         with torch.inference_mode(), self.settings(), one_step_choice(self.device):

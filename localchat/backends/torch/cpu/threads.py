@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 PROBE_STEPS = 3  # steps timed per trial of the other count (their median decides)
@@ -120,7 +119,7 @@ class ThreadGovernor:
             # What a trial costs is the time it loses against the current count (a trial that wins
             # costs nothing): charging whole trial steps used up the budget within a server's first
             # seconds and kept it on the safe count.
-            self._probe_seconds += max(0.0, seconds - statistics.median(kind.times[kind.current]))
+            self._probe_seconds += max(0.0, seconds - _median(kind.times[kind.current]))
             self._trial_step(kind, threads, seconds)
             return
         recent = kind.times.setdefault(threads, deque(maxlen=PROBE_STEPS))
@@ -129,7 +128,7 @@ class ThreadGovernor:
         # included). Not the first: behind the HTTP server an event-loop burst or a niced neighbour's
         # slice lands on one step now and then, and a trial for each cost ~10% of a real model's steps.
         slow = threads != self.choices[0] and bool(recent)
-        slow = slow and seconds > GIVE_UP * statistics.median(recent)
+        slow = slow and seconds > GIVE_UP * _median(recent)
         kind.slow_steps = kind.slow_steps + 1 if slow else 0
         alarm = kind.slow_steps >= 2
         recent.append(seconds)
@@ -154,7 +153,7 @@ class ThreadGovernor:
     def _trial_step(self, kind: _Kind, threads: int, seconds: float) -> None:
         kind.probing -= 1
         risky = threads != self.choices[0]
-        if risky and seconds > GIVE_UP * statistics.median(kind.times[kind.current]):
+        if risky and seconds > GIVE_UP * _median(kind.times[kind.current]):
             kind.probing = 0  # clearly slower on all cores: no need to pay for more steps
             self._keep(kind)
             return
@@ -164,7 +163,7 @@ class ThreadGovernor:
 
     def _decide(self, kind: _Kind) -> None:
         other = self._other(kind.current)
-        ours, theirs = (statistics.median(kind.times[t]) for t in (kind.current, other))
+        ours, theirs = (_median(kind.times[t]) for t in (kind.current, other))
         if theirs < ours * MARGIN:
             kind.current, kind.interval = other, MIN_INTERVAL
             kind.countdown = kind.interval
@@ -190,3 +189,11 @@ class ThreadGovernor:
 
     def _other(self, threads: int) -> int:
         return self.choices[1] if threads == self.choices[0] else self.choices[0]
+
+
+def _median(values: Iterable[float]) -> float:
+    """statistics.median's value (the mean of the middle two for an even count), without its type
+    dispatch: `record` runs every step, on caches the step's weights have just flushed (#34)."""
+    ordered = sorted(values)
+    half = len(ordered) // 2
+    return ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2
