@@ -20,6 +20,7 @@ import torch
 from transformers import Qwen3_5TextConfig
 
 from localchat.backends.torch.cpu import kernels
+from localchat.backends.torch.cpu.deltanet_step import spans_of
 from localchat.backends.torch.models.qwen3_next import HybridLayer
 from localchat.backends.torch.state_cache import StateCache, StepRows
 from localchat.errors import BackendUnavailableError
@@ -141,3 +142,12 @@ def test_rejects_a_slot_out_of_range(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(kernels.KERNELS_ENV, ISAS[0])
     with pytest.raises(BackendUnavailableError), torch.no_grad():
         layer.linear_attention(torch.zeros(1, 128), rows_of([7]), cache, 0)
+
+
+def test_rows_that_do_not_cover_the_step_keep_the_torch_forms() -> None:
+    """spans_of gives the C step only rows that cover the step's tokens one after another."""
+    starts, slots = spans_of(rows_of([3, 0], (0, 4, 1)), 6) or (None, None)
+    assert starts is not None and slots is not None
+    assert starts.tolist() == [0, 4, 5, 6] and slots.tolist() == [1, 3, 0]
+    assert spans_of(rows_of([3, 0], (0, 4, 1)), 7) is None  # a padding token at the end
+    assert spans_of(StepRows(torch.tensor([5]), torch.tensor([2]), [(0, 4, 1)], None), 6) is None  # a gap

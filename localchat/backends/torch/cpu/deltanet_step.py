@@ -74,9 +74,10 @@ def available(ops: Kernels | None, y: torch.Tensor, conv_state: torch.Tensor, va
     )
 
 
-def spans_of(rows: StepRows, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+def spans_of(rows: StepRows, tokens: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(starts int64 [R + 1], slots int64 [R]) of a step's rows in token order, from its StepRows (the
-    model passes the batch's own query_start_loc and slots instead, made once per step)."""
+    model passes the batch's own query_start_loc and slots instead, made once per step); None when the
+    rows do not cover the step's tokens one after another (the caller keeps the torch forms then)."""
     found = [(start, end, slot) for start, end, slot in rows.prefills]
     if rows.decode_tokens is not None and rows.decode_slots is not None:
         found += [
@@ -84,9 +85,12 @@ def spans_of(rows: StepRows, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
             for t, s in zip(rows.decode_tokens.tolist(), rows.decode_slots.tolist(), strict=True)
         ]
     found.sort()
-    assert found and found[-1][1] == tokens, "the rows cover the step's tokens"
-    starts = torch.tensor([0] + [end for _, end, _ in found], dtype=torch.int64)
-    return starts, torch.tensor([slot for _, _, slot in found], dtype=torch.int64)
+    ends = [0] + [end for _, end, _ in found]
+    if not found or ends[-1] != tokens or any(start != ends[i] for i, (start, _, _) in enumerate(found)):
+        return None
+    return torch.tensor(ends, dtype=torch.int64), torch.tensor(
+        [slot for _, _, slot in found], dtype=torch.int64
+    )
 
 
 def deltanet_step(

@@ -134,15 +134,19 @@ class HybridLayer(PartialSums):
         y = linear(x, self.in_proj)
         conv_state, rec_state = cache.conv[slot], cache.recurrent[slot]
         ops = fused_kernels(y)
-        if not use_triton_recurrent(x.device) and deltanet_step.available(ops, y, conv_state, dv):
+        if spans is None and ops is not None:
+            spans = deltanet_step.spans_of(rows, x.shape[0])
+        if (
+            spans is not None
+            and not use_triton_recurrent(x.device)
+            and deltanet_step.available(ops, y, conv_state, dv)
+        ):
             # One C call for every row (conv, delta rule, gated norm), in place on their slots.
             assert ops is not None
             if self._dn_params is None:
                 self._dn_params = deltanet_step.DeltaNetParams.of(
                     self.conv[:, 0, :], self.A_log, self.dt_bias, self.gated_norm, self.k_heads, self.dk
                 )
-            if spans is None:
-                spans = deltanet_step.spans_of(rows, x.shape[0])
             gated = deltanet_step.deltanet_step(
                 ops, y, spans, conv_state, rec_state, self._dn_params, nv, dv, self.eps
             )
