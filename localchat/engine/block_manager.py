@@ -4,11 +4,12 @@ Full blocks are named by a chained hash (parent hash + the block's token ids). A
 content and hash in an LRU free list and is only evicted when handed out again, so a later request with
 the same prefix can reuse it. Block 0 is the null block: never allocated, used to pad block tables.
 
-Hand-out order: freed blocks before never-used ones. On CPU the pool is lazily committed memory, so a
-never-used block costs RAM the first time it is written; reusing freed blocks (uncached first, then the
-least recently freed cached one) keeps the resident pool at the peak working set instead of letting it
-creep up to the whole pool as the prefix cache fills. The price: the prefix cache holds at most the
-blocks touched so far that no request holds, not the whole pool.
+Hand-out order: freed blocks without content, then never-used blocks while the touched part of the
+pool is under the blocks in use plus a cache reserve (a quarter of the pool, at most 1 GiB), then the
+least recently freed cached block. On CPU the pool is lazily committed memory, so a never-used block
+costs RAM the first time it is written: the reserve bounds what the prefix cache adds to the working
+set (a long-running server does not creep up to the whole pool), while another chat's request does not
+evict this chat's cached turns as long as the reserve has room.
 
 Partial reuse (`find_partial`): after the run of whole cached blocks, the prompt's next tokens may start
 a cached block that follows the same prefix (the last block of the same prompt, which the
@@ -42,6 +43,11 @@ NULL_BLOCK_ID = 0
 Picture = tuple[str, tuple[int, ...]]
 
 
+# Cached prefixes may keep a quarter of the pool, at most 1 GiB, in touched blocks beyond those in use.
+CACHE_RESERVE_DIVISOR = 4
+CACHE_RESERVE_BYTES = 2**30
+
+
 @dataclass(slots=True)
 class KVBlock:
     block_id: int
@@ -62,14 +68,24 @@ class KVBlock:
 
 class BlockManager:
     def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, keep_tails: bool = False
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        keep_tails: bool = False,
+        block_bytes: int = 0,
     ) -> None:
+        """`block_bytes`: one block's K/V bytes, which caps the cache reserve at CACHE_RESERVE_BYTES."""
         assert num_blocks >= 2, "need the null block plus at least one usable block"
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.keep_tails = keep_tails and enable_prefix_caching
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        reserve = self.num_usable_blocks // CACHE_RESERVE_DIVISOR
+        self.cache_reserve_blocks = (
+            min(reserve, CACHE_RESERVE_BYTES // block_bytes) if block_bytes else reserve
+        )
         # Freed blocks only; head = next to hand out. Cached (hashed) blocks sit at the tail in LRU order.
         self.free_blocks: OrderedDict[int, None] = OrderedDict()
         # Ids 1..num_touched_blocks have been handed out at least once; the rest never were.
@@ -221,8 +237,13 @@ class BlockManager:
             self._uncache(self.blocks[block_id])
 
     def _pop_free_block(self) -> int:
-        if self.free_blocks:
-            block_id, _ = self.free_blocks.popitem(last=False)
+        head = next(iter(self.free_blocks), None)
+        untouched_left = self.num_touched_blocks < self.num_usable_blocks
+        under_reserve = self.num_touched_blocks < self.num_used_blocks + self.cache_reserve_blocks
+        if head is not None and (
+            self.blocks[head].token_ids is None or not (untouched_left and under_reserve)
+        ):
+            block_id, _ = self.free_blocks.popitem(last=False)  # no content, or the reserve is full
         else:
             self.num_touched_blocks += 1
             block_id = self.num_touched_blocks

@@ -115,7 +115,9 @@ class LLMEngine:
                 self.prefix_caching_note = no_checkpoints_note(config, depth)
                 log.info("Prefix caching off: %s", self.prefix_caching_note)
         # keep_tails: a finished request's partly filled last block stays a partial-reuse source.
-        self.block_manager = BlockManager(num_blocks, config.block_size, prefix_caching, keep_tails=True)
+        self.block_manager = BlockManager(
+            num_blocks, config.block_size, prefix_caching, keep_tails=True, block_bytes=per_block
+        )
         self.scheduler = Scheduler(config, self.block_manager, self.state_pool)
         if num_checkpoints:  # state rows [num_slots, num_slots + num_checkpoints)
             self.scheduler.start_checkpoints(num_slots, num_checkpoints)

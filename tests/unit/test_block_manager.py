@@ -119,10 +119,11 @@ def test_eviction_is_lazy_and_lru_and_comes_before_touching_a_new_block() -> Non
     assert bm.get_computed_blocks(make_request("a2", [*list(range(8)), 50])) == [1, 2]
 
 
-def test_freed_blocks_are_reused_before_a_never_used_block_is_touched() -> None:
+def test_a_steady_load_touches_at_most_its_working_set_plus_the_cache_reserve() -> None:
     # On CPU the pool's pages become resident when first written: a server that keeps serving a steady
-    # load must keep reusing the same blocks, not walk through the whole pool while caching prefixes.
+    # load must stop touching new blocks once the prefix cache fills its reserve, not walk the whole pool.
     bm = BlockManager(num_blocks=100, block_size=BS)
+    touched_after = []
     for round_ in range(50):
         live = [
             make_request(f"{round_}-{i}", [1000 * round_ + 10 * i + t for t in range(9)]) for i in range(3)
@@ -131,8 +132,36 @@ def test_freed_blocks_are_reused_before_a_never_used_block_is_touched() -> None:
             assert allocate_prompt(bm, req) is not None
         for req in live:
             bm.free(req)
-    assert bm.num_touched_blocks == 9  # three requests of three blocks at a time, never more
+        touched_after.append(bm.num_touched_blocks)
+    assert bm.cache_reserve_blocks == 24  # a quarter of 99 (no byte cap without block_bytes)
+    assert touched_after[-1] <= 9 + 24  # three requests of three blocks at a time, plus the reserve
+    assert touched_after[20] == touched_after[-1]  # and it stays there
     assert bm.num_free_blocks == 99 and bm.num_used_blocks == 0
+
+
+def test_another_chat_does_not_evict_a_cached_chat_while_the_reserve_has_room() -> None:
+    bm = BlockManager(num_blocks=100, block_size=BS)
+    chat_a = make_request("a", list(range(21)))  # 5 whole blocks + 1 token
+    allocate_prompt(bm, chat_a)
+    bm.free(chat_a)
+    for i in range(3):  # three short requests of other chats come and go
+        other = make_request(f"b{i}", [500 + 10 * i + t for t in range(6)])
+        allocate_prompt(bm, other)
+        bm.free(other)
+    assert len(bm.get_computed_blocks(make_request("a2", [*range(21), 99]))) == 5
+
+
+def test_cached_blocks_are_evicted_least_recently_freed_first_once_the_reserve_is_full() -> None:
+    bm = BlockManager(num_blocks=9, block_size=BS)  # 8 usable, reserve 2
+    a = make_request("a", list(range(13)))  # 4 blocks
+    allocate_prompt(bm, a)
+    bm.free(a)
+    b = make_request("b", [100 + t for t in range(9)])  # 3 blocks
+    allocate_prompt(bm, b)
+    # a's content-less tail first; then 3 cached blocks would exceed the reserve of 2, so the least
+    # recently freed (a's last whole blocks: freed tail first) are evicted and no new block is touched.
+    assert bm.num_touched_blocks == 4
+    assert bm.get_computed_blocks(make_request("a2", [*range(13), 99])) == [1]
 
 
 def test_allocate_returns_none_and_changes_nothing_when_out_of_blocks() -> None:
@@ -202,3 +231,9 @@ def test_prefix_hit_rate_counts_only_admissions_that_got_their_blocks() -> None:
     assert allocate_prompt(bm, b) is not None
     assert (bm.prefix_queries, bm.prefix_hits) == (32, 8)
     assert bm.prefix_hit_rate == 8 / 32
+
+
+def test_the_cache_reserve_is_capped_in_bytes() -> None:
+    assert BlockManager(num_blocks=10_001, block_size=BS).cache_reserve_blocks == 2500
+    bm = BlockManager(num_blocks=10_001, block_size=BS, block_bytes=2**20)  # 1 MiB blocks
+    assert bm.cache_reserve_blocks == 1024  # 1 GiB

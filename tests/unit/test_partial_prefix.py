@@ -29,7 +29,7 @@ def admit(bm: BlockManager, req: Request) -> list[int] | None:
 
 
 def test_a_repeated_prompt_copies_all_but_its_last_token() -> None:
-    bm = BlockManager(num_blocks=10, block_size=BS)
+    bm = BlockManager(num_blocks=4, block_size=BS)  # a full pool: no untouched block, no cache reserve
     a = make_request("a", list(range(12)))  # three full blocks: 1, 2, 3
     admit(bm, a)
     bm.end_step()
@@ -46,6 +46,22 @@ def test_a_repeated_prompt_copies_all_but_its_last_token() -> None:
     assert bm.end_step() == [(3, 3, 3)]
     assert bm.end_step() == []  # handed over once
     assert bm.prefix_hits == 11 and bm.prefix_queries == 24
+
+
+def test_with_room_in_the_pool_the_copy_goes_to_a_fresh_block_and_the_source_stays_cached() -> None:
+    bm = BlockManager(num_blocks=10, block_size=BS)
+    a = make_request("a", list(range(12)))
+    admit(bm, a)
+    bm.end_step()
+    bm.free(a)
+    b = make_request("b", list(range(12)))
+    assert admit(bm, b) is not None and b.num_computed_tokens == 11
+    assert b.block_ids == [1, 2, 4]
+    assert bm.end_step() == [(3, 4, 3)]
+    bm.free(b)
+    assert (
+        len(bm.get_computed_blocks(make_request("c", [*range(12), 99]))) == 3
+    )  # the third block stayed cached
 
 
 def test_a_source_held_by_a_running_request_stays_shared_and_unchanged() -> None:
@@ -157,7 +173,7 @@ def test_engine_repeats_and_regenerations_read_the_right_context() -> None:
 
 
 def test_a_short_replys_partly_filled_last_block_is_a_source_too() -> None:
-    bm = BlockManager(num_blocks=10, block_size=BS, keep_tails=True)
+    bm = BlockManager(num_blocks=4, block_size=BS, keep_tails=True)  # full pool: the source is reused
     a = make_request("a", list(range(10)))  # blocks 1, 2 full; block 3 holds tokens 8, 9
     admit(bm, a)
     bm.end_step()
