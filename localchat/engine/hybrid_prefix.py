@@ -7,6 +7,10 @@
   chunks recomputing a preempted one): the sequence's own checkpoint moves there, and when it ends (its
   last sampled token is never processed) that state is kept. The next turn of a chat, whose prompt is
   this prompt + this reply + a new message, starts from there.
+- Where an admitted prompt's cached K/V run ends past its longest checkpoint (`note_shared_boundary`):
+  the blocks are there (an earlier prompt computed them) but not the state, so the prompt shares a prefix
+  with an earlier one (a system prompt, an agent's tool schemas) and diverges from it right after. Its
+  prefill is cut there once and the state saved, so the next prompt sharing that prefix restores it.
 """
 
 from __future__ import annotations
@@ -24,13 +28,38 @@ def prompt_boundary(request: Request, block_size: int) -> int:
     return (request.num_prompt_tokens - 1) // block_size * block_size
 
 
-def prompt_checkpoint_cut(request: Request, start: int, num_new: int, block_size: int) -> int:
-    """`num_new` tokens from `start`, cut so that the chunk ends at the prompt's checkpoint boundary if it
-    would cross it."""
-    boundary = prompt_boundary(request, block_size)
-    if request.sampling_params.embedding or not start < boundary < start + num_new:
+# The fewest cached blocks past the restored boundary worth a shared-prefix checkpoint: it costs one more
+# prefill step (about a decode step) and a checkpoint row (out of 8 by default, LRU: it may push out a
+# chat's), and saves later prompts re-prefilling those blocks. At 4 blocks (64 tokens at 16 per block)
+# that is ~300 ms of prefill on the 2-vCPU 2B-shape runs (~200 tokens/s) against a ~30 ms step; a block
+# or two would barely pay for the step and would churn the rows on every short shared chat header.
+MIN_SHARED_BLOCKS = 4
+
+
+def note_shared_boundary(scheduler: Scheduler, request: Request, num_hits: int, num_reused: int) -> None:
+    """At admission: the prompt's first `num_hits` blocks are cached but only `num_reused` end at a
+    checkpoint. If the rest is long enough (and not the prompt's own boundary, saved anyway), its prefill
+    will stop at the end of that run and save the state there (`checkpoint_cut`, `save_checkpoint`)."""
+    checkpoints = scheduler.checkpoints
+    assert checkpoints is not None
+    checkpoints.shared_cuts.pop(request.req_id, None)  # (from an admission that found no room)
+    boundary = num_hits * scheduler.block_size
+    worth = num_hits - num_reused >= MIN_SHARED_BLOCKS
+    if worth and boundary < prompt_boundary(request, scheduler.block_size):
+        checkpoints.shared_cuts[request.req_id] = boundary
+
+
+def checkpoint_cut(scheduler: Scheduler, request: Request, start: int, num_new: int) -> int:
+    """`num_new` tokens from `start`, cut so that the chunk ends at the first checkpoint boundary it would
+    cross: the shared-prefix one noted at admission, if any, then the prompt's last whole block."""
+    checkpoints = scheduler.checkpoints
+    if checkpoints is None or request.sampling_params.embedding:
         return num_new
-    return boundary - start
+    shared = checkpoints.shared_cuts.get(request.req_id, 0)
+    for boundary in (shared, prompt_boundary(request, scheduler.block_size)):
+        if start < boundary < start + num_new:
+            return boundary - start
+    return num_new
 
 
 def save_checkpoint(scheduler: Scheduler, request: Request) -> None:
@@ -46,7 +75,7 @@ def save_checkpoint(scheduler: Scheduler, request: Request) -> None:
     slot = pool.slots.get(request.req_id)
     if slot is None or index >= len(request.block_hashes):
         return  # (a block whose step failed was unnamed: forget_unwritten)
-    if done == prompt_boundary(request, block_size):
+    if done in (prompt_boundary(request, block_size), checkpoints.shared_cuts.get(request.req_id)):
         checkpoints.save(request.block_hashes[index], done, slot)
     elif done >= request.num_prompt_tokens:
         checkpoints.save(request.block_hashes[index], done, slot, owner=request.req_id)

@@ -13,7 +13,8 @@ With steps in flight (`--pp`, engine/in_flight.py) a step skips the requests of 
 (`in_flight`), takes at most `max_step_seqs` requests, and never preempts one in flight.
 Hybrid models reuse cached blocks only up to a state checkpoint (engine/state_checkpoints.py,
 `hybrid_prefix.py`): restored, saved at the prompt's last block boundary (its prefill chunk stops
-there) and at every block boundary a running sequence's processed tokens reach."""
+there), where its cached K/V run passes its longest checkpoint (a prefix shared with an earlier prompt:
+one more cut) and at every block boundary a running sequence's processed tokens reach."""
 
 from __future__ import annotations
 
@@ -21,7 +22,12 @@ from collections import deque
 
 from localchat.engine.block_manager import BlockManager
 from localchat.engine.config import EngineConfig
-from localchat.engine.hybrid_prefix import finish_checkpoint, prompt_checkpoint_cut, save_checkpoint
+from localchat.engine.hybrid_prefix import (
+    checkpoint_cut,
+    finish_checkpoint,
+    note_shared_boundary,
+    save_checkpoint,
+)
 from localchat.engine.interface import CachedRequestData, NewRequestData, SchedulerOutput
 from localchat.engine.request import FinishReason, Request, RequestStatus
 from localchat.engine.speculative import NgramProposer, Proposer, draft_length, propose_safely
@@ -98,9 +104,8 @@ class Scheduler:
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             if chunk:
                 num_new = min(num_new, chunk)
-            if self.checkpoints is not None:  # (a preempted request recomputing its prompt)
-                start = request.num_computed_tokens
-                num_new = prompt_checkpoint_cut(request, start, num_new, self.block_size)
+            if self.checkpoints is not None:  # (a prompt's later chunks, or a preempted one's recompute)
+                num_new = checkpoint_cut(self, request, request.num_computed_tokens, num_new)
             num_new = self._whole_pictures(request, request.num_computed_tokens, num_new)
             drafts = proposals.get(request.req_id, [])[: max(0, budget - 1)] if num_new == 1 else []
             while (
@@ -140,7 +145,10 @@ class Scheduler:
             # The prompt's next tokens may start a cached block: copy that block's first k slots.
             partial = None
             if self.state_pool is not None:  # K/V only with the state after them (no partial blocks)
-                hits = hits[: self._checkpointed(hits)]
+                reused = self._checkpointed(hits)
+                if self.checkpoints is not None and not embedding:  # a shared prefix's end: save there
+                    note_shared_boundary(self, request, len(hits), reused)
+                hits = hits[:reused]
             elif not embedding:
                 partial = self.block_manager.find_partial(request, hits)
             num_computed = len(hits) * self.block_manager.block_size + (partial[1] if partial else 0)
@@ -150,7 +158,7 @@ class Scheduler:
             elif num_new > budget and num_scheduled:
                 break  # unchunked prefill: wait for a step it can have to itself
             if self.checkpoints is not None and not embedding:  # a picture's run still goes whole (below)
-                num_new = prompt_checkpoint_cut(request, num_computed, num_new, self.block_size)
+                num_new = checkpoint_cut(self, request, num_computed, num_new)
             num_new = self._whole_pictures(request, num_computed, num_new)
             request.num_computed_tokens = num_computed
             # Keep a watermark free for running requests to grow into; a lone request gets everything,

@@ -43,6 +43,9 @@ class StateCheckpoints:
         self._index: OrderedDict[int, Checkpoint] = OrderedDict()  # block hash -> checkpoint, LRU first
         self._owned: dict[str, int] = {}  # request -> the block hash its decode checkpoint is named by
         self.copies: list[tuple[int, int]] = []  # this step's (source row, destination row), in order
+        # Running request -> the boundary (tokens) where its prompt leaves a prefix whose K/V are cached
+        # without a state: its prefill stops and saves there (hybrid_prefix.note_shared_boundary).
+        self.shared_cuts: dict[str, int] = {}
         self.saves_total = 0
         self.restores_total = 0
 
@@ -93,6 +96,7 @@ class StateCheckpoints:
 
     def release(self, owner: str) -> None:
         """`owner` stopped running (finished or preempted): its checkpoint joins the LRU list."""
+        self.shared_cuts.pop(owner, None)  # (re-admission looks at the cache again)
         block_hash = self._owned.pop(owner, None)
         if block_hash is not None:
             found = self._index[block_hash]

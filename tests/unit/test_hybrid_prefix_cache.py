@@ -270,3 +270,74 @@ def test_an_aborted_request_keeps_its_last_decode_checkpoint() -> None:
     second = first + out + FakeTokenizer().encode("more")
     _, cached = run(engine, second)
     assert len(first) < cached <= processed and cached % BLOCK == 0
+
+
+SYSTEM = (
+    "<|im_start|>system\nYou are an agent. Tools: " + "{'name': 'search', 'args': ...} " * 6 + "<|im_end|>\n"
+)
+
+
+def agent_chat(question: str) -> list[int]:
+    """A new chat of an agent client: the same long system prompt (tool schemas), then its own message."""
+    return FakeTokenizer().encode(SYSTEM) + chat_prompt(f"<<say:answer to {question}>> {question}")
+
+
+def shared_blocks(chats: list[list[int]]) -> int:
+    """Whole blocks all of `chats` begin with."""
+    same = next(i for i, column in enumerate(zip(*chats, strict=False)) if len(set(column)) > 1)
+    return same // BLOCK
+
+
+def prefill_steps(engine: LLMEngine, prompt: list[int]) -> tuple[int, list[int], int]:
+    """(steps until the first token, output tokens, cached prompt tokens) of one request run alone."""
+    req_id = engine.add_request(prompt, SamplingParams(max_tokens=256, temperature=0.0))
+    steps, first, tokens, cached = 0, 0, [], -1
+    while engine.has_unfinished:
+        outs = engine.step()
+        steps += 1
+        for out in outs:
+            assert out.req_id == req_id and out.finish_reason != FinishReason.ERROR
+            tokens += out.new_token_ids
+            cached = out.num_cached_tokens
+            first = first or (steps if out.new_token_ids else 0)
+    return first, tokens, cached
+
+
+@pytest.mark.parametrize("chunk", [0, 7, 64])
+def test_new_chats_sharing_a_long_system_prompt_reuse_it_from_the_third_on(chunk: int) -> None:
+    """The first chat computes everything; the second finds the shared prefix's K/V cached but no state
+    there, computes it again and saves a checkpoint where it diverges; the third restores it."""
+    engine = hybrid_engine(prefill_chunk_size=chunk)
+    chats = [agent_chat(q) for q in ("what is up?", "find the docs", "list the files please")]
+    shared = shared_blocks(chats) * BLOCK
+    assert shared >= 8 * BLOCK
+    _, cached = run(engine, chats[0])
+    assert cached == 0
+    saves = engine.stats().state_checkpoint_saves_total
+    _, cached = run(engine, chats[1])
+    assert cached == 0  # no state at the shared boundary yet: all computed
+    # Its prompt boundary, its decode boundaries, and the shared prefix's end (the new one).
+    assert engine.stats().state_checkpoint_saves_total > saves
+    third, cached = run(engine, chats[2])
+    assert cached == shared
+    cold, _ = run(hybrid_engine(prefill_chunk_size=chunk), chats[2])
+    assert third == cold
+    assert engine.stats().state_checkpoint_restores_total == 1
+
+
+def test_the_shared_prefix_cut_costs_one_step_and_only_when_worth_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One extra prefill step for the second chat (the cut at the shared boundary), none for the first or
+    third; a shared run of fewer than MIN_SHARED_BLOCKS cached blocks is not cut (no checkpoint)."""
+    from localchat.engine import hybrid_prefix
+
+    engine = hybrid_engine()  # unchunked: a prompt's prefill is one step, plus its boundary cut
+    chats = [agent_chat(q) for q in ("one?", "two?", "three?")]
+    got = [prefill_steps(engine, chat) for chat in chats]
+    # Cut at the prompt's last block boundary (all three), and the second's at the shared one; the third
+    # restores there and computes the rest.
+    assert [s for s, _, _ in got] == [2, 3, 2]
+    assert [c for _, _, c in got] == [0, 0, shared_blocks(chats) * BLOCK]
+    monkeypatch.setattr(hybrid_prefix, "MIN_SHARED_BLOCKS", shared_blocks(chats) + 1)
+    engine = hybrid_engine()
+    got = [prefill_steps(engine, chat) for chat in chats]
+    assert [s for s, _, _ in got] == [2, 2, 2] and [c for _, _, c in got] == [0, 0, 0]
