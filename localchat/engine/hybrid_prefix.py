@@ -32,7 +32,8 @@ def prompt_boundary(request: Request, block_size: int) -> int:
 # prefill step (about a decode step) and a checkpoint row (out of 8 by default, LRU: it may push out a
 # chat's), and saves later prompts re-prefilling those blocks. At 4 blocks (64 tokens at 16 per block)
 # that is ~300 ms of prefill on the 2-vCPU 2B-shape runs (~200 tokens/s) against a ~30 ms step; a block
-# or two would barely pay for the step and would churn the rows on every short shared chat header.
+# or two (typically a chat template's header, which nearly every chat shares) would spend a row on a
+# few tens of ms.
 MIN_SHARED_BLOCKS = 4
 
 
