@@ -341,3 +341,33 @@ def test_the_shared_prefix_cut_costs_one_step_and_only_when_worth_it(monkeypatch
     engine = hybrid_engine()
     got = [prefill_steps(engine, chat) for chat in chats]
     assert [s for s, _, _ in got] == [2, 2, 2] and [c for _, _, c in got] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("chunk", [0, 7])
+def test_agent_chats_sharing_a_prefix_under_preemption_match_running_alone(chunk: int) -> None:
+    """Waves of new chats with the same system prompt, run together in a pool small enough to preempt:
+    shared-prefix saves and restores happen mid-flight and every output equals a cold run."""
+    engine = LLMEngine(
+        FakeRunner(kv_bytes_per_token=2048, state_bytes=STATE_BYTES),
+        FakeTokenizer(),
+        EngineConfig(
+            kv_cache_mib=1, block_size=BLOCK, max_num_seqs=3, prefill_chunk_size=chunk, state_checkpoints=4
+        ),
+        eos_token_ids=[EOS_ID],
+        model_max_len=4096,
+    )
+    params = SamplingParams(max_tokens=40, temperature=0.0)
+    prompts = {
+        f"w{w}q{q}": agent_chat(f"wave {w} question {q}" + "?" * q) for w in range(3) for q in range(3)
+    }
+    got: dict[str, list[int]] = {r: [] for r in prompts}
+    for wave in range(3):
+        for req_id, prompt in prompts.items():
+            if req_id.startswith(f"w{wave}"):
+                engine.add_request(prompt, params, req_id=req_id)
+        for out in drain(engine):
+            got[out.req_id] += out.new_token_ids
+    stats = engine.stats()
+    assert engine.scheduler.num_preemptions > 0 and stats.state_checkpoint_restores_total > 0
+    for req_id, prompt in prompts.items():
+        assert got[req_id] == run(hybrid_engine(), prompt, max_tokens=40)[0], req_id
