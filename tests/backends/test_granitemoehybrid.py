@@ -16,6 +16,7 @@ from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
 from localchat.arch.registry import architecture
 from localchat.backends.torch.mamba2 import ssd_chunked, ssd_step
 from localchat.backends.torch.runner import TorchRunner
+from localchat.engine.config import DEFAULT_STATE_CHECKPOINTS
 from localchat.models.memory import MIN_KV_BUDGET, estimate
 from localchat.weights.config import ModelConfig
 from localchat.weights.loader import load_model
@@ -126,9 +127,15 @@ def test_checkpoint_folder_loads_and_reports_its_state(tmp_path: Path) -> None:
     assert spec.bytes_per_slot == 2 * (3 * 192 * 4 + 4 * 32 * 16 * 4)
     arch = architecture("granitemoehybrid")
     assert arch.state_bytes is not None and arch.state_bytes(bundle.config, 4) == spec.bytes_per_slot
-    # The RAM estimate adds the pool: one bf16-window slot per sequence that may run.
+    # The RAM estimate adds the pool: one bf16-window slot per sequence that may run, plus the prefix
+    # checkpoints' slots.
     slot_bf16 = 2 * (3 * 192 * 2 + 4 * 32 * 16 * 4)
-    assert estimate(tmp_path, None, max_num_seqs=3).kv_cache == MIN_KV_BUDGET + 3 * slot_bf16
+    assert (
+        estimate(tmp_path, None, max_num_seqs=3, state_checkpoints=0).kv_cache
+        == MIN_KV_BUDGET + 3 * slot_bf16
+    )
+    with_checkpoints = MIN_KV_BUDGET + (3 + DEFAULT_STATE_CHECKPOINTS) * slot_bf16
+    assert estimate(tmp_path, None, max_num_seqs=3).kv_cache == with_checkpoints
     r.initialize_state_cache(1)
     assert_prefill_matches(hf, r, PROMPT[:20], tol=TOL)
 
