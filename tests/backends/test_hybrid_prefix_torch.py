@@ -12,9 +12,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.backends.test_granitemoehybrid import tiny_granite
-from tests.backends.test_lfm2 import tiny_lfm2
-from tests.backends.test_qwen3_next import tiny_qwen3_5
 from tests.helpers.hybrid_prefix_checks import (
     assert_same,
     check_next_turn_and_regenerate,
@@ -22,18 +19,12 @@ from tests.helpers.hybrid_prefix_checks import (
     hybrid_engine,
     run,
 )
-from tests.helpers.torch_models import bundle_from_hf, fp32_runner
-
-BUILDERS: dict[str, Callable[..., Any]] = {
-    "qwen3_5": tiny_qwen3_5,
-    "granite": tiny_granite,
-    "lfm2": tiny_lfm2,
-}
+from tests.helpers.tiny_hybrids import BUILDERS, runner_factory
+from tests.helpers.torch_models import fp32_runner
 
 
 def runners(build: Callable[..., Any], **overrides: object) -> Callable[[], Any]:
-    bundle = bundle_from_hf(build(**overrides))
-    return lambda: fp32_runner(bundle)
+    return runner_factory(fp32_runner, build, **overrides)
 
 
 @pytest.mark.parametrize("family", BUILDERS)
@@ -43,7 +34,7 @@ def test_next_turn_and_regenerate_equal_a_cold_run(family: str) -> None:
 
 def test_preemption_and_eviction_equal_running_alone() -> None:
     # Wide K/V heads: 4 KiB per token, so a 1 MiB pool holds ~15 blocks and four chats preempt.
-    check_preemption_and_eviction(runners(tiny_qwen3_5, num_key_value_heads=4, head_dim=64))
+    check_preemption_and_eviction(runners(BUILDERS["qwen3_5"], num_key_value_heads=4, head_dim=64))
 
 
 def test_new_chats_sharing_a_prefix_restore_it_from_the_third_on() -> None:
@@ -53,7 +44,7 @@ def test_new_chats_sharing_a_prefix_restore_it_from_the_third_on() -> None:
     rng = np.random.default_rng(11)
     shared = [int(t) for t in rng.integers(3, 256, size=88)]
     chats = [shared + [int(t) for t in rng.integers(3, 256, size=20 + 3 * i)] for i in range(3)]
-    make = runners(tiny_qwen3_5)
+    make = runners(BUILDERS["qwen3_5"])
     warm_engine = hybrid_engine(make())
     cold_engine = hybrid_engine(make(), enable_prefix_caching=False)
     got = [run(warm_engine, chat, 8) for chat in chats]

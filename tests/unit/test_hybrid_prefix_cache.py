@@ -26,9 +26,10 @@ STATE_BYTES = 1024
 BLOCK = 16
 
 
-def hybrid_engine(**config: object) -> LLMEngine:
+def hybrid_engine(kv_bytes_per_token: int = 128, **config: object) -> LLMEngine:
+    """`kv_bytes_per_token`: larger shrinks the 1 MiB pool's blocks (preemption, eviction)."""
     cfg = EngineConfig(**{"kv_cache_mib": 1, "block_size": BLOCK, **config})  # type: ignore[arg-type]
-    runner = FakeRunner(state_bytes=STATE_BYTES)
+    runner = FakeRunner(kv_bytes_per_token=kv_bytes_per_token, state_bytes=STATE_BYTES)
     return LLMEngine(runner, FakeTokenizer(), cfg, eos_token_ids=[EOS_ID], model_max_len=4096)
 
 
@@ -104,13 +105,7 @@ def _req(prompt: list[int]):
 
 def test_evicted_blocks_make_the_checkpoint_useless() -> None:
     # 1 MiB at 4 KiB per token: ~15 blocks, so a few other prompts evict the first one's blocks.
-    engine = LLMEngine(
-        FakeRunner(kv_bytes_per_token=4096, state_bytes=STATE_BYTES),
-        FakeTokenizer(),
-        EngineConfig(kv_cache_mib=1, block_size=BLOCK),
-        eos_token_ids=[EOS_ID],
-        model_max_len=4096,
-    )
+    engine = hybrid_engine(kv_bytes_per_token=4096)
     prompt = chat_prompt("<<say:ok>> " + "p" * 80)
     first, _ = run(engine, prompt)
     for i in range(6):
@@ -138,14 +133,8 @@ def test_skipping_the_restore_is_caught() -> None:
 def test_many_requests_with_preemption_match_running_alone(chunk: int) -> None:
     """Requests that share prefixes (turns of three chats, regenerations) under a pool small enough to
     preempt: every output equals a cold run, and prefixes were restored."""
-    engine = LLMEngine(
-        FakeRunner(kv_bytes_per_token=2048, state_bytes=STATE_BYTES),
-        FakeTokenizer(),
-        EngineConfig(
-            kv_cache_mib=1, block_size=BLOCK, max_num_seqs=4, prefill_chunk_size=chunk, state_checkpoints=4
-        ),
-        eos_token_ids=[EOS_ID],
-        model_max_len=4096,
+    engine = hybrid_engine(
+        kv_bytes_per_token=2048, max_num_seqs=4, prefill_chunk_size=chunk, state_checkpoints=4
     )
     chats = [
         chat_prompt(f"<<say:reply {i} " + "r" * (20 + 9 * i) + ">> " + "c" * (30 + 7 * i)) for i in range(3)
@@ -347,14 +336,8 @@ def test_the_shared_prefix_cut_costs_one_step_and_only_when_worth_it(monkeypatch
 def test_agent_chats_sharing_a_prefix_under_preemption_match_running_alone(chunk: int) -> None:
     """Waves of new chats with the same system prompt, run together in a pool small enough to preempt:
     shared-prefix saves and restores happen mid-flight and every output equals a cold run."""
-    engine = LLMEngine(
-        FakeRunner(kv_bytes_per_token=2048, state_bytes=STATE_BYTES),
-        FakeTokenizer(),
-        EngineConfig(
-            kv_cache_mib=1, block_size=BLOCK, max_num_seqs=3, prefill_chunk_size=chunk, state_checkpoints=4
-        ),
-        eos_token_ids=[EOS_ID],
-        model_max_len=4096,
+    engine = hybrid_engine(
+        kv_bytes_per_token=2048, max_num_seqs=3, prefill_chunk_size=chunk, state_checkpoints=4
     )
     params = SamplingParams(max_tokens=40, temperature=0.0)
     prompts = {
