@@ -184,27 +184,33 @@ class Eagle3Proposer:
     def _propose(self, wanted: list[tuple[Request, int]]) -> dict[str, list[int]]:
         feed = _Feed()
         ready: dict[str, tuple[_State, int, int]] = {}  # req_id -> (state, k, position of draft 1's row)
-        for request, k in wanted:
-            state = self.states.get(request.req_id)
-            if k <= 0 or state is None or request.images:
-                continue
-            computed = request.num_computed_tokens
-            positions, hidden = self._valid_rows(state, computed)
-            state.cache.size = min(state.cache.size, state.committed)  # the last drafts' rows go
-            state.cache.keep_below(int(positions[0]) if len(positions) else computed)
-            state.committed = state.cache.size
-            if len(positions):
-                tokens = [request.all_token_ids[p + 1] for p in positions.tolist()]
-                feed.req_ids.append(request.req_id)
-                feed.counts.append(len(tokens))
-                feed.positions.append(torch.from_numpy(positions))
-                feed.tokens.append(torch.tensor(tokens, dtype=torch.long))
-                feed.hidden.append(self.head.fuse(hidden))
-                state.last = None
-            elif state.last is None or state.last[0] != computed - 1:
-                continue  # the head has not seen the row before the next token: no drafts
-            ready[request.req_id] = (state, k, computed - 1)
-        outputs = self._pass(feed) if feed.req_ids else {}
+        taken: dict[str, tuple[_State, list[tuple[np.ndarray, torch.Tensor]]]] = {}
+        try:
+            for request, k in wanted:
+                state = self.states.get(request.req_id)
+                if k <= 0 or state is None or request.images:
+                    continue
+                computed = request.num_computed_tokens
+                taken[request.req_id] = (state, state.pending)
+                positions, hidden = self._valid_rows(state, computed)
+                state.cache.size = min(state.cache.size, state.committed)  # the last drafts' rows go
+                state.cache.keep_below(int(positions[0]) if len(positions) else computed)
+                state.committed = state.cache.size
+                if len(positions):
+                    tokens = [request.all_token_ids[p + 1] for p in positions.tolist()]
+                    feed.req_ids.append(request.req_id)
+                    feed.counts.append(len(tokens))
+                    feed.positions.append(torch.from_numpy(positions))
+                    feed.tokens.append(torch.tensor(tokens, dtype=torch.long))
+                    feed.hidden.append(self.head.fuse(hidden))
+                    state.last = None
+                elif state.last is None or state.last[0] != computed - 1:
+                    continue  # the head has not seen the row before the next token: no drafts
+                ready[request.req_id] = (state, k, computed - 1)
+            outputs = self._pass(feed) if feed.req_ids else {}
+        except BaseException:
+            _give_back(taken)
+            raise
         for req_id, out in outputs.items():
             state = self.states[req_id]
             state.committed = state.cache.size
@@ -290,6 +296,19 @@ class Eagle3Proposer:
             result[req_id] = out[start : start + count]
             start += count
         return result
+
+
+def _give_back(taken: dict[str, tuple[_State, list[tuple[np.ndarray, torch.Tensor]]]]) -> None:
+    """The pass that was to feed these requests' target rows to the head failed (engine/speculative.py
+    `propose_safely` drops the step's drafts): put the rows back as pending and drop whatever the pass
+    appended, so the next step feeds them again and the head's cache holds every position, as if this
+    pass had never run. (Without this the head went on drafting from a cache with those positions
+    missing: outputs stayed exact, drafts got worse.) A failure in a later draft pass needs nothing:
+    its rows sit past `committed` and go at the next step anyway."""
+    for state, pending in taken.values():
+        state.pending = pending
+        state.cache.size = min(state.cache.size, state.committed)
+        state.committed = state.cache.size
 
 
 def attach_eagle3(runner: TorchRunner, head_path: str, target_name: str, token_limit: int) -> Eagle3Proposer:
