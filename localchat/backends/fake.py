@@ -13,6 +13,9 @@ row's mask can be recorded, for tests).
 With `state_bytes` > 0 it plays a hybrid model too: each state slot holds the tokens its sequence has
 fed so far (a recurrent state's stand-in), zeroed for a row at position 0, copied by `state_copies`, and
 checked against the row's context every step, so a lost, shared or unrestored state raises.
+With `speculate=True` it scores draft tokens too (each position's scripted token; the engine keeps the
+drafts that match), and as a hybrid writes each verify row's per-position states into the rows
+`state_keep` names (engine/hybrid_spec.py), so a missing or wrong fix-up copy raises the same way.
 """
 
 from __future__ import annotations
@@ -130,8 +133,13 @@ class FakeRunner:
     supports_speculation = False  # it answers one scripted token per request (engine/speculative.py)
 
     def __init__(
-        self, tokenizer: FakeTokenizer | None = None, kv_bytes_per_token: int = 128, state_bytes: int = 0
+        self,
+        tokenizer: FakeTokenizer | None = None,
+        kv_bytes_per_token: int = 128,
+        state_bytes: int = 0,
+        speculate: bool = False,
     ) -> None:
+        self.supports_speculation = self.hybrid_speculation = speculate
         # kv_bytes_per_token only shapes how many blocks a MiB budget buys (tests use it to force preemption).
         self.tokenizer = tokenizer or FakeTokenizer()
         self.kv_bytes_per_token = kv_bytes_per_token
@@ -147,6 +155,7 @@ class FakeRunner:
         self.masks: dict[str, list[bytes]] = {}
         self.state_bytes = state_bytes
         self.states: list[tuple[int, ...]] = []  # per state slot: the tokens folded into it
+        self.keep_rows_seen: set[int] = set()  # every row state_keep named (tests check the range)
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
@@ -206,7 +215,8 @@ class FakeRunner:
             if req_id not in batch.sample_req_ids:
                 continue
             sample_row = batch.sample_req_ids.index(req_id)
-            self._check_context(req_id, batch, row)
+            num_drafts = batch.sample_req_ids.count(req_id) - 1  # a verify row samples at every draft too
+            self._check_context(req_id, batch, row, num_drafts)
             if req_id in self.embedding_reqs:
                 embeddings[req_id] = fake_embedding(self.known[req_id])
                 sampled.append([])
@@ -216,12 +226,18 @@ class FakeRunner:
             num_out = int(inputs.token_index[sample_row])
             assert num_out == len(self.known[req_id]) - self.prompt_lens[req_id], "token_index out of sync"
             reply = self.replies[req_id]
-            token = reply[num_out] if num_out < len(reply) else EOS_ID
-            if inputs.token_bitmask is not None:
-                token = self._masked(req_id, inputs.token_bitmask[sample_row], token)
-            self.known[req_id].append(token)
-            sampled.append([token])
-            logprobs.append([TokenLogprobs(token, -0.5, [(token, -0.5), (EOS_ID, -1.5)])])
+            end = int(batch.query_start_loc[row + 1])
+            drafts = batch.input_ids[end - num_drafts : end].tolist()
+            kept = True
+            for j in range(num_drafts + 1):
+                token = reply[num_out + j] if num_out + j < len(reply) else EOS_ID
+                if inputs.token_bitmask is not None:
+                    token = self._masked(req_id, inputs.token_bitmask[sample_row + j], token)
+                if kept:  # the engine keeps drafts while they match (speculative.accept_drafts)
+                    self.known[req_id].append(token)
+                    kept = j < num_drafts and token == drafts[j]
+                sampled.append([token])
+                logprobs.append([TokenLogprobs(token, -0.5, [(token, -0.5), (EOS_ID, -1.5)])])
         return RunnerOutput(list(batch.sample_req_ids), sampled, logprobs, embeddings or None)
 
     def _masked(self, req_id: str, words: np.ndarray, token: int) -> int:
@@ -230,8 +246,8 @@ class FakeRunner:
         allowed = unpack_bitmask(words[None, :], self.tokenizer.vocab_size)[0]
         return token if allowed[token] else int(np.flatnonzero(allowed)[0])
 
-    def _check_context(self, req_id: str, batch: BatchInputs, row: int) -> None:
-        seq_len = int(batch.seq_lens[row])
+    def _check_context(self, req_id: str, batch: BatchInputs, row: int, num_drafts: int = 0) -> None:
+        seq_len = int(batch.seq_lens[row]) - num_drafts  # (drafts are guesses, not yet its tokens)
         positions = np.arange(seq_len)
         table = batch.block_tables[row]
         slots = (
@@ -250,13 +266,21 @@ class FakeRunner:
             self.states[dest] = self.states[source]
         assert batch.state_slots is not None, "a hybrid model's batch names each row's state slot"
         qsl = batch.query_start_loc
+        keep = batch.state_keep
         for row, req_id in enumerate(batch.req_ids):
             slot, start, end = int(batch.state_slots[row]), int(qsl[row]), int(qsl[row + 1])
             first = int(batch.positions[start])
             state = () if first == 0 else self.states[slot]
             if state != tuple(self.known[req_id][:first]):
                 raise AssertionError(f"state of {req_id} (slot {slot}) is not its first {first} tokens")
-            self.states[slot] = state + tuple(int(t) for t in batch.input_ids[start:end])
+            fed = tuple(int(t) for t in batch.input_ids[start:end])
+            self.states[slot] = state + fed
+            for t in range(start, end) if keep is not None else ():
+                assert keep is not None
+                if keep[t] >= 0:  # a verify row's state after this position (engine/hybrid_spec.py)
+                    assert keep[t] != slot, "a verify row's state kept in its own slot"
+                    self.keep_rows_seen.add(int(keep[t]))
+                    self.states[int(keep[t])] = state + fed[: t - start + 1]
 
     def shutdown(self) -> None:
         self.replies.clear()

@@ -17,6 +17,7 @@ from localchat.engine.constraint import TokenMatcher, fill_batch_bitmask
 from localchat.engine.detokenizer import Decoder, IncrementalDetokenizer
 from localchat.engine.draft_model import DraftModelProposer
 from localchat.engine.hybrid_prefix import no_checkpoints_note
+from localchat.engine.hybrid_spec import plan_spec_rows, speculation_note, start_spec_rows
 from localchat.engine.in_flight import StepsInFlight
 from localchat.engine.interface import (
     BatchInputs,
@@ -75,7 +76,7 @@ class LLMEngine:
             budget = config.kv_cache_mib * 2**20
         else:
             budget = runner.available_kv_memory() or DEFAULT_KV_CACHE_MIB * 2**20
-        num_slots = num_checkpoints = state_bytes = 0
+        num_slots = num_checkpoints = state_bytes = spec_rows = 0
         # Steps in flight (--pp): a checkpoint's copy would have to be ordered against every stage's
         # steps not yet back; not done, so hybrid prefix caching is off there.
         depth = getattr(runner, "steps_in_flight", 1)
@@ -83,8 +84,11 @@ class LLMEngine:
         if state_spec is not None:
             asked = config.state_checkpoints if prefix_caching and depth == 1 else 0
             per_slot = state_spec.bytes_per_slot
-            num_slots, num_checkpoints = plan_state_slots(config.max_num_seqs, asked, budget, per_slot)
-            state_bytes = (num_slots + num_checkpoints) * per_slot
+            if not speculation_note(config, runner, state_spec, draft_runner, proposer, 1):
+                spec_rows = plan_spec_rows(config, budget, per_slot)  # verify steps' states (hybrid_spec.py)
+            room = budget - spec_rows * per_slot
+            num_slots, num_checkpoints = plan_state_slots(config.max_num_seqs, asked, room, per_slot)
+            state_bytes = (num_slots + num_checkpoints + spec_rows) * per_slot
             budget -= state_bytes
         if config.kv_cache_mib is None:
             # More than every sequence at full length can never be used: don't reserve it.
@@ -107,7 +111,9 @@ class LLMEngine:
         self.state_bytes_per_slot = 0
         self.prefix_caching_note = ""
         if state_spec is not None:
-            self.state_pool = start_state_pool(runner, state_spec, config, num_slots, num_checkpoints)
+            self.state_pool = start_state_pool(
+                runner, state_spec, config, num_slots, num_checkpoints, spec_rows
+            )
             self.state_bytes_per_slot = state_spec.bytes_per_slot
             if prefix_caching and not num_checkpoints:
                 # Reusing cached KV blocks without the recurrent state at that point would be wrong.
@@ -132,10 +138,14 @@ class LLMEngine:
         self.spec_draft_tokens = 0  # draft tokens scored, and of which accepted (engine/speculative.py)
         self.spec_accepted_tokens = 0
         self.sequence_passes = 0  # target passes that produced tokens for a sequence, summed over sequences
-        self.speculation_note = self._speculation_note(runner, state_spec, draft_runner, proposer)
+        self.speculation_note = speculation_note(
+            config, runner, state_spec, draft_runner, proposer, spec_rows
+        )
         if self.speculation_note:
             log.warning("Speculative decoding off: %s", self.speculation_note)
         self.scheduler.speculate = config.speculative.enabled and not self.speculation_note
+        if self.scheduler.speculate and spec_rows:  # state rows [slots + checkpoints, ... + spec_rows)
+            start_spec_rows(self.scheduler, num_slots + num_checkpoints, spec_rows, state_spec)
         self.draft: DraftModelProposer | None = None
         if self.scheduler.speculate and config.speculative.method == "draft":
             assert draft_runner is not None
@@ -229,6 +239,8 @@ class LLMEngine:
         batch = build_batch(scheduler_output, self.scheduler.requests, self.config.block_size, slots)
         assert batch.sampling is not None
         batch.sampling.token_bitmask = self._grammar_bitmask(batch.sample_req_ids)
+        if (spec_rows := self.scheduler.spec_rows) is not None:
+            batch.state_keep = spec_rows.keep_array(batch)  # a hybrid's verify rows: per-position states
         return batch
 
     def fail_step(self, scheduler_output: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
@@ -321,6 +333,8 @@ class LLMEngine:
             kept = accept_drafts(drafts, [output.sampled_token_ids[r][0] for r in rows])
             request.spec_token_ids = []
             request.num_computed_tokens += len(kept) - 1
+            if (spec_rows := self.scheduler.spec_rows) is not None and self.state_pool is not None:
+                spec_rows.accepted(request, self.state_pool.slots.get(req_id), len(drafts), len(kept) - 1)
             record_outcome(request, len(drafts), len(kept) - 1, self.config.speculative.num_tokens)
             self.spec_draft_tokens += len(drafts)
             self.spec_accepted_tokens += len(kept) - 1
@@ -354,32 +368,6 @@ class LLMEngine:
             prefill_chunk_size=config.prefill_chunk_size,
             p_min=config.speculative.draft_p_min,
         )
-
-    def _speculation_note(
-        self,
-        runner: ModelRunner,
-        state_spec: StateCacheSpec | None,
-        draft_runner: ModelRunner | None,
-        proposer: Proposer | None = None,
-    ) -> str:
-        """Why speculation cannot run with this model and runner ("" when it can or was not asked for)."""
-        if not self.config.speculative.enabled:
-            return ""
-        if self.config.speculative.method == "draft" and draft_runner is None:
-            return "--speculative draft needs a draft model (--draft-model, or a models.yaml entry's draft)"
-        if self.config.speculative.method == "eagle" and proposer is None:
-            return "--speculative eagle needs an EAGLE-3 head (--draft-model FOLDER) on the torch backend"
-        draft_state: StateCacheSpec | None = getattr(draft_runner, "state_cache_spec", None)
-        if draft_state is not None and draft_state.bytes_per_slot > 0:
-            return "the draft model is a hybrid model, whose recurrent state cannot be rolled back"
-        if state_spec is not None:
-            return (
-                "a hybrid model's recurrent state cannot be rolled back past rejected draft tokens "
-                "(only paged K/V can)"
-            )
-        if not getattr(runner, "supports_speculation", True):
-            return f"the {type(runner).__name__} runner cannot score draft tokens"
-        return ""
 
     def _grammar_bitmask(self, sample_req_ids: list[str]) -> np.ndarray | None:
         """The step's allowed-token mask, or None when no sampling row has a grammar (no work then)."""

@@ -103,6 +103,9 @@ class BatchInputs:
     # SchedulerOutput.state_copies, likewise before the forward, in order (a later copy may read an
     # earlier one's destination).
     state_copies: list[tuple[int, int]] = field(default_factory=list)
+    # Hybrid models' verify rows (engine/hybrid_spec.py): int64 [num_tokens], the state row that also
+    # receives every stateful layer's state after each token (-1: none); None when no row speculates.
+    state_keep: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -28,6 +28,7 @@ from localchat.engine.hybrid_prefix import (
     note_shared_boundary,
     save_checkpoint,
 )
+from localchat.engine.hybrid_spec import SpecStateRows, save_passed_boundary
 from localchat.engine.interface import CachedRequestData, NewRequestData, SchedulerOutput
 from localchat.engine.request import FinishReason, Request, RequestStatus
 from localchat.engine.speculative import NgramProposer, Proposer, draft_length, propose_safely
@@ -56,6 +57,7 @@ class Scheduler:
         self.in_flight: set[str] = set()  # requests in a submitted step (engine/in_flight.py)
         self.max_step_seqs: int | None = None  # the most requests one step takes (None: no cap)
         self.checkpoints: StateCheckpoints | None = None  # hybrid prefix caching (the engine sets it)
+        self.spec_rows: SpecStateRows | None = None  # hybrid models' verify states (engine/hybrid_spec.py)
 
     @property
     def has_unfinished(self) -> bool:
@@ -94,6 +96,8 @@ class Scheduler:
         for request in self.running:
             request.spec_token_ids = []
         proposals = self._propose() if speculate else {}
+        if self.spec_rows is not None:
+            self.spec_rows.begin_step()
         index = 0
         cap = self.max_step_seqs or self.config.max_num_seqs
         while index < len(self.running) and budget > 0 and len(num_scheduled) < cap:
@@ -108,6 +112,8 @@ class Scheduler:
                 num_new = checkpoint_cut(self, request, request.num_computed_tokens, num_new)
             num_new = self._whole_pictures(request, request.num_computed_tokens, num_new)
             drafts = proposals.get(request.req_id, [])[: max(0, budget - 1)] if num_new == 1 else []
+            if self.spec_rows is not None:  # a hybrid's verify row needs a spec row per draft
+                drafts = drafts[: self.spec_rows.available]
             while (
                 new_blocks := self.block_manager.allocate_slots(request, num_new, num_lookahead=len(drafts))
             ) is None:
@@ -122,7 +128,10 @@ class Scheduler:
             if new_blocks is None:
                 break
             request.spec_token_ids = drafts
+            if self.spec_rows is not None and drafts:
+                self.spec_rows.assign(request.req_id, len(drafts))
             if self.checkpoints is not None:
+                save_passed_boundary(self, request)  # (a block boundary its last verify step passed)
                 save_checkpoint(self, request)  # before this step's forward moves the state on
             num_scheduled[request.req_id] = num_new + len(drafts)
             cached_reqs.append(CachedRequestData(request.req_id, new_blocks, request.num_computed_tokens))
@@ -222,7 +231,11 @@ class Scheduler:
 
     def _state_copies(self, step_runs: bool) -> list[tuple[int, int]]:
         # An empty step never runs: its copies wait for the next one (a save at a request's end).
-        return self.checkpoints.end_step() if self.checkpoints is not None and step_runs else []
+        # A verify step's state fix-ups (hybrid_spec.py) come first: a save may read their live rows.
+        fixups = self.spec_rows.end_step(step_runs) if self.spec_rows is not None else []
+        if not step_runs:
+            return []
+        return fixups + (self.checkpoints.end_step() if self.checkpoints is not None else [])
 
     @property
     def block_size(self) -> int:

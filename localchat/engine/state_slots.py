@@ -65,10 +65,16 @@ def plan_state_slots(
 
 
 def start_state_pool(
-    runner: Any, spec: StateCacheSpec, config: EngineConfig, num_slots: int, num_checkpoints: int
+    runner: Any,
+    spec: StateCacheSpec,
+    config: EngineConfig,
+    num_slots: int,
+    num_checkpoints: int,
+    num_spec_rows: int = 0,
 ) -> StateSlotPool:
-    """Give the runner its state rows ([0, num_slots) run sequences, then the checkpoints) and log it."""
-    runner.initialize_state_cache(num_slots + num_checkpoints)
+    """Give the runner its state rows ([0, num_slots) run sequences, then the checkpoints, then the spec
+    rows of speculative verify steps: engine/hybrid_spec.py) and log it."""
+    runner.initialize_state_cache(num_slots + num_checkpoints + num_spec_rows)
     log.info(
         "State cache: %d slots (max_num_seqs %d) + %d prefix checkpoints of %.2f MiB for %d recurrent "
         "layers, %.0f MiB",

@@ -55,7 +55,7 @@ def test_hybrid_models_and_the_fake_runner_turn_speculation_off_with_a_reason() 
         eos_token_ids=[EOS_ID],
         model_max_len=256,
     )
-    assert "recurrent state cannot be rolled back" in hybrid.speculation_note
+    assert "does not write the per-position recurrent states" in hybrid.speculation_note
     assert not hybrid.scheduler.speculate
     fake = fake_engine(speculative=spec)
     assert "FakeRunner runner cannot score draft tokens" in fake.speculation_note
