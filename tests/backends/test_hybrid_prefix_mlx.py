@@ -17,6 +17,7 @@ from localchat.backends.mlx.runner import MLXRunner  # noqa: E402
 from tests.helpers.hybrid_prefix_checks import (  # noqa: E402
     check_next_turn_and_regenerate,
     check_preemption_and_eviction,
+    check_shared_prefix,
 )
 from tests.helpers.tiny_hybrids import BUILDERS, runner_factory  # noqa: E402
 
@@ -38,3 +39,8 @@ def test_next_turn_and_regenerate_equal_a_cold_run(family: str) -> None:
 
 def test_preemption_and_eviction_equal_running_alone() -> None:
     check_preemption_and_eviction(runners(BUILDERS["qwen3_5"], num_key_value_heads=4, head_dim=64))
+
+
+@pytest.mark.parametrize("family", BUILDERS)
+def test_new_chats_sharing_a_prefix_restore_it_from_the_third_on(family: str) -> None:
+    check_shared_prefix(runners(BUILDERS[family]))

@@ -9,15 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import pytest
 
 from tests.helpers.hybrid_prefix_checks import (
-    assert_same,
     check_next_turn_and_regenerate,
     check_preemption_and_eviction,
-    hybrid_engine,
-    run,
+    check_shared_prefix,
 )
 from tests.helpers.tiny_hybrids import BUILDERS, runner_factory
 from tests.helpers.torch_models import fp32_runner
@@ -37,18 +34,6 @@ def test_preemption_and_eviction_equal_running_alone() -> None:
     check_preemption_and_eviction(runners(BUILDERS["qwen3_5"], num_key_value_heads=4, head_dim=64))
 
 
-def test_new_chats_sharing_a_prefix_restore_it_from_the_third_on() -> None:
-    """Three chats with the same 88-token prefix (five whole blocks, then 8 more tokens), each then its
-    own: the second saves a checkpoint where it leaves the first's cached K/V, the third restores it
-    (80 cached) with greedy tokens and logprobs equal to a cold run."""
-    rng = np.random.default_rng(11)
-    shared = [int(t) for t in rng.integers(3, 256, size=88)]
-    chats = [shared + [int(t) for t in rng.integers(3, 256, size=20 + 3 * i)] for i in range(3)]
-    make = runners(BUILDERS["qwen3_5"])
-    warm_engine = hybrid_engine(make())
-    cold_engine = hybrid_engine(make(), enable_prefix_caching=False)
-    got = [run(warm_engine, chat, 8) for chat in chats]
-    assert [cached for _, _, cached in got] == [0, 0, 80]
-    for i, chat in enumerate(chats):
-        assert_same(got[i], run(cold_engine, chat, 8), f"chat {i}")
-    assert warm_engine.stats().state_checkpoint_restores_total == 1
+@pytest.mark.parametrize("family", BUILDERS)
+def test_new_chats_sharing_a_prefix_restore_it_from_the_third_on(family: str) -> None:
+    check_shared_prefix(runners(BUILDERS[family]))

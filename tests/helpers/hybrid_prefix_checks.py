@@ -99,3 +99,19 @@ def check_preemption_and_eviction(make_runner: Callable[[], Any], vocab: int = 2
     assert engine.stats().state_checkpoint_restores_total > 0  # (re-admissions after preemption too)
     for req_id, (prompt, result) in asked.items():
         assert_same(result, run(cold_engine, prompt, 24), req_id)
+
+
+def check_shared_prefix(make_runner: Callable[[], Any], vocab: int = 256) -> None:
+    """Three chats with the same 88-token prefix (five whole blocks, then 8 more tokens), each then its
+    own: the second saves a checkpoint where it leaves the first's cached K/V, the third restores it
+    (80 cached) with greedy tokens and logprobs equal to a cold run."""
+    rng = np.random.default_rng(11)
+    shared = [int(t) for t in rng.integers(3, vocab, size=88)]
+    chats = [shared + [int(t) for t in rng.integers(3, vocab, size=20 + 3 * i)] for i in range(3)]
+    warm_engine = hybrid_engine(make_runner())
+    cold_engine = hybrid_engine(make_runner(), enable_prefix_caching=False)
+    got = [run(warm_engine, chat, 8) for chat in chats]
+    assert [cached for _, _, cached in got] == [0, 0, 80]
+    for i, chat in enumerate(chats):
+        assert_same(got[i], run(cold_engine, chat, 8), f"chat {i}")
+    assert warm_engine.stats().state_checkpoint_restores_total == 1
