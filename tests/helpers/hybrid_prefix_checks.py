@@ -51,13 +51,16 @@ def assert_same(warm: Result, cold: Result, what: str) -> None:
     assert err < LOGPROB_TOL, f"{what}: logprobs differ by {err}"
 
 
-def check_next_turn_and_regenerate(make_runner: Callable[[], Any], vocab: int = 256) -> None:
+def check_next_turn_and_regenerate(
+    make_runner: Callable[[], Any], vocab: int = 256, cold_runner: Any = None
+) -> None:
     """A chat's next turn (prompt = last prompt + reply + new message) and a regenerated answer reuse
-    the checkpointed prefix and equal a cold run; with the restore skipped they would not."""
+    the checkpointed prefix and equal a cold run (on `cold_runner`, default another of `make_runner`'s);
+    with the restore skipped they would not."""
     rng = np.random.default_rng(5)
     first = [int(t) for t in rng.integers(3, vocab, size=41)]
     warm_engine = hybrid_engine(make_runner())
-    cold_engine = hybrid_engine(make_runner(), enable_prefix_caching=False)
+    cold_engine = hybrid_engine(cold_runner or make_runner(), enable_prefix_caching=False)
     one = run(warm_engine, first, 30)
     assert one[2] == 0
     assert_same(one, run(cold_engine, first, 30), "first turn")
@@ -101,7 +104,7 @@ def check_preemption_and_eviction(make_runner: Callable[[], Any], vocab: int = 2
         assert_same(result, run(cold_engine, prompt, 24), req_id)
 
 
-def check_shared_prefix(make_runner: Callable[[], Any], vocab: int = 256) -> None:
+def check_shared_prefix(make_runner: Callable[[], Any], vocab: int = 256, cold_runner: Any = None) -> None:
     """Three chats with the same 88-token prefix (five whole blocks, then 8 more tokens), each then its
     own: the second saves a checkpoint where it leaves the first's cached K/V, the third restores it
     (80 cached) with greedy tokens and logprobs equal to a cold run."""
@@ -109,7 +112,7 @@ def check_shared_prefix(make_runner: Callable[[], Any], vocab: int = 256) -> Non
     shared = [int(t) for t in rng.integers(3, vocab, size=88)]
     chats = [shared + [int(t) for t in rng.integers(3, vocab, size=20 + 3 * i)] for i in range(3)]
     warm_engine = hybrid_engine(make_runner())
-    cold_engine = hybrid_engine(make_runner(), enable_prefix_caching=False)
+    cold_engine = hybrid_engine(cold_runner or make_runner(), enable_prefix_caching=False)
     got = [run(warm_engine, chat, 8) for chat in chats]
     assert [cached for _, _, cached in got] == [0, 0, 80]
     for i, chat in enumerate(chats):
