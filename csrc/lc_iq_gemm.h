@@ -32,7 +32,9 @@ once per ISA (LC_FN) after lc_iquants.h; the AVX-512 variant after lc_x16_avx512
 #endif
 
 /* Types whose scale changes every 16 values (the others every 32). */
-static inline int lc_iqg_per16(int type) { return type == LC_IQ2_XS || type == LC_IQ2_S || type == LC_IQ1_M; }
+static inline int lc_iqg_per16(int type) {
+    return type == LC_IQ2_XS || type == LC_IQ2_S || type == LC_IQ1_M || type == LC_NVFP4;
+}
 
 /* Types whose codes stay within +-63 (all but the IQ4 tables): AVX2 stores them + 64, so maddubs multiplies
    them unsigned against the signed activations directly (pair sums <= 2 * 127 * 127 cannot saturate). */
@@ -169,6 +171,9 @@ static void LC_FN(iqg_panel)(int type, const uint8_t *w, int64_t n, int64_t r0, 
     case LC_IQ4_NL: LC_IQG_PANEL(LC_IQ4_NL); break;
     case LC_IQ4_XS: LC_IQG_PANEL(LC_IQ4_XS); break;
     case LC_MXFP4: LC_IQG_PANEL(LC_MXFP4); break;
+    case LC_NVFP4: LC_IQG_PANEL(LC_NVFP4); break;
+    case LC_Q1_0: LC_IQG_PANEL(LC_Q1_0); break;
+    case LC_Q2_0: LC_IQG_PANEL(LC_Q2_0); break;
     case LC_IQ2_XXS: LC_IQG_PANEL(LC_IQ2_XXS); break;
     case LC_IQ2_XS: LC_IQG_PANEL(LC_IQ2_XS); break;
     case LC_IQ2_S: LC_IQG_PANEL(LC_IQ2_S); break;

@@ -38,7 +38,9 @@ static const uint8_t lc_iqn_bits[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8,
 static const uint8_t lc_iqn_tq1_pow[16] = {1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27};
 
 /* The types whose scale changes every 16 values (two per sub-block). */
-static inline int lc_iqn_per16(int type) { return type == LC_IQ2_XS || type == LC_IQ2_S || type == LC_IQ1_M; }
+static inline int lc_iqn_per16(int type) {
+    return type == LC_IQ2_XS || type == LC_IQ2_S || type == LC_IQ1_M || type == LC_NVFP4;
+}
 #endif /* LC_IQN_COMMON */
 
 /* acc + the 16 products v[j] x[j]: lane l adds products 4l .. 4l + 3. The smull form keeps sdot's lanes
@@ -126,6 +128,8 @@ static inline __attribute__((always_inline)) void LC_FN(iqn_sub)(const int type,
     if (type == LC_IQ4_NL) {
         LC_FN(iqn_iq4)(b + 2, lc_iq4nl_values, v0, v1);
         d[0] = d[1] = LC_FN(iqn_f16)(b);
+    } else if (lc_is_lowbit(type)) {
+        LC_FN(lbn_sub)(type, b, i, v0, v1, d); /* lc_lowbit.h */
     } else if (type == LC_MXFP4) {
         LC_FN(iqn_iq4)(b + 1, lc_mxfp4_values, v0, v1);
         d[0] = d[1] = lc_e8m0_half(b[0]);
@@ -233,6 +237,9 @@ static void LC_FN(iqn_dec)(int type, const uint8_t *row, int64_t s, int8_t *v, f
     case LC_IQ4_NL: LC_IQN_SUB(LC_IQ4_NL); break;
     case LC_IQ4_XS: LC_IQN_SUB(LC_IQ4_XS); break;
     case LC_MXFP4: LC_IQN_SUB(LC_MXFP4); break;
+    case LC_NVFP4: LC_IQN_SUB(LC_NVFP4); break;
+    case LC_Q1_0: LC_IQN_SUB(LC_Q1_0); break;
+    case LC_Q2_0: LC_IQN_SUB(LC_Q2_0); break;
     case LC_IQ2_XXS: LC_IQN_SUB(LC_IQ2_XXS); break;
     case LC_IQ2_XS: LC_IQN_SUB(LC_IQ2_XS); break;
     case LC_IQ2_S: LC_IQN_SUB(LC_IQ2_S); break;
@@ -291,11 +298,12 @@ static inline __attribute__((always_inline)) void LC_FN(iqn_row)(const int type,
         }
         if (s < subs) LC_FN(iqn_step)(type, mr, row + bytes * s, 0, s, k, xq, xd, acc0); /* an odd last one */
     } else {
-        for (int64_t blk = 0; blk < subs / 8; blk++) {
+        const int nsub = (int)lc_block_subs(type); /* 8; NVFP4 / Q2_0 2, Q1_0 4 */
+        for (int64_t blk = 0; blk < subs / nsub; blk++) {
             const uint8_t *b = row + bytes * blk;
-            for (int i = 0; i < 8; i += 2) {
-                LC_FN(iqn_step)(type, mr, b, i, 8 * blk + i, k, xq, xd, acc0);
-                LC_FN(iqn_step)(type, mr, b, i + 1, 8 * blk + i + 1, k, xq, xd, acc1);
+            for (int i = 0; i < nsub; i += 2) {
+                LC_FN(iqn_step)(type, mr, b, i, nsub * blk + i, k, xq, xd, acc0);
+                LC_FN(iqn_step)(type, mr, b, i + 1, nsub * blk + i + 1, k, xq, xd, acc1);
             }
         }
     }
@@ -318,6 +326,9 @@ static void LC_FN(iq_rows)(int type, const uint8_t *row, int64_t k, const int8_t
     case LC_IQ4_NL: LC_IQN_ROWS(LC_IQ4_NL)
     case LC_IQ4_XS: LC_IQN_ROWS(LC_IQ4_XS)
     case LC_MXFP4: LC_IQN_ROWS(LC_MXFP4)
+    case LC_NVFP4: LC_IQN_ROWS(LC_NVFP4)
+    case LC_Q1_0: LC_IQN_ROWS(LC_Q1_0)
+    case LC_Q2_0: LC_IQN_ROWS(LC_Q2_0)
     case LC_IQ2_XXS: LC_IQN_ROWS(LC_IQ2_XXS)
     case LC_IQ2_XS: LC_IQN_ROWS(LC_IQ2_XS)
     case LC_IQ2_S: LC_IQN_ROWS(LC_IQ2_S)

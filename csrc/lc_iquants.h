@@ -22,7 +22,7 @@ masked subtract), IQ1 as sign(8, grid) + shift, the ternary digits by shifts and
 
 static inline int lc_is_iq(int type) {
     return (type >= LC_IQ2_XXS && type <= LC_IQ4_XS) || type == LC_IQ1_M || type == LC_TQ1_0 || type == LC_TQ2_0 ||
-           type == LC_MXFP4;
+           type == LC_MXFP4 || lc_is_lowbit(type);
 }
 
 static inline uint32_t lc_u32(const uint8_t *p) {
@@ -63,6 +63,9 @@ static void lc_iq_dec(int type, const uint8_t *b, int s, int8_t *v, float *ls) {
         sc[0] = sc[1] = d;
         break;
     }
+    case LC_NVFP4:
+    case LC_Q1_0:
+    case LC_Q2_0: lc_lb_dec(type, b, s, v, sc); break; /* lc_lowbit.h */
     case LC_MXFP4: /* lc_mxfp4.h */
         for (int j = 0; j < 16; j++) {
             v[j] = lc_mxfp4_values[b[1 + j] & 15];
@@ -175,7 +178,7 @@ static void lc_iq_dec(int type, const uint8_t *b, int s, int8_t *v, float *ls) {
 /* Sub-block `s` of a row: its block and the sub-block's index within it. */
 static inline void lc_iq_dec_row(int type, const uint8_t *row, int64_t s, int8_t *v, float *ls) {
     if (type == LC_IQ4_NL || type == LC_MXFP4) lc_iq_dec(type, row + lc_block_bytes(type) * s, 0, v, ls);
-    else lc_iq_dec(type, row + lc_block_bytes(type) * (s / 8), (int)(s % 8), v, ls);
+    else lc_iq_dec(type, row + lc_block_bytes(type) * (s / lc_block_subs(type)), (int)(s % lc_block_subs(type)), v, ls);
 }
 
 /* out [r, k] = rows ids of an i-quant matrix, dequantized. */
@@ -190,6 +193,7 @@ static void lc_iq_dequant(int type, const uint8_t *w, int64_t k, int64_t row_byt
         }
 }
 #endif /* LC_IQ_COMMON */
+#include "lc_lowbit.h" /* its per-ISA decoders */
 
 #if LC_ISA == LC_ISA_AVX2 || LC_ISA == LC_ISA_AVX512VNNI
 /* 8 int32 lanes: lane l = sum of v[4l..4l+3] * x[4l..4l+3], both signed (|v|, |x| <= 127: the int16 pair
@@ -436,6 +440,8 @@ static inline __attribute__((always_inline)) void LC_FN(iq_sub)(const int type, 
         const uint8_t *b = row + 17 * s;
         *v = LC_FN(iq4_values)(b + 1, lc_mxfp4_values);
         *lsv = _mm256_set1_ps(lc_e8m0_half(b[0]));
+    } else if (lc_is_lowbit(type)) {
+        LC_FN(lb_sub)(type, row, s, v, lsv);
     } else if (type == LC_IQ4_XS) {
         const uint8_t *b = row + 136 * (s / 8);
         int i = (int)(s % 8);
@@ -708,6 +714,9 @@ static void LC_FN(iq_rows)(int type, const uint8_t *row, int64_t k, const int8_t
     case LC_IQ4_NL: LC_IQ_ROWS(iq_row, LC_IQ4_NL) break;
     case LC_IQ4_XS: LC_IQ_ROWS(iq_row, LC_IQ4_XS) break; /* without dx32: iq_matmul runs iq4xs_rows */
     case LC_MXFP4: LC_IQ_ROWS(iq_row, LC_MXFP4) break;
+    case LC_NVFP4: LC_IQ_ROWS(iq_row, LC_NVFP4) break;
+    case LC_Q1_0: LC_IQ_ROWS(iq_row, LC_Q1_0) break;
+    case LC_Q2_0: LC_IQ_ROWS(iq_row, LC_Q2_0) break;
     case LC_IQ2_XXS: LC_IQ_ROWS(iq_brow, LC_IQ2_XXS) break;
     case LC_IQ2_XS: LC_IQ_ROWS(iq_brow, LC_IQ2_XS) break;
     case LC_IQ2_S: LC_IQ_ROWS(iq_brow, LC_IQ2_S) break;

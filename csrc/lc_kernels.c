@@ -68,11 +68,15 @@ static inline int64_t lc_block_bytes(int type) {
     case LC_TQ1_0: return 54;
     case LC_TQ2_0: return 66;
     case LC_MXFP4: return 17;
+    case LC_NVFP4: return 36;
+    case LC_Q1_0: case LC_Q2_0: return 18;
     default: return 210;
     }
 }
-/* K-quants, i-quants but IQ4_NL, TQ types: 256 values */
+/* K-quants, i-quants but IQ4_NL, TQ types: 256 values; NVFP4 and Q2_0 64, Q1_0 128 */
 static inline int64_t lc_block_subs(int type) {
+    if (type == LC_NVFP4 || type == LC_Q2_0) return 2;
+    if (type == LC_Q1_0) return 4;
     return type >= LC_Q2_K && type != LC_IQ4_NL && type != LC_MXFP4 ? 8 : 1;
 }
 /* Types whose scale changes every 16 values (the GEMMs convert their integer sums to float that often). */
@@ -172,6 +176,7 @@ static int lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 #define LC_XS(k) ((k) / 16 + (k) / 4)
 
 #include "lc_mxfp4.h"
+#include "lc_lowbit.h"
 
 #define LC_FN(name) name##_portable
 #define LC_ISA LC_ISA_PORTABLE
@@ -258,6 +263,8 @@ static int lc_type_ok(int type, int64_t k) {
     case LC_Q4_0: case LC_Q4_1: case LC_Q5_0: case LC_Q5_1: case LC_Q8_0: return k > 0 && k % 32 == 0;
     case LC_Q2_K: case LC_Q3_K: case LC_Q4_K: case LC_Q5_K: case LC_Q6_K: return k > 0 && k % 256 == 0;
     case LC_IQ4_NL: case LC_MXFP4: return k > 0 && k % 32 == 0;
+    case LC_NVFP4: case LC_Q2_0: return k > 0 && k % 64 == 0;
+    case LC_Q1_0: return k > 0 && k % 128 == 0;
     case LC_IQ2_XXS: case LC_IQ2_XS: case LC_IQ3_XXS: case LC_IQ1_S: case LC_IQ3_S: case LC_IQ2_S: case LC_IQ4_XS:
     case LC_IQ1_M: case LC_TQ1_0: case LC_TQ2_0: return k > 0 && k % 256 == 0;
     default: return 0;

@@ -34,7 +34,8 @@ enum {
     /* i-quants and ternary types (lc_iquants.h): no x16 layout, their own matmul */
     LC_IQ2_XXS = 16, LC_IQ2_XS = 17, LC_IQ3_XXS = 18, LC_IQ1_S = 19, LC_IQ4_NL = 20, LC_IQ3_S = 21,
     LC_IQ2_S = 22, LC_IQ4_XS = 23, LC_IQ1_M = 29, LC_TQ1_0 = 34, LC_TQ2_0 = 35,
-    LC_MXFP4 = 39 /* lc_mxfp4.h: run by the i-quant kernels */
+    LC_MXFP4 = 39, /* lc_mxfp4.h: run by the i-quant kernels */
+    LC_NVFP4 = 40, LC_Q1_0 = 41, LC_Q2_0 = 42 /* lc_lowbit.h: run by the i-quant kernels */
 };
 #define LC_X16 0x100 /* type flag: the matrix is in the x16 layout (lc_x16_layout.h) */
 

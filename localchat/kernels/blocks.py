@@ -1,7 +1,8 @@
 """GGUF block geometry of the types localchat's C kernels read: one table, taken from the gguf package.
 
 `gguf.GGML_QUANT_SIZES` is the reference (values and bytes per block of each GGML type); only a type an
-older gguf release lacks (MXFP4 arrived in 0.17, the project accepts 0.10 on) is written out here.
+older gguf release lacks (MXFP4 arrived in 0.17, NVFP4 / Q1_0 in 0.19, Q2_0 in none yet; the project
+accepts 0.10 on) is written out here.
 """
 
 from __future__ import annotations
@@ -25,10 +26,16 @@ X16_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "
 IQ_TYPES = frozenset(
     {"IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "IQ1_M", "TQ1_0", "TQ2_0"}
 )
-# gpt-oss's experts (csrc/lc_mxfp4.h): the i-quant kernels read them in place too.
-OTHER_TYPES = frozenset({"MXFP4"})
+# gpt-oss's experts (csrc/lc_mxfp4.h) and NVFP4 / Q1_0 / Q2_0 (csrc/lc_lowbit.h): the i-quant kernels
+# read them in place too.
+OTHER_TYPES = frozenset({"MXFP4", "NVFP4", "Q1_0", "Q2_0"})
 
-_NOT_IN_OLD_GGUF = {"MXFP4": Block(39, 32, 17)}
+_NOT_IN_OLD_GGUF = {
+    "MXFP4": Block(39, 32, 17),
+    "NVFP4": Block(40, 64, 36),
+    "Q1_0": Block(41, 128, 18),
+    "Q2_0": Block(42, 64, 18),  # gguf 0.19 has no Q2_0
+}
 
 
 def _block(name: str) -> Block:

@@ -15,6 +15,7 @@ from pathlib import Path
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from localchat.errors import ModelLoadError
+from localchat.weights.lowbit import register_gguf_types
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -24,6 +25,7 @@ _STRING, _ARRAY = 8, 9
 # Fixed-size value types -> their size in bytes (the GGUF spec's numbering).
 _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _UINT32_TYPE = 4
+register_gguf_types()  # Q2_0 and the other types an older gguf release lacks
 _AGAIN = "Download it again (an interrupted or corrupted download leaves such a file)."
 
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from localchat.weights.lowbit import LOWBIT_TYPES, dequantize_lowbit
+
 DENSE_DTYPES = ("F32", "F16", "BF16")
 
 
@@ -33,6 +35,8 @@ class WeightTensor:
         if self.dtype == "BF16":
             widened = np.asarray(self.data, dtype=np.uint16).astype(np.uint32) << 16
             return widened.view(np.float32).reshape(self.shape)
+        if self.dtype in LOWBIT_TYPES:  # types gguf.quants cannot expand (or lacks)
+            return dequantize_lowbit(np.asarray(self.data), self.dtype).reshape(self.shape)
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 

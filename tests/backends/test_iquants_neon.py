@@ -1,6 +1,6 @@
 """The NEON i-quant kernels (csrc/lc_iq_neon.h) tested on an x86 machine: tests/c/iq_neon_check.c, which
 builds the library into itself, cross-compiled for aarch64 and run under qemu-aarch64 (user mode). It checks
-every i-quant and ternary type and MXFP4: the NEON decoders give lc_iq_dec_row's codes and scales bit for bit
+every i-quant and ternary type, MXFP4, NVFP4, Q1_0 and Q2_0: the NEON decoders give lc_iq_dec_row's codes and scales bit for bit
 (the decoder the gguf.quants parity tests pin), the dot products give the integer sums, and lc_matmul on the
 portable and NEON ISAs (row kernel for 1-4 rows, the panel GEMM for 8 and 13, odd sub-block counts, partial
 panels, bf16 output) stays within float32 summation error of the float64 product.
@@ -35,11 +35,11 @@ pytestmark = [
 # (compiler, -march, qemu -cpu or None for its default "max" CPU, the harness's first line, its check count)
 RUNS_NEON, NO_NEON = "(the NEON ISA runs here)", "(the NEON ISA does not run here)"
 CASES = [
-    ("gcc", "armv8-a", None, f"portable variant smull, neon variant sdot {RUNS_NEON}", 118624),
-    ("gcc", "armv8.2-a+dotprod", None, f"portable variant sdot, neon variant sdot {RUNS_NEON}", 118624),
-    ("gcc", "armv8-a", "cortex-a72", f"portable variant smull, neon variant sdot {NO_NEON}", 61312),
-    ("clang", "armv8.2-a+dotprod", None, f"portable variant sdot, neon variant sdot {RUNS_NEON}", 118624),
-    ("clang", "armv8-a", None, f"portable variant smull, neon variant none {NO_NEON}", 61312),
+    ("gcc", "armv8-a", None, f"portable variant smull, neon variant sdot {RUNS_NEON}", 147280),
+    ("gcc", "armv8.2-a+dotprod", None, f"portable variant sdot, neon variant sdot {RUNS_NEON}", 147280),
+    ("gcc", "armv8-a", "cortex-a72", f"portable variant smull, neon variant sdot {NO_NEON}", 75640),
+    ("clang", "armv8.2-a+dotprod", None, f"portable variant sdot, neon variant sdot {RUNS_NEON}", 147280),
+    ("clang", "armv8-a", None, f"portable variant smull, neon variant none {NO_NEON}", 75640),
 ]
 IDS = ["armv8-a", "dotprod", "cortex-a72", "clang-dotprod", "clang-armv8-a"]
 

@@ -1,7 +1,7 @@
 /* The NEON i-quant kernels (csrc/lc_iq_neon.h) against the portable decoder, from C: built into the same
    program as the library (it includes lc_kernels.c, so it reaches the static functions) for aarch64, with
    and without the dot product in the target, and run under qemu-aarch64 by
-   tests/backends/test_iquants_neon.py. For random blocks of every i-quant and ternary type and MXFP4:
+   tests/backends/test_iquants_neon.py. For random blocks of every i-quant and ternary type, MXFP4, NVFP4, Q1_0 and Q2_0:
    - decode: every sub-block's 32 codes and 8 lane scales from each variant's NEON decoder (portable: sdot
      or smull by the target; neon: sdot) equal lc_iq_dec_row's bit for bit (the decoder the gguf.quants
      parity tests pin);
@@ -25,11 +25,12 @@ static uint32_t rng = 4242u;
 static uint32_t next(void) { return rng = rng * 1664525u + 1013904223u; }
 
 /* type id, values per block, bytes per block, where its f16 scale sits (-1: IQ1_M's split scale, -2:
-   MXFP4's e8m0 exponent byte) */
-#define NTYPES 12
+   MXFP4's e8m0 exponent byte, -3: NVFP4's four ue4m3 bytes) */
+#define NTYPES 15
 static const int TYPES[NTYPES][4] = {{16, 256, 66, 0},  {17, 256, 74, 0},  {18, 256, 98, 0}, {19, 256, 50, 0},
                                      {20, 32, 18, 0},   {21, 256, 110, 0}, {22, 256, 82, 0}, {23, 256, 136, 0},
-                                     {29, 256, 56, -1}, {34, 256, 54, 52}, {35, 256, 66, 64}, {39, 32, 17, -2}};
+                                     {29, 256, 56, -1}, {34, 256, 54, 52}, {35, 256, 66, 64}, {39, 32, 17, -2},
+                                     {40, 64, 36, -3},  {41, 128, 18, 0},  {42, 64, 18, 0}};
 
 /* An f16 scale: `wide` any finite one (zeros and subnormals too), else normal in [2^-10, 2^-6). */
 static uint16_t rand_f16(int wide) {
@@ -41,6 +42,10 @@ static void fill_block(const int *t, uint8_t *b, int wide) {
     for (int i = 0; i < t[2]; i++) b[i] = (uint8_t)(next() >> 24);
     uint16_t h = rand_f16(wide);
     if (t[3] == -2) b[0] = wide ? (uint8_t)(next() >> 24) : (uint8_t)(118 + next() % 8);
+    else if (t[3] == -3) { /* any byte (0 and 0x7F are zero scales), else exponents 6-7 */
+        if (!wide)
+            for (int i = 0; i < 4; i++) b[i] = (uint8_t)(0x30 + next() % 16);
+    }
     else if (t[3] >= 0) memcpy(b + t[3], &h, 2);
     else /* IQ1_M: the scale's four nibbles on top of the four 16-bit words at byte 48 */
         for (int i = 0; i < 4; i++) b[49 + 2 * i] = (uint8_t)((b[49 + 2 * i] & 0x0F) | (((h >> (4 * i)) & 15) << 4));

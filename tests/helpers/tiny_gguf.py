@@ -59,6 +59,7 @@ from gguf.quants import quantize
 
 from tests.helpers.iquants import IQ_QUANTIZERS
 from tests.helpers.kquants import K_QUANTIZERS
+from tests.helpers.lowbit import LOWBIT_QUANTIZERS
 
 TINY_VOCAB_SIZE = 512
 CHATML_TEMPLATE = (
@@ -562,7 +563,7 @@ def _add_tensor(writer: GGUFWriter, name: str, data: np.ndarray, qtype: str) -> 
     if data.shape[-1] % GGML_QUANT_SIZES[gtype][0] != 0:
         writer.add_tensor(name, data)  # a row that does not fill whole blocks stays F32
         return
-    encoders = {**K_QUANTIZERS, **IQ_QUANTIZERS}  # the types gguf.quants cannot quantize
+    encoders = {**K_QUANTIZERS, **IQ_QUANTIZERS, **LOWBIT_QUANTIZERS}  # the types gguf.quants cannot quantize
     blocks = encoders[qtype](data) if qtype in encoders else quantize(data, gtype)
     writer.add_tensor(name, blocks, raw_dtype=gtype)
 
