@@ -208,6 +208,54 @@ def build_sampling_inputs(
     )
 
 
+# Decode steps' sampling arrays by their rows' parameters (`decode_sampling_inputs`); cleared when full.
+_SHARED: dict[tuple[tuple[object, ...], ...], SamplingInputs] = {}
+_SHARED_MAX = 64
+
+
+def decode_sampling_inputs(rows: Sequence[tuple[SamplingParams, Sequence[int], int]]) -> SamplingInputs:
+    """`build_sampling_inputs(rows)` for a step without drafts. Where no row has penalties or a
+    logit_bias, every array but `token_index` is a function of the rows' parameter values, so the arrays
+    of the last steps with those values are handed out again, read-only (nothing writes them; a write
+    would raise, not leak into a later step): a decode stream's rows do not change from token to token."""
+    key = tuple(
+        (p.temperature, p.top_k, p.top_p, p.min_p, p.presence_penalty, p.frequency_penalty,
+         p.repetition_penalty, p.logprobs, p.seed)
+        for p, _, _ in rows
+        if not p.needs_penalties and not p.logit_bias
+    )  # fmt: skip
+    if len(key) != len(rows):
+        return build_sampling_inputs(rows)
+    token_index = np.array([len(t) - k for _, t, k in rows], dtype=np.int64)
+    shared = _SHARED.get(key)
+    if shared is None:
+        if len(_SHARED) >= _SHARED_MAX:
+            _SHARED.clear()
+        shared = _SHARED[key] = build_sampling_inputs(rows)
+        for name in shared.__slots__:
+            if isinstance(array := getattr(shared, name), np.ndarray):
+                array.flags.writeable = False
+    return SamplingInputs(
+        temperature=shared.temperature,
+        top_k=shared.top_k,
+        top_p=shared.top_p,
+        min_p=shared.min_p,
+        presence_penalty=shared.presence_penalty,
+        frequency_penalty=shared.frequency_penalty,
+        repetition_penalty=shared.repetition_penalty,
+        seed=shared.seed,
+        has_seed=shared.has_seed,
+        token_index=token_index,
+        num_logprobs=shared.num_logprobs,
+        penalty_indptr=shared.penalty_indptr,
+        penalty_token_ids=shared.penalty_token_ids,
+        prompt_len=shared.prompt_len,
+        bias_indptr=shared.bias_indptr,
+        bias_token_ids=shared.bias_token_ids,
+        bias_values=shared.bias_values,
+    )
+
+
 def _take_csr(indptr: np.ndarray, data: list[np.ndarray], rows: np.ndarray) -> list[np.ndarray]:
     lens = np.diff(indptr)[rows]
     picked = [np.concatenate([d[indptr[r] : indptr[r + 1]] for r in rows.tolist()] or [d[:0]]) for d in data]

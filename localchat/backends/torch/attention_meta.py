@@ -72,6 +72,12 @@ class AttentionMetadata:
 
     @classmethod
     def from_batch(cls, batch: BatchInputs, device: torch.device, kv_heads: int) -> AttentionMetadata:
+        if batch.num_tokens == 1 and len(batch.req_ids) == 1:
+            return cls._one_decode(batch, device)
+        return cls._rows(batch, device, kv_heads)
+
+    @classmethod
+    def _rows(cls, batch: BatchInputs, device: torch.device, kv_heads: int) -> AttentionMetadata:
         bs = batch.block_size
         qsl = batch.query_start_loc
         q_lens = np.diff(qsl)
@@ -114,6 +120,21 @@ class AttentionMetadata:
         max_len = int(seq_lens.max()) if seq_lens.size else 0
         return cls(
             slot_mapping, bs, decode_idx, bt, bias, decode_len, span, prefills, dec_lens, {}, max_len, lens, ops,
+        )  # fmt: skip
+
+    @classmethod
+    def _one_decode(cls, batch: BatchInputs, device: torch.device) -> AttentionMetadata:
+        """`from_batch` for a step of one decode token (one stream: the common step), the same tensors
+        with a third of the numpy calls (it runs every token, on caches the weights just swept, #34)."""
+        bs = batch.block_size
+        seq_len = int(batch.seq_lens[0])
+        tables = batch.block_tables[0, : -(-seq_len // bs)].astype(np.int64)
+        span = int(tables[0]) * bs if (tables[1:] == tables[:-1] + 1).all() else None
+        slot_mapping = torch.from_numpy(np.ascontiguousarray(batch.slot_mapping, dtype=np.int64)).to(device)
+        lens = torch.from_numpy(np.array([seq_len], dtype=np.int64)).to(device)
+        return cls(
+            slot_mapping, bs, None, torch.from_numpy(tables).to(device), None, seq_len, span, [],
+            batch.seq_lens[:1], {}, seq_len, lens, cpu_decode_kernels(device),
         )  # fmt: skip
 
     def window_bias(self, window: int | None, kv_heads: int, span: int) -> torch.Tensor:

@@ -341,11 +341,18 @@ class TorchRunner:
             return self.model.logits(hidden)
 
     def _prepare(self, batch: BatchInputs) -> _Step:
+        cpu = self.device.type == "cpu"  # (.to(cpu) returns the same tensor, at a dispatch's cost)
+
         def to_device(array: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64)).to(self.device)
+            tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
+            return tensor if cpu else tensor.to(self.device)
 
         indices = batch.logits_indices
-        all_tokens = len(indices) == batch.num_tokens and bool((indices == np.arange(len(indices))).all())
+        rows = len(indices)
+        if rows == 1 == batch.num_tokens:  # one decode token (the common step): no arange to compare
+            all_tokens = bool(indices[0] == 0)
+        else:
+            all_tokens = rows == batch.num_tokens and bool((indices == np.arange(rows)).all())
         return _Step(
             input_ids=to_device(batch.input_ids),
             # M-RoPE (vision/mrope.py): [3, T] rotary positions; the KV slots still follow `positions`.
