@@ -1,8 +1,8 @@
 """GGUF block geometry of the types localchat's C kernels read: one table, taken from the gguf package.
 
 `gguf.GGML_QUANT_SIZES` is the reference (values and bytes per block of each GGML type); only a type an
-older gguf release lacks (MXFP4 arrived in 0.17, NVFP4 / Q1_0 in 0.19, Q2_0 in none yet; the project
-accepts 0.10 on) is written out here.
+older gguf release lacks (MXFP4 arrived in 0.17; the project accepts 0.10 on) is written out here, and
+NVFP4 / Q1_0 / Q2_0 (Q2_0 in no release yet) are registered with gguf by weights/lowbit.py.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from localchat.weights.lowbit import register_gguf_types
 
 
 class Block(NamedTuple):
@@ -30,12 +32,8 @@ IQ_TYPES = frozenset(
 # read them in place too.
 OTHER_TYPES = frozenset({"MXFP4", "NVFP4", "Q1_0", "Q2_0"})
 
-_NOT_IN_OLD_GGUF = {
-    "MXFP4": Block(39, 32, 17),
-    "NVFP4": Block(40, 64, 36),
-    "Q1_0": Block(41, 128, 18),
-    "Q2_0": Block(42, 64, 18),  # gguf 0.19 has no Q2_0
-}
+_NOT_IN_OLD_GGUF = {"MXFP4": Block(39, 32, 17)}
+register_gguf_types()  # NVFP4 / Q1_0 / Q2_0 into gguf's own tables where it lacks them (weights/lowbit.py)
 
 
 def _block(name: str) -> Block:
