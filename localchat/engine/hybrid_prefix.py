@@ -37,27 +37,70 @@ def prompt_boundary(request: Request, block_size: int) -> int:
 MIN_SHARED_BLOCKS = 4
 
 
+# The most shared-prefix cuts one admission takes (each one more prefill step and a checkpoint row):
+# a system prompt, then its tool schemas, then one more level (few-shot examples) in agent clients.
+MAX_SHARED_CUTS = 3
+
+
 def note_shared_boundary(scheduler: Scheduler, request: Request, num_hits: int, num_reused: int) -> None:
     """At admission: the prompt's first `num_hits` blocks are cached but only `num_reused` end at a
-    checkpoint. If the rest is long enough (and not the prompt's own boundary, saved anyway), its prefill
-    will stop at the end of that run and save the state there (`checkpoint_cut`, `save_checkpoint`)."""
+    checkpoint. Its prefill will stop and save the state (`checkpoint_cut`, `save_checkpoint`) where
+    the cached run ends (it leaves the prefix an earlier prompt computed there) and at every point
+    inside the run where some other cached prompt left it (`branch_points`: a system prompt that
+    prompts with different tool schemas share), each at least MIN_SHARED_BLOCKS past the last state
+    kept, below the prompt's own boundary (saved anyway), at most MAX_SHARED_CUTS of them."""
     checkpoints = scheduler.checkpoints
     assert checkpoints is not None
     checkpoints.shared_cuts.pop(request.req_id, None)  # (from an admission that found no room)
-    boundary = num_hits * scheduler.block_size
-    worth = num_hits - num_reused >= MIN_SHARED_BLOCKS
-    if worth and boundary < prompt_boundary(request, scheduler.block_size):
-        checkpoints.shared_cuts[request.req_id] = boundary
+    block_size = scheduler.block_size
+    below = prompt_boundary(request, block_size) // block_size
+    candidates = [num_hits]
+    if num_hits - num_reused > MIN_SHARED_BLOCKS:  # room for a cut inside the run
+        candidates = branch_points(scheduler, request, num_reused + MIN_SHARED_BLOCKS, num_hits) + candidates
+    cuts: list[int] = []
+    last = num_reused
+    for count in candidates:
+        if count - last >= MIN_SHARED_BLOCKS and count < below:
+            cuts.append(count * block_size)
+            last = count
+    if len(cuts) > MAX_SHARED_CUTS:  # keep the outermost prefixes and the run's end
+        cuts = cuts[: MAX_SHARED_CUTS - 1] + cuts[-1:]
+    if cuts:
+        checkpoints.shared_cuts[request.req_id] = tuple(cuts)
+
+
+def branch_points(scheduler: Scheduler, request: Request, first: int, end: int) -> list[int]:
+    """The block counts c in [first, end) where the prompt's cached run forks: the block ending at c has
+    a cached child other than the prompt's own next block (nor a shorter tail of it), so another prompt
+    shared the first c blocks and went on differently. One pass over the cache's children index; run
+    only at admissions whose cached run passes their checkpoint by more than MIN_SHARED_BLOCKS."""
+    manager = scheduler.block_manager
+    hits = manager.get_computed_blocks(request)[:end]
+    count_of = {manager.blocks[b].block_hash: c for c, b in enumerate(hits, 1) if c >= first}
+    tokens = request.all_token_ids
+    size = scheduler.block_size
+    found: set[int] = set()
+    for (parent, _), children in manager.children.items():
+        count = count_of.get(parent)
+        if count is None or count in found:
+            continue
+        own = tuple(tokens[count * size : (count + 1) * size])
+        for child in children:
+            theirs = manager.blocks[child].token_ids
+            if theirs is not None and own[: len(theirs)] != theirs:
+                found.add(count)
+                break
+    return sorted(found)
 
 
 def checkpoint_cut(scheduler: Scheduler, request: Request, start: int, num_new: int) -> int:
     """`num_new` tokens from `start`, cut so that the chunk ends at the first checkpoint boundary it would
-    cross: the shared-prefix one noted at admission, if any, then the prompt's last whole block."""
+    cross: the shared-prefix ones noted at admission, if any, then the prompt's last whole block."""
     checkpoints = scheduler.checkpoints
     if checkpoints is None or request.sampling_params.embedding:
         return num_new
-    shared = checkpoints.shared_cuts.get(request.req_id, 0)
-    for boundary in (shared, prompt_boundary(request, scheduler.block_size)):
+    shared = checkpoints.shared_cuts.get(request.req_id, ())
+    for boundary in (*shared, prompt_boundary(request, scheduler.block_size)):
         if start < boundary < start + num_new:
             return boundary - start
     return num_new
@@ -76,7 +119,8 @@ def save_checkpoint(scheduler: Scheduler, request: Request) -> None:
     slot = pool.slots.get(request.req_id)
     if slot is None or index >= len(request.block_hashes):
         return  # (a block whose step failed was unnamed: forget_unwritten)
-    if done in (prompt_boundary(request, block_size), checkpoints.shared_cuts.get(request.req_id)):
+    shared = checkpoints.shared_cuts.get(request.req_id, ())
+    if done == prompt_boundary(request, block_size) or done in shared:
         checkpoints.save(request.block_hashes[index], done, slot)
     elif done >= request.num_prompt_tokens:
         checkpoints.save(request.block_hashes[index], done, slot, owner=request.req_id)

@@ -43,9 +43,9 @@ class StateCheckpoints:
         self._index: OrderedDict[int, Checkpoint] = OrderedDict()  # block hash -> checkpoint, LRU first
         self._owned: dict[str, int] = {}  # request -> the block hash its decode checkpoint is named by
         self.copies: list[tuple[int, int]] = []  # this step's (source row, destination row), in order
-        # Running request -> the boundary (tokens) where its prompt leaves a prefix whose K/V are cached
-        # without a state: its prefill stops and saves there (hybrid_prefix.note_shared_boundary).
-        self.shared_cuts: dict[str, int] = {}
+        # Running request -> the boundaries (tokens, ascending) where its prompt leaves prefixes whose K/V
+        # are cached without a state: its prefill stops and saves there (hybrid_prefix.note_shared_boundary).
+        self.shared_cuts: dict[str, tuple[int, ...]] = {}
         self.saves_total = 0
         self.restores_total = 0
 

@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 from localchat.backends import RunnerOptions  # noqa: E402
 from localchat.backends.mlx.runner import MLXRunner  # noqa: E402
 from tests.helpers.hybrid_prefix_checks import (  # noqa: E402
+    check_nested_prefixes,
     check_next_turn_and_regenerate,
     check_preemption_and_eviction,
     check_shared_prefix,
@@ -44,3 +45,8 @@ def test_preemption_and_eviction_equal_running_alone() -> None:
 @pytest.mark.parametrize("family", BUILDERS)
 def test_new_chats_sharing_a_prefix_restore_it_from_the_third_on(family: str) -> None:
     check_shared_prefix(runners(BUILDERS[family]))
+
+
+@pytest.mark.parametrize("family", BUILDERS)
+def test_nested_shared_prefixes_are_saved_where_the_cache_forks(family: str) -> None:
+    check_nested_prefixes(runners(BUILDERS[family]))

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.hybrid_prefix_checks import (
+    check_nested_prefixes,
     check_next_turn_and_regenerate,
     check_preemption_and_eviction,
     check_shared_prefix,
@@ -37,3 +38,8 @@ def test_preemption_and_eviction_equal_running_alone() -> None:
 @pytest.mark.parametrize("family", BUILDERS)
 def test_new_chats_sharing_a_prefix_restore_it_from_the_third_on(family: str) -> None:
     check_shared_prefix(runners(BUILDERS[family]))
+
+
+@pytest.mark.parametrize("family", BUILDERS)
+def test_nested_shared_prefixes_are_saved_where_the_cache_forks(family: str) -> None:
+    check_nested_prefixes(runners(BUILDERS[family]))

@@ -118,3 +118,30 @@ def check_shared_prefix(make_runner: Callable[[], Any], vocab: int = 256, cold_r
     for i, chat in enumerate(chats):
         assert_same(got[i], run(cold_engine, chat, 8), f"chat {i}")
     assert warm_engine.stats().state_checkpoint_restores_total == 1
+
+
+def check_nested_prefixes(make_runner: Callable[[], Any], vocab: int = 256) -> None:
+    """A system prompt (10 blocks), tool sets (5 blocks each), then each chat's own message. Two chats
+    with different tool sets start together (64-token chunks: the second's cut lands on the first's
+    first chunk); the next chat with the first tool set forks from the cache at the system prompt's end
+    and at its tool set's end and saves both; a chat with a third tool set then restores the whole
+    system prompt. Greedy tokens and logprobs equal cold runs."""
+    rng = np.random.default_rng(13)
+
+    def tokens(n: int) -> list[int]:
+        return [int(t) for t in rng.integers(3, vocab, size=n)]
+
+    system, tools = tokens(10 * BLOCK), [tokens(5 * BLOCK) for _ in range(3)]
+    wave = {f"w{i}": system + tools[i] + tokens(20) for i in range(2)}
+    warm_engine = hybrid_engine(make_runner(), prefill_chunk_size=64)
+    cold_engine = hybrid_engine(make_runner(), enable_prefix_caching=False)
+    got = run_all(warm_engine, wave, 8)
+    for req_id, prompt in wave.items():
+        assert_same(got[req_id], run(cold_engine, prompt, 8), req_id)
+    again, third = system + tools[0] + tokens(23), system + tools[2] + tokens(17)
+    warm = run(warm_engine, again, 8)
+    assert warm[2] == 64  # the wave's cut
+    assert_same(warm, run(cold_engine, again, 8), "same tools")
+    warm = run(warm_engine, third, 8)
+    assert warm[2] == len(system)  # saved by the chat before at the fork
+    assert_same(warm, run(cold_engine, third, 8), "other tools")

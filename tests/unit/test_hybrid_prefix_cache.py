@@ -354,3 +354,71 @@ def test_agent_chats_sharing_a_prefix_under_preemption_match_running_alone(chunk
     assert engine.scheduler.num_preemptions > 0 and stats.state_checkpoint_restores_total > 0
     for req_id, prompt in prompts.items():
         assert got[req_id] == run(hybrid_engine(), prompt, max_tokens=40)[0], req_id
+
+
+def tooled_chat(tools: str, question: str) -> list[int]:
+    """An agent client's new chat: the same system prompt, one of its tool sets, then its own message."""
+    schemas = "".join(f"{{'name': '{tools}{i}', 'args': '...'}} " for i in range(4))
+    return agent_chat(f"{schemas}\n{question}")
+
+
+@pytest.mark.parametrize("chunk", [64, 48])
+def test_nested_shared_prefixes_are_cut_where_the_cache_forks(chunk: int) -> None:
+    """Two chats with different tool sets start together (chunked: the second finds only the first's
+    first chunk cached, so its cut lands there, inside the system prompt). The next chat with the first
+    tool set passes both the system prompt's end, where the cache forks (the tool sets differ), and its
+    tool set's end: it saves both in one admission (one more prefill step than a single cut), so a chat
+    with a third tool set restores the whole system prompt instead of that first chunk; every output
+    equals a cold run."""
+    engine = hybrid_engine(prefill_chunk_size=chunk)
+    first = [tooled_chat("alpha", "q1"), tooled_chat("beta", "q2")]
+    params = SamplingParams(max_tokens=40, temperature=0.0)
+    for i, prompt in enumerate(first):
+        engine.add_request(prompt, params, req_id=f"wave{i}")
+    assert all(o.finish_reason != FinishReason.ERROR for o in drain(engine))
+    system = shared_blocks(first) * BLOCK  # where the tool sets part
+    chat = tooled_chat("alpha", "another question")
+    tools = shared_blocks([first[0], chat]) * BLOCK
+    assert system + 4 * BLOCK <= tools
+    cuts = engine.scheduler.checkpoints
+    assert cuts is not None
+    saves = cuts.saves_total
+    got, cached = run(engine, chat)
+    assert cached == (chunk if chunk >= 4 * BLOCK else 0)  # the first wave's cut, if it took one
+    assert got == run(hybrid_engine(prefill_chunk_size=chunk), chat)[0]
+    third = tooled_chat("gamma", "q3")
+    got, cached = run(engine, third)
+    assert cached == system  # forked there: saved by the chat before, though it went on with alpha
+    assert got == run(hybrid_engine(prefill_chunk_size=chunk), third)[0]
+    assert cuts.saves_total > saves
+
+
+def test_the_fork_points_of_a_cached_run_cost_one_step_each() -> None:
+    """Unchunked, after two chats parted at the system prompt's end with its checkpoint pushed out: the
+    next chat with the first tool set takes one prefill step per cut (system prompt, tool set, its own
+    prompt boundary); with the fork cut off (MAX_SHARED_CUTS 1) only the run's end is saved."""
+    from localchat.engine import hybrid_prefix
+
+    def prepared() -> tuple[LLMEngine, list[list[int]]]:
+        engine = hybrid_engine()
+        first = [tooled_chat("alpha", "q1"), tooled_chat("beta", "q2")]
+        for prompt in first:
+            run(engine, prompt)
+        checkpoints = engine.scheduler.checkpoints
+        assert checkpoints is not None
+        system_end = engine.block_manager.get_computed_blocks(_req(first[0]))[shared_blocks(first) - 1]
+        checkpoints._drop(engine.block_manager.blocks[system_end].block_hash or 0)  # (pushed out)
+        return engine, first
+
+    engine, first = prepared()
+    chat = tooled_chat("alpha", "q3")
+    steps, _, cached = prefill_steps(engine, chat)
+    assert (steps, cached) == (4, 0)
+    third = tooled_chat("gamma", "q4")
+    assert prefill_steps(engine, third)[2] == shared_blocks(first) * BLOCK
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hybrid_prefix, "MAX_SHARED_CUTS", 1)
+        engine, first = prepared()
+        steps, _, cached = prefill_steps(engine, chat)
+        assert (steps, cached) == (3, 0)
+        assert prefill_steps(engine, third)[2] == 0  # (now cut there, for the next one)
