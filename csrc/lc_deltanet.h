@@ -23,7 +23,7 @@ form solves a system (bound in tests/backends/test_deltanet_kernel.py). */
    each product rounded to the compute type first, as conv_decode's bfloat16 multiply does (a decode
    row); else one float32 sum, as F.conv1d in conv_prefill (a prefill row). */
 static void LC_FN(dn_conv)(const void *y, int bf16, void *win, int win_bf16, int64_t width, const float *w,
-                           int64_t c0, int64_t c1, int round_products, float *mixed) {
+                           int64_t c0, int64_t c1, int round_products, float *mixed, void *kept) {
     const int64_t taps = width + 1;
     const int rp = bf16 && round_products;
     for (int64_t c = c0; c < c1; c++) {
@@ -37,6 +37,9 @@ static void LC_FN(dn_conv)(const void *y, int bf16, void *win, int win_bf16, int
         for (int64_t t = 0; t + 1 < width; t++)
             lc_store(win, win_bf16, c * width + t, lc_load(win, win_bf16, c * width + t + 1));
         if (width > 0) lc_store(win, win_bf16, c * width + width - 1, x);
+        if (kept) /* a verify row's window after this token, into its spec row */
+            for (int64_t t = 0; t < width; t++)
+                lc_store(kept, win_bf16, c * width + t, lc_load(win, win_bf16, c * width + t));
     }
 }
 
@@ -49,7 +52,7 @@ static void LC_FN(dn_conv)(const void *y, int bf16, void *win, int win_bf16, int
    The window goes back once, after the row's last token. y points at token a0's row. */
 static void LC_FN(dn_conv_block)(const char *y, size_t y_row, int bf16, void *win, int win_bf16, int64_t width,
                                  const float *w, int64_t c0, int64_t n, int64_t a0, int64_t a1, int round_products,
-                                 float *mixed, int64_t channels) {
+                                 float *mixed, int64_t channels, char *win_all, const int64_t *keep) {
     float xw[LC_DN_MAX_WIDTH + 1][LC_DN_CONV_CH], wt[LC_DN_MAX_WIDTH + 1][LC_DN_CONV_CH], acc[LC_DN_CONV_CH];
     const int64_t taps = width + 1;
     const int rp = bf16 && round_products;
@@ -81,6 +84,11 @@ static void LC_FN(dn_conv_block)(const char *y, size_t y_row, int bf16, void *wi
             for (int64_t c = 0; c < n; c++) out[c] = acc[c] / (1.0f + lc_exp(-acc[c]));
         for (int64_t k = 0; k < width; k++) /* slide: tap k takes tap k + 1 */
             for (int64_t c = 0; c < n; c++) xw[k][c] = xw[k + 1][c];
+        if (keep && keep[t] >= 0) { /* a verify row's window after this token, into its spec row */
+            void *kept = win_all + (size_t)(keep[t] * channels * width) * (win_bf16 ? 2 : 4);
+            for (int64_t c = 0; c < n; c++)
+                for (int64_t k = 0; k < width; k++) lc_store(kept, win_bf16, (c0 + c) * width + k, xw[k][c]);
+        }
     }
     for (int64_t c = 0; c < n; c++)
         for (int64_t t = 0; t < width; t++) lc_store(win, win_bf16, (c0 + c) * width + t, xw[t][c]);
@@ -212,7 +220,8 @@ static void LC_FN(deltanet_block)(const void *y, int64_t y_stride, int bf16, int
                                   const int64_t *slots, int64_t t0, int64_t t1, void *conv_state, int win_bf16,
                                   int64_t channels, int64_t width, const float *conv_w, float *rec_state, int64_t nk,
                                   int64_t nv, int64_t dk, int64_t dv, const float *neg_a, const float *dt_bias,
-                                  const float *norm_w, float eps, void *out, float *mixed, float *o_rows, int nth) {
+                                  const float *norm_w, float eps, void *out, float *mixed, float *o_rows,
+                                  const int64_t *keep, int nth) {
     const size_t es = bf16 ? 2 : 4, ws = win_bf16 ? 2 : 4;
     const int64_t chunk = LC_DN_CONV_CH, pieces = (channels + chunk - 1) / chunk, group = nv / nk;
     const int64_t tiles = dv % LC_DN_TILE ? 0 : dv / LC_DN_TILE; /* 0: prefill rows take dn_head too */
@@ -226,17 +235,20 @@ static void LC_FN(deltanet_block)(const void *y, int64_t y_stride, int bf16, int
             const int64_t c1 = c0 + chunk < channels ? c0 + chunk : channels;
             const int64_t a0 = starts[r] > t0 ? starts[r] : t0, a1 = starts[r + 1] < t1 ? starts[r + 1] : t1;
             void *win = (char *)conv_state + (size_t)(slots[r] * channels * width) * ws;
-            const int one = starts[r + 1] - starts[r] == 1;
+            /* a verify row (keep: its states per position) takes the decode numerics, token by token */
+            const int one = starts[r + 1] - starts[r] == 1 || (keep && keep[starts[r]] >= 0);
             if (width <= LC_DN_MAX_WIDTH) {
                 if (a0 < a1)
                     LC_FN(dn_conv_block)((const char *)y + (size_t)(a0 * y_stride) * es, (size_t)y_stride * es, bf16, win,
                                          win_bf16, width, conv_w, c0, c1 - c0, a0, a1, one,
-                                         mixed + (a0 - t0) * channels, channels);
+                                         mixed + (a0 - t0) * channels, channels, (char *)conv_state, keep);
                 continue;
             }
             for (int64_t t = a0; t < a1; t++)
                 LC_FN(dn_conv)((const char *)y + (size_t)(t * y_stride) * es, bf16, win, win_bf16, width, conv_w, c0,
-                               c1, one, mixed + (t - t0) * channels);
+                               c1, one, mixed + (t - t0) * channels,
+                               keep && keep[t] >= 0 ? (char *)conv_state + (size_t)(keep[t] * channels * width) * ws
+                                                    : NULL);
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t p = 0; p < rows * nv * (tiles ? tiles : 1); p++) {
@@ -246,13 +258,14 @@ static void LC_FN(deltanet_block)(const void *y, int64_t y_stride, int bf16, int
             if (a0 >= a1) continue;
             float *s = rec_state + ((slots[r] * nv + h) * dk) * dv;
             const char *y0 = (const char *)y + (size_t)(a0 * y_stride) * es;
-            if (tiles && starts[r + 1] - starts[r] > 1) {
+            const int verify = keep && keep[starts[r]] >= 0;
+            if (tiles && starts[r + 1] - starts[r] > 1 && !verify) {
                 LC_FN(dn_tile)(mixed + (a0 - t0) * channels, channels, y0, (size_t)y_stride * es, yb, bf16, a0, a1, nk,
                                nv, dk, dv, h, kh, p % tiles * LC_DN_TILE, neg_a, dt_bias, s,
                                o_rows + (a0 - t0) * nv * dv, nv * dv);
                 continue;
             }
-            if (tiles && p % tiles) continue; /* a one-token row: the first tile's task runs the head */
+            if (tiles && p % tiles) continue; /* one-token and verify rows: the first tile's task runs the head */
             float qn[512], kn[512], delta[512], o[512]; /* dk, dv <= 512 (checked by the export) */
             for (int64_t t = a0; t < a1; t++) {
                 const float *m = mixed + (t - t0) * channels;
@@ -262,6 +275,8 @@ static void LC_FN(deltanet_block)(const void *y, int64_t y_stride, int bf16, int
                 LC_FN(dn_head)(qn, kn, m + 2 * nk * dk + h * dv, decay, beta, s, dk, dv, delta, o);
                 LC_FN(dn_gate)(o, dv, norm_w, eps, yr + (size_t)(channels + h * dv) * es, bf16,
                                (char *)out + (size_t)((t * nv + h) * dv) * es);
+                if (keep && keep[t] >= 0) /* the head's state after this token, into the spec row */
+                    memcpy(rec_state + ((keep[t] * nv + h) * dk) * dv, s, (size_t)(dk * dv) * 4);
             }
         }
         if (tiles) {
@@ -270,7 +285,7 @@ static void LC_FN(deltanet_block)(const void *y, int64_t y_stride, int bf16, int
                 const int64_t t = t0 + p / nv, h = p % nv;
                 int64_t r = 0;
                 while (starts[r + 1] <= t) r++;
-                if (starts[r + 1] - starts[r] == 1) continue; /* gated in phase 2 */
+                if (starts[r + 1] - starts[r] == 1 || (keep && keep[starts[r]] >= 0)) continue; /* gated in phase 2 */
                 const char *yr = (const char *)y + (size_t)(t * y_stride) * es;
                 LC_FN(dn_gate)(o_rows + (t - t0) * nv * dv + h * dv, dv, norm_w, eps,
                                yr + (size_t)(channels + h * dv) * es, bf16,
@@ -292,17 +307,26 @@ LC_SCRATCH(lc_dn);
    if win_bf16) and rec_state [num_slots, nv, dk, dv] float32 are updated in place; conv_w [channels,
    width + 1], neg_a = -exp(A_log) [nv], dt_bias [nv], norm_w [dv], all float32. out [tokens, nv * dv]
    in the compute type: RMSNorm(o) * silu(z) per head. */
-LC_EXPORT int lc_deltanet_step(int isa, const void *y, int64_t y_stride, int bf16, int64_t rows, const int64_t *starts,
-                               const int64_t *slots, void *conv_state, int win_bf16, int64_t num_slots, int64_t channels,
-                               int64_t width, const float *conv_w, float *rec_state, int64_t nk, int64_t nv, int64_t dk,
-                               int64_t dv, const float *neg_a, const float *dt_bias, const float *norm_w, float eps,
-                               void *out, int nth) {
+/* lc_deltanet_step_keep: the same, and keep (int64 [tokens], or NULL) names per token a spec row that also
+   receives the state and conv window after that token (-1: none), in a speculative verify row (the last
+   token and the drafts: engine/hybrid_spec.py). Such a row runs token by token with the decode numerics
+   (the conv's rounded products, the per-head pass of a one-token row); a spec row is none of the step's
+   slots. */
+LC_EXPORT int lc_deltanet_step_keep(int isa, const void *y, int64_t y_stride, int bf16, int64_t rows,
+                                    const int64_t *starts, const int64_t *slots, void *conv_state, int win_bf16,
+                                    int64_t num_slots, int64_t channels, int64_t width, const float *conv_w,
+                                    float *rec_state, int64_t nk, int64_t nv, int64_t dk, int64_t dv, const float *neg_a,
+                                    const float *dt_bias, const float *norm_w, float eps, void *out,
+                                    const int64_t *keep, int nth) {
     if (!lc_isa_supported(isa) || rows < 0 || nk < 1 || nv < nk || nv % nk || dk < 1 || dk > 512 || dv < 1 ||
         dv > 512 || width < 0 || channels != 2 * nk * dk + nv * dv || y_stride < channels + nv * dv + 2 * nv ||
         nth < 1 || starts[0] != 0)
         return -1;
-    for (int64_t r = 0; r < rows; r++)
+    for (int64_t r = 0; r < rows; r++) {
         if (slots[r] < 0 || slots[r] >= num_slots || starts[r + 1] <= starts[r]) return -1;
+        for (int64_t t = starts[r]; keep && t < starts[r + 1]; t++)
+            if (keep[t] >= num_slots || keep[t] == slots[r]) return -1;
+    }
     const int64_t tokens = starts[rows];
     float *mixed = (float *)lc_grow(&lc_dn, &lc_dn_size, (size_t)(LC_DN_BLOCK * (channels + nv * dv)) * 4 + 64);
     if (!mixed) return LC_ENOMEM;
@@ -310,8 +334,19 @@ LC_EXPORT int lc_deltanet_step(int isa, const void *y, int64_t y_stride, int bf1
     for (int64_t t0 = 0; t0 < tokens; t0 += LC_DN_BLOCK) {
         const int64_t t1 = t0 + LC_DN_BLOCK < tokens ? t0 + LC_DN_BLOCK : tokens;
         LC_DISPATCH(deltanet_block, y, y_stride, bf16, rows, starts, slots, t0, t1, conv_state, win_bf16, channels,
-                    width, conv_w, rec_state, nk, nv, dk, dv, neg_a, dt_bias, norm_w, eps, out, mixed, o_rows, nth);
+                    width, conv_w, rec_state, nk, nv, dk, dv, neg_a, dt_bias, norm_w, eps, out, mixed, o_rows, keep,
+                    nth);
     }
     return 0;
+}
+
+LC_EXPORT int lc_deltanet_step(int isa, const void *y, int64_t y_stride, int bf16, int64_t rows, const int64_t *starts,
+                               const int64_t *slots, void *conv_state, int win_bf16, int64_t num_slots, int64_t channels,
+                               int64_t width, const float *conv_w, float *rec_state, int64_t nk, int64_t nv, int64_t dk,
+                               int64_t dv, const float *neg_a, const float *dt_bias, const float *norm_w, float eps,
+                               void *out, int nth) {
+    return lc_deltanet_step_keep(isa, y, y_stride, bf16, rows, starts, slots, conv_state, win_bf16, num_slots,
+                                 channels, width, conv_w, rec_state, nk, nv, dk, dv, neg_a, dt_bias, norm_w, eps, out,
+                                 NULL, nth);
 }
 #endif

@@ -166,6 +166,19 @@ class Mamba2Mixer(nn.Module):
             )
             states[slot] = new
             core[start:end] = o + xs[start:end] * skip
+        for t, slot, keep in rows.verify_tokens():  # decode form per position (as plain decoding runs it)
+            o, new = ssd_step(
+                xs[t : t + 1],
+                dt[t : t + 1],
+                a[t : t + 1],
+                b[t : t + 1],
+                c[t : t + 1],
+                states[slot : slot + 1],
+            )
+            states[slot] = new[0]
+            core[t] = o[0] + xs[t] * skip
+            if keep >= 0:  # the state after this position, for the engine to restore (hybrid_spec.py)
+                states[keep] = states[slot]
         # RMSNorm per group of y * silu(z) (the gate before the norm), then the norm's scale.
         gated = (core.reshape(tokens, inner) * F.silu(z.float())).view(tokens, g, inner // g)
         normed = gated * torch.rsqrt(gated.pow(2).mean(-1, keepdim=True) + self.eps)

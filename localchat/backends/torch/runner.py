@@ -95,6 +95,10 @@ class _Step:
 
 
 class TorchRunner:
+    # Hybrid models' verify rows write each position's state into spec rows (state_cache.StepRows.verify,
+    # engine/hybrid_spec.py), so speculation works for them too.
+    hybrid_speculation = True
+
     def __init__(self, model: ModelBundle, options: RunnerOptions) -> None:
         self.device = pick_device(options.device)
         if self.device.type == "cpu" or options.num_threads:
@@ -315,7 +319,9 @@ class TorchRunner:
             return self.graphs.run(batch)
         step = self._prepare(batch)
         if (begin_step := getattr(self.model, "begin_step", None)) is not None:  # hybrid: bind state slots
-            begin_step(batch.state_slots, batch.query_start_loc, batch.positions, self.device)
+            begin_step(
+                batch.state_slots, batch.query_start_loc, batch.positions, self.device, batch.state_keep
+            )
         hooked: Any = self.model  # only models with the image hook (models/gemma.py) get a tower
         if batch.image_slices:
             assert self.images is not None, "image input reached a model without a vision tower"

@@ -56,4 +56,10 @@ def causal_conv(
         y, new = conv_row(x[start:end], windows[slot], weight, bias)
         windows[slot] = new.to(windows.dtype)
         out[start:end] = y
+    for t, slot, keep in rows.verify_tokens():  # decode form per position; its window kept in a spec row
+        y, new = conv_step(x[t : t + 1], windows[slot : slot + 1], weight, bias)
+        windows[slot] = new[0].to(windows.dtype)
+        out[t] = y[0]
+        if keep >= 0:
+            windows[keep] = windows[slot]
     return out

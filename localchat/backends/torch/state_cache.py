@@ -3,12 +3,16 @@
 Each linear-attention layer owns a conv window [slots, C, K - 1] (compute dtype, as its inputs) and a
 recurrent state [slots, H, dk, dv] (float32: it accumulates over the whole sequence). `StepRows` tells
 the layers, once per step, which slot each row uses, which rows start fresh and which are decode rows.
+
+Speculative verify rows of a hybrid model (engine/hybrid_spec.py: the last token and k drafts) are
+`StepRows.verify`: the layers run them token by token in their decode form (the numerics of plain
+decoding) and copy the state after each position into the spec row `BatchInputs.state_keep` names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -64,14 +68,31 @@ class StepRows:
     decode_slots: torch.Tensor | None  # int64 [D]
     prefills: list[tuple[int, int, int]]  # (start, end, slot) of each longer row
     fresh_slots: torch.Tensor | None  # int64: slots zeroed before the step (rows starting at position 0)
+    # (start, end, slot, spec row per token or -1) of each verify row: not in `prefills`
+    verify: list[tuple[int, int, int, list[int]]] = field(default_factory=list)
+    keep: torch.Tensor | None = None  # int64 [T]: BatchInputs.state_keep when a row verifies (the C step's)
+
+    def verify_tokens(self) -> Iterator[tuple[int, int, int]]:
+        """(token, slot, spec row or -1) of every verify row's tokens, in order."""
+        for start, end, slot, keep in self.verify:
+            for t in range(start, end):
+                yield t, slot, keep[t - start]
 
     @classmethod
     def from_batch(
-        cls, slots: np.ndarray, query_start_loc: np.ndarray, positions: np.ndarray, device: torch.device
+        cls,
+        slots: np.ndarray,
+        query_start_loc: np.ndarray,
+        positions: np.ndarray,
+        device: torch.device,
+        keep: np.ndarray | None = None,
     ) -> StepRows:
         lens = np.diff(query_start_loc)
         starts = query_start_loc[:-1]
         one = np.flatnonzero(lens == 1)
+        longer = np.flatnonzero(lens > 1)
+        checks = keep is not None and len(longer)
+        verifying = longer[keep[starts[longer]] >= 0] if checks and keep is not None else longer[:0]
         fresh = slots[positions[starts] == 0] if len(starts) else slots[:0]
 
         def tensor(values: np.ndarray) -> torch.Tensor:
@@ -81,9 +102,22 @@ class StepRows:
             decode_tokens=tensor(starts[one]) if one.size else None,
             decode_slots=tensor(slots[one]) if one.size else None,
             prefills=[
-                (int(starts[r]), int(starts[r] + lens[r]), int(slots[r])) for r in np.flatnonzero(lens > 1)
+                (int(starts[r]), int(starts[r] + lens[r]), int(slots[r]))
+                for r in longer
+                if r not in verifying
             ],
             fresh_slots=tensor(fresh) if fresh.size else None,
+            verify=[
+                (
+                    int(starts[r]),
+                    int(starts[r] + lens[r]),
+                    int(slots[r]),
+                    keep[starts[r] : starts[r] + lens[r]].tolist(),
+                )
+                for r in verifying
+                if keep is not None
+            ],
+            keep=torch.from_numpy(np.ascontiguousarray(keep, dtype=np.int64)) if len(verifying) else None,
         )
 
     def reset(self, cache: StateCache) -> None:

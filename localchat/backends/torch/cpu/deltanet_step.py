@@ -8,7 +8,9 @@ on each row's conv window and state in place (per head, so a prefill row spreads
 returns RMSNorm(o) * silu(z) for every token, ready for out_proj.
 
 The export is looked up by name rather than through library.SIGNATURES: a build from before it keeps
-the torch forms instead of failing to load.
+the torch forms instead of failing to load. A step with speculative verify rows of a hybrid model takes
+lc_deltanet_step_keep (the same, plus the per-token spec rows that receive each position's state:
+engine/hybrid_spec.py); a build without it runs such a step in the torch forms.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from localchat.kernels import library
 _I, _P, _L, _F = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 # as csrc/lc_deltanet.h declares lc_deltanet_step
 ARGTYPES = [_I, _P, _L, _I, _L, _P, _P, _P, _I, _L, _L, _L, _P, _P, _L, _L, _L, _L, _P, _P, _P, _F, _P, _I]
+KEEP_ARGTYPES = [*ARGTYPES[:-1], _P, _I]  # lc_deltanet_step_keep: keep before nth
 MAX_HEAD_DIM = 512  # the kernel's stack buffers
 
 
@@ -55,22 +58,25 @@ class DeltaNetParams:
         return cls(f32(conv), f32(-a_log.float().exp()), f32(dt_bias), f32(norm), k_heads, key_dim)
 
 
-def _function(ops: Kernels) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    fn = getattr(ops.lib, "lc_deltanet_step", None)
+def _function(ops: Kernels, keep: bool = False) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    fn = getattr(ops.lib, "lc_deltanet_step_keep" if keep else "lc_deltanet_step", None)
     if fn is not None and fn.argtypes is None:
-        fn.argtypes, fn.restype = ARGTYPES, _I
+        fn.argtypes, fn.restype = KEEP_ARGTYPES if keep else ARGTYPES, _I
     return fn
 
 
-def available(ops: Kernels | None, y: torch.Tensor, conv_state: torch.Tensor, value_dim: int) -> bool:
-    """Whether the C step takes this layer's rows: the kernels loaded (with the export), CPU
-    float32 or bfloat16 activations and conv windows, head sizes within the kernel's buffers."""
+def available(
+    ops: Kernels | None, y: torch.Tensor, conv_state: torch.Tensor, value_dim: int, keep: bool = False
+) -> bool:
+    """Whether the C step takes this layer's rows: the kernels loaded (with the export; `keep`: the one
+    that also keeps verify rows' per-position states), CPU float32 or bfloat16 activations and conv
+    windows, head sizes within the kernel's buffers."""
     return (
         ops is not None
         and y.dtype in (torch.float32, torch.bfloat16)
         and conv_state.dtype in (torch.float32, torch.bfloat16)
         and value_dim <= MAX_HEAD_DIM
-        and _function(ops) is not None
+        and _function(ops, keep) is not None
     )
 
 
@@ -103,12 +109,14 @@ def deltanet_step(
     value_heads: int,
     value_dim: int,
     eps: float,
+    keep: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """y [T, in_proj rows] (rows may be strided), spans = (starts int64 [R + 1], slots int64 [R]): row r's
     tokens starts[r] .. starts[r + 1] continue the state in slots[r] -> RMSNorm(o) * silu(z)
     [T, value_heads * value_dim] in y's dtype; the slots' conv windows [slots, C, K - 1] and float32
-    states [slots, H, dk, dv] are updated in place."""
-    fn = _function(ops)
+    states [slots, H, dk, dv] are updated in place. `keep` (int64 [T], or None): per token, the row that
+    also receives the state and window after it (-1: none), for a verify row's positions."""
+    fn = _function(ops, keep is not None)
     assert fn is not None, "checked by available()"
     if y.stride(1) != 1:
         y = y.contiguous()
@@ -122,7 +130,7 @@ def deltanet_step(
         conv_state.data_ptr(), int(conv_state.dtype == torch.bfloat16), conv_state.shape[0], channels, width,
         params.conv.data_ptr(), rec_state.data_ptr(), params.k_heads, value_heads, params.key_dim, value_dim,
         params.neg_a.data_ptr(), params.dt_bias.data_ptr(), params.norm.data_ptr(), eps, out.data_ptr(),
-        torch.get_num_threads(),
+        *(() if keep is None else (keep.data_ptr(),)), torch.get_num_threads(),
     )  # fmt: skip
     if rc:
         library.check(rc, f"The CPU Gated DeltaNet step rejected y {tuple(y.shape)} (internal error).")

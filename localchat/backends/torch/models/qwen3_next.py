@@ -139,7 +139,7 @@ class HybridLayer(PartialSums):
         if (
             spans is not None
             and not use_triton_recurrent(x.device)
-            and deltanet_step.available(ops, y, conv_state, dv)
+            and deltanet_step.available(ops, y, conv_state, dv, keep=bool(rows.verify))
         ):
             # One C call for every row (conv, delta rule, gated norm), in place on their slots.
             assert ops is not None
@@ -148,7 +148,7 @@ class HybridLayer(PartialSums):
                     self.conv[:, 0, :], self.A_log, self.dt_bias, self.gated_norm, self.k_heads, self.dk
                 )
             gated = deltanet_step.deltanet_step(
-                ops, y, spans, conv_state, rec_state, self._dn_params, nv, dv, self.eps
+                ops, y, spans, conv_state, rec_state, self._dn_params, nv, dv, self.eps, rows.keep
             )
         else:
             gated = torch.empty(x.shape[0], nv * dv, dtype=x.dtype, device=x.device)
@@ -212,6 +212,21 @@ class HybridLayer(PartialSums):
             o, new_state = delta_rule_chunked(q, k, v, g[start:end], beta[start:end], rec_state[row_slot])
             rec_state[row_slot] = new_state
             gated[start:end] = gate(o, z[start:end])
+        for (
+            t,
+            row_slot,
+            keep,
+        ) in rows.verify_tokens():  # decode form per position, states kept (hybrid_spec.py)
+            out, window = conv_decode(mixed[t : t + 1], conv_state[row_slot : row_slot + 1], weight)
+            conv_state[row_slot] = window[0].to(conv_state.dtype)
+            q, k, v = heads(out)
+            o, new_state = delta_rule_step(
+                q, k, v, g[t : t + 1], beta[t : t + 1], rec_state[row_slot : row_slot + 1]
+            )
+            rec_state[row_slot] = new_state[0]
+            gated[t : t + 1] = gate(o, z[t : t + 1])
+            if keep >= 0:
+                conv_state[keep], rec_state[keep] = conv_state[row_slot], rec_state[row_slot]
 
 
 def _device_zeros(device: torch.device, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -273,16 +288,17 @@ class Model(DecoderLM):
         query_start_loc: np.ndarray,
         positions: np.ndarray,
         device: torch.device,
+        keep: np.ndarray | None = None,
     ) -> None:
         """Bind this step's rows to their state slots. Without slots (the runner's warm-up forward) each
-        row gets a scratch slot of its own."""
+        row gets a scratch slot of its own. `keep`: BatchInputs.state_keep (speculative verify rows)."""
         if slots is None:
             slots = np.arange(len(query_start_loc) - 1, dtype=np.int64)
             if self.states is None or self.states.num_slots < len(slots):
                 self.states = StateCache(
                     self._state_shapes(), len(slots), self.norm.dtype, partial(_device_zeros, device)
                 )
-        self.rows = StepRows.from_batch(slots, query_start_loc, positions, device)
+        self.rows = StepRows.from_batch(slots, query_start_loc, positions, device, keep)
         # the C step's form of the rows (cpu/deltanet_step.py): token offsets and slots of the rows with tokens
         has_tokens = np.diff(query_start_loc) > 0
         starts = np.concatenate(([0], np.asarray(query_start_loc[1:])[has_tokens])).astype(np.int64)

@@ -56,16 +56,17 @@ class StateModel(DecoderLM):
         query_start_loc: np.ndarray,
         positions: np.ndarray,
         device: torch.device,
+        keep: np.ndarray | None = None,
     ) -> None:
         """Bind this step's rows to their state slots. Without slots (the runner's warm-up forward) each
-        row gets a scratch slot of its own."""
+        row gets a scratch slot of its own. `keep`: BatchInputs.state_keep (speculative verify rows)."""
         if slots is None:
             slots = np.arange(len(query_start_loc) - 1, dtype=np.int64)
             if self.states is None or self.states.num_slots < len(slots):
                 self.states = StateCache(
                     self.state_shapes(), len(slots), self.norm.dtype, partial(_device_zeros, device)
                 )
-        self.rows = StepRows.from_batch(slots, query_start_loc, positions, device)
+        self.rows = StepRows.from_batch(slots, query_start_loc, positions, device, keep)
         assert self.states is not None
         self.rows.reset(self.states)
 
