@@ -16,7 +16,8 @@ DEFAULT_QUANT = "Q4_K_M"  # what llama.cpp's `-hf ORG/REPO` picks too
 # When a repo has no Q4_K_M: the nearest in size and quality first.
 FALLBACK_QUANTS = ("Q4_K_M", "Q4_K_S", "Q4_0", "Q4_1", "Q5_K_M", "Q5_0", "Q8_0", "F16", "BF16")
 _QUANT = re.compile(
-    r"(?<![A-Za-z0-9])((?:UD-)?(?:I?Q\d(?:_[A-Z0-9]+)*|TQ\d_\d|F16|F32|BF16))(?=[-._/]|$)", re.IGNORECASE
+    r"(?<![A-Za-z0-9])((?:UD-)?(?:I?Q\d(?:_[A-Z0-9]+)*|TQ\d_\d|MXFP4|NVFP4|F16|F32|BF16))(?=[-._/]|$)",
+    re.IGNORECASE,
 )
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 SAFETENSORS_EXTRAS = frozenset({

@@ -13,7 +13,7 @@ from localchat.hub import env
 from localchat.hub.remote import hub_json
 
 # The quantization a GGUF file name states (…-Q4_K_M.gguf, …-IQ3_XS.gguf, …-f16.gguf).
-_QUANT = re.compile(r"(?i)(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32)(?=[.-])")
+_QUANT = re.compile(r"(?i)(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|TQ\d_\d|MXFP4|NVFP4|BF16|F16|F32)(?=[.-])")
 MAX_RESULTS = 20
 
 

@@ -42,6 +42,9 @@ REQUANTIZED = {
     "TQ1_0": 2,
     "TQ2_0": 2,
 }
+# Exactly mapped with their own group sizes (backends/mlx/lowbit.py): type -> (bits, values per group).
+# NVFP4 in MLX's "nvfp4" mode (uint8 e4m3 scales, no bias), Q1_0 / Q2_0 as affine groups of a block.
+LOWBIT_GROUPS = {"NVFP4": (4, 16), "Q1_0": (1, 128), "Q2_0": (2, 64)}
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
@@ -49,12 +52,16 @@ def mlx_tensor_bytes(qtype: str, dims: Sequence[int], stored: int, value_bytes: 
     """The bytes MLX holds for a GGUF tensor of type `qtype` (`dims` innermost first, as GGUF lists them;
     `stored`: its size in the file) with `value_bytes` per value of the compute dtype: float tensors and
     types without an MLX group form at the compute dtype, MXFP4 (gpt-oss's experts) as stored (MLX's
-    mxfp4 holds the same 17 bytes per 32), matrices (3-D: stacked experts, each its own matrix) of the
-    types above at their bits plus a scale and bias per 32 values. Mirrors quant.to_weight / to_embedding
+    mxfp4 holds the same 17 bytes per 32), NVFP4 / Q1_0 / Q2_0 matrices at LOWBIT_GROUPS, matrices
+    (3-D: stacked experts, each its own matrix) of the types above at their bits plus a scale and bias per 32 values. Mirrors quant.to_weight / to_embedding
     as weights.load_decoder calls them."""
     values = prod(dims)
     if qtype == "MXFP4":
         return stored
+    if qtype in LOWBIT_GROUPS and len(dims) == 2:
+        width, group = LOWBIT_GROUPS[qtype]
+        per_group = 1 if qtype == "NVFP4" else 2 * value_bytes  # an e4m3 byte, or scale and bias
+        return values * width // 8 + values // group * per_group
     bits = EXACT_BITS.get(qtype) or REQUANTIZED.get(qtype)
     if qtype in _FLOAT_TYPES or bits is None or len(dims) not in (2, 3) or dims[0] % GROUP_SIZE:
         return values * value_bytes

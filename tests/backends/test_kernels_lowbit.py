@@ -253,3 +253,25 @@ def test_encoders_round_trip(qtype: str) -> None:
     back = dequantize_lowbit(LOWBIT_QUANTIZERS[qtype](data), qtype).reshape(data.shape)
     rel = float(np.sqrt(((back - data) ** 2).mean() / (data**2).mean()))
     assert rel < {"NVFP4": 0.12, "Q1_0": 0.65, "Q2_0": 0.75}[qtype], rel
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", TYPES)
+def test_ram_estimate_sizes_the_files_as_stored(
+    tmp_path: Path, qtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the kernels the pre-load RAM check counts the matrices at their stored size (no x16 form), not
+    expanded to 2 bytes a value; the MLX estimate at MLX's form (weights/mlx_groups.py)."""
+    from localchat.models.memory import compact_gguf_types, estimate
+    from tests.helpers.tiny_gguf import random_state_dict, tiny_config, write_tiny_gguf
+
+    monkeypatch.delenv(kernels.KERNELS_ENV, raising=False)
+    monkeypatch.delenv(kernels.LAYOUT_ENV, raising=False)
+    cfg = tiny_config(hidden_size=128, intermediate_size=256)
+    weights = random_state_dict(cfg)
+    path = write_tiny_gguf(tmp_path / f"tiny-{qtype}.gguf", weights, cfg, qtype=qtype)
+    _, values, size = LOWBIT_TYPES[qtype]
+    matrix = sum(w.size for w in weights.values() if w.ndim == 2)
+    norms = sum(w.size for w in weights.values() if w.ndim == 1)
+    assert qtype in compact_gguf_types("bfloat16")
+    assert estimate(path, 64, dtype="bfloat16").weights == matrix // values * size + norms * 4

@@ -9,6 +9,8 @@ range), Q6_K to 8 bits (8.5 bits per weight instead of 6.56), Q3_K to 5 (6 inste
 (5 instead of 2.63), against 16 dequantized. The i-quants (codebook grids, no affine form) are re-quantized
 the same way, each to the fewest bits whose error stays within 5% of the type's own (table at
 REQUANTIZED); the ternary TQ1_0 / TQ2_0 ({-d, 0, d}) map exactly onto 2-bit groups (scale d, bias -d).
+NVFP4, Q1_0 and Q2_0 map exactly onto MLX's nvfp4 mode and 1- / 2-bit affine groups of a block
+(localchat/backends/mlx/lowbit.py).
 Other quantized types are dequantized to the compute dtype. Hugging Face GPTQ / AWQ / compressed-tensors int4 and FP8 / int8 linears arrive as Q4_1 / Q4_0 /
 Q8_0 blocks (weights/hf_quant.py; their error against the checkpoint is stated there) and map the same way.
 
@@ -39,8 +41,9 @@ import mlx.core as mx
 import numpy as np
 
 from localchat.backends.mlx.gguf_blocks import EXACT_TYPES, decode_affine, pack_codes
+from localchat.backends.mlx.lowbit import lowbit_arrays
 from localchat.weights.hf_quant_blocks import RepackedLinear
-from localchat.weights.mlx_groups import GROUP_SIZE, REQUANTIZED
+from localchat.weights.mlx_groups import GROUP_SIZE, LOWBIT_GROUPS, REQUANTIZED
 from localchat.weights.tensors import WeightTensor
 
 NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0", *EXACT_TYPES)
@@ -58,12 +61,27 @@ class QuantizedWeight:
     """A matrix `[out, in]` in MLX affine group quantization."""
 
     packed: mx.array  # uint32 [out, in * bits / 32]
-    scales: mx.array  # [out, in / group_size], the compute dtype
-    biases: mx.array  # [out, in / group_size]
+    scales: mx.array  # [out, in / group_size], the compute dtype (uint8 e4m3 in mode "nvfp4")
+    biases: mx.array | None  # [out, in / group_size]; None in mode "nvfp4"
     bits: int
     group_size: int = GROUP_SIZE
     # Steps with at least this many rows dequantize the matrix for a dense GEMM (0: never); see `linear`.
     dense_from_rows: int = 0
+    mode: str = "affine"  # or "nvfp4" (GGUF NVFP4, backends/mlx/lowbit.py)
+    # The dense values' dtype where the scales do not give it (nvfp4's are uint8 e4m3); None: the scales'.
+    dtype: mx.Dtype | None = None
+
+    def dequantized(self) -> mx.array:
+        """The matrix [out, in] as dense values."""
+        return mx.dequantize(
+            self.packed,
+            self.scales,
+            self.biases,
+            group_size=self.group_size,
+            bits=self.bits,
+            mode=self.mode,
+            dtype=self.dtype or self.scales.dtype,
+        )
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -131,6 +149,8 @@ def to_weight(weight: WeightTensor, dtype: mx.Dtype, dense_from_rows: int = 0) -
         return _to_quantized(weight, dtype, dense_from_rows)
     if weight.dtype in REQUANTIZED and weight.shape[-1] % GROUP_SIZE == 0:
         return _requantized(weight, dtype, dense_from_rows)
+    if weight.dtype in LOWBIT_GROUPS and (arrays := lowbit_arrays(weight, dtype)) is not None:
+        return QuantizedWeight(*arrays[:5], dense_from_rows=dense_from_rows, mode=arrays.mode, dtype=dtype)
     return DenseWeight(mx.contiguous(to_dense(weight, dtype).T))
 
 
@@ -140,6 +160,8 @@ def to_embedding(weight: WeightTensor, dtype: mx.Dtype, dense_from_rows: int = 0
         return _to_quantized(weight, dtype, dense_from_rows)
     if weight.dtype in REQUANTIZED and weight.shape[-1] % GROUP_SIZE == 0:
         return _requantized(weight, dtype, dense_from_rows)
+    if weight.dtype in LOWBIT_GROUPS and (arrays := lowbit_arrays(weight, dtype)) is not None:
+        return QuantizedWeight(*arrays[:5], dense_from_rows=dense_from_rows, mode=arrays.mode, dtype=dtype)
     return to_dense(weight, dtype)
 
 
@@ -196,10 +218,7 @@ def linear(x: mx.array, weight: Weight | Embedding, bias: mx.array | None = None
     if isinstance(weight, QuantizedWeight) and 0 < weight.dense_from_rows <= x.size // x.shape[-1]:
         # MLX's CPU quantized matmul costs the same per row at any batch size; for many rows a
         # transient dense copy is faster (localchat/backends/mlx/runner.py has the numbers).
-        dense = mx.dequantize(
-            weight.packed, weight.scales, weight.biases, group_size=weight.group_size, bits=weight.bits
-        )
-        y = x @ mx.contiguous(dense.T)
+        y = x @ mx.contiguous(weight.dequantized().T)
     elif isinstance(weight, QuantizedWeight):
         y = mx.quantized_matmul(
             x,
@@ -209,6 +228,7 @@ def linear(x: mx.array, weight: Weight | Embedding, bias: mx.array | None = None
             transpose=True,
             group_size=weight.group_size,
             bits=weight.bits,
+            mode=weight.mode,
         )
     elif isinstance(weight, DenseWeight):
         y = x @ weight.wt
@@ -223,9 +243,11 @@ def take_rows(weight: Embedding, ids: mx.array) -> mx.array:
         return mx.dequantize(
             weight.packed[ids],
             weight.scales[ids],
-            weight.biases[ids],
+            None if weight.biases is None else weight.biases[ids],
             group_size=weight.group_size,
             bits=weight.bits,
+            mode=weight.mode,
+            dtype=weight.dtype or weight.scales.dtype,
         )
     return weight[ids]
 
@@ -237,13 +259,16 @@ def concat_rows(parts: list[Weight]) -> Weight | None:
     if not all(isinstance(p, QuantizedWeight) for p in parts):
         return None
     quantized: list[QuantizedWeight] = parts  # type: ignore[assignment]
-    if len({(p.bits, p.group_size) for p in quantized}) != 1:
+    if len({(p.bits, p.group_size, p.mode) for p in quantized}) != 1:
         return None
+    biases = [p.biases for p in quantized if p.biases is not None]
     return QuantizedWeight(
         mx.concatenate([p.packed for p in quantized]),
         mx.concatenate([p.scales for p in quantized]),
-        mx.concatenate([p.biases for p in quantized]),
+        mx.concatenate(biases) if biases else None,
         quantized[0].bits,
         quantized[0].group_size,
         quantized[0].dense_from_rows,
+        quantized[0].mode,
+        quantized[0].dtype,
     )

@@ -159,7 +159,7 @@ def _evaluate(value: Weight | Embedding | list[Weight]) -> None:
     arrays: list[mx.array] = []
     for part in value if isinstance(value, list) else [value]:
         if isinstance(part, QuantizedWeight):
-            arrays += [part.packed, part.scales, part.biases]
+            arrays += [part.packed, part.scales, *([] if part.biases is None else [part.biases])]
         else:
             arrays.append(part.wt if isinstance(part, DenseWeight) else part)
     mx.eval(*arrays)

@@ -120,14 +120,14 @@ def _stack(experts: list[list[Weight]]) -> Stacked:
     if isinstance(first, QuantizedWeight) and all(
         len(parts) == 1
         and isinstance(parts[0], QuantizedWeight)
-        and (parts[0].bits, parts[0].group_size) == (first.bits, first.group_size)
+        and (parts[0].bits, parts[0].group_size, parts[0].mode) == (first.bits, first.group_size, "affine")
         for parts in experts
     ):
         quantized = [parts[0] for parts in experts if isinstance(parts[0], QuantizedWeight)]
         return QuantizedWeight(
             mx.stack([q.packed for q in quantized]),
             mx.stack([q.scales for q in quantized]),
-            mx.stack([q.biases for q in quantized]),
+            mx.stack([q.biases for q in quantized if q.biases is not None]),  # affine: all have them
             first.bits,
             first.group_size,
         )
@@ -143,15 +143,13 @@ def _dense_t(weight: Weight) -> mx.array:
     """A matrix as dense [in, out] (DenseWeight's layout)."""
     if isinstance(weight, DenseWeight):
         return weight.wt
-    dense = mx.dequantize(
-        weight.packed, weight.scales, weight.biases, group_size=weight.group_size, bits=weight.bits
-    )
-    return mx.contiguous(dense.T).astype(weight.scales.dtype)
+    dense = weight.dequantized()
+    return mx.contiguous(dense.T).astype(dense.dtype)
 
 
 def _arrays(weight: Stacked | None) -> list[mx.array]:
     if isinstance(weight, QuantizedWeight):
-        return [weight.packed, weight.scales, weight.biases]
+        return [weight.packed, weight.scales, *([] if weight.biases is None else [weight.biases])]
     return [] if weight is None else [weight.wt]
 
 
