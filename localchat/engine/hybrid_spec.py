@@ -28,6 +28,7 @@ import numpy as np
 
 from localchat.engine.interface import BatchInputs, ModelRunner, StateCacheSpec
 from localchat.engine.request import Request
+from localchat.engine.speculative import DEFAULT_MAX_BATCH
 
 if TYPE_CHECKING:
     from localchat.engine.config import EngineConfig
@@ -40,13 +41,19 @@ log = logging.getLogger(__name__)
 SPEC_ROWS_SHARE = 4
 
 
+def spec_rows_wanted(method: str, num_tokens: int, max_batch: int = DEFAULT_MAX_BATCH) -> int:
+    """Spec rows for every draft of every sequence that may speculate at once (max_batch x k); 0 when
+    speculation is off or EAGLE (never on hybrids). `auto` counts as on (it may pick n-gram): the RAM
+    estimate (models/memory.py) counts them before the method is resolved."""
+    return 0 if method in ("off", "eagle") else max_batch * num_tokens
+
+
 def plan_spec_rows(config: EngineConfig, budget: int, bytes_per_slot: int) -> int:
-    """How many spec rows a hybrid model gets: one per draft of every sequence that may speculate at
-    once (max_batch x k), capped by a quarter of the budget; 0 when speculation is off."""
+    """How many spec rows a hybrid model gets: `spec_rows_wanted`, capped by a quarter of the budget."""
     spec = config.speculative
-    if not spec.enabled or spec.method == "eagle":
+    if not spec.enabled:
         return 0
-    wanted = spec.max_batch * spec.num_tokens
+    wanted = spec_rows_wanted(spec.method, spec.num_tokens, spec.max_batch)
     return max(0, min(wanted, budget // SPEC_ROWS_SHARE // bytes_per_slot))
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from localchat.engine.hybrid_spec import spec_rows_wanted
 from localchat.errors import (
     LocalchatError,
     ModelLoadError,
@@ -339,6 +340,7 @@ class ModelManager:
                     st.max_num_seqs,
                     st.backend,
                     st.state_checkpoints,
+                    spec_rows_wanted(st.speculative, st.num_speculative_tokens),
                 )
             victims = self._victims()
             if need is not None:

@@ -10,16 +10,21 @@ checkpoint saved from a state that holds rejected drafts.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from localchat.backends.fake import EOS_ID, FakeRunner, FakeTokenizer
 from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine
+from localchat.engine.hybrid_spec import spec_rows_wanted
 from localchat.engine.interface import BatchInputs
 from localchat.engine.request import FinishReason
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.speculative import SpeculativeConfig
+from localchat.models.memory import estimate
 from tests.helpers.fake_engine import chat_prompt, drain
 
 STATE_BYTES = 1024
@@ -190,3 +195,27 @@ def test_off_with_a_reason_when_no_spec_row_fits_or_the_runner_cannot() -> None:
     )
     assert "does not write the per-position recurrent states" in engine.speculation_note
     assert engine.scheduler.spec_rows is None and len(cannot.states) == engine.state_pool.num_slots + 8  # type: ignore[union-attr]
+
+
+def test_the_ram_estimate_counts_the_spec_rows(tmp_path: Path) -> None:
+    """max_batch x k spec rows when speculation may run (auto included), none when off or EAGLE."""
+    assert spec_rows_wanted("ngram", 4) == spec_rows_wanted("auto", 4) == spec_rows_wanted("draft", 4) == 16
+    assert spec_rows_wanted("off", 4) == spec_rows_wanted("eagle", 4) == 0
+    config = {
+        "model_type": "qwen3_5_text",
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 8,  # 6 linear-attention layers
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 8,
+        "linear_conv_kernel_dim": 4,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    per_sequence = 6 * (3 * 96 * 2 + 4 * 16 * 8 * 4)
+    base = estimate(tmp_path, None, max_num_seqs=4).kv_cache  # 4 slots + 8 checkpoints
+    assert estimate(tmp_path, None, max_num_seqs=4, spec_rows=16).kv_cache == base + 16 * per_sequence
