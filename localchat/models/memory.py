@@ -41,11 +41,12 @@ MIN_KV_BUDGET = (
 # GGUF types the backends read in their blocks (file size once loaded): with localchat's compiled CPU
 # kernels every common type; without them only Q4_0/Q4_1 (torch's int4 kernel), the rest expanded to
 # bf16. The compiled kernels also read the i-quants and ternary types in place (csrc/lc_iquants.h: no x16
-# form, so file size), and MXFP4 (gpt-oss's experts, csrc/lc_mxfp4.h); anything else is expanded: 2 bytes
+# form, so file size), MXFP4 (gpt-oss's experts, csrc/lc_mxfp4.h) and NVFP4 / Q1_0 / Q2_0
+# (csrc/lc_lowbit.h); anything else is expanded: 2 bytes
 # per value. MLX holds its own form instead, sized by weights/mlx_groups.py (`_mlx_gguf_bytes`).
 _CLASSIC_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
 _IQ_TYPES = {"IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"}
-_KERNEL_TYPES = frozenset(_CLASSIC_TYPES | _IQ_TYPES | {"TQ1_0", "TQ2_0", "MXFP4"})
+_KERNEL_TYPES = frozenset(_CLASSIC_TYPES | _IQ_TYPES | {"TQ1_0", "TQ2_0", "MXFP4", "NVFP4", "Q1_0", "Q2_0"})
 _INT4_TYPES = frozenset({"Q4_0", "Q4_1"})
 FAST_GEMM_ISAS = frozenset({"avx512vnni", "avx2", "neon"})  # quant.FAST_GEMM_ISAS (this never imports torch)
 _LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
@@ -62,6 +63,10 @@ _BITS = {  # bits per weight of a file type (the filename's, when its tensor tab
     "iq4_nl": 4.5,
     "tq1_0": 1.7,
     "tq2_0": 2.1,
+    "q1_0": 1.125,
+    "q2_0": 2.25,
+    "mxfp4": 4.25,
+    "nvfp4": 4.5,
     "q2_k": 2.6,
     "q3_k": 3.4,
     "q4_k": 4.8,
@@ -371,7 +376,9 @@ def _gguf_tensors(path: Path) -> list[Tensor]:
 
 
 def _quant_of(filename: str) -> str | None:
-    match = re.search(r"(iq\d_(?:xxs|xs|s|m|nl)|tq\d_\d|q\d_k|q\d_\d|f16|bf16|f32)", filename.lower())
+    match = re.search(
+        r"(iq\d_(?:xxs|xs|s|m|nl)|tq\d_\d|q\d_k|q\d_\d|mxfp4|nvfp4|f16|bf16|f32)", filename.lower()
+    )
     return match.group(1) if match else None
 
 
