@@ -17,6 +17,8 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -275,3 +277,57 @@ def test_ram_estimate_sizes_the_files_as_stored(
     norms = sum(w.size for w in weights.values() if w.ndim == 1)
     assert qtype in compact_gguf_types("bfloat16")
     assert estimate(path, 64, dtype="bfloat16").weights == matrix // values * size + norms * 4
+
+
+def _llama_quantize() -> Path | None:
+    found = os.environ.get("LOCALCHAT_LLAMA_QUANTIZE") or shutil.which("llama-quantize")
+    found = found or next(iter(sorted(glob.glob("/tmp/llamacpp/*/build/bin/llama-quantize"))), None)
+    return Path(found) if found and Path(found).is_file() else None
+
+
+@needs_kernels
+@pytest.mark.slow  # llama-quantize in a subprocess
+@pytest.mark.parametrize("qtype", ["Q1_0", "Q2_0"])  # llama-quantize offers these two (NVFP4: not yet)
+def test_llama_quantize_files_load_and_run_on_blocks(
+    tmp_path: Path, qtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tiny Llama quantized by llama.cpp's own llama-quantize: every tensor of the type is byte for byte
+    what the test encoder writes (the formats agree), and the file runs on the kernels' blocks, following
+    its dequantized float32 run."""
+    tool = _llama_quantize()
+    if tool is None:
+        pytest.skip("llama-quantize not found (set LOCALCHAT_LLAMA_QUANTIZE; CI does not build llama.cpp)")
+    from gguf import GGUFReader
+
+    from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE, write_tiny_gguf
+
+    hf = tiny_hf_model("llama", vocab_size=TINY_VOCAB_SIZE, hidden_size=256, intermediate_size=512)
+    source = write_tiny_gguf(tmp_path / "tiny-f32.gguf", hf, qtype="F32", tokenizer_kind="gpt2")
+    target = tmp_path / f"tiny-{qtype}.gguf"
+    env = {**os.environ, "LD_LIBRARY_PATH": str(tool.parent)}
+    subprocess.run(
+        [str(tool), str(source), str(target), qtype], check=True, capture_output=True, env=env, timeout=300
+    )
+    floats = {t.name: np.asarray(t.data) for t in GGUFReader(source).tensors}
+    typed = [t for t in GGUFReader(target).tensors if t.tensor_type.name == qtype]
+    assert len(typed) >= 7  # the layer's linears at least
+    for tensor in typed:
+        values = floats[tensor.name].reshape(-1, floats[tensor.name].shape[-1])
+        assert np.array_equal(
+            LOWBIT_QUANTIZERS[qtype](values).reshape(-1), np.asarray(tensor.data).reshape(-1)
+        )
+    bundle = load_model(target)
+    runs = []
+    for mode in ("int4", "dequant"):
+        monkeypatch.setenv(quant.QUANT_ENV, mode)
+        runs.append(TorchRunner(bundle, RunnerOptions(device="cpu", dtype="float32")))
+    layer: Any = runs[0].model.layers[0]
+    assert {s.qtype for m in (layer.qkv, layer.o, layer.gate_up, layer.down) for s in m.segments} == {qtype}
+    drivers = [PagedDriver(r) for r in runs]
+    for driver in drivers:
+        driver.add("a", [5, 17, 99, 3, 250, 42, 7, 7, 81, 130, 64])
+    for _ in range(4):
+        (_, got), (_, want) = (d.step_logits() for d in drivers)
+        assert float((got[0].float() - want[0].float()).abs().max()) <= LOGIT_BOUND[qtype]
+        for driver in drivers:
+            driver.feed("a", int(want[0].argmax()))

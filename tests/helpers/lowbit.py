@@ -50,7 +50,8 @@ def quantize_q1_0(data: np.ndarray) -> np.ndarray:
     """[rows, cols] float -> Q1_0 blocks [rows, cols / 128 * 18]: d = mean |x|, a set bit where x >= 0."""
     rows = data.shape[0]
     groups = data.astype(np.float32).reshape(rows, -1, 128)
-    d = np.abs(groups).sum(axis=-1, keepdims=True) / np.float32(128)
+    # summed in order as ggml does (cumsum is sequential; sum is pairwise and may round the f16 d apart)
+    d = np.abs(groups).cumsum(axis=-1, dtype=np.float32)[..., -1:] / np.float32(128)
     bits = np.packbits(groups >= 0, axis=-1, bitorder="little")
     return np.concatenate([_f16(d), bits], axis=-1).reshape(rows, -1)
 
