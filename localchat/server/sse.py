@@ -22,6 +22,22 @@ def event(payload: Any) -> bytes:
     return b"data: " + _encode(payload) + b"\n\n"
 
 
+class ListEvents:
+    """`event(head | {key: [item]} | tail)` for a stream of such events that differ only in `item`: the
+    bytes around the item are encoded once, each event encodes its item alone (a streamed token's chunk
+    repeats its id, model and fingerprint: #34). `head` and `tail` must not hold `key`."""
+
+    def __init__(self, head: dict[str, Any], key: str, tail: dict[str, Any]) -> None:
+        assert key not in head and key not in tail
+        around = _encode(head | {key: [None]} | tail)
+        cut = around.index(b"[null]", len(_encode(head)) - 1)  # the list's place, after head's fields
+        self._before = b"data: " + around[: cut + 1]
+        self._after = around[cut + 5 :] + b"\n\n"
+
+    def __call__(self, item: Any) -> bytes:
+        return self._before + _encode(item) + self._after
+
+
 def error_event(exc: BaseException) -> bytes:
     return event(error_for(exc)[1])
 

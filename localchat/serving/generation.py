@@ -165,7 +165,9 @@ class Generation:
     ) -> None:
         self._engine = engine
         self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
+        # Outputs not yet read, and the reader's future while it waits for one (see `batches`).
+        self._ready: list[tuple[int, RequestOutput]] = []
+        self._waiter: asyncio.Future[None] | None = None
         self._open: dict[int, str] = {}
         try:
             for i, (prompt_ids, params) in enumerate(jobs):
@@ -184,7 +186,9 @@ class Generation:
         return LoopSink(self._loop, self._put, (index,))
 
     def _put(self, index: int, output: RequestOutput) -> None:
-        self._queue.put_nowait((index, output))
+        self._ready.append((index, output))
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     @property
     def finished(self) -> bool:
@@ -193,20 +197,32 @@ class Generation:
     async def batches(
         self, keepalive_s: float | None = None
     ) -> AsyncIterator[list[tuple[int, RequestOutput]]]:
-        """Yield every output ready now, together; an empty list when `keepalive_s` passed in silence."""
+        """Yield every output ready now, together; an empty list when `keepalive_s` passed in silence.
+
+        It waits on a bare future that `_put` completes: `asyncio.wait_for(queue.get(), ...)` cost a task,
+        a waiter and a loop pass per decode token on the HTTP thread, whose CPU the decode's other core
+        shares (#34)."""
         while self._open:
-            try:
-                first = await asyncio.wait_for(self._queue.get(), keepalive_s)
-            except asyncio.TimeoutError:
+            if not self._ready and not await self._wait(keepalive_s):
                 yield []
                 continue
-            batch = [first]
-            while not self._queue.empty():
-                batch.append(self._queue.get_nowait())
+            batch, self._ready = self._ready, []
             for index, output in batch:
                 if output.finished:
                     self._open.pop(index, None)
             yield batch
+
+    async def _wait(self, timeout_s: float | None) -> bool:
+        """Until `_put` brings an output (True) or `timeout_s` passes without one (False)."""
+        waiter = self._waiter = self._loop.create_future()
+        timer = None if timeout_s is None else self._loop.call_later(timeout_s, _expire, waiter)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+        return bool(self._ready)
 
     async def collect(self, num_choices: int) -> list[ChoiceResult]:
         results = [ChoiceResult() for _ in range(num_choices)]
@@ -219,3 +235,8 @@ class Generation:
         for req_id in self._open.values():
             self._engine.abort(req_id)
         self._open.clear()
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

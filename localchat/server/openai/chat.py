@@ -25,7 +25,7 @@ from localchat.server.openai.chat_output import ChoiceDeltas, message_of
 from localchat.server.openai.chat_tools import ToolPlan, plan_tools, request_constraint
 from localchat.server.openai.mcp_chat import McpConversation
 from localchat.server.openapi import api_operation
-from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, event, guarded
+from localchat.server.sse import KEEPALIVE, KEEPALIVE_S, SSE_HEADERS, ListEvents, event, guarded
 from localchat.serving.context import ServerContext
 from localchat.serving.generation import (
     Generation,
@@ -136,6 +136,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
 async def _stream(call: ChatCall, gen: Generation) -> AsyncIterator[bytes]:
     head = call.header("chat.completion.chunk")
     tail = {"usage": None} if call.include_usage else {}
+    choice_event = ListEvents(head, "choices", tail)  # = event(head | {"choices": [choice]} | tail)
     outputs = [call.choice_deltas() for _ in range(call.n)]
     prompt_tokens = cached_tokens = 0
     completion = [0] * call.n
@@ -144,7 +145,7 @@ async def _stream(call: ChatCall, gen: Generation) -> AsyncIterator[bytes]:
         index: int, delta: dict[str, Any], reason: str | None = None, logprobs: Any = None, extra: Any = None
     ) -> bytes:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
-        return event(head | {"choices": [choice | (extra or {})]} | tail)
+        return choice_event(choice | extra if extra else choice)
 
     try:
         yield b"".join(chunk(i, {"role": "assistant", "content": ""}) for i in range(call.n))

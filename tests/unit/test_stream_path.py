@@ -1,0 +1,128 @@
+"""The streaming path's per-token work. `Generation.batches`, the HTTP side's reader of a call's outputs (one wait a batch, no task per wait):
+every output arrives once and in order, outputs ready together come as one batch, a silent stretch
+yields the keep-alive's empty batch and the stream goes on after it, leaving early aborts. The reasoning
+splitter's held-back tail (`_partial_tag_len`) equals its plain definition on every short text, and a
+chunk built by `ListEvents` is byte for byte `event(head | {"choices": [choice]} | tail)`."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from localchat.engine.async_engine import AsyncEngine
+from localchat.engine.sampling_params import SamplingParams
+from localchat.server.sse import ListEvents, event
+from localchat.serving.generation import Generation
+from localchat.serving.reasoning import CLOSE_TAG, OPEN_TAG, _partial_tag_len
+from tests.helpers.fake_engine import chat_prompt, fake_engine
+from tests.helpers.run_async import run_async
+
+
+@pytest.fixture
+def engine() -> Iterator[AsyncEngine]:
+    eng = AsyncEngine(fake_engine())
+    eng.start()
+    yield eng
+    eng.shutdown(drain_timeout_s=1)
+
+
+def test_two_choices_stream_every_token_once_in_order(engine: AsyncEngine) -> None:
+    async def main() -> tuple[list[str], list[set[int]]]:
+        jobs = [(chat_prompt(f"<<say:choice number {i}>>"), SamplingParams(max_tokens=50)) for i in range(2)]
+        gen = Generation(engine, "call", jobs)
+        texts = ["", ""]
+        groups = []
+        async for batch in gen.batches(keepalive_s=30):
+            groups.append({index for index, _ in batch})
+            for index, out in batch:
+                texts[index] += out.text_delta
+        assert gen.finished
+        return texts, groups
+
+    texts, groups = run_async(main())
+    assert texts == ["choice number 0", "choice number 1"]
+    assert {0, 1} in groups  # both choices' outputs of one step come together
+
+
+def test_silence_yields_keepalives_and_the_stream_goes_on(engine: AsyncEngine) -> None:
+    async def main() -> tuple[str, int]:
+        gen = Generation(
+            engine, "call", [(chat_prompt("<<slow:60>><<say:abc>>"), SamplingParams(max_tokens=9))]
+        )
+        text, keepalives = "", 0
+        async for batch in gen.batches(keepalive_s=0.01):
+            keepalives += not batch
+            text += "".join(out.text_delta for _, out in batch)
+        return text, keepalives
+
+    text, keepalives = run_async(main())
+    assert text == "abc" and keepalives >= 2
+
+
+def test_leaving_early_aborts_the_request(engine: AsyncEngine) -> None:
+    async def main() -> None:
+        prompt = chat_prompt("<<slow:5>><<say:" + "w" * 300 + ">>")
+        gen = Generation(engine, "call", [(prompt, SamplingParams(max_tokens=400))])
+        async for batch in gen.batches(keepalive_s=30):
+            if any(out.num_output_tokens >= 3 for _, out in batch):
+                break
+        gen.close()
+
+    run_async(main())
+    for _ in range(300):
+        if engine.num_in_flight == 0:
+            break
+        threading.Event().wait(0.01)
+    assert engine.num_in_flight == 0 and engine.engine.block_manager.num_used_blocks == 0
+
+
+def test_cancelled_reader_leaves_no_waiter(engine: AsyncEngine) -> None:
+    async def main() -> None:
+        gen = Generation(
+            engine, "call", [(chat_prompt("<<slow:200>><<say:ab>>"), SamplingParams(max_tokens=5))]
+        )
+        reader = asyncio.ensure_future(gen.batches(keepalive_s=30).__anext__())
+        await asyncio.sleep(0.02)
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        assert gen._waiter is None
+        gen.close()
+
+    run_async(main())
+
+
+def _plain_partial(text: str, tag: str) -> int:
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:k]):
+            return k
+    return 0
+
+
+def test_partial_tag_len_equals_its_definition() -> None:
+    texts = ["".join(t) for n in range(7) for t in itertools.product("<t/h>x", repeat=n)]
+    rng = random.Random(0)
+    texts += ["".join(rng.choice("<think/>ab") for _ in range(rng.randint(7, 20))) for _ in range(3000)]
+    for text in texts:
+        for tag in (OPEN_TAG, CLOSE_TAG):
+            assert _partial_tag_len(text, tag) == _plain_partial(text, tag), (text, tag)
+
+
+@pytest.mark.parametrize("tail", [{}, {"usage": None}])
+def test_list_events_are_the_merged_event(tail: dict[str, object]) -> None:
+    head = {"id": "chatcmpl-[null]", "object": "chat.completion.chunk", "created": 17, "model": "m ü",
+            "system_fingerprint": None}  # fmt: skip
+    events = ListEvents(head, "choices", tail)
+    choices = [
+        {"index": 0, "delta": {"content": "héllo \"[null]\"\n"}, "logprobs": None, "finish_reason": None},
+        {"index": 3, "delta": {}, "logprobs": {"content": [{"token": "a", "logprob": -0.5}]}, "finish_reason": "stop"},
+        {"index": 1, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}, "logprobs": None,
+         "finish_reason": None, "stop_reason": "loop"},
+    ]  # fmt: skip
+    for choice in choices:
+        assert events(choice) == event(head | {"choices": [choice]} | tail)
