@@ -36,17 +36,24 @@ def prompts() -> list[list[int]]:
     return [phrase * 4 + phrase[:4], [int(t) for t in rng.integers(3, VOCAB, size=23)]]
 
 
-def engine(target: ModelBundle, method: str, draft: ModelBundle | None = None, **config: object) -> LLMEngine:
+def engine(
+    target: ModelBundle,
+    method: str,
+    draft: ModelBundle | None = None,
+    make_runner: Callable[[ModelBundle], Any] = fp32_runner,
+    **config: object,
+) -> LLMEngine:
+    """An engine on `target` (`make_runner`: the torch runner in float32, or the MLX suite's)."""
     # ngram_min 1: random tiny models hardly repeat two tokens, so single-token matches make the drafts
     spec = SpeculativeConfig(method, num_tokens=4, max_batch=4, ngram_min=1, draft_p_min=0.0)
     cfg = EngineConfig(**{"kv_cache_mib": 8, "block_size": BLOCK, "speculative": spec, **config})  # type: ignore[arg-type]
     return LLMEngine(
-        fp32_runner(target),
+        make_runner(target),
         FakeTokenizer(),
         cfg,
         eos_token_ids=[],
         model_max_len=512,
-        draft_runner=fp32_runner(draft) if draft is not None else None,
+        draft_runner=make_runner(draft) if draft is not None else None,
         vocab_size=VOCAB,
     )
 
@@ -124,12 +131,18 @@ def test_ngram_output_equals_plain_decoding(
 def test_draft_model_rejected_part_way_equals_plain_decoding(
     target: ModelBundle, plain: list[tuple[list[int], list[float]]]
 ) -> None:
+    check_draft_rejected_part_way(target, plain, fp32_runner)
+
+
+def check_draft_rejected_part_way(
+    target: ModelBundle, plain: list[tuple[list[int], list[float]]], make_runner: Callable[[ModelBundle], Any]
+) -> None:
     follow: dict[int, int] = {}
     for prompt, (tokens, _) in zip(prompts(), plain, strict=True):
         seq = prompt + tokens
         for x, y in zip(seq[::2], seq[1::2], strict=False):  # every other pair: the rest are guesses
             follow.setdefault(x, y)
-    eng = engine(target, "draft", bigram_draft(follow))
+    eng = engine(target, "draft", bigram_draft(follow), make_runner)
     assert_same(run(eng), plain)
     spec_rows = eng.scheduler.spec_rows
     assert spec_rows is not None and spec_rows.fixups_total > 0  # verify steps that kept only some drafts

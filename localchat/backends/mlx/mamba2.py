@@ -149,6 +149,14 @@ class Mamba2Mixer(Layer):  # a Layer for its declared-weights bookkeeping; calle
             states[slot] = new
             order.append(mx.arange(start, end, dtype=mx.int32))
             outs.append(o)
+        for t, slot, keep in rows.verify_tokens():  # decode form per position (as plain decoding runs it)
+            s = slice(t, t + 1)
+            o, new = ssd_step(xs[s], dt[s], dt[s] * decay_rate, b[s], c[s], states[slot : slot + 1])
+            states[slot] = new[0]
+            if keep >= 0:  # the state after this position, for the engine to restore (hybrid_spec.py)
+                states[keep] = states[slot]
+            order.append(mx.array([t], dtype=mx.int32))
+            outs.append(o)
         core = mx.zeros((tokens, h, p), dtype=mx.float32)
         core[mx.concatenate(order)] = mx.concatenate(outs)
         core = core + xs * self.D.astype(mx.float32)[:, None]

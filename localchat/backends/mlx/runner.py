@@ -111,6 +111,10 @@ def _check_kv_cache_dtype(choice: str, dtype: mx.Dtype) -> None:
 
 
 class MLXRunner:
+    # Hybrid models' verify rows write each position's state into spec rows (state_cache.StepRows.verify,
+    # engine/hybrid_spec.py), so speculation works for them too.
+    hybrid_speculation = True
+
     def __init__(self, model: ModelBundle, options: RunnerOptions) -> None:
         self.device = pick_device(options.device)
         mx.set_default_device(self.device)
@@ -259,7 +263,9 @@ class MLXRunner:
         rope = batch.positions if batch.rope_positions is None else batch.rope_positions
         positions = mx.array(rope.astype(np.int32))
         if (begin_step := getattr(self.model, "begin_step", None)) is not None:  # hybrid: bind state slots
-            begin_step(batch.state_slots, batch.query_start_loc, batch.positions, self.dtype)
+            begin_step(
+                batch.state_slots, batch.query_start_loc, batch.positions, self.dtype, batch.state_keep
+            )
         hooked: Any = self.model  # only models with the image hook (models/gemma.py) get a tower
         if batch.image_slices:
             assert self.images is not None, "image input reached a model without a vision tower"

@@ -55,6 +55,13 @@ def causal_conv(
         windows[slot] = new.astype(windows.dtype)
         order.append(mx.arange(start, end, dtype=mx.int32))
         outs.append(y)
+    for t, slot, keep in rows.verify_tokens():  # decode form per position; its window kept in a spec row
+        y, new = conv_step(x[t : t + 1], windows[slot : slot + 1], weight, bias)
+        windows[slot] = new[0].astype(windows.dtype)
+        if keep >= 0:
+            windows[keep] = windows[slot]
+        order.append(mx.array([t], dtype=mx.int32))
+        outs.append(y)
     out = mx.zeros_like(x)
     out[mx.concatenate(order)] = mx.concatenate(outs)
     return out

@@ -4,11 +4,14 @@
 Each stateful layer owns a conv window [slots, C, K - 1] (compute dtype) and a recurrent state
 [slots, H, dk, dv] (float32: it accumulates over the whole sequence). Writes go through
 `array[slots] = new`, MLX's in-place scatter (see attention.py: nothing may hold the old arrays).
+Speculative verify rows (`StepRows.verify`, engine/hybrid_spec.py) run token by token in the decode
+form, each position's state copied into the spec row `BatchInputs.state_keep` names.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
@@ -56,12 +59,28 @@ class StepRows:
     decode_slots: mx.array | None  # int32 [D]
     prefills: list[tuple[int, int, int]]  # (start, end, slot) of each longer row
     fresh_slots: mx.array | None  # int32: slots zeroed before the step (rows starting at position 0)
+    # (start, end, slot, spec row per token or -1) of each verify row: not in `prefills`
+    verify: list[tuple[int, int, int, list[int]]] = field(default_factory=list)
+
+    def verify_tokens(self) -> Iterator[tuple[int, int, int]]:
+        """(token, slot, spec row or -1) of every verify row's tokens, in order."""
+        for start, end, slot, keep in self.verify:
+            for t in range(start, end):
+                yield t, slot, keep[t - start]
 
     @classmethod
-    def from_batch(cls, slots: np.ndarray, query_start_loc: np.ndarray, positions: np.ndarray) -> StepRows:
+    def from_batch(
+        cls,
+        slots: np.ndarray,
+        query_start_loc: np.ndarray,
+        positions: np.ndarray,
+        keep: np.ndarray | None = None,
+    ) -> StepRows:
         lens = np.diff(query_start_loc)
         starts = query_start_loc[:-1]
         one = np.flatnonzero(lens == 1)
+        longer = np.flatnonzero(lens > 1)
+        verifying = longer[keep[starts[longer]] >= 0] if keep is not None and len(longer) else longer[:0]
         fresh = slots[positions[starts] == 0] if len(starts) else slots[:0]
 
         def ints(values: np.ndarray) -> mx.array:
@@ -71,9 +90,21 @@ class StepRows:
             decode_tokens=ints(starts[one]) if one.size else None,
             decode_slots=ints(slots[one]) if one.size else None,
             prefills=[
-                (int(starts[r]), int(starts[r] + lens[r]), int(slots[r])) for r in np.flatnonzero(lens > 1)
+                (int(starts[r]), int(starts[r] + lens[r]), int(slots[r]))
+                for r in longer
+                if r not in verifying
             ],
             fresh_slots=ints(fresh) if fresh.size else None,
+            verify=[
+                (
+                    int(starts[r]),
+                    int(starts[r] + lens[r]),
+                    int(slots[r]),
+                    keep[starts[r] : starts[r] + lens[r]].tolist(),
+                )
+                for r in verifying
+                if keep is not None
+            ],
         )
 
     def reset(self, cache: StateCache) -> None:

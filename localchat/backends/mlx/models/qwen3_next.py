@@ -179,6 +179,22 @@ class HybridLayer(WithMoe):
             o, new_state = delta_rule_chunked(q, k, v, g[start:end], beta[start:end], rec_state[row_slot])
             rec_state[row_slot] = new_state
             pieces.append((mx.arange(start, end, dtype=mx.int32), o))
+        for (
+            t,
+            row_slot,
+            keep,
+        ) in rows.verify_tokens():  # decode form per position, states kept (hybrid_spec.py)
+            out, windows = conv_decode(mixed[t : t + 1], conv_state[row_slot : row_slot + 1], weight)
+            conv_state[row_slot] = windows[0].astype(conv_state.dtype)
+            q, k, v = heads(out)
+            o, new_state = delta_rule_step(
+                q, k, v, g[t : t + 1], beta[t : t + 1], rec_state[row_slot : row_slot + 1]
+            )
+            rec_state[row_slot] = new_state[0]
+            if keep >= 0:
+                conv_state[keep] = conv_state[row_slot]
+                rec_state[keep] = rec_state[row_slot]
+            pieces.append((mx.array([t], dtype=mx.int32), o))
         order = mx.concatenate([p[0] for p in pieces])
         core = mx.zeros((tokens, nv, dv), dtype=mx.float32)
         core[order] = mx.concatenate([p[1] for p in pieces])
@@ -242,15 +258,20 @@ class Model(DecoderLM):
         return self.states.arrays() if self.states is not None else []
 
     def begin_step(
-        self, slots: np.ndarray | None, query_start_loc: np.ndarray, positions: np.ndarray, dtype: mx.Dtype
+        self,
+        slots: np.ndarray | None,
+        query_start_loc: np.ndarray,
+        positions: np.ndarray,
+        dtype: mx.Dtype,
+        keep: np.ndarray | None = None,
     ) -> None:
         """Bind this step's rows to their state slots. Without slots (a step outside the engine) each row
-        gets a scratch slot of its own."""
+        gets a scratch slot of its own. `keep`: BatchInputs.state_keep (speculative verify rows)."""
         if slots is None:
             slots = np.arange(len(query_start_loc) - 1, dtype=np.int64)
             if self.states is None or self.states.num_slots < len(slots):
                 self.states = StateCache(self._state_shapes(), len(slots), dtype)
-        self.rows = StepRows.from_batch(slots, query_start_loc, positions)
+        self.rows = StepRows.from_batch(slots, query_start_loc, positions, keep)
         assert self.states is not None
         self.rows.reset(self.states)
 

@@ -34,15 +34,20 @@ class StateModel(DecoderLM):
         return self.states.arrays() if self.states is not None else []
 
     def begin_step(
-        self, slots: np.ndarray | None, query_start_loc: np.ndarray, positions: np.ndarray, dtype: mx.Dtype
+        self,
+        slots: np.ndarray | None,
+        query_start_loc: np.ndarray,
+        positions: np.ndarray,
+        dtype: mx.Dtype,
+        keep: np.ndarray | None = None,
     ) -> None:
         """Bind this step's rows to their state slots. Without slots (a step outside the engine) each row
-        gets a scratch slot of its own."""
+        gets a scratch slot of its own. `keep`: BatchInputs.state_keep (speculative verify rows)."""
         if slots is None:
             slots = np.arange(len(query_start_loc) - 1, dtype=np.int64)
             if self.states is None or self.states.num_slots < len(slots):
                 self.states = StateCache(self.state_shapes(), len(slots), dtype)
-        self.rows = StepRows.from_batch(slots, query_start_loc, positions)
+        self.rows = StepRows.from_batch(slots, query_start_loc, positions, keep)
         assert self.states is not None
         self.rows.reset(self.states)
 
