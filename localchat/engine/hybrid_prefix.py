@@ -120,8 +120,10 @@ def save_checkpoint(scheduler: Scheduler, request: Request) -> None:
     if slot is None or index >= len(request.block_hashes):
         return  # (a block whose step failed was unnamed: forget_unwritten)
     shared = checkpoints.shared_cuts.get(request.req_id, ())
-    if done == prompt_boundary(request, block_size) or done in shared:
-        checkpoints.save(request.block_hashes[index], done, slot)
+    if done in shared:
+        checkpoints.save(request.block_hashes[index], done, slot, shared=True)
+    elif done == prompt_boundary(request, block_size):
+        checkpoints.save(request.block_hashes[index], done, slot, spare=True)
     elif done >= request.num_prompt_tokens:
         checkpoints.save(request.block_hashes[index], done, slot, owner=request.req_id)
 

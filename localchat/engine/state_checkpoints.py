@@ -16,7 +16,9 @@ Two kinds: an unowned checkpoint (at a prompt's last whole-block boundary: regen
 message) joins the LRU list at once; a running sequence's decode checkpoint is owned, moved forward in
 place at each boundary its processed tokens reach (the next turn of a chat starts with this
 conversation), never evicted while owned, and joins the LRU list when the sequence ends. A checkpoint
-whose block left the prefix cache is useless and goes first when a row is needed.
+whose block left the prefix cache is useless and goes first when a row is needed; then a prompt's
+boundary checkpoint that was never restored, then chats', and last those where prompts part (a shared
+system prompt, tool schemas), which serve every new chat that starts with them (`_take`).
 """
 
 from __future__ import annotations
@@ -25,12 +27,19 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+# Shared-prefix checkpoints are evicted after chats' while they hold at most 1/SHARED_SHARE of the rows
+# (beyond that they rank with chats'): enough for a system prompt and a few tool sets, and never all
+# of the rows the next turns of the chats running now need.
+SHARED_SHARE = 2
+
 
 @dataclass(slots=True)
 class Checkpoint:
     slot: int
     num_tokens: int  # tokens the state has processed (a multiple of the block size)
     owner: str | None = None  # the running request that moves it forward, if any
+    spare: bool = False  # a prompt's own boundary not restored yet (regenerate): the first to go
+    shared: bool = False  # where prompts part (a system prompt, tool schemas): the last to go
 
 
 class StateCheckpoints:
@@ -68,16 +77,29 @@ class StateCheckpoints:
     def restore(self, block_hash: int, slot: int) -> None:
         """Copy the checkpoint named `block_hash` into running row `slot` (before this step's forward)."""
         found = self._index[block_hash]
+        found.spare = False
         self._index.move_to_end(block_hash)
         self.copies.append((found.slot, slot))
         self.restores_total += 1
 
-    def save(self, block_hash: int, num_tokens: int, slot: int, owner: str | None = None) -> None:
+    def save(
+        self,
+        block_hash: int,
+        num_tokens: int,
+        slot: int,
+        owner: str | None = None,
+        spare: bool = False,
+        shared: bool = False,
+    ) -> None:
         """Checkpoint running row `slot`, which has processed `num_tokens` tokens ending with the block
         named `block_hash`. With `owner`, that request's own checkpoint moves here (taking a row the
-        first time); without, a new unowned one. Nothing is saved when no row can be had."""
+        first time); without, a new unowned one, `spare` (a prompt's boundary) or `shared` (where
+        prompts part) for eviction (`_take`). Nothing is saved when no row can be had."""
         if block_hash in self._index:
             self._index.move_to_end(block_hash)  # the same prefix gives the same state: keep the one there
+            if shared:
+                found = self._index[block_hash]
+                found.shared, found.spare = True, False
             return
         previous = self._owned.get(owner) if owner is not None else None
         if previous is not None:
@@ -88,7 +110,7 @@ class StateCheckpoints:
             row = self._take()
         if row is None:
             return
-        self._index[block_hash] = Checkpoint(row, num_tokens, owner)
+        self._index[block_hash] = Checkpoint(row, num_tokens, owner, spare, shared)
         if owner is not None:
             self._owned[owner] = block_hash
         self.copies.append((slot, row))
@@ -114,15 +136,29 @@ class StateCheckpoints:
         return copies
 
     def _take(self) -> int | None:
-        """A free row: a never-used or dropped one, else that of the checkpoint whose blocks left the
-        prefix cache, else the least recently used unowned one; None when every row is owned."""
+        """A free row: a never-used or dropped one, else that of an unowned checkpoint, the least recently
+        used first of, in turn: those whose blocks left the prefix cache (useless now), prompt boundaries
+        never restored, chats' (a decode checkpoint: the next turn), shared prefixes' (while they hold at
+        most 1/SHARED_SHARE of the rows). None when every row is owned.
+
+        A shared prefix serves every new chat that starts with it, a chat's checkpoint only that chat's
+        next turn, a prompt boundary only a regenerated answer: under plain LRU the agents' own turns
+        pushed their system prompt out between waves of new chats (on the fake runner's agent workloads
+        that took 2-3x the prefill tokens: docs/hybrid.md)."""
         if self._free:
             return self._free.pop()
         unowned = [h for h, c in self._index.items() if c.owner is None]
         if not unowned:
             return None
-        stale = next((h for h in unowned if not self._is_cached(h)), unowned[0])
-        self._drop(stale)
+        protected = sum(self._index[h].shared for h in unowned) <= self.num_slots // SHARED_SHARE
+
+        def rank(block_hash: int) -> int:
+            found = self._index[block_hash]
+            if not self._is_cached(block_hash):
+                return 0
+            return 1 if found.spare else 3 if found.shared and protected else 2
+
+        self._drop(min(unowned, key=rank))  # (min keeps the first of a rank: the least recently used)
         return self._free.pop()
 
     def _drop(self, block_hash: int) -> None:

@@ -422,3 +422,74 @@ def test_the_fork_points_of_a_cached_run_cost_one_step_each() -> None:
         steps, _, cached = prefill_steps(engine, chat)
         assert (steps, cached) == (3, 0)
         assert prefill_steps(engine, third)[2] == 0  # (now cut there, for the next one)
+
+
+def test_eviction_keeps_shared_prefixes_over_chats_and_chats_over_unused_prompt_boundaries() -> None:
+    cached = {1, 2, 3, 4, 5, 6, 7, 8}
+    index = StateCheckpoints(first_slot=0, num_slots=4, is_cached=cached.__contains__)
+    index.save(1, 16, slot=9, shared=True)  # where prompts part
+    index.save(2, 16, slot=9, owner="a")
+    index.release("a")  # a chat's decode checkpoint
+    index.save(3, 16, slot=9, spare=True)  # a prompt's boundary
+    index.save(4, 16, slot=9, spare=True)
+    index.restore(4, 8)  # restored (a regenerated answer): a chat's now
+    index.end_step()
+    index.save(5, 16, slot=9)  # least recently used first within each rank: the unused boundary goes
+    assert 3 not in index and {1, 2, 4, 5} <= {h for h in range(9) if h in index}
+    index.save(6, 16, slot=9)  # then chats' (2 before 4, 5), never the shared prefix
+    index.save(7, 16, slot=9)
+    assert 1 in index and 2 not in index and 4 not in index
+    cached.discard(1)  # a shared prefix whose blocks left the cache goes first
+    index.save(8, 16, slot=9, spare=True)
+    assert 1 not in index and 8 in index
+    # Shared prefixes holding more than half the rows rank with chats' (least recently used first).
+    crowded = StateCheckpoints(first_slot=0, num_slots=4, is_cached=lambda h: True)
+    for block_hash in (11, 12, 13):
+        crowded.save(block_hash, 16, slot=9, shared=True)
+    crowded.save(14, 16, slot=9)
+    crowded.save(15, 16, slot=9)
+    assert 11 not in crowded and 14 in crowded
+
+
+def agent_waves(engine: LLMEngine, waves: int, turns: int = 3) -> dict[str, tuple[list[int], list[int], int]]:
+    """Waves of four agents (tool sets alpha, beta, alpha, beta), each a few turns of its own chat with
+    a tool result after each reply, run together: request id -> (prompt, output, cached tokens)."""
+    params = SamplingParams(max_tokens=40, temperature=0.0)
+    asked: dict[str, tuple[list[int], list[int], int]] = {}
+    for wave in range(waves):
+        chats = {
+            a: tooled_chat(("alpha", "beta")[a % 2], f"<<say:done {wave}.{a} " + "w" * 20 + ">>")
+            for a in range(4)
+        }
+        for turn in range(turns):
+            ids = {a: f"w{wave}a{a}t{turn}" for a in chats}
+            for a, req_id in ids.items():
+                engine.add_request(chats[a], params, req_id=req_id)
+            got: dict[str, list[int]] = {r: [] for r in ids.values()}
+            cached: dict[str, int] = {}
+            for out in drain(engine):
+                got[out.req_id] += out.new_token_ids
+                cached[out.req_id] = out.num_cached_tokens
+            for a, req_id in ids.items():
+                asked[req_id] = (chats[a], got[req_id], cached[req_id])
+                result = FakeTokenizer().encode(
+                    f"\n<|im_start|>tool\nresult {turn} " + "r" * 30 + "<|im_end|>\n"
+                )
+                chats[a] = chats[a] + got[req_id] + result
+    return asked
+
+
+def test_waves_of_agents_keep_their_tool_sets_checkpoints_between_waves() -> None:
+    """Agents' turns save a decode checkpoint and a prompt boundary each, more than the 8 rows hold:
+    under plain LRU they pushed out the system prompt + tool set checkpoints before the next wave came,
+    whose agents then prefilled everything again. Ranked eviction keeps them: every agent of the later
+    waves restores its tool set, and every output equals a cold run."""
+    engine = hybrid_engine(max_num_seqs=4)
+    asked = agent_waves(engine, waves=3)
+    for wave in (1, 2):
+        for a in range(4):
+            prompt, _, cached = asked[f"w{wave}a{a}t0"]
+            tools = shared_blocks([prompt, tooled_chat(("alpha", "beta")[a % 2], "?")]) * BLOCK
+            assert cached >= tools, (wave, a)
+    for req_id, (prompt, output, _) in asked.items():
+        assert output == run(hybrid_engine(), prompt, max_tokens=40)[0], req_id
