@@ -50,6 +50,9 @@ class SamplingInputs:
     spec_rows: np.ndarray | None = None
     spec_tokens: np.ndarray | None = None
     spec_probs: np.ndarray | None = None
+    # Inputs whose arrays are shared read-only between steps (`decode_sampling_inputs`): what the three
+    # properties below answer, worked out once (a sampler asks them every step: ~9 us of numpy, #34).
+    derived: tuple[np.ndarray, bool, bool] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -57,22 +60,29 @@ class SamplingInputs:
 
     @property
     def all_greedy(self) -> bool:
+        if self.derived is not None:
+            return self.derived[2]
         return not self.temperature.any()
 
     @property
     def penalized_rows(self) -> np.ndarray:
         """int64 row indexes whose penalties change anything."""
+        if self.derived is not None:
+            return self.derived[0]
         return np.flatnonzero(
             (self.presence_penalty != 0) | (self.frequency_penalty != 0) | (self.repetition_penalty != 1)
         )
 
     @property
     def wants_logprobs(self) -> bool:
+        if self.derived is not None:
+            return self.derived[1]
         return bool((self.num_logprobs >= 0).any())
 
     def take(self, rows: Sequence[int]) -> SamplingInputs:
         """The inputs of `rows` only, in that order (the runner drops embedding rows with it)."""
         index = np.asarray(rows, dtype=np.int64)
+        spec_rows, spec_tokens, spec_probs = self._take_spec(index)
         penalty_indptr, penalty_ids = _take_csr(self.penalty_indptr, [self.penalty_token_ids], index)
         bias_indptr, bias_ids, bias_values = _take_csr(
             self.bias_indptr, [self.bias_token_ids, self.bias_values], index
@@ -96,22 +106,24 @@ class SamplingInputs:
             bias_token_ids=bias_ids,
             bias_values=bias_values,
             token_bitmask=None if self.token_bitmask is None else self.token_bitmask[index],
-            **self._take_spec(index),
+            spec_rows=spec_rows,
+            spec_tokens=spec_tokens,
+            spec_probs=spec_probs,
         )
 
-    def _take_spec(self, index: np.ndarray) -> dict[str, np.ndarray | None]:
+    def _take_spec(self, index: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
         if self.spec_rows is None or self.spec_tokens is None or self.spec_probs is None:
-            return {}
+            return None, None, None
         where = {int(r): j for j, r in enumerate(self.spec_rows.tolist())}
         pairs = [(new, where[old]) for new, old in enumerate(index.tolist()) if old in where]
         if not pairs:
-            return {}
+            return None, None, None
         picked = np.asarray([j for _, j in pairs], dtype=np.int64)
-        return {
-            "spec_rows": np.asarray([new for new, _ in pairs], dtype=np.int64),
-            "spec_tokens": self.spec_tokens[picked],
-            "spec_probs": self.spec_probs[picked],
-        }
+        return (
+            np.asarray([new for new, _ in pairs], dtype=np.int64),
+            self.spec_tokens[picked],
+            self.spec_probs[picked],
+        )
 
     def penalty_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """For `rows` (positions 0..R-1 among them): (seen_row, seen_id) of every prompt + output token,
@@ -235,6 +247,9 @@ def decode_sampling_inputs(rows: Sequence[tuple[SamplingParams, Sequence[int], i
         for name in shared.__slots__:
             if isinstance(array := getattr(shared, name), np.ndarray):
                 array.flags.writeable = False
+        penalized = shared.penalized_rows
+        penalized.flags.writeable = False
+        shared.derived = (penalized, shared.wants_logprobs, shared.all_greedy)
     return SamplingInputs(
         temperature=shared.temperature,
         top_k=shared.top_k,
@@ -253,6 +268,7 @@ def decode_sampling_inputs(rows: Sequence[tuple[SamplingParams, Sequence[int], i
         bias_indptr=shared.bias_indptr,
         bias_token_ids=shared.bias_token_ids,
         bias_values=shared.bias_values,
+        derived=shared.derived,
     )
 
 

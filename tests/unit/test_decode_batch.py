@@ -29,7 +29,10 @@ def _same(a: object, b: object, where: str) -> None:
     elif isinstance(a, SamplingInputs):
         assert isinstance(b, SamplingInputs), where
         for name in SamplingInputs.__slots__:
-            _same(getattr(a, name), getattr(b, name), f"{where}.{name}")
+            if name != "derived":  # (shared inputs answer these three from it)
+                _same(getattr(a, name), getattr(b, name), f"{where}.{name}")
+        _same(a.penalized_rows, b.penalized_rows, f"{where}.penalized_rows")
+        assert (a.wants_logprobs, a.all_greedy) == (b.wants_logprobs, b.all_greedy), where
     else:
         assert type(a) is type(b) and a == b, (where, a, b)
 
@@ -112,6 +115,7 @@ def test_shared_sampling_arrays_are_read_only_and_follow_the_params() -> None:
     first = decode_sampling_inputs([(greedy, tokens, 2)])
     again = decode_sampling_inputs([(SamplingParams(temperature=0), [*tokens, 5], 2)])
     assert again.temperature is first.temperature  # the same values: the same arrays
+    assert again.derived is first.derived and not again.penalized_rows.flags.writeable
     assert again.token_index.tolist() == [3] and first.token_index.tolist() == [2]
     with pytest.raises(ValueError, match="read-only"):
         again.temperature[0] = 1.0
