@@ -21,6 +21,7 @@ from localchat.errors import InsufficientMemoryError, ModelLoadError, Unsupporte
 from localchat.models.side_memory import SideModelMemory, side_models_note
 from localchat.vision.mmproj import pair_mmproj
 from localchat.weights.gguf import gguf_architecture, hf_tensor_name, open_gguf
+from localchat.weights.hf_nvfp4 import NVFP4_METHODS, nvfp4_loaded_bytes
 from localchat.weights.hf_quant import compact_int4, loaded_weight_bytes, quant_method
 from localchat.weights.isq_plan import LINEAR_PARAMS, Role, isq_bytes
 from localchat.weights.mlx_groups import mlx_tensor_bytes
@@ -307,9 +308,11 @@ def _hf_quant_weights(
 
     try:
         raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        if quant_method(raw) is None:
+        if (method := quant_method(raw)) is None:
             return size
         headers = [f.header for f in safetensors_files(folder, quantized=True)]
+        if method in NVFP4_METHODS:  # GGUF NVFP4 blocks where kept (kernels, MLX): as the file
+            return nvfp4_loaded_bytes(headers, value_bytes, blocks and (affine or kernel_isa() is not None))
         qc = raw["quantization_config"]
         groups = list((qc.get("config_groups") or {}).values())
         bits = int(((groups[0] or {}).get("weights") or {}).get("num_bits", 4)) if groups else 4

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from localchat.errors import ModelLoadError
+from localchat.weights.hf_nvfp4 import nvfp4_method
 from localchat.weights.hf_q8_blocks import E4M3FN, Q8_0_BYTES, q8_linear
 from localchat.weights.hf_quant_blocks import BLOCK, repack_int4
 from localchat.weights.hf_quant_fp8 import (
@@ -53,7 +54,7 @@ from localchat.weights.tensors import WeightTensor
 log = logging.getLogger(__name__)
 
 # Storage dtypes quantized checkpoints add to F32/F16/BF16: packed int32 codes, fp8 bytes, int8.
-QUANT_STORAGE = {"I32": np.int32, "F8_E4M3": np.uint8, "I8": np.int8, "I64": np.int64}
+QUANT_STORAGE = {"I32": np.int32, "F8_E4M3": np.uint8, "I8": np.int8, "I64": np.int64, "U8": np.uint8}
 METHODS = ("gptq", "awq", "fp8", "compressed-tensors")
 # compressed-tensors parts; activation scales (W8A8 static input_scale) are dropped: we compute in bf16/f32.
 _CT_PARTS = ("weight_packed", "weight_shape", "weight_scale", "weight_zero_point", "input_scale")
@@ -70,6 +71,8 @@ def quant_method(raw_config: dict[str, Any]) -> str | None:
     if not isinstance(qc, dict):
         return None
     method = str(qc.get("quant_method", "")).lower()
+    if (nvfp4 := nvfp4_method(qc)) is not None:  # ModelOpt / compressed-tensors NVFP4: weights/hf_nvfp4.py
+        return nvfp4
     if method == "mxfp4":  # gpt-oss experts: read by the family's own sanitize (weights/mxfp4.py)
         return None
     if method not in METHODS:

@@ -11,6 +11,7 @@ from localchat.sampling_defaults import gguf_sampling_defaults
 from localchat.vision.mmproj import pair_mmproj, paired_vision_config
 from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
+from localchat.weights.hf_nvfp4 import NVFP4_METHODS, nvfp4_stream
 from localchat.weights.hf_quant import dequantized_stream, quant_method
 from localchat.weights.safetensors import (
     checkpoint_prefixes,
@@ -71,6 +72,8 @@ def _load_folder(folder: Path, name: str) -> ModelBundle:
         iter_weights=lambda: (
             iter_safetensors_weights(files, prefixes)
             if method is None
+            else nvfp4_stream(iter_safetensors_weights(files, prefixes), method)
+            if method in NVFP4_METHODS
             else dequantized_stream(iter_safetensors_weights(files, prefixes), method, qconfig)
         ),
         tokenizer=tokenizer,
