@@ -58,8 +58,10 @@ def engine(
     )
 
 
-def run(eng: LLMEngine, max_tokens: int = 40) -> list[tuple[list[int], list[float]]]:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=0)
+def run(
+    eng: LLMEngine, max_tokens: int = 40, params: SamplingParams | None = None
+) -> list[tuple[list[int], list[float]]]:
+    params = params or SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=0)
     ids = [eng.add_request(p, params) for p in prompts()]
     got: dict[str, tuple[list[int], list[float]]] = {r: ([], []) for r in ids}
     for out in drain(eng):
@@ -164,3 +166,17 @@ def test_skipping_the_copy_back_changes_the_output(
     spec_rows.accepted = lambda *args: None  # type: ignore[method-assign]
     got = run(eng)
     assert [t for t, _ in got] != [t for t, _ in plain]
+
+
+def test_seeded_sampling_with_a_draft_equals_plain_sampling(target: ModelBundle) -> None:
+    """Seeded draws are token-identical to plain decoding's (each position's draw sees the drafts before it
+    as output, docs/speculative.md "Exactness"), with drafts kept and rejected part-way."""
+    params = SamplingParams(max_tokens=30, temperature=0.8, seed=11, logprobs=0)
+    plain = run(engine(target, "off"), params=params)
+    follow: dict[int, int] = {}
+    for prompt, (tokens, _) in zip(prompts(), plain, strict=True):
+        seq = prompt + tokens
+        follow.update({x: y for x, y in zip(seq[::2], seq[1::2], strict=False)})
+    eng = engine(target, "draft", bigram_draft(follow))
+    assert_same(run(eng, params=params), plain)
+    assert 0 < eng.spec_accepted_tokens < eng.spec_draft_tokens
