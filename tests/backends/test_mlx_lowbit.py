@@ -95,3 +95,25 @@ def test_tiny_gguf_stays_quantized_and_equals_the_file(tmp_path: Path, qtype: st
     driver.add("a", PROMPT)
     _, logits = driver.step_logits(every_token=True)
     assert np.abs(logits - hf_logits(hf, PROMPT)).max() < ATOL
+
+
+def test_modelopt_nvfp4_folder_runs_in_mlx_nvfp4(tmp_path: Path) -> None:
+    """A ModelOpt NVFP4 checkpoint (repacked at load into GGUF NVFP4 blocks, weights/hf_nvfp4.py) keeps its
+    layer linears in MLX's nvfp4 mode and gives transformers' logits on the repacked values."""
+    from tests.backends.test_hf_nvfp4 import MODELOPT_CONFIG, modelopt_quantizer
+    from tests.helpers.quant_folders import save_quantized_llama
+
+    hf = tiny_hf_model("llama", hidden_size=128, intermediate_size=256)
+    save_quantized_llama(tmp_path, hf, modelopt_quantizer, MODELOPT_CONFIG)
+    bundle = load_model(tmp_path)
+    kept = {w.name: w.dequantize() for w in bundle.iter_weights() if w.dtype == "NVFP4"}
+    assert len(kept) == 7 * hf.config.num_hidden_layers
+    hf.load_state_dict({n: torch.from_numpy(np.array(v)) for n, v in kept.items()}, strict=False)
+    runner = mlx_runner(bundle)
+    layer = runner.model.layers[0]
+    for matrix in (layer.qkv, layer.o, layer.gate_up, layer.down):
+        assert isinstance(matrix, QuantizedWeight) and matrix.mode == "nvfp4"
+    driver = Driver(runner)
+    driver.add("a", PROMPT)
+    _, logits = driver.step_logits(every_token=True)
+    assert np.abs(logits - hf_logits(hf, PROMPT)).max() < ATOL
