@@ -123,7 +123,7 @@ def save_checkpoint(scheduler: Scheduler, request: Request) -> None:
     if done in shared:
         checkpoints.save(request.block_hashes[index], done, slot, shared=True)
     elif done == prompt_boundary(request, block_size):
-        checkpoints.save(request.block_hashes[index], done, slot, spare=True)
+        checkpoints.save(request.block_hashes[index], done, slot, boundary=True)
     elif done >= request.num_prompt_tokens:
         checkpoints.save(request.block_hashes[index], done, slot, owner=request.req_id)
 

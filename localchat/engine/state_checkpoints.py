@@ -17,8 +17,8 @@ message) joins the LRU list at once; a running sequence's decode checkpoint is o
 place at each boundary its processed tokens reach (the next turn of a chat starts with this
 conversation), never evicted while owned, and joins the LRU list when the sequence ends. A checkpoint
 whose block left the prefix cache is useless and goes first when a row is needed; then a prompt's
-boundary checkpoint that was never restored, then chats', and last those where prompts part (a shared
-system prompt, tool schemas), which serve every new chat that starts with them (`_take`).
+boundary checkpoint its chat's next turn went past, then chats', and last those where prompts part (a
+shared system prompt, tool schemas), which serve every new chat that starts with them (`_take`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ class Checkpoint:
     slot: int
     num_tokens: int  # tokens the state has processed (a multiple of the block size)
     owner: str | None = None  # the running request that moves it forward, if any
-    spare: bool = False  # a prompt's own boundary not restored yet (regenerate): the first to go
+    boundary: bool = False  # at a prompt's last whole block: a regenerated answer / edited last message
+    passed: bool = False  # a longer prompt through it restored further on: the chat went on
     shared: bool = False  # where prompts part (a system prompt, tool schemas): the last to go
 
 
@@ -71,13 +72,15 @@ class StateCheckpoints:
         for count in range(len(hashes), 0, -1):
             found = self._index.get(hashes[count - 1])
             if found is not None and found.num_tokens == count * block_size:
+                for shorter in hashes[: count - 1]:  # (a next turn passes its last turn's prompt boundary)
+                    if (before := self._index.get(shorter)) is not None and before.boundary:
+                        before.passed = True
                 return count
         return 0
 
     def restore(self, block_hash: int, slot: int) -> None:
         """Copy the checkpoint named `block_hash` into running row `slot` (before this step's forward)."""
         found = self._index[block_hash]
-        found.spare = False
         self._index.move_to_end(block_hash)
         self.copies.append((found.slot, slot))
         self.restores_total += 1
@@ -88,18 +91,16 @@ class StateCheckpoints:
         num_tokens: int,
         slot: int,
         owner: str | None = None,
-        spare: bool = False,
+        boundary: bool = False,
         shared: bool = False,
     ) -> None:
         """Checkpoint running row `slot`, which has processed `num_tokens` tokens ending with the block
         named `block_hash`. With `owner`, that request's own checkpoint moves here (taking a row the
-        first time); without, a new unowned one, `spare` (a prompt's boundary) or `shared` (where
-        prompts part) for eviction (`_take`). Nothing is saved when no row can be had."""
+        first time); without, a new unowned one, at a prompt's `boundary` or `shared` (where prompts
+        part), which ranks it for eviction (`_take`). Nothing is saved when no row can be had."""
         if block_hash in self._index:
             self._index.move_to_end(block_hash)  # the same prefix gives the same state: keep the one there
-            if shared:
-                found = self._index[block_hash]
-                found.shared, found.spare = True, False
+            self._index[block_hash].shared |= shared
             return
         previous = self._owned.get(owner) if owner is not None else None
         if previous is not None:
@@ -110,7 +111,7 @@ class StateCheckpoints:
             row = self._take()
         if row is None:
             return
-        self._index[block_hash] = Checkpoint(row, num_tokens, owner, spare, shared)
+        self._index[block_hash] = Checkpoint(row, num_tokens, owner, boundary, shared=shared)
         if owner is not None:
             self._owned[owner] = block_hash
         self.copies.append((slot, row))
@@ -138,13 +139,14 @@ class StateCheckpoints:
     def _take(self) -> int | None:
         """A free row: a never-used or dropped one, else that of an unowned checkpoint, the least recently
         used first of, in turn: those whose blocks left the prefix cache (useless now), prompt boundaries
-        never restored, chats' (a decode checkpoint: the next turn), shared prefixes' (while they hold at
-        most 1/SHARED_SHARE of the rows). None when every row is owned.
+        a later turn of their chat went past, chats' (a decode checkpoint: the next turn; a prompt
+        boundary: a regenerated answer), shared prefixes' (while they hold at most 1/SHARED_SHARE of the
+        rows). None when every row is owned.
 
         A shared prefix serves every new chat that starts with it, a chat's checkpoint only that chat's
-        next turn, a prompt boundary only a regenerated answer: under plain LRU the agents' own turns
-        pushed their system prompt out between waves of new chats (on the fake runner's agent workloads
-        that took 2-3x the prefill tokens: docs/hybrid.md)."""
+        next turn or regenerated answer: under plain LRU the agents' own turns pushed their system prompt
+        out between waves of new chats (on the fake runner's agent workloads that took 2-3x the prefill
+        tokens: docs/hybrid.md, benchmarks/hybrid_prefix_agents.py)."""
         if self._free:
             return self._free.pop()
         unowned = [h for h, c in self._index.items() if c.owner is None]
@@ -156,7 +158,9 @@ class StateCheckpoints:
             found = self._index[block_hash]
             if not self._is_cached(block_hash):
                 return 0
-            return 1 if found.spare else 3 if found.shared and protected else 2
+            if found.shared:
+                return 3 if protected else 2
+            return 1 if found.passed else 2
 
         self._drop(min(unowned, key=rank))  # (min keeps the first of a rank: the least recently used)
         return self._free.pop()

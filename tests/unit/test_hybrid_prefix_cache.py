@@ -424,23 +424,23 @@ def test_the_fork_points_of_a_cached_run_cost_one_step_each() -> None:
         assert prefill_steps(engine, third)[2] == 0  # (now cut there, for the next one)
 
 
-def test_eviction_keeps_shared_prefixes_over_chats_and_chats_over_unused_prompt_boundaries() -> None:
+def test_eviction_keeps_shared_prefixes_over_chats_and_chats_over_passed_prompt_boundaries() -> None:
     cached = {1, 2, 3, 4, 5, 6, 7, 8}
     index = StateCheckpoints(first_slot=0, num_slots=4, is_cached=cached.__contains__)
     index.save(1, 16, slot=9, shared=True)  # where prompts part
-    index.save(2, 16, slot=9, owner="a")
-    index.release("a")  # a chat's decode checkpoint
-    index.save(3, 16, slot=9, spare=True)  # a prompt's boundary
-    index.save(4, 16, slot=9, spare=True)
-    index.restore(4, 8)  # restored (a regenerated answer): a chat's now
+    index.save(2, 16, slot=9, boundary=True)  # a prompt's boundary (block 1 of its chat)...
+    index.save(3, 32, slot=9, owner="a")
+    index.release("a")  # ...and the chat's decode checkpoint after it
+    index.save(4, 16, slot=9, boundary=True)  # another chat's prompt boundary
+    assert index.longest([2, 3], 16) == 2  # the chat's next turn: its last prompt boundary is passed
     index.end_step()
-    index.save(5, 16, slot=9)  # least recently used first within each rank: the unused boundary goes
-    assert 3 not in index and {1, 2, 4, 5} <= {h for h in range(9) if h in index}
-    index.save(6, 16, slot=9)  # then chats' (2 before 4, 5), never the shared prefix
+    index.save(5, 16, slot=9)  # so that one goes first, though the least recently used is the shared one
+    assert 2 not in index and {1, 3, 4, 5} <= {h for h in range(9) if h in index}
+    index.save(6, 16, slot=9)  # then chats' (least recently used first), never the shared prefix
     index.save(7, 16, slot=9)
-    assert 1 in index and 2 not in index and 4 not in index
+    assert 1 in index and 3 not in index and 4 not in index
     cached.discard(1)  # a shared prefix whose blocks left the cache goes first
-    index.save(8, 16, slot=9, spare=True)
+    index.save(8, 16, slot=9, boundary=True)
     assert 1 not in index and 8 in index
     # Shared prefixes holding more than half the rows rank with chats' (least recently used first).
     crowded = StateCheckpoints(first_slot=0, num_slots=4, is_cached=lambda h: True)
