@@ -52,11 +52,15 @@ def engine(rows: int, seqs: int, chunk: int) -> LLMEngine:
     return LLMEngine(runner, TOKENIZER, config, eos_token_ids=[EOS_ID], model_max_len=8192)
 
 
+TOTAL = [0]  # prompt tokens asked (the same under every policy)
+
+
 def run_together(built: LLMEngine, prompts: dict[str, list[int]]) -> dict[str, tuple[list[int], int]]:
     """request id -> (output, prompt tokens computed)."""
     params = SamplingParams(max_tokens=64, temperature=0.0)
     for req_id, prompt in prompts.items():
         built.add_request(prompt, params, req_id=req_id)
+        TOTAL[0] += len(prompt)
     got: dict[str, list[int]] = {r: [] for r in prompts}
     cached: dict[str, int] = {}
     while built.has_unfinished:
@@ -146,14 +150,15 @@ def main() -> None:
         ("chats, 6, 4 rows", lambda: chats(2, rows=4)),
         ("chats, 8, 60% regenerated", lambda: chats(3, count=8, regenerate=0.6)),
     ]
-    print("| workload | plain LRU | ranked, one cut | ranked, fork cuts (now) |")
-    print("|---|---|---|---|")
+    print("| workload | prompt tokens | plain LRU | ranked, one cut | ranked, fork cuts (now) |")
+    print("|---|---|---|---|---|")
     for name, workload in workloads:
         counts = []
         for which in ("lru", "one", "now"):
+            TOTAL[0] = 0
             with policy(which):
                 counts.append(workload())
-        print(f"| {name} | " + " | ".join(str(c) for c in counts) + " |")
+        print(f"| {name} | {TOTAL[0]} | " + " | ".join(str(c) for c in counts) + " |")
 
 
 if __name__ == "__main__":
