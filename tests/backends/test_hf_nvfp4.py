@@ -62,6 +62,36 @@ def modelopt_quantizer(w: np.ndarray) -> tuple[dict[str, torch.Tensor], np.ndarr
 MODELOPT_CONFIG: dict[str, Any] = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}
 
 
+def compressed_quantizer(w: np.ndarray) -> tuple[dict[str, torch.Tensor], np.ndarray]:
+    """compressed-tensors' names; its global scale is the inverse of the multiplier."""
+    codes, scales, g = quantize_nvfp4(w)
+    inverse = np.float32(1 / g)
+    parts = {
+        "weight_packed": torch.from_numpy(codes),
+        "weight_scale": torch.from_numpy(scales).view(torch.float8_e4m3fn),
+        "weight_global_scale": torch.tensor([inverse], dtype=torch.float32),
+        "input_global_scale": torch.tensor([1.0], dtype=torch.float32),
+    }
+    return parts, exact_values(codes, scales, 1 / float(inverse)).astype(np.float32)
+
+
+COMPRESSED_CONFIG: dict[str, Any] = {
+    "quant_method": "compressed-tensors",
+    "format": "nvfp4-pack-quantized",
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16},
+            "format": "nvfp4-pack-quantized",
+        }
+    },
+}
+FOLDERS = {
+    MODELOPT: (modelopt_quantizer, MODELOPT_CONFIG),
+    COMPRESSED: (compressed_quantizer, COMPRESSED_CONFIG),
+}
+
+
 def _tensors(codes: np.ndarray, scales: np.ndarray, g: float, method: str) -> dict[str, WeightTensor]:
     given = np.array([g if method == MODELOPT else 1 / g], dtype=np.float32)
     return {
@@ -113,12 +143,15 @@ def test_rows_not_whole_blocks_are_dequantized() -> None:
 
 
 @pytest.mark.skipif(not kernels.runnable_isas(), reason="kernels not built (no C compiler)")
-def test_modelopt_checkpoint_runs_on_nvfp4_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("layout", [MODELOPT, COMPRESSED])
+def test_checkpoint_runs_on_nvfp4_blocks(
+    tmp_path: Path, layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every layer linear becomes GGUF NVFP4 blocks on the kernels; the compact run follows the exact
     dequantized fp32 run (same greedy tokens; logits within the folding's and the activations' rounding),
     and the RAM estimate counts the linears at 4.5 bits a weight."""
     hf = tiny_hf_model("llama", **SHAPE)
-    save_quantized_llama(tmp_path, hf, modelopt_quantizer, MODELOPT_CONFIG)
+    save_quantized_llama(tmp_path, hf, *FOLDERS[layout])
     exact = fp32_runner(load_model(tmp_path))
     compact = compact_runner(tmp_path, monkeypatch)
     blocks = linears(compact)
@@ -127,7 +160,7 @@ def test_modelopt_checkpoint_runs_on_nvfp4_blocks(tmp_path: Path, monkeypatch: p
     ref_logits, ref_tokens = run(exact)
     got_logits, got_tokens = run(compact)
     diff = float((got_logits - ref_logits).abs().max())
-    print(f"\nModelOpt NVFP4 tiny Llama: max |logit diff| {diff:.4f}")
+    print(f"\n{layout} NVFP4 tiny Llama: max |logit diff| {diff:.4f}")
     assert got_tokens == ref_tokens and diff < 0.01  # measured 0.0011
     weights = sum(
         p.numel() for n, p in hf.named_parameters() if "layers." in n and n.endswith("_proj.weight")
