@@ -493,3 +493,34 @@ def test_waves_of_agents_keep_their_tool_sets_checkpoints_between_waves() -> Non
             assert cached >= tools, (wave, a)
     for req_id, (prompt, output, _) in asked.items():
         assert output == run(hybrid_engine(), prompt, max_tokens=40)[0], req_id
+
+
+@pytest.mark.parametrize("chunk", [0, 7, 64])
+def test_agents_with_several_tool_sets_under_preemption_match_running_alone(chunk: int) -> None:
+    """Waves of agents over three tool sets, two turns each, in a pool small enough to preempt and with
+    4 checkpoint rows: fork cuts, ranked eviction and restores happen mid-flight, and every output
+    equals a cold run (the fake runner checks each row's state every step)."""
+    engine = hybrid_engine(
+        kv_bytes_per_token=1024, max_num_seqs=3, prefill_chunk_size=chunk, state_checkpoints=4
+    )
+    params = SamplingParams(max_tokens=30, temperature=0.0)
+    asked: dict[str, list[int]] = {}
+    got: dict[str, list[int]] = {}
+    for wave in range(3):
+        chats = {
+            a: tooled_chat(("alpha", "beta", "gamma")[(a + wave) % 3], f"<<say:w{wave}a{a} {'v' * 9}>>")
+            for a in range(3)
+        }
+        for turn in range(2):
+            for a, chat in chats.items():
+                asked[f"w{wave}a{a}t{turn}"] = chat
+                got[f"w{wave}a{a}t{turn}"] = []
+                engine.add_request(chat, params, req_id=f"w{wave}a{a}t{turn}")
+            for out in drain(engine):
+                got[out.req_id] += out.new_token_ids
+            for a in chats:
+                chats[a] = chats[a] + got[f"w{wave}a{a}t{turn}"] + FakeTokenizer().encode(f"\ntool {turn}\n")
+    stats = engine.stats()
+    assert engine.scheduler.num_preemptions > 0 and stats.state_checkpoint_restores_total > 0
+    for req_id, prompt in asked.items():
+        assert got[req_id] == run(hybrid_engine(), prompt, max_tokens=30)[0], req_id
