@@ -168,6 +168,10 @@ class Generation:
         # Outputs not yet read, and the reader's future while it waits for one (see `batches`).
         self._ready: list[tuple[int, RequestOutput]] = []
         self._waiter: asyncio.Future[None] | None = None
+        # One keep-alive timer at a time, moved on rather than made and cancelled per wait: it ends the
+        # wait it finds past `_deadline` and otherwise sets itself again for the current wait's deadline.
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
         self._open: dict[int, str] = {}
         try:
             for i, (prompt_ids, params) in enumerate(jobs):
@@ -215,14 +219,25 @@ class Generation:
     async def _wait(self, timeout_s: float | None) -> bool:
         """Until `_put` brings an output (True) or `timeout_s` passes without one (False)."""
         waiter = self._waiter = self._loop.create_future()
-        timer = None if timeout_s is None else self._loop.call_later(timeout_s, _expire, waiter)
+        if timeout_s is not None:
+            self._deadline = self._loop.time() + timeout_s
+            if self._timer is None:
+                self._timer = self._loop.call_at(self._deadline, self._keepalive_due)
         try:
             await waiter
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
         return bool(self._ready)
+
+    def _keepalive_due(self) -> None:
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # no wait now: the next one sets a timer
+        if self._loop.time() >= self._deadline:
+            waiter.set_result(None)
+        else:
+            self._timer = self._loop.call_at(self._deadline, self._keepalive_due)
 
     async def collect(self, num_choices: int) -> list[ChoiceResult]:
         results = [ChoiceResult() for _ in range(num_choices)]
@@ -235,8 +250,6 @@ class Generation:
         for req_id in self._open.values():
             self._engine.abort(req_id)
         self._open.clear()
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

@@ -36,6 +36,11 @@ class ReasoningSplitter:
 
     def push(self, text: str) -> tuple[str, str]:
         """Return (reasoning, content) that is safe to emit after `text`."""
+        if not self._held and "<" not in text:  # no tag, no part of one (most deltas): the loop's answer
+            if self.in_reasoning:
+                return text, ""
+            if not self._strip_content:
+                return "", text
         buf, self._held = self._held + text, ""
         reasoning: list[str] = []
         content: list[str] = []

@@ -1,7 +1,8 @@
 """The streaming path's per-token work. `Generation.batches`, the HTTP side's reader of a call's outputs (one wait a batch, no task per wait):
 every output arrives once and in order, outputs ready together come as one batch, a silent stretch
 yields the keep-alive's empty batch and the stream goes on after it, leaving early aborts. The reasoning
-splitter's held-back tail (`_partial_tag_len`) equals its plain definition on every short text, and a
+splitter's held-back tail (`_partial_tag_len`) equals its plain definition on every short text, its
+deltas equal the tag-scanning loop's for any cut of a text (the no-"<" shortcut included), and a
 chunk built by `ListEvents` is byte for byte `event(head | {"choices": [choice]} | tail)`."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from localchat.engine.async_engine import AsyncEngine
 from localchat.engine.sampling_params import SamplingParams
 from localchat.server.sse import ListEvents, event
 from localchat.serving.generation import Generation
-from localchat.serving.reasoning import CLOSE_TAG, OPEN_TAG, _partial_tag_len
+from localchat.serving.reasoning import CLOSE_TAG, OPEN_TAG, ReasoningSplitter, _partial_tag_len
 from tests.helpers.fake_engine import chat_prompt, fake_engine
 from tests.helpers.run_async import run_async
 
@@ -126,3 +127,40 @@ def test_list_events_are_the_merged_event(tail: dict[str, object]) -> None:
     ]  # fmt: skip
     for choice in choices:
         assert events(choice) == event(head | {"choices": [choice]} | tail)
+
+
+def _loop_push(splitter: ReasoningSplitter, text: str) -> tuple[str, str]:
+    """ReasoningSplitter.push without its shortcut: the tag-scanning loop alone."""
+    buf, splitter._held = splitter._held + text, ""
+    reasoning: list[str] = []
+    content: list[str] = []
+    while buf:
+        tag = CLOSE_TAG if splitter.in_reasoning else OPEN_TAG
+        at = buf.find(tag)
+        if at < 0:
+            keep = _plain_partial(buf, tag)
+            splitter._emit(buf[: len(buf) - keep], reasoning, content)
+            splitter._held = buf[len(buf) - keep :]
+            break
+        splitter._emit(buf[:at], reasoning, content)
+        buf = buf[at + len(tag) :]
+        splitter.in_reasoning = not splitter.in_reasoning
+        splitter._strip_content = not splitter.in_reasoning
+    return "".join(reasoning), "".join(content)
+
+
+def test_reasoning_deltas_equal_the_scanning_loop() -> None:
+    rng = random.Random(1)
+    pieces = ["<think>", "</think>", "<", "</", "<thi", "a", " ", "\n", "b c", "<b>", "x<", "nk>"]
+    for _ in range(2000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        cuts = sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, rng.randint(0, 6))))
+        deltas = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        for start in (False, True):
+            fast, plain = ReasoningSplitter(start), ReasoningSplitter(start)
+            for delta in deltas:
+                assert fast.push(delta) == _loop_push(plain, delta), (text, deltas)
+                assert (fast.in_reasoning, fast._held, fast._strip_content) == (
+                    plain.in_reasoning, plain._held, plain._strip_content,
+                )  # fmt: skip
+            assert fast.flush() == plain.flush()
