@@ -89,6 +89,7 @@ static inline __attribute__((always_inline)) void LC_FN(lb_sub)(const int type, 
 
 #if defined(LC_FN) && !(LC_ISA == LC_ISA_AVX2 || LC_ISA == LC_ISA_AVX512VNNI) && defined(__aarch64__) &&          \
     defined(__ARM_NEON)
+#include <arm_neon.h>
 /* Sub-block i of the block at b in two NEON registers (lc_iq_neon.h's iqn_sub contract: values 0-15 in *v0,
    16-31 in *v1, d[0] / d[1] the scales of the two halves), the same values and scales as lc_lb_dec. */
 static inline __attribute__((always_inline)) void LC_FN(lbn_sub)(const int type, const uint8_t *b, const int i,
