@@ -284,6 +284,13 @@ class ParallelRunner:
         """Not with steps in flight: a group's drafts would be scored a step late."""
         return self.steps_in_flight == 1 and bool(getattr(self.runner, "supports_speculation", True))
 
+    @property
+    def hybrid_speculation(self) -> bool:
+        """A hybrid model's verify rows: every rank writes its share of each position's state into the
+        spec rows the step's BatchInputs.state_keep names (engine/hybrid_spec.py); not with steps in
+        flight (the copies back would need ordering across stages)."""
+        return self.steps_in_flight == 1 and bool(getattr(self.runner, "hybrid_speculation", False))
+
     def submit_step(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> None:
         """Start a step without waiting for its output (`--pp`; the engine keeps `steps_in_flight`
         of them, each of other sequences): the workers get it from the control thread, rank 0 runs
