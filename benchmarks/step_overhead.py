@@ -8,7 +8,9 @@ Prints µs per decode token: the scheduler, build_batch, the runner's step (spli
 the LM head, the sampler and the rest), apply_output (stop checks, detokenizer, outputs), stats(), and the
 step total, in wall time and in the engine thread's CPU time (steadier on a busy box). `--rounds N`
 repeats the measurement and prints each part's median; `--ab` alternates rounds with this session's
-Python fast paths off (the sampler's greedy argmax, RoPE rows from cached tables) in the same process.
+Python fast paths off (the sampler's greedy argmax, RoPE rows from cached tables) in the same process;
+`--ab-lean` alternates rounds with the decode-only steps' lean inputs off (engine/batch.py's and the
+attention metadata's general builders instead).
 """
 
 from __future__ import annotations
@@ -26,11 +28,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from localchat import LLM, SamplingParams
 from localchat.backends.torch import sampler
+from localchat.backends.torch.attention_meta import AttentionMetadata
 from localchat.backends.torch.cpu import decode_step
 from localchat.backends.torch.layers import Rotary
+from localchat.engine import batch
 
 _GREEDY = sampler.greedy_tokens
 _ROTARY = Rotary.__call__
+_DECODE_ROWS = batch._decode_rows
+_FROM_BATCH = AttentionMetadata.__dict__["from_batch"]
 PROMPT = [{"role": "user", "content": "Write a Python function that merges two sorted lists."}]
 
 
@@ -103,6 +109,13 @@ def fast_paths(on: bool) -> None:
     Rotary.__call__ = _ROTARY if on else Rotary._tables  # type: ignore[method-assign]
 
 
+def lean_paths(on: bool) -> None:
+    """Decode-only steps' lean inputs on, or off (the general builders), for --ab-lean."""
+    batch._decode_rows = _DECODE_ROWS if on else (lambda *args: None)
+    general = classmethod(lambda cls, b, device, kv_heads: cls._rows(b, device, kv_heads))
+    AttentionMetadata.from_batch = _FROM_BATCH if on else general  # type: ignore[assignment]
+
+
 def _measure(llm: LLM, timers: Timers, tokens: int) -> dict[str, float]:
     timers.ns.clear()
     timers.cpu.clear()
@@ -129,26 +142,29 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ab", action="store_true", help="alternate rounds with the fast paths off")
+    parser.add_argument("--ab-lean", action="store_true", help="alternate rounds with the lean inputs off")
     args = parser.parse_args()
     llm = LLM(args.model)
     decode(llm, 8, None)
     timers = Timers()
     instrument(llm, timers)
-    modes = ("on", "off") if args.ab else ("on",)
+    modes = ("on", "off") if args.ab or args.ab_lean else ("on",)
+    switch = lean_paths if args.ab_lean else fast_paths
     rows: dict[str, dict[str, list[float]]] = {m: defaultdict(list) for m in modes}
     for _ in range(args.rounds):
         for mode in modes:
-            fast_paths(mode == "on")
+            switch(mode == "on")
             for k, v in _measure(llm, timers, args.tokens).items():
                 rows[mode][k].append(v)
-    fast_paths(True)
+    switch(True)
     order = [
         "schedule", "build_batch", "c_layers", "lm_head", "sample", "runner_other", "execute_model",
         "apply_output", "stats", "step_other", "step_total",
     ]  # fmt: skip
     for mode in modes:
         got = rows[mode]
-        print(f"fast paths {mode}: {statistics.median(got['tok_s']):.1f} tok/s (median of {args.rounds})")
+        label = "lean inputs" if args.ab_lean else "fast paths"
+        print(f"{label} {mode}: {statistics.median(got['tok_s']):.1f} tok/s (median of {args.rounds})")
         print(f"{'part':<14} {'wall µs/token':>14} {'CPU µs/token':>13}")
         for k in order:
             cpu = got.get(k + " cpu")
