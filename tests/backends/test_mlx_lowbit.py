@@ -7,6 +7,7 @@ file's values."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -107,7 +108,8 @@ def test_modelopt_nvfp4_folder_runs_in_mlx_nvfp4(tmp_path: Path) -> None:
     save_quantized_llama(tmp_path, hf, modelopt_quantizer, MODELOPT_CONFIG)
     bundle = load_model(tmp_path)
     kept = {w.name: w.dequantize() for w in bundle.iter_weights() if w.dtype == "NVFP4"}
-    assert len(kept) == 7 * hf.config.num_hidden_layers
+    config: Any = hf.config
+    assert len(kept) == 7 * config.num_hidden_layers
     hf.load_state_dict({n: torch.from_numpy(np.array(v)) for n, v in kept.items()}, strict=False)
     runner = mlx_runner(bundle)
     layer = runner.model.layers[0]
