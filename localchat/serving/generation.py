@@ -221,7 +221,9 @@ class Generation:
         waiter = self._waiter = self._loop.create_future()
         if timeout_s is not None:
             self._deadline = self._loop.time() + timeout_s
-            if self._timer is None:
+            if self._timer is None or self._timer.when() > self._deadline:  # (a shorter timeout than before)
+                if self._timer is not None:
+                    self._timer.cancel()
                 self._timer = self._loop.call_at(self._deadline, self._keepalive_due)
         try:
             await waiter

@@ -8,6 +8,7 @@ chunk built by `ListEvents` is byte for byte `event(head | {"choices": [choice]}
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import random
 import threading
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from localchat.engine.async_engine import AsyncEngine
+from localchat.engine.outputs import RequestOutput
 from localchat.engine.sampling_params import SamplingParams
 from localchat.server.sse import ListEvents, event
 from localchat.serving.generation import Generation
@@ -63,6 +65,22 @@ def test_silence_yields_keepalives_and_the_stream_goes_on(engine: AsyncEngine) -
 
     text, keepalives = run_async(main())
     assert text == "abc" and keepalives >= 2
+
+
+def test_a_shorter_keepalive_than_a_cancelled_wait_fires_on_time(engine: AsyncEngine) -> None:
+    async def main() -> list[tuple[int, RequestOutput]]:
+        prompt = chat_prompt("<<slow:1000>><<say:ab>>")  # the first output comes a second later
+        gen = Generation(engine, "call", [(prompt, SamplingParams(max_tokens=5))])
+        long_wait = asyncio.ensure_future(gen.batches(keepalive_s=30).__anext__())
+        await asyncio.sleep(0.01)
+        long_wait.cancel()  # its keep-alive timer, 30 s out, stays set
+        with contextlib.suppress(asyncio.CancelledError):
+            await long_wait
+        batch = await gen.batches(keepalive_s=0.01).__anext__()
+        gen.close()
+        return batch
+
+    assert run_async(main()) == []  # the keep-alive after 0.01 s, not the first output
 
 
 def test_leaving_early_aborts_the_request(engine: AsyncEngine) -> None:
