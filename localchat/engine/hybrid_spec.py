@@ -41,11 +41,13 @@ log = logging.getLogger(__name__)
 SPEC_ROWS_SHARE = 4
 
 
-def spec_rows_wanted(method: str, num_tokens: int, max_batch: int = DEFAULT_MAX_BATCH) -> int:
-    """Spec rows for every draft of every sequence that may speculate at once (max_batch x k); 0 when
-    speculation is off or EAGLE (never on hybrids). `auto` counts as on (it may pick n-gram): the RAM
-    estimate (models/memory.py) counts them before the method is resolved."""
-    return 0 if method in ("off", "eagle") else max_batch * num_tokens
+def spec_rows_wanted(
+    method: str, num_tokens: int, max_num_seqs: int, max_batch: int = DEFAULT_MAX_BATCH
+) -> int:
+    """Spec rows for every draft of every sequence that may speculate at once (max_batch, or fewer when
+    fewer run, x k); 0 when speculation is off or EAGLE (never on hybrids). `auto` counts as on (it may
+    pick n-gram): the RAM estimate (models/memory.py) counts them before the method is resolved."""
+    return 0 if method in ("off", "eagle") else min(max_batch, max_num_seqs) * num_tokens
 
 
 def plan_spec_rows(config: EngineConfig, budget: int, bytes_per_slot: int) -> int:
@@ -53,7 +55,7 @@ def plan_spec_rows(config: EngineConfig, budget: int, bytes_per_slot: int) -> in
     spec = config.speculative
     if not spec.enabled:
         return 0
-    wanted = spec_rows_wanted(spec.method, spec.num_tokens, spec.max_batch)
+    wanted = spec_rows_wanted(spec.method, spec.num_tokens, config.max_num_seqs, spec.max_batch)
     return max(0, min(wanted, budget // SPEC_ROWS_SHARE // bytes_per_slot))
 
 
@@ -182,7 +184,9 @@ def start_spec_rows(scheduler: Scheduler, first: int, count: int, spec: StateCac
     assert spec is not None
     config = scheduler.config.speculative
     scheduler.spec_rows = SpecStateRows(first, count, scheduler.block_size)
-    wanted = config.max_batch * config.num_tokens
+    wanted = spec_rows_wanted(
+        config.method, config.num_tokens, scheduler.config.max_num_seqs, config.max_batch
+    )
     log.info(
         "Speculation on a hybrid model: %d spec rows of %.2f MiB (%.0f MiB) for per-position states%s",
         count,

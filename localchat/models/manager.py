@@ -340,7 +340,7 @@ class ModelManager:
                     st.max_num_seqs,
                     st.backend,
                     st.state_checkpoints,
-                    spec_rows_wanted(st.speculative, st.num_speculative_tokens),
+                    spec_rows_wanted(st.speculative, st.num_speculative_tokens, st.max_num_seqs),
                 )
             victims = self._victims()
             if need is not None:

@@ -198,9 +198,11 @@ def test_off_with_a_reason_when_no_spec_row_fits_or_the_runner_cannot() -> None:
 
 
 def test_the_ram_estimate_counts_the_spec_rows(tmp_path: Path) -> None:
-    """max_batch x k spec rows when speculation may run (auto included), none when off or EAGLE."""
-    assert spec_rows_wanted("ngram", 4) == spec_rows_wanted("auto", 4) == spec_rows_wanted("draft", 4) == 16
-    assert spec_rows_wanted("off", 4) == spec_rows_wanted("eagle", 4) == 0
+    """max_batch (or max_num_seqs if fewer) x k spec rows when speculation may run (auto included), none
+    when off or EAGLE."""
+    wanted = [spec_rows_wanted(method, 4, 32) for method in ("ngram", "auto", "draft", "off", "eagle")]
+    assert wanted == [16, 16, 16, 0, 0]
+    assert spec_rows_wanted("ngram", 4, 2) == 8  # no more sequences speculate than may run
     config = {
         "model_type": "qwen3_5_text",
         "vocab_size": 256,
