@@ -9,6 +9,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# The Triton test modules set this before triton decorates the kernels, but a module collected earlier
+# can import the kernels first (then they compile for a GPU and fail on CPU tensors): set it before any.
+if os.environ.get("LOCALCHAT_TEST_DEVICE", "cpu") == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
