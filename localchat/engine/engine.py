@@ -17,7 +17,12 @@ from localchat.engine.constraint import TokenMatcher, fill_batch_bitmask
 from localchat.engine.detokenizer import Decoder, IncrementalDetokenizer
 from localchat.engine.draft_model import DraftModelProposer
 from localchat.engine.hybrid_prefix import no_checkpoints_note
-from localchat.engine.hybrid_spec import plan_spec_rows, speculation_note, start_spec_rows
+from localchat.engine.hybrid_spec import (
+    copied_back_outside,
+    plan_spec_rows,
+    speculation_note,
+    start_spec_rows,
+)
 from localchat.engine.in_flight import StepsInFlight
 from localchat.engine.interface import (
     BatchInputs,
@@ -248,6 +253,7 @@ class LLMEngine:
         log.exception("model step failed; failing its %d requests", len(req_ids))
         requests = self.scheduler.requests  # (without those aborted while the step was in flight)
         failed = [requests[r] for r in req_ids if r in requests]
+        failed += copied_back_outside(self.scheduler, scheduler_output)  # (their state may be off)
         # Before any is freed: freeing names a request's blocks for reuse.
         self.scheduler.block_manager.forget_unwritten(failed, scheduler_output.block_step)
         if (checkpoints := self.scheduler.checkpoints) is not None:  # its saves may never have run

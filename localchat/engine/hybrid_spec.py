@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from localchat.engine.interface import BatchInputs, ModelRunner, StateCacheSpec
+from localchat.engine.interface import BatchInputs, ModelRunner, SchedulerOutput, StateCacheSpec
 from localchat.engine.request import Request
 from localchat.engine.speculative import DEFAULT_MAX_BATCH
 
@@ -124,6 +124,20 @@ class SpecStateRows:
             return []
         copies, self.copies = self.copies, []
         return copies
+
+
+def copied_back_outside(scheduler: Scheduler, output: SchedulerOutput) -> list[Request]:
+    """The running sequences a failed step did not include whose live row it was to copy into (a copy back
+    queued by their last verify step): the copy may never have run, so their state may still hold the
+    rejected drafts, and the spec rows are overwritten later. They fail with the step."""
+    pool = scheduler.state_pool
+    if scheduler.spec_rows is None or pool is None:
+        return []
+    rows = {dst for _, dst in output.state_copies}
+    requests, scheduled = scheduler.requests, output.num_scheduled_tokens
+    return [
+        requests[r] for r, row in pool.slots.items() if row in rows and r not in scheduled and r in requests
+    ]
 
 
 def save_passed_boundary(scheduler: Scheduler, request: Request) -> None:
