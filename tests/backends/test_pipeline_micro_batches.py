@@ -37,6 +37,12 @@ def test_a_step_is_cut_into_whole_rows_of_about_equal_tokens() -> None:
     assert np.array_equal(second.input_ids, batch.input_ids[30:]) and second.max_query_len == 20
     # At most 4: the cuts nearest 1/4, 2/4 and 3/4 of the tokens (rows start at 30, 33, 53) are 2.
     assert [p.req_ids for p in micro_batches(batch, 4, min_tokens=1)] == [["a"], ["b", "c"], ["d"]]
+    # A hybrid verify step's per-token spec rows (BatchInputs.state_keep) are cut with their tokens.
+    batch.state_keep = np.arange(batch.num_tokens, dtype=np.int64) + 100
+    parts = micro_batches(batch, 4, min_tokens=1)
+    assert np.concatenate([p.state_keep for p in parts if p.state_keep is not None]).tolist() == list(
+        range(100, 100 + batch.num_tokens)
+    )
 
 
 def test_the_groups_logits_are_the_steps() -> None:

@@ -63,6 +63,7 @@ def _rows(batch: BatchInputs, r0: int, r1: int) -> BatchInputs:
         max_seq_len=int(seq_lens.max()),
         sampling=None,  # sampling reads the whole step's logits, after every group ran
         state_slots=None if batch.state_slots is None else batch.state_slots[r0:r1],
+        state_keep=None if batch.state_keep is None else batch.state_keep[t0:t1],  # (spec rows per token)
         image_slices=[
             replace(s, token_rows=[t - t0 for t in s.token_rows])
             for s in batch.image_slices
