@@ -81,7 +81,10 @@ def greedy_tokens(logits: torch.Tensor) -> list[int] | None:
     a negative NaN. Two SIMD reductions in numpy against torch's float copy and argmax: ~2x less on a
     152k vocabulary. Rows whose maximum is not positive take the exact slow order (`_greedy_keys`).
     None off the CPU, for other dtypes, and when a row holds a NaN (torch's argmax picks the first NaN:
-    left to it)."""
+    left to it).
+    Tried and not kept (2026-11-30): the LM head's threads folding the logits they store into this
+    argmax, so that this thread never reads the row: ~0.1 ms a token less in process, nothing measurable
+    over HTTP, and more than this at 4+ rows (docs/performance.md)."""
     kind = _BITS.get(logits.dtype)
     if kind is None or logits.device.type != "cpu" or logits.dim() != 2 or not logits.is_contiguous():
         return None
