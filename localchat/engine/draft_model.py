@@ -32,6 +32,7 @@ import numpy as np
 
 from localchat.engine.batch import build_batch
 from localchat.engine.block_manager import BlockManager
+from localchat.engine.draft_states import DraftStates
 from localchat.engine.interface import (
     CachedRequestData,
     ModelRunner,
@@ -90,9 +91,16 @@ class DraftModelProposer:
         prefill_chunk_size: int = 512,
         p_min: float = 0.0,
         seed: int | None = 0,
+        num_tokens: int = 1,
     ) -> None:
+        """`num_tokens`: the most drafts a sequence asks for (k), for a hybrid draft's snapshot rows."""
         self.runner = runner
         runner.initialize_kv_cache(num_blocks, block_size)
+        # A hybrid draft (Qwen3.5-0.8B for a larger Qwen3.5): its recurrent states (draft_states.py).
+        self.states: DraftStates | None = None
+        state_spec = getattr(runner, "state_cache_spec", None)
+        if state_spec is not None and state_spec.bytes_per_slot > 0:
+            self.states = DraftStates(runner, state_spec, max_batch, num_tokens - 1)
         if (prepare := getattr(runner, "prepare_decode_graphs", None)) is not None:
             prepare(max_batch, max_model_len)
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=True)
@@ -132,6 +140,9 @@ class DraftModelProposer:
             request.spec_draft_probs = None
             if request.req_id in self.shadows:
                 self._free(request.req_id)
+        if self.states is not None:  # the failed pass took every shadow's queued state copies along
+            for req_id in list(self.shadows):
+                self._free(req_id)
 
     def _propose(self, wanted: list[tuple[Request, int]]) -> dict[str, list[int]]:
         ready: list[tuple[_Shadow, int]] = []  # shadows that get drafts this step, and their k
@@ -143,6 +154,8 @@ class DraftModelProposer:
             if k <= 0 or request.images:
                 continue  # pictures: the draft has no vision tower to place them
             shadow = self._sync(request)
+            if not self._state_row(request.req_id, wanted_ids):
+                continue
             hits = self._prefix_hits(shadow)
             mirror = shadow.request
             gap = mirror.num_tokens - mirror.num_computed_tokens
@@ -226,6 +239,8 @@ class DraftModelProposer:
             for shadow in active:
                 mirror = shadow.request
                 if mirror.num_computed_tokens == mirror.num_tokens:
+                    if self.states is not None:  # the state before this draft, in case it is rejected
+                        self.states.snapshot(mirror.req_id)
                     # The drafts so far stand after the committed tokens (for build_batch); the latest
                     # is fed. Taken back right after the pass.
                     mirror.all_token_ids.extend(drafts[mirror.req_id])
@@ -259,21 +274,29 @@ class DraftModelProposer:
             finished_req_ids=set(self._forgotten),
         )
         requests = {req_id: self.shadows[req_id].request for req_id in scheduled}
-        batch = build_batch(out, requests, self.block_size)
+        states = self.states
+        if states is not None:
+            out.state_copies = states.take_copies()  # restores first, then this pass's snapshots
+        batch = build_batch(out, requests, self.block_size, states.slots if states is not None else None)
         if any(self.shadows[r].sampled for r in scheduled):
             logits = self.runner.compute_logits(out, batch)  # type: ignore[attr-defined]
-            self._forgotten -= out.finished_req_ids  # told (kept to tell again if the pass raised)
-            self.passes += 1
+            self._ran(out)
             return self._guesses(_numpy(logits), batch.sample_req_ids, batch.sampling)
         result = self.runner.execute_model(out, batch)
-        self._forgotten -= out.finished_req_ids
-        self.passes += 1
+        self._ran(out)
         logprobs = result.logprobs or [[] for _ in result.req_ids]
         return {
             r: (t[0], lp[0].logprob if lp else 0.0, None)
             for r, t, lp in zip(result.req_ids, result.sampled_token_ids, logprobs, strict=True)
             if t
         }
+
+    def _ran(self, out: SchedulerOutput) -> None:
+        self._forgotten -= out.finished_req_ids  # told (kept to tell again if the pass raised)
+        self.passes += 1
+        if self.states is not None:
+            for req_id, count in out.num_scheduled_tokens.items():
+                self.states.advance(req_id, count)
 
     def _guesses(self, logits: np.ndarray, req_ids: list[str], sampling: Any) -> dict[str, Guess]:
         """Drafts from the pass's logits [rows, vocab]: a greedy row's argmax with its raw logprob (what
@@ -322,12 +345,27 @@ class DraftModelProposer:
         # The last committed token is always fed again: its logits give draft 1.
         mirror.num_computed_tokens = min(computed + agreeing, mirror.num_tokens - 1)
         shadow.fed = []
+        if self.states is not None:  # a hybrid draft: its state back to those tokens too (or to 0)
+            tokens = mirror.num_computed_tokens
+            in_row = request.req_id in self.states.slots
+            mirror.num_computed_tokens = self.states.rewind(request.req_id, tokens) if in_row else 0
         return shadow
+
+    def _state_row(self, req_id: str, keep: set[str]) -> bool:
+        """A hybrid draft's shadow needs a live state row: one is freed from a shadow of a request that
+        does not speculate now if needed; False when none can be."""
+        states = self.states
+        while states is not None and not states.allocate(req_id):
+            idle = next((r for r in self.shadows if r not in keep and r in states.slots), None)
+            if idle is None:
+                return False
+            self._free(idle)
+        return True
 
     def _prefix_hits(self, shadow: _Shadow) -> list[int]:
         """A shadow without blocks (new, or evicted) starts from the draft's prefix cache."""
         mirror = shadow.request
-        if mirror.block_ids:
+        if mirror.block_ids or self.states is not None:  # a hybrid draft keeps no state checkpoints
             return []
         hits = self.block_manager.get_computed_blocks(mirror)
         mirror.num_computed_tokens = len(hits) * self.block_size
@@ -357,6 +395,8 @@ class DraftModelProposer:
     def _free(self, req_id: str) -> None:
         shadow = self.shadows.pop(req_id)
         self.block_manager.free(shadow.request)
+        if self.states is not None:
+            self.states.free(req_id)
         if shadow.known:
             self._forgotten.add(req_id)
 

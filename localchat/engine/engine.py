@@ -373,6 +373,7 @@ class LLMEngine:
             token_limit=vocab_size or 2**62,
             prefill_chunk_size=config.prefill_chunk_size,
             p_min=config.speculative.draft_p_min,
+            num_tokens=config.speculative.num_tokens,
         )
 
     def _grammar_bitmask(self, sample_req_ids: list[str]) -> np.ndarray | None:

@@ -170,9 +170,6 @@ def speculation_note(
         return "--speculative draft needs a draft model (--draft-model, or a models.yaml entry's draft)"
     if spec.method == "eagle" and proposer is None:
         return "--speculative eagle needs an EAGLE-3 head (--draft-model FOLDER) on the torch backend"
-    draft_state: StateCacheSpec | None = getattr(draft_runner, "state_cache_spec", None)
-    if draft_state is not None and draft_state.bytes_per_slot > 0:
-        return "the draft model is a hybrid model, whose recurrent state the draft proposer cannot roll back"
     if not getattr(runner, "supports_speculation", True):
         return f"the {type(runner).__name__} runner cannot score draft tokens"
     if state_spec is None:
