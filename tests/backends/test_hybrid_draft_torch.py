@@ -156,3 +156,17 @@ def test_skipping_the_copy_back_changes_the_drafts(
     assert wrong_proposals(draft, proposals, fp32_runner) > 0
     assert wrong_proposals(draft, exact_proposals, fp32_runner) == 0
     assert eng.spec_accepted_tokens != exact.spec_accepted_tokens
+
+
+def test_a_state_no_row_holds_prefills_again(
+    target: ModelBundle, draft: ModelBundle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no snapshot to restore from (none taken here), a shadow whose drafts were rejected goes back
+    to position 0 and prefills again: more draft work, the same proposals."""
+    monkeypatch.setattr(DraftStates, "snapshot", lambda self, req_id: None)
+    eng = engine(target, "draft", draft)
+    proposals = record_proposals(eng)
+    run(eng)
+    assert eng.draft is not None and eng.draft.states is not None
+    assert eng.draft.states.restores_total == 0 and eng.spec_accepted_tokens < eng.spec_draft_tokens
+    assert wrong_proposals(draft, proposals, fp32_runner) == 0
