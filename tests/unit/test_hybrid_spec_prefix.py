@@ -12,6 +12,7 @@ cold run without speculation.
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -229,3 +230,46 @@ def test_a_failed_step_fails_the_sequences_whose_copy_back_it_carried() -> None:
     # The engine runs on: a new request equals a cold run.
     eng.add_request(agent_chat("beta", "b"), params, req_id="b")
     assert [t for o in drain(eng) for t in o.new_token_ids] == cold(agent_chat("beta", "b"), 120)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_traffic_keeps_every_state_exact(seed: int) -> None:
+    """Random traffic on random configurations (chunk, pool size, sequences, checkpoint rows, token
+    budget): new agent chats, next turns of finished ones, regenerates, aborts at any step, all with
+    n-gram speculation. The fake checks every row's state at every step (a live row, a restore, a
+    checkpoint saved from a live or a spec row), so any state out of step fails the run."""
+    rnd = random.Random(seed)
+    chunk = rnd.choice([0, 7, 16, 24, 64])
+    eng = engine(
+        True,
+        kv_bytes_per_token=rnd.choice([256, 512, 1024]),
+        max_num_seqs=rnd.choice([2, 3, 4, 6]),
+        prefill_chunk_size=chunk,
+        state_checkpoints=rnd.choice([1, 2, 4, 8]),
+        max_num_batched_tokens=rnd.choice([8, 32, 2048]) if chunk else 2048,
+    )
+    prompts: dict[str, list[int]] = {}
+    got: dict[str, list[int]] = {}
+    for step in range(400):
+        if rnd.random() < 0.15 and len(prompts) < 30:
+            done = [r for r in prompts if r not in eng.scheduler.requests]
+            if done and rnd.random() < 0.4:
+                base = rnd.choice(done)
+                prompt = prompts[base] + (got[base] + tool_turn(step) if rnd.random() < 0.7 else [])
+            else:
+                prompt = agent_chat(rnd.choice(["alpha", "beta", "gamma"]), f"t{rnd.randrange(5)}")
+            if len(prompt) + 80 > eng.max_model_len:
+                continue
+            req_id = f"r{len(prompts)}"
+            prompts[req_id], got[req_id] = prompt, []
+            params = SamplingParams(max_tokens=rnd.choice([10, 40, 80]), temperature=0.0)
+            eng.add_request(prompt, params, req_id=req_id)
+        if rnd.random() < 0.03 and eng.scheduler.requests:
+            eng.abort_request(rnd.choice(list(eng.scheduler.requests)))
+        for out in eng.step():
+            assert out.finish_reason != FinishReason.ERROR, out.error
+            got[out.req_id] += out.new_token_ids
+    for out in drain(eng):
+        got[out.req_id] += out.new_token_ids
+    assert eng.spec_draft_tokens > 0
+    assert eng.state_pool is not None and eng.state_pool.num_used == 0
