@@ -19,10 +19,17 @@ pytestmark = pytest.mark.mlx
 
 
 @pytest.fixture(scope="module", params=list(BUILDERS))
-def target(request: pytest.FixtureRequest) -> ModelBundle:
-    return bundle_from_hf(BUILDERS[request.param]())
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft"])
-def test_agent_waves_speculating_under_preemption_equal_cold_runs(target: ModelBundle, method: str) -> None:
-    check_agent_waves(target, method, mlx_runner)
+@pytest.fixture(scope="module")
+def target(kind: str) -> ModelBundle:
+    return bundle_from_hf(BUILDERS[kind]())
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft", "hybrid-draft"])
+def test_agent_waves_speculating_under_preemption_equal_cold_runs(
+    kind: str, target: ModelBundle, method: str
+) -> None:
+    check_agent_waves(kind, target, method, mlx_runner)

@@ -22,6 +22,7 @@ from localchat.engine.engine import LLMEngine
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.speculative import SpeculativeConfig
 from localchat.weights.bundle import ModelBundle
+from tests.backends.test_hybrid_draft_torch import perturbed
 from tests.backends.test_hybrid_spec_torch import bigram_draft
 from tests.helpers.fake_engine import drain
 from tests.helpers.tiny_hybrids import BUILDERS
@@ -93,18 +94,29 @@ def second_wave(first: dict[str, list[int]], replies: dict[str, Result]) -> dict
 
 
 @pytest.fixture(scope="module", params=list(BUILDERS))
-def target(request: pytest.FixtureRequest) -> ModelBundle:
-    build: Callable[..., Any] = BUILDERS[request.param]
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def target(kind: str) -> ModelBundle:
+    build: Callable[..., Any] = BUILDERS[kind]
     return bundle_from_hf(build())
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft"])
-def test_agent_waves_speculating_under_preemption_equal_cold_runs(target: ModelBundle, method: str) -> None:
-    check_agent_waves(target, method, fp32_runner)
+@pytest.mark.parametrize("method", ["ngram", "draft", "hybrid-draft"])
+def test_agent_waves_speculating_under_preemption_equal_cold_runs(
+    kind: str, target: ModelBundle, method: str
+) -> None:
+    check_agent_waves(kind, target, method, fp32_runner)
 
 
-def check_agent_waves(target: ModelBundle, method: str, make_runner: Callable[[ModelBundle], Any]) -> None:
-    """The module's scenario on `make_runner`'s runner (the MLX suite passes its own)."""
+def check_agent_waves(
+    kind: str, target: ModelBundle, method: str, make_runner: Callable[[ModelBundle], Any]
+) -> None:
+    """The module's scenario on `make_runner`'s runner (the MLX suite passes its own). `method`: ngram,
+    draft (a bigram Llama knowing every other next token of the cold replies) or hybrid-draft (the
+    target's own kind with its weights perturbed: engine/draft_states.py)."""
     cold = engine(target, "off", make_runner=make_runner, enable_prefix_caching=False)
     first = first_wave()
     expected = {r: run_all(cold, {r: p})[r] for r, p in first.items()}
@@ -115,6 +127,8 @@ def check_agent_waves(target: ModelBundle, method: str, make_runner: Callable[[M
             seq = p[-3:] + expected[r][0]
             follow.update({x: y for x, y in zip(seq[::2], seq[1::2], strict=False)})
         draft = bigram_draft(follow)
+    elif method == "hybrid-draft":
+        draft, method = perturbed(BUILDERS[kind]), "draft"
     eng = engine(
         target, method, draft, make_runner, max_num_seqs=4, state_checkpoints=4, prefill_chunk_size=48
     )
@@ -131,5 +145,5 @@ def check_agent_waves(target: ModelBundle, method: str, make_runner: Callable[[M
     assert spec_rows is not None and spec_rows.fixups_total > 0  # verify steps that rejected drafts
     assert eng.scheduler.num_preemptions > 0
     assert stats.state_checkpoint_restores_total >= 4
-    if method == "draft":
+    if method == "draft":  # (both drafts)
         assert 0 < eng.spec_accepted_tokens < eng.spec_draft_tokens
