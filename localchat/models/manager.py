@@ -16,11 +16,12 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localchat.engine.hybrid_spec import spec_rows_wanted
+from localchat.engine.speculative import DEFAULT_MAX_BATCH
 from localchat.errors import (
     LocalchatError,
     ModelLoadError,
@@ -31,11 +32,12 @@ from localchat.errors import (
 )
 from localchat.host_memory import mem_available
 from localchat.models.catalog import DEFAULT_ALIAS, ResolvedModel
-from localchat.models.memory import MemoryEstimate, check_fits, compute_dtype, estimate
+from localchat.models.memory import GIB, MemoryEstimate, check_fits, compute_dtype, draft_bytes, estimate
 from localchat.models.pulls import Pulls, pull_progress
 from localchat.models.side_memory import SideModelMemory, side_model_memory
 from localchat.models.targets import find_local, from_local, list_local, startup_choice
 from localchat.serving.assembly import build_context, mcp_hub
+from localchat.serving.draft_model import draft_model_name
 
 if TYPE_CHECKING:
     from localchat.config import Settings
@@ -342,6 +344,7 @@ class ModelManager:
                     st.state_checkpoints,
                     spec_rows_wanted(st.speculative, st.num_speculative_tokens, st.max_num_seqs),
                 )
+                need = self._with_draft(need, target, dtype)
             victims = self._victims()
             if need is not None:
                 freeable = sum(
@@ -363,6 +366,33 @@ class ModelManager:
                 self._estimates[ctx.model_id] = need
         log.info("model %s ready (%d loaded)", ctx.model_id, len(self._loaded))
         return ctx
+
+    def _with_draft(self, need: MemoryEstimate, target: ResolvedModel, dtype: str) -> MemoryEstimate:
+        """`need` plus what speculative decoding loads beside the target (models/memory.py `draft_bytes`):
+        the draft model (--draft-model, else the entry's `draft`) or the EAGLE-3 head. One not on disk yet
+        is pulled by the load itself, and not counted here."""
+        st = self.settings
+        if st.speculative not in ("draft", "eagle") or st.backend == "fake":
+            return need
+        name = draft_model_name(st, target, st.speculative)  # --draft-model, else the entry's draft / eagle
+        if not name:
+            return need  # the load says a draft is needed
+        path = Path(name).expanduser()
+        if not path.exists():
+            local = find_local(name, self.data_dir)
+            if local is None:
+                return need
+            path = local.path
+        rows = DEFAULT_MAX_BATCH * st.num_speculative_tokens  # draft_states.py: max_batch x (1 + k - 1)
+        draft = draft_bytes(path, st.kv_cache_mib, st.isq, dtype, st.backend, rows, st.speculative == "eagle")
+        log.info(
+            "RAM estimate for %s: target %.1f GiB + %s %.1f GiB",
+            target.model_id,
+            need.total / GIB,
+            "EAGLE head" if st.speculative == "eagle" else "draft",
+            draft / GIB,
+        )
+        return replace(need, draft=draft)
 
     def _victims(self) -> list[ServerContext]:
         """Models to unload before one more fits under --max-loaded-models: idle ones first, then LRU."""

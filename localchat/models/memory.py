@@ -84,9 +84,14 @@ class MemoryEstimate:
     weights: int
     kv_cache: int
     overhead: int
+    draft: int = 0  # a draft model's weights, KV and state rows, or an EAGLE head's weights: draft_bytes
 
     @property
     def total(self) -> int:
+        return self.weights + self.kv_cache + self.overhead + self.draft
+
+    @property
+    def target(self) -> int:
         return self.weights + self.kv_cache + self.overhead
 
 
@@ -143,6 +148,27 @@ def estimate(
         else MIN_KV_BUDGET + _state_pool(path, dtype, max_num_seqs + state_checkpoints + spec_rows)
     )
     return MemoryEstimate(weights, kv, RUNTIME_OVERHEAD)
+
+
+def draft_bytes(
+    path: Path,
+    kv_cache_mib: int | None,
+    isq: str | None = None,
+    dtype: str = "bfloat16",
+    backend: str = "torch",
+    state_rows: int = 0,
+    eagle: bool = False,
+) -> int:
+    """What speculative decoding loads beside the target. A draft model (engine/draft_model.py): its
+    weights sized as `estimate` sizes a target's (its own quant, the same --isq / dtype / backend), its
+    KV floor (its pool holds at most the target pool's tokens at fewer bytes each: --kv-cache-mib caps
+    the floor) and, for a hybrid draft, `state_rows` state rows (engine/draft_states.py: max_batch x k,
+    live + snapshots). An EAGLE-3 head (`eagle`): its weights, held at the target's compute dtype."""
+    if eagle:
+        return path_size(path) * _value_bytes(dtype) // 2
+    weights = estimate(path, 0, isq, dtype, backend=backend).weights
+    floor = MIN_KV_BUDGET if kv_cache_mib is None else min(MIN_KV_BUDGET, kv_cache_mib * MIB)
+    return weights + floor + _state_pool(path, dtype, state_rows)
 
 
 def _vision_projector_bytes(path: Path, dtype: str) -> int:
@@ -399,10 +425,16 @@ def check_fits(
     room = max(0, available + freeable - sum(m.file_backed for m in side))
     if need.total <= room:
         return
+    parts = (
+        f"weights {need.weights / GIB:.1f}, KV cache {need.kv_cache / GIB:.1f}, runtime "
+        f"{need.overhead / GIB:.1f}"
+    )
+    if need.draft:
+        parts = f"target {need.target / GIB:.1f} GiB: {parts}; + draft {need.draft / GIB:.1f} GiB"
+    advice = ", pick a smaller draft model (--draft-model) or --speculative ngram" if need.draft else ""
     raise InsufficientMemoryError(
-        f"Model {name!r} needs about {need.total / GIB:.1f} GiB of RAM (weights {need.weights / GIB:.1f}, "
-        f"KV cache {need.kv_cache / GIB:.1f}, runtime {need.overhead / GIB:.1f}) but only "
-        f"{room / GIB:.1f} GiB is free. Close other programs, unload a model, lower --kv-cache-mib, or pick a "
-        "smaller model or quant." + side_models_note(side),
+        f"Model {name!r} needs about {need.total / GIB:.1f} GiB of RAM ({parts}) but only "
+        f"{room / GIB:.1f} GiB is free. Close other programs, unload a model, lower --kv-cache-mib{advice}, "
+        "or pick a smaller model or quant." + side_models_note(side),
         param="model",
     )
