@@ -16,14 +16,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from localchat.backends.fake import FakeTokenizer
-from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine
 from localchat.engine.sampling_params import SamplingParams
-from localchat.engine.speculative import SpeculativeConfig
 from localchat.weights.bundle import ModelBundle
 from tests.backends.test_hybrid_draft_torch import perturbed
 from tests.backends.test_hybrid_spec_torch import bigram_draft
+from tests.backends.test_hybrid_spec_torch import engine as spec_engine
 from tests.helpers.fake_engine import drain
 from tests.helpers.tiny_hybrids import BUILDERS
 from tests.helpers.torch_models import bundle_from_hf, fp32_runner
@@ -41,17 +39,9 @@ def engine(
     make_runner: Callable[[ModelBundle], Any] = fp32_runner,
     **config: object,
 ) -> LLMEngine:
-    spec = SpeculativeConfig(method, num_tokens=4, max_batch=4, ngram_min=1, draft_p_min=0.0)
-    cfg = EngineConfig(**{"kv_cache_mib": 1, "block_size": BLOCK, "speculative": spec, **config})  # type: ignore[arg-type]
-    return LLMEngine(
-        make_runner(target),
-        FakeTokenizer(),
-        cfg,
-        eos_token_ids=[],
-        model_max_len=4096,
-        draft_runner=make_runner(draft) if draft is not None else None,
-        vocab_size=VOCAB,
-    )
+    """The spec suite's engine in a 1 MiB pool (preempts) with room for the agents' long prompts."""
+    config = {"kv_cache_mib": 1, "block_size": BLOCK, **config}
+    return spec_engine(target, method, draft, make_runner, model_max_len=4096, **config)
 
 
 def run_all(eng: LLMEngine, prompts: dict[str, list[int]]) -> dict[str, Result]:

@@ -41,9 +41,11 @@ def engine(
     method: str,
     draft: ModelBundle | None = None,
     make_runner: Callable[[ModelBundle], Any] = fp32_runner,
+    model_max_len: int = 512,
     **config: object,
 ) -> LLMEngine:
-    """An engine on `target` (`make_runner`: the torch runner in float32, or the MLX suite's)."""
+    """An engine on `target` (`make_runner`: the torch runner in float32, or the MLX suite's); `config`
+    overrides EngineConfig fields (e.g. a small `kv_cache_mib` that preempts)."""
     # ngram_min 1: random tiny models hardly repeat two tokens, so single-token matches make the drafts
     spec = SpeculativeConfig(method, num_tokens=4, max_batch=4, ngram_min=1, draft_p_min=0.0)
     cfg = EngineConfig(**{"kv_cache_mib": 8, "block_size": BLOCK, "speculative": spec, **config})  # type: ignore[arg-type]
@@ -52,7 +54,7 @@ def engine(
         FakeTokenizer(),
         cfg,
         eos_token_ids=[],
-        model_max_len=512,
+        model_max_len=model_max_len,
         draft_runner=make_runner(draft) if draft is not None else None,
         vocab_size=VOCAB,
     )
