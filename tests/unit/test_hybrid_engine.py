@@ -8,13 +8,12 @@ gives different tokens from `reference`, which folds the whole sequence in one g
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from localchat.backends.fake import BYTE_OFFSET, EOS_ID, FakeTokenizer
+from localchat.backends.fake import BYTE_OFFSET
 from localchat.engine.block_manager import BlockManager
 from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine
@@ -30,7 +29,8 @@ from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.scheduler import Scheduler
 from localchat.engine.state_slots import StateSlotPool
 from localchat.models.memory import MIN_KV_BUDGET, estimate
-from tests.helpers.fake_engine import drain
+from tests.helpers.fake_engine import drain, engine_on
+from tests.helpers.hybrid_config import TINY_QWEN3_5_STATE_BYTES, write_tiny_qwen3_5_config
 
 STATE_BYTES = 1024
 RESTORED = "<restored>"
@@ -112,11 +112,6 @@ class StateRunner:
         pass
 
 
-def _engine(runner: StateRunner, **config: object) -> LLMEngine:
-    cfg = EngineConfig(**{"kv_cache_mib": 1, **config})  # type: ignore[arg-type]
-    return LLMEngine(runner, FakeTokenizer(), cfg, eos_token_ids=[EOS_ID], model_max_len=4096)
-
-
 def _prompts() -> list[list[int]]:
     rng = np.random.default_rng(0)
     return [[int(t) for t in rng.integers(BYTE_OFFSET, 250, size=n)] for n in (5, 23, 1, 40, 17, 9)]
@@ -133,7 +128,7 @@ def _run(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> dict[s
 
 def test_chunked_prefill_and_batched_decode_continue_each_sequences_state():
     runner = StateRunner()
-    engine = _engine(runner, prefill_chunk_size=4, max_num_batched_tokens=12, max_num_seqs=4)
+    engine = engine_on(runner, prefill_chunk_size=4, max_num_batched_tokens=12, max_num_seqs=4)
     prompts = _prompts()
     got = _run(engine, prompts, max_tokens=12)
     for i, prompt in enumerate(prompts):
@@ -149,7 +144,7 @@ def test_preemption_frees_the_slot_and_recomputes_the_state():
     # About 8 blocks of 16 tokens for 4 sequences growing to ~50 tokens each: preemption is certain.
     budget = 2**20 - (4 + 8) * STATE_BYTES  # 4 running slots and 8 prefix checkpoints
     runner = StateRunner(head_dim=budget // (8 * 2 * 16))
-    engine = _engine(runner, prefill_chunk_size=8, max_num_batched_tokens=32, max_num_seqs=4)
+    engine = engine_on(runner, prefill_chunk_size=8, max_num_batched_tokens=32, max_num_seqs=4)
     assert engine.block_manager.num_usable_blocks == 8  # the state pool came out of the same budget
     prompts = _prompts()[:4]
     got = _run(engine, prompts, max_tokens=24)
@@ -160,7 +155,7 @@ def test_preemption_frees_the_slot_and_recomputes_the_state():
 
 
 def test_prefix_caching_reuses_a_checkpointed_prefix():
-    engine = _engine(StateRunner(), enable_prefix_caching=True)
+    engine = engine_on(StateRunner(), enable_prefix_caching=True)
     assert engine.block_manager.enable_prefix_caching and engine.stats().prefix_caching_enabled
     prompt = _prompts()[3]
     first = _run(engine, [prompt], 6)["r0"]
@@ -170,7 +165,7 @@ def test_prefix_caching_reuses_a_checkpointed_prefix():
 
 
 def test_prefix_caching_is_off_for_hybrid_models_without_checkpoints():
-    engine = _engine(StateRunner(), enable_prefix_caching=True, state_checkpoints=0)
+    engine = engine_on(StateRunner(), enable_prefix_caching=True, state_checkpoints=0)
     assert not engine.block_manager.enable_prefix_caching
     assert "recurrent state" in engine.prefix_caching_note  # --state-checkpoints 0: none is kept
     assert not engine.stats().prefix_caching_enabled
@@ -216,23 +211,8 @@ def test_pool_hands_out_each_slot_once(num_slots: int):
 
 
 def test_memory_estimate_counts_the_state_pool(tmp_path: Path) -> None:
-    config = {
-        "model_type": "qwen3_5_text",
-        "vocab_size": 256,
-        "hidden_size": 64,
-        "intermediate_size": 96,
-        "num_hidden_layers": 8,  # every 4th full attention: 6 linear-attention layers
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "linear_key_head_dim": 16,
-        "linear_value_head_dim": 8,
-        "linear_conv_kernel_dim": 4,
-    }
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    # per layer: conv window 3 x (2*32 + 32) bf16 values + recurrent 4 x 16 x 8 float32
-    per_sequence = 6 * (3 * 96 * 2 + 4 * 16 * 8 * 4)
+    write_tiny_qwen3_5_config(tmp_path)
+    per_sequence = TINY_QWEN3_5_STATE_BYTES
     assert (
         estimate(tmp_path, None, max_num_seqs=4, state_checkpoints=0).kv_cache
         == MIN_KV_BUDGET + 4 * per_sequence
@@ -241,14 +221,14 @@ def test_memory_estimate_counts_the_state_pool(tmp_path: Path) -> None:
     assert estimate(tmp_path, None, max_num_seqs=4).kv_cache == MIN_KV_BUDGET + 12 * per_sequence
     # --mem: the engine takes the pool out of that budget, so the estimate is the budget itself
     assert estimate(tmp_path, 64, max_num_seqs=4).kv_cache == 64 * 2**20
-    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "qwen3"}))
+    write_tiny_qwen3_5_config(tmp_path, model_type="qwen3")
     assert estimate(tmp_path, None, max_num_seqs=4).kv_cache == MIN_KV_BUDGET  # no state for transformers
 
 
 def test_a_small_budget_gets_fewer_state_slots_not_an_error():
     # 1 MiB with 1 KiB slots: 8 checkpoints first, then the pool may take half of the rest, 508 slots,
     # whatever max_num_seqs asks for.
-    engine = _engine(StateRunner(), max_num_seqs=4096, max_num_batched_tokens=8192)
+    engine = engine_on(StateRunner(), max_num_seqs=4096, max_num_batched_tokens=8192)
     assert engine.state_pool is not None and engine.state_pool.num_slots == 508
     assert engine.block_manager.num_usable_blocks > 0
     got = _run(engine, _prompts()[:2], max_tokens=3)

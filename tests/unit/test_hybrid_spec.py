@@ -10,14 +10,12 @@ checkpoint saved from a state that holds rejected drafts.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from localchat.backends.fake import EOS_ID, FakeRunner, FakeTokenizer
-from localchat.engine.config import EngineConfig
+from localchat.backends.fake import FakeRunner, FakeTokenizer
 from localchat.engine.engine import LLMEngine
 from localchat.engine.hybrid_spec import spec_rows_wanted
 from localchat.engine.interface import BatchInputs
@@ -25,7 +23,8 @@ from localchat.engine.request import FinishReason
 from localchat.engine.sampling_params import SamplingParams
 from localchat.engine.speculative import SpeculativeConfig
 from localchat.models.memory import estimate
-from tests.helpers.fake_engine import chat_prompt, drain
+from tests.helpers.fake_engine import chat_prompt, drain, engine_on
+from tests.helpers.hybrid_config import TINY_QWEN3_5_STATE_BYTES, write_tiny_qwen3_5_config
 
 STATE_BYTES = 1024
 BLOCK = 16
@@ -37,9 +36,8 @@ DECOY = "the cat sat on the rug and the cat ran to the bat and the dog sat on th
 
 def engine_for(speculative: bool, kv_bytes_per_token: int = 128, **config: object) -> LLMEngine:
     spec = SpeculativeConfig("ngram", num_tokens=4) if speculative else SpeculativeConfig()
-    cfg = EngineConfig(**{"kv_cache_mib": 1, "block_size": BLOCK, "speculative": spec, **config})  # type: ignore[arg-type]
     runner = FakeRunner(kv_bytes_per_token=kv_bytes_per_token, state_bytes=STATE_BYTES, speculate=True)
-    return LLMEngine(runner, FakeTokenizer(), cfg, eos_token_ids=[EOS_ID], model_max_len=4096)
+    return engine_on(runner, **{"block_size": BLOCK, "speculative": spec, **config})
 
 
 def prompt(i: int = 0) -> list[int]:
@@ -176,23 +174,12 @@ def test_checkpoint_moves_to_block_boundaries_a_verify_step_passed() -> None:
 def test_off_with_a_reason_when_no_spec_row_fits_or_the_runner_cannot() -> None:
     tiny = engine_for(True, kv_cache_mib=1)
     assert tiny.speculation_note == ""
-    big = LLMEngine(
-        FakeRunner(state_bytes=2**19, speculate=True),
-        FakeTokenizer(),
-        EngineConfig(kv_cache_mib=1, block_size=BLOCK, speculative=SpeculativeConfig("ngram")),
-        eos_token_ids=[EOS_ID],
-        model_max_len=256,
-    )
+    ngram = {"block_size": BLOCK, "speculative": SpeculativeConfig("ngram")}
+    big = engine_on(FakeRunner(state_bytes=2**19, speculate=True), model_max_len=256, **ngram)
     assert "holds no spec row" in big.speculation_note and not big.scheduler.speculate
     cannot = FakeRunner(state_bytes=STATE_BYTES, speculate=True)
     cannot.hybrid_speculation = False
-    engine = LLMEngine(
-        cannot,
-        FakeTokenizer(),
-        EngineConfig(kv_cache_mib=1, block_size=BLOCK, speculative=SpeculativeConfig("ngram")),
-        eos_token_ids=[EOS_ID],
-        model_max_len=256,
-    )
+    engine = engine_on(cannot, model_max_len=256, **ngram)
     assert "does not write the per-position recurrent states" in engine.speculation_note
     assert engine.scheduler.spec_rows is None and len(cannot.states) == engine.state_pool.num_slots + 8  # type: ignore[union-attr]
 
@@ -203,21 +190,7 @@ def test_the_ram_estimate_counts_the_spec_rows(tmp_path: Path) -> None:
     wanted = [spec_rows_wanted(method, 4, 32) for method in ("ngram", "auto", "draft", "off", "eagle")]
     assert wanted == [16, 16, 16, 0, 0]
     assert spec_rows_wanted("ngram", 4, 2) == 8  # no more sequences speculate than may run
-    config = {
-        "model_type": "qwen3_5_text",
-        "vocab_size": 256,
-        "hidden_size": 64,
-        "intermediate_size": 96,
-        "num_hidden_layers": 8,  # 6 linear-attention layers
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "linear_key_head_dim": 16,
-        "linear_value_head_dim": 8,
-        "linear_conv_kernel_dim": 4,
-    }
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    per_sequence = 6 * (3 * 96 * 2 + 4 * 16 * 8 * 4)
+    write_tiny_qwen3_5_config(tmp_path)
+    per_sequence = TINY_QWEN3_5_STATE_BYTES
     base = estimate(tmp_path, None, max_num_seqs=4).kv_cache  # 4 slots + 8 checkpoints
     assert estimate(tmp_path, None, max_num_seqs=4, spec_rows=16).kv_cache == base + 16 * per_sequence
