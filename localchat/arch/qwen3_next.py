@@ -140,16 +140,22 @@ QWEN35_GGUF_METADATA: dict[str, str] = {
     "expert_shared_feed_forward_length": "shared_expert_intermediate_size",
 }
 
-# Qwen3_5ForConditionalGeneration: the text LM under model.language_model; vision tower and the
-# multi-token-prediction head are not run.
+# Qwen3_5ForConditionalGeneration: the text LM under model.language_model; the vision tower is not run.
+# The multi-token-prediction head keeps its `mtp.` names: the model's load skips them (`without_mtp`), and
+# `--speculative mtp` reads them (backends/torch/mtp_head.py).
 QWEN3_5_PREFIXES: dict[str, str | None] = {
     "model.language_model.": "model.",
     "language_model.model.": "model.",
     "language_model.lm_head.": "lm_head.",
     "model.visual.": None,
     "visual.": None,
-    "mtp.": None,
 }
+MTP_PREFIX = "mtp."
+
+
+def without_mtp(weights: Iterable[WeightTensor]) -> Iterator[WeightTensor]:
+    """The checkpoint's tensors but its multi-token-prediction head's (loaded apart, only when asked)."""
+    return (w for w in weights if not w.name.startswith(MTP_PREFIX))
 
 
 def derive_sizes(config: ModelConfig) -> None:
@@ -177,7 +183,7 @@ def sanitize_qwen3_5(config: ModelConfig, weights: Iterable[WeightTensor]) -> It
     """Qwen3.5 and Qwen3.5-MoE: only a GGUF needs rewriting (llama.cpp also tiles their value heads)."""
     if config.extra.get("gguf_ssm_inner_size"):
         return _from_gguf(config, weights, tiled_value_heads=True)
-    return iter(weights)
+    return without_mtp(weights)
 
 
 def sanitize(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[WeightTensor]:
@@ -185,6 +191,7 @@ def sanitize(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[W
     for each); split them into Qwen3.5's in_proj_qkv / z / b / a rows, the layout the model files read.
     (llama.cpp's converter splits q|k|v|z itself but keeps b|a grouped.)"""
     x = config.extra
+    weights = without_mtp(weights)
     if x.get("gguf_ssm_inner_size"):
         weights = _from_gguf(config, weights, tiled_value_heads=False)
     nk, dk, dv = x["linear_num_key_heads"], x["linear_key_head_dim"], x["linear_value_head_dim"]

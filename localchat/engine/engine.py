@@ -157,7 +157,7 @@ class LLMEngine:
             self.draft = self._draft_proposer(draft_runner, num_blocks, vocab_size)
             self.scheduler.proposer = self.draft
         self._release: Callable[[str], None] | None = getattr(self.draft, "release", None)
-        if self.scheduler.speculate and config.speculative.method == "eagle" and proposer is not None:
+        if self.scheduler.speculate and proposer is not None and self.draft is None:  # eagle, mtp
             self.scheduler.proposer = proposer
             self._release = getattr(proposer, "release", None)
         self.scheduler.max_model_len = self.max_model_len

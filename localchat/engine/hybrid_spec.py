@@ -170,6 +170,8 @@ def speculation_note(
         return "--speculative draft needs a draft model (--draft-model, or a models.yaml entry's draft)"
     if spec.method == "eagle" and proposer is None:
         return "--speculative eagle needs an EAGLE-3 head (--draft-model FOLDER) on the torch backend"
+    if spec.method == "mtp" and proposer is None:
+        return "--speculative mtp needs the model's multi-token-prediction head (torch backend)"
     if not getattr(runner, "supports_speculation", True):
         return f"the {type(runner).__name__} runner cannot score draft tokens"
     if state_spec is None:

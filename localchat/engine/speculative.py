@@ -29,7 +29,8 @@ from localchat.errors import InvalidRequestError
 
 log = logging.getLogger(__name__)
 
-SPECULATIVE_METHODS = ("off", "ngram", "draft", "eagle", "auto")  # auto: speculative_auto.py
+# mtp: the checkpoint's own multi-token-prediction head (backends/torch/mtp_proposer.py)
+SPECULATIVE_METHODS = ("off", "ngram", "draft", "eagle", "mtp", "auto")  # auto: speculative_auto.py
 # Speculate only while at most this many sequences run. Decode is memory-bound: one step streams every
 # weight once whatever its row count, so a few extra query rows per sequence are nearly free at small
 # batch sizes. With many sequences the step turns compute-bound, and rejected rows then cost real time
@@ -88,8 +89,9 @@ def average_draft_length(requests: Sequence[Request], k_max: int) -> float:
 
 @dataclass(slots=True)
 class SpeculativeConfig:
-    # "off", "ngram" (prompt lookup), "draft" (a draft model the engine is given) or "eagle" (an EAGLE-3
-    # head reading the target's hidden states: backends/torch/eagle3_proposer.py, given as a proposer)
+    # "off", "ngram" (prompt lookup), "draft" (a draft model the engine is given), "eagle" (an EAGLE-3
+    # head reading the target's hidden states: backends/torch/eagle3_proposer.py, given as a proposer) or
+    # "mtp" (the checkpoint's own MTP head, the same way: backends/torch/mtp_proposer.py)
     method: str = "off"
     num_tokens: int = 4  # k: draft tokens per sequence per step
     max_batch: int = DEFAULT_MAX_BATCH

@@ -237,6 +237,15 @@ class Eagle3Head:
 
     # -- forward -------------------------------------------------------------------------------------
 
+    @property
+    def device(self) -> torch.device:
+        return self.inv_freq.device
+
+    def embed(self, tokens: torch.Tensor, model: Any) -> torch.Tensor:
+        """The head's own embedding of `tokens`, else the target `model`'s."""
+        table = self.weights["embed"]
+        return table[tokens] if table is not None else model.embed_tokens(tokens)
+
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """Target hidden states [N, n x target_hidden] -> the head's hidden input [N, hidden]."""
         w = self.weights

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -40,6 +40,32 @@ if TYPE_CHECKING:
 PLAIN_LOOPS = (DecoderLM.hidden_states, VisionLanguage.hidden_states)
 # Target rows kept per request while it does not speculate (a large batch, a pause after misses).
 MAX_PENDING_ROWS = 4096
+
+
+class DraftHead(Protocol):
+    """What the proposer drives: an EAGLE-3 head, or a checkpoint's MTP head (mtp_head.py)."""
+
+    draft_to_target: torch.Tensor
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def embed(self, tokens: torch.Tensor, model: DecoderLM) -> torch.Tensor: ...
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor: ...
+    def qkv(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]: ...
+    def attend(
+        self,
+        q: torch.Tensor,
+        q_positions: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_positions: torch.Tensor,
+    ) -> torch.Tensor: ...
+    def finish(self, attn: torch.Tensor, residual: Any) -> torch.Tensor: ...
+    def logits(self, out: torch.Tensor) -> torch.Tensor: ...
+    def feedback(self, out: torch.Tensor) -> torch.Tensor: ...
 
 
 class HiddenTaps:
@@ -140,7 +166,7 @@ class _Feed:
 
 
 class Eagle3Proposer:
-    def __init__(self, head: Eagle3Head, model: DecoderLM, token_limit: int) -> None:
+    def __init__(self, head: DraftHead, model: DecoderLM, token_limit: int) -> None:
         self.head = head
         self.model = model
         self.token_limit = token_limit
@@ -271,13 +297,10 @@ class Eagle3Proposer:
         """One head pass over every request's rows; their K/V join the request's cache. Returns each
         request's outputs [rows, hidden]."""
         head = self.head
-        device = head.inv_freq.device
-        positions = torch.cat(feed.positions).to(device)
-        tokens = torch.cat(feed.tokens).to(device)
+        positions = torch.cat(feed.positions).to(head.device)
+        tokens = torch.cat(feed.tokens).to(head.device)
         hidden = torch.cat(feed.hidden)
-        embed = head.weights["embed"]
-        embeds = embed[tokens] if embed is not None else self.model.embed_tokens(tokens)
-        embeds = embeds.to(hidden.dtype)
+        embeds = head.embed(tokens, self.model).to(hidden.dtype)
         q, k, v, residual = head.qkv(embeds, hidden, positions)
         attended = []
         start = 0

@@ -1,0 +1,202 @@
+"""The native multi-token-prediction (MTP) head of Qwen3.5 / Qwen3-Next checkpoints, as a draft head.
+
+Published layout (`mtp.*` in the safetensors; the embedding and LM head are the model's own):
+`fc` [H, 2H], `pre_fc_norm_embedding`, `pre_fc_norm_hidden`, `layers.0.*` (one full-attention decoder
+layer of the model's kind: gated attention, then the model's MLP, dense or MoE) and `norm`; every norm is
+a (1 + w) RMSNorm like the model's. For the row of position p the head reads the target's hidden state
+there after the target's final norm (what vLLM's and SGLang's `qwen3_next_mtp` hand it) and the token
+at p + 1: x = fc([norm_e(embed(token)), norm_h(hidden)]) (that order); x runs the layer with the head's
+own K/V; norm(x) gives the draft token through the shared LM head and is the hidden state the head
+reads for its next draft.
+
+The layer is a one-layer build of the model's own class (models/qwen3_next.py), loaded by the model's
+loader (weights.py): its weights keep the file's quant type the same way the model's do, and its MLP
+(MoE or dense) is the model's code. Only the attention runs here, over a per-request cache
+(eagle3_proposer.py keeps it), because the model's attention reads the engine's paged K/V.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+
+from localchat.backends.torch.layers import apply_rope, rms_norm
+from localchat.backends.torch.models.base import DecoderLM
+from localchat.backends.torch.models.qwen3_next import HybridLayer
+from localchat.backends.torch.quant import QuantPolicy, Weight, convert, finalize, linear
+from localchat.backends.torch.weights import load_decoder
+from localchat.errors import ModelLoadError
+from localchat.weights.tensors import WeightTensor
+
+# The head's own tensors beside its layer (names as stored, after `mtp.`).
+OWN = {
+    "fc.weight": "fc",
+    "pre_fc_norm_embedding.weight": "norm_embed",
+    "pre_fc_norm_hidden.weight": "norm_hidden",
+}
+
+
+class MtpLoadError(ModelLoadError):
+    """The checkpoint has no usable multi-token-prediction head for this model."""
+
+
+def _layer_stream(weights: Iterable[WeightTensor], own: dict[str, WeightTensor]) -> Iterator[WeightTensor]:
+    """`mtp.layers.0.X` -> `model.layers.0.X` and `mtp.norm` -> `model.norm` for the one-layer build;
+    the head's own tensors go to `own`."""
+    for w in weights:
+        name = w.name.removeprefix("mtp.")
+        if name in OWN:
+            own[OWN[name]] = w
+        elif name == "norm.weight":
+            yield replace(w, name="model.norm.weight")
+        elif name.startswith("layers.0."):
+            yield replace(w, name="model." + name)
+        elif name.startswith("layers."):
+            raise MtpLoadError(f"MTP tensor {w.name}: only one-layer MTP heads are supported")
+
+
+def _drop_embedding_and_head(model: DecoderLM) -> None:
+    """The one-layer build reads the target's embedding and LM head: it holds none of its own."""
+    model.embed = None  # type: ignore[assignment]
+    model.lm_head = None
+
+
+class MtpHead:
+    """The head's weights and forward in the shape the EAGLE-3 proposer drives (eagle3_proposer.py
+    `DraftHead`): fuse, qkv, attend, finish, logits, feedback."""
+
+    def __init__(self, target: DecoderLM, layer_model: DecoderLM, own: dict[str, Weight]) -> None:
+        self.target = target
+        self.layer_model = layer_model
+        self.layer = cast(HybridLayer, layer_model.layers[0])
+        if self.layer.linear:
+            raise MtpLoadError("the MTP layer must be a full-attention layer")
+        self.fc = own["fc"]
+        self.norm_embed = cast(torch.Tensor, own["norm_embed"])
+        self.norm_hidden = cast(torch.Tensor, own["norm_hidden"])
+        self.eps = target.config.rms_norm_eps
+        vocab = target.config.vocab_size
+        self.device = target.norm.device
+        self.draft_to_target = torch.arange(vocab, dtype=torch.long, device=self.device)
+        self.scale = 1.0 / math.sqrt(self.layer.head_dim)
+
+    @classmethod
+    def load(
+        cls,
+        target: DecoderLM,
+        weights: Iterable[WeightTensor],
+        device: torch.device,
+        dtype: torch.dtype,
+        policy: QuantPolicy,
+    ) -> MtpHead:
+        """The head from the checkpoint's `mtp.*` tensors (others are ignored). MtpLoadError when there
+        are none or some are missing."""
+        config = target.config
+        x = config.extra
+        one = replace(
+            config,
+            num_hidden_layers=1,
+            extra={**x, "layer_types": ["full_attention"], "mlp_only_layers": [], "gguf_nextn_layers": 0},
+        )
+        stored: dict[str, WeightTensor] = {}
+        mtp = [w for w in weights if w.name.startswith("mtp.")]  # views into the file: nothing is read yet
+        if not mtp:
+            raise MtpLoadError(
+                "the checkpoint carries no multi-token-prediction head (no mtp.* tensors; a GGUF converted "
+                "without them, or a fine-tune that dropped them). Use --speculative ngram or draft."
+            )
+        try:
+            layer_model = load_decoder(
+                one, _layer_stream(mtp, stored), device, dtype, policy, _drop_embedding_and_head
+            )
+        except MtpLoadError:
+            raise
+        except ModelLoadError as exc:
+            raise MtpLoadError(f"the checkpoint's multi-token-prediction head is incomplete: {exc}") from exc
+        missing = [f"mtp.{n}" for n, key in OWN.items() if key not in stored]
+        if missing:
+            raise MtpLoadError(f"the checkpoint's multi-token-prediction head lacks {', '.join(missing)}")
+        own: dict[str, Weight] = {}
+        for key, w in stored.items():
+            rule = policy if key == "fc" else QuantPolicy()
+            if key == "fc" and tuple(w.shape)[:1] != (config.hidden_size,):
+                raise MtpLoadError(
+                    f"mtp.fc.weight has shape {w.shape}, expected [{config.hidden_size}, 2 x hidden]"
+                )
+            loaded = finalize(convert(w, dtype, device, rule), dtype, device, rule)
+            if key != "fc":
+                loaded = (
+                    cast(torch.Tensor, loaded) + 1.0
+                )  # (1 + w) RMSNorms, folded as the model folds its own
+            own[key] = loaded
+        return cls(target, layer_model, own)
+
+    # -- the DraftHead interface ---------------------------------------------------------------------
+
+    def embed(self, tokens: torch.Tensor, model: DecoderLM) -> torch.Tensor:
+        return model.embed_tokens(tokens)
+
+    def fuse(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's last hidden states (before its final norm) -> what the head reads: after it."""
+        return rms_norm(hidden, self.target.norm, self.eps)
+
+    def qkv(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+        """(q [N, h, d] and k [N, kvh, d] rotated, v [N, kvh, d], (residual, output gate))."""
+        layer = self.layer
+        joined = torch.cat(
+            [rms_norm(embeds, self.norm_embed, self.eps), rms_norm(hidden, self.norm_hidden, self.eps)], -1
+        )
+        x = linear(joined, self.fc)
+        n, h, kvh, d = x.shape[0], layer.heads, layer.kv_heads, layer.head_dim
+        y = linear(rms_norm(x, layer.attn_norm, layer.eps), layer.qkv)
+        q_gate = y[:, : 2 * h * d].view(n, h, 2 * d)
+        k = y[:, 2 * h * d : (2 * h + kvh) * d].view(n, kvh, d)
+        v = y[:, (2 * h + kvh) * d :].view(n, kvh, d)
+        qk = rms_norm(torch.cat((q_gate[..., :d], k), dim=1), None, layer.eps) * layer.qk_norm
+        cos, sin = self.target.rotary(positions, x.dtype)
+        qk = apply_rope(qk, cos, sin)
+        return qk[:, :h], qk[:, h:], v, (x, q_gate[..., d:])
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        q_positions: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_positions: torch.Tensor,
+    ) -> torch.Tensor:
+        """One sequence's rows q [m, h, d] over its cached k/v [n, kvh, d], causal by position: [m, h*d]."""
+        group = q.shape[1] // k.shape[1]
+        keys = k.repeat_interleave(group, dim=1).transpose(0, 1)
+        values = v.repeat_interleave(group, dim=1).transpose(0, 1)
+        allowed = k_positions[None, :] <= q_positions[:, None]
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), keys, values, attn_mask=allowed[None], scale=self.scale
+        )
+        return out.transpose(0, 1).reshape(q.shape[0], -1)
+
+    def finish(self, attn: torch.Tensor, carry: Any) -> torch.Tensor:
+        """Attention output [N, h*d] -> the layer's output [N, hidden] (before the head's norm)."""
+        residual, gate = carry
+        layer = self.layer
+        n = attn.shape[0]
+        gated = attn.view(n, layer.heads, layer.head_dim) * torch.sigmoid(gate)
+        x = residual + linear(gated.reshape(n, -1), layer.o)
+        return x + layer.mlp(rms_norm(x, layer.mlp_norm, layer.eps))
+
+    def feedback(self, out: torch.Tensor) -> torch.Tensor:
+        """The hidden state the next draft reads: the head's normed output."""
+        return rms_norm(out, self.layer_model.norm, self.eps)
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """Layer output [N, hidden] -> logits over the target's vocabulary, through its LM head."""
+        target = self.target
+        head = target.embed if target.lm_head is None else target.lm_head
+        return linear(self.feedback(out), cast(Weight, head))
