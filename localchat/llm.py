@@ -16,6 +16,7 @@ from localchat.engine.sampling_params import SamplingParams
 from localchat.serving.assembly import engine_for
 from localchat.serving.chat_render import chat_tokens
 from localchat.serving.draft_model import draft_runner_for, eagle_proposer_for
+from localchat.serving.mtp import mtp_for_method
 
 Messages = list[dict[str, Any]]
 SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -51,7 +52,7 @@ class LLM:
         speculative: str | None = None,
         draft_model: str | Path | None = None,
     ) -> None:
-        """`speculative` (off, ngram, draft, eagle, auto) overrides `engine_config.speculative.method`, as
+        """`speculative` (off, ngram, draft, eagle, mtp, auto) overrides `engine_config.speculative.method`, as
         the server's --speculative (auto: picked for the model and device at load); `draft_model`: the
         draft model (a models.yaml name, GGUF file or folder) of `draft`, or the EAGLE-3 head's folder of
         `eagle` (docs/speculative.md)."""
@@ -79,6 +80,8 @@ class LLM:
             draft_runner_for(draft, backend, self.model, name, options) if method == "draft" else None
         )
         proposer = eagle_proposer_for(draft, self.runner, self.model, name) if method == "eagle" else None
+        if method in ("mtp", "auto"):  # the model's own head (auto: when its files carry one)
+            proposer = mtp_for_method(method, self.runner, self.model, name)
         self.engine = engine_for(self.model, self.runner, config, draft_runner, proposer)
         self.tokenizer = self.model.tokenizer
         self.template = ChatTemplate(self.model.chat_template)

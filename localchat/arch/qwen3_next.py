@@ -149,6 +149,7 @@ QWEN3_5_PREFIXES: dict[str, str | None] = {
     "language_model.lm_head.": "lm_head.",
     "model.visual.": None,
     "visual.": None,
+    "model.mtp.": "mtp.",
 }
 MTP_PREFIX = "mtp."
 

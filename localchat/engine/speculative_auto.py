@@ -1,4 +1,5 @@
-"""`--speculative auto`: the method picked per model and device at load, from what was measured
+"""`--speculative auto`: the model's own multi-token-prediction head when its checkpoint ships one
+(serving/mtp.py attaches it); else the method picked per model and device at load, from what was measured
 (docs/speculative.md, "Default"): n-gram lookup for models of 1B parameters or more on the torch CPU
 backend, where it won on copying (1.75-2.02x on Qwen2.5-Coder-1.5B) and did not lose on free writing
 (1.00-1.14x); off elsewhere: on SmolLM2-135M free writing lost 6-11%, on CUDA a step with drafts leaves
@@ -18,6 +19,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 AUTO_MIN_PARAMETERS = 1_000_000_000
+# A checkpoint that ships a trained MTP head (Qwen3.5, Qwen3-Next): the head its makers trained to draft
+# for it, and the proposer vLLM and SGLang use for these models. Not measured on real weights here
+# (docs/speculative.md, "MTP heads").
+MTP_REASON = "the checkpoint ships a multi-token-prediction head trained to draft for it"
 
 
 def approx_parameters(config: ModelConfig) -> int:
@@ -42,12 +47,18 @@ def choose_auto(num_parameters: int, device_name: str) -> tuple[str, str]:
     return "ngram", f"{size} on CPU: n-gram won on copying and did not lose on free writing (1.5B)"
 
 
-def resolve_auto(config: EngineConfig, model: ModelConfig, device_name: str) -> EngineConfig:
+def resolve_auto(
+    config: EngineConfig, model: ModelConfig, device_name: str, mtp_head: bool = False
+) -> EngineConfig:
     """`config` with `auto` replaced by the method chosen for this model and device (logged, and kept in
-    `SpeculativeConfig.auto_reason` for /metrics); any other method unchanged."""
+    `SpeculativeConfig.auto_reason` for /metrics); any other method unchanged. `mtp_head`: the model's own
+    multi-token-prediction head was attached (serving/mtp.py), which `auto` then uses."""
     spec = config.speculative
     if spec.method != "auto":
         return config
-    method, why = choose_auto(approx_parameters(model), device_name)
+    if mtp_head:
+        method, why = "mtp", MTP_REASON
+    else:
+        method, why = choose_auto(approx_parameters(model), device_name)
     log.info("--speculative auto picked %s: %s", method, why)
     return replace(config, speculative=replace(spec, method=method, auto_reason=why))

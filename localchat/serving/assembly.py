@@ -17,6 +17,7 @@ from localchat.errors import LocalchatError
 from localchat.mcp import McpHub, load_mcp_config
 from localchat.serving.context import ServerContext
 from localchat.serving.draft_model import load_draft_runner, load_eagle_proposer
+from localchat.serving.mtp import load_mtp_proposer
 from localchat.serving.tool_parsers import pick_parser
 from localchat.settings_rules import MIN_CONTEXT_TOKENS
 
@@ -41,7 +42,8 @@ def engine_for(
     """The engine that drives `runner` for `bundle` (the server's and the `LLM` library API's).
     `draft_runner` / `proposer`: what --speculative draft / eagle loaded (serving/draft_model.py)."""
     tokenizer = bundle.tokenizer
-    config = resolve_auto(config, bundle.config, runner.device_name)  # --speculative auto: pick now
+    mtp = proposer is not None and config.speculative.method == "auto"  # auto attached the model's MTP head
+    config = resolve_auto(config, bundle.config, runner.device_name, mtp)  # --speculative auto: pick now
     return LLMEngine(
         runner,
         tokenizer,
@@ -127,6 +129,7 @@ def build_context(
     )
     draft_runner = load_draft_runner(settings, bundle, model_id, options, target, progress)
     proposer = load_eagle_proposer(settings, runner, bundle, model_id, target, progress)
+    proposer = proposer or load_mtp_proposer(settings, runner, bundle, model_id)
     engine = engine_for(bundle, runner, settings.engine_config(), draft_runner, proposer)
     tokenizer = bundle.tokenizer
     template = ChatTemplate(

@@ -187,7 +187,9 @@ def bigram(hf: Any) -> tuple[Any, dict[str, torch.Tensor]]:
     return target, mtp
 
 
-def test_drafts_and_logits_equal_the_reference_head(hf: Any) -> None:
+@pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_next"])
+def test_drafts_and_logits_equal_the_reference_head(hf: Any, kind: str) -> None:
+    hf = hf if kind == "qwen3_5" else tiny_qwen3_next()  # Qwen3-Next: the MTP layer's MLP is a MoE
     mtp = mtp_tensors(hf, seed=1)
     eng = engine(bundle(hf, mtp), "mtp")
     proposer: Any = eng.scheduler.proposer
@@ -255,13 +257,55 @@ def test_model_load_skips_the_head_and_a_model_without_one_is_refused(hf: Any) -
     assert runner.hidden_taps is None  # nothing is filed until a head is attached
 
 
-def test_saved_folder_with_mtp_tensors_loads(tmp_path: Path, hf: Any) -> None:
-    hf.save_pretrained(tmp_path)
-    file = tmp_path / "model.safetensors"
-    save_file({**load_file(str(file)), **mtp_tensors(hf, seed=1)}, str(file))
+def save(hf: Any, folder: Path, mtp: dict[str, torch.Tensor]) -> Path:
+    """`hf` saved by transformers, the `mtp.*` tensors added to its safetensors file."""
+    hf.save_pretrained(folder)
+    file = folder / "model.safetensors"
+    save_file({**load_file(str(file)), **mtp}, str(file))
     vocab = {f"t{i}": i for i in range(VOCAB)}
-    (tmp_path / "tokenizer.json").write_text(Tokenizer(models.WordLevel(vocab, unk_token="t0")).to_str())
-    folder = load_model(tmp_path)
-    runner = fp32_runner(folder)
-    proposer = attach_mtp(runner, folder.iter_weights(), "tiny", VOCAB)
-    assert proposer.head.fc is not None  # type: ignore[attr-defined]
+    (folder / "tokenizer.json").write_text(Tokenizer(models.WordLevel(vocab, unk_token="t0")).to_str())
+    return folder
+
+
+def tiny_qwen3_next() -> Any:
+    """Qwen3-Next (every MLP a sparse MoE with a shared expert; DeltaNet projections grouped on disk)."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    from tests.backends.test_qwen3_next import TINY
+    from tests.backends.test_qwen3_next_moe import MOE
+
+    torch.manual_seed(0)
+    config = Qwen3NextConfig(**TINY, **MOE, norm_topk_prob=True, decoder_sparse_step=1)
+    model = Qwen3NextForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if not name.endswith(("A_log", "dt_bias")):
+                param.copy_(0.25 * torch.randn_like(param))
+    return model
+
+
+def test_llm_api_mtp_and_auto_on_a_qwen3_next_folder(tmp_path: Path) -> None:
+    """A saved Qwen3-Next folder with a MoE MTP layer: `mtp` and `auto` (which picks the head) give plain
+    greedy's tokens; the same folder without the head: `mtp` is refused, `auto` picks as before."""
+    from localchat import LLM
+    from localchat.serving.mtp import has_mtp_head
+
+    hf = tiny_qwen3_next()
+    with_head = save(hf, tmp_path / "with", mtp_tensors(hf, seed=3))
+    without = save(hf, tmp_path / "without", {})
+    assert any(".mlp.experts." in n for n in mtp_tensors(hf, seed=3))  # the MTP layer is a MoE layer too
+    prompt = prompts()[0]
+    params = SamplingParams(max_tokens=16, temperature=0.0)
+    plain = LLM(with_head, backend="torch", dtype="float32", speculative="off").generate([prompt], params)
+    for method in ("mtp", "auto"):
+        llm = LLM(with_head, backend="torch", dtype="float32", speculative=method)
+        assert llm.engine.config.speculative.method == "mtp", method
+        assert llm.generate([prompt], params)[0].token_ids == plain[0].token_ids
+        assert llm.engine.spec_draft_tokens > 0
+    assert has_mtp_head(load_model(with_head)) and not has_mtp_head(load_model(without))
+    with pytest.raises(MtpLoadError, match="no multi-token-prediction head"):
+        LLM(without, backend="torch", dtype="float32", speculative="mtp")
+    assert (
+        LLM(without, backend="torch", dtype="float32", speculative="auto").engine.config.speculative.method
+        != "mtp"
+    )
