@@ -10,7 +10,8 @@ step total, in wall time and in the engine thread's CPU time (steadier on a busy
 repeats the measurement and prints each part's median; `--ab` alternates rounds with this session's
 Python fast paths off (the sampler's greedy argmax, RoPE rows from cached tables) in the same process;
 `--ab-lean` alternates rounds with the decode-only steps' lean inputs off (engine/batch.py's and the
-attention metadata's general builders instead).
+attention metadata's general builders instead); `--ab-one-row` alternates rounds with the one-row step
+(backends/torch/cpu/one_row.py) off.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from localchat import LLM, SamplingParams
 from localchat.backends.torch import sampler
 from localchat.backends.torch.attention_meta import AttentionMetadata
 from localchat.backends.torch.cpu import decode_step
+from localchat.backends.torch.cpu.one_row import OneRowStep
 from localchat.backends.torch.layers import Rotary
 from localchat.engine import batch
 
@@ -37,6 +39,7 @@ _GREEDY = sampler.greedy_tokens
 _ROTARY = Rotary.__call__
 _DECODE_ROWS = batch._decode_rows
 _FROM_BATCH = AttentionMetadata.__dict__["from_batch"]
+_ONE_ROW = OneRowStep.takes
 PROMPT = [{"role": "user", "content": "Write a Python function that merges two sorted lists."}]
 
 
@@ -73,6 +76,8 @@ def instrument(llm: LLM, timers: Timers) -> None:
     fused = model.decode_plan()
     assert fused is not None, "the model does not take the fused decode step"
     decode_step.FusedDecode.run = timers.wrap("c_layers", decode_step.FusedDecode.run)  # type: ignore[method-assign]
+    if isinstance(lean := runner._one_row, OneRowStep):  # the one-row step's C call alone (its Python:
+        lean.call = timers.wrap("c_layers", lean.call)  # runner_other; FusedDecode.run's: c_layers)
     from localchat.backends.torch import runner as runner_module
 
     runner_module.sample = timers.wrap("sample", runner_module.sample)
@@ -116,6 +121,11 @@ def lean_paths(on: bool) -> None:
     AttentionMetadata.from_batch = _FROM_BATCH if on else general  # type: ignore[assignment]
 
 
+def one_row_paths(on: bool) -> None:
+    """The one-row step on, or off (the general path), for --ab-one-row."""
+    OneRowStep.takes = _ONE_ROW if on else (lambda *args: False)  # type: ignore[method-assign]
+
+
 def _measure(llm: LLM, timers: Timers, tokens: int) -> dict[str, float]:
     timers.ns.clear()
     timers.cpu.clear()
@@ -143,13 +153,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ab", action="store_true", help="alternate rounds with the fast paths off")
     parser.add_argument("--ab-lean", action="store_true", help="alternate rounds with the lean inputs off")
+    parser.add_argument(
+        "--ab-one-row", action="store_true", help="alternate rounds with the one-row step off"
+    )
     args = parser.parse_args()
     llm = LLM(args.model)
     decode(llm, 8, None)
     timers = Timers()
     instrument(llm, timers)
-    modes = ("on", "off") if args.ab or args.ab_lean else ("on",)
-    switch = lean_paths if args.ab_lean else fast_paths
+    modes = ("on", "off") if args.ab or args.ab_lean or args.ab_one_row else ("on",)
+    switch = lean_paths if args.ab_lean else one_row_paths if args.ab_one_row else fast_paths
     rows: dict[str, dict[str, list[float]]] = {m: defaultdict(list) for m in modes}
     for _ in range(args.rounds):
         for mode in modes:
@@ -163,7 +176,7 @@ def main() -> None:
     ]  # fmt: skip
     for mode in modes:
         got = rows[mode]
-        label = "lean inputs" if args.ab_lean else "fast paths"
+        label = "lean inputs" if args.ab_lean else "one-row step" if args.ab_one_row else "fast paths"
         print(f"{label} {mode}: {statistics.median(got['tok_s']):.1f} tok/s (median of {args.rounds})")
         print(f"{'part':<14} {'wall µs/token':>14} {'CPU µs/token':>13}")
         for k in order:

@@ -51,16 +51,28 @@ class Rotary:
         """A decode step's row from the tables of its ROPE_CHUNK positions, computed by the same
         elementwise ops as a one-row call, so bit for bit its values (tests/backends/test_rope_chunks.py):
         ~0.08 ms of ten small torch ops a token becomes a slice (NOTE: real Qwen2.5-Coder-1.5B, #34)."""
-        first = position - position % ROPE_CHUNK
+        row = position % ROPE_CHUNK
+        cos, sin = self._chunk(position - row, dtype)
+        return cos[row : row + 1], sin[row : row + 1]
+
+    def row_addresses(self, position: int, dtype: torch.dtype) -> tuple[int, int]:
+        """The addresses of `_one`'s cos and sin rows (the one-row decode step's C call reads them in place:
+        two tensor slices a token fewer, cpu/one_row.py). The tables stay alive until ROPE_CHUNKS_KEPT
+        others replace them, after the step that read them."""
+        row = position % ROPE_CHUNK
+        cos, sin = self._chunk(position - row, dtype)
+        offset = row * cos.stride(0) * cos.element_size()
+        return cos.data_ptr() + offset, sin.data_ptr() + offset
+
+    def _chunk(self, first: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cos/sin tables [ROPE_CHUNK, 1, d] of the positions from `first` (contiguous)."""
         tables = self._chunks.get((first, dtype))
         if tables is None:
             if len(self._chunks) >= ROPE_CHUNKS_KEPT:
                 self._chunks.clear()
             span = torch.arange(first, first + ROPE_CHUNK, device=self.inv_freq.device)
             tables = self._chunks[first, dtype] = self._tables(span, dtype)
-        row = position - first
-        cos, sin = tables
-        return cos[row : row + 1], sin[row : row + 1]
+        return tables
 
     def _tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, d/2]

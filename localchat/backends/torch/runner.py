@@ -38,7 +38,7 @@ import mmap
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -48,6 +48,7 @@ from localchat.backend_settings import resolve_backend_variables, settings_in_ef
 from localchat.backends import RunnerOptions
 from localchat.backends.pooling import Pooler
 from localchat.backends.torch.attention import AttentionMetadata
+from localchat.backends.torch.cpu.one_row import OneRowStep
 from localchat.backends.torch.cpu.onednn_caches import bound_matmul_caches
 from localchat.backends.torch.cpu.threads import ThreadGovernor
 from localchat.backends.torch.cuda.cuda_graphs import DecodeGraphs
@@ -75,10 +76,7 @@ from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-
     from localchat.backends.torch.eagle3_proposer import Eagle3Proposer, HiddenTaps
-    from localchat.weights.tensors import WeightTensor
 
 log = logging.getLogger(__name__)
 bound_matmul_caches()  # before any matmul runs: oneDNN reads its cache sizes once
@@ -146,6 +144,7 @@ class TorchRunner:
         # See the module docstring: torch's bf16 GEMV beats oneDNN for one-row matmuls on CPU.
         self._native_gemv = self.device.type == "cpu" and self.dtype == torch.bfloat16
         self.hidden_taps: HiddenTaps | None = None  # set by eagle3_proposer: layer inputs for the head
+        self._one_row: OneRowStep | Literal[False] | None = False  # False: not planned yet (first step)
 
     def settings(self) -> contextlib.AbstractContextManager[None]:
         """This runner's backend settings in effect for what runs inside (load, steps, graph capture)."""
@@ -285,15 +284,6 @@ class TorchRunner:
 
         return attach_eagle3(self, head_path, target_name, token_limit)
 
-    def mtp_proposer(
-        self, weights: Iterable[WeightTensor], target_name: str, token_limit: int
-    ) -> Eagle3Proposer:
-        """`--speculative mtp`: the checkpoint's own multi-token-prediction head (its `mtp.*` tensors
-        among `weights`), attached the same way (mtp_proposer.py)."""
-        from localchat.backends.torch.mtp_proposer import attach_mtp
-
-        return attach_mtp(self, weights, target_name, token_limit)
-
     def compute_logits(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> torch.Tensor:
         """Like `execute_model` but returns the float32 logits [num_sampled, vocab] (tests, debugging)."""
         self._update_states(scheduler_output)
@@ -317,6 +307,12 @@ class TorchRunner:
     def _logits(self, batch: BatchInputs) -> torch.Tensor:
         # block_size, not kv_caches: a pipeline stage of state-slot layers only has no K/V layer
         assert self.block_size and batch.block_size == self.block_size, "initialize_kv_cache first"
+        if self._one_row is False:
+            self._one_row = OneRowStep.plan(self)
+        lean = self._one_row
+        if lean and lean.takes(batch, self.kv_caches) and not self.pooler.counts and self.hidden_taps is None:
+            with self._matmul_backend(1):  # one decode token of one stream: cpu/one_row.py
+                return self.model.logits(lean.hidden(batch))
         if batch.kv_copies:  # partial prefix reuse: before anything of this step writes the cache
             src, dst = (torch.from_numpy(a).to(self.device) for a in batch.kv_copy_slots())
             copy_slots(self.kv_caches, src, dst)
