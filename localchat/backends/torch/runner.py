@@ -76,7 +76,10 @@ from localchat.weights.bundle import ModelBundle
 from localchat.weights.config import ModelConfig
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from localchat.backends.torch.eagle3_proposer import Eagle3Proposer, HiddenTaps
+    from localchat.weights.tensors import WeightTensor
 
 log = logging.getLogger(__name__)
 bound_matmul_caches()  # before any matmul runs: oneDNN reads its cache sizes once
@@ -283,6 +286,15 @@ class TorchRunner:
         from localchat.backends.torch.eagle3_proposer import attach_eagle3
 
         return attach_eagle3(self, head_path, target_name, token_limit)
+
+    def mtp_proposer(
+        self, weights: Iterable[WeightTensor], target_name: str, token_limit: int
+    ) -> Eagle3Proposer:
+        """`--speculative mtp`: the checkpoint's own multi-token-prediction head (its `mtp.*` tensors
+        among `weights`), attached the same way (mtp_proposer.py)."""
+        from localchat.backends.torch.mtp_proposer import attach_mtp
+
+        return attach_mtp(self, weights, target_name, token_limit)
 
     def compute_logits(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> torch.Tensor:
         """Like `execute_model` but returns the float32 logits [num_sampled, vocab] (tests, debugging)."""
