@@ -43,22 +43,23 @@ REQUANTIZED = {
     "TQ2_0": 2,
 }
 # Exactly mapped with their own group sizes (backends/mlx/lowbit.py): type -> (bits, values per group).
-# NVFP4 in MLX's "nvfp4" mode (uint8 e4m3 scales, no bias), Q1_0 / Q2_0 as affine groups of a block.
-LOWBIT_GROUPS = {"NVFP4": (4, 16), "Q1_0": (1, 128), "Q2_0": (2, 64)}
+# NVFP4 / MXFP4 in MLX's "nvfp4" / "mxfp4" modes (uint8 e4m3 / e8m0 scales, no bias), Q1_0 / Q2_0 as
+# affine groups of a block. Stacked experts (3-D) keep the same form (backends/mlx/models/moe.py).
+LOWBIT_GROUPS = {"NVFP4": (4, 16), "MXFP4": (4, 32), "Q1_0": (1, 128), "Q2_0": (2, 64)}
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
 def mlx_tensor_bytes(qtype: str, dims: Sequence[int], stored: int, value_bytes: int) -> int:
     """The bytes MLX holds for a GGUF tensor of type `qtype` (`dims` innermost first, as GGUF lists them;
     `stored`: its size in the file) with `value_bytes` per value of the compute dtype: float tensors and
-    types without an MLX group form at the compute dtype, MXFP4 (gpt-oss's experts) as stored (MLX's
-    mxfp4 holds the same 17 bytes per 32), NVFP4 / Q1_0 / Q2_0 matrices at LOWBIT_GROUPS, matrices
-    (3-D: stacked experts, each its own matrix) of the types above at their bits plus a scale and bias per 32 values. Mirrors quant.to_weight / to_embedding
+    types without an MLX group form at the compute dtype, MXFP4 as stored (MLX's mxfp4 holds the same 17
+    bytes per 32), NVFP4 / Q1_0 / Q2_0 matrices at LOWBIT_GROUPS, matrices (3-D: stacked experts, each its
+    own matrix) of the types above at their bits plus a scale and bias per 32 values. Mirrors quant.to_weight / to_embedding
     as weights.load_decoder calls them."""
     values = prod(dims)
     if qtype == "MXFP4":
         return stored
-    if qtype in LOWBIT_GROUPS and len(dims) == 2:
+    if qtype in LOWBIT_GROUPS and len(dims) in (2, 3):
         width, group = LOWBIT_GROUPS[qtype]
         per_group = 1 if qtype == "NVFP4" else 2 * value_bytes  # an e4m3 byte, or scale and bias
         return values * width // 8 + values // group * per_group

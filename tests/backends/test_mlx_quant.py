@@ -153,17 +153,19 @@ def test_16_value_k_quants_are_requantized_within_half_a_step(qtype: str, bits: 
     np.testing.assert_allclose(got, x @ ours.T, rtol=1e-4, atol=1e-4 * np.abs(ours).max())
 
 
-def test_other_types_and_dense_weights_are_dense() -> None:
-    """MXFP4 (a table-indexed type with no affine form, not re-quantized) is dequantized; so are float
-    weights. (The i-quants are re-quantized: test_mlx_iquants.py.)"""
+def test_mxfp4_keeps_its_mlx_form_and_float_weights_are_dense() -> None:
+    """Float weights are dense. MXFP4 (no affine form) keeps MLX's mxfp4 mode, every value the file's
+    (tests/backends/test_mlx_moe_quant.py); the i-quants are re-quantized (test_mlx_iquants.py)."""
     rng = np.random.default_rng(4)
     values = rng.standard_normal((8, 256)).astype(np.float32)
     blocks = rng.integers(0, 256, size=(8, 8, 17), dtype=np.uint8)  # 8 blocks of 32: e8m0, 16 bytes of codes
     blocks[..., 0] = 126  # scale 2^-2 (as ggml reads it)
     blocks = blocks.reshape(8, -1)
     weight = to_weight(WeightTensor("w", (8, 256), "MXFP4", blocks), mx.float32)
-    assert isinstance(weight, DenseWeight) and weight.shape == (8, 256)
-    np.testing.assert_array_equal(np.array(weight.wt).T, dequantize(blocks, GGMLQuantizationType.MXFP4))
+    assert isinstance(weight, QuantizedWeight) and weight.mode == "mxfp4" and weight.shape == (8, 256)
+    np.testing.assert_array_equal(
+        np.array(weight.dequantized()), dequantize(blocks, GGMLQuantizationType.MXFP4)
+    )
     bf16 = (values.view(np.uint32) >> 16).astype(np.uint16)
     dense = to_weight(WeightTensor("w", (8, 256), "BF16", bf16), mx.float32)
     assert isinstance(dense, DenseWeight)

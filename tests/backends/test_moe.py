@@ -205,15 +205,15 @@ def test_moe_spec_reads_sparse_layers_and_rejects_nonsense() -> None:
 
 
 @pytest.mark.mlx
-def test_mlx_experts_in_mixed_formats_stack_dense() -> None:
-    """gather_qmm needs one quantized format for all experts; a Q4_0 gate next to a Q8_0 up (as a
-    mixed-quant file may hold) is stacked dense instead, with the same values."""
+def test_mlx_experts_in_mixed_formats_stack_apart() -> None:
+    """gather_qmm needs one quantized format per stack; a Q4_0 gate next to a Q8_0 up (as a mixed-quant
+    file may hold) stacks as two quantized row blocks (RowStacks, one gathered matmul each), same values."""
     mx = pytest.importorskip("mlx.core")
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
 
-    from localchat.backends.mlx.models.moe import SparseMoe
-    from localchat.backends.mlx.quant import DenseWeight, to_weight
+    from localchat.backends.mlx.models.moe import RowStacks, SparseMoe
+    from localchat.backends.mlx.quant import QuantizedWeight, to_weight
 
     spec = MoeSpec(experts=2, top_k=1, renormalize=True, expert_size=32, sparse_layers=frozenset({0}))
     moe = SparseMoe(spec, hidden=64)
@@ -231,7 +231,11 @@ def test_mlx_experts_in_mixed_formats_stack_dense() -> None:
         expert.down = to_weight(down, mx.float32)
         sources.append((np.concatenate((gate.dequantize(), up.dequantize())), down.dequantize()))
     moe.finish()
-    assert isinstance(moe.gate_up, DenseWeight) and moe.gate_up.wt.shape == (2, 64, 64)
+    assert isinstance(moe.gate_up, RowStacks)
+    assert [(p.bits, p.packed.shape[0]) for p in moe.gate_up.parts if isinstance(p, QuantizedWeight)] == [
+        (4, 2),
+        (8, 2),
+    ]
     x = rng.standard_normal((3, 64)).astype(np.float32)
     out = np.array(moe.forward(mx.array(x)))
     router = np.array(

@@ -12,6 +12,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import IQ4_NL
 
+from tests.helpers.lowbit import any_rank
+
 KVALUES = np.array(IQ4_NL.kvalues, dtype=np.float32)
 
 
@@ -72,7 +74,7 @@ def quantize_iq4_xs(data: np.ndarray) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
-IQ_QUANTIZERS = {"IQ4_NL": quantize_iq4_nl, "IQ4_XS": quantize_iq4_xs}
+IQ_QUANTIZERS = {"IQ4_NL": any_rank(quantize_iq4_nl), "IQ4_XS": any_rank(quantize_iq4_xs)}
 
 # where each type keeps its float16 scale (byte offset in the block); IQ1_M spreads it over the top
 # nibbles of its four 16-bit scale words (bytes 48-55)

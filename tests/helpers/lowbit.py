@@ -4,6 +4,8 @@ of them. Used by the tiny GGUF writer (tests/helpers/tiny_gguf.py) and the kerne
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from localchat.weights.lowbit import E2M1_DOUBLED, LOWBIT_TYPES, UE4M3_HALF
@@ -67,7 +69,20 @@ def quantize_q2_0(data: np.ndarray) -> np.ndarray:
     return np.concatenate([_f16(d), packed], axis=-1).reshape(rows, -1)
 
 
-LOWBIT_QUANTIZERS = {"NVFP4": quantize_nvfp4, "Q1_0": quantize_q1_0, "Q2_0": quantize_q2_0}
+def any_rank(encode: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    """The encoder over the last axis of any-rank data (a stacked [experts, rows, cols] tensor), leading
+    axes kept: the GGUF writer reads the tensor's shape from the blocks' shape."""
+
+    def encode_rows(data: np.ndarray) -> np.ndarray:
+        return encode(data.reshape(-1, data.shape[-1])).reshape(*data.shape[:-1], -1)
+
+    return encode_rows
+
+
+LOWBIT_QUANTIZERS = {
+    name: any_rank(encode)
+    for name, encode in (("NVFP4", quantize_nvfp4), ("Q1_0", quantize_q1_0), ("Q2_0", quantize_q2_0))
+}
 
 
 def random_lowbit_blocks(qtype: str, rows: int, cols: int, seed: int, any_scale: bool = False) -> np.ndarray:

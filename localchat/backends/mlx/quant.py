@@ -9,8 +9,8 @@ range), Q6_K to 8 bits (8.5 bits per weight instead of 6.56), Q3_K to 5 (6 inste
 (5 instead of 2.63), against 16 dequantized. The i-quants (codebook grids, no affine form) are re-quantized
 the same way, each to the fewest bits whose error stays within 5% of the type's own (table at
 REQUANTIZED); the ternary TQ1_0 / TQ2_0 ({-d, 0, d}) map exactly onto 2-bit groups (scale d, bias -d).
-NVFP4, Q1_0 and Q2_0 map exactly onto MLX's nvfp4 mode and 1- / 2-bit affine groups of a block
-(localchat/backends/mlx/lowbit.py).
+NVFP4, MXFP4, Q1_0 and Q2_0 map exactly onto MLX's nvfp4 / mxfp4 modes and 1- / 2-bit affine groups of
+a block (localchat/backends/mlx/lowbit.py). Expert stacks keep each of these forms (models/moe.py).
 Other quantized types are dequantized to the compute dtype. Hugging Face GPTQ / AWQ / compressed-tensors int4 and FP8 / int8 linears arrive as Q4_1 / Q4_0 /
 Q8_0 blocks (weights/hf_quant.py; their error against the checkpoint is stated there) and map the same way.
 
@@ -61,13 +61,13 @@ class QuantizedWeight:
     """A matrix `[out, in]` in MLX affine group quantization."""
 
     packed: mx.array  # uint32 [out, in * bits / 32]
-    scales: mx.array  # [out, in / group_size], the compute dtype (uint8 e4m3 in mode "nvfp4")
+    scales: mx.array  # [out, in / group_size], the compute dtype (uint8 e4m3 / e8m0 in "nvfp4" / "mxfp4")
     biases: mx.array | None  # [out, in / group_size]; None in mode "nvfp4"
     bits: int
     group_size: int = GROUP_SIZE
     # Steps with at least this many rows dequantize the matrix for a dense GEMM (0: never); see `linear`.
     dense_from_rows: int = 0
-    mode: str = "affine"  # or "nvfp4" (GGUF NVFP4, backends/mlx/lowbit.py)
+    mode: str = "affine"  # or "nvfp4" / "mxfp4" (GGUF NVFP4 / MXFP4, backends/mlx/lowbit.py)
     # The dense values' dtype where the scales do not give it (nvfp4's are uint8 e4m3); None: the scales'.
     dtype: mx.Dtype | None = None
 

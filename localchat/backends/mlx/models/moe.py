@@ -2,14 +2,23 @@
 
 router -> softmax -> top-k (renormalised where the spec says) -> each chosen expert's SwiGLU -> the
 weighted sum. Experts load one by one like any matrix, then `finish()` stacks them into [experts, ...]
-arrays so a step runs `mx.gather_mm` (or `mx.gather_qmm` when every expert kept the same MLX quantized
-format): two gathered matmuls for the whole step, no loop over tokens or experts, no host sync. Experts
-whose formats differ (e.g. a Q4_0 gate next to a Q8_0 up) are stacked dense, in the compute dtype
-(float32 on MLX's CPU, whose gather_mm takes nothing else). Hugging Face FP8 / 8-bit experts arrive as Q8_0
-blocks and stack as 8-bit groups of 32 like a GGUF Q8_0 file's (tests/backends/test_mlx_fp8_moe_mla.py).
+arrays so a step runs `mx.gather_mm` (or `mx.gather_qmm`): two gathered matmuls for the whole step, no
+loop over tokens or experts, no host sync.
+
+Experts stay in the MLX form each matrix took at load (quant.to_weight), stacked as they are, so a stack is
+exactly as exact as the dense layers are: affine groups of any bits and group size (GGUF Q4_0..Q8_0, the
+K-quants, the re-quantized Q6_K / Q3_K / Q2_K / i-quants, TQ1_0 / TQ2_0, Q1_0 / Q2_0; Hugging Face GPTQ /
+AWQ / compressed-tensors int4 and FP8 / int8 as Q4_1 / Q4_0 / Q8_0 blocks), "nvfp4" (GGUF NVFP4, Hugging
+Face NVFP4 folders) and "mxfp4" (MXFP4 experts of any family). mlx 0.32's gather_qmm takes all of these on
+CPU, in float32, bfloat16 and float16. A gate and an up in different forms (a Q4_0 gate beside a Q8_0 up)
+stack apart, one gathered matmul each, their outputs side by side (`RowStacks`). Only experts whose forms
+differ from one another, or a matrix with no MLX form (an NVFP4 scale byte 0xFF, act-order GPTQ), stack
+dense, in the compute dtype (float32 on MLX's CPU, whose gather_mm takes nothing else).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import mlx.core as mx
 
@@ -23,8 +32,19 @@ from localchat.weights.config import ModelConfig
 # From this many (token, expert) pairs they are sorted by expert, so each expert's rows form one block
 # for the gathered matmul (as mlx-lm does); MLX's CPU build ran both orders alike (moe_bench.py).
 SORT_FROM_PAIRS = 64
-# A stacked matrix: DenseWeight.wt [experts, in, out], or QuantizedWeight arrays with a leading expert dim.
-Stacked = DenseWeight | QuantizedWeight
+
+
+@dataclass(slots=True)
+class RowStacks:
+    """A stacked matrix kept as row blocks of different forms (gate | up): each gathered apart, the outputs
+    concatenated in order."""
+
+    parts: list[DenseWeight | QuantizedWeight]
+
+
+# A stacked matrix: DenseWeight.wt [experts, in, out], QuantizedWeight arrays with a leading expert dim,
+# or row blocks of those.
+Stacked = DenseWeight | QuantizedWeight | RowStacks
 
 
 class Expert(Layer):
@@ -90,6 +110,8 @@ class SparseMoe(Layer):  # a Layer for its declared-weights bookkeeping; called 
 
 
 def _gather(x: mx.array, w: Stacked, ids: mx.array, is_sorted: bool = False) -> mx.array:
+    if isinstance(w, RowStacks):
+        return mx.concatenate([_gather(x, part, ids, is_sorted) for part in w.parts], axis=-1)
     if isinstance(w, QuantizedWeight):
         return mx.gather_qmm(
             x,
@@ -100,6 +122,7 @@ def _gather(x: mx.array, w: Stacked, ids: mx.array, is_sorted: bool = False) -> 
             transpose=True,
             group_size=w.group_size,
             bits=w.bits,
+            mode=w.mode,
             sorted_indices=is_sorted,
         )
     if w.wt.dtype == mx.float32 and x.dtype != mx.float32:
@@ -115,23 +138,55 @@ def _parts(weight: Weight | list[Weight] | None) -> list[Weight]:
 
 
 def _stack(experts: list[list[Weight]]) -> Stacked:
-    """Per-expert matrices (each as its row parts) -> one stacked matrix, quantized where all agree."""
-    first = experts[0][0]
-    if isinstance(first, QuantizedWeight) and all(
-        len(parts) == 1
-        and isinstance(parts[0], QuantizedWeight)
-        and (parts[0].bits, parts[0].group_size, parts[0].mode) == (first.bits, first.group_size, "affine")
-        for parts in experts
-    ):
-        quantized = [parts[0] for parts in experts if isinstance(parts[0], QuantizedWeight)]
-        return QuantizedWeight(
-            mx.stack([q.packed for q in quantized]),
-            mx.stack([q.scales for q in quantized]),
-            mx.stack([q.biases for q in quantized if q.biases is not None]),  # affine: all have them
-            first.bits,
-            first.group_size,
-        )
-    dense = mx.stack([mx.concatenate([_dense_t(p) for p in parts], axis=1) for parts in experts])
+    """Per-expert matrices (each as its row parts) -> one stacked matrix: quantized where every expert's
+    matrix has one MLX form, else row block by row block where each block has one, else dense."""
+    whole = _stack_quantized([_whole(parts) for parts in experts])
+    if whole is not None:
+        return whole
+    if len({len(parts) for parts in experts}) == 1 and len(experts[0]) > 1:
+        blocks = [[parts[i] for parts in experts] for i in range(len(experts[0]))]
+        stacks = [_stack_quantized(block) for block in blocks]
+        if any(stack is not None for stack in stacks):
+            return RowStacks(
+                [
+                    s if s is not None else _stack_dense([[_dense_t(m)] for m in b])
+                    for s, b in zip(stacks, blocks, strict=True)
+                ]
+            )
+    return _stack_dense([[_dense_t(p) for p in parts] for parts in experts])
+
+
+def _whole(parts: list[Weight]) -> Weight | None:
+    """An expert's row parts as one matrix where they share a form (load already fused those), else None."""
+    return parts[0] if len(parts) == 1 else None
+
+
+def _form(weight: QuantizedWeight) -> tuple[object, ...]:
+    """What gather_qmm needs to agree across the stacked matrices."""
+    scales, biases = weight.scales.dtype, weight.biases is None
+    return (weight.bits, weight.group_size, weight.mode, weight.dtype, scales, biases, weight.shape)
+
+
+def _stack_quantized(matrices: list[Weight] | list[Weight | None]) -> QuantizedWeight | None:
+    """Matrices of one MLX quantized form stacked on a leading expert axis, or None."""
+    quantized = [m for m in matrices if isinstance(m, QuantizedWeight)]
+    if len(quantized) != len(matrices) or len({_form(q) for q in quantized}) != 1:
+        return None
+    first = quantized[0]
+    return QuantizedWeight(
+        mx.stack([q.packed for q in quantized]),
+        mx.stack([q.scales for q in quantized]),
+        None if first.biases is None else mx.stack([q.biases for q in quantized if q.biases is not None]),
+        first.bits,
+        first.group_size,
+        mode=first.mode,
+        dtype=first.dtype,
+    )
+
+
+def _stack_dense(experts: list[list[mx.array]]) -> DenseWeight:
+    """Each expert's row parts (dense [in, out] each) side by side, stacked."""
+    dense = mx.stack([mx.concatenate(parts, axis=1) for parts in experts])
     if mx.default_device() == mx.cpu:
         # MLX's CPU gather_mm runs float32 only (mlx 0.32: "[GatherMM::eval] Currently only supports
         # float32"): a CPU run in bf16 / fp16 would fail at its first step. Metal takes any float type.
@@ -148,6 +203,8 @@ def _dense_t(weight: Weight) -> mx.array:
 
 
 def _arrays(weight: Stacked | None) -> list[mx.array]:
+    if isinstance(weight, RowStacks):
+        return [a for part in weight.parts for a in _arrays(part)]
     if isinstance(weight, QuantizedWeight):
         return [weight.packed, weight.scales, *([] if weight.biases is None else [weight.biases])]
     return [] if weight is None else [weight.wt]
