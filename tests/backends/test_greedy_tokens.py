@@ -84,3 +84,21 @@ def test_only_plain_greedy_rows_take_the_fast_path(monkeypatch: pytest.MonkeyPat
 def test_off_the_fast_path_for_other_dtypes() -> None:
     assert greedy_tokens(torch.randn(2, 10, dtype=torch.float16)) is None
     assert greedy_tokens(torch.randn(10, 2).t()) is None  # not contiguous
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_one_row_steps_equal_torch_argmax(dtype: torch.dtype) -> None:
+    """A one-row step (one stream) takes scalar checks instead of the array ones: the same token for
+    every case row by row (negative, zero and tied maxima included), None for a row with a NaN."""
+    for logits in _cases(dtype):
+        for i in range(logits.shape[0]):
+            one = logits[i : i + 1].contiguous()
+            assert greedy_tokens(one) == one.float().argmax(dim=-1).tolist()
+    ints = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    for nan in (float("nan"), None):
+        logits = torch.randn(1, 100).to(dtype)
+        if nan is None:  # the sign bit set: a negative NaN, the largest unsigned pattern
+            logits.view(ints)[0, 7] = -64 if dtype == torch.bfloat16 else -4194304
+        else:
+            logits[0, 50] = nan
+        assert logits.isnan().any() and greedy_tokens(logits) is None
