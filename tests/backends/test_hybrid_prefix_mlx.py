@@ -12,21 +12,16 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 torch = pytest.importorskip("torch")
 
-from localchat.backends import RunnerOptions  # noqa: E402
-from localchat.backends.mlx.runner import MLXRunner  # noqa: E402
 from tests.helpers.hybrid_prefix_checks import (  # noqa: E402
     check_nested_prefixes,
     check_next_turn_and_regenerate,
     check_preemption_and_eviction,
     check_shared_prefix,
 )
+from tests.helpers.parity import mlx_runner  # noqa: E402  (float32 on MLX's CPU device, seed 0)
 from tests.helpers.tiny_hybrids import BUILDERS, runner_factory  # noqa: E402
 
 pytestmark = pytest.mark.mlx
-
-
-def mlx_runner(bundle: Any) -> MLXRunner:
-    return MLXRunner(bundle, RunnerOptions(device="cpu", dtype="float32", seed=0))
 
 
 def runners(build: Callable[..., Any], **overrides: object) -> Callable[[], Any]:

@@ -11,8 +11,6 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 torch = pytest.importorskip("torch")
 
-from localchat.backends import RunnerOptions  # noqa: E402
-from localchat.backends.mlx.runner import MLXRunner  # noqa: E402
 from localchat.weights.bundle import ModelBundle  # noqa: E402
 from tests.backends.test_hybrid_spec_torch import (  # noqa: E402
     assert_same,
@@ -20,14 +18,11 @@ from tests.backends.test_hybrid_spec_torch import (  # noqa: E402
     engine,
     run,
 )
+from tests.helpers.parity import mlx_runner  # noqa: E402  (float32 on MLX's CPU device, seed 0)
 from tests.helpers.tiny_hybrids import BUILDERS  # noqa: E402
 from tests.helpers.torch_models import bundle_from_hf  # noqa: E402
 
 pytestmark = pytest.mark.mlx
-
-
-def mlx_runner(bundle: ModelBundle) -> MLXRunner:
-    return MLXRunner(bundle, RunnerOptions(device="cpu", dtype="float32", seed=0))
 
 
 @pytest.fixture(scope="module", params=list(BUILDERS))
