@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 mx = pytest.importorskip("mlx.core")
 
@@ -19,9 +20,10 @@ from localchat.backends.mlx.models.moe import RowStacks, SparseMoe, _arrays  # n
 from localchat.backends.mlx.quant import REQUANTIZED, DenseWeight, QuantizedWeight, take_rows, to_weight  # noqa: E402
 from localchat.models import memory  # noqa: E402
 from localchat.weights.experts import split_experts  # noqa: E402
+from localchat.weights.hf_quant_blocks import RepackedLinear  # noqa: E402
 from localchat.weights.loader import load_model  # noqa: E402
 from localchat.weights.tensors import WeightTensor  # noqa: E402
-from tests.backends.test_moe import hf_state  # noqa: E402
+from tests.backends.test_moe import hf_state, hf_state_per_expert  # noqa: E402
 from tests.helpers.iquants import random_blocks  # noqa: E402
 from tests.helpers.parity import ATOL, GREEDY, PROMPT, Driver, hf_generate, mlx_runner  # noqa: E402
 from tests.helpers.parity import hf_logits_np as hf_logits  # noqa: E402
@@ -319,3 +321,79 @@ def test_mxfp4_linear_maps_exactly_onto_mlx_mxfp4() -> None:
     reference = WeightTensor("w", (rows, cols), "MXFP4", blocks).dequantize()
     np.testing.assert_array_equal(np.array(take_rows(weight, mx.arange(rows))), reference)
     assert weight.packed.nbytes + weight.scales.nbytes == blocks.nbytes  # 4.25 bits a weight, as the file
+
+
+def _hf_cases() -> dict[str, tuple[Any, dict[str, Any], tuple[str, int, int]]]:
+    from tests.backends.test_hf_nvfp4 import (
+        COMPRESSED_CONFIG,
+        MODELOPT_CONFIG,
+        compressed_quantizer,
+        modelopt_quantizer,
+    )
+    from tests.backends.test_hf_quant import CASES
+
+    return {
+        "gptq-g32": (*CASES["gptq-g32"], ("affine", 4, 32)),
+        "awq-g32": (*CASES["awq-g32"], ("affine", 4, 32)),
+        "ct-w4a16-g32": (*CASES["ct-w4a16-g32"], ("affine", 4, 32)),
+        "modelopt-nvfp4": (modelopt_quantizer, MODELOPT_CONFIG, ("nvfp4", 4, 16)),
+        "ct-nvfp4": (compressed_quantizer, COMPRESSED_CONFIG, ("nvfp4", 4, 16)),
+    }
+
+
+@pytest.mark.parametrize("case", ["gptq-g32", "awq-g32", "ct-w4a16-g32", "modelopt-nvfp4", "ct-nvfp4"])
+def test_quantized_hf_moe_folder_experts_stay_quantized(tmp_path: Path, case: str) -> None:
+    """A Hugging Face Qwen3-MoE folder with per-expert names (the hub's form) in GPTQ / AWQ /
+    compressed-tensors int4 / ModelOpt and compressed-tensors NVFP4: every expert matrix arrives as GGUF
+    blocks (weights/hf_quant.py, hf_nvfp4.py) and the stacks keep MLX's form of them; logits equal
+    transformers' on the checkpoint's values (as repacked)."""
+    from tests.helpers.parity import tiny_tokenizer_json
+    from tests.helpers.quant_folders import quantize_tensors, save_quantized
+
+    quantizer, qconfig, form = _hf_cases()[case]
+    hf = tiny_hf_model(
+        "qwen3_moe",
+        hidden_size=128,
+        head_dim=32,
+        num_experts=EXPERTS,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        norm_topk_prob=True,
+    )
+    hf.save_pretrained(tmp_path)  # type: ignore[operator]
+    named: list[tuple[str, torch.Tensor]] = []
+    for name, tensor in hf.state_dict().items():
+        prefix = name.removesuffix("gate_up_proj").removesuffix("down_proj")
+        if name.endswith("experts.gate_up_proj"):
+            gate, up = tensor.chunk(2, dim=1)
+            for e in range(EXPERTS):
+                named += [(f"{prefix}{e}.gate_proj.weight", gate[e]), (f"{prefix}{e}.up_proj.weight", up[e])]
+        elif name.endswith("experts.down_proj"):
+            named += [(f"{prefix}{e}.down_proj.weight", tensor[e]) for e in range(EXPERTS)]
+        else:
+            named.append((name, tensor))
+
+    def linears(name: str, tensor: torch.Tensor) -> Any:
+        return quantizer if "layers." in name and name.endswith("_proj.weight") else None
+
+    state, _ = quantize_tensors(named, linears)
+    save_quantized(tmp_path, state, qconfig, tiny_tokenizer_json())
+    bundle = load_model(tmp_path)
+    # the reference: the values as handed over (GGUF blocks; their error against the checkpoint is
+    # weights/hf_quant.py's and hf_nvfp4.py's to state), experts restacked for transformers
+    stream = list(bundle.iter_weights())
+    assert sum(isinstance(w, RepackedLinear) or w.dtype == "NVFP4" for w in stream) == 2 * (3 * EXPERTS + 4)
+    values = [w.blocks() if isinstance(w, RepackedLinear) else w for w in stream]
+    exact = [WeightTensor(w.name, w.shape, "F32", np.array(w.dequantize())) for w in values]
+    missing, unexpected = hf.load_state_dict(hf_state_per_expert(exact), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+
+    runner = mlx_runner(bundle)
+    for layer in runner.model.layers:
+        for stack in (layer.moe.gate_up, layer.moe.down):
+            assert isinstance(stack, QuantizedWeight) and stack.packed.shape[0] == EXPERTS
+            assert (stack.mode, stack.bits, stack.group_size) == form
+    driver = Driver(runner)
+    driver.add("a", PROMPT)
+    _, logits = driver.step_logits(every_token=True)
+    assert np.abs(logits - hf_logits(hf, PROMPT)).max() < ATOL
