@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,12 +23,12 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from localchat.backends import RunnerOptions
-from localchat.backends.torch import quant
 from localchat.backends.torch.cpu import kernels
-from localchat.backends.torch.runner import TorchRunner
-from localchat.weights.loader import load_model
 from tests.helpers.iquants import IQ_QUANTIZERS, random_blocks
+from tests.helpers.kernel_checks import check_matmul_bound, compact_and_dequantized
+
+# re-exported: test_kernels_lowbit.py imports quantized_activations from here
+from tests.helpers.kernel_checks import quantized_activations as quantized_activations
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import tiny_hf_model
 
@@ -38,16 +39,6 @@ TYPES = sorted(kernels.IQ_TYPES)
 
 def reference(qtype: str, blocks: np.ndarray, cols: int) -> np.ndarray:
     return np.asarray(dequantize(blocks, GGMLQuantizationType[qtype]), dtype=np.float32).reshape(-1, cols)
-
-
-def quantized_activations(x: torch.Tensor) -> torch.Tensor:
-    """The kernels' 8-bit activations, back as float64, in their float32 steps: d = amax / 127 per 32,
-    q = round half even of x times 1 / d, clamped to +-127."""
-    groups = x.float().reshape(x.shape[0], -1, 32)
-    d = groups.abs().amax(-1, keepdim=True) / 127
-    inv = torch.where(d > 0, 1 / torch.where(d > 0, d, 1), 0)
-    q = torch.round(groups * inv).clamp(-127, 127)
-    return (q.double() * d.double()).reshape(x.shape)
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -72,20 +63,7 @@ def test_matmul_matches_the_dequantized_product(qtype: str, isa: str) -> None:
     n, k = 37, 768
     blocks = random_blocks(qtype, n, k, seed=7)
     w = torch.from_numpy(reference(qtype, blocks, k)).double()
-    matrix = kernels.BlockMatrix([kernels.Segment(qtype, torch.from_numpy(blocks))], k, ops)
-    assert not ops.can_repack(qtype, k)  # no x16 form: the file's blocks are read in place
-    gen = torch.Generator().manual_seed(1)
-    for rows in (1, 2, 3, 4, 70):
-        for dtype in (torch.float32, torch.bfloat16):
-            spread = torch.rand(rows, k // 32, 1, generator=gen).mul(4).expand(rows, k // 32, 32)
-            x = (torch.randn(rows, k, generator=gen) * spread.reshape(rows, k)).to(dtype)
-            got = ops.matmul(x, matrix).double()
-            xq = quantized_activations(x.float())
-            want = xq @ w.T
-            bound = (k / 4 + 8) * 2.0**-24 * (xq.abs() @ w.abs().T)
-            if dtype == torch.bfloat16:  # the output rounded to bfloat16 too
-                bound = bound + want.abs() * 2.0**-8 + 1e-6
-            assert ((got - want).abs() <= bound + 1e-30).all(), (rows, dtype, float((got - want).abs().max()))
+    check_matmul_bound(ops, qtype, blocks, w, rows=(1, 2, 3, 4, 70))
 
 
 @pytest.mark.parametrize("qtype", sorted(IQ_QUANTIZERS))
@@ -95,13 +73,17 @@ def test_tiny_gguf_in_iq4_runs_on_blocks(tmp_path: Path, qtype: str, monkeypatch
     from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE, write_tiny_gguf
 
     hf = tiny_hf_model("llama", vocab_size=TINY_VOCAB_SIZE, hidden_size=256, intermediate_size=512)
-    bundle = load_model(write_tiny_gguf(tmp_path / "tiny.gguf", hf, qtype=qtype, tokenizer_kind="gpt2"))
-    runs = []
-    for mode in ("int4", "dequant"):
-        monkeypatch.setenv(quant.QUANT_ENV, mode)
-        runs.append(TorchRunner(bundle, RunnerOptions(device="cpu", dtype="float32")))
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", hf, qtype=qtype, tokenizer_kind="gpt2")
+    runs = compact_and_dequantized(path, monkeypatch)
     model, layer = runs[0].model, runs[0].model.layers[0]
-    mats = (layer.qkv, layer.o, layer.gate_up, layer.down, model.embed, model.lm_head or model.embed)
+    mats: tuple[Any, ...] = (
+        layer.qkv,
+        layer.o,
+        layer.gate_up,
+        layer.down,
+        model.embed,
+        model.lm_head or model.embed,
+    )
     assert all(isinstance(m, kernels.BlockMatrix) for m in mats)
     assert {s.qtype for m in mats for s in m.segments} == {qtype}
     assert not any(s.packed_rows for m in mats for s in m.segments)

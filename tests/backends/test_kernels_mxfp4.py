@@ -23,12 +23,9 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from localchat.backends import RunnerOptions
-from localchat.backends.torch import quant
 from localchat.backends.torch.cpu import kernels
 from localchat.backends.torch.runner import TorchRunner
-from localchat.weights.loader import load_model
-from tests.backends.test_kernels_iquants import quantized_activations
+from tests.helpers.kernel_checks import check_matmul_bound, compact_and_dequantized
 from tests.helpers.torch_batch import PagedDriver
 
 pytestmark = pytest.mark.skipif(not kernels.runnable_isas(), reason="kernels not built (no C compiler)")
@@ -75,20 +72,7 @@ def test_matmul_matches_the_dequantized_product(isa: str) -> None:
     n, k = 37, 32 * 23
     blocks = mxfp4_blocks(n, k, seed=7)
     w = torch.from_numpy(reference(blocks, k)).double()
-    matrix = kernels.BlockMatrix([kernels.Segment("MXFP4", torch.from_numpy(blocks))], k, ops)
-    assert not ops.can_repack("MXFP4", k)
-    gen = torch.Generator().manual_seed(1)
-    for rows in (1, 3, 4, 70):
-        for dtype in (torch.float32, torch.bfloat16):
-            spread = torch.rand(rows, k // 32, 1, generator=gen).mul(4).expand(rows, k // 32, 32)
-            x = (torch.randn(rows, k, generator=gen) * spread.reshape(rows, k)).to(dtype)
-            got = ops.matmul(x, matrix).double()
-            xq = quantized_activations(x.float())
-            want = xq @ w.T
-            bound = (k / 4 + 8) * 2.0**-24 * (xq.abs() @ w.abs().T)
-            if dtype == torch.bfloat16:
-                bound = bound + want.abs() * 2.0**-8 + 1e-6
-            assert ((got - want).abs() <= bound + 1e-30).all(), (rows, dtype, float((got - want).abs().max()))
+    check_matmul_bound(ops, "MXFP4", blocks, w, rows=(1, 3, 4, 70))
 
 
 def hub_folder(folder: Path) -> torch.nn.Module:
@@ -124,17 +108,6 @@ def expert_bytes(runner: TorchRunner) -> int:
     for m in expert_matrices(runner):
         total += m.nbytes if isinstance(m, kernels.BlockMatrix) else m.numel() * m.element_size()
     return total
-
-
-def compact_and_dequantized(
-    bundle_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> tuple[TorchRunner, TorchRunner]:
-    bundle = load_model(bundle_path)
-    runs = []
-    for mode in ("int4", "dequant"):  # int4: every block matrix on the kernels, no dense copies
-        monkeypatch.setenv(quant.QUANT_ENV, mode)
-        runs.append(TorchRunner(bundle, RunnerOptions(device="cpu", dtype="float32")))
-    return runs[0], runs[1]
 
 
 def assert_tracks(compact: TorchRunner, exact: TorchRunner, prompt: list[int], steps: int = 10) -> None:
