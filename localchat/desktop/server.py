@@ -47,7 +47,7 @@ class BackgroundServer:
     def __init__(self, gate: DesktopGate, sock: socket.socket, log_level: str) -> None:
         import uvicorn  # here, not at the top: the window must not wait for it
 
-        from localchat.server.http_guard import GuardedH11Protocol, install_access_log_filter
+        from localchat.server.http_guard import http_protocol, install_access_log_filter
 
         self.gate = gate
         self.sock = sock
@@ -58,7 +58,7 @@ class BackgroundServer:
             log_config=None,  # records go to the root logger, so into the log file
             lifespan="on",
             timeout_graceful_shutdown=GRACE_S,
-            http=GuardedH11Protocol,  # header and idle-body timeouts
+            http=http_protocol(),  # httptools (else h11), with header and idle-body timeouts
         )
         install_access_log_filter()
         self._server = uvicorn.Server(config)

@@ -16,7 +16,7 @@ import uvicorn
 from localchat.errors import LocalchatError
 from localchat.loopback import is_loopback_host
 from localchat.server import preflight
-from localchat.server.http_guard import GuardedH11Protocol, install_access_log_filter
+from localchat.server.http_guard import http_protocol, install_access_log_filter
 
 if TYPE_CHECKING:
     from localchat.config import Settings
@@ -95,7 +95,7 @@ def serve(
         log_level=settings.log,
         timeout_graceful_shutdown=int(settings.shutdown_timeout),
         lifespan="on",
-        http=GuardedH11Protocol,  # header and idle-body timeouts
+        http=http_protocol(),  # httptools (else h11), with header and idle-body timeouts
     )
     install_access_log_filter()  # after the Config: building it configured uvicorn's loggers
     server = _Server(config, models)

@@ -1,5 +1,6 @@
 """The clocks on slow clients (localchat/server/http_guard.py), with short times, over real sockets to
-uvicorn on a thread: a stalled body is cut after the idle time, a body that keeps coming is not, and a
+uvicorn on a thread, on both guarded protocols (httptools' and h11's): a stalled body is cut after the
+idle time, a body that keeps coming is not, a silent or dribbling head is cut at the head time, and a
 complete request's answer may stream for longer than either clock."""
 
 from __future__ import annotations
@@ -14,10 +15,16 @@ from typing import Any
 import pytest
 import uvicorn
 
-from localchat.server.http_guard import GuardedH11Protocol
+from localchat.server import http_guard
+from localchat.server.http_guard import GuardedH11Protocol, GuardedHttpToolsProtocol, http_protocol
 
 
-class QuickClocks(GuardedH11Protocol):
+class QuickH11(GuardedH11Protocol):
+    head_timeout_s = 0.6
+    body_idle_s = 0.8
+
+
+class QuickHttpTools(GuardedHttpToolsProtocol):
     head_timeout_s = 0.6
     body_idle_s = 0.8
 
@@ -41,11 +48,11 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"end"})
 
 
-@pytest.fixture(scope="module")
-def port() -> Iterator[int]:
+@pytest.fixture(scope="module", params=[QuickHttpTools, QuickH11], ids=["httptools", "h11"])
+def port(request: pytest.FixtureRequest) -> Iterator[int]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, log_level="warning", http=QuickClocks, lifespan="on")
+    config = uvicorn.Config(app, log_level="warning", http=request.param, lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -110,3 +117,25 @@ def test_an_idle_keep_alive_connection_and_the_next_request(port: int) -> None:
         while chunk := sock.recv(4096):
             again += chunk
         assert again.startswith(b"HTTP/1.1 200")
+
+
+def test_a_connection_that_sends_nothing_is_cut_at_the_head_time(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        assert 0.4 < _closed_after(sock, 5) < 2
+
+
+def test_a_second_request_dribbled_on_a_kept_connection_is_cut(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.settimeout(10)
+        reply = b""
+        while not reply.endswith(b"end\r\n0\r\n\r\n"):
+            reply += sock.recv(4096)
+        sock.sendall(b"GET / HTTP/1.1\r\nHo")  # half a head, then nothing
+        assert 0.4 < _closed_after(sock, 5) < 2
+
+
+def test_the_server_serves_on_httptools_when_it_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert http_protocol() is GuardedHttpToolsProtocol
+    monkeypatch.setattr(http_guard, "GuardedHttpToolsProtocol", None)  # as without its wheel
+    assert http_protocol() is GuardedH11Protocol
