@@ -78,6 +78,7 @@ def instrument(llm: LLM, timers: Timers) -> None:
     decode_step.FusedDecode.run = timers.wrap("c_layers", decode_step.FusedDecode.run)  # type: ignore[method-assign]
     if isinstance(lean := runner._one_row, OneRowStep):  # the one-row step's C call alone (its Python:
         lean.call = timers.wrap("c_layers", lean.call)  # runner_other; FusedDecode.run's: c_layers)
+        lean.head_logits = timers.wrap("lm_head", lean.head_logits)  # type: ignore[method-assign]
     from localchat.backends.torch import runner as runner_module
 
     runner_module.sample = timers.wrap("sample", runner_module.sample)

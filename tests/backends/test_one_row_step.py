@@ -12,9 +12,11 @@ import pytest
 import torch
 
 from localchat import LLM, SamplingParams
+from localchat.backends.torch import runner as runner_module
 from localchat.backends.torch.cpu import kernels, one_row
 from localchat.backends.torch.cpu.one_row import OneRowStep
 from localchat.backends.torch.layers import ROPE_CHUNK, Rotary
+from localchat.backends.torch.sampler import SampleResult, sample
 from localchat.engine.interface import BatchInputs
 from tests.backends.test_decode_step import PROMPTS, cpu_runner, tiny_bundle
 from tests.backends.test_rope_chunks import CONFIGS
@@ -43,16 +45,13 @@ def test_real_model_tokens_and_logits_equal_the_general_path(
     table's buffer grown from one entry): every step's logits equal the general path's."""
     monkeypatch.setattr(one_row, "BLOCKS_AT_FIRST", 1)
     llm = LLM(smollm2_gguf, device="cpu")
-    model = llm.engine.runner.model
-    logits = model.logits
     seen: list[torch.Tensor] = []
 
-    def recorded(hidden: torch.Tensor) -> torch.Tensor:
-        out = logits(hidden)
-        seen.append(out.float().clone())
-        return out
+    def recorded(logits: torch.Tensor, *args: Any) -> SampleResult:  # what each step samples from
+        seen.append(logits.float().clone())
+        return sample(logits, *args)
 
-    monkeypatch.setattr(model, "logits", recorded)
+    monkeypatch.setattr(runner_module, "sample", recorded)
     lean = _count_lean(monkeypatch)
     params = SamplingParams(temperature=0, max_tokens=150, ignore_eos=True)
     prompt = ["Write a long story about a cat who learns to code."]
@@ -129,3 +128,18 @@ def test_rope_row_addresses_are_the_one_row_slices(config: Any, dtype: torch.dty
         cos, sin = rotary(torch.tensor([position]), dtype)
         assert (cos_at, sin_at) == (cos.data_ptr(), sin.data_ptr())
         assert cos.is_contiguous() and sin.is_contiguous()
+
+
+def test_a_changed_backend_setting_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The settings are worked out once, not every step, but a runner's edited copy still counts:
+    `LOCALCHAT_DECODE_STEP=layers` set between steps sends the next one-row steps the general way."""
+    monkeypatch.setenv("LOCALCHAT_TORCH_QUANT", "int4")
+    driver = PagedDriver(cpu_runner(tiny_bundle(tmp_path, qtype="Q4_0")))
+    driver.add("a", PROMPTS["a"])
+    lean = _count_lean(monkeypatch)
+    for step in range(4):
+        if step == 2:
+            driver.runner.backend_settings["LOCALCHAT_DECODE_STEP"] = "layers"
+        ids, logits = driver.step_logits()
+        driver.feed(ids[0], int(logits[0].argmax()))
+    assert len(lean) == 1  # step 0 is the prompt, step 1 one row, then the layer path

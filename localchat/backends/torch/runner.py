@@ -264,6 +264,14 @@ class TorchRunner:
         if threads and threads != torch.get_num_threads():  # setting it costs even when unchanged
             torch.set_num_threads(threads)
         start = time.perf_counter()
+        if (lean := self._one_row_step(batch)) is not None and lean.head is not None:
+            # One decode token of one stream: no backend setting read and no autograd state, so none of
+            # the contexts below (~60 µs of a token on cold caches, cpu/one_row.py).
+            assert batch.sampling is not None, "the engine builds sampling inputs for every sampled row"
+            result = sample(lean.logits(batch), batch.sampling, self.generator)
+            if self.threads:
+                self.threads.record(1, threads, time.perf_counter() - start)
+            return RunnerOutput.one_token_each(batch.sample_req_ids, result.token_ids, result.logprobs)
         with torch.inference_mode(), self.settings(), one_step_choice(self.device):
             logits = self._logits(batch)
             embeddings = self.pooler.finish(batch.sample_req_ids)
@@ -319,11 +327,8 @@ class TorchRunner:
     def _logits(self, batch: BatchInputs) -> torch.Tensor:
         # block_size, not kv_caches: a pipeline stage of state-slot layers only has no K/V layer
         assert self.block_size and batch.block_size == self.block_size, "initialize_kv_cache first"
-        if self._one_row is False:
-            self._one_row = OneRowStep.plan(self)
-        lean = self._one_row
-        if lean and lean.takes(batch, self.kv_caches) and not self.pooler.counts and self.hidden_taps is None:
-            with self._matmul_backend(1):  # one decode token of one stream: cpu/one_row.py
+        if (lean := self._one_row_step(batch)) is not None:  # one decode token of one stream
+            with self._matmul_backend(1):
                 return self.model.logits(lean.hidden(batch))
         if batch.kv_copies:  # partial prefix reuse: before anything of this step writes the cache
             src, dst = (torch.from_numpy(a).to(self.device) for a in batch.kv_copy_slots())
@@ -365,6 +370,16 @@ class TorchRunner:
             hidden = hidden[step.logits_indices]
         with self._matmul_backend(hidden.shape[0]):
             return self.model.logits(hidden)
+
+    def _one_row_step(self, batch: BatchInputs) -> OneRowStep | None:
+        """The lean step (cpu/one_row.py) where it runs `batch`: one plain decode token, no pooled request,
+        no EAGLE-3 taps. Planned at the first step (the weights are in place by then)."""
+        if self._one_row is False:
+            self._one_row = OneRowStep.plan(self)
+        lean = self._one_row
+        if lean and lean.takes(batch, self.kv_caches, self.backend_settings) and not self.pooler.counts:
+            return lean if self.hidden_taps is None else None
+        return None
 
     def _prepare(self, batch: BatchInputs) -> _Step:
         cpu = self.device.type == "cpu"  # (.to(cpu) returns the same tensor, at a dispatch's cost)

@@ -20,12 +20,13 @@ state, picture, M-RoPE, pooled or EAGLE-3 rows).
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from localchat.backend_settings import settings_in_effect
 from localchat.backends.torch.cpu import kernels as cpu_kernels
 from localchat.backends.torch.cpu.decode_step import FusedDecode, step_mode
 from localchat.backends.torch.cpu.kernels import BlockMatrix
@@ -34,6 +35,7 @@ from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.layers import Rotary
 from localchat.backends.torch.models.base import DecoderLM
 from localchat.backends.torch.models.qwen_vl import VisionLanguage
+from localchat.backends.torch.quant import linear
 from localchat.engine.interface import BatchInputs
 from localchat.kernels import library as c_library
 from localchat.kernels import step as c_step
@@ -71,6 +73,15 @@ class OneRowStep:
         self.address = c_step.address(args)
         self.call = fused.ops.lib.lc_decode_layers
         self.caches: list[KVCache] | None = None  # the cache list `args` holds the addresses of
+        # DecoderLM.logits' weights where its kernels need no step context: a block-matrix head (a dense
+        # one runs F.linear under the runner's matmul backend choice) and a norm the RMSNorm kernel takes.
+        head = model.embed if model.lm_head is None else model.lm_head
+        norm = model.norm
+        plain_norm = norm.dtype == x.dtype and norm.is_contiguous()
+        self.head = head if isinstance(head, BlockMatrix) and plain_norm else None
+        self.norm, self.eps = norm, model.config.rms_norm_eps
+        self.settings: dict[str, str] | None = None  # the backend settings `kernels` was worked out for
+        self.kernels: cpu_kernels.Kernels | None = None  # the step's kernels, None: the general path
 
     @classmethod
     def plan(cls, runner: TorchRunner) -> OneRowStep | None:
@@ -90,17 +101,21 @@ class OneRowStep:
         fused = model.decode_plan()
         if fused is None or 2 * model.rotary.inv_freq.shape[0] != fused.head_dim:
             return None
-        x = torch.empty((1, fused.hidden), dtype=fused.dtype)
+        with torch.inference_mode(False):  # a plain tensor: steps may run outside inference mode
+            x = torch.empty((1, fused.hidden), dtype=fused.dtype)
         embed = _embedder(model.embed, x)
         return None if embed is None else cls(model, fused, embed, x)
 
-    def takes(self, batch: BatchInputs, kv_caches: list[KVCache]) -> bool:
+    def takes(self, batch: BatchInputs, kv_caches: list[KVCache], settings: Mapping[str, str]) -> bool:
         """Whether `batch` is one plain decode token that the general path would run on this fused plan
-        (the runner checks its own conditions: pooling, EAGLE-3 taps)."""
+        under the runner's backend `settings` (the runner checks its own conditions: pooling, EAGLE-3)."""
         if kv_caches is not self.caches and not self._bind(kv_caches, batch.block_size):
             return False
+        if settings != self.settings:
+            self._choose(settings)
         return (
-            batch.num_tokens == 1
+            self.kernels is not None
+            and batch.num_tokens == 1
             and len(batch.req_ids) == 1
             and batch.block_size == self.args.block_size
             and not batch.kv_copies
@@ -108,10 +123,30 @@ class OneRowStep:
             and not batch.image_slices
             and batch.rope_positions is None
             and 0 <= batch.input_ids[0] < self.vocab  # the general gather's bounds check (dense tables)
-            and (kernels := cpu_decode_kernels(self.x.device)) is not None
-            and kernels.isa == self.fused.ops.isa
-            and step_mode() == "fused"
         )
+
+    def _choose(self, settings: Mapping[str, str]) -> None:
+        """The kernels a step runs on under `settings`, where they are this plan's and the fused step is
+        on (as FusedDecode.takes decides); worked out again only when the settings change (a test may
+        edit a runner's copy): each step's reads of them cost ~20 µs on cold caches (#34)."""
+        with settings_in_effect(settings):
+            kernels = cpu_decode_kernels(self.x.device)
+            fused = step_mode() == "fused"
+        self.kernels = (
+            kernels if fused and kernels is not None and kernels.isa == self.fused.ops.isa else None
+        )
+        self.settings = dict(settings)
+
+    def logits(self, batch: BatchInputs) -> torch.Tensor:
+        """The step's logits [1, vocab], DecoderLM.logits of `hidden` by the same kernels, with no backend
+        setting read and no autograd state to keep: the runner calls it outside its step contexts (the
+        three cost ~60 µs on cold caches). Only where `head` is set."""
+        return self.head_logits(self.hidden(batch))
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """DecoderLM.logits(hidden) on the step's kernels (layers.rms_norm's kernel path, quant.linear)."""
+        assert self.head is not None and self.kernels is not None
+        return linear(self.kernels.rms_norm(hidden, self.norm, self.eps), self.head)
 
     def hidden(self, batch: BatchInputs) -> torch.Tensor:
         """The step's token through the fused layers -> its last hidden state [1, hidden] (pre-norm; the
