@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.stream_timing import run_timed
 from localchat import LLM, SamplingParams
 from localchat.engine.config import EngineConfig
 from localchat.engine.engine import LLMEngine
@@ -54,14 +58,7 @@ class ReplayProposer:
 
 def decode(engine: LLMEngine, ids: list[int], tokens: int) -> tuple[list[int], float]:
     engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True))
-    out: list[int] = []
-    first = 0.0
-    while engine.has_unfinished:
-        for o in engine.step():
-            if o.new_token_ids and not out:
-                first = time.perf_counter()
-            out += o.new_token_ids
-    return out, (len(out) - 1) / (time.perf_counter() - first)
+    return run_timed(engine)
 
 
 def layer_cost(llm: LLM, reps: int) -> None:

@@ -43,6 +43,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.llamacpp_spec import run_llamacpp
+from benchmarks.stream_timing import run_timed
 from localchat import LLM, SamplingParams
 from localchat.engine import draft_model
 from localchat.engine.config import EngineConfig
@@ -80,17 +81,10 @@ def decode(
     engine.add_request(ids, SamplingParams(temperature=temperature, max_tokens=tokens, ignore_eos=True))
     # "draft-greedy": the draft model guesses greedily even for a sampled request (q one-hot, as before
     # drafts were drawn from q), to compare acceptance.
-    draft_model.draft_params = (  # type: ignore[assignment]
+    draft_model.draft_params = (
         (lambda params: draft_model.GREEDY) if getattr(engine, "greedy_drafts", False) else DRAFT_PARAMS
     )
-    out: list[int] = []
-    first = 0.0
-    while engine.has_unfinished:
-        for o in engine.step():
-            if o.new_token_ids and not out:
-                first = time.perf_counter()
-            out += o.new_token_ids
-    return out, (len(out) - 1) / (time.perf_counter() - first)
+    return run_timed(engine)
 
 
 def main() -> None:
