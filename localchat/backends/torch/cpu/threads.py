@@ -41,6 +41,10 @@ class OtherLoad:
         self._value = math.inf
 
     def __call__(self) -> float | None:
+        if self._last is not None and time.monotonic() - self._last[0] < LOAD_WINDOW_S:
+            # The value changes only once a window is over: until then it is the last one, without the
+            # /proc/stat read (a step on the safe count asks every step while all cores are untried).
+            return self._value
         now = _cpu_sample()
         if now is None or self._last is None:
             return None
@@ -98,6 +102,7 @@ class ThreadGovernor:
         self._kinds: dict[int, _Kind] = {}
         self._seconds = 0.0  # all recorded steps
         self._probe_seconds = 0.0  # trial steps
+        self._last = (-1, _Kind(0))  # the last step's token count and its kind (none yet: no count is -1)
 
     def threads_for(self, num_tokens: int) -> int:
         """The count to run a step of `num_tokens` tokens with; report its time to `record`."""
@@ -122,7 +127,9 @@ class ThreadGovernor:
             self._probe_seconds += max(0.0, seconds - _median(kind.times[kind.current]))
             self._trial_step(kind, threads, seconds)
             return
-        recent = kind.times.setdefault(threads, deque(maxlen=PROBE_STEPS))
+        recent = kind.times.get(threads)
+        if recent is None:  # (not setdefault: its new deque would be built every step)
+            recent = kind.times[threads] = deque(maxlen=PROBE_STEPS)
         # On all cores, a neighbour turning busy makes every step many times slower: the second such
         # step in a row tries the safe count at once (judged against the recent steps, slow ones
         # included). Not the first: behind the HTTP server an event-loop burst or a niced neighbour's
@@ -175,12 +182,15 @@ class ThreadGovernor:
         kind.countdown = kind.interval
 
     def _kind(self, num_tokens: int) -> _Kind:
+        if num_tokens == self._last[0]:  # the same size as the last step (a decode stream): its kind
+            return self._last[1]
         key = min(num_tokens.bit_length(), 10)  # 1, 2-3, 4-7, ... 512+ tokens
         kind = self._kinds.get(key)
         if kind is None:
             # A first step of its kind (rare ones, like long prefills, may never see a trial) runs
             # on all cores if the machine is otherwise idle.
             kind = self._kinds[key] = _Kind(self.choices[1] if self._idle() else self.choices[0])
+        self._last = (num_tokens, kind)
         return kind
 
     def _idle(self) -> bool:
