@@ -121,6 +121,18 @@ QWEN35_GGUF_BLOCK_NAMES: dict[str, str] = {
     "ffn_up_shexp": "mlp.shared_expert.up_proj",
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    # The multi-token-prediction block (after the model's own): its fc and norms; `_from_gguf` names
+    # the block's tensors `mtp.*` as in the checkpoint.
+    "nextn.eh_proj": "nextn.eh_proj",
+    "nextn.enorm": "nextn.enorm",
+    "nextn.hnorm": "nextn.hnorm",
+    "nextn.shared_head_norm": "nextn.shared_head_norm",
+}
+_GGUF_NEXTN = {
+    "nextn.eh_proj.weight": "mtp.fc.weight",
+    "nextn.enorm.weight": "mtp.pre_fc_norm_embedding.weight",
+    "nextn.hnorm.weight": "mtp.pre_fc_norm_hidden.weight",
+    "nextn.shared_head_norm.weight": "mtp.norm.weight",
 }
 # `{arch}.<key>` -> config key. `gguf_ssm_inner_size` (always written) also tells sanitize the tensors are
 # in llama.cpp's form.
@@ -159,6 +171,15 @@ def without_mtp(weights: Iterable[WeightTensor]) -> Iterator[WeightTensor]:
     return (w for w in weights if not w.name.startswith(MTP_PREFIX))
 
 
+def mtp_weights(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[WeightTensor]:
+    """The multi-token-prediction head's tensors under the checkpoint's `mtp.*` names: a folder's as
+    stored, a GGUF's extra block through `_from_gguf` (backends/torch/mtp_head.py loads them)."""
+    if config.extra.get("gguf_ssm_inner_size"):
+        tiled = config.model_type != "qwen3_next"  # qwen35 / qwen35moe tile value heads (not in this block)
+        weights = _from_gguf(config, weights, tiled_value_heads=tiled)
+    return (w for w in weights if w.name.startswith(MTP_PREFIX))
+
+
 def derive_sizes(config: ModelConfig) -> None:
     """Every `full_attention_interval`-th layer is full attention when the config lists no layer_types.
     A GGUF gives the value head width as the inner size, the layer kinds as a recurrent flag per block,
@@ -166,6 +187,7 @@ def derive_sizes(config: ModelConfig) -> None:
     x = config.extra
     if x.get("gguf_nextn_layers"):
         config.num_hidden_layers -= int(x["gguf_nextn_layers"])
+        x["gguf_mtp_layers"] = int(x["gguf_nextn_layers"])  # read by --speculative mtp (serving/mtp.py)
         x["gguf_nextn_layers"] = 0  # once: ModelConfig runs this after every construction
     if x.get("gguf_ssm_inner_size"):
         x["linear_value_head_dim"] = int(x["gguf_ssm_inner_size"]) // int(x["linear_num_value_heads"])
@@ -183,7 +205,7 @@ def derive_sizes(config: ModelConfig) -> None:
 def sanitize_qwen3_5(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[WeightTensor]:
     """Qwen3.5 and Qwen3.5-MoE: only a GGUF needs rewriting (llama.cpp also tiles their value heads)."""
     if config.extra.get("gguf_ssm_inner_size"):
-        return _from_gguf(config, weights, tiled_value_heads=True)
+        return without_mtp(_from_gguf(config, weights, tiled_value_heads=True))
     return without_mtp(weights)
 
 
@@ -192,9 +214,9 @@ def sanitize(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[W
     for each); split them into Qwen3.5's in_proj_qkv / z / b / a rows, the layout the model files read.
     (llama.cpp's converter splits q|k|v|z itself but keeps b|a grouped.)"""
     x = config.extra
-    weights = without_mtp(weights)
     if x.get("gguf_ssm_inner_size"):
         weights = _from_gguf(config, weights, tiled_value_heads=False)
+    weights = without_mtp(weights)
     nk, dk, dv = x["linear_num_key_heads"], x["linear_key_head_dim"], x["linear_value_head_dim"]
     r = x["linear_num_value_heads"] // nk  # value heads per key head
     group = 2 * dk + 2 * r * dv
@@ -235,14 +257,27 @@ def _from_gguf(
     `ssm_dt.bias`, the conv kernel squeezed to [channels, K], every RMSNorm weight but the gated one
     stored as 1 + w, and (qwen35 / qwen35moe) value heads reordered from grouped per key head
     [k0: v0..v(r-1), k1: ...] to tiled [v0: k0..k(nk-1), v1: ...]. Multi-token-prediction blocks
-    (counted in block_count, not run) are dropped."""
+    (counted in block_count) get the checkpoint's `mtp.*` names (`without_mtp` drops them for the model)."""
     x = config.extra
     heads = (int(x["linear_num_key_heads"]), int(x["linear_num_value_heads"]))
     key_dim = heads[0] * int(x["linear_key_head_dim"])
     dv = int(x["linear_value_head_dim"])
     for w in weights:
-        parts = w.name.split(".")
+        parts = w.name.split(".", 3)
         if parts[:2] == ["model", "layers"] and int(parts[2]) >= config.num_hidden_layers:
+            mtp = (
+                _GGUF_NEXTN.get(parts[3])
+                or f"mtp.layers.{int(parts[2]) - config.num_hidden_layers}.{parts[3]}"
+            )
+            if (
+                mtp.endswith("norm.weight")
+                or mtp.endswith("norm_embedding.weight")
+                or mtp.endswith("norm_hidden.weight")
+            ):
+                w = WeightTensor(mtp, w.shape, "F32", w.dequantize() - np.float32(1.0))  # stored as 1 + w
+            else:
+                w = replace(w, name=mtp)
+            yield w
             continue
         name = w.name
         if name.endswith("linear_attn.A_log"):

@@ -1,9 +1,10 @@
 """`--speculative mtp` (and `auto` on a model that ships the head): the checkpoint's own multi-token-
 prediction head, attached to the target's runner (torch only; backends/torch/mtp_proposer.py runs it).
 
-The head's tensors (`mtp.*`) are read again from the model's files after the target's load released
-its weight source: the target's load skips them, so a server that does not speculate with them never
-holds them. The RAM estimate (models/memory.py) already counts them: it sizes every tensor of the files.
+The head's tensors (a folder's `mtp.*`, a GGUF's extra `nextn` block) are read again from the model's
+files after the target's load released its weight source: the target's load skips them, so a server
+that does not speculate with them never holds them. The RAM estimate (models/memory.py) already counts
+them: it sizes every tensor of the files.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ MTP_PREFIXES = ("mtp.", "model.mtp.")  # as stored: Qwen3-Next's at the top, som
 
 
 def has_mtp_head(bundle: ModelBundle) -> bool:
-    """Whether the model's files carry a multi-token-prediction head (a safetensors folder's `mtp.*`
-    tensors; only their headers are read). GGUF files: llama.cpp writes the head as extra `nextn`
-    blocks, which this app does not read yet."""
+    """Whether the model's files carry a multi-token-prediction head: a safetensors folder's `mtp.*`
+    tensors (only the headers are read), a GGUF's extra `nextn` blocks (llama.cpp's converter writes
+    them unless given --no-mtp; counted in the metadata)."""
+    if bundle.format == "gguf":
+        return int(bundle.config.extra.get("gguf_mtp_layers") or 0) > 0
     if bundle.format != "safetensors" or not bundle.path.is_dir():
         return False
     from localchat.weights.safetensors import safetensors_files
@@ -46,21 +49,15 @@ def mtp_proposer_for(runner: ModelRunner, bundle: ModelBundle, target_id: str) -
     attach = getattr(runner, "mtp_proposer", None)
     if attach is None:
         raise SettingsError(
-            f"--speculative mtp runs on the torch backend only: the {type(runner).__name__} runner cannot run "
-            "the model's multi-token-prediction head. Use --speculative ngram or draft.",
+            f"--speculative mtp runs on the torch backend only: the {type(runner).__name__} runner "
+            "cannot run the model's multi-token-prediction head. Use --speculative ngram or draft.",
             param="speculative",
         )
-    if bundle.format == "gguf":
-        raise ModelLoadError(
-            f"--speculative mtp: {target_id} is a GGUF file; this app reads the multi-token-prediction head "
-            "from safetensors folders only (llama.cpp's nextn blocks are not read yet). Serve the model's "
-            "folder, or use --speculative ngram or draft."
-        )
-    if bundle.format != "safetensors" or not bundle.path.is_dir():
-        raise ModelLoadError(f"--speculative mtp: {target_id} has no model folder to read the head from")
+    if bundle.format not in ("safetensors", "gguf") or not bundle.path.exists():
+        raise ModelLoadError(f"--speculative mtp: {target_id} has no model files to read the head from")
     from localchat.weights.loader import load_model
 
-    weights = load_model(bundle.path).iter_weights()  # memory-mapped: only the mtp.* tensors are read
+    weights = load_model(bundle.path).iter_weights()  # memory-mapped: only the head's tensors are read
     proposer: Proposer = attach(weights, target_id, bundle.config.vocab_size)
     log.info("multi-token-prediction head of %s attached", target_id)
     return proposer

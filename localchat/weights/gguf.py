@@ -115,8 +115,8 @@ def gguf_architecture(reader: GGUFReader) -> Architecture:
 
 def hf_tensor_name(gguf_name: str, arch: Architecture) -> str | None:
     """The Hugging Face name for a llama.cpp tensor name, or None when it has no counterpart."""
-    if gguf_name in _SKIPPED or _NEXTN_RE.match(gguf_name):
-        return None
+    if gguf_name in _SKIPPED or (_NEXTN_RE.match(gguf_name) and not _family_reads(gguf_name, arch)):
+        return None  # a multi-token-prediction block's own tensors, unless the family reads them
     if match := _BLOCK_RE.fullmatch(gguf_name):
         layer, part, kind = match.groups()
         if part in arch.gguf_block_names:
@@ -133,6 +133,12 @@ def hf_tensor_name(gguf_name: str, arch: Architecture) -> str | None:
     raise ModelLoadError(
         f"GGUF tensor {gguf_name!r} is not part of a supported model; the file may be damaged."
     )
+
+
+def _family_reads(gguf_name: str, arch: Architecture) -> bool:
+    """Whether the family maps this block tensor (Qwen3.5 / Qwen3-Next map their MTP block's `nextn.*`)."""
+    match = _BLOCK_RE.fullmatch(gguf_name)
+    return match is not None and match.group(2) in arch.gguf_block_names
 
 
 def config_from_gguf(reader: GGUFReader) -> ModelConfig:

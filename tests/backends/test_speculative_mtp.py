@@ -65,7 +65,8 @@ def bundle(hf: Any, mtp: dict[str, torch.Tensor]) -> ModelBundle:
         for key, tensor in state.items():
             yield WeightTensor(key, tuple(tensor.shape), "F32", tensor.numpy())
 
-    return ModelBundle("tiny-mtp", Path("tiny-mtp"), "safetensors", config, iter_weights, tokenizer=None)  # type: ignore[arg-type]
+    path = Path("tiny-mtp")
+    return ModelBundle("tiny-mtp", path, "safetensors", config, iter_weights, tokenizer=None)  # type: ignore[arg-type]
 
 
 # -- the reference -----------------------------------------------------------------------------------
@@ -107,7 +108,8 @@ class Reference:
         return gemma_rms(out, self.mtp["mtp.norm.weight"], self.eps) @ self.hf.lm_head.weight.T
 
     def drafts(self, tokens: list[int], computed: int, k: int) -> tuple[list[int], torch.Tensor]:
-        """The k greedy drafts after `tokens` (the target computed the first `computed`), and draft 1's logits."""
+        """The k greedy drafts after `tokens` (the target computed the first `computed`), and the
+        logits of draft 1."""
         with torch.no_grad():
             ids = torch.tensor([tokens[:computed]])
             kept: list[torch.Tensor] = []
@@ -275,7 +277,8 @@ def tiny_qwen3_next() -> Any:
     from tests.backends.test_qwen3_next_moe import MOE
 
     torch.manual_seed(0)
-    config = Qwen3NextConfig(**TINY, **MOE, norm_topk_prob=True, decoder_sparse_step=1)
+    kwargs: dict[str, Any] = {**TINY, **MOE, "norm_topk_prob": True, "decoder_sparse_step": 1}
+    config = Qwen3NextConfig(**kwargs)
     model = Qwen3NextForCausalLM(config).float().eval()
     with torch.no_grad():
         for name, param in model.named_parameters():

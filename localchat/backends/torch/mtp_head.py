@@ -25,6 +25,7 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 
+from localchat.arch.qwen3_next import mtp_weights
 from localchat.backends.torch.layers import apply_rope, rms_norm
 from localchat.backends.torch.models.base import DecoderLM
 from localchat.backends.torch.models.qwen3_next import HybridLayer
@@ -97,14 +98,16 @@ class MtpHead:
         """The head from the checkpoint's `mtp.*` tensors (others are ignored). MtpLoadError when there
         are none or some are missing."""
         config = target.config
-        x = config.extra
+        # The one-layer build reads the tensors as `mtp_weights` already turned them (a GGUF's too): its
+        # own load must not turn them again.
+        x = {k: v for k, v in config.extra.items() if k != "gguf_ssm_inner_size"}
         one = replace(
             config,
             num_hidden_layers=1,
             extra={**x, "layer_types": ["full_attention"], "mlp_only_layers": [], "gguf_nextn_layers": 0},
         )
         stored: dict[str, WeightTensor] = {}
-        mtp = [w for w in weights if w.name.startswith("mtp.")]  # views into the file: nothing is read yet
+        mtp = list(mtp_weights(config, weights))  # views into the file: nothing is read yet
         if not mtp:
             raise MtpLoadError(
                 "the checkpoint carries no multi-token-prediction head (no mtp.* tensors; a GGUF converted "
