@@ -8,59 +8,37 @@ its usage) and still answers as transformers does for the whole conversation."""
 
 from __future__ import annotations
 
-import json
 import re
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer
 
 from tests.backends.test_qwen3_next import tiny_qwen3_5
-from tests.helpers.live_server import live_server
-from tests.helpers.tiny_gguf import GPT2_SPECIALS, TINY_VOCAB_SIZE, tiny_gpt2_vocab
-
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+from tests.helpers.hybrid_server import (
+    MAX_TOKENS,
+    PROMPTS,
+    ask_at_once,
+    expected_answers,
+    expected_tokens,
+    write_hybrid_folder,
 )
-PROMPTS = ["Hello there, my friend.", "The quick brown fox", "def add(a, b):", "Numbers: 1 2 3 4 5 6 7 8 9"]
-MAX_TOKENS = 6
+from tests.helpers.live_server import live_server
+from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE
 
 
 def _write_folder(folder: Path) -> tuple[Tokenizer, torch.nn.Module]:
-    tokens, _, merges = tiny_gpt2_vocab()
-    vocab = {t: i for i, t in enumerate(tokens[: len(tokens) - 2])}  # the BPE part (no <think> pair)
-    tok = Tokenizer(models.BPE(vocab, [tuple(m.split(" ")) for m in merges]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(GPT2_SPECIALS)
+    """The tiny random Qwen3.5 as a hub folder (test_hybrid_spec_server.py and the MLX check serve it too)."""
     hf = tiny_qwen3_5(vocab_size=TINY_VOCAB_SIZE)
-    eos = tok.token_to_id("<|im_end|>")
-    hf.config.eos_token_id = eos
-    hf.generation_config.eos_token_id = eos
-    hf.save_pretrained(folder)
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(
-        json.dumps({"chat_template": CHATML, "eos_token": "<|im_end|>", "bos_token": None})
-    )
-    return tok, hf
-
-
-def _expected(tok: Tokenizer, hf: torch.nn.Module, prompt: str, text: str | None = None) -> list[int]:
-    text = text or f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
-    ids = tok.encode(text).ids
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False)  # type: ignore[operator]
-    return [t for t in out[0, len(ids) :].tolist() if t != tok.token_to_id("<|im_end|>")]
+    return write_hybrid_folder(folder, hf), hf
 
 
 @pytest.mark.slow
 def test_hybrid_model_serves_concurrent_requests_with_state_slots(tmp_path: Path) -> None:
     tok, hf = _write_folder(tmp_path / "qwen3_5-tiny")
-    expected = {p: tok.decode(_expected(tok, hf, p), skip_special_tokens=True) for p in PROMPTS}
+    expected = expected_answers(tok, hf, PROMPTS)
     args = ["--w", str(tmp_path / "qwen3_5-tiny"), "--backend", "torch", "--dtype", "float32"]
     args += ["--max-num-seqs", "2", "--prefill-chunk-size", "8", "--mem", "16", "--log", "info"]
     with live_server(args) as server, server.client() as client:
@@ -72,11 +50,7 @@ def test_hybrid_model_serves_concurrent_requests_with_state_slots(tmp_path: Path
             assert reply.status_code == 200, reply.text
             return reply.json()
 
-        def ask(prompt: str) -> str:
-            return chat([{"role": "user", "content": prompt}])["choices"][0]["message"]["content"]
-
-        with ThreadPoolExecutor(len(PROMPTS)) as pool:
-            answers = dict(zip(PROMPTS, pool.map(ask, PROMPTS), strict=True))
+        answers = ask_at_once(client, model, PROMPTS)
         for prompt in PROMPTS:
             assert answers[prompt] == expected[prompt], prompt
         metrics = server.metrics()
@@ -90,7 +64,7 @@ def test_hybrid_model_serves_concurrent_requests_with_state_slots(tmp_path: Path
 
         # A second turn: the first turn's prompt (longer than a block) is a prefix of it.
         first = " ".join(PROMPTS)
-        answer = ask(first)
+        answer = chat([{"role": "user", "content": first}])["choices"][0]["message"]["content"]
         turns = [
             {"role": "user", "content": first},
             {"role": "assistant", "content": answer},
@@ -98,7 +72,7 @@ def test_hybrid_model_serves_concurrent_requests_with_state_slots(tmp_path: Path
         ]
         second = chat(turns)
         text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in turns)
-        want = _expected(tok, hf, "", text + "<|im_start|>assistant\n")
+        want = expected_tokens(tok, hf, "", text + "<|im_start|>assistant\n")
         assert second["choices"][0]["message"]["content"] == tok.decode(want, skip_special_tokens=True)
         assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16
         assert server.metrics()["localchat_state_checkpoint_restores_total"] >= 1

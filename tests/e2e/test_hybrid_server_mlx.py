@@ -5,12 +5,12 @@ state pool."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_hybrid_server import MAX_TOKENS, PROMPTS, _expected, _write_folder
+from tests.e2e.test_hybrid_server import _write_folder
+from tests.helpers.hybrid_server import PROMPTS, ask_at_once, expected_answers
 from tests.helpers.live_server import live_server
 
 pytestmark = pytest.mark.mlx
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.mlx
 def test_hybrid_model_serves_concurrent_requests_on_mlx(tmp_path: Path) -> None:
     pytest.importorskip("mlx.core")
     tok, hf = _write_folder(tmp_path / "qwen3_5-tiny")
-    expected = {p: tok.decode(_expected(tok, hf, p), skip_special_tokens=True) for p in PROMPTS}
+    expected = expected_answers(tok, hf, PROMPTS)
     args = [
         "--w",
         str(tmp_path / "qwen3_5-tiny"),
@@ -35,19 +35,7 @@ def test_hybrid_model_serves_concurrent_requests_on_mlx(tmp_path: Path) -> None:
     with live_server(args) as server, server.client() as client:
         model = client.get("/v1/models").json()["data"][0]["id"]
 
-        def ask(prompt: str) -> str:
-            body = {
-                "model": model,
-                "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": MAX_TOKENS,
-                "temperature": 0,
-            }
-            reply = client.post("/v1/chat/completions", json=body)
-            assert reply.status_code == 200, reply.text
-            return reply.json()["choices"][0]["message"]["content"]
-
-        with ThreadPoolExecutor(len(PROMPTS)) as pool:
-            answers = dict(zip(PROMPTS, pool.map(ask, PROMPTS), strict=True))
+        answers = ask_at_once(client, model, PROMPTS)
         for prompt in PROMPTS:
             assert answers[prompt] == expected[prompt], prompt
         metrics = server.metrics()

@@ -6,12 +6,12 @@ among them) each return transformers' greedy tokens; /metrics names the method a
 from __future__ import annotations
 
 import re
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_hybrid_server import _expected, _write_folder
+from tests.e2e.test_hybrid_server import _write_folder
+from tests.helpers.hybrid_server import ask_at_once, expected_answers
 from tests.helpers.live_server import live_server
 
 PROMPTS = ["one two three one two three one two three one two", "The quick brown fox", "def add(a, b):"]
@@ -20,20 +20,13 @@ PROMPTS = ["one two three one two three one two three one two", "The quick brown
 @pytest.mark.slow
 def test_hybrid_model_speculates_with_plain_greedy_answers(tmp_path: Path) -> None:
     tok, hf = _write_folder(tmp_path / "qwen3_5-tiny")
-    expected = {p: tok.decode(_expected(tok, hf, p), skip_special_tokens=True) for p in PROMPTS}
+    expected = expected_answers(tok, hf, PROMPTS)
     args = ["--w", str(tmp_path / "qwen3_5-tiny"), "--backend", "torch", "--dtype", "float32"]
     args += ["--max-num-seqs", "4", "--mem", "16", "--log", "info", "--speculative", "ngram"]
     with live_server(args) as server, server.client() as client:
         model = client.get("/v1/models").json()["data"][0]["id"]
 
-        def ask(prompt: str) -> str:
-            body = {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0}
-            reply = client.post("/v1/chat/completions", json={**body, "max_tokens": 6})
-            assert reply.status_code == 200, reply.text
-            return str(reply.json()["choices"][0]["message"]["content"])
-
-        with ThreadPoolExecutor(len(PROMPTS)) as pool:
-            answers = dict(zip(PROMPTS, pool.map(ask, PROMPTS), strict=True))
+        answers = ask_at_once(client, model, PROMPTS)  # 6 tokens each
         for prompt in PROMPTS:
             assert answers[prompt] == expected[prompt], prompt
         log = server.log()
