@@ -6,6 +6,9 @@
   Here a request's head must arrive within HEAD_TIMEOUT_S of its first byte (or of the connection),
   and its body may pause at most BODY_IDLE_S between two reads. Once a request is whole, nothing
   ticks: an answer may stream for as long as the model writes.
+- A bound on a request's head: h11 refuses one over 16 KiB (uvicorn's `h11_max_incomplete_event_size`),
+  httptools has no bound of its own (2 MB of headers within the head clock were taken in), so its
+  protocol here refuses a head over the same size.
 - An access log that never records a key: a client that sends `?api_key=...` is refused, yet the
   query string would still land in the log file in clear.
 
@@ -23,6 +26,7 @@ import logging
 import re
 
 import h11
+from h11._connection import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 try:  # an optional speed-up: without its wheel the server runs on h11
@@ -135,6 +139,11 @@ class GuardedH11Protocol(_Clocks, H11Protocol):
             self._set_guard("", 0)  # whole request in, or idle keep-alive (uvicorn's own timeout)
 
 
+_HEAD_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"content-length: 32\r\nconnection: close\r\n\r\nRequest header fields too large."
+)
+
 if HttpToolsProtocol is not None:
 
     class GuardedHttpToolsProtocol(_Clocks, HttpToolsProtocol):
@@ -144,8 +153,23 @@ if HttpToolsProtocol is not None:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             self._start_clocks()
+            self._head_bytes = 0  # bytes read since the current head's start (roughly: whole reads)
+            limit = self.config.h11_max_incomplete_event_size
+            self._max_head_bytes = DEFAULT_MAX_INCOMPLETE_EVENT_SIZE if limit is None else limit
             super().connection_made(transport)
             self._set_guard("head", self.head_timeout_s)  # a socket that sends nothing at all
+
+        def data_received(self, data: bytes) -> None:
+            self._head_bytes += len(data)
+            super().data_received(data)
+            # Checked after parsing, so a read that completes a head (and carries body) is never
+            # counted against it; an unfinished head holds at most the limit plus one read.
+            if self._guarding == "head" and self._head_bytes > self._max_head_bytes:
+                self._set_guard("", 0)
+                if not self.transport.is_closing():
+                    self.logger.info("closing a connection whose request head is too large (%s)", self.client)
+                    self.transport.write(_HEAD_TOO_LARGE)
+                    self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._set_guard("", 0)
@@ -157,6 +181,7 @@ if HttpToolsProtocol is not None:
                 self._set_guard("head", self.head_timeout_s)
 
         def on_headers_complete(self) -> None:
+            self._head_bytes = 0
             super().on_headers_complete()
             self._set_guard("body", self.body_idle_s)  # until on_message_complete, even with no body
 
@@ -165,6 +190,7 @@ if HttpToolsProtocol is not None:
             self._set_guard("body", self.body_idle_s)  # reset by every chunk
 
         def on_message_complete(self) -> None:
+            self._head_bytes = 0
             super().on_message_complete()
             self._set_guard("", 0)  # whole request in; an idle keep-alive is uvicorn's own timeout
 

@@ -1,11 +1,12 @@
 """The clocks on slow clients (localchat/server/http_guard.py), with short times, over real sockets to
 uvicorn on a thread, on both guarded protocols (httptools' and h11's): a stalled body is cut after the
 idle time, a body that keeps coming is not, a silent or dribbling head is cut at the head time, and a
-complete request's answer may stream for longer than either clock."""
+complete request's answer may stream for longer than either clock; a head over 16 KiB is refused."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -139,3 +140,25 @@ def test_the_server_serves_on_httptools_when_it_is_installed(monkeypatch: pytest
     assert http_protocol() is GuardedHttpToolsProtocol
     monkeypatch.setattr(http_guard, "GuardedHttpToolsProtocol", None)  # as without its wheel
     assert http_protocol() is GuardedH11Protocol
+
+
+def _reply_to(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(10)
+        with contextlib.suppress(OSError):  # the server may close before the client has sent it all
+            sock.sendall(request)
+        reply = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                reply += chunk
+    return reply
+
+
+def test_a_head_over_16_kib_is_refused_and_one_under_is_served(port: int) -> None:
+    fields = b"".join(b"X-Field-%d: %s\r\n" % (i, b"v" * 1000) for i in range(12))  # ~12 KiB
+    served = _reply_to(port, b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + fields + b"\r\n")
+    assert served.startswith(b"HTTP/1.1 200") and served.endswith(b"end\r\n0\r\n\r\n")
+    huge = b"".join(b"X-Field-%d: %s\r\n" % (i, b"v" * 1000) for i in range(2000))  # ~2 MB
+    refused = _reply_to(port, b"GET / HTTP/1.1\r\nHost: x\r\n" + huge + b"\r\n")
+    assert refused.startswith((b"HTTP/1.1 431", b"HTTP/1.1 400")), refused[:80]  # httptools, h11
+    assert b"200 OK" not in refused
