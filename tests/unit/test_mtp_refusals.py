@@ -36,9 +36,9 @@ def bundle(fmt: str, **extra: object) -> ModelBundle:
 def test_a_runner_without_the_head_code_is_refused() -> None:
     assert "mtp" in SPECULATIVE_METHODS
     with pytest.raises(SettingsError, match="torch backend only"):
-        mtp_proposer_for(FakeRunner(), bundle("safetensors"), "m")  # type: ignore[arg-type]
+        mtp_proposer_for(FakeRunner(), bundle("safetensors"), "m")
     with pytest.raises(SettingsError, match="torch backend only"):
-        mtp_for_method("mtp", FakeRunner(), bundle("safetensors"), "m")  # type: ignore[arg-type]
+        mtp_for_method("mtp", FakeRunner(), bundle("safetensors"), "m")
 
 
 def test_auto_uses_the_head_only_when_attached() -> None:
