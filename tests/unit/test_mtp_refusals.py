@@ -48,5 +48,5 @@ def test_auto_uses_the_head_only_when_attached() -> None:
     assert (picked.method, picked.auto_reason) == ("mtp", MTP_REASON)
     assert resolve_auto(auto, model, "cpu").speculative.method != "mtp"
     # no files to read: no head, so auto attaches nothing and `ngram` / `off` stay its choices
-    assert mtp_for_method("auto", FakeRunner(), bundle("safetensors"), "m") is None  # type: ignore[arg-type]
+    assert mtp_for_method("auto", FakeRunner(), bundle("safetensors"), "m") is None
     assert not has_mtp_head(bundle("gguf")) and not has_mtp_head(bundle("safetensors"))
