@@ -14,22 +14,24 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from localchat.backends.torch.cpu import kernels
 from tests.helpers.iquants import IQ_QUANTIZERS, random_blocks
-from tests.helpers.kernel_checks import check_matmul_bound, compact_and_dequantized
+from tests.helpers.kernel_checks import (
+    check_matmul_bound,
+    compact_and_dequantized,
+    follow_dequantized,
+    tiny_model_matrices,
+)
 
 # re-exported: test_kernels_lowbit.py imports quantized_activations from here
 from tests.helpers.kernel_checks import quantized_activations as quantized_activations
-from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import tiny_hf_model
 
 pytestmark = pytest.mark.skipif(not kernels.runnable_isas(), reason="kernels not built (no C compiler)")
@@ -75,26 +77,11 @@ def test_tiny_gguf_in_iq4_runs_on_blocks(tmp_path: Path, qtype: str, monkeypatch
     hf = tiny_hf_model("llama", vocab_size=TINY_VOCAB_SIZE, hidden_size=256, intermediate_size=512)
     path = write_tiny_gguf(tmp_path / "tiny.gguf", hf, qtype=qtype, tokenizer_kind="gpt2")
     runs = compact_and_dequantized(path, monkeypatch)
-    model, layer = runs[0].model, runs[0].model.layers[0]
-    mats: tuple[Any, ...] = (
-        layer.qkv,
-        layer.o,
-        layer.gate_up,
-        layer.down,
-        model.embed,
-        model.lm_head or model.embed,
-    )
+    mats = tiny_model_matrices(runs[0])
     assert all(isinstance(m, kernels.BlockMatrix) for m in mats)
     assert {s.qtype for m in mats for s in m.segments} == {qtype}
     assert not any(s.packed_rows for m in mats for s in m.segments)
-    drivers = [PagedDriver(r) for r in runs]
-    for driver in drivers:
-        driver.add("a", [5, 17, 99, 3, 250, 42, 7, 7, 81, 130, 64])
-    for _ in range(5):
-        (_, got), (_, want) = (d.step_logits() for d in drivers)
-        assert F.cosine_similarity(got[0].float(), want[0].float(), dim=0) > 0.995
-        for driver in drivers:
-            driver.feed("a", int(want[0].argmax()))
+    follow_dequantized(*runs, steps=5)
 
 
 @pytest.mark.parametrize(("qtype", "bytes_per_256"), [("IQ4_XS", 136), ("IQ4_NL", 144)])

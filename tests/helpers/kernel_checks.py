@@ -1,6 +1,6 @@
 """What the CPU kernel suites (test_kernels_iquants.py, test_kernels_mxfp4.py, test_kernels_lowbit.py)
 check alike: a block matrix's matmul against the float64 product of its dequantized weights, and a model
-loaded twice, on the kernels' blocks and dequantized.
+loaded twice, on the kernels' blocks and dequantized, the first following the second step by step.
 
 The matmul bound: against the *same* 8-bit activations the kernels use (x ~ d * q per 32 values) only
 float32 accumulation error remains, at most (terms summed serially + a few) * 2^-24 * sum |w * x| per
@@ -16,12 +16,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from localchat.backends import RunnerOptions
 from localchat.backends.torch import quant
 from localchat.backends.torch.cpu import kernels
 from localchat.backends.torch.runner import TorchRunner
 from localchat.weights.loader import load_model
+from tests.helpers.parity import PROMPT
+from tests.helpers.torch_batch import PagedDriver
 
 
 def quantized_activations(x: torch.Tensor) -> torch.Tensor:
@@ -68,3 +71,33 @@ def compact_and_dequantized(
         monkeypatch.setenv(quant.QUANT_ENV, mode)
         runs.append(TorchRunner(bundle, RunnerOptions(device="cpu", dtype="float32")))
     return runs[0], runs[1]
+
+
+def tiny_model_matrices(runner: TorchRunner) -> tuple[Any, ...]:
+    """A tiny Llama's first layer's linears, its embedding and its LM head (the embedding when tied)."""
+    model = runner.model
+    layer: Any = model.layers[0]
+    return (layer.qkv, layer.o, layer.gate_up, layer.down, model.embed, model.lm_head or model.embed)
+
+
+def follow_dequantized(
+    compact: TorchRunner,
+    exact: TorchRunner,
+    steps: int,
+    prompt: list[int] = PROMPT,
+    min_cosine: float = 0.995,
+) -> float:
+    """`prompt` prefilled on both runners (the many-row path), then `steps` one-row decode steps each fed
+    the dequantized run's greedy token: the compact run's logits at cosine > `min_cosine` at every step.
+    Returns the largest |logit difference| seen."""
+    drivers = [PagedDriver(compact), PagedDriver(exact)]
+    for driver in drivers:
+        driver.add("a", prompt)
+    worst = 0.0
+    for _ in range(steps):
+        (_, got), (_, want) = (d.step_logits() for d in drivers)
+        worst = max(worst, float((got[0].float() - want[0].float()).abs().max()))
+        assert F.cosine_similarity(got[0].float(), want[0].float(), dim=0) > min_cosine
+        for driver in drivers:
+            driver.feed("a", int(want[0].argmax()))
+    return worst
