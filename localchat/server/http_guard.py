@@ -6,9 +6,9 @@
   Here a request's head must arrive within HEAD_TIMEOUT_S of its first byte (or of the connection),
   and its body may pause at most BODY_IDLE_S between two reads. Once a request is whole, nothing
   ticks: an answer may stream for as long as the model writes.
-- A bound on a request's head: h11 refuses one over 16 KiB (uvicorn's `h11_max_incomplete_event_size`),
-  httptools has no bound of its own (2 MB of headers within the head clock were taken in), so its
-  protocol here refuses a head over the same size.
+- A bound on a request's head: h11 refuses a head that has grown past 16 KiB in its buffer (uvicorn's
+  `h11_max_incomplete_event_size`); httptools has no bound of its own (2 MB of headers within the head
+  clock were taken in), so its protocol here answers 431 to a head over the same size, however it comes.
 - An access log that never records a key: a client that sends `?api_key=...` is refused, yet the
   query string would still land in the log file in clear.
 
@@ -153,46 +153,64 @@ if HttpToolsProtocol is not None:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             self._start_clocks()
-            self._head_bytes = 0  # bytes read since the current head's start (roughly: whole reads)
+            self._head_bytes = 0  # read since the current head began (whole reads: an upper bound)
             limit = self.config.h11_max_incomplete_event_size
             self._max_head_bytes = DEFAULT_MAX_INCOMPLETE_EVENT_SIZE if limit is None else limit
+            self._refused = False
             super().connection_made(transport)
             self._set_guard("head", self.head_timeout_s)  # a socket that sends nothing at all
 
         def data_received(self, data: bytes) -> None:
             self._head_bytes += len(data)
             super().data_received(data)
-            # Checked after parsing, so a read that completes a head (and carries body) is never
-            # counted against it; an unfinished head holds at most the limit plus one read.
+            # After parsing, so a read that completes its head is judged by on_headers_complete; a
+            # head still coming holds at most the limit plus one read.
             if self._guarding == "head" and self._head_bytes > self._max_head_bytes:
-                self._set_guard("", 0)
-                if not self.transport.is_closing():
-                    self.logger.info("closing a connection whose request head is too large (%s)", self.client)
-                    self.transport.write(_HEAD_TOO_LARGE)
-                    self.transport.close()
+                self._refuse_head()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._set_guard("", 0)
             super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
+            if self._refused:
+                return
             super().on_message_begin()
             if self._guarding != "head":  # started once a head: not reset by more dribbles
                 self._set_guard("head", self.head_timeout_s)
 
         def on_headers_complete(self) -> None:
+            if self._refused:
+                return
             self._head_bytes = 0
+            size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+            if size > self._max_head_bytes:  # one read brought all of it: no ASGI task for it
+                self._refuse_head()
+                return
             super().on_headers_complete()
             self._set_guard("body", self.body_idle_s)  # until on_message_complete, even with no body
 
         def on_body(self, body: bytes) -> None:
+            if self._refused:
+                return
             super().on_body(body)
             self._set_guard("body", self.body_idle_s)  # reset by every chunk
 
         def on_message_complete(self) -> None:
+            if self._refused:
+                return
             self._head_bytes = 0
             super().on_message_complete()
             self._set_guard("", 0)  # whole request in; an idle keep-alive is uvicorn's own timeout
+
+        def _refuse_head(self) -> None:
+            """431 and close; the parser's callbacks for what was already read do nothing after it."""
+            self._refused = True
+            self._set_guard("", 0)
+            if not self.transport.is_closing():
+                self.logger.info("closing a connection whose request head is too large (%s)", self.client)
+                self.transport.write(_HEAD_TOO_LARGE)
+                self.transport.close()
 
         def handle_websocket_upgrade(self) -> None:
             self._set_guard("", 0)  # the connection is the websocket protocol's from here on
