@@ -265,8 +265,7 @@ class TorchRunner:
             torch.set_num_threads(threads)
         start = time.perf_counter()
         if (lean := self._one_row_step(batch)) is not None and lean.head is not None:
-            # One decode token of one stream: no backend setting read and no autograd state, so none of
-            # the contexts below (~60 µs of a token on cold caches, cpu/one_row.py).
+            # One decode token of one stream: reads no setting, keeps no autograd state: no contexts (one_row.py)
             assert batch.sampling is not None, "the engine builds sampling inputs for every sampled row"
             result = sample(lean.logits(batch), batch.sampling, self.generator)
             if self.threads:
@@ -372,13 +371,11 @@ class TorchRunner:
             return self.model.logits(hidden)
 
     def _one_row_step(self, batch: BatchInputs) -> OneRowStep | None:
-        """The lean step (cpu/one_row.py) where it runs `batch`: one plain decode token, no pooled request,
-        no EAGLE-3 taps. Planned at the first step (the weights are in place by then)."""
+        """cpu/one_row.py's step where it runs `batch` (planned at the first step: the weights are in place)."""
         if self._one_row is False:
             self._one_row = OneRowStep.plan(self)
-        lean = self._one_row
-        if lean and lean.takes(batch, self.kv_caches, self.backend_settings) and not self.pooler.counts:
-            return lean if self.hidden_taps is None else None
+        if (lean := self._one_row) and not self.pooler.counts and self.hidden_taps is None:  # EAGLE-3, MTP
+            return lean if lean.takes(batch, self.kv_caches, self.backend_settings) else None
         return None
 
     def _prepare(self, batch: BatchInputs) -> _Step:
