@@ -40,7 +40,8 @@ def has_mtp_head(bundle: ModelBundle) -> bool:
         files = safetensors_files(bundle.path, quantized=True)
     except ModelLoadError:
         return False
-    return any(name.startswith(MTP_PREFIXES) for f in files for name in f.header)
+    # GLM-4.5: nextn layers after the model's own, each with an eh_proj (arch/nextn.py)
+    return any(name.startswith(MTP_PREFIXES) or ".eh_proj." in name for f in files for name in f.header)
 
 
 def mtp_proposer_for(runner: ModelRunner, bundle: ModelBundle, target_id: str) -> Proposer:

@@ -26,9 +26,10 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 
-from localchat.arch.qwen3_next import mtp_weights
+from localchat.arch import nextn, qwen3_next
 from localchat.backends.torch.layers import apply_rope, rms_norm
 from localchat.backends.torch.models.base import DecoderLM
+from localchat.backends.torch.models.llama import LlamaLayer
 from localchat.backends.torch.models.qwen3_next import HybridLayer
 from localchat.backends.torch.quant import QuantPolicy, Weight, convert, finalize, linear
 from localchat.backends.torch.weights import load_decoder
@@ -40,7 +41,12 @@ OWN = {
     "fc.weight": "fc",
     "pre_fc_norm_embedding.weight": "norm_embed",
     "pre_fc_norm_hidden.weight": "norm_hidden",
+    "lm_head.weight": "lm_head",  # GLM-4.5's nextn layer carries its own (shared_head.head)
 }
+OPTIONAL = frozenset({"lm_head"})
+# GLM-4.5 (nextn layers in the DeepSeek-V3 layout, arch/nextn.py): plain RMSNorms, the layer is the
+# model's Llama-style attention with its MoE; Qwen3.5 / Qwen3-Next: (1 + w) norms, gated attention.
+NEXTN_MODEL_TYPES = frozenset({"glm4_moe"})
 
 
 class MtpLoadError(ModelLoadError):
@@ -60,6 +66,7 @@ def _layer_stream(weights: Iterable[WeightTensor], own: dict[str, WeightTensor])
             yield replace(w, name="model." + name)
         elif name.startswith("layers."):
             raise MtpLoadError(f"MTP tensor {w.name}: only one-layer MTP heads are supported")
+        # anything else (GLM's copy of the embedding) is the model's own: not kept twice
 
 
 @contextlib.contextmanager
@@ -86,14 +93,18 @@ def _drop_embedding_and_head(model: DecoderLM) -> None:
 
 class MtpHead:
     """The head's weights and forward in the shape the EAGLE-3 proposer drives (eagle3_proposer.py
-    `DraftHead`): fuse, qkv, attend, finish, logits, feedback."""
+    `DraftHead`): fuse, qkv, attend, finish, logits, feedback. `nextn`: GLM-4.5's form (vLLM's
+    `glm4_moe_mtp`): the Llama-style layer, the first position's embedding zeroed, its own LM head, and
+    the layer's output before the norm fed to the next draft."""
 
     def __init__(self, target: DecoderLM, layer_model: DecoderLM, own: dict[str, Weight]) -> None:
         self.target = target
         self.layer_model = layer_model
+        self.nextn = target.config.model_type in NEXTN_MODEL_TYPES
         self.layer = cast(HybridLayer, layer_model.layers[0])
-        if self.layer.linear:
+        if not self.nextn and self.layer.linear:
             raise MtpLoadError("the MTP layer must be a full-attention layer")
+        self.lm_head = own.get("lm_head")
         self.fc = own["fc"]
         self.norm_embed = cast(torch.Tensor, own["norm_embed"])
         self.norm_hidden = cast(torch.Tensor, own["norm_hidden"])
@@ -118,13 +129,18 @@ class MtpHead:
         # The one-layer build reads the tensors as `mtp_weights` already turned them (a GGUF's too): its
         # own load must not turn them again.
         x = {k: v for k, v in config.extra.items() if k != "gguf_ssm_inner_size"}
-        one = replace(
-            config,
-            num_hidden_layers=1,
-            extra={**x, "layer_types": ["full_attention"], "mlp_only_layers": [], "gguf_nextn_layers": 0},
-        )
+        x |= {
+            "mlp_only_layers": [],
+            "gguf_nextn_layers": 0,
+            "first_k_dense_replace": 0,
+        }  # a MoE if the model's are
+        nextn_form = config.model_type in NEXTN_MODEL_TYPES
+        if not nextn_form:
+            x["layer_types"] = ["full_attention"]
+        one = replace(config, num_hidden_layers=1, extra=x)
         stored: dict[str, WeightTensor] = {}
-        mtp = list(mtp_weights(config, weights))  # views into the file: nothing is read yet
+        reader = nextn.mtp_weights if nextn_form else qwen3_next.mtp_weights
+        mtp = list(reader(config, weights))  # views into the file: nothing is read yet
         if not mtp:
             raise MtpLoadError(
                 "the checkpoint carries no multi-token-prediction head (no mtp.* tensors; a GGUF converted "
@@ -138,21 +154,19 @@ class MtpHead:
             raise
         except ModelLoadError as exc:
             raise MtpLoadError(f"the checkpoint's multi-token-prediction head is incomplete: {exc}") from exc
-        missing = [f"mtp.{n}" for n, key in OWN.items() if key not in stored]
+        missing = [f"mtp.{n}" for n, key in OWN.items() if key not in stored and key not in OPTIONAL]
         if missing:
             raise MtpLoadError(f"the checkpoint's multi-token-prediction head lacks {', '.join(missing)}")
         own: dict[str, Weight] = {}
         for key, w in stored.items():
-            rule = policy if key == "fc" else QuantPolicy()
+            rule = policy if key in ("fc", "lm_head") else QuantPolicy()
             if key == "fc" and tuple(w.shape)[:1] != (config.hidden_size,):
                 raise MtpLoadError(
                     f"mtp.fc.weight has shape {w.shape}, expected [{config.hidden_size}, 2 x hidden]"
                 )
             loaded = finalize(convert(w, dtype, device, rule), dtype, device, rule)
-            if key != "fc":
-                loaded = (
-                    cast(torch.Tensor, loaded) + 1.0
-                )  # (1 + w) RMSNorms, folded as the model folds its own
+            if key.startswith("norm") and not nextn_form:  # (1 + w) RMSNorms, folded as the model's are
+                loaded = cast(torch.Tensor, loaded) + 1.0
             own[key] = loaded
         return cls(target, layer_model, own)
 
@@ -169,6 +183,8 @@ class MtpHead:
         self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
         """(q [N, h, d] and k [N, kvh, d] rotated, v [N, kvh, d], (residual, output gate))."""
+        if self.nextn:  # vLLM's glm4_moe_mtp zeroes the first position's embedding (not needed there)
+            embeds = embeds.masked_fill((positions == 0)[:, None], 0.0)
         with one_row_gemv(embeds):
             return self._qkv(embeds, hidden, positions)
 
@@ -181,12 +197,19 @@ class MtpHead:
         )
         x = linear(joined, self.fc)
         n, h, kvh, d = x.shape[0], layer.heads, layer.kv_heads, layer.head_dim
+        cos, sin = self.target.rotary(positions, x.dtype)
+        if self.nextn:
+            llama = cast(LlamaLayer, layer)
+            y = linear(rms_norm(x, llama.attn_norm, llama.eps), llama.qkv, llama.qkv_bias).view(
+                n, h + 2 * kvh, d
+            )
+            qk = apply_rope(llama.normalize_qk(y[:, : h + kvh]), cos, sin)
+            return qk[:, :h], qk[:, h:], y[:, h + kvh :], (x, None)
         y = linear(rms_norm(x, layer.attn_norm, layer.eps), layer.qkv)
         q_gate = y[:, : 2 * h * d].view(n, h, 2 * d)
         k = y[:, 2 * h * d : (2 * h + kvh) * d].view(n, kvh, d)
         v = y[:, (2 * h + kvh) * d :].view(n, kvh, d)
         qk = rms_norm(torch.cat((q_gate[..., :d], k), dim=1), None, layer.eps) * layer.qk_norm
-        cos, sin = self.target.rotary(positions, x.dtype)
         qk = apply_rope(qk, cos, sin)
         return qk[:, :h], qk[:, h:], v, (x, q_gate[..., d:])
 
@@ -213,18 +236,30 @@ class MtpHead:
         residual, gate = carry
         layer = self.layer
         n = attn.shape[0]
-        gated = attn.view(n, layer.heads, layer.head_dim) * torch.sigmoid(gate)
+        if gate is None:  # GLM's plain attention output (o may have a bias)
+            o_bias = cast(LlamaLayer, layer).o_bias
+            gated = attn.reshape(n, -1)
+        else:
+            o_bias, gated = (
+                None,
+                (attn.view(n, layer.heads, layer.head_dim) * torch.sigmoid(gate)).reshape(n, -1),
+            )
         with one_row_gemv(attn):
-            x = residual + linear(gated.reshape(n, -1), layer.o)
+            x = residual + linear(gated, layer.o, o_bias)
             return x + layer.mlp(rms_norm(x, layer.mlp_norm, layer.eps))
 
     def feedback(self, out: torch.Tensor) -> torch.Tensor:
-        """The hidden state the next draft reads: the head's normed output."""
+        """The hidden state the next draft reads: the head's normed output (GLM's: the output itself)."""
+        return out if self.nextn else self._normed(out)
+
+    def _normed(self, out: torch.Tensor) -> torch.Tensor:
         return rms_norm(out, self.layer_model.norm, self.eps)
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Layer output [N, hidden] -> logits over the target's vocabulary, through its LM head."""
         target = self.target
-        head = target.embed if target.lm_head is None else target.lm_head
+        head = self.lm_head
+        if head is None:
+            head = target.embed if target.lm_head is None else target.lm_head
         with one_row_gemv(out):
-            return linear(self.feedback(out), cast(Weight, head))
+            return linear(self._normed(out), cast(Weight, head))

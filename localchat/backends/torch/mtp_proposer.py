@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from localchat.backends.torch.runner import TorchRunner
 
 # Model types whose checkpoints may carry the head this module runs (Qwen3.5 dense / MoE, Qwen3-Next).
-MTP_MODEL_TYPES = frozenset({"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"})
+# GLM-4.5's nextn layers too (mtp_head.py `NEXTN_MODEL_TYPES`).
+MTP_MODEL_TYPES = frozenset({"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "glm4_moe"})
 
 
 class LastHidden(HiddenTaps):
@@ -60,7 +61,8 @@ def attach_mtp(
     if config.model_type not in MTP_MODEL_TYPES:
         raise MtpLoadError(
             f"--speculative mtp: {target_name} ({config.model_type}) has no multi-token-prediction head "
-            "this app runs (Qwen3.5 and Qwen3-Next checkpoints carry one). Use --speculative ngram or draft."
+            "this app runs (Qwen3.5, Qwen3-Next and GLM-4.5 checkpoints carry one). Use --speculative ngram "
+            "or draft."
         )
     if getattr(runner, "steps_in_flight", 1) != 1:
         raise MtpLoadError(
