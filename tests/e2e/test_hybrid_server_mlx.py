@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_hybrid_server import _write_folder
-from tests.helpers.hybrid_server import PROMPTS, ask_at_once, expected_answers
+from tests.helpers.hybrid_server import PROMPTS, assert_greedy_at_once, expected_answers
 from tests.helpers.live_server import live_server
 
 pytestmark = pytest.mark.mlx
@@ -35,9 +35,7 @@ def test_hybrid_model_serves_concurrent_requests_on_mlx(tmp_path: Path) -> None:
     with live_server(args) as server, server.client() as client:
         model = client.get("/v1/models").json()["data"][0]["id"]
 
-        answers = ask_at_once(client, model, PROMPTS)
-        for prompt in PROMPTS:
-            assert answers[prompt] == expected[prompt], prompt
+        assert_greedy_at_once(client, model, expected)
         metrics = server.metrics()
         assert metrics["localchat_state_slots_total"] == 2
         assert metrics["localchat_state_slots_used"] == 0

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_hybrid_server import _write_folder
-from tests.helpers.hybrid_server import ask_at_once, expected_answers
+from tests.helpers.hybrid_server import assert_greedy_at_once, expected_answers
 from tests.helpers.live_server import live_server
 
 PROMPTS = ["one two three one two three one two three one two", "The quick brown fox", "def add(a, b):"]
@@ -26,9 +26,7 @@ def test_hybrid_model_speculates_with_plain_greedy_answers(tmp_path: Path) -> No
     with live_server(args) as server, server.client() as client:
         model = client.get("/v1/models").json()["data"][0]["id"]
 
-        answers = ask_at_once(client, model, PROMPTS)  # 6 tokens each
-        for prompt in PROMPTS:
-            assert answers[prompt] == expected[prompt], prompt
+        assert_greedy_at_once(client, model, expected)  # 6 tokens each
         log = server.log()
         assert "Speculative decoding off" not in log, log[-2000:]
         assert re.search(r"Speculation on a hybrid model: 16 spec rows", log), log[-2000:]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.backends.test_granitemoehybrid import tiny_granite
-from tests.helpers.hybrid_server import PROMPTS, ask_at_once, expected_answers, write_hybrid_folder
+from tests.helpers.hybrid_server import PROMPTS, assert_greedy_at_once, expected_answers, write_hybrid_folder
 from tests.helpers.live_server import live_server
 from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE
 
@@ -25,9 +25,7 @@ def test_granite_hybrid_serves_concurrent_requests_with_state_slots(tmp_path: Pa
     with live_server(args) as server, server.client() as client:
         model = client.get("/v1/models").json()["data"][0]["id"]
 
-        answers = ask_at_once(client, model, PROMPTS)
-        for prompt in PROMPTS:
-            assert answers[prompt] == expected[prompt], prompt
+        assert_greedy_at_once(client, model, expected)
         metrics = server.metrics()
         assert metrics["localchat_state_slots_total"] == 2
         assert metrics["localchat_state_bytes_per_slot"] == 2 * (3 * 192 * 4 + 4 * 32 * 16 * 4)

@@ -62,8 +62,9 @@ def expected_answers(tok: Tokenizer, hf: torch.nn.Module, prompts: list[str]) ->
     return {p: tok.decode(expected_tokens(tok, hf, p), skip_special_tokens=True) for p in prompts}
 
 
-def ask_at_once(client: httpx.Client, model: str, prompts: list[str]) -> dict[str, str]:
-    """Each prompt as a one-message greedy chat of MAX_TOKENS, all sent at once; each must get a 200."""
+def assert_greedy_at_once(client: httpx.Client, model: str, expected: dict[str, str]) -> None:
+    """Each prompt of `expected` as a one-message greedy chat of MAX_TOKENS, all sent at once: each gets
+    a 200 and its expected answer."""
 
     def ask(prompt: str) -> str:
         body = {
@@ -76,5 +77,8 @@ def ask_at_once(client: httpx.Client, model: str, prompts: list[str]) -> dict[st
         assert reply.status_code == 200, reply.text
         return str(reply.json()["choices"][0]["message"]["content"])
 
+    prompts = list(expected)
     with ThreadPoolExecutor(len(prompts)) as pool:
-        return dict(zip(prompts, pool.map(ask, prompts), strict=True))
+        answers = dict(zip(prompts, pool.map(ask, prompts), strict=True))
+    for prompt in prompts:
+        assert answers[prompt] == expected[prompt], prompt
