@@ -51,6 +51,7 @@ setup(
                 "csrc/lc_iq_grids.h",
                 "csrc/lc_mxfp4.h",
                 "csrc/lc_lowbit.h",
+                "csrc/lc_lowbit_rows.h",
                 "csrc/lc_deltanet.h",
             ],
             define_macros=[("Py_LIMITED_API", "0x030A0000")],

@@ -27,7 +27,9 @@ from gguf.quants import dequantize, quantize
 
 from localchat.backends.torch.cpu import kernels
 from localchat.kernels import library
+from localchat.weights.lowbit import LOWBIT_TYPES, dequantize_lowbit
 from tests.helpers import iquants, kquants
+from tests.helpers.lowbit import random_lowbit_blocks
 
 MATRICES = [
     ("Q4_K", 8192, 2048),
@@ -50,6 +52,10 @@ MATRICES = [
     ("IQ1_M", 8192, 2048),
     ("TQ1_0", 8192, 2048),
     ("TQ2_0", 8192, 2048),
+    ("NVFP4", 4096, 4096),  # docs/performance.md's low-bit timings are of this shape
+    ("Q1_0", 4096, 4096),
+    ("Q2_0", 4096, 4096),
+    ("MXFP4", 4096, 4096),
 ]
 
 
@@ -59,6 +65,8 @@ def blocks(qtype: str, rows: int, cols: int) -> np.ndarray:
         return kquants.K_QUANTIZERS[qtype](values)
     if qtype in iquants.IQ_QUANTIZERS:
         return iquants.IQ_QUANTIZERS[qtype](values)
+    if qtype in LOWBIT_TYPES:
+        return random_lowbit_blocks(qtype, rows, cols, seed=0)
     if qtype in kernels.IQ_TYPES - {"TQ1_0", "TQ2_0"}:  # no encoder: random valid blocks time alike
         return iquants.random_blocks(qtype, rows, cols, seed=0)
     return quantize(values, GGMLQuantizationType[qtype])
@@ -110,7 +118,12 @@ def main() -> None:
             continue
         raw = blocks(qtype, rows, cols)
         matrix = kernels.BlockMatrix([kernels.Segment(qtype, torch.from_numpy(raw))], cols, ops)
-        dense = torch.from_numpy(dequantize(raw, GGMLQuantizationType[qtype]))
+        flat = (
+            dequantize_lowbit(raw, qtype)
+            if qtype in LOWBIT_TYPES
+            else dequantize(raw, GGMLQuantizationType[qtype])
+        )
+        dense = torch.from_numpy(flat.reshape(rows, cols))
         x16 = ops.repack(matrix.segments[0], cols)  # the layout `auto` loads (csrc/lc_x16_layout.h)
         packed = kernels.BlockMatrix([x16], cols, ops) if x16.packed_rows else None
         for t in args.rows:

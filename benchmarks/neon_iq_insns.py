@@ -10,7 +10,7 @@ e.g. the portable C the i-quants ran before lc_iq_neon.h. Instruction counts are
 and a scalar add all count one, and memory stalls count nothing.
 
 Needs gcc, gcc-aarch64-linux-gnu and qemu-user (the qemu build must support -plugin, as Debian's does).
-Usage: python benchmarks/neon_iq_insns.py [--before REV] [--rows 1 16]
+Usage: python benchmarks/neon_iq_insns.py [--before REV] [--rows 1 16] [--types Q1_0 Q2_0]
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ TYPES = [
     ("IQ1_M", 29, 256, 56),
     ("TQ1_0", 34, 256, 54),
     ("TQ2_0", 35, 256, 66),
+    ("NVFP4", 40, 64, 36),
+    ("Q1_0", 41, 128, 18),
+    ("Q2_0", 42, 64, 18),
 ]
 WEIGHTS = 64 * 4096
 PORTABLE, NEON = 0, 3
@@ -95,6 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", help="a git revision whose kernels to count too (its NEON ISA)")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16], help="activation rows per call")
+    parser.add_argument("--types", nargs="+", help="only these types")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -114,6 +118,8 @@ def main() -> None:
         print(head)
         print("|" + "---|" * (head.count("|") - 1))
         for kind in TYPES:
+            if args.types and kind[0] not in args.types:
+                continue
             for rows in args.rows:
                 cells = [f"{per_weight(plugin, before, NEON, kind, rows):.2f}"] if before else []
                 cells += [f"{per_weight(plugin, now, isa, kind, rows):.2f}" for isa in (PORTABLE, NEON)]

@@ -310,14 +310,17 @@ static inline __attribute__((always_inline)) void LC_FN(iqn_row)(const int type,
     for (int r = 0; r < mr; r++) res[r] = vaddvq_f32(vaddq_f32(acc0[r], acc1[r]));
 }
 
-#define LC_IQN_ROWS(T)                                                                                  \
+#include "lc_lowbit_rows.h" /* lbn_brow: Q1_0 / Q2_0 a block at a time */
+
+#define LC_IQN_ROWS_F(F, T)                                                                             \
     switch (mr) {                                                                                       \
-    case 1: LC_FN(iqn_row)(T, 1, row, k, xq, xd, res); break;                                           \
-    case 2: LC_FN(iqn_row)(T, 2, row, k, xq, xd, res); break;                                           \
-    case 3: LC_FN(iqn_row)(T, 3, row, k, xq, xd, res); break;                                           \
-    default: LC_FN(iqn_row)(T, 4, row, k, xq, xd, res); break;                                          \
+    case 1: LC_FN(F)(T, 1, row, k, xq, xd, res); break;                                                 \
+    case 2: LC_FN(F)(T, 2, row, k, xq, xd, res); break;                                                 \
+    case 3: LC_FN(F)(T, 3, row, k, xq, xd, res); break;                                                 \
+    default: LC_FN(F)(T, 4, row, k, xq, xd, res); break;                                                \
     }                                                                                                   \
     break;
+#define LC_IQN_ROWS(T) LC_IQN_ROWS_F(iqn_row, T)
 
 /* lc_iquants.h's row kernel: mr (1..4) activation rows against one weight row, every type a literal. */
 static void LC_FN(iq_rows)(int type, const uint8_t *row, int64_t k, const int8_t *xq, const float *xd, int mr,
@@ -327,8 +330,8 @@ static void LC_FN(iq_rows)(int type, const uint8_t *row, int64_t k, const int8_t
     case LC_IQ4_XS: LC_IQN_ROWS(LC_IQ4_XS)
     case LC_MXFP4: LC_IQN_ROWS(LC_MXFP4)
     case LC_NVFP4: LC_IQN_ROWS(LC_NVFP4)
-    case LC_Q1_0: LC_IQN_ROWS(LC_Q1_0)
-    case LC_Q2_0: LC_IQN_ROWS(LC_Q2_0)
+    case LC_Q1_0: LC_IQN_ROWS_F(lbn_brow, LC_Q1_0)
+    case LC_Q2_0: LC_IQN_ROWS_F(lbn_brow, LC_Q2_0)
     case LC_IQ2_XXS: LC_IQN_ROWS(LC_IQ2_XXS)
     case LC_IQ2_XS: LC_IQN_ROWS(LC_IQ2_XS)
     case LC_IQ2_S: LC_IQN_ROWS(LC_IQ2_S)
@@ -341,6 +344,7 @@ static void LC_FN(iq_rows)(int type, const uint8_t *row, int64_t k, const int8_t
     }
 }
 #undef LC_IQN_ROWS
+#undef LC_IQN_ROWS_F
 
 #if !LC_IQN_SDOT
 /* One activation row x (xd: its lane scales) against the panel, without sdot: per 4-value group smull /

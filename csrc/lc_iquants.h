@@ -700,6 +700,8 @@ static inline __attribute__((always_inline)) void LC_FN(iq3_brow)(const int type
 }
 #endif
 
+#include "lc_lowbit_rows.h" /* lb_brow: NVFP4 / Q1_0 / Q2_0 a block at a time */
+
 #define LC_IQ_ROWS(F, T)                                                                                \
     switch (mr) {                                                                                       \
     case 1: LC_FN(F)(T, 1, row, k, xq, xd, res); break;                                                 \
@@ -714,9 +716,9 @@ static void LC_FN(iq_rows)(int type, const uint8_t *row, int64_t k, const int8_t
     case LC_IQ4_NL: LC_IQ_ROWS(iq_row, LC_IQ4_NL) break;
     case LC_IQ4_XS: LC_IQ_ROWS(iq_row, LC_IQ4_XS) break; /* without dx32: iq_matmul runs iq4xs_rows */
     case LC_MXFP4: LC_IQ_ROWS(iq_row, LC_MXFP4) break;
-    case LC_NVFP4: LC_IQ_ROWS(iq_row, LC_NVFP4) break;
-    case LC_Q1_0: LC_IQ_ROWS(iq_row, LC_Q1_0) break;
-    case LC_Q2_0: LC_IQ_ROWS(iq_row, LC_Q2_0) break;
+    case LC_NVFP4: LC_IQ_ROWS(lb_brow, LC_NVFP4) break;
+    case LC_Q1_0: LC_IQ_ROWS(lb_brow, LC_Q1_0) break;
+    case LC_Q2_0: LC_IQ_ROWS(lb_brow, LC_Q2_0) break;
     case LC_IQ2_XXS: LC_IQ_ROWS(iq_brow, LC_IQ2_XXS) break;
     case LC_IQ2_XS: LC_IQ_ROWS(iq_brow, LC_IQ2_XS) break;
     case LC_IQ2_S: LC_IQ_ROWS(iq_brow, LC_IQ2_S) break;

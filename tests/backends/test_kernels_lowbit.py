@@ -6,8 +6,9 @@
   found (LOCALCHAT_GGML_LIB, else the dev box's build), ggml's own to_float for all three, bit for bit,
   over every scale byte; the kernels' dequantization equals it bit for bit.
 - Matmul on every ISA this host runs stays within the float32 accumulation bound of the float64 product of
-  the dequantized weights and the kernels' own 8-bit activations (as test_kernels_iquants.py); NEON runs
-  under qemu in test_iquants_neon.py.
+  the dequantized weights and the kernels' own 8-bit activations (as test_kernels_iquants.py), the
+  block-at-a-time row kernels (csrc/lc_lowbit_rows.h) over 1-6 blocks, 1-4 rows and the codes' and scales'
+  extremes; NEON runs under qemu in test_iquants_neon.py.
 - A tiny Llama GGUF with every matrix in one of the types keeps them in blocks and follows the
   dequantized float32 run.
 """
@@ -180,7 +181,7 @@ def test_matmul_matches_the_dequantized_product(qtype: str, isa: str) -> None:
     matrix = kernels.BlockMatrix([kernels.Segment(qtype, torch.from_numpy(blocks))], k, ops)
     assert not ops.can_repack(qtype, k)
     gen = torch.Generator().manual_seed(1)
-    for rows in (1, 3, 4, 5, 70):
+    for rows in (1, 2, 3, 4, 5, 70):
         for dtype in (torch.float32, torch.bfloat16):
             spread = torch.rand(rows, k // 32, 1, generator=gen).mul(4).expand(rows, k // 32, 32)
             x = (torch.randn(rows, k, generator=gen) * spread.reshape(rows, k)).to(dtype)
@@ -191,6 +192,45 @@ def test_matmul_matches_the_dequantized_product(qtype: str, isa: str) -> None:
             if dtype == torch.bfloat16:
                 bound = bound + want.abs() * 2.0**-8 + 1e-6
             assert ((got - want).abs() <= bound + 1e-30).all(), (rows, dtype, float((got - want).abs().max()))
+
+
+def _within_bound(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, k: int) -> bool:
+    """Whether the kernels' product is within the float32 accumulation bound of the float64 product of the
+    dequantized weights and the kernels' own 8-bit activations."""
+    xq = quantized_activations(x.float())
+    want = xq @ w.T
+    bound = (k / 4 + 8) * 2.0**-24 * (xq.abs() @ w.abs().T)
+    return bool(((got.double() - want).abs() <= bound + 1e-30).all())
+
+
+@needs_kernels
+@pytest.mark.parametrize("isa", kernels.runnable_isas())
+@pytest.mark.parametrize("qtype", TYPES)
+def test_row_kernel_every_row_count_and_block_count(qtype: str, isa: str) -> None:
+    """The one-row / few-row kernels (Q1_0 and Q2_0 run a block at a time: csrc/lc_lowbit_rows.h) for 1-4
+    activation rows over rows of 1 to 6 blocks (Q2_0 on AVX-512 two blocks per step: odd counts take the
+    last one alone), scales of either sign and any size, activations at +-127 (each 32's largest) in
+    every position and sign pattern, and every bit / code pattern: all-set, all-clear, alternating."""
+    ops = kernels.load(isa)
+    assert ops is not None
+    _, values, size = LOWBIT_TYPES[qtype]
+    gen = torch.Generator().manual_seed(2)
+    for nblocks in range(1, 7):
+        k = values * nblocks
+        blocks = random_lowbit_blocks(qtype, 24, k, seed=nblocks, any_scale=nblocks % 2 == 0)
+        body = blocks.reshape(24, nblocks, size)[:, :, 2 if qtype != "NVFP4" else 4 :]
+        body[0], body[1], body[2] = 0xFF, 0x00, 0x55  # all set / all clear / alternating (Q2_0: 0 / 1 / 3)
+        body[3] = 0xAA  # Q2_0: code 2 everywhere
+        if qtype == "NVFP4":  # the scale bytes' ends: 0x7F is zero, 0xFF is not (bit 7 ignored otherwise)
+            scales = np.array([0, 1, 7, 8, 0x7E, 0x7F, 0x80, 0xFF], dtype=np.uint8)
+            blocks.reshape(24, nblocks, size)[4:8, :, :4] = np.resize(scales, (4, nblocks, 4))
+        w = torch.from_numpy(dequantize_lowbit(blocks, qtype).reshape(24, k)).double()
+        matrix = kernels.BlockMatrix([kernels.Segment(qtype, torch.from_numpy(blocks))], k, ops)
+        for rows in (1, 2, 3, 4):
+            x = torch.randn(rows, k, generator=gen)
+            x[0] = torch.where(torch.rand(k, generator=gen) < 0.5, -1.0, 1.0)  # every code at +-127
+            got = ops.matmul(x, matrix)
+            assert _within_bound(got, x, w, k), (nblocks, rows)
 
 
 @needs_kernels
