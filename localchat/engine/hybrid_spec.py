@@ -45,9 +45,9 @@ def spec_rows_wanted(
     method: str, num_tokens: int, max_num_seqs: int, max_batch: int = DEFAULT_MAX_BATCH
 ) -> int:
     """Spec rows for every draft of every sequence that may speculate at once (max_batch, or fewer when
-    fewer run, x k); 0 when speculation is off or EAGLE (never on hybrids). `auto` counts as on (it may
-    pick n-gram): the RAM estimate (models/memory.py) counts them before the method is resolved."""
-    return 0 if method in ("off", "eagle") else min(max_batch, max_num_seqs) * num_tokens
+    fewer run, x k); 0 when speculation is off. `auto` counts as on (it may pick n-gram): the RAM estimate
+    (models/memory.py) counts them before the method is resolved."""
+    return 0 if method == "off" else min(max_batch, max_num_seqs) * num_tokens
 
 
 def plan_spec_rows(config: EngineConfig, budget: int, bytes_per_slot: int) -> int:
@@ -176,8 +176,8 @@ def speculation_note(
         return f"the {type(runner).__name__} runner cannot score draft tokens"
     if state_spec is None:
         return ""
-    if spec.method == "eagle":
-        return "EAGLE-3 on a hybrid model: its layers run in their own loop and hand out no hidden states"
+    if spec.method == "eagle" and getattr(runner, "hidden_taps", None) is None:
+        return "EAGLE-3 on this hybrid model: its layers run in their own loop and hand out no hidden states"
     if not getattr(runner, "hybrid_speculation", False):
         return (
             f"the {type(runner).__name__} runner does not write the per-position recurrent states a hybrid "

@@ -185,10 +185,10 @@ def test_off_with_a_reason_when_no_spec_row_fits_or_the_runner_cannot() -> None:
 
 
 def test_the_ram_estimate_counts_the_spec_rows(tmp_path: Path) -> None:
-    """max_batch (or max_num_seqs if fewer) x k spec rows when speculation may run (auto included), none
-    when off or EAGLE."""
-    wanted = [spec_rows_wanted(method, 4, 32) for method in ("ngram", "auto", "draft", "off", "eagle")]
-    assert wanted == [16, 16, 16, 0, 0]
+    """max_batch (or max_num_seqs if fewer) x k spec rows when speculation may run (auto included; EAGLE
+    and MTP heads on Qwen3.5 / Qwen3-Next too), none when off."""
+    methods = ("ngram", "auto", "draft", "off", "eagle", "mtp")
+    assert [spec_rows_wanted(method, 4, 32) for method in methods] == [16, 16, 16, 0, 16, 16]
     assert spec_rows_wanted("ngram", 4, 2) == 8  # no more sequences speculate than may run
     write_tiny_qwen3_5_config(tmp_path)
     per_sequence = TINY_QWEN3_5_STATE_BYTES

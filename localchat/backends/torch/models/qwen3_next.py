@@ -239,6 +239,9 @@ class Model(DecoderLM):
     # Qwen3.5's pictures (backends/torch/vision/qwen_vl.py): (rows of this step's tokens, values) written
     # over the placeholder embeddings; set and cleared by the runner around one step.
     image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None
+    # An EAGLE-3 head's taps (backends/torch/hybrid_taps.py): the inputs of these layers (index L: the
+    # output) go to `kept` each step; empty (the plain path) costs one test per step.
+    keep_layers: frozenset[int] = frozenset()
 
     def __init__(self, config: ModelConfig, device: torch.device) -> None:
         super().__init__(config, device)
@@ -251,6 +254,7 @@ class Model(DecoderLM):
         self.rows: StepRows | None = None
         self.spans: tuple[torch.Tensor, torch.Tensor] | None = None
         self.spans_tokens = 0
+        self.kept: dict[int, torch.Tensor] = {}
 
     @property
     def hybrid_layers(self) -> list[HybridLayer]:
@@ -325,7 +329,10 @@ class Model(DecoderLM):
         cos, sin = self.rotary(positions, x.dtype)
         kv_index = state_index = 0
         spans = self.spans if self.spans_tokens == x.shape[0] else None  # else made from the rows
-        for layer in self.hybrid_layers:
+        keep = self.keep_layers
+        for index, layer in enumerate(self.hybrid_layers):
+            if keep and index in keep:
+                self.kept[index] = x
             normed = rms_norm(x, layer.attn_norm, layer.eps)
             # DeltaNet's out_proj, attention's o and the MLP's down are row-parallel: one sum each.
             if layer.linear:
@@ -336,4 +343,6 @@ class Model(DecoderLM):
                 kv_index += 1
             x = x + layer.reduce_partial(out)
             x = x + layer.reduce_partial(layer.mlp(rms_norm(x, layer.mlp_norm, layer.eps)))
+        if keep:
+            self.kept[len(self.layers)] = x
         return x
