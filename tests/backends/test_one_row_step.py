@@ -94,13 +94,15 @@ def test_a_dense_embedding_table(tmp_path: Path, dtype: str, monkeypatch: pytest
     bundle = tiny_bundle(tmp_path, qtype="Q8_0")
     runners = cpu_runner(bundle, dtype), cpu_runner(bundle, dtype)
     for runner in runners:
-        table = runner.model.embed
+        model: Any = runner.model  # its weights are block matrices (the loader swapped the parameters)
+        table = model.embed
+        assert isinstance(table, kernels.BlockMatrix)
         dense = table.ops.dequantize_rows(
-            table.segments[0], table.cols, torch.arange(table.shape[0]), runner.model.norm.dtype
+            table.segments[0], table.cols, torch.arange(table.shape[0]), model.norm.dtype
         )
-        runner.model.embed = dense
-        if runner.model.lm_head is None:
-            runner.model.lm_head = table  # a tied LM head stays as it was
+        model.embed = dense
+        if model.lm_head is None:
+            model.lm_head = table  # a tied LM head stays as it was
     runners[1]._one_row = None  # never planned: the general path
     lean = _count_lean(monkeypatch)
     _side_by_side(runners)
@@ -143,3 +145,23 @@ def test_a_changed_backend_setting_is_read_again(tmp_path: Path, monkeypatch: py
         ids, logits = driver.step_logits()
         driver.feed(ids[0], int(logits[0].argmax()))
     assert len(lean) == 1  # step 0 is the prompt, step 1 one row, then the layer path
+
+
+@pytest.mark.slow
+def test_real_model_seeded_sampling_with_logprobs_equals_the_general_path(
+    smollm2_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sampler's full path (temperature, top-k/p, a seed, logprobs, a repetition penalty) on the
+    one-row step's logits, outside the step contexts: the same tokens and logprobs as the general path."""
+    llm = LLM(smollm2_gguf, device="cpu")
+    lean = _count_lean(monkeypatch)
+    params = SamplingParams(
+        temperature=0.8, top_k=40, top_p=0.9, seed=3, logprobs=2, repetition_penalty=1.1, max_tokens=40
+    )
+    prompt = ["Name three colours and say why you like them."]
+    fast = llm.generate(prompt, params)[0]
+    assert len(lean) == len(fast.token_ids) - 1
+    monkeypatch.setattr(OneRowStep, "takes", lambda *args: False)
+    general = llm.generate(prompt, params)[0]
+    assert fast.token_ids == general.token_ids
+    assert len(fast.logprobs) == len(fast.token_ids) and fast.logprobs == general.logprobs
