@@ -62,10 +62,12 @@ def test_the_kept_layer_inputs_equal_transformers_hidden_states(hf: Any, head: P
     taps = runner.hidden_taps
     filed: list[tuple[np.ndarray, torch.Tensor]] = []
     sink = taps.sink
-    taps.sink = lambda batch, aux: (
-        filed.append((np.asarray(batch.positions).copy(), aux.clone())),
-        sink(batch, aux),
-    )
+
+    def record(batch: Any, aux: torch.Tensor) -> None:
+        filed.append((np.asarray(batch.positions).copy(), aux.clone()))
+        sink(batch, aux)
+
+    taps.sink = record
     prompt = [int(t) for t in np.random.default_rng(8).integers(3, VOCAB, size=23)]
     eng.add_request(prompt, SamplingParams(max_tokens=1, temperature=0.0))
     list(drain(eng))

@@ -1,4 +1,5 @@
-"""The native multi-token-prediction (MTP) head of Qwen3.5 / Qwen3-Next checkpoints, as a draft head.
+"""The native multi-token-prediction (MTP) head of Qwen3.5 / Qwen3-Next checkpoints (and GLM-4.5's
+nextn layer, `MtpHead.nextn`), as a draft head.
 
 Published layout (`mtp.*` in the safetensors; the embedding and LM head are the model's own):
 `fc` [H, 2H], `pre_fc_norm_embedding`, `pre_fc_norm_hidden`, `layers.0.*` (one full-attention decoder
