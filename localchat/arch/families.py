@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from localchat.arch import deepseek, gemma4, gpt_oss, llama4
+from localchat.arch import deepseek, gemma4, gpt_oss, llama4, nextn
 from localchat.arch.architecture import (
     DEEPSEEK_EXTRA_KEYS,
     DEEPSEEK_FLOAT32,
@@ -103,6 +103,7 @@ def entries() -> list[Architecture]:
             gguf_block_names={
                 **DEEPSEEK_GGUF_BLOCK_NAMES,
                 "post_attention_norm": "post_attention_layernorm",
+                **nextn.NEXTN_GGUF_BLOCK_NAMES,  # read by --speculative mtp, dropped for the model
             },
             gguf_metadata={
                 **{k: v for k, v in DEEPSEEK_GGUF_METADATA.items() if k.startswith(("expert", "leading"))},
@@ -157,6 +158,7 @@ def _glm4_moe_sizes(config: ModelConfig) -> None:
         config.partial_rotary_factor = 0.5
     if x.get("gguf_nextn_layers"):
         config.num_hidden_layers -= int(x["gguf_nextn_layers"])
+        x["gguf_mtp_layers"] = int(x["gguf_nextn_layers"])  # read by --speculative mtp (serving/mtp.py)
         x["gguf_nextn_layers"] = 0  # once: ModelConfig runs this after every construction
 
 

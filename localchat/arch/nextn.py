@@ -26,6 +26,18 @@ NEXTN_OWN = {
 }
 
 
+# llama.cpp's nextn tensors of such a block (`blk.{L}.nextn.*`) -> names inside `model.layers.{L}.` (the
+# block's layer tensors have the usual block names); GLM-4.5 GGUFs carry them.
+NEXTN_GGUF_BLOCK_NAMES = {
+    "nextn.eh_proj": "eh_proj",
+    "nextn.enorm": "enorm",
+    "nextn.hnorm": "hnorm",
+    "nextn.shared_head_norm": "shared_head.norm",
+    "nextn.shared_head_head": "shared_head.head",
+    "nextn.embed_tokens": "embed_tokens",
+}
+
+
 def mtp_weights(config: ModelConfig, weights: Iterable[WeightTensor]) -> Iterator[WeightTensor]:
     """The nextn layers' tensors as `mtp.*`: the head's own by NEXTN_OWN, the layer's under
     `mtp.layers.{i}.`."""

@@ -169,3 +169,98 @@ def test_output_equals_plain_decoding(hf: Any, temperature: float) -> None:
     eng = engine(target, "mtp")
     assert run(eng, params) == run(engine(target, "off"), params)
     assert eng.spec_draft_tokens > 0
+
+
+def write_gguf(path: Path, hf: Any, nextn: dict[str, torch.Tensor]) -> Path:
+    """The model as llama.cpp's glm4moe converter writes it (test_glm4_moe.write_glm4_moe_gguf's way, F32
+    here), with `nextn` as its multi-token-prediction block: the layer under block names, the head's own
+    tensors as `blk.{L}.nextn.*`."""
+    from gguf import MODEL_ARCH, ExpertGatingFuncType, GGUFWriter, get_tensor_name_map
+
+    from tests.helpers.tiny_gguf import _add_tensor, _write_hparams, _write_tokenizer
+
+    cfg = hf.config.to_dict()
+    layers = cfg["num_hidden_layers"]
+    names = get_tensor_name_map(MODEL_ARCH.GLM4_MOE, layers + 1)
+    writer = GGUFWriter(path, "glm4moe")
+    _write_hparams(writer, {**cfg, "num_hidden_layers": layers + 1, "partial_rotary_factor": 0.5})
+    writer.add_expert_count(cfg["n_routed_experts"])
+    writer.add_expert_used_count(cfg["num_experts_per_tok"])
+    writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    writer.add_expert_shared_count(cfg["n_shared_experts"])
+    writer.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+    writer.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
+    writer.add_expert_weights_scale(cfg["routed_scaling_factor"])
+    writer.add_expert_weights_norm(cfg["norm_topk_prob"])
+    writer.add_nextn_predict_layers(1)
+    _write_tokenizer(writer, cfg, "gpt2", "smollm", None, None, None)
+    own = {"eh_proj", "enorm", "hnorm", "shared_head.norm", "shared_head.head", "embed_tokens"}
+    state = {k: v.detach().float().numpy() for k, v in {**hf.state_dict(), **nextn}.items()}
+    for name, data in state.items():
+        rest = name.split(".", 3)[3] if name.startswith("model.layers.") else ""
+        if rest.removesuffix(".weight") in own:
+            gguf = f"blk.{layers}.nextn.{rest.removesuffix('.weight').replace('.', '_')}.weight"
+            writer.add_tensor(gguf, np.ascontiguousarray(data))
+            continue
+        if name.endswith("mlp.experts.gate_up_proj"):  # [E, 2I, H] -> gate and up stacks
+            stem = name.removesuffix("gate_up_proj")
+            gate, up = np.split(data, 2, axis=1)
+            for part, stack in (("gate_proj", gate), ("up_proj", up)):
+                _add_tensor(writer, str(names.get_name(f"{stem}{part}.weight", (".weight",))), stack, "F32")
+            continue
+        name = name.replace("e_score_correction_bias", "e_score_correction.bias")
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if name.endswith("mlp.experts.down_proj"):
+            gguf_name = names.get_name(name + ".weight", try_suffixes=(".weight",))
+        assert gguf_name is not None, name
+        _add_tensor(writer, gguf_name, np.ascontiguousarray(data), "F32")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_gguf_nextn_block_drafts_like_the_reference(tmp_path: Path) -> None:
+    from localchat.serving.mtp import has_mtp_head, mtp_proposer_for
+    from localchat.weights.loader import load_model
+    from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE
+
+    overrides = {"partial_rotary_factor": 0.5, "n_group": 1, "topk_group": 1, "vocab_size": TINY_VOCAB_SIZE}
+    hf: Any = tiny_hf_model("glm4_moe", **{**VARIANTS["glm4_moe"], **overrides})
+    nextn = nextn_tensors(hf, seed=2)
+    nextn[f"model.layers.{hf.config.num_hidden_layers}.shared_head.head.weight"] = 0.15 * torch.randn(
+        TINY_VOCAB_SIZE, hf.config.hidden_size, generator=torch.Generator().manual_seed(3)
+    )
+    bundle_ = load_model(write_gguf(tmp_path / "glm.gguf", hf, nextn))
+    assert bundle_.config.num_hidden_layers == hf.config.num_hidden_layers and has_mtp_head(bundle_)
+    runner = fp32_runner(bundle_)
+    proposer: Any = mtp_proposer_for(runner, bundle_, "glm")
+    cfg = EngineConfig(kv_cache_mib=8, block_size=4, speculative=SpeculativeConfig("mtp", num_tokens=3))
+    eng = LLMEngine(
+        runner,
+        bundle_.tokenizer,
+        cfg,
+        eos_token_ids=[],
+        model_max_len=256,
+        proposer=proposer,
+        vocab_size=TINY_VOCAB_SIZE,
+    )
+    seen: list[tuple[list[int], int, int, list[int]]] = []
+    propose = proposer.propose
+
+    def spy(wanted: Any, live: set[str]) -> dict[str, list[int]]:
+        drafts = propose(wanted, live)
+        for request, k in wanted:
+            if drafts.get(request.req_id):
+                seen.append(
+                    (list(request.all_token_ids), request.num_computed_tokens, k, drafts[request.req_id])
+                )
+        return drafts
+
+    proposer.propose = spy
+    run(eng, SamplingParams(max_tokens=16, temperature=0.0))
+    assert seen
+    reference = Reference(hf, nextn)
+    for tokens, computed, k, drafts in seen:
+        assert drafts == reference.drafts(tokens, computed, k)
