@@ -310,7 +310,7 @@ static inline __attribute__((always_inline)) void LC_FN(iqn_row)(const int type,
     for (int r = 0; r < mr; r++) res[r] = vaddvq_f32(vaddq_f32(acc0[r], acc1[r]));
 }
 
-#include "lc_lowbit_rows.h" /* lbn_brow: Q1_0 / Q2_0 a block at a time */
+#include "lc_lowbit_rows.h" /* lbn_brow: NVFP4 / Q1_0 / Q2_0 a block at a time */
 
 #define LC_IQN_ROWS_F(F, T)                                                                             \
     switch (mr) {                                                                                       \
@@ -329,7 +329,7 @@ static void LC_FN(iq_rows)(int type, const uint8_t *row, int64_t k, const int8_t
     case LC_IQ4_NL: LC_IQN_ROWS(LC_IQ4_NL)
     case LC_IQ4_XS: LC_IQN_ROWS(LC_IQ4_XS)
     case LC_MXFP4: LC_IQN_ROWS(LC_MXFP4)
-    case LC_NVFP4: LC_IQN_ROWS(LC_NVFP4)
+    case LC_NVFP4: LC_IQN_ROWS_F(lbn_brow, LC_NVFP4)
     case LC_Q1_0: LC_IQN_ROWS_F(lbn_brow, LC_Q1_0)
     case LC_Q2_0: LC_IQN_ROWS_F(lbn_brow, LC_Q2_0)
     case LC_IQ2_XXS: LC_IQN_ROWS(LC_IQ2_XXS)

@@ -7,7 +7,7 @@ the row and the sub-block index; NVFP4's two scale bytes per 32 in scalar code).
   the block's 32 code bytes spread to one 512-bit register (each 16's 8 bytes twice in a 128-bit lane, the
   second copy's high nibbles), one shuffle of the table's magnitudes, the activations negated under the
   codes' sign bits, one vpdpbusd; AVX2: 32 values per step as lb_sub decodes them, the lane scales
-  permuted out of the block's 4.
+  permuted out of the block's 4; NEON: lbn_sub's decode, the 4 scales in one register (fmla by lane).
 - Q1_0 (128 values, a sign bit each): v = +1 / -1 is the activation with its sign flipped where the bit is
   clear, summed. AVX-512: the 64 bits of 64 values are a mask register as loaded: one masked subtract and
   one vpdpbusd against ones per 64 values. AVX2 / NEON: the bits spread to byte masks (one shuffle, and,
@@ -22,7 +22,7 @@ the row and the sub-block index; NVFP4's two scale bytes per 32 in scalar code).
 
 Every integer sum is exact, each 32 values' sum is scaled by the block's d times the activations' scale of
 those 32 (iq_row's float expression), so results differ from iq_row only in the float summation order.
-Included by lc_iquants.h (x86: all three) and lc_iq_neon.h (aarch64: Q1_0, Q2_0), once per ISA variant. */
+Included by lc_iquants.h (x86) and lc_iq_neon.h (aarch64), once per ISA variant (LC_FN). */
 
 #if LC_ISA == LC_ISA_AVX2 || LC_ISA == LC_ISA_AVX512VNNI
 #if LC_ISA == LC_ISA_AVX512VNNI
@@ -244,6 +244,36 @@ static inline __attribute__((always_inline)) void LC_FN(lbn_brow)(const int type
                 const int8x16_t v0 = vreinterpretq_s8_u8(vorrq_u8(vtstq_u8(vqtbl1q_u8(w, vaddq_u8(sel0, off)), bits), one));
                 const int8x16_t v1 = vreinterpretq_s8_u8(vorrq_u8(vtstq_u8(vqtbl1q_u8(w, vaddq_u8(sel1, off)), bits), one));
                 LC_FN(lbn_step)(mr, v0, v1, d, 4 * ib + s, k, xq, xd, acc[s & 1]);
+            }
+        }
+    } else if (type == LC_NVFP4) { /* the 4 scale bytes in vector lanes (as x86's nv_scales4), a scale per 16 */
+        const int8x16_t table = vld1q_s8(lc_mxfp4_values);
+        const uint8x16_t low4 = vdupq_n_u8(15);
+        const int32x4_t down = {0, -8, -16, -24};
+        for (int64_t ib = 0; ib < k / 64; ib++) {
+            const uint8_t *b = row + 36 * ib;
+            const uint32x4_t raw = vandq_u32(vshlq_u32(vdupq_n_u32(lc_u32(b)), down), vdupq_n_u32(0xFF));
+            const uint32x4_t x = vandq_u32(raw, vdupq_n_u32(0x7F)); /* bit 7 ignored */
+            const float32x4_t normal = vreinterpretq_f32_u32(vaddq_u32(vshlq_n_u32(x, 20), vdupq_n_u32(119u << 23)));
+            const float32x4_t sub = vmulq_n_f32(vcvtq_f32_u32(x), 0.0009765625f); /* exponent 0: m 2^-10 */
+            float32x4_t sc = vbslq_f32(vcltq_u32(x, vdupq_n_u32(8)), sub, normal);
+            sc = vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(sc), vceqq_u32(raw, vdupq_n_u32(0x7F))));
+            for (int h = 0; h < 2; h++) {
+                const uint8x16_t q = vld1q_u8(b + 4 + 16 * h);
+                const uint8x16_t lo = vandq_u8(q, low4), hi = vshrq_n_u8(q, 4);
+                const int8x16_t v0 = vqtbl1q_s8(table, vcombine_u8(vget_low_u8(lo), vget_low_u8(hi)));
+                const int8x16_t v1 = vqtbl1q_s8(table, vcombine_u8(vget_high_u8(lo), vget_high_u8(hi)));
+                const int64_t s = 2 * ib + h;
+                for (int r = 0; r < mr; r++) {
+                    const int8_t *xr = xq + r * k + 32 * s;
+                    const float32x4_t f = vmulq_n_f32(sc, xd[r * (k / 4) + 8 * s]); /* d * dx, as iqn_step */
+                    const int32x4_t p0 = LC_FN(iqn_dot16)(vdupq_n_s32(0), v0, vld1q_s8(xr));
+                    const int32x4_t p1 = LC_FN(iqn_dot16)(vdupq_n_s32(0), v1, vld1q_s8(xr + 16));
+                    float32x4_t a = acc[h][r];
+                    a = h ? vfmaq_laneq_f32(a, vcvtq_f32_s32(p0), f, 2) : vfmaq_laneq_f32(a, vcvtq_f32_s32(p0), f, 0);
+                    a = h ? vfmaq_laneq_f32(a, vcvtq_f32_s32(p1), f, 3) : vfmaq_laneq_f32(a, vcvtq_f32_s32(p1), f, 1);
+                    acc[h][r] = a;
+                }
             }
         }
     } else { /* LC_Q2_0: byte j / 4 to byte j, shifted right by 2 (j % 4), masked, minus 1 */
