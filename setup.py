@@ -53,6 +53,7 @@ setup(
                 "csrc/lc_lowbit.h",
                 "csrc/lc_lowbit_rows.h",
                 "csrc/lc_deltanet.h",
+                "csrc/lc_argmax.h",
             ],
             define_macros=[("Py_LIMITED_API", "0x030A0000")],
             py_limited_api=True,

@@ -177,6 +177,7 @@ static int lc_scratch(int64_t weights, uint8_t **c, float **ls, float **mc) {
 
 #include "lc_mxfp4.h"
 #include "lc_lowbit.h"
+#include "lc_argmax.h"
 
 #define LC_FN(name) name##_portable
 #define LC_ISA LC_ISA_PORTABLE

@@ -136,6 +136,9 @@ LC_EXPORT int lc_decode_rope_attention(int isa, const void *qk, int64_t qk_strid
                                        const int64_t *seq_lens, int64_t block_size, float scale, int64_t window,
                                        float softcap, void *out, int nth);
 LC_EXPORT int lc_decode_layers(const lc_step_args *args);
+/* Greedy sampling (lc_argmax.h): each row's float argmax from its 16- or 32-bit patterns (bfloat16 or
+   float32), or -1 where the row holds a NaN or its maximum is not positive (the caller decides those). */
+LC_EXPORT int lc_argmax_rows(const void *x, int bits, int64_t rows, int64_t n, int64_t *out);
 LC_EXPORT int64_t lc_step_args_bytes(void); /* sizeof(lc_step_args): library.py refuses a stale build */
 
 #endif

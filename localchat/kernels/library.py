@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import logging
+from collections.abc import Callable
 from functools import cache
 
 from localchat import cpu_features
@@ -56,6 +57,13 @@ SIGNATURES: dict[str, tuple[list[type], type]] = {
 }
 
 
+# Exports a build from before them lacks: bound where present (`optional` finds them), so that a stale
+# build still loads and its callers take their other path.
+OPTIONAL: dict[str, tuple[list[type], type]] = {
+    "lc_argmax_rows": ([_P, _I, _L, _L, _P], _I),
+}
+
+
 def bind(path: str) -> ctypes.CDLL:
     """The library at `path` with every export's signature set (OSError if it does not load).
     Benchmarks bind another build the same way to compare it with this one."""
@@ -63,6 +71,9 @@ def bind(path: str) -> ctypes.CDLL:
     for name, (argtypes, restype) in SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, restype
+    for name, (argtypes, restype) in OPTIONAL.items():
+        if (fn := getattr(lib, name, None)) is not None:
+            fn.argtypes, fn.restype = argtypes, restype
     if lib.lc_step_args_bytes() != ctypes.sizeof(StepArgs):  # a build from other sources than this binding
         raise AttributeError(f"{path}: lc_step_args is not the size localchat/kernels/step.py expects")
     return lib
@@ -79,6 +90,13 @@ def library() -> ctypes.CDLL | None:
     except (OSError, AttributeError) as exc:  # AttributeError: a stale build that lacks an export
         log.warning("localchat's CPU kernels failed to load (%s); using the pure-torch path.", exc)
         return None
+
+
+@cache
+def optional(name: str) -> Callable[..., int] | None:
+    """An `OPTIONAL` export of the installed build, None without it (not built, or built before it)."""
+    lib = library()
+    return None if lib is None else getattr(lib, name, None)
 
 
 def runnable_isas() -> list[str]:

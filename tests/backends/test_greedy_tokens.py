@@ -3,6 +3,7 @@ float the LM head can produce, ties, signed zeros, infinities and NaNs included.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 from localchat.backends.torch import sampler
 from localchat.backends.torch.sampler import greedy_tokens, new_generator, sample
+from localchat.kernels import library as c_library
 from tests.helpers.sampling import inputs_for, row
 
 CPU = torch.device("cpu")
@@ -102,3 +104,24 @@ def test_one_row_steps_equal_torch_argmax(dtype: torch.dtype) -> None:
         else:
             logits[0, 50] = nan
         assert logits.isnan().any() and greedy_tokens(logits) is None
+
+
+@pytest.mark.skipif(c_library.optional("lc_argmax_rows") is None, reason="kernels not built")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_compiled_pass_gives_torch_argmax(dtype: torch.dtype) -> None:
+    """csrc/lc_argmax.h over chunk edges (a maximum in the last element, ties across chunks): each row's
+    torch argmax, -1 for a row whose maximum is not positive; greedy_tokens answers every row."""
+    one_pass = c_library.optional("lc_argmax_rows")
+    assert one_pass is not None
+    g = torch.Generator().manual_seed(1)
+    for cols in (1, 7, 511, 512, 513, 1025, 151936):
+        logits = 4 * torch.randn(4, cols, generator=g)
+        logits[1, -1] = 50.0
+        logits[2, cols // 2] = logits[2, -1] = 60.0
+        logits[3] = -logits[3].abs() - 1
+        logits = logits.to(dtype)
+        found = (ctypes.c_int64 * 4)()
+        assert one_pass(logits.data_ptr(), 8 * logits.element_size(), 4, cols, found) == 0
+        want = logits.float().argmax(dim=-1).tolist()
+        assert list(found) == [*want[:3], -1], cols
+        assert greedy_tokens(logits) == want
