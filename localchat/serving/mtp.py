@@ -1,5 +1,6 @@
 """`--speculative mtp` (and `auto` on a model that ships the head): the checkpoint's own multi-token-
-prediction head, attached to the target's runner (torch only; backends/torch/mtp_proposer.py runs it).
+prediction head, attached to the target's runner (backends/torch/mtp_proposer.py runs it on torch,
+backends/mlx/mtp_proposer.py on MLX: Qwen3.5 / Qwen3-Next there).
 
 The head's tensors (a folder's `mtp.*`, a GGUF's extra `nextn` block) are read again from the model's
 files after the target's load released its weight source: the target's load skips them, so a server
@@ -46,11 +47,11 @@ def has_mtp_head(bundle: ModelBundle) -> bool:
 
 def mtp_proposer_for(runner: ModelRunner, bundle: ModelBundle, target_id: str) -> Proposer:
     """Attach the head of `bundle`'s checkpoint to `runner`. Typed errors: a backend without the head's
-    code, a model without a head (MtpLoadError from the torch side)."""
+    code, a model without a head (MtpLoadError from the backend's side)."""
     attach = getattr(runner, "mtp_proposer", None)
     if attach is None:
         raise SettingsError(
-            f"--speculative mtp runs on the torch backend only: the {type(runner).__name__} runner "
+            f"--speculative mtp runs on the torch and MLX backends only: the {type(runner).__name__} runner "
             "cannot run the model's multi-token-prediction head. Use --speculative ngram or draft.",
             param="speculative",
         )

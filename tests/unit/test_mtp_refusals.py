@@ -1,5 +1,5 @@
-"""`--speculative mtp` refusals that need no model: a runner without the head's code (the fake one, as MLX
-and the tensor-parallel runners) is refused with a typed error naming the torch backend; `auto` picks the
+"""`--speculative mtp` refusals that need no model: a runner without the head's code (the fake one, as
+the tensor-parallel runners) is refused with a typed error naming the torch and MLX backends; `auto` picks the
 head only when it was attached; a GGUF whose metadata counts no nextn block has no head."""
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ def bundle(fmt: str, **extra: object) -> ModelBundle:
 
 def test_a_runner_without_the_head_code_is_refused() -> None:
     assert "mtp" in SPECULATIVE_METHODS
-    with pytest.raises(SettingsError, match="torch backend only"):
+    with pytest.raises(SettingsError, match="torch and MLX backends only"):
         mtp_proposer_for(FakeRunner(), bundle("safetensors"), "m")
-    with pytest.raises(SettingsError, match="torch backend only"):
+    with pytest.raises(SettingsError, match="torch and MLX backends only"):
         mtp_for_method("mtp", FakeRunner(), bundle("safetensors"), "m")
 
 

@@ -41,8 +41,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import numpy as np
@@ -58,6 +58,10 @@ from localchat.errors import BackendUnavailableError
 from localchat.host_memory import mem_available
 from localchat.vision.picture_runs import picture_mask
 from localchat.weights.bundle import ModelBundle
+
+if TYPE_CHECKING:
+    from localchat.backends.mlx.mtp_proposer import MtpProposer
+    from localchat.weights.tensors import WeightTensor
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 CPU_KV_FRACTION = 0.25  # of MemAvailable: the KV pool is zero-filled, so it is resident at once
@@ -134,6 +138,8 @@ class MLXRunner:
         self.kv_caches: list[LayerCache] = []
         self.block_size = 0
         self._streams = threading.local()
+        # Set by `mtp_proposer`: each step's last hidden states (before the final norm) go to the head.
+        self.hidden_sink: Callable[[BatchInputs, mx.array], None] | None = None
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
@@ -207,6 +213,15 @@ class MLXRunner:
         output = RunnerOutput.one_token_each(sample_ids, result.token_ids, result.logprobs)
         return output.with_embeddings(batch.sample_req_ids, embeddings)
 
+    def mtp_proposer(
+        self, weights: Iterable[WeightTensor], target_name: str, token_limit: int
+    ) -> MtpProposer:
+        """`--speculative mtp`: the checkpoint's own multi-token-prediction head (its `mtp.*` tensors among
+        `weights`), fed this runner's last hidden states from now on (mtp_proposer.py)."""
+        from localchat.backends.mlx.mtp_proposer import attach_mtp
+
+        return attach_mtp(self, weights, target_name, token_limit)
+
     def compute_logits(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> mx.array:
         """Like `execute_model` but returns the float32 logits [num_sampled, vocab] (tests, debugging)."""
         with self._thread_stream():
@@ -278,6 +293,9 @@ class MLXRunner:
         if pooled := self.pooler.rows(batch):
             self.pooler.add(batch, hidden, pooled)
         cache_arrays = [a for cache in self.kv_caches for a in (cache.k, cache.v)]
+        if self.hidden_sink is not None:  # an MTP head reads every row (mtp_proposer.py): evaluated now
+            self.hidden_sink(batch, hidden)
+            cache_arrays.append(hidden)
         if (state_arrays := getattr(self.model, "state_arrays", None)) is not None:
             cache_arrays += state_arrays()  # the hybrid layers' states: written this step as well
         indices = batch.logits_indices

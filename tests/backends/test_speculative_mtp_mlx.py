@@ -1,0 +1,137 @@
+"""`--speculative mtp` on the MLX runner (CPU, float32): the native multi-token-prediction head of a tiny
+random Qwen3.5 / Qwen3-Next with random `mtp.*` tensors, the same folder data the torch tests use
+(test_speculative_mtp.py).
+
+- Every draft the MLX proposer makes in a real engine run equals the plain-torch reference of the head
+  (transformers' own decoder layer as the MTP layer), and draft 1's logits match it.
+- Output equals plain MLX decoding token for token, greedy and seeded, with drafts made and rejected.
+- A model without the head is refused with a typed error; the runner hands out nothing until a head is
+  attached.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mlx.core")
+
+from localchat.backends.fake import FakeTokenizer
+from localchat.backends.mlx.mtp_head import MtpLoadError
+from localchat.backends.mlx.mtp_proposer import attach_mtp
+from localchat.engine.config import EngineConfig
+from localchat.engine.engine import LLMEngine
+from localchat.engine.sampling_params import SamplingParams
+from localchat.engine.speculative import SpeculativeConfig
+from localchat.weights.bundle import ModelBundle
+from tests.backends.test_qwen3_next import tiny_qwen3_5
+from tests.backends.test_speculative_mtp import (
+    GREEDY,
+    SEEDED,
+    VOCAB,
+    Reference,
+    bundle,
+    mtp_tensors,
+    prompts,
+    run,
+    save,
+    tiny_qwen3_next,
+)
+from tests.helpers.parity import mlx_runner
+
+
+def engine(target: ModelBundle, method: str, k: int = 3) -> LLMEngine:
+    runner = mlx_runner(target)
+    proposer = attach_mtp(runner, target.iter_weights(), "tiny", VOCAB) if method == "mtp" else None
+    spec = SpeculativeConfig(method, num_tokens=k, max_batch=4)
+    cfg = EngineConfig(kv_cache_mib=8, block_size=4, speculative=spec)
+    return LLMEngine(
+        runner, FakeTokenizer(), cfg, eos_token_ids=[], model_max_len=256, proposer=proposer, vocab_size=VOCAB
+    )
+
+
+@pytest.fixture(scope="module")
+def hf() -> Any:
+    return tiny_qwen3_5(seed=2)
+
+
+@pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_next"])
+def test_drafts_and_logits_equal_the_reference_head(hf: Any, kind: str) -> None:
+    hf = hf if kind == "qwen3_5" else tiny_qwen3_next()  # Qwen3-Next: the MTP layer's MLP is a MoE
+    mtp = mtp_tensors(hf, seed=1)
+    eng = engine(bundle(hf, mtp), "mtp")
+    proposer: Any = eng.scheduler.proposer
+    seen: list[tuple[list[int], int, int, list[int], np.ndarray]] = []
+    propose = proposer.propose
+
+    def spy(wanted: Any, live: set[str]) -> dict[str, list[int]]:
+        drafts = propose(wanted, live)
+        for request, k in wanted:
+            if drafts.get(request.req_id):
+                state = proposer.states[request.req_id]
+                logits = np.array(proposer.head.logits(state.last[1][None])[0])
+                seen.append(
+                    (
+                        list(request.all_token_ids),
+                        request.num_computed_tokens,
+                        k,
+                        drafts[request.req_id],
+                        logits,
+                    )
+                )
+        return drafts
+
+    proposer.propose = spy
+    run(eng, GREEDY)
+    assert len(seen) >= 8
+    reference = Reference(hf, mtp)
+    for tokens, computed, k, drafts, logits in seen:
+        want, want_logits = reference.drafts(tokens, computed, k)
+        assert drafts == want
+        assert np.abs(logits - want_logits.numpy()).max() < 2e-3
+    # The hidden state before the target's final norm gives other logits: the test sees the difference.
+    wrong = Reference(hf, mtp, hidden_before_norm=True)
+    assert max(np.abs(wrong.drafts(t, c, k)[1].numpy() - got).max() for t, c, k, _, got in seen) > 0.05
+
+
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_random_head_output_equals_plain_mlx_decoding(hf: Any, params: SamplingParams) -> None:
+    target = bundle(hf, mtp_tensors(hf, seed=1))
+    plain = run(engine(target, "off"), params)
+    eng = engine(target, "mtp")
+    assert eng.speculation_note == "" and eng.scheduler.spec_rows is not None
+    assert run(eng, params) == plain
+    assert eng.spec_draft_tokens > 0 and eng.scheduler.spec_rows.fixups_total > 0  # drafts rejected
+
+
+def test_a_model_without_the_head_is_refused(hf: Any) -> None:
+    runner = mlx_runner(bundle(hf, mtp_tensors(hf, seed=1)))  # the mtp.* names do not trip the model's load
+    assert runner.hidden_sink is None  # nothing is handed out until a head is attached
+    empty = bundle(hf, {})
+    with pytest.raises(MtpLoadError, match="no multi-token-prediction head"):
+        attach_mtp(mlx_runner(empty), empty.iter_weights(), "tiny", VOCAB)
+
+
+def test_llm_api_mtp_and_auto_on_a_qwen3_next_folder(tmp_path: Path) -> None:
+    """A saved Qwen3-Next folder with a MoE MTP layer on --backend mlx: `mtp` and `auto` (which picks the
+    head) give plain greedy's tokens; the folder without the head: `mtp` is refused, `auto` picks as before."""
+    from localchat import LLM
+
+    hf = tiny_qwen3_next()
+    with_head = save(hf, tmp_path / "with", mtp_tensors(hf, seed=3))
+    without = save(hf, tmp_path / "without", {})
+    prompt = prompts()[0]
+    params = SamplingParams(max_tokens=16, temperature=0.0)
+    options: dict[str, Any] = {"backend": "mlx", "device": "cpu", "dtype": "float32"}
+    plain = LLM(with_head, speculative="off", **options).generate([prompt], params)
+    for method in ("mtp", "auto"):
+        llm = LLM(with_head, speculative=method, **options)
+        assert llm.engine.config.speculative.method == "mtp", method
+        assert llm.generate([prompt], params)[0].token_ids == plain[0].token_ids
+        assert llm.engine.spec_draft_tokens > 0
+    with pytest.raises(MtpLoadError, match="no multi-token-prediction head"):
+        LLM(without, speculative="mtp", **options)
+    assert LLM(without, speculative="auto", **options).engine.config.speculative.method != "mtp"
