@@ -95,7 +95,8 @@ static inline __attribute__((always_inline)) void LC_FN(lb_dec64)(const int type
 
 /* NVFP4 block b's 4 scales ue4m3 / 2 (lc_ue4m3_half from the bytes' bits, in SSE lanes). */
 static inline __m128 LC_FN(nv_scales4)(const uint8_t *b) {
-    const __m128i raw = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)lc_u32(b)), _mm_setr_epi32(0, 8, 16, 24)), _mm_set1_epi32(0xFF));
+    const __m128i shifts = _mm_setr_epi32(0, 8, 16, 24);
+    const __m128i raw = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)lc_u32(b)), shifts), _mm_set1_epi32(0xFF));
     const __m128i x = _mm_and_si128(raw, _mm_set1_epi32(0x7F)); /* bit 7 ignored */
     const __m128 normal = _mm_castsi128_ps(_mm_add_epi32(_mm_slli_epi32(x, 20), _mm_set1_epi32(119 << 23)));
     const __m128 sub = _mm_mul_ps(_mm_cvtepi32_ps(x), _mm_set1_ps(0.0009765625f)); /* exponent 0: m 2^-10 */
@@ -189,8 +190,10 @@ static inline __attribute__((always_inline)) void LC_FN(lb_brow)(const int type,
             for (int h = 0; h < 2; h++) {
                 const __m128i q = _mm_loadu_si128((const __m128i *)(b + 4 + 16 * h));
                 const __m128i lo = _mm_and_si128(q, low4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), low4);
-                const __m256i v = _mm256_shuffle_epi8(table, _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi)));
-                const __m256 d = _mm256_permutevar8x32_ps(sc, _mm256_setr_epi32(2 * h, 2 * h, 2 * h, 2 * h, 2 * h + 1, 2 * h + 1, 2 * h + 1, 2 * h + 1));
+                const __m256i idx = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
+                const __m256i v = _mm256_shuffle_epi8(table, idx);
+                const __m256i pick = _mm256_add_epi32(_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_set1_epi32(2 * h));
+                const __m256 d = _mm256_permutevar8x32_ps(sc, pick); /* the scales of 16-value groups 2h, 2h + 1 */
                 const __m256i a = _mm256_sign_epi8(v, v);
                 for (int i = 0; i < mr; i++) LC_LB_DOT32(acc[i][h], a, v, d, 2 * ib + h);
             }
