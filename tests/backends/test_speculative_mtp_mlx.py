@@ -33,6 +33,7 @@ from tests.backends.test_speculative_mtp import (
     SEEDED,
     VOCAB,
     Reference,
+    bigram,
     bundle,
     mtp_tensors,
     prompts,
@@ -135,3 +136,65 @@ def test_llm_api_mtp_and_auto_on_a_qwen3_next_folder(tmp_path: Path) -> None:
     with pytest.raises(MtpLoadError, match="no multi-token-prediction head"):
         LLM(without, speculative="mtp", **options)
     assert LLM(without, speculative="auto", **options).engine.config.speculative.method != "mtp"
+
+
+# Seeded at 0.3: the tiny target's distributions are nearly flat at 0.9, where 0 of 18 drafts were kept
+# on MLX (3 of 23 on torch, another random stream): too few to tell a kept draft from luck.
+COOL = SamplingParams(max_tokens=24, temperature=0.3, seed=11)
+
+
+@pytest.mark.parametrize("params", [GREEDY, COOL], ids=["greedy", "seeded"])
+def test_head_that_agrees_with_a_bigram_target_has_its_drafts_kept(hf: Any, params: SamplingParams) -> None:
+    """The torch tests' bigram target and agreeing head: every greedy draft is kept, so the tokens and
+    positions the MLX proposer feeds line up with the target's (seeded: 14 of 31 kept)."""
+    target_hf, mtp = bigram(hf)
+    target = bundle(target_hf, mtp)
+    plain = run(engine(target, "off"), params)
+    eng = engine(target, "mtp")
+    assert run(eng, params) == plain
+    assert eng.spec_draft_tokens > 20
+    if params.temperature == 0.0:
+        assert eng.spec_accepted_tokens == eng.spec_draft_tokens
+    else:
+        assert eng.spec_accepted_tokens > 0
+
+
+@pytest.mark.slow  # runs llama.cpp's converter twice per family
+@pytest.mark.parametrize("family", ["qwen35", "qwen3next"])
+def test_gguf_nextn_block_on_mlx(tmp_path: Path, family: str) -> None:
+    """llama.cpp's converter writes the head as an extra `nextn` block: from the f32 file the MLX head's
+    drafts equal the reference's; from the Q8_0 file (blocks kept quantized) output equals plain MLX."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from localchat import LLM
+    from tests.backends.test_hybrid_gguf import _convert, _save_with_tokenizer
+    from tests.backends.test_hybrid_gguf import tiny_qwen3_5 as gguf_qwen3_5
+    from tests.backends.test_hybrid_gguf import tiny_qwen3_next as gguf_qwen3_next
+    from tests.backends.test_speculative_mtp_gguf import recorded
+
+    hf_model: Any = {"qwen35": gguf_qwen3_5, "qwen3next": gguf_qwen3_next}[family]()
+    mtp = mtp_tensors(hf_model, seed=7)
+    folder = _save_with_tokenizer(hf_model, tmp_path / "hf")
+    file = folder / "model.safetensors"
+    save_file({**load_file(str(file)), **mtp}, str(file))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1}))
+    f32 = _convert(folder, tmp_path / "f32.gguf", "f32")
+    q8 = _convert(folder, tmp_path / "q8_0.gguf", "q8_0")
+    rng = np.random.default_rng(1)
+    prompt = [int(t) for t in rng.integers(3, 290, size=21)]
+    params = SamplingParams(max_tokens=14, temperature=0.0)
+    options: dict[str, Any] = {"backend": "mlx", "device": "cpu", "dtype": "float32"}
+    reference = Reference(hf_model, mtp)
+    for path in (f32, q8):
+        plain = LLM(path, speculative="off", **options).generate([prompt], params)
+        llm = LLM(path, speculative="auto", **options)  # auto: the file has a head
+        assert llm.engine.config.speculative.method == "mtp"
+        seen = recorded(llm.engine.scheduler.proposer)
+        assert llm.generate([prompt], params)[0].token_ids == plain[0].token_ids
+        assert seen
+        if path == f32:
+            for tokens, computed, k, drafts in seen:
+                assert drafts == reference.drafts(tokens, computed, k)[0]
