@@ -310,7 +310,7 @@ class Settings:
         "speculative decoding: ngram (draft tokens looked up in the prompt and output), draft (a small "
         "model with the same vocabulary guesses them: --draft-model), eagle (an EAGLE-3 head reading the "
         "target's hidden states: --draft-model FOLDER; torch), mtp (the model's own multi-token-prediction "
-        "head: Qwen3.5 / Qwen3-Next folders and GGUFs, GLM-4.5 folders; torch), auto (picked per model and device at load: mtp when "
+        "head: Qwen3.5 / Qwen3-Next folders and GGUFs, GLM-4.5 folders; torch, and MLX for Qwen), auto (picked per model and device at load: mtp when "
         "the checkpoint ships the head, ngram for models of 1B parameters or more on CPU, else off) or off",
         group="engine",
         metavar="METHOD",
