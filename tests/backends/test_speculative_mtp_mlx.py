@@ -43,6 +43,8 @@ from tests.backends.test_speculative_mtp import (
 )
 from tests.helpers.parity import mlx_runner
 
+pytestmark = pytest.mark.mlx
+
 
 def engine(target: ModelBundle, method: str, k: int = 3) -> LLMEngine:
     runner = mlx_runner(target)

@@ -13,6 +13,7 @@ engine/speculative.py's rule exact (a one-hot q).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -63,7 +64,9 @@ class _Feed:
 
 
 class MtpProposer:
-    def __init__(self, head: MtpHead, token_limit: int, stream: Callable[[], object]) -> None:
+    def __init__(
+        self, head: MtpHead, token_limit: int, stream: Callable[[], AbstractContextManager[None]]
+    ) -> None:
         self.head = head
         self.token_limit = token_limit
         self.stream = stream  # the runner's per-thread stream context (runner.py `_thread_stream`)
@@ -97,7 +100,7 @@ class MtpProposer:
     def propose(self, wanted: list[tuple[Request, int]], live: set[str]) -> dict[str, list[int]]:
         for req_id in [r for r in self.states if r not in live]:
             del self.states[req_id]
-        with self.stream():  # type: ignore[attr-defined]
+        with self.stream():
             return self._propose(wanted)
 
     def _propose(self, wanted: list[tuple[Request, int]]) -> dict[str, list[int]]:
