@@ -33,26 +33,44 @@ MAX_PENDING_ROWS = 4096  # target rows kept per request while it does not specul
 
 @dataclass(slots=True, eq=False)
 class _State:
-    k: mx.array | None = None  # the head's cache rows [n, kvh, d], in position order
-    v: mx.array | None = None
+    # The head's cache rows [capacity, kvh, d] in position order, the first `len(positions)` valid: a
+    # growable buffer written in place (a slice write into a buffer nothing else holds is a scatter in
+    # place, attention.py), so a step costs its new rows, not a copy of the request's whole cache.
+    k_buf: mx.array | None = None
+    v_buf: mx.array | None = None
     positions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     committed: int = 0  # cache rows from target hidden states; rows past it are the last drafts'
     pending: list[tuple[np.ndarray, mx.array]] = field(default_factory=list)  # target rows not yet fed
     last: tuple[int, mx.array] | None = None  # (position, head output) of the latest target row
 
+    @property
+    def k(self) -> mx.array | None:
+        return None if self.k_buf is None else self.k_buf[: len(self.positions)]
+
+    @property
+    def v(self) -> mx.array | None:
+        return None if self.v_buf is None else self.v_buf[: len(self.positions)]
+
     def keep(self, size: int) -> None:
-        size = min(size, len(self.positions))
-        self.positions = self.positions[:size]
-        if self.k is not None and self.v is not None:
-            self.k, self.v = self.k[:size], self.v[:size]
+        self.positions = self.positions[: min(size, len(self.positions))]
 
     def keep_below(self, position: int) -> None:
         self.keep(int((self.positions < position).sum()))
 
     def append(self, positions: np.ndarray, k: mx.array, v: mx.array) -> None:
+        size = len(self.positions)
+        need = size + len(positions)
+        if self.k_buf is None or self.v_buf is None or need > self.k_buf.shape[0]:
+            capacity = max(64, 2 * need)
+            grown_k = mx.zeros((capacity, *k.shape[1:]), dtype=k.dtype)
+            grown_v = mx.zeros((capacity, *v.shape[1:]), dtype=v.dtype)
+            if self.k_buf is not None and self.v_buf is not None and size:
+                grown_k[:size] = self.k_buf[:size]
+                grown_v[:size] = self.v_buf[:size]
+            self.k_buf, self.v_buf = grown_k, grown_v
+        self.k_buf[size:need] = k
+        self.v_buf[size:need] = v
         self.positions = np.concatenate([self.positions, positions])
-        self.k = k if self.k is None else mx.concatenate([self.k, k])
-        self.v = v if self.v is None else mx.concatenate([self.v, v])
 
 
 @dataclass(slots=True)
@@ -196,7 +214,10 @@ class MtpProposer:
         positions = mx.array(np.concatenate(feed.positions).astype(np.int32))
         tokens = mx.array(np.concatenate(feed.tokens))
         out = self.head.run(tokens, mx.concatenate(feed.hidden), positions, spans, attend)
-        mx.eval(out, [a for r in feed.req_ids for a in (self.states[r].k, self.states[r].v) if a is not None])
+        buffers = [
+            a for r in feed.req_ids for a in (self.states[r].k_buf, self.states[r].v_buf) if a is not None
+        ]
+        mx.eval(out, buffers)
         self.passes += 1
         return {r: out[a:b] for r, (a, b) in zip(feed.req_ids, spans, strict=True)}
 
