@@ -91,7 +91,8 @@ _Static_assert(sizeof(lc_x16_q6_k) == 16 * 210, "Q6_K unit");
 
 static inline int lc_x16_type_ok(int type) {
     return type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q5_0 || type == LC_Q5_1 || type == LC_Q8_0 ||
-           type == LC_Q2_K || type == LC_Q3_K || type == LC_Q4_K || type == LC_Q5_K || type == LC_Q6_K;
+           type == LC_Q2_K || type == LC_Q3_K || type == LC_Q4_K || type == LC_Q5_K || type == LC_Q6_K ||
+           type == LC_Q1_0; /* Q1_0: AVX-512 VNNI only (lc_lowbit_x16.h; lc_x16_supported) */
 }
 
 /* Types whose codes many-row steps expand to bytes once per panel rather than on every pass over a few
@@ -107,7 +108,7 @@ LC_SCRATCH(lc_x16_xc);
 
 static inline uint8_t *lc_x16_expand_buffer(size_t need) { return (uint8_t *)lc_grow(&lc_x16_xc, &lc_x16_xc_size, need); }
 
-static inline int64_t lc_x16_unit(int type) { return type >= LC_Q2_K ? 256 : 32; }
+static inline int64_t lc_x16_unit(int type) { return type == LC_Q1_0 ? 128 : type >= LC_Q2_K ? 256 : 32; }
 
 static inline int64_t lc_x16_unit_bytes(int type) {
     switch (type) {
@@ -120,6 +121,7 @@ static inline int64_t lc_x16_unit_bytes(int type) {
     case LC_Q3_K: return sizeof(lc_x16_q3_k);
     case LC_Q4_K: return sizeof(lc_x16_q4_k);
     case LC_Q5_K: return sizeof(lc_x16_q5_k);
+    case LC_Q1_0: return 16 * 18; /* d[16], 32 masks of 64 bits (lc_lowbit_x16.h) */
     default: return sizeof(lc_x16_q6_k);
     }
 }
@@ -195,6 +197,10 @@ static void lc_x16_unit_column(int type, const uint8_t *b, uint8_t *u, int c, ui
     if (type == LC_Q4_1 || type == LC_Q5_1 || type == LC_Q4_K || type == LC_Q5_K)
         memcpy(u + 32 + 2 * c, b + 2, 2); /* m / dmin next */
     switch (type) {
+    case LC_Q1_0: /* d, and each value's sign bit as its code */
+        memcpy(u + 2 * c, b, 2);
+        for (int j = 0; j < 128; j++) codes[j] = (b[2 + j / 8] >> (j % 8)) & 1;
+        return;
     case LC_Q4_0: dec_q4_0_portable(b, codes, ls, mc); return;
     case LC_Q4_1: dec_q4_1_portable(b, codes, ls, mc); return;
     case LC_Q5_0: dec_q5_0_portable(b, codes, ls, mc); return;
@@ -243,6 +249,14 @@ static void lc_x16_pack_panel(int type, const uint8_t *w, int64_t n, int64_t k, 
         for (int c = 0; c < 16 && 16 * p + c < n; c++)
             lc_x16_unit_column(type, w + (16 * p + c) * row_bytes + s * bb, u, c, codes[c]);
         switch (type) {
+        case LC_Q1_0: /* mask g: bit 4c + b = column c's value 4g + b */
+            for (int g = 0; g < 32; g++) {
+                uint64_t m = 0;
+                for (int c = 0; c < 16; c++)
+                    for (int b = 0; b < 4; b++) m |= (uint64_t)(codes[c][4 * g + b] & 1) << (4 * c + b);
+                memcpy(u + 32 + 8 * g, &m, 8);
+            }
+            break;
         case LC_Q4_0:
         case LC_Q4_1: lc_x16_put_nibbles(u + LC_X16_LEGACY_Q(type), codes, 0); break;
         case LC_Q5_0:
@@ -303,6 +317,13 @@ static void lc_x16_row(int type, const uint8_t *w, int64_t k, int64_t r, float *
         const uint8_t *u = p + s * ub;
         float d = lc_f16(lc_u16(u + 2 * c)), *o = out + s * unit;
         switch (type) {
+        case LC_Q1_0: /* +d where the bit is set, -d where clear: lc_lb_dec's d * (+-1) */
+            for (int j = 0; j < 128; j++) {
+                uint64_t m;
+                memcpy(&m, u + 32 + 8 * (j / 4), 8);
+                o[j] = d * (float)((m >> (4 * c + j % 4)) & 1 ? 1 : -1);
+            }
+            break;
         case LC_Q4_0:
         case LC_Q4_1:
         case LC_Q5_0:

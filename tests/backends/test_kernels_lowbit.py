@@ -179,7 +179,7 @@ def test_matmul_matches_the_dequantized_product(qtype: str, isa: str) -> None:
     blocks = random_lowbit_blocks(qtype, n, k, seed=7)
     w = torch.from_numpy(dequantize_lowbit(blocks, qtype).reshape(n, k)).double()
     matrix = kernels.BlockMatrix([kernels.Segment(qtype, torch.from_numpy(blocks))], k, ops)
-    assert not ops.can_repack(qtype, k)
+    assert ops.can_repack(qtype, k) == (qtype == "Q1_0" and isa == "avx512vnni")  # csrc/lc_lowbit_x16.h
     gen = torch.Generator().manual_seed(1)
     for rows in (1, 2, 3, 4, 5, 70):
         for dtype in (torch.float32, torch.bfloat16):
@@ -234,10 +234,44 @@ def test_row_kernel_every_row_count_and_block_count(qtype: str, isa: str) -> Non
 
 
 @needs_kernels
+@pytest.mark.skipif("avx512vnni" not in kernels.runnable_isas(), reason="Q1_0's x16 form is AVX-512 VNNI's")
+def test_q1_0_x16_form() -> None:
+    """Q1_0 repacked into 16-row panels (csrc/lc_lowbit_x16.h): rows dequantize to the file's values bit for
+    bit (embedding lookups), and the product at 1-6, 16 and 70 activation rows (4 per pass over a panel,
+    a partial pass) stays within the float32 bound, for 37 rows (a partial panel), float32 and bfloat16."""
+    ops = kernels.load("avx512vnni")
+    assert ops is not None
+    n = 37
+    gen = torch.Generator().manual_seed(3)
+    for k in (128, 640):
+        blocks = random_lowbit_blocks("Q1_0", n, k, seed=k, any_scale=True)
+        blocks.reshape(n, k // 128, 18)[:3, :, 2:] = np.array([0xFF, 0x00, 0x55], dtype=np.uint8)[
+            :, None, None
+        ]
+        w = torch.from_numpy(dequantize_lowbit(blocks, "Q1_0").reshape(n, k)).double()
+        packed = ops.repack(kernels.Segment("Q1_0", torch.from_numpy(blocks)), k)
+        assert packed.packed_rows == n
+        ids = torch.tensor([0, 36, 17, 1, 2, 15, 16])
+        got = ops.dequantize_rows(packed, k, ids, torch.float32).numpy()
+        assert np.array_equal(got.view(np.uint32), w.float().numpy()[ids.numpy()].view(np.uint32))
+        matrix = kernels.BlockMatrix([packed], k, ops)
+        for rows in (1, 2, 3, 4, 5, 6, 16, 70):
+            x = torch.randn(rows, k, generator=gen)
+            x[0] = torch.where(torch.rand(k, generator=gen) < 0.5, -1.0, 1.0)
+            assert _within_bound(ops.matmul(x, matrix), x, w, k), (k, rows)
+            xb = x.bfloat16()
+            got_bf16 = ops.matmul(xb, matrix).double()
+            xq = quantized_activations(xb.float())
+            want = xq @ w.T
+            bound = (k / 4 + 8) * 2.0**-24 * (xq.abs() @ w.abs().T) + want.abs() * 2.0**-8 + 1e-6
+            assert ((got_bf16 - want).abs() <= bound).all(), (k, rows)
+
+
+@needs_kernels
 def test_block_table_entries() -> None:
     for qtype, (type_id, values, size) in LOWBIT_TYPES.items():
         assert kernels.BLOCKS[qtype] == (type_id, values, size)
-        assert qtype not in kernels.X16_TYPES  # read in place, like the i-quants
+        assert qtype not in kernels.X16_TYPES  # read in place (Q1_0 on AVX-512: lc_x16_supported repacks it)
         assert kernels.supports(qtype, values * 3) and not kernels.supports(qtype, values + 32)
 
 
