@@ -52,6 +52,7 @@ setup(
                 "csrc/lc_mxfp4.h",
                 "csrc/lc_lowbit.h",
                 "csrc/lc_lowbit_rows.h",
+                "csrc/lc_lowbit_x16.h",
                 "csrc/lc_deltanet.h",
                 "csrc/lc_argmax.h",
             ],

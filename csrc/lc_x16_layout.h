@@ -30,6 +30,8 @@ column c = weight row p * 16 + c, f16 values, and "nibble codes" = 4 chunks of 6
         the high 2 bits (byte 4c + b of chunk h: bits 2g..2g+1 = code[c][16h + 4g + b] >> 4))   16 * 210
         Each 32 values' scales and codes are adjacent, so a unit is read as one forward stream (with
         the high bits in a second region 2 KiB on, one core streamed Q6_K from DRAM at half speed).
+  Q1_0  (unit 128 values, AVX-512 VNNI only) d[16] | 32 x 8 bytes: mask g, bit 4c + b = code[c][4g + b]
+        (the sign bit: +d where set)                                                        16 * 18
 Included once by lc_kernels.c (plain C: packing runs at load, unpacking only for embedding lookups). */
 
 /* LC_X16, the type flag of a matrix in this layout, is in lc_kernels.h. */
