@@ -38,14 +38,15 @@ def quantized_activations(x: torch.Tensor) -> torch.Tensor:
 
 
 def check_matmul_bound(
-    ops: Any, qtype: str, blocks: np.ndarray, w: torch.Tensor, rows: tuple[int, ...]
+    ops: Any, qtype: str, blocks: np.ndarray, w: torch.Tensor, rows: tuple[int, ...], repacks: bool = False
 ) -> None:
-    """`blocks` ([n, k] weights of `qtype`, read in place) times random activations of each row count in
-    `rows`, float32 and bfloat16 in and out, within the float32 bound of `w` (their dequantized values,
-    float64) times the kernels' own 8-bit activations; a bfloat16 output also within its rounding."""
+    """`blocks` ([n, k] weights of `qtype`, as the file holds them) times random activations of each row
+    count in `rows`, float32 and bfloat16 in and out, within the float32 bound of `w` (their dequantized
+    values, float64) times the kernels' own 8-bit activations; a bfloat16 output also within its
+    rounding. `repacks`: whether `ops` has an x16 form for the type (none: the blocks are read in place)."""
     k = w.shape[1]
     matrix = kernels.BlockMatrix([kernels.Segment(qtype, torch.from_numpy(blocks))], k, ops)
-    assert not ops.can_repack(qtype, k)  # no x16 form: the file's blocks are read in place
+    assert ops.can_repack(qtype, k) == repacks
     gen = torch.Generator().manual_seed(1)
     for n in rows:
         for dtype in (torch.float32, torch.bfloat16):
