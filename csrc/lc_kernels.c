@@ -319,7 +319,7 @@ LC_EXPORT int lc_quantize(int isa, const void *x, int x_bf16, int64_t t, int64_t
    AVX-512 VNNI, lc_x16_avx512.h; AVX2, lc_x16_avx2.h; NEON, lc_x16_neon.h). */
 LC_EXPORT int lc_x16_supported(int isa, int type, int64_t k) {
     return isa != LC_ISA_PORTABLE && lc_isa_supported(isa) && lc_x16_type_ok(type) &&
-           lc_type_ok(type, k) && (type != LC_Q1_0 || isa == LC_ISA_AVX512VNNI); /* lc_lowbit_x16.h */
+           lc_type_ok(type, k) && ((type != LC_Q1_0 && type != LC_Q2_0) || isa == LC_ISA_AVX512VNNI); /* lc_lowbit_x16.h */
 }
 
 /* Bytes of the x16 form of n rows of `type` with k columns (whole panels of 16 rows). */

@@ -363,12 +363,12 @@ static inline __attribute__((always_inline)) void LC_FN(x16_panel)(const int typ
    take two panels per pass (each activation broadcast feeds two vpdpbusd); the panels (pairs) split
    over threads, each read once per LC_X16_MR activation rows (from L1/L2 after the first pass). From
    LC_X16_EXPAND_ROWS rows, lc_x16_expands' codes are expanded to bytes once per panel pair first. */
-#include "lc_lowbit_x16.h" /* Q1_0 panels */
+#include "lc_lowbit_x16.h" /* Q1_0 / Q2_0 panels */
 
 static void LC_FN(x16_matmul)(int type, const uint8_t *w, int64_t n, int64_t k, LC_FN(xsum) x, int64_t t, void *out,
                               int out_bf16, int64_t ldo, int nth) {
-    if (type == LC_Q1_0) {
-        LC_FN(x16_q1)(w, n, k, x, t, out, out_bf16, ldo, nth);
+    if (type == LC_Q1_0 || type == LC_Q2_0) {
+        LC_FN(x16_q1)(type, w, n, k, x, t, out, out_bf16, ldo, nth);
         return;
     }
     int64_t panels = (n + 15) / 16, pb = lc_x16_panel_bytes(type, k);

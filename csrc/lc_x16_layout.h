@@ -32,6 +32,8 @@ column c = weight row p * 16 + c, f16 values, and "nibble codes" = 4 chunks of 6
         the high bits in a second region 2 KiB on, one core streamed Q6_K from DRAM at half speed).
   Q1_0  (unit 128 values, AVX-512 VNNI only) d[16] | 32 x 8 bytes: mask g, bit 4c + b = code[c][4g + b]
         (the sign bit: +d where set)                                                        16 * 18
+  Q2_0  (unit 64 values, AVX-512 VNNI only) d[16] | 16 x (bit 0, bit 1 masks of code group g, as Q1_0's)
+                                                                                            16 * 18
 Included once by lc_kernels.c (plain C: packing runs at load, unpacking only for embedding lookups). */
 
 /* LC_X16, the type flag of a matrix in this layout, is in lc_kernels.h. */
@@ -94,7 +96,7 @@ _Static_assert(sizeof(lc_x16_q6_k) == 16 * 210, "Q6_K unit");
 static inline int lc_x16_type_ok(int type) {
     return type == LC_Q4_0 || type == LC_Q4_1 || type == LC_Q5_0 || type == LC_Q5_1 || type == LC_Q8_0 ||
            type == LC_Q2_K || type == LC_Q3_K || type == LC_Q4_K || type == LC_Q5_K || type == LC_Q6_K ||
-           type == LC_Q1_0; /* Q1_0: AVX-512 VNNI only (lc_lowbit_x16.h; lc_x16_supported) */
+           type == LC_Q1_0 || type == LC_Q2_0; /* these two: AVX-512 VNNI only (lc_lowbit_x16.h; lc_x16_supported) */
 }
 
 /* Types whose codes many-row steps expand to bytes once per panel rather than on every pass over a few
@@ -110,7 +112,9 @@ LC_SCRATCH(lc_x16_xc);
 
 static inline uint8_t *lc_x16_expand_buffer(size_t need) { return (uint8_t *)lc_grow(&lc_x16_xc, &lc_x16_xc_size, need); }
 
-static inline int64_t lc_x16_unit(int type) { return type == LC_Q1_0 ? 128 : type >= LC_Q2_K ? 256 : 32; }
+static inline int64_t lc_x16_unit(int type) {
+    return type == LC_Q1_0 ? 128 : type == LC_Q2_0 ? 64 : type >= LC_Q2_K ? 256 : 32;
+}
 
 static inline int64_t lc_x16_unit_bytes(int type) {
     switch (type) {
@@ -123,7 +127,8 @@ static inline int64_t lc_x16_unit_bytes(int type) {
     case LC_Q3_K: return sizeof(lc_x16_q3_k);
     case LC_Q4_K: return sizeof(lc_x16_q4_k);
     case LC_Q5_K: return sizeof(lc_x16_q5_k);
-    case LC_Q1_0: return 16 * 18; /* d[16], 32 masks of 64 bits (lc_lowbit_x16.h) */
+    case LC_Q1_0:
+    case LC_Q2_0: return 16 * 18; /* d[16], 32 masks of 64 bits (lc_lowbit_x16.h) */
     default: return sizeof(lc_x16_q6_k);
     }
 }
@@ -203,6 +208,10 @@ static void lc_x16_unit_column(int type, const uint8_t *b, uint8_t *u, int c, ui
         memcpy(u + 2 * c, b, 2);
         for (int j = 0; j < 128; j++) codes[j] = (b[2 + j / 8] >> (j % 8)) & 1;
         return;
+    case LC_Q2_0: /* d, and each value's 2-bit code q (value q - 1) */
+        memcpy(u + 2 * c, b, 2);
+        for (int j = 0; j < 64; j++) codes[j] = (b[2 + j / 4] >> (2 * (j % 4))) & 3;
+        return;
     case LC_Q4_0: dec_q4_0_portable(b, codes, ls, mc); return;
     case LC_Q4_1: dec_q4_1_portable(b, codes, ls, mc); return;
     case LC_Q5_0: dec_q5_0_portable(b, codes, ls, mc); return;
@@ -258,6 +267,15 @@ static void lc_x16_pack_panel(int type, const uint8_t *w, int64_t n, int64_t k, 
                     for (int b = 0; b < 4; b++) m |= (uint64_t)(codes[c][4 * g + b] & 1) << (4 * c + b);
                 memcpy(u + 32 + 8 * g, &m, 8);
             }
+            break;
+        case LC_Q2_0: /* per code group g two masks: bit 0, then bit 1 of each code */
+            for (int g = 0; g < 16; g++)
+                for (int bit = 0; bit < 2; bit++) {
+                    uint64_t m = 0;
+                    for (int c = 0; c < 16; c++)
+                        for (int b = 0; b < 4; b++) m |= (uint64_t)((codes[c][4 * g + b] >> bit) & 1) << (4 * c + b);
+                    memcpy(u + 32 + 16 * g + 8 * bit, &m, 8);
+                }
             break;
         case LC_Q4_0:
         case LC_Q4_1: lc_x16_put_nibbles(u + LC_X16_LEGACY_Q(type), codes, 0); break;
@@ -324,6 +342,15 @@ static void lc_x16_row(int type, const uint8_t *w, int64_t k, int64_t r, float *
                 uint64_t m;
                 memcpy(&m, u + 32 + 8 * (j / 4), 8);
                 o[j] = d * (float)((m >> (4 * c + j % 4)) & 1 ? 1 : -1);
+            }
+            break;
+        case LC_Q2_0: /* lc_lb_dec's d * (q - 1) */
+            for (int j = 0; j < 64; j++) {
+                uint64_t m0, m1;
+                memcpy(&m0, u + 32 + 16 * (j / 4), 8);
+                memcpy(&m1, u + 40 + 16 * (j / 4), 8);
+                const int at = 4 * c + j % 4, q = (int)((m0 >> at) & 1) | (int)((m1 >> at) & 1) << 1;
+                o[j] = d * (float)(q - 1);
             }
             break;
         case LC_Q4_0:

@@ -179,7 +179,7 @@ def test_matmul_matches_the_dequantized_product(qtype: str, isa: str) -> None:
     blocks = random_lowbit_blocks(qtype, n, k, seed=7)
     w = torch.from_numpy(dequantize_lowbit(blocks, qtype).reshape(n, k)).double()
     matrix = kernels.BlockMatrix([kernels.Segment(qtype, torch.from_numpy(blocks))], k, ops)
-    assert ops.can_repack(qtype, k) == (qtype == "Q1_0" and isa == "avx512vnni")  # csrc/lc_lowbit_x16.h
+    assert ops.can_repack(qtype, k) == (qtype != "NVFP4" and isa == "avx512vnni")  # csrc/lc_lowbit_x16.h
     gen = torch.Generator().manual_seed(1)
     for rows in (1, 2, 3, 4, 5, 70):
         for dtype in (torch.float32, torch.bfloat16):
@@ -234,11 +234,13 @@ def test_row_kernel_every_row_count_and_block_count(qtype: str, isa: str) -> Non
 
 
 @needs_kernels
-@pytest.mark.skipif("avx512vnni" not in kernels.runnable_isas(), reason="Q1_0's x16 form is AVX-512 VNNI's")
-def test_q1_0_x16_form() -> None:
-    """Q1_0 repacked into 16-row panels (csrc/lc_lowbit_x16.h): rows dequantize to the file's values bit for
-    bit (embedding lookups), and the product at 1-6, 16 and 70 activation rows (4 per pass over a panel,
-    a partial pass) stays within the float32 bound, for 37 rows (a partial panel), float32 and bfloat16."""
+@pytest.mark.skipif("avx512vnni" not in kernels.runnable_isas(), reason="the x16 forms are AVX-512 VNNI's")
+@pytest.mark.parametrize("qtype", ["Q1_0", "Q2_0"])
+def test_x16_form(qtype: str) -> None:
+    """Q1_0 / Q2_0 repacked into 16-row panels (csrc/lc_lowbit_x16.h): rows dequantize to the file's values
+    bit for bit (embedding lookups), and the product at 1-6, 16 and 70 activation rows (4 per pass over a
+    panel or a pair of panels, a partial pass) stays within the float32 bound, for 37 rows (a partial panel,
+    an odd last one), float32 and bfloat16."""
     ops = kernels.load("avx512vnni")
     assert ops is not None
     n = 37
