@@ -245,13 +245,13 @@ def test_x16_form(qtype: str) -> None:
     assert ops is not None
     n = 37
     gen = torch.Generator().manual_seed(3)
-    for k in (128, 640):
-        blocks = random_lowbit_blocks("Q1_0", n, k, seed=k, any_scale=True)
-        blocks.reshape(n, k // 128, 18)[:3, :, 2:] = np.array([0xFF, 0x00, 0x55], dtype=np.uint8)[
-            :, None, None
-        ]
-        w = torch.from_numpy(dequantize_lowbit(blocks, "Q1_0").reshape(n, k)).double()
-        packed = ops.repack(kernels.Segment("Q1_0", torch.from_numpy(blocks)), k)
+    values = LOWBIT_TYPES[qtype][1]
+    patterns = np.array([0xFF, 0x00, 0x55, 0xAA], dtype=np.uint8)[:, None, None]  # Q2_0: codes 3, 0, 1, 2
+    for k in (values, values * 5):
+        blocks = random_lowbit_blocks(qtype, n, k, seed=k, any_scale=True)
+        blocks.reshape(n, k // values, 18)[:4, :, 2:] = patterns
+        w = torch.from_numpy(dequantize_lowbit(blocks, qtype).reshape(n, k)).double()
+        packed = ops.repack(kernels.Segment(qtype, torch.from_numpy(blocks)), k)
         assert packed.packed_rows == n
         ids = torch.tensor([0, 36, 17, 1, 2, 15, 16])
         got = ops.dequantize_rows(packed, k, ids, torch.float32).numpy()
