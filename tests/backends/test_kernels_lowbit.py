@@ -26,15 +26,16 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
-from localchat.backends import RunnerOptions
-from localchat.backends.torch import quant
 from localchat.backends.torch.cpu import kernels
-from localchat.backends.torch.runner import TorchRunner
-from localchat.weights.loader import load_model
 from localchat.weights.lowbit import LOWBIT_TYPES, dequantize_lowbit
-from tests.backends.test_kernels_iquants import quantized_activations
+from tests.helpers.kernel_checks import (
+    check_matmul_bound,
+    compact_and_dequantized,
+    follow_dequantized,
+    quantized_activations,
+    tiny_model_matrices,
+)
 from tests.helpers.lowbit import LOWBIT_QUANTIZERS, random_lowbit_blocks, ue4m3_from_float
 from tests.helpers.torch_batch import PagedDriver
 from tests.helpers.torch_models import tiny_hf_model
@@ -178,20 +179,8 @@ def test_matmul_matches_the_dequantized_product(qtype: str, isa: str) -> None:
     n, k = 37, values * (7 if values == 64 else 5)
     blocks = random_lowbit_blocks(qtype, n, k, seed=7)
     w = torch.from_numpy(dequantize_lowbit(blocks, qtype).reshape(n, k)).double()
-    matrix = kernels.BlockMatrix([kernels.Segment(qtype, torch.from_numpy(blocks))], k, ops)
-    assert ops.can_repack(qtype, k) == (qtype != "NVFP4" and isa == "avx512vnni")  # csrc/lc_lowbit_x16.h
-    gen = torch.Generator().manual_seed(1)
-    for rows in (1, 2, 3, 4, 5, 70):
-        for dtype in (torch.float32, torch.bfloat16):
-            spread = torch.rand(rows, k // 32, 1, generator=gen).mul(4).expand(rows, k // 32, 32)
-            x = (torch.randn(rows, k, generator=gen) * spread.reshape(rows, k)).to(dtype)
-            got = ops.matmul(x, matrix).double()
-            xq = quantized_activations(x.float())
-            want = xq @ w.T
-            bound = (k / 4 + 8) * 2.0**-24 * (xq.abs() @ w.abs().T)
-            if dtype == torch.bfloat16:
-                bound = bound + want.abs() * 2.0**-8 + 1e-6
-            assert ((got - want).abs() <= bound + 1e-30).all(), (rows, dtype, float((got - want).abs().max()))
+    x16 = qtype != "NVFP4" and isa == "avx512vnni"  # csrc/lc_lowbit_x16.h
+    check_matmul_bound(ops, qtype, blocks, w, rows=(1, 2, 3, 4, 5, 70), repacks=x16)
 
 
 def _within_bound(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, k: int) -> bool:
@@ -288,34 +277,12 @@ def test_tiny_gguf_runs_on_blocks(tmp_path: Path, qtype: str, monkeypatch: pytes
     from tests.helpers.tiny_gguf import TINY_VOCAB_SIZE, write_tiny_gguf
 
     hf = tiny_hf_model("llama", vocab_size=TINY_VOCAB_SIZE, hidden_size=256, intermediate_size=512)
-    bundle = load_model(
-        write_tiny_gguf(tmp_path / f"tiny-{qtype}.gguf", hf, qtype=qtype, tokenizer_kind="gpt2")
-    )
-    runs = []
-    for mode in ("int4", "dequant"):
-        monkeypatch.setenv(quant.QUANT_ENV, mode)
-        runs.append(TorchRunner(bundle, RunnerOptions(device="cpu", dtype="float32")))
-    model, layer = runs[0].model, runs[0].model.layers[0]
-    mats: tuple[Any, ...] = (
-        layer.qkv,
-        layer.o,
-        layer.gate_up,
-        layer.down,
-        model.embed,
-        model.lm_head or model.embed,
-    )
+    path = write_tiny_gguf(tmp_path / f"tiny-{qtype}.gguf", hf, qtype=qtype, tokenizer_kind="gpt2")
+    runs = compact_and_dequantized(path, monkeypatch)
+    mats = tiny_model_matrices(runs[0])
     assert all(isinstance(m, kernels.BlockMatrix) for m in mats)
     assert {s.qtype for m in mats for s in m.segments} == {qtype}
-    drivers = [PagedDriver(r) for r in runs]
-    for driver in drivers:
-        driver.add("a", [5, 17, 99, 3, 250, 42, 7, 7, 81, 130, 64])
-    worst = 0.0
-    for _ in range(6):
-        (_, got), (_, want) = (d.step_logits() for d in drivers)
-        worst = max(worst, float((got[0].float() - want[0].float()).abs().max()))
-        assert F.cosine_similarity(got[0].float(), want[0].float(), dim=0) > 0.995
-        for driver in drivers:
-            driver.feed("a", int(want[0].argmax()))
+    worst = follow_dequantized(*runs, steps=6)
     assert worst <= LOGIT_BOUND[qtype], worst
 
 
@@ -392,11 +359,7 @@ def test_llama_quantize_files_load_and_run_on_blocks(
         assert np.array_equal(
             LOWBIT_QUANTIZERS[qtype](values).reshape(-1), np.asarray(tensor.data).reshape(-1)
         )
-    bundle = load_model(target)
-    runs = []
-    for mode in ("int4", "dequant"):
-        monkeypatch.setenv(quant.QUANT_ENV, mode)
-        runs.append(TorchRunner(bundle, RunnerOptions(device="cpu", dtype="float32")))
+    runs = compact_and_dequantized(target, monkeypatch)
     layer: Any = runs[0].model.layers[0]
     assert {s.qtype for m in (layer.qkv, layer.o, layer.gate_up, layer.down) for s in m.segments} == {qtype}
     drivers = [PagedDriver(r) for r in runs]
