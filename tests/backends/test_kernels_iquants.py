@@ -29,9 +29,6 @@ from tests.helpers.kernel_checks import (
     follow_dequantized,
     tiny_model_matrices,
 )
-
-# re-exported: test_kernels_lowbit.py imports quantized_activations from here
-from tests.helpers.kernel_checks import quantized_activations as quantized_activations
 from tests.helpers.torch_models import tiny_hf_model
 
 pytestmark = pytest.mark.skipif(not kernels.runnable_isas(), reason="kernels not built (no C compiler)")
