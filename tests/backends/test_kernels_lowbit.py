@@ -262,7 +262,7 @@ def test_x16_form(qtype: str) -> None:
 def test_block_table_entries() -> None:
     for qtype, (type_id, values, size) in LOWBIT_TYPES.items():
         assert kernels.BLOCKS[qtype] == (type_id, values, size)
-        assert qtype not in kernels.X16_TYPES  # read in place (Q1_0 on AVX-512: lc_x16_supported repacks it)
+        assert qtype not in kernels.X16_TYPES  # in place (AVX-512 repacks Q1_0 / Q2_0)
         assert kernels.supports(qtype, values * 3) and not kernels.supports(qtype, values + 32)
 
 
