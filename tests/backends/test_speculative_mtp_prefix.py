@@ -7,6 +7,7 @@ recomputed: the head's rows for them are replaced, and the output stays exact.""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,10 +24,17 @@ from tests.backends.test_qwen3_next import tiny_qwen3_5
 from tests.backends.test_speculative_mtp import VOCAB, bigram, bundle
 from tests.helpers.torch_models import fp32_runner
 
+# Builds a backend's runner for a bundle, and attaches that backend's MTP head to it: the MLX test runs
+# the same check through its own pair.
+RunnerFor = Callable[[ModelBundle], Any]
+AttachMtp = Callable[[Any, Any, str, int], Any]
 
-def engine(target: ModelBundle, method: str, **config: Any) -> LLMEngine:
-    runner = fp32_runner(target)
-    proposer = attach_mtp(runner, target.iter_weights(), "tiny", VOCAB) if method == "mtp" else None
+
+def engine(
+    target: ModelBundle, method: str, runner_for: RunnerFor, attach: AttachMtp, **config: Any
+) -> LLMEngine:
+    runner = runner_for(target)
+    proposer = attach(runner, target.iter_weights(), "tiny", VOCAB) if method == "mtp" else None
     spec = SpeculativeConfig(method, num_tokens=4, max_batch=4)
     cfg = EngineConfig(**{"kv_cache_mib": 1, "block_size": BLOCK, "speculative": spec, **config})
     return LLMEngine(
@@ -41,15 +49,22 @@ def engine(target: ModelBundle, method: str, **config: Any) -> LLMEngine:
 
 
 def test_agent_waves_with_an_mtp_head_under_preemption_equal_cold_runs() -> None:
+    check_agent_waves(fp32_runner, attach_mtp)
+
+
+def check_agent_waves(runner_for: RunnerFor, attach: AttachMtp) -> None:
+    """The agent waves through `runner_for`'s backend with its MTP head equal its cold runs (see above)."""
     target_hf, mtp = bigram(tiny_qwen3_5(seed=2))
     hidden = target_hf.config.hidden_size
     noise = torch.randn(hidden, 2 * hidden, generator=torch.Generator().manual_seed(9))
     mtp["mtp.fc.weight"] = mtp["mtp.fc.weight"] + 0.02 * noise  # a third of the drafts wrong: copies back
     target = bundle(target_hf, mtp)
-    cold = engine(target, "off", enable_prefix_caching=False)
+    cold = engine(target, "off", runner_for, attach, enable_prefix_caching=False)
     first = first_wave()
     expected = {r: run_all(cold, {r: p})[r] for r, p in first.items()}
-    eng = engine(target, "mtp", max_num_seqs=4, state_checkpoints=4, prefill_chunk_size=48)
+    eng = engine(
+        target, "mtp", runner_for, attach, max_num_seqs=4, state_checkpoints=4, prefill_chunk_size=48
+    )
     got = run_all(eng, first)
     second = second_wave(first, got)
     got |= run_all(eng, second)
