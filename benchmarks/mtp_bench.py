@@ -109,6 +109,31 @@ def timed(proposer: Any) -> list[float]:
     return times
 
 
+def compare(llms: dict[str, LLM], ids: list[int], tokens: int, rounds: int, plain: list[int]) -> None:
+    """Alternate the engines round by round (so the ratios come from one stretch of machine load), print
+    each round's rate, drafts kept and equality with plain decoding, then the medians and the MTP head's
+    time per proposing call (`llms["mtp"]`'s proposer)."""
+    head_times = timed(llms["mtp"].engine.scheduler.proposer)
+    rates: dict[str, list[float]] = {name: [] for name in llms}
+    for r in range(rounds):
+        for name, llm in llms.items():
+            eng = llm.engine
+            drafted, kept = eng.spec_draft_tokens, eng.spec_accepted_tokens
+            out, rate = decode(eng, ids, tokens)
+            rates[name].append(rate)
+            print(
+                f"round {r} {name:6s} {rate:6.2f} tok/s  drafts kept {eng.spec_accepted_tokens - kept}"
+                f"/{eng.spec_draft_tokens - drafted}  equal plain: {out == plain}",
+                flush=True,
+            )
+    for name, values in rates.items():
+        print(f"{name:6s} median {statistics.median(values):.2f} tok/s")
+    if head_times:
+        print(
+            f"MTP head: {len(head_times)} proposing calls, median {1000 * statistics.median(head_times):.1f} ms"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -136,25 +161,7 @@ def main() -> None:
     plain, _ = decode(plain_llm.engine, ids, args.tokens)
     replay_llm = loaded("ngram")  # its verify steps, with the replayed drafts
     replay_llm.engine.scheduler.proposer = ReplayProposer(plain, None, SHAPE["vocab_size"])
-    head_times = timed(mtp_llm.engine.scheduler.proposer)
-    rates: dict[str, list[float]] = {"plain": [], "mtp": [], "replay": []}
-    for r in range(args.rounds):
-        for name, llm in (("plain", plain_llm), ("mtp", mtp_llm), ("replay", replay_llm)):
-            eng = llm.engine
-            drafted, kept = eng.spec_draft_tokens, eng.spec_accepted_tokens
-            out, rate = decode(eng, ids, args.tokens)
-            rates[name].append(rate)
-            print(
-                f"round {r} {name:6s} {rate:6.2f} tok/s  drafts kept {eng.spec_accepted_tokens - kept}"
-                f"/{eng.spec_draft_tokens - drafted}  equal plain: {out == plain}",
-                flush=True,
-            )
-    for name, values in rates.items():
-        print(f"{name:6s} median {statistics.median(values):.2f} tok/s")
-    if head_times:
-        print(
-            f"MTP head: {len(head_times)} proposing calls, median {1000 * statistics.median(head_times):.1f} ms"
-        )
+    compare({"plain": plain_llm, "mtp": mtp_llm, "replay": replay_llm}, ids, args.tokens, args.rounds, plain)
 
 
 if __name__ == "__main__":

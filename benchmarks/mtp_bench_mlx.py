@@ -9,7 +9,6 @@ python benchmarks/mtp_bench_mlx.py --folder /tmp/qwen35-08b-mtp
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -17,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 
-from benchmarks.mtp_bench import build, decode, timed
+from benchmarks.mtp_bench import build, compare, decode
 from localchat import LLM
 from localchat.engine.config import EngineConfig
 from localchat.engine.speculative import SpeculativeConfig
@@ -46,25 +45,7 @@ def main() -> None:
 
     plain_llm, mtp_llm = loaded("off"), loaded("mtp")
     plain, _ = decode(plain_llm.engine, ids, args.tokens)
-    head_times = timed(mtp_llm.engine.scheduler.proposer)
-    rates: dict[str, list[float]] = {"plain": [], "mtp": []}
-    for r in range(args.rounds):
-        for name, llm in (("plain", plain_llm), ("mtp", mtp_llm)):
-            eng = llm.engine
-            drafted, kept = eng.spec_draft_tokens, eng.spec_accepted_tokens
-            out, rate = decode(eng, ids, args.tokens)
-            rates[name].append(rate)
-            print(
-                f"round {r} {name:6s} {rate:6.2f} tok/s  drafts kept {eng.spec_accepted_tokens - kept}"
-                f"/{eng.spec_draft_tokens - drafted}  equal plain: {out == plain}",
-                flush=True,
-            )
-    for name, values in rates.items():
-        print(f"{name:6s} median {statistics.median(values):.2f} tok/s")
-    if head_times:
-        print(
-            f"MTP head: {len(head_times)} proposing calls, median {1000 * statistics.median(head_times):.1f} ms"
-        )
+    compare({"plain": plain_llm, "mtp": mtp_llm}, ids, args.tokens, args.rounds, plain)
 
 
 if __name__ == "__main__":
