@@ -36,6 +36,7 @@ from localchat.weights.loader import load_model
 from localchat.weights.tensors import WeightTensor
 from tests.backends.test_qwen3_next import tiny_qwen3_5
 from tests.helpers.fake_engine import drain
+from tests.helpers.mtp import last_logits, record_drafts
 from tests.helpers.torch_models import fp32_runner
 
 VOCAB = 256
@@ -195,27 +196,7 @@ def test_drafts_and_logits_equal_the_reference_head(hf: Any, kind: str) -> None:
     mtp = mtp_tensors(hf, seed=1)
     eng = engine(bundle(hf, mtp), "mtp")
     proposer: Any = eng.scheduler.proposer
-    seen: list[tuple[list[int], int, int, list[int], torch.Tensor]] = []
-    propose = proposer.propose
-
-    def spy(wanted: Any, live: set[str]) -> dict[str, list[int]]:
-        drafts = propose(wanted, live)
-        for request, k in wanted:
-            if drafts.get(request.req_id):
-                state = proposer.states[request.req_id]
-                logits = proposer.head.logits(state.last[1][None])[0]
-                seen.append(
-                    (
-                        list(request.all_token_ids),
-                        request.num_computed_tokens,
-                        k,
-                        drafts[request.req_id],
-                        logits,
-                    )
-                )
-        return drafts
-
-    proposer.propose = spy
+    seen = record_drafts(proposer, last_logits)
     run(eng, GREEDY)
     assert len(seen) >= 8
     reference = Reference(hf, mtp)

@@ -17,28 +17,11 @@ from localchat import LLM, SamplingParams
 from localchat.weights.loader import load_model
 from tests.backends.test_hybrid_gguf import _convert, _save_with_tokenizer, tiny_qwen3_5, tiny_qwen3_next
 from tests.backends.test_speculative_mtp import Reference, mtp_tensors
+from tests.helpers.mtp import recorded
 
 pytestmark = pytest.mark.slow  # runs llama.cpp's converter twice per family
 
 FAMILIES = {"qwen35": tiny_qwen3_5, "qwen3next": tiny_qwen3_next}
-
-
-def recorded(proposer: Any) -> list[tuple[list[int], int, int, list[int]]]:
-    """Every non-empty draft the proposer makes from now on, with the sequence it was made for."""
-    seen: list[tuple[list[int], int, int, list[int]]] = []
-    propose = proposer.propose
-
-    def spy(wanted: Any, live: set[str]) -> dict[str, list[int]]:
-        drafts = propose(wanted, live)
-        for request, k in wanted:
-            if drafts.get(request.req_id):
-                seen.append(
-                    (list(request.all_token_ids), request.num_computed_tokens, k, drafts[request.req_id])
-                )
-        return drafts
-
-    proposer.propose = spy
-    return seen
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

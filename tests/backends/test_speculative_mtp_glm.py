@@ -26,6 +26,7 @@ from localchat.weights.config import ModelConfig
 from localchat.weights.tensors import WeightTensor
 from tests.backends.test_glm4_moe import VARIANTS
 from tests.helpers.fake_engine import drain
+from tests.helpers.mtp import recorded
 from tests.helpers.torch_models import fp32_runner, tiny_hf_model
 
 VOCAB = 256
@@ -142,19 +143,7 @@ def test_drafts_equal_the_reference(hf: Any) -> None:
     nextn = nextn_tensors(hf, seed=1)
     eng = engine(bundle(hf, nextn), "mtp")
     proposer: Any = eng.scheduler.proposer
-    seen: list[tuple[list[int], int, int, list[int]]] = []
-    propose = proposer.propose
-
-    def spy(wanted: Any, live: set[str]) -> dict[str, list[int]]:
-        drafts = propose(wanted, live)
-        for request, k in wanted:
-            if drafts.get(request.req_id):
-                seen.append(
-                    (list(request.all_token_ids), request.num_computed_tokens, k, drafts[request.req_id])
-                )
-        return drafts
-
-    proposer.propose = spy
+    seen = recorded(proposer)
     run(eng, SamplingParams(max_tokens=20, temperature=0.0))
     assert len(seen) >= 6
     reference = Reference(hf, nextn)
@@ -246,19 +235,7 @@ def test_gguf_nextn_block_drafts_like_the_reference(tmp_path: Path) -> None:
         proposer=proposer,
         vocab_size=TINY_VOCAB_SIZE,
     )
-    seen: list[tuple[list[int], int, int, list[int]]] = []
-    propose = proposer.propose
-
-    def spy(wanted: Any, live: set[str]) -> dict[str, list[int]]:
-        drafts = propose(wanted, live)
-        for request, k in wanted:
-            if drafts.get(request.req_id):
-                seen.append(
-                    (list(request.all_token_ids), request.num_computed_tokens, k, drafts[request.req_id])
-                )
-        return drafts
-
-    proposer.propose = spy
+    seen = recorded(proposer)
     run(eng, SamplingParams(max_tokens=16, temperature=0.0))
     assert seen
     reference = Reference(hf, nextn)

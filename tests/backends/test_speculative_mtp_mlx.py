@@ -41,6 +41,7 @@ from tests.backends.test_speculative_mtp import (
     save,
     tiny_qwen3_next,
 )
+from tests.helpers.mtp import last_logits, record_drafts
 from tests.helpers.parity import mlx_runner
 
 pytestmark = pytest.mark.mlx
@@ -67,27 +68,7 @@ def test_drafts_and_logits_equal_the_reference_head(hf: Any, kind: str) -> None:
     mtp = mtp_tensors(hf, seed=1)
     eng = engine(bundle(hf, mtp), "mtp")
     proposer: Any = eng.scheduler.proposer
-    seen: list[tuple[list[int], int, int, list[int], np.ndarray]] = []
-    propose = proposer.propose
-
-    def spy(wanted: Any, live: set[str]) -> dict[str, list[int]]:
-        drafts = propose(wanted, live)
-        for request, k in wanted:
-            if drafts.get(request.req_id):
-                state = proposer.states[request.req_id]
-                logits = np.array(proposer.head.logits(state.last[1][None])[0])
-                seen.append(
-                    (
-                        list(request.all_token_ids),
-                        request.num_computed_tokens,
-                        k,
-                        drafts[request.req_id],
-                        logits,
-                    )
-                )
-        return drafts
-
-    proposer.propose = spy
+    seen = record_drafts(proposer, lambda p, r: np.array(last_logits(p, r)))
     run(eng, GREEDY)
     assert len(seen) >= 8
     reference = Reference(hf, mtp)
@@ -174,7 +155,7 @@ def test_gguf_nextn_block_on_mlx(tmp_path: Path, family: str) -> None:
     from tests.backends.test_hybrid_gguf import _convert, _save_with_tokenizer
     from tests.backends.test_hybrid_gguf import tiny_qwen3_5 as gguf_qwen3_5
     from tests.backends.test_hybrid_gguf import tiny_qwen3_next as gguf_qwen3_next
-    from tests.backends.test_speculative_mtp_gguf import recorded
+    from tests.helpers.mtp import recorded
 
     hf_model: Any = {"qwen35": gguf_qwen3_5, "qwen3next": gguf_qwen3_next}[family]()
     mtp = mtp_tensors(hf_model, seed=7)
