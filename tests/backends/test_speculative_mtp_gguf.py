@@ -24,9 +24,9 @@ pytestmark = pytest.mark.slow  # runs llama.cpp's converter twice per family
 FAMILIES = {"qwen35": tiny_qwen3_5, "qwen3next": tiny_qwen3_next}
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_gguf_nextn_block_drafts_like_the_reference(tmp_path: Path, family: str) -> None:
-    hf: Any = FAMILIES[family]()
+def mtp_ggufs(hf: Any, tmp_path: Path) -> tuple[dict[str, torch.Tensor], Path, Path]:
+    """`hf`'s folder with a random MTP head (seed 7) and `mtp_num_hidden_layers: 1` in its config, as
+    llama.cpp's converter writes it to f32 and Q8_0 GGUFs: (the head's tensors, f32 file, Q8_0 file)."""
     mtp = mtp_tensors(hf, seed=7)
     folder = _save_with_tokenizer(hf, tmp_path / "hf")
     file = folder / "model.safetensors"
@@ -35,6 +35,13 @@ def test_gguf_nextn_block_drafts_like_the_reference(tmp_path: Path, family: str)
     (folder / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1}))
     f32 = _convert(folder, tmp_path / "f32.gguf", "f32")
     q8 = _convert(folder, tmp_path / "q8_0.gguf", "q8_0")
+    return mtp, f32, q8
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_gguf_nextn_block_drafts_like_the_reference(tmp_path: Path, family: str) -> None:
+    hf: Any = FAMILIES[family]()
+    mtp, f32, q8 = mtp_ggufs(hf, tmp_path)
     bundle = load_model(f32)
     assert bundle.config.extra.get("gguf_mtp_layers") == 1
     assert bundle.config.num_hidden_layers == hf.config.num_hidden_layers

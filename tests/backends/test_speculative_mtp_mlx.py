@@ -147,25 +147,12 @@ def test_head_that_agrees_with_a_bigram_target_has_its_drafts_kept(hf: Any, para
 def test_gguf_nextn_block_on_mlx(tmp_path: Path, family: str) -> None:
     """llama.cpp's converter writes the head as an extra `nextn` block: from the f32 file the MLX head's
     drafts equal the reference's; from the Q8_0 file (blocks kept quantized) output equals plain MLX."""
-    import json
-
-    from safetensors.torch import load_file, save_file
-
     from localchat import LLM
-    from tests.backends.test_hybrid_gguf import _convert, _save_with_tokenizer
-    from tests.backends.test_hybrid_gguf import tiny_qwen3_5 as gguf_qwen3_5
-    from tests.backends.test_hybrid_gguf import tiny_qwen3_next as gguf_qwen3_next
+    from tests.backends.test_speculative_mtp_gguf import FAMILIES, mtp_ggufs
     from tests.helpers.mtp import recorded
 
-    hf_model: Any = {"qwen35": gguf_qwen3_5, "qwen3next": gguf_qwen3_next}[family]()
-    mtp = mtp_tensors(hf_model, seed=7)
-    folder = _save_with_tokenizer(hf_model, tmp_path / "hf")
-    file = folder / "model.safetensors"
-    save_file({**load_file(str(file)), **mtp}, str(file))
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1}))
-    f32 = _convert(folder, tmp_path / "f32.gguf", "f32")
-    q8 = _convert(folder, tmp_path / "q8_0.gguf", "q8_0")
+    hf_model: Any = FAMILIES[family]()
+    mtp, f32, q8 = mtp_ggufs(hf_model, tmp_path)
     rng = np.random.default_rng(1)
     prompt = [int(t) for t in rng.integers(3, 290, size=21)]
     params = SamplingParams(max_tokens=14, temperature=0.0)
