@@ -14,6 +14,7 @@ Qwen3.5 (gated DeltaNet + gated attention, float32) with random `mtp.*` tensors 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -221,10 +222,18 @@ def test_random_head_output_equals_plain_decoding(hf: Any, params: SamplingParam
 
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_head_that_agrees_with_a_bigram_target_has_its_drafts_kept(hf: Any, params: SamplingParams) -> None:
+    check_bigram_drafts_kept(engine, hf, params)
+
+
+def check_bigram_drafts_kept(
+    engine_for: Callable[[ModelBundle, str], LLMEngine], hf: Any, params: SamplingParams
+) -> None:
+    """On the bigram target with its agreeing head, `engine_for`'s mtp engine equals its plain one, drafts
+    more than 20 tokens and keeps every greedy draft (some seeded ones). The MLX test runs it too."""
     target_hf, mtp = bigram(hf)
     target = bundle(target_hf, mtp)
-    plain = run(engine(target, "off"), params)
-    eng = engine(target, "mtp")
+    plain = run(engine_for(target, "off"), params)
+    eng = engine_for(target, "mtp")
     assert run(eng, params) == plain
     assert eng.spec_draft_tokens > 20
     if params.temperature == 0.0:

@@ -33,8 +33,8 @@ from tests.backends.test_speculative_mtp import (
     SEEDED,
     VOCAB,
     Reference,
-    bigram,
     bundle,
+    check_bigram_drafts_kept,
     mtp_tensors,
     prompts,
     run,
@@ -130,16 +130,7 @@ COOL = SamplingParams(max_tokens=24, temperature=0.3, seed=11)
 def test_head_that_agrees_with_a_bigram_target_has_its_drafts_kept(hf: Any, params: SamplingParams) -> None:
     """The torch tests' bigram target and agreeing head: every greedy draft is kept, so the tokens and
     positions the MLX proposer feeds line up with the target's (seeded: 14 of 31 kept)."""
-    target_hf, mtp = bigram(hf)
-    target = bundle(target_hf, mtp)
-    plain = run(engine(target, "off"), params)
-    eng = engine(target, "mtp")
-    assert run(eng, params) == plain
-    assert eng.spec_draft_tokens > 20
-    if params.temperature == 0.0:
-        assert eng.spec_accepted_tokens == eng.spec_draft_tokens
-    else:
-        assert eng.spec_accepted_tokens > 0
+    check_bigram_drafts_kept(engine, hf, params)
 
 
 @pytest.mark.slow  # runs llama.cpp's converter twice per family
