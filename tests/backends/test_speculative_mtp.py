@@ -212,9 +212,17 @@ def test_drafts_and_logits_equal_the_reference_head(hf: Any, kind: str) -> None:
 
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_random_head_output_equals_plain_decoding(hf: Any, params: SamplingParams) -> None:
+    check_random_head_equals_plain(engine, hf, params)
+
+
+def check_random_head_equals_plain(
+    engine_for: Callable[[ModelBundle, str], LLMEngine], hf: Any, params: SamplingParams
+) -> None:
+    """A random (seed-1) head through `engine_for`: output equals plain decoding, and drafts were made
+    and rejected (fixed up). The MLX test runs it too."""
     target = bundle(hf, mtp_tensors(hf, seed=1))
-    plain = run(engine(target, "off"), params)
-    eng = engine(target, "mtp")
+    plain = run(engine_for(target, "off"), params)
+    eng = engine_for(target, "mtp")
     assert eng.speculation_note == "" and eng.scheduler.spec_rows is not None
     assert run(eng, params) == plain
     assert eng.spec_draft_tokens > 0 and eng.scheduler.spec_rows.fixups_total > 0  # drafts rejected

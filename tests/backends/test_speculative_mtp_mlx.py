@@ -35,6 +35,7 @@ from tests.backends.test_speculative_mtp import (
     Reference,
     bundle,
     check_bigram_drafts_kept,
+    check_random_head_equals_plain,
     mtp_tensors,
     prompts,
     run,
@@ -83,12 +84,7 @@ def test_drafts_and_logits_equal_the_reference_head(hf: Any, kind: str) -> None:
 
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_random_head_output_equals_plain_mlx_decoding(hf: Any, params: SamplingParams) -> None:
-    target = bundle(hf, mtp_tensors(hf, seed=1))
-    plain = run(engine(target, "off"), params)
-    eng = engine(target, "mtp")
-    assert eng.speculation_note == "" and eng.scheduler.spec_rows is not None
-    assert run(eng, params) == plain
-    assert eng.spec_draft_tokens > 0 and eng.scheduler.spec_rows.fixups_total > 0  # drafts rejected
+    check_random_head_equals_plain(engine, hf, params)
 
 
 def test_a_model_without_the_head_is_refused(hf: Any) -> None:
