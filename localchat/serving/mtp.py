@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 from localchat.config import SettingsError
 from localchat.errors import LocalchatError, ModelLoadError
+from localchat.weights.loader import load_model
+from localchat.weights.safetensors import safetensors_files
 
 if TYPE_CHECKING:
     from localchat.config import Settings
@@ -35,8 +37,6 @@ def has_mtp_head(bundle: ModelBundle) -> bool:
         return int(bundle.config.extra.get("gguf_mtp_layers") or 0) > 0
     if bundle.format != "safetensors" or not bundle.path.is_dir():
         return False
-    from localchat.weights.safetensors import safetensors_files
-
     try:
         files = safetensors_files(bundle.path, quantized=True)
     except ModelLoadError:
@@ -57,8 +57,6 @@ def mtp_proposer_for(runner: ModelRunner, bundle: ModelBundle, target_id: str) -
         )
     if bundle.format not in ("safetensors", "gguf") or not bundle.path.exists():
         raise ModelLoadError(f"--speculative mtp: {target_id} has no model files to read the head from")
-    from localchat.weights.loader import load_model
-
     weights = load_model(bundle.path).iter_weights()  # memory-mapped: only the head's tensors are read
     proposer: Proposer = attach(weights, target_id, bundle.config.vocab_size)
     log.info("multi-token-prediction head of %s attached", target_id)

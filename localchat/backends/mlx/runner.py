@@ -49,6 +49,7 @@ import numpy as np
 
 from localchat.backends import RunnerOptions
 from localchat.backends.mlx.attention import AttentionMetadata, LayerCache
+from localchat.backends.mlx.mtp_proposer import MtpProposer, attach_mtp
 from localchat.backends.mlx.sampler import SampleResult, new_key, sample
 from localchat.backends.mlx.vision.images import load_image_embedder
 from localchat.backends.mlx.weights import load_decoder
@@ -60,7 +61,6 @@ from localchat.vision.picture_runs import picture_mask
 from localchat.weights.bundle import ModelBundle
 
 if TYPE_CHECKING:
-    from localchat.backends.mlx.mtp_proposer import MtpProposer
     from localchat.weights.tensors import WeightTensor
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
@@ -218,8 +218,6 @@ class MLXRunner:
     ) -> MtpProposer:
         """`--speculative mtp`: the checkpoint's own multi-token-prediction head (its `mtp.*` tensors among
         `weights`), fed this runner's last hidden states from now on (mtp_proposer.py)."""
-        from localchat.backends.mlx.mtp_proposer import attach_mtp
-
         return attach_mtp(self, weights, target_name, token_limit)
 
     def compute_logits(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> mx.array:

@@ -19,22 +19,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from localchat.backends.torch.attention import AttentionMetadata
-from localchat.backends.torch.eagle3_head import Eagle3Head, Eagle3LoadError
 from localchat.backends.torch.kv_cache import KVCache
 from localchat.backends.torch.models.base import DecoderLM, StepMetadata
 from localchat.backends.torch.models.qwen_vl import VisionLanguage
 from localchat.engine.interface import BatchInputs
 from localchat.engine.request import Request
-
-if TYPE_CHECKING:
-    from localchat.backends.torch.runner import TorchRunner
-
 
 # Decoder classes whose text steps are the plain embed -> layers loop that HiddenTaps repeats.
 PLAIN_LOOPS = (DecoderLM.hidden_states, VisionLanguage.hidden_states)
@@ -332,30 +327,3 @@ def _give_back(taken: dict[str, tuple[_State, list[tuple[np.ndarray, torch.Tenso
         state.pending = pending
         state.cache.size = min(state.cache.size, state.committed)
         state.committed = state.cache.size
-
-
-def attach_eagle3(runner: TorchRunner, head_path: str, target_name: str, token_limit: int) -> Eagle3Proposer:
-    """Load the head, check it fits the runner's model (typed errors), and have the runner keep the
-    hidden states it reads from now on."""
-    from localchat.backends.torch.hybrid_taps import HybridModel, HybridTaps
-
-    model = runner.model
-    config = runner.config
-    hybrid = isinstance(model, HybridModel)  # Qwen3.5 / Qwen3-Next: its loop keeps the layers' inputs
-    if not hybrid and type(model).hidden_states not in PLAIN_LOOPS:
-        raise Eagle3LoadError(
-            f"--speculative eagle: {target_name} ({config.model_type}) runs its layers in its own loop; "
-            "EAGLE-3 heads are supported for Llama-layout targets (Llama, Qwen2/2.5, Qwen3, Mistral, ...) "
-            "and Qwen3.5 / Qwen3-Next. Use --speculative draft or ngram."
-        )
-    head = Eagle3Head.load(head_path)
-    head.check_target(config.hidden_size, config.vocab_size, config.num_hidden_layers, target_name)
-    head.to(runner.device, runner.dtype)
-    proposer = Eagle3Proposer(head, model, token_limit)
-    layers = head.aux_layers(config.num_hidden_layers)
-    if hybrid:
-        assert isinstance(model, HybridModel)
-        runner.hidden_taps = HybridTaps(model, layers, proposer.file_step)
-    else:
-        runner.hidden_taps = HiddenTaps(layers, proposer.file_step)
-    return proposer

@@ -54,10 +54,12 @@ from localchat.backends.torch.cpu.threads import ThreadGovernor
 from localchat.backends.torch.cuda.cuda_graphs import DecodeGraphs
 from localchat.backends.torch.cuda.gpu_attention_meta import TritonAttentionMetadata
 from localchat.backends.torch.device import adaptive_thread_choices, cpu_threads, pick_device, pick_dtype
+from localchat.backends.torch.eagle3_attach import attach_eagle3
 from localchat.backends.torch.kernel_choice import attention_kernel, graph_mode, one_step_choice
 from localchat.backends.torch.kv_cache import Int8KVCache, KVCache, copy_slots, kv_element_dtype
 from localchat.backends.torch.layers import rms_norm
 from localchat.backends.torch.models.base import DecoderLM
+from localchat.backends.torch.mtp_proposer import attach_mtp
 from localchat.backends.torch.picture_attention import add_picture_masks
 from localchat.backends.torch.quant import pick_policy
 from localchat.backends.torch.sampler import SampleResult, new_generator, sample
@@ -290,8 +292,6 @@ class TorchRunner:
     def eagle3_proposer(self, head_path: str, target_name: str, token_limit: int) -> Eagle3Proposer:
         """`--speculative eagle`: load the EAGLE-3 head at `head_path`, check it against this model, and
         start keeping the hidden states it reads."""
-        from localchat.backends.torch.eagle3_proposer import attach_eagle3
-
         return attach_eagle3(self, head_path, target_name, token_limit)
 
     def mtp_proposer(
@@ -299,8 +299,6 @@ class TorchRunner:
     ) -> Eagle3Proposer:
         """`--speculative mtp`: the checkpoint's own multi-token-prediction head (its `mtp.*` tensors
         among `weights`), attached the same way (mtp_proposer.py)."""
-        from localchat.backends.torch.mtp_proposer import attach_mtp
-
         return attach_mtp(self, weights, target_name, token_limit)
 
     def compute_logits(self, scheduler_output: SchedulerOutput, batch: BatchInputs) -> torch.Tensor:
@@ -373,7 +371,7 @@ class TorchRunner:
     def _one_row_step(self, batch: BatchInputs) -> OneRowStep | None:
         """cpu/one_row.py's step where it runs `batch` (planned at the first step: the weights are in place)."""
         if self._one_row is False:
-            self._one_row = OneRowStep.plan(self)
+            self._one_row = OneRowStep.plan(self) if type(self) is TorchRunner else None  # not a stage
         if (lean := self._one_row) and not self.pooler.counts and self.hidden_taps is None:  # EAGLE-3, MTP
             return lean if lean.takes(batch, self.kv_caches, self.backend_settings) else None
         return None

@@ -86,10 +86,8 @@ class OneRowStep:
     @classmethod
     def plan(cls, runner: TorchRunner) -> OneRowStep | None:
         """The lean step for `runner`'s model, or None where the general path must run every step."""
-        from localchat.backends.torch.runner import TorchRunner
-
-        model = runner.model
-        if type(runner) is not TorchRunner or runner.device.type != "cpu" or not isinstance(model, DecoderLM):
+        model = runner.model  # the runner asks only as a plain TorchRunner (no pipeline stage)
+        if runner.device.type != "cpu" or not isinstance(model, DecoderLM):
             return None
         kind = type(model)
         # VisionLanguage (the Llama / Qwen2 classes) runs DecoderLM's forward on steps without image rows.
